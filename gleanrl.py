@@ -1,0 +1,64 @@
+"""The `gleanrl` command: a thin dispatcher. Each subcommand lives in its component's `cli` module,
+which exposes `add_arguments(parser)` and `run(args) -> int`; modules are imported lazily."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Nested groups map to a dict of the same shape.
+COMMANDS: dict = {
+    "serve": ("server.cli", "serve a policy (and drafter) over SGLang's native API and the OpenAI API"),
+    "make-tiny-model": ("harvest.tiny", "write a tiny random Qwen2/Llama model with a locally trained tokenizer"),
+    "bootstrap": ("trainer.bootstrap", "train the built-in task's small policy from scratch (cached)"),
+    "train": ("trainer.cli", "GRPO training against a rollout server, harvesting a drafter in the long tail"),
+    "demo": ("trainer.demo", "bootstrap, warm-start a drafter, train with harvest, serve and ask (CPU)"),
+    "draft": {
+        "init": ("harvest.cli_init", "write a randomly initialised EAGLE-3 drafter for a target"),
+        "train": ("harvest.cli_train", "warm-start an EAGLE-3 drafter offline from the target's generations"),
+    },
+    "bench": {
+        "engine": ("server.bench_engine", "embedded engine vs transformers generate (tokens/s)"),
+        "sd": ("server.bench_sd", "speculative decoding vs plain decoding in the embedded engine"),
+        "e2e": ("trainer.bench_e2e", "end-to-end RL: no SD vs adaptive drafter vs stale drafter"),
+    },
+}
+
+
+def _add(sub, name: str, spec) -> None:
+    if isinstance(spec, dict):
+        group = sub.add_parser(name, help=f"{name} subcommands")
+        inner = group.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
+        for child, child_spec in spec.items():
+            _add(inner, child, child_spec)
+        return
+    module, help_text = spec
+    parser = sub.add_parser(name, help=help_text, description=help_text,
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.set_defaults(_module=module)
+    try:
+        importlib.import_module(module).add_arguments(parser)
+    except ModuleNotFoundError as exc:  # a component not built yet: say so instead of failing all commands
+        if exc.name and module.startswith(exc.name):
+            parser.set_defaults(_missing=str(exc))
+        else:
+            raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gleanrl", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, spec in COMMANDS.items():
+        _add(sub, name, spec)
+    args = parser.parse_args(argv)
+    if getattr(args, "_missing", None):
+        parser.error(f"this command is not available in this build ({args._missing})")
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Messages between the HTTP edge and the engine. The engine is token-in, token-out; the tokenizer,
+pydantic and JSON live at the edge (`server/http_*.py`). Configs validate at construction and raise
+`ValueError` naming the field, which the edge turns into a 400."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 1.0          # 0 means greedy
+    top_p: float = 1.0                # in (0, 1]
+    top_k: int = -1                   # -1 or 0: disabled
+    min_p: float = 0.0                # in [0, 1]
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    n: int = 1
+    seed: int | None = None           # makes a sampled output reproducible
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        checks = [
+            ("max_new_tokens", isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 0, "must be an integer >= 0"),
+            ("temperature", self.temperature >= 0, "must be >= 0"),
+            ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
+            ("top_k", isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 0), "must be -1 (off) or >= 0"),
+            ("min_p", 0 <= self.min_p <= 1, "must be in [0, 1]"),
+            ("n", isinstance(self.n, int) and self.n >= 1, "must be an integer >= 1"),
+        ]
+        for name, ok, why in checks:
+            if not ok:
+                raise ValueError(f"sampling_params.{name} {why}, got {getattr(self, name)!r}")
+
+
+class FinishKind(str, enum.Enum):
+    STOP = "stop"       # EOS, a stop token id or a stop string
+    LENGTH = "length"   # max_new_tokens or the context length
+    ABORT = "abort"     # aborted by /abort_request, a disconnect, a shutdown or abort_all_requests
+
+
+@dataclass(slots=True)
+class GenerateRequest:
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool = False
+
+
+@dataclass(slots=True)
+class GenerateOutput:
+    """One update for a request. The engine emits deltas (`new_ids`, `new_logprobs` since the previous
+    update); the last update has `finished=True` and `finish_reason` set (SGLang's shape:
+    {"type": "stop", "matched": token_id | "string"} | {"type": "length", "length": n} | {"type": "abort", "message": ...})."""
+    rid: str
+    new_ids: list[int]
+    new_logprobs: list[float]          # log p of each new token under the target's distribution (see engine)
+    finished: bool = False
+    finish_reason: dict | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0         # total so far
+    weight_version: str = "default"
+    draft_weight_version: str | None = None
+    spec_verify_ct: int = 0            # number of target verify passes (0 without SD)
+    spec_accept_length: float = 0.0    # mean tokens emitted per verify pass
+
+
+class CheckpointError(ValueError):
+    """A weight update was refused; the message says why. The engine keeps serving what it served."""
