@@ -1,0 +1,75 @@
+"""Per-sequence KV cache and ragged attention, shared by the target model runner and the drafter.
+
+A batch is ragged: sequence i contributes `seq_lens[i]` new tokens, concatenated along dim 0 (no
+padding). New keys/values are appended to each sequence's own cache; queries attend causally to
+everything before them in that sequence. Rolling back rejected draft tokens is `truncate(n)`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class SeqKVCache:
+    """Keys and values of one sequence for every layer: buffers [n_kv_heads, capacity, head_dim]."""
+
+    def __init__(self, num_layers: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu", capacity: int = 64):
+        self.length = 0  # tokens whose K/V are valid (same for every layer once a forward completes)
+        self._shape = (n_kv_heads, capacity, head_dim)
+        self.k = [torch.empty(self._shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.empty(self._shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    def _reserve(self, layer: int, needed: int) -> None:
+        cap = self.k[layer].shape[1]
+        if needed <= cap:
+            return
+        new_cap = max(needed, 2 * cap)
+        for buf in (self.k, self.v):
+            old = buf[layer]
+            grown = old.new_empty((old.shape[0], new_cap, old.shape[2]))
+            grown[:, :cap] = old
+            buf[layer] = grown
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v: [n_kv_heads, t, head_dim] for the t new tokens. Returns all keys/values [n_kv, L+t, d].
+        `length` advances only after the last layer, so every layer appends at the same offset."""
+        t = k.shape[1]
+        self._reserve(layer, self.length + t)
+        self.k[layer][:, self.length:self.length + t] = k
+        self.v[layer][:, self.length:self.length + t] = v
+        end = self.length + t
+        if layer == len(self.k) - 1:
+            self.length = end
+        return self.k[layer][:, :end], self.v[layer][:, :end]
+
+    def truncate(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.k + self.v)
+
+
+def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caches: list[SeqKVCache],
+                     layer: int, seq_lens: list[int]) -> torch.Tensor:
+    """q: [N, n_heads, d]; k, v: [N, n_kv_heads, d] for the N new tokens of all sequences.
+    Appends k, v to each sequence's cache and returns the attention output [N, n_heads, d]."""
+    n_heads, n_kv = q.shape[1], k.shape[1]
+    out = torch.empty_like(q)
+    start = 0
+    for cache, t in zip(caches, seq_lens):
+        end = start + t
+        past = cache.length
+        keys, values = cache.append(layer, k[start:end].transpose(0, 1), v[start:end].transpose(0, 1))
+        qs = q[start:end].transpose(0, 1)                          # [n_heads, t, d]
+        if n_kv != n_heads:                                        # grouped-query attention
+            keys = keys.repeat_interleave(n_heads // n_kv, dim=0)
+            values = values.repeat_interleave(n_heads // n_kv, dim=0)
+        if t == 1:
+            o = F.scaled_dot_product_attention(qs, keys, values)
+        else:  # query j (absolute past + j) sees keys 0..past + j
+            mask = torch.ones(t, past + t, dtype=torch.bool, device=q.device).tril(diagonal=past)
+            o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask)
+        out[start:end] = o.transpose(0, 1)
+        start = end
+    return out

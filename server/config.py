@@ -1,0 +1,54 @@
+"""Engine and server configuration: small dataclasses validated at construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model_path: str
+    device: str = "cpu"                    # cpu | cuda
+    dtype: str = "auto"                    # auto (float32 on cpu, bfloat16 on cuda) | float32 | bfloat16 | float16
+    max_running_requests: int = 32         # requests decoding at once; the rest wait in the queue
+    context_length: int | None = None      # None: the model's max_position_embeddings
+    seed: int = 0
+    num_threads: int | None = None         # torch intra-op threads for the engine (None: torch's default)
+    drafter_path: str | None = None        # EAGLE-3 drafter directory
+    sd: str = "adaptive"                   # off | on | adaptive (SD only while running <= sd_max_batch)
+    sd_max_batch: int = 8
+    num_draft_tokens: int | None = None    # fixed draft length; None: chosen per batch-size bucket
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        if self.context_length is not None and self.context_length < 2:
+            raise ValueError("context_length must be >= 2")
+        if self.sd not in ("off", "on", "adaptive"):
+            raise ValueError(f"sd must be off, on or adaptive, got {self.sd!r}")
+        if self.sd_max_batch < 1:
+            raise ValueError("sd_max_batch must be >= 1")
+        if self.num_draft_tokens is not None and not 1 <= self.num_draft_tokens <= 16:
+            raise ValueError("num_draft_tokens must be in [1, 16]")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None             # guards everything but /health
+    admin_api_key: str | None = None       # guards weight updates, pause/continue and flush
+    served_model_name: str | None = None   # the name in /v1/models (default: the model directory's name)
+    max_request_bytes: int = 8 * 1024 * 1024
+    max_n: int = 64
+    max_new_tokens_cap: int = 16384
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("max_request_bytes", "max_n", "max_new_tokens_cap"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
