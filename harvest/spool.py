@@ -1,0 +1,170 @@
+"""Bounded, versioned spool of harvested drafter-training samples.
+
+A sample is one finished rollout's capture: a dict of tensors whose first dimension is the token axis
+(`input_ids` [T], `aux_hidden` [T, 3H], soft labels [T, k], ...) and the policy version that produced it.
+Each sample is its own safetensors shard, written atomically, so eviction and `--resume` work per sample.
+Memory holds the newest samples within its token/byte limits; disk holds the newest within its own;
+the oldest go first. Every `holdout_every`-th sample is held out for scoring drafters, never trained on.
+Training draws weight a sample by `version_decay ** (newest_version - its_version)`.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save
+
+from harvest.atomic import atomic_file
+
+
+@dataclass(slots=True)
+class SpoolConfig:
+    max_mem_tokens: int = 200_000
+    max_mem_bytes: int = 1 << 30
+    max_disk_tokens: int = 2_000_000
+    max_disk_bytes: int = 8 << 30
+    version_decay: float = 0.5       # weight per policy version behind the newest; 1.0 = uniform
+    holdout_every: int = 8           # every n-th sample is held out; 0 = none
+
+    def __post_init__(self) -> None:
+        for name in ("max_mem_tokens", "max_mem_bytes", "max_disk_tokens", "max_disk_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if not 0.0 < self.version_decay <= 1.0:
+            raise ValueError(f"version_decay must be in (0, 1], got {self.version_decay}")
+        if self.holdout_every < 0 or self.holdout_every == 1:
+            raise ValueError("holdout_every must be 0 (no holdout) or >= 2")
+
+
+@dataclass(slots=True)
+class SpoolItem:
+    seq: int                          # monotonic over the spool's life, also across resumes
+    policy_version: int
+    holdout: bool
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def tokens(self) -> int:
+        return int(self.tensors["input_ids"].shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+class Spool:
+    """Thread-safe: the trainer adds while the idle-window drafter trainer samples."""
+
+    def __init__(self, directory: str | Path | None, cfg: SpoolConfig | None = None):
+        self.cfg = cfg or SpoolConfig()
+        self.dir = Path(directory) if directory is not None else None
+        self._lock = threading.Lock()
+        self._mem: OrderedDict[int, SpoolItem] = OrderedDict()
+        self._disk: OrderedDict[int, tuple[Path, int, int]] = OrderedDict()  # seq -> (path, tokens, bytes)
+        self._next_seq = 0
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._reload()
+
+    # -- writing ---------------------------------------------------------------------------------
+    def add(self, tensors: dict[str, torch.Tensor], policy_version: int) -> SpoolItem:
+        if "input_ids" not in tensors:
+            raise ValueError("a spool sample needs 'input_ids'")
+        T = tensors["input_ids"].shape[0]
+        for name, t in tensors.items():
+            if t.dim() == 0 or t.shape[0] != T:
+                raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}; its first dim must be {T} tokens")
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+        with self._lock:
+            seq = self._next_seq
+            self._next_seq += 1
+            holdout = self.cfg.holdout_every > 0 and seq % self.cfg.holdout_every == 0
+            item = SpoolItem(seq, int(policy_version), holdout, tensors)
+            if self.dir is not None:
+                path = self.dir / f"{seq:010d}.safetensors"
+                meta = {"policy_version": str(item.policy_version), "holdout": str(int(holdout))}
+                with atomic_file(path) as f:
+                    f.write(save(tensors, metadata=meta))
+                self._disk[seq] = (path, item.tokens, path.stat().st_size)
+                self._evict_disk()
+            self._mem[seq] = item
+            self._evict_mem()
+            return item
+
+    def _evict_mem(self) -> None:
+        while len(self._mem) > 1 and (self.mem_tokens > self.cfg.max_mem_tokens
+                                      or self.mem_bytes > self.cfg.max_mem_bytes):
+            self._mem.popitem(last=False)
+
+    def _evict_disk(self) -> None:
+        while len(self._disk) > 1 and (self.disk_tokens > self.cfg.max_disk_tokens
+                                       or self.disk_bytes > self.cfg.max_disk_bytes):
+            _, (path, _, _) = self._disk.popitem(last=False)
+            path.unlink(missing_ok=True)
+
+    def _reload(self) -> None:
+        """Resume: index every shard on disk, keep the newest within the disk limits, load the newest into memory."""
+        for path in sorted(self.dir.glob("[0-9]*.safetensors")):  # zero-padded names sort by seq
+            with safe_open(path, "pt") as f:
+                tokens = int(f.get_slice("input_ids").get_shape()[0])
+            self._disk[int(path.stem)] = (path, tokens, path.stat().st_size)
+            self._next_seq = int(path.stem) + 1
+        self._evict_disk()
+        budget_tokens, budget_bytes, newest = 0, 0, []
+        for seq, (path, tokens, _) in reversed(self._disk.items()):
+            with safe_open(path, "pt") as f:
+                meta = f.metadata() or {}
+            item = SpoolItem(seq, int(meta.get("policy_version", 0)), meta.get("holdout") == "1", load_file(path))
+            budget_tokens, budget_bytes = budget_tokens + tokens, budget_bytes + item.nbytes
+            if newest and (budget_tokens > self.cfg.max_mem_tokens or budget_bytes > self.cfg.max_mem_bytes):
+                break
+            newest.append(item)
+        self._mem = OrderedDict((it.seq, it) for it in reversed(newest))
+
+    # -- reading ---------------------------------------------------------------------------------
+    def sample(self, n: int, generator: torch.Generator | None = None) -> list[SpoolItem]:
+        """`n` training samples drawn with replacement, favouring recent policy versions; [] if none."""
+        with self._lock:
+            items = [it for it in self._mem.values() if not it.holdout]
+        if not items or n < 1:
+            return []
+        newest = max(it.policy_version for it in items)
+        weights = torch.tensor([self.cfg.version_decay ** (newest - it.policy_version) for it in items])
+        picks = torch.multinomial(weights, n, replacement=True, generator=generator)
+        return [items[i] for i in picks.tolist()]
+
+    def holdout(self, policy_version: int | None = None) -> list[SpoolItem]:
+        """Held-out samples of `policy_version` (default: the newest version that has any)."""
+        with self._lock:
+            held = [it for it in self._mem.values() if it.holdout]
+        if policy_version is None and held:
+            policy_version = max(it.policy_version for it in held)
+        return [it for it in held if it.policy_version == policy_version]
+
+    @property
+    def newest_version(self) -> int | None:
+        with self._lock:
+            return max((it.policy_version for it in self._mem.values()), default=None)
+
+    def __len__(self) -> int:
+        return len(self._mem)
+
+    @property
+    def mem_tokens(self) -> int:
+        return sum(it.tokens for it in self._mem.values())
+
+    @property
+    def mem_bytes(self) -> int:
+        return sum(it.nbytes for it in self._mem.values())
+
+    @property
+    def disk_tokens(self) -> int:
+        return sum(tokens for _, tokens, _ in self._disk.values())
+
+    @property
+    def disk_bytes(self) -> int:
+        return sum(size for _, _, size in self._disk.values())

@@ -1,0 +1,98 @@
+"""Spool: bounds in tokens and bytes, oldest evicted first, atomic shards, resume, recency-weighted sampling."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harvest.spool import Spool, SpoolConfig
+
+
+def _sample(tokens: int, width: int = 6, fill: float = 0.0) -> dict[str, torch.Tensor]:
+    return {"input_ids": torch.arange(tokens), "aux_hidden": torch.full((tokens, width), float(fill))}
+
+
+def test_memory_bounds_evict_oldest_first():
+    spool = Spool(None, SpoolConfig(max_mem_tokens=25, holdout_every=0))
+    for i in range(6):
+        spool.add(_sample(10, fill=i), policy_version=i)
+    assert spool.mem_tokens <= 25
+    kept = [it.policy_version for it in spool.sample(200, torch.Generator().manual_seed(0))]
+    assert set(kept) == {4, 5}  # only the two newest fit
+
+
+def test_byte_bound_on_memory_and_disk(tmp_path):
+    one = _sample(10)
+    per_sample = sum(t.numel() * t.element_size() for t in one.values())
+    cfg = SpoolConfig(max_mem_bytes=3 * per_sample, max_disk_bytes=5 * per_sample + 5 * 200, holdout_every=0)
+    spool = Spool(tmp_path, cfg)
+    for i in range(10):
+        spool.add(_sample(10, fill=i), policy_version=0)
+    assert len(spool) == 3 and spool.mem_bytes <= cfg.max_mem_bytes
+    shards = sorted(p.name for p in tmp_path.glob("*.safetensors"))
+    assert spool.disk_bytes <= cfg.max_disk_bytes and 3 <= len(shards) < 10
+    assert shards[-1] == f"{9:010d}.safetensors"  # the newest survived, the oldest went
+    assert f"{0:010d}.safetensors" not in shards
+
+
+def test_disk_token_bound_and_no_temp_files(tmp_path):
+    spool = Spool(tmp_path, SpoolConfig(max_mem_tokens=100, max_disk_tokens=30, holdout_every=0))
+    for i in range(7):
+        spool.add(_sample(10), policy_version=i)
+    files = list(tmp_path.iterdir())
+    assert len(files) == 3 and all(p.suffix == ".safetensors" for p in files)
+    assert spool.disk_tokens == 30
+
+
+def test_resume_keeps_spool(tmp_path):
+    spool = Spool(tmp_path, SpoolConfig(holdout_every=3))
+    for i in range(7):
+        spool.add(_sample(5 + i, fill=float(i)), policy_version=i // 2)
+    before = {it.seq: it for it in spool._mem.values()}
+    resumed = Spool(tmp_path, SpoolConfig(holdout_every=3))
+    assert len(resumed) == len(spool) == 7 and resumed.newest_version == 3
+    for seq, item in resumed._mem.items():
+        assert item.policy_version == before[seq].policy_version and item.holdout == before[seq].holdout
+        for name, t in item.tensors.items():
+            assert torch.equal(t, before[seq].tensors[name])
+    assert resumed.add(_sample(4), policy_version=4).seq == 7  # numbering continues
+    assert [it.seq for it in resumed.holdout(policy_version=0)] == [0]
+
+
+def test_resume_respects_memory_limit(tmp_path):
+    spool = Spool(tmp_path, SpoolConfig(max_mem_tokens=1000, holdout_every=0))
+    for i in range(5):
+        spool.add(_sample(10), policy_version=i)
+    resumed = Spool(tmp_path, SpoolConfig(max_mem_tokens=20, holdout_every=0))
+    assert [it.seq for it in resumed._mem.values()] == [3, 4]
+
+
+def test_holdout_split_is_never_sampled():
+    spool = Spool(None, SpoolConfig(holdout_every=4))
+    for i in range(12):
+        spool.add(_sample(3), policy_version=i // 6)
+    held = spool.holdout()
+    assert [it.seq for it in held] == [8] and all(it.policy_version == 1 for it in held)
+    drawn = spool.sample(300, torch.Generator().manual_seed(1))
+    assert not any(it.holdout for it in drawn)
+
+
+def test_sampling_favours_recent_versions():
+    spool = Spool(None, SpoolConfig(version_decay=0.25, holdout_every=0))
+    for v in (0, 1, 2):
+        for _ in range(4):
+            spool.add(_sample(3), policy_version=v)
+    counts = torch.bincount(torch.tensor([it.policy_version for it in
+                                          spool.sample(4000, torch.Generator().manual_seed(0))]), minlength=3)
+    # expected shares 1/21, 4/21, 16/21
+    assert counts[2] > 3 * counts[1] > 9 * counts[0] > 0
+
+
+def test_rejects_bad_samples_and_config():
+    spool = Spool(None)
+    with pytest.raises(ValueError, match="input_ids"):
+        spool.add({"aux_hidden": torch.zeros(3, 2)}, 0)
+    with pytest.raises(ValueError, match="first dim"):
+        spool.add({"input_ids": torch.zeros(3), "aux_hidden": torch.zeros(4, 2)}, 0)
+    with pytest.raises(ValueError, match="version_decay"):
+        SpoolConfig(version_decay=0.0)
+    assert spool.sample(4) == [] and spool.holdout() == []
