@@ -1,0 +1,93 @@
+"""Idle-window runner: micro-steps of drafter training that run only while the RL step waits on rollouts.
+
+`waiting` says whether the window is still open: a callable returning True while rollouts are in
+flight, or a `threading.Event` that is set while they are. It is checked before every micro-step, so
+once it closes at most the micro-step already running finishes: preemption within one micro-step.
+The policy update never waits on more than that. Two ways to run a window:
+
+- `run_window(step, waiting)`: in the caller's thread (a loop that polls between rollouts).
+- `IdleWindow(step)`: a background thread, `with IdleWindow(step) as w: ...wait on rollouts...`;
+  leaving the block closes the window and joins within one micro-step. Torch ops release the GIL, so
+  the caller's rollout I/O keeps going while the drafter trains.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+Waiting = threading.Event | Callable[[], bool]
+
+
+@dataclass(slots=True)
+class IdleReport:
+    steps: int = 0                 # micro-steps completed
+    busy_s: float = 0.0            # time spent inside micro-steps (idle time used)
+    window_s: float = 0.0          # time the window was open
+    overrun_s: float = 0.0         # time the last micro-step ran past the window's close
+
+    def merge(self, other: IdleReport) -> IdleReport:
+        return IdleReport(self.steps + other.steps, self.busy_s + other.busy_s,
+                          self.window_s + other.window_s, max(self.overrun_s, other.overrun_s))
+
+
+def _is_open(waiting: Waiting) -> bool:
+    return waiting.is_set() if isinstance(waiting, threading.Event) else bool(waiting())
+
+
+def run_window(step: Callable[[], object], waiting: Waiting, max_steps: int | None = None) -> IdleReport:
+    """Call `step()` while `waiting` stays open (and at most `max_steps` times)."""
+    report, start = IdleReport(), time.perf_counter()
+    while (max_steps is None or report.steps < max_steps) and _is_open(waiting):
+        t0 = time.perf_counter()
+        step()
+        t1 = time.perf_counter()
+        report.steps += 1
+        report.busy_s += t1 - t0
+        if not _is_open(waiting):  # closed during this step: the overrun the policy update may see
+            report.overrun_s = t1 - t0
+    report.window_s = time.perf_counter() - start
+    return report
+
+
+class IdleWindow:
+    """Background-thread idle window. `close()` returns the report after at most one micro-step."""
+
+    def __init__(self, step: Callable[[], object], max_steps: int | None = None, name: str = "gleanrl-idle"):
+        self._open = threading.Event()
+        self._open.set()
+        self._step, self._max_steps = step, max_steps
+        self._report = IdleReport()
+        self._error: BaseException | None = None
+        self._closed_at = 0.0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self._report = run_window(self._step, self._open, self._max_steps)
+        except BaseException as exc:  # surfaced by close(), never lost in the thread
+            self._error = exc
+
+    def open(self) -> IdleWindow:
+        self._thread.start()
+        return self
+
+    def close(self) -> IdleReport:
+        self._closed_at = time.perf_counter()
+        self._open.clear()
+        self._thread.join()
+        self._report.overrun_s = max(0.0, time.perf_counter() - self._closed_at)
+        if self._error is not None:
+            raise RuntimeError(f"drafter training failed in the idle window: {self._error}") from self._error
+        return self._report
+
+    @property
+    def report(self) -> IdleReport:
+        return self._report
+
+    def __enter__(self) -> IdleWindow:
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
