@@ -1,0 +1,126 @@
+"""SD verification math: greedy cases and a statistical test that sampled SD output follows the target.
+
+The statistical test drives `verify_sampled` with a Markov-chain "target" P and a deliberately poor
+"drafter" Q (mass concentrated on tokens P finds unlikely, and on tokens P excludes, as top-k/top-p/min-p
+would). Every emitted token is a transition (prev -> next); under exact speculative sampling each
+transition's next token follows P[prev] whatever Q is, and whichever position in the chain it comes from.
+We pool >= 20,000 emitted tokens and run Pearson's chi-square against P per `prev` row, summed over rows
+(independent multinomials, so the sum is chi-square with the summed degrees of freedom). The threshold is
+the 1 - 1e-6 quantile (Wilson-Hilferty), so a correct implementation fails with probability ~1e-6 (and
+never at the fixed seed); the negative control shows the same statistic rejects the classic bug of
+resampling from p instead of the residual max(p - q, 0).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from server.speculative import verify, verify_greedy, verify_sampled
+
+V, K, ROWS = 6, 4, 400
+
+
+def _chains(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    p = torch.rand(V, V, generator=g) ** 3 + 0.02                      # [V, V] transition rows
+    p[torch.arange(V), torch.arange(V)] = 0.0                             # excluded tokens (top-k-like)
+    p = p / p.sum(-1, keepdim=True)
+    q = 1.0 / (p + 0.05)                                                  # poor: loves what p dislikes
+    return p, q / q.sum(-1, keepdim=True)
+
+
+def _draft(p: torch.Tensor, q: torch.Tensor, gens: list[torch.Generator]):
+    """Per row: a start token, K drafts sampled from q along the chain, and the k+1 target rows."""
+    start = torch.stack([torch.randint(V, (), generator=g) for g in gens])           # [B]
+    prev, drafts = start, []
+    for _ in range(K):
+        drafts.append(torch.stack([torch.multinomial(q[s], 1, generator=g)[0] for s, g in zip(prev, gens)]))
+        prev = drafts[-1]
+    draft_ids = torch.stack(drafts, dim=1)                                           # [B, K]
+    prevs = torch.cat([start[:, None], draft_ids], dim=1)                            # [B, K+1]
+    return start, draft_ids, q[prevs[:, :K]], p[prevs]                               # q: [B,K,V], p: [B,K+1,V]
+
+
+def _transition_counts(p: torch.Tensor, q: torch.Tensor, verify_fn, min_tokens: int = 20_000) -> torch.Tensor:
+    gens = [torch.Generator().manual_seed(1000 + b) for b in range(ROWS)]
+    counts = torch.zeros(V, V, dtype=torch.int64)
+    while counts.sum() < min_tokens:
+        start, draft_ids, q_probs, p_probs = _draft(p, q, gens)
+        n_acc, out = verify_fn(draft_ids, q_probs, p_probs, gens)
+        prevs = torch.cat([start[:, None], out[:, :-1]], dim=1)                     # prev of out[:, j]
+        for b in range(ROWS):
+            n = int(n_acc[b]) + 1
+            counts.index_put_((prevs[b, :n], out[b, :n]), torch.ones(n, dtype=torch.int64), accumulate=True)
+    return counts
+
+
+def _chi2_exceeds(counts: torch.Tensor, p: torch.Tensor, alpha_z: float = 4.753) -> tuple[float, float]:
+    """Returns (statistic, threshold); alpha_z is the standard normal 1 - 1e-6 quantile."""
+    stat, df = 0.0, 0
+    for prev in range(V):
+        n, support = counts[prev].sum().item(), p[prev] > 0
+        expected = n * p[prev][support].double()
+        stat += (((counts[prev][support].double() - expected) ** 2) / expected).sum().item()
+        df += int(support.sum()) - 1
+    c = 2.0 / (9.0 * df)
+    return stat, df * (1.0 - c + alpha_z * math.sqrt(c)) ** 3
+
+
+def _resample_from_p_bug(draft_ids, q_probs, p_probs, gens):
+    """Accept with min(1, p/q) but on rejection draw from p: a classic, subtly wrong variant."""
+    n_acc, out = verify_sampled(draft_ids, q_probs, p_probs, gens)
+    rows = torch.arange(len(gens))
+    p_n = p_probs[rows, n_acc]
+    out[rows, n_acc] = torch.stack([torch.multinomial(p_n[b], 1, generator=g)[0] for b, g in enumerate(gens)])
+    return n_acc, out
+
+
+def test_sampled_output_follows_target_distribution():
+    torch.manual_seed(0)
+    p, q = _chains(seed=0)
+    counts = _transition_counts(p, q, verify_sampled)
+    assert counts.sum() >= 20_000
+    assert counts[p == 0].sum() == 0, "emitted a token the target excludes"
+    stat, threshold = _chi2_exceeds(counts, p)
+    assert stat < threshold, f"chi-square {stat:.1f} >= {threshold:.1f}: SD output is not distributed as the target"
+
+
+def test_chi_square_rejects_resampling_from_p():
+    torch.manual_seed(0)
+    p, q = _chains(seed=0)
+    stat, threshold = _chi2_exceeds(_transition_counts(p, q, _resample_from_p_bug), p)
+    assert stat > threshold, "the statistical test has no power against a known bug"
+
+
+def test_perfect_draft_is_always_accepted():
+    p, _ = _chains(seed=1)
+    gens = [torch.Generator().manual_seed(b) for b in range(64)]
+    _, draft_ids, _, p_probs = _draft(p, p, gens)
+    n_acc, out = verify_sampled(draft_ids, p_probs[:, :K], p_probs, gens)
+    assert (n_acc == K).all()
+    assert torch.equal(out[:, :K], draft_ids)
+
+
+def test_greedy_accepts_leading_matches_and_emits_target_tokens():
+    target = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 8, 9], [5, 6, 7, 8, 9], [1, 2, 3, 4, 0]])
+    drafts = torch.tensor([[5, 6, 7, 8], [5, 0, 7, 8], [0, 6, 7, 8], [1, 2, 3, 0]])
+    n_acc, out = verify_greedy(drafts, target)
+    assert n_acc.tolist() == [4, 1, 0, 3]
+    emitted = [out[b, : int(n) + 1].tolist() for b, n in enumerate(n_acc)]
+    assert emitted == [[5, 6, 7, 8, 9], [5, 6], [5], [1, 2, 3, 4]]
+
+
+def test_mixed_batch_routes_rows_by_temperature():
+    p, q = _chains(seed=2)
+    gens = [torch.Generator().manual_seed(b) for b in range(8)]
+    _, draft_ids, q_probs, p_probs = _draft(p, q, gens)
+    target_ids = p_probs.argmax(-1)
+    greedy = [b % 2 == 0 for b in range(8)]
+    n_acc, out = verify(draft_ids, q_probs, p_probs, target_ids, greedy, gens)
+    n_g, out_g = verify_greedy(draft_ids, target_ids)
+    for b in range(0, 8, 2):
+        assert n_acc[b] == n_g[b] and torch.equal(out[b], out_g[b])
+    for b in range(1, 8, 2):  # sampled rows never emit a token outside the target's support
+        n = int(n_acc[b]) + 1
+        assert (p_probs[b, torch.arange(n), out[b, :n]] > 0).all()
