@@ -1,0 +1,90 @@
+"""When to speculate and how far: TLT's adaptive SD policy.
+
+SD pays when the target is memory-bound (few running requests) and costs when it is compute-bound, so
+in `adaptive` mode it runs only while `running <= max_batch`. The draft length k is chosen per
+batch-size bucket by an epsilon-greedy bandit (TLT's bucketed epsilon-greedy) whose reward is emitted
+tokens per second of the decode iteration; each arm keeps a sliding window of recent rewards, so the
+choice follows a drifting drafter (acceptance rises as it trains, resets on a hot swap). A bucket with
+no measured arm uses the fixed table. Simplified relative to TLT: the arms are draft lengths of a chain
+draft only (TLT also varies tree top-k and the number of verified tokens).
+"""
+from __future__ import annotations
+
+import bisect
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+# batch-size bucket upper bound -> draft length, used before a bucket has measurements
+DEFAULT_TABLE: dict[int, int] = {1: 4, 2: 4, 4: 3, 8: 2, 16: 2, 32: 1}
+
+
+@dataclass(frozen=True, slots=True)
+class SDPolicyConfig:
+    mode: str = "adaptive"                       # off | on | adaptive
+    max_batch: int = 8                           # adaptive: SD only while running <= max_batch
+    fixed_k: int | None = None                   # a fixed draft length disables the bandit
+    choices: tuple[int, ...] = (1, 2, 3, 4, 6)   # the bandit's arms (draft lengths)
+    table: dict[int, int] = field(default_factory=lambda: dict(DEFAULT_TABLE))
+    epsilon: float = 0.1
+    window: int = 16                             # recent rewards kept per (bucket, arm)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("off", "on", "adaptive"):
+            raise ValueError(f"sd mode must be off, on or adaptive, got {self.mode!r}")
+        if self.max_batch < 1:
+            raise ValueError("sd max_batch must be >= 1")
+        if self.fixed_k is not None and not 1 <= self.fixed_k <= 16:
+            raise ValueError("fixed draft length must be in [1, 16]")
+        if not self.choices or any(not 1 <= k <= 16 for k in self.choices):
+            raise ValueError("draft length choices must be non-empty and in [1, 16]")
+        if not self.table or any(not 1 <= k <= 16 for k in self.table.values()):
+            raise ValueError("table draft lengths must be in [1, 16]")
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise ValueError("epsilon must be in [0, 1]")
+        if self.window < 1:
+            raise ValueError("window must be >= 1")
+
+
+class SDPolicy:
+    def __init__(self, config: SDPolicyConfig | None = None):
+        self.config = config or SDPolicyConfig()
+        self._bounds = sorted(self.config.table)
+        self._rng = random.Random(self.config.seed)
+        self._rewards: dict[tuple[int, int], deque[float]] = {}
+
+    def use_sd(self, running: int) -> bool:
+        mode = self.config.mode
+        return mode == "on" or (mode == "adaptive" and 0 < running <= self.config.max_batch)
+
+    def bucket(self, batch: int) -> int:
+        """The smallest bucket bound >= batch (the largest bound for bigger batches)."""
+        i = bisect.bisect_left(self._bounds, batch)
+        return self._bounds[min(i, len(self._bounds) - 1)]
+
+    def mean_reward(self, batch: int, k: int) -> float | None:
+        window = self._rewards.get((self.bucket(batch), k))
+        return sum(window) / len(window) if window else None
+
+    def choose_k(self, batch: int) -> int:
+        cfg = self.config
+        if cfg.fixed_k is not None:
+            return cfg.fixed_k
+        if self._rng.random() < cfg.epsilon:
+            return self._rng.choice(cfg.choices)
+        measured = {k: r for k in cfg.choices if (r := self.mean_reward(batch, k)) is not None}
+        if not measured:
+            return cfg.table[self.bucket(batch)]
+        return max(measured, key=measured.__getitem__)
+
+    def record(self, batch: int, k: int, tokens: int, seconds: float) -> None:
+        """One SD decode iteration over `batch` sequences with draft length k emitted `tokens`."""
+        if seconds <= 0:
+            return
+        key = (self.bucket(batch), k)
+        self._rewards.setdefault(key, deque(maxlen=self.config.window)).append(tokens / seconds)
+
+    def reset(self) -> None:
+        """Forget measurements (e.g. after a draft swap, whose acceptance is unknown)."""
+        self._rewards.clear()
