@@ -1,0 +1,77 @@
+"""Atomic step checkpoints. Step N lives in `OUT/weight_v{N}/`: a Hugging Face directory (safetensors,
+config, tokenizer) that the rollout server loads with `update_weights_from_disk`, plus
+`trainer_state.pt` (optimizer, step, RNG states) and `train_config.json`. The whole directory appears
+by one rename, so a directory that exists is complete; `--resume` takes the highest N."""
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from harvest.atomic import atomic_dir
+
+_NAME = re.compile(r"^weight_v(\d+)$")
+STATE_FILE = "trainer_state.pt"
+
+
+@dataclass(slots=True)
+class Resumed:
+    step: int
+    path: Path
+    optimizer_state: dict
+
+
+def checkpoint_path(out: str | Path, step: int) -> Path:
+    return Path(out) / f"weight_v{step}"
+
+
+def list_checkpoints(out: str | Path) -> list[tuple[int, Path]]:
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in out.iterdir() if (m := _NAME.match(p.name)) and p.is_dir()]
+    return sorted(found)
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+
+
+def save_checkpoint(out: str | Path, step: int, model, tokenizer, optimizer, config: dict,
+                    keep_last: int) -> Path:
+    """Write step `step` atomically, then delete all but the newest `keep_last` step checkpoints."""
+    target = checkpoint_path(out, step)
+    with atomic_dir(target) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state()}, tmp / STATE_FILE)
+        (tmp / "train_config.json").write_text(json.dumps(config, indent=2))
+    for old_step, path in list_checkpoints(out)[:-keep_last]:
+        if old_step != step:
+            shutil.rmtree(path, ignore_errors=True)
+    return target
+
+
+def load_latest(out: str | Path) -> Resumed | None:
+    """The newest complete checkpoint, with the RNG states restored; None when there is none."""
+    for step, path in reversed(list_checkpoints(out)):
+        state_file = path / STATE_FILE
+        if not state_file.is_file():  # e.g. written by another tool; not ours to resume from
+            continue
+        state = torch.load(state_file, weights_only=False)
+        if state.get("step") != step:
+            raise ValueError(f"{state_file}: step {state.get('step')} does not match the directory name")
+        set_rng_state(state["rng"])
+        return Resumed(step=step, path=path, optimizer_state=state["optimizer"])
+    return None

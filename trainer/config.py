@@ -1,0 +1,116 @@
+"""TrainConfig: one validated dataclass, filled from a TOML/YAML file and then from flags."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(slots=True)
+class TrainConfig:
+    model: str                               # initial policy (HF directory)
+    out: str                                 # checkpoints, metrics.jsonl, config.resolved.json
+    task: str | None = None                  # built-in task spec; None: the default task
+    data: str | None = None                  # a JSONL prompt file instead of a task
+    servers: list[str] = field(default_factory=list)   # running rollout servers; empty: start an embedded one
+    steps: int = 20
+    prompts_per_step: int = 8
+    samples_per_prompt: int = 4              # GRPO group size
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    micro_batch_size: int = 8                # sequences per forward/backward
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_coef: float = 0.0                     # > 0 keeps a frozen reference copy of the initial policy
+    scale_advantages: bool = True            # divide by the group std (GRPO) or not (Dr. GRPO)
+    keep_last: int = 2                       # step checkpoints kept on disk
+    seed: int = 0
+    trainer_threads: int = 1
+    server_threads: int = 1                  # embedded server's torch threads
+    server_args: list[str] = field(default_factory=list)   # extra `gleanrl serve` flags (embedded)
+    api_key: str | None = None
+    admin_api_key: str | None = None
+    request_timeout_s: float = 600.0
+    server_wait_s: float = 120.0             # how long to wait for a dead/restarting server
+    max_attempts: int = 3                    # submissions per rollout before it counts as failed
+    stream: bool = True                      # stream /generate to time the first token
+
+    def __post_init__(self) -> None:
+        if isinstance(self.servers, str):
+            self.servers = [self.servers]
+        self.betas = tuple(self.betas)
+        positive = ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "micro_batch_size",
+                    "keep_last", "trainer_threads", "server_threads", "max_attempts")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        checks = [
+            ("temperature", self.temperature > 0, "must be > 0 (GRPO needs sampled rollouts)"),
+            ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
+            ("lr", self.lr > 0, "must be > 0"),
+            ("grad_clip", self.grad_clip > 0, "must be > 0"),
+            ("clip_low", 0 <= self.clip_low < 1, "must be in [0, 1)"),
+            ("clip_high", self.clip_high >= 0, "must be >= 0"),
+            ("kl_coef", self.kl_coef >= 0, "must be >= 0"),
+            ("weight_decay", self.weight_decay >= 0, "must be >= 0"),
+            ("request_timeout_s", self.request_timeout_s > 0, "must be > 0"),
+            ("server_wait_s", self.server_wait_s > 0, "must be > 0"),
+        ]
+        for name, ok, why in checks:
+            if not ok:
+                raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+        if self.task and self.data:
+            raise ValueError("give either task or data, not both")
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def read_config_file(path: str | Path) -> dict:
+    """A flat table of TrainConfig fields from .toml, .yaml/.yml or .json."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file not found: {path}")
+    text = path.read_text()
+    if path.suffix == ".toml":
+        data = tomllib.loads(text)
+    elif path.suffix in (".yaml", ".yml"):
+        import yaml
+        data = yaml.safe_load(text) or {}
+    elif path.suffix == ".json":
+        data = json.loads(text)
+    else:
+        raise ValueError(f"config file must be .toml, .yaml, .yml or .json, got {path.name}")
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a table of settings")
+    return data
+
+
+def build_config(file_values: dict, flag_values: dict) -> TrainConfig:
+    """File first, then flags that were given (None means not given)."""
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(file_values) - known)
+    if unknown:
+        raise ValueError(f"unknown config keys: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    values = dict(file_values)
+    values.update({k: v for k, v in flag_values.items() if v is not None and k in known})
+    for required in ("model", "out"):
+        if not values.get(required):
+            raise ValueError(f"{required} is required (flag --{required} or the config file)")
+    return TrainConfig(**values)
+
+
+def write_resolved(cfg: TrainConfig, out: str | Path) -> Path:
+    from harvest.atomic import atomic_file
+    target = Path(out) / "config.resolved.json"
+    with atomic_file(target, "w") as f:
+        json.dump(cfg.to_dict(), f, indent=2)
+    return target

@@ -1,0 +1,108 @@
+"""One step's rollouts: submit all concurrently, consume each as it finishes, survive a server that
+dies or restarts mid-step (re-sync the weights, re-submit what was lost), and keep rollouts of any
+other weight_version out of training."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Awaitable, Callable, ContextManager, Protocol
+
+import httpx
+from tqdm import tqdm
+
+from clients.rollout_client import RolloutClient, RolloutServerError
+from trainer.rollout import Rollout, RolloutStatus
+
+
+class RolloutHooks(Protocol):
+    """Where the harvester plugs in. `on_rollout_finished` runs in the event loop as each rollout
+    finishes (keep it short: enqueue heavy work); `idle_window()` is entered while rollouts are in
+    flight and left before the policy update (e.g. `harvest.idle.IdleWindow`)."""
+
+    def on_step_start(self, step: int, model) -> None: ...
+    def on_rollout_finished(self, rollout: Rollout) -> None: ...
+    def idle_window(self) -> ContextManager: ...
+
+
+class NoHooks:
+    def on_step_start(self, step: int, model) -> None:
+        pass
+
+    def on_rollout_finished(self, rollout: Rollout) -> None:
+        pass
+
+    def idle_window(self) -> ContextManager:
+        return contextlib.nullcontext()
+
+
+async def run_one(client: RolloutClient, r: Rollout, params: dict, stream: bool) -> Rollout:
+    """Submit one rollout and fill it in. A lost connection marks it aborted (to be re-submitted)."""
+    r.attempts += 1
+    r.submitted_at = time.monotonic()
+    sp = dict(params, seed=r.seed) if r.seed is not None else params
+    rid = f"{r.rid}-a{r.attempts}"  # a re-submission must not collide with a lingering old request
+    try:
+        if stream:
+            ids: list[int] = []
+            lps: list[list] = []
+            last: dict = {}
+            async for chunk in client.generate_stream(r.prompt_ids, sp, rid=rid):
+                if r.first_token_at is None and chunk.get("meta_info", {}).get("completion_tokens", 0) > 0:
+                    r.first_token_at = time.monotonic()
+                ids += chunk.get("output_ids") or []
+                lps += chunk.get("meta_info", {}).get("output_token_logprobs") or []
+                last = chunk
+            total = last.get("meta_info", {}).get("completion_tokens", -1)
+            if len(last.get("output_ids") or []) != total:  # incremental chunks: use the concatenation
+                last = dict(last, output_ids=ids, meta_info=dict(last.get("meta_info", {}), output_token_logprobs=lps))
+            r.apply(last)
+        else:
+            r.apply(await client.generate(r.prompt_ids, sp, rid=rid))
+    except (RolloutServerError, httpx.TransportError) as exc:
+        status = getattr(exc, "status", 0)
+        r.status = RolloutStatus.FAILED if status >= 400 else RolloutStatus.ABORTED
+        r.error = str(exc) or type(exc).__name__
+    r.finished_at = time.monotonic()
+    if r.first_token_at is None and r.output_ids:
+        r.first_token_at = r.finished_at
+    return r
+
+
+async def run_step(client: RolloutClient, rollouts: list[Rollout], params: dict, *, expected_version: str,
+                   resync: Callable[[], Awaitable[None]], hooks: RolloutHooks, max_attempts: int,
+                   stream: bool = True, log=print) -> None:
+    """Run every rollout to completion (finished or truncated, sampled by `expected_version`).
+    `resync()` waits for the server and re-pushes the current weights; it runs before re-submitting."""
+    pending = list(rollouts)
+    bar = tqdm(total=len(rollouts), desc="rollouts", unit="req", leave=False, dynamic_ncols=True)
+    try:
+        while pending:
+            with hooks.idle_window():
+                tasks = [asyncio.create_task(run_one(client, r, params, stream)) for r in pending]
+                for fut in asyncio.as_completed(tasks):
+                    r = await fut
+                    if r.done and r.weight_version in (expected_version, None):
+                        bar.update(1)
+                        hooks.on_rollout_finished(r)
+            redo = [r for r in pending if not (r.done and r.weight_version in (expected_version, None))]
+            if not redo:
+                return
+            bad = [r for r in redo if r.status == RolloutStatus.FAILED]
+            if bad:  # the server refused the request: re-submitting will not help
+                raise RolloutServerError(client.urls[0], 400, f"rollout {bad[0].rid} failed: {bad[0].error}")
+            stale = [r for r in redo if r.done]
+            if stale:
+                log(f"warning: {len(stale)} rollout(s) sampled by weight_version {stale[0].weight_version}, "
+                    f"expected {expected_version}: discarded and re-submitted")
+            exhausted = [r for r in redo if r.attempts >= max_attempts]
+            if exhausted:
+                raise RolloutServerError(client.urls[0], 0, f"{len(exhausted)} rollout(s) still unfinished after "
+                                                            f"{max_attempts} attempts (last: {exhausted[0].error})")
+            log(f"warning: {len(redo)} rollout(s) lost ({redo[0].error}); re-syncing the server and re-submitting")
+            await resync()
+            for r in redo:
+                r.reset()
+            pending = redo
+    finally:
+        bar.close()

@@ -1,0 +1,146 @@
+"""The RL loop: GRPO against a long-lived rollout server over SGLang's native HTTP API.
+
+    for step in steps:
+        prompts  = task.prompts("train", n, seed=step)
+        rollouts = generate n samples per prompt concurrently (consumed as each finishes: harvest hook)
+        rewards  = task.reward(...) ; advantages = group-normalised (GRPO)
+        policy   = one AdamW step on the PPO-clipped loss with ratio vs the rollout logprobs (+ k3 KL)
+        save weight_v{step} atomically ; push it with update_weights_from_disk(weight_version=step)
+
+Simplified relative to the literature (DeepSeekMath GRPO, DAPO, slime) and why:
+- One policy update per step (no PPO epochs over minibatches): the rollouts are exactly on-policy, so
+  the importance ratio only absorbs the numerical mismatch between the server and the trainer (which
+  we report as `logprob_mismatch`); clipping stays as the safety net it is in slime.
+- The old-policy logprobs are the server's rollout logprobs, not a trainer recomputation: saves a
+  forward pass and makes engine bugs visible in the mismatch metric instead of hiding them.
+- Token-level normalisation over the whole step (DAPO), no length penalty, no dynamic sampling of
+  zero-variance groups (they simply get zero advantage), KL to the initial policy off by default
+  (rule-based rewards need no reward-model guard).
+- Synchronous: step N+1's rollouts start after the push of step N's weights, so every rollout is
+  sampled by exactly the version the trainer holds; the long tail is what the harvester gleans.
+- Weight sync by disk (`update_weights_from_disk`), which works for stock SGLang and the embedded
+  server; no NCCL broadcast. The checkpoint written each step is the file that is pushed.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import torch
+
+from clients.rollout_client import RolloutClient, RolloutServerError
+from trainer.checkpoint import load_latest, save_checkpoint
+from trainer.config import TrainConfig, write_resolved
+from trainer.generate import NoHooks, RolloutHooks, run_step
+from trainer.metrics import MetricsLog, rollout_metrics
+from trainer.policy import Policy
+from trainer.rollout import Rollout
+from trainer.server_proc import EmbeddedServer
+
+
+def train(cfg: TrainConfig, task=None, hooks: RolloutHooks | None = None, resume: bool = False,
+          log=print) -> dict:
+    """Run `cfg.steps` GRPO steps (continuing from the last checkpoint with `resume`). Returns the last
+    step's metrics row."""
+    torch.set_num_threads(cfg.trainer_threads)
+    torch.manual_seed(cfg.seed)
+    task = task or _load_task(cfg)
+    write_resolved(cfg, cfg.out)
+    resumed = load_latest(cfg.out) if resume else None
+    policy = Policy(cfg, str(resumed.path) if resumed else cfg.model)
+    if resumed:
+        policy.optimizer.load_state_dict(resumed.optimizer_state)
+        log(f"resuming after step {resumed.step} from {resumed.path}")
+    start = resumed.step if resumed else 0
+    weights = (str(resumed.path) if resumed else cfg.model, str(start))
+    server = None if cfg.servers else EmbeddedServer(cfg.model, cfg.server_threads, cfg.server_args,
+                                                    cfg.api_key, cfg.admin_api_key, f"{cfg.out}/server.log")
+    try:
+        if server:
+            server.start()
+        return asyncio.run(_loop(cfg, task, policy, hooks or NoHooks(), server, start, weights, log))
+    finally:
+        if server:
+            server.stop()
+
+
+async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: tuple[str, str], log) -> dict:
+    client = RolloutClient(cfg.servers or [server.url], cfg.api_key, cfg.admin_api_key, cfg.request_timeout_s)
+    metrics = MetricsLog(cfg.out, resume_step=start)
+    state = {"path": weights[0], "version": weights[1]}
+
+    async def resync() -> None:  # wait for the server(s), then make them serve exactly our weights
+        if server:
+            server.ensure_running()
+        await client.wait_healthy(cfg.server_wait_s)
+        await client.update_weights_from_disk(state["path"], weight_version=state["version"])
+
+    row: dict = {}
+    async with client:
+        await resync()
+        for step in range(start + 1, cfg.steps + 1):
+            rollouts = make_rollouts(cfg, task, policy.tokenizer, step)
+            hooks.on_step_start(step, policy.model)
+            t0 = time.monotonic()
+            await run_step(client, rollouts, sampling_params(cfg), expected_version=state["version"],
+                           resync=resync, hooks=hooks, max_attempts=cfg.max_attempts, stream=cfg.stream, log=log)
+            t1 = time.monotonic()
+            for r in rollouts:  # decode here: streamed `text` may be a delta
+                r.response = policy.tokenizer.decode(r.output_ids, skip_special_tokens=True)
+                r.reward = float(task.reward(r.sample, r.response))
+            train_stats = policy.train_step(rollouts)
+            path = save_checkpoint(cfg.out, step, policy.model, policy.tokenizer, policy.optimizer,
+                                   cfg.to_dict(), cfg.keep_last)
+            t2 = time.monotonic()
+            rollout_version = state["version"]
+            state.update(path=str(path), version=str(step))
+            try:
+                await client.update_weights_from_disk(state["path"], weight_version=state["version"])
+            except RolloutServerError as exc:  # the next step's resync retries; the checkpoint is safe
+                log(f"warning: weight push of step {step} failed ({exc}); will retry before the next step")
+                await resync()
+            row = {"step": step, "weight_version": state["version"], "rollout_weight_version": rollout_version,
+                   **rollout_metrics(rollouts, t0, t1, lambda r: _correct(task, r)),
+                   "train_s": t2 - t1, "push_s": time.monotonic() - t2, **train_stats}
+            metrics.log(row, echo=log)
+    return row
+
+
+def sampling_params(cfg: TrainConfig) -> dict:
+    return {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p}
+
+
+def make_rollouts(cfg: TrainConfig, task, tokenizer, step: int) -> list[Rollout]:
+    """`samples_per_prompt` pending rollouts for each of the step's prompts; seeds make the step
+    reproducible (the server samples each seeded request from its own generator)."""
+    samples = task.prompts("train", cfg.prompts_per_step, seed=cfg.seed * 100_003 + step)
+    out = []
+    for g, sample in enumerate(samples):
+        ids = encode_prompt(tokenizer, sample)
+        for i in range(cfg.samples_per_prompt):
+            seed = (cfg.seed * 1_000_003 + step * 10_007 + g * 101 + i) % 2**31
+            out.append(Rollout(group_id=g, index=i, sample=sample, prompt_ids=ids, rid=f"s{step}-g{g}-i{i}-{seed}",
+                               seed=seed))
+    return out
+
+
+def encode_prompt(tokenizer, sample: dict) -> list[int]:
+    """Prompt ids through the chat template when the tokenizer has one (the task's text otherwise)."""
+    if "prompt_ids" in sample:
+        return list(sample["prompt_ids"])
+    if getattr(tokenizer, "chat_template", None):
+        messages = sample.get("messages") or [{"role": "user", "content": sample["prompt"]}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    return tokenizer(sample["prompt"], add_special_tokens=True)["input_ids"]
+
+
+def _correct(task, r: Rollout) -> float:
+    if hasattr(task, "correct"):
+        return float(task.correct(r.sample, r.response))
+    return float((r.reward or 0.0) >= 1.0)
+
+
+def _load_task(cfg: TrainConfig):
+    from trainer.tasks import load_task
+    return load_task(cfg.data or cfg.task)

@@ -1,0 +1,86 @@
+"""Per-step metrics: one line on the terminal and one row in `OUT/metrics.jsonl`."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from trainer.rollout import Rollout
+
+COLUMNS = [  # (key, header, format)
+    ("step", "step", "{:>4d}"), ("reward_mean", "reward", "{:>6.3f}"), ("accuracy", "acc", "{:>5.2f}"),
+    ("response_len_p50", "len50", "{:>5.0f}"), ("response_len_p99", "len99", "{:>5.0f}"),
+    ("rollout_s", "rollout_s", "{:>9.2f}"), ("tail_s", "tail_s", "{:>6.2f}"), ("train_s", "train_s", "{:>7.2f}"),
+    ("tokens_per_s", "tok/s", "{:>6.0f}"), ("logprob_mismatch", "lp_mism", "{:>7.1e}"),
+    ("weight_version", "ver", "{:>4}"),
+]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]); 0 for an empty list."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return float(ordered[max(math.ceil(q / 100 * len(ordered)) - 1, 0)])
+
+
+def tail_seconds(finish_times: list[float]) -> float:
+    """Time while at most a quarter of the step's requests still run: from the finish that leaves
+    <= N/4 running to the last finish. [t_finish] (any order) -> seconds."""
+    if not finish_times:
+        return 0.0
+    ordered = sorted(finish_times)
+    n = len(ordered)
+    k = math.ceil(0.75 * n)                 # after k finishes, n - k <= n/4 still run
+    return ordered[-1] - ordered[max(k, 1) - 1]
+
+
+def rollout_metrics(rollouts: list[Rollout], t_start: float, t_end: float, accuracy_of) -> dict:
+    lens = [len(r.output_ids) for r in rollouts]
+    finished = [r.finished_at for r in rollouts if r.finished_at is not None]
+    ttft = [r.first_token_at - r.submitted_at for r in rollouts if r.first_token_at and r.submitted_at]
+    rollout_s = t_end - t_start
+    rewards = [float(r.reward) for r in rollouts if r.reward is not None]
+    return {
+        "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+        "accuracy": sum(accuracy_of(r) for r in rollouts) / len(rollouts) if rollouts else 0.0,
+        "response_len_mean": sum(lens) / len(lens) if lens else 0.0,
+        "response_len_p50": percentile(lens, 50), "response_len_p99": percentile(lens, 99),
+        "truncated_frac": sum(r.status.value == "truncated" for r in rollouts) / max(len(rollouts), 1),
+        "rollout_s": rollout_s, "tail_s": tail_seconds(finished),
+        "ttft_p50_s": percentile(ttft, 50),
+        "tokens_per_s": sum(lens) / rollout_s if rollout_s > 0 else 0.0,
+        "spec_accept_length": _mean([r.spec_accept_length for r in rollouts if r.spec_verify_ct]),
+    }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+class MetricsLog:
+    """Appends rows to `OUT/metrics.jsonl` (each row flushed and fsynced) and prints a table line."""
+
+    def __init__(self, out: str | Path, resume_step: int | None = None):
+        self.path = Path(out) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._printed_header = False
+        if self.path.exists():  # drop rows of steps lost to a crash (or everything on a fresh run)
+            keep = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and resume_step is not None and json.loads(line)["step"] <= resume_step]
+            self.path.write_text("".join(line + "\n" for line in keep))
+
+    def log(self, row: dict, echo=print) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if not self._printed_header:
+            echo("  ".join(h.rjust(len(fmt.format(_zero(fmt)))) for _, h, fmt in COLUMNS))
+            self._printed_header = True
+        echo("  ".join(fmt.format(row.get(k, _zero(fmt))) for k, _, fmt in COLUMNS))
+
+
+def _zero(fmt: str):
+    return 0 if fmt.endswith("d}") else ("" if fmt.endswith(">4}") else 0.0)

@@ -1,0 +1,106 @@
+"""The trainer's copy of the policy: micro-batched logprobs and one GRPO update per RL step."""
+from __future__ import annotations
+
+import torch
+
+from trainer.config import TrainConfig
+from trainer.grpo import group_advantages, logprob_mismatch, policy_loss, token_logprobs
+from trainer.rollout import Rollout
+
+
+class Policy:
+    def __init__(self, cfg: TrainConfig, model_path: str):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg = cfg
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.model.eval()  # no dropout: training logprobs must match the server's
+        self.ref = None
+        if cfg.kl_coef > 0:  # the frozen reference is always the initial policy
+            self.ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).eval()
+            self.ref.requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas,
+                                           weight_decay=cfg.weight_decay)
+
+    def _batch(self, rollouts: list[Rollout]) -> dict[str, torch.Tensor]:
+        """Right-padded [B, L] inputs; the response occupies positions P .. P+O-1 of each row."""
+        pad = self.tokenizer.pad_token_id or 0
+        seqs = [r.prompt_ids + r.output_ids for r in rollouts]
+        length = max(len(s) for s in seqs)
+        resp_len = max(len(r.output_ids) for r in rollouts)
+        ids = torch.full((len(seqs), length), pad, dtype=torch.long)
+        attn = torch.zeros(len(seqs), length, dtype=torch.long)
+        targets = torch.full((len(seqs), resp_len), pad, dtype=torch.long)
+        mask = torch.zeros(len(seqs), resp_len)
+        old = torch.zeros(len(seqs), resp_len)
+        starts = torch.tensor([len(r.prompt_ids) for r in rollouts])
+        for i, (seq, r) in enumerate(zip(seqs, rollouts)):
+            ids[i, :len(seq)] = torch.tensor(seq)
+            attn[i, :len(seq)] = 1
+            n = len(r.output_ids)
+            targets[i, :n] = torch.tensor(r.output_ids)
+            mask[i, :n] = 1
+            old[i, :n] = torch.tensor(r.rollout_logprobs)
+        return {"ids": ids, "attn": attn, "targets": targets, "mask": mask, "old": old, "starts": starts}
+
+    def _logprobs(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = model(input_ids=b["ids"], attention_mask=b["attn"]).logits              # [B, L, V]
+        resp_len = b["targets"].shape[1]
+        # logits at position p predict token p + 1: the response's logits start at P - 1
+        idx = (b["starts"] - 1)[:, None] + torch.arange(resp_len)[None]                 # [B, T]
+        idx = idx.clamp(max=logits.shape[1] - 1)
+        resp_logits = logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1]))  # [B, T, V]
+        return token_logprobs(resp_logits, b["targets"], self.cfg.temperature, self.cfg.top_p)
+
+    def train_step(self, rollouts: list[Rollout]) -> dict:
+        """One AdamW step on the step's rollouts, micro-batched; token-level normalisation."""
+        cfg = self.cfg
+        rewards = torch.tensor([float(r.reward) for r in rollouts])
+        groups = torch.tensor([r.group_id for r in rollouts])
+        adv = group_advantages(rewards, groups, scale=cfg.scale_advantages)
+        num_tokens = max(sum(len(r.output_ids) for r in rollouts), 1)
+        totals: dict[str, float] = {}
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_total = 0.0
+        for start in range(0, len(rollouts), cfg.micro_batch_size):
+            rows = [i for i in range(start, min(start + cfg.micro_batch_size, len(rollouts)))
+                    if rollouts[i].output_ids]
+            if not rows:
+                continue
+            b = self._batch([rollouts[i] for i in rows])
+            chunk_adv = adv[rows]
+            logp = self._logprobs(self.model, b)
+            ref_logp = None
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref_logp = self._logprobs(self.ref, b)
+            mask = b["mask"]
+            logp = logp.masked_fill(mask == 0, 0.0)  # padding may be -inf under top-p
+            loss, stats = policy_loss(logp, b["old"], chunk_adv, mask, num_tokens, cfg.clip_low, cfg.clip_high,
+                                      ref_logp, cfg.kl_coef)
+            loss.backward()
+            loss_total += float(loss)
+            stats.update(logprob_mismatch(logp, b["old"], mask))
+            for k, v in stats.items():
+                totals[k] = max(totals.get(k, 0.0), v) if k.endswith("_max") else totals.get(k, 0.0) + v
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {
+            "loss": loss_total, "grad_norm": grad_norm, "train_tokens": num_tokens,
+            "adv_abs_mean": float(adv.abs().mean()) if len(adv) else 0.0,
+            "clip_frac": totals.get("clip_frac_sum", 0.0) / num_tokens,
+            "kl": totals.get("kl_sum", 0.0) / num_tokens,
+            "logprob_mismatch": totals.get("mismatch_sum", 0.0) / num_tokens,
+            "logprob_mismatch_max": totals.get("mismatch_max", 0.0),
+        }
+
+    def greedy(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        """Plain greedy decoding with the trainer's copy (tests compare it with the server's)."""
+        ids = torch.tensor([prompt_ids])
+        with torch.no_grad():
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                      do_sample=False, eos_token_id=self.tokenizer.eos_token_id,
+                                      pad_token_id=self.tokenizer.pad_token_id)
+        return out[0, len(prompt_ids):].tolist()

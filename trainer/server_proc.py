@@ -1,0 +1,76 @@
+"""The embedded rollout server the trainer starts when no `--server` is given: `gleanrl serve` as a
+subprocess on a free loopback port, restarted if it dies. On 2 cores the server gets `--threads 1`
+and the trainer `torch.set_num_threads(1)`; rollouts and training alternate, so neither starves."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EmbeddedServer:
+    def __init__(self, model: str, threads: int = 1, extra_args: list[str] | None = None,
+                 api_key: str | None = None, admin_api_key: str | None = None, log_path: str | Path | None = None):
+        self.model, self.threads, self.extra_args = model, threads, list(extra_args or [])
+        self.api_key, self.admin_api_key = api_key, admin_api_key
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(log_path) if log_path else None
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "gleanrl", "serve", "--model", self.model, "--host", "127.0.0.1",
+               "--port", str(self.port), "--threads", str(self.threads)]
+        if self.api_key:
+            cmd += ["--api-key", self.api_key]
+        if self.admin_api_key:
+            cmd += ["--admin-api-key", self.admin_api_key]
+        return cmd + self.extra_args
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+        root = str(Path(__file__).resolve().parent.parent)  # gleanrl.py lives at the repository root
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        if log is not subprocess.DEVNULL:
+            log.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ensure_running(self) -> bool:
+        """Restart the server if it exited (same port). True when a restart happened."""
+        if self.alive():
+            return False
+        self.restarts += 1
+        self.start()
+        return True
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> "EmbeddedServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
