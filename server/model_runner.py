@@ -1,0 +1,100 @@
+"""The target model's forward over a ragged batch (no padding), reusing a transformers model's weights.
+
+Works for the Llama family as transformers writes it (Llama, Qwen2, Qwen3: q/k/v projections with
+optional bias, optional per-head q_norm/k_norm, rotary embeddings, grouped-query attention, gated MLP).
+Sliding-window attention is not implemented (none of these models use it by default).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from harvest.kv import SeqKVCache, ragged_attention
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    return DTYPES[dtype]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [N, heads, d]; cos, sin: [N, d]."""
+    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+
+
+class ModelRunner:
+    """Holds one loaded causal LM and runs ragged forwards with per-sequence KV caches."""
+
+    def __init__(self, model: nn.Module, device: str = "cpu"):
+        self.model = model.eval()
+        self.device = torch.device(device)
+        self.config = model.config
+        self.dtype = next(model.parameters()).dtype
+        inner = model.model
+        self.embed, self.layers, self.norm, self.rotary = inner.embed_tokens, inner.layers, inner.norm, inner.rotary_emb
+        self.lm_head = model.lm_head
+        cfg = self.config
+        self.num_layers = len(self.layers)
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.hidden_size = cfg.hidden_size
+        self.vocab_size = cfg.vocab_size
+
+    @classmethod
+    def load(cls, model_path: str, device: str = "cpu", dtype: str = "auto") -> "ModelRunner":
+        from transformers import AutoModelForCausalLM
+
+        torch_dtype = resolve_dtype(dtype, device)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(device)
+        return cls(model, device)
+
+    def new_cache(self, capacity: int = 64) -> SeqKVCache:
+        return SeqKVCache(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype, self.device, capacity)
+
+    @torch.inference_mode()
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, caches: list[SeqKVCache],
+                seq_lens: list[int], capture_layers: list[int] | None = None,
+                last_only: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """token_ids, positions: [N] (the new tokens of all sequences, concatenated);
+        returns logits [B, V] for each sequence's last new token (or [N, V] if not `last_only`) and,
+        with `capture_layers=[a, b, c]`, aux hidden [N, 3*H]: the residual stream entering layers
+        a+1, b+1, c+1 (= transformers' `output_hidden_states[a+1]`, ...) concatenated."""
+        n = token_ids.shape[0]
+        x = self.embed(token_ids)                                           # [N, H]
+        cos, sin = self.rotary(x, positions[None])                          # [1, N, d]
+        cos, sin = cos[0], sin[0]
+        capture = {i + 1: None for i in capture_layers or []}
+        if any(not 1 <= i < self.num_layers for i in capture):  # as SGLang: only streams entering a layer
+            raise ValueError(f"capture_layers must be in [0, {self.num_layers - 2}], got {capture_layers}")
+        for i, layer in enumerate(self.layers):
+            if i in capture:
+                capture[i] = x
+            x = x + self._attention(layer, layer.input_layernorm(x), cos, sin, caches, i, seq_lens, n)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if last_only:
+            ends = torch.tensor(seq_lens, device=x.device).cumsum(0) - 1
+            x = x[ends]
+        logits = self.lm_head(self.norm(x))
+        aux = torch.cat([capture[i + 1] for i in capture_layers], dim=-1) if capture_layers else None
+        return logits.float(), aux
+
+    def _attention(self, layer: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   caches: list[SeqKVCache], index: int, seq_lens: list[int], n: int) -> torch.Tensor:
+        attn = layer.self_attn
+        q = attn.q_proj(h).view(n, self.num_heads, self.head_dim)          # [N, nh, d]
+        k = attn.k_proj(h).view(n, self.num_kv_heads, self.head_dim)       # [N, nkv, d]
+        v = attn.v_proj(h).view(n, self.num_kv_heads, self.head_dim)
+        if getattr(attn, "q_norm", None) is not None:                       # Qwen3
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        o = ragged_attention(q, k, v, caches, index, seq_lens)              # [N, nh, d]
+        return attn.o_proj(o.reshape(n, self.num_heads * self.head_dim))
