@@ -1,0 +1,55 @@
+"""Bearer-token auth with SGLang's semantics. `--api-key` guards every path but `/health*`;
+admin paths (weight updates, pause/continue, flush, abort-all) take `--admin-api-key` when it is set,
+else `--api-key`, else nothing (SGLang's ADMIN_OPTIONAL level). A pure ASGI middleware, so client
+disconnects still reach the streaming routes. Keys are compared in constant time and never echoed."""
+from __future__ import annotations
+
+import json
+import secrets
+
+ADMIN_PATHS = frozenset({"/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed",
+                         "/pause_generation", "/continue_generation", "/flush_cache"})
+OPEN_PREFIXES = ("/health",)
+
+
+def _bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+def allowed(authorization: str | None, api_key: str | None, admin_api_key: str | None, admin: bool) -> bool:
+    expected = (admin_api_key or api_key) if admin else api_key
+    if not expected:
+        return True
+    token = _bearer(authorization)
+    return token is not None and secrets.compare_digest(token.encode(), expected.encode())
+
+
+def unauthorized_body() -> bytes:
+    return json.dumps({"error": {"message": "Unauthorized: missing or wrong API key (Authorization: Bearer <key>)",
+                                 "type": "authentication_error", "param": None, "code": 401}}).encode()
+
+
+class AuthMiddleware:
+    def __init__(self, app, api_key: str | None, admin_api_key: str | None):
+        self.app, self.api_key, self.admin_api_key = app, api_key, admin_api_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"].startswith(OPEN_PREFIXES):
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if allowed(headers.get("authorization"), self.api_key, self.admin_api_key, scope["path"] in ADMIN_PATHS):
+            return await self.app(scope, receive, send)
+        body = unauthorized_body()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def check_admin(request) -> bool:
+    """For routes whose admin level depends on the body (abort_all)."""
+    state = request.app.state
+    return allowed(request.headers.get("authorization"), state.server_cfg.api_key, state.server_cfg.admin_api_key, True)

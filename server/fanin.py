@@ -1,0 +1,151 @@
+"""Run the engine requests of one HTTP request (a batch, or n samples per prompt) and merge their output
+streams. Keeps each request's cumulative state, feeds the edge metrics, and aborts whatever is still
+running when the HTTP side goes away (disconnect, error, cancellation)."""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from server.protocol import GenerateOutput, GenerateRequest
+from server.schemas import ApiError
+
+
+@dataclass
+class Track:
+    """Cumulative state of one engine request."""
+    req: GenerateRequest
+    created: float = field(default_factory=time.perf_counter)
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    last: GenerateOutput | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_at is not None
+
+    @property
+    def finish_reason(self) -> dict | None:
+        return self.last.finish_reason if self.last and self.finished else None
+
+
+class Fanin:
+    def __init__(self, engine, reqs: list[GenerateRequest], metrics, active: dict[str, list[str]],
+                 groups: dict[str, list[str]] | None = None):
+        """`active` maps every running rid (and each user rid of an n > 1 group) to its engine rids;
+        /abort_request reads it."""
+        self.engine, self.metrics, self.active = engine, metrics, active
+        self.tracks = [Track(r) for r in reqs]
+        names = {r.rid: [r.rid] for r in reqs} | (groups or {})
+        busy = [k for k in names if k in active]
+        if busy or len(names) < len(reqs):
+            raise ApiError(400, f"rid: a request with id {(busy or ['(duplicate)'])[0]!r} is already running",
+                           param="rid")
+        active.update(names)
+        self.keys = list(names)
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.tasks = [asyncio.create_task(self._pump(i, r)) for i, r in enumerate(reqs)]
+
+    async def _pump(self, i: int, req: GenerateRequest) -> None:
+        try:
+            async for out in self.engine.generate(req):
+                self.queue.put_nowait((i, out))
+                if out.finished:
+                    return
+            self.queue.put_nowait((i, None))
+        except Exception as exc:  # handed to the consumer, which decides 400 or 500
+            self.queue.put_nowait((i, exc))
+
+    async def events(self):
+        """Yields the index of each track as it is updated, until all have finished."""
+        pending = len(self.tracks)
+        while pending:
+            i, out = await self.queue.get()
+            track = self.tracks[i]
+            if isinstance(out, ValueError):
+                raise ApiError(400, str(out))
+            if isinstance(out, BaseException):
+                raise out
+            now = time.perf_counter()
+            if out is None:  # the engine's stream ended without a final update
+                out = GenerateOutput(rid=track.req.rid, new_ids=[], new_logprobs=[], finished=True,
+                                     finish_reason={"type": "abort", "message": "engine stream ended"})
+            track.ids += out.new_ids
+            track.logprobs += out.new_logprobs
+            track.last = out
+            if out.new_ids:
+                self.metrics.generation_tokens.inc(len(out.new_ids))
+                if track.first_token_at is None:
+                    track.first_token_at = now
+                    self.metrics.first_token(now - track.created)
+            if out.finished:
+                track.finished_at = now
+                pending -= 1
+                self.metrics.finished(out.prompt_tokens or len(track.req.input_ids),
+                                      (out.finish_reason or {}).get("type", "abort"), now - track.created)
+            yield i
+
+    async def drain(self) -> list[Track]:
+        async for _ in self.events():
+            pass
+        return self.tracks
+
+    def close(self) -> None:
+        """Idempotent: abort unfinished requests in the engine and forget the rids."""
+        for track, task in zip(self.tracks, self.tasks):
+            task.cancel()
+            if not track.finished:
+                self.engine.abort(track.req.rid)
+        for key in self.keys:
+            self.active.pop(key, None)
+        self.keys = []
+
+
+async def wait_disconnect(request) -> None:
+    """Returns when the client has gone (call only after the body was read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def collect(run: Fanin, request) -> list[Track] | None:
+    """Drain `run` unless the client disconnects first (then abort it and return None)."""
+    drain = asyncio.ensure_future(run.drain())
+    gone = asyncio.ensure_future(wait_disconnect(request))
+    try:
+        await asyncio.wait({drain, gone}, return_when=asyncio.FIRST_COMPLETED)
+        return drain.result() if drain.done() else None
+    finally:
+        gone.cancel()
+        drain.cancel()
+        run.close()
+
+
+def output_text(tokenizer, track: Track, skip_special_tokens: bool = True, no_stop_trim: bool = False) -> str:
+    """Decoded output as SGLang returns it: a matched stop token or stop string is cut from the text
+    (not from `output_ids`) unless `no_stop_trim`."""
+    ids, matched = track.ids, (track.finish_reason or {}).get("matched")
+    if isinstance(matched, int) and not no_stop_trim and ids and ids[-1] == matched:
+        ids = ids[:-1]
+    text = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    if isinstance(matched, str) and matched and not no_stop_trim:
+        pos = text.find(matched)
+        text = text[:pos] if pos >= 0 else text
+    return text
+
+
+class Delta:
+    """Incremental text for OpenAI streams: holds back an incomplete UTF-8 tail and, while running,
+    the last len(longest stop) - 1 characters, so a trimmed stop string is never half-sent."""
+
+    def __init__(self, stop: list[str]):
+        self.hold, self.sent = max((len(s) for s in stop), default=1) - 1, ""
+
+    def __call__(self, text: str, finished: bool) -> str:
+        if not finished:
+            text = text[: len(text) - self.hold].rstrip("\ufffd")
+        if not text.startswith(self.sent):
+            return ""
+        delta, self.sent = text[len(self.sent):], text
+        return delta

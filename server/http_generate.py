@@ -1,0 +1,169 @@
+"""SGLang's native /generate on the embedded engine: text or input_ids, single or batch, n samples per
+prompt, logprobs, SSE streaming with cumulative chunks. Fields and shapes follow SGLang's
+`managers/io_struct.py` (GenerateReqInput) and `tokenizer_manager.py`; gleanrl adds `draft_weight_version`
+and `spec_accept_length` to meta_info. Also the request-building helpers the OpenAI routes share."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from server.fanin import Fanin, Track, collect, output_text
+from server.protocol import GenerateRequest, SamplingParams
+from server.schemas import NEUTRAL_SAMPLING, ApiError, GenerateIn, SamplingIn, parse
+
+router = APIRouter()
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+
+def check_prompt(state, ids: list[int], field: str) -> list[int]:
+    if not ids:
+        raise ApiError(400, f"{field}: the prompt is empty", param=field)
+    bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
+    if bad is not None:
+        raise ApiError(400, f"{field}: token id {bad} is outside the vocabulary [0, {state.vocab_size})", param=field)
+    if len(ids) >= state.context_length:
+        raise ApiError(400, f"{field}: the input ({len(ids)} tokens) is longer than the model's context length "
+                            f"({state.context_length} tokens)", param=field)
+    return ids
+
+
+def sampling(state, sp: dict, field: str = "sampling_params") -> SamplingParams:
+    """Engine sampling params from SGLang-named fields; value errors name the field."""
+    cfg = state.server_cfg
+    for name, neutral in NEUTRAL_SAMPLING.items():
+        if sp.get(name, neutral) != neutral:
+            raise ApiError(400, f"{field}.{name} is not supported by the embedded engine", param=f"{field}.{name}")
+    n, max_new = sp.get("n", 1), sp.get("max_new_tokens", 128)
+    if n > cfg.max_n:
+        raise ApiError(400, f"{field}.n must be <= {cfg.max_n}, got {n}", param=f"{field}.n")
+    if max_new > cfg.max_new_tokens_cap:
+        raise ApiError(400, f"{field}.max_new_tokens must be <= {cfg.max_new_tokens_cap}, got {max_new}",
+                       param=f"{field}.max_new_tokens")
+    seed = sp.get("sampling_seed") if sp.get("sampling_seed") is not None else sp.get("seed")
+    try:
+        return SamplingParams(max_new_tokens=max_new, temperature=float(sp.get("temperature", 1.0)),
+                              top_p=float(sp.get("top_p", 1.0)), top_k=sp.get("top_k", -1),
+                              min_p=float(sp.get("min_p", 0.0)), stop=list(sp.get("stop") or []),
+                              stop_token_ids=list(sp.get("stop_token_ids") or []),
+                              ignore_eos=sp.get("ignore_eos", False), n=n, seed=seed)
+    except ValueError as exc:
+        msg = str(exc).replace("sampling_params.", f"{field}.", 1)
+        raise ApiError(400, msg, param=msg.split(" ", 1)[0]) from None
+
+
+def expand(prompts: list[list[int]], params: list[SamplingParams], rids: list[str | None],
+           logprob: list[bool]) -> tuple[list[GenerateRequest], dict[str, list[str]]]:
+    """n > 1 becomes n engine requests per prompt, prompt-major, with seed + j; returns the requests and
+    the user rid -> engine rids groups."""
+    reqs, groups = [], {}
+    for ids, p, rid, lp in zip(prompts, params, rids, logprob):
+        base = rid or uuid.uuid4().hex
+        names = [base] if p.n == 1 else [f"{base}-{j}" for j in range(p.n)]
+        groups[base] = names
+        for j, name in enumerate(names):
+            one = dataclasses.replace(p, n=1, seed=None if p.seed is None else p.seed + j)
+            reqs.append(GenerateRequest(rid=name, input_ids=ids, params=one, return_logprob=lp))
+    return reqs, groups
+
+
+def _listify(value, count: int, field: str) -> list:
+    if isinstance(value, list):
+        if len(value) != count:
+            raise ApiError(400, f"{field}: expected {count} entries (one per prompt), got {len(value)}", param=field)
+        return value
+    return [value] * count
+
+
+def meta_info(track: Track) -> dict:
+    last, req = track.last, track.req
+    info = {"id": req.rid, "finish_reason": track.finish_reason,
+            "prompt_tokens": (last.prompt_tokens if last else 0) or len(req.input_ids),
+            "completion_tokens": len(track.ids), "cached_tokens": 0,
+            "weight_version": last.weight_version if last else None,
+            "draft_weight_version": last.draft_weight_version if last else None,
+            "spec_verify_ct": last.spec_verify_ct if last else 0,
+            "spec_accept_length": last.spec_accept_length if last else 0.0}
+    if req.return_logprob:
+        info["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(track.logprobs, track.ids)]
+    if track.finished:
+        info["e2e_latency"] = track.finished_at - track.created
+    return info
+
+
+def render(state, track: Track, sp: SamplingIn) -> dict:
+    text = output_text(state.tokenizer, track, sp.skip_special_tokens, sp.no_stop_trim)
+    return {"text": text, "output_ids": list(track.ids), "meta_info": meta_info(track)}
+
+
+@router.api_route("/generate", methods=["POST", "PUT"])
+async def generate(request: Request):
+    state = request.app.state
+    body = await parse(request, GenerateIn, state.server_cfg.max_request_bytes)
+    if (body.text is None) == (body.input_ids is None):
+        raise ApiError(400, "text or input_ids: give exactly one of them", param="text")
+    if body.text is not None:
+        batch, texts = isinstance(body.text, list), body.text if isinstance(body.text, list) else [body.text]
+        prompts = [check_prompt(state, state.tokenizer.encode(t), f"text{f'.{i}' if batch else ''}")
+                   for i, t in enumerate(texts)]
+    else:
+        batch = bool(body.input_ids) and isinstance(body.input_ids[0], list)
+        raw = body.input_ids if batch else [body.input_ids]
+        prompts = [check_prompt(state, ids, f"input_ids{f'.{i}' if batch else ''}") for i, ids in enumerate(raw)]
+    if batch and not prompts:
+        raise ApiError(400, "text or input_ids: the batch is empty", param="input_ids")
+    if isinstance(body.rid, str) and batch:
+        raise ApiError(400, "rid: batch input needs a list of rids", param="rid")
+    sps = _listify(body.sampling_params or SamplingIn(), len(prompts), "sampling_params")
+    params = [sampling(state, sp.model_dump(), f"sampling_params{f'.{i}' if isinstance(body.sampling_params, list) else ''}")
+              for i, sp in enumerate(sps)]
+    reqs, groups = expand(prompts, params, _listify(body.rid, len(prompts), "rid"),
+                          _listify(body.return_logprob, len(prompts), "return_logprob"))
+    per_req_sp = [sp for sp, p in zip(sps, params) for _ in range(p.n)]
+    single = not batch and params[0].n == 1
+    run = Fanin(state.engine, reqs, state.metrics, state.active, groups)
+    if not body.stream:
+        tracks = await collect(run, request)
+        if tracks is None:
+            return Response(status_code=499)
+        outs = [render(state, t, sp) for t, sp in zip(tracks, per_req_sp)]
+        return JSONResponse(outs[0] if single else outs)
+    return await stream(run, request, lambda i: [render(state, run.tracks[i], per_req_sp[i]) | ({} if single else {"index": i})])
+
+
+async def stream(run: Fanin, request: Request, chunks, tail=lambda: []) -> Response:
+    """SSE: `chunks(i)` gives the objects to send after track i was updated, `tail()` those before
+    [DONE]. 400 if the engine refuses before the first update. A disconnect cancels the body iterator,
+    whose `finally` aborts the engine requests."""
+    events = run.events()
+    try:
+        first = await anext(events)
+    except BaseException:
+        run.close()
+        raise
+
+    async def body():
+        try:
+            i = first
+            while True:
+                for obj in chunks(i):
+                    yield sse(obj)
+                i = await anext(events)
+        except StopAsyncIteration:
+            for obj in tail():
+                yield sse(obj)
+            yield SSE_DONE
+        except ApiError as exc:
+            yield sse(exc.body())
+            yield SSE_DONE
+        finally:
+            run.close()
+
+    return StreamingResponse(body(), media_type="text/event-stream")

@@ -1,0 +1,180 @@
+"""OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions (streaming and not), with
+usage, finish_reason (plus SGLang's `matched_stop`), logprobs of the sampled tokens, and errors in
+OpenAI's shape. Chat prompts go through the tokenizer's chat template."""
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+
+from server.fanin import Delta, Fanin, Track, collect, output_text
+from server.http_generate import check_prompt, expand, sampling, stream
+from server.schemas import ApiError, ChatIn, CompletionIn, OpenAISampling, parse
+
+router = APIRouter()
+
+
+def _card(state) -> dict:
+    name = state.served_model_name
+    return {"id": name, "object": "model", "created": 0, "owned_by": "gleanrl", "root": name,
+            "max_model_len": state.context_length}
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    return {"object": "list", "data": [_card(request.app.state)]}
+
+
+@router.get("/v1/models/{model:path}")
+async def model(model: str, request: Request):
+    _check_model(request.app.state, model)
+    return _card(request.app.state)
+
+
+def _check_model(state, name: str) -> None:
+    if name not in (state.served_model_name, state.engine.info().get("model_path")):
+        raise ApiError(404, f"The model '{name}' does not exist", param="model", code="model_not_found")
+
+
+def _params(state, body: OpenAISampling, max_tokens: int | None):
+    sp = {"max_new_tokens": max_tokens, "n": body.n, "stop": [body.stop] if isinstance(body.stop, str) else body.stop,
+          "temperature": 1.0 if body.temperature is None else body.temperature,
+          "top_p": 1.0 if body.top_p is None else body.top_p, "top_k": body.top_k, "min_p": body.min_p,
+          "ignore_eos": body.ignore_eos, "stop_token_ids": body.stop_token_ids, "seed": body.seed,
+          "frequency_penalty": body.frequency_penalty, "presence_penalty": body.presence_penalty}
+    try:
+        return sampling(state, sp, field="")
+    except ApiError as exc:  # name OpenAI's fields, not SGLang's
+        for name in ("message", "param"):
+            setattr(exc, name, (getattr(exc, name) or "").lstrip(".").replace("max_new_tokens", "max_tokens"))
+        raise
+
+
+def _finish(track: Track) -> tuple[str | None, int | str | None]:
+    reason = track.finish_reason
+    return (reason["type"], reason.get("matched")) if reason else (None, None)
+
+
+def _usage(tracks: list[Track], n: int) -> dict:
+    prompt = sum(len(t.req.input_ids) for t in tracks[::n])
+    completion = sum(len(t.ids) for t in tracks)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]], params, kind: str, render):
+    """Shared by both endpoints: run, then answer as one JSON object or as an SSE stream of chunks."""
+    state = request.app.state
+    reqs, groups = expand(prompts, [params] * len(prompts), [body.rid] if len(prompts) == 1 else [None] * len(prompts),
+                          [bool(getattr(body, "logprobs", None) is not None and body.logprobs is not False)] * len(prompts))
+    run = Fanin(state.engine, reqs, state.metrics, state.active, groups)
+    head = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": body.model}
+    if not body.stream:
+        tracks = await collect(run, request)
+        if tracks is None:
+            return None
+        return {**head, "object": "chat.completion" if kind == "chat" else "text_completion",
+                "choices": [render(i, t, None) for i, t in enumerate(tracks)], "usage": _usage(tracks, params.n)}
+    deltas = [Delta(params.stop) for _ in reqs]
+    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    started: set[int] = set()
+
+    def chunks(i: int) -> list[dict]:
+        track, out = run.tracks[i], []
+        if kind == "chat" and i not in started:
+            started.add(i)
+            out.append({**head, "object": obj, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                            "logprobs": None, "finish_reason": None}]})
+        choice = render(i, track, deltas[i])
+        if choice is not None:
+            out.append({**head, "object": obj, "choices": [choice]})
+        return out
+
+    def tail() -> list[dict]:
+        opts = body.stream_options
+        return [{**head, "object": obj, "choices": [], "usage": _usage(run.tracks, params.n)}] if opts and opts.include_usage else []
+
+    return await stream(run, request, chunks, tail)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request):
+    state = request.app.state
+    body = await parse(request, CompletionIn, state.server_cfg.max_request_bytes)
+    _check_model(state, body.model)
+    raw = body.prompt
+    if isinstance(raw, str) or (raw and isinstance(raw[0], int)):
+        raw = [raw]
+    if not raw:
+        raise ApiError(400, "prompt: must not be empty", param="prompt")
+    prompts = [check_prompt(state, state.tokenizer.encode(p) if isinstance(p, str) else p, "prompt") for p in raw]
+    params = _params(state, body, 16 if body.max_tokens is None else body.max_tokens)
+    tok = state.tokenizer
+
+    def render(i: int, track: Track, delta: Delta | None) -> dict | None:
+        text = output_text(tok, track, body.skip_special_tokens, body.no_stop_trim)
+        reason, matched = _finish(track)
+        if delta is not None:
+            text = delta(text, track.finished)
+            if not text and reason is None:
+                return None
+        elif body.echo:
+            p = raw[i // params.n]
+            text = (p if isinstance(p, str) else tok.decode(p)) + text
+        logprobs = None
+        if body.logprobs is not None and delta is None:
+            pieces = [tok.decode([t]) for t in track.ids]
+            offsets = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
+            logprobs = {"tokens": pieces, "token_logprobs": list(track.logprobs), "text_offset": offsets,
+                        "top_logprobs": [{p: lp} for p, lp in zip(pieces, track.logprobs)] if body.logprobs else None}
+        return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason, "matched_stop": matched}
+
+    return await _serve(request, body, prompts, params, "completion", render)
+
+
+def _chat_prompt(state, body: ChatIn) -> list[int]:
+    messages = []
+    for k, m in enumerate(body.messages):
+        content = m.content
+        if isinstance(content, list):
+            if any(part.get("type") != "text" for part in content):
+                raise ApiError(400, f"messages.{k}.content: only text parts are supported", param=f"messages.{k}.content")
+            content = "".join(str(part.get("text", "")) for part in content)
+        messages.append({"role": m.role, "content": content or ""})
+    try:
+        text = state.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # no template, or the template rejects these messages
+        raise ApiError(400, f"messages: the chat template failed: {exc}", param="messages") from None
+    return check_prompt(state, state.tokenizer.encode(text, add_special_tokens=False), "messages")
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    state = request.app.state
+    body = await parse(request, ChatIn, state.server_cfg.max_request_bytes)
+    _check_model(state, body.model)
+    prompt = _chat_prompt(state, body)
+    limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    if limit is None:
+        limit = min(state.context_length - len(prompt), state.server_cfg.max_new_tokens_cap)
+    params = _params(state, body, limit)
+    tok = state.tokenizer
+
+    def render(i: int, track: Track, delta: Delta | None) -> dict | None:
+        text = output_text(tok, track, body.skip_special_tokens, body.no_stop_trim)
+        reason, matched = _finish(track)
+        logprobs = None
+        if body.logprobs and delta is None:
+            logprobs = {"content": [{"token": (s := tok.decode([t])), "logprob": lp, "bytes": list(s.encode()),
+                                     "top_logprobs": []} for t, lp in zip(track.ids, track.logprobs)]}
+        if delta is None:
+            return {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                    "finish_reason": reason, "matched_stop": matched}
+        text = delta(text, track.finished)
+        if not text and reason is None:
+            return None
+        return {"index": i, "delta": {"content": text} if text else {}, "logprobs": None,
+                "finish_reason": reason, "matched_stop": matched}
+
+    return await _serve(request, body, [prompt], params, "chat", render)

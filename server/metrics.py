@@ -1,0 +1,39 @@
+"""Prometheus metrics named after SGLang's (`sglang:` -> `gleanrl:`). Gauges are read from the engine at
+scrape time; token counters and latency histograms are measured at the HTTP edge. One registry per app,
+so several servers can live in one process (tests)."""
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.num_running_reqs = Gauge("gleanrl:num_running_reqs", "Requests decoding now", registry=r)
+        self.num_queue_reqs = Gauge("gleanrl:num_queue_reqs", "Requests waiting for a slot", registry=r)
+        self.spec_accept_length = Gauge("gleanrl:spec_accept_length", "Mean tokens per SD verify pass", registry=r)
+        self.prompt_tokens = Counter("gleanrl:prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("gleanrl:generation_tokens", "Generated tokens", registry=r)
+        self.num_requests = Counter("gleanrl:num_requests", "Finished requests", ["finish_reason"], registry=r)
+        self.ttft = Histogram("gleanrl:time_to_first_token_seconds", "Time to first token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("gleanrl:e2e_request_latency_seconds", "End-to-end request latency",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+
+    def first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def finished(self, prompt_tokens: int, finish_type: str, seconds: float) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.num_requests.labels(finish_reason=finish_type).inc()
+        self.e2e.observe(seconds)
+
+    def render(self, stats: dict) -> bytes:
+        self.num_running_reqs.set(stats.get("num_running_reqs", 0))
+        self.num_queue_reqs.set(stats.get("num_queue_reqs", 0))
+        self.spec_accept_length.set(stats.get("avg_spec_accept_length") or 0.0)
+        return generate_latest(self.registry)

@@ -1,0 +1,184 @@
+"""Pydantic request models for the HTTP edge (the only place pydantic is used). Field names follow
+SGLang's `GenerateReqInput`, `UpdateWeightFromDiskReqInput`, `AbortReq` and its OpenAI protocol.
+Types are checked here; value ranges are checked by `server.protocol.SamplingParams`."""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, TypeVar
+
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      ValidationError)
+
+Number = StrictFloat                                   # ints are accepted, strings and bools are not
+Stop = StrictStr | list[StrictStr] | None
+M = TypeVar("M", bound=BaseModel)
+
+# SGLang sampling fields the embedded engine does not implement: accepted only at their neutral value.
+NEUTRAL_SAMPLING = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+                    "min_new_tokens": 0, "json_schema": None, "regex": None, "ebnf": None,
+                    "structural_tag": None, "logit_bias": None, "stop_regex": None, "custom_params": None}
+
+
+class SamplingIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_new_tokens: StrictInt = 128
+    temperature: Number = 1.0
+    top_p: Number = 1.0
+    top_k: StrictInt = -1
+    min_p: Number = 0.0
+    stop: Stop = None
+    stop_token_ids: list[StrictInt] | None = None
+    ignore_eos: StrictBool = False
+    n: StrictInt = 1
+    sampling_seed: StrictInt | None = None
+    seed: StrictInt | None = None                      # gleanrl alias of sampling_seed
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
+    no_stop_trim: StrictBool = False
+    stream_interval: StrictInt | None = None
+    frequency_penalty: Number = 0.0
+    presence_penalty: Number = 0.0
+    repetition_penalty: Number = 1.0
+    min_new_tokens: StrictInt = 0
+    json_schema: Any = None
+    regex: Any = None
+    ebnf: Any = None
+    structural_tag: Any = None
+    logit_bias: Any = None
+    stop_regex: Any = None
+    custom_params: Any = None
+
+
+class GenerateIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    text: StrictStr | list[StrictStr] | None = None
+    input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
+    sampling_params: SamplingIn | list[SamplingIn] | None = None
+    return_logprob: StrictBool | list[StrictBool] = False
+    rid: StrictStr | list[StrictStr] | None = None
+    stream: StrictBool = False
+
+
+class UpdateWeightsIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model_path: StrictStr
+    load_format: StrictStr | None = None
+    weight_version: StrictStr | None = None
+    flush_cache: StrictBool = True
+    abort_all_requests: StrictBool = False
+    selector: Literal["target", "draft"] = "target"
+
+
+class AbortIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    rid: StrictStr = ""
+    abort_all: StrictBool = False
+
+
+class StreamOptions(BaseModel):
+    include_usage: StrictBool = False
+
+
+class OpenAISampling(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's, plus SGLang's extras)."""
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr
+    max_tokens: StrictInt | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
+    n: StrictInt = 1
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    stop: Stop = None
+    seed: StrictInt | None = None
+    presence_penalty: Number = 0.0
+    frequency_penalty: Number = 0.0
+    user: StrictStr | None = None
+    top_k: StrictInt = -1
+    min_p: Number = 0.0
+    ignore_eos: StrictBool = False
+    stop_token_ids: list[StrictInt] | None = None
+    skip_special_tokens: StrictBool = True
+    no_stop_trim: StrictBool = False
+    rid: StrictStr | None = None
+
+
+class CompletionIn(OpenAISampling):
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    echo: StrictBool = False
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=5)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: StrictStr
+    content: StrictStr | list[dict[str, Any]] | None = None
+
+
+class ChatIn(OpenAISampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None
+
+
+class ApiError(Exception):
+    """An error the edge answers with `status` and OpenAI's error shape; the message names the field."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                 code: int | str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.status if self.code is None else self.code}}
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _loc(loc: tuple) -> str:
+    """('sampling_params', 'SamplingIn', 'temperature') -> 'sampling_params.temperature' (drops union tags)."""
+    keep = [str(p) for p in loc if isinstance(p, int) or (p.isidentifier() and p.islower() and p not in _TYPE_TAGS)]
+    return ".".join(keep) or "body"
+
+
+def validation_error(exc: ValidationError) -> ApiError:
+    seen: dict[str, str] = {}
+    for err in exc.errors():
+        seen.setdefault(_loc(err["loc"]), err["msg"])
+    # a union reports every branch; keep the deepest paths (the field that is actually wrong)
+    seen = {k: v for k, v in seen.items() if not any(o.startswith(k + ".") for o in seen)}
+    param = next(iter(seen))
+    return ApiError(400, "; ".join(f"{k}: {v}" for k, v in list(seen.items())[:3]), param=param)
+
+
+async def read_json(request, max_bytes: int) -> Any:
+    """The request body as JSON; 413 over `max_bytes`, 400 when it is not JSON."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > max_bytes:
+        raise ApiError(413, f"request body of {declared} bytes is over the limit of {max_bytes} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise ApiError(413, f"request body is over the limit of {max_bytes} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, f"malformed JSON body: {str(exc)[:200]}", param="body") from None
+
+
+async def parse(request, model: type[M], max_bytes: int) -> M:
+    data = await read_json(request, max_bytes)
+    if not isinstance(data, dict):
+        raise ApiError(400, "the JSON body must be an object", param="body")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None

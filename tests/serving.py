@@ -1,0 +1,75 @@
+"""Test helper: a real gleanrl server (embedded engine + HTTP app) on a free loopback port, run by
+uvicorn in a background thread of the test process.
+
+    with running_server(model_dir, api_key="k", max_running_requests=4) as url:
+        httpx.post(f"{url}/generate", ...)
+
+Keyword arguments go to `ServerConfig` when it has the field, else to `EngineConfig`. The yielded URL
+also carries `.app` (the FastAPI app, whose `state.engine` is the engine) via `running_app`."""
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import httpx
+import uvicorn
+
+from server.app import build_app
+from server.config import EngineConfig, ServerConfig
+
+_SERVER_FIELDS = {f.name for f in dataclasses.fields(ServerConfig)}
+
+
+@contextmanager
+def running_app(model_dir, *, engine=None, startup_timeout: float = 120.0, **kw):
+    """Yields (url, app)."""
+    from server.engine import Engine
+
+    server_kw = {k: v for k, v in kw.items() if k in _SERVER_FIELDS}
+    engine_kw = {k: v for k, v in kw.items() if k not in _SERVER_FIELDS}
+    engine_cfg = EngineConfig(model_path=str(model_dir), **{"num_threads": 1, **engine_kw})
+    engine = engine or Engine(engine_cfg)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server_cfg = ServerConfig(host="127.0.0.1", port=port, **server_kw)
+    app = build_app(engine, server_cfg, engine_cfg)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"test server on port {port} did not start")
+        time.sleep(0.02)
+    try:
+        yield url, app
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+@contextmanager
+def running_server(model_dir, **kw):
+    """Yields the base URL of a running server (see the module docstring)."""
+    with running_app(model_dir, **kw) as (url, _app):
+        yield url
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
+
+
+def server_stats(url: str, headers: dict | None = None) -> dict:
+    return httpx.get(f"{url}/server_info", headers=headers, timeout=10).json()["internal_states"][0]
