@@ -1,0 +1,81 @@
+"""`gleanrl serve`: the embedded engine behind SGLang's native API and the OpenAI API, or stock SGLang
+(`--backend sglang`, GPU). User mistakes end in a one-line error and exit status 2, never a traceback."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "--model-path", dest="model", required=True, help="Hugging Face model directory")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    p.add_argument("--max-running-requests", type=int, default=32)
+    p.add_argument("--context-length", type=int, default=None, help="default: the model's max_position_embeddings")
+    p.add_argument("--api-key", default=None, help="Bearer key for every route but /health")
+    p.add_argument("--admin-api-key", default=None, help="Bearer key for weight updates, pause/continue, flush, abort-all")
+    p.add_argument("--served-model-name", default=None, help="model name in /v1 (default: the directory's name)")
+    p.add_argument("--drafter", default=None, help="EAGLE-3 drafter directory")
+    p.add_argument("--sd", choices=["off", "on", "adaptive"], default="adaptive", help="speculative decoding")
+    p.add_argument("--sd-max-batch", type=int, default=8, help="adaptive: SD only while this many requests run")
+    p.add_argument("--num-draft-tokens", type=int, default=None, help="fixed draft length (default: per batch bucket)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads for the engine")
+    p.add_argument("--backend", choices=["embedded", "sglang"], default="embedded")
+    g = p.add_argument_group("--backend sglang only")
+    g.add_argument("--speculative-num-steps", type=int, default=None)
+    g.add_argument("--speculative-eagle-topk", type=int, default=None)
+    g.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    g.add_argument("--sglang-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument passed to sglang.launch_server (repeatable)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _fail(message: str) -> int:
+    print(f"gleanrl serve: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.backend == "sglang":
+        from server.sglang_launch import launch  # lazy: needs the optional sglang install
+        return int(launch(args) or 0)
+    model = Path(args.model)
+    if not (model / "config.json").is_file():
+        return _fail(f"{model} is not a model directory (no config.json there)")
+    if args.drafter and not (Path(args.drafter) / "config.json").is_file():
+        return _fail(f"--drafter {args.drafter} is not a drafter directory (no config.json there)")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from server.config import EngineConfig, ServerConfig
+    try:
+        engine_cfg = EngineConfig(model_path=str(model), device=args.device, dtype=args.dtype,
+                                  max_running_requests=args.max_running_requests, context_length=args.context_length,
+                                  num_threads=args.threads, drafter_path=args.drafter, sd=args.sd,
+                                  sd_max_batch=args.sd_max_batch, num_draft_tokens=args.num_draft_tokens)
+        server_cfg = ServerConfig(host=args.host, port=args.port, api_key=args.api_key,
+                                  admin_api_key=args.admin_api_key, served_model_name=args.served_model_name)
+    except ValueError as exc:
+        return _fail(str(exc))
+    ignored = [f for f in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+               if getattr(args, f) is not None] + (["sglang_arg"] if args.sglang_arg else [])
+    if ignored:
+        logging.warning("ignored with --backend embedded: %s", ", ".join("--" + f.replace("_", "-") for f in ignored))
+    try:
+        from server.engine import Engine
+        engine = Engine(engine_cfg)
+    except Exception as exc:  # unloadable model: one line, no traceback
+        return _fail(f"cannot load the model from {model}: {type(exc).__name__}: {exc}".splitlines()[0])
+    import uvicorn
+
+    from server.app import build_app
+    app = build_app(engine, server_cfg, engine_cfg)
+    logging.info("serving %s on http://%s:%d (auth: %s)", model, args.host, args.port,
+                 "api key" if args.api_key else "none")
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
+    except OSError as exc:  # e.g. the port is taken
+        return _fail(f"cannot listen on {args.host}:{args.port}: {exc}")
+    return 0
