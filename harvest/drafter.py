@@ -1,0 +1,143 @@
+"""The EAGLE-3 drafter: computes what SGLang's `LlamaForCausalLMEagle3` (models/llama_eagle3.py) computes.
+
+    r   = fc(concat(aux_a, aux_b, aux_c))          fc only when the hidden input is 3*Ht wide
+    x   = concat(input_layernorm(embed(tok)), hidden_norm(r))                          [N, 2H]
+    r1  = o_proj(attn(q, k, v from x, rope at `positions`)) + r
+    h   = mlp(post_attention_layernorm(r1)) + r1    -> returned, pre-norm ("aux" in SGLang)
+    logits = lm_head(norm(h))                       over the draft vocab; target id = draft id + d2t[id]
+
+Alignment (as SGLang and SpecForge): drafter position i pairs the target's hidden state h_i (the state
+that predicted token i+1) with embed(token_{i+1}) and predicts token i+2, at rope position i. The next
+draft step feeds the drafter's own pre-norm output `h` for that position, paired with the drafted token,
+at position i+1. The embedding is the target's (SGLang shares it; we also store a frozen copy).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from harvest.drafter_config import DrafterConfig
+from harvest.kv import SeqKVCache, ragged_attention
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """x: [..., n_heads, d]; positions: [...] (broadcast over heads). Neox-style halves, as Llama."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    ang = positions.float()[..., None, None] * inv_freq                 # [..., 1, d/2]
+    cos, sin = ang.cos(), ang.sin()
+    x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+
+
+class MLP(nn.Module):
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MidLayer(nn.Module):
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c)
+
+
+class Eagle3Drafter(nn.Module):
+    """Parameter names are the checkpoint's keys (SGLang maps them under `model.`)."""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        c = self.config = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)  # the target's embedding, frozen
+        self.fc = nn.Linear(3 * c.target_hidden_size, c.hidden_size, bias=False)
+        self.midlayer = MidLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool))
+
+    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
+        """target_ids [V_draft]: the target ids of the draft vocabulary, strictly increasing."""
+        ids = target_ids.to(self.d2t.device, torch.long)
+        self.d2t.copy_(ids - torch.arange(ids.shape[0], device=ids.device))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    def new_cache(self, capacity: int = 64) -> SeqKVCache:
+        p = self.fc.weight
+        return SeqKVCache(1, self.config.num_key_value_heads, self.config.head_dim, p.dtype, p.device, capacity)
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., 3*Ht] target aux states -> fc -> [..., H]; a [..., H] drafter state passes through."""
+        return self.fc(hidden) if hidden.shape[-1] != self.config.hidden_size else hidden
+
+    def qkv(self, input_ids: torch.Tensor, r: torch.Tensor, positions: torch.Tensor):
+        """input_ids [...]; r [..., H]; positions [...] -> q [..., nh, d], k, v [..., nkv, d] (roped)."""
+        c, layer = self.config, self.midlayer
+        x = torch.cat([layer.input_layernorm(self.embed_tokens(input_ids)), layer.hidden_norm(r)], dim=-1)
+        q = layer.self_attn.q_proj(x).unflatten(-1, (c.num_attention_heads, c.head_dim))
+        k = layer.self_attn.k_proj(x).unflatten(-1, (c.num_key_value_heads, c.head_dim))
+        v = layer.self_attn.v_proj(x).unflatten(-1, (c.num_key_value_heads, c.head_dim))
+        return apply_rope(q, positions, c.rope_theta), apply_rope(k, positions, c.rope_theta), v
+
+    def finish(self, attn: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        """attn [..., nh, d]; r [..., H] (the projected input) -> pre-norm output h [..., H]."""
+        layer = self.midlayer
+        r1 = layer.self_attn.o_proj(attn.flatten(-2)) + r
+        return layer.mlp(layer.post_attention_layernorm(r1)) + r1
+
+    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                caches: list[SeqKVCache], seq_lens: list[int]) -> torch.Tensor:
+        """Ragged batch of N tokens: input_ids [N], hidden [N, 3*Ht] or [N, H], positions [N]
+        -> pre-norm h [N, H]. Appends each token's K/V to its sequence's cache."""
+        r = self.project(hidden)
+        q, k, v = self.qkv(input_ids, r, positions)
+        return self.finish(ragged_attention(q, k, v, caches, 0, seq_lens), r)
+
+    def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h [..., H] pre-norm -> [..., V_draft]."""
+        return self.lm_head(self.norm(h))
+
+    def draft_to_target(self) -> torch.Tensor:
+        """[V_draft] target id of each draft id (SGLang's hot_token_id)."""
+        return self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h [N, H] -> [N, V_target]; target ids outside the draft vocabulary get -inf."""
+        dl = self.draft_logits(h)
+        if self.config.draft_vocab_size == self.config.vocab_size:  # d2t is then all zeros (checked on load)
+            return dl
+        out = dl.new_full((*dl.shape[:-1], self.config.vocab_size), float("-inf"))
+        out[..., self.draft_to_target()] = dl
+        return out
