@@ -176,11 +176,14 @@ class RolloutClient:
             return False
         return resp.status_code == 200
 
-    async def wait_healthy(self, timeout_s: float, poll_s: float = 0.25) -> None:
-        """Wait until every server is healthy; raise a clear error after `timeout_s`."""
+    async def wait_healthy(self, timeout_s: float, poll_s: float = 0.25, alive=None) -> None:
+        """Wait until every server is healthy; raise a clear error after `timeout_s`, or as soon as
+        `alive()` (e.g. "the server process still runs") turns False."""
         deadline = time.monotonic() + timeout_s
         for url in self.urls:
             while not await self.health(url):
+                if alive is not None and not alive():
+                    raise RolloutServerError(url, 0, "rollout server process exited")
                 if time.monotonic() > deadline:
                     raise RolloutServerError(url, 0, f"rollout server not healthy after {timeout_s:.0f}s")
                 await asyncio.sleep(poll_s)

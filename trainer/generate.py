@@ -40,7 +40,7 @@ async def run_one(client: RolloutClient, r: Rollout, params: dict, stream: bool)
     """Submit one rollout and fill it in. A lost connection marks it aborted (to be re-submitted)."""
     r.attempts += 1
     r.submitted_at = time.monotonic()
-    sp = dict(params, seed=r.seed) if r.seed is not None else params
+    sp = dict(params, sampling_seed=r.seed) if r.seed is not None else params  # SGLang's field name
     rid = f"{r.rid}-a{r.attempts}"  # a re-submission must not collide with a lingering old request
     try:
         if stream:

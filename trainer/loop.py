@@ -72,7 +72,13 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
     async def resync() -> None:  # wait for the server(s), then make them serve exactly our weights
         if server:
             server.ensure_running()
-        await client.wait_healthy(cfg.server_wait_s)
+        try:
+            await client.wait_healthy(cfg.server_wait_s, alive=server.alive if server else None)
+        except RolloutServerError as exc:
+            if server:  # the embedded server's own words say why
+                exc.message += f"; the end of {server.log_path}:\n{server.log_tail()}"
+                exc.args = (f"{exc.url}: {exc.message}",)
+            raise
         await client.update_weights_from_disk(state["path"], weight_version=state["version"])
 
     row: dict = {}

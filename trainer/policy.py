@@ -11,7 +11,9 @@ from trainer.rollout import Rollout
 class Policy:
     def __init__(self, cfg: TrainConfig, model_path: str):
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # one bar per save/load per step is noise
         self.cfg = cfg
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -80,7 +82,7 @@ class Policy:
             loss, stats = policy_loss(logp, b["old"], chunk_adv, mask, num_tokens, cfg.clip_low, cfg.clip_high,
                                       ref_logp, cfg.kl_coef)
             loss.backward()
-            loss_total += float(loss)
+            loss_total += loss.item()
             stats.update(logprob_mismatch(logp, b["old"], mask))
             for k, v in stats.items():
                 totals[k] = max(totals.get(k, 0.0), v) if k.endswith("_max") else totals.get(k, 0.0) + v

@@ -58,6 +58,11 @@ class EmbeddedServer:
         self.start()
         return True
 
+    def log_tail(self, lines: int = 15) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
