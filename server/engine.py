@@ -115,21 +115,17 @@ class Engine(EngineControl):
             return len(hit) + len(running)
 
     def _finish(self, seq: Sequence, abort_message: str | None = None) -> None:
-        """Under the lock: drop a sequence's cache and id, tell its consumer if aborted."""
+        """Under the lock, once removed from the running set: free its cache and rid, send its last update."""
         seq.cache = None
         self._rids.discard(seq.req.rid)
-        if abort_message is not None:
-            self.scheduler.emit(seq, abort_message)
+        self.scheduler.emit(seq, abort_message)
 
     def _reap(self, finished: list[Sequence] = ()) -> None:
-        gone = set(map(id, finished))
-        for s in self.scheduler.running:
-            if s.abort_message is not None and id(s) not in gone:
-                self._finish(s, s.abort_message)
-                gone.add(id(s))
-            elif id(s) in gone:
-                self._finish(s)
-        self.scheduler.running = [s for s in self.scheduler.running if id(s) not in gone]
+        done = set(map(id, finished))
+        gone = [s for s in self.scheduler.running if id(s) in done or s.abort_message is not None]
+        self.scheduler.running = [s for s in self.scheduler.running if s not in gone]
+        for s in gone:
+            self._finish(s, None if id(s) in done else s.abort_message)
 
     # ---- the decode thread --------------------------------------------------------------------
     def start(self) -> None:
@@ -175,4 +171,5 @@ class Engine(EngineControl):
                 with self._cv:
                     self._in_step = False
                     self._reap(finished)
+                    self._cv.notify_all()
 

@@ -52,8 +52,10 @@ class EngineControl:
         swap["done"].set()
 
     def pause(self) -> None:
+        """Stop scheduling iterations (requests stay); returns once the iteration in flight is done."""
         with self._cv:
             self._paused = True
+            self._cv.wait_for(lambda: not self._in_step)
 
     def resume(self) -> None:
         with self._cv:

@@ -66,7 +66,9 @@ class Scheduler:
             self.running.append(seq)
 
     def step(self) -> list[Sequence]:
-        """One iteration over the running set; returns the sequences that finished (not yet removed)."""
+        """One iteration over the running set. Emits deltas of the unfinished sequences and returns the
+        finished ones, which the caller removes and then emits (so a finished request's slot is free
+        before its consumer hears of it)."""
         seqs = [s for s in self.running if s.abort_message is None]
         finished = []
         for seq, (ids, lps) in zip(seqs, self.decode_step(seqs)):
@@ -78,7 +80,7 @@ class Scheduler:
                     break
             if seq.finish_reason:
                 finished.append(seq)
-            if len(seq.output_ids) > seq.sent or seq.finish_reason:
+            elif len(seq.output_ids) > seq.sent:
                 self.emit(seq)
         return finished
 
