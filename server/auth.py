@@ -10,6 +10,7 @@ import secrets
 ADMIN_PATHS = frozenset({"/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed",
                          "/pause_generation", "/continue_generation", "/flush_cache"})
 OPEN_PREFIXES = ("/health",)
+EITHER_KEY_PATHS = frozenset({"/abort_request"})  # the route itself asks for the admin key when abort_all
 
 
 def _bearer(header: str | None) -> str | None:
@@ -40,7 +41,9 @@ class AuthMiddleware:
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"].startswith(OPEN_PREFIXES):
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if allowed(headers.get("authorization"), self.api_key, self.admin_api_key, scope["path"] in ADMIN_PATHS):
+        auth, path = headers.get("authorization"), scope["path"]
+        if allowed(auth, self.api_key, self.admin_api_key, path in ADMIN_PATHS) or (
+                path in EITHER_KEY_PATHS and allowed(auth, self.api_key, self.admin_api_key, True)):
             return await self.app(scope, receive, send)
         body = unauthorized_body()
         await send({"type": "http.response.start", "status": 401,
