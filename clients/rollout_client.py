@@ -134,7 +134,7 @@ class RolloutClient:
             self._inflight[url] -= 1
 
     async def abort_request(self, rid: str = "", abort_all: bool = False) -> list:
-        return await self._all("POST", "/abort_request", {"rid": rid, "abort_all": abort_all})
+        return await self._all("POST", "/abort_request", {"rid": rid, "abort_all": abort_all}, admin=abort_all)
 
     # --- weights and control (admin endpoints go to every server) --------------------------------
     async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None,

@@ -1,0 +1,122 @@
+"""The rollout-server client against real embedded servers on loopback ports."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+
+from clients.rollout_client import RolloutClient, RolloutServerError
+from serving import running_server
+from trainer.rollout import Rollout, RolloutStatus
+
+PROMPT = [5, 17, 33, 2, 9]
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="module")
+def url(tiny_qwen2):
+    with running_server(tiny_qwen2) as u:
+        yield u
+
+
+def test_generate_stream_and_status_endpoints(url, tiny_qwen2):
+    async def go():
+        async with RolloutClient([url]) as c:
+            assert await c.health()
+            info = await c.model_info()
+            assert info["model_path"] == str(tiny_qwen2)
+            assert "internal_states" in await c.server_info()
+            sp = {"max_new_tokens": 6, "temperature": 1.0, "sampling_seed": 7, "ignore_eos": True}
+            body = await c.generate(PROMPT, sp)
+            chunks = [ch async for ch in c.generate_stream(PROMPT, sp)]
+            return body, chunks
+    body, chunks = _run(go())
+    assert len(body["output_ids"]) == 6
+    lps = body["meta_info"]["output_token_logprobs"]
+    assert [t for _, t, _ in lps] == body["output_ids"] and all(lp <= 0 for lp, _, _ in lps)
+    assert len(chunks) >= 2 and chunks[-1]["output_ids"] == body["output_ids"]  # seeded: same sample
+    r = Rollout(group_id=0, index=0, sample={"prompt": "x"}, prompt_ids=PROMPT)
+    r.apply(body)
+    assert r.status == RolloutStatus.TRUNCATED and r.rollout_logprobs == [lp for lp, _, _ in lps]
+    assert r.weight_version == str(body["meta_info"]["weight_version"])
+
+
+def test_weight_update_sets_version_and_refusal_carries_the_message(url, tiny_qwen2, tiny_qwen2_b, tmp_path):
+    async def go():
+        async with RolloutClient([url]) as c:
+            await c.update_weights_from_disk(str(tiny_qwen2_b), weight_version="7")
+            assert (await c.model_info())["weight_version"] == "7"
+            with pytest.raises(RolloutServerError) as err:
+                await c.update_weights_from_disk(str(tmp_path / "missing"), weight_version="8")
+            assert err.value.status == 400 and "missing" in err.value.message
+            assert (await c.model_info())["weight_version"] == "7"  # old weights still served
+            await c.update_weights_from_disk(str(tiny_qwen2), weight_version="9")
+            await c.pause_generation()
+            await c.continue_generation()
+            await c.flush_cache()
+            await c.abort_request("no-such-rid")
+            return (await c.model_info())["weight_version"]
+    assert _run(go()) == "9"
+
+
+def test_api_keys(tiny_qwen2):
+    async def go(u):
+        async with RolloutClient([u]) as anonymous:
+            with pytest.raises(RolloutServerError) as err:
+                await anonymous.model_info()
+            assert err.value.status == 401 and "API key" in err.value.message
+        async with RolloutClient([u], api_key="user") as user:
+            assert (await user.generate(PROMPT, {"max_new_tokens": 2}))["output_ids"]
+            with pytest.raises(RolloutServerError) as err:
+                await user.update_weights_from_disk(str(tiny_qwen2), weight_version="1")
+            assert err.value.status == 401
+        async with RolloutClient([u], api_key="user", admin_api_key="admin") as admin:
+            await admin.update_weights_from_disk(str(tiny_qwen2), weight_version="1")
+            assert (await admin.model_info())["weight_version"] == "1"
+    with running_server(tiny_qwen2, api_key="user", admin_api_key="admin") as u:
+        _run(go(u))
+
+
+def test_several_urls_spread_generation_and_update_all(tiny_qwen2, url):
+    async def go(u2):
+        async with RolloutClient([url, u2]) as c:
+            before = [(await c.server_info(u))["internal_states"][0]["generation_tokens_total"] for u in c.urls]
+            await asyncio.gather(*(c.generate(PROMPT, {"max_new_tokens": 3, "ignore_eos": True}) for _ in range(4)))
+            after = [(await c.server_info(u))["internal_states"][0]["generation_tokens_total"] for u in c.urls]
+            await c.update_weights_from_disk(str(tiny_qwen2), weight_version="42")
+            versions = [(await c.model_info(u))["weight_version"] for u in c.urls]
+            return before, after, versions
+    with running_server(tiny_qwen2) as u2:
+        before, after, versions = _run(go(u2))
+    assert all(a > b for a, b in zip(after, before))
+    assert versions == ["42", "42"]
+
+
+def test_unreachable_server_is_a_clear_error_not_a_hang():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again when the block ends: nothing listens there
+    client = RolloutClient([f"http://127.0.0.1:{port}"], retries=2, backoff_s=0.01, connect_timeout_s=1)
+    t0 = time.monotonic()
+    with pytest.raises(RolloutServerError) as err:
+        _run(client.generate(PROMPT, {"max_new_tokens": 2}))
+    assert err.value.status == 0 and "cannot reach" in str(err.value) and "3 attempts" in str(err.value)
+    assert not _run(client.health())
+    with pytest.raises(RolloutServerError, match="not healthy"):
+        _run(client.wait_healthy(0.3))
+    assert time.monotonic() - t0 < 30  # bounded (a generous bound: it must not hang)
+
+
+def test_train_cli_reports_an_unreachable_server(tiny_qwen2, tmp_path, capsys, monkeypatch):
+    import gleanrl
+    from test_train import ToyTask
+    monkeypatch.setattr("trainer.loop._load_task", lambda cfg: ToyTask())  # the task is not the point here
+    rc = gleanrl.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"), "--server",
+                       "http://127.0.0.1:9", "--server-wait-s", "1", "--steps", "1"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "rollout server" in err and "Traceback" not in err
