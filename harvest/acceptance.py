@@ -1,0 +1,51 @@
+"""Expected acceptance length of a drafter on held-out captured samples.
+
+From every start slot i whose next token i+2 is learnable, simulate a k-step greedy draft chain and
+accept drafted tokens while they equal the target's own tokens in the sample (token i+2, i+3, ...).
+Until the first mismatch the drafted tokens *are* the sample's tokens, so feeding the sample's tokens in
+the TTT unroll gives the same chain for all starts in one pass. Accept length counts the bonus token, as
+SGLang's `spec_accept_length` does: 1 + accepted drafts, in [1, k+1]. For greedy samples this is exactly
+the acceptance of greedy SD; for sampled ones it is the greedy-chain proxy.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from harvest.drafter import Eagle3Drafter
+from harvest.train_step import collate, ttt_unroll
+
+
+def accept_lengths(logits: list[torch.Tensor], ids: torch.Tensor, starts: torch.Tensor,
+                   draft_to_target: torch.Tensor) -> torch.Tensor:
+    """logits: k steps [B,T,Vd]; ids [B,T] with 0-padding; starts [B,T] bool.
+    -> accept lengths [n_starts] (1 + leading run of drafted == actual)."""
+    run = torch.ones_like(ids, dtype=torch.bool)
+    length = torch.ones_like(ids, dtype=torch.float32)
+    for s, lg in enumerate(logits):
+        drafted = draft_to_target[lg.argmax(-1)]                       # [B,T] target ids
+        actual = F.pad(ids[:, s + 2:], (0, s + 2), value=-1)             # token i+s+2, -1 past the end
+        run = run & (drafted == actual)
+        length = length + run.float()
+    return length[starts]
+
+
+@torch.no_grad()
+def acceptance_length(drafter: Eagle3Drafter, samples: list[Any], k: int = 4, batch_size: int = 8) -> float:
+    """Mean accept length (1 + accepted drafts, k-step greedy chain) over all start slots of `samples`."""
+    if not samples:
+        raise ValueError("acceptance_length needs at least one held-out sample")
+    was_training = drafter.training
+    drafter.eval()
+    total, count = 0.0, 0
+    for lo in range(0, len(samples), batch_size):
+        b = collate(samples[lo:lo + batch_size], drafter)
+        logits = ttt_unroll(drafter, b["ids"], b["aux"], b["valid"], k)
+        ids = b["ids"].masked_fill(~b["valid"], -2)
+        starts = F.pad((b["valid"] & b["loss_mask"])[:, 2:], (0, 2))
+        lengths = accept_lengths(logits, ids, starts, drafter.draft_to_target())
+        total, count = total + float(lengths.sum()), count + int(lengths.numel())
+    drafter.train(was_training)
+    return total / max(count, 1)
