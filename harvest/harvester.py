@@ -1,0 +1,179 @@
+"""The drop-in Harvester: hand it finished rollouts and the current policy, let it train the drafter
+while you wait on the rest, let it push a better drafter to the rollout server.
+
+    h = Harvester(policy_dir, drafter_dir, spool_dir, push="http://127.0.0.1:30000")
+    h.add_rollout(prompt_ids, output_ids, policy_model, policy_version)   # per finished rollout
+    h.train_while(lambda: rollouts_in_flight)                              # idle window, preemptible
+    h.maybe_push()                                                         # new version or None
+
+A candidate is pushed only if its expected acceptance length on held-out harvested samples of the
+newest policy version beats the serving drafter's on the same samples; versions increase by one per push.
+Pushed drafters go to `versions_dir/v000007` (EAGLE-3 format, atomic), and a new Harvester over the
+same directories resumes from the newest of them and from the spool on disk (the optimizer restarts).
+"""
+from __future__ import annotations
+
+import copy
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from harvest.acceptance import acceptance_length
+from harvest.capture import capture
+from harvest.checkpoint import load_drafter, save_drafter
+from harvest.idle import IdleReport, IdleWindow, Waiting, run_window
+from harvest.push import make_pusher
+from harvest.spool import Spool, SpoolConfig
+from harvest.train_step import make_optimizer, train_step
+
+_VERSION_DIR = re.compile(r"^v(\d+)$")
+
+
+@dataclass(slots=True)
+class HarvestConfig:
+    topk: int = 32                       # soft-label width kept per token
+    batch_size: int = 4                  # samples per micro-step
+    lr: float = 1e-3
+    ttt_length: int = 4                  # unrolled draft steps, in training and in scoring
+    push_every: int = 25                 # micro-steps between score-and-push attempts in a window; 0: never
+    min_gain: float = 0.0                # acceptance length the candidate must gain over the serving drafter
+    max_holdout: int = 32                # held-out samples scored per attempt (newest first)
+    keep_versions: int = 3               # pushed checkpoints kept on disk
+    aux_dtype: str = "float32"           # spool storage of aux hidden states: float32 | bfloat16 | float16
+    seed: int = 0
+    versions_dir: str | None = None      # default: <spool_dir>/../drafter_versions
+    spool: SpoolConfig = field(default_factory=SpoolConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("topk", "batch_size", "ttt_length", "max_holdout", "keep_versions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0 or self.push_every < 0 or self.min_gain < 0:
+            raise ValueError("lr must be > 0, push_every and min_gain >= 0")
+        if self.aux_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"aux_dtype must be float32, bfloat16 or float16, got {self.aux_dtype!r}")
+
+
+class Harvester:
+    def __init__(self, target: str | Path | torch.nn.Module, drafter_dir: str | Path, spool_dir: str | Path | None,
+                 push: Any = None, cfg: HarvestConfig | None = None):
+        self.cfg = cfg or HarvestConfig()
+        self.target = _load_target(target)
+        self.spool = Spool(spool_dir, self.cfg.spool)
+        base = Path(spool_dir).parent if spool_dir is not None else Path(drafter_dir).parent
+        self.versions_dir = Path(self.cfg.versions_dir or base / "drafter_versions")
+        self.version, start = self._latest_pushed() or (0, Path(drafter_dir))
+        self.drafter = load_drafter(start, target_config=self.target.config)
+        self.serving = copy.deepcopy(self.drafter)
+        self.optimizer = make_optimizer(self.drafter, lr=self.cfg.lr)
+        self.layer_ids = list(self.drafter.config.aux_layer_ids)
+        self.push = make_pusher(push)
+        self._lock = threading.RLock()  # drafter, optimizer and serving copy
+        self._gen = torch.Generator().manual_seed(self.cfg.seed)
+        self.steps, self.last_metrics, self.idle = 0, {}, IdleReport()
+        self.history: list[dict] = []  # one row per push attempt: version, candidate, serving, pushed
+
+    def _latest_pushed(self) -> tuple[int, Path] | None:
+        found = [(int(m[1]), p) for p in self.versions_dir.glob("v*") if (m := _VERSION_DIR.match(p.name))]
+        return max(found) if found else None
+
+    # -- harvest ---------------------------------------------------------------------------------
+    def add_rollout(self, prompt_ids: list[int], output_ids: list[int], policy_model: torch.nn.Module | None = None,
+                    policy_version: int = 0) -> None:
+        """Capture one finished rollout with `policy_model` (default: the target) and spool it.
+        Only the output tokens are learned; the prompt gives context."""
+        if not output_ids:
+            return
+        model = policy_model if policy_model is not None else self.target
+        [sample] = capture(model, [list(prompt_ids) + list(output_ids)], self.layer_ids, self.cfg.topk,
+                           prompt_lens=[len(prompt_ids)], policy_version=int(policy_version),
+                           aux_dtype=getattr(torch, self.cfg.aux_dtype))
+        self.spool.add(sample.tensors(), int(policy_version))
+
+    # -- train -----------------------------------------------------------------------------------
+    def train_micro_step(self) -> dict | None:
+        """One optimizer step on a recency-weighted batch from the spool; None if the spool is empty."""
+        batch = self.spool.sample(self.cfg.batch_size, self._gen)
+        if not batch:
+            return None
+        with self._lock:
+            self.last_metrics = train_step(self.drafter, self.optimizer, [it.tensors for it in batch],
+                                           length=self.cfg.ttt_length)
+            self.steps += 1
+        if self.cfg.push_every and self.steps % self.cfg.push_every == 0:
+            self.maybe_push()
+        return self.last_metrics
+
+    def train_while(self, waiting: Waiting, max_steps: int | None = None) -> IdleReport:
+        """Train in this thread while `waiting` is open (a callable returning True, or a set Event)."""
+        report = run_window(self._idle_step, waiting, max_steps)
+        self.idle = self.idle.merge(report)
+        return report
+
+    def idle_window(self, extra: Callable[[], bool] | None = None) -> IdleWindow:
+        """A background-thread window (`with h.idle_window(): ...`). `extra()` runs first in each
+        micro-step; returning True means it did the micro-step's work (e.g. a pending capture)."""
+        def step() -> None:
+            if extra is None or not extra():
+                self._idle_step()
+        return _ReportingWindow(step, self)
+
+    def _idle_step(self) -> None:
+        if self.train_micro_step() is None:
+            threading.Event().wait(0.01)  # nothing to learn yet: yield instead of spinning
+
+    # -- score and push --------------------------------------------------------------------------
+    def score(self, drafter: torch.nn.Module | None = None, policy_version: int | None = None) -> float | None:
+        """Expected acceptance length on held-out samples of `policy_version` (default: newest); None if none."""
+        held = self.spool.holdout(policy_version)[-self.cfg.max_holdout:]
+        if not held:
+            return None
+        with self._lock:
+            return acceptance_length(drafter or self.drafter, [it.tensors for it in held], k=self.cfg.ttt_length)
+
+    def maybe_push(self) -> int | None:
+        """Push the trained drafter if it beats the serving one on held-out data; the new version or None."""
+        with self._lock:
+            candidate, serving = self.score(self.drafter), self.score(self.serving)
+            if candidate is None or candidate <= serving + self.cfg.min_gain:
+                self.history.append({"version": self.version, "candidate": candidate, "serving": serving,
+                                     "pushed": False})
+                return None
+            version = self.version + 1
+            path = save_drafter(self.drafter, self.versions_dir / f"v{version:06d}")
+            self.push(str(path), version)  # raises: version and serving copy stay as they were
+            self.version, self.serving = version, copy.deepcopy(self.drafter)
+            self.history.append({"version": version, "candidate": candidate, "serving": serving, "pushed": True})
+        self._prune()
+        return version
+
+    def _prune(self) -> None:
+        import shutil
+        found = sorted((int(m[1]), p) for p in self.versions_dir.glob("v*") if (m := _VERSION_DIR.match(p.name)))
+        for _, path in found[:-self.cfg.keep_versions]:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class _ReportingWindow(IdleWindow):
+    def __init__(self, step: Callable[[], object], harvester: Harvester):
+        super().__init__(step)
+        self._harvester = harvester
+
+    def close(self) -> IdleReport:
+        report = super().close()
+        self._harvester.idle = self._harvester.idle.merge(report)
+        return report
+
+
+def _load_target(target: str | Path | torch.nn.Module) -> torch.nn.Module:
+    if isinstance(target, torch.nn.Module):
+        return target.eval()
+    from transformers import AutoModelForCausalLM
+    path = Path(target)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path} is not a model directory (no config.json)")
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -1,0 +1,104 @@
+"""Harvester end to end on a tiny target: harvesting raises the drafter's held-out acceptance, pushes
+are gated on beating the serving drafter, versions are monotonic, and a new Harvester resumes."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from harvest.checkpoint import load_drafter, save_drafter
+from harvest.cli_init import init_drafter
+from harvest.harvester import HarvestConfig, Harvester
+from harvest.push import PushError
+from harvest.spool import SpoolConfig
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_qwen2, tmp_path_factory):
+    root = tmp_path_factory.mktemp("harvest")
+    save_drafter(init_drafter(tiny_qwen2, seed=0), root / "init_drafter")
+    target = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(0)
+    rollouts = []
+    for _ in range(64):
+        prompt = torch.randint(3, target.config.vocab_size, (6,), generator=gen)
+        out = target.generate(prompt[None], attention_mask=torch.ones(1, 6, dtype=torch.long), max_new_tokens=24,
+                              do_sample=False, eos_token_id=None, pad_token_id=0)
+        rollouts.append((prompt.tolist(), out[0, 6:].tolist()))
+    return root, target, rollouts
+
+
+def _cfg(**kw) -> HarvestConfig:
+    return HarvestConfig(batch_size=4, lr=3e-3, push_every=0, topk=8,
+                         spool=SpoolConfig(holdout_every=4), **kw)
+
+
+def test_acceptance_rises_push_gated_versions_monotonic_and_resume(setup, tmp_path):
+    root, target, rollouts = setup
+    pushed: list[tuple[str, int]] = []
+    h = Harvester(target, root / "init_drafter", tmp_path / "spool", push=lambda p, v: pushed.append((p, v)),
+                  cfg=_cfg())
+    assert h.maybe_push() is None and h.score() is None  # nothing harvested: nothing to judge
+    for prompt, out in rollouts:
+        h.add_rollout(prompt, out, target, policy_version=0)
+    before = h.score()
+    report = h.train_while(lambda: True, max_steps=50)
+    after = h.score()
+    assert report.steps == 50 and h.steps == 50
+    assert after > before + 0.25, (before, after)
+    assert h.maybe_push() == 1 and [v for _, v in pushed] == [1]
+    assert h.history[-1]["candidate"] == pytest.approx(after)
+    assert h.maybe_push() is None  # the serving drafter is now this one: no gain, no push
+    pushed_drafter = load_drafter(pushed[0][0])
+    assert acceptance_ok(h, pushed_drafter, after)
+
+    h.train_while(lambda: True, max_steps=20)
+    v = h.maybe_push()
+    assert v in (None, 2) and [v for _, v in pushed] == sorted({v for _, v in pushed})
+
+    resumed = Harvester(target, root / "init_drafter", tmp_path / "spool", push=None, cfg=_cfg())
+    assert resumed.version == h.version and len(resumed.spool) == len(h.spool) == 64
+    assert resumed.score() == pytest.approx(h.score(h.serving))
+
+
+def acceptance_ok(h: Harvester, drafter, expected: float) -> bool:
+    return h.score(drafter) == pytest.approx(expected)
+
+
+def test_refused_push_keeps_serving_version(setup, tmp_path):
+    root, target, rollouts = setup
+
+    def refuse(path, version):
+        raise PushError("server says no")
+
+    h = Harvester(target, root / "init_drafter", tmp_path / "spool", push=refuse, cfg=_cfg())
+    for prompt, out in rollouts[:8]:
+        h.add_rollout(prompt, out, policy_version=3)
+    h.train_while(lambda: True, max_steps=30)
+    with pytest.raises(PushError, match="says no"):
+        h.maybe_push()
+    assert h.version == 0 and h.history == []
+
+
+def test_background_window_trains_until_closed(setup, tmp_path):
+    root, target, rollouts = setup
+    h = Harvester(target, root / "init_drafter", None, cfg=_cfg())
+    for prompt, out in rollouts[:6]:
+        h.add_rollout(prompt, out, target, policy_version=0)
+    three = threading.Event()
+    seen = []
+
+    def extra() -> bool:
+        seen.append(h.steps)
+        if h.steps >= 3:
+            three.set()
+        return False
+
+    window = h.idle_window(extra).open()
+    assert three.wait(60)
+    report = window.close()
+    assert report.steps == h.steps >= 3 and h.idle.steps == report.steps
+    steps = h.steps
+    assert h.steps == steps and not window._thread.is_alive()
