@@ -1,0 +1,63 @@
+"""A rollout server killed mid-step: the trainer restarts it, re-pushes its weights, re-submits the
+lost rollouts and trains only on rollouts of the version it believes the server holds."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+
+from test_train import ToyTask, _cfg
+from trainer import loop, server_proc
+from trainer.loop import train
+
+
+class KillServerMidStep:
+    """Hooks whose first idle window (rollouts in flight) kills the embedded server after `delay_s`."""
+
+    def __init__(self, delay_s: float):
+        self.delay_s, self.fired = delay_s, False
+        self.finished: list = []
+
+    def on_step_start(self, step, model):
+        pass
+
+    def on_rollout_finished(self, rollout):
+        self.finished.append((rollout.rid, rollout.weight_version))
+
+    @contextlib.contextmanager
+    def idle_window(self):
+        timer = None
+        if not self.fired:
+            self.fired = True
+            timer = threading.Timer(self.delay_s, lambda: os.kill(SERVERS[-1].proc.pid, signal.SIGKILL))
+            timer.start()
+        try:
+            yield
+        finally:
+            if timer:
+                timer.join()
+
+
+SERVERS: list = []
+
+
+def test_server_killed_mid_step_is_restarted_and_rollouts_resubmitted(tiny_qwen2, tmp_path, monkeypatch):
+    class Tracked(server_proc.EmbeddedServer):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            SERVERS.append(self)
+    monkeypatch.setattr(loop, "EmbeddedServer", Tracked)
+    hooks, logs = KillServerMidStep(delay_s=0.1), []
+    cfg = _cfg(tiny_qwen2, tmp_path / "run", max_new_tokens=160, steps=2)
+    row = train(cfg, task=ToyTask(), hooks=hooks, log=lambda *a: logs.append(" ".join(map(str, a))))
+    assert row["step"] == 2
+    assert SERVERS[-1].restarts == 1
+    assert any("re-submitting" in line for line in logs), logs
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout_weight_version"] for r in rows] == ["0", "1"]
+    # every rollout handed to the harvester was sampled by the version the trainer expected
+    step_of = lambda rid: int(rid.split("-")[0][1:])  # noqa: E731
+    assert hooks.finished and all(v == str(step_of(rid) - 1) for rid, v in hooks.finished)
+    assert rows[0]["logprob_mismatch"] < 1e-3
