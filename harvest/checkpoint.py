@@ -46,6 +46,9 @@ def save_drafter(drafter: Eagle3Drafter, out: str | Path) -> Path:
     with atomic_dir(out) as tmp:
         (tmp / "config.json").write_text(json.dumps(drafter.config.to_json(), indent=2) + "\n")
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        for f in tmp.iterdir():  # mkdtemp makes the directory private; a server may run as another user
+            f.chmod(0o644)
+        tmp.chmod(0o755)
     return Path(out)
 
 

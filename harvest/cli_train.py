@@ -1,0 +1,161 @@
+"""`gleanrl draft train`: warm-start an EAGLE-3 drafter offline from the target's own generations.
+
+Generate with the target (transformers `generate`, batched, sampled), capture aux hidden states and
+soft labels on prompt + response, train with TTT (response tokens only), report held-out acceptance
+length along the way, and save the drafter atomically. `warm_start()` is the same as a library call.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from harvest.acceptance import acceptance_length
+from harvest.capture import Sample, capture
+from harvest.checkpoint import load_drafter, save_drafter
+from harvest.cli_init import init_drafter, parse_layer_ids
+from harvest.drafter import Eagle3Drafter
+from harvest.train_step import make_optimizer, train_step
+
+
+@dataclass
+class WarmStartConfig:
+    max_new_tokens: int = 128
+    temperature: float = 1.0          # 0 = greedy
+    gen_batch: int = 16
+    steps: int = 200
+    batch_size: int = 4
+    lr: float = 1e-3
+    ttt_length: int = 4
+    topk: int = 64
+    heldout: float = 0.1
+    eval_every: int = 50
+    accept_k: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "gen_batch", "steps", "batch_size", "ttt_length", "topk", "eval_every", "accept_k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.heldout < 1 or self.temperature < 0 or self.lr <= 0:
+            raise ValueError("need 0 < heldout < 1, temperature >= 0, lr > 0")
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[str], cfg: WarmStartConfig) -> list[tuple[list[int], int]]:
+    """(prompt + response token ids, prompt length) per prompt; responses end at EOS (kept)."""
+    tokenizer.padding_side = "left"
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    out = []
+    for lo in tqdm(range(0, len(prompts), cfg.gen_batch), desc="generate", unit="batch"):
+        enc = tokenizer(prompts[lo:lo + cfg.gen_batch], return_tensors="pt", padding=True, add_special_tokens=False)
+        sampling = {"do_sample": True, "temperature": cfg.temperature, "top_k": 0} if cfg.temperature > 0 else {"do_sample": False}
+        gen = model.generate(**enc, max_new_tokens=cfg.max_new_tokens, pad_token_id=pad,
+                             eos_token_id=tokenizer.eos_token_id, **sampling)
+        P = enc["input_ids"].shape[1]
+        for b in range(gen.shape[0]):
+            prompt = enc["input_ids"][b][enc["attention_mask"][b].bool()].tolist()
+            response = gen[b, P:].tolist()
+            if tokenizer.eos_token_id in response:
+                response = response[: response.index(tokenizer.eos_token_id) + 1]
+            out.append((prompt + response, len(prompt)))
+    return out
+
+
+def warm_start(model_dir: str | Path, prompts: list[str], cfg: WarmStartConfig, init: str | Path | None = None,
+               layer_ids: list[int] | None = None, log=None) -> tuple[Eagle3Drafter, list[dict]]:
+    """Train a drafter for the target in `model_dir` on its generations for `prompts`. -> (drafter, history)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    drafter = (load_drafter(init, target_config=model.config) if init
+               else init_drafter(model_dir, cfg.seed, layer_ids))
+    seqs = generate(model, tokenizer, prompts, cfg)
+    samples: list[Sample] = []
+    for lo in tqdm(range(0, len(seqs), cfg.gen_batch), desc="capture", unit="batch"):
+        part = seqs[lo:lo + cfg.gen_batch]
+        samples += capture(model, [s for s, _ in part], drafter.config.aux_layer_ids, cfg.topk, [p for _, p in part])
+    samples = [s for s in samples if s.loss_mask.sum() >= 2]  # a response of >= 2 tokens to draft
+    n_held = max(1, round(cfg.heldout * len(samples)))
+    if len(samples) < n_held + 1:
+        raise ValueError(f"only {len(samples)} usable generations; give more prompts or a larger --max-new-tokens")
+    perm = torch.randperm(len(samples)).tolist()
+    held, train = [samples[i] for i in perm[:n_held]], [samples[i] for i in perm[n_held:]]
+    history = [{"step": 0, "accept_length": acceptance_length(drafter, held, cfg.accept_k)}]
+    opt = make_optimizer(drafter, cfg.lr)
+    bar = tqdm(range(1, cfg.steps + 1), desc="train drafter", unit="step")
+    for step in bar:
+        batch = [train[i] for i in torch.randint(len(train), (min(cfg.batch_size, len(train)),)).tolist()]
+        metrics = train_step(drafter, opt, batch, cfg.ttt_length)
+        row = {"step": step, "loss": metrics["loss"], "acc_0": metrics["acc_0"]}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            row["accept_length"] = acceptance_length(drafter, held, cfg.accept_k)
+            history.append(row)
+        bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.2f}",
+                        accept=f"{history[-1]['accept_length']:.2f}")
+        if log is not None:
+            log.write(json.dumps(row) + "\n")
+    return drafter, history
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    if args.task:
+        try:
+            from trainer.tasks import load_task
+        except ImportError:
+            raise ValueError("--task needs gleanrl's trainer.tasks; use --prompts FILE instead") from None
+        return [p["prompt"] for p in load_task(args.task).prompts("train", args.num_prompts, args.seed)]
+    path = Path(args.prompts)
+    if not path.is_file():
+        raise ValueError(f"prompts file {path} does not exist")
+    prompts = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                prompts.append(str(json.loads(line)["prompt"]))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise ValueError(f"{path}:{n}: each line must be a JSON object with a \"prompt\"") from None
+    return prompts[: args.num_prompts]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="target model directory")
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompts", help="JSONL file, one {\"prompt\": exact text} per line")
+    src.add_argument("--task", help="a task name for trainer.tasks.load_task (e.g. running_sums)")
+    parser.add_argument("--out", required=True, help="directory to write the drafter to (atomically)")
+    parser.add_argument("--init", default=None, help="start from this drafter instead of a random one")
+    parser.add_argument("--layer-ids", default=None, help="aux layer ids a,b,c for a new drafter")
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--log", default=None, help="append per-step metrics here as JSONL")
+    for name, default in vars(WarmStartConfig()).items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = WarmStartConfig(**{k: getattr(args, k) for k in vars(WarmStartConfig())})
+        prompts = read_prompts(args)
+        if not prompts:
+            raise ValueError("no prompts")
+        log = open(args.log, "a") if args.log else None
+        try:
+            drafter, history = warm_start(args.model, prompts, cfg, args.init, parse_layer_ids(args.layer_ids), log)
+        finally:
+            if log is not None:
+                log.close()
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    save_drafter(drafter, args.out)
+    first, last = history[0]["accept_length"], history[-1]["accept_length"]
+    print(f"wrote drafter to {args.out}: held-out acceptance length {first:.2f} -> {last:.2f} "
+          f"(k={cfg.accept_k}, {len(prompts)} prompts, {cfg.steps} steps)")
+    return 0
