@@ -28,6 +28,14 @@ def url(srv):
 
 
 @pytest.fixture(scope="module")
+def tok(tiny_qwen2):
+    """The server's tokenizer (AutoTokenizer on the model directory; it may split text differently from
+    the in-memory `tiny_tokenizer` fixture)."""
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(tiny_qwen2)
+
+
+@pytest.fixture(scope="module")
 def hf(tiny_qwen2):
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).eval()
@@ -43,11 +51,11 @@ def greedy(new, **kw):
     return {"max_new_tokens": new, "temperature": 0, "ignore_eos": True, **kw}
 
 
-def test_single_text_matches_transformers_with_logprobs(url, hf, tiny_tokenizer):
+def test_single_text_matches_transformers_with_logprobs(url, hf, tok):
     out = gen(url, text=PROMPTS[0], sampling_params=greedy(12), return_logprob=True)
-    ids = tiny_tokenizer.encode(PROMPTS[0])
+    ids = tok.encode(PROMPTS[0])
     assert out["output_ids"] == hf_greedy(hf, ids, 12)
-    assert out["text"] == tiny_tokenizer.decode(out["output_ids"])
+    assert out["text"] == tok.decode(out["output_ids"])
     meta = out["meta_info"]
     assert meta["finish_reason"] == {"type": "length", "length": 12}
     assert (meta["prompt_tokens"], meta["completion_tokens"]) == (len(ids), 12)
@@ -60,8 +68,8 @@ def test_single_text_matches_transformers_with_logprobs(url, hf, tiny_tokenizer)
     assert torch.allclose(torch.tensor([lp for lp, _, _ in got]), want, atol=1e-3)
 
 
-def test_batch_input_ids_and_n_expand_prompt_major(url, hf, tiny_tokenizer):
-    batch = [tiny_tokenizer.encode(p) for p in PROMPTS[:2]]
+def test_batch_input_ids_and_n_expand_prompt_major(url, hf, tok):
+    batch = [tok.encode(p) for p in PROMPTS[:2]]
     outs = gen(url, input_ids=batch, sampling_params=greedy(6, n=2), rid=["a", "b"])
     assert isinstance(outs, list) and len(outs) == 4
     for k, out in enumerate(outs):
@@ -101,9 +109,9 @@ def test_stream_chunks_are_cumulative_and_end_like_non_stream(url):
     assert {c["index"] for c in batch} == {0, 1}
 
 
-def test_sixteen_mixed_lengths_concurrent_correct_and_short_first(url, hf, tiny_tokenizer):
+def test_sixteen_mixed_lengths_concurrent_correct_and_short_first(url, hf, tok):
     lengths = [2, 3, 120, 4, 90, 2, 60, 5, 3, 100, 2, 8, 4, 70, 3, 6]
-    prompts = [tiny_tokenizer.encode(PROMPTS[i % 4] + " " * (i // 4)) for i in range(16)]
+    prompts = [tok.encode(PROMPTS[i % 4] + " " * (i // 4)) for i in range(16)]
     results, order = [None] * 16, []
 
     def one(i):
