@@ -6,8 +6,8 @@ step s feeds token_{i+s+1} with the previous step's pre-norm output (step 0: fc(
 i+s, and predicts token_{i+s+2}; its label is the target's next-token distribution at position i+s+1.
 Attention at step s sees the true slots 0..i (step-0 keys, causal) plus its own chain's keys of steps
 1..s at position i — exactly what the drafter sees when SGLang or our engine drafts s+1 tokens after
-slot i. (SpecForge's TTT instead keeps the rope position at i and drops step-0 keys i-s+1..i; we follow
-inference so that training and serving agree.)
+slot i (tested against the cached chain). SpecForge's unroll shifts rope the same way but its mask
+update also hides step-0 keys i-s+1..i from step s; we follow inference so training and serving agree.
 
 A batch is a list of samples (dicts of tensors, as the spool stores them): `input_ids` [T], `aux_hidden`
 [T, 3*Ht], soft labels `topk_ids`/`topk_probs` [T, k] or `target_probs` [T, V], optional `loss_mask` [T]
