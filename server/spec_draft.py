@@ -1,0 +1,58 @@
+"""Drafting for one SD iteration: the EAGLE-3 drafter proposes up to k tokens per sequence (a chain).
+
+The first drafter forward is a ragged catch-up over the target hidden states each sequence has not fed
+yet (pairs (h_i, token_{i+1}) at rope position i); its last row predicts draft token 1. Each further
+step feeds the drafter's own pre-norm output with the token just drafted, one position on. Sampled
+requests draw drafts from q = the drafter's distribution processed exactly like the target's
+(temperature, top-k, top-p, min-p), with the request's own generator; greedy ones take the argmax.
+"""
+from __future__ import annotations
+
+import torch
+
+from server.sampler import processed_probs, sample
+
+
+def _draw(logits: torch.Tensor, prm: dict[str, torch.Tensor], generators: list) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits [A, V] -> (tokens [A], q [A, V] or None when every row is greedy)."""
+    if bool((prm["temperature"] <= 0).all()):
+        return logits.argmax(-1), None
+    q = processed_probs(logits, prm["temperature"], prm["top_k"], prm["top_p"], prm["min_p"])
+    return sample(q, generators).to(logits.device), q
+
+
+@torch.inference_mode()
+def draft_tokens(drafter, seqs: list, states: list, ks: list[int],
+                 prm: dict[str, torch.Tensor]) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+    """Returns per sequence the k_b drafted ids and their draft distributions q [k_b, V] (None if greedy).
+    Consumes every state's pending hidden states; the drafter caches grow by up to k_b - 1 own entries."""
+    ids, pos, lens = [], [], []
+    for s, st in zip(seqs, states):
+        n, p0 = st.hidden.shape[0], st.next_pos
+        ids += s.tokens(p0 + 1, p0 + 1 + n)
+        pos += range(p0, p0 + n)
+        lens.append(n)
+    device = states[0].hidden.device
+    h = drafter(torch.tensor(ids, device=device), torch.cat([st.hidden for st in states]),
+                torch.tensor(pos, device=device), [st.cache for st in states], lens)     # [N, H]
+    g = h[torch.tensor(lens, device=device).cumsum(0) - 1]                                # [B, H]
+    for st in states:
+        st.hidden = st.hidden[:0]
+    drafts: list[list[int]] = [[] for _ in seqs]
+    qs: list[list[torch.Tensor]] = [[] for _ in seqs]
+    rows = list(range(len(seqs)))
+    for step in range(max(ks)):
+        rows = [b for b in rows if ks[b] > step]
+        tok, q = _draw(drafter.logits(g[rows]), {k: v[rows] for k, v in prm.items()},
+                       [seqs[b].generator for b in rows])
+        for j, b in enumerate(rows):
+            drafts[b].append(int(tok[j]))
+            if q is not None:
+                qs[b].append(q[j])
+        nxt = [j for j, b in enumerate(rows) if ks[b] > step + 1]
+        if not nxt:
+            break
+        bs = [rows[j] for j in nxt]
+        g[bs] = drafter(tok[nxt], g[bs], torch.tensor([states[b].next_pos for b in bs], device=device),
+                        [states[b].cache for b in bs], [1] * len(bs))
+    return drafts, [torch.stack(q) if q else None for q in qs]
