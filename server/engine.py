@@ -13,7 +13,7 @@ from typing import AsyncIterator
 
 import torch
 
-from server import weights
+from server import draft_swap, weights
 from server.config import EngineConfig
 from server.engine_control import EngineControl
 from server.model_runner import ModelRunner
@@ -41,6 +41,7 @@ class Engine(EngineControl):
         self.context_length = cfg.context_length or int(getattr(runner.config, "max_position_embeddings", 4096))
         self.eos_ids = self._eos_ids(runner)
         self.scheduler = Scheduler(runner, cfg.max_running_requests)
+        self.spec = draft_swap.install(self.scheduler, cfg, self._config)  # SD step (plain until a drafter)
         self._rng = torch.Generator().manual_seed(cfg.seed)  # for requests without a seed
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from server import weights
+from server import draft_swap, weights
 from server.protocol import CheckpointError
 
 
@@ -18,15 +18,17 @@ class EngineControl:
 
     def update_weights(self, model_path: str, weight_version: str | None = None, selector: str = "target",
                        flush_cache: bool = True, abort_all_requests: bool = False) -> None:
-        if selector == "draft":
-            raise CheckpointError("no drafter support yet")
-        if selector != "target":
+        if selector not in ("target", "draft"):
             raise CheckpointError(f"selector must be 'target' or 'draft', got {selector!r}")
-        runner, config, sig = weights.load_checked(model_path, self._config, self._signature,
-                                                   self.cfg.device, self.cfg.dtype)
-        swap = {"runner": runner, "config": config, "sig": sig, "path": model_path,
-                "version": weight_version, "flush": flush_cache, "abort": abort_all_requests,
-                "done": threading.Event()}
+        if selector == "draft":  # server/draft_swap.py: loaded and checked here, applied between iterations
+            swap = draft_swap.prepare(self.spec, model_path, weight_version, self._config)
+            swap["done"] = threading.Event()
+        else:
+            runner, config, sig = weights.load_checked(model_path, self._config, self._signature,
+                                                       self.cfg.device, self.cfg.dtype)
+            swap = {"runner": runner, "config": config, "sig": sig, "path": model_path,
+                    "version": weight_version, "flush": flush_cache, "abort": abort_all_requests,
+                    "done": threading.Event()}
         with self._cv:
             if self._swap is not None:
                 raise CheckpointError("another weight update is in progress")
@@ -39,6 +41,10 @@ class EngineControl:
     def _apply_swap(self) -> None:
         """Under the lock, between iterations."""
         swap, self._swap = self._swap, None
+        if "apply" in swap:  # a drafter swap
+            swap["apply"]()
+            swap["done"].set()
+            return
         if swap["abort"]:
             self.abort(None, "Abort all requests for a weight update")
         sched = self.scheduler
@@ -71,7 +77,7 @@ class EngineControl:
     def info(self) -> dict:
         return {"model_path": self.model_path, "tokenizer_path": self.cfg.model_path,
                 "weight_version": self.scheduler.weight_version,
-                "draft_model_path": None, "draft_weight_version": self.scheduler.draft_weight_version,
+                "draft_model_path": self.spec.draft_path, "draft_weight_version": self.scheduler.draft_weight_version,
                 "context_length": self.context_length, "max_running_requests": self.cfg.max_running_requests,
                 "is_generation": True, "vocab_size": self.scheduler.runner.vocab_size,
                 "architectures": self._config.get("architectures"), "device": self.cfg.device}
@@ -80,4 +86,5 @@ class EngineControl:
         sched = self.scheduler
         return {"num_running_reqs": len(sched.running), "num_queue_reqs": len(sched.waiting),
                 "paused": self._paused, "generation_tokens_total": sched.generation_tokens_total,
-                "avg_spec_accept_length": 0.0}
+                "avg_spec_accept_length": self.spec.avg_accept_length,
+                "spec_accept_histogram": list(self.spec.accept_hist)}
