@@ -21,6 +21,7 @@ class Track:
     last: GenerateOutput | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
+    detok: object | None = None       # the edge's incremental decoder (server.detok)
 
     @property
     def finished(self) -> bool:
@@ -121,31 +122,3 @@ async def collect(run: Fanin, request) -> list[Track] | None:
         drain.cancel()
         run.close()
 
-
-def output_text(tokenizer, track: Track, skip_special_tokens: bool = True, no_stop_trim: bool = False) -> str:
-    """Decoded output as SGLang returns it: a matched stop token or stop string is cut from the text
-    (not from `output_ids`) unless `no_stop_trim`."""
-    ids, matched = track.ids, (track.finish_reason or {}).get("matched")
-    if isinstance(matched, int) and not no_stop_trim and ids and ids[-1] == matched:
-        ids = ids[:-1]
-    text = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-    if isinstance(matched, str) and matched and not no_stop_trim:
-        pos = text.find(matched)
-        text = text[:pos] if pos >= 0 else text
-    return text
-
-
-class Delta:
-    """Incremental text for OpenAI streams: holds back an incomplete UTF-8 tail and, while running,
-    the last len(longest stop) - 1 characters, so a trimmed stop string is never half-sent."""
-
-    def __init__(self, stop: list[str]):
-        self.hold, self.sent = max((len(s) for s in stop), default=1) - 1, ""
-
-    def __call__(self, text: str, finished: bool) -> str:
-        if not finished:
-            text = text[: len(text) - self.hold].rstrip("\ufffd")
-        if not text.startswith(self.sent):
-            return ""
-        delta, self.sent = text[len(self.sent):], text
-        return delta

@@ -11,7 +11,8 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from server.fanin import Fanin, Track, collect, output_text
+from server.detok import output_text
+from server.fanin import Fanin, Track, collect
 from server.protocol import GenerateRequest, SamplingParams
 from server.schemas import NEUTRAL_SAMPLING, ApiError, GenerateIn, SamplingIn, parse
 

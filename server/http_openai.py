@@ -8,7 +8,8 @@ import uuid
 
 from fastapi import APIRouter, Request
 
-from server.fanin import Delta, Fanin, Track, collect, output_text
+from server.detok import Delta, output_text
+from server.fanin import Fanin, Track, collect
 from server.http_generate import check_prompt, expand, sampling, stream
 from server.schemas import ApiError, ChatIn, CompletionIn, OpenAISampling, parse
 
