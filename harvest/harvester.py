@@ -117,14 +117,15 @@ class Harvester:
     def idle_window(self, extra: Callable[[], bool] | None = None) -> IdleWindow:
         """A background-thread window (`with h.idle_window(): ...`). `extra()` runs first in each
         micro-step; returning True means it did the micro-step's work (e.g. a pending capture)."""
-        def step() -> None:
-            if extra is None or not extra():
-                self._idle_step()
+        def step() -> bool:
+            return True if extra is not None and extra() else self._idle_step()
         return _ReportingWindow(step, self)
 
-    def _idle_step(self) -> None:
+    def _idle_step(self) -> bool:
         if self.train_micro_step() is None:
             threading.Event().wait(0.01)  # nothing to learn yet: yield instead of spinning
+            return False
+        return True
 
     # -- score and push --------------------------------------------------------------------------
     def score(self, drafter: torch.nn.Module | None = None, policy_version: int | None = None) -> float | None:

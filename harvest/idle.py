@@ -37,11 +37,13 @@ def _is_open(waiting: Waiting) -> bool:
 
 
 def run_window(step: Callable[[], object], waiting: Waiting, max_steps: int | None = None) -> IdleReport:
-    """Call `step()` while `waiting` stays open (and at most `max_steps` times)."""
+    """Call `step()` while `waiting` stays open (and until `max_steps` steps did work). A step that
+    returns False had nothing to do (e.g. an empty spool): it counts neither as a step nor as busy time."""
     report, start = IdleReport(), time.perf_counter()
     while (max_steps is None or report.steps < max_steps) and _is_open(waiting):
         t0 = time.perf_counter()
-        step()
+        if step() is False:
+            continue
         t1 = time.perf_counter()
         report.steps += 1
         report.busy_s += t1 - t0

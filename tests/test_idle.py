@@ -62,3 +62,14 @@ def test_background_window_surfaces_errors():
     with pytest.raises(RuntimeError, match="boom"):
         with IdleWindow(step):
             pass
+
+
+def test_steps_with_nothing_to_do_are_not_counted():
+    calls = [0]
+
+    def step():
+        calls[0] += 1
+        return False if calls[0] <= 3 else None  # an empty spool for three polls, then work
+
+    report = run_window(step, lambda: calls[0] < 6)
+    assert calls[0] == 6 and report.steps == 3
