@@ -1,0 +1,122 @@
+"""Drafter hot-swap: mid-stream (output unchanged, version changes, acceptance follows the new drafter),
+the first drafter on a server started without one, and refused drafters (the old one keeps serving)."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import httpx
+import pytest
+
+from engine_util import PROMPTS, req, run_all
+from harvest.checkpoint import save_drafter
+from harvest.cli_init import init_drafter
+from harvest.tiny import make_tiny_model
+from sd_util import random_drafter, trained_drafter
+from serving import running_app
+from server.config import EngineConfig
+from server.engine import Engine
+from server.protocol import CheckpointError
+
+NEW = 48
+
+
+@pytest.fixture(scope="module")
+def drafters(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
+    d = tmp_path_factory.mktemp("swap_drafters")
+    bad = d / "bad"
+    narrow = make_tiny_model(d / "narrow_target", hidden_size=32, tokenizer=tiny_tokenizer)
+    deep = make_tiny_model(d / "deep_target", num_layers=8, tokenizer=tiny_tokenizer)
+    bad.mkdir()
+    save_drafter(init_drafter(narrow), bad / "hidden")
+    save_drafter(init_drafter(deep, aux_layer_ids=[1, 3, 6]), bad / "layers")
+    random = random_drafter(tiny_qwen2, d / "random")
+    shutil.copytree(random, bad / "corrupt")
+    weights = bad / "corrupt" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    return {"random": random, "trained": trained_drafter(tiny_qwen2, tiny_tokenizer, d / "trained", new_tokens=NEW),
+            "bad": {p.name: p for p in bad.iterdir()} | {"missing": d / "nope"}}
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_qwen2):
+    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), sd="off"))
+    eng.start()
+    prompts = [eng.tokenizer(p)["input_ids"] for p in PROMPTS[:4]]
+    yield prompts, run_all(eng, [req(p, max_new_tokens=NEW, ignore_eos=True) for p in prompts])
+    eng.shutdown()
+
+
+def test_swap_mid_stream_keeps_output_and_changes_version(tiny_qwen2, drafters, plain):
+    prompts, ref = plain
+    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), drafter_path=str(drafters["random"]), sd="on",
+                              num_draft_tokens=4))
+    eng.start()
+
+    async def stream():
+        loop, ids, versions, swapped = asyncio.get_running_loop(), [], [], False
+        async for out in eng.generate(req(prompts[0], max_new_tokens=NEW, ignore_eos=True)):
+            ids += out.new_ids
+            versions.append((len(ids), out.draft_weight_version, out.spec_verify_ct))
+            if not swapped and len(ids) >= 8:  # pause so that the swap lands mid-stream, deterministically
+                await loop.run_in_executor(None, eng.pause)
+                await loop.run_in_executor(None, lambda: eng.update_weights(
+                    str(drafters["trained"]), weight_version="d2", selector="draft"))
+                eng.resume()
+                swapped = True
+        return ids, versions, out
+
+    try:
+        ids, versions, last = asyncio.run(stream())
+        info = eng.info()
+    finally:
+        eng.shutdown()
+    assert ids == ref[0]["ids"]
+    assert versions[0][1] == "default" and last.draft_weight_version == "d2"
+    seen = [v for _, v, _ in versions]
+    first = seen.index("d2")
+    assert seen == ["default"] * first + ["d2"] * (len(seen) - first)  # one switch, never back
+    assert info["draft_weight_version"] == "d2" and info["draft_model_path"] == str(drafters["trained"])
+    (n0, _, ct0) = next(v for v in versions if v[1] == "d2")
+    # after the swap the trained drafter's states were rebuilt: it accepts several tokens per pass
+    assert (NEW - n0) / (last.spec_verify_ct - ct0) > 1.8
+
+
+def test_first_drafter_on_a_server_started_without_one(tiny_qwen2, drafters, plain):
+    prompts, ref = plain
+    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), sd="on"))
+    eng.start()
+    try:
+        before = run_all(eng, [req(prompts[1], max_new_tokens=NEW, ignore_eos=True)])[0]
+        eng.update_weights(str(drafters["trained"]), selector="draft")
+        after = run_all(eng, [req(p, max_new_tokens=NEW, ignore_eos=True) for p in prompts])
+    finally:
+        eng.shutdown()
+    assert before["out"].spec_verify_ct == 0 and before["out"].draft_weight_version is None
+    assert [r["ids"] for r in after] == [r["ids"] for r in ref]
+    assert all(r["out"].spec_verify_ct > 0 and r["out"].draft_weight_version == "default" for r in after)
+
+
+def test_mismatched_or_broken_drafters_are_refused_over_http(tiny_qwen2, drafters, plain):
+    prompts, ref = plain
+    with running_app(tiny_qwen2, drafter_path=str(drafters["random"]), sd="on") as (url, app):
+        for name, path in drafters["bad"].items():
+            r = httpx.post(f"{url}/update_weights_from_disk", timeout=60,
+                           json={"model_path": str(path), "selector": "draft", "weight_version": name})
+            assert r.status_code == 400 and r.json()["success"] is False, name
+            assert "drafter" in r.json()["message"], r.json()["message"]
+        info = httpx.get(f"{url}/model_info", timeout=10).json()
+        assert info["draft_weight_version"] == "default" and info["draft_model_path"] == str(drafters["random"])
+        out = httpx.post(f"{url}/generate", timeout=60, json={
+            "input_ids": prompts[2], "sampling_params": {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}}).json()
+        assert out["output_ids"] == ref[2]["ids"]
+        assert out["meta_info"]["spec_verify_ct"] > 0 and out["meta_info"]["draft_weight_version"] == "default"
+
+
+def test_engine_refuses_with_checkpoint_error(tiny_qwen2, drafters):
+    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), sd="on"))
+    with pytest.raises(CheckpointError, match="hidden size"):
+        eng.update_weights(str(drafters["bad"]["hidden"]), selector="draft")
+    with pytest.raises(CheckpointError, match="layer"):
+        eng.update_weights(str(drafters["bad"]["layers"]), selector="draft")
+    assert eng.spec.drafter is None and eng.info()["draft_weight_version"] is None
