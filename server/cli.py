@@ -41,7 +41,10 @@ def _fail(message: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.backend == "sglang":
-        from server.sglang_launch import launch  # lazy: needs the optional sglang install
+        try:
+            from server.sglang_launch import launch  # lazy: needs the optional sglang install
+        except ImportError as exc:
+            return _fail(f"--backend sglang is not available here ({exc})")
         return int(launch(args) or 0)
     model = Path(args.model)
     if not (model / "config.json").is_file():
