@@ -120,3 +120,49 @@ def test_train_cli_reports_an_unreachable_server(tiny_qwen2, tmp_path, capsys, m
                        "http://127.0.0.1:9", "--server-wait-s", "1", "--steps", "1"])
     err = capsys.readouterr().err
     assert rc == 1 and "rollout server" in err and "Traceback" not in err
+
+
+def _mock_client(handler, **kw) -> RolloutClient:
+    import httpx
+    c = RolloutClient(["http://mock"], backoff_s=0.0, **kw)
+    c._http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return c
+
+
+def test_retries_connection_errors_only():
+    import httpx
+    calls = {"n": 0}
+
+    def refuse(request):
+        calls["n"] += 1
+        raise httpx.ConnectError("refused", request=request)
+
+    with pytest.raises(RolloutServerError, match="cannot reach"):
+        _run(_mock_client(refuse, retries=2).model_info())
+    assert calls["n"] == 3
+    calls["n"] = 0
+
+    def fail(request):
+        calls["n"] += 1
+        return httpx.Response(500, json={"error": {"message": "engine exploded"}})
+
+    with pytest.raises(RolloutServerError, match="engine exploded") as err:
+        _run(_mock_client(fail, retries=2).generate(PROMPT, {}))
+    assert calls["n"] == 1 and err.value.status == 500
+
+
+def test_incremental_stream_chunks_are_concatenated():
+    import json as _json
+
+    import httpx
+    from trainer.generate import run_one
+    chunks = [{"output_ids": [4], "meta_info": {"completion_tokens": 1, "output_token_logprobs": [[-0.5, 4, None]],
+                                                "finish_reason": None, "weight_version": "3"}},
+              {"output_ids": [6], "meta_info": {"completion_tokens": 2, "output_token_logprobs": [[-0.25, 6, None]],
+                                                "finish_reason": {"type": "stop", "matched": 2}, "weight_version": "3"}}]
+    body = "".join(f"data: {_json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    client = _mock_client(lambda request: httpx.Response(200, text=body))
+    r = Rollout(group_id=0, index=0, sample={}, prompt_ids=PROMPT, rid="x")
+    _run(run_one(client, r, {"max_new_tokens": 4}, stream=True))
+    assert r.status == RolloutStatus.FINISHED and r.output_ids == [4, 6] and r.rollout_logprobs == [-0.5, -0.25]
+    assert r.weight_version == "3" and r.first_token_at is not None

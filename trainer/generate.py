@@ -53,10 +53,15 @@ async def run_one(client: RolloutClient, r: Rollout, params: dict, stream: bool)
                 ids += chunk.get("output_ids") or []
                 lps += chunk.get("meta_info", {}).get("output_token_logprobs") or []
                 last = chunk
-            total = last.get("meta_info", {}).get("completion_tokens", -1)
-            if len(last.get("output_ids") or []) != total:  # incremental chunks: use the concatenation
-                last = dict(last, output_ids=ids, meta_info=dict(last.get("meta_info", {}), output_token_logprobs=lps))
-            r.apply(last)
+            meta = dict(last.get("meta_info", {}))
+            total = meta.get("completion_tokens", -1)
+            # cumulative chunks (SGLang's default) carry everything in the last one; incremental
+            # chunks (--incremental-streaming-output) must be concatenated: check each field alone
+            if len(last.get("output_ids") or []) != total:
+                last = dict(last, output_ids=ids)
+            if len(meta.get("output_token_logprobs") or []) != total:
+                meta["output_token_logprobs"] = lps
+            r.apply(dict(last, meta_info=meta))
         else:
             r.apply(await client.generate(r.prompt_ids, sp, rid=rid))
     except (RolloutServerError, httpx.TransportError) as exc:
@@ -87,6 +92,8 @@ async def run_step(client: RolloutClient, rollouts: list[Rollout], params: dict,
                         hooks.on_rollout_finished(r)
             redo = [r for r in pending if not (r.done and r.weight_version in (expected_version, None))]
             if not redo:
+                if any(r.weight_version is None for r in rollouts):
+                    log(f"warning: the server reports no weight_version; trusting it holds {expected_version}")
                 return
             bad = [r for r in redo if r.status == RolloutStatus.FAILED]
             if bad:  # the server refused the request: re-submitting will not help

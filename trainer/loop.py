@@ -131,14 +131,11 @@ def make_rollouts(cfg: TrainConfig, task, tokenizer, step: int) -> list[Rollout]
 
 
 def encode_prompt(tokenizer, sample: dict) -> list[int]:
-    """Prompt ids through the chat template when the tokenizer has one (the task's text otherwise)."""
+    """The task's "prompt" is the exact text to send (chat template already applied); encode it the
+    way the server encodes `text` (`tokenizer.encode`), or take the task's "prompt_ids"."""
     if "prompt_ids" in sample:
         return list(sample["prompt_ids"])
-    if getattr(tokenizer, "chat_template", None):
-        messages = sample.get("messages") or [{"role": "user", "content": sample["prompt"]}]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-    return tokenizer(sample["prompt"], add_special_tokens=True)["input_ids"]
+    return list(tokenizer.encode(sample["prompt"]))
 
 
 def _correct(task, r: Rollout) -> float:
