@@ -166,3 +166,23 @@ def test_incremental_stream_chunks_are_concatenated():
     _run(run_one(client, r, {"max_new_tokens": 4}, stream=True))
     assert r.status == RolloutStatus.FINISHED and r.output_ids == [4, 6] and r.rollout_logprobs == [-0.5, -0.25]
     assert r.weight_version == "3" and r.first_token_at is not None
+
+
+def test_train_cli_config_errors_are_clear(tiny_qwen2, tmp_path, capsys):
+    import gleanrl
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('steps = 3\nlearning_rate = 0.1\n')
+    rc = gleanrl.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"), "--config", str(cfg)])
+    assert rc == 2 and "unknown config keys: learning_rate" in capsys.readouterr().err
+    rc = gleanrl.main(["train", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    assert rc == 2 and "Hugging Face model directory" in capsys.readouterr().err
+    cfg.write_text('steps = 0\n')
+    rc = gleanrl.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"), "--config", str(cfg)])
+    assert rc == 2 and "steps must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_config_file_then_flags(tiny_qwen2, tmp_path):
+    from trainer.config import build_config, read_config_file
+    (tmp_path / "c.yaml").write_text(f"model: {tiny_qwen2}\nout: {tmp_path}\nsteps: 5\nlr: 0.01\n")
+    cfg = build_config(read_config_file(tmp_path / "c.yaml"), {"steps": 7, "lr": None})
+    assert cfg.steps == 7 and cfg.lr == 0.01

@@ -59,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     except RolloutServerError as exc:
         print(f"gleanrl train: rollout server error: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:  # a task spec, task file or checkpoint the user must fix
+        print(f"gleanrl train: {exc}", file=sys.stderr)
+        return 2
     if row:
         print(f"done: step {row['step']}, reward {row['reward_mean']:.3f}, accuracy {row['accuracy']:.3f}; "
               f"checkpoints and metrics.jsonl in {cfg.out}")

@@ -67,6 +67,8 @@ class TrainConfig:
         for name, ok, why in checks:
             if not ok:
                 raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+        if not (Path(self.model) / "config.json").is_file():
+            raise ValueError(f"model must be a Hugging Face model directory (with config.json), got {self.model!r}")
         if self.task and self.data:
             raise ValueError("give either task or data, not both")
 
