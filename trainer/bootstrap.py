@@ -1,0 +1,115 @@
+"""`gleanrl bootstrap`: train the built-in task's small policy from scratch, by supervised fine-tuning
+on the task's reference solutions, and save it as a normal Hugging Face model directory (Qwen2
+architecture, safetensors, character-level tokenizer with a ChatML chat template, eos = <|im_end|>).
+
+Deterministic for a seed (on a given machine and thread count) and cached: the output directory
+carries `bootstrap.json` with a key over every argument, and a second call with the same key returns
+at once. Sizes: "small" is the demo/benchmark policy, "tiny" builds in seconds for tests."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PolicySize:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    train_tokens: int          # SFT tokens (padding included) drawn from the task's "train" split
+    batch_tokens: int = 4096   # tokens per optimizer step, padding included
+    lr: float = 1e-3
+    context: int = 2048
+    bf16: bool = True          # bf16 autocast: ~2.5x faster on AVX-512 CPUs; off for tiny (no gain)
+
+    def __post_init__(self) -> None:
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise ValueError("hidden must divide by heads and heads by kv_heads")
+        if min(self.layers, self.train_tokens, self.batch_tokens, self.context) < 1 or self.lr <= 0:
+            raise ValueError("layers, train_tokens, batch_tokens, context and lr must be positive")
+
+
+SIZES = {
+    "small": PolicySize(hidden=512, layers=6, heads=8, kv_heads=8, intermediate=1536, train_tokens=1_200_000),
+    "tiny": PolicySize(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, train_tokens=150_000,
+                       batch_tokens=2048, lr=3e-3, bf16=False),
+}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("GLEANRL_CACHE") or Path.home() / ".cache" / "gleanrl")
+
+
+def _spec_of(task) -> str:
+    return "running_sums" if task is None else task if isinstance(task, str) else repr(task)
+
+
+def bootstrap_policy(out_dir: str | os.PathLike | None = None, task=None, seed: int = 0, size: str = "small",
+                     progress: bool = True) -> Path:
+    """Train (or find in the cache) the task's policy; returns the model directory."""
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}: choose one of {sorted(SIZES)}")
+    params = {"version": FORMAT_VERSION, "task": _spec_of(task), "seed": seed, "size": asdict(SIZES[size])}
+    key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
+    if out_dir is None:
+        name = params["task"].split(":")[-1].split("(")[0].replace("/", "_")
+        out_dir = cache_root() / "policies" / f"{name}-{size}-seed{seed}-{key}"
+    out = Path(out_dir)
+    if _cached(out, key):
+        return out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not (out / "bootstrap.json").exists():
+        raise FileExistsError(f"{out} exists and is not a bootstrap output; choose another --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(f".{out.name}.lock"), "w") as lock:  # one builder per directory
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _cached(out, key):  # built by another process while we waited
+            return out
+        from harvest.atomic import atomic_dir
+        from trainer.tasks.sft import train_policy
+        from trainer.tasks import load_task
+
+        start = time.time()
+        with atomic_dir(out) as tmp:
+            stats = train_policy(tmp, load_task(task), SIZES[size], seed=seed, progress=progress)
+            stats.update(key=key, params=params, seconds=round(time.time() - start, 1))
+            (tmp / "bootstrap.json").write_text(json.dumps(stats, indent=1))
+    return out
+
+
+def _cached(out: Path, key: str) -> bool:
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads((out / "bootstrap.json").read_text()).get("key") == key
+    return False
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--task", default=None, help="built-in task name or module:object (default: running_sums)")
+    parser.add_argument("--out", default=None, help="model directory (default: a cache dir under $GLEANRL_CACHE "
+                        "or ~/.cache/gleanrl)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainer.tasks import TaskError
+
+    try:
+        path = bootstrap_policy(args.out, task=args.task, seed=args.seed, size=args.size)
+    except (TaskError, FileExistsError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    stats = json.loads((path / "bootstrap.json").read_text())
+    print(f"policy: {path} ({stats['parameters'] / 1e6:.1f}M parameters, trained in {stats['seconds']} s)")
+    return 0

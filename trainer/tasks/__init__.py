@@ -1,0 +1,64 @@
+"""Tasks and rewards: the plug-in interface the RL loop trains on.
+
+A task has `prompts(split, n, seed) -> list[dict]` (each dict holds "prompt", the exact text sent to
+`/generate`, and whatever its reward needs) and `reward(sample, response) -> float` (1.0 = correct).
+`load_task(spec)` returns the default built-in task for None, a built-in by name, a JSONL dataset
+(`jsonl:PATH`, `jsonl:train=PATH,test=PATH` or a `*.jsonl` path), or a user task by dotted path
+(`my_pkg.my_module:my_task`; a class or factory there is called without arguments)."""
+from __future__ import annotations
+
+import importlib
+from typing import Protocol, runtime_checkable
+
+from trainer.tasks.jsonl import JsonlTask, TaskError
+from trainer.tasks.running_sums import RunningSums
+
+DEFAULT_TASK = "running_sums"
+BUILTIN = {"running_sums": RunningSums}
+
+__all__ = ["Task", "TaskError", "load_task", "accuracy", "JsonlTask", "RunningSums", "DEFAULT_TASK"]
+
+
+@runtime_checkable
+class Task(Protocol):
+    def prompts(self, split: str, n: int, seed: int) -> list[dict]: ...
+
+    def reward(self, sample: dict, response: str) -> float: ...
+
+
+def load_task(spec: "str | Task | None" = None) -> Task:
+    if spec is None:
+        spec = DEFAULT_TASK
+    if not isinstance(spec, str):
+        return _checked(spec, repr(spec))
+    if spec in BUILTIN:
+        return BUILTIN[spec]()
+    if spec.startswith("jsonl:") or spec.endswith(".jsonl"):
+        from trainer.tasks.jsonl import parse_jsonl_spec
+        return parse_jsonl_spec(spec)
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise TaskError(f"unknown task {spec!r}: use one of {sorted(BUILTIN)}, jsonl:PATH or module:object")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TaskError(f"cannot import task module {module_name!r}: {exc}") from None
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise TaskError(f"module {module_name!r} has no attribute {attr!r}")
+    if isinstance(obj, type) or (callable(obj) and not isinstance(obj, Task)):
+        obj = obj()
+    return _checked(obj, spec)
+
+
+def _checked(task, spec: str) -> Task:
+    if not isinstance(task, Task):
+        raise TaskError(f"{spec} is not a task: it needs prompts(split, n, seed) and reward(sample, response)")
+    return task
+
+
+def accuracy(task: Task, samples: list[dict], responses: list[str]) -> float:
+    """Mean reward >= 1 over the samples (the share answered correctly)."""
+    if len(samples) != len(responses):
+        raise ValueError(f"{len(samples)} samples but {len(responses)} responses")
+    return sum(task.reward(s, r) >= 1.0 for s, r in zip(samples, responses)) / max(1, len(samples))

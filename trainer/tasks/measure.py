@@ -1,0 +1,95 @@
+"""Measure a policy on a task the way the RL loop samples it: response lengths (is the tail long?)
+and accuracy, at temperature 1, with transformers `generate` in length-sorted batches.
+
+    python -m trainer.tasks.measure MODEL_DIR [--task running_sums] [--n 1000] [--json out.json]"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+
+
+def length_stats(lengths: list[int]) -> dict:
+    """median, p90, p99, p99/median and the share of all tokens in the longest 5 % of responses."""
+    xs = sorted(lengths)
+    pct = lambda q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
+    top = xs[len(xs) - max(1, len(xs) // 20):]
+    median = statistics.median(xs)
+    return {"median": median, "p90": pct(0.90), "p99": pct(0.99), "max": xs[-1], "mean": round(sum(xs) / len(xs), 1),
+            "p99_over_median": round(pct(0.99) / max(median, 1), 2), "top5_share": round(sum(top) / sum(xs), 3)}
+
+
+@torch.no_grad()
+def sample_responses(model, tokenizer, prompts: list[str], temperature: float = 1.0, max_new_tokens: int = 1024,
+                     batch_size: int = 64, seed: int = 0, progress: bool = True) -> list[tuple[str, int]]:
+    """(response text, response tokens incl. the end-of-turn token) per prompt, in the prompts' order."""
+    from tqdm import tqdm
+
+    torch.manual_seed(seed)
+    tokenizer.padding_side = "left"
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out: list[tuple[str, int]] = [("", 0)] * len(prompts)
+    eos = tokenizer.eos_token_id
+    for start in tqdm(range(0, len(order), batch_size), desc="sampling", disable=not progress):
+        idx = order[start:start + batch_size]
+        enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)
+        gen = model.generate(**enc, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                             max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+        for row, i in enumerate(idx):
+            ids = gen[row, enc.input_ids.shape[1]:].tolist()
+            n = ids.index(eos) + 1 if eos in ids else len(ids)
+            out[i] = (tokenizer.decode(ids[: n - (eos in ids)]), n)
+    return out
+
+
+def measure_policy(model_dir: str, task=None, n: int = 1000, seed: int = 0, temperature: float = 1.0,
+                   max_new_tokens: int = 1024, batch_size: int = 64, progress: bool = True) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.tasks import load_task
+
+    task = load_task(task)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    samples = task.prompts("test", n, seed)
+    results = sample_responses(model, tokenizer, [s["prompt"] for s in samples], temperature, max_new_tokens,
+                               batch_size, seed, progress)
+    rewards = [task.reward(s, text) for s, (text, _) in zip(samples, results)]
+    lengths = [length for _, length in results]
+    report = {"n": n, "temperature": temperature, "accuracy": round(sum(r >= 1 for r in rewards) / n, 3),
+              "truncated": sum(length >= max_new_tokens for length in lengths),
+              "parameters": sum(p.numel() for p in model.parameters()), **length_stats(lengths)}
+    if all("items" in s for s in samples):  # accuracy by problem size: longer problems should be harder
+        buckets = [(1, 4), (5, 16), (17, 10**9)]
+        report["accuracy_by_items"] = {
+            f"{lo}-{hi if hi < 10**9 else 'max'}": round(statistics.mean(r >= 1 for s, r in zip(samples, rewards)
+                                                         if lo <= len(s["items"]) <= hi) if any(
+                lo <= len(s["items"]) <= hi for s in samples) else float("nan"), 3) for lo, hi in buckets}
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir")
+    parser.add_argument("--task", default=None)
+    parser.add_argument("--n", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--max-new-tokens", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--json", default=None, help="also write the report here")
+    args = parser.parse_args(argv)
+    report = measure_policy(args.model_dir, args.task, args.n, args.seed, args.temperature, args.max_new_tokens,
+                            args.batch_size)
+    print(json.dumps(report, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
