@@ -2,14 +2,15 @@
 `selector: "draft"` (gleanrl's extension; the KV cache is kept, a draft swap does not change it).
 
 `make_pusher(push)` turns what a caller has into `fn(path, version)` that raises on failure:
-None (no server: keep checkpoints only), a URL or list of URLs (a plain blocking HTTP call), a client
-with `update_weights_from_disk(model_path, weight_version, flush_cache, selector)` (sync or async), or
-any callable `fn(path, version)`. An async client is driven on the event loop it belongs to: set
-`pusher.loop` (the Harvester's trainer hooks do) and push from another thread, e.g. the idle window.
+None (no server: keep checkpoints only), a URL or list of URLs, a client with `urls` (and
+`admin_api_key`) such as `clients.rollout_client.RolloutClient`, any object with a blocking
+`update_weights_from_disk(model_path, weight_version, flush_cache, selector)`, or any callable
+`fn(path, version)`. URLs and clients are pushed to with a plain blocking HTTP call, never through the
+caller's event loop: pushes run in the idle-window thread, which that loop joins when the window
+closes, so waiting on the loop from there could deadlock.
 """
 from __future__ import annotations
 
-import asyncio
 import inspect
 from typing import Any
 
@@ -21,7 +22,6 @@ class PushError(RuntimeError):
 class Pusher:
     def __init__(self, target: Any = None, admin_api_key: str | None = None, timeout_s: float = 120.0):
         self.target, self.admin_api_key, self.timeout_s = target, admin_api_key, timeout_s
-        self.loop: asyncio.AbstractEventLoop | None = None
 
     def __call__(self, path: str, version: int) -> None:
         t = self.target
@@ -29,17 +29,22 @@ class Pusher:
             return
         if isinstance(t, (str, list, tuple)):
             return self._http([t] if isinstance(t, str) else list(t), path, version)
+        if isinstance(getattr(t, "urls", None), list):
+            key = getattr(t, "admin_api_key", None) or getattr(t, "api_key", None)  # SGLang: admin falls back
+            return self._http(t.urls, path, version, key)
         if hasattr(t, "update_weights_from_disk"):
             result = t.update_weights_from_disk(model_path=path, weight_version=str(version), flush_cache=False,
                                                 selector="draft")
         else:
             result = t(path, version)
         if inspect.isawaitable(result):
-            self._wait(result)
+            result.close()
+            raise PushError("an async push callable cannot be awaited from the idle window; pass URLs or the client")
 
-    def _http(self, urls: list[str], path: str, version: int) -> None:
+    def _http(self, urls: list[str], path: str, version: int, admin_api_key: str | None = None) -> None:
         import httpx
-        headers = {"Authorization": f"Bearer {self.admin_api_key}"} if self.admin_api_key else {}
+        key = admin_api_key or self.admin_api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         body = {"model_path": path, "weight_version": str(version), "flush_cache": False, "selector": "draft"}
         for url in urls:
             try:
@@ -54,21 +59,6 @@ class Pusher:
             if resp.status_code != 200 or (isinstance(reply, dict) and reply.get("success") is False):
                 message = reply.get("message", reply) if isinstance(reply, dict) else reply
                 raise PushError(f"{url}: drafter {path} refused (HTTP {resp.status_code}): {message}")
-
-    def _wait(self, coro) -> None:
-        loop = self.loop
-        try:
-            current = asyncio.get_running_loop()
-        except RuntimeError:
-            current = None
-        if loop is not None and loop.is_running():
-            if loop is current:
-                coro.close()
-                raise PushError("an async client cannot be pushed to from its own event loop thread; "
-                                "push from the idle window's thread or use a URL")
-            asyncio.run_coroutine_threadsafe(coro, loop).result(self.timeout_s)
-        else:
-            asyncio.run(coro)
 
 
 def make_pusher(push: Any, admin_api_key: str | None = None) -> Pusher:

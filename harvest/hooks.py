@@ -1,0 +1,73 @@
+"""The Harvester behind gleanrl's trainer hooks (`trainer.generate.RolloutHooks`, duck-typed: nothing
+in `harvest` imports `trainer`).
+
+- `on_step_start(step, model)`: the trainer's current policy captures this step's rollouts.
+- `on_rollout_finished(rollout)`: runs in the trainer's event loop, so it only enqueues.
+- `idle_window()`: a background thread that, while rollouts are in flight, first captures queued
+  rollouts into the spool, then trains the drafter, one micro-step at a time, pushing a better drafter
+  every `push_every` steps. Leaving the window stops it within one micro-step. Rollouts still queued
+  when the policy changes are dropped (their capture would need the old policy), and counted.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from harvest.harvester import Harvester
+from harvest.idle import IdleWindow
+from harvest.push import Pusher
+
+
+class HarvestHooks:
+    def __init__(self, harvester: Harvester):
+        self.h = harvester
+        self._queue: collections.deque = collections.deque()
+        self._model: Any = None
+        self._version = 0
+        self._windows: list[IdleWindow] = []
+        self._start = (0, 0, harvester.version)  # captured, drafter steps, drafter version at step start
+        self.captured = self.dropped = 0
+
+    def bind_client(self, client: Any) -> None:
+        """Push drafters to the trainer's servers (`RolloutClient`: its URLs and admin key) unless the
+        Harvester already has a push target."""
+        if self.h.push.target is None:
+            self.h.push = Pusher(client)
+
+    def on_step_start(self, step: int, model: Any) -> None:
+        self.dropped += len(self._queue)
+        self._queue.clear()
+        self._model, self._version = model, step - 1  # the policy that samples step N is version N-1
+        self._windows = []
+        self._start = (self.captured, self.h.steps, self.h.version)
+
+    def on_rollout_finished(self, rollout: Any) -> None:
+        version = rollout.weight_version
+        version = int(version) if version is not None and str(version).isdigit() else self._version
+        self._queue.append((list(rollout.prompt_ids), list(rollout.output_ids), version))
+
+    def _capture_one(self) -> bool:
+        try:
+            prompt_ids, output_ids, version = self._queue.popleft()
+        except IndexError:
+            return False
+        self.h.add_rollout(prompt_ids, output_ids, self._model, version)
+        self.captured += 1
+        return True
+
+    def idle_window(self) -> IdleWindow:
+        window = self.h.idle_window(extra=self._capture_one)
+        self._windows.append(window)
+        return window
+
+    def step_metrics(self) -> dict:
+        """This step's harvest figures for the trainer's metrics row (call after the rollouts)."""
+        reports = [w.report for w in self._windows]
+        captured0, steps0, version0 = self._start
+        serving = self.h.score(self.h.serving)
+        return {"idle_window_s": sum(r.window_s for r in reports), "idle_used_s": sum(r.busy_s for r in reports),
+                "idle_overrun_s": max((r.overrun_s for r in reports), default=0.0),
+                "drafter_steps": self.h.steps - steps0, "harvested": self.captured - captured0,
+                "harvest_dropped": len(self._queue), "drafter_version": self.h.version,
+                "drafter_pushes": self.h.version - version0, "heldout_accept_len": serving,
+                "spool_tokens": self.h.spool.mem_tokens}
