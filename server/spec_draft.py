@@ -28,16 +28,15 @@ def draft_tokens(drafter, seqs: list, states: list, ks: list[int],
     Consumes every state's pending hidden states; the drafter caches grow by up to k_b - 1 own entries."""
     ids, pos, lens = [], [], []
     for s, st in zip(seqs, states):
-        n, p0 = st.hidden.shape[0], st.next_pos
+        n, p0 = st.pending, st.next_pos
         ids += s.tokens(p0 + 1, p0 + 1 + n)
         pos += range(p0, p0 + n)
         lens.append(n)
-    device = states[0].hidden.device
-    h = drafter(torch.tensor(ids, device=device), torch.cat([st.hidden for st in states]),
-                torch.tensor(pos, device=device), [st.cache for st in states], lens)     # [N, H]
+    hidden = torch.cat([st.take() for st in states])                                     # [N, 3*Ht]
+    device = hidden.device
+    h = drafter(torch.tensor(ids, device=device), hidden, torch.tensor(pos, device=device),
+                [st.cache for st in states], lens)                                       # [N, H]
     g = h[torch.tensor(lens, device=device).cumsum(0) - 1]                                # [B, H]
-    for st in states:
-        st.hidden = st.hidden[:0]
     drafts: list[list[int]] = [[] for _ in seqs]
     qs: list[list[torch.Tensor]] = [[] for _ in seqs]
     rows = list(range(len(seqs)))

@@ -16,7 +16,7 @@ re-feeding the target the last `window` tokens. See `server/speculative.py` for 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,9 +30,10 @@ from server.speculative import verify_greedy, verify_sampled
 
 @dataclass(eq=False)
 class DraftState:
-    cache: SeqKVCache          # the drafter's KV for positions [start, next_pos)
+    cache: SeqKVCache                 # the drafter's KV for positions [start, next_pos)
     start: int
-    hidden: torch.Tensor       # [n, 3*Ht] target aux states for positions [next_pos, next_pos + n)
+    chunks: list[torch.Tensor] = field(default_factory=list)  # target aux states [*, 3*Ht] for
+    pending: int = 0                  # positions [next_pos, next_pos + pending), not yet fed to the drafter
 
     @property
     def next_pos(self) -> int:
@@ -40,7 +41,17 @@ class DraftState:
 
     @property
     def covered(self) -> int:
-        return self.next_pos + self.hidden.shape[0]
+        return self.next_pos + self.pending
+
+    def add(self, rows: torch.Tensor) -> None:
+        self.chunks.append(rows)
+        self.pending += rows.shape[0]
+
+    def take(self) -> torch.Tensor:
+        """All pending states [pending, 3*Ht], in order; the caller feeds them to the drafter."""
+        rows = torch.cat(self.chunks) if len(self.chunks) != 1 else self.chunks[0]
+        self.chunks, self.pending = [], 0
+        return rows
 
 
 class SpecDecoder:
@@ -70,7 +81,7 @@ class SpecDecoder:
         k = self.policy.choose_k(len(seqs)) if self.policy.use_sd(len(seqs)) else 0
         ks = {s: self._draft_len(s, k) for s in seqs}
         ready = [s for s in seqs if ks[s] > 0 and s.total_len - s.cache.length == 1
-                 and self.states[s].hidden.shape[0] > 0]
+                 and self.states[s].pending > 0]
         out = self._feed([s for s in seqs if s not in ready]) if len(ready) < len(seqs) else {}
         if ready:
             t0 = time.perf_counter()
@@ -86,13 +97,12 @@ class SpecDecoder:
             if st is None or st.covered != length:      # re-feed a recent window to capture its states
                 s.cache.truncate(max(length - self.window, 0))
                 self.states[s] = self._new_state(s.cache.length)
-            elif st.hidden.shape[0] > self.window:       # a long stretch without SD: keep a recent window
-                self.states[s] = self._new_state(st.covered - self.window, st.hidden[-self.window:])
+            elif st.pending > self.window + 64:          # a long stretch without SD: keep a recent window
+                self.states[s] = self._new_state(st.covered - self.window)
+                self.states[s].add(st.take()[-self.window:])
 
-    def _new_state(self, start: int, hidden: torch.Tensor | None = None) -> DraftState:
-        runner = self.scheduler.runner
-        empty = torch.empty(0, 3 * runner.hidden_size, dtype=runner.dtype, device=runner.device)
-        return DraftState(self.drafter.new_cache(), start, empty if hidden is None else hidden)
+    def _new_state(self, start: int) -> DraftState:
+        return DraftState(self.drafter.new_cache(), start)
 
     @staticmethod
     def _draft_len(s: Sequence, k: int) -> int:
@@ -117,7 +127,7 @@ class SpecDecoder:
             torch.tensor(tokens), torch.tensor(positions), [s.cache for s, _, _ in fed], [c for _, _, c in fed],
             capture_layers=self.drafter.config.aux_layer_ids)
         for (s, _, _), rows in zip(fed, aux.split([c for _, _, c in fed])):
-            self.states[s].hidden = torch.cat([self.states[s].hidden, rows])
+            self.states[s].add(rows)
         done = [s for s, _, _ in fed if s.cache.length == s.total_len]
         rows = [i for i, (s, _, _) in enumerate(fed) if s.cache.length == s.total_len]
         return dict(zip(done, Scheduler.sample_rows(logits[rows], done)))
@@ -147,7 +157,7 @@ class SpecDecoder:
             lps = token_logprobs(lg[:n + 1], ids, pick["temperature"][:n + 1], pick["top_p"][:n + 1])
             s.cache.truncate(starts[b] + n + 1)                               # keep [.., d_n]; emit bonus next
             st.cache.truncate(starts[b] - st.start)                           # drop the drafter's own states
-            st.hidden = ax[:n + 1]
+            st.add(ax[:n + 1])
             s.spec_verify_ct += 1
             s.spec_accepted += n + 1
             self.verify_ct, self.verify_tokens = self.verify_ct + 1, self.verify_tokens + n + 1

@@ -1,0 +1,116 @@
+"""`gleanrl bench sd`: output tokens/s with speculative decoding against without, in one engine.
+
+One engine serves the drafter; between runs only the SD policy changes (`--sd` mode, default adaptive,
+as served, vs off), so model, prompts, threads and batching are identical. Prompts come from a task
+(default the built-in one; the task is imported lazily, as `gleanrl draft train` does) or a JSONL file.
+For each batch size and temperature: one warm-up run per side (the bandit learns its draft lengths),
+then `--repeats` alternating runs of which the best counts (the CPU may be shared). Requests stop at
+EOS as in RL rollouts; tokens/s counts the tokens actually produced. accept_length is the mean tokens
+emitted per verify pass (bonus token included, as SGLang's) over the SD runs; 0 means SD never ran.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="target model directory")
+    parser.add_argument("--drafter", required=True, help="EAGLE-3 drafter directory")
+    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--task", default="running_sums", help="task whose test prompts are used")
+    parser.add_argument("--prompts", default=None, help="JSONL file of {\"prompt\": text} instead of --task")
+    parser.add_argument("--batches", default="1,4,16")
+    parser.add_argument("--temperatures", default="0,1")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--sd", choices=["on", "adaptive"], default="adaptive")
+    parser.add_argument("--sd-max-batch", type=int, default=8)
+    parser.add_argument("--num-draft-tokens", type=int, default=None, help="fixed draft length (default: bandit)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+
+
+def _prompts(args: argparse.Namespace, n: int) -> list[str]:
+    if args.prompts:
+        with open(args.prompts) as f:
+            texts = [json.loads(line)["prompt"] for line in f if line.strip()]
+    else:
+        from trainer.tasks import load_task
+        texts = [p["prompt"] for p in load_task(args.task).prompts("test", n, 0)]
+    if not texts:
+        raise ValueError("no prompts")
+    return [texts[i % len(texts)] for i in range(n)]
+
+
+def _run(engine, prompts: list[list[int]], temperature: float, max_new: int, seed: int) -> tuple[float, int]:
+    from server.protocol import GenerateRequest, SamplingParams
+
+    async def one(i: int) -> int:
+        params = SamplingParams(max_new_tokens=max_new, temperature=temperature, seed=seed + i)
+        req = GenerateRequest(rid=f"bench-sd-{time.monotonic_ns()}-{i}", input_ids=prompts[i], params=params)
+        return sum([len(out.new_ids) async for out in engine.generate(req)])
+
+    async def main() -> list[int]:
+        return await asyncio.gather(*[one(i) for i in range(len(prompts))])
+
+    start = time.perf_counter()
+    produced = sum(asyncio.run(main()))
+    return produced / (time.perf_counter() - start), produced
+
+
+def _side(engine, policy, prompts, temperature, args, seed) -> tuple[float, int]:
+    engine.spec.policy = policy
+    return _run(engine, prompts, temperature, args.max_new_tokens, seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from server.config import EngineConfig
+    from server.engine import Engine
+    from server.protocol import CheckpointError
+    from server.sd_policy import SDPolicy, SDPolicyConfig
+
+    torch.set_num_threads(args.threads)
+    batches = [int(b) for b in args.batches.split(",")]
+    temps = [float(t) for t in args.temperatures.split(",")]
+    try:
+        prompts_text = _prompts(args, max(batches))
+        engine = Engine(EngineConfig(model_path=args.model, drafter_path=args.drafter, max_running_requests=64))
+    except (OSError, ValueError, KeyError, ImportError, CheckpointError) as exc:
+        print(f"error: {exc}")
+        return 2
+    engine.start()
+    tok = engine.tokenizer
+    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts_text]
+    sd = SDPolicy(SDPolicyConfig(mode=args.sd, max_batch=args.sd_max_batch, fixed_k=args.num_draft_tokens))
+    off = SDPolicy(SDPolicyConfig(mode="off"))
+    results = []
+    try:
+        for batch in batches:
+            for temp in temps:
+                batch_prompts = prompts[:batch]
+                _side(engine, sd, batch_prompts, temp, args, 0)               # warm-up; the bandit learns
+                _side(engine, off, batch_prompts, temp, args, 0)
+                ct0, tok0 = engine.spec.verify_ct, engine.spec.verify_tokens
+                sd_tok_s = plain_tok_s = 0.0
+                for r in range(args.repeats):                                   # alternate, keep the best
+                    sd_tok_s = max(sd_tok_s, _side(engine, sd, batch_prompts, temp, args, 1000 * r)[0])
+                    plain_tok_s = max(plain_tok_s, _side(engine, off, batch_prompts, temp, args, 1000 * r)[0])
+                ct, toks = engine.spec.verify_ct - ct0, engine.spec.verify_tokens - tok0
+                results.append({"batch": batch, "temperature": temp, "sd_tok_s": round(sd_tok_s, 1),
+                                "plain_tok_s": round(plain_tok_s, 1), "speedup": round(sd_tok_s / plain_tok_s, 2),
+                                "accept_length": round(toks / ct, 2) if ct else 0.0})
+                r = results[-1]
+                print(f"batch {batch:>3} T={temp:<4} SD {r['sd_tok_s']:>8.1f} tok/s  plain {r['plain_tok_s']:>8.1f}"
+                      f" tok/s  {r['speedup']:.2f}x  accept {r['accept_length']:.2f}", flush=True)
+    finally:
+        engine.shutdown()
+    if args.json:
+        from harvest.atomic import atomic_file
+        with atomic_file(args.json, "w") as f:
+            json.dump({"model": args.model, "drafter": args.drafter, "sd": args.sd, "threads": args.threads,
+                       "max_new_tokens": args.max_new_tokens, "results": results}, f, indent=2)
+    return 0
