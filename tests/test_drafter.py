@@ -95,9 +95,11 @@ def test_default_aux_layer_ids_follow_sglang():
     assert ids[0] < ids[1] < ids[2] <= 2
 
 
-# What SGLang's LlamaForCausalLMEagle3 (python/sglang/srt/models/llama_eagle3.py) registers as parameters,
-# and how its load_weights maps checkpoint names: q/k/v -> qkv_proj, gate/up -> gate_up_proj, then a
-# `model.` prefix unless the name is top level; `d2t` is read as offsets, `t2d` skipped.
+# What SGLang's LlamaForCausalLMEagle3 (python/sglang/srt/models/llama_eagle3.py, sgl-project/sglang main
+# before 0.5.23) registers as parameters, and how its load_weights maps checkpoint names: q/k/v -> qkv_proj,
+# gate/up -> gate_up_proj, then a `model.` prefix unless the name is top level; `d2t` is read as offsets,
+# `t2d` skipped. SGLang 0.5.23 also renames `midlayer` -> `layers.0` (checked for real in
+# test_drafter_sglang.py).
 SGLANG_PARAMS = {
     "model.embed_tokens.weight", "model.fc.weight", "model.midlayer.self_attn.qkv_proj.weight",
     "model.midlayer.self_attn.o_proj.weight", "model.midlayer.mlp.gate_up_proj.weight",
