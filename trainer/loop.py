@@ -84,6 +84,8 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
     row: dict = {}
     async with client:
         await resync()
+        if hasattr(hooks, "bind_client"):  # harvest.hooks.HarvestHooks: push drafters to the same servers
+            hooks.bind_client(client)
         for step in range(start + 1, cfg.steps + 1):
             rollouts = make_rollouts(cfg, task, policy.tokenizer, step)
             hooks.on_step_start(step, policy.model)
@@ -107,7 +109,8 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
                 await resync()
             row = {"step": step, "weight_version": state["version"], "rollout_weight_version": rollout_version,
                    **rollout_metrics(rollouts, t0, t1, lambda r: _correct(task, r)),
-                   "train_s": t2 - t1, "push_s": time.monotonic() - t2, **train_stats}
+                   "train_s": t2 - t1, "push_s": time.monotonic() - t2, **train_stats,
+                   **(hooks.step_metrics() if hasattr(hooks, "step_metrics") else {})}
             metrics.log(row, echo=log)
     return row
 
