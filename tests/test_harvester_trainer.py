@@ -3,6 +3,7 @@ finished rollouts are captured by the trainer's policy at their version, the dra
 window, pushes are monotonic and reach the server, and every rollout is either harvested or dropped."""
 from __future__ import annotations
 
+import json
 import shutil
 
 import httpx
@@ -45,7 +46,7 @@ def tail_model(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
 def test_grpo_loop_with_harvest_hooks(tail_model, tmp_path):
     save_drafter(init_drafter(tail_model, seed=0), tmp_path / "drafter0")
     with running_server(tail_model, drafter_path=str(tmp_path / "drafter0"), sd="on") as url:
-        h = Harvester(tail_model, tmp_path / "drafter0", tmp_path / "spool", push=url,
+        h = Harvester(tail_model, tmp_path / "drafter0", tmp_path / "spool", push=None,  # bound to the loop's client
                       cfg=HarvestConfig(push_every=4, lr=3e-3, topk=8, spool=SpoolConfig(holdout_every=3)))
         hooks = HarvestHooks(h)
         cfg = TrainConfig(model=str(tail_model), out=str(tmp_path / "run"), servers=[url], steps=2,
@@ -53,7 +54,9 @@ def test_grpo_loop_with_harvest_hooks(tail_model, tmp_path):
         row = train(cfg, task=DigitTask(), hooks=hooks, log=lambda *a: None)
         metrics = hooks.step_metrics()
         info = httpx.get(f"{url}/model_info", timeout=30).json()
-    assert row["step"] == 2
+    assert row["step"] == 2 and row["drafter_version"] == h.version and row["harvested"] >= 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all({"idle_used_s", "drafter_version", "heldout_accept_len", "harvest_dropped"} <= set(r) for r in rows)
     assert hooks.captured + hooks.dropped + metrics["harvest_dropped"] == 16  # none lost, none twice
     assert hooks.captured > 0 and h.idle.steps > 0
     versions = {it.policy_version for it in h.spool._mem.values()}
