@@ -13,6 +13,10 @@ Hazards of stock SGLang that shape this module:
   `push_drafter_tensors` first checks `/server_info` for an EAGLE drafter.
 - SGLang keeps one `weight_version` for all runners: a draft push never sends one (the policy's
   version would be overwritten); gleanrl tracks the drafter's version on its side.
+- With SD on, `/update_weights_from_disk` of a new policy also reaches the draft runner, whose
+  `LlamaForCausalLMEagle3.load_weights` overwrites part of the drafter with policy tensors and then fails
+  on a shape (reproduced on CPU in tests/sglang/test_eagle3_load.py). Policy pushes to an SD server go
+  through a session with `selector: "target"` instead (`tensor_requests` / `distributed_requests`).
 - `flush_cache` is off for draft pushes: a flush fails while requests run, and a mid-rollout swap
   must not wait for them (SD stays lossless with a stale draft KV; only acceptance changes).
 Callers validate checkpoints with `harvest.checkpoint_check` first: SGLang applies what it is given.
@@ -51,24 +55,37 @@ def policy_disk_request(model_path: str, weight_version: str | None, flush_cache
     return body
 
 
-def draft_tensor_requests(named: Iterable[tuple[str, "torch.Tensor"]], tp_size: int = 1) -> list[tuple[str, dict]]:
-    """The three requests of a drafter push by value; one (identical) payload per TP rank."""
-    blob = encode_named_tensors(named)
-    update = {"serialized_named_tensors": [blob] * tp_size, "selector": "draft", "flush_cache": False,
-              "abort_all_requests": False}
-    return [("/begin_weight_update", {"selector": "draft"}), ("/update_weights_from_tensor", update),
+def tensor_requests(named: Iterable[tuple[str, "torch.Tensor"]], selector: str, weight_version: str | None = None,
+                    flush_cache: bool = False, tp_size: int = 1) -> list[tuple[str, dict]]:
+    """A weight-update session that sends tensors by value; one (identical) payload per TP rank."""
+    update = {"serialized_named_tensors": [encode_named_tensors(named)] * tp_size, "selector": selector,
+              "flush_cache": flush_cache, "abort_all_requests": False}
+    if weight_version is not None:
+        update["weight_version"] = weight_version
+    return [("/begin_weight_update", {"selector": selector}), ("/update_weights_from_tensor", update),
             ("/end_weight_update", {})]
+
+
+def distributed_requests(specs: Iterable[tuple[str, str, list[int]]], selector: str, weight_version: str | None = None,
+                         flush_cache: bool = False, group_name: str = "weight_update_group") -> list[tuple[str, dict]]:
+    """A session receiving tensors by broadcast from rank 0 (the trainer) over a group set up with
+    `init_group_request` (NCCL on GPUs), in the order of `specs` = [(name, dtype, shape)]."""
+    specs = list(specs)
+    update = {"names": [s[0] for s in specs], "dtypes": [s[1] for s in specs], "shapes": [list(s[2]) for s in specs],
+              "group_name": group_name, "selector": selector, "flush_cache": flush_cache, "abort_all_requests": False}
+    if weight_version is not None:
+        update["weight_version"] = weight_version
+    return [("/begin_weight_update", {"selector": selector}), ("/update_weights_from_distributed", update),
+            ("/end_weight_update", {})]
+
+
+def draft_tensor_requests(named: Iterable[tuple[str, "torch.Tensor"]], tp_size: int = 1) -> list[tuple[str, dict]]:
+    return tensor_requests(named, "draft", None, False, tp_size)
 
 
 def draft_distributed_requests(specs: Iterable[tuple[str, str, list[int]]],
                                group_name: str = "weight_update_group") -> list[tuple[str, dict]]:
-    """A drafter push over a process group set up with `init_group_request`: SGLang receives the tensors
-    by broadcast from rank 0 (the trainer), in this order; `specs` is [(name, dtype, shape)]."""
-    specs = list(specs)
-    update = {"names": [s[0] for s in specs], "dtypes": [s[1] for s in specs], "shapes": [list(s[2]) for s in specs],
-              "group_name": group_name, "selector": "draft", "flush_cache": False, "abort_all_requests": False}
-    return [("/begin_weight_update", {"selector": "draft"}), ("/update_weights_from_distributed", update),
-            ("/end_weight_update", {})]
+    return distributed_requests(specs, "draft", None, False, group_name)
 
 
 def init_group_request(master_address: str, master_port: int, world_size: int, rank_offset: int = 1,

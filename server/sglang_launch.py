@@ -31,6 +31,13 @@ class SGLangLaunchError(RuntimeError):
     """SGLang could not be started; the message holds SGLang's own last output."""
 
 
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def sglang_python() -> tuple[str, dict[str, str]]:
     """(interpreter, extra environment) for running SGLang."""
     explicit = os.environ.get("GLEANRL_SGLANG_PYTHON")
@@ -39,7 +46,7 @@ def sglang_python() -> tuple[str, dict[str, str]]:
         python = explicit
     elif venv_python.exists():
         python = str(venv_python)
-    elif importlib.util.find_spec("sglang") is not None:
+    elif _importable("sglang.launch_server"):
         python = sys.executable
     else:
         raise SGLangLaunchError("SGLang is not installed: `pip install 'sglang[all]>=0.5.23'` on a GPU machine, or "

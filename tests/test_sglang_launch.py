@@ -117,6 +117,6 @@ def test_start_waits_for_health_and_stop_ends_the_group(fake_sglang):
 def test_no_sglang_anywhere_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.delenv("GLEANRL_SGLANG_PYTHON", raising=False)
     monkeypatch.setattr(sglang_launch, "_REPO", tmp_path)
-    monkeypatch.setattr(sglang_launch.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(sglang_launch, "_importable", lambda name: False)
     with pytest.raises(SGLangLaunchError, match="not installed"):
         sglang_launch.sglang_python()
