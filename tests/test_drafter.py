@@ -190,3 +190,27 @@ def test_config_json_round_trip_and_specforge_style_config(drafter):
     sf = {k: v for k, v in c.to_json().items() if k not in ("target_hidden_size", "target_num_hidden_layers")}
     back = DrafterConfig.from_json(sf)  # SpecForge omits these when equal / unknown
     assert back.target_hidden_size == c.hidden_size and back.target_num_hidden_layers is None
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_qwen3"])
+def test_init_for_other_architectures(request, fixture, tmp_path):
+    target = request.getfixturevalue(fixture)
+    d = init_drafter(target, seed=0)
+    back = load_drafter(save_drafter(d, tmp_path / "d"), target_config=target)
+    h = back(torch.tensor([1, 2, 3]), torch.randn(3, 3 * d.config.hidden_size), torch.arange(3),
+             [back.new_cache()], [3])
+    assert torch.isfinite(back.logits(h)).all()
+
+
+def test_init_copies_target_embedding_and_head(tiny_qwen2, tiny_tokenizer, tmp_path):
+    from safetensors.torch import load_file
+    from harvest.tiny import make_tiny_model
+
+    weights = load_file(str(tiny_qwen2 / "model.safetensors"))
+    d = init_drafter(tiny_qwen2)
+    assert torch.equal(d.embed_tokens.weight, weights["model.embed_tokens.weight"])
+    assert torch.equal(d.lm_head.weight, weights["lm_head.weight"])
+    assert not d.embed_tokens.weight.requires_grad
+    tied = make_tiny_model(tmp_path / "tied", tokenizer=tiny_tokenizer, tie_word_embeddings=True)
+    d = init_drafter(tied)
+    assert torch.equal(d.lm_head.weight, d.embed_tokens.weight)

@@ -71,6 +71,7 @@ print(json.dumps({
 def test_sglang_loads_and_recomputes_our_drafter(tiny_qwen2, tmp_path):
     keep = [0, 2, 5, 7, 11] + list(range(20, 300, 3))   # a reduced draft vocabulary exercises d2t
     d = init_drafter(tiny_qwen2, seed=2, aux_layer_ids=[0, 1, 2], draft_token_ids=keep)
+    d.config.rope_theta = 500000.0  # not the default, so SGLang must read ours
     path = save_drafter(d, tmp_path / "drafter")
     env = {**os.environ, "PYTHONPATH": str(ROOT / ".venv-sglang" / "shim")}
     proc = subprocess.run([str(SGLANG_PY), "-c", SCRIPT, str(path), str(ROOT)], capture_output=True, text=True,
