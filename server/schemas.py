@@ -154,6 +154,10 @@ def validation_error(exc: ValidationError) -> ApiError:
     return ApiError(400, "; ".join(f"{k}: {v}" for k, v in list(seen.items())[:3]), param=param)
 
 
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
 async def read_json(request, max_bytes: int) -> Any:
     """The request body as JSON; 413 over `max_bytes`, 400 when it is not JSON."""
     declared = request.headers.get("content-length")
@@ -169,7 +173,7 @@ async def read_json(request, max_bytes: int) -> Any:
     if not raw.strip():
         return {}
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_constant=_no_constants)
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, f"malformed JSON body: {str(exc)[:200]}", param="body") from None
 

@@ -42,6 +42,8 @@ BAD_GENERATE = [
     ({"text": "hi", "sampling_params": {"max_new_tokens": 257}}, "max_new_tokens"),
     ({"text": "hi", "sampling_params": {"bogus": 1}}, "bogus"),
     ({"text": "hi", "sampling_params": {"frequency_penalty": 0.5}}, "frequency_penalty"),
+    ({"text": "hi", "sampling_params": {"sampling_seed": -1}}, "sampling_seed"),
+    ({"text": "hi", "sampling_params": {"top_k": -2}}, "top_k"),
     ({"text": "hi", "sampling_params": [{"max_new_tokens": 1}, {"max_new_tokens": 1}]}, "sampling_params"),
     ({"input_ids": ["a", 2]}, "input_ids"),
     ({"input_ids": [1, 100000]}, "input_ids"),
@@ -67,7 +69,8 @@ def test_bad_generate_is_400_naming_the_field(url, body, field):
 
 def test_malformed_json_oversized_body_and_server_still_correct(url):
     before = reference(url)
-    for raw in (b"{not json", b"[1, 2]", b'{"text": "hi", "sampling_params": {"max_new_tokens": 1}'):
+    for raw in (b"{not json", b"[1, 2]", b'{"text": "hi", "sampling_params": {"max_new_tokens": 1}',
+                b'{"text": "hi", "sampling_params": {"temperature": NaN}}'):
         r = post(url, "/generate", content=raw, headers={**H_USER, "content-type": "application/json"})
         assert r.status_code == 400 and "body" in r.json()["error"]["param"], r.text
     r = post(url, "/generate", {"text": "x" * 5000})
@@ -75,6 +78,8 @@ def test_malformed_json_oversized_body_and_server_still_correct(url):
     for path in ("/update_weights_from_disk", "/abort_request"):
         assert post(url, path, content=b"{oops", headers={**H_ADMIN, "content-type": "application/json"}).status_code == 400
     assert post(url, "/update_weights_from_disk", {"model_path": 3}, headers=H_ADMIN).status_code == 400
+    huge_k = post(url, "/generate", {"text": "hi", "sampling_params": {"top_k": 10**30, "max_new_tokens": 2}})
+    assert huge_k.status_code == 200 and huge_k.json()["meta_info"]["completion_tokens"] == 2
     assert reference(url) == before
 
 
