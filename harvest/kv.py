@@ -55,21 +55,20 @@ def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caches: 
     """q: [N, n_heads, d]; k, v: [N, n_kv_heads, d] for the N new tokens of all sequences.
     Appends k, v to each sequence's cache and returns the attention output [N, n_heads, d]."""
     n_heads, n_kv = q.shape[1], k.shape[1]
+    group, d = n_heads // n_kv, q.shape[2]
     out = torch.empty_like(q)
     start = 0
     for cache, t in zip(caches, seq_lens):
         end = start + t
         past = cache.length
         keys, values = cache.append(layer, k[start:end].transpose(0, 1), v[start:end].transpose(0, 1))
-        qs = q[start:end].transpose(0, 1)                          # [n_heads, t, d]
-        if n_kv != n_heads:                                        # grouped-query attention
-            keys = keys.repeat_interleave(n_heads // n_kv, dim=0)
-            values = values.repeat_interleave(n_heads // n_kv, dim=0)
-        if t == 1:
-            o = F.scaled_dot_product_attention(qs, keys, values)
-        else:  # query j (absolute past + j) sees keys 0..past + j
-            mask = torch.ones(t, past + t, dtype=torch.bool, device=q.device).tril(diagonal=past)
-            o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask)
-        out[start:end] = o.transpose(0, 1)
+        # grouped-query attention without copying K/V: the `group` query heads sharing one KV head
+        # are folded into the query-length dim, [n_kv, group * t, d] (head h uses KV head h // group)
+        qs = q[start:end].transpose(0, 1).reshape(n_kv, group * t, d)
+        mask = None
+        if t > 1:  # query j (absolute past + j) sees keys 0..past + j
+            mask = torch.ones(t, past + t, dtype=torch.bool, device=q.device).tril(diagonal=past).repeat(group, 1)
+        o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask)
+        out[start:end] = o.reshape(n_heads, t, d).transpose(0, 1)
         start = end
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import deque
 from typing import AsyncIterator
 
 import torch
@@ -22,6 +23,11 @@ from server.scheduler import Scheduler, Sequence
 from server.stopping import StopChecker
 
 log = logging.getLogger(__name__)
+
+
+def _deliver(items: list) -> None:
+    for queue, out in items:
+        queue.put_nowait(out)
 
 
 class Engine(EngineControl):
@@ -48,6 +54,8 @@ class Engine(EngineControl):
         self._stopping = self._paused = self._in_step = False
         self._swap: dict | None = None
         self._rids: set[str] = set()
+        self._outbox: deque = deque()  # (loop, queue, output) to deliver; one wake-up per loop per flush
+        self._flush_lock = threading.Lock()
 
     def _eos_ids(self, runner: ModelRunner) -> set[int]:
         ids: set[int] = set()
@@ -72,10 +80,7 @@ class Engine(EngineControl):
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
 
         def emit(out: GenerateOutput) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, out)
-            except RuntimeError:  # the consumer's loop is closed: nobody listens any more
-                pass
+            self._outbox.append((loop, queue, out))
 
         seed = req.params.seed
         gen = torch.Generator().manual_seed(seed) if seed is not None else self._rng
@@ -83,6 +88,7 @@ class Engine(EngineControl):
         if req.params.max_new_tokens == 0:
             seq.finish_reason = {"type": "length", "length": 0}
             self.scheduler.emit(seq)
+            self._flush()
         else:
             with self._cv:
                 if req.rid in self._rids:
@@ -113,7 +119,21 @@ class Engine(EngineControl):
             if not self._in_step:
                 self._reap()
             self._cv.notify_all()
-            return len(hit) + len(running)
+        self._flush()
+        return len(hit) + len(running)
+
+    def _flush(self) -> None:
+        """Hand the emitted outputs to their consumers' event loops, in order."""
+        with self._flush_lock:
+            by_loop: dict = {}
+            while self._outbox:
+                loop, queue, out = self._outbox.popleft()
+                by_loop.setdefault(loop, []).append((queue, out))
+            for loop, items in by_loop.items():
+                try:
+                    loop.call_soon_threadsafe(_deliver, items)
+                except RuntimeError:  # the consumer's loop is closed: nobody listens any more
+                    pass
 
     def _finish(self, seq: Sequence, abort_message: str | None = None) -> None:
         """Under the lock, once removed from the running set: free its cache and rid, send its last update."""
@@ -173,4 +193,5 @@ class Engine(EngineControl):
                     self._in_step = False
                     self._reap(finished)
                     self._cv.notify_all()
+                self._flush()
 

@@ -7,9 +7,11 @@ Sliding-window attention is not implemented (none of these models use it by defa
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from harvest.kv import SeqKVCache, ragged_attention
+from server.attention import decode_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,6 +32,24 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos[:, None] + _rotate_half(x) * sin[:, None]
 
 
+def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for linears sharing their input: fewer kernel calls per layer. The modules'
+    parameters become views into the fused tensors, so memory is not doubled and they stay usable."""
+    weight = torch.cat([lin.weight.data for lin in linears])
+    bias = None
+    if any(lin.bias is not None for lin in linears):
+        bias = torch.cat([lin.bias.data if lin.bias is not None else weight.new_zeros(lin.out_features)
+                          for lin in linears])
+    start = 0
+    for lin in linears:
+        end = start + lin.out_features
+        lin.weight.data = weight[start:end]
+        if lin.bias is not None:
+            lin.bias.data = bias[start:end]
+        start = end
+    return weight, bias
+
+
 class ModelRunner:
     """Holds one loaded causal LM and runs ragged forwards with per-sequence KV caches."""
 
@@ -48,6 +68,9 @@ class ModelRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.hidden_size = cfg.hidden_size
         self.vocab_size = cfg.vocab_size
+        self.qkv = [_fuse([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj]) for l in self.layers]
+        self.gate_up = [_fuse([l.mlp.gate_proj, l.mlp.up_proj]) if hasattr(l.mlp, "gate_proj") else None
+                        for l in self.layers]
 
     @classmethod
     def load(cls, model_path: str, device: str = "cpu", dtype: str = "auto") -> "ModelRunner":
@@ -79,7 +102,7 @@ class ModelRunner:
             if i in capture:
                 capture[i] = x
             x = x + self._attention(layer, layer.input_layernorm(x), cos, sin, caches, i, seq_lens, n)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + self._mlp(i, layer, layer.post_attention_layernorm(x))
         if last_only:
             ends = torch.tensor(seq_lens, device=x.device).cumsum(0) - 1
             x = x[ends]
@@ -87,14 +110,25 @@ class ModelRunner:
         aux = torch.cat([capture[i + 1] for i in capture_layers], dim=-1) if capture_layers else None
         return logits.float(), aux
 
+    def _mlp(self, index: int, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        if self.gate_up[index] is None:
+            return layer.mlp(h)
+        gate, up = F.linear(h, *self.gate_up[index]).chunk(2, dim=-1)
+        return layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+
     def _attention(self, layer: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    caches: list[SeqKVCache], index: int, seq_lens: list[int], n: int) -> torch.Tensor:
         attn = layer.self_attn
-        q = attn.q_proj(h).view(n, self.num_heads, self.head_dim)          # [N, nh, d]
-        k = attn.k_proj(h).view(n, self.num_kv_heads, self.head_dim)       # [N, nkv, d]
-        v = attn.v_proj(h).view(n, self.num_kv_heads, self.head_dim)
+        nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = F.linear(h, *self.qkv[index]).split([nq, nkv, nkv], dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)                        # [N, nh, d]
+        k = k.view(n, self.num_kv_heads, self.head_dim)                     # [N, nkv, d]
+        v = v.view(n, self.num_kv_heads, self.head_dim)
         if getattr(attn, "q_norm", None) is not None:                       # Qwen3
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        o = ragged_attention(q, k, v, caches, index, seq_lens)              # [N, nh, d]
-        return attn.o_proj(o.reshape(n, self.num_heads * self.head_dim))
+        if n == len(caches) > 1:  # a pure decode batch: one kernel for all sequences
+            o = decode_attention(q, k, v, caches, index)
+        else:
+            o = ragged_attention(q, k, v, caches, index, seq_lens)          # [N, nh, d]
+        return attn.o_proj(o.reshape(n, nq))

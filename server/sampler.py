@@ -61,11 +61,13 @@ def sample(probs: torch.Tensor, generators: list[torch.Generator | None]) -> tor
 def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: torch.Tensor,
                    top_p: torch.Tensor) -> torch.Tensor:
     """logits [B, V], ids [B] -> log p(ids) [B] with SGLang's convention (module docstring)."""
+    raw = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, None])[:, 0]
+    if bool((temperature <= 0).all()):
+        return raw
     t = torch.where(temperature <= 0, torch.ones_like(temperature), temperature)
     probs = torch.softmax(logits.float() / t[:, None], dim=-1)
     sorted_p, order = probs.sort(dim=-1, descending=True)
     sorted_p = sorted_p.masked_fill((sorted_p.cumsum(-1) - sorted_p) > top_p[:, None], 0.0)
     nucleus = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
     p = nucleus.gather(-1, ids[:, None])[:, 0] / nucleus.sum(-1)
-    raw = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, None])[:, 0]
     return torch.where(temperature <= 0, raw, p.log().clamp(min=torch.finfo(p.dtype).min))

@@ -124,7 +124,8 @@ class Scheduler:
 
     @staticmethod
     def sample_rows(logits: torch.Tensor, seqs: list[Sequence]) -> Emitted:
-        """logits [B, V] for B sequences -> one (token, logprob) each."""
+        """logits [B, V] for B sequences -> one (token, logprob) each; the logprobs are 0.0 unless some
+        sequence in the batch asked for them (`return_logprob`)."""
         if not seqs:
             return []
         p = params_tensors([s.req.params for s in seqs], logits.device)
@@ -133,5 +134,8 @@ class Scheduler:
         else:
             probs = processed_probs(logits, p["temperature"], p["top_k"], p["top_p"], p["min_p"])
             ids = sample(probs, [s.generator for s in seqs])
-        lps = token_logprobs(logits, ids, p["temperature"], p["top_p"]).tolist()
+        if any(s.req.return_logprob for s in seqs):
+            lps = token_logprobs(logits, ids, p["temperature"], p["top_p"]).tolist()
+        else:  # not asked for: skip the work, report 0.0
+            lps = [0.0] * len(seqs)
         return [([t], [lp]) for t, lp in zip(ids.tolist(), lps)]

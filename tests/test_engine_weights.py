@@ -111,9 +111,11 @@ def test_refused_update_keeps_old_weights(engine, tiny_qwen2, tmp_path, request,
     assert engine.info()["weight_version"] == "v1" and engine.info()["model_path"] == str(tiny_qwen2)
 
 
-def test_draft_selector_refused_for_now(engine, tiny_qwen2_b):
-    with pytest.raises(CheckpointError, match="drafter"):
+def test_target_checkpoint_refused_as_drafter(engine, tiny_qwen2_b):
+    with pytest.raises(CheckpointError):
         engine.update_weights(str(tiny_qwen2_b), selector="draft")
+    with pytest.raises(CheckpointError, match="selector"):
+        engine.update_weights(str(tiny_qwen2_b), selector="both")
     assert engine.info()["weight_version"] == "default"
 
 
