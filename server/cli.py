@@ -17,7 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-running-requests", type=int, default=32)
     p.add_argument("--context-length", type=int, default=None, help="default: the model's max_position_embeddings")
     p.add_argument("--api-key", default=None, help="Bearer key for every route but /health")
-    p.add_argument("--admin-api-key", default=None, help="Bearer key for weight updates, pause/continue, flush, abort-all")
+    p.add_argument("--admin-api-key", default=None,
+                   help="Bearer key for weight updates, pause/continue, flush and abort-all")
     p.add_argument("--served-model-name", default=None, help="model name in /v1 (default: the directory's name)")
     p.add_argument("--drafter", default=None, help="EAGLE-3 drafter directory")
     p.add_argument("--sd", choices=["off", "on", "adaptive"], default="adaptive", help="speculative decoding")

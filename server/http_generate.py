@@ -108,26 +108,34 @@ def render(state, track: Track, sp: SamplingIn) -> dict:
     return {"text": text, "output_ids": list(track.ids), "meta_info": meta_info(track)}
 
 
+def _name(field: str, i: int, batch: bool) -> str:
+    return f"{field}.{i}" if batch else field
+
+
+def _prompts(state, body: GenerateIn) -> tuple[list[list[int]], bool]:
+    """Checked token ids of each prompt, and whether the input was a batch."""
+    if (body.text is None) == (body.input_ids is None):
+        raise ApiError(400, "text or input_ids: give exactly one of them", param="text")
+    if body.text is not None:
+        batch = isinstance(body.text, list)
+        raw, field = [state.tokenizer.encode(t) for t in (body.text if batch else [body.text])], "text"
+    else:
+        batch = bool(body.input_ids) and isinstance(body.input_ids[0], list)
+        raw, field = body.input_ids if batch else [body.input_ids], "input_ids"
+    if batch and not raw:
+        raise ApiError(400, f"{field}: the batch is empty", param=field)
+    return [check_prompt(state, ids, _name(field, i, batch)) for i, ids in enumerate(raw)], batch
+
+
 @router.api_route("/generate", methods=["POST", "PUT"])
 async def generate(request: Request):
     state = request.app.state
     body = await parse(request, GenerateIn, state.server_cfg.max_request_bytes)
-    if (body.text is None) == (body.input_ids is None):
-        raise ApiError(400, "text or input_ids: give exactly one of them", param="text")
-    if body.text is not None:
-        batch, texts = isinstance(body.text, list), body.text if isinstance(body.text, list) else [body.text]
-        prompts = [check_prompt(state, state.tokenizer.encode(t), f"text{f'.{i}' if batch else ''}")
-                   for i, t in enumerate(texts)]
-    else:
-        batch = bool(body.input_ids) and isinstance(body.input_ids[0], list)
-        raw = body.input_ids if batch else [body.input_ids]
-        prompts = [check_prompt(state, ids, f"input_ids{f'.{i}' if batch else ''}") for i, ids in enumerate(raw)]
-    if batch and not prompts:
-        raise ApiError(400, "text or input_ids: the batch is empty", param="input_ids")
+    prompts, batch = _prompts(state, body)
     if isinstance(body.rid, str) and batch:
         raise ApiError(400, "rid: batch input needs a list of rids", param="rid")
     sps = _listify(body.sampling_params or SamplingIn(), len(prompts), "sampling_params")
-    params = [sampling(state, sp.model_dump(), f"sampling_params{f'.{i}' if isinstance(body.sampling_params, list) else ''}")
+    params = [sampling(state, sp.model_dump(), _name("sampling_params", i, isinstance(body.sampling_params, list)))
               for i, sp in enumerate(sps)]
     reqs, groups = expand(prompts, params, _listify(body.rid, len(prompts), "rid"),
                           _listify(body.return_logprob, len(prompts), "return_logprob"))
@@ -140,7 +148,8 @@ async def generate(request: Request):
             return Response(status_code=499)
         outs = [render(state, t, sp) for t, sp in zip(tracks, per_req_sp)]
         return JSONResponse(outs[0] if single else outs)
-    return await stream(run, request, lambda i: [render(state, run.tracks[i], per_req_sp[i]) | ({} if single else {"index": i})])
+    index = (lambda i: {}) if single else (lambda i: {"index": i})
+    return await stream(run, request, lambda i: [render(state, run.tracks[i], per_req_sp[i]) | index(i)])
 
 
 async def stream(run: Fanin, request: Request, chunks, tail=lambda: []) -> Response:

@@ -63,11 +63,12 @@ def _usage(tracks: list[Track], n: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]], params, kind: str, render):
+async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]], params, logprob: bool,
+                 kind: str, render):
     """Shared by both endpoints: run, then answer as one JSON object or as an SSE stream of chunks."""
     state = request.app.state
-    reqs, groups = expand(prompts, [params] * len(prompts), [body.rid] if len(prompts) == 1 else [None] * len(prompts),
-                          [bool(getattr(body, "logprobs", None) is not None and body.logprobs is not False)] * len(prompts))
+    rids = [body.rid] if len(prompts) == 1 else [None] * len(prompts)  # SGLang's rid extension: one prompt only
+    reqs, groups = expand(prompts, [params] * len(prompts), rids, [logprob] * len(prompts))
     run = Fanin(state.engine, reqs, state.metrics, state.active, groups)
     head = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": body.model}
@@ -93,8 +94,9 @@ async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]
         return out
 
     def tail() -> list[dict]:
-        opts = body.stream_options
-        return [{**head, "object": obj, "choices": [], "usage": _usage(run.tracks, params.n)}] if opts and opts.include_usage else []
+        if not (body.stream_options and body.stream_options.include_usage):
+            return []
+        return [{**head, "object": obj, "choices": [], "usage": _usage(run.tracks, params.n)}]
 
     return await stream(run, request, chunks, tail)
 
@@ -131,7 +133,7 @@ async def completions(request: Request):
                         "top_logprobs": [{p: lp} for p, lp in zip(pieces, track.logprobs)] if body.logprobs else None}
         return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason, "matched_stop": matched}
 
-    return await _serve(request, body, prompts, params, "completion", render)
+    return await _serve(request, body, prompts, params, body.logprobs is not None, "completion", render)
 
 
 def _chat_prompt(state, body: ChatIn) -> list[int]:
@@ -140,7 +142,8 @@ def _chat_prompt(state, body: ChatIn) -> list[int]:
         content = m.content
         if isinstance(content, list):
             if any(part.get("type") != "text" for part in content):
-                raise ApiError(400, f"messages.{k}.content: only text parts are supported", param=f"messages.{k}.content")
+                field = f"messages.{k}.content"
+                raise ApiError(400, f"{field}: only text parts are supported", param=field)
             content = "".join(str(part.get("text", "")) for part in content)
         messages.append({"role": m.role, "content": content or ""})
     try:
@@ -178,4 +181,4 @@ async def chat_completions(request: Request):
         return {"index": i, "delta": {"content": text} if text else {}, "logprobs": None,
                 "finish_reason": reason, "matched_stop": matched}
 
-    return await _serve(request, body, [prompt], params, "chat", render)
+    return await _serve(request, body, [prompt], params, body.logprobs, "chat", render)
