@@ -103,7 +103,8 @@ def _check_vocab(c: DrafterConfig, d2t: torch.Tensor, t2d: torch.Tensor) -> None
 def load_drafter(path: str | Path, device: str | torch.device = "cpu", target_config: Any = None,
                  embed_tokens: torch.Tensor | None = None) -> Eagle3Drafter:
     """Load a drafter (eval mode). With `target_config`, refuse one that does not fit that target.
-    `embed_tokens` (the target's embedding) is needed only for checkpoints without their own copy."""
+    `embed_tokens`: the target's embedding, shared (not copied) in place of the checkpoint's copy, as
+    SGLang does; required for checkpoints without a copy (SpecForge's)."""
     path = Path(path)
     c = _read_config(path)
     if target_config is not None:
@@ -112,7 +113,7 @@ def load_drafter(path: str | Path, device: str | torch.device = "cpu", target_co
     if "embed_tokens.weight" not in state:
         if embed_tokens is None:
             raise DrafterCheckpointError(f"{path} has no embed_tokens.weight; pass the target's embedding")
-        state["embed_tokens.weight"] = embed_tokens.detach().cpu()
+        state["embed_tokens.weight"] = torch.zeros(shapes["embed_tokens.weight"])  # replaced by the shared one
     missing, extra = sorted(set(shapes) - set(state)), sorted(set(state) - set(shapes))
     if missing or extra:
         raise DrafterCheckpointError(f"{path}: missing weights {missing}, unexpected weights {extra}")
@@ -124,4 +125,10 @@ def load_drafter(path: str | Path, device: str | torch.device = "cpu", target_co
     _check_vocab(c, state["d2t"], state["t2d"])
     drafter = Eagle3Drafter(c)
     drafter.load_state_dict({k: v.to(drafter.state_dict()[k].dtype) for k, v in state.items()})
-    return drafter.to(device).eval()
+    drafter.to(device)
+    if embed_tokens is not None:
+        try:
+            drafter.share_embedding(embed_tokens)
+        except ValueError as exc:
+            raise DrafterCheckpointError(f"{path}: the target's {exc}") from None
+    return drafter.eval()

@@ -87,6 +87,14 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool))
 
+    def share_embedding(self, weight: torch.Tensor) -> None:
+        """Use the target's embedding itself, not a copy, as SGLang does (`set_embed`): in-place policy
+        updates of `weight` then reach the drafter. [V, H]."""
+        if tuple(weight.shape) != tuple(self.embed_tokens.weight.shape):
+            raise ValueError(f"embedding of shape {tuple(weight.shape)}, the drafter needs "
+                             f"{tuple(self.embed_tokens.weight.shape)}")
+        self.embed_tokens.weight = nn.Parameter(weight.detach(), requires_grad=False)  # detach shares storage
+
     def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
         """target_ids [V_draft]: the target ids of the draft vocabulary, strictly increasing."""
         ids = target_ids.to(self.d2t.device, torch.long)

@@ -214,3 +214,22 @@ def test_init_copies_target_embedding_and_head(tiny_qwen2, tiny_tokenizer, tmp_p
     tied = make_tiny_model(tmp_path / "tied", tokenizer=tiny_tokenizer, tie_word_embeddings=True)
     d = init_drafter(tied)
     assert torch.equal(d.lm_head.weight, d.embed_tokens.weight)
+
+
+def test_load_shares_the_targets_embedding_and_reads_specforge_checkpoints(drafter, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = save_drafter(drafter, tmp_path / "d")
+    target_embed = drafter.embed_tokens.weight.detach().clone() + 1.0
+    back = load_drafter(path, embed_tokens=target_embed)
+    assert torch.equal(back.embed_tokens.weight, target_embed)
+    target_embed.add_(1.0)                              # an in-place policy update reaches the drafter
+    assert torch.equal(back.embed_tokens.weight, target_embed)
+    state = load_file(str(path / "model.safetensors"))  # SpecForge omits the embedding
+    del state["embed_tokens.weight"]
+    save_file(state, str(path / "model.safetensors"))
+    with pytest.raises(DrafterCheckpointError, match="embed_tokens"):
+        load_drafter(path)
+    assert torch.equal(load_drafter(path, embed_tokens=target_embed).embed_tokens.weight, target_embed)
+    with pytest.raises(DrafterCheckpointError, match="embedding of shape"):
+        load_drafter(path, embed_tokens=torch.zeros(3, 3))
