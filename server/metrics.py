@@ -16,6 +16,8 @@ class Metrics:
         self.num_running_reqs = Gauge("gleanrl:num_running_reqs", "Requests decoding now", registry=r)
         self.num_queue_reqs = Gauge("gleanrl:num_queue_reqs", "Requests waiting for a slot", registry=r)
         self.spec_accept_length = Gauge("gleanrl:spec_accept_length", "Mean tokens per SD verify pass", registry=r)
+        self.spec_verify_passes = Gauge("gleanrl:spec_verify_passes", "SD verify passes by tokens emitted (the "
+                                        "acceptance histogram)", ["tokens"], registry=r)
         self.prompt_tokens = Counter("gleanrl:prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("gleanrl:generation_tokens", "Generated tokens", registry=r)
         self.num_requests = Counter("gleanrl:num_requests", "Finished requests", ["finish_reason"], registry=r)
@@ -36,4 +38,7 @@ class Metrics:
         self.num_running_reqs.set(stats.get("num_running_reqs", 0))
         self.num_queue_reqs.set(stats.get("num_queue_reqs", 0))
         self.spec_accept_length.set(stats.get("avg_spec_accept_length") or 0.0)
+        for tokens, passes in enumerate(stats.get("spec_accept_histogram") or []):
+            if passes:
+                self.spec_verify_passes.labels(tokens=str(tokens)).set(passes)
         return generate_latest(self.registry)
