@@ -111,6 +111,10 @@ def test_mismatched_or_broken_drafters_are_refused_over_http(tiny_qwen2, drafter
             "input_ids": prompts[2], "sampling_params": {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}}).json()
         assert out["output_ids"] == ref[2]["ids"]
         assert out["meta_info"]["spec_verify_ct"] > 0 and out["meta_info"]["draft_weight_version"] == "default"
+        stats = httpx.get(f"{url}/server_info", timeout=10).json()["internal_states"][0]
+        assert stats["avg_spec_accept_length"] >= 1.0
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        assert 'gleanrl:spec_verify_passes{tokens="1"}' in metrics  # the random drafter's rejections
 
 
 def test_engine_refuses_with_checkpoint_error(tiny_qwen2, drafters):
