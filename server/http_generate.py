@@ -148,8 +148,18 @@ async def generate(request: Request):
             return Response(status_code=499)
         outs = [render(state, t, sp) for t, sp in zip(tracks, per_req_sp)]
         return JSONResponse(outs[0] if single else outs)
-    index = (lambda i: {}) if single else (lambda i: {"index": i})
-    return await stream(run, request, lambda i: [render(state, run.tracks[i], per_req_sp[i]) | index(i)])
+    sent = [0] * len(reqs)
+
+    def chunks(i: int) -> list[dict]:
+        """Chunks are cumulative, so `stream_interval` (SGLang's field) bounds the O(n^2) bytes of a long
+        stream: a chunk every `stream_interval` tokens, and always the final one."""
+        track, sp = run.tracks[i], per_req_sp[i]
+        if not track.finished and len(track.ids) - sent[i] < (sp.stream_interval or 1):
+            return []
+        sent[i] = len(track.ids)
+        return [render(state, track, sp) | ({} if single else {"index": i})]
+
+    return await stream(run, request, chunks)
 
 
 async def stream(run: Fanin, request: Request, chunks, tail=lambda: []) -> Response:

@@ -107,6 +107,10 @@ def test_stream_chunks_are_cumulative_and_end_like_non_stream(url):
     assert len(last["meta_info"]["output_token_logprobs"]) == 10
     batch = _sse(url, {"text": PROMPTS[:2], "sampling_params": greedy(3), "stream": True})
     assert {c["index"] for c in batch} == {0, 1}
+    sparse = _sse(url, {**body, "stream": True, "sampling_params": greedy(10, stream_interval=4)})
+    sizes = [len(c["output_ids"]) for c in sparse]
+    assert 2 <= len(sizes) <= 3 and sizes[-1] == 10 and all(n >= 4 * (k + 1) for k, n in enumerate(sizes[:-1]))
+    assert sparse[-1]["text"] == plain["text"]
 
 
 def test_sixteen_mixed_lengths_concurrent_correct_and_short_first(url, hf, tok):
