@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 
 from clients.rollout_client import RolloutClient
 from trainer.config import TrainConfig
-from trainer.loop import encode_prompt, train
+from trainer.generate import encode_prompt
+from trainer.loop import train
 from trainer.server_proc import EmbeddedServer
 
 
@@ -61,7 +62,10 @@ def _weights(path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen2, tmp_path_factory):
-    srv = EmbeddedServer(str(tiny_qwen2), threads=1, log_path=tmp_path_factory.mktemp("srv") / "server.log")
+    # one request at a time: a batched forward's last bits depend on what else runs, and the resume
+    # test compares weights exactly (the rollout logprobs enter the loss through the ratio)
+    srv = EmbeddedServer(str(tiny_qwen2), threads=1, extra_args=["--max-running-requests", "1"],
+                         log_path=tmp_path_factory.mktemp("srv") / "server.log")
     with srv:
         asyncio.run(RolloutClient([srv.url]).wait_healthy(60))
         yield srv
@@ -69,13 +73,16 @@ def server(tiny_qwen2, tmp_path_factory):
 
 def test_two_steps_change_weights_and_server_version(tiny_qwen2, server, tmp_path):
     out = tmp_path / "run"
-    row = train(_cfg(tiny_qwen2, out, servers=[server.url]), task=ToyTask(), log=lambda *a: None)
+    cfg = _cfg(tiny_qwen2, out, servers=[server.url], eval_every=2, eval_prompts=3)
+    row = train(cfg, task=ToyTask(), log=lambda *a: None)
     assert row["step"] == 2 and row["weight_version"] == "2"
     initial = load_file(str(next(tiny_qwen2.glob("*.safetensors"))))
     final = _weights(out / "weight_v2")
     assert any(not torch.equal(initial[k], final[k]) for k in initial)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the initial policy's evaluation
+    assert "eval_accuracy" in rows[0] and "eval_accuracy" in rows[2] and "eval_accuracy" not in rows[1]
+    rows = rows[1:]
     for key in ("reward_mean", "accuracy", "weight_version", "response_len_p50", "response_len_p99",
                 "rollout_s", "tail_s", "train_s", "logprob_mismatch"):
         assert key in rows[0], key

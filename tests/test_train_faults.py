@@ -58,6 +58,6 @@ def test_server_killed_mid_step_is_restarted_and_rollouts_resubmitted(tiny_qwen2
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["rollout_weight_version"] for r in rows] == ["0", "1"]
     # every rollout handed to the harvester was sampled by the version the trainer expected
-    step_of = lambda rid: int(rid.split("-")[0][1:])  # noqa: E731
+    step_of = lambda rid: int(rid.split("-")[0].removeprefix("train"))  # noqa: E731
     assert hooks.finished and all(v == str(step_of(rid) - 1) for rid, v in hooks.finished)
     assert rows[0]["logprob_mismatch"] < 1e-3

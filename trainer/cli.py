@@ -20,6 +20,8 @@ FLAGS = {
     "--lr": ("lr", float, "AdamW learning rate"),
     "--micro-batch-size": ("micro_batch_size", int, "sequences per forward/backward"),
     "--kl-coef": ("kl_coef", float, "k3 KL to the initial policy (0: off)"),
+    "--eval-every": ("eval_every", int, "greedy accuracy on held-out prompts every N steps (0: off)"),
+    "--eval-prompts": ("eval_prompts", int, "held-out prompts per evaluation"),
     "--keep-last": ("keep_last", int, "step checkpoints kept"),
     "--seed": ("seed", int, "seed"),
     "--trainer-threads": ("trainer_threads", int, "torch threads of the trainer"),

@@ -30,6 +30,8 @@ class TrainConfig:
     clip_high: float = 0.2
     kl_coef: float = 0.0                     # > 0 keeps a frozen reference copy of the initial policy
     scale_advantages: bool = True            # divide by the group std (GRPO) or not (Dr. GRPO)
+    eval_every: int = 0                      # greedy accuracy on held-out prompts every N steps (0: off)
+    eval_prompts: int = 64
     keep_last: int = 2                       # step checkpoints kept on disk
     seed: int = 0
     trainer_threads: int = 1
@@ -47,7 +49,7 @@ class TrainConfig:
             self.servers = [self.servers]
         self.betas = tuple(self.betas)
         positive = ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "micro_batch_size",
-                    "keep_last", "trainer_threads", "server_threads", "max_attempts")
+                    "keep_last", "eval_prompts", "trainer_threads", "server_threads", "max_attempts")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -69,6 +71,8 @@ class TrainConfig:
                 raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
         if not (Path(self.model) / "config.json").is_file():
             raise ValueError(f"model must be a Hugging Face model directory (with config.json), got {self.model!r}")
+        if not isinstance(self.eval_every, int) or self.eval_every < 0:
+            raise ValueError(f"eval_every must be an integer >= 0, got {self.eval_every!r}")
         if self.task and self.data:
             raise ValueError("give either task or data, not both")
 

@@ -12,6 +12,7 @@ import httpx
 from tqdm import tqdm
 
 from clients.rollout_client import RolloutClient, RolloutServerError
+from trainer.config import TrainConfig
 from trainer.rollout import Rollout, RolloutStatus
 
 
@@ -76,11 +77,11 @@ async def run_one(client: RolloutClient, r: Rollout, params: dict, stream: bool)
 
 async def run_step(client: RolloutClient, rollouts: list[Rollout], params: dict, *, expected_version: str,
                    resync: Callable[[], Awaitable[None]], hooks: RolloutHooks, max_attempts: int,
-                   stream: bool = True, log=print) -> None:
+                   stream: bool = True, log=print, desc: str = "rollouts") -> None:
     """Run every rollout to completion (finished or truncated, sampled by `expected_version`).
     `resync()` waits for the server and re-pushes the current weights; it runs before re-submitting."""
     pending = list(rollouts)
-    bar = tqdm(total=len(rollouts), desc="rollouts", unit="req", leave=False, dynamic_ncols=True)
+    bar = tqdm(total=len(rollouts), desc=desc, unit="req", leave=False, dynamic_ncols=True)
     try:
         while pending:
             with hooks.idle_window():
@@ -113,3 +114,30 @@ async def run_step(client: RolloutClient, rollouts: list[Rollout], params: dict,
             pending = redo
     finally:
         bar.close()
+
+
+def sampling_params(cfg: TrainConfig) -> dict:
+    return {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p}
+
+
+def make_rollouts(cfg: TrainConfig, task, tokenizer, step: int, split: str = "train", n: int | None = None,
+                  samples: int | None = None) -> list[Rollout]:
+    """`samples_per_prompt` pending rollouts for each of the step's prompts; seeds make the step
+    reproducible (the server samples each seeded request from its own generator)."""
+    prompts = task.prompts(split, n or cfg.prompts_per_step, seed=cfg.seed * 100_003 + step)
+    out = []
+    for g, sample in enumerate(prompts):
+        ids = encode_prompt(tokenizer, sample)
+        for i in range(samples or cfg.samples_per_prompt):
+            seed = (cfg.seed * 1_000_003 + step * 10_007 + g * 101 + i) % 2**31
+            out.append(Rollout(group_id=g, index=i, sample=sample, prompt_ids=ids, rid=f"{split}{step}-g{g}-i{i}-{seed}",
+                               seed=seed))
+    return out
+
+
+def encode_prompt(tokenizer, sample: dict) -> list[int]:
+    """The task's "prompt" is the exact text to send (chat template already applied); encode it the
+    way the server encodes `text` (`tokenizer.encode`), or take the task's "prompt_ids"."""
+    if "prompt_ids" in sample:
+        return list(sample["prompt_ids"])
+    return list(tokenizer.encode(sample["prompt"]))

@@ -31,7 +31,7 @@ import torch
 from clients.rollout_client import RolloutClient, RolloutServerError
 from trainer.checkpoint import load_latest, save_checkpoint
 from trainer.config import TrainConfig, write_resolved
-from trainer.generate import NoHooks, RolloutHooks, run_step
+from trainer.generate import NoHooks, RolloutHooks, make_rollouts, run_step, sampling_params
 from trainer.metrics import MetricsLog, rollout_metrics
 from trainer.policy import Policy
 from trainer.rollout import Rollout
@@ -81,9 +81,20 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
             raise
         await client.update_weights_from_disk(state["path"], weight_version=state["version"])
 
+    async def evaluate(step: int) -> dict:  # greedy on fixed held-out prompts, by the server
+        if not cfg.eval_every or step % cfg.eval_every:
+            return {}
+        rollouts = make_rollouts(cfg, task, policy.tokenizer, 0, split="test", n=cfg.eval_prompts, samples=1)
+        await run_step(client, rollouts, dict(sampling_params(cfg), temperature=0.0), expected_version=state["version"],
+                       resync=resync, hooks=NoHooks(), max_attempts=cfg.max_attempts, stream=False, log=log, desc="eval")
+        score(task, policy.tokenizer, rollouts)
+        return {"eval_accuracy": sum(_correct(task, r) for r in rollouts) / len(rollouts)}
+
     row: dict = {}
     async with client:
         await resync()
+        if start == 0 and cfg.eval_every:
+            metrics.log({"step": 0, "weight_version": "0", **await evaluate(0)}, echo=log)
         if hasattr(hooks, "bind_client"):  # harvest.hooks.HarvestHooks: push drafters to the same servers
             hooks.bind_client(client)
         for step in range(start + 1, cfg.steps + 1):
@@ -93,9 +104,7 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
             await run_step(client, rollouts, sampling_params(cfg), expected_version=state["version"],
                            resync=resync, hooks=hooks, max_attempts=cfg.max_attempts, stream=cfg.stream, log=log)
             t1 = time.monotonic()
-            for r in rollouts:  # decode here: streamed `text` may be a delta
-                r.response = policy.tokenizer.decode(r.output_ids, skip_special_tokens=True)
-                r.reward = float(task.reward(r.sample, r.response))
+            score(task, policy.tokenizer, rollouts)
             train_stats = policy.train_step(rollouts)
             path = save_checkpoint(cfg.out, step, policy.model, policy.tokenizer, policy.optimizer,
                                    cfg.to_dict(), cfg.keep_last)
@@ -110,35 +119,15 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
             row = {"step": step, "weight_version": state["version"], "rollout_weight_version": rollout_version,
                    **rollout_metrics(rollouts, t0, t1, lambda r: _correct(task, r)),
                    "train_s": t2 - t1, "push_s": time.monotonic() - t2, **train_stats,
-                   **(hooks.step_metrics() if hasattr(hooks, "step_metrics") else {})}
+                   **(hooks.step_metrics() if hasattr(hooks, "step_metrics") else {}), **await evaluate(step)}
             metrics.log(row, echo=log)
     return row
 
 
-def sampling_params(cfg: TrainConfig) -> dict:
-    return {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p}
-
-
-def make_rollouts(cfg: TrainConfig, task, tokenizer, step: int) -> list[Rollout]:
-    """`samples_per_prompt` pending rollouts for each of the step's prompts; seeds make the step
-    reproducible (the server samples each seeded request from its own generator)."""
-    samples = task.prompts("train", cfg.prompts_per_step, seed=cfg.seed * 100_003 + step)
-    out = []
-    for g, sample in enumerate(samples):
-        ids = encode_prompt(tokenizer, sample)
-        for i in range(cfg.samples_per_prompt):
-            seed = (cfg.seed * 1_000_003 + step * 10_007 + g * 101 + i) % 2**31
-            out.append(Rollout(group_id=g, index=i, sample=sample, prompt_ids=ids, rid=f"s{step}-g{g}-i{i}-{seed}",
-                               seed=seed))
-    return out
-
-
-def encode_prompt(tokenizer, sample: dict) -> list[int]:
-    """The task's "prompt" is the exact text to send (chat template already applied); encode it the
-    way the server encodes `text` (`tokenizer.encode`), or take the task's "prompt_ids"."""
-    if "prompt_ids" in sample:
-        return list(sample["prompt_ids"])
-    return list(tokenizer.encode(sample["prompt"]))
+def score(task, tokenizer, rollouts: list[Rollout]) -> None:
+    for r in rollouts:  # decode here: streamed `text` may be a delta
+        r.response = tokenizer.decode(r.output_ids, skip_special_tokens=True)
+        r.reward = float(task.reward(r.sample, r.response))
 
 
 def _correct(task, r: Rollout) -> float:
