@@ -40,6 +40,14 @@ async def update_weights_from_disk(request: Request):
     return {"success": True, "message": message, "num_paused_requests": 0}
 
 
+@router.post("/update_weights_from_tensor")
+@router.post("/update_weights_from_distributed")
+async def update_weights_unsupported(request: Request):
+    """SGLang's GPU paths (co-located / NCCL); the SGLang backend serves them, the embedded one refuses."""
+    message = f"{request.url.path} is not supported by the embedded backend: use /update_weights_from_disk"
+    return JSONResponse({"success": False, "message": message}, status_code=400)
+
+
 def _model_info(request: Request) -> dict:
     return {"is_generation": True, "preferred_sampling_params": None, **request.app.state.engine.info()}
 
