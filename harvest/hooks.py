@@ -25,6 +25,7 @@ class HarvestHooks:
         self._model: Any = None
         self._version = 0
         self._windows: list[IdleWindow] = []
+        self._tokens = [0, 0]
         self._start = (0, 0, harvester.version)  # captured, drafter steps, drafter version at step start
         self.captured = self.dropped = 0
 
@@ -39,12 +40,16 @@ class HarvestHooks:
         self._queue.clear()
         self._model, self._version = model, step - 1  # the policy that samples step N is version N-1
         self._windows = []
+        self._tokens = [0, 0]  # this step's output tokens: all, from SD
         self._start = (self.captured, self.h.steps, self.h.version)
 
     def on_rollout_finished(self, rollout: Any) -> None:
         version = rollout.weight_version
         version = int(version) if version is not None and str(version).isdigit() else self._version
         self._queue.append((list(rollout.prompt_ids), list(rollout.output_ids), version))
+        n = len(rollout.output_ids)  # tokens that came out of SD verify passes (each yields accept_length)
+        self._tokens[0] += n
+        self._tokens[1] += min(n, round(rollout.spec_verify_ct * rollout.spec_accept_length))
 
     def _capture_one(self) -> bool:
         try:
@@ -70,4 +75,4 @@ class HarvestHooks:
                 "drafter_steps": self.h.steps - steps0, "harvested": self.captured - captured0,
                 "harvest_dropped": len(self._queue), "drafter_version": self.h.version,
                 "drafter_pushes": self.h.version - version0, "heldout_accept_len": serving,
-                "spool_tokens": self.h.spool.mem_tokens}
+                "spool_tokens": self.h.spool.mem_tokens, "sd_token_share": self._tokens[1] / max(self._tokens[0], 1)}

@@ -1,0 +1,34 @@
+"""`gleanrl demo` end to end at tiny sizes: warm start, embedded server with adaptive SD, GRPO with
+harvest, one question through the openai client, report.md with its plots; a second run reuses the
+cached drafter."""
+from __future__ import annotations
+
+import json
+
+import gleanrl
+
+
+def test_demo_runs_and_writes_report(tiny_qwen2, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GLEANRL_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "demo"
+    argv = ["demo", "--out", str(out), "--model", str(tiny_qwen2), "--steps", "2", "--prompts-per-step", "2",
+            "--samples-per-prompt", "3", "--max-new-tokens", "24", "--warm-prompts", "4", "--warm-steps", "3"]
+    assert gleanrl.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "\nQ: sum:" in printed and "\nA: " in printed and "warm-started drafter" in printed
+    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all("idle_used_s" in r and "sd_token_share" in r for r in rows)
+    report = (out / "report.md").read_text()
+    for png in ("reward.png", "accept_length.png", "lengths.png", "step_time.png"):
+        assert (out / png).stat().st_size > 1000 and f"]({png})" in report
+    assert report.count("\n| 1 |") == 1 and report.count("\n| 2 |") == 1
+
+    assert gleanrl.main(argv[:-2] + ["--warm-steps", "3"]) == 0  # same settings: the drafter comes from the cache
+    assert "warm-started drafter" not in capsys.readouterr().out
+
+
+def test_demo_refuses_a_foreign_out_dir(tmp_path, capsys):
+    (tmp_path / "precious.txt").write_text("keep me")
+    assert gleanrl.main(["demo", "--out", str(tmp_path)]) == 2
+    assert "not a demo output" in capsys.readouterr().err and (tmp_path / "precious.txt").exists()

@@ -1,0 +1,184 @@
+"""`gleanrl demo`: the whole story on one CPU machine. Bootstrap the built-in task's policy (cached),
+warm-start a drafter (cached), start the embedded server with adaptive SD, run GRPO while the Harvester
+trains the drafter in each step's long tail and hot-swaps it, then ask the final policy and drafter one
+question through the official `openai` client, and write `OUT/report.md` with plots.
+
+Cores: the server runs on the first half of this process's cores and the trainer (policy update,
+capture, drafter training) on the other half, each with one torch thread per core, the way a GPU
+cluster gives rollout and training their own devices, so the trainer's compute really is idle while
+rollouts run. Done with CPU affinity: the server inherits the first half at spawn.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+STEP_COLUMNS = [("step", "step", "{:>4d}"), ("reward_mean", "reward", "{:>6.3f}"), ("accuracy", "acc", "{:>5.2f}"),
+                ("response_len_p50", "len50", "{:>5.0f}"), ("response_len_p99", "len99", "{:>5.0f}"),
+                ("rollout_s", "rollout_s", "{:>9.2f}"), ("tail_s", "tail_s", "{:>6.2f}"),
+                ("idle_used_s", "idle_s", "{:>6.2f}"), ("spec_accept_length", "accept", "{:>6.2f}"),
+                ("drafter_version", "dver", "{:>4}"), ("sd_token_share", "sd%", "{:>4.0%}")]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="gleanrl-demo", help="report, metrics, checkpoints and logs")
+    p.add_argument("--model", default=None, help="policy directory instead of the bootstrap policy")
+    p.add_argument("--size", default="small", help="bootstrap policy size")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--prompts-per-step", type=int, default=8)
+    p.add_argument("--samples-per-prompt", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--lr", type=float, default=2e-4, help="policy learning rate")
+    p.add_argument("--warm-prompts", type=int, default=64, help="prompts the drafter is warm-started on")
+    p.add_argument("--warm-steps", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def split_cores() -> tuple[set[int], set[int]] | None:
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    half = len(cores) // 2
+    return (set(cores[:half]), set(cores[half:])) if half else None
+
+
+def warm_drafter(policy: Path, args: argparse.Namespace) -> Path:
+    """A drafter warm-started on the policy's own generations, cached by policy and settings."""
+    from harvest.checkpoint import save_drafter
+    from harvest.cli_train import WarmStartConfig, warm_start
+    from trainer.bootstrap import cache_root
+    from trainer.tasks import load_task
+
+    weights = sorted(policy.glob("*.safetensors"))
+    ident = [str(policy.resolve())] + [f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}" for w in weights]
+    cfg = WarmStartConfig(max_new_tokens=args.max_new_tokens, steps=args.warm_steps, seed=args.seed)
+    key = hashlib.sha256(json.dumps([ident, args.warm_prompts, repr(cfg)]).encode()).hexdigest()[:12]
+    out = cache_root() / "drafters" / f"{policy.name}-{key}"
+    if not (out / "config.json").exists():
+        prompts = [s["prompt"] for s in load_task(None).prompts("warm", args.warm_prompts, args.seed)]
+        drafter, history = warm_start(policy, prompts, cfg)
+        save_drafter(drafter, out)
+        print(f"warm-started drafter: held-out acceptance {history[0]['accept_length']:.2f} -> "
+              f"{history[-1]['accept_length']:.2f}")
+    return out
+
+
+def demo_hooks(harvester):
+    """HarvestHooks that also keep every step's response lengths (for the histogram)."""
+    from harvest.hooks import HarvestHooks
+
+    class DemoHooks(HarvestHooks):
+        def __init__(self, h):
+            super().__init__(h)
+            self.lengths: list[list[int]] = []
+
+        def on_step_start(self, step, model):
+            super().on_step_start(step, model)
+            self.lengths.append([])
+
+        def on_rollout_finished(self, rollout):
+            super().on_rollout_finished(rollout)
+            self.lengths[-1].append(len(rollout.output_ids))
+
+    return DemoHooks(harvester)
+
+
+def table_logger(metrics_path: Path):
+    """The trainer's `log`: its warnings pass, and each new metrics row prints as the demo's table line."""
+    seen = [0]
+
+    def log(*parts) -> None:
+        msg = " ".join(str(p) for p in parts)
+        if msg.startswith(("warning", "resuming")):
+            print(msg, flush=True)
+        rows = metrics_path.read_text().splitlines() if metrics_path.exists() else []
+        for line in rows[seen[0]:]:
+            row = json.loads(line)
+            if seen[0] == 0:
+                print("  ".join(h.rjust(len(f.format(0 if "d" in f else 0.0))) for _, h, f in STEP_COLUMNS))
+            print("  ".join(f.format(row.get(k) if row.get(k) is not None else 0) for k, _, f in STEP_COLUMNS),
+                  flush=True)
+            seen[0] += 1
+
+    return log
+
+
+def ask(url: str, question: list[dict], max_tokens: int) -> str:
+    from openai import OpenAI
+    client = OpenAI(base_url=f"{url}/v1", api_key="demo")
+    model = client.models.list().data[0].id
+    reply = client.chat.completions.create(model=model, messages=question, max_tokens=max_tokens, temperature=0)
+    return reply.choices[0].message.content or ""
+
+
+def run(args: argparse.Namespace) -> int:
+    import httpx
+    import torch
+
+    from harvest.harvester import HarvestConfig, Harvester
+    from trainer.bootstrap import bootstrap_policy
+    from trainer.config import TrainConfig
+    from trainer.demo_report import write_report
+    from trainer.loop import train
+    from trainer.server_proc import EmbeddedServer
+    from trainer.tasks import load_task
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not (out / "demo.json").exists():
+        print(f"gleanrl demo: {out} is not empty and not a demo output; choose another --out", file=sys.stderr)
+        return 2
+    for sub in ("run", "harvest", "report.md"):
+        shutil.rmtree(out / sub, ignore_errors=True) if (out / sub).is_dir() else (out / sub).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "demo.json").write_text(json.dumps({k: v for k, v in vars(args).items() if not k.startswith("_")}))
+    policy = Path(args.model) if args.model else bootstrap_policy(size=args.size, seed=args.seed)
+    drafter0 = warm_drafter(policy, args)
+    cores = split_cores()
+    server = EmbeddedServer(str(policy), threads=len(cores[0]) if cores else 1,
+                            extra_args=["--drafter", str(drafter0), "--sd", "adaptive"], log_path=out / "server.log")
+    all_cores = os.sched_getaffinity(0) if cores else None
+    with contextlib.ExitStack() as stack:
+        if cores:
+            os.sched_setaffinity(0, cores[0])  # the server process inherits this at spawn
+        server.start()
+        stack.callback(server.stop)
+        if cores:
+            os.sched_setaffinity(0, cores[1])
+            stack.callback(os.sched_setaffinity, 0, all_cores)
+        task = load_task(None)
+        harvester = Harvester(policy, drafter0, out / "harvest" / "spool", push=None,
+                              cfg=HarvestConfig(push_every=20, seed=args.seed))
+        hooks = demo_hooks(harvester)
+        cfg = TrainConfig(model=str(policy), out=str(out / "run"), servers=[server.url], steps=args.steps,
+                          prompts_per_step=args.prompts_per_step, samples_per_prompt=args.samples_per_prompt,
+                          max_new_tokens=args.max_new_tokens, lr=args.lr, seed=args.seed,
+                          trainer_threads=len(cores[1]) if cores else 1)
+        _wait_healthy(httpx, server)
+        train(cfg, task=task, hooks=hooks, log=table_logger(out / "run" / "metrics.jsonl"))
+        sample = task.prompts("test", 1, args.seed)[0]
+        answer = ask(server.url, sample["messages"], args.max_new_tokens)
+        info = httpx.get(f"{server.url}/model_info", timeout=30).json()
+    torch.set_num_threads(1)
+    print(f"\nQ: {sample['messages'][-1]['content']}\nA: {answer}\n(reward {task.reward(sample, answer):.0f}; "
+          f"policy version {info.get('weight_version')}, drafter version {info.get('draft_weight_version')})")
+    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    report = write_report(out, rows, hooks.lengths, sample, answer, info)
+    print(f"report: {report}")
+    return 0
+
+
+def _wait_healthy(httpx, server, timeout_s: float = 180.0) -> None:
+    import time
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise SystemExit(f"gleanrl demo: the server exited:\n{server.log_tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise SystemExit(f"gleanrl demo: the server did not become healthy in {timeout_s:.0f} s")

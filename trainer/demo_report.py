@@ -1,0 +1,81 @@
+"""The demo's `report.md` and its PNG plots, from the metrics rows and the response lengths."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _plot(path: Path, draw) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    draw(ax)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: dict, answer: str,
+                 info: dict) -> Path:
+    steps = [r["step"] for r in rows]
+    col = lambda key: [float(r.get(key) or 0.0) for r in rows]  # noqa: E731
+
+    def reward(ax):
+        ax.plot(steps, col("reward_mean"), marker="o", label="reward")
+        ax.plot(steps, col("accuracy"), marker="s", label="accuracy")
+        ax.set_xlabel("step"), ax.legend(), ax.set_title("reward and accuracy")
+
+    def accept(ax):
+        ax.plot(steps, col("spec_accept_length"), marker="o", label="server (rollouts)")
+        ax.plot(steps, col("heldout_accept_len"), marker="s", label="held-out (serving drafter)")
+        ax.set_xlabel("step"), ax.set_ylabel("tokens per verify"), ax.legend(), ax.set_title("acceptance length")
+
+    def hist(ax):
+        flat = [n for step in lengths for n in step]
+        ax.hist(flat, bins=40, color="tab:blue")
+        ax.set_yscale("log"), ax.set_xlabel("response tokens"), ax.set_ylabel("rollouts")
+        ax.set_title("response lengths (all steps): the long tail")
+
+    def breakdown(ax):
+        tail, rollout = col("tail_s"), col("rollout_s")
+        parts = {"rollouts (before tail)": [r - t for r, t in zip(rollout, tail)], "long tail": tail,
+                 "policy update": col("train_s"), "weight push": col("push_s")}
+        bottom = [0.0] * len(steps)
+        for name, values in parts.items():
+            ax.bar(steps, values, bottom=bottom, label=name)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.plot(steps, col("idle_used_s"), "k.--", label="drafter training (in idle time)")
+        ax.set_xlabel("step"), ax.set_ylabel("seconds"), ax.legend(fontsize=7), ax.set_title("step time")
+
+    pngs = [_plot(out / f"{name}.png", fn) for name, fn in
+            [("reward", reward), ("accept_length", accept), ("lengths", hist), ("step_time", breakdown)]]
+    last = rows[-1] if rows else {}
+    total = sum(col("rollout_s")) + sum(col("train_s")) + sum(col("push_s"))
+    lines = [
+        "# gleanrl demo", "",
+        f"{len(rows)} GRPO steps; policy version {info.get('weight_version')}, drafter version "
+        f"{info.get('draft_weight_version')} ({sum(1 for r in rows if r.get('drafter_pushes'))} steps with a push).",
+        f"Total step time {total:.1f} s, of which long tail {sum(col('tail_s')):.1f} s; drafter training used "
+        f"{sum(col('idle_used_s')):.1f} s of idle trainer time and overran a closing window by at most "
+        f"{max(col('idle_overrun_s') or [0.0]):.2f} s.",
+        f"Final reward {last.get('reward_mean', 0):.3f}, accuracy {last.get('accuracy', 0):.2f}; "
+        f"server acceptance length first/last step {col('spec_accept_length')[0] if rows else 0:.2f} / "
+        f"{last.get('spec_accept_length', 0):.2f}.", "",
+        "| step | reward | acc | len p50 | len p99 | rollout s | tail s | idle s | accept | held-out | drafter | SD share |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['step']} | {r.get('reward_mean', 0):.3f} | {r.get('accuracy', 0):.2f} | "
+                     f"{r.get('response_len_p50', 0):.0f} | {r.get('response_len_p99', 0):.0f} | "
+                     f"{r.get('rollout_s', 0):.2f} | {r.get('tail_s', 0):.2f} | {r.get('idle_used_s', 0):.2f} | "
+                     f"{r.get('spec_accept_length', 0):.2f} | {r.get('heldout_accept_len') or 0:.2f} | "
+                     f"{r.get('drafter_version', 0)} | {r.get('sd_token_share', 0):.0%} |")
+    lines += ["", *[f"![{p[:-4]}]({p})" for p in pngs], "", "## One question, through the OpenAI API", "",
+              f"Q: `{sample['messages'][-1]['content']}`", "", "A:", "", "```", answer, "```", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
