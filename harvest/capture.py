@@ -2,7 +2,7 @@
 
 Forward pre-hooks on the target's decoder layers a+1, b+1, c+1 record the residual stream entering them
 (SGLang's capture for `eagle_aux_hidden_state_layer_ids` = [a, b, c], transformers'
-`output_hidden_states[a+1]`...), concatenated in ascending layer order -> `aux_hidden` [T, 3*H].
+`output_hidden_states[a+1]`...), concatenated in ascending layer order -> `aux_hidden` [T, n*H].
 Soft labels: the target's softmax at temperature 1, top-k (ids sorted by probability, probs not
 renormalised; row j predicts token j+1).
 """
@@ -16,7 +16,7 @@ import torch
 @dataclass
 class Sample:
     input_ids: torch.Tensor       # [T] long
-    aux_hidden: torch.Tensor      # [T, 3*H]
+    aux_hidden: torch.Tensor      # [T, n*H], n = len(layer_ids) (EAGLE-3: 3)
     topk_ids: torch.Tensor        # [T, k] long
     topk_probs: torch.Tensor      # [T, k] float32
     loss_mask: torch.Tensor       # [T] bool: token j is to be learned (response tokens)
@@ -58,8 +58,8 @@ def capture(model: torch.nn.Module, input_ids: torch.Tensor | list, layer_ids: l
             aux_dtype: torch.dtype | None = None) -> list[Sample]:
     """input_ids: [B, T] or a list of 1-D sequences (right-padded here). `prompt_lens[b]`: tokens of
     sequence b not to learn (loss_mask False). topk None: the whole distribution. -> one Sample each."""
-    if sorted(set(layer_ids)) != list(layer_ids) or len(layer_ids) != 3:
-        raise ValueError(f"layer_ids must be 3 strictly increasing ids, got {layer_ids}")
+    if sorted(set(layer_ids)) != list(layer_ids) or not layer_ids:
+        raise ValueError(f"layer_ids must be strictly increasing, got {layer_ids}")
     layers = decoder_layers(model)
     if layer_ids[0] < -1 or layer_ids[-1] + 1 >= len(layers):
         raise ValueError(f"layer_ids {layer_ids} out of range for a {len(layers)}-layer model")

@@ -1,6 +1,6 @@
 """The EAGLE-3 drafter: computes what SGLang's `LlamaForCausalLMEagle3` (models/llama_eagle3.py) computes.
 
-    r   = fc(concat(aux_a, aux_b, aux_c))          fc only when the hidden input is 3*Ht wide
+    r   = fc(concat(aux_a, aux_b, aux_c))          fc only when the hidden input is n*Ht wide (n aux layers)
     x   = concat(input_layernorm(embed(tok)), hidden_norm(r))                          [N, 2H]
     r1  = o_proj(attn(q, k, v from x, rope at `positions`)) + r
     h   = mlp(post_attention_layernorm(r1)) + r1    -> returned, pre-norm ("aux" in SGLang)
@@ -80,7 +80,7 @@ class Eagle3Drafter(nn.Module):
         c = self.config = config
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)  # the target's embedding, frozen
-        self.fc = nn.Linear(3 * c.target_hidden_size, c.hidden_size, bias=False)
+        self.fc = nn.Linear(len(c.aux_layer_ids) * c.target_hidden_size, c.hidden_size, bias=False)
         self.midlayer = MidLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
@@ -107,7 +107,7 @@ class Eagle3Drafter(nn.Module):
         return SeqKVCache(1, self.config.num_key_value_heads, self.config.head_dim, p.dtype, p.device, capacity)
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., 3*Ht] target aux states -> fc -> [..., H]; a [..., H] drafter state passes through."""
+        """[..., n*Ht] target aux states -> fc -> [..., H]; a [..., H] drafter state passes through."""
         return self.fc(hidden) if hidden.shape[-1] != self.config.hidden_size else hidden
 
     def qkv(self, input_ids: torch.Tensor, r: torch.Tensor, positions: torch.Tensor):
@@ -127,7 +127,7 @@ class Eagle3Drafter(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 caches: list[SeqKVCache], seq_lens: list[int]) -> torch.Tensor:
-        """Ragged batch of N tokens: input_ids [N], hidden [N, 3*Ht] or [N, H], positions [N]
+        """Ragged batch of N tokens: input_ids [N], hidden [N, n*Ht] or [N, H], positions [N]
         -> pre-norm h [N, H]. Appends each token's K/V to its sequence's cache."""
         r = self.project(hidden)
         q, k, v = self.qkv(input_ids, r, positions)

@@ -5,6 +5,8 @@ captures the residual stream *entering* target layer `a + 1`, i.e. transformers'
 `output_hidden_states[a + 1]`. SGLang's default (no ids) captures entering layers 2, L//2, L-3, which is
 ids [1, L//2 - 1, L - 4] (SpecForge's default too). SGLang concatenates the captures in ascending layer
 order and collapses duplicates, so ids must be strictly increasing; we always write them explicitly.
+EAGLE-3 uses three; SGLang 0.5.23 sizes `fc` from the number of ids, which lets 2- and 3-layer targets
+have two (one would make SGLang skip `fc`: it applies fc only when the input is wider than the drafter).
 """
 from __future__ import annotations
 
@@ -13,14 +15,14 @@ from typing import Any
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """SGLang/SpecForge's default ids; for shallow targets, where those collide, three spread ids."""
-    if num_layers < 3:
-        raise ValueError(f"an EAGLE-3 drafter needs a target with at least 3 layers, got {num_layers}")
+    """SGLang/SpecForge's default ids; for shallow targets, where those collide, spread distinct ids."""
+    if num_layers < 2:
+        raise ValueError(f"an EAGLE-3 drafter needs a target with at least 2 layers, got {num_layers}")
     ids = [1, num_layers // 2 - 1, num_layers - 4]
     if ids[0] < ids[1] < ids[2]:
         return ids
-    if num_layers == 3:
-        return [-1, 0, 1]  # -1: the embedding output, entering layer 0
+    if num_layers <= 3:
+        return [num_layers - 3, num_layers - 2]  # 2 layers: [-1, 0], -1 being the embedding output
     return [0, (num_layers - 2) // 2 if num_layers > 4 else 1, num_layers - 2]
 
 
@@ -52,10 +54,10 @@ class DrafterConfig:
 
     def __post_init__(self) -> None:
         ids = self.aux_layer_ids
-        if len(ids) != 3 or not ids[0] < ids[1] < ids[2]:
-            raise ValueError(f"aux_layer_ids must be 3 strictly increasing ids, got {ids}")
+        if len(ids) < 2 or any(a >= b for a, b in zip(ids, ids[1:])):
+            raise ValueError(f"aux_layer_ids must be 2 or more (EAGLE-3: 3) strictly increasing ids, got {ids}")
         n = self.target_num_hidden_layers
-        if ids[0] < -1 or (n is not None and ids[2] > n - 2):
+        if ids[0] < -1 or (n is not None and ids[-1] > n - 2):
             raise ValueError(f"aux_layer_ids {ids} out of range for a target with "
                              f"{self.target_num_hidden_layers} layers (allowed -1..{self.target_num_hidden_layers - 2})")
         if self.hidden_size != self.target_hidden_size:

@@ -10,7 +10,7 @@ slot i (tested against the cached chain). SpecForge's unroll shifts rope the sam
 update also hides step-0 keys i-s+1..i from step s; we follow inference so training and serving agree.
 
 A batch is a list of samples (dicts of tensors, as the spool stores them): `input_ids` [T], `aux_hidden`
-[T, 3*Ht], soft labels `topk_ids`/`topk_probs` [T, k] or `target_probs` [T, V], optional `loss_mask` [T]
+[T, n*Ht], soft labels `topk_ids`/`topk_probs` [T, k] or `target_probs` [T, V], optional `loss_mask` [T]
 (True where token j is to be learned, e.g. response tokens).
 """
 from __future__ import annotations
@@ -45,10 +45,10 @@ def draft_labels(sample: Any, drafter: Eagle3Drafter) -> torch.Tensor:
 
 
 def collate(batch: list[Any], drafter: Eagle3Drafter) -> dict[str, torch.Tensor]:
-    """Right-pad a list of samples: ids [B,T], aux [B,T,3Ht], labels [B,T,Vd], valid/loss_mask [B,T]."""
+    """Right-pad a list of samples: ids [B,T], aux [B,T,n*Ht], labels [B,T,Vd], valid/loss_mask [B,T]."""
     device, dtype = drafter.fc.weight.device, drafter.fc.weight.dtype
     B, T = len(batch), max(int(_get(s, "input_ids").shape[0]) for s in batch)
-    out = {"ids": torch.zeros(B, T, dtype=torch.long), "aux": torch.zeros(B, T, 3 * drafter.config.target_hidden_size),
+    out = {"ids": torch.zeros(B, T, dtype=torch.long), "aux": torch.zeros(B, T, drafter.fc.in_features),
            "labels": torch.zeros(B, T, drafter.config.draft_vocab_size),
            "valid": torch.zeros(B, T, dtype=torch.bool), "loss_mask": torch.zeros(B, T, dtype=torch.bool)}
     for b, s in enumerate(batch):
@@ -84,7 +84,7 @@ def chain_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, ks: lis
 
 def ttt_unroll(drafter: Eagle3Drafter, ids: torch.Tensor, aux: torch.Tensor, valid: torch.Tensor,
                length: int) -> list[torch.Tensor]:
-    """ids [B,T]; aux [B,T,3Ht]; valid [B,T] -> `length` draft logits [B,T,Vd]; step s at position i
+    """ids [B,T]; aux [B,T,n*Ht]; valid [B,T] -> `length` draft logits [B,T,Vd]; step s at position i
     predicts token i+s+2."""
     B, T = ids.shape
     r = drafter.project(aux)

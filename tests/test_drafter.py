@@ -93,6 +93,23 @@ def test_default_aux_layer_ids_follow_sglang():
     assert default_aux_layer_ids(28) == [1, 13, 24]
     ids = default_aux_layer_ids(4)                     # SGLang's [1, 1, 0] collides on shallow targets
     assert ids[0] < ids[1] < ids[2] <= 2
+    assert default_aux_layer_ids(3) == [0, 1] and default_aux_layer_ids(2) == [-1, 0]
+
+
+def test_two_layer_target_gets_a_two_aux_layer_drafter(tiny_tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from harvest.capture import capture
+    from harvest.tiny import make_tiny_model
+    from harvest.train_step import make_optimizer, train_step
+
+    target = make_tiny_model(tmp_path / "t", tokenizer=tiny_tokenizer, num_layers=2)
+    d = load_drafter(save_drafter(init_drafter(target), tmp_path / "d"), target_config=target)
+    assert d.config.aux_layer_ids == [-1, 0] and d.fc.in_features == 2 * d.config.target_hidden_size
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    samples = capture(model, [list(range(5, 17))], d.config.aux_layer_ids, topk=8)
+    assert samples[0].aux_hidden.shape == (12, 2 * d.config.target_hidden_size)
+    assert torch.isfinite(torch.tensor(train_step(d, make_optimizer(d), [s.tensors() for s in samples])["loss"]))
 
 
 # What SGLang's LlamaForCausalLMEagle3 (python/sglang/srt/models/llama_eagle3.py, sgl-project/sglang main

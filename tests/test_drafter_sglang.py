@@ -22,68 +22,73 @@ SCRIPT = r"""
 import json, socket, sys, torch, torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import LlamaConfig
-sys.path.insert(0, sys.argv[2])
+sys.path.insert(0, sys.argv[1])
 from sglang.test.layer_ut_utils import init_single_process_dist
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
 init_single_process_dist(master_port=port)
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 from harvest.checkpoint import load_drafter
 
-ckpt = sys.argv[1]
-model = LlamaForCausalLMEagle3(LlamaConfig(**json.load(open(ckpt + "/config.json"))))
-model.load_weights(load_file(ckpt + "/model.safetensors").items())
-ours = load_drafter(ckpt)
-m, layer = model.model, model.model.layers[0]
-g = torch.Generator().manual_seed(0)
-T = 9
-ids = torch.randint(0, ours.config.vocab_size, (T,), generator=g)
-aux = torch.randn(T, 3 * ours.config.target_hidden_size, generator=g)
-pos = torch.arange(T)
-with torch.no_grad():
-    h = m.fc(aux)                                   # LlamaModel.forward + LlamaDecoderLayer.forward, layer 0
-    residual = h
-    x = torch.cat([layer.input_layernorm(m.embed_tokens(ids)), layer.hidden_norm(h)], dim=-1)
-    attn = layer.self_attn
-    q, k, v = attn.forward_prepare_native(pos, x)
-    nh, nkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
-    q, k, v = (t.view(T, n, d).transpose(0, 1) for t, n in ((q, nh), (k, nkv), (v, nkv)))
-    o = F.scaled_dot_product_attention(q, k.repeat_interleave(nh // nkv, 0), v.repeat_interleave(nh // nkv, 0),
-                                       is_causal=True, scale=attn.scaling)
-    o, _ = attn.o_proj(o.transpose(0, 1).reshape(T, nh * d))
-    y, residual = layer.post_attention_layernorm(o, residual)
-    y = layer.mlp(y)
-    to_logits, to_aux = m.norm(y, residual)
-    logits = (to_logits @ model.lm_head.weight.T)[:, : ours.config.draft_vocab_size]  # rows padded to 64
-    mine = ours(ids, aux, pos, [ours.new_cache()], [T])
-print(json.dumps({
-    "params": sorted(n for n, _ in model.named_parameters()),
-    "hidden_diff": float((to_aux - mine).abs().max()),
-    "logits_diff": float((logits - ours.draft_logits(mine)).abs().max()),
-    "hot_token_id": model.get_hot_token_id().tolist(),
-    "draft_to_target": ours.draft_to_target().tolist(),
-    "aux_layers": model.config.eagle_config["eagle_aux_hidden_state_layer_ids"],
-    "num_aux": m.num_aux_hidden_states,
-}))
+def check(ckpt):
+    model = LlamaForCausalLMEagle3(LlamaConfig(**json.load(open(ckpt + "/config.json"))))
+    model.load_weights(load_file(ckpt + "/model.safetensors").items())
+    ours = load_drafter(ckpt)
+    m, layer = model.model, model.model.layers[0]
+    g = torch.Generator().manual_seed(0)
+    T = 9
+    ids = torch.randint(0, ours.config.vocab_size, (T,), generator=g)
+    aux = torch.randn(T, ours.fc.in_features, generator=g)
+    pos = torch.arange(T)
+    with torch.no_grad():
+        h = m.fc(aux)                                   # LlamaModel.forward + LlamaDecoderLayer.forward, layer 0
+        residual = h
+        x = torch.cat([layer.input_layernorm(m.embed_tokens(ids)), layer.hidden_norm(h)], dim=-1)
+        attn = layer.self_attn
+        q, k, v = attn.forward_prepare_native(pos, x)
+        nh, nkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        q, k, v = (t.view(T, n, d).transpose(0, 1) for t, n in ((q, nh), (k, nkv), (v, nkv)))
+        o = F.scaled_dot_product_attention(q, k.repeat_interleave(nh // nkv, 0), v.repeat_interleave(nh // nkv, 0),
+                                           is_causal=True, scale=attn.scaling)
+        o, _ = attn.o_proj(o.transpose(0, 1).reshape(T, nh * d))
+        y, residual = layer.post_attention_layernorm(o, residual)
+        y = layer.mlp(y)
+        to_logits, to_aux = m.norm(y, residual)
+        logits = (to_logits @ model.lm_head.weight.T)[:, : ours.config.draft_vocab_size]  # rows padded to 64
+        mine = ours(ids, aux, pos, [ours.new_cache()], [T])
+    return {
+        "params": sorted(n for n, _ in model.named_parameters()),
+        "hidden_diff": float((to_aux - mine).abs().max()),
+        "logits_diff": float((logits - ours.draft_logits(mine)).abs().max()),
+        "hot_token_id": model.get_hot_token_id().tolist(),
+        "draft_to_target": ours.draft_to_target().tolist(),
+        "aux_layers": model.config.eagle_config["eagle_aux_hidden_state_layer_ids"],
+        "num_aux": m.num_aux_hidden_states,
+    }
+
+print(json.dumps([check(c) for c in sys.argv[2:]]))
 """
 
 
 @pytest.mark.skipif(not SGLANG_PY.exists(), reason="real SGLang not installed in .venv-sglang")
 def test_sglang_loads_and_recomputes_our_drafter(tiny_qwen2, tmp_path):
     keep = [0, 2, 5, 7, 11] + list(range(20, 300, 3))   # a reduced draft vocabulary exercises d2t
-    d = init_drafter(tiny_qwen2, seed=2, aux_layer_ids=[0, 1, 2], draft_token_ids=keep)
-    d.config.rope_theta = 500000.0  # not the default, so SGLang must read ours
-    path = save_drafter(d, tmp_path / "drafter")
+    three = init_drafter(tiny_qwen2, seed=2, aux_layer_ids=[0, 1, 2], draft_token_ids=keep)
+    three.config.rope_theta = 500000.0  # not the default, so SGLang must read ours
+    two = init_drafter(tiny_qwen2, seed=3, aux_layer_ids=[-1, 1])  # 2 aux layers (SGLang 0.5.23 sizes fc by ids)
+    paths = [str(save_drafter(d, tmp_path / name)) for d, name in ((three, "three"), (two, "two"))]
     env = {**os.environ, "PYTHONPATH": str(ROOT / ".venv-sglang" / "shim")}
-    proc = subprocess.run([str(SGLANG_PY), "-c", SCRIPT, str(path), str(ROOT)], capture_output=True, text=True,
+    proc = subprocess.run([str(SGLANG_PY), "-c", SCRIPT, str(ROOT), *paths], capture_output=True, text=True,
                           env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r3, r2 = json.loads(proc.stdout.strip().splitlines()[-1])
     # every parameter SGLang registers for the drafter is one our checkpoint fills (midlayer -> layers.0)
-    assert r["params"] == sorted([
+    assert r3["params"] == r2["params"] == sorted([
         "lm_head.weight", "model.embed_tokens.weight", "model.fc.weight", "model.layers.0.hidden_norm.weight",
         "model.layers.0.input_layernorm.weight", "model.layers.0.mlp.down_proj.weight",
         "model.layers.0.mlp.gate_up_proj.weight", "model.layers.0.post_attention_layernorm.weight",
         "model.layers.0.self_attn.o_proj.weight", "model.layers.0.self_attn.qkv_proj.weight", "model.norm.weight"])
-    assert r["hidden_diff"] < 1e-4 and r["logits_diff"] < 1e-4, r
-    assert r["hot_token_id"] == r["draft_to_target"] == sorted(keep)
-    assert r["aux_layers"] == [0, 1, 2] and r["num_aux"] == 3
+    for r in (r3, r2):
+        assert r["hidden_diff"] < 1e-4 and r["logits_diff"] < 1e-4, r
+        assert r["hot_token_id"] == r["draft_to_target"]
+    assert r3["hot_token_id"] == sorted(keep) and r2["hot_token_id"] == list(range(two.config.vocab_size))
+    assert (r3["aux_layers"], r3["num_aux"], r2["aux_layers"], r2["num_aux"]) == ([0, 1, 2], 3, [-1, 1], 2)
