@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import httpx
-import pytest
 
 from gleanrl import main
 from serving import wait_until
