@@ -114,6 +114,8 @@ def test_resume_after_crash_equals_uninterrupted_run(tiny_qwen2, server, tmp_pat
     with pytest.raises(Crash):
         train(crashed, task=ToyTask(), hooks=CrashAtStep(2), log=quiet)
     assert (tmp_path / "b" / "weight_v1").is_dir() and not (tmp_path / "b" / "weight_v2").exists()
+    with pytest.raises(ValueError, match="--resume"):  # a fresh run must not mix with old checkpoints
+        train(crashed, task=ToyTask(), log=quiet)
     row = train(crashed, task=ToyTask(), resume=True, log=quiet)
     assert row["step"] == 2
     a, b = _weights(tmp_path / "a" / "weight_v2"), _weights(tmp_path / "b" / "weight_v2")

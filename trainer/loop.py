@@ -29,7 +29,7 @@ import time
 import torch
 
 from clients.rollout_client import RolloutClient, RolloutServerError
-from trainer.checkpoint import load_latest, save_checkpoint
+from trainer.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from trainer.config import TrainConfig, write_resolved
 from trainer.generate import NoHooks, RolloutHooks, make_rollouts, run_step, sampling_params
 from trainer.metrics import MetricsLog, rollout_metrics
@@ -45,8 +45,10 @@ def train(cfg: TrainConfig, task=None, hooks: RolloutHooks | None = None, resume
     torch.set_num_threads(cfg.trainer_threads)
     torch.manual_seed(cfg.seed)
     task = task or _load_task(cfg)
-    write_resolved(cfg, cfg.out)
     resumed = load_latest(cfg.out) if resume else None
+    if not resume and list_checkpoints(cfg.out):
+        raise ValueError(f"{cfg.out} already holds step checkpoints: pass --resume to continue, or use another --out")
+    write_resolved(cfg, cfg.out)
     policy = Policy(cfg, str(resumed.path) if resumed else cfg.model)
     if resumed:
         policy.optimizer.load_state_dict(resumed.optimizer_state)
@@ -66,7 +68,7 @@ def train(cfg: TrainConfig, task=None, hooks: RolloutHooks | None = None, resume
 
 async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: tuple[str, str], log) -> dict:
     client = RolloutClient(cfg.servers or [server.url], cfg.api_key, cfg.admin_api_key, cfg.request_timeout_s)
-    metrics = MetricsLog(cfg.out, resume_step=start)
+    metrics = MetricsLog(cfg.out, resume_step=start if start else None)
     state = {"path": weights[0], "version": weights[1]}
 
     async def resync() -> None:  # wait for the server(s), then make them serve exactly our weights
