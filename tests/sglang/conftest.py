@@ -18,11 +18,52 @@ def _need_sglang():
 
 
 @pytest.fixture(scope="session")
-def sglang_model(tmp_path_factory, tiny_qwen2) -> Path:
-    """A private copy of the tiny Qwen2 policy for the shared server."""
+def sglang_model(tmp_path_factory) -> Path:
+    """A private copy of the task's tiny bootstrap policy (Qwen2), which the shared server serves."""
     if not available():
         pytest.skip(SKIP_REASON)
-    return Path(shutil.copytree(tiny_qwen2, tmp_path_factory.mktemp("sglang") / "policy"))
+    from trainer.bootstrap import bootstrap_policy
+    return Path(shutil.copytree(bootstrap_policy(size="tiny", progress=False),
+                                tmp_path_factory.mktemp("sglang") / "policy"))
+
+
+@pytest.fixture(scope="session")
+def sglang_tokenizer(sglang_model):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(sglang_model)
+
+
+@pytest.fixture(scope="session")
+def sglang_model_b(sglang_model, tmp_path_factory) -> Path:
+    """A policy checkpoint as the trainer writes one (`save_pretrained`): same layout, other weights."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(sglang_model, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=gen) * 0.05)
+    out = tmp_path_factory.mktemp("sglang") / "policy_b"
+    model.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(sglang_model).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def other_arch_model(sglang_model, tmp_path_factory) -> Path:
+    """A Llama checkpoint with the serving Qwen2 policy's shapes (no q/k/v biases)."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    c = json.loads((sglang_model / "config.json").read_text())
+    keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "intermediate_size", "max_position_embeddings", "eos_token_id", "pad_token_id")
+    torch.manual_seed(2)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**{k: c[k] for k in keys}), dtype=torch.float32)
+    out = tmp_path_factory.mktemp("sglang") / "llama"
+    model.save_pretrained(out, safe_serialization=True)
+    return out
 
 
 @pytest.fixture(scope="session")
