@@ -104,21 +104,35 @@ class Fanin:
         self.keys = []
 
 
+class Disconnected(Exception):
+    """The client went away before the answer was ready."""
+
+
 async def wait_disconnect(request) -> None:
     """Returns when the client has gone (call only after the body was read)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
-async def collect(run: Fanin, request) -> list[Track] | None:
-    """Drain `run` unless the client disconnects first (then abort it and return None)."""
-    drain = asyncio.ensure_future(run.drain())
+async def unless_disconnected(awaitable, request):
+    """The result of `awaitable`, or `Disconnected` if the client goes first (the awaitable is cancelled)."""
+    work = asyncio.ensure_future(awaitable)
     gone = asyncio.ensure_future(wait_disconnect(request))
     try:
-        await asyncio.wait({drain, gone}, return_when=asyncio.FIRST_COMPLETED)
-        return drain.result() if drain.done() else None
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            raise Disconnected
+        return work.result()
     finally:
         gone.cancel()
-        drain.cancel()
-        run.close()
+        work.cancel()
 
+
+async def collect(run: Fanin, request) -> list[Track] | None:
+    """Drain `run` unless the client disconnects first (then abort it and return None)."""
+    try:
+        return await unless_disconnected(run.drain(), request)
+    except Disconnected:
+        return None
+    finally:
+        run.close()

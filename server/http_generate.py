@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from server.detok import output_text
-from server.fanin import Fanin, Track, collect
+from server.fanin import Disconnected, Fanin, Track, collect, unless_disconnected
 from server.protocol import GenerateRequest, SamplingParams
 from server.schemas import NEUTRAL_SAMPLING, ApiError, GenerateIn, SamplingIn, parse
 
@@ -167,8 +167,11 @@ async def stream(run: Fanin, request: Request, chunks, tail=lambda: []) -> Respo
     [DONE]. 400 if the engine refuses before the first update. A disconnect cancels the body iterator,
     whose `finally` aborts the engine requests."""
     events = run.events()
-    try:
-        first = await anext(events)
+    try:  # waiting for the first update (queued, paused) also ends when the client goes
+        first = await unless_disconnected(anext(events), request)
+    except Disconnected:
+        run.close()
+        return Response(status_code=499)
     except BaseException:
         run.close()
         raise

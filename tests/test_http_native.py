@@ -178,6 +178,19 @@ def test_pause_holds_requests_and_continue_releases_them(url):
     assert box["out"]["meta_info"]["completion_tokens"] == 4
 
 
+def test_disconnect_while_queued_behind_a_pause_drops_the_request(url):
+    assert httpx.post(f"{url}/pause_generation").status_code == 200
+    try:
+        for stream in (True, False):
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{url}/generate", json={"text": PROMPTS[1], "stream": stream, "sampling_params": greedy(5)},
+                           timeout=httpx.Timeout(60, read=0.5))
+            assert wait_until(lambda: server_stats(url)["num_queue_reqs"] == 0)
+    finally:
+        httpx.post(f"{url}/continue_generation")
+    assert server_stats(url)["num_running_reqs"] == 0
+
+
 def test_info_health_flush_and_metrics(url):
     info = httpx.get(f"{url}/model_info").json()
     assert info["model_path"] and info["weight_version"] and "draft_weight_version" in info
