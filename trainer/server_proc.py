@@ -11,6 +11,13 @@ import sys
 from pathlib import Path
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the server when the trainer dies, even by kill -9 (no orphaned servers)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -43,7 +50,7 @@ class EmbeddedServer:
         root = str(Path(__file__).resolve().parent.parent)  # gleanrl.py lives at the repository root
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_die_with_parent)
         if log is not subprocess.DEVNULL:
             log.close()
 
