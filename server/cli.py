@@ -9,23 +9,28 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "--model-path", dest="model", required=True, help="Hugging Face model directory")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
-    p.add_argument("--max-running-requests", type=int, default=32)
-    p.add_argument("--context-length", type=int, default=None, help="default: the model's max_position_embeddings")
+    p.add_argument("--model", "--model-path", dest="model", required=True,
+                   help="Hugging Face model directory (safetensors, tokenizer, chat template)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=30000, help="port to listen on")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the engine runs")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                   help="auto: float32 on cpu, bfloat16 on cuda")
+    p.add_argument("--max-running-requests", type=int, default=32, help="requests decoding at once; the rest queue")
+    p.add_argument("--context-length", type=int, default=None, help="None: the model's max_position_embeddings")
     p.add_argument("--api-key", default=None, help="Bearer key for every route but /health")
     p.add_argument("--admin-api-key", default=None,
                    help="Bearer key for weight updates, pause/continue, flush and abort-all")
-    p.add_argument("--served-model-name", default=None, help="model name in /v1 (default: the directory's name)")
+    p.add_argument("--served-model-name", default=None, help="model name in /v1 (None: the directory's name)")
     p.add_argument("--drafter", default=None, help="EAGLE-3 drafter directory")
     p.add_argument("--sd", choices=["off", "on", "adaptive"], default="adaptive", help="speculative decoding")
     p.add_argument("--sd-max-batch", type=int, default=8, help="adaptive: SD only while this many requests run")
-    p.add_argument("--num-draft-tokens", type=int, default=None, help="fixed draft length (default: per batch bucket)")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads for the engine")
-    p.add_argument("--backend", choices=["embedded", "sglang"], default="embedded")
+    p.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="fixed draft length (None: chosen per batch-size bucket)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads for the engine (None: torch's default)")
+    p.add_argument("--backend", choices=["embedded", "sglang"], default="embedded",
+                   help="embedded PyTorch engine, or stock SGLang (GPU)")
     g = p.add_argument_group("--backend sglang only")
     g.add_argument("--speculative-num-steps", type=int, default=None)
     g.add_argument("--speculative-eagle-topk", type=int, default=None)
