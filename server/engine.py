@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from typing import AsyncIterator
 
@@ -23,6 +24,7 @@ from server.scheduler import Scheduler, Sequence
 from server.stopping import StopChecker
 
 log = logging.getLogger(__name__)
+FLUSH_INTERVAL_S = 0.005  # streamed updates reach the event loop at most this late
 
 
 def _deliver(items: list) -> None:
@@ -46,7 +48,7 @@ class Engine(EngineControl):
         runner = ModelRunner.load(cfg.model_path, device=cfg.device, dtype=cfg.dtype)
         self.context_length = cfg.context_length or int(getattr(runner.config, "max_position_embeddings", 4096))
         self.eos_ids = self._eos_ids(runner)
-        self.scheduler = Scheduler(runner, cfg.max_running_requests)
+        self.scheduler = Scheduler(runner, cfg.max_running_requests, context_length=self.context_length)
         self.spec = draft_swap.install(self.scheduler, cfg, self._config)  # SD step (plain until a drafter)
         self._rng = torch.Generator().manual_seed(cfg.seed)  # for requests without a seed
         self._cv = threading.Condition()
@@ -137,7 +139,7 @@ class Engine(EngineControl):
 
     def _finish(self, seq: Sequence, abort_message: str | None = None) -> None:
         """Under the lock, once removed from the running set: free its cache and rid, send its last update."""
-        seq.cache = None
+        self.scheduler.free_cache(seq)
         self._rids.discard(seq.req.rid)
         self.scheduler.emit(seq, abort_message)
 
@@ -170,9 +172,11 @@ class Engine(EngineControl):
         return not self._paused and bool(self.scheduler.running or self.scheduler.waiting)
 
     def _loop(self) -> None:
+        last_flush = 0.0
         while True:
             with self._cv:
                 while not (self._stopping or self._swap or self._has_work()):
+                    self._flush()
                     self._cv.wait()
                 if self._stopping:
                     return
@@ -193,5 +197,9 @@ class Engine(EngineControl):
                     self._in_step = False
                     self._reap(finished)
                     self._cv.notify_all()
-                self._flush()
+                # each flush wakes the consumers' event loop, a GIL hand-off that costs as much as a
+                # small model's decode step: coalesce updates, but deliver a finished request at once
+                if finished or time.monotonic() - last_flush >= FLUSH_INTERVAL_S:
+                    self._flush()
+                    last_flush = time.monotonic()
 

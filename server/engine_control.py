@@ -54,7 +54,8 @@ class EngineControl:
         self.model_path, self._config, self._signature = swap["path"], swap["config"], swap["sig"]
         if swap["flush"]:
             for s in sched.running:
-                s.cache = sched.runner.new_cache(capacity=s.total_len + 64)
+                sched.free_cache(s)
+                s.cache = sched.new_cache(s)
         swap["done"].set()
 
     def pause(self) -> None:

@@ -12,6 +12,7 @@ from torch import nn
 
 from harvest.kv import SeqKVCache, ragged_attention
 from server.attention import decode_attention
+from server.kv_pool import DecodePlan, decode_plan, pooled_decode_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -95,14 +96,18 @@ class ModelRunner:
         x = self.embed(token_ids)                                           # [N, H]
         cos, sin = self.rotary(x, positions[None])                          # [1, N, d]
         cos, sin = cos[0], sin[0]
+        plan = decode_plan(caches, seq_lens)
         capture = {i + 1: None for i in capture_layers or []}
         if any(not 1 <= i < self.num_layers for i in capture):  # as SGLang: only streams entering a layer
             raise ValueError(f"capture_layers must be in [0, {self.num_layers - 2}], got {capture_layers}")
         for i, layer in enumerate(self.layers):
             if i in capture:
                 capture[i] = x
-            x = x + self._attention(layer, layer.input_layernorm(x), cos, sin, caches, i, seq_lens, n)
+            x = x + self._attention(layer, layer.input_layernorm(x), cos, sin, caches, i, seq_lens, n, plan)
             x = x + self._mlp(i, layer, layer.post_attention_layernorm(x))
+        if plan is not None:  # the pooled path wrote K/V directly: advance the caches once, as append would
+            for c in caches:
+                c.length += 1
         if last_only:
             ends = torch.tensor(seq_lens, device=x.device).cumsum(0) - 1
             x = x[ends]
@@ -117,7 +122,8 @@ class ModelRunner:
         return layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
 
     def _attention(self, layer: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   caches: list[SeqKVCache], index: int, seq_lens: list[int], n: int) -> torch.Tensor:
+                   caches: list[SeqKVCache], index: int, seq_lens: list[int], n: int,
+                   plan: DecodePlan | None) -> torch.Tensor:
         attn = layer.self_attn
         nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = F.linear(h, *self.qkv[index]).split([nq, nkv, nkv], dim=-1)
@@ -127,7 +133,9 @@ class ModelRunner:
         if getattr(attn, "q_norm", None) is not None:                       # Qwen3
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if n == len(caches) > 1:  # a pure decode batch: one kernel for all sequences
+        if plan is not None:  # a pure decode batch in the slot pool
+            o = pooled_decode_attention(q, k, v, plan, index)
+        elif n == len(caches) > 1:  # a pure decode batch: one kernel for all sequences
             o = decode_attention(q, k, v, caches, index)
         else:
             o = ragged_attention(q, k, v, caches, index, seq_lens)          # [N, nh, d]

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from harvest.kv import SeqKVCache
+from server.kv_pool import KVPool
 from server.model_runner import ModelRunner
 from server.protocol import GenerateOutput, GenerateRequest
 from server.sampler import params_tensors, processed_probs, sample, token_logprobs
@@ -46,11 +47,14 @@ class Sequence:
 
 
 Emitted = list[tuple[list[int], list[float]]]  # per sequence: new token ids and their logprobs
+SD_MARGIN = 20  # room past the context length for a verify pass's draft tokens (k <= 16)
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, max_running: int, prefill_chunk: int = 1024):
+    def __init__(self, runner: ModelRunner, max_running: int, prefill_chunk: int = 1024,
+                 context_length: int | None = None):
         self.runner = runner
+        self.pool = KVPool.for_runner(runner, max_running, context_length + SD_MARGIN) if context_length else None
         self.max_running = max_running
         self.prefill_chunk = prefill_chunk
         self.waiting: deque[Sequence] = deque()
@@ -62,8 +66,22 @@ class Scheduler:
     def admit(self) -> None:
         while self.waiting and len(self.running) < self.max_running:
             seq = self.waiting.popleft()
-            seq.cache = self.runner.new_cache(capacity=min(seq.total_len + 64, 4096))
+            seq.cache = self.new_cache(seq)
             self.running.append(seq)
+
+    def new_cache(self, seq: Sequence) -> SeqKVCache:
+        """A slot of the pool when the sequence's longest possible length fits, else its own cache."""
+        longest = min(len(seq.req.input_ids) + seq.req.params.max_new_tokens, seq.stopper.context_length)
+        if self.pool is not None and longest + SD_MARGIN <= self.pool.capacity:
+            cache = self.pool.acquire()
+            if cache is not None:
+                return cache
+        return self.runner.new_cache(capacity=min(seq.total_len + 64, 4096))
+
+    def free_cache(self, seq: Sequence) -> None:
+        if seq.cache is not None and self.pool is not None:
+            self.pool.release(seq.cache)
+        seq.cache = None
 
     def step(self) -> list[Sequence]:
         """One iteration over the running set. Emits deltas of the unfinished sequences and returns the
