@@ -120,3 +120,19 @@ def test_errors_in_openai_shape(client, url):
     assert r.json()["error"]["param"] == "messages"
     ok = client.completions.create(model=NAME, prompt="hi", max_tokens=3, **GREEDY)
     assert ok.usage.completion_tokens == 3
+
+
+@pytest.mark.parametrize("arch", ["tiny_llama", "tiny_qwen3"])
+def test_other_architectures_serve_chat_and_greedy(arch, request):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = request.getfixturevalue(arch)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    messages = [{"role": "user", "content": "Hello, world!"}]
+    ids = tok.encode(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                     add_special_tokens=False)
+    with running_server(path) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+        out = client.chat.completions.create(model=client.models.list().data[0].id, messages=messages,
+                                             max_tokens=8, **GREEDY)
+        assert out.choices[0].message.content == tok.decode(hf_greedy(model, ids, 8), skip_special_tokens=True)
