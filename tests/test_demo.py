@@ -1,11 +1,13 @@
 """`gleanrl demo` end to end at tiny sizes: warm start, embedded server with adaptive SD, GRPO with
-harvest, one question through the openai client, report.md with its plots; a second run reuses the
-cached drafter."""
+harvest, one question through the openai client, report.md with its plots; the warm-started drafter is
+cached."""
 from __future__ import annotations
 
+import argparse
 import json
 
 import gleanrl
+from trainer.demo import warm_drafter
 
 
 def test_demo_runs_and_writes_report(tiny_qwen2, tmp_path, monkeypatch, capsys):
@@ -24,8 +26,9 @@ def test_demo_runs_and_writes_report(tiny_qwen2, tmp_path, monkeypatch, capsys):
         assert (out / png).stat().st_size > 1000 and f"]({png})" in report
     assert report.count("\n| 1 |") == 1 and report.count("\n| 2 |") == 1
 
-    assert gleanrl.main(argv[:-2] + ["--warm-steps", "3"]) == 0  # same settings: the drafter comes from the cache
-    assert "warm-started drafter" not in capsys.readouterr().out
+    args = json.loads((out / "demo.json").read_text())
+    cached = warm_drafter(tiny_qwen2, argparse.Namespace(**args))  # same settings: from the cache, no training
+    assert (cached / "config.json").exists() and "warm-started" not in capsys.readouterr().out
 
 
 def test_demo_refuses_a_foreign_out_dir(tmp_path, capsys):

@@ -115,54 +115,71 @@ def ask(url: str, question: list[dict], max_tokens: int) -> str:
     return reply.choices[0].message.content or ""
 
 
-def run(args: argparse.Namespace) -> int:
-    import httpx
-    import torch
-
-    from harvest.harvester import HarvestConfig, Harvester
-    from trainer.bootstrap import bootstrap_policy
-    from trainer.config import TrainConfig
-    from trainer.demo_report import write_report
-    from trainer.loop import train
+@contextlib.contextmanager
+def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adaptive"):
+    """An embedded server on the first half of the cores (this process keeps the other half)."""
     from trainer.server_proc import EmbeddedServer
-    from trainer.tasks import load_task
 
-    out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not (out / "demo.json").exists():
-        print(f"gleanrl demo: {out} is not empty and not a demo output; choose another --out", file=sys.stderr)
-        return 2
-    for sub in ("run", "harvest", "report.md"):
-        shutil.rmtree(out / sub, ignore_errors=True) if (out / sub).is_dir() else (out / sub).unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "demo.json").write_text(json.dumps({k: v for k, v in vars(args).items() if not k.startswith("_")}))
-    policy = Path(args.model) if args.model else bootstrap_policy(size=args.size, seed=args.seed)
-    drafter0 = warm_drafter(policy, args)
     cores = split_cores()
-    server = EmbeddedServer(str(policy), threads=len(cores[0]) if cores else 1,
-                            extra_args=["--drafter", str(drafter0), "--sd", "adaptive"], log_path=out / "server.log")
-    all_cores = os.sched_getaffinity(0) if cores else None
+    extra = (["--drafter", str(drafter)] if drafter else []) + ["--sd", sd if drafter else "off"]
+    server = EmbeddedServer(str(policy), threads=len(cores[0]) if cores else 1, extra_args=extra, log_path=log_path)
     with contextlib.ExitStack() as stack:
         if cores:
+            stack.callback(os.sched_setaffinity, 0, os.sched_getaffinity(0))
             os.sched_setaffinity(0, cores[0])  # the server process inherits this at spawn
         server.start()
         stack.callback(server.stop)
         if cores:
             os.sched_setaffinity(0, cores[1])
-            stack.callback(os.sched_setaffinity, 0, all_cores)
-        task = load_task(None)
+        _wait_healthy(server)
+        yield server
+
+
+def rl_config(policy: Path, out: Path, url: str, args: argparse.Namespace, seed: int):
+    from trainer.config import TrainConfig
+    cores = split_cores()
+    return TrainConfig(model=str(policy), out=str(out), servers=[url], steps=args.steps,
+                       prompts_per_step=args.prompts_per_step, samples_per_prompt=args.samples_per_prompt,
+                       max_new_tokens=args.max_new_tokens, lr=args.lr, seed=seed,
+                       trainer_threads=len(cores[1]) if cores else 1)
+
+
+def fresh_out(out: Path, marker: str, args: argparse.Namespace, subs: tuple[str, ...]) -> bool:
+    """Make `out` ready for a new run; False if it holds something that is not ours."""
+    if out.exists() and any(out.iterdir()) and not (out / marker).exists():
+        return False
+    for sub in subs:
+        shutil.rmtree(out / sub, ignore_errors=True) if (out / sub).is_dir() else (out / sub).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / marker).write_text(json.dumps({k: v for k, v in vars(args).items() if not k.startswith("_")}))
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    import httpx
+
+    from harvest.harvester import HarvestConfig, Harvester
+    from trainer.bootstrap import bootstrap_policy
+    from trainer.demo_report import write_report
+    from trainer.loop import train
+    from trainer.tasks import load_task
+
+    out = Path(args.out)
+    if not fresh_out(out, "demo.json", args, ("run", "harvest", "report.md")):
+        print(f"gleanrl demo: {out} is not empty and not a demo output; choose another --out", file=sys.stderr)
+        return 2
+    policy = Path(args.model) if args.model else bootstrap_policy(size=args.size, seed=args.seed)
+    drafter0 = warm_drafter(policy, args)
+    task = load_task(None)
+    with serving(policy, drafter0, out / "server.log") as server:
         harvester = Harvester(policy, drafter0, out / "harvest" / "spool", push=None,
                               cfg=HarvestConfig(push_every=20, seed=args.seed))
         hooks = demo_hooks(harvester)
-        cfg = TrainConfig(model=str(policy), out=str(out / "run"), servers=[server.url], steps=args.steps,
-                          prompts_per_step=args.prompts_per_step, samples_per_prompt=args.samples_per_prompt,
-                          max_new_tokens=args.max_new_tokens, lr=args.lr, seed=args.seed,
-                          trainer_threads=len(cores[1]) if cores else 1)
-        _wait_healthy(httpx, server)
-        train(cfg, task=task, hooks=hooks, log=table_logger(out / "run" / "metrics.jsonl"))
+        train(rl_config(policy, out / "run", server.url, args, args.seed), task=task, hooks=hooks,
+              log=table_logger(out / "run" / "metrics.jsonl"))
         sample = task.prompts("test", 1, args.seed)[0]
         answer = ask(server.url, sample["messages"], args.max_new_tokens)
         info = httpx.get(f"{server.url}/model_info", timeout=30).json()
-    torch.set_num_threads(1)
     print(f"\nQ: {sample['messages'][-1]['content']}\nA: {answer}\n(reward {task.reward(sample, answer):.0f}; "
           f"policy version {info.get('weight_version')}, drafter version {info.get('draft_weight_version')})")
     rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -171,14 +188,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wait_healthy(httpx, server, timeout_s: float = 180.0) -> None:
+def _wait_healthy(server, timeout_s: float = 180.0) -> None:
     import time
+
+    import httpx
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not server.alive():
-            raise SystemExit(f"gleanrl demo: the server exited:\n{server.log_tail()}")
+            raise SystemExit(f"gleanrl: the rollout server exited:\n{server.log_tail()}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
                 return
         time.sleep(0.5)
-    raise SystemExit(f"gleanrl demo: the server did not become healthy in {timeout_s:.0f} s")
+    raise SystemExit(f"gleanrl: the rollout server did not become healthy in {timeout_s:.0f} s")

@@ -1,0 +1,40 @@
+"""`gleanrl bench e2e`: the summary's arithmetic on known rows, and one tiny run of all four arms."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import gleanrl
+from trainer.bench_e2e import RUNS, summarize
+
+
+def _rows(step_s: list[float], accept: float, rewards: list[float], overrun: float = 0.0) -> list[dict]:
+    return [{"step": i + 1, "rollout_s": s - 1.0, "train_s": 0.75, "push_s": 0.25, "spec_accept_length": accept,
+             "reward_mean": r, "accuracy": r / 2, "idle_overrun_s": overrun, "drafter_version": i}
+            for i, (s, r) in enumerate(zip(step_s, rewards))]
+
+
+def test_summary_arithmetic():
+    runs = dict(zip(RUNS, [_rows([4, 4], 0.0, [0.1, 0.3]), _rows([2, 2], 3.0, [0.2, 0.3], overrun=0.04),
+                           _rows([3, 3], 2.0, [0.1, 0.2]), _rows([4, 4], 0.0, [0.3, 0.4])]))
+    s = summarize(runs)
+    assert s["steps"] == 2 and s["speedup_e2e"] == pytest.approx(2.0)
+    assert s["accept_len_adaptive"] == pytest.approx(3.0) and s["accept_len_stale"] == pytest.approx(2.0)
+    assert s["drafter_overhead"] == pytest.approx(0.08 / 4)
+    assert s["reward_gap_ab"] == pytest.approx(0.05) and s["reward_noise_seed"] == pytest.approx(0.15)
+    assert s["reward_a"] == [0.1, 0.3] and s["reward_b"] == [0.2, 0.3] and s["drafter_version"] == 1
+
+
+def test_bench_e2e_tiny_run(tiny_qwen2, tmp_path, monkeypatch):
+    monkeypatch.setenv("GLEANRL_CACHE", str(tmp_path / "cache"))
+    out, js = tmp_path / "bench", tmp_path / "bench.json"
+    assert gleanrl.main(["bench", "e2e", "--out", str(out), "--json", str(js), "--model", str(tiny_qwen2),
+                         "--steps", "1", "--prompts-per-step", "2", "--samples-per-prompt", "2",
+                         "--max-new-tokens", "16", "--warm-prompts", "4", "--warm-steps", "2"]) == 0
+    s = json.loads(js.read_text())
+    for key in ("speedup_e2e", "accept_len_adaptive", "accept_len_stale", "steps", "reward_a", "reward_b"):
+        assert key in s
+    assert s["steps"] == 1 and s["speedup_e2e"] > 0 and len(s["reward_a_seed2"]) == 1
+    assert s["accept_len_adaptive"] >= 1.0 and s["accept_len_stale"] >= 1.0  # SD ran in both drafter arms
+    assert all((out / name / "metrics.jsonl").exists() for name in RUNS)
