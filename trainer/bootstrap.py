@@ -1,5 +1,5 @@
 """`gleanrl bootstrap`: train the built-in task's small policy from scratch, by supervised fine-tuning
-on the task's reference solutions, and save it as a normal Hugging Face model directory (Qwen2
+on the task's reference solutions, and save it as a normal Hugging Face model directory (Llama
 architecture, safetensors, character-level tokenizer with a ChatML chat template, eos = <|im_end|>).
 
 Deterministic for a seed (on a given machine and thread count) and cached: the output directory
@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
+import resource
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -44,7 +45,7 @@ class PolicySize:
 SIZES = {
     "small": PolicySize(hidden=512, layers=6, heads=8, kv_heads=8, intermediate=1536, train_tokens=1_200_000),
     "tiny": PolicySize(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, train_tokens=150_000,
-                       batch_tokens=2048, lr=3e-3, bf16=False),
+                       batch_tokens=1024, lr=1e-2, bf16=False),
 }
 
 
@@ -80,10 +81,12 @@ def bootstrap_policy(out_dir: str | os.PathLike | None = None, task=None, seed: 
         from trainer.tasks.sft import train_policy
         from trainer.tasks import load_task
 
-        start = time.time()
+        start, cpu = time.time(), resource.getrusage(resource.RUSAGE_SELF)
         with atomic_dir(out) as tmp:
             stats = train_policy(tmp, load_task(task), SIZES[size], seed=seed, progress=progress)
-            stats.update(key=key, params=params, seconds=round(time.time() - start, 1))
+            used = resource.getrusage(resource.RUSAGE_SELF)  # CPU time: wall time on a busy machine misleads
+            stats.update(key=key, params=params, seconds=round(time.time() - start, 1),
+                         cpu_seconds=round(used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime, 1))
             (tmp / "bootstrap.json").write_text(json.dumps(stats, indent=1))
     return out
 

@@ -50,9 +50,11 @@ def _collate(examples: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.
 
 
 def build_model(tokenizer, size, seed: int):
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
-    config = Qwen2Config(
+    # Llama, not Qwen2: transformers 5 loads any qwen2 model's tokenizer as Qwen2Tokenizer (byte-level BPE),
+    # which would silently re-tokenize this character-level vocabulary; llama honours tokenizer.json.
+    config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=size.hidden, num_hidden_layers=size.layers,
         num_attention_heads=size.heads, num_key_value_heads=size.kv_heads, intermediate_size=size.intermediate,
         max_position_embeddings=size.context, tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
