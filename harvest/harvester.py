@@ -26,7 +26,7 @@ from harvest.acceptance import acceptance_length
 from harvest.capture import capture
 from harvest.checkpoint import load_drafter, save_drafter
 from harvest.idle import IdleReport, IdleWindow, Waiting, run_window
-from harvest.push import make_pusher
+from harvest.push import PushError, make_pusher
 from harvest.spool import Spool, SpoolConfig
 from harvest.train_step import make_optimizer, train_step
 
@@ -75,6 +75,7 @@ class Harvester:
         self._lock = threading.RLock()  # drafter, optimizer and serving copy
         self._gen = torch.Generator().manual_seed(self.cfg.seed)
         self.steps, self.last_metrics, self.idle = 0, {}, IdleReport()
+        self._since_push, self._closing = 0, threading.Event()  # set while an idle window is closing
         self.history: list[dict] = []  # one row per push attempt: version, candidate, serving, pushed
 
     def _latest_pushed(self) -> tuple[int, Path] | None:
@@ -104,12 +105,18 @@ class Harvester:
             self.last_metrics = train_step(self.drafter, self.optimizer, [it.tensors for it in batch],
                                            length=self.cfg.ttt_length)
             self.steps += 1
-        if self.cfg.push_every and self.steps % self.cfg.push_every == 0:
-            self.maybe_push()
+        self._since_push += 1
+        if self.cfg.push_every and self._since_push >= self.cfg.push_every and not self._closing.is_set():
+            self._since_push = 0  # a push is not started once the window is closing: it waits for the next
+            try:
+                self.maybe_push()
+            except PushError as exc:  # the server keeps the old drafter; RL must not stop for it
+                self.history.append({"version": self.version, "pushed": False, "error": str(exc)})
         return self.last_metrics
 
     def train_while(self, waiting: Waiting, max_steps: int | None = None) -> IdleReport:
         """Train in this thread while `waiting` is open (a callable returning True, or a set Event)."""
+        self._closing.clear()
         report = run_window(self._idle_step, waiting, max_steps)
         self.idle = self.idle.merge(report)
         return report
@@ -164,7 +171,12 @@ class _ReportingWindow(IdleWindow):
         super().__init__(step)
         self._harvester = harvester
 
+    def open(self) -> IdleWindow:
+        self._harvester._closing.clear()
+        return super().open()
+
     def close(self) -> IdleReport:
+        self._harvester._closing.set()
         report = super().close()
         self._harvester.idle = self._harvester.idle.merge(report)
         return report

@@ -80,6 +80,10 @@ def test_refused_push_keeps_serving_version(setup, tmp_path):
     with pytest.raises(PushError, match="says no"):
         h.maybe_push()
     assert h.version == 0 and h.history == []
+    h.cfg.push_every = 5  # inside training, a refused push is recorded and training goes on
+    assert h.train_while(lambda: True, max_steps=20).steps == 20
+    assert h.version == 0 and len(h.history) == 4 and not any(p["pushed"] for p in h.history)
+    assert any("says no" in p.get("error", "") for p in h.history)
 
 
 def test_background_window_trains_until_closed(setup, tmp_path):
