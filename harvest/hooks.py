@@ -7,6 +7,11 @@ in `harvest` imports `trainer`).
   rollouts into the spool, then trains the drafter, one micro-step at a time, pushing a better drafter
   every `push_every` steps. Leaving the window stops it within one micro-step. Rollouts still queued
   when the policy changes are dropped (their capture would need the old policy), and counted.
+
+Cores on one CPU machine: give the server and the trainer their own cores, as a GPU cluster gives them
+their own devices, so that drafter training really uses idle trainer compute, e.g. on 2 cores
+`taskset -c 0 gleanrl serve --threads 1 ...` and `taskset -c 1 gleanrl train --trainer-threads 1 ...`
+(`gleanrl demo` and `bench e2e` do this with CPU affinity).
 """
 from __future__ import annotations
 
