@@ -145,7 +145,7 @@ class SpecDecoder:
             capture_layers=self.drafter.config.aux_layer_ids, last_only=False)  # [N, V], [N, 3*Ht]
         out = {}
         for b, (s, st, lg, ax) in enumerate(zip(seqs, states, logits.split(lens), aux.split(lens))):
-            d = torch.tensor([drafts[b]])                                     # [1, k]
+            d = torch.tensor([drafts[b]], device=lg.device)                   # [1, k]
             pick = {key: v[b].expand(lens[b]) for key, v in prm.items()}
             if pick["temperature"][0] <= 0:
                 n_acc, ids = verify_greedy(d, lg.argmax(-1)[None])
@@ -154,7 +154,8 @@ class SpecDecoder:
                 n_acc, ids = verify_sampled(d, qs[b][None], p[None], [s.generator])
             n = int(n_acc[0])
             ids = ids[0, :n + 1]
-            lps = token_logprobs(lg[:n + 1], ids, pick["temperature"][:n + 1], pick["top_p"][:n + 1])
+            lps = (token_logprobs(lg[:n + 1], ids, pick["temperature"][:n + 1], pick["top_p"][:n + 1]).tolist()
+                   if s.req.return_logprob else [0.0] * (n + 1))              # as the plain step: on request
             s.cache.truncate(starts[b] + n + 1)                               # keep [.., d_n]; emit bonus next
             st.cache.truncate(starts[b] - st.start)                           # drop the drafter's own states
             st.add(ax[:n + 1])
@@ -162,5 +163,5 @@ class SpecDecoder:
             s.spec_accepted += n + 1
             self.verify_ct, self.verify_tokens = self.verify_ct + 1, self.verify_tokens + n + 1
             self.accept_hist[min(n + 1, len(self.accept_hist) - 1)] += 1
-            out[s] = (ids.tolist(), lps.tolist())
+            out[s] = (ids.tolist(), lps)
         return out

@@ -22,7 +22,8 @@ import torch
 
 def sample_rows(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
     """probs: [B, V] (rows sum to 1) -> ids [B], row b drawn with generators[b]."""
-    return torch.cat([torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(generators)])
+    rows = probs.float().cpu()  # the generators are CPU generators
+    return torch.cat([torch.multinomial(rows[b], 1, generator=g) for b, g in enumerate(generators)]).to(probs.device)
 
 
 def verify_greedy(draft_ids: torch.Tensor, target_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,7 +42,7 @@ def verify_sampled(draft_ids: torch.Tensor, draft_probs: torch.Tensor, target_pr
     idx = draft_ids.unsqueeze(-1)                                            # [B, k, 1]
     p_x = target_probs[:, :k].gather(-1, idx).squeeze(-1).float()            # [B, k]
     q_x = draft_probs.gather(-1, idx).squeeze(-1).float()                    # [B, k]
-    u = torch.stack([torch.rand(k, generator=g, device=p_x.device) for g in generators])
+    u = torch.stack([torch.rand(k, generator=g) for g in generators]).to(p_x.device)
     accept = u * q_x < p_x                                                   # u < p/q, no division by q = 0
     n_accepted = accept.to(torch.int64).cumprod(dim=1).sum(dim=1)            # [B]
     # position n_accepted: residual max(p - q, 0) after a rejection, plain p for the bonus (q := 0 there)
