@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
 
 PROMPTS = ["Question: what is 12 + 30? Answer:", "def add(a, b):", "Hello, world! How are you today?",
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         engine = Engine(EngineConfig(model_path=args.model, max_running_requests=64))
     except (OSError, ValueError) as exc:
-        print(f"error: cannot load {args.model}: {exc}")
+        print(f"error: cannot load {args.model}: {exc}", file=sys.stderr)
         return 2
     engine.start()
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
