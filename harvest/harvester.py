@@ -62,12 +62,15 @@ class Harvester:
     def __init__(self, target: str | Path | torch.nn.Module, drafter_dir: str | Path, spool_dir: str | Path | None,
                  push: Any = None, cfg: HarvestConfig | None = None):
         self.cfg = cfg or HarvestConfig()
-        self.target = _load_target(target)
+        self._target = target  # a model, or its directory (loaded on first use: the trainer passes its own)
+        if not isinstance(target, torch.nn.Module) and not (Path(target) / "config.json").is_file():
+            raise ValueError(f"{target} is not a model directory (no config.json)")
         self.spool = Spool(spool_dir, self.cfg.spool)
         base = Path(spool_dir).parent if spool_dir is not None else Path(drafter_dir).parent
         self.versions_dir = Path(self.cfg.versions_dir or base / "drafter_versions")
         self.version, start = self._latest_pushed() or (0, Path(drafter_dir))
-        self.drafter = load_drafter(start, target_config=self.target.config)
+        fit = target.config if isinstance(target, torch.nn.Module) else Path(target)
+        self.drafter = load_drafter(start, target_config=fit)
         self.serving = copy.deepcopy(self.drafter)
         self.optimizer = make_optimizer(self.drafter, lr=self.cfg.lr)
         self.layer_ids = list(self.drafter.config.aux_layer_ids)
@@ -77,6 +80,13 @@ class Harvester:
         self.steps, self.last_metrics, self.idle = 0, {}, IdleReport()
         self._since_push, self._closing = 0, threading.Event()  # set while an idle window is closing
         self.history: list[dict] = []  # one row per push attempt: version, candidate, serving, pushed
+
+    @property
+    def target(self) -> torch.nn.Module:
+        if not isinstance(self._target, torch.nn.Module):
+            from transformers import AutoModelForCausalLM
+            self._target = AutoModelForCausalLM.from_pretrained(self._target, dtype=torch.float32).eval()
+        return self._target
 
     def _latest_pushed(self) -> tuple[int, Path] | None:
         found = [(int(m[1]), p) for p in self.versions_dir.glob("v*") if (m := _VERSION_DIR.match(p.name))]
@@ -181,12 +191,3 @@ class _ReportingWindow(IdleWindow):
         self._harvester.idle = self._harvester.idle.merge(report)
         return report
 
-
-def _load_target(target: str | Path | torch.nn.Module) -> torch.nn.Module:
-    if isinstance(target, torch.nn.Module):
-        return target.eval()
-    from transformers import AutoModelForCausalLM
-    path = Path(target)
-    if not (path / "config.json").is_file():
-        raise ValueError(f"{path} is not a model directory (no config.json)")
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

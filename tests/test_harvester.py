@@ -106,3 +106,13 @@ def test_background_window_trains_until_closed(setup, tmp_path):
     assert report.steps == h.steps >= 3 and h.idle.steps == report.steps
     steps = h.steps
     assert h.steps == steps and not window._thread.is_alive()
+
+
+def test_clear_errors_for_bad_inputs(setup, tmp_path):
+    root, target, _ = setup
+    with pytest.raises(ValueError, match="not a model directory"):
+        Harvester(tmp_path / "nope", root / "init_drafter", None)
+    with pytest.raises(ValueError, match="does not exist"):
+        Harvester(target, tmp_path / "no_drafter", None)
+    with pytest.raises(ValueError, match="batch_size"):
+        HarvestConfig(batch_size=0)
