@@ -4,6 +4,7 @@ prompt, logprobs, SSE streaming with cumulative chunks. Fields and shapes follow
 and `spec_accept_length` to meta_info. Also the request-building helpers the OpenAI routes share."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import uuid
@@ -12,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from server.detok import output_text
-from server.fanin import Disconnected, Fanin, Track, collect, unless_disconnected
+from server.fanin import Disconnected, Fanin, Track, collect, unless_disconnected, wait_disconnect
 from server.protocol import GenerateRequest, SamplingParams
 from server.schemas import NEUTRAL_SAMPLING, ApiError, GenerateIn, SamplingIn, parse
 
@@ -164,8 +165,8 @@ async def generate(request: Request):
 
 async def stream(run: Fanin, request: Request, chunks, tail=lambda: []) -> Response:
     """SSE: `chunks(i)` gives the objects to send after track i was updated, `tail()` those before
-    [DONE]. 400 if the engine refuses before the first update. A disconnect cancels the body iterator,
-    whose `finally` aborts the engine requests."""
+    [DONE]. 400 if the engine refuses before the first update. A client that goes away (noticed here even
+    while no chunk is due, e.g. paused) ends the body, whose `finally` aborts the engine requests."""
     events = run.events()
     try:  # waiting for the first update (queued, paused) also ends when the client goes
         first = await unless_disconnected(anext(events), request)
@@ -177,12 +178,18 @@ async def stream(run: Fanin, request: Request, chunks, tail=lambda: []) -> Respo
         raise
 
     async def body():
+        gone = asyncio.ensure_future(wait_disconnect(request))  # also while no chunk is due (paused)
         try:
             i = first
             while True:
                 for obj in chunks(i):
                     yield sse(obj)
-                i = await anext(events)
+                nxt = asyncio.ensure_future(anext(events))
+                await asyncio.wait({nxt, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not nxt.done():
+                    nxt.cancel()
+                    return
+                i = nxt.result()
         except StopAsyncIteration:
             for obj in tail():
                 yield sse(obj)
@@ -191,6 +198,7 @@ async def stream(run: Fanin, request: Request, chunks, tail=lambda: []) -> Respo
             yield sse(exc.body())
             yield SSE_DONE
         finally:
+            gone.cancel()
             run.close()
 
     return StreamingResponse(body(), media_type="text/event-stream")

@@ -3,6 +3,7 @@ stream / logprobs, greedy equal to transformers, concurrency, abort, disconnects
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 
@@ -149,20 +150,29 @@ def test_abort_by_rid_ends_the_stream_with_abort(url):
     assert len(chunks[-1]["output_ids"]) < 900
 
 
-def test_disconnect_mid_stream_frees_the_slot(url):
-    with httpx.Client(timeout=60) as client:
-        with client.stream("POST", f"{url}/generate", json={"text": PROMPTS[3], "stream": True,
-                                                            "sampling_params": greedy(900)}) as r:
-            lines = r.iter_lines()
-            assert next(line for line in lines if line.startswith("data: "))
-            assert server_stats(url)["num_running_reqs"] == 1
-    assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 0)
+def _send_raw(url: str, body: dict) -> socket.socket:
+    """An HTTP request on a bare socket, so the test decides exactly when the client goes away."""
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    return sock
 
 
-def test_disconnect_while_waiting_for_a_non_stream_answer_frees_the_slot(url):
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{url}/generate", json={"text": PROMPTS[2], "sampling_params": greedy(900)}, timeout=0.5)
-    assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 0)
+@pytest.mark.parametrize("stream", [True, False])
+def test_disconnect_of_a_running_request_frees_the_slot_even_while_paused(url, stream):
+    sock = _send_raw(url, {"text": PROMPTS[3], "stream": stream, "sampling_params": greedy(900)})
+    try:
+        assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 1)
+        assert httpx.post(f"{url}/pause_generation").status_code == 200  # no chunk is due from now on
+        if stream:
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        sock.close()
+        assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 0)
+    finally:
+        sock.close()
+        httpx.post(f"{url}/continue_generation")
     assert gen(url, text="ok", sampling_params=greedy(2))["meta_info"]["completion_tokens"] == 2
 
 
