@@ -124,8 +124,13 @@ def test_sixteen_mixed_lengths_concurrent_correct_and_short_first(url, hf, tok):
         order.append(i)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
+    httpx.post(f"{url}/pause_generation")  # all 16 are in before the first decode step
+    try:
+        for t in threads:
+            t.start()
+        assert wait_until(lambda: server_stats(url)["num_queue_reqs"] == 16)
+    finally:
+        httpx.post(f"{url}/continue_generation")
     for t in threads:
         t.join()
     for i in range(16):
