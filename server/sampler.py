@@ -47,15 +47,17 @@ def processed_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
 
 
 def sample(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """probs [B, V] -> token ids [B]. Each row draws from its own generator (None: torch's global RNG),
-    so a seeded request samples the same tokens whatever else is in the batch."""
+    """probs [B, V] -> token ids [B] (on probs' device). Each row draws from its own CPU generator
+    (None: torch's global RNG), so a seeded request samples the same tokens whatever else is in the
+    batch, on any device."""
+    device, probs = probs.device, probs.cpu()
     out = torch.empty(probs.shape[0], dtype=torch.long)
     for i, g in enumerate(generators):
         if probs[i].max() >= 1.0:  # one-hot (greedy or a collapsed nucleus): no draw, RNG untouched
             out[i] = probs[i].argmax()
         else:
             out[i] = torch.multinomial(probs[i], 1, generator=g)[0]
-    return out
+    return out.to(device)
 
 
 def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: torch.Tensor,

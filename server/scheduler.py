@@ -133,7 +133,8 @@ class Scheduler:
             start = s.cache.length
             tokens += s.tokens(start, start + c)
             positions += range(start, start + c)
-        logits, _ = self.runner.forward(torch.tensor(tokens), torch.tensor(positions),
+        device = self.runner.device
+        logits, _ = self.runner.forward(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
                                         [s.cache for s, _ in fed], [c for _, c in fed])
         done = [i for i, (s, c) in enumerate(fed) if s.cache.length == s.total_len]
         new = self.sample_rows(logits[done], [fed[i][0] for i in done])
