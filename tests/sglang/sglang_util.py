@@ -31,8 +31,8 @@ def sglang_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(VENV / "shim"), "GLEANRL_SGLANG_PYTHON": str(VENV / "bin" / "python")}
 
 
-def run_in_sglang(script: str, *args: str, timeout: float = 300) -> dict:
-    """Run `script` with SGLang's interpreter; it prints one JSON object on its last stdout line."""
+def run_in_sglang(script: str, *args: str, timeout: float = 300):
+    """Run `script` with SGLang's interpreter; it prints one JSON value on its last stdout line."""
     proc = subprocess.run([str(VENV / "bin" / "python"), "-c", script, *args], env=sglang_env(), capture_output=True,
                           text=True, timeout=timeout)
     if proc.returncode != 0:
