@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 
 import httpx
 import pytest
@@ -186,7 +185,7 @@ def test_pause_holds_requests_and_continue_releases_them(url):
     box = {}
     t = threading.Thread(target=lambda: box.update(out=gen(url, text=PROMPTS[0], sampling_params=greedy(4))))
     t.start()
-    time.sleep(0.5)
+    assert wait_until(lambda: server_stats(url)["num_queue_reqs"] == 1)
     assert "out" not in box and server_stats(url)["paused"] is True
     assert httpx.post(f"{url}/continue_generation").json()["status"] == "ok"
     t.join(60)

@@ -33,8 +33,10 @@ def test_update_weights_from_disk_switches_outputs_and_version(tiny_qwen2, tiny_
         t = threading.Thread(target=lambda: long.update(out=gen(600)))
         t.start()
         assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 1)
+        httpx.post(f"{url}/pause_generation")  # the long request is mid-way when the update lands
         r = httpx.post(f"{url}/update_weights_from_disk", timeout=120,
                        json={"model_path": str(tiny_qwen2_b), "weight_version": "v2"})
+        httpx.post(f"{url}/continue_generation")
         assert r.status_code == 200 and r.json()["success"] is True, r.text
         assert "v2" in r.json()["message"] and r.json()["num_paused_requests"] == 0
         after = gen()
