@@ -87,17 +87,19 @@ class Engine(EngineControl):
         seed = req.params.seed
         gen = torch.Generator().manual_seed(seed) if seed is not None else self._rng
         seq = Sequence(req, emit, StopChecker(req.params, self.eos_ids, self.context_length, self.tokenizer), gen)
-        if req.params.max_new_tokens == 0:
-            seq.finish_reason = {"type": "length", "length": 0}
-            self.scheduler.emit(seq)
-            self._flush()
-        else:
-            with self._cv:
-                if req.rid in self._rids:
-                    raise ValueError(f"rid {req.rid!r} is already running")
+        with self._cv:
+            if req.rid in self._rids:
+                raise ValueError(f"rid {req.rid!r} is already running")
+            if self._stopping:
+                self.scheduler.emit(seq, "Server shutdown")
+            elif req.params.max_new_tokens == 0:
+                seq.finish_reason = {"type": "length", "length": 0}
+                self.scheduler.emit(seq)
+            else:
                 self._rids.add(req.rid)
                 self.scheduler.waiting.append(seq)
                 self._cv.notify_all()
+        self._flush()
         finished = False
         try:
             while not finished:

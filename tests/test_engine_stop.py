@@ -129,3 +129,20 @@ def test_abort_all(engine):
 
     assert all(r["finish_reason"]["type"] == "abort" for r in asyncio.run(main()))
     assert engine.stats()["num_running_reqs"] == 0 and engine.stats()["num_queue_reqs"] == 0
+
+
+def test_shutdown_aborts_running_and_later_requests(tiny_qwen2):
+    eng = Engine(EngineConfig(model_path=str(tiny_qwen2)))
+    eng.start()
+    ids = eng.tokenizer("Hello")["input_ids"]
+
+    async def main():
+        task = asyncio.create_task(collect(eng, req(ids, max_new_tokens=900, ignore_eos=True)))
+        while eng.stats()["generation_tokens_total"] == 0:
+            await asyncio.sleep(0.002)
+        await asyncio.to_thread(eng.shutdown)
+        return await task, await collect(eng, req(ids, max_new_tokens=5))
+
+    running, later = asyncio.run(main())
+    assert running["finish_reason"] == {"type": "abort", "message": "Server shutdown"}
+    assert later["finish_reason"]["type"] == "abort" and later["ids"] == []
