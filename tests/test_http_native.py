@@ -147,9 +147,13 @@ def test_abort_by_rid_ends_the_stream_with_abort(url):
 
     t = threading.Thread(target=consume)
     t.start()
-    assert wait_until(lambda: len(chunks) > 0 or server_stats(url)["num_running_reqs"] == 1)
-    assert httpx.post(f"{url}/abort_request", json={"rid": "to-abort"}).status_code == 200
-    t.join(60)
+    assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 1)
+    httpx.post(f"{url}/pause_generation")  # keeps it mid-way until the abort lands
+    try:
+        assert httpx.post(f"{url}/abort_request", json={"rid": "to-abort"}).status_code == 200
+        t.join(60)
+    finally:
+        httpx.post(f"{url}/continue_generation")
     assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "abort"
     assert len(chunks[-1]["output_ids"]) < 900
 
