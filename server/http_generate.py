@@ -52,12 +52,14 @@ def sampling(state, sp: dict, field: str = "sampling_params") -> SamplingParams:
     seed = sp.get("sampling_seed") if sp.get("sampling_seed") is not None else sp.get("seed")
     if seed is not None and not 0 <= seed < 2**63 - cfg.max_n:
         raise ApiError(400, f"{field}.sampling_seed must be in [0, 2^63), got {seed}", param=f"{field}.sampling_seed")
+    stop = sp.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else [s for s in stop if s]
     top_k = sp.get("top_k", -1)
     top_k = -1 if top_k >= state.vocab_size else top_k  # keeping the whole vocabulary is no top-k
     try:
         return SamplingParams(max_new_tokens=max_new, temperature=float(sp.get("temperature", 1.0)),
                               top_p=float(sp.get("top_p", 1.0)), top_k=top_k,
-                              min_p=float(sp.get("min_p", 0.0)), stop=list(sp.get("stop") or []),
+                              min_p=float(sp.get("min_p", 0.0)), stop=stop,
                               stop_token_ids=list(sp.get("stop_token_ids") or []),
                               ignore_eos=sp.get("ignore_eos", False), n=n, seed=seed)
     except ValueError as exc:

@@ -68,6 +68,17 @@ def test_single_text_matches_transformers_with_logprobs(url, hf, tok):
     assert torch.allclose(torch.tensor([lp for lp, _, _ in got]), want, atol=1e-3)
 
 
+def test_stop_string_as_str_or_list_is_trimmed_from_text_not_ids(url, tok):
+    full = gen(url, text=PROMPTS[1], sampling_params=greedy(12))
+    stop = full["text"][3:6]
+    assert len(stop.strip()) >= 2
+    for value in (stop, [stop, ""]):
+        out = gen(url, text=PROMPTS[1], sampling_params={"max_new_tokens": 12, "temperature": 0, "stop": value})
+        assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+        assert out["text"] == full["text"][: full["text"].find(stop)]
+        assert stop in tok.decode(out["output_ids"])
+
+
 def test_batch_input_ids_and_n_expand_prompt_major(url, hf, tok):
     batch = [tok.encode(p) for p in PROMPTS[:2]]
     outs = gen(url, input_ids=batch, sampling_params=greedy(6, n=2), rid=["a", "b"])
