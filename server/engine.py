@@ -7,33 +7,26 @@ weight swaps) happens under one lock between iterations; the forward itself runs
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
-import time
-from collections import deque
 from typing import AsyncIterator
 
 import torch
 
 from server import draft_swap, weights
 from server.config import EngineConfig
+from server.engine_bridge import Outbox
 from server.engine_control import EngineControl
+from server.engine_loop import EngineLoop
 from server.model_runner import ModelRunner
 from server.protocol import GenerateOutput, GenerateRequest
 from server.scheduler import Scheduler, Sequence
 from server.stopping import StopChecker
 
-log = logging.getLogger(__name__)
-FLUSH_INTERVAL_S = 0.005  # streamed updates reach the event loop at most this late
 
 
-def _deliver(items: list) -> None:
-    for queue, out in items:
-        queue.put_nowait(out)
-
-
-class Engine(EngineControl):
-    """See the module docstring; weights, pause and stats live in `EngineControl`."""
+class Engine(EngineLoop, EngineControl):
+    """See the module docstring; the decode thread lives in `EngineLoop`, weights, pause and stats in
+    `EngineControl`."""
 
     def __init__(self, cfg: EngineConfig):
         from transformers import AutoTokenizer
@@ -56,8 +49,8 @@ class Engine(EngineControl):
         self._stopping = self._paused = self._in_step = False
         self._swap: dict | None = None
         self._rids: set[str] = set()
-        self._outbox: deque = deque()  # (loop, queue, output) to deliver; one wake-up per loop per flush
-        self._flush_lock = threading.Lock()
+        self._outbox = Outbox()
+        self._flush = self._outbox.flush
 
     def _eos_ids(self, runner: ModelRunner) -> set[int]:
         ids: set[int] = set()
@@ -82,7 +75,7 @@ class Engine(EngineControl):
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
 
         def emit(out: GenerateOutput) -> None:
-            self._outbox.append((loop, queue, out))
+            self._outbox.put(loop, queue, out)
 
         seed = req.params.seed
         gen = torch.Generator().manual_seed(seed) if seed is not None else self._rng
@@ -126,19 +119,6 @@ class Engine(EngineControl):
         self._flush()
         return len(hit) + len(running)
 
-    def _flush(self) -> None:
-        """Hand the emitted outputs to their consumers' event loops, in order."""
-        with self._flush_lock:
-            by_loop: dict = {}
-            while self._outbox:
-                loop, queue, out = self._outbox.popleft()
-                by_loop.setdefault(loop, []).append((queue, out))
-            for loop, items in by_loop.items():
-                try:
-                    loop.call_soon_threadsafe(_deliver, items)
-                except RuntimeError:  # the consumer's loop is closed: nobody listens any more
-                    pass
-
     def _finish(self, seq: Sequence, abort_message: str | None = None) -> None:
         """Under the lock, once removed from the running set: free its cache and rid, send its last update."""
         self.scheduler.free_cache(seq)
@@ -151,57 +131,3 @@ class Engine(EngineControl):
         self.scheduler.running = [s for s in self.scheduler.running if s not in gone]
         for s in gone:
             self._finish(s, None if id(s) in done else s.abort_message)
-
-    # ---- the decode thread --------------------------------------------------------------------
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="gleanrl-engine", daemon=True)
-            self._thread.start()
-
-    def shutdown(self) -> None:
-        with self._cv:
-            self._stopping = True
-            self._cv.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        with self._cv:
-            if self._swap:  # an update racing the shutdown: finish it so its caller returns
-                self._apply_swap()
-        self.abort(None, "Server shutdown")
-
-    def _has_work(self) -> bool:
-        return not self._paused and bool(self.scheduler.running or self.scheduler.waiting)
-
-    def _loop(self) -> None:
-        last_flush = 0.0
-        while True:
-            with self._cv:
-                while not (self._stopping or self._swap or self._has_work()):
-                    self._flush()
-                    self._cv.wait()
-                if self._stopping:
-                    return
-                if self._swap:
-                    self._apply_swap()
-                    continue
-                self.scheduler.admit()
-                self._in_step = True
-            finished: list[Sequence] = []
-            try:
-                finished = self.scheduler.step()
-            except Exception as exc:  # a bug must not hang every client: fail the batch, keep serving
-                log.exception("engine step failed; aborting the running batch")
-                for s in self.scheduler.running:
-                    s.abort_message = s.abort_message or f"engine error: {type(exc).__name__}: {exc}"
-            finally:
-                with self._cv:
-                    self._in_step = False
-                    self._reap(finished)
-                    self._cv.notify_all()
-                # each flush wakes the consumers' event loop, a GIL hand-off that costs as much as a
-                # small model's decode step: coalesce updates, but deliver a finished request at once
-                if finished or time.monotonic() - last_flush >= FLUSH_INTERVAL_S:
-                    self._flush()
-                    last_flush = time.monotonic()
-
