@@ -2,8 +2,8 @@
 
 A weight update is checked fully before anything is swapped: the directory and `config.json` exist,
 the architecture and model_type equal the serving model's, every safetensors file opens (a truncated
-or corrupt file fails its header check), and the tensor names, shapes and dtypes equal the serving
-checkpoint's. Any failure raises `CheckpointError` with the reason; the caller keeps its old weights.
+or corrupt file fails its header check), the tensor names, shapes and dtypes equal the serving
+checkpoint's, and the loaded weights are finite (corrupt data behind an intact header). Any failure raises `CheckpointError` with the reason; the caller keeps its old weights.
 """
 from __future__ import annotations
 
@@ -81,4 +81,7 @@ def load_checked(model_dir: str, ref_config: dict, ref_sig: Signature, device: s
         runner = ModelRunner.load(model_dir, device=device, dtype=dtype)
     except Exception as exc:  # anything transformers raises on a bad directory
         raise CheckpointError(f"{model_dir}: could not load ({type(exc).__name__}: {exc})") from None
+    for name, param in runner.model.named_parameters():  # corrupt data behind an intact header
+        if not bool(param.isfinite().all()):
+            raise CheckpointError(f"{model_dir}: tensor {name} holds NaN or infinite values (corrupt file?)")
     return runner, config, sig

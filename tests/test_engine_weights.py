@@ -80,6 +80,15 @@ def _corrupt(src, tmp_path):
     return d
 
 
+def _nan_data(src, tmp_path):
+    d = _copy(src, tmp_path / "nan")
+    f = d / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-4000:] = b"\xff" * 4000  # float32 0xffffffff is NaN; the header stays intact
+    f.write_bytes(bytes(data))
+    return d
+
+
 def _no_weights(src, tmp_path):
     d = _copy(src, tmp_path / "noweights")
     (d / "model.safetensors").unlink()
@@ -95,6 +104,7 @@ def _other_shapes(src, tmp_path):
     (lambda src, tmp: tmp / "missing", "not a directory"),
     (_truncated, "truncated"),
     (_corrupt, "corrupt"),
+    (_nan_data, "NaN"),
     (_no_weights, "no .safetensors"),
     (_other_shapes, "expected"),
     ("tiny_llama", "architectures"),
