@@ -46,6 +46,16 @@ class WarmStartConfig:
             raise ValueError("need 0 < heldout < 1, temperature >= 0, lr > 0")
 
 
+HELP = {
+    "max_new_tokens": "response tokens generated per prompt", "temperature": "sampling temperature (0 = greedy)",
+    "gen_batch": "prompts per generate/capture batch", "steps": "optimizer steps",
+    "batch_size": "sequences per step", "lr": "AdamW learning rate", "ttt_length": "unrolled draft steps (TTT)",
+    "topk": "soft-label top-k of the target distribution", "heldout": "fraction of generations held out",
+    "eval_every": "steps between held-out acceptance evaluations", "accept_k": "draft length for acceptance",
+    "seed": "seed for prompts, sampling and init",
+}
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], cfg: WarmStartConfig) -> list[tuple[list[int], int]]:
     """(prompt + response token ids, prompt length) per prompt; responses end at EOS (kept)."""
@@ -136,7 +146,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--log", default=None, help="append per-step metrics here as JSONL")
     for name, default in vars(WarmStartConfig()).items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default, help=HELP[name])
 
 
 def run(args: argparse.Namespace) -> int:
