@@ -6,6 +6,11 @@ Until the first mismatch the drafted tokens *are* the sample's tokens, so feedin
 the TTT unroll gives the same chain for all starts in one pass. Accept length counts the bonus token, as
 SGLang's `spec_accept_length` does: 1 + accepted drafts, in [1, k+1]. For greedy samples this is exactly
 the acceptance of greedy SD; for sampled ones it is the greedy-chain proxy.
+
+`mode="sampled"`: the expected accept length of speculative sampling at temperature 1 with the drafter's
+softmax q against the target's soft labels p (renormalised over the captured top-k): step s is accepted
+with probability sum_x min(p, q) = 1 - TV(p, q), so length = 1 + sum_s prod_{j<=s} alpha_j, along the
+sample's own context. Smoother than the greedy chain, so better for comparing two drafters.
 """
 from __future__ import annotations
 
@@ -32,11 +37,27 @@ def accept_lengths(logits: list[torch.Tensor], ids: torch.Tensor, starts: torch.
     return length[starts]
 
 
+def expected_accept_lengths(logits: list[torch.Tensor], labels: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """logits: k steps [B,T,Vd]; labels [B,T,Vd] (row j: target distribution predicting token j+1);
+    starts [B,T] bool -> expected accept lengths of speculative sampling [n_starts]."""
+    run = torch.ones(labels.shape[:2], device=labels.device)
+    length = torch.ones_like(run)
+    for s, lg in enumerate(logits):
+        p = F.pad(labels[:, s + 1:], (0, 0, 0, s + 1))                     # zero rows past the end
+        run = run * torch.minimum(p, torch.softmax(lg.float(), -1)).sum(-1)
+        length = length + run
+    return length[starts]
+
+
 @torch.no_grad()
-def acceptance_length(drafter: Eagle3Drafter, samples: list[Any], k: int = 4, batch_size: int = 8) -> float:
-    """Mean accept length (1 + accepted drafts, k-step greedy chain) over all start slots of `samples`."""
+def acceptance_length(drafter: Eagle3Drafter, samples: list[Any], k: int = 4, batch_size: int = 8,
+                      mode: str = "greedy") -> float:
+    """Mean accept length (1 + accepted drafts of a k-step chain) over all start slots of `samples`;
+    mode "greedy" (chain along the sample's tokens) or "sampled" (expected, speculative sampling)."""
     if not samples:
         raise ValueError("acceptance_length needs at least one held-out sample")
+    if mode not in ("greedy", "sampled"):
+        raise ValueError(f"mode must be 'greedy' or 'sampled', got {mode!r}")
     was_training = drafter.training
     drafter.eval()
     total, count = 0.0, 0
@@ -45,7 +66,8 @@ def acceptance_length(drafter: Eagle3Drafter, samples: list[Any], k: int = 4, ba
         logits = ttt_unroll(drafter, b["ids"], b["aux"], b["valid"], k)
         ids = b["ids"].masked_fill(~b["valid"], -2)
         starts = F.pad((b["valid"] & b["loss_mask"])[:, 2:], (0, 2))
-        lengths = accept_lengths(logits, ids, starts, drafter.draft_to_target())
+        lengths = (accept_lengths(logits, ids, starts, drafter.draft_to_target()) if mode == "greedy"
+                   else expected_accept_lengths(logits, b["labels"], starts))
         total, count = total + float(lengths.sum()), count + int(lengths.numel())
     drafter.train(was_training)
     return total / max(count, 1)

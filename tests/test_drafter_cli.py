@@ -33,9 +33,9 @@ def test_draft_train_from_prompts_file(tiny_qwen2, tmp_path, capsys):
                "--heldout", "0.2", "--log", str(log)])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "held-out acceptance length" in out
+    assert "held-out acceptance length" in out and "expected when sampling" in out
     rows = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, 7)) and "accept_length" in rows[2]
+    assert [r["step"] for r in rows] == list(range(1, 7)) and {"accept_length", "accept_length_sampled"} <= set(rows[2])
     load_drafter(tmp_path / "d", target_config=tiny_qwen2)
     # continue from it
     assert main(["draft", "train", "--model", str(tiny_qwen2), "--prompts", str(prompts), "--out", str(tmp_path / "d2"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harvest.acceptance import acceptance_length, accept_lengths
+from harvest.acceptance import acceptance_length, accept_lengths, expected_accept_lengths
 from harvest.capture import capture
 from harvest.cli_init import init_drafter
 from harvest.train_step import collate, draft_labels, make_optimizer, ttt_loss, ttt_unroll, train_step
@@ -63,8 +63,13 @@ def test_alignment_labels_predict_token_i_plus_s_plus_2(tiny_qwen2):
     assert loss < 1e-3 and all(metrics[f"acc_{s}"] == 1.0 for s in range(3))
     shifted = [torch.roll(lg, 1, dims=1) for lg in logits]  # off by one position: must score badly
     assert ttt_loss(shifted, b["labels"], b["valid"], b["loss_mask"])[0] > 10
-    lengths = accept_lengths(logits, b["ids"], torch.ones(1, T, dtype=torch.bool), d.draft_to_target())
+    starts = torch.ones(1, T, dtype=torch.bool)
+    lengths = accept_lengths(logits, b["ids"], starts, d.draft_to_target())
     assert lengths[: T - 4].tolist() == [4.0] * (T - 4)    # all 3 drafts accepted + bonus where the sequence allows
+    expected = expected_accept_lengths(logits, b["labels"], starts)
+    torch.testing.assert_close(expected[: T - 4], torch.full((T - 4,), 4.0), atol=1e-4, rtol=0)
+    uniform = expected_accept_lengths([torch.zeros(1, T, V)] * 3, b["labels"], starts)  # alpha = 1/V per step
+    torch.testing.assert_close(uniform[0], torch.tensor(1 + 1 / V + 1 / V**2 + 1 / V**3))
 
 
 def test_topk_and_dense_labels_agree(greedy_samples, tiny_qwen2):
@@ -79,6 +84,7 @@ def test_ttt_steps_reduce_loss_and_raise_heldout_acceptance(greedy_samples, tiny
     d = init_drafter(tiny_qwen2, seed=0, aux_layer_ids=[0, 1, 2])
     train, held = greedy_samples[:20], greedy_samples[20:]
     before = acceptance_length(d, held, k=4)
+    sampled_before = acceptance_length(d, held, k=4, mode="sampled")
     b = collate(train, d)
     with torch.no_grad():
         loss_before = ttt_loss(ttt_unroll(d, b["ids"], b["aux"], b["valid"], 4), b["labels"], b["valid"], b["loss_mask"])[0]
@@ -91,3 +97,4 @@ def test_ttt_steps_reduce_loss_and_raise_heldout_acceptance(greedy_samples, tiny
     after = acceptance_length(d, held, k=4)
     assert loss_after < loss_before - 0.05
     assert after > before + 0.15, (before, after)
+    assert acceptance_length(d, held, k=4, mode="sampled") > sampled_before
