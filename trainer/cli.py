@@ -5,9 +5,10 @@ Cores: the embedded server runs with `--server-threads` torch threads (default 1
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
-from trainer.config import build_config, read_config_file
+from trainer.config import TrainConfig, build_config, read_config_file
 
 # flag -> (TrainConfig field, type, help). Defaults live in TrainConfig; a flag not given is None.
 FLAGS = {
@@ -33,17 +34,22 @@ FLAGS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="initial policy (Hugging Face directory)")
-    parser.add_argument("--out", help="output directory: checkpoints weight_v{N}, metrics.jsonl, resolved config")
+    parser.add_argument("--model", default=argparse.SUPPRESS, help="initial policy (Hugging Face directory)")
+    parser.add_argument("--out", default=argparse.SUPPRESS,
+                        help="output directory: checkpoints weight_v{N}, metrics.jsonl, resolved config")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--task", help="built-in task (default: the built-in one)")
-    source.add_argument("--data", help="JSONL prompt file instead of a task")
+    source.add_argument("--task", default=argparse.SUPPRESS,
+                        help="built-in task name, jsonl:PATH or module:object (default: the built-in task)")
+    source.add_argument("--data", default=argparse.SUPPRESS, help="JSONL prompt file instead of a task")
     parser.add_argument("--server", action="append", dest="servers", metavar="URL",
+                        default=argparse.SUPPRESS,
                         help="a running rollout server (repeat for several); default: start an embedded one")
     parser.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in --out")
     parser.add_argument("--config", help="TOML/YAML file of TrainConfig fields; flags override it")
-    for flag, (dest, typ, help_text) in FLAGS.items():
-        parser.add_argument(flag, dest=dest, type=typ, default=None, help=help_text)
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    for flag, (dest, typ, help_text) in FLAGS.items():  # not given: absent, so the file's value stands
+        parser.add_argument(flag, dest=dest, type=typ, default=argparse.SUPPRESS,
+                            help=f"{help_text} (default: {defaults[dest]})")
 
 
 def run(args: argparse.Namespace) -> int:
