@@ -147,14 +147,15 @@ class Scheduler:
         sequence in the batch asked for them (`return_logprob`)."""
         if not seqs:
             return []
-        p = params_tensors([s.req.params for s in seqs], logits.device)
-        if bool((p["temperature"] <= 0).all()):
+        greedy = all(s.req.params.temperature <= 0 for s in seqs)
+        want_logprobs = any(s.req.return_logprob for s in seqs)
+        if greedy:
             ids = logits.argmax(-1)
-        else:
-            probs = processed_probs(logits, p["temperature"], p["top_k"], p["top_p"], p["min_p"])
-            ids = sample(probs, [s.generator for s in seqs])
-        if any(s.req.return_logprob for s in seqs):
-            lps = token_logprobs(logits, ids, p["temperature"], p["top_p"]).tolist()
-        else:  # not asked for: skip the work, report 0.0
-            lps = [0.0] * len(seqs)
+            lps = (torch.log_softmax(logits.float(), -1).gather(-1, ids[:, None])[:, 0].tolist()
+                   if want_logprobs else [0.0] * len(seqs))
+            return [([t], [lp]) for t, lp in zip(ids.tolist(), lps)]
+        p = params_tensors([s.req.params for s in seqs], logits.device)
+        probs = processed_probs(logits, p["temperature"], p["top_k"], p["top_p"], p["min_p"])
+        ids = sample(probs, [s.generator for s in seqs])
+        lps = token_logprobs(logits, ids, p["temperature"], p["top_p"]).tolist() if want_logprobs else [0.0] * len(seqs)
         return [([t], [lp]) for t, lp in zip(ids.tolist(), lps)]

@@ -47,7 +47,16 @@ def test_mixed_lengths_concurrent_each_equal_solo_and_short_first(engine, hf_qwe
     prompts = [tok(PROMPTS[i % len(PROMPTS)] * (1 + i % 3))["input_ids"] for i in range(16)]
     reqs = [req(p, max_new_tokens=n, ignore_eos=True) for p, n in zip(prompts, lengths)]
     order: list[str] = []
-    res = run_all(engine, reqs, order)
+
+    async def main():  # queue all 16 while paused, so they start decoding in the same iteration
+        engine.pause()
+        tasks = [asyncio.create_task(collect(engine, r, order)) for r in reqs]
+        while engine.stats()["num_queue_reqs"] < len(reqs):
+            await asyncio.sleep(0.002)
+        engine.resume()
+        return await asyncio.gather(*tasks)
+
+    res = asyncio.run(main())
     for p, n, r in zip(prompts, lengths, res):
         assert len(r["ids"]) == n
         assert r["ids"] == hf_greedy(hf_qwen2, p, n)
