@@ -128,7 +128,8 @@ class RolloutClient:
                     return
                 except _RETRYABLE as exc:
                     if attempt == self.retries:
-                        raise RolloutServerError(url, 0, f"cannot reach the rollout server ({type(exc).__name__})") from None
+                        raise RolloutServerError(
+                            url, 0, f"cannot reach the rollout server ({type(exc).__name__})") from None
                     await asyncio.sleep(self.backoff_s * 2 ** attempt)
         finally:
             self._inflight[url] -= 1

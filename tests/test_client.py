@@ -159,7 +159,8 @@ def test_incremental_stream_chunks_are_concatenated():
     chunks = [{"output_ids": [4], "meta_info": {"completion_tokens": 1, "output_token_logprobs": [[-0.5, 4, None]],
                                                 "finish_reason": None, "weight_version": "3"}},
               {"output_ids": [6], "meta_info": {"completion_tokens": 2, "output_token_logprobs": [[-0.25, 6, None]],
-                                                "finish_reason": {"type": "stop", "matched": 2}, "weight_version": "3"}}]
+                                                "finish_reason": {"type": "stop", "matched": 2},
+                                                "weight_version": "3"}}]
     body = "".join(f"data: {_json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
     client = _mock_client(lambda request: httpx.Response(200, text=body))
     r = Rollout(group_id=0, index=0, sample={}, prompt_ids=PROMPT, rid="x")

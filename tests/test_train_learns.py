@@ -14,7 +14,8 @@ def test_reward_rises_on_a_dense_toy_reward(tiny_qwen2, tmp_path):
         cfg = _cfg(tiny_qwen2, tmp_path / "run", servers=[url], steps=10, lr=3e-3, prompts_per_step=4,
                    samples_per_prompt=4, max_new_tokens=16)
         train(cfg, task=ToyTask(), log=lambda *a: None)
-    rewards = [json.loads(line)["reward_mean"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    rewards = [json.loads(line)["reward_mean"] for line in lines]
     assert len(rewards) == 10
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > first * 1.3, rewards

@@ -54,7 +54,9 @@ def cache_root() -> Path:
 
 
 def _spec_of(task) -> str:
-    return "running_sums" if task is None else task if isinstance(task, str) else repr(task)
+    from trainer.tasks import DEFAULT_TASK
+
+    return DEFAULT_TASK if task is None else task if isinstance(task, str) else repr(task)
 
 
 def bootstrap_policy(out_dir: str | os.PathLike | None = None, task=None, seed: int = 0, size: str = "small",

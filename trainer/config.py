@@ -30,8 +30,10 @@ class TrainConfig:
     clip_high: float = 0.2
     kl_coef: float = 0.0                     # > 0 keeps a frozen reference copy of the initial policy
     scale_advantages: bool = True            # divide by the group std (GRPO) or not (Dr. GRPO)
-    eval_every: int = 0                      # greedy accuracy on held-out prompts every N steps (0: off)
+    eval_every: int = 0                      # accuracy on held-out prompts every N steps (0: off)
     eval_prompts: int = 64
+    eval_samples: int = 1                    # per prompt; > 1 only makes sense with eval_temperature > 0
+    eval_temperature: float = 0.0            # 0: greedy
     keep_last: int = 2                       # step checkpoints kept on disk
     seed: int = 0
     trainer_threads: int = 1
@@ -49,7 +51,7 @@ class TrainConfig:
             self.servers = [self.servers]
         self.betas = tuple(self.betas)
         positive = ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "micro_batch_size",
-                    "keep_last", "eval_prompts", "trainer_threads", "server_threads", "max_attempts")
+                    "keep_last", "eval_prompts", "eval_samples", "trainer_threads", "server_threads", "max_attempts")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -57,6 +59,7 @@ class TrainConfig:
         checks = [
             ("temperature", self.temperature > 0, "must be > 0 (GRPO needs sampled rollouts)"),
             ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
+            ("eval_temperature", self.eval_temperature >= 0, "must be >= 0"),
             ("lr", self.lr > 0, "must be > 0"),
             ("grad_clip", self.grad_clip > 0, "must be > 0"),
             ("clip_low", 0 <= self.clip_low < 1, "must be in [0, 1)"),

@@ -130,8 +130,8 @@ def make_rollouts(cfg: TrainConfig, task, tokenizer, step: int, split: str = "tr
         ids = encode_prompt(tokenizer, sample)
         for i in range(samples or cfg.samples_per_prompt):
             seed = (cfg.seed * 1_000_003 + step * 10_007 + g * 101 + i) % 2**31
-            out.append(Rollout(group_id=g, index=i, sample=sample, prompt_ids=ids, rid=f"{split}{step}-g{g}-i{i}-{seed}",
-                               seed=seed))
+            rid = f"{split}{step}-g{g}-i{i}-{seed}"
+            out.append(Rollout(group_id=g, index=i, sample=sample, prompt_ids=ids, rid=rid, seed=seed))
     return out
 
 

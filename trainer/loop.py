@@ -83,12 +83,15 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
             raise
         await client.update_weights_from_disk(state["path"], weight_version=state["version"])
 
-    async def evaluate(step: int) -> dict:  # greedy on fixed held-out prompts, by the server
+    async def evaluate(step: int) -> dict:  # fixed held-out prompts (and seeds), sampled by the server
         if not cfg.eval_every or step % cfg.eval_every:
             return {}
-        rollouts = make_rollouts(cfg, task, policy.tokenizer, 0, split="test", n=cfg.eval_prompts, samples=1)
-        await run_step(client, rollouts, dict(sampling_params(cfg), temperature=0.0), expected_version=state["version"],
-                       resync=resync, hooks=NoHooks(), max_attempts=cfg.max_attempts, stream=False, log=log, desc="eval")
+        rollouts = make_rollouts(cfg, task, policy.tokenizer, 0, split="test", n=cfg.eval_prompts,
+                                 samples=cfg.eval_samples)
+        params = dict(sampling_params(cfg), temperature=cfg.eval_temperature)
+        await run_step(client, rollouts, params, expected_version=state["version"],
+                       resync=resync, hooks=NoHooks(), max_attempts=cfg.max_attempts, stream=False, log=log,
+                       desc="eval")
         score(task, policy.tokenizer, rollouts)
         return {"eval_accuracy": sum(_correct(task, r) for r in rollouts) / len(rollouts)}
 

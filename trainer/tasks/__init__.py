@@ -10,13 +10,14 @@ from __future__ import annotations
 import importlib
 from typing import Protocol, runtime_checkable
 
+from trainer.tasks.doubling import Doubling
 from trainer.tasks.jsonl import JsonlTask, TaskError
 from trainer.tasks.running_sums import RunningSums
 
-DEFAULT_TASK = "running_sums"
-BUILTIN = {"running_sums": RunningSums}
+DEFAULT_TASK = "doubling"
+BUILTIN = {"doubling": Doubling, "running_sums": RunningSums}
 
-__all__ = ["Task", "TaskError", "load_task", "accuracy", "JsonlTask", "RunningSums", "DEFAULT_TASK"]
+__all__ = ["Task", "TaskError", "load_task", "accuracy", "JsonlTask", "Doubling", "RunningSums", "DEFAULT_TASK"]
 
 
 @runtime_checkable
