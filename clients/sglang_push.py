@@ -94,46 +94,64 @@ def init_group_request(master_address: str, master_port: int, world_size: int, r
             "world_size": world_size, "group_name": group_name, "backend": backend}
 
 
-def _headers(admin_api_key: str | None) -> dict:
-    return {"Authorization": f"Bearer {admin_api_key}"} if admin_api_key else {}
+def _headers(key: str | None) -> dict:
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-async def post(http: httpx.AsyncClient, url: str, path: str, body: dict, admin_api_key: str | None = None) -> dict:
-    resp = await http.post(url.rstrip("/") + path, json=body, headers=_headers(admin_api_key))
+def post(http: httpx.Client, url: str, path: str, body: dict, admin_api_key: str | None = None) -> dict:
+    resp = http.post(url.rstrip("/") + path, json=body, headers=_headers(admin_api_key))
     try:
         answer = resp.json()
     except ValueError:
         answer = {"success": False, "message": resp.text}
     if resp.status_code >= 400 or (isinstance(answer, dict) and answer.get("success") is False):
-        message = answer.get("message") or answer.get("detail") if isinstance(answer, dict) else answer
+        message = (answer.get("message") or answer.get("detail")) if isinstance(answer, dict) else answer
         raise SGLangPushError(f"{url}{path}: HTTP {resp.status_code}: {message}")
     return answer
 
 
-async def run_session(http: httpx.AsyncClient, url: str, requests: list[tuple[str, dict]],
-                      admin_api_key: str | None = None) -> list[dict]:
+def run_session(http: httpx.Client, url: str, requests: list[tuple[str, dict]],
+                admin_api_key: str | None = None) -> list[dict]:
     """Send begin, update(s), end in order; `end_weight_update` is sent even when an update fails."""
     (begin, begin_body), *updates, (end, end_body) = requests
-    answers = [await post(http, url, begin, begin_body, admin_api_key)]
+    answers = [post(http, url, begin, begin_body, admin_api_key)]
     try:
         for path, body in updates:
-            answers.append(await post(http, url, path, body, admin_api_key))
+            answers.append(post(http, url, path, body, admin_api_key))
     finally:
-        answers.append(await post(http, url, end, end_body, admin_api_key))
+        answers.append(post(http, url, end, end_body, admin_api_key))
     return answers
 
 
-async def has_drafter(http: httpx.AsyncClient, url: str, api_key: str | None = None) -> bool:
-    resp = await http.get(url.rstrip("/") + "/server_info", headers=_headers(api_key))
+def is_stock_sglang(http: httpx.Client, url: str, api_key: str | None = None) -> bool:
+    """gleanrl's embedded server reports `draft_model_path` in /model_info; stock SGLang does not."""
+    resp = http.get(url.rstrip("/") + "/model_info", headers=_headers(api_key))
+    resp.raise_for_status()
+    return "draft_model_path" not in resp.json()
+
+
+def has_drafter(http: httpx.Client, url: str, api_key: str | None = None) -> bool:
+    resp = http.get(url.rstrip("/") + "/server_info", headers=_headers(api_key))
     resp.raise_for_status()
     return resp.json().get("speculative_algorithm") in DRAFT_ALGORITHMS
 
 
-async def push_drafter_tensors(url: str, named: list[tuple[str, "torch.Tensor"]], admin_api_key: str | None = None,
-                               api_key: str | None = None, tp_size: int = 1, timeout_s: float = 300.0) -> list[dict]:
-    """Hot-swap the serving drafter's weights (names as in the drafter checkpoint: `midlayer.*`, `fc.weight`...)."""
-    async with httpx.AsyncClient(timeout=timeout_s) as http:
-        if not await has_drafter(http, url, api_key or admin_api_key):
+def push_drafter_tensors(url: str, named: list[tuple[str, "torch.Tensor"]], admin_api_key: str | None = None,
+                         api_key: str | None = None, tp_size: int = 1, timeout_s: float = 300.0) -> list[dict]:
+    """Hot-swap the serving drafter's weights (names as in the drafter checkpoint: `midlayer.*`, `fc.weight`...).
+    Blocking; from async code use `asyncio.to_thread`."""
+    with httpx.Client(timeout=timeout_s) as http:
+        if not has_drafter(http, url, api_key or admin_api_key):
             raise SGLangPushError(f"{url} serves no EAGLE drafter (started without --speculative-algorithm); "
                                   "SGLang would answer success and load nothing")
-        return await run_session(http, url, draft_tensor_requests(named, tp_size), admin_api_key)
+        return run_session(http, url, draft_tensor_requests(named, tp_size), admin_api_key)
+
+
+def push_drafter_dir(url: str, drafter_dir: str, **kw) -> list[dict]:
+    """`push_drafter_tensors` with the tensors of a drafter checkpoint directory (validate it first with
+    `harvest.checkpoint_check.check_drafter_checkpoint`)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+    named = [item for f in sorted(Path(drafter_dir).glob("*.safetensors")) for item in sorted(load_file(f).items())]
+    return push_drafter_tensors(url, named, **kw)

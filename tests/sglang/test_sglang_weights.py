@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from clients.sglang_push import (SGLangPushError, draft_tensor_requests, push_drafter_tensors, run_session,
-                                 tensor_requests)
+from clients.sglang_push import (SGLangPushError, draft_tensor_requests, is_stock_sglang, push_drafter_tensors,
+                                 run_session, tensor_requests)
 from harvest.checkpoint_check import CheckpointMismatch, check_policy_checkpoint
 
 pytestmark = pytest.mark.sglang
@@ -42,10 +42,8 @@ def _version(server) -> str:
 
 
 def _session(server, requests) -> list[dict]:
-    async def go():
-        async with httpx.AsyncClient(timeout=300) as http:
-            return await run_session(http, server.url, requests)
-    return asyncio.run(go())
+    with httpx.Client(timeout=300) as http:
+        return run_session(http, server.url, requests)
 
 
 def test_trainer_checkpoint_is_accepted_and_changes_outputs_and_version(restore_weights, sglang_model_b,
@@ -109,7 +107,9 @@ def test_draft_push_to_a_server_without_drafter_succeeds_raw_and_is_refused_guar
     assert all(a["success"] for a in answers)                   # SGLang: success, nothing loaded
     assert _greedy(server, ids) == before and _version(server) == version
     with pytest.raises(SGLangPushError, match="serves no EAGLE drafter"):
-        asyncio.run(push_drafter_tensors(server.url, named))
+        push_drafter_tensors(server.url, named)
+    with httpx.Client(timeout=30) as http:
+        assert is_stock_sglang(http, server.url)
 
 
 @pytest.fixture(scope="module")
