@@ -17,7 +17,7 @@ def test_demo_runs_and_writes_report(tiny_qwen2, tmp_path, monkeypatch, capsys):
             "--samples-per-prompt", "3", "--max-new-tokens", "24", "--warm-prompts", "4", "--warm-steps", "3"]
     assert gleanrl.main(argv) == 0
     printed = capsys.readouterr().out
-    assert "\nQ: sum:" in printed and "\nA: " in printed and "warm-started drafter" in printed
+    assert "\nQ: " in printed and "\nA: " in printed and "warm-started drafter" in printed
     rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all("idle_used_s" in r and "sd_token_share" in r for r in rows)
