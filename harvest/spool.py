@@ -66,6 +66,7 @@ class Spool:
         self._mem: OrderedDict[int, SpoolItem] = OrderedDict()
         self._disk: OrderedDict[int, tuple[Path, int, int]] = OrderedDict()  # seq -> (path, tokens, bytes)
         self._next_seq = 0
+        self._mem_tokens = self._mem_bytes = self._disk_tokens = self._disk_bytes = 0  # running totals
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._reload()
@@ -89,29 +90,37 @@ class Spool:
                 meta = {"policy_version": str(item.policy_version), "holdout": str(int(holdout))}
                 with atomic_file(path) as f:
                     f.write(save(tensors, metadata=meta))
-                self._disk[seq] = (path, item.tokens, path.stat().st_size)
+                self._index_disk(seq, path, item.tokens)
                 self._evict_disk()
             self._mem[seq] = item
+            self._mem_tokens, self._mem_bytes = self._mem_tokens + item.tokens, self._mem_bytes + item.nbytes
             self._evict_mem()
             return item
 
     def _evict_mem(self) -> None:
         while len(self._mem) > 1 and (self.mem_tokens > self.cfg.max_mem_tokens
                                       or self.mem_bytes > self.cfg.max_mem_bytes):
-            self._mem.popitem(last=False)
+            _, item = self._mem.popitem(last=False)
+            self._mem_tokens, self._mem_bytes = self._mem_tokens - item.tokens, self._mem_bytes - item.nbytes
 
     def _evict_disk(self) -> None:
         while len(self._disk) > 1 and (self.disk_tokens > self.cfg.max_disk_tokens
                                        or self.disk_bytes > self.cfg.max_disk_bytes):
-            _, (path, _, _) = self._disk.popitem(last=False)
+            _, (path, tokens, size) = self._disk.popitem(last=False)
+            self._disk_tokens, self._disk_bytes = self._disk_tokens - tokens, self._disk_bytes - size
             path.unlink(missing_ok=True)
+
+    def _index_disk(self, seq: int, path: Path, tokens: int) -> None:
+        size = path.stat().st_size
+        self._disk[seq] = (path, tokens, size)
+        self._disk_tokens, self._disk_bytes = self._disk_tokens + tokens, self._disk_bytes + size
 
     def _reload(self) -> None:
         """Resume: index every shard on disk, keep the newest within the disk limits, load the newest into memory."""
         for path in sorted(self.dir.glob("[0-9]*.safetensors")):  # zero-padded names sort by seq
             with safe_open(path, "pt") as f:
                 tokens = int(f.get_slice("input_ids").get_shape()[0])
-            self._disk[int(path.stem)] = (path, tokens, path.stat().st_size)
+            self._index_disk(int(path.stem), path, tokens)
             self._next_seq = int(path.stem) + 1
         self._evict_disk()
         budget_tokens, budget_bytes, newest = 0, 0, []
@@ -124,6 +133,7 @@ class Spool:
                 break
             newest.append(item)
         self._mem = OrderedDict((it.seq, it) for it in reversed(newest))
+        self._mem_tokens, self._mem_bytes = sum(it.tokens for it in newest), sum(it.nbytes for it in newest)
 
     # -- reading ---------------------------------------------------------------------------------
     def sample(self, n: int, generator: torch.Generator | None = None) -> list[SpoolItem]:
@@ -155,16 +165,16 @@ class Spool:
 
     @property
     def mem_tokens(self) -> int:
-        return sum(it.tokens for it in self._mem.values())
+        return self._mem_tokens
 
     @property
     def mem_bytes(self) -> int:
-        return sum(it.nbytes for it in self._mem.values())
+        return self._mem_bytes
 
     @property
     def disk_tokens(self) -> int:
-        return sum(tokens for _, tokens, _ in self._disk.values())
+        return self._disk_tokens
 
     @property
     def disk_bytes(self) -> int:
-        return sum(size for _, _, size in self._disk.values())
+        return self._disk_bytes

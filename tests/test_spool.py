@@ -96,3 +96,17 @@ def test_rejects_bad_samples_and_config():
     with pytest.raises(ValueError, match="version_decay"):
         SpoolConfig(version_decay=0.0)
     assert spool.sample(4) == [] and spool.holdout() == []
+
+
+def test_running_totals_match_contents(tmp_path):
+    spool = Spool(tmp_path, SpoolConfig(max_mem_tokens=40, max_disk_tokens=70, holdout_every=0))
+    for i in range(9):
+        spool.add(_sample(3 + i), policy_version=i)
+    items = list(spool._mem.values())
+    assert spool.mem_tokens == sum(it.tokens for it in items) <= 40
+    assert spool.mem_bytes == sum(it.nbytes for it in items)
+    assert spool.disk_tokens == sum(t for _, t, _ in spool._disk.values()) <= 70
+    assert spool.disk_bytes == sum(p.stat().st_size for p in tmp_path.glob("*.safetensors"))
+    resumed = Spool(tmp_path, SpoolConfig(max_mem_tokens=40, max_disk_tokens=70, holdout_every=0))
+    assert (resumed.mem_tokens, resumed.disk_tokens, resumed.disk_bytes) == (
+        spool.mem_tokens, spool.disk_tokens, spool.disk_bytes)
