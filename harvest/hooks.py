@@ -16,6 +16,7 @@ their own devices, so that drafter training really uses idle trainer compute, e.
 from __future__ import annotations
 
 import collections
+import sys
 from typing import Any
 
 from harvest.harvester import Harvester
@@ -32,7 +33,7 @@ class HarvestHooks:
         self._windows: list[IdleWindow] = []
         self._tokens = [0, 0]
         self._start = (0, 0, harvester.version)  # captured, drafter steps, drafter version at step start
-        self.captured = self.dropped = 0
+        self.captured = self.dropped = self.errors = 0
 
     def bind_client(self, client: Any) -> None:
         """Push drafters to the trainer's servers (`RolloutClient`: its URLs and admin key) unless the
@@ -61,8 +62,13 @@ class HarvestHooks:
             prompt_ids, output_ids, version = self._queue.popleft()
         except IndexError:
             return False
-        self.h.add_rollout(prompt_ids, output_ids, self._model, version)
-        self.captured += 1
+        try:
+            self.h.add_rollout(prompt_ids, output_ids, self._model, version)
+            self.captured += 1
+        except Exception as exc:  # one bad rollout (e.g. longer than the policy's context) must not stop RL
+            if not self.errors:
+                print(f"warning: harvest skipped a rollout: {type(exc).__name__}: {exc}", file=sys.stderr)
+            self.errors += 1
         return True
 
     def idle_window(self) -> IdleWindow:
@@ -78,6 +84,6 @@ class HarvestHooks:
         return {"idle_window_s": sum(r.window_s for r in reports), "idle_used_s": sum(r.busy_s for r in reports),
                 "idle_overrun_s": max((r.overrun_s for r in reports), default=0.0),
                 "drafter_steps": self.h.steps - steps0, "harvested": self.captured - captured0,
-                "harvest_dropped": len(self._queue), "drafter_version": self.h.version,
+                "harvest_dropped": len(self._queue), "harvest_errors": self.errors, "drafter_version": self.h.version,
                 "drafter_pushes": self.h.version - version0, "heldout_accept_len": serving,
                 "spool_tokens": self.h.spool.mem_tokens, "sd_token_share": self._tokens[1] / max(self._tokens[0], 1)}

@@ -1,0 +1,47 @@
+"""HarvestHooks without a server: captures happen in the idle window at the rollout's policy version,
+leftovers are dropped when the policy changes, a bad rollout is skipped, and the step's figures add up."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from harvest.checkpoint import save_drafter
+from harvest.cli_init import init_drafter
+from harvest.harvester import HarvestConfig, Harvester
+from harvest.hooks import HarvestHooks
+from harvest.spool import SpoolConfig
+
+
+def _rollout(prompt, output, version="0", verify_ct=0, accept=0.0):
+    return SimpleNamespace(prompt_ids=prompt, output_ids=output, weight_version=version,
+                           spec_verify_ct=verify_ct, spec_accept_length=accept)
+
+
+def test_hooks_capture_drop_skip_and_metrics(tiny_qwen2, tmp_path, capsys):
+    save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "d0")
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).eval()
+    h = Harvester(tiny_qwen2, tmp_path / "d0", None, cfg=HarvestConfig(push_every=0, spool=SpoolConfig(holdout_every=0)))
+    hooks = HarvestHooks(h)
+    hooks.on_step_start(1, model)
+    vocab = model.config.vocab_size
+    hooks.on_rollout_finished(_rollout([5, 6, 7], [8, 9, 10, 11], verify_ct=2, accept=1.5))  # 3 of 4 tokens by SD
+    hooks.on_rollout_finished(_rollout([5, 6], [vocab + 5, 3]))  # an id the policy cannot embed
+    hooks.on_rollout_finished(_rollout([7], [12, 13, 14, 15], version=None))  # no version: the step's
+    with hooks.idle_window():
+        deadline = time.monotonic() + 30
+        while (hooks.captured + hooks.errors < 3 or h.steps < 2) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    m = hooks.step_metrics()
+    assert (hooks.captured, hooks.errors, m["harvested"], m["harvest_errors"]) == (2, 1, 2, 1)
+    assert "harvest skipped a rollout" in capsys.readouterr().err
+    assert {it.policy_version for it in h.spool._mem.values()} == {0}
+    assert m["sd_token_share"] == 3 / 10 and m["drafter_steps"] == h.steps >= 2
+    assert m["idle_used_s"] <= m["idle_window_s"]
+
+    hooks.on_rollout_finished(_rollout([1, 2], [3, 4], version="0"))  # arrives after the window closed
+    assert hooks.step_metrics()["harvest_dropped"] == 1
+    hooks.on_step_start(2, model)
+    assert hooks.dropped == 1 and hooks.step_metrics()["harvested"] == 0
