@@ -3,7 +3,9 @@
 Each pooled `SeqKVCache` holds views of its slot, so everything written for `SeqKVCache` (ragged
 prefill, SD verify and rollback by `truncate`) works unchanged. What the pool adds is the fast path of
 a pure decode batch: all new K/V go in with one indexed write per layer and the keys are read with one
-gather, instead of a Python loop over sequences. A cache that outgrows its slot (SeqKVCache reallocates
+gather, instead of a Python loop over sequences. The gathered keys and values include positions past
+a sequence's length (masked out); they must be finite, so a slot is zeroed on first use (stale values of
+an earlier occupant are finite and harmless). A cache that outgrows its slot (SeqKVCache reallocates
 on growth) silently leaves the pool; `decode_plan` notices and takes the ragged path for that batch.
 """
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch.nn.functional as F
 
 from harvest.kv import SeqKVCache
 
-POOL_BYTES = 1 << 30  # allocated lazily by the OS; touched only as slots fill
+POOL_BYTES = 1 << 30  # allocated lazily by the OS; a slot is touched (zeroed) when first used
 
 
 class KVPool:
@@ -25,6 +27,7 @@ class KVPool:
         self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.capacity, self.free = capacity, list(range(slots - 1, -1, -1))
+        self.zeroed: set[int] = set()
         self.dims = (num_layers, n_kv, head_dim, dtype)
 
     @classmethod
@@ -41,6 +44,10 @@ class KVPool:
         if not self.free:
             return None
         slot = self.free.pop()
+        if slot not in self.zeroed:  # masked positions are read too (0 * NaN is NaN): no garbage allowed
+            for buf in self.k + self.v:
+                buf[slot].zero_()
+            self.zeroed.add(slot)
         num_layers, n_kv, head_dim, dtype = self.dims
         cache = SeqKVCache(num_layers, n_kv, head_dim, dtype, self.k[0].device, capacity=1)
         cache.k = [buf[slot] for buf in self.k]

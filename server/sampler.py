@@ -1,11 +1,11 @@
 """Sampling as pure tensor functions: processed probabilities, sampling with per-request generators,
 and the logprobs returned to clients.
 
-Logprob convention (SGLang's default sampler, `SGLANG_RETURN_ORIGINAL_LOGPROB` unset, checked in
-`python/sglang/srt/layers/sampler.py`): for a greedy request (temperature 0) the logprob is
-`log_softmax(logits)` of the raw logits; for a sampled request it is `log(p)` where p is
-`softmax(logits / temperature)` renormalised over the top-p nucleus (top-k and min-p are NOT applied to
-the returned logprob, though they are applied when sampling). The trainer must compute the same.
+Logprob convention (SGLang 0.5.23's default sampler, `SGLANG_RETURN_ORIGINAL_LOGPROB` unset, read in
+`python/sglang/srt/layers/sampler.py` of the installed 0.5.23): the returned logprob of a token is
+`log_softmax(logits / temperature)` of the target's logits, with temperature 0 (greedy) read as 1,
+taken BEFORE top-k, top-p and min-p (those shape the sampling distribution, not the returned logprob).
+Older SGLang renormalised over the top-p nucleus; 0.5.23 does not. The trainer must compute the same.
 """
 from __future__ import annotations
 
@@ -61,15 +61,9 @@ def sample(probs: torch.Tensor, generators: list[torch.Generator | None]) -> tor
 
 
 def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: torch.Tensor,
-                   top_p: torch.Tensor) -> torch.Tensor:
-    """logits [B, V], ids [B] -> log p(ids) [B] with SGLang's convention (module docstring)."""
-    raw = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, None])[:, 0]
-    if bool((temperature <= 0).all()):
-        return raw
+                   top_p: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [B, V], ids [B] -> log p(ids) [B] with SGLang's convention (module docstring).
+    `top_p` is ignored (SGLang's returned logprob is taken before top-p); kept for existing callers."""
     t = torch.where(temperature <= 0, torch.ones_like(temperature), temperature)
-    probs = torch.softmax(logits.float() / t[:, None], dim=-1)
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    sorted_p = sorted_p.masked_fill((sorted_p.cumsum(-1) - sorted_p) > top_p[:, None], 0.0)
-    nucleus = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    p = nucleus.gather(-1, ids[:, None])[:, 0] / nucleus.sum(-1)
-    return torch.where(temperature <= 0, raw, p.log().clamp(min=torch.finfo(p.dtype).min))
+    logprobs = torch.log_softmax(logits.float() / t[:, None], dim=-1).gather(-1, ids[:, None])[:, 0]
+    return logprobs.clamp(min=torch.finfo(logprobs.dtype).min)

@@ -23,6 +23,8 @@ def test_ragged_forward_and_capture_match_transformers(arch, request):
     with torch.no_grad():
         ref = hf(ids, output_hidden_states=True)
     pool = KVPool.for_runner(runner, slots=4, capacity=64)
+    for buf in pool.k + pool.v:  # what uninitialised memory may hold: masked positions must not leak it
+        buf.fill_(float("nan"))
     caches = [runner.new_cache(capacity=2), pool.acquire(), pool.acquire()]  # own (growing) and pooled
     layers = [0, 1, 2]
     for chunk in ([5, 9, 8], [6, 2, 1], [0, 1, 1], [1, 0, 0]):  # ragged prefill, mixed, pooled decode, own
