@@ -19,7 +19,9 @@ from trainer.rollout import Rollout, RolloutStatus
 class RolloutHooks(Protocol):
     """Where the harvester plugs in. `on_rollout_finished` runs in the event loop as each rollout
     finishes (keep it short: enqueue heavy work); `idle_window()` is entered while rollouts are in
-    flight and left before the policy update (e.g. `harvest.idle.IdleWindow`)."""
+    flight and left before the policy update (e.g. `harvest.idle.IdleWindow`). Optional, looked up with
+    hasattr by the loop: `bind_client(client)` once the server is synced, and `step_metrics() -> dict`
+    merged into each step's metrics row."""
 
     def on_step_start(self, step: int, model) -> None: ...
     def on_rollout_finished(self, rollout: Rollout) -> None: ...
