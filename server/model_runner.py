@@ -51,10 +51,23 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, bias
 
 
+def check_supported(model: nn.Module) -> None:
+    """Raise ValueError unless the model has the Llama-family layout this runner reimplements."""
+    cfg, inner = model.config, getattr(model, "model", None)
+    name = (getattr(cfg, "architectures", None) or [type(model).__name__])[0]
+    parts = ("embed_tokens", "layers", "norm", "rotary_emb")
+    if inner is None or not all(hasattr(inner, p) for p in parts) or not hasattr(model, "lm_head") or not all(
+            hasattr(layer.self_attn, p) for layer in inner.layers for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        raise ValueError(f"{name} is not supported by the embedded engine (Llama, Qwen2 and Qwen3-style models are)")
+    if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
+        raise ValueError(f"{name} with sliding-window attention is not supported by the embedded engine")
+
+
 class ModelRunner:
     """Holds one loaded causal LM and runs ragged forwards with per-sequence KV caches."""
 
     def __init__(self, model: nn.Module, device: str = "cpu"):
+        check_supported(model)
         self.model = model.eval()
         self.device = torch.device(device)
         self.config = model.config

@@ -59,3 +59,14 @@ def test_chunked_prefill_equals_transformers(tiny_llama):
             assert len(p) > 7 and r["ids"] == hf_greedy(model, p, 10)
     finally:
         eng.shutdown()
+
+
+def test_unsupported_models_are_refused(tiny_qwen2):
+    hf = AutoModelForCausalLM.from_pretrained(tiny_qwen2)
+    hf.config.use_sliding_window = True
+    with pytest.raises(ValueError, match="sliding-window"):
+        ModelRunner(hf)
+    hf.config.use_sliding_window = False
+    del hf.model.rotary_emb
+    with pytest.raises(ValueError, match="not supported"):
+        ModelRunner(hf)
