@@ -8,13 +8,21 @@ from pathlib import Path
 
 from trainer.rollout import Rollout
 
-COLUMNS = [  # (key, header, format)
-    ("step", "step", "{:>4d}"), ("reward_mean", "reward", "{:>6.3f}"), ("accuracy", "acc", "{:>5.2f}"),
-    ("response_len_p50", "len50", "{:>5.0f}"), ("response_len_p99", "len99", "{:>5.0f}"),
-    ("rollout_s", "rollout_s", "{:>9.2f}"), ("tail_s", "tail_s", "{:>6.2f}"), ("train_s", "train_s", "{:>7.2f}"),
-    ("tokens_per_s", "tok/s", "{:>6.0f}"), ("logprob_mismatch", "lp_mism", "{:>7.1e}"),
-    ("weight_version", "ver", "{:>4}"),
+COLUMNS = [  # (key, header, width, format); a key missing from a row prints blank
+    ("step", "step", 4, "{:d}"), ("reward_mean", "reward", 6, "{:.3f}"), ("accuracy", "acc", 5, "{:.2f}"),
+    ("eval_accuracy", "eval", 5, "{:.2f}"), ("response_len_p50", "len50", 5, "{:.0f}"),
+    ("response_len_p99", "len99", 5, "{:.0f}"), ("rollout_s", "rollout_s", 9, "{:.2f}"),
+    ("tail_s", "tail_s", 6, "{:.2f}"), ("train_s", "train_s", 7, "{:.2f}"), ("tokens_per_s", "tok/s", 6, "{:.0f}"),
+    ("logprob_mismatch", "lp_mism", 7, "{:.1e}"), ("weight_version", "ver", 4, "{}"),
 ]
+
+
+def format_row(row: dict) -> str:
+    return "  ".join((fmt.format(row[k]) if k in row else "").rjust(w) for k, _, w, fmt in COLUMNS)
+
+
+def format_header() -> str:
+    return "  ".join(h.rjust(w) for _, h, w, _ in COLUMNS)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -77,10 +85,6 @@ class MetricsLog:
             f.flush()
             os.fsync(f.fileno())
         if not self._printed_header:
-            echo("  ".join(h.rjust(len(fmt.format(_zero(fmt)))) for _, h, fmt in COLUMNS))
+            echo(format_header())
             self._printed_header = True
-        echo("  ".join(fmt.format(row.get(k, _zero(fmt))) for k, _, fmt in COLUMNS))
-
-
-def _zero(fmt: str):
-    return 0 if fmt.endswith("d}") else ("" if fmt.endswith(">4}") else 0.0)
+        echo(format_row(row))
