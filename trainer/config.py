@@ -45,13 +45,15 @@ class TrainConfig:
     server_wait_s: float = 120.0             # how long to wait for a dead/restarting server
     max_attempts: int = 3                    # submissions per rollout before it counts as failed
     stream: bool = True                      # stream /generate to time the first token
+    stream_interval: int = 8                 # tokens per streamed chunk (first-token time is that coarse)
 
     def __post_init__(self) -> None:
         if isinstance(self.servers, str):
             self.servers = [self.servers]
         self.betas = tuple(self.betas)
         positive = ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "micro_batch_size",
-                    "keep_last", "eval_prompts", "eval_samples", "trainer_threads", "server_threads", "max_attempts")
+                    "keep_last", "eval_prompts", "eval_samples", "trainer_threads", "server_threads", "max_attempts",
+                    "stream_interval")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

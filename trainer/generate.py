@@ -39,7 +39,8 @@ class NoHooks:
         return contextlib.nullcontext()
 
 
-async def run_one(client: RolloutClient, r: Rollout, params: dict, stream: bool) -> Rollout:
+async def run_one(client: RolloutClient, r: Rollout, params: dict, stream: bool,
+                  stream_interval: int = 8) -> Rollout:
     """Submit one rollout and fill it in. A lost connection marks it aborted (to be re-submitted)."""
     r.attempts += 1
     r.submitted_at = time.monotonic()
@@ -48,23 +49,21 @@ async def run_one(client: RolloutClient, r: Rollout, params: dict, stream: bool)
     try:
         if stream:
             ids: list[int] = []
-            lps: list[list] = []
+            lps: list = []
             last: dict = {}
+            sp = dict(sp, stream_interval=stream_interval)  # chunks are cumulative: bounds O(n^2) bytes
             async for chunk in client.generate_stream(r.prompt_ids, sp, rid=rid):
-                if r.first_token_at is None and chunk.get("meta_info", {}).get("completion_tokens", 0) > 0:
+                meta = chunk.get("meta_info", {})
+                n = meta.get("completion_tokens", 0)
+                if r.first_token_at is None and n > 0:
                     r.first_token_at = time.monotonic()
-                ids += chunk.get("output_ids") or []
-                lps += chunk.get("meta_info", {}).get("output_token_logprobs") or []
+                # cumulative chunks (SGLang's default) hold everything so far; incremental ones
+                # (--incremental-streaming-output) must be concatenated: tell them apart per field
+                new_ids, new_lps = chunk.get("output_ids") or [], meta.get("output_token_logprobs") or []
+                ids = new_ids if len(new_ids) == n else ids + new_ids
+                lps = new_lps if len(new_lps) == n else lps + new_lps
                 last = chunk
-            meta = dict(last.get("meta_info", {}))
-            total = meta.get("completion_tokens", -1)
-            # cumulative chunks (SGLang's default) carry everything in the last one; incremental
-            # chunks (--incremental-streaming-output) must be concatenated: check each field alone
-            if len(last.get("output_ids") or []) != total:
-                last = dict(last, output_ids=ids)
-            if len(meta.get("output_token_logprobs") or []) != total:
-                meta["output_token_logprobs"] = lps
-            r.apply(dict(last, meta_info=meta))
+            r.apply(dict(last, output_ids=ids, meta_info=dict(last.get("meta_info", {}), output_token_logprobs=lps)))
         else:
             r.apply(await client.generate(r.prompt_ids, sp, rid=rid))
     except (RolloutServerError, httpx.TransportError) as exc:
@@ -79,7 +78,7 @@ async def run_one(client: RolloutClient, r: Rollout, params: dict, stream: bool)
 
 async def run_step(client: RolloutClient, rollouts: list[Rollout], params: dict, *, expected_version: str,
                    resync: Callable[[], Awaitable[None]], hooks: RolloutHooks, max_attempts: int,
-                   stream: bool = True, log=print, desc: str = "rollouts") -> None:
+                   stream: bool = True, stream_interval: int = 8, log=print, desc: str = "rollouts") -> None:
     """Run every rollout to completion (finished or truncated, sampled by `expected_version`).
     `resync()` waits for the server and re-pushes the current weights; it runs before re-submitting."""
     pending = list(rollouts)
@@ -87,7 +86,7 @@ async def run_step(client: RolloutClient, rollouts: list[Rollout], params: dict,
     try:
         while pending:
             with hooks.idle_window():
-                tasks = [asyncio.create_task(run_one(client, r, params, stream)) for r in pending]
+                tasks = [asyncio.create_task(run_one(client, r, params, stream, stream_interval)) for r in pending]
                 for fut in asyncio.as_completed(tasks):
                     r = await fut
                     if r.done and r.weight_version in (expected_version, None):

@@ -107,7 +107,8 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
             hooks.on_step_start(step, policy.model)
             t0 = time.monotonic()
             await run_step(client, rollouts, sampling_params(cfg), expected_version=state["version"],
-                           resync=resync, hooks=hooks, max_attempts=cfg.max_attempts, stream=cfg.stream, log=log)
+                           resync=resync, hooks=hooks, max_attempts=cfg.max_attempts, stream=cfg.stream,
+                           stream_interval=cfg.stream_interval, log=log)
             t1 = time.monotonic()
             score(task, policy.tokenizer, rollouts)
             train_stats = policy.train_step(rollouts)
