@@ -3,7 +3,8 @@
 SD pays when the target is memory-bound (few running requests) and costs when it is compute-bound, so
 in `adaptive` mode it runs only while `running <= max_batch`. The draft length k is chosen per
 batch-size bucket by an epsilon-greedy bandit (TLT's bucketed epsilon-greedy) whose reward is emitted
-tokens per second of the decode iteration; each arm keeps a sliding window of recent rewards, so the
+tokens per second of the decode iteration, and arm 0 (plain decoding) competes too, so SD is dropped in
+a bucket where it does not pay; each arm keeps a sliding window of recent rewards, so the
 choice follows a drifting drafter (acceptance rises as it trains, resets on a hot swap). A bucket with
 no measured arm uses the fixed table. Simplified relative to TLT: the arms are draft lengths of a chain
 draft only (TLT also varies tree top-k and the number of verified tokens).
@@ -24,7 +25,7 @@ class SDPolicyConfig:
     mode: str = "adaptive"                       # off | on | adaptive
     max_batch: int = 8                           # adaptive: SD only while running <= max_batch
     fixed_k: int | None = None                   # a fixed draft length disables the bandit
-    choices: tuple[int, ...] = (1, 2, 3, 4, 6)   # the bandit's arms (draft lengths)
+    choices: tuple[int, ...] = (0, 1, 2, 3, 4, 6)  # the bandit's arms (draft lengths; 0 = plain decoding)
     table: dict[int, int] = field(default_factory=lambda: dict(DEFAULT_TABLE))
     epsilon: float = 0.1
     window: int = 16                             # recent rewards kept per (bucket, arm)
@@ -37,8 +38,8 @@ class SDPolicyConfig:
             raise ValueError("sd max_batch must be >= 1")
         if self.fixed_k is not None and not 1 <= self.fixed_k <= 16:
             raise ValueError("fixed draft length must be in [1, 16]")
-        if not self.choices or any(not 1 <= k <= 16 for k in self.choices):
-            raise ValueError("draft length choices must be non-empty and in [1, 16]")
+        if not self.choices or any(not 0 <= k <= 16 for k in self.choices):
+            raise ValueError("draft length choices must be non-empty and in [0, 16]")
         if not self.table or any(not 1 <= k <= 16 for k in self.table.values()):
             raise ValueError("table draft lengths must be in [1, 16]")
         if not 0.0 <= self.epsilon <= 1.0:
@@ -71,9 +72,10 @@ class SDPolicy:
         cfg = self.config
         if cfg.fixed_k is not None:
             return cfg.fixed_k
+        arms = cfg.choices if cfg.mode == "adaptive" else tuple(k for k in cfg.choices if k > 0) or (1,)
         if self._rng.random() < cfg.epsilon:
-            return self._rng.choice(cfg.choices)
-        measured = {k: r for k in cfg.choices if (r := self.mean_reward(batch, k)) is not None}
+            return self._rng.choice(arms)
+        measured = {k: r for k in arms if (r := self.mean_reward(batch, k)) is not None}
         if not measured:
             return cfg.table[self.bucket(batch)]
         return max(measured, key=measured.__getitem__)

@@ -82,7 +82,10 @@ class SpecDecoder:
         ks = {s: self._draft_len(s, k) for s in seqs}
         ready = [s for s in seqs if ks[s] > 0 and s.total_len - s.cache.length == 1
                  and self.states[s].pending > 0]
+        t0 = time.perf_counter()
         out = self._feed([s for s in seqs if s not in ready]) if len(ready) < len(seqs) else {}
+        if k == 0 and self.policy.use_sd(len(seqs)) and len(out) == len(seqs):  # arm 0: a plain decode step
+            self.policy.record(len(seqs), 0, len(out), time.perf_counter() - t0)
         if ready:
             t0 = time.perf_counter()
             spec = self._speculate(ready, ks)

@@ -78,6 +78,14 @@ def test_sliding_window_follows_a_better_drafter():
     assert chosen[-200:].count(long_) >= 0.7 * 200
 
 
+def test_plain_decoding_competes_only_in_adaptive_mode():
+    """Arm 0 (no drafting) wins where SD does not pay; mode "on" always drafts."""
+    adaptive, on = SDPolicy(SDPolicyConfig(epsilon=0.1, seed=4)), SDPolicy(SDPolicyConfig(mode="on", seed=4))
+    assert _best_k(8, 0.3, 0.15, adaptive.config.choices) == 0
+    assert _run(adaptive, 8, alpha=0.3, verify_cost=0.15, steps=400)[-100:].count(0) >= 80
+    assert 0 not in _run(on, 8, alpha=0.3, verify_cost=0.15, steps=400)
+
+
 def test_reset_returns_to_the_table():
     policy = SDPolicy(SDPolicyConfig(epsilon=0.0))
     policy.record(1, 6, tokens=100, seconds=1.0)
