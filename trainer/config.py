@@ -20,7 +20,7 @@ class TrainConfig:
     samples_per_prompt: int = 4              # GRPO group size
     max_new_tokens: int = 64
     temperature: float = 1.0
-    top_p: float = 1.0
+    top_p: float = 1.0                       # < 1: nucleus sampling; logprobs stay of the full softmax
     lr: float = 1e-4
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)

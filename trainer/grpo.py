@@ -18,21 +18,13 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale: bool
     return adv / (std + eps) if scale else adv
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                   top_p: float = 1.0) -> torch.Tensor:
-    """log p(target) under SGLang's returned-logprob convention for a sampled request (see
-    server/sampler.py): softmax(logits / temperature) renormalised over the top-p nucleus (top-k and
-    min-p are not applied). logits: [B, T, V], targets: [B, T] -> [B, T]."""
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(target) under the logprob convention of SGLang 0.5.23 (see server/sampler.py):
+    log_softmax(logits / temperature), before top-k / top-p / min-p; raw logits for greedy (T = 0).
+    logits: [B, T, V], targets: [B, T] -> [B, T]."""
     logits = logits.float()
-    if temperature != 1.0:
+    if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    if top_p < 1.0:
-        with torch.no_grad():
-            probs = torch.softmax(logits, dim=-1)
-            sorted_p, order = probs.sort(dim=-1, descending=True)                  # [B, T, V]
-            drop_sorted = (sorted_p.cumsum(-1) - sorted_p) > top_p                 # the top token stays
-            drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 

@@ -53,7 +53,7 @@ class Policy:
         idx = (b["starts"] - 1)[:, None] + torch.arange(resp_len)[None]                 # [B, T]
         idx = idx.clamp(max=logits.shape[1] - 1)
         resp_logits = logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1]))  # [B, T, V]
-        return token_logprobs(resp_logits, b["targets"], self.cfg.temperature, self.cfg.top_p)
+        return token_logprobs(resp_logits, b["targets"], self.cfg.temperature)
 
     def train_step(self, rollouts: list[Rollout]) -> dict:
         """One AdamW step on the step's rollouts, micro-batched; token-level normalisation."""
@@ -78,7 +78,6 @@ class Policy:
                 with torch.no_grad():
                     ref_logp = self._logprobs(self.ref, b)
             mask = b["mask"]
-            logp = logp.masked_fill(mask == 0, 0.0)  # padding may be -inf under top-p
             loss, stats = policy_loss(logp, b["old"], chunk_adv, mask, num_tokens, cfg.clip_low, cfg.clip_high,
                                       ref_logp, cfg.kl_coef)
             loss.backward()
