@@ -18,7 +18,7 @@ from server import http_native, http_openai
 from server.auth import AuthMiddleware
 from server.config import EngineConfig, ServerConfig
 from server.metrics import Metrics
-from server.schemas import ApiError, validation_error
+from server.schemas import ApiError, describe_bodies, validation_error
 
 log = logging.getLogger(__name__)
 SECRET_FIELDS = ("api_key", "admin_api_key")
@@ -56,6 +56,8 @@ def build_app(engine, server_cfg: ServerConfig, engine_cfg: EngineConfig | None 
         served_model_name=server_cfg.served_model_name or Path(str(info.get("model_path", "model"))).name)
     app.include_router(http_native.router)
     app.include_router(http_openai.router)
+    base_openapi = app.openapi
+    app.openapi = lambda: app.openapi_schema or describe_bodies(base_openapi())  # type: ignore[method-assign]
     app.add_middleware(AuthMiddleware, api_key=server_cfg.api_key, admin_api_key=server_cfg.admin_api_key)
 
     @app.exception_handler(ApiError)

@@ -186,3 +186,23 @@ async def parse(request, model: type[M], max_bytes: int) -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc) from None
+
+
+REQUEST_BODIES: dict[str, type[BaseModel]] = {
+    "/generate": GenerateIn, "/update_weights_from_disk": UpdateWeightsIn, "/abort_request": AbortIn,
+    "/v1/completions": CompletionIn, "/v1/chat/completions": ChatIn}
+
+
+def describe_bodies(schema: dict) -> dict:
+    """Add the JSON request bodies to FastAPI's OpenAPI document (the routes parse their bodies themselves,
+    for 413 and field-naming 400s, so FastAPI does not see them); clients and fuzzers read them here."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for path, model in REQUEST_BODIES.items():
+        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(body.pop("$defs", {}))
+        components[model.__name__] = body
+        for method, op in schema.get("paths", {}).get(path, {}).items():
+            if method in ("post", "put"):
+                op["requestBody"] = {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
+    return schema
