@@ -8,18 +8,38 @@ import textwrap
 
 import pytest
 
-from trainer.tasks import JsonlTask, RunningSums, TaskError, accuracy, load_task
+from trainer.tasks import Doubling, JsonlTask, RunningSums, TaskError, accuracy, load_task
 from trainer.tasks.chartok import build_char_tokenizer, chatml
 from trainer.tasks.math_answer import extract_answer, math_reward
 from trainer.tasks.measure import length_stats
 
 
-def test_default_task_is_running_sums_and_its_solution_is_rewarded():
+def test_default_task_is_doubling_and_its_solution_is_rewarded():
     task = load_task(None)
-    assert isinstance(task, RunningSums)
+    assert isinstance(task, Doubling) and isinstance(load_task("doubling"), Doubling)
+    for sample in task.prompts("train", 50, seed=3):
+        assert task.reward(sample, task.solution(sample)) == 1.0
+        assert int(sample["answer"]) == sample["start"] * 2 ** sample["steps"] % 1000
+        lines = task.solution(sample).split("\n")
+        assert len(lines) == sample["steps"] + 2 and lines[1:-1] == sorted(lines[1:-1], reverse=True)
+
+
+def test_running_sums_solution_is_rewarded():
+    task = load_task("running_sums")
     for sample in task.prompts("train", 50, seed=3):
         assert task.reward(sample, task.solution(sample)) == 1.0
         assert int(sample["answer"]) == sum(sample["items"])
+
+
+@pytest.mark.parametrize("response, expected", [
+    ("347\n02:694\n01:388\n\\boxed{388}", 1.0),
+    ("\\boxed{388}", 1.0),                              # only the boxed answer is checked
+    ("347\n02:694\n01:389\n\\boxed{389}", 0.0),
+    ("347\n02:694\n01:388\n", 0.0),                    # no box
+    ("\\boxed{0388}", 1.0),                             # leading zeros compare by value
+])
+def test_doubling_reward(response, expected):
+    assert Doubling().reward({"start": 347, "steps": 2, "answer": "388"}, response) == expected
 
 
 @pytest.mark.parametrize("response, expected", [
@@ -37,8 +57,8 @@ def test_running_sums_reward(response, expected):
     assert RunningSums().reward(sample, response) == expected
 
 
-def test_prompts_are_deterministic_and_formatted_with_the_chat_template():
-    task = RunningSums()
+@pytest.mark.parametrize("task", [Doubling(), RunningSums()], ids=["doubling", "running_sums"])
+def test_prompts_are_deterministic_and_formatted_with_the_chat_template(task):
     a, b = task.prompts("train", 20, seed=1), task.prompts("train", 20, seed=1)
     assert a == b
     assert a != task.prompts("train", 20, seed=2)
@@ -50,8 +70,8 @@ def test_prompts_are_deterministic_and_formatted_with_the_chat_template():
         assert sample["prompt"] == chatml(sample["messages"][0]["content"])
 
 
-def test_reference_lengths_are_long_tailed_and_fit_the_context():
-    task = RunningSums()
+@pytest.mark.parametrize("task", [Doubling(), RunningSums()], ids=["doubling", "running_sums"])
+def test_reference_lengths_are_long_tailed_and_fit_the_context(task):
     tokenizer = build_char_tokenizer()
     samples = task.prompts("test", 2000, seed=0)
     lengths = [len(tokenizer(task.solution(s), add_special_tokens=False).input_ids) + 1 for s in samples]

@@ -43,9 +43,10 @@ class PolicySize:
 
 
 SIZES = {
-    "small": PolicySize(hidden=512, layers=6, heads=8, kv_heads=8, intermediate=1536, train_tokens=1_200_000),
-    "tiny": PolicySize(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, train_tokens=150_000,
-                       batch_tokens=1024, lr=1e-2, bf16=False),
+    "small": PolicySize(hidden=512, layers=6, heads=8, kv_heads=8, intermediate=1536, train_tokens=1_500_000,
+                        batch_tokens=2048, lr=1.5e-3),
+    "tiny": PolicySize(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, train_tokens=400_000,
+                       batch_tokens=1024, lr=3e-3, bf16=False),
 }
 
 
@@ -59,13 +60,18 @@ def _spec_of(task) -> str:
     return DEFAULT_TASK if task is None else task if isinstance(task, str) else repr(task)
 
 
-def bootstrap_policy(out_dir: str | os.PathLike | None = None, task=None, seed: int = 0, size: str = "small",
-                     progress: bool = True) -> Path:
-    """Train (or find in the cache) the task's policy; returns the model directory."""
+def cache_key(task, seed: int, size: str) -> tuple[dict, str]:
+    """(the arguments that define a bootstrap, their 12-hex-digit hash)."""
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}: choose one of {sorted(SIZES)}")
     params = {"version": FORMAT_VERSION, "task": _spec_of(task), "seed": seed, "size": asdict(SIZES[size])}
-    key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
+    return params, hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def bootstrap_policy(out_dir: str | os.PathLike | None = None, task=None, seed: int = 0, size: str = "small",
+                     progress: bool = True) -> Path:
+    """Train (or find in the cache) the task's policy; returns the model directory."""
+    params, key = cache_key(task, seed, size)
     if out_dir is None:
         name = params["task"].split(":")[-1].split("(")[0].replace("/", "_")
         out_dir = cache_root() / "policies" / f"{name}-{size}-seed{seed}-{key}"

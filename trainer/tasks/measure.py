@@ -24,13 +24,16 @@ def length_stats(lengths: list[int]) -> dict:
 
 @torch.no_grad()
 def sample_responses(model, tokenizer, prompts: list[str], temperature: float = 1.0, max_new_tokens: int = 1024,
-                     batch_size: int = 64, seed: int = 0, progress: bool = True) -> list[tuple[str, int]]:
-    """(response text, response tokens incl. the end-of-turn token) per prompt, in the prompts' order."""
+                     batch_size: int = 64, seed: int = 0, progress: bool = True,
+                     expected_lengths: list[int] | None = None) -> list[tuple[str, int]]:
+    """(response text, response tokens incl. the end-of-turn token) per prompt, in the prompts' order.
+    Batches group prompts of similar `expected_lengths` (default: prompt length) to waste less padding."""
     from tqdm import tqdm
 
     torch.manual_seed(seed)
     tokenizer.padding_side = "left"
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    key = expected_lengths or [len(p) for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: key[i])
     out: list[tuple[str, int]] = [("", 0)] * len(prompts)
     eos = tokenizer.eos_token_id
     for start in tqdm(range(0, len(order), batch_size), desc="sampling", disable=not progress):
@@ -55,19 +58,22 @@ def measure_policy(model_dir: str, task=None, n: int = 1000, seed: int = 0, temp
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     samples = task.prompts("test", n, seed)
+    solution = getattr(task, "solution", None)
+    expected = [len(solution(s)) for s in samples] if callable(solution) else None
     results = sample_responses(model, tokenizer, [s["prompt"] for s in samples], temperature, max_new_tokens,
-                               batch_size, seed, progress)
+                               batch_size, seed, progress, expected)
     rewards = [task.reward(s, text) for s, (text, _) in zip(samples, results)]
     lengths = [length for _, length in results]
     report = {"n": n, "temperature": temperature, "accuracy": round(sum(r >= 1 for r in rewards) / n, 3),
               "truncated": sum(length >= max_new_tokens for length in lengths),
               "parameters": sum(p.numel() for p in model.parameters()), **length_stats(lengths)}
-    if all("items" in s for s in samples):  # accuracy by problem size: longer problems should be harder
-        buckets = [(1, 4), (5, 16), (17, 10**9)]
-        report["accuracy_by_items"] = {
-            f"{lo}-{hi if hi < 10**9 else 'max'}": round(statistics.mean(r >= 1 for s, r in zip(samples, rewards)
-                                                         if lo <= len(s["items"]) <= hi) if any(
-                lo <= len(s["items"]) <= hi for s in samples) else float("nan"), 3) for lo, hi in buckets}
+    if callable(solution):  # accuracy by reference length: longer problems should be harder
+        buckets: dict[str, list[float]] = {}
+        for s, r in zip(samples, rewards):
+            size = len(solution(s))
+            name = "<=32" if size <= 32 else "33-128" if size <= 128 else ">128"
+            buckets.setdefault(name, []).append(float(r >= 1))
+        report["accuracy_by_reference_chars"] = {k: (len(v), round(sum(v) / len(v), 3)) for k, v in buckets.items()}
     return report
 
 

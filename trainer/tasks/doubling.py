@@ -1,0 +1,60 @@
+"""The default built-in task: double a number k times, keeping the last three digits (2^k * x mod 1000).
+
+    prompt (user turn):  double 4 times, keep 3 digits: 347
+    solution:            347
+                         04:694
+                         03:388
+                         02:776
+                         01:552
+                         \\boxed{552}
+
+Each line is `remaining:value`, fixed width, so every step is a local rule (decrement a counter, double
+a 3-digit number: digit j of the result is 2*d_j mod 10 plus a carry when d_(j+1) >= 5) that a small
+model learns by SFT in minutes. The number of doublings k is drawn from a truncated power law
+(P(k) ~ (k+1)^-alpha, 0 <= k <= max_steps; k = 0 is a plain copy), so most solutions are short and a few are very long, like
+chains of thought in RL rollouts; every step is a chance to err, so longer problems are harder.
+The reward is exact: the last \\boxed{} must equal the result (leading zeros allowed)."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from trainer.tasks.chartok import chatml
+from trainer.tasks.math_answer import answers_match, last_boxed
+
+
+@dataclass(frozen=True)
+class Doubling:
+    max_steps: int = 99
+    alpha: float = 1.3        # power-law exponent of k + 1; larger = shorter problems
+    name: str = "doubling"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_steps <= 99:
+            raise ValueError(f"max_steps must be in [0, 99], got {self.max_steps}")
+        if self.alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {self.alpha}")
+
+    def sample(self, rng: random.Random) -> dict:
+        ks = range(self.max_steps + 1)
+        k = rng.choices(ks, weights=[(i + 1) ** -self.alpha for i in ks])[0]
+        start = rng.randint(0, 999)
+        question = f"double {k} times, keep 3 digits: {start:03d}"  # the start last: a fixed-offset copy
+        return {"prompt": chatml(question), "messages": [{"role": "user", "content": question}],
+                "start": start, "steps": k, "answer": str(start * 2 ** k % 1000)}
+
+    def prompts(self, split: str, n: int, seed: int) -> list[dict]:
+        """`n` problems, the same for the same (split, seed); splits draw from independent streams."""
+        rng = random.Random(f"{self.name}/{split}/{seed}")
+        return [self.sample(rng) for _ in range(n)]
+
+    def solution(self, sample: dict) -> str:
+        """The reference response (without the end-of-turn token)."""
+        value, lines = sample["start"], [f"{sample['start']:03d}"]
+        for remaining in range(sample["steps"], 0, -1):
+            value = value * 2 % 1000
+            lines.append(f"{remaining:02d}:{value:03d}")
+        return "\n".join(lines) + f"\n\\boxed{{{value:03d}}}"
+
+    def reward(self, sample: dict, response: str) -> float:
+        return 1.0 if answers_match(last_boxed(response), sample["answer"]) else 0.0
