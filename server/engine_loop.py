@@ -11,7 +11,7 @@ import time
 from server.scheduler import Sequence
 
 log = logging.getLogger(__name__)
-FLUSH_INTERVAL_S = 0.005  # streamed updates reach the event loop at most this late
+FLUSH_INTERVAL_S = 0.02  # streamed updates reach the event loop at most this late (first/last: at once)
 
 
 class EngineLoop:
@@ -63,8 +63,9 @@ class EngineLoop:
                     self._in_step = False
                     self._reap(finished)
                     self._cv.notify_all()
-                # coalesce updates (server/engine_bridge.py), but deliver a finished request at once
-                if finished or time.monotonic() - last_flush >= FLUSH_INTERVAL_S:
+                # coalesce updates (server/engine_bridge.py), but deliver first tokens and ends at once
+                if finished or self.scheduler.urgent or time.monotonic() - last_flush >= FLUSH_INTERVAL_S:
+                    self.scheduler.urgent = False
                     self._flush()
                     last_flush = time.monotonic()
 

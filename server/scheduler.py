@@ -62,6 +62,7 @@ class Scheduler:
         self.weight_version = "default"
         self.draft_weight_version: str | None = None
         self.generation_tokens_total = 0
+        self.urgent = False  # a first token or a final update was emitted: deliver without delay
 
     def admit(self) -> None:
         while self.waiting and len(self.running) < self.max_running:
@@ -105,6 +106,7 @@ class Scheduler:
     def emit(self, seq: Sequence, abort_message: str | None = None) -> None:
         new = len(seq.output_ids) - seq.sent
         self.generation_tokens_total += new
+        self.urgent |= seq.sent == 0 and new > 0
         if abort_message is not None:
             seq.finish_reason = {"type": "abort", "message": abort_message}
         seq.emit(GenerateOutput(

@@ -46,20 +46,26 @@ def test_mixed_lengths_concurrent_each_equal_solo_and_short_first(engine, hf_qwe
     lengths = [3, 90, 10, 60, 5, 120, 20, 40, 8, 100, 15, 70, 30, 4, 50, 12]
     prompts = [tok(PROMPTS[i % len(PROMPTS)] * (1 + i % 3))["input_ids"] for i in range(16)]
     reqs = [req(p, max_new_tokens=n, ignore_eos=True) for p, n in zip(prompts, lengths)]
-    order: list[str] = []
+    order: list[str] = []  # as the engine retires them (delivery to the consumers may batch several)
+    emit = engine.scheduler.emit
+    engine.scheduler.emit = lambda seq, *a: (emit(seq, *a), seq.finish_reason and order.append(seq.req.rid))
 
     async def main():  # queue all 16 while paused, so they start decoding in the same iteration
         engine.pause()
-        tasks = [asyncio.create_task(collect(engine, r, order)) for r in reqs]
+        tasks = [asyncio.create_task(collect(engine, r)) for r in reqs]
         while engine.stats()["num_queue_reqs"] < len(reqs):
             await asyncio.sleep(0.002)
         engine.resume()
         return await asyncio.gather(*tasks)
 
-    res = asyncio.run(main())
+    try:
+        res = asyncio.run(main())
+    finally:
+        del engine.scheduler.emit
     for p, n, r in zip(prompts, lengths, res):
         assert len(r["ids"]) == n
         assert r["ids"] == hf_greedy(hf_qwen2, p, n)
+    assert len(order) == len(reqs)
     finish_len = [lengths[[q.rid for q in reqs].index(rid)] for rid in order]
     assert finish_len == sorted(finish_len), finish_len
 
