@@ -122,8 +122,11 @@ def load_drafter(path: str | Path, device: str | torch.device = "cpu", target_co
             raise DrafterCheckpointError(f"{path}: {name} has shape {tuple(state[name].shape)}, config says {shape}")
         if state[name].is_floating_point() and not torch.isfinite(state[name]).all():
             raise DrafterCheckpointError(f"{path}: {name} contains NaN or inf")
-    _check_vocab(c, state["d2t"], state["t2d"])
     drafter = Eagle3Drafter(c)
+    for name, want in drafter.state_dict().items():  # float widths are cast (bf16 files are common); kinds are not
+        if state[name].is_floating_point() != want.is_floating_point():
+            raise DrafterCheckpointError(f"{path}: {name} is {state[name].dtype}, expected a {want.dtype}-like tensor")
+    _check_vocab(c, state["d2t"], state["t2d"])
     drafter.load_state_dict({k: v.to(drafter.state_dict()[k].dtype) for k, v in state.items()})
     drafter.to(device)
     if embed_tokens is not None:
