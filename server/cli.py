@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     g.add_argument("--sglang-arg", action="append", default=[], metavar="ARG",
                    help="extra argument passed to sglang.launch_server (repeatable)")
+    p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="request bodies over this: 413")
+    p.add_argument("--max-n", type=int, default=64, help="largest n (samples per prompt) a request may ask for")
+    p.add_argument("--max-new-tokens-cap", type=int, default=16384, help="largest max_new_tokens a request may ask for")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -65,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
                                   num_threads=args.threads, drafter_path=args.drafter, sd=args.sd,
                                   sd_max_batch=args.sd_max_batch, num_draft_tokens=args.num_draft_tokens)
         server_cfg = ServerConfig(host=args.host, port=args.port, api_key=args.api_key,
-                                  admin_api_key=args.admin_api_key, served_model_name=args.served_model_name)
+                                  admin_api_key=args.admin_api_key, served_model_name=args.served_model_name,
+                                  max_request_bytes=args.max_request_bytes, max_n=args.max_n,
+                                  max_new_tokens_cap=args.max_new_tokens_cap)
     except ValueError as exc:
         return _fail(str(exc))
     ignored = [f for f in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
