@@ -43,7 +43,7 @@ def sampling(state, sp: dict, field: str = "sampling_params") -> SamplingParams:
     for name, neutral in NEUTRAL_SAMPLING.items():
         if sp.get(name, neutral) != neutral:
             raise ApiError(400, f"{field}.{name} is not supported by the embedded engine", param=f"{field}.{name}")
-    n, max_new = sp.get("n", 1), sp.get("max_new_tokens", 128)
+    n, max_new = sp.get("n", 1), sp.get("max_new_tokens", min(128, cfg.max_new_tokens_cap))  # default fits the cap
     if n > cfg.max_n:
         raise ApiError(400, f"{field}.n must be <= {cfg.max_n}, got {n}", param=f"{field}.n")
     if max_new > cfg.max_new_tokens_cap:
@@ -65,6 +65,13 @@ def sampling(state, sp: dict, field: str = "sampling_params") -> SamplingParams:
     except ValueError as exc:
         msg = str(exc).replace("sampling_params.", f"{field}.", 1)
         raise ApiError(400, msg, param=msg.split(" ", 1)[0]) from None
+
+
+def check_batch(state, count: int, field: str) -> None:
+    """One HTTP request may start at most `max_batch` engine requests (prompts x n): bounds memory."""
+    if count > state.server_cfg.max_batch:
+        raise ApiError(400, f"{field}: {count} sequences (prompts x n) in one request; the limit is "
+                            f"{state.server_cfg.max_batch}", param=field)
 
 
 def expand(prompts: list[list[int]], params: list[SamplingParams], rids: list[str | None],
@@ -138,8 +145,9 @@ async def generate(request: Request):
     if isinstance(body.rid, str) and batch:
         raise ApiError(400, "rid: batch input needs a list of rids", param="rid")
     sps = _listify(body.sampling_params or SamplingIn(), len(prompts), "sampling_params")
-    params = [sampling(state, sp.model_dump(), _name("sampling_params", i, isinstance(body.sampling_params, list)))
-              for i, sp in enumerate(sps)]
+    params = [sampling(state, sp.model_dump(exclude_unset=True),
+                       _name("sampling_params", i, isinstance(body.sampling_params, list))) for i, sp in enumerate(sps)]
+    check_batch(state, sum(p.n for p in params), "text" if body.text is not None else "input_ids")
     reqs, groups = expand(prompts, params, _listify(body.rid, len(prompts), "rid"),
                           _listify(body.return_logprob, len(prompts), "return_logprob"))
     per_req_sp = [sp for sp, p in zip(sps, params) for _ in range(p.n)]

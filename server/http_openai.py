@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 
 from server.detok import Delta, output_text
 from server.fanin import Fanin, Track, collect
-from server.http_generate import check_prompt, expand, sampling, stream
+from server.http_generate import check_batch, check_prompt, expand, sampling, stream
 from server.schemas import ApiError, ChatIn, CompletionIn, OpenAISampling, parse
 
 router = APIRouter()
@@ -112,7 +112,9 @@ async def completions(request: Request):
     if not raw:
         raise ApiError(400, "prompt: must not be empty", param="prompt")
     prompts = [check_prompt(state, state.tokenizer.encode(p) if isinstance(p, str) else p, "prompt") for p in raw]
-    params = _params(state, body, 16 if body.max_tokens is None else body.max_tokens)
+    default = min(16, state.server_cfg.max_new_tokens_cap)
+    params = _params(state, body, default if body.max_tokens is None else body.max_tokens)
+    check_batch(state, len(prompts) * params.n, "prompt")
     tok = state.tokenizer
 
     def render(i: int, track: Track, delta: Delta | None) -> dict | None:
