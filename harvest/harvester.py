@@ -42,6 +42,7 @@ class HarvestConfig:
     push_every: int = 25                 # micro-steps between score-and-push attempts in a window; 0: never
     min_gain: float = 0.0                # acceptance length the candidate must gain over the serving drafter
     max_holdout: int = 32                # held-out samples scored per attempt (newest first)
+    holdout_versions: int = 2            # ...from this many newest policy versions (1: the current one only)
     keep_versions: int = 3               # pushed checkpoints kept on disk
     aux_dtype: str = "float32"           # spool storage of aux hidden states: float32 | bfloat16 | float16
     seed: int = 0
@@ -49,7 +50,7 @@ class HarvestConfig:
     spool: SpoolConfig = field(default_factory=SpoolConfig)
 
     def __post_init__(self) -> None:
-        for name in ("topk", "batch_size", "ttt_length", "max_holdout", "keep_versions"):
+        for name in ("topk", "batch_size", "ttt_length", "max_holdout", "holdout_versions", "keep_versions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0 or self.push_every < 0 or self.min_gain < 0:
@@ -146,8 +147,9 @@ class Harvester:
 
     # -- score and push --------------------------------------------------------------------------
     def score(self, drafter: torch.nn.Module | None = None, policy_version: int | None = None) -> float | None:
-        """Expected acceptance length on held-out samples of `policy_version` (default: newest); None if none."""
-        held = self.spool.holdout(policy_version)[-self.cfg.max_holdout:]
+        """Expected acceptance length on held-out samples of `policy_version` (default: the newest
+        `holdout_versions` versions, newest samples first); None if there are none."""
+        held = self.spool.holdout(policy_version, self.cfg.holdout_versions)[-self.cfg.max_holdout:]
         if not held:
             return None
         with self._lock:

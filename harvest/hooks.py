@@ -32,7 +32,7 @@ class HarvestHooks:
         self._version = 0
         self._windows: list[IdleWindow] = []
         self._tokens = [0, 0]
-        self._start = (0, 0, harvester.version)  # captured, drafter steps, drafter version at step start
+        self._start = (0, 0, harvester.version, 0)  # captured, drafter steps, version, push attempts at start
         self.captured = self.dropped = self.errors = 0
 
     def bind_client(self, client: Any) -> None:
@@ -47,7 +47,7 @@ class HarvestHooks:
         self._model, self._version = model, step - 1  # the policy that samples step N is version N-1
         self._windows = []
         self._tokens = [0, 0]  # this step's output tokens: all, from SD
-        self._start = (self.captured, self.h.steps, self.h.version)
+        self._start = (self.captured, self.h.steps, self.h.version, len(self.h.history))
 
     def on_rollout_finished(self, rollout: Any) -> None:
         version = rollout.weight_version
@@ -79,11 +79,14 @@ class HarvestHooks:
     def step_metrics(self) -> dict:
         """This step's harvest figures for the trainer's metrics row (call after the rollouts)."""
         reports = [w.report for w in self._windows]
-        captured0, steps0, version0 = self._start
+        captured0, steps0, version0, attempts0 = self._start
         serving = self.h.score(self.h.serving)
+        attempts = self.h.history[attempts0:]
         return {"idle_window_s": sum(r.window_s for r in reports), "idle_used_s": sum(r.busy_s for r in reports),
                 "idle_overrun_s": max((r.overrun_s for r in reports), default=0.0),
                 "drafter_steps": self.h.steps - steps0, "harvested": self.captured - captured0,
                 "harvest_dropped": len(self._queue), "harvest_errors": self.errors, "drafter_version": self.h.version,
-                "drafter_pushes": self.h.version - version0, "heldout_accept_len": serving,
+                "drafter_pushes": self.h.version - version0, "drafter_push_attempts": len(attempts),
+                "candidate_accept_len": attempts[-1].get("candidate") if attempts else None,
+                "heldout_accept_len": serving,
                 "spool_tokens": self.h.spool.mem_tokens, "sd_token_share": self._tokens[1] / max(self._tokens[0], 1)}

@@ -147,13 +147,14 @@ class Spool:
         picks = torch.multinomial(weights, n, replacement=True, generator=generator)
         return [items[i] for i in picks.tolist()]
 
-    def holdout(self, policy_version: int | None = None) -> list[SpoolItem]:
-        """Held-out samples of `policy_version` (default: the newest version that has any)."""
+    def holdout(self, policy_version: int | None = None, versions: int = 1) -> list[SpoolItem]:
+        """Held-out samples of `policy_version`, or else of the `versions` newest versions that have any."""
         with self._lock:
             held = [it for it in self._mem.values() if it.holdout]
-        if policy_version is None and held:
-            policy_version = max(it.policy_version for it in held)
-        return [it for it in held if it.policy_version == policy_version]
+        if policy_version is not None:
+            return [it for it in held if it.policy_version == policy_version]
+        keep = set(sorted({it.policy_version for it in held})[-versions:])
+        return [it for it in held if it.policy_version in keep]
 
     @property
     def newest_version(self) -> int | None:

@@ -110,3 +110,12 @@ def test_running_totals_match_contents(tmp_path):
     resumed = Spool(tmp_path, SpoolConfig(max_mem_tokens=40, max_disk_tokens=70, holdout_every=0))
     assert (resumed.mem_tokens, resumed.disk_tokens, resumed.disk_bytes) == (
         spool.mem_tokens, spool.disk_tokens, spool.disk_bytes)
+
+
+def test_holdout_spans_the_newest_versions():
+    spool = Spool(None, SpoolConfig(holdout_every=2))
+    for i in range(12):
+        spool.add(_sample(3), policy_version=i // 4)  # held out: seq 0, 2 (v0), 4, 6 (v1), 8, 10 (v2)
+    assert [it.seq for it in spool.holdout()] == [8, 10]
+    assert [it.seq for it in spool.holdout(versions=2)] == [4, 6, 8, 10]
+    assert [it.seq for it in spool.holdout(policy_version=0, versions=3)] == [0, 2]
