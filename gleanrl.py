@@ -21,6 +21,9 @@ COMMANDS: dict = {
         "engine": ("server.bench_engine", "embedded engine vs transformers generate (tokens/s)"),
         "sd": ("server.bench_sd", "speculative decoding vs plain decoding in the embedded engine"),
         "e2e": ("trainer.bench_e2e", "end-to-end RL: no SD vs adaptive drafter vs stale drafter"),
+        "load": ("server.bench_load", "many concurrent clients, streaming and not, some leaving: errors, leaks, RSS"),
+        "swaps": ("server.bench_swaps", "alternating target and draft weight swaps under load: versions and outputs"),
+        "crash": ("trainer.bench_crash", "kill -9 the trainer at random points and resume: nothing lost or half-written"),
     },
 }
 

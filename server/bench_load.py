@@ -1,0 +1,207 @@
+"""`gleanrl bench load`: many concurrent clients against a real server for a while, with mixed lengths,
+native and OpenAI routes, streaming and not, and some clients that disconnect mid-stream.
+
+Pass criteria (exit 1 otherwise): 0 errors (every request answered in full, or aborted on purpose by
+its client), no leaked slots (`/server_info` back to 0 running and 0 queued), and the server's resident
+memory after warm-up (the first 30% of the run) growing by at most `--rss-bound-mib`.
+Without `--url` it starts `gleanrl serve` on `--model` (default: a tiny random model) as a subprocess
+on a loopback port, and measures that process's RSS from /proc."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from tqdm import tqdm
+
+KINDS = ("native", "native_stream", "completions", "chat_stream", "disconnect")
+LENGTHS = (1, 4, 16, 32, 64)
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of process `pid` in MiB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+class ServeProcess:
+    """`gleanrl serve MODEL` as a subprocess on a free loopback port; `with` waits for /health."""
+
+    def __init__(self, model: str, log_path: Path, threads: int = 1, extra: list[str] | None = None):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cmd = [sys.executable, "-m", "gleanrl", "serve", "--model", str(model), "--port", str(self.port),
+                    "--threads", str(threads), "--log-level", "warning", *(extra or [])]
+        self.log_path = log_path
+
+    def __enter__(self) -> "ServeProcess":
+        root = str(Path(__file__).resolve().parent.parent)  # gleanrl.py lives at the repository root
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.pid = self.proc.pid
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.__exit__()
+        raise RuntimeError(f"server did not start; see {self.log_path}")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="model directory (default: a tiny random Qwen2 made here)")
+    p.add_argument("--url", default=None, help="a running server instead of starting one (no RSS figure)")
+    p.add_argument("--clients", type=int, default=64, help="concurrent clients")
+    p.add_argument("--duration", type=float, default=120.0, help="seconds of load")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="longest request")
+    p.add_argument("--rss-bound-mib", type=float, default=64.0, help="allowed RSS growth after warm-up")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the started server")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the summary here")
+
+
+async def _one(client: httpx.AsyncClient, kind: str, rng: random.Random, max_new: int, model: str) -> str:
+    """One request of `kind`; returns 'ok' or 'aborted', raises on anything else."""
+    n = min(rng.choice(LENGTHS), max_new)
+    text = " ".join(rng.choice(("alpha", "beta", "gamma", "delta", "7", "+")) for _ in range(rng.randint(1, 40)))
+    sp = {"max_new_tokens": n, "temperature": rng.choice((0.0, 0.7)), "ignore_eos": True}
+    if kind == "native":
+        r = await client.post("/generate", json={"text": text, "sampling_params": sp})
+        r.raise_for_status()
+        meta = r.json()["meta_info"]
+        assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == n, meta
+        return "ok"
+    if kind == "completions":
+        r = await client.post("/v1/completions", json={"model": model, "prompt": text, "max_tokens": n,
+                                                       "ignore_eos": True, "temperature": sp["temperature"]})
+        r.raise_for_status()
+        assert r.json()["usage"]["completion_tokens"] == n, r.json()
+        return "ok"
+    if kind == "chat_stream":
+        path, body = "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": text}],
+                                              "max_tokens": n, "ignore_eos": True, "stream": True}
+    else:
+        path, body = "/generate", {"text": text, "sampling_params": {**sp, "max_new_tokens": max_new}, "stream": True}
+    leave_after = rng.randint(1, 3) if kind == "disconnect" else None
+    chunks, done = 0, False
+    async with client.stream("POST", path, json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                done = True
+                break
+            assert "error" not in json.loads(line[6:]), line
+            chunks += 1
+            if leave_after is not None and chunks >= leave_after:
+                return "aborted"  # leaving the `async with` closes the connection mid-stream
+    assert done and chunks >= 1, (kind, chunks, done)
+    return "ok"
+
+
+async def load(url: str, clients: int, duration: float, max_new: int = 64, seed: int = 0,
+               rss=None, headers: dict | None = None) -> dict:
+    """Run the load; `rss()` (MiB) is sampled every 0.5 s when given. Returns the summary."""
+    counts = {"ok": 0, "aborted": 0, "errors": 0}
+    by_kind: dict[str, int] = {k: 0 for k in KINDS}
+    errors: list[str] = []
+    samples: list[tuple[float, float]] = []
+    t0 = time.monotonic()
+    end = t0 + duration
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600,
+                                 limits=httpx.Limits(max_connections=clients * 2)) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        bar = tqdm(total=None, desc="requests", unit="req", disable=None)
+
+        async def worker(i: int) -> None:
+            rng = random.Random(seed * 1000 + i)
+            while time.monotonic() < end:
+                kind = rng.choice(KINDS)
+                try:
+                    counts[await _one(client, kind, rng, max_new, model)] += 1
+                except Exception as exc:  # noqa: BLE001 - every failure is counted and shown
+                    counts["errors"] += 1
+                    errors.append(f"{kind}: {type(exc).__name__}: {str(exc)[:200]}")
+                by_kind[kind] += 1
+                bar.update(1)
+
+        async def sampler() -> None:
+            while time.monotonic() < end:
+                samples.append((time.monotonic() - t0, rss()))
+                await asyncio.sleep(0.5)
+
+        await asyncio.gather(*(worker(i) for i in range(clients)), *([sampler()] if rss else []))
+        bar.close()
+        drained_at = time.monotonic()
+        while time.monotonic() - drained_at < 60:
+            st = (await client.get("/server_info")).json()["internal_states"][0]
+            if st["num_running_reqs"] == 0 and st["num_queue_reqs"] == 0:
+                break
+            await asyncio.sleep(0.2)
+    summary = {"clients": clients, "duration_s": duration, "requests": sum(counts.values()), **counts,
+               "by_kind": by_kind, "error_samples": errors[:5], "leaked_running": st["num_running_reqs"],
+               "leaked_queued": st["num_queue_reqs"], "req_per_s": sum(counts.values()) / duration}
+    if samples:
+        warm = [m for t, m in samples if t >= 0.3 * duration] or [samples[-1][1]]
+        summary.update(rss_warm_mib=warm[0], rss_max_after_warm_mib=max(warm), rss_end_mib=rss(),
+                       rss_growth_mib=max(warm) - warm[0])
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.clients < 1 or args.duration <= 0 or args.max_new_tokens < 1:
+        print("gleanrl bench load: --clients, --duration and --max-new-tokens must be positive", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.url:
+            summary = asyncio.run(load(args.url, args.clients, args.duration, args.max_new_tokens, args.seed))
+        else:
+            model = args.model
+            if model is None:
+                from harvest.tiny import make_tiny_model
+                model = str(make_tiny_model(Path(tmp) / "tiny"))
+            with ServeProcess(model, Path(tmp) / "server.log", threads=args.threads,
+                              extra=["--max-running-requests", "32"]) as server:
+                summary = asyncio.run(load(server.url, args.clients, args.duration, args.max_new_tokens,
+                                           args.seed, rss=lambda: rss_mib(server.pid)))
+    bound_ok = summary.get("rss_growth_mib", 0.0) <= args.rss_bound_mib
+    ok = summary["errors"] == 0 and summary["leaked_running"] == 0 and summary["leaked_queued"] == 0 and bound_ok
+    print(f"load: {summary['clients']} clients x {summary['duration_s']:.0f} s: {summary['requests']} requests "
+          f"({summary['req_per_s']:.1f}/s), {summary['ok']} answered, {summary['aborted']} aborted by their client, "
+          f"{summary['errors']} errors; after: {summary['leaked_running']} running, {summary['leaked_queued']} queued")
+    if "rss_growth_mib" in summary:
+        print(f"server RSS: {summary['rss_warm_mib']:.0f} MiB after warm-up, max {summary['rss_max_after_warm_mib']:.0f}"
+              f" MiB (growth {summary['rss_growth_mib']:.1f} MiB, bound {args.rss_bound_mib:.0f} MiB)")
+    for e in summary["error_samples"]:
+        print(f"  error: {e}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
