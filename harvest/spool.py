@@ -26,7 +26,7 @@ class SpoolConfig:
     max_mem_tokens: int = 200_000
     max_mem_bytes: int = 1 << 30
     max_disk_tokens: int = 2_000_000
-    max_disk_bytes: int = 8 << 30
+    max_disk_bytes: int = 4 << 30
     version_decay: float = 0.5       # weight per policy version behind the newest; 1.0 = uniform
     holdout_every: int = 8           # every n-th sample is held out; 0 = none
 

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
             hooks = NoHooks()
             if harvest:
                 hooks = demo.demo_hooks(Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None,
-                                                  cfg=HarvestConfig(push_every=20, seed=args.seed)))
+                                                  cfg=HarvestConfig(push_every=10, max_holdout=16, seed=args.seed)))
             cfg = demo.rl_config(policy, out / name, server.url, args, args.seed + seed_offset)
             train(cfg, task=load_task(None), hooks=hooks, log=demo.table_logger(out / name / "metrics.jsonl"))
         runs[name] = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]

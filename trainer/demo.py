@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     task = load_task(None)
     with serving(policy, drafter0, out / "server.log") as server:
         harvester = Harvester(policy, drafter0, out / "harvest" / "spool", push=None,
-                              cfg=HarvestConfig(push_every=20, seed=args.seed))
+                              cfg=HarvestConfig(push_every=10, max_holdout=16, seed=args.seed))
         hooks = demo_hooks(harvester)
         train(rl_config(policy, out / "run", server.url, args, args.seed), task=task, hooks=hooks,
               log=table_logger(out / "run" / "metrics.jsonl"))
