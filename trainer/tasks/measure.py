@@ -86,8 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--json", default=None, help="also write the report here")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     report = measure_policy(args.model_dir, args.task, args.n, args.seed, args.temperature, args.max_new_tokens,
                             args.batch_size)
     print(json.dumps(report, indent=1))
