@@ -1,0 +1,155 @@
+"""`gleanrl bench swaps`: alternating target and draft weight swaps while greedy requests stream.
+
+Two targets A and B (same shapes, other weights) and two drafters; the server runs SD. Reference
+outputs of every prompt under A and under B are taken first, with nothing else running. Then clients
+stream greedy requests while a swapper pushes `--swaps` updates (target, draft, target, ...; each with
+a fresh version). Every response must carry one `weight_version` and one `draft_weight_version` that
+were pushed, and equal the reference of its target version. SD is lossless, so draft swaps mid-request
+change nothing; a target swap lands between two decode iterations, also mid-request (as the engine
+documents), so a response whose streamed versions change is a "straddler": its tokens streamed under the
+old version must equal the old reference's prefix (the rest mixes the two models by design, and the
+trainer never swaps the target under running rollouts). Any non-200 or mismatch is an error (exit 1)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+
+from server.bench_load import ServeProcess
+
+PROMPTS = ["The quick brown fox", "Once upon a time", "1 + 1 =", "In the beginning", "alpha beta gamma",
+           "Weights and measures", "Rollouts finish at", "Speculative decoding"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--swaps", type=int, default=100, help="weight updates, alternating target and draft")
+    p.add_argument("--clients", type=int, default=8, help="concurrent streaming clients")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the summary here")
+
+
+def make_models(root: Path) -> dict[str, Path]:
+    from harvest.checkpoint import save_drafter
+    from harvest.cli_init import init_drafter
+    from harvest.tiny import build_tokenizer, make_tiny_model
+    tok = build_tokenizer()
+    a = make_tiny_model(root / "A", tokenizer=tok, seed=0)
+    return {"A": a, "B": make_tiny_model(root / "B", tokenizer=tok, seed=1),
+            "D1": save_drafter(init_drafter(a, seed=0), root / "D1"), "D2": save_drafter(init_drafter(a, seed=1), root / "D2")}
+
+
+async def _stream(client: httpx.AsyncClient, prompt: str, max_new: int) -> list[tuple[list[int], str, str]]:
+    body = {"text": prompt, "stream": True, "sampling_params": {"max_new_tokens": max_new, "temperature": 0,
+                                                                 "ignore_eos": True, "stream_interval": 1}}
+    chunks = []
+    async with client.stream("POST", "/generate", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"status {r.status_code}: {(await r.aread())[:200]!r}")
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                obj = json.loads(line[6:])
+                if "error" in obj:
+                    raise RuntimeError(str(obj["error"])[:200])
+                m = obj["meta_info"]
+                chunks.append((obj["output_ids"], m["weight_version"], m["draft_weight_version"]))
+    return chunks
+
+
+async def _push(client: httpx.AsyncClient, path: Path, selector: str, version: str) -> None:
+    r = await client.post("/update_weights_from_disk", json={"model_path": str(path), "selector": selector,
+                                                             "weight_version": version})
+    if r.status_code != 200:
+        raise RuntimeError(f"{selector} swap to {version}: {r.status_code} {r.text[:200]}")
+
+
+async def swaps_under_load(url: str, models: dict[str, Path], swaps: int, clients: int, max_new: int,
+                           seed: int = 0) -> dict:
+    rng = random.Random(seed)
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        refs: dict[str, dict[str, list[int]]] = {}
+        for name in ("B", "A"):  # references with nothing else running; ends serving A
+            await _push(client, models[name], "target", f"ref{name}")
+            refs[name] = {p: (await _stream(client, p, max_new))[-1][0] for p in PROMPTS}
+        assert refs["A"] != refs["B"], "the two targets must differ"
+        target_of, drafts = {"refA": "A"}, {"default"}
+        s = {"swaps": 0, "responses": 0, "straddlers": 0, "draft_changes_mid_request": 0, "errors": 0}
+        errors: list[str] = []
+        done = asyncio.Event()
+
+        async def swapper() -> None:
+            try:
+                for i in range(swaps):
+                    await asyncio.sleep(rng.uniform(0.1, 0.6))  # most requests see no target swap
+                    if i % 2 == 0:
+                        name = "B" if (i // 2) % 2 == 0 else "A"
+                        target_of[f"t{i}"] = name  # registered before the push: responses may carry it at once
+                        await _push(client, models[name], "target", f"t{i}")
+                    else:
+                        drafts.add(f"d{i}")
+                        await _push(client, models["D2" if (i // 2) % 2 == 0 else "D1"], "draft", f"d{i}")
+                    s["swaps"] += 1
+            except Exception as exc:  # noqa: BLE001
+                s["errors"] += 1
+                errors.append(f"swapper: {exc}")
+            finally:
+                done.set()
+
+        def check(prompt: str, chunks) -> None:
+            out, version, draft = chunks[-1]
+            if version not in target_of or draft not in drafts:
+                raise RuntimeError(f"unknown versions {version!r}/{draft!r}")
+            if len({c[2] for c in chunks}) > 1:
+                s["draft_changes_mid_request"] += 1
+            first = chunks[0][1]
+            if all(c[1] == version for c in chunks):
+                if out != refs[target_of[version]][prompt]:
+                    raise RuntimeError(f"{prompt!r} under {version} ({target_of[version]}) differs from its reference")
+                return
+            s["straddlers"] += 1
+            old = [c[0] for c in chunks if c[1] == first][-1]
+            if out[:len(old)] != refs[target_of[first]][prompt][:len(old)]:
+                raise RuntimeError(f"{prompt!r}: tokens streamed under {first} differ from its reference")
+
+        async def worker(i: int) -> None:
+            wrng = random.Random(seed * 100 + i)
+            while not done.is_set():
+                prompt = wrng.choice(PROMPTS)
+                try:
+                    check(prompt, await _stream(client, prompt, max_new))
+                    s["responses"] += 1
+                except Exception as exc:  # noqa: BLE001
+                    s["errors"] += 1
+                    errors.append(f"{type(exc).__name__}: {exc}")
+
+        await asyncio.gather(swapper(), *(worker(i) for i in range(clients)))
+    return {**s, "error_samples": errors[:5]}
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.swaps < 1 or args.clients < 1 or args.max_new_tokens < 1:
+        print("gleanrl bench swaps: --swaps, --clients and --max-new-tokens must be positive", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        models = make_models(Path(tmp))
+        extra = ["--drafter", str(models["D1"]), "--sd", "on", "--num-draft-tokens", "3"]
+        with ServeProcess(str(models["A"]), Path(tmp) / "server.log", extra=extra) as server:
+            s = asyncio.run(swaps_under_load(server.url, models, args.swaps, args.clients, args.max_new_tokens,
+                                             args.seed))
+    print(f"swaps: {s['swaps']} of {args.swaps} (alternating target/draft) under {args.clients} streaming clients: "
+          f"{s['responses']} greedy responses equal their version's reference, {s['straddlers']} straddled a "
+          f"target swap (prefix checked), {s['draft_changes_mid_request']} saw a draft swap mid-request; "
+          f"{s['errors']} errors")
+    for e in s["error_samples"]:
+        print(f"  error: {e}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(s, indent=2))
+    ok = s["errors"] == 0 and s["swaps"] == args.swaps
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
