@@ -5,8 +5,13 @@ in `harvest` imports `trainer`).
 - `on_rollout_finished(rollout)`: runs in the trainer's event loop, so it only enqueues.
 - `idle_window()`: a background thread that, while rollouts are in flight, first captures queued
   rollouts into the spool, then trains the drafter, one micro-step at a time, pushing a better drafter
-  every `push_every` steps. Leaving the window stops it within one micro-step. Rollouts still queued
-  when the policy changes are dropped (their capture would need the old policy), and counted.
+  every `push_every` steps. Leaving the window stops it within one micro-step.
+
+Rollouts still queued when the window closes (the tail: the last ones finish just before the policy
+update) are carried over and captured first in the next window, by the new policy, and recorded with
+its version: hidden states and soft labels then come from the policy the drafter must serve next, only
+the tokens were sampled one version earlier, as EAGLE's own training data is never on-policy. The
+queue is bounded (`max_queue`, oldest dropped and counted).
 
 Cores on one CPU machine: give the server and the trainer their own cores, as a GPU cluster gives them
 their own devices, so that drafter training really uses idle trainer compute, e.g. on 2 cores
@@ -25,14 +30,14 @@ from harvest.push import Pusher
 
 
 class HarvestHooks:
-    def __init__(self, harvester: Harvester):
-        self.h = harvester
+    def __init__(self, harvester: Harvester, max_queue: int = 512):
+        self.h, self.max_queue = harvester, max_queue
         self._queue: collections.deque = collections.deque()
         self._model: Any = None
         self._version = 0
         self._windows: list[IdleWindow] = []
         self._tokens = [0, 0]
-        self._start = (0, 0, harvester.version, 0)  # captured, drafter steps, version, push attempts at start
+        self._start = (0, 0, harvester.version, 0, 0)  # captured, drafter steps, version, attempts, dropped
         self.captured = self.dropped = self.errors = 0
 
     def bind_client(self, client: Any) -> None:
@@ -42,28 +47,27 @@ class HarvestHooks:
             self.h.push = Pusher(client)
 
     def on_step_start(self, step: int, model: Any) -> None:
-        self.dropped += len(self._queue)
-        self._queue.clear()
         self._model, self._version = model, step - 1  # the policy that samples step N is version N-1
         self._windows = []
         self._tokens = [0, 0]  # this step's output tokens: all, from SD
-        self._start = (self.captured, self.h.steps, self.h.version, len(self.h.history))
+        self._start = (self.captured, self.h.steps, self.h.version, len(self.h.history), self.dropped)
 
     def on_rollout_finished(self, rollout: Any) -> None:
-        version = rollout.weight_version
-        version = int(version) if version is not None and str(version).isdigit() else self._version
-        self._queue.append((list(rollout.prompt_ids), list(rollout.output_ids), version))
+        self._queue.append((list(rollout.prompt_ids), list(rollout.output_ids)))
+        if len(self._queue) > self.max_queue:
+            self._queue.popleft()
+            self.dropped += 1
         n = len(rollout.output_ids)  # tokens that came out of SD verify passes (each yields accept_length)
         self._tokens[0] += n
         self._tokens[1] += min(n, round(rollout.spec_verify_ct * rollout.spec_accept_length))
 
     def _capture_one(self) -> bool:
         try:
-            prompt_ids, output_ids, version = self._queue.popleft()
+            prompt_ids, output_ids = self._queue.popleft()
         except IndexError:
             return False
         try:
-            self.h.add_rollout(prompt_ids, output_ids, self._model, version)
+            self.h.add_rollout(prompt_ids, output_ids, self._model, self._version)
             self.captured += 1
         except Exception as exc:  # one bad rollout (e.g. longer than the policy's context) must not stop RL
             if not self.errors:
@@ -79,13 +83,14 @@ class HarvestHooks:
     def step_metrics(self) -> dict:
         """This step's harvest figures for the trainer's metrics row (call after the rollouts)."""
         reports = [w.report for w in self._windows]
-        captured0, steps0, version0, attempts0 = self._start
+        captured0, steps0, version0, attempts0, dropped0 = self._start
         serving = self.h.score(self.h.serving)
         attempts = self.h.history[attempts0:]
         return {"idle_window_s": sum(r.window_s for r in reports), "idle_used_s": sum(r.busy_s for r in reports),
                 "idle_overrun_s": max((r.overrun_s for r in reports), default=0.0),
                 "drafter_steps": self.h.steps - steps0, "harvested": self.captured - captured0,
-                "harvest_dropped": len(self._queue), "harvest_errors": self.errors, "drafter_version": self.h.version,
+                "harvest_carried": len(self._queue), "harvest_dropped": self.dropped - dropped0,
+                "harvest_errors": self.errors, "drafter_version": self.h.version,
                 "drafter_pushes": self.h.version - version0, "drafter_push_attempts": len(attempts),
                 "candidate_accept_len": attempts[-1].get("candidate") if attempts else None,
                 "heldout_accept_len": serving,

@@ -1,5 +1,6 @@
-"""HarvestHooks without a server: captures happen in the idle window at the rollout's policy version,
-leftovers are dropped when the policy changes, a bad rollout is skipped, and the step's figures add up."""
+"""HarvestHooks without a server: captures happen in the idle window at the capturing policy's version,
+the tail carries over to the next window, a bad rollout is skipped, the queue is bounded, and the
+step's figures add up."""
 from __future__ import annotations
 
 import time
@@ -41,7 +42,24 @@ def test_hooks_capture_drop_skip_and_metrics(tiny_qwen2, tmp_path, capsys):
     assert m["sd_token_share"] == 3 / 10 and m["drafter_steps"] == h.steps >= 2
     assert m["idle_used_s"] <= m["idle_window_s"]
 
-    hooks.on_rollout_finished(_rollout([1, 2], [3, 4], version="0"))  # arrives after the window closed
-    assert hooks.step_metrics()["harvest_dropped"] == 1
-    hooks.on_step_start(2, model)
-    assert hooks.dropped == 1 and hooks.step_metrics()["harvested"] == 0
+    hooks.on_rollout_finished(_rollout([1, 2], [3, 4, 5]))  # the tail: finishes as the window closes
+    assert hooks.step_metrics()["harvest_carried"] == 1
+    hooks.on_step_start(2, model)  # the policy update happened: the tail is captured by version 1
+    with hooks.idle_window():
+        deadline = time.monotonic() + 30
+        while hooks.captured < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    m = hooks.step_metrics()
+    assert (m["harvested"], m["harvest_carried"], m["harvest_dropped"]) == (1, 0, 0)
+    assert [it.policy_version for it in h.spool._mem.values()] == [0, 0, 1]
+
+
+def test_hooks_queue_is_bounded(tiny_qwen2, tmp_path):
+    save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "d0")
+    hooks = HarvestHooks(Harvester(tiny_qwen2, tmp_path / "d0", None), max_queue=3)
+    hooks.on_step_start(1, None)
+    for i in range(5):
+        hooks.on_rollout_finished(_rollout([1], [2 + i]))
+    m = hooks.step_metrics()
+    assert (m["harvest_carried"], m["harvest_dropped"], hooks.dropped) == (3, 2, 2)
+    assert [out for _, out in hooks._queue] == [[4], [5], [6]]  # the oldest went
