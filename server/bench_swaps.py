@@ -79,7 +79,8 @@ async def swaps_under_load(url: str, models: dict[str, Path], swaps: int, client
             refs[name] = {p: (await _stream(client, p, max_new))[-1][0] for p in PROMPTS}
         assert refs["A"] != refs["B"], "the two targets must differ"
         target_of, drafts = {"refA": "A"}, {"default"}
-        s = {"swaps": 0, "responses": 0, "straddlers": 0, "draft_changes_mid_request": 0, "errors": 0}
+        s = {"swaps": 0, "responses": 0, "straddlers": 0, "draft_changes_mid_request": 0,
+             "draft_only_mid_request": 0, "errors": 0}
         errors: list[str] = []
         done = asyncio.Event()
 
@@ -107,6 +108,7 @@ async def swaps_under_load(url: str, models: dict[str, Path], swaps: int, client
                 raise RuntimeError(f"unknown versions {version!r}/{draft!r}")
             if len({c[2] for c in chunks}) > 1:
                 s["draft_changes_mid_request"] += 1
+                s["draft_only_mid_request"] += len({c[1] for c in chunks}) == 1
             first = chunks[0][1]
             if all(c[1] == version for c in chunks):
                 if out != refs[target_of[version]][prompt]:
@@ -143,8 +145,10 @@ def run(args: argparse.Namespace) -> int:
             s = asyncio.run(swaps_under_load(server.url, models, args.swaps, args.clients, args.max_new_tokens,
                                              args.seed))
     print(f"swaps: {s['swaps']} of {args.swaps} (alternating target/draft) under {args.clients} streaming clients: "
-          f"{s['responses']} greedy responses equal their version's reference, {s['straddlers']} straddled a "
-          f"target swap (prefix checked), {s['draft_changes_mid_request']} saw a draft swap mid-request; "
+          f"{s['responses']} greedy responses, {s['responses'] - s['straddlers']} equal to their version's reference "
+          f"token for token, {s['straddlers']} straddled a target swap (old-version prefix checked); "
+          f"{s['draft_changes_mid_request']} saw a draft swap mid-request ({s['draft_only_mid_request']} of them no "
+          f"target swap, checked token for token); "
           f"{s['errors']} errors")
     for e in s["error_samples"]:
         print(f"  error: {e}", file=sys.stderr)
