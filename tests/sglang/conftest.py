@@ -19,7 +19,7 @@ def _need_sglang():
 
 @pytest.fixture(scope="session")
 def sglang_model(tmp_path_factory) -> Path:
-    """A private copy of the task's tiny bootstrap policy (Qwen2), which the shared server serves."""
+    """A private copy of the task's tiny bootstrap policy, which the shared server serves."""
     if not available():
         pytest.skip(SKIP_REASON)
     from trainer.bootstrap import bootstrap_policy
@@ -51,17 +51,19 @@ def sglang_model_b(sglang_model, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def other_arch_model(sglang_model, tmp_path_factory) -> Path:
-    """A Llama checkpoint with the serving Qwen2 policy's shapes (no q/k/v biases)."""
+    """A checkpoint of the other architecture (Qwen2 <-> Llama: q/k/v biases or not) with the serving
+    policy's shapes."""
     import json
 
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
     c = json.loads((sglang_model / "config.json").read_text())
     keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
             "intermediate_size", "max_position_embeddings", "eos_token_id", "pad_token_id")
+    other = Qwen2Config if c["model_type"] == "llama" else LlamaConfig
     torch.manual_seed(2)
-    model = AutoModelForCausalLM.from_config(LlamaConfig(**{k: c[k] for k in keys}), dtype=torch.float32)
-    out = tmp_path_factory.mktemp("sglang") / "llama"
+    model = AutoModelForCausalLM.from_config(other(**{k: c[k] for k in keys}), dtype=torch.float32)
+    out = tmp_path_factory.mktemp("sglang") / "other_arch"
     model.save_pretrained(out, safe_serialization=True)
     return out
 

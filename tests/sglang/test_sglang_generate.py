@@ -17,7 +17,8 @@ import torch
 
 pytestmark = pytest.mark.sglang
 ATOL = 2e-4
-PROMPTS = ["Question: what is 12 + 30? Answer:", "def add(a, b):", "The quick brown fox"]
+PROMPTS = ["<|im_start|>user\ndouble 7 times, keep 3 digits: 705<|im_end|>\n<|im_start|>assistant\n",
+           "12+30=", "The quick brown fox"]
 
 
 def _client_generate(url: str, ids: list[list[int]], params: dict) -> list[dict]:
@@ -37,9 +38,9 @@ def _check_shape(out: dict, prompt_len: int, max_new: int) -> None:
     assert [t for _, t, _ in lps] == out["output_ids"] and all(lp <= 0 for lp, _, _ in lps)
 
 
-def test_greedy_output_and_logprobs_match_the_embedded_server(sglang_server, tiny_tokenizer):
+def test_greedy_output_and_logprobs_match_the_embedded_server(sglang_server, sglang_tokenizer):
     from serving import running_server
-    ids = [tiny_tokenizer.encode(p) for p in PROMPTS]
+    ids = [sglang_tokenizer.encode(p) for p in PROMPTS]
     params = {"max_new_tokens": 16, "temperature": 0.0, "ignore_eos": True}
     ours = _client_generate(sglang_server.url, ids, params)
     with running_server(sglang_server.model) as url:
@@ -69,11 +70,11 @@ def _sampled(sglang_server, tokenizer, T: float, top_p: float):
     return theirs, logits, torch.tensor(out["output_ids"])
 
 
-def test_sampled_logprobs_are_temperature_scaled_not_top_p_renormalised(sglang_server, tiny_tokenizer):
+def test_sampled_logprobs_are_temperature_scaled_not_top_p_renormalised(sglang_server, sglang_tokenizer):
     """Measured SGLang 0.5.23 convention (srt/layers/sampler.py: `torch.log(probs)` of softmax(logits / T),
     taken before top-k/top-p/min-p filter a copy): log_softmax(logits / T) at the sampled token."""
     T = 0.7
-    theirs, logits, ids = _sampled(sglang_server, tiny_tokenizer, T, top_p=0.9)
+    theirs, logits, ids = _sampled(sglang_server, sglang_tokenizer, T, top_p=0.9)
     scaled = torch.log_softmax(logits / T, -1).gather(-1, ids[:, None])[:, 0]
     raw = torch.log_softmax(logits, -1).gather(-1, ids[:, None])[:, 0]
     print(f"\n[sglang] sampled T={T} top_p=0.9: max |diff| vs log_softmax(logits/T) "
@@ -82,22 +83,17 @@ def test_sampled_logprobs_are_temperature_scaled_not_top_p_renormalised(sglang_s
     assert (theirs - raw).abs().max() > 10 * ATOL      # the test can tell the conventions apart
 
 
-def test_trainer_convention_matches_sglang_without_top_p(sglang_server, tiny_tokenizer):
+@pytest.mark.parametrize("T,top_p", [(0.7, 1.0), (1.5, 0.5)])
+def test_trainer_convention_matches_sglang(sglang_server, sglang_tokenizer, T, top_p):
+    """server/sampler.py's token_logprobs (used by the embedded server and the trainer) equals SGLang's
+    logprob, including with a small top-p nucleus, which an older SGLang renormalised over."""
     from server.sampler import token_logprobs
-    T = 0.7
-    theirs, logits, ids = _sampled(sglang_server, tiny_tokenizer, T, top_p=1.0)
-    n = len(ids)
-    ours = token_logprobs(logits, ids, torch.full((n,), T), torch.full((n,), 1.0))
-    assert (theirs - ours).abs().max() < ATOL
-
-
-@pytest.mark.xfail(reason="server/sampler.py token_logprobs renormalises over the top-p nucleus; stock SGLang "
-                          "0.5.23 does not (its logprob is log_softmax(logits / T)), so with top_p < 1 they "
-                          "differ by -log(nucleus mass)", strict=False)
-def test_trainer_convention_matches_sglang_with_top_p(sglang_server, tiny_tokenizer):
-    from server.sampler import token_logprobs
-    T, top_p = 0.7, 0.9
-    theirs, logits, ids = _sampled(sglang_server, tiny_tokenizer, T, top_p)
+    theirs, logits, ids = _sampled(sglang_server, sglang_tokenizer, T, top_p)
     n = len(ids)
     ours = token_logprobs(logits, ids, torch.full((n,), T), torch.full((n,), top_p))
     assert (theirs - ours).abs().max() < ATOL
+    if top_p < 1:   # the nucleus-renormalised value would differ: the test can tell the conventions apart
+        probs = torch.softmax(logits / T, -1)
+        sorted_p = probs.sort(-1, descending=True).values
+        mass = (sorted_p * ((sorted_p.cumsum(-1) - sorted_p) <= top_p)).sum(-1)   # [16] nucleus mass
+        assert (-mass.log()).max() > 10 * ATOL
