@@ -43,6 +43,8 @@ def sglang_python() -> tuple[str, dict[str, str]]:
     explicit = os.environ.get("GLEANRL_SGLANG_PYTHON")
     venv_python = _REPO / ".venv-sglang" / "bin" / "python"
     if explicit:
+        if not Path(explicit).exists():
+            raise SGLangLaunchError(f"GLEANRL_SGLANG_PYTHON={explicit} does not exist")
         python = explicit
     elif venv_python.exists():
         python = str(venv_python)

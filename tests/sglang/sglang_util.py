@@ -51,7 +51,11 @@ class SGLangServer:
     """A real SGLang server started through gleanrl's own launcher (`server.sglang_launch.start`)."""
 
     def __init__(self, model: Path, **kw):
+        import pytest
+
         from server.sglang_launch import start
+        if not available():
+            pytest.skip(SKIP_REASON)
         os.environ["GLEANRL_SGLANG_PYTHON"] = str(VENV / "bin" / "python")
         self.model = Path(model)
         t0 = time.monotonic()
