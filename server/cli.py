@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -18,9 +19,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto: float32 on cpu, bfloat16 on cuda")
     p.add_argument("--max-running-requests", type=int, default=32, help="requests decoding at once; the rest queue")
     p.add_argument("--context-length", type=int, default=None, help="None: the model's max_position_embeddings")
-    p.add_argument("--api-key", default=None, help="Bearer key for every route but /health")
-    p.add_argument("--admin-api-key", default=None,
-                   help="Bearer key for weight updates, pause/continue, flush and abort-all")
+    p.add_argument("--api-key", default=os.environ.get("GLEANRL_API_KEY"),
+                   help="Bearer key for every route but /health (or env GLEANRL_API_KEY: not visible in ps)")
+    p.add_argument("--admin-api-key", default=os.environ.get("GLEANRL_ADMIN_API_KEY"),
+                   help="Bearer key for weight updates, pause/continue, flush (or env GLEANRL_ADMIN_API_KEY)")
     p.add_argument("--served-model-name", default=None, help="model name in /v1 (None: the directory's name)")
     p.add_argument("--drafter", default=None, help="EAGLE-3 drafter directory")
     p.add_argument("--sd", choices=["off", "on", "adaptive"], default="adaptive", help="speculative decoding")
@@ -40,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="request bodies over this: 413")
     p.add_argument("--max-n", type=int, default=64, help="largest n (samples per prompt) a request may ask for")
     p.add_argument("--max-new-tokens-cap", type=int, default=16384, help="largest max_new_tokens a request may ask for")
+    p.add_argument("--max-batch", type=int, default=1024, help="most sequences (prompts x n) one request may start")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         server_cfg = ServerConfig(host=args.host, port=args.port, api_key=args.api_key,
                                   admin_api_key=args.admin_api_key, served_model_name=args.served_model_name,
                                   max_request_bytes=args.max_request_bytes, max_n=args.max_n,
-                                  max_new_tokens_cap=args.max_new_tokens_cap)
+                                  max_new_tokens_cap=args.max_new_tokens_cap, max_batch=args.max_batch)
     except ValueError as exc:
         return _fail(str(exc))
     ignored = [f for f in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
