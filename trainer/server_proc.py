@@ -38,15 +38,14 @@ class EmbeddedServer:
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "gleanrl", "serve", "--model", self.model, "--host", "127.0.0.1",
                "--port", str(self.port), "--threads", str(self.threads)]
-        if self.api_key:
-            cmd += ["--api-key", self.api_key]
-        if self.admin_api_key:
-            cmd += ["--admin-api-key", self.admin_api_key]
-        return cmd + self.extra_args
+        return cmd + self.extra_args  # keys go by environment (start), not argv: argv is visible to `ps`
 
     def start(self) -> None:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+        keys = {"GLEANRL_API_KEY": self.api_key, "GLEANRL_ADMIN_API_KEY": self.admin_api_key}
+        for name, key in keys.items():  # exactly the trainer's keys, not ones inherited from the shell
+            env.pop(name, None) if key is None else env.__setitem__(name, key)
         root = str(Path(__file__).resolve().parent.parent)  # gleanrl.py lives at the repository root
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
