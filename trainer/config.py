@@ -82,7 +82,9 @@ class TrainConfig:
             raise ValueError("give either task or data, not both")
 
     def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """The fields as written to config.resolved.json and every checkpoint: keys are never written."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return out | {k: "<redacted>" for k in ("api_key", "admin_api_key") if out[k]}
 
 
 def read_config_file(path: str | Path) -> dict:
