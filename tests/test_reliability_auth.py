@@ -39,8 +39,8 @@ def test_every_admin_route_needs_the_admin_key(server, caplog):
     admin = [(m, p) for m, p in routes if p in ADMIN_PATHS]
     assert {p for _, p in admin} == set(ADMIN_PATHS)
     for method, path in admin:
-        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"Bearer {USER}x"}, H_USER,
-                        {"Authorization": ADMIN}):
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"Bearer {USER}x"},
+                    H_USER, {"Authorization": ADMIN}):
             r = httpx.request(method, f"{url}{path}", headers=headers, json={"model_path": "/nonexistent"}, timeout=30)
             assert r.status_code == 401, (method, path, headers, r.status_code)
             assert r.json()["error"]["type"] == "authentication_error"
@@ -48,7 +48,8 @@ def test_every_admin_route_needs_the_admin_key(server, caplog):
         assert r.status_code != 401, (method, path)
     httpx.post(f"{url}/continue_generation", headers=H_ADMIN, timeout=30)
     for headers in ({}, H_USER):
-        assert httpx.post(f"{url}/abort_request", json={"abort_all": True}, headers=headers, timeout=30).status_code == 401
+        r = httpx.post(f"{url}/abort_request", json={"abort_all": True}, headers=headers, timeout=30)
+        assert r.status_code == 401
     assert httpx.post(f"{url}/abort_request", json={"abort_all": True}, headers=H_ADMIN, timeout=30).status_code == 200
     _no_keys(caplog.text)
 
@@ -141,3 +142,22 @@ def test_default_max_new_tokens_fits_a_low_cap(server):
     r = httpx.post(f"{url}/generate", headers=H_USER, json={"text": "hi", "sampling_params": {"ignore_eos": True}},
                    timeout=60)
     assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == LIMITS["max_new_tokens_cap"]
+
+
+def test_keys_stay_out_of_argv_and_written_configs(tiny_qwen2, tmp_path, monkeypatch):
+    import argparse
+
+    from server import cli
+    from trainer.config import TrainConfig
+    from trainer.server_proc import EmbeddedServer
+    cfg = TrainConfig(model=str(tiny_qwen2), out=str(tmp_path), api_key=USER, admin_api_key=ADMIN)
+    _no_keys(str(cfg.to_dict()))  # config.resolved.json and every checkpoint's train_config.json
+    assert cfg.to_dict()["api_key"] == "<redacted>"
+    assert TrainConfig(model=str(tiny_qwen2), out="o").to_dict()["api_key"] is None
+    _no_keys(" ".join(EmbeddedServer("m", api_key=USER, admin_api_key=ADMIN).command()))  # argv is public (ps)
+    monkeypatch.setenv("GLEANRL_API_KEY", USER)
+    monkeypatch.setenv("GLEANRL_ADMIN_API_KEY", ADMIN)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--model", "m"])
+    assert (args.api_key, args.admin_api_key) == (USER, ADMIN)
