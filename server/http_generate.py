@@ -21,8 +21,13 @@ router = APIRouter()
 SSE_DONE = b"data: [DONE]\n\n"
 
 
+# json leaves these raw with ensure_ascii=False, and clients that split lines like str.splitlines (httpx's
+# aiter_lines) would cut a data line in two (a tiny random model emits them): escape them.
+_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
 def sse(obj) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + json.dumps(obj, ensure_ascii=False).translate(_LINE_BREAKS).encode() + b"\n\n"
 
 
 def check_prompt(state, ids: list[int], field: str) -> list[int]:
