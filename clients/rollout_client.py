@@ -18,6 +18,18 @@ import httpx
 _RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout)
 
 
+
+async def sse_lines(resp: httpx.Response) -> AsyncIterator[str]:
+    """SSE lines end at LF (CR LF): not at U+2028 and the other breaks that httpx's aiter_lines also
+    splits on, which a JSON string may hold raw (stock SGLang sends them unescaped)."""
+    buf = ""
+    async for text in resp.aiter_text():
+        *lines, buf = (buf + text).split("\n")
+        for line in lines:
+            yield line.removesuffix("\r")
+    if buf:
+        yield buf
+
 class RolloutServerError(RuntimeError):
     """The server answered with an error (status > 0) or could not be reached (status 0)."""
 
@@ -115,7 +127,7 @@ class RolloutClient:
                         if resp.status_code >= 400:
                             await resp.aread()
                             _decode(url, resp)
-                        async for line in resp.aiter_lines():
+                        async for line in sse_lines(resp):
                             if not line.startswith("data:"):
                                 continue
                             data = line[5:].strip()
