@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 PHASES = ("rollouts", "drafter", "checkpoint", "push")
-DELAY_S = {"rollouts": 0.5, "drafter": 0.2, "checkpoint": 0.03, "push": 0.03}  # random kill delay, upper bound
+DELAY_S = {"rollouts": 0.02, "drafter": 0.3, "checkpoint": 0.03, "push": 0.03}  # random kill delay, upper bound
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -166,6 +166,8 @@ def crash_run(i: int, phase: str, root: Path, url: str, model: str, drafter: str
         rec["problems"].append(f"lost more than the step in flight: last checkpoint {rec['last_checkpoint']}, "
                                f"killed in step {killed_step}")
     rec["problems"] += check_disk(out)
+    # a temporary sibling of a write the kill interrupted: invisible to readers, removed by nobody
+    rec["leftover_tmp"] = sorted(p.name for p in out.rglob(".*tmp-*"))
     st = _server_idle(url)
     if st["paused"] or st["num_running_reqs"] or st["num_queue_reqs"]:
         rec["problems"].append(f"server left paused={st['paused']} running={st['num_running_reqs']} "
@@ -207,7 +209,8 @@ def run(args: argparse.Namespace) -> int:
                 rec = crash_run(i, PHASES[i % len(PHASES)], root, server.url, str(model), str(drafter), args.steps, rng)
                 records.append(rec)
                 print(f"run {i}: target {rec['target']}, killed in {rec.get('killed_in')}, last checkpoint "
-                      f"{rec.get('last_checkpoint')}, resumed metrics steps {rec.get('metrics_steps')}: "
+                      f"{rec.get('last_checkpoint')}, resumed metrics steps {rec.get('metrics_steps')}, leftover "
+                      f"temporaries {rec.get('leftover_tmp')}: "
                       f"{'ok' if not rec['problems'] else 'FAIL ' + '; '.join(rec['problems'])}", flush=True)
     bad = [r for r in records if r["problems"]]
     print(f"crash: {len(records)} kill -9 runs, {len(records) - len(bad)} resumed with at most the step in flight "
