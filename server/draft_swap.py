@@ -29,9 +29,9 @@ def load_for_target(path: str, scheduler: Scheduler, target_config: dict):
     if c.vocab_size != runner.vocab_size or c.target_hidden_size != runner.hidden_size:
         raise CheckpointError(f"drafter {path} was made for vocabulary {c.vocab_size} and hidden size "
                               f"{c.target_hidden_size}; the target has {runner.vocab_size} and {runner.hidden_size}")
-    if not (0 <= c.aux_layer_ids[0] and c.aux_layer_ids[-1] <= runner.num_layers - 2):
+    if not (-1 <= c.aux_layer_ids[0] and c.aux_layer_ids[-1] <= runner.num_layers - 2):
         raise CheckpointError(f"drafter {path} captures layer ids {c.aux_layer_ids}; this engine captures "
-                              f"ids 0..{runner.num_layers - 2} of its {runner.num_layers}-layer target")
+                              f"ids -1..{runner.num_layers - 2} of its {runner.num_layers}-layer target")
     return drafter.to(dtype=runner.dtype)
 
 

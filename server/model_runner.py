@@ -111,8 +111,8 @@ class ModelRunner:
         cos, sin = cos[0], sin[0]
         plan = decode_plan(caches, seq_lens)
         capture = {i + 1: None for i in capture_layers or []}
-        if any(not 1 <= i < self.num_layers for i in capture):  # as SGLang: only streams entering a layer
-            raise ValueError(f"capture_layers must be in [0, {self.num_layers - 2}], got {capture_layers}")
+        if any(not 0 <= i < self.num_layers for i in capture):  # streams entering a layer; -1: the embedding
+            raise ValueError(f"capture_layers must be in [-1, {self.num_layers - 2}], got {capture_layers}")
         for i, layer in enumerate(self.layers):
             if i in capture:
                 capture[i] = x

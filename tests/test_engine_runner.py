@@ -26,7 +26,7 @@ def test_ragged_forward_and_capture_match_transformers(arch, request):
     for buf in pool.k + pool.v:  # what uninitialised memory may hold: masked positions must not leak it
         buf.fill_(float("nan"))
     caches = [runner.new_cache(capacity=2), pool.acquire(), pool.acquire()]  # own (growing) and pooled
-    layers = [0, 1, 2]
+    layers = [-1, 1, 2]  # -1: the embedding output (the stream entering layer 0)
     for chunk in ([5, 9, 8], [6, 2, 1], [0, 1, 1], [1, 0, 0]):  # ragged prefill, mixed, pooled decode, own
         live = [b for b in range(3) if chunk[b] > 0]
         starts = [caches[b].length for b in live]

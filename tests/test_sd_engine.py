@@ -129,3 +129,21 @@ def test_stream_deltas_add_up(engines, reference):
 
     last = asyncio.run(main())
     assert sum(deltas) == NEW and max(deltas) > 1 and last.completion_tokens == NEW
+
+
+def test_two_layer_target_takes_a_drafter(tiny_tokenizer, tmp_path):
+    """A 2-layer target's drafter captures ids [-1, 0] (the embedding output and layer 0's output)."""
+    from harvest.tiny import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "m2", num_layers=2, tokenizer=tiny_tokenizer)
+    drafter = random_drafter(model, tmp_path / "d2")
+    plain, sd = _engine(model, sd="off"), _engine(model, drafter_path=str(drafter), sd="on")
+    try:
+        prompts = _prompts(plain.tokenizer, 4)
+        want = run_all(plain, [req(p, max_new_tokens=24, ignore_eos=True) for p in prompts])
+        got = run_all(sd, [req(p, max_new_tokens=24, ignore_eos=True) for p in prompts])
+        assert [g["ids"] for g in got] == [w["ids"] for w in want]
+        assert all(g["out"].spec_verify_ct > 0 for g in got)
+    finally:
+        plain.shutdown()
+        sd.shutdown()
