@@ -87,7 +87,7 @@ async def swaps_under_load(url: str, models: dict[str, Path], swaps: int, client
         async def swapper() -> None:
             try:
                 for i in range(swaps):
-                    await asyncio.sleep(rng.uniform(0.1, 0.6))  # most requests see no target swap
+                    await asyncio.sleep(rng.uniform(0.3, 1.2))  # most requests see no target swap
                     if i % 2 == 0:
                         name = "B" if (i // 2) % 2 == 0 else "A"
                         target_of[f"t{i}"] = name  # registered before the push: responses may carry it at once

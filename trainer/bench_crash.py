@@ -73,7 +73,8 @@ def child(spec: dict) -> None:
     train_micro_step = harvester.train_micro_step
 
     def marked_micro_step():
-        mark("drafter")
+        if len(harvester.spool):  # with an empty spool the micro-step has nothing to train on
+            mark("drafter")
         return train_micro_step()
 
     harvester.train_micro_step = marked_micro_step
