@@ -22,26 +22,28 @@ LOAD = r"""
 import json, sys, torch
 from safetensors.torch import load_file
 from sglang.test.layer_ut_utils import init_single_process_dist
-init_single_process_dist(master_port=int(sys.argv[3]))
+init_single_process_dist(master_port=int(sys.argv[2]))
 from transformers import LlamaConfig
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
-model = LlamaForCausalLMEagle3(LlamaConfig.from_pretrained(sys.argv[1]))
-with torch.no_grad():
-    for p in model.parameters():
-        p.fill_(float("nan"))
-weights = load_file(sys.argv[2] + "/model.safetensors")
-error = None
-try:
-    model.load_weights(list(weights.items()))      # file order, as SGLang's disk loader iterates
-except Exception as exc:
-    error = f"{type(exc).__name__}: {exc}"
-params = {n: p.detach() for n, p in model.named_parameters()}
-hot = model.hot_token_id
-print(json.dumps({"error": error,
-                  "params": {n: {"shape": list(p.shape), "filled": bool(not p.isnan().any()),
-                                 "touched": bool(not p.isnan().all()),
-                                 "sum": float(p.double().nan_to_num().sum())} for n, p in params.items()},
-                  "hot_token_id": None if hot is None else hot.tolist()}))
+out = []
+for config_dir, weights_dir in json.loads(sys.argv[1]):   # [(drafter config dir, dir whose weights to load)]
+    model = LlamaForCausalLMEagle3(LlamaConfig.from_pretrained(config_dir))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    weights = load_file(weights_dir + "/model.safetensors")
+    error = None
+    try:
+        model.load_weights(list(weights.items()))      # file order, as SGLang's disk loader iterates
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    hot = model.hot_token_id
+    out.append({"error": error,
+                "params": {n: {"shape": list(p.shape), "filled": bool(not p.isnan().any()),
+                               "touched": bool(not p.isnan().all()), "sum": float(p.detach().double().nan_to_num().sum())}
+                           for n, p in model.named_parameters()},
+                "hot_token_id": None if hot is None else hot.tolist()})
+print(json.dumps(out))
 """
 
 # checkpoint names -> SGLang parameter (from sglang/srt/models/llama_eagle3.py `load_weights`: "midlayer"
@@ -61,6 +63,23 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
+def loaded(drafter_dir, full_vocab_drafter_dir, tiny_qwen2):
+    """One SGLang-side run (importing SGLang is the slow part): [drafter into its own
+    weights, the policy's weights into a full-vocabulary drafter]."""
+    jobs = [(str(drafter_dir), str(drafter_dir)), (str(full_vocab_drafter_dir), str(tiny_qwen2))]
+    return run_in_sglang(LOAD, json.dumps(jobs), str(free_port()))
+
+
+@pytest.fixture(scope="module")
+def full_vocab_drafter_dir(tiny_qwen2, tmp_path_factory):
+    from harvest.checkpoint import save_drafter
+    from harvest.drafter import Eagle3Drafter
+    from harvest.drafter_config import DrafterConfig
+    cfg = json.loads((tiny_qwen2 / "config.json").read_text())
+    return save_drafter(Eagle3Drafter(DrafterConfig.for_target(cfg)), tmp_path_factory.mktemp("eagle3") / "full")
+
+
+@pytest.fixture(scope="module")
 def drafter_dir(tiny_qwen2, tmp_path_factory):
     from harvest.checkpoint import save_drafter
     from harvest.drafter import Eagle3Drafter
@@ -72,8 +91,8 @@ def drafter_dir(tiny_qwen2, tmp_path_factory):
     return save_drafter(drafter, tmp_path_factory.mktemp("eagle3") / "drafter")
 
 
-def test_sglang_eagle3_loads_every_drafter_tensor(drafter_dir):
-    got = run_in_sglang(LOAD, str(drafter_dir), str(drafter_dir), str(free_port()))
+def test_sglang_eagle3_loads_every_drafter_tensor(drafter_dir, loaded):
+    got = loaded[0]
     assert got["error"] is None
     state = load_file(drafter_dir / "model.safetensors")
     assert set(got["params"]) == set(EXPECTED)                          # no SGLang parameter unaccounted for
@@ -89,17 +108,12 @@ def test_sglang_eagle3_loads_every_drafter_tensor(drafter_dir):
     assert got["hot_token_id"] == (state["d2t"] + torch.arange(96)).tolist() == (torch.arange(96) * 3).tolist()
 
 
-def test_policy_weights_sent_to_the_draft_runner_corrupt_it_then_fail(tiny_qwen2, tmp_path):
+def test_policy_weights_sent_to_the_draft_runner_corrupt_it_then_fail(loaded):
     """With a full-size draft vocabulary the policy's lm_head/embedding/MLP fit and are written into the
     drafter before the attention projections (2H wide in the drafter) fail. With a smaller draft
     vocabulary the first tensor already fails. Either way SGLang's rollback then re-reads the same new
     path (its model_path was already switched) and fails again, inside the scheduler."""
-    from harvest.checkpoint import save_drafter
-    from harvest.drafter import Eagle3Drafter
-    from harvest.drafter_config import DrafterConfig
-    cfg = json.loads((tiny_qwen2 / "config.json").read_text())
-    drafter_dir = save_drafter(Eagle3Drafter(DrafterConfig.for_target(cfg)), tmp_path / "full_vocab_drafter")
-    got = run_in_sglang(LOAD, str(drafter_dir), str(tiny_qwen2), str(free_port()))
+    got = loaded[1]
     assert got["error"] is not None and "shape" in got["error"]
     overwritten = sorted(n for n, row in got["params"].items() if row["touched"])
     print(f"\n[sglang] policy into LlamaForCausalLMEagle3.load_weights: {got['error'][:120]}; "
