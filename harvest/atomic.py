@@ -65,3 +65,14 @@ def atomic_file(target: str | os.PathLike, mode: str = "wb") -> Iterator:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Delete the `.NAME.tmp-*` that writes into `directory` left when their process was killed: readers
+    never see them, but each can be a whole checkpoint. Call only while no writer runs there. (`.old-*`
+    stays: a kill between atomic_dir's two renames leaves the only complete copy there.)"""
+    removed = []
+    for path in Path(directory).glob(".*.tmp-*"):
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
