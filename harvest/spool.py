@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save
 
-from harvest.atomic import atomic_file
+from harvest.atomic import atomic_file, remove_stale_temporaries
 
 
 @dataclass(slots=True)
@@ -117,6 +117,7 @@ class Spool:
 
     def _reload(self) -> None:
         """Resume: index every shard on disk, keep the newest within the disk limits, load the newest into memory."""
+        remove_stale_temporaries(self.dir)  # shards a killed process was writing
         for path in sorted(self.dir.glob("[0-9]*.safetensors")):  # zero-padded names sort by seq
             with safe_open(path, "pt") as f:
                 tokens = int(f.get_slice("input_ids").get_shape()[0])
