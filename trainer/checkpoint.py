@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from harvest.atomic import atomic_dir
+from harvest.atomic import atomic_dir, remove_stale_temporaries
 
 _NAME = re.compile(r"^weight_v(\d+)$")
 STATE_FILE = "trainer_state.pt"
@@ -65,6 +65,8 @@ def save_checkpoint(out: str | Path, step: int, model, tokenizer, optimizer, con
 
 def load_latest(out: str | Path) -> Resumed | None:
     """The newest complete checkpoint, with the RNG states restored; None when there is none."""
+    if Path(out).is_dir():
+        remove_stale_temporaries(out)  # half-written checkpoints of the run that was killed
     for step, path in reversed(list_checkpoints(out)):
         state_file = path / STATE_FILE
         if not state_file.is_file():  # e.g. written by another tool; not ours to resume from
