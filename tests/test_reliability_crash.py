@@ -34,3 +34,17 @@ def test_the_disk_check_finds_half_written_files(tiny_qwen2, tmp_path):
     (spool / "0000000001.safetensors").write_bytes(b"\x10\x00")
     problems = check_disk(tmp_path)
     assert any("checkpoint weight_v1" in p for p in problems) and any("spool" in p for p in problems), problems
+
+
+def test_resume_removes_temporaries_of_interrupted_writes(tmp_path):
+    from harvest.spool import Spool
+    from trainer.checkpoint import load_latest
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / ".0000000003.safetensors.tmp-abc").write_bytes(b"half")
+    (tmp_path / ".weight_v2.tmp-xyz").mkdir()
+    (tmp_path / ".weight_v2.tmp-xyz" / "model.safetensors").write_bytes(b"half")
+    (tmp_path / ".weight_v1.old-123").mkdir()  # a kill between two renames: the only copy, kept
+    Spool(spool)
+    assert load_latest(tmp_path) is None
+    assert sorted(p.name for p in tmp_path.rglob(".*")) == [".weight_v1.old-123"]

@@ -188,6 +188,9 @@ def crash_run(i: int, phase: str, root: Path, url: str, model: str, drafter: str
     if rc != 0 or rec["metrics_steps"] not in (want, pushed_lost):
         rec["problems"].append(f"resume: rc {rc}, metrics steps {rec['metrics_steps']}; see {log}")
     rec["problems"] += check_disk(out)
+    left = sorted(p.name for p in out.rglob(".*tmp-*"))
+    if left:
+        rec["problems"].append(f"temporaries of interrupted writes still there after the resume: {left}")
     return rec
 
 
