@@ -1,5 +1,9 @@
-"""Pushing a drafter checkpoint to the rollout server(s): `POST /update_weights_from_disk` with
-`selector: "draft"` (gleanrl's extension; the KV cache is kept, a draft swap does not change it).
+"""Pushing a drafter checkpoint to the rollout server(s). gleanrl's embedded server: `POST
+/update_weights_from_disk` with `selector: "draft"` (its extension; the KV cache is kept). Stock SGLang
+ignores that `selector` and would load the drafter INTO THE TARGET, so a server that is stock SGLang
+(`clients.sglang_push.is_stock_sglang`) gets a `selector: "draft"` weight-update session instead
+(`push_drafter_dir`, which refuses a server started without a drafter); a drafter is never sent through
+a path SGLang would apply to the target.
 
 `make_pusher(push)` turns what a caller has into `fn(path, version)` that raises on failure:
 None (no server: keep checkpoints only), a URL or list of URLs, a client with `urls` (and
@@ -31,7 +35,7 @@ class Pusher:
             return self._http([t] if isinstance(t, str) else list(t), path, version)
         if isinstance(getattr(t, "urls", None), list):
             key = getattr(t, "admin_api_key", None) or getattr(t, "api_key", None)  # SGLang: admin falls back
-            return self._http(t.urls, path, version, key)
+            return self._http(t.urls, path, version, key, getattr(t, "api_key", None))
         if hasattr(t, "update_weights_from_disk"):
             result = t.update_weights_from_disk(model_path=path, weight_version=str(version), flush_cache=False,
                                                 selector="draft")
@@ -41,12 +45,25 @@ class Pusher:
             result.close()
             raise PushError("an async push callable cannot be awaited from the idle window; pass URLs or the client")
 
-    def _http(self, urls: list[str], path: str, version: int, admin_api_key: str | None = None) -> None:
+    def _http(self, urls: list[str], path: str, version: int, admin_api_key: str | None = None,
+              api_key: str | None = None) -> None:
         import httpx
+
+        from clients.sglang_push import SGLangPushError, is_stock_sglang, push_drafter_dir
         key = admin_api_key or self.admin_api_key
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         body = {"model_path": path, "weight_version": str(version), "flush_cache": False, "selector": "draft"}
         for url in urls:
+            try:
+                with httpx.Client(timeout=self.timeout_s) as http:
+                    stock = is_stock_sglang(http, url, api_key or key)
+                if stock:  # never /update_weights_from_disk: SGLang would apply it to the target
+                    push_drafter_dir(url, path, admin_api_key=key, api_key=api_key, timeout_s=self.timeout_s)
+                    continue
+            except SGLangPushError as exc:
+                raise PushError(f"drafter {path} refused: {exc}") from None
+            except httpx.HTTPError as exc:
+                raise PushError(f"{url}: cannot push drafter {path}: {exc}") from None
             try:
                 resp = httpx.post(f"{url.rstrip('/')}/update_weights_from_disk", json=body, headers=headers,
                                   timeout=self.timeout_s)
