@@ -49,7 +49,8 @@ class ServeProcess:
 
     def __enter__(self) -> "ServeProcess":
         root = str(Path(__file__).resolve().parent.parent)  # gleanrl.py lives at the repository root
-        env = dict(os.environ, TOKENIZERS_PARALLELISM="false", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
+                   PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.pid = self.proc.pid
@@ -197,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
           f"({summary['req_per_s']:.1f}/s), {summary['ok']} answered, {summary['aborted']} aborted by their client, "
           f"{summary['errors']} errors; after: {summary['leaked_running']} running, {summary['leaked_queued']} queued")
     if "rss_growth_mib" in summary:
-        print(f"server RSS: {summary['rss_warm_mib']:.0f} MiB after warm-up, max {summary['rss_max_after_warm_mib']:.0f}"
+        print(f"server RSS: {summary['rss_warm_mib']:.0f} MiB after warm-up, "
+              f"max {summary['rss_max_after_warm_mib']:.0f}"
               f" MiB (growth {summary['rss_growth_mib']:.1f} MiB, bound {args.rss_bound_mib:.0f} MiB)")
     for e in summary["error_samples"]:
         print(f"  error: {e}", file=sys.stderr)

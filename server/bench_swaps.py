@@ -42,7 +42,8 @@ def make_models(root: Path) -> dict[str, Path]:
     tok = build_tokenizer()
     a = make_tiny_model(root / "A", tokenizer=tok, seed=0)
     return {"A": a, "B": make_tiny_model(root / "B", tokenizer=tok, seed=1),
-            "D1": save_drafter(init_drafter(a, seed=0), root / "D1"), "D2": save_drafter(init_drafter(a, seed=1), root / "D2")}
+            "D1": save_drafter(init_drafter(a, seed=0), root / "D1"),
+            "D2": save_drafter(init_drafter(a, seed=1), root / "D2")}
 
 
 async def _stream(client: httpx.AsyncClient, prompt: str, max_new: int) -> list[tuple[list[int], str, str]]:

@@ -52,13 +52,15 @@ def bad_checkpoints(good: Path, other_target: Path, root: Path, bad_dtype=torch.
     d = _copy(good, root / "garbage")
     _weights(d).write_bytes(b"\xff" * 4096)
     bad["truncated safetensors"], bad["garbage safetensors"] = root / "truncated", d
-    bad["wrong dtype"] = _rewrite(_copy(good, root / "dtype"), lambda k, v: v.to(bad_dtype) if v.is_floating_point() else v)
+    floats = lambda fn: lambda k, v: fn(v) if v.is_floating_point() else v  # noqa: E731
+    bad["wrong dtype"] = _rewrite(_copy(good, root / "dtype"), floats(lambda v: v.to(bad_dtype)))
     first = next(k for k, v in load_file(str(_weights(good))).items() if v.dim() == 2 and "embed" not in k)
     bad["wrong shape"] = _rewrite(_copy(good, root / "shape"), lambda k, v: v[:-1] if k == first else v)
     bad["missing tensor"] = _rewrite(_copy(good, root / "missing_t"), lambda k, v: v)
     w = load_file(str(_weights(bad["missing tensor"])))
-    save_file({k: v for k, v in w.items() if k != first}, str(_weights(bad["missing tensor"])), metadata={"format": "pt"})
-    bad["NaN weights"] = _rewrite(_copy(good, root / "nan"), lambda k, v: torch.full_like(v, float("nan")) if v.is_floating_point() else v)
+    save_file({k: v for k, v in w.items() if k != first}, str(_weights(bad["missing tensor"])),
+              metadata={"format": "pt"})
+    bad["NaN weights"] = _rewrite(_copy(good, root / "nan"), floats(lambda v: torch.full_like(v, float("nan"))))
     d = _copy(good, root / "badjson")
     (d / "config.json").write_text("{ not json")
     bad["malformed config.json"] = d
@@ -83,7 +85,8 @@ def setup(tiny_qwen2, tiny_llama, tiny_tokenizer, tmp_path_factory):
     return {"drafter": drafter,
             "target": bad_checkpoints(Path(tiny_qwen2), tiny_llama, root / "t"),
             # a float16/bfloat16 drafter is cast to the target's dtype on purpose (SpecForge saves bf16)
-            "draft": bad_checkpoints(drafter, foreign_drafter, root / "d", torch.int32) | {"target model as drafter": tiny_qwen2}}
+            "draft": bad_checkpoints(drafter, foreign_drafter, root / "d", torch.int32)
+            | {"target model as drafter": tiny_qwen2}}
 
 
 def test_bad_checkpoints_are_refused_with_reason_and_nothing_changes(tiny_qwen2, setup):
@@ -114,7 +117,8 @@ def test_bad_checkpoints_are_refused_with_reason_and_nothing_changes(tiny_qwen2,
                {k: info0[k] for k in ("weight_version", "draft_weight_version", "model_path", "draft_model_path")}
         after = generate()
         assert after["output_ids"] == before["output_ids"] and after["meta_info"]["spec_verify_ct"] > 0
-        assert (after["meta_info"]["weight_version"], after["meta_info"]["draft_weight_version"]) == ("default", "default")
+        meta = after["meta_info"]
+        assert (meta["weight_version"], meta["draft_weight_version"]) == ("default", "default")
         good = httpx.post(f"{url}/update_weights_from_disk", headers=admin, timeout=60,
                           json={"model_path": str(tiny_qwen2), "weight_version": "v1"})
         assert good.status_code == 200 and generate()["meta_info"]["weight_version"] == "v1"  # still updatable

@@ -21,6 +21,7 @@ def test_load_no_errors_no_leaks_flat_memory(tiny_qwen2, tmp_path):
         assert s["ok"] > 0 and s["aborted"] > 0 and all(s["by_kind"][k] > 0 for k in KINDS), s
         assert s["leaked_running"] == 0 and s["leaked_queued"] == 0
         assert s["rss_growth_mib"] <= RSS_BOUND_MIB, s
-        body = {"text": "After the storm", "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}
+        greedy = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+        body = {"text": "After the storm", "sampling_params": greedy}
         a, b = (httpx.post(f"{server.url}/generate", json=body, timeout=60).json() for _ in range(2))
         assert a["output_ids"] == b["output_ids"] and len(a["output_ids"]) == 8
