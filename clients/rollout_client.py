@@ -2,7 +2,8 @@
 SGLang). One method per endpoint over one request helper; errors carry the server's message.
 
 Several URLs: generation goes to the URL with the fewest requests in flight, weight updates and cache
-flushes go to all of them. Only connection errors are retried (with exponential backoff): a request
+flushes go to all of them. With a `router` (sglang-router / SGLang Model Gateway, which forwards
+`/generate` only), generation goes through the router and weight updates and control to every worker URL. Only connection errors are retried (with exponential backoff): a request
 the server received is never sent twice by the client.
 """
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import Any, AsyncIterator
 import httpx
 
 _RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout)
-
 
 
 async def sse_lines(resp: httpx.Response) -> AsyncIterator[str]:
@@ -40,13 +40,14 @@ class RolloutServerError(RuntimeError):
 
 @dataclass
 class RolloutClient:
-    urls: list[str]
+    urls: list[str]                   # the workers: weight updates, flushes, pauses go to each
     api_key: str | None = None
     admin_api_key: str | None = None
     timeout_s: float = 600.0          # per request (a long rollout is one request)
     connect_timeout_s: float = 5.0
     retries: int = 3                  # extra attempts after a connection error
     backoff_s: float = 0.5            # first wait; doubles each attempt
+    router: str | None = None         # generation only; None: spread over `urls`
     _inflight: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     _http: httpx.AsyncClient | None = field(default=None, init=False, repr=False)
 
@@ -58,7 +59,9 @@ class RolloutClient:
             raise ValueError("RolloutClient needs at least one server URL")
         if self.timeout_s <= 0 or self.connect_timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0:
             raise ValueError("timeouts must be > 0, retries and backoff_s >= 0")
-        self._inflight = {u: 0 for u in self.urls}
+        if self.router is not None:
+            self.router = self.router.rstrip("/")
+        self._inflight = {u: 0 for u in self.urls + ([self.router] if self.router else [])}
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -83,6 +86,8 @@ class RolloutClient:
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def pick_url(self) -> str:
+        if self.router:
+            return self.router
         return min(self.urls, key=lambda u: self._inflight[u])
 
     async def _request(self, method: str, path: str, url: str | None = None, payload: dict | None = None,
@@ -99,8 +104,10 @@ class RolloutClient:
                 await asyncio.sleep(self.backoff_s * 2 ** attempt)
         return _decode(url, resp)
 
-    async def _all(self, method: str, path: str, payload: dict | None = None, admin: bool = False) -> list:
-        return list(await asyncio.gather(*(self._request(method, path, u, payload, admin) for u in self.urls)))
+    async def _all(self, method: str, path: str, payload: dict | None = None, admin: bool = False,
+                   urls: list[str] | None = None) -> list:
+        urls = self.urls if urls is None else urls
+        return list(await asyncio.gather(*(self._request(method, path, u, payload, admin) for u in urls)))
 
     # --- generation -----------------------------------------------------------------------------
     async def generate(self, input_ids: list[int], sampling_params: dict, return_logprob: bool = True,
@@ -152,15 +159,17 @@ class RolloutClient:
     # --- weights and control (admin endpoints go to every server) --------------------------------
     async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None,
                                        flush_cache: bool = True, abort_all_requests: bool = False,
-                                       selector: str | None = None) -> list[dict]:
+                                       selector: str | None = None, urls: list[str] | None = None) -> list[dict]:
+        """To every worker URL (or the given subset of them)."""
         payload: dict = {"model_path": model_path, "flush_cache": flush_cache,
                          "abort_all_requests": abort_all_requests}
         if weight_version is not None:
             payload["weight_version"] = weight_version
         if selector is not None:  # gleanrl extension; left out for the target so stock SGLang is happy
             payload["selector"] = selector
-        results = await self._all("POST", "/update_weights_from_disk", payload, admin=True)
-        for url, res in zip(self.urls, results):
+        urls = self.urls if urls is None else urls
+        results = await self._all("POST", "/update_weights_from_disk", payload, admin=True, urls=urls)
+        for url, res in zip(urls, results):
             if isinstance(res, dict) and res.get("success") is False:
                 raise RolloutServerError(url, 400, _message(res))
         return results
@@ -190,10 +199,10 @@ class RolloutClient:
         return resp.status_code == 200
 
     async def wait_healthy(self, timeout_s: float, poll_s: float = 0.25, alive=None) -> None:
-        """Wait until every server is healthy; raise a clear error after `timeout_s`, or as soon as
-        `alive()` (e.g. "the server process still runs") turns False."""
+        """Wait until every server (and the router) is healthy; raise a clear error after `timeout_s`, or
+        as soon as `alive()` (e.g. "the server process still runs") turns False."""
         deadline = time.monotonic() + timeout_s
-        for url in self.urls:
+        for url in self.urls + ([self.router] if self.router else []):
             while not await self.health(url):
                 if alive is not None and not alive():
                     raise RolloutServerError(url, 0, "rollout server process exited")

@@ -18,13 +18,15 @@ Simplified relative to the literature (DeepSeekMath GRPO, DAPO, slime) and why:
   (rule-based rewards need no reward-model guard).
 - Synchronous: step N+1's rollouts start after the push of step N's weights, so every rollout is
   sampled by exactly the version the trainer holds; the long tail is what the harvester gleans.
-- Weight sync by disk (`update_weights_from_disk`), which works for stock SGLang and the embedded
-  server; no NCCL broadcast. The checkpoint written each step is the file that is pushed.
+- Weight sync from the checkpoint written each step (`trainer.policy_push`): checked against the
+  serving model first, then `update_weights_from_disk`, or a `selector: "target"` tensor session for
+  stock SGLang running EAGLE-3; no NCCL broadcast.
 """
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import torch
 
@@ -34,6 +36,7 @@ from trainer.config import TrainConfig, write_resolved
 from trainer.generate import NoHooks, RolloutHooks, make_rollouts, run_step, sampling_params
 from trainer.metrics import MetricsLog, rollout_metrics
 from trainer.policy import Policy
+from trainer.policy_push import PolicyPusher
 from trainer.rollout import Rollout
 from trainer.server_proc import EmbeddedServer
 
@@ -55,7 +58,12 @@ def train(cfg: TrainConfig, task=None, hooks: RolloutHooks | None = None, resume
         log(f"resuming after step {resumed.step} from {resumed.path}")
     start = resumed.step if resumed else 0
     weights = (str(resumed.path) if resumed else cfg.model, str(start))
-    server = None if cfg.servers else EmbeddedServer(cfg.model, cfg.server_threads, cfg.server_args,
+    server_args = list(cfg.server_args)
+    if cfg.drafter and hooks is None:
+        hooks, drafter = harvest_hooks(cfg, resume)
+        if "--drafter" not in server_args:  # the embedded server serves the newest pushed drafter
+            server_args += ["--drafter", str(drafter)] + ([] if "--sd" in server_args else ["--sd", "adaptive"])
+    server = None if cfg.servers else EmbeddedServer(cfg.model, cfg.server_threads, server_args,
                                                     cfg.api_key, cfg.admin_api_key, f"{cfg.out}/server.log")
     try:
         if server:
@@ -67,8 +75,10 @@ def train(cfg: TrainConfig, task=None, hooks: RolloutHooks | None = None, resume
 
 
 async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: tuple[str, str], log) -> dict:
-    client = RolloutClient(cfg.servers or [server.url], cfg.api_key, cfg.admin_api_key, cfg.request_timeout_s)
-    metrics = MetricsLog(cfg.out, resume_step=start if start else None)
+    client = RolloutClient(cfg.servers or [server.url], cfg.api_key, cfg.admin_api_key, cfg.request_timeout_s,
+                           router=cfg.router)
+    pusher = PolicyPusher(client, cfg.model, cfg.request_timeout_s)
+    metrics = MetricsLog(cfg.out, resume_step=start if start else None, harvest=hasattr(hooks, "step_metrics"))
     state = {"path": weights[0], "version": weights[1]}
 
     async def resync() -> None:  # wait for the server(s), then make them serve exactly our weights
@@ -81,7 +91,7 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
                 exc.message += f"; the end of {server.log_path}:\n{server.log_tail()}"
                 exc.args = (f"{exc.url}: {exc.message}",)
             raise
-        await client.update_weights_from_disk(state["path"], weight_version=state["version"])
+        await pusher.push(state["path"], state["version"])
 
     async def evaluate(step: int) -> dict:  # fixed held-out prompts (and seeds), sampled by the server
         if not cfg.eval_every or step % cfg.eval_every:
@@ -118,7 +128,7 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
             rollout_version = state["version"]
             state.update(path=str(path), version=str(step))
             try:
-                await client.update_weights_from_disk(state["path"], weight_version=state["version"])
+                await pusher.push(state["path"], state["version"])  # a checkpoint that does not fit: fatal
             except RolloutServerError as exc:  # the next step's resync retries; the checkpoint is safe
                 log(f"warning: weight push of step {step} failed ({exc}); will retry before the next step")
                 await resync()
@@ -128,6 +138,18 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
                    **(hooks.step_metrics() if hasattr(hooks, "step_metrics") else {}), **await evaluate(step)}
             metrics.log(row, echo=log)
     return row
+
+
+def harvest_hooks(cfg: TrainConfig, resume: bool):
+    """HarvestHooks over OUT/harvest (spool, drafter versions; kept by --resume) and the drafter to serve:
+    the newest pushed version, else `cfg.drafter`. Drafters go to the loop's servers (`bind_client`)."""
+    from harvest.harvester import Harvester
+    from harvest.hooks import HarvestHooks
+    root = Path(cfg.out) / "harvest"
+    if not resume and any((root / "drafter_versions").glob("v*")):
+        raise ValueError(f"{root} holds drafter versions of an earlier run: pass --resume, or use another --out")
+    h = Harvester(cfg.model, cfg.drafter, root / "spool")
+    return HarvestHooks(h), (h.versions_dir / f"v{h.version:06d}" if h.version else Path(cfg.drafter))
 
 
 def score(task, tokenizer, rollouts: list[Rollout]) -> None:
