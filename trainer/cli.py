@@ -1,4 +1,5 @@
-"""`gleanrl train`: GRPO against an embedded rollout server (default) or running ones (`--server`).
+"""`gleanrl train`: GRPO against an embedded rollout server (default) or running ones (`--server`, and
+`--router` for generation through sglang-router), with harvest on when given `--drafter`.
 
 Cores: the embedded server runs with `--server-threads` torch threads (default 1) and the trainer with
 `--trainer-threads` (default 1), which suits a 2-core machine."""
@@ -46,7 +47,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", action="append", dest="servers", metavar="URL",
                         default=argparse.SUPPRESS,
                         help="a running rollout server (repeat for several); default: start an embedded one")
-    parser.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in --out")
+    parser.add_argument("--router", default=argparse.SUPPRESS, metavar="URL",
+                        help="send generation through this router (sglang-router); weight updates still go "
+                             "to every --server worker")
+    parser.add_argument("--drafter", default=argparse.SUPPRESS, metavar="DIR",
+                        help="EAGLE-3 drafter: harvest on (hidden states of finished rollouts train it while the "
+                             "step waits on its tail; better versions are pushed to the servers); the embedded "
+                             "server serves it with --sd adaptive; state in OUT/harvest")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the last complete checkpoint in --out (and its harvest spool and "
+                             "drafter versions)")
     parser.add_argument("--config", help="TOML/YAML file of TrainConfig fields; flags override it")
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     for flag, (dest, typ, help_text) in FLAGS.items():  # not given: absent, so the file's value stands

@@ -15,6 +15,8 @@ class TrainConfig:
     task: str | None = None                  # built-in task spec; None: the default task
     data: str | None = None                  # a JSONL prompt file instead of a task
     servers: list[str] = field(default_factory=list)   # running rollout servers; empty: start an embedded one
+    router: str | None = None                # generation through this URL (sglang-router); weights to `servers`
+    drafter: str | None = None               # EAGLE-3 drafter directory: harvest on (trained in the tail, pushed)
     steps: int = 20
     prompts_per_step: int = 8
     samples_per_prompt: int = 4              # GRPO group size
@@ -78,6 +80,11 @@ class TrainConfig:
             raise ValueError(f"model must be a Hugging Face model directory (with config.json), got {self.model!r}")
         if not isinstance(self.eval_every, int) or self.eval_every < 0:
             raise ValueError(f"eval_every must be an integer >= 0, got {self.eval_every!r}")
+        if self.drafter is not None and not (Path(self.drafter) / "config.json").is_file():
+            raise ValueError(f"drafter must be an EAGLE-3 drafter directory (with config.json), got {self.drafter!r}")
+        if self.router is not None and not self.servers:
+            raise ValueError("router needs the worker URLs too (--server URL per worker): weight updates "
+                             "go to every worker, the router only forwards generation")
         if self.task and self.data:
             raise ValueError("give either task or data, not both")
 

@@ -17,12 +17,19 @@ COLUMNS = [  # (key, header, width, format); a key missing from a row prints bla
 ]
 
 
-def format_row(row: dict) -> str:
-    return "  ".join((fmt.format(row[k]) if k in row else "").rjust(w) for k, _, w, fmt in COLUMNS)
+HARVEST_COLUMNS = [  # from HarvestHooks.step_metrics and the rollouts, shown when harvest is on
+    ("idle_used_s", "idle_s", 6, "{:.2f}"), ("drafter_version", "dver", 4, "{}"),
+    ("spec_accept_length", "acc_len", 7, "{:.2f}"), ("heldout_accept_len", "ho_acc", 6, "{:.2f}"),
+    ("sd_token_share", "sd%", 4, "{:.0%}"),
+]
 
 
-def format_header() -> str:
-    return "  ".join(h.rjust(w) for _, h, w, _ in COLUMNS)
+def format_row(row: dict, columns: list = COLUMNS) -> str:
+    return "  ".join((fmt.format(row[k]) if row.get(k) is not None else "").rjust(w) for k, _, w, fmt in columns)
+
+
+def format_header(columns: list = COLUMNS) -> str:
+    return "  ".join(h.rjust(w) for _, h, w, _ in columns)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -70,8 +77,9 @@ def _mean(values: list[float]) -> float:
 class MetricsLog:
     """Appends rows to `OUT/metrics.jsonl` (each row flushed and fsynced) and prints a table line."""
 
-    def __init__(self, out: str | Path, resume_step: int | None = None):
+    def __init__(self, out: str | Path, resume_step: int | None = None, harvest: bool = False):
         self.path = Path(out) / "metrics.jsonl"
+        self.columns = COLUMNS + HARVEST_COLUMNS if harvest else COLUMNS
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._printed_header = False
         if self.path.exists():  # drop rows of steps lost to a crash (or everything on a fresh run)
@@ -85,6 +93,6 @@ class MetricsLog:
             f.flush()
             os.fsync(f.fileno())
         if not self._printed_header:
-            echo(format_header())
+            echo(format_header(self.columns))
             self._printed_header = True
-        echo(format_row(row))
+        echo(format_row(row, self.columns))

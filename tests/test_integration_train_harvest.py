@@ -1,0 +1,60 @@
+"""`gleanrl train --drafter DIR`: harvest from the trainer itself (embedded server serving the drafter
+with adaptive SD, HarvestHooks over OUT/harvest), harvest columns in the terminal table, and --resume
+keeping the spool and drafter versions (the server then serves the newest pushed drafter)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import gleanrl
+from harvest.checkpoint import save_drafter
+from harvest.cli_init import init_drafter
+from trainer import loop
+from trainer.config import TrainConfig
+from trainer.metrics import COLUMNS, HARVEST_COLUMNS, MetricsLog, format_header, format_row
+
+
+def test_harvest_columns_only_when_harvest_is_on(tmp_path):
+    row = {"step": 1, "idle_used_s": 0.5, "drafter_version": 3, "spec_accept_length": 2.25,
+           "heldout_accept_len": None, "sd_token_share": 0.4}
+    lines: list[str] = []
+    MetricsLog(tmp_path / "a", harvest=True).log(row, echo=lines.append)
+    MetricsLog(tmp_path / "b").log(row, echo=lines.append)
+    assert lines[0] == format_header(COLUMNS + HARVEST_COLUMNS) and "dver" in lines[0] and "sd%" in lines[0]
+    assert lines[1].split()[-4:] == ["0.50", "3", "2.25", "40%"]          # None prints blank
+    assert "dver" not in lines[2] and lines[3] == format_row(row)
+
+
+def test_drafter_must_be_a_directory(tiny_qwen2, tmp_path):
+    with pytest.raises(ValueError, match="drafter must be"):
+        TrainConfig(model=str(tiny_qwen2), out=str(tmp_path), drafter=str(tmp_path / "none"))
+
+
+def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, capsys, monkeypatch):
+    drafter0 = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
+    commands: list[list[str]] = []
+    command = loop.EmbeddedServer.command
+    monkeypatch.setattr(loop.EmbeddedServer, "command", lambda self: commands.append(command(self)) or commands[-1])
+    out = tmp_path / "run"
+    base = ["train", "--model", str(tiny_qwen2), "--out", str(out), "--drafter", str(drafter0),
+            "--prompts-per-step", "2", "--samples-per-prompt", "2", "--max-new-tokens", "24"]
+    assert gleanrl.main(base + ["--steps", "1"]) == 0
+    table = capsys.readouterr().out
+    assert "dver" in table and "sd%" in table and "idle_s" in table
+    cmd = commands[-1]
+    assert cmd[cmd.index("--drafter") + 1] == str(drafter0) and cmd[cmd.index("--sd") + 1] == "adaptive"
+    spool_files = {p.name for p in (out / "harvest" / "spool").rglob("*") if p.is_file()}
+    assert spool_files
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["harvested"] + rows[-1]["harvest_carried"] + rows[-1]["harvest_errors"] == 4
+
+    assert gleanrl.main(base + ["--steps", "1"]) == 2               # a fresh run over the same --out: refused
+    assert gleanrl.main(base + ["--steps", "2", "--resume"]) == 0
+    version = rows[-1]["drafter_version"]
+    cmd = commands[-1]
+    assert cmd[cmd.index("--drafter") + 1] == (str(out / "harvest" / "drafter_versions" / f"v{version:06d}")
+                                               if version else str(drafter0))
+    assert spool_files <= {p.name for p in (out / "harvest" / "spool").rglob("*") if p.is_file()}
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and rows[-1]["drafter_version"] >= version
