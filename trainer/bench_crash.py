@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 PHASES = ("rollouts", "drafter", "checkpoint", "push")
-DELAY_S = {"rollouts": 0.02, "drafter": 0.3, "checkpoint": 0.03, "push": 0.03}  # random kill delay, upper bound
+DELAY_S = {"rollouts": 0.02, "drafter": 0.3, "checkpoint": 0.005, "push": 0.03}  # random kill delay, upper bound
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,7 +86,8 @@ def child(spec: dict) -> None:
 
 def _launch(spec: dict, log: Path) -> subprocess.Popen:
     root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with open(log, "ab") as f:
         return subprocess.Popen([sys.executable, "-m", "trainer.bench_crash", json.dumps(spec)], stdout=f,
                                 stderr=subprocess.STDOUT, env=env)
@@ -179,7 +180,8 @@ def crash_run(i: int, phase: str, root: Path, url: str, model: str, drafter: str
     except subprocess.TimeoutExpired:
         resumed.kill()
         rc = "timeout"
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()] if (out / "metrics.jsonl").exists() else []
+    metrics = out / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
     rec["metrics_steps"] = [r["step"] for r in rows]
     want = list(range(1, steps + 1))
     # killed while pushing: the step's checkpoint is complete and resumed from (the push is redone by the
