@@ -3,8 +3,9 @@ SGLang). One method per endpoint over one request helper; errors carry the serve
 
 Several URLs: generation goes to the URL with the fewest requests in flight, weight updates and cache
 flushes go to all of them. With a `router` (sglang-router / SGLang Model Gateway, which forwards
-`/generate` only), generation goes through the router and weight updates and control to every worker URL. Only connection errors are retried (with exponential backoff): a request
-the server received is never sent twice by the client.
+`/generate` only), generation goes through the router and weight updates and control to every worker
+URL. Only connection errors are retried (with exponential backoff): a request the server received is
+never sent twice by the client.
 """
 from __future__ import annotations
 
