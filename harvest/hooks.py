@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import sys
+from pathlib import Path
 from typing import Any
 
 from harvest.harvester import Harvester
@@ -39,6 +40,15 @@ class HarvestHooks:
         self._tokens = [0, 0]
         self._start = (0, 0, harvester.version, 0, 0)  # captured, drafter steps, version, attempts, dropped
         self.captured = self.dropped = self.errors = 0
+
+    @classmethod
+    def for_run(cls, model: str, drafter: str, root: Path, resume: bool) -> tuple["HarvestHooks", Path]:
+        """Hooks over `root` (spool, drafter versions: kept by a resumed run) and the drafter to serve:
+        the newest pushed version, else `drafter`. Drafters go to the loop's servers (`bind_client`)."""
+        if not resume and any((root / "drafter_versions").glob("v*")):
+            raise ValueError(f"{root} holds drafter versions of an earlier run: pass --resume, or use another --out")
+        h = Harvester(model, drafter, root / "spool")
+        return cls(h), (h.versions_dir / f"v{h.version:06d}" if h.version else Path(drafter))
 
     def bind_client(self, client: Any) -> None:
         """Push drafters to the trainer's servers (`RolloutClient`: its URLs and admin key) unless the

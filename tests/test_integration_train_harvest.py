@@ -58,3 +58,13 @@ def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, cap
     assert spool_files <= {p.name for p in (out / "harvest" / "spool").rglob("*") if p.is_file()}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and rows[-1]["drafter_version"] >= version
+
+
+def test_fresh_run_refuses_drafter_versions_of_an_earlier_one(tiny_qwen2, tmp_path):
+    from harvest.hooks import HarvestHooks
+    drafter0 = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
+    save_drafter(init_drafter(tiny_qwen2, seed=1), tmp_path / "harvest" / "drafter_versions" / "v000002")
+    with pytest.raises(ValueError, match="pass --resume"):
+        HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest", resume=False)
+    hooks, serve = HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest", resume=True)
+    assert hooks.h.version == 2 and serve == tmp_path / "harvest" / "drafter_versions" / "v000002"

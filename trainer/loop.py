@@ -60,7 +60,8 @@ def train(cfg: TrainConfig, task=None, hooks: RolloutHooks | None = None, resume
     weights = (str(resumed.path) if resumed else cfg.model, str(start))
     server_args = list(cfg.server_args)
     if cfg.drafter and hooks is None:
-        hooks, drafter = harvest_hooks(cfg, resume)
+        from harvest.hooks import HarvestHooks
+        hooks, drafter = HarvestHooks.for_run(cfg.model, cfg.drafter, Path(cfg.out) / "harvest", resume)
         if "--drafter" not in server_args:  # the embedded server serves the newest pushed drafter
             server_args += ["--drafter", str(drafter)] + ([] if "--sd" in server_args else ["--sd", "adaptive"])
     server = None if cfg.servers else EmbeddedServer(cfg.model, cfg.server_threads, server_args,
@@ -138,18 +139,6 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
                    **(hooks.step_metrics() if hasattr(hooks, "step_metrics") else {}), **await evaluate(step)}
             metrics.log(row, echo=log)
     return row
-
-
-def harvest_hooks(cfg: TrainConfig, resume: bool):
-    """HarvestHooks over OUT/harvest (spool, drafter versions; kept by --resume) and the drafter to serve:
-    the newest pushed version, else `cfg.drafter`. Drafters go to the loop's servers (`bind_client`)."""
-    from harvest.harvester import Harvester
-    from harvest.hooks import HarvestHooks
-    root = Path(cfg.out) / "harvest"
-    if not resume and any((root / "drafter_versions").glob("v*")):
-        raise ValueError(f"{root} holds drafter versions of an earlier run: pass --resume, or use another --out")
-    h = Harvester(cfg.model, cfg.drafter, root / "spool")
-    return HarvestHooks(h), (h.versions_dir / f"v{h.version:06d}" if h.version else Path(cfg.drafter))
 
 
 def score(task, tokenizer, rollouts: list[Rollout]) -> None:
