@@ -40,3 +40,18 @@ def tiny_llama(tmp_path_factory, tiny_tokenizer):
 @pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory, tiny_tokenizer):
     return _tiny(tmp_path_factory, tiny_tokenizer, "qwen3")
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_qwen2):
+    """The server's tokenizer for `tiny_qwen2` (AutoTokenizer on the model directory; it may split text
+    differently from the in-memory `tiny_tokenizer` fixture)."""
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(tiny_qwen2)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_qwen2):
+    """`tiny_qwen2` loaded by transformers in float32, the reference the server is compared against."""
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).eval()

@@ -27,20 +27,6 @@ def url(srv):
     return srv[0]
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_qwen2):
-    """The server's tokenizer (AutoTokenizer on the model directory; it may split text differently from
-    the in-memory `tiny_tokenizer` fixture)."""
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(tiny_qwen2)
-
-
-@pytest.fixture(scope="module")
-def hf(tiny_qwen2):
-    from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).eval()
-
-
 def gen(url, timeout=60, **body):
     r = httpx.post(f"{url}/generate", json=body, timeout=timeout)
     assert r.status_code == 200, r.text

@@ -26,20 +26,6 @@ def client(url):
     return openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=60)
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_qwen2):
-    """The server's tokenizer (AutoTokenizer on the model directory; it may split text differently from
-    the in-memory `tiny_tokenizer` fixture)."""
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(tiny_qwen2)
-
-
-@pytest.fixture(scope="module")
-def hf(tiny_qwen2):
-    from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).eval()
-
-
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 
 
