@@ -201,9 +201,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"server RSS: {summary['rss_warm_mib']:.0f} MiB after warm-up, "
               f"max {summary['rss_max_after_warm_mib']:.0f}"
               f" MiB (growth {summary['rss_growth_mib']:.1f} MiB, bound {args.rss_bound_mib:.0f} MiB)")
+    return verdict(summary, ok, args.json)
+
+
+def verdict(summary: dict, ok: bool, json_path: str | None) -> int:
+    """The end of a bench: its error samples on stderr, the summary to `json_path`, PASS/FAIL, exit code."""
     for e in summary["error_samples"]:
         print(f"  error: {e}", file=sys.stderr)
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2))
+    if json_path:
+        Path(json_path).write_text(json.dumps(summary, indent=2))
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1

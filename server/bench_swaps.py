@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from server.bench_load import ServeProcess
+from server.bench_load import ServeProcess, verdict
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "1 + 1 =", "In the beginning", "alpha beta gamma",
            "Weights and measures", "Rollouts finish at", "Speculative decoding"]
@@ -151,10 +151,4 @@ def run(args: argparse.Namespace) -> int:
           f"{s['draft_changes_mid_request']} saw a draft swap mid-request ({s['draft_only_mid_request']} of them no "
           f"target swap, checked token for token); "
           f"{s['errors']} errors")
-    for e in s["error_samples"]:
-        print(f"  error: {e}", file=sys.stderr)
-    if args.json:
-        Path(args.json).write_text(json.dumps(s, indent=2))
-    ok = s["errors"] == 0 and s["swaps"] == args.swaps
-    print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
+    return verdict(s, s["errors"] == 0 and s["swaps"] == args.swaps, args.json)
