@@ -126,18 +126,24 @@ def _compare_layout(candidate: dict[str, TensorSpec], reference: dict[str, Tenso
                                      f"the serving model has {spec.dtype}{list(spec.shape)}")
 
 
+def _check_fit(candidate: str | Path, serving: str | Path, new_cfg: dict, ref_cfg: dict, keys: tuple[str, ...],
+               serving_name: str) -> dict[str, TensorSpec]:
+    """Refuse `candidate` unless its config agrees with `serving`'s on `keys` and its tensors are laid out alike."""
+    for key in keys:
+        if new_cfg.get(key) != ref_cfg.get(key):
+            raise CheckpointMismatch(f"{candidate}: {key} is {new_cfg.get(key)!r}, "
+                                     f"{serving_name} has {ref_cfg.get(key)!r}")
+    specs = read_tensor_specs(candidate)
+    _compare_layout(specs, read_tensor_specs(serving), str(candidate))
+    return specs
+
+
 def check_policy_checkpoint(candidate: str | Path, serving: str | Path) -> dict[str, TensorSpec]:
     """Refuse (CheckpointMismatch) a policy checkpoint that does not fit the serving model directory."""
     new_cfg, ref_cfg = read_config(candidate), read_config(serving)
     if any(a in EAGLE3_ARCHS for a in new_cfg.get("architectures") or []):
         raise CheckpointMismatch(f"{candidate}: is an EAGLE-3 drafter; a policy push would load it into the target")
-    for key in ("architectures", "model_type"):
-        if new_cfg.get(key) != ref_cfg.get(key):
-            raise CheckpointMismatch(f"{candidate}: {key} is {new_cfg.get(key)!r}, "
-                                     f"the serving model has {ref_cfg.get(key)!r}")
-    specs = read_tensor_specs(candidate)
-    _compare_layout(specs, read_tensor_specs(serving), str(candidate))
-    return specs
+    return _check_fit(candidate, serving, new_cfg, ref_cfg, ("architectures", "model_type"), "the serving model")
 
 
 def check_drafter_checkpoint(candidate: str | Path, serving_drafter: str | Path) -> dict[str, TensorSpec]:
@@ -145,10 +151,5 @@ def check_drafter_checkpoint(candidate: str | Path, serving_drafter: str | Path)
     new_cfg, ref_cfg = read_config(candidate), read_config(serving_drafter)
     if not any(a in EAGLE3_ARCHS for a in new_cfg.get("architectures") or []):
         raise CheckpointMismatch(f"{candidate}: architectures {new_cfg.get('architectures')!r} is not an EAGLE-3 drafter")
-    for key in ("architectures", "hidden_size", "target_hidden_size", "draft_vocab_size", "vocab_size", "eagle_config"):
-        if new_cfg.get(key) != ref_cfg.get(key):
-            raise CheckpointMismatch(f"{candidate}: {key} is {new_cfg.get(key)!r}, "
-                                     f"the serving drafter has {ref_cfg.get(key)!r}")
-    specs = read_tensor_specs(candidate)
-    _compare_layout(specs, read_tensor_specs(serving_drafter), str(candidate))
-    return specs
+    keys = ("architectures", "hidden_size", "target_hidden_size", "draft_vocab_size", "vocab_size", "eagle_config")
+    return _check_fit(candidate, serving_drafter, new_cfg, ref_cfg, keys, "the serving drafter")
