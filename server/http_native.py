@@ -48,37 +48,21 @@ async def update_weights_unsupported(request: Request):
     return JSONResponse({"success": False, "message": message}, status_code=400)
 
 
-def _model_info(request: Request) -> dict:
+@router.get("/model_info")
+@router.get("/get_model_info")
+async def model_info(request: Request):
     return {"is_generation": True, "preferred_sampling_params": None, **request.app.state.engine.info()}
 
 
-@router.get("/model_info")
-async def model_info(request: Request):
-    return _model_info(request)
-
-
-@router.get("/get_model_info")
-async def get_model_info(request: Request):
-    return _model_info(request)
-
-
-def _server_info(request: Request) -> dict:
+@router.get("/server_info")
+@router.get("/get_server_info")
+async def server_info(request: Request):
     state = request.app.state
     stats = state.engine.stats()
     args = {**state.engine_args, **state.server_args}  # keys were dropped when the app was built
     return {**args, "internal_states": [{**stats, "avg_spec_accept_length": stats.get("avg_spec_accept_length", 0.0)}],
             "version": state.version, "backend": "embedded",
             "max_req_input_len": state.engine.context_length - 1}
-
-
-@router.get("/server_info")
-async def server_info(request: Request):
-    return _server_info(request)
-
-
-@router.get("/get_server_info")
-async def get_server_info(request: Request):
-    return _server_info(request)
 
 
 @router.get("/health")
