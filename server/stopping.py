@@ -1,8 +1,9 @@
-"""When a sequence stops, in SGLang's `finish_reason` shape, and the text a client sees.
+"""When a sequence stops, in SGLang's `finish_reason` shape.
 
 A stop string is checked on the decoded tail after every token, so it is honoured exactly even when
 several tokens arrive in one step (speculative decoding): the caller appends tokens one at a time.
-Output ids keep the token that completed the stop string; the text excludes the stop string (SGLang).
+Output ids keep the token that completed the stop string; the text excludes the stop string (SGLang),
+trimmed at the edge by `server.detok.output_text`.
 """
 from __future__ import annotations
 
@@ -38,15 +39,3 @@ class StopChecker:
         if total_len >= self.context_length:
             return {"type": "length", "length": len(output_ids)}
         return None
-
-
-def output_text(tokenizer, output_ids: list[int], finish_reason: dict | None,
-                skip_special_tokens: bool = True) -> str:
-    """The text SGLang returns: the decoded output, cut before a matched stop string."""
-    text = tokenizer.decode(output_ids, skip_special_tokens=skip_special_tokens)
-    matched = (finish_reason or {}).get("matched")
-    if isinstance(matched, str) and matched:
-        cut = text.find(matched)
-        if cut >= 0:
-            text = text[:cut]
-    return text

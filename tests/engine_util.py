@@ -6,7 +6,8 @@ import itertools
 
 import torch
 
-from server.protocol import GenerateRequest, SamplingParams
+from server.fanin import Track
+from server.protocol import GenerateOutput, GenerateRequest, SamplingParams
 
 _rids = itertools.count()
 
@@ -43,3 +44,13 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
 
 PROMPTS = ["Hello, world!", "The quick brown fox", "def add(a, b):", "Question: what is 12 + 30?",
            "Speculative decoding drafts", "print(add(2, 3))", "I am fine", "Reinforcement learning"]
+
+
+def finished_track(ids: list[int], matched: int | str) -> Track:
+    """The edge's state of a request that produced `ids` and stopped on `matched` (for `server.detok`)."""
+    track = Track(GenerateRequest(rid="r", input_ids=[1], params=SamplingParams()))
+    track.ids = list(ids)
+    track.last = GenerateOutput(rid="r", new_ids=[], new_logprobs=[], finished=True,
+                                finish_reason={"type": "stop", "matched": matched})
+    track.finished_at = 1.0
+    return track

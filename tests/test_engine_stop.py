@@ -5,10 +5,10 @@ import asyncio
 
 import pytest
 
-from engine_util import collect, req, run_all
+from engine_util import collect, finished_track, req, run_all
 from server.config import EngineConfig
 from server.engine import Engine
-from server.stopping import output_text
+from server.detok import output_text
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_stop_string_excluded_from_text(engine):
     assert r["finish_reason"] == {"type": "stop", "matched": stop}
     assert r["ids"] == full[:len(r["ids"])]
     assert stop in tok.decode(r["ids"]) and stop not in tok.decode(r["ids"][:-1])  # ids keep the last token
-    assert output_text(tok, r["ids"], r["finish_reason"], skip_special_tokens=False) == text[:text.find(stop)]
+    assert output_text(tok, finished_track(r["ids"], stop), skip_special_tokens=False) == text[:text.find(stop)]
 
 
 def test_max_new_tokens_and_context_length(engine):

@@ -1,9 +1,8 @@
 """Edge text handling without a server: incremental detokenization, stop trimming, stream deltas."""
 from __future__ import annotations
 
+from engine_util import finished_track
 from server.detok import Delta, Detokenizer, output_text
-from server.fanin import Track
-from server.protocol import GenerateOutput, GenerateRequest, SamplingParams
 
 
 def test_incremental_decode_never_shows_half_characters_and_ends_exact(tiny_tokenizer):
@@ -18,21 +17,12 @@ def test_incremental_decode_never_shows_half_characters_and_ends_exact(tiny_toke
     assert any(len(s) < len(t) for s, t in zip(seen, seen[1:]))
 
 
-def _finished(ids, matched, tokenizer):
-    track = Track(GenerateRequest(rid="r", input_ids=[1], params=SamplingParams()))
-    track.ids = list(ids)
-    track.last = GenerateOutput(rid="r", new_ids=[], new_logprobs=[], finished=True,
-                                finish_reason={"type": "stop", "matched": matched})
-    track.finished_at = 1.0
-    return track
-
-
 def test_stop_string_and_stop_token_are_trimmed_unless_no_stop_trim(tiny_tokenizer):
     ids = tiny_tokenizer.encode("Answer: 42. Let us add")
-    assert output_text(tiny_tokenizer, _finished(ids, ". Let", tiny_tokenizer)) == "Answer: 42"
-    assert output_text(tiny_tokenizer, _finished(ids, ". Let", tiny_tokenizer), no_stop_trim=True) == "Answer: 42. Let us add"
+    assert output_text(tiny_tokenizer, finished_track(ids, ". Let")) == "Answer: 42"
+    assert output_text(tiny_tokenizer, finished_track(ids, ". Let"), no_stop_trim=True) == "Answer: 42. Let us add"
     last = ids[-1]
-    trimmed = output_text(tiny_tokenizer, _finished(ids, last, tiny_tokenizer))
+    trimmed = output_text(tiny_tokenizer, finished_track(ids, last))
     assert trimmed == tiny_tokenizer.decode(ids[:-1])
 
 
