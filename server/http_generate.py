@@ -142,7 +142,8 @@ def _prompts(state, body: GenerateIn) -> tuple[list[list[int]], bool]:
     return [check_prompt(state, ids, _name(field, i, batch)) for i, ids in enumerate(raw)], batch
 
 
-@router.api_route("/generate", methods=["POST", "PUT"])
+@router.post("/generate")  # one route per method: each gets its own OpenAPI operation id
+@router.put("/generate")
 async def generate(request: Request):
     state = request.app.state
     body = await parse(request, GenerateIn, state.server_cfg.max_request_bytes)

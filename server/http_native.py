@@ -93,7 +93,8 @@ async def health_generate(request: Request):
         return Response(status_code=503)
 
 
-@router.api_route("/flush_cache", methods=["GET", "POST"])
+@router.get("/flush_cache")  # one route per method: each gets its own OpenAPI operation id
+@router.post("/flush_cache")
 async def flush_cache(request: Request):
     ok = request.app.state.engine.flush_cache()
     text = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
