@@ -55,6 +55,8 @@ def make_tiny_model(out: str | Path, arch: str = "qwen2", hidden_size: int = 64,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None, **extra)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if tie_word_embeddings:  # explicit: transformers' init-time tying is a process-global switch that
+        model.lm_head.weight = model.get_input_embeddings().weight  # concurrent loads in threads can leave off
     with torch.no_grad():  # a larger init than the default gives peaked, varied greedy outputs
         for name, param in model.named_parameters():
             if param.dim() == 2:

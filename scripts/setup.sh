@@ -15,7 +15,7 @@ for arg in "$@"; do
 done
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
-.venv/bin/pip install -q --disable-pip-version-check -e ".$extras"
+.venv/bin/pip install -q --disable-pip-version-check -c scripts/constraints.txt -e ".$extras"
 if [ "${want_sglang:-0}" = 1 ]; then
   bash scripts/install_sglang_cpu.sh .venv-sglang || echo "SGLang CPU install failed: the sglang-marked tests will be skipped" >&2
 fi
