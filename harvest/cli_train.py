@@ -143,7 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="target model directory")
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompts", help="JSONL file, one {\"prompt\": exact text} per line")
-    src.add_argument("--task", help="a task name for trainer.tasks.load_task (e.g. running_sums)")
+    src.add_argument("--task", help="a task name for trainer.tasks.load_task (e.g. doubling)")
     parser.add_argument("--out", required=True, help="directory to write the drafter to (atomically)")
     parser.add_argument("--init", default=None, help="start from this drafter instead of a random one")
     parser.add_argument("--layer-ids", default=None, help="aux layer ids a,b,c for a new drafter")

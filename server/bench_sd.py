@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="target model directory")
     parser.add_argument("--drafter", required=True, help="EAGLE-3 drafter directory")
     parser.add_argument("--json", default=None, help="write the results here")
-    parser.add_argument("--task", default="running_sums", help="task whose test prompts are used")
+    parser.add_argument("--task", default=None, help="task whose test prompts are used (default: the built-in task)")
     parser.add_argument("--prompts", default=None, help="JSONL file of {\"prompt\": text} instead of --task")
     parser.add_argument("--batches", default="1,4,16")
     parser.add_argument("--temperatures", default="0,1")

@@ -106,7 +106,7 @@ def _cached(out: Path, key: str) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", default=None, help="built-in task name or module:object (default: running_sums)")
+    parser.add_argument("--task", default=None, help="built-in task name or module:object (default: doubling)")
     parser.add_argument("--out", default=None, help="model directory (default: a cache dir under $GLEANRL_CACHE "
                         "or ~/.cache/gleanrl)")
     parser.add_argument("--seed", type=int, default=0)
