@@ -82,16 +82,20 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
     metrics = MetricsLog(cfg.out, resume_step=start if start else None, harvest=hasattr(hooks, "step_metrics"))
     state = {"path": weights[0], "version": weights[1]}
 
-    async def resync() -> None:  # wait for the server(s), then make them serve exactly our weights
-        if server:
-            server.ensure_running()
-        try:
-            await client.wait_healthy(cfg.server_wait_s, alive=server.alive if server else None)
-        except RolloutServerError as exc:
-            if server:  # the embedded server's own words say why
-                exc.message += f"; the end of {server.log_path}:\n{server.log_tail()}"
-                exc.args = (f"{exc.url}: {exc.message}",)
-            raise
+    async def resync(attempts: int = 3) -> None:  # wait for the server(s), then make them serve our weights
+        for attempt in range(attempts):
+            if server:  # a kill may land between this check and the health poll: hence the attempts
+                server.ensure_running()
+            try:
+                await client.wait_healthy(cfg.server_wait_s, alive=server.alive if server else None)
+                break
+            except RolloutServerError as exc:
+                if server and attempt + 1 < attempts and not server.alive():
+                    continue
+                if server:  # the embedded server's own words say why
+                    exc.message += f"; the end of {server.log_path}:\n{server.log_tail()}"
+                    exc.args = (f"{exc.url}: {exc.message}",)
+                raise
         await pusher.push(state["path"], state["version"])
 
     async def evaluate(step: int) -> dict:  # fixed held-out prompts (and seeds), sampled by the server
