@@ -50,17 +50,15 @@ def expected_accept_lengths(logits: list[torch.Tensor], labels: torch.Tensor, st
 
 
 @torch.no_grad()
-def acceptance_length(drafter: Eagle3Drafter, samples: list[Any], k: int = 4, batch_size: int = 8,
-                      mode: str = "greedy") -> float:
-    """Mean accept length (1 + accepted drafts of a k-step chain) over all start slots of `samples`;
-    mode "greedy" (chain along the sample's tokens) or "sampled" (expected, speculative sampling)."""
-    if not samples:
-        raise ValueError("acceptance_length needs at least one held-out sample")
+def acceptance_sums(drafter: Eagle3Drafter, samples: list[Any], k: int = 4, batch_size: int = 8,
+                    mode: str = "greedy") -> list[tuple[float, int]]:
+    """Per sample: (sum of accept lengths over its start slots, number of start slots), so that scores
+    of a fixed drafter can be cached per sample and pooled with others."""
     if mode not in ("greedy", "sampled"):
         raise ValueError(f"mode must be 'greedy' or 'sampled', got {mode!r}")
     was_training = drafter.training
     drafter.eval()
-    total, count = 0.0, 0
+    out: list[tuple[float, int]] = []
     for lo in range(0, len(samples), batch_size):
         b = collate(samples[lo:lo + batch_size], drafter)
         logits = ttt_unroll(drafter, b["ids"], b["aux"], b["valid"], k)
@@ -68,6 +66,19 @@ def acceptance_length(drafter: Eagle3Drafter, samples: list[Any], k: int = 4, ba
         starts = F.pad((b["valid"] & b["loss_mask"])[:, 2:], (0, 2))
         lengths = (accept_lengths(logits, ids, starts, drafter.draft_to_target()) if mode == "greedy"
                    else expected_accept_lengths(logits, b["labels"], starts))
-        total, count = total + float(lengths.sum()), count + int(lengths.numel())
+        rows = torch.arange(ids.shape[0]).unsqueeze(1).expand_as(ids)[starts.cpu()]   # [n_starts] sample of each
+        sums = torch.zeros(ids.shape[0]).index_add_(0, rows, lengths.float().cpu())
+        counts = torch.bincount(rows, minlength=ids.shape[0])
+        out += [(float(s), int(c)) for s, c in zip(sums, counts)]
     drafter.train(was_training)
-    return total / max(count, 1)
+    return out
+
+
+def acceptance_length(drafter: Eagle3Drafter, samples: list[Any], k: int = 4, batch_size: int = 8,
+                      mode: str = "greedy") -> float:
+    """Mean accept length (1 + accepted drafts of a k-step chain) over all start slots of `samples`;
+    mode "greedy" (chain along the sample's tokens) or "sampled" (expected, speculative sampling)."""
+    if not samples:
+        raise ValueError("acceptance_length needs at least one held-out sample")
+    sums = acceptance_sums(drafter, samples, k, batch_size, mode)
+    return sum(s for s, _ in sums) / max(sum(c for _, c in sums), 1)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import torch
 
-from harvest.acceptance import acceptance_length
+from harvest.acceptance import acceptance_sums
 from harvest.capture import capture
 from harvest.checkpoint import load_drafter, save_drafter
 from harvest.idle import IdleReport, IdleWindow, Waiting, run_window
@@ -39,6 +39,8 @@ class HarvestConfig:
     batch_size: int = 4                  # samples per micro-step
     lr: float = 1e-3
     ttt_length: int = 4                  # unrolled draft steps, in training and in scoring
+    max_tokens: int = 128                # window of each sample trained on and scored (0: whole samples)
+    accept_mode: str = "sampled"         # held-out score: "sampled" (rollouts at T=1) or "greedy" (T=0)
     push_every: int = 25                 # micro-steps between score-and-push attempts in a window; 0: never
     min_gain: float = 0.0                # acceptance length the candidate must gain over the serving drafter
     max_holdout: int = 32                # held-out samples scored per attempt (newest first)
@@ -55,6 +57,10 @@ class HarvestConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0 or self.push_every < 0 or self.min_gain < 0:
             raise ValueError("lr must be > 0, push_every and min_gain >= 0")
+        if self.max_tokens < 0 or self.max_tokens in (1, 2):
+            raise ValueError(f"max_tokens must be 0 (whole samples) or >= 3, got {self.max_tokens}")
+        if self.accept_mode not in ("sampled", "greedy"):
+            raise ValueError(f"accept_mode must be 'sampled' or 'greedy', got {self.accept_mode!r}")
         if self.aux_dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"aux_dtype must be float32, bfloat16 or float16, got {self.aux_dtype!r}")
 
@@ -73,6 +79,7 @@ class Harvester:
         fit = target.config if isinstance(target, torch.nn.Module) else Path(target)
         self.drafter = load_drafter(start, target_config=fit)
         self.serving = copy.deepcopy(self.drafter)
+        self._serving_scores: dict[int, tuple[float, int]] = {}  # spool seq -> the serving drafter's score
         self.optimizer = make_optimizer(self.drafter, lr=self.cfg.lr)
         self.layer_ids = list(self.drafter.config.aux_layer_ids)
         self.push = make_pusher(push)
@@ -113,7 +120,8 @@ class Harvester:
         if not batch:
             return None
         with self._lock:
-            self.last_metrics = train_step(self.drafter, self.optimizer, [it.tensors for it in batch],
+            windows = [it.window(self.cfg.max_tokens, self._gen) for it in batch]
+            self.last_metrics = train_step(self.drafter, self.optimizer, windows,
                                            length=self.cfg.ttt_length)
             self.steps += 1
         self._since_push += 1
@@ -147,13 +155,21 @@ class Harvester:
 
     # -- score and push --------------------------------------------------------------------------
     def score(self, drafter: torch.nn.Module | None = None, policy_version: int | None = None) -> float | None:
-        """Expected acceptance length on held-out samples of `policy_version` (default: the newest
-        `holdout_versions` versions, newest samples first); None if there are none."""
+        """Expected acceptance length (`accept_mode`) on the fixed windows of held-out samples of
+        `policy_version` (default: the newest `holdout_versions` versions, at most `max_holdout` newest
+        samples); None if there are none. The serving drafter's per-sample scores are cached until a push."""
         held = self.spool.holdout(policy_version, self.cfg.holdout_versions)[-self.cfg.max_holdout:]
         if not held:
             return None
         with self._lock:
-            return acceptance_length(drafter or self.drafter, [it.tensors for it in held], k=self.cfg.ttt_length)
+            drafter = drafter or self.drafter
+            cache = self._serving_scores if drafter is self.serving else {}
+            todo = [it for it in held if it.seq not in cache]
+            sums = acceptance_sums(drafter, [it.window(self.cfg.max_tokens) for it in todo], k=self.cfg.ttt_length,
+                                   mode=self.cfg.accept_mode) if todo else []
+            cache.update({it.seq: s for it, s in zip(todo, sums)})
+            pooled = [cache[it.seq] for it in held]
+        return sum(s for s, _ in pooled) / max(sum(c for _, c in pooled), 1)
 
     def maybe_push(self) -> int | None:
         """Push the trained drafter if it beats the serving one on held-out data; the new version or None."""
@@ -167,6 +183,7 @@ class Harvester:
             path = save_drafter(self.drafter, self.versions_dir / f"v{version:06d}")
             self.push(str(path), version)  # raises: version and serving copy stay as they were
             self.version, self.serving = version, copy.deepcopy(self.drafter)
+            self._serving_scores = {}
             self.history.append({"version": version, "candidate": candidate, "serving": serving, "pushed": True})
         self._prune()
         return version

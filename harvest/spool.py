@@ -55,6 +55,21 @@ class SpoolItem:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
+    def window(self, max_tokens: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """At most `max_tokens` consecutive tokens of every tensor (all of them if 0 or the sample fits),
+        from a random start, or a fixed one per sample (seeded by `seq`) without `generator`. The start
+        leaves at least half a window of response (loss_mask) tokens when the response is that long.
+        Training cost grows with the square of the length: long-tail rollouts are learned in windows."""
+        T = self.tokens
+        if not max_tokens or T <= max_tokens:
+            return self.tensors
+        mask = self.tensors.get("loss_mask")
+        first = int(mask.int().argmax()) if mask is not None and bool(mask.any()) else 0
+        lo, hi = min(max(first - max_tokens // 2, 0), T - max_tokens), T - max_tokens
+        gen = generator or torch.Generator().manual_seed(self.seq)
+        start = int(torch.randint(lo, hi + 1, (), generator=gen))
+        return {k: v[start:start + max_tokens] for k, v in self.tensors.items()}
+
 
 class Spool:
     """Thread-safe: the trainer adds while the idle-window drafter trainer samples."""

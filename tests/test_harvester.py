@@ -31,7 +31,7 @@ def setup(tiny_qwen2, tmp_path_factory):
 
 
 def _cfg(**kw) -> HarvestConfig:
-    return HarvestConfig(batch_size=4, lr=3e-3, push_every=0, topk=8,
+    return HarvestConfig(batch_size=4, lr=3e-3, push_every=0, topk=8, accept_mode="greedy",  # greedy rollouts
                          spool=SpoolConfig(holdout_every=4), **kw)
 
 
