@@ -32,10 +32,11 @@ class TrainConfig:
     clip_high: float = 0.2
     kl_coef: float = 0.0                     # > 0 keeps a frozen reference copy of the initial policy
     scale_advantages: bool = True            # divide by the group std (GRPO) or not (Dr. GRPO)
-    eval_every: int = 0                      # accuracy on held-out prompts every N steps (0: off)
+    eval_every: int = 0                      # held-out accuracy at step 0, every N steps and the last (0: off)
     eval_prompts: int = 64
     eval_samples: int = 1                    # per prompt; > 1 only makes sense with eval_temperature > 0
     eval_temperature: float = 0.0            # 0: greedy
+    eval_greedy: bool = False                # with eval_temperature > 0: also a greedy pass (eval_greedy_*)
     keep_last: int = 2                       # step checkpoints kept on disk
     seed: int = 0
     trainer_threads: int = 1

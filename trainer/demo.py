@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 STEP_COLUMNS = [("step", "step", "{:>4d}"), ("reward_mean", "reward", "{:>6.3f}"), ("accuracy", "acc", "{:>5.2f}"),
+                ("eval_accuracy", "held-out", "{:>8.3f}"), ("eval_se", "±se", "{:>5.3f}"),
                 ("response_len_p50", "len50", "{:>5.0f}"), ("response_len_p99", "len99", "{:>5.0f}"),
                 ("rollout_s", "rollout_s", "{:>9.2f}"), ("tail_s", "tail_s", "{:>6.2f}"),
                 ("idle_used_s", "idle_s", "{:>6.2f}"), ("spec_accept_length", "accept", "{:>6.2f}"),
@@ -35,6 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples-per-prompt", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--lr", type=float, default=2e-4, help="policy learning rate")
+    p.add_argument("--eval-every", type=int, default=6,
+                   help="held-out accuracy at step 0, every N steps and the last step (0: off)")
+    p.add_argument("--eval-prompts", type=int, default=128, help="fixed held-out test prompts per evaluation")
+    p.add_argument("--eval-samples", type=int, default=1, help="samples per held-out prompt (at T = 1)")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
+                   help="the rollout server's dtype (bfloat16: faster rollouts on CPUs with AVX-512 BF16)")
     p.add_argument("--warm-prompts", type=int, default=64, help="prompts the drafter is warm-started on")
     p.add_argument("--warm-steps", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
@@ -98,10 +105,11 @@ def table_logger(metrics_path: Path):
         rows = metrics_path.read_text().splitlines() if metrics_path.exists() else []
         for line in rows[seen[0]:]:
             row = json.loads(line)
+            widths = [len(f.format(0 if "d" in f else 0.0)) for _, _, f in STEP_COLUMNS]
             if seen[0] == 0:
-                print("  ".join(h.rjust(len(f.format(0 if "d" in f else 0.0))) for _, h, f in STEP_COLUMNS))
-            print("  ".join(f.format(row.get(k) if row.get(k) is not None else 0) for k, _, f in STEP_COLUMNS),
-                  flush=True)
+                print("  ".join(h.rjust(w) for (_, h, _), w in zip(STEP_COLUMNS, widths)))
+            print("  ".join(f.format(row[k]) if row.get(k) is not None else " " * w
+                            for (k, _, f), w in zip(STEP_COLUMNS, widths)), flush=True)
             seen[0] += 1
 
     return log
@@ -116,12 +124,12 @@ def ask(url: str, question: list[dict], max_tokens: int) -> str:
 
 
 @contextlib.contextmanager
-def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adaptive"):
+def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adaptive", dtype: str = "auto"):
     """An embedded server on the first half of the cores (this process keeps the other half)."""
     from trainer.server_proc import EmbeddedServer
 
     cores = split_cores()
-    extra = (["--drafter", str(drafter)] if drafter else []) + ["--sd", sd if drafter else "off"]
+    extra = (["--drafter", str(drafter)] if drafter else []) + ["--sd", sd if drafter else "off", "--dtype", dtype]
     server = EmbeddedServer(str(policy), threads=len(cores[0]) if cores else 1, extra_args=extra, log_path=log_path)
     with contextlib.ExitStack() as stack:
         if cores:
@@ -135,13 +143,17 @@ def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adapt
         yield server
 
 
-def rl_config(policy: Path, out: Path, url: str, args: argparse.Namespace, seed: int):
+def rl_config(policy: Path, out: Path, url: str, args: argparse.Namespace, seed: int, evaluate: bool = False):
+    """The demo's GRPO settings; `evaluate`: held-out accuracy at T = 1 on fixed prompts (the demo's
+    evidence that RL helps; the e2e bench leaves it off to time steps alone)."""
     from trainer.config import TrainConfig
     cores = split_cores()
+    evals = dict(eval_every=args.eval_every, eval_prompts=args.eval_prompts, eval_samples=args.eval_samples,
+                 eval_temperature=1.0) if evaluate else {}
     return TrainConfig(model=str(policy), out=str(out), servers=[url], steps=args.steps,
                        prompts_per_step=args.prompts_per_step, samples_per_prompt=args.samples_per_prompt,
                        max_new_tokens=args.max_new_tokens, lr=args.lr, seed=seed,
-                       trainer_threads=len(cores[1]) if cores else 1)
+                       trainer_threads=len(cores[1]) if cores else 1, **evals)
 
 
 def fresh_out(out: Path, marker: str, args: argparse.Namespace, subs: tuple[str, ...]) -> bool:
@@ -171,11 +183,11 @@ def run(args: argparse.Namespace) -> int:
     policy = Path(args.model) if args.model else bootstrap_policy(size=args.size, seed=args.seed)
     drafter0 = warm_drafter(policy, args)
     task = load_task(None)
-    with serving(policy, drafter0, out / "server.log") as server:
+    with serving(policy, drafter0, out / "server.log", dtype=args.dtype) as server:
         harvester = Harvester(policy, drafter0, out / "harvest" / "spool", push=None,
                               cfg=HarvestConfig(push_every=10, max_holdout=16, seed=args.seed))
         hooks = demo_hooks(harvester)
-        train(rl_config(policy, out / "run", server.url, args, args.seed), task=task, hooks=hooks,
+        train(rl_config(policy, out / "run", server.url, args, args.seed, evaluate=True), task=task, hooks=hooks,
               log=table_logger(out / "run" / "metrics.jsonl"))
         sample = task.prompts("test", 1, args.seed)[0]
         answer = ask(server.url, sample["messages"], args.max_new_tokens)

@@ -19,8 +19,33 @@ def _plot(path: Path, draw) -> str:
     return path.name
 
 
+def eval_rows(rows: list[dict], prefix: str = "eval") -> list[dict]:
+    return [r for r in rows if r.get(f"{prefix}_accuracy") is not None]
+
+
+def eval_summary(rows: list[dict]) -> str:
+    """One sentence: held-out accuracy first -> last eval with standard errors, and the paired gain."""
+    evals = eval_rows(rows)
+    if not evals:
+        return "No held-out evaluation (eval_every 0)."
+    first, last = evals[0], evals[-1]
+    acc = lambda r: f"step {r['step']} {r['eval_accuracy']:.3f} ± {r.get('eval_se', 0):.3f}"  # noqa: E731
+    text = (f"Held-out accuracy ({last.get('eval_prompts')} fixed test prompts, {last.get('eval_rollouts')} samples "
+            f"at T={last.get('eval_temperature', 0):g}): {acc(first)} -> {acc(last)}")
+    if last is not first and last.get("eval_gain") is not None:
+        z = last["eval_gain"] / last["eval_gain_se"] if last.get("eval_gain_se") else float("inf")
+        text += f"; paired gain {last['eval_gain']:+.3f} ± {last['eval_gain_se']:.3f} (z = {z:.1f})"
+    greedy = eval_rows(rows, "eval_greedy")
+    if greedy:
+        text += (f"; greedy {greedy[0]['eval_greedy_accuracy']:.3f} -> {greedy[-1]['eval_greedy_accuracy']:.3f} "
+                 f"± {greedy[-1].get('eval_greedy_se', 0):.3f}")
+    return text + "."
+
+
 def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: dict, answer: str,
                  info: dict) -> Path:
+    evals = eval_rows(rows)
+    rows = [r for r in rows if "reward_mean" in r]  # step 0 holds only the initial policy's evaluation
     steps = [r["step"] for r in rows]
     col = lambda key: [float(r.get(key) or 0.0) for r in rows]  # noqa: E731
 
@@ -28,6 +53,16 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: 
         ax.plot(steps, col("reward_mean"), marker="o", label="reward")
         ax.plot(steps, col("accuracy"), marker="s", label="accuracy")
         ax.set_xlabel("step"), ax.legend(), ax.set_title("reward and accuracy")
+
+    def accuracy(ax):
+        for prefix, label in (("eval", "sampled (T = eval temperature)"), ("eval_greedy", "greedy")):
+            pts = eval_rows(evals, prefix)
+            if pts:
+                ax.errorbar([r["step"] for r in pts], [r[f"{prefix}_accuracy"] for r in pts],
+                            yerr=[r.get(f"{prefix}_se", 0) for r in pts], marker="o", capsize=3, label=label)
+        ax.plot(steps, col("accuracy"), ".:", color="gray", label="training batch")
+        ax.set_xlabel("step"), ax.set_ylabel("accuracy"), ax.legend(fontsize=7)
+        ax.set_title("held-out accuracy (± 1 se over prompts)")
 
     def accept(ax):
         ax.plot(steps, col("spec_accept_length"), marker="o", label="server (rollouts)")
@@ -51,8 +86,9 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: 
         ax.plot(steps, col("idle_used_s"), "k.--", label="drafter training (in idle time)")
         ax.set_xlabel("step"), ax.set_ylabel("seconds"), ax.legend(fontsize=7), ax.set_title("step time")
 
-    pngs = [_plot(out / f"{name}.png", fn) for name, fn in
-            [("reward", reward), ("accept_length", accept), ("lengths", hist), ("step_time", breakdown)]]
+    plots = [("accuracy", accuracy), ("reward", reward), ("accept_length", accept), ("lengths", hist),
+             ("step_time", breakdown)]
+    pngs = [_plot(out / f"{name}.png", fn) for name, fn in plots]
     last = rows[-1] if rows else {}
     total = sum(col("rollout_s")) + sum(col("train_s")) + sum(col("push_s"))
     lines = [
@@ -64,12 +100,17 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: 
         f"{max(col('idle_overrun_s') or [0.0]):.2f} s.",
         f"Final reward {last.get('reward_mean', 0):.3f}, accuracy {last.get('accuracy', 0):.2f}; "
         f"server acceptance length first/last step {col('spec_accept_length')[0] if rows else 0:.2f} / "
-        f"{last.get('spec_accept_length', 0):.2f}.", "",
-        "| step | reward | acc | len p50 | len p99 | rollout s | tail s | idle s | accept | held-out | drafter | SD share |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"{last.get('spec_accept_length', 0):.2f}.", eval_summary(evals), "",
+        "| step | reward | acc | held-out acc | len p50 | len p99 | rollout s | tail s | idle s | accept | "
+        "held-out accept | drafter | SD share |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    held_out = {r["step"]: f"{r['eval_accuracy']:.3f} ± {r.get('eval_se', 0):.3f}" for r in evals}
+    if 0 in held_out:
+        lines.append(f"| 0 | | | {held_out[0]} |" + " |" * 9)
     for r in rows:
         lines.append(f"| {r['step']} | {r.get('reward_mean', 0):.3f} | {r.get('accuracy', 0):.2f} | "
+                     f"{held_out.get(r['step'], '')} | "
                      f"{r.get('response_len_p50', 0):.0f} | {r.get('response_len_p99', 0):.0f} | "
                      f"{r.get('rollout_s', 0):.2f} | {r.get('tail_s', 0):.2f} | {r.get('idle_used_s', 0):.2f} | "
                      f"{r.get('spec_accept_length', 0):.2f} | {r.get('heldout_accept_len') or 0:.2f} | "

@@ -34,7 +34,7 @@ from clients.rollout_client import RolloutClient, RolloutServerError
 from trainer.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from trainer.config import TrainConfig, write_resolved
 from trainer.generate import NoHooks, RolloutHooks, make_rollouts, run_step, sampling_params
-from trainer.metrics import MetricsLog, rollout_metrics
+from trainer.metrics import MetricsLog, eval_metrics, rollout_metrics
 from trainer.policy import Policy
 from trainer.policy_push import PolicyPusher
 from trainer.rollout import Rollout
@@ -64,6 +64,8 @@ def train(cfg: TrainConfig, task=None, hooks: RolloutHooks | None = None, resume
         hooks, drafter = HarvestHooks.for_run(cfg.model, cfg.drafter, Path(cfg.out) / "harvest", resume)
         if "--drafter" not in server_args:  # the embedded server serves the newest pushed drafter
             server_args += ["--drafter", str(drafter)] + ([] if "--sd" in server_args else ["--sd", "adaptive"])
+    if resumed and resumed.hooks_state is not None and hasattr(hooks, "load_state_dict"):
+        hooks.load_state_dict(resumed.hooks_state)  # e.g. the Harvester's drafter in training, optimizer, version
     server = None if cfg.servers else EmbeddedServer(cfg.model, cfg.server_threads, server_args,
                                                     cfg.api_key, cfg.admin_api_key, f"{cfg.out}/server.log")
     try:
@@ -98,17 +100,21 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
                 raise
         await pusher.push(state["path"], state["version"])
 
-    async def evaluate(step: int) -> dict:  # fixed held-out prompts (and seeds), sampled by the server
-        if not cfg.eval_every or step % cfg.eval_every:
+    async def evaluate(step: int) -> dict:  # the same held-out prompts and seeds every time: paired evals
+        if not cfg.eval_every or (step % cfg.eval_every and step != cfg.steps):
             return {}
-        rollouts = make_rollouts(cfg, task, policy.tokenizer, 0, split="test", n=cfg.eval_prompts,
-                                 samples=cfg.eval_samples)
-        params = dict(sampling_params(cfg), temperature=cfg.eval_temperature)
-        await run_step(client, rollouts, params, expected_version=state["version"],
-                       resync=resync, hooks=NoHooks(), max_attempts=cfg.max_attempts, stream=False, log=log,
-                       desc="eval")
-        score(task, policy.tokenizer, rollouts)
-        return {"eval_accuracy": sum(_correct(task, r) for r in rollouts) / len(rollouts)}
+        t0 = time.monotonic()
+        row = {}
+        for prefix, temperature, samples in [("eval", cfg.eval_temperature, cfg.eval_samples)] + (
+                [("eval_greedy", 0.0, 1)] if cfg.eval_greedy and cfg.eval_temperature > 0 else []):
+            rollouts = make_rollouts(cfg, task, policy.tokenizer, 0, split="test", n=cfg.eval_prompts, samples=samples)
+            await run_step(client, rollouts, dict(sampling_params(cfg), temperature=temperature),
+                           expected_version=state["version"], resync=resync, hooks=NoHooks(),
+                           max_attempts=cfg.max_attempts, stream=False, log=log, desc=prefix)
+            score(task, policy.tokenizer, rollouts)
+            stats = eval_metrics(rollouts, lambda r: _correct(task, r), metrics.first(f"{prefix}_scores"))
+            row |= {prefix + k[len("eval"):]: v for k, v in stats.items()}
+        return row | {"eval_temperature": cfg.eval_temperature, "eval_s": time.monotonic() - t0}
 
     row: dict = {}
     async with client:
@@ -126,9 +132,11 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
                            stream_interval=cfg.stream_interval, log=log)
             t1 = time.monotonic()
             score(task, policy.tokenizer, rollouts)
-            train_stats = policy.train_step(rollouts)
+            # micro-batches of similar lengths pad far less (the loss does not depend on the order)
+            train_stats = policy.train_step(sorted(rollouts, key=lambda r: len(r.prompt_ids) + len(r.output_ids)))
             path = save_checkpoint(cfg.out, step, policy.model, policy.tokenizer, policy.optimizer,
-                                   cfg.to_dict(), cfg.keep_last)
+                                   cfg.to_dict(), cfg.keep_last,
+                                   hooks_state=hooks.state_dict() if hasattr(hooks, "state_dict") else None)
             t2 = time.monotonic()
             rollout_version = state["version"]
             state.update(path=str(path), version=str(step))

@@ -10,7 +10,8 @@ from trainer.rollout import Rollout
 
 COLUMNS = [  # (key, header, width, format); a key missing from a row prints blank
     ("step", "step", 4, "{:d}"), ("reward_mean", "reward", 6, "{:.3f}"), ("accuracy", "acc", 5, "{:.2f}"),
-    ("eval_accuracy", "eval", 5, "{:.2f}"), ("response_len_p50", "len50", 5, "{:.0f}"),
+    ("eval_accuracy", "eval", 5, "{:.3f}"), ("eval_se", "±se", 5, "{:.3f}"),
+    ("response_len_p50", "len50", 5, "{:.0f}"),
     ("response_len_p99", "len99", 5, "{:.0f}"), ("rollout_s", "rollout_s", 9, "{:.2f}"),
     ("tail_s", "tail_s", 6, "{:.2f}"), ("train_s", "train_s", 7, "{:.2f}"), ("tokens_per_s", "tok/s", 6, "{:.0f}"),
     ("logprob_mismatch", "lp_mism", 7, "{:.1e}"), ("weight_version", "ver", 4, "{}"),
@@ -70,6 +71,32 @@ def rollout_metrics(rollouts: list[Rollout], t_start: float, t_end: float, accur
     }
 
 
+def eval_metrics(rollouts: list[Rollout], correct_of, baseline: list[float] | None = None) -> dict:
+    """Held-out accuracy with its standard error over prompts (samples of one prompt are not
+    independent: se = std of the per-prompt means / sqrt(prompts)). `eval_scores` are the per-prompt
+    means in prompt order; with the `baseline` scores of an earlier eval on the same prompts and seeds,
+    the paired gain and its se (`eval_gain`, `eval_gain_se`): far tighter than comparing two accuracies."""
+    groups: dict[int, list[float]] = {}
+    for r in rollouts:
+        groups.setdefault(r.group_id, []).append(correct_of(r))
+    scores = [sum(v) / len(v) for _, v in sorted(groups.items())]
+    acc, se = mean_se(scores)
+    row = {"eval_accuracy": acc, "eval_se": se, "eval_prompts": len(scores), "eval_rollouts": len(rollouts),
+           "eval_len_mean": _mean([len(r.output_ids) for r in rollouts]), "eval_scores": scores}
+    if baseline is not None and len(baseline) == len(scores):
+        row["eval_gain"], row["eval_gain_se"] = mean_se([s - b for s, b in zip(scores, baseline)])
+    return row
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and its standard error (sample std / sqrt(n); 0 for fewer than two values)."""
+    n = len(values)
+    mean = _mean(values)
+    if n < 2:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -86,6 +113,14 @@ class MetricsLog:
             keep = [line for line in self.path.read_text().splitlines()
                     if line.strip() and resume_step is not None and json.loads(line)["step"] <= resume_step]
             self.path.write_text("".join(line + "\n" for line in keep))
+
+    def first(self, key: str):
+        """`key` of the first row that has it (e.g. the step-0 eval after a resume), else None."""
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                if line.strip() and key in (row := json.loads(line)):
+                    return row[key]
+        return None
 
     def log(self, row: dict, echo=print) -> None:
         with open(self.path, "a") as f:
