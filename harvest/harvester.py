@@ -8,13 +8,17 @@ while you wait on the rest, let it push a better drafter to the rollout server.
 
 A candidate is pushed only if its expected acceptance length on held-out harvested samples of the
 newest policy version beats the serving drafter's on the same samples; versions increase by one per push.
-Pushed drafters go to `versions_dir/v000007` (EAGLE-3 format, atomic), and a new Harvester over the
-same directories resumes from the newest of them and from the spool on disk (the optimizer restarts).
+Pushed drafters go to `versions_dir/v000007` (EAGLE-3 format, atomic; a refused one is removed), and a
+new Harvester over the same directories serves the newest of them and trains on the spool on disk.
+`state_dict()` / `load_state_dict()` carry the drafter in training (which continues from the serving
+weights, never from scratch), its optimizer, counters and sampling RNG; gleanrl's trainer saves them in
+every step checkpoint, so `--resume` continues where that checkpoint left off.
 """
 from __future__ import annotations
 
 import copy
 import re
+import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,15 +185,36 @@ class Harvester:
                 return None
             version = self.version + 1
             path = save_drafter(self.drafter, self.versions_dir / f"v{version:06d}")
-            self.push(str(path), version)  # raises: version and serving copy stay as they were
+            try:
+                self.push(str(path), version)
+            except BaseException:  # version and serving copy stay; no unpushed version is left to resume from
+                shutil.rmtree(path, ignore_errors=True)
+                raise
             self.version, self.serving = version, copy.deepcopy(self.drafter)
             self._serving_scores = {}
             self.history.append({"version": version, "candidate": candidate, "serving": serving, "pushed": True})
         self._prune()
         return version
 
+    # -- resume ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """What a resume needs beyond the spool and the pushed versions on disk (call between windows)."""
+        with self._lock:
+            return {"drafter": {k: v.detach().clone() for k, v in self.drafter.state_dict().items()},
+                    "optimizer": copy.deepcopy(self.optimizer.state_dict()), "version": self.version,
+                    "steps": self.steps, "since_push": self._since_push, "rng": self._gen.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from `state_dict()`. The serving drafter stays the newest pushed version on disk, which
+        may be newer than `state` (pushed after it was saved): version numbers never repeat."""
+        with self._lock:
+            self.drafter.load_state_dict(state["drafter"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.version = max(self.version, int(state["version"]))
+            self.steps, self._since_push = int(state["steps"]), int(state["since_push"])
+            self._gen.set_state(state["rng"])
+
     def _prune(self) -> None:
-        import shutil
         found = sorted((int(m[1]), p) for p in self.versions_dir.glob("v*") if (m := _VERSION_DIR.match(p.name)))
         for _, path in found[:-self.cfg.keep_versions]:
             shutil.rmtree(path, ignore_errors=True)

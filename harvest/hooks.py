@@ -13,6 +13,10 @@ its version: hidden states and soft labels then come from the policy the drafter
 the tokens were sampled one version earlier, as EAGLE's own training data is never on-policy. The
 queue is bounded (`max_queue`, oldest dropped and counted).
 
+Resume: `state_dict()` (the Harvester's, plus the queue) is saved with every trainer checkpoint; after
+`load_state_dict()` the serving drafter version is pushed again to the trainer's servers (`bind_client`),
+so a server that never got it (a crash between writing it and pushing it) serves what the run resumes with.
+
 Cores on one CPU machine: give the server and the trainer their own cores, as a GPU cluster gives them
 their own devices, so that drafter training really uses idle trainer compute, e.g. on 2 cores
 `taskset -c 0 gleanrl serve --threads 1 ...` and `taskset -c 1 gleanrl train --trainer-threads 1 ...`
@@ -22,12 +26,13 @@ from __future__ import annotations
 
 import collections
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from harvest.harvester import Harvester
 from harvest.idle import IdleWindow
-from harvest.push import Pusher
+from harvest.push import PushError, Pusher
 
 
 class HarvestHooks:
@@ -40,6 +45,9 @@ class HarvestHooks:
         self._tokens = [0, 0]
         self._start = (0, 0, harvester.version, 0, 0)  # captured, drafter steps, version, attempts, dropped
         self.captured = self.dropped = self.errors = 0
+        self.capture_s = 0.0  # idle time spent capturing (the rest of the used idle time trains the drafter)
+        self._capture_s0 = 0.0
+        self._repush = False
 
     @classmethod
     def for_run(cls, model: str, drafter: str, root: Path, resume: bool) -> tuple["HarvestHooks", Path]:
@@ -55,12 +63,30 @@ class HarvestHooks:
         Harvester already has a push target."""
         if self.h.push.target is None:
             self.h.push = Pusher(client)
+        path = self.h.versions_dir / f"v{self.h.version:06d}"
+        if self._repush and self.h.version and path.is_dir():
+            try:
+                self.h.push(str(path), self.h.version)
+            except PushError as exc:  # the next push replaces it; RL must not stop for it
+                print(f"warning: re-pushing drafter v{self.h.version} after resume failed: {exc}", file=sys.stderr)
+        self._repush = False
+
+    def state_dict(self) -> dict:
+        return {"harvester": self.h.state_dict(), "queue": [list(map(list, q)) for q in self._queue],
+                "counts": (self.captured, self.dropped, self.errors)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.h.load_state_dict(state["harvester"])
+        self._queue = collections.deque(tuple(q) for q in state["queue"])
+        self.captured, self.dropped, self.errors = state["counts"]
+        self._repush = True
 
     def on_step_start(self, step: int, model: Any) -> None:
         self._model, self._version = model, step - 1  # the policy that samples step N is version N-1
         self._windows = []
         self._tokens = [0, 0]  # this step's output tokens: all, from SD
         self._start = (self.captured, self.h.steps, self.h.version, len(self.h.history), self.dropped)
+        self._capture_s0 = self.capture_s
 
     def on_rollout_finished(self, rollout: Any) -> None:
         self._queue.append((list(rollout.prompt_ids), list(rollout.output_ids)))
@@ -76,6 +102,7 @@ class HarvestHooks:
             prompt_ids, output_ids = self._queue.popleft()
         except IndexError:
             return False
+        t0 = time.perf_counter()
         try:
             self.h.add_rollout(prompt_ids, output_ids, self._model, self._version)
             self.captured += 1
@@ -83,6 +110,7 @@ class HarvestHooks:
             if not self.errors:
                 print(f"warning: harvest skipped a rollout: {type(exc).__name__}: {exc}", file=sys.stderr)
             self.errors += 1
+        self.capture_s += time.perf_counter() - t0
         return True
 
     def idle_window(self) -> IdleWindow:
@@ -96,7 +124,9 @@ class HarvestHooks:
         captured0, steps0, version0, attempts0, dropped0 = self._start
         serving = self.h.score(self.h.serving)
         attempts = self.h.history[attempts0:]
-        return {"idle_window_s": sum(r.window_s for r in reports), "idle_used_s": sum(r.busy_s for r in reports),
+        used, capture_s = sum(r.busy_s for r in reports), self.capture_s - self._capture_s0
+        return {"idle_window_s": sum(r.window_s for r in reports), "idle_used_s": used,
+                "idle_capture_s": capture_s, "idle_train_s": max(used - capture_s, 0.0),
                 "idle_overrun_s": max((r.overrun_s for r in reports), default=0.0),
                 "drafter_steps": self.h.steps - steps0, "harvested": self.captured - captured0,
                 "harvest_carried": len(self._queue), "harvest_dropped": self.dropped - dropped0,

@@ -1,7 +1,9 @@
 """Atomic step checkpoints. Step N lives in `OUT/weight_v{N}/`: a Hugging Face directory (safetensors,
 config, tokenizer) that the rollout server loads with `update_weights_from_disk`, plus
-`trainer_state.pt` (optimizer, step, RNG states) and `train_config.json`. The whole directory appears
-by one rename, so a directory that exists is complete; `--resume` takes the highest N."""
+`trainer_state.pt` (optimizer, step, RNG states), `train_config.json` and, when the loop's hooks keep
+state (the Harvester: the drafter in training, its optimizer, its version), `hooks_state.pt`. The whole
+directory appears by one rename, so a directory that exists is complete and its policy and drafter
+states belong together; `--resume` takes the highest N."""
 from __future__ import annotations
 
 import json
@@ -17,6 +19,7 @@ from harvest.atomic import atomic_dir, remove_stale_temporaries
 
 _NAME = re.compile(r"^weight_v(\d+)$")
 STATE_FILE = "trainer_state.pt"
+HOOKS_FILE = "hooks_state.pt"
 
 
 @dataclass(slots=True)
@@ -24,6 +27,7 @@ class Resumed:
     step: int
     path: Path
     optimizer_state: dict
+    hooks_state: dict | None = None   # the rollout hooks' `state_dict()` saved with this step
 
 
 def checkpoint_path(out: str | Path, step: int) -> Path:
@@ -48,8 +52,9 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(out: str | Path, step: int, model, tokenizer, optimizer, config: dict,
-                    keep_last: int) -> Path:
-    """Write step `step` atomically, then delete all but the newest `keep_last` step checkpoints."""
+                    keep_last: int, hooks_state: dict | None = None) -> Path:
+    """Write step `step` (with `hooks_state`, if any) atomically, then delete all but the newest
+    `keep_last` step checkpoints."""
     target = checkpoint_path(out, step)
     with atomic_dir(target) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
@@ -57,6 +62,8 @@ def save_checkpoint(out: str | Path, step: int, model, tokenizer, optimizer, con
             tokenizer.save_pretrained(tmp)
         torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state()}, tmp / STATE_FILE)
         (tmp / "train_config.json").write_text(json.dumps(config, indent=2))
+        if hooks_state is not None:
+            torch.save(hooks_state, tmp / HOOKS_FILE)
     for old_step, path in list_checkpoints(out)[:-keep_last]:
         if old_step != step:
             shutil.rmtree(path, ignore_errors=True)
@@ -75,5 +82,6 @@ def load_latest(out: str | Path) -> Resumed | None:
         if state.get("step") != step:
             raise ValueError(f"{state_file}: step {state.get('step')} does not match the directory name")
         set_rng_state(state["rng"])
-        return Resumed(step=step, path=path, optimizer_state=state["optimizer"])
+        hooks = torch.load(path / HOOKS_FILE, weights_only=False) if (path / HOOKS_FILE).is_file() else None
+        return Resumed(step=step, path=path, optimizer_state=state["optimizer"], hooks_state=hooks)
     return None
