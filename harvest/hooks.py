@@ -25,14 +25,20 @@ their own devices, so that drafter training really uses idle trainer compute, e.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from harvest.harvester import Harvester
+from harvest.atomic import atomic_file
+from harvest.harvester import HarvestConfig, Harvester
 from harvest.idle import IdleWindow
 from harvest.push import PushError, Pusher
+from harvest.spool import SpoolConfig
+
+CONFIG_FILE = "harvest_config.json"  # in the run's harvest root, next to spool/ and drafter_versions/
 
 
 class HarvestHooks:
@@ -52,10 +58,11 @@ class HarvestHooks:
     @classmethod
     def for_run(cls, model: str, drafter: str, root: Path, resume: bool) -> tuple["HarvestHooks", Path]:
         """Hooks over `root` (spool, drafter versions: kept by a resumed run) and the drafter to serve:
-        the newest pushed version, else `drafter`. Drafters go to the loop's servers (`bind_client`)."""
+        the newest pushed version, else `drafter`. Drafters go to the loop's servers (`bind_client`).
+        Settings: `root/harvest_config.json` (`write_config`; `gleanrl train` writes it from its flags)."""
         if not resume and any((root / "drafter_versions").glob("v*")):
             raise ValueError(f"{root} holds drafter versions of an earlier run: pass --resume, or use another --out")
-        h = Harvester(model, drafter, root / "spool")
+        h = Harvester(model, drafter, root / "spool", cfg=read_config(root))
         return cls(h), (h.versions_dir / f"v{h.version:06d}" if h.version else Path(drafter))
 
     def bind_client(self, client: Any) -> None:
@@ -135,3 +142,23 @@ class HarvestHooks:
                 "candidate_accept_len": attempts[-1].get("candidate") if attempts else None,
                 "heldout_accept_len": serving,
                 "spool_tokens": self.h.spool.mem_tokens, "sd_token_share": self._tokens[1] / max(self._tokens[0], 1)}
+
+
+def write_config(root: Path, cfg: HarvestConfig) -> Path:
+    """Store a run's harvest settings where `for_run` (and so `--resume`) reads them."""
+    root.mkdir(parents=True, exist_ok=True)
+    with atomic_file(root / CONFIG_FILE, "w") as f:
+        json.dump(dataclasses.asdict(cfg), f, indent=2)
+    return root / CONFIG_FILE
+
+
+def read_config(root: Path) -> HarvestConfig:
+    """The settings `write_config` stored under `root`; the defaults if none were."""
+    path = root / CONFIG_FILE
+    if not path.is_file():
+        return HarvestConfig()
+    try:
+        values = json.loads(path.read_text())
+        return HarvestConfig(**values | {"spool": SpoolConfig(**values.get("spool", {}))})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: not valid harvest settings ({exc})") from None

@@ -2,12 +2,16 @@
 `--router` for generation through sglang-router), with harvest on when given `--drafter`.
 
 Cores: the embedded server runs with `--server-threads` torch threads (default 1) and the trainer with
-`--trainer-threads` (default 1), which suits a 2-core machine."""
+`--trainer-threads` (default 1), which suits a 2-core machine.
+
+Harvest settings (`HarvestConfig`, flags of the "harvest" group) are stored in OUT/harvest/harvest_config.json,
+so `--resume` keeps them unless flags change them."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 
 from trainer.config import TrainConfig, build_config, read_config_file
 
@@ -33,6 +37,30 @@ FLAGS = {
     "--api-key": ("api_key", str, "the rollout server's API key"),
     "--admin-api-key": ("admin_api_key", str, "the rollout server's admin API key (weight updates)"),
     "--server-wait-s": ("server_wait_s", float, "how long to wait for a dead or restarting server"),
+}
+
+
+# flag -> (HarvestConfig field, "spool." for SpoolConfig's, type, help). Only with --drafter.
+HARVEST_FLAGS = {
+    "--push-every": ("push_every", int, "drafter micro-steps between score-and-push attempts (0: never push)"),
+    "--min-gain": ("min_gain", float, "held-out acceptance length a new drafter must gain over the serving one"),
+    "--accept-mode": ("accept_mode", str, "held-out score: expected acceptance of speculative sampling "
+                                          "('sampled', rollouts at T=1) or the greedy chain ('greedy')"),
+    "--max-holdout": ("max_holdout", int, "held-out samples (newest) scored per push attempt"),
+    "--holdout-versions": ("holdout_versions", int, "...from this many newest policy versions"),
+    "--holdout-every": ("spool.holdout_every", int, "every N-th harvested rollout is held out (0: none)"),
+    "--drafter-lr": ("lr", float, "drafter AdamW learning rate (training continues from the serving weights)"),
+    "--drafter-batch-size": ("batch_size", int, "harvested samples per drafter micro-step"),
+    "--drafter-max-tokens": ("max_tokens", int, "window of each sample trained on and scored (0: whole samples; "
+                                                "cost grows with its square)"),
+    "--drafter-topk": ("topk", int, "soft-label width kept per harvested token"),
+    "--keep-versions": ("keep_versions", int, "pushed drafter versions kept on disk"),
+    "--spool-mem-tokens": ("spool.max_mem_tokens", int, "harvested tokens kept in memory (oldest evicted)"),
+    "--spool-disk-tokens": ("spool.max_disk_tokens", int, "harvested tokens kept on disk (oldest evicted)"),
+    "--spool-disk-bytes": ("spool.max_disk_bytes", int, "spool bytes kept on disk (oldest evicted)"),
+    "--version-decay": ("spool.version_decay", float, "sampling weight per policy version behind the newest "
+                                                      "(1: uniform)"),
+    "--aux-dtype": ("aux_dtype", str, "spool storage of hidden states: float32, bfloat16 or float16"),
 }
 
 
@@ -62,6 +90,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, (dest, typ, help_text) in FLAGS.items():  # not given: absent, so the file's value stands
         parser.add_argument(flag, dest=dest, type=typ, default=argparse.SUPPRESS,
                             help=f"{help_text} (default: {defaults[dest]})")
+    from harvest.harvester import HarvestConfig
+    group = parser.add_argument_group("harvest (with --drafter; kept by --resume)")
+    hdefaults = dataclasses.asdict(HarvestConfig())
+    for flag, (field, typ, help_text) in HARVEST_FLAGS.items():
+        default = hdefaults["spool"][field[6:]] if field.startswith("spool.") else hdefaults[field]
+        choices = {"accept_mode": ["sampled", "greedy"], "aux_dtype": ["float32", "bfloat16", "float16"]}.get(field)
+        group.add_argument(flag, dest=f"_harvest:{field}", type=typ, default=argparse.SUPPRESS, choices=choices,
+                           metavar=None if choices else {int: "N", float: "X"}[typ],
+                           help=f"{help_text} (default: {default})")
+
+
+def harvest_settings(cfg: TrainConfig, args: argparse.Namespace) -> None:
+    """Write OUT/harvest/harvest_config.json: the resumed run's settings (or the defaults), then the flags
+    given. Raises ValueError for flags without --drafter and for invalid values."""
+    from harvest.harvester import HarvestConfig
+    from harvest.hooks import read_config, write_config
+    from trainer.checkpoint import list_checkpoints
+    given = {k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("_harvest:")}
+    if not cfg.drafter:
+        if given:
+            flags = [flag for flag, (field, *_) in HARVEST_FLAGS.items() if field in given]
+            raise ValueError(f"{', '.join(flags)}: harvest settings, which need --drafter")
+        return
+    root = Path(cfg.out) / "harvest"
+    if not args.resume and list_checkpoints(cfg.out):
+        return  # train() refuses a fresh run over an earlier one: leave that run's settings alone
+    values = dataclasses.asdict(read_config(root) if args.resume else HarvestConfig())
+    for field, value in given.items():
+        table, name = (values["spool"], field[6:]) if field.startswith("spool.") else (values, field)
+        table[name] = value
+    from harvest.spool import SpoolConfig
+    write_config(root, HarvestConfig(**values | {"spool": SpoolConfig(**values["spool"])}))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         file_values = read_config_file(args.config) if args.config else {}
         flags = {k: v for k, v in vars(args).items() if not k.startswith("_")}
         cfg = build_config(file_values, flags)
+        harvest_settings(cfg, args)
     except ValueError as exc:
         print(f"gleanrl train: {exc}", file=sys.stderr)
         return 2
