@@ -20,7 +20,7 @@ from harvest.capture import Sample, capture
 from harvest.checkpoint import load_drafter, save_drafter
 from harvest.cli_init import init_drafter, parse_layer_ids
 from harvest.drafter import Eagle3Drafter
-from harvest.train_step import make_optimizer, train_step
+from harvest.train_step import bf16_fast, length_batches, make_optimizer, train_step
 
 
 @dataclass
@@ -29,8 +29,10 @@ class WarmStartConfig:
     temperature: float = 1.0          # 0 = greedy
     gen_batch: int = 16
     steps: int = 200
-    batch_size: int = 4
-    lr: float = 1e-3
+    batch_size: int = 16              # most sequences per step
+    batch_tokens: int = 2048          # most padded tokens per step (a longer sequence goes alone)
+    lr: float = 1e-3                  # decays linearly to lr / 10
+    precision: str = "auto"           # bf16 autocast (auto: where it is fast) | fp32
     ttt_length: int = 4
     topk: int = 64
     heldout: float = 0.1
@@ -39,7 +41,10 @@ class WarmStartConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "gen_batch", "steps", "batch_size", "ttt_length", "topk", "eval_every", "accept_k"):
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
+        for name in ("max_new_tokens", "gen_batch", "steps", "batch_size", "batch_tokens", "ttt_length", "topk",
+                     "eval_every", "accept_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.heldout < 1 or self.temperature < 0 or self.lr <= 0:
@@ -48,33 +53,56 @@ class WarmStartConfig:
 
 HELP = {
     "max_new_tokens": "response tokens generated per prompt", "temperature": "sampling temperature (0 = greedy)",
-    "gen_batch": "prompts per generate/capture batch", "steps": "optimizer steps",
-    "batch_size": "sequences per step", "lr": "AdamW learning rate", "ttt_length": "unrolled draft steps (TTT)",
+    "gen_batch": "requests generated concurrently / sequences per capture batch", "steps": "optimizer steps",
+    "batch_size": "most sequences per step", "batch_tokens": "most padded tokens per step (similar lengths "
+    "are batched together)", "lr": "AdamW learning rate (decays linearly to a tenth)",
+    "precision": "auto (bf16 autocast where the CPU/GPU has fast bf16), bf16 or fp32", "ttt_length": "unrolled draft steps (TTT)",
     "topk": "soft-label top-k of the target distribution", "heldout": "fraction of generations held out",
     "eval_every": "steps between held-out acceptance evaluations", "accept_k": "draft length for acceptance",
     "seed": "seed for prompts, sampling and init",
 }
 
 
-@torch.no_grad()
-def generate(model, tokenizer, prompts: list[str], cfg: WarmStartConfig) -> list[tuple[list[int], int]]:
-    """(prompt + response token ids, prompt length) per prompt; responses end at EOS (kept)."""
-    tokenizer.padding_side = "left"
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    out = []
-    for lo in tqdm(range(0, len(prompts), cfg.gen_batch), desc="generate", unit="batch"):
-        enc = tokenizer(prompts[lo:lo + cfg.gen_batch], return_tensors="pt", padding=True, add_special_tokens=False)
-        sampling = {"do_sample": True, "temperature": cfg.temperature, "top_k": 0} if cfg.temperature > 0 else {"do_sample": False}
-        gen = model.generate(**enc, max_new_tokens=cfg.max_new_tokens, pad_token_id=pad,
-                             eos_token_id=tokenizer.eos_token_id, **sampling)
-        P = enc["input_ids"].shape[1]
-        for b in range(gen.shape[0]):
-            prompt = enc["input_ids"][b][enc["attention_mask"][b].bool()].tolist()
-            response = gen[b, P:].tolist()
-            if tokenizer.eos_token_id in response:
-                response = response[: response.index(tokenizer.eos_token_id) + 1]
-            out.append((prompt + response, len(prompt)))
-    return out
+def use_bf16(cfg: WarmStartConfig) -> bool:
+    return cfg.precision == "bf16" or (cfg.precision == "auto" and bf16_fast())
+
+
+def generate(model_dir: str | Path, tokenizer, prompts: list[str], cfg: WarmStartConfig) -> list[tuple[list[int], int]]:
+    """(prompt + response token ids, prompt length) per prompt, sampled by the embedded engine (continuous
+    batching: long-tailed responses do not hold a padded batch; bf16 where fast, as it would serve)."""
+    import asyncio
+
+    from server.config import EngineConfig
+    from server.engine import Engine
+    from server.protocol import GenerateRequest, SamplingParams
+
+    engine = Engine(EngineConfig(model_path=str(model_dir), dtype="bfloat16" if use_bf16(cfg) else "float32",
+                                 max_running_requests=cfg.gen_batch, seed=cfg.seed))
+    encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    bar = tqdm(total=len(prompts), desc="generate", unit="seq")
+
+    async def one(i: int) -> list[int]:
+        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed * 100003 + i)
+        ids, reason = [], None
+        async for out in engine.generate(GenerateRequest(rid=f"warm-{i}", input_ids=encoded[i], params=params)):
+            ids += out.new_ids
+            reason = out.finish_reason
+        matched = (reason or {}).get("matched")
+        if isinstance(matched, int) and (not ids or ids[-1] != matched):
+            ids.append(matched)  # responses end at EOS (kept), as the drafter learns to draft it
+        bar.update()
+        return ids
+
+    async def main() -> list[list[int]]:
+        return await asyncio.gather(*[one(i) for i in range(len(prompts))])
+
+    engine.start()
+    try:
+        responses = asyncio.run(main())
+    finally:
+        engine.shutdown()
+        bar.close()
+    return [(p + r, len(p)) for p, r in zip(encoded, responses)]
 
 
 def warm_start(model_dir: str | Path, prompts: list[str], cfg: WarmStartConfig, init: str | Path | None = None,
@@ -87,7 +115,7 @@ def warm_start(model_dir: str | Path, prompts: list[str], cfg: WarmStartConfig, 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     drafter = (load_drafter(init, target_config=model.config) if init
                else init_drafter(model_dir, cfg.seed, layer_ids))
-    seqs = generate(model, tokenizer, prompts, cfg)
+    seqs = generate(model_dir, tokenizer, prompts, cfg)
     samples: list[Sample] = []
     for lo in tqdm(range(0, len(seqs), cfg.gen_batch), desc="capture", unit="batch"):
         part = seqs[lo:lo + cfg.gen_batch]
@@ -105,10 +133,16 @@ def warm_start(model_dir: str | Path, prompts: list[str], cfg: WarmStartConfig, 
 
     history = [evaluate({"step": 0})]
     opt = make_optimizer(drafter, cfg.lr)
+    decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1 - 0.9 * min(i / cfg.steps, 1))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    lengths, queue = [int(s.input_ids.shape[0]) for s in train], []
     bar = tqdm(range(1, cfg.steps + 1), desc="train drafter", unit="step")
     for step in bar:
-        batch = [train[i] for i in torch.randint(len(train), (min(cfg.batch_size, len(train)),)).tolist()]
-        metrics = train_step(drafter, opt, batch, cfg.ttt_length)
+        if not queue:  # a new epoch: batches of similar lengths, in random order
+            queue = length_batches(lengths, cfg.batch_tokens, cfg.batch_size, gen)
+        batch = [train[i] for i in queue.pop()]
+        metrics = train_step(drafter, opt, batch, cfg.ttt_length, bf16=use_bf16(cfg))
+        decay.step()
         row = {"step": step, "loss": metrics["loss"], "acc_0": metrics["acc_0"]}
         if step % cfg.eval_every == 0 or step == cfg.steps:
             history.append(evaluate(row))

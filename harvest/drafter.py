@@ -27,15 +27,36 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).to(x.dtype)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # computed in float32 whatever the weights' dtype
+        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for linears sharing their input: fewer kernel calls. The modules' parameters
+    become views into the fused tensors, so memory is not doubled and they stay usable."""
+    weight = torch.cat([lin.weight.data for lin in linears])
+    bias = None
+    if any(lin.bias is not None for lin in linears):
+        bias = torch.cat([lin.bias.data if lin.bias is not None else weight.new_zeros(lin.out_features)
+                          for lin in linears])
+    start = 0
+    for lin in linears:
+        end = start + lin.out_features
+        lin.weight.data = weight[start:end]
+        if lin.bias is not None:
+            lin.bias.data = bias[start:end]
+        start = end
+    return weight, bias
+
+
+def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float, inv_freq: torch.Tensor | None = None) -> torch.Tensor:
     """x: [..., n_heads, d]; positions: [...] (broadcast over heads). Neox-style halves, as Llama."""
     d = x.shape[-1]
-    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    inv_freq = rope_inv_freq(d, theta).to(x.device) if inv_freq is None else inv_freq
     ang = positions.float()[..., None, None] * inv_freq                 # [..., 1, d/2]
     cos, sin = ang.cos(), ang.sin()
     x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2:]
@@ -86,6 +107,15 @@ class Eagle3Drafter(nn.Module):
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool))
+        self.register_buffer("inv_freq", rope_inv_freq(c.head_dim, c.rope_theta), persistent=False)
+        self.fused: tuple[torch.Tensor, torch.Tensor] | None = None    # (qkv, gate_up) weights when serving
+
+    def fuse_for_inference(self) -> "Eagle3Drafter":
+        """Serve with one q/k/v and one gate/up matmul (call after the last `.to()`; training unaffected)."""
+        layer = self.midlayer
+        self.fused = (fuse_linears([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])[0],
+                      fuse_linears([layer.mlp.gate_proj, layer.mlp.up_proj])[0])
+        return self
 
     def share_embedding(self, weight: torch.Tensor) -> None:
         """Use the target's embedding itself, not a copy, as SGLang does (`set_embed`): in-place policy
@@ -114,16 +144,24 @@ class Eagle3Drafter(nn.Module):
         """input_ids [...]; r [..., H]; positions [...] -> q [..., nh, d], k, v [..., nkv, d] (roped)."""
         c, layer = self.config, self.midlayer
         x = torch.cat([layer.input_layernorm(self.embed_tokens(input_ids)), layer.hidden_norm(r)], dim=-1)
-        q = layer.self_attn.q_proj(x).unflatten(-1, (c.num_attention_heads, c.head_dim))
-        k = layer.self_attn.k_proj(x).unflatten(-1, (c.num_key_value_heads, c.head_dim))
-        v = layer.self_attn.v_proj(x).unflatten(-1, (c.num_key_value_heads, c.head_dim))
-        return apply_rope(q, positions, c.rope_theta), apply_rope(k, positions, c.rope_theta), v
+        nq, nkv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        if self.fused is not None:
+            q, k, v = F.linear(x, self.fused[0]).split([nq, nkv, nkv], dim=-1)
+        else:
+            q, k, v = layer.self_attn.q_proj(x), layer.self_attn.k_proj(x), layer.self_attn.v_proj(x)
+        q = apply_rope(q.unflatten(-1, (c.num_attention_heads, c.head_dim)), positions, c.rope_theta, self.inv_freq)
+        k = apply_rope(k.unflatten(-1, (c.num_key_value_heads, c.head_dim)), positions, c.rope_theta, self.inv_freq)
+        return q, k, v.unflatten(-1, (c.num_key_value_heads, c.head_dim))
 
     def finish(self, attn: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
         """attn [..., nh, d]; r [..., H] (the projected input) -> pre-norm output h [..., H]."""
         layer = self.midlayer
         r1 = layer.self_attn.o_proj(attn.flatten(-2)) + r
-        return layer.mlp(layer.post_attention_layernorm(r1)) + r1
+        y = layer.post_attention_layernorm(r1)
+        if self.fused is None:
+            return layer.mlp(y) + r1
+        gate, up = F.linear(y, self.fused[1]).chunk(2, dim=-1)
+        return layer.mlp.down_proj(F.silu(gate) * up) + r1
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 caches: list[SeqKVCache], seq_lens: list[int]) -> torch.Tensor:

@@ -124,17 +124,46 @@ def ttt_loss(logits: list[torch.Tensor], labels: torch.Tensor, valid: torch.Tens
     return total, metrics
 
 
+def bf16_fast(device: str | torch.device = "cpu") -> bool:
+    """Whether bf16 autocast pays on `device`: CUDA, or a CPU with native bf16 dot products."""
+    if torch.device(device).type == "cuda":
+        return True
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def length_batches(lengths: list[int], max_tokens: int, max_seqs: int, generator: torch.Generator) -> list[list[int]]:
+    """Indices grouped into batches of similar length, each at most `max_tokens` padded tokens (one
+    longer sequence goes alone) and `max_seqs` sequences, in random order: long-tailed lengths waste
+    little padding."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], int(torch.randint(1 << 30, (1,), generator=generator))))
+    batches, cur = [], []
+    for i in order:  # ascending: the newest member is the longest
+        if cur and ((len(cur) + 1) * lengths[i] > max_tokens or len(cur) == max_seqs):
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    batches.append(cur)
+    return [batches[j] for j in torch.randperm(len(batches), generator=generator).tolist()]
+
+
 def make_optimizer(drafter: Eagle3Drafter, lr: float = 1e-3, weight_decay: float = 0.0) -> torch.optim.Optimizer:
     return torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
 
 
 def train_step(drafter: Eagle3Drafter, optimizer: torch.optim.Optimizer, batch: list[Any], length: int = 4,
-               decay: float = 0.8, max_grad_norm: float = 1.0) -> dict[str, float]:
-    """One optimizer step of TTT on a list of samples. Returns loss, per-step loss_s/acc_s, tokens."""
+               decay: float = 0.8, max_grad_norm: float = 1.0, bf16: bool = False) -> dict[str, float]:
+    """One optimizer step of TTT on a list of samples. Returns loss, per-step loss_s/acc_s, tokens.
+    `bf16`: autocast the matmuls to bfloat16 (master weights and the loss stay float32; ~2.5x faster
+    on CPUs with AVX-512 BF16, see `bf16_fast()`)."""
     drafter.train()
     b = collate(batch, drafter)
-    loss, metrics = ttt_loss(ttt_unroll(drafter, b["ids"], b["aux"], b["valid"], length),
-                             b["labels"], b["valid"], b["loss_mask"], decay)
+    with torch.autocast(b["ids"].device.type, dtype=torch.bfloat16, enabled=bf16):
+        logits = ttt_unroll(drafter, b["ids"], b["aux"], b["valid"], length)
+    loss, metrics = ttt_loss(logits, b["labels"], b["valid"], b["loss_mask"], decay)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_([p for p in drafter.parameters() if p.requires_grad], max_grad_norm)

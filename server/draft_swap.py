@@ -32,7 +32,7 @@ def load_for_target(path: str, scheduler: Scheduler, target_config: dict):
     if not (-1 <= c.aux_layer_ids[0] and c.aux_layer_ids[-1] <= runner.num_layers - 2):
         raise CheckpointError(f"drafter {path} captures layer ids {c.aux_layer_ids}; this engine captures "
                               f"ids -1..{runner.num_layers - 2} of its {runner.num_layers}-layer target")
-    return drafter.to(dtype=runner.dtype)
+    return drafter.to(dtype=runner.dtype).fuse_for_inference()
 
 
 def install(scheduler: Scheduler, cfg: EngineConfig, target_config: dict) -> SpecDecoder:

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from harvest.drafter import fuse_linears
 from harvest.kv import SeqKVCache, ragged_attention
 from server.attention import decode_attention
 from server.kv_pool import DecodePlan, decode_plan, pooled_decode_attention
@@ -31,24 +32,6 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [N, heads, d]; cos, sin: [N, d]."""
     return x * cos[:, None] + _rotate_half(x) * sin[:, None]
-
-
-def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One weight (and bias) for linears sharing their input: fewer kernel calls per layer. The modules'
-    parameters become views into the fused tensors, so memory is not doubled and they stay usable."""
-    weight = torch.cat([lin.weight.data for lin in linears])
-    bias = None
-    if any(lin.bias is not None for lin in linears):
-        bias = torch.cat([lin.bias.data if lin.bias is not None else weight.new_zeros(lin.out_features)
-                          for lin in linears])
-    start = 0
-    for lin in linears:
-        end = start + lin.out_features
-        lin.weight.data = weight[start:end]
-        if lin.bias is not None:
-            lin.bias.data = bias[start:end]
-        start = end
-    return weight, bias
 
 
 def check_supported(model: nn.Module) -> None:
@@ -82,8 +65,8 @@ class ModelRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.hidden_size = cfg.hidden_size
         self.vocab_size = cfg.vocab_size
-        self.qkv = [_fuse([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj]) for l in self.layers]
-        self.gate_up = [_fuse([l.mlp.gate_proj, l.mlp.up_proj]) if hasattr(l.mlp, "gate_proj") else None
+        self.qkv = [fuse_linears([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj]) for l in self.layers]
+        self.gate_up = [fuse_linears([l.mlp.gate_proj, l.mlp.up_proj]) if hasattr(l.mlp, "gate_proj") else None
                         for l in self.layers]
 
     @classmethod
