@@ -32,7 +32,7 @@ from harvest.checkpoint import load_drafter, save_drafter
 from harvest.idle import IdleReport, IdleWindow, Waiting, run_window
 from harvest.push import PushError, make_pusher
 from harvest.spool import Spool, SpoolConfig
-from harvest.train_step import make_optimizer, train_step
+from harvest.train_step import bf16_fast, make_optimizer, train_step
 
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 
@@ -45,6 +45,7 @@ class HarvestConfig:
     ttt_length: int = 4                  # unrolled draft steps, in training and in scoring
     max_tokens: int = 128                # window of each sample trained on and scored (0: whole samples)
     accept_mode: str = "sampled"         # held-out score: "sampled" (rollouts at T=1) or "greedy" (T=0)
+    bf16: bool | None = None             # bf16 autocast in training (None: where it pays, `bf16_fast`)
     push_every: int = 25                 # micro-steps between score-and-push attempts in a window; 0: never
     min_gain: float = 0.0                # acceptance length the candidate must gain over the serving drafter
     max_holdout: int = 32                # held-out samples scored per attempt (newest first)
@@ -86,6 +87,7 @@ class Harvester:
         self._serving_scores: dict[int, tuple[float, int]] = {}  # spool seq -> the serving drafter's score
         self.optimizer = make_optimizer(self.drafter, lr=self.cfg.lr)
         self.layer_ids = list(self.drafter.config.aux_layer_ids)
+        self._bf16 = bf16_fast(self.drafter.fc.weight.device) if self.cfg.bf16 is None else self.cfg.bf16
         self.push = make_pusher(push)
         self._lock = threading.RLock()  # drafter, optimizer and serving copy
         self._gen = torch.Generator().manual_seed(self.cfg.seed)
@@ -126,7 +128,7 @@ class Harvester:
         with self._lock:
             windows = [it.window(self.cfg.max_tokens, self._gen) for it in batch]
             self.last_metrics = train_step(self.drafter, self.optimizer, windows,
-                                           length=self.cfg.ttt_length)
+                                           length=self.cfg.ttt_length, bf16=self._bf16)
             self.steps += 1
         self._since_push += 1
         if self.cfg.push_every and self._since_push >= self.cfg.push_every and not self._closing.is_set():
