@@ -7,12 +7,14 @@ For each batch size and temperature: one warm-up run per side (the bandit learns
 then `--repeats` alternating runs of which the best counts (the CPU may be shared). Requests stop at
 EOS as in RL rollouts; tokens/s counts the tokens actually produced. accept_length is the mean tokens
 emitted per verify pass (bonus token included, as SGLang's) over the SD runs; 0 means SD never ran.
+At temperature 0 it also counts the requests whose SD output equals the plain output token for token.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import sys
 import time
 
 
@@ -29,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sd-max-batch", type=int, default=8)
     parser.add_argument("--num-draft-tokens", type=int, default=None, help="fixed draft length (default: bandit)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                        help="weights of target and drafter (auto: float32 on CPU; bfloat16 is memory-bound and "
+                             "fast on CPUs with AVX-512 BF16, as on GPUs)")
     parser.add_argument("--repeats", type=int, default=3)
 
 
@@ -44,23 +49,23 @@ def _prompts(args: argparse.Namespace, n: int) -> list[str]:
     return [texts[i % len(texts)] for i in range(n)]
 
 
-def _run(engine, prompts: list[list[int]], temperature: float, max_new: int, seed: int) -> tuple[float, int]:
+def _run(engine, prompts: list[list[int]], temperature: float, max_new: int, seed: int) -> tuple[float, list[list[int]]]:
     from server.protocol import GenerateRequest, SamplingParams
 
-    async def one(i: int) -> int:
+    async def one(i: int) -> list[int]:
         params = SamplingParams(max_new_tokens=max_new, temperature=temperature, seed=seed + i)
         req = GenerateRequest(rid=f"bench-sd-{time.monotonic_ns()}-{i}", input_ids=prompts[i], params=params)
-        return sum([len(out.new_ids) async for out in engine.generate(req)])
+        return [t async for out in engine.generate(req) for t in out.new_ids]
 
-    async def main() -> list[int]:
+    async def main() -> list[list[int]]:
         return await asyncio.gather(*[one(i) for i in range(len(prompts))])
 
     start = time.perf_counter()
-    produced = sum(asyncio.run(main()))
-    return produced / (time.perf_counter() - start), produced
+    outputs = asyncio.run(main())
+    return sum(map(len, outputs)) / (time.perf_counter() - start), outputs
 
 
-def _side(engine, policy, prompts, temperature, args, seed) -> tuple[float, int]:
+def _side(engine, policy, prompts, temperature, args, seed) -> tuple[float, list[list[int]]]:
     engine.spec.policy = policy
     return _run(engine, prompts, temperature, args.max_new_tokens, seed)
 
@@ -78,9 +83,10 @@ def run(args: argparse.Namespace) -> int:
     temps = [float(t) for t in args.temperatures.split(",")]
     try:
         prompts_text = _prompts(args, max(batches))
-        engine = Engine(EngineConfig(model_path=args.model, drafter_path=args.drafter, max_running_requests=64))
+        engine = Engine(EngineConfig(model_path=args.model, drafter_path=args.drafter, max_running_requests=64,
+                                     dtype=args.dtype))
     except (OSError, ValueError, KeyError, ImportError, CheckpointError) as exc:
-        print(f"error: {exc}")
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     engine.start()
     tok = engine.tokenizer
@@ -96,21 +102,28 @@ def run(args: argparse.Namespace) -> int:
                 _side(engine, off, batch_prompts, temp, args, 0)
                 ct0, tok0 = engine.spec.verify_ct, engine.spec.verify_tokens
                 sd_tok_s = plain_tok_s = 0.0
+                identical = 0
                 for r in range(args.repeats):                                   # alternate, keep the best
-                    sd_tok_s = max(sd_tok_s, _side(engine, sd, batch_prompts, temp, args, 1000 * r)[0])
-                    plain_tok_s = max(plain_tok_s, _side(engine, off, batch_prompts, temp, args, 1000 * r)[0])
+                    sd_rate, sd_out = _side(engine, sd, batch_prompts, temp, args, 1000 * r)
+                    plain_rate, plain_out = _side(engine, off, batch_prompts, temp, args, 1000 * r)
+                    sd_tok_s, plain_tok_s = max(sd_tok_s, sd_rate), max(plain_tok_s, plain_rate)
+                    identical += sum(a == b for a, b in zip(sd_out, plain_out))
                 ct, toks = engine.spec.verify_ct - ct0, engine.spec.verify_tokens - tok0
                 results.append({"batch": batch, "temperature": temp, "sd_tok_s": round(sd_tok_s, 1),
                                 "plain_tok_s": round(plain_tok_s, 1), "speedup": round(sd_tok_s / plain_tok_s, 2),
                                 "accept_length": round(toks / ct, 2) if ct else 0.0})
                 r = results[-1]
+                if temp == 0:  # lossless: greedy outputs with and without SD are the same tokens
+                    r["identical_outputs"] = f"{identical}/{batch * args.repeats}"
                 print(f"batch {batch:>3} T={temp:<4} SD {r['sd_tok_s']:>8.1f} tok/s  plain {r['plain_tok_s']:>8.1f}"
-                      f" tok/s  {r['speedup']:.2f}x  accept {r['accept_length']:.2f}", flush=True)
+                      f" tok/s  {r['speedup']:.2f}x  accept {r['accept_length']:.2f}"
+                      + (f"  identical {r['identical_outputs']}" if temp == 0 else ""), flush=True)
     finally:
         engine.shutdown()
     if args.json:
         from harvest.atomic import atomic_file
         with atomic_file(args.json, "w") as f:
             json.dump({"model": args.model, "drafter": args.drafter, "sd": args.sd, "threads": args.threads,
+                       "dtype": args.dtype,
                        "max_new_tokens": args.max_new_tokens, "results": results}, f, indent=2)
     return 0

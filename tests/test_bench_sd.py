@@ -1,0 +1,33 @@
+"""`gleanrl bench sd` runs end to end on a tiny model and a random drafter and writes the documented JSON;
+at temperature 0 every SD output equals the plain one (a random drafter: most drafts are rejected)."""
+from __future__ import annotations
+
+import json
+
+import gleanrl
+from engine_util import PROMPTS
+from sd_util import random_drafter
+
+
+def test_bench_sd_json(tiny_qwen2, tmp_path, capsys):
+    drafter = random_drafter(tiny_qwen2, tmp_path / "drafter")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    out = tmp_path / "bench.json"
+    rc = gleanrl.main(["bench", "sd", "--model", str(tiny_qwen2), "--drafter", str(drafter), "--prompts", str(prompts),
+                       "--json", str(out), "--batches", "1,3", "--max-new-tokens", "12", "--repeats", "1",
+                       "--sd", "on", "--num-draft-tokens", "3"])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert [(r["batch"], r["temperature"]) for r in data["results"]] == [(1, 0.0), (1, 1.0), (3, 0.0), (3, 1.0)]
+    for r in data["results"]:
+        assert r["sd_tok_s"] > 0 and r["plain_tok_s"] > 0 and 1.0 <= r["accept_length"] <= 4.0
+        assert abs(r["speedup"] - r["sd_tok_s"] / r["plain_tok_s"]) < 0.01 + 0.01 * r["speedup"]
+        if r["temperature"] == 0:
+            assert r["identical_outputs"] == f"{r['batch']}/{r['batch']}"
+    assert "identical" in capsys.readouterr().out
+
+
+def test_bench_sd_missing_drafter(tiny_qwen2, tmp_path, capsys):
+    assert gleanrl.main(["bench", "sd", "--model", str(tiny_qwen2), "--drafter", str(tmp_path / "nope")]) == 2
+    assert "error" in capsys.readouterr().err
