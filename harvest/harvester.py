@@ -45,7 +45,7 @@ class HarvestConfig:
     ttt_length: int = 4                  # unrolled draft steps, in training and in scoring
     max_tokens: int = 128                # window of each sample trained on and scored (0: whole samples)
     accept_mode: str = "sampled"         # held-out score: "sampled" (rollouts at T=1) or "greedy" (T=0)
-    bf16: bool | None = None             # bf16 autocast in training (None: where it pays, `bf16_fast`)
+    bf16: bool | None = None             # bf16 autocast in capture and training (None: where it pays)
     push_every: int = 25                 # micro-steps between score-and-push attempts in a window; 0: never
     min_gain: float = 0.0                # acceptance length the candidate must gain over the serving drafter
     max_holdout: int = 32                # held-out samples scored per attempt (newest first)
@@ -114,9 +114,11 @@ class Harvester:
         if not output_ids:
             return
         model = policy_model if policy_model is not None else self.target
-        [sample] = capture(model, [list(prompt_ids) + list(output_ids)], self.layer_ids, self.cfg.topk,
-                           prompt_lens=[len(prompt_ids)], policy_version=int(policy_version),
-                           aux_dtype=getattr(torch, self.cfg.aux_dtype))
+        device = next(model.parameters()).device.type
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=self._bf16):  # as a bf16 server computes them
+            [sample] = capture(model, [list(prompt_ids) + list(output_ids)], self.layer_ids, self.cfg.topk,
+                               prompt_lens=[len(prompt_ids)], policy_version=int(policy_version),
+                               aux_dtype=getattr(torch, self.cfg.aux_dtype))
         self.spool.add(sample.tensors(), int(policy_version))
 
     # -- train -----------------------------------------------------------------------------------
