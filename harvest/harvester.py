@@ -7,7 +7,10 @@ while you wait on the rest, let it push a better drafter to the rollout server.
     h.maybe_push()                                                         # new version or None
 
 A candidate is pushed only if its expected acceptance length on held-out harvested samples of the
-newest policy version beats the serving drafter's on the same samples; versions increase by one per push.
+newest policy versions beats the serving drafter's on the same samples (speculative sampling at T=1 by
+default, `accept_mode`); versions increase by one per push. Samples are trained on and scored in windows
+of `max_tokens`: attention cost grows with the square of the length, and a long-tail rollout in a batch
+would otherwise make one micro-step take seconds, leaving the idle window almost no steps.
 Pushed drafters go to `versions_dir/v000007` (EAGLE-3 format, atomic; a refused one is removed), and a
 new Harvester over the same directories serves the newest of them and trains on the spool on disk.
 `state_dict()` / `load_state_dict()` carry the drafter in training (which continues from the serving
@@ -136,7 +139,8 @@ class Harvester:
         if self.cfg.push_every and self._since_push >= self.cfg.push_every and not self._closing.is_set():
             self._since_push = 0  # a push is not started once the window is closing: it waits for the next
             try:
-                self.maybe_push()
+                if self.maybe_push(stop=self._closing.is_set) is None and self._closing.is_set():
+                    self._since_push = self.cfg.push_every  # abandoned as the window closed: retry in the next
             except PushError as exc:  # the server keeps the old drafter; RL must not stop for it
                 self.history.append({"version": self.version, "pushed": False, "error": str(exc)})
         return self.last_metrics
@@ -162,10 +166,12 @@ class Harvester:
         return True
 
     # -- score and push --------------------------------------------------------------------------
-    def score(self, drafter: torch.nn.Module | None = None, policy_version: int | None = None) -> float | None:
+    def score(self, drafter: torch.nn.Module | None = None, policy_version: int | None = None,
+              stop: Callable[[], bool] | None = None) -> float | None:
         """Expected acceptance length (`accept_mode`) on the fixed windows of held-out samples of
         `policy_version` (default: the newest `holdout_versions` versions, at most `max_holdout` newest
-        samples); None if there are none. The serving drafter's per-sample scores are cached until a push."""
+        samples); None if there are none, or if `stop()` turned true (checked every 4 samples). The
+        serving drafter's per-sample scores are cached until a push."""
         held = self.spool.holdout(policy_version, self.cfg.holdout_versions)[-self.cfg.max_holdout:]
         if not held:
             return None
@@ -173,16 +179,23 @@ class Harvester:
             drafter = drafter or self.drafter
             cache = self._serving_scores if drafter is self.serving else {}
             todo = [it for it in held if it.seq not in cache]
-            sums = acceptance_sums(drafter, [it.window(self.cfg.max_tokens) for it in todo], k=self.cfg.ttt_length,
-                                   mode=self.cfg.accept_mode) if todo else []
-            cache.update({it.seq: s for it, s in zip(todo, sums)})
+            for lo in range(0, len(todo), 4):
+                if stop is not None and stop():
+                    return None
+                chunk = todo[lo:lo + 4]
+                sums = acceptance_sums(drafter, [it.window(self.cfg.max_tokens) for it in chunk],
+                                       k=self.cfg.ttt_length, mode=self.cfg.accept_mode)
+                cache.update({it.seq: s for it, s in zip(chunk, sums)})
             pooled = [cache[it.seq] for it in held]
         return sum(s for s, _ in pooled) / max(sum(c for _, c in pooled), 1)
 
-    def maybe_push(self) -> int | None:
-        """Push the trained drafter if it beats the serving one on held-out data; the new version or None."""
+    def maybe_push(self, stop: Callable[[], bool] | None = None) -> int | None:
+        """Push the trained drafter if it beats the serving one on held-out data; the new version or None.
+        `stop()` turning true before the push starts abandons the attempt (a closing idle window)."""
         with self._lock:
-            candidate, serving = self.score(self.drafter), self.score(self.serving)
+            candidate, serving = self.score(self.drafter, stop=stop), self.score(self.serving, stop=stop)
+            if stop is not None and stop():
+                return None
             if candidate is None or candidate <= serving + self.cfg.min_gain:
                 self.history.append({"version": self.version, "candidate": candidate, "serving": serving,
                                      "pushed": False})

@@ -116,3 +116,20 @@ def test_clear_errors_for_bad_inputs(setup, tmp_path):
         Harvester(target, tmp_path / "no_drafter", None)
     with pytest.raises(ValueError, match="batch_size"):
         HarvestConfig(batch_size=0)
+
+
+def test_push_attempt_abandoned_when_the_window_closes(setup, tmp_path):
+    root, target, rollouts = setup
+    pushed: list[int] = []
+    h = Harvester(target, root / "init_drafter", None, push=lambda p, v: pushed.append(v), cfg=_cfg())
+    for prompt, out in rollouts[:16]:
+        h.add_rollout(prompt, out, target)
+    h.train_while(lambda: True, max_steps=30)
+    calls = []
+    assert h.maybe_push(stop=lambda: calls.append(1) or len(calls) > 1) is None  # closed while scoring
+    assert h.history == [] and h.version == 0 and pushed == []
+    assert h.maybe_push(stop=lambda: False) == 1 and pushed == [1]
+    h.cfg.push_every = 1
+    h._closing.set()  # a micro-step that ends as the window closes starts no attempt and keeps it due
+    h.train_micro_step()
+    assert len(h.history) == 1 and h._since_push >= 1
