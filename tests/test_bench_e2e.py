@@ -42,6 +42,7 @@ def test_bench_e2e_tiny_run(tiny_qwen2, tmp_path, monkeypatch):
     for key in ("speedup_e2e", "accept_len_adaptive", "accept_len_stale", "steps", "reward_a", "reward_b"):
         assert key in s
     assert s["steps"] == 1 and s["speedup_e2e"] > 0 and len(s["reward_a_seed2"]) == 1
+    assert {"heldout_accept_adaptive", "heldout_accept_stale", "accept_ratio_late", "idle_train_s"} <= set(s)
     assert s["accept_len_adaptive"] >= 1.0 and s["accept_len_stale"] >= 1.0  # SD ran in both drafter arms
     assert all((out / name / "metrics.jsonl").exists() for name in RUNS)
     assert not (tmp_path / "cache" / "drafters").exists()  # the given drafter, no warm start

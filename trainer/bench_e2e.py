@@ -75,6 +75,14 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
     }
 
 
+def heldout(h, drafter0: Path, policy: Path) -> dict:
+    """(b)'s final serving drafter and the warm start on (b)'s newest held-out rollouts, at the same draft
+    length: acceptance free of the server's choice of draft length."""
+    from harvest.checkpoint import load_drafter
+    adaptive, stale = h.score(h.serving), h.score(load_drafter(drafter0, target_config=policy))
+    return {"heldout_accept_adaptive": adaptive or 0.0, "heldout_accept_stale": stale or 0.0}
+
+
 def run(args: argparse.Namespace) -> int:
     from harvest.harvester import HarvestConfig, Harvester
     from trainer.bootstrap import bootstrap_policy
@@ -97,13 +105,13 @@ def run(args: argparse.Namespace) -> int:
         with demo.serving(policy, drafter0 if sd else None, out / f"{name}.server.log", dtype=args.dtype) as server:
             hooks = NoHooks()
             if harvest:
-                hooks = demo.demo_hooks(Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None,
-                                                  cfg=HarvestConfig(push_every=args.push_every, max_holdout=16,
-                                                                    seed=args.seed)))
+                harvester = Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None,
+                                      cfg=HarvestConfig(push_every=args.push_every, max_holdout=16, seed=args.seed))
+                hooks = demo.demo_hooks(harvester)
             cfg = demo.rl_config(policy, out / name, server.url, args, args.seed + seed_offset)
             train(cfg, task=load_task(None), hooks=hooks, log=demo.table_logger(out / name / "metrics.jsonl"))
         runs[name] = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
-    summary = summarize(runs)
+    summary = summarize(runs) | heldout(harvester, drafter0, policy)
     s = summary
     print(f"\nsteps {s['steps']}: total step time no SD {sum(s['step_time_a']):.1f} s, adaptive "
           f"{sum(s['step_time_b']):.1f} s, stale {sum(s['step_time_c']):.1f} s -> speedup {s['speedup_e2e']:.2f}x "
@@ -112,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
           f"(goal >= 1.4x); drafter versions pushed {s['drafter_version']}, {s['drafter_steps']} micro-steps\n"
           f"idle window {s['idle_window_s']:.1f} s: capture {s['idle_capture_s']:.1f} s, drafter training "
           f"{s['idle_train_s']:.1f} s; drafter overhead {s['drafter_overhead']:.1%} of step time (goal <= 3%)\n"
+          f"held-out expected acceptance (k=4, newest policy versions): adaptive {s['heldout_accept_adaptive']:.2f} "
+          f"vs warm start {s['heldout_accept_stale']:.2f}\n"
           f"reward gap a/b {s['reward_gap_ab']:.3f} (seed noise {s['reward_noise_seed']:.3f})")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
