@@ -172,7 +172,12 @@ class Harvester:
         `policy_version` (default: the newest `holdout_versions` versions, at most `max_holdout` newest
         samples); None if there are none, or if `stop()` turned true (checked every 4 samples). The
         serving drafter's per-sample scores are cached until a push."""
-        held = self.spool.holdout(policy_version, self.cfg.holdout_versions)[-self.cfg.max_holdout:]
+        return self._score(drafter, self._held(policy_version), stop)
+
+    def _held(self, policy_version: int | None = None) -> list:
+        return self.spool.holdout(policy_version, self.cfg.holdout_versions)[-self.cfg.max_holdout:]
+
+    def _score(self, drafter: torch.nn.Module | None, held: list, stop: Callable[[], bool] | None) -> float | None:
         if not held:
             return None
         with self._lock:
@@ -193,7 +198,8 @@ class Harvester:
         """Push the trained drafter if it beats the serving one on held-out data; the new version or None.
         `stop()` turning true before the push starts abandons the attempt (a closing idle window)."""
         with self._lock:
-            candidate, serving = self.score(self.drafter, stop=stop), self.score(self.serving, stop=stop)
+            held = self._held()  # both on the same samples, whatever is harvested meanwhile
+            candidate, serving = self._score(self.drafter, held, stop), self._score(self.serving, held, stop)
             if stop is not None and stop():
                 return None
             if candidate is None or candidate <= serving + self.cfg.min_gain:

@@ -23,7 +23,7 @@ def _params(drafter) -> dict[str, torch.Tensor]:
 
 def _always_better(h) -> None:
     """The candidate beats the serving drafter whatever it is (the gate itself is tested elsewhere)."""
-    h.score = lambda drafter=None, policy_version=None, stop=None: 1.0 if drafter is h.serving else 2.0
+    h._score = lambda drafter, held, stop=None: 1.0 if drafter is h.serving else 2.0
 
 
 def test_resume_restores_training_state_and_repushes_the_serving_version(tiny_qwen2, tmp_path):
