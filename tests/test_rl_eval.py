@@ -12,7 +12,7 @@ import pytest
 from serving import running_server
 from test_train import _cfg
 from trainer.demo_report import eval_summary, write_report
-from trainer.loop import train
+from trainer.loop import informative, train
 from trainer.metrics import eval_metrics, mean_se
 from trainer.rollout import Rollout
 
@@ -44,6 +44,14 @@ def test_eval_metrics_se_over_prompts_and_paired_gain():
     assert row["eval_prompts"] == 3 and row["eval_rollouts"] == 6
     assert "eval_gain" not in eval_metrics(rollouts[:2], lambda r: 1.0, baseline=[0.5, 0.5, 0.0])
     assert mean_se([0.7]) == (0.7, 0.0)
+
+
+def test_only_groups_with_differing_rewards_are_trained_on():
+    rollouts = [_rollout(g) for g in (0, 0, 1, 1, 2, 2)]
+    for r, reward in zip(rollouts, (1.0, 1.0, 0.0, 1.0, 0.0, 0.0)):
+        r.reward = reward
+    assert [r.group_id for r in informative(rollouts)] == [1, 1]
+    assert informative(rollouts[:2]) == []
 
 
 def test_eval_runs_at_step_0_every_n_and_the_last_step(tiny_qwen2, tmp_path):

@@ -13,9 +13,10 @@ Simplified relative to the literature (DeepSeekMath GRPO, DAPO, slime) and why:
   we report as `logprob_mismatch`); clipping stays as the safety net it is in slime.
 - The old-policy logprobs are the server's rollout logprobs, not a trainer recomputation: saves a
   forward pass and makes engine bugs visible in the mismatch metric instead of hiding them.
-- Token-level normalisation over the whole step (DAPO), no length penalty, no dynamic sampling of
-  zero-variance groups (they simply get zero advantage), KL to the initial policy off by default
-  (rule-based rewards need no reward-model guard).
+- Token-level normalisation (DAPO) over the step's informative groups: a group whose rewards are all
+  equal has advantage 0, so without KL it is left out of the update (DAPO's dynamic-sampling filter,
+  without its re-sampling); it would only cost a forward/backward and dilute the normalisation. No
+  length penalty; KL to the initial policy off by default (rule-based rewards need no reward-model guard).
 - Synchronous: step N+1's rollouts start after the push of step N's weights, so every rollout is
   sampled by exactly the version the trainer holds; the long tail is what the harvester gleans.
 - Weight sync from the checkpoint written each step (`trainer.policy_push`): checked against the
@@ -132,8 +133,9 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
                            stream_interval=cfg.stream_interval, log=log)
             t1 = time.monotonic()
             score(task, policy.tokenizer, rollouts)
+            batch = (informative(rollouts) if cfg.kl_coef == 0 else rollouts) or rollouts
             # micro-batches of similar lengths pad far less (the loss does not depend on the order)
-            train_stats = policy.train_step(sorted(rollouts, key=lambda r: len(r.prompt_ids) + len(r.output_ids)))
+            train_stats = policy.train_step(sorted(batch, key=lambda r: len(r.prompt_ids) + len(r.output_ids)))
             path = save_checkpoint(cfg.out, step, policy.model, policy.tokenizer, policy.optimizer,
                                    cfg.to_dict(), cfg.keep_last,
                                    hooks_state=hooks.state_dict() if hasattr(hooks, "state_dict") else None)
@@ -147,7 +149,7 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
                 await resync()
             row = {"step": step, "weight_version": state["version"], "rollout_weight_version": rollout_version,
                    **rollout_metrics(rollouts, t0, t1, lambda r: _correct(task, r)),
-                   "train_s": t2 - t1, "push_s": time.monotonic() - t2, **train_stats,
+                   "train_s": t2 - t1, "push_s": time.monotonic() - t2, "train_rollouts": len(batch), **train_stats,
                    **(hooks.step_metrics() if hasattr(hooks, "step_metrics") else {}), **await evaluate(step)}
             metrics.log(row, echo=log)
     return row
@@ -157,6 +159,14 @@ def score(task, tokenizer, rollouts: list[Rollout]) -> None:
     for r in rollouts:  # decode here: streamed `text` may be a delta
         r.response = tokenizer.decode(r.output_ids, skip_special_tokens=True)
         r.reward = float(task.reward(r.sample, r.response))
+
+
+def informative(rollouts: list[Rollout]) -> list[Rollout]:
+    """The rollouts of groups whose rewards differ: the others have advantage 0 everywhere."""
+    rewards: dict[int, set[float]] = {}
+    for r in rollouts:
+        rewards.setdefault(r.group_id, set()).add(float(r.reward))
+    return [r for r in rollouts if len(rewards[r.group_id]) > 1]
 
 
 def _correct(task, r: Rollout) -> float:
