@@ -117,9 +117,11 @@ def warm_start(model_dir: str | Path, prompts: list[str], cfg: WarmStartConfig, 
                else init_drafter(model_dir, cfg.seed, layer_ids))
     seqs = generate(model_dir, tokenizer, prompts, cfg)
     samples: list[Sample] = []
+    seqs = sorted(seqs, key=lambda s: len(s[0]))  # similar lengths per capture batch: little padding
     for lo in tqdm(range(0, len(seqs), cfg.gen_batch), desc="capture", unit="batch"):
         part = seqs[lo:lo + cfg.gen_batch]
-        samples += capture(model, [s for s, _ in part], drafter.config.aux_layer_ids, cfg.topk, [p for _, p in part])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16(cfg)):  # as a bf16 server computes them
+            samples += capture(model, [s for s, _ in part], drafter.config.aux_layer_ids, cfg.topk, [p for _, p in part])
     samples = [s for s in samples if s.loss_mask.sum() >= 2]  # a response of >= 2 tokens to draft
     n_held = max(1, round(cfg.heldout * len(samples)))
     if len(samples) < n_held + 1:

@@ -1,0 +1,29 @@
+"""The serving drafter (fused q/k/v and gate/up) computes what the training drafter computes."""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from harvest.cli_init import init_drafter
+
+
+def test_fused_forward_equals_unfused(tiny_qwen2):
+    plain = init_drafter(tiny_qwen2, seed=5).eval()
+    fused = copy.deepcopy(plain).fuse_for_inference()
+    H3 = plain.fc.in_features
+    gen = torch.Generator().manual_seed(0)
+    ids, aux = torch.randint(0, plain.config.vocab_size, (7,), generator=gen), torch.randn(7, H3, generator=gen)
+    with torch.no_grad():
+        outs = []
+        for d in (plain, fused):
+            cache = d.new_cache()
+            h = d(ids[:5], aux[:5], torch.arange(5), [cache], [5])                         # catch-up
+            h2 = d(ids[5:6], h[-1:], torch.tensor([5]), [cache], [1])                      # one draft step
+            outs.append((h, h2, d.logits(h2)))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # the fused weights are the modules' weights: an in-place update reaches both
+    with torch.no_grad():
+        fused.midlayer.mlp.up_proj.weight.mul_(2)
+        assert torch.equal(fused.fused[1][plain.config.intermediate_size:], fused.midlayer.mlp.up_proj.weight)
