@@ -106,8 +106,11 @@ def generate(model_dir: str | Path, tokenizer, prompts: list[str], cfg: WarmStar
 
 
 def warm_start(model_dir: str | Path, prompts: list[str], cfg: WarmStartConfig, init: str | Path | None = None,
-               layer_ids: list[int] | None = None, log=None) -> tuple[Eagle3Drafter, list[dict]]:
-    """Train a drafter for the target in `model_dir` on its generations for `prompts`. -> (drafter, history)."""
+               layer_ids: list[int] | None = None, log=None,
+               checkpoint: str | Path | None = None) -> tuple[Eagle3Drafter, list[dict]]:
+    """Train a drafter for the target in `model_dir` on its generations for `prompts`. -> (drafter, history).
+    With `checkpoint`, the drafter is also saved there (atomically) at every evaluation, so an
+    interrupted run keeps its last evaluated drafter."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(cfg.seed)
@@ -148,10 +151,13 @@ def warm_start(model_dir: str | Path, prompts: list[str], cfg: WarmStartConfig, 
         row = {"step": step, "loss": metrics["loss"], "acc_0": metrics["acc_0"]}
         if step % cfg.eval_every == 0 or step == cfg.steps:
             history.append(evaluate(row))
+            if checkpoint is not None and step < cfg.steps:
+                save_drafter(drafter, checkpoint)
         bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.2f}",
                         accept=f"{history[-1]['accept_length']:.2f}")
         if log is not None:
             log.write(json.dumps(row) + "\n")
+            log.flush()
     return drafter, history
 
 
@@ -197,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("no prompts")
         log = open(args.log, "a") if args.log else None
         try:
-            drafter, history = warm_start(args.model, prompts, cfg, args.init, parse_layer_ids(args.layer_ids), log)
+            drafter, history = warm_start(args.model, prompts, cfg, args.init, parse_layer_ids(args.layer_ids), log,
+                                          checkpoint=args.out)
         finally:
             if log is not None:
                 log.close()
