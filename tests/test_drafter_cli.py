@@ -54,3 +54,23 @@ def test_draft_train_bad_prompts_file(tiny_qwen2, tmp_path, capsys):
     assert main(["draft", "train", "--model", str(tiny_qwen2), "--prompts", str(bad), "--out", str(tmp_path / "d")]) == 2
     assert "bad.jsonl:1" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
+
+
+def test_warm_start_checkpoints_at_each_evaluation(tiny_qwen2, tmp_path):
+    from harvest.cli_train import WarmStartConfig, warm_start
+
+    seen = []
+    cfg = WarmStartConfig(max_new_tokens=8, steps=4, eval_every=2, gen_batch=4, topk=16, heldout=0.25)
+    prompts = [f"Question: what is {i} + {i}? Answer:" for i in range(8)]
+
+    class Log:  # the step-2 checkpoint exists while step 3 trains
+        def write(self, line):
+            if json.loads(line)["step"] == 3:
+                seen.append((tmp_path / "ckpt" / "model.safetensors").is_file())
+
+        def flush(self):
+            pass
+
+    warm_start(tiny_qwen2, prompts, cfg, log=Log(), checkpoint=tmp_path / "ckpt")
+    assert seen == [True]
+    load_drafter(tmp_path / "ckpt", target_config=tiny_qwen2)
