@@ -49,6 +49,7 @@ class HarvestConfig:
     max_tokens: int = 128                # window of each sample trained on and scored (0: whole samples)
     accept_mode: str = "sampled"         # held-out score: "sampled" (rollouts at T=1) or "greedy" (T=0)
     bf16: bool | None = None             # bf16 autocast in capture and training (None: where it pays)
+    idle_nice: int = 0                   # CPU priority of the idle-window thread (19: only unwanted compute)
     push_every: int = 25                 # micro-steps between score-and-push attempts in a window; 0: never
     min_gain: float = 0.0                # acceptance length the candidate must gain over the serving drafter
     max_holdout: int = 32                # held-out samples scored per attempt (newest first)
@@ -65,6 +66,8 @@ class HarvestConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0 or self.push_every < 0 or self.min_gain < 0:
             raise ValueError("lr must be > 0, push_every and min_gain >= 0")
+        if not 0 <= self.idle_nice <= 19:
+            raise ValueError(f"idle_nice must be in [0, 19], got {self.idle_nice}")
         if self.max_tokens < 0 or self.max_tokens in (1, 2):
             raise ValueError(f"max_tokens must be 0 (whole samples) or >= 3, got {self.max_tokens}")
         if self.accept_mode not in ("sampled", "greedy"):
@@ -245,7 +248,7 @@ class Harvester:
 
 class _ReportingWindow(IdleWindow):
     def __init__(self, step: Callable[[], object], harvester: Harvester):
-        super().__init__(step)
+        super().__init__(step, nice=harvester.cfg.idle_nice)
         self._harvester = harvester
 
     def open(self) -> IdleWindow:

@@ -10,10 +10,11 @@ The policy update never waits on more than that. Two ways to run a window:
   leaving the block closes the window and joins within one micro-step. Torch ops release the GIL, so
   the caller's rollout I/O keeps going while the drafter trains.
 
-The background thread runs at a low CPU priority (`nice`, Linux: per thread): it should use compute
+`nice` (Linux: per thread) lowers the background thread's CPU priority, so that it uses only compute
 nobody else wants. Where cores are shared (other jobs, the trainer's own event loop), a drafter thread
-at normal priority pushes them onto the rollout server's core and slows the rollouts it waits on. It
-cannot help with what cores share in hardware: on this 2-vCPU machine, drafter training on the other
+at normal priority can push them onto the rollout server's core and slow the rollouts it waits on; at
+nice 19 it also starves whenever another job wants its core. Nice cannot help with what cores share in
+hardware: on this 2-vCPU machine, drafter training on the other
 core still slows the server's memory-bound decoding (measured: 32 rollouts 4.5-5.3 s alone, 6.6-7.7 s
 with drafter training beside them at nice 19, as a thread or as a separate process; 7-8 s -> 12 s
 before at normal priority, on a busier machine).
@@ -66,7 +67,7 @@ class IdleWindow:
     """Background-thread idle window. `close()` returns the report after at most one micro-step."""
 
     def __init__(self, step: Callable[[], object], max_steps: int | None = None, name: str = "gleanrl-idle",
-                 nice: int = 19):
+                 nice: int = 0):
         self._open = threading.Event()
         self._open.set()
         self._step, self._max_steps = step, max_steps

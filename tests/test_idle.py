@@ -73,3 +73,17 @@ def test_steps_with_nothing_to_do_are_not_counted():
 
     report = run_window(step, lambda: calls[0] < 6)
     assert calls[0] == 6 and report.steps == 3
+
+
+def test_window_thread_runs_at_the_given_nice():
+    import os
+    seen: list[int] = []
+
+    def step() -> bool:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return True
+
+    IdleWindow(step, max_steps=1, nice=7).open().close()
+    IdleWindow(step, max_steps=1).open().close()
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert seen[1] == base and (seen[0] == 7 or base > 7)  # absolute; raising it back may be refused

@@ -60,6 +60,8 @@ HARVEST_FLAGS = {
     "--spool-disk-bytes": ("spool.max_disk_bytes", int, "spool bytes kept on disk (oldest evicted)"),
     "--version-decay": ("spool.version_decay", float, "sampling weight per policy version behind the newest "
                                                       "(1: uniform)"),
+    "--idle-nice": ("idle_nice", int, "CPU priority (nice 0-19) of the drafter's idle-window thread; 19: it uses "
+                                      "only compute nobody else wants, and starves on a busy machine"),
     "--aux-dtype": ("aux_dtype", str, "spool storage of hidden states: float32, bfloat16 or float16"),
 }
 
