@@ -18,14 +18,16 @@ def _rows(step_s: list[float], accept: float, rewards: list[float], overrun: flo
 
 
 def test_summary_arithmetic():
-    runs = dict(zip(RUNS, [_rows([4, 4], 0.0, [0.1, 0.3]), _rows([2, 2], 3.0, [0.2, 0.3], overrun=0.04),
-                           _rows([3, 3], 2.0, [0.1, 0.2]), _rows([4, 4], 0.0, [0.3, 0.4])]))
+    runs = {"a_no_sd": _rows([4, 4], 0.0, [0.1, 0.3]), "b_adaptive": _rows([2, 2], 3.0, [0.2, 0.3], overrun=0.04),
+            "c_stale": _rows([3, 3], 2.0, [0.1, 0.2]), "d_stale_harvest": _rows([3.3, 3.3], 2.0, [0.1, 0.2]),
+            "a_no_sd_seed2": _rows([4, 4], 0.0, [0.3, 0.4])}
+    assert set(runs) == set(RUNS)
     s = summarize(runs)
     assert s["steps"] == 2 and s["speedup_e2e"] == pytest.approx(2.0)
     assert s["accept_len_adaptive"] == pytest.approx(3.0) and s["accept_len_stale"] == pytest.approx(2.0)
     assert s["drafter_overhead"] == pytest.approx(0.08 / 4)
     assert s["accept_ratio"] == pytest.approx(1.5) and s["accept_ratio_late"] == pytest.approx(1.5)
-    assert s["speedup_stale"] == pytest.approx(4 / 3)
+    assert s["speedup_stale"] == pytest.approx(4 / 3) and s["harvest_cost"] == pytest.approx(0.1)
     assert s["reward_gap_ab"] == pytest.approx(0.05) and s["reward_noise_seed"] == pytest.approx(0.15)
     assert s["reward_a"] == [0.1, 0.3] and s["reward_b"] == [0.2, 0.3] and s["drafter_version"] == 1
 

@@ -1,10 +1,14 @@
 """`gleanrl bench e2e`: end-to-end RL, same task, seeds and steps, run side by side:
 (a) no SD; (b) adaptive SD with harvest and mid-step hot-swap; (c) adaptive SD with the warm-start
-drafter frozen (stale); and (a) again with another seed, whose distance from (a) is the run-to-run
-noise that the reward curves of (a) and (b) must agree within (SD is lossless).
+drafter frozen (stale); (d) as (c), but the harvester captures and trains in the idle windows without
+ever pushing: what harvesting costs the step; and (a) again with another seed, whose distance from (a)
+is the run-to-run noise that the reward curves of (a) and (b) must agree within (SD is lossless).
 
-Step time is rollout + policy update + weight push (what the trainer waits for); the drafter's
-overhead is the time the last micro-step ran past each idle window's close, over step time. Acceptance
+Step time is rollout + policy update + weight push (what the trainer waits for). The drafter's cost is
+measured twice: `drafter_overhead`, the time the last micro-step ran past each idle window's close over
+(b)'s step time (what the policy update waited for), and `harvest_cost`, (d)'s step time over (c)'s
+minus 1, which also counts rollouts slowed by drafter training on cores the server shares hardware
+with (memory bandwidth, caches: measured on a 2-vCPU machine). Acceptance
 is the server's (`spec_accept_length` of the step's rollouts); `accept_ratio_late` compares (b) and (c)
 over the second half of the steps, once the policy has drifted from what the warm start was trained on.
 The server runs with `--dtype` (default bfloat16, which makes SD pay on CPUs with AVX-512 BF16).
@@ -18,11 +22,12 @@ from pathlib import Path
 
 from trainer import demo
 
-RUNS = {  # name -> (SD with a drafter, harvest, seed offset)
-    "a_no_sd": (False, False, 0),
-    "b_adaptive": (True, True, 0),
-    "c_stale": (True, False, 0),
-    "a_no_sd_seed2": (False, False, 1),
+RUNS = {  # name -> (SD with a drafter, harvest: None | "push" | "train", seed offset)
+    "a_no_sd": (False, None, 0),
+    "b_adaptive": (True, "push", 0),
+    "c_stale": (True, None, 0),
+    "d_stale_harvest": (True, "train", 0),
+    "a_no_sd_seed2": (False, None, 1),
 }
 
 
@@ -48,7 +53,8 @@ def _ratio(x: float, y: float) -> float:
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict:
-    a, b, c, a2 = (runs[k] for k in RUNS)
+    a, b, c, a2 = runs["a_no_sd"], runs["b_adaptive"], runs["c_stale"], runs["a_no_sd_seed2"]
+    d = runs.get("d_stale_harvest", [])
     col = lambda rows, key: [float(r.get(key) or 0.0) for r in rows]  # noqa: E731
     ta, tb = step_times(a), step_times(b)
     late = len(b) // 2  # the second half of the steps
@@ -63,6 +69,8 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         "accept_ratio": _ratio(_mean(accept_b), _mean(accept_c)),
         "accept_ratio_late": _ratio(_mean(accept_b[late:]), _mean(accept_c[late:])),
         "speedup_stale": _ratio(sum(ta), sum(step_times(c))),
+        "harvest_cost": _ratio(sum(step_times(d)), sum(step_times(c))) - 1 if d else None,
+        "rollout_time_c": col(c, "rollout_s"), "rollout_time_d": col(d, "rollout_s"),
         "drafter_overhead": _ratio(sum(col(b, "idle_overrun_s")), sum(tb)),
         "idle_window_s": sum(col(b, "idle_window_s")), "idle_used_s": sum(col(b, "idle_used_s")),
         "idle_capture_s": sum(col(b, "idle_capture_s")), "idle_train_s": sum(col(b, "idle_train_s")),
@@ -100,18 +108,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"gleanrl bench e2e: {drafter0} is not a drafter directory (no config.json)", file=sys.stderr)
         return 2
     runs: dict[str, list[dict]] = {}
+    harvesters = {}
     for name, (sd, harvest, seed_offset) in RUNS.items():
         print(f"\n== {name}", flush=True)
         with demo.serving(policy, drafter0 if sd else None, out / f"{name}.server.log", dtype=args.dtype) as server:
             hooks = NoHooks()
             if harvest:
-                harvester = Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None,
-                                      cfg=HarvestConfig(push_every=args.push_every, max_holdout=16, seed=args.seed))
-                hooks = demo.demo_hooks(harvester)
+                push_every = args.push_every if harvest == "push" else 0
+                harvesters[name] = Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None,
+                                             cfg=HarvestConfig(push_every=push_every, max_holdout=16, seed=args.seed))
+                hooks = demo.demo_hooks(harvesters[name])
             cfg = demo.rl_config(policy, out / name, server.url, args, args.seed + seed_offset)
             train(cfg, task=load_task(None), hooks=hooks, log=demo.table_logger(out / name / "metrics.jsonl"))
         runs[name] = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
-    summary = summarize(runs) | heldout(harvester, drafter0, policy)
+    summary = summarize(runs) | heldout(harvesters["b_adaptive"], drafter0, policy)
     s = summary
     print(f"\nsteps {s['steps']}: total step time no SD {sum(s['step_time_a']):.1f} s, adaptive "
           f"{sum(s['step_time_b']):.1f} s, stale {sum(s['step_time_c']):.1f} s -> speedup {s['speedup_e2e']:.2f}x "
@@ -119,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
           f"stale {s['accept_len_stale']:.2f} = {s['accept_ratio']:.2f}x, second half {s['accept_ratio_late']:.2f}x "
           f"(goal >= 1.4x); drafter versions pushed {s['drafter_version']}, {s['drafter_steps']} micro-steps\n"
           f"idle window {s['idle_window_s']:.1f} s: capture {s['idle_capture_s']:.1f} s, drafter training "
-          f"{s['idle_train_s']:.1f} s; drafter overhead {s['drafter_overhead']:.1%} of step time (goal <= 3%)\n"
+          f"{s['idle_train_s']:.1f} s; drafter overhead {s['drafter_overhead']:.1%} of step time (goal <= 3%); "
+          f"harvest cost (d)/(c) {s['harvest_cost']:+.1%}\n"
           f"held-out expected acceptance (k=4, newest policy versions): adaptive {s['heldout_accept_adaptive']:.2f} "
           f"vs warm start {s['heldout_accept_stale']:.2f}\n"
           f"reward gap a/b {s['reward_gap_ab']:.3f} (seed noise {s['reward_noise_seed']:.3f})")
