@@ -126,8 +126,10 @@ class SpecDecoder:
             return {}
         tokens = [t for s, start, c in fed for t in s.tokens(start, start + c)]
         positions = [p for _, start, c in fed for p in range(start, start + c)]
+        device = self.scheduler.runner.device
         logits, aux = self.scheduler.runner.forward(
-            torch.tensor(tokens), torch.tensor(positions), [s.cache for s, _, _ in fed], [c for _, _, c in fed],
+            torch.tensor(tokens, device=device), torch.tensor(positions, device=device), [s.cache for s, _, _ in fed],
+            [c for _, _, c in fed],
             capture_layers=self.drafter.config.aux_layer_ids)
         for (s, _, _), rows in zip(fed, aux.split([c for _, _, c in fed])):
             self.states[s].add(rows)
@@ -143,8 +145,9 @@ class SpecDecoder:
         tokens = [t for s, p0, d in zip(seqs, starts, drafts) for t in s.tokens(p0, p0 + 1) + d]
         positions = [p for p0, d in zip(starts, drafts) for p in range(p0, p0 + len(d) + 1)]
         lens = [len(d) + 1 for d in drafts]
+        device = self.scheduler.runner.device
         logits, aux = self.scheduler.runner.forward(
-            torch.tensor(tokens), torch.tensor(positions), [s.cache for s in seqs], lens,
+            torch.tensor(tokens, device=device), torch.tensor(positions, device=device), [s.cache for s in seqs], lens,
             capture_layers=self.drafter.config.aux_layer_ids, last_only=False)  # [N, V], [N, 3*Ht]
         out = {}
         for b, (s, st, lg, ax) in enumerate(zip(seqs, states, logits.split(lens), aux.split(lens))):
