@@ -44,7 +44,7 @@ _VERSION_DIR = re.compile(r"^v(\d+)$")
 class HarvestConfig:
     topk: int = 32                       # soft-label width kept per token
     batch_size: int = 4                  # samples per micro-step
-    lr: float = 1e-3
+    lr: float = 3e-4                     # continual from the serving weights: 1e-3 first dips below a good warm start
     ttt_length: int = 4                  # unrolled draft steps, in training and in scoring
     max_tokens: int = 128                # window of each sample trained on and scored (0: whole samples)
     accept_mode: str = "sampled"         # held-out score: "sampled" (rollouts at T=1) or "greedy" (T=0)
