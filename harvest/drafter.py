@@ -59,7 +59,8 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float, inv_freq:
     inv_freq = rope_inv_freq(d, theta).to(x.device) if inv_freq is None else inv_freq
     ang = positions.float()[..., None, None] * inv_freq                 # [..., 1, d/2]
     cos, sin = ang.cos(), ang.sin()
-    x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2:]
+    xf = x.float()
+    x1, x2 = xf[..., : d // 2], xf[..., d // 2:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
@@ -146,11 +147,13 @@ class Eagle3Drafter(nn.Module):
         x = torch.cat([layer.input_layernorm(self.embed_tokens(input_ids)), layer.hidden_norm(r)], dim=-1)
         nq, nkv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
         if self.fused is not None:
-            q, k, v = F.linear(x, self.fused[0]).split([nq, nkv, nkv], dim=-1)
+            qk, v = F.linear(x, self.fused[0]).split([nq + nkv, nkv], dim=-1)
         else:
-            q, k, v = layer.self_attn.q_proj(x), layer.self_attn.k_proj(x), layer.self_attn.v_proj(x)
-        q = apply_rope(q.unflatten(-1, (c.num_attention_heads, c.head_dim)), positions, c.rope_theta, self.inv_freq)
-        k = apply_rope(k.unflatten(-1, (c.num_key_value_heads, c.head_dim)), positions, c.rope_theta, self.inv_freq)
+            qk = torch.cat([layer.self_attn.q_proj(x), layer.self_attn.k_proj(x)], dim=-1)
+            v = layer.self_attn.v_proj(x)
+        qk = apply_rope(qk.unflatten(-1, (c.num_attention_heads + c.num_key_value_heads, c.head_dim)),
+                        positions, c.rope_theta, self.inv_freq)                 # q and k roped in one go
+        q, k = qk.split([c.num_attention_heads, c.num_key_value_heads], dim=-2)
         return q, k, v.unflatten(-1, (c.num_key_value_heads, c.head_dim))
 
     def finish(self, attn: torch.Tensor, r: torch.Tensor) -> torch.Tensor:

@@ -41,17 +41,21 @@ def draft_tokens(drafter, seqs: list, states: list, ks: list[int],
     qs: list[list[torch.Tensor]] = [[] for _ in seqs]
     rows = list(range(len(seqs)))
     for step in range(max(ks)):
-        rows = [b for b in rows if ks[b] > step]
-        tok, q = _draw(drafter.logits(g[rows]), {k: v[rows] for k, v in prm.items()},
+        every = len(rows) == len(seqs) and all(k > step for k in ks)         # no indexing (batch 1: always)
+        rows = rows if every else [b for b in rows if ks[b] > step]
+        tok, q = _draw(drafter.logits(g if every else g[rows]), prm if every else {k: v[rows] for k, v in prm.items()},
                        [seqs[b].generator for b in rows])
-        for j, b in enumerate(rows):
-            drafts[b].append(int(tok[j]))
+        for j, (b, t) in enumerate(zip(rows, tok.tolist())):
+            drafts[b].append(t)
             if q is not None:
                 qs[b].append(q[j])
         nxt = [j for j, b in enumerate(rows) if ks[b] > step + 1]
         if not nxt:
             break
         bs = [rows[j] for j in nxt]
-        g[bs] = drafter(tok[nxt], g[bs], torch.tensor([states[b].next_pos for b in bs], device=device),
-                        [states[b].cache for b in bs], [1] * len(bs))
+        pos = torch.tensor([states[b].next_pos for b in bs], device=device)
+        if len(bs) == len(seqs):  # then every row drafted this step: tok and g are all rows
+            g = drafter(tok, g, pos, [st.cache for st in states], [1] * len(bs))
+        else:
+            g[bs] = drafter(tok[nxt], g[bs], pos, [states[b].cache for b in bs], [1] * len(bs))
     return drafts, [torch.stack(q) if q else None for q in qs]
