@@ -16,7 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=30000, help="port to listen on")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the engine runs")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                   help="auto: float32 on cpu, bfloat16 on cuda")
+                   help="auto: float32 on cpu, bfloat16 on cuda. On CPUs with AVX-512 BF16 (or AMX), bfloat16 "
+                        "decodes ~1.5-2x faster and makes speculative decoding pay (verify is memory-bound)")
     p.add_argument("--max-running-requests", type=int, default=32, help="requests decoding at once; the rest queue")
     p.add_argument("--context-length", type=int, default=None, help="None: the model's max_position_embeddings")
     p.add_argument("--api-key", default=os.environ.get("GLEANRL_API_KEY"),
