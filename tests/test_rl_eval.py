@@ -79,3 +79,13 @@ def test_eval_runs_at_step_0_every_n_and_the_last_step(tiny_qwen2, tmp_path):
     assert (tmp_path / "accuracy.png").stat().st_size > 1000 and "](accuracy.png)" in text
     assert eval_summary(rows) in text and f"{evals[-1]['eval_accuracy']:.3f} ± {evals[-1]['eval_se']:.3f}" in text
     assert text.count("\n| 0 |") == 1 and text.count("\n| 3 |") == 1
+
+
+def test_negative_weight_scales_only_negative_advantages():
+    import torch
+
+    from trainer.grpo import group_advantages
+    rewards, groups = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 0, 1, 1, 1])
+    full = group_advantages(rewards, groups)
+    leaning = group_advantages(rewards, groups, negative_weight=0.1)
+    assert torch.allclose(leaning, torch.where(full < 0, 0.1 * full, full)) and (full < 0).any() and (full > 0).any()

@@ -32,6 +32,7 @@ class TrainConfig:
     clip_high: float = 0.2
     kl_coef: float = 0.0                     # > 0 keeps a frozen reference copy of the initial policy
     scale_advantages: bool = True            # divide by the group std (GRPO) or not (Dr. GRPO)
+    negative_weight: float = 1.0             # weight of negative advantages (< 1: favour reinforcing successes)
     eval_every: int = 0                      # held-out accuracy at step 0, every N steps and the last (0: off)
     eval_prompts: int = 64
     eval_samples: int = 1                    # per prompt; > 1 only makes sense with eval_temperature > 0
@@ -67,6 +68,7 @@ class TrainConfig:
             ("eval_temperature", self.eval_temperature >= 0, "must be >= 0"),
             ("lr", self.lr > 0, "must be > 0"),
             ("grad_clip", self.grad_clip > 0, "must be > 0"),
+            ("negative_weight", self.negative_weight >= 0, "must be >= 0"),
             ("clip_low", 0 <= self.clip_low < 1, "must be in [0, 1)"),
             ("clip_high", self.clip_high >= 0, "must be >= 0"),
             ("kl_coef", self.kl_coef >= 0, "must be >= 0"),

@@ -33,9 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", default="small", help="bootstrap policy size")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--prompts-per-step", type=int, default=8)
-    p.add_argument("--samples-per-prompt", type=int, default=4)
+    p.add_argument("--samples-per-prompt", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--lr", type=float, default=2e-4, help="policy learning rate")
+    p.add_argument("--negative-weight", type=float, default=0.1,
+                   help="weight of negative advantages (< 1: lean on reinforcing successes; sharpens faster)")
     p.add_argument("--eval-every", type=int, default=6,
                    help="held-out accuracy at step 0, every N steps and the last step (0: off)")
     p.add_argument("--eval-prompts", type=int, default=128, help="fixed held-out test prompts per evaluation")
@@ -152,7 +154,7 @@ def rl_config(policy: Path, out: Path, url: str, args: argparse.Namespace, seed:
                  eval_temperature=1.0) if evaluate else {}
     return TrainConfig(model=str(policy), out=str(out), servers=[url], steps=args.steps,
                        prompts_per_step=args.prompts_per_step, samples_per_prompt=args.samples_per_prompt,
-                       max_new_tokens=args.max_new_tokens, lr=args.lr, seed=seed,
+                       max_new_tokens=args.max_new_tokens, lr=args.lr, negative_weight=args.negative_weight, seed=seed,
                        trainer_threads=len(cores[1]) if cores else 1, **evals)
 
 

@@ -5,8 +5,10 @@ import torch
 
 
 def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale: bool = True,
-                     eps: float = 1e-6) -> torch.Tensor:
-    """A_i = (r_i - mean_g) / (std_g + eps) over the rollouts of the same group (population std).
+                     eps: float = 1e-6, negative_weight: float = 1.0) -> torch.Tensor:
+    """A_i = (r_i - mean_g) / (std_g + eps) over the rollouts of the same group (population std);
+    negative advantages times `negative_weight` (< 1 leans on reinforcing successes, "PSR" in Zhu et al.
+    2025, arXiv 2506.01347: it sharpens the policy faster, at the cost of diversity).
     rewards: [B], group_ids: [B] -> [B]. A group whose rewards are all equal gets 0."""
     _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
     rewards = rewards.float()
@@ -15,7 +17,8 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale: bool
     sq = torch.zeros(counts.numel()).index_add_(0, inverse, (rewards - mean) ** 2)
     std = (sq / counts).sqrt()[inverse]                                        # [B]
     adv = rewards - mean
-    return adv / (std + eps) if scale else adv
+    adv = adv / (std + eps) if scale else adv
+    return torch.where(adv < 0, adv * negative_weight, adv)
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

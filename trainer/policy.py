@@ -60,7 +60,7 @@ class Policy:
         cfg = self.cfg
         rewards = torch.tensor([float(r.reward) for r in rollouts])
         groups = torch.tensor([r.group_id for r in rollouts])
-        adv = group_advantages(rewards, groups, scale=cfg.scale_advantages)
+        adv = group_advantages(rewards, groups, scale=cfg.scale_advantages, negative_weight=cfg.negative_weight)
         num_tokens = max(sum(len(r.output_ids) for r in rollouts), 1)
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
