@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="weight of negative advantages (< 1: lean on reinforcing successes; sharpens faster)")
     p.add_argument("--eval-every", type=int, default=6,
                    help="held-out accuracy at step 0, every N steps and the last step (0: off)")
-    p.add_argument("--eval-prompts", type=int, default=128, help="fixed held-out test prompts per evaluation")
+    p.add_argument("--eval-prompts", type=int, default=192, help="fixed held-out test prompts per evaluation")
     p.add_argument("--eval-samples", type=int, default=1, help="samples per held-out prompt (at T = 1)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
                    help="the rollout server's dtype (bfloat16: faster rollouts on CPUs with AVX-512 BF16)")

@@ -55,9 +55,13 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: 
         ax.set_xlabel("step"), ax.legend(), ax.set_title("reward and accuracy")
 
     def accuracy(ax):
-        for prefix, label in (("eval", "sampled (T = eval temperature)"), ("eval_greedy", "greedy")):
+        temperature = evals[0].get("eval_temperature", 0) if evals else 0
+        for prefix, label in (("eval", f"held-out, T = {temperature:g}"), ("eval_greedy", "held-out, greedy")):
             pts = eval_rows(evals, prefix)
             if pts:
+                gain = pts[-1].get(f"{prefix}_gain")
+                label += f" ({pts[-1].get(f'{prefix}_prompts')} prompts" + (
+                    f"; paired gain {gain:+.3f} ± {pts[-1][f'{prefix}_gain_se']:.3f})" if gain is not None else ")")
                 ax.errorbar([r["step"] for r in pts], [r[f"{prefix}_accuracy"] for r in pts],
                             yerr=[r.get(f"{prefix}_se", 0) for r in pts], marker="o", capsize=3, label=label)
         ax.plot(steps, col("accuracy"), ".:", color="gray", label="training batch")
