@@ -26,6 +26,8 @@ FLAGS = {
     "--lr": ("lr", float, "AdamW learning rate"),
     "--micro-batch-size": ("micro_batch_size", int, "sequences per forward/backward"),
     "--kl-coef": ("kl_coef", float, "k3 KL to the initial policy (0: off)"),
+    "--negative-weight": ("negative_weight", float, "weight of negative advantages (< 1 leans on reinforcing "
+                                                    "successes; the demo uses 0.1)"),
     "--eval-every": ("eval_every", int, "accuracy on held-out prompts every N steps (0: off)"),
     "--eval-prompts": ("eval_prompts", int, "held-out prompts per evaluation"),
     "--eval-samples": ("eval_samples", int, "samples per held-out prompt"),
@@ -92,6 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, (dest, typ, help_text) in FLAGS.items():  # not given: absent, so the file's value stands
         parser.add_argument(flag, dest=dest, type=typ, default=argparse.SUPPRESS,
                             help=f"{help_text} (default: {defaults[dest]})")
+    parser.add_argument("--eval-greedy", dest="eval_greedy", action="store_true", default=argparse.SUPPRESS,
+                        help="also evaluate greedily (eval_greedy_* keys)")
     from harvest.harvester import HarvestConfig
     group = parser.add_argument_group("harvest (with --drafter; kept by --resume)")
     hdefaults = dataclasses.asdict(HarvestConfig())
