@@ -193,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
         train(rl_config(policy, out / "run", server.url, args, args.seed, evaluate=True), task=task, hooks=hooks,
               log=table_logger(out / "run" / "metrics.jsonl"))
         tests = task.prompts("test", 64, args.seed)
-        sample = next((s for s in tests if s.get("steps", 0) <= 5), tests[0])  # a problem that reads quickly
+        sample = next((s for s in tests if 1 <= s.get("steps", 1) <= 5), tests[0])  # a problem that reads quickly
         answer = ask(server.url, sample["messages"], args.max_new_tokens)
         info = httpx.get(f"{server.url}/model_info", timeout=30).json()
     print(f"\nQ: {sample['messages'][-1]['content']}\nA: {answer}\n(reward {task.reward(sample, answer):.0f}; "
