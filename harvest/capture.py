@@ -55,9 +55,10 @@ def _pad(input_ids: torch.Tensor | list, pad_id: int) -> tuple[torch.Tensor, tor
 @torch.no_grad()
 def capture(model: torch.nn.Module, input_ids: torch.Tensor | list, layer_ids: list[int], topk: int | None = 64,
             prompt_lens: list[int] | None = None, policy_version: int | None = None,
-            aux_dtype: torch.dtype | None = None) -> list[Sample]:
+            aux_dtype: torch.dtype | None = None, bf16: bool = False) -> list[Sample]:
     """input_ids: [B, T] or a list of 1-D sequences (right-padded here). `prompt_lens[b]`: tokens of
-    sequence b not to learn (loss_mask False). topk None: the whole distribution. -> one Sample each."""
+    sequence b not to learn (loss_mask False). topk None: the whole distribution. `bf16`: the forward
+    under bf16 autocast (hidden states as a bf16 server computes them). -> one Sample each."""
     if sorted(set(layer_ids)) != list(layer_ids) or not layer_ids:
         raise ValueError(f"layer_ids must be strictly increasing, got {layer_ids}")
     layers = decoder_layers(model)
@@ -74,7 +75,8 @@ def capture(model: torch.nn.Module, input_ids: torch.Tensor | list, layer_ids: l
 
     handles = [layers[a + 1].register_forward_pre_hook(hook_for(a), with_kwargs=True) for a in layer_ids]
     try:
-        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
     finally:
         for h in handles:
             h.remove()

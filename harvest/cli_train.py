@@ -118,13 +118,14 @@ def warm_start(model_dir: str | Path, prompts: list[str], cfg: WarmStartConfig, 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     drafter = (load_drafter(init, target_config=model.config) if init
                else init_drafter(model_dir, cfg.seed, layer_ids))
+    bf16 = use_bf16(cfg)
     seqs = generate(model_dir, tokenizer, prompts, cfg)
     samples: list[Sample] = []
     seqs = sorted(seqs, key=lambda s: len(s[0]))  # similar lengths per capture batch: little padding
     for lo in tqdm(range(0, len(seqs), cfg.gen_batch), desc="capture", unit="batch"):
         part = seqs[lo:lo + cfg.gen_batch]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16(cfg)):  # as a bf16 server computes them
-            samples += capture(model, [s for s, _ in part], drafter.config.aux_layer_ids, cfg.topk, [p for _, p in part])
+        samples += capture(model, [s for s, _ in part], drafter.config.aux_layer_ids, cfg.topk, [p for _, p in part],
+                           bf16=bf16)
     samples = [s for s in samples if s.loss_mask.sum() >= 2]  # a response of >= 2 tokens to draft
     n_held = max(1, round(cfg.heldout * len(samples)))
     if len(samples) < n_held + 1:
@@ -146,7 +147,7 @@ def warm_start(model_dir: str | Path, prompts: list[str], cfg: WarmStartConfig, 
         if not queue:  # a new epoch: batches of similar lengths, in random order
             queue = length_batches(lengths, cfg.batch_tokens, cfg.batch_size, gen)
         batch = [train[i] for i in queue.pop()]
-        metrics = train_step(drafter, opt, batch, cfg.ttt_length, bf16=use_bf16(cfg))
+        metrics = train_step(drafter, opt, batch, cfg.ttt_length, bf16=bf16)
         decay.step()
         row = {"step": step, "loss": metrics["loss"], "acc_0": metrics["acc_0"]}
         if step % cfg.eval_every == 0 or step == cfg.steps:

@@ -120,11 +120,9 @@ class Harvester:
         if not output_ids:
             return
         model = policy_model if policy_model is not None else self.target
-        device = next(model.parameters()).device.type
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=self._bf16):  # as a bf16 server computes them
-            [sample] = capture(model, [list(prompt_ids) + list(output_ids)], self.layer_ids, self.cfg.topk,
-                               prompt_lens=[len(prompt_ids)], policy_version=int(policy_version),
-                               aux_dtype=getattr(torch, self.cfg.aux_dtype))
+        [sample] = capture(model, [list(prompt_ids) + list(output_ids)], self.layer_ids, self.cfg.topk,
+                           prompt_lens=[len(prompt_ids)], policy_version=int(policy_version),
+                           aux_dtype=getattr(torch, self.cfg.aux_dtype), bf16=self._bf16)
         self.spool.add(sample.tensors(), int(policy_version))
 
     # -- train -----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ A batch is a list of samples (dicts of tensors, as the spool stores them): `inpu
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -124,6 +125,7 @@ def ttt_loss(logits: list[torch.Tensor], labels: torch.Tensor, valid: torch.Tens
     return total, metrics
 
 
+@functools.lru_cache(maxsize=None)
 def bf16_fast(device: str | torch.device = "cpu") -> bool:
     """Whether bf16 autocast pays on `device`: CUDA, or a CPU with native bf16 dot products."""
     if torch.device(device).type == "cuda":
