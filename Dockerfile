@@ -7,13 +7,14 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false GLEANRL_CACHE=/cache
 WORKDIR /opt/gleanrl
 RUN pip install --no-cache-dir torch==2.13.0 --index-url "${TORCH_INDEX_URL}"
-COPY pyproject.toml README.md gleanrl.py ./
+COPY pyproject.toml README.md ./
+COPY gleanrl/ gleanrl/
 COPY server/ server/
 COPY harvest/ harvest/
 COPY trainer/ trainer/
 COPY clients/ clients/
-# editable: the source tree stays the import root, so subpackages (trainer/tasks) need no packaging list
-RUN pip install --no-cache-dir -e . \
+# one installed package, gleanrl (the component folders are mapped into it by pyproject.toml)
+RUN pip install --no-cache-dir . \
  && useradd --create-home --uid 1000 gleanrl \
  && mkdir -p /ckpt /cache && chown gleanrl:gleanrl /ckpt /cache
 USER gleanrl

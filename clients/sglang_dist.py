@@ -21,7 +21,7 @@ import httpx
 if TYPE_CHECKING:
     import torch
 
-from clients.sglang_push import SGLangPushError, distributed_requests, init_group_request, post
+from gleanrl.clients.sglang_push import SGLangPushError, distributed_requests, init_group_request, post
 
 
 @dataclass

@@ -23,11 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `tests.serving`
 
-from harvest.atomic import atomic_dir  # noqa: E402
-from harvest.checkpoint import save_drafter  # noqa: E402
-from harvest.cli_init import init_drafter  # noqa: E402
-from harvest.harvester import HarvestConfig, Harvester  # noqa: E402
-from harvest.spool import SpoolConfig  # noqa: E402
+from gleanrl.harvest.atomic import atomic_dir  # noqa: E402
+from gleanrl.harvest.checkpoint import save_drafter  # noqa: E402
+from gleanrl.harvest.cli_init import init_drafter  # noqa: E402
+from gleanrl.harvest.harvester import HarvestConfig, Harvester  # noqa: E402
+from gleanrl.harvest.spool import SpoolConfig  # noqa: E402
 from tests.serving import running_server  # noqa: E402
 
 
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     if args.model is None:
-        from harvest.tiny import make_tiny_model
+        from gleanrl.tiny import make_tiny_model
         args.model = str(make_tiny_model(out / "policy_v0"))
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     policy = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)

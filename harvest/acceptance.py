@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harvest.drafter import Eagle3Drafter
-from harvest.train_step import collate, ttt_unroll
+from gleanrl.harvest.drafter import Eagle3Drafter
+from gleanrl.harvest.train_step import collate, ttt_unroll
 
 
 def accept_lengths(logits: list[torch.Tensor], ids: torch.Tensor, starts: torch.Tensor,

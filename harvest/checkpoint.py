@@ -15,9 +15,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from harvest.atomic import atomic_dir
-from harvest.drafter import Eagle3Drafter
-from harvest.drafter_config import DrafterConfig, _get
+from gleanrl.harvest.atomic import atomic_dir
+from gleanrl.harvest.drafter import Eagle3Drafter
+from gleanrl.harvest.drafter_config import DrafterConfig, _get
 
 WEIGHTS = "model.safetensors"
 

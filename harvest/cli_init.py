@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from harvest.checkpoint import save_drafter
-from harvest.drafter import Eagle3Drafter
-from harvest.drafter_config import DrafterConfig
+from gleanrl.harvest.checkpoint import save_drafter
+from gleanrl.harvest.drafter import Eagle3Drafter
+from gleanrl.harvest.drafter_config import DrafterConfig
 
 
 def read_target_tensors(model_dir: str | Path, suffixes: tuple[str, ...]) -> dict[str, torch.Tensor]:

@@ -17,8 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from harvest.drafter_config import DrafterConfig
-from harvest.kv import SeqKVCache, ragged_attention
+from gleanrl.harvest.drafter_config import DrafterConfig
 
 
 class RMSNorm(nn.Module):
@@ -95,7 +94,8 @@ class MidLayer(nn.Module):
 
 
 class Eagle3Drafter(nn.Module):
-    """Parameter names are the checkpoint's keys (SGLang maps them under `model.`)."""
+    """Parameter names are the checkpoint's keys (SGLang maps them under `model.`). The serving forward
+    over per-sequence KV caches is the server's (`gleanrl.server.sd.drafter_forward`)."""
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
@@ -133,10 +133,6 @@ class Eagle3Drafter(nn.Module):
         self.t2d.zero_()
         self.t2d[ids] = True
 
-    def new_cache(self, capacity: int = 64) -> SeqKVCache:
-        p = self.fc.weight
-        return SeqKVCache(1, self.config.num_key_value_heads, self.config.head_dim, p.dtype, p.device, capacity)
-
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., n*Ht] target aux states -> fc -> [..., H]; a [..., H] drafter state passes through."""
         return self.fc(hidden) if hidden.shape[-1] != self.config.hidden_size else hidden
@@ -165,14 +161,6 @@ class Eagle3Drafter(nn.Module):
             return layer.mlp(y) + r1
         gate, up = F.linear(y, self.fused[1]).chunk(2, dim=-1)
         return layer.mlp.down_proj(F.silu(gate) * up) + r1
-
-    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                caches: list[SeqKVCache], seq_lens: list[int]) -> torch.Tensor:
-        """Ragged batch of N tokens: input_ids [N], hidden [N, n*Ht] or [N, H], positions [N]
-        -> pre-norm h [N, H]. Appends each token's K/V to its sequence's cache."""
-        r = self.project(hidden)
-        q, k, v = self.qkv(input_ids, r, positions)
-        return self.finish(ragged_attention(q, k, v, caches, 0, seq_lens), r)
 
     def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [..., H] pre-norm -> [..., V_draft]."""

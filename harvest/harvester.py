@@ -29,13 +29,13 @@ from typing import Any, Callable
 
 import torch
 
-from harvest.acceptance import acceptance_sums
-from harvest.capture import capture
-from harvest.checkpoint import load_drafter, save_drafter
-from harvest.idle import IdleReport, IdleWindow, Waiting, run_window
-from harvest.push import PushError, make_pusher
-from harvest.spool import Spool, SpoolConfig
-from harvest.train_step import bf16_fast, make_optimizer, train_step
+from gleanrl.harvest.acceptance import acceptance_sums
+from gleanrl.harvest.capture import capture
+from gleanrl.harvest.checkpoint import load_drafter, save_drafter
+from gleanrl.harvest.idle import IdleReport, IdleWindow, Waiting, run_window
+from gleanrl.harvest.push import PushError, make_pusher
+from gleanrl.harvest.spool import Spool, SpoolConfig
+from gleanrl.harvest.train_step import bf16_fast, make_optimizer, train_step
 
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 

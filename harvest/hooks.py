@@ -32,11 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harvest.atomic import atomic_file
-from harvest.harvester import HarvestConfig, Harvester
-from harvest.idle import IdleWindow
-from harvest.push import PushError, Pusher
-from harvest.spool import SpoolConfig
+from gleanrl.harvest.atomic import atomic_file
+from gleanrl.harvest.harvester import HarvestConfig, Harvester
+from gleanrl.harvest.idle import IdleWindow
+from gleanrl.harvest.push import PushError, Pusher
+from gleanrl.harvest.spool import SpoolConfig
 
 CONFIG_FILE = "harvest_config.json"  # in the run's harvest root, next to spool/ and drafter_versions/
 

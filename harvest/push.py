@@ -49,7 +49,7 @@ class Pusher:
               api_key: str | None = None) -> None:
         import httpx
 
-        from clients.sglang_push import SGLangPushError, is_stock_sglang, push_drafter_dir
+        from gleanrl.clients.sglang_push import SGLangPushError, is_stock_sglang, push_drafter_dir
         key = admin_api_key or self.admin_api_key
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         body = {"model_path": path, "weight_version": str(version), "flush_cache": False, "selector": "draft"}

@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save
 
-from harvest.atomic import atomic_file, remove_stale_temporaries
+from gleanrl.harvest.atomic import atomic_file, remove_stale_temporaries
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harvest.drafter import Eagle3Drafter
+from gleanrl.harvest.drafter import Eagle3Drafter
 
 
 def _get(sample: Any, key: str) -> Any:

@@ -14,11 +14,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from server import http_native, http_openai
-from server.auth import AuthMiddleware
-from server.config import EngineConfig, ServerConfig
-from server.metrics import Metrics
-from server.schemas import ApiError, describe_bodies, validation_error
+from gleanrl.server import http_native, http_openai
+from gleanrl.server.auth import AuthMiddleware
+from gleanrl.server.config import EngineConfig, ServerConfig
+from gleanrl.server.metrics import Metrics
+from gleanrl.server.schemas import ApiError, describe_bodies, validation_error
 
 log = logging.getLogger(__name__)
 SECRET_FIELDS = ("api_key", "admin_api_key")

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from harvest.kv import SeqKVCache
+from gleanrl.server.kv import SeqKVCache
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caches: list[SeqKVCache],

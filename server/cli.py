@@ -55,7 +55,7 @@ def _fail(message: str) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.backend == "sglang":
         try:
-            from server.sglang_launch import launch  # lazy: needs the optional sglang install
+            from gleanrl.server.sglang_launch import launch  # lazy: needs the optional sglang install
         except ImportError as exc:
             return _fail(f"--backend sglang is not available here ({exc})")
         return int(launch(args) or 0)
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     if args.drafter and not (Path(args.drafter) / "config.json").is_file():
         return _fail(f"--drafter {args.drafter} is not a drafter directory (no config.json there)")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from server.config import EngineConfig, ServerConfig
+    from gleanrl.server.config import EngineConfig, ServerConfig
     try:
         engine_cfg = EngineConfig(model_path=str(model), device=args.device, dtype=args.dtype,
                                   max_running_requests=args.max_running_requests, context_length=args.context_length,
@@ -82,13 +82,13 @@ def run(args: argparse.Namespace) -> int:
     if ignored:
         logging.warning("ignored with --backend embedded: %s", ", ".join("--" + f.replace("_", "-") for f in ignored))
     try:
-        from server.engine import Engine
+        from gleanrl.server.engine import Engine
         engine = Engine(engine_cfg)
     except Exception as exc:  # unloadable model: one line, no traceback
         return _fail(f"cannot load the model from {model}: {type(exc).__name__}: {exc}".splitlines()[0])
     import uvicorn
 
-    from server.app import build_app
+    from gleanrl.server.app import build_app
     app = build_app(engine, server_cfg, engine_cfg)
     logging.info("serving %s on http://%s:%d (auth: %s)", model, args.host, args.port,
                  "api key" if args.api_key else "none")

@@ -3,7 +3,7 @@ non-streamed text agree and each update costs a few tokens of decoding, not the 
 trimming, and the held-back deltas of OpenAI streams."""
 from __future__ import annotations
 
-from server.fanin import Track
+from gleanrl.server.fanin import Track
 
 REPLACEMENT = "\ufffd"  # what a decode of an incomplete UTF-8 sequence ends with
 

@@ -8,16 +8,16 @@ and nothing changes.
 """
 from __future__ import annotations
 
-from server.config import EngineConfig
-from server.protocol import CheckpointError
-from server.scheduler import Scheduler
-from server.sd_policy import SDPolicy, SDPolicyConfig
-from server.spec_step import SpecDecoder
+from gleanrl.server.config import EngineConfig
+from gleanrl.server.protocol import CheckpointError
+from gleanrl.server.scheduler import Scheduler
+from gleanrl.server.sd_policy import SDPolicy, SDPolicyConfig
+from gleanrl.server.spec_step import SpecDecoder
 
 
 def load_for_target(path: str, scheduler: Scheduler, target_config: dict):
     """Load the drafter at `path` on the target's device and dtype, or raise CheckpointError."""
-    from harvest.checkpoint import DrafterCheckpointError, load_drafter
+    from gleanrl.harvest.checkpoint import DrafterCheckpointError, load_drafter
 
     runner = scheduler.runner
     try:

@@ -12,15 +12,15 @@ from typing import AsyncIterator
 
 import torch
 
-from server import draft_swap, weights
-from server.config import EngineConfig
-from server.engine_bridge import Outbox
-from server.engine_control import EngineControl
-from server.engine_loop import EngineLoop
-from server.model_runner import ModelRunner
-from server.protocol import GenerateOutput, GenerateRequest
-from server.scheduler import Scheduler, Sequence
-from server.stopping import StopChecker
+from gleanrl.server import draft_swap, weights
+from gleanrl.server.config import EngineConfig
+from gleanrl.server.engine_bridge import Outbox
+from gleanrl.server.engine_control import EngineControl
+from gleanrl.server.engine_loop import EngineLoop
+from gleanrl.server.model_runner import ModelRunner
+from gleanrl.server.protocol import GenerateOutput, GenerateRequest
+from gleanrl.server.scheduler import Scheduler, Sequence
+from gleanrl.server.stopping import StopChecker
 
 
 

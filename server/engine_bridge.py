@@ -10,7 +10,7 @@ import asyncio
 import threading
 from collections import deque
 
-from server.protocol import GenerateOutput
+from gleanrl.server.protocol import GenerateOutput
 
 
 def _deliver(items: list[tuple[asyncio.Queue, GenerateOutput]]) -> None:

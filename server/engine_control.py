@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import threading
 
-from server import draft_swap, weights
-from server.protocol import CheckpointError
+from gleanrl.server import draft_swap, weights
+from gleanrl.server.protocol import CheckpointError
 
 
 class EngineControl:

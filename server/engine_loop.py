@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 
-from server.scheduler import Sequence
+from gleanrl.server.scheduler import Sequence
 
 log = logging.getLogger(__name__)
 FLUSH_INTERVAL_S = 0.02  # streamed updates reach the event loop at most this late (first/last: at once)

@@ -7,8 +7,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from server.protocol import GenerateOutput, GenerateRequest
-from server.schemas import ApiError
+from gleanrl.server.protocol import GenerateOutput, GenerateRequest
+from gleanrl.server.schemas import ApiError
 
 
 @dataclass

@@ -12,10 +12,10 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from server.detok import output_text
-from server.fanin import Disconnected, Fanin, Track, collect, unless_disconnected, wait_disconnect
-from server.protocol import GenerateRequest, SamplingParams
-from server.schemas import NEUTRAL_SAMPLING, ApiError, GenerateIn, SamplingIn, parse
+from gleanrl.server.detok import output_text
+from gleanrl.server.fanin import Disconnected, Fanin, Track, collect, unless_disconnected, wait_disconnect
+from gleanrl.server.protocol import GenerateRequest, SamplingParams
+from gleanrl.server.schemas import NEUTRAL_SAMPLING, ApiError, GenerateIn, SamplingIn, parse
 
 router = APIRouter()
 SSE_DONE = b"data: [DONE]\n\n"

@@ -10,10 +10,10 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server import http_generate
-from server.auth import check_admin
-from server.protocol import GenerateRequest, SamplingParams
-from server.schemas import AbortIn, ApiError, UpdateWeightsIn, parse
+from gleanrl.server import http_generate
+from gleanrl.server.auth import check_admin
+from gleanrl.server.protocol import GenerateRequest, SamplingParams
+from gleanrl.server.schemas import AbortIn, ApiError, UpdateWeightsIn, parse
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -8,10 +8,10 @@ import uuid
 
 from fastapi import APIRouter, Request
 
-from server.detok import Delta, output_text
-from server.fanin import Fanin, Track, collect
-from server.http_generate import check_batch, check_prompt, expand, sampling, stream
-from server.schemas import ApiError, ChatIn, CompletionIn, OpenAISampling, parse
+from gleanrl.server.detok import Delta, output_text
+from gleanrl.server.fanin import Fanin, Track, collect
+from gleanrl.server.http_generate import check_batch, check_prompt, expand, sampling, stream
+from gleanrl.server.schemas import ApiError, ChatIn, CompletionIn, OpenAISampling, parse
 
 router = APIRouter()
 

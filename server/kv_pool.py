@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from harvest.kv import SeqKVCache
+from gleanrl.server.kv import SeqKVCache
 
 POOL_BYTES = 1 << 30  # allocated lazily by the OS; a slot is touched (zeroed) when first used
 

@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harvest.drafter import fuse_linears
-from harvest.kv import SeqKVCache, ragged_attention
-from server.attention import decode_attention
-from server.kv_pool import DecodePlan, decode_plan, pooled_decode_attention
+from gleanrl.harvest.drafter import fuse_linears
+from gleanrl.server.kv import SeqKVCache, ragged_attention
+from gleanrl.server.attention import decode_attention
+from gleanrl.server.kv_pool import DecodePlan, decode_plan, pooled_decode_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

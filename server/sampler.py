@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from server.protocol import SamplingParams
+from gleanrl.server.protocol import SamplingParams
 
 
 def params_tensors(params: list[SamplingParams], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:

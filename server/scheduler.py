@@ -13,12 +13,12 @@ from typing import Callable
 
 import torch
 
-from harvest.kv import SeqKVCache
-from server.kv_pool import KVPool
-from server.model_runner import ModelRunner
-from server.protocol import GenerateOutput, GenerateRequest
-from server.sampler import params_tensors, processed_probs, sample, token_logprobs
-from server.stopping import StopChecker
+from gleanrl.server.kv import SeqKVCache
+from gleanrl.server.kv_pool import KVPool
+from gleanrl.server.model_runner import ModelRunner
+from gleanrl.server.protocol import GenerateOutput, GenerateRequest
+from gleanrl.server.sampler import params_tensors, processed_probs, sample, token_logprobs
+from gleanrl.server.stopping import StopChecker
 
 
 @dataclass(eq=False)

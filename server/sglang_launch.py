@@ -17,7 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
-from server.sglang_process import SGLangLaunchError, SGLangProcess
+from gleanrl.server.sglang_process import SGLangLaunchError, SGLangProcess
 
 __all__ = ["SGLangLaunchError", "SGLangProcess", "build_command", "launch", "redact", "start"]
 _REPO = Path(__file__).resolve().parent.parent

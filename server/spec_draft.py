@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from server.sampler import processed_probs, sample
+from gleanrl.server.sampler import processed_probs, sample
+from gleanrl.server.sd.drafter_forward import drafter_forward
 
 
 def _draw(logits: torch.Tensor, prm: dict[str, torch.Tensor], generators: list) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -34,7 +35,7 @@ def draft_tokens(drafter, seqs: list, states: list, ks: list[int],
         lens.append(n)
     hidden = torch.cat([st.take() for st in states])                                     # [N, 3*Ht]
     device = hidden.device
-    h = drafter(torch.tensor(ids, device=device), hidden, torch.tensor(pos, device=device),
+    h = drafter_forward(drafter, torch.tensor(ids, device=device), hidden, torch.tensor(pos, device=device),
                 [st.cache for st in states], lens)                                       # [N, H]
     g = h[torch.tensor(lens, device=device).cumsum(0) - 1]                                # [B, H]
     drafts: list[list[int]] = [[] for _ in seqs]
@@ -55,7 +56,7 @@ def draft_tokens(drafter, seqs: list, states: list, ks: list[int],
         bs = [rows[j] for j in nxt]
         pos = torch.tensor([states[b].next_pos for b in bs], device=device)
         if len(bs) == len(seqs):  # then every row drafted this step: tok and g are all rows
-            g = drafter(tok, g, pos, [st.cache for st in states], [1] * len(bs))
+            g = drafter_forward(drafter, tok, g, pos, [st.cache for st in states], [1] * len(bs))
         else:
-            g[bs] = drafter(tok[nxt], g[bs], pos, [states[b].cache for b in bs], [1] * len(bs))
+            g[bs] = drafter_forward(drafter, tok[nxt], g[bs], pos, [states[b].cache for b in bs], [1] * len(bs))
     return drafts, [torch.stack(q) if q else None for q in qs]

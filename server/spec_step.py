@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harvest.kv import SeqKVCache
-from server.sampler import params_tensors, processed_probs, token_logprobs
-from server.scheduler import Emitted, Scheduler, Sequence
-from server.sd_policy import SDPolicy
-from server.spec_draft import draft_tokens
-from server.speculative import verify_greedy, verify_sampled
+from gleanrl.server.kv import SeqKVCache
+from gleanrl.server.sd.drafter_forward import new_draft_cache
+from gleanrl.server.sampler import params_tensors, processed_probs, token_logprobs
+from gleanrl.server.scheduler import Emitted, Scheduler, Sequence
+from gleanrl.server.sd_policy import SDPolicy
+from gleanrl.server.spec_draft import draft_tokens
+from gleanrl.server.speculative import verify_greedy, verify_sampled
 
 
 @dataclass(eq=False)
@@ -105,7 +106,7 @@ class SpecDecoder:
                 self.states[s].add(st.take()[-self.window:])
 
     def _new_state(self, start: int) -> DraftState:
-        return DraftState(self.drafter.new_cache(), start)
+        return DraftState(new_draft_cache(self.drafter), start)
 
     @staticmethod
     def _draft_len(s: Sequence, k: int) -> int:

@@ -7,7 +7,7 @@ trimmed at the edge by `server.detok.output_text`.
 """
 from __future__ import annotations
 
-from server.protocol import SamplingParams
+from gleanrl.server.protocol import SamplingParams
 
 
 class StopChecker:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from server.protocol import CheckpointError
+from gleanrl.server.protocol import CheckpointError
 
 Signature = dict[str, tuple[tuple[int, ...], str]]  # tensor name -> (shape, dtype)
 
@@ -72,7 +72,7 @@ def compare(model_dir: str, config: dict, sig: Signature, ref_config: dict, ref_
 
 def load_checked(model_dir: str, ref_config: dict, ref_sig: Signature, device: str, dtype: str):
     """Validate `model_dir` against the serving checkpoint, then load it; returns (runner, config, sig)."""
-    from server.model_runner import ModelRunner
+    from gleanrl.server.model_runner import ModelRunner
 
     config = read_config(model_dir)
     sig = checkpoint_signature(model_dir)

@@ -12,12 +12,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    from harvest.tiny import build_tokenizer
+    from gleanrl.tiny import build_tokenizer
     return build_tokenizer()
 
 
 def _tiny(tmp_path_factory, tiny_tokenizer, arch: str, **kw):
-    from harvest.tiny import make_tiny_model
+    from gleanrl.tiny import make_tiny_model
     return make_tiny_model(tmp_path_factory.mktemp(f"tiny_{arch}"), arch=arch, tokenizer=tiny_tokenizer, **kw)
 
 

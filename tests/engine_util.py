@@ -6,8 +6,8 @@ import itertools
 
 import torch
 
-from server.fanin import Track
-from server.protocol import GenerateOutput, GenerateRequest, SamplingParams
+from gleanrl.server.fanin import Track
+from gleanrl.server.protocol import GenerateOutput, GenerateRequest, SamplingParams
 
 _rids = itertools.count()
 

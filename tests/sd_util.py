@@ -8,10 +8,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine_util import PROMPTS
-from harvest.capture import capture
-from harvest.checkpoint import save_drafter
-from harvest.cli_init import init_drafter
-from harvest.train_step import make_optimizer, train_step
+from gleanrl.harvest.capture import capture
+from gleanrl.harvest.checkpoint import save_drafter
+from gleanrl.harvest.cli_init import init_drafter
+from gleanrl.harvest.train_step import make_optimizer, train_step
 
 
 def random_drafter(model_path: Path, out: Path, seed: int = 0) -> Path:

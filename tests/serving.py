@@ -17,8 +17,8 @@ from contextlib import contextmanager
 import httpx
 import uvicorn
 
-from server.app import build_app
-from server.config import EngineConfig, ServerConfig
+from gleanrl.server.app import build_app
+from gleanrl.server.config import EngineConfig, ServerConfig
 
 _SERVER_FIELDS = {f.name for f in dataclasses.fields(ServerConfig)}
 
@@ -26,7 +26,7 @@ _SERVER_FIELDS = {f.name for f in dataclasses.fields(ServerConfig)}
 @contextmanager
 def running_app(model_dir, *, engine=None, startup_timeout: float = 120.0, **kw):
     """Yields (url, app)."""
-    from server.engine import Engine
+    from gleanrl.server.engine import Engine
 
     server_kw = {k: v for k, v in kw.items() if k in _SERVER_FIELDS}
     engine_kw = {k: v for k, v in kw.items() if k not in _SERVER_FIELDS}

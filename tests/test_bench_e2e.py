@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-import gleanrl
-from harvest.checkpoint import save_drafter
-from harvest.cli_init import init_drafter
-from trainer.bench_e2e import RUNS, summarize
+import gleanrl.cli
+from gleanrl.harvest.checkpoint import save_drafter
+from gleanrl.harvest.cli_init import init_drafter
+from gleanrl.bench.e2e import RUNS, summarize
 
 
 def _rows(step_s: list[float], accept: float, rewards: list[float], overrun: float = 0.0) -> list[dict]:
@@ -38,8 +38,8 @@ def test_bench_e2e_tiny_run(tiny_qwen2, tmp_path, monkeypatch):
     out, js = tmp_path / "bench", tmp_path / "bench.json"
     args = ["bench", "e2e", "--out", str(out), "--json", str(js), "--model", str(tiny_qwen2), "--steps", "1",
             "--prompts-per-step", "2", "--samples-per-prompt", "2", "--max-new-tokens", "16"]
-    assert gleanrl.main(args + ["--drafter", str(tmp_path / "none")]) == 2
-    assert gleanrl.main(args + ["--drafter", str(drafter), "--dtype", "float32"]) == 0
+    assert gleanrl.cli.main(args + ["--drafter", str(tmp_path / "none")]) == 2
+    assert gleanrl.cli.main(args + ["--drafter", str(drafter), "--dtype", "float32"]) == 0
     s = json.loads(js.read_text())
     for key in ("speedup_e2e", "accept_len_adaptive", "accept_len_stale", "steps", "reward_a", "reward_b"):
         assert key in s

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import json
 
-import gleanrl
+import gleanrl.cli
 
 
 def test_bench_engine_json(tiny_qwen2, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    rc = gleanrl.main(["bench", "engine", "--model", str(tiny_qwen2), "--json", str(out),
+    rc = gleanrl.cli.main(["bench", "engine", "--model", str(tiny_qwen2), "--json", str(out),
                        "--max-new-tokens", "24", "--batch1-tokens", "8", "--repeats", "1"])
     assert rc == 0
     results = json.loads(out.read_text())["results"]
@@ -21,5 +21,5 @@ def test_bench_engine_json(tiny_qwen2, tmp_path, capsys):
 
 
 def test_bench_engine_missing_model(tmp_path, capsys):
-    assert gleanrl.main(["bench", "engine", "--model", str(tmp_path / "nope")]) == 2
+    assert gleanrl.cli.main(["bench", "engine", "--model", str(tmp_path / "nope")]) == 2
     assert "error" in capsys.readouterr().err

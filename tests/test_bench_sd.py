@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-import gleanrl
+import gleanrl.cli
 from engine_util import PROMPTS
 from sd_util import random_drafter
 
@@ -14,7 +14,7 @@ def test_bench_sd_json(tiny_qwen2, tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     out = tmp_path / "bench.json"
-    rc = gleanrl.main(["bench", "sd", "--model", str(tiny_qwen2), "--drafter", str(drafter), "--prompts", str(prompts),
+    rc = gleanrl.cli.main(["bench", "sd", "--model", str(tiny_qwen2), "--drafter", str(drafter), "--prompts", str(prompts),
                        "--json", str(out), "--batches", "1,3", "--max-new-tokens", "12", "--repeats", "1",
                        "--sd", "on", "--num-draft-tokens", "3"])
     assert rc == 0
@@ -29,5 +29,5 @@ def test_bench_sd_json(tiny_qwen2, tmp_path, capsys):
 
 
 def test_bench_sd_missing_drafter(tiny_qwen2, tmp_path, capsys):
-    assert gleanrl.main(["bench", "sd", "--model", str(tiny_qwen2), "--drafter", str(tmp_path / "nope")]) == 2
+    assert gleanrl.cli.main(["bench", "sd", "--model", str(tiny_qwen2), "--drafter", str(tmp_path / "nope")]) == 2
     assert "error" in capsys.readouterr().err

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-import gleanrl
-from trainer.bootstrap import bootstrap_policy
+import gleanrl.cli
+from gleanrl.trainer.bootstrap import bootstrap_policy
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def tiny_policy(tmp_path_factory):
 def test_tiny_bootstrap_is_a_loadable_model_directory(tiny_policy):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.tasks.chartok import build_char_tokenizer
+    from gleanrl.trainer.tasks.chartok import build_char_tokenizer
 
     for name in ("config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja", "bootstrap.json"):
         assert (tiny_policy / name).is_file(), name
@@ -36,8 +36,8 @@ def test_tiny_bootstrap_is_a_loadable_model_directory(tiny_policy):
 def test_tiny_policy_has_learned_the_task_format(tiny_policy):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.tasks import load_task
-    from trainer.tasks.measure import sample_responses
+    from gleanrl.trainer.tasks import load_task
+    from gleanrl.trainer.tasks.measure import sample_responses
 
     task = load_task(None)
     tokenizer = AutoTokenizer.from_pretrained(tiny_policy)
@@ -62,7 +62,7 @@ def test_second_call_is_cached_and_the_cache_dir_follows_gleanrl_cache(tiny_poli
     assert bootstrap_policy(tiny_policy, size="tiny", progress=False) == tiny_policy
     assert (tiny_policy / "model.safetensors").stat().st_mtime_ns == stamp
     monkeypatch.setenv("GLEANRL_CACHE", str(tmp_path / "cache"))
-    from trainer.bootstrap import cache_root
+    from gleanrl.trainer.bootstrap import cache_root
 
     assert cache_root() == tmp_path / "cache"
 
@@ -70,7 +70,7 @@ def test_second_call_is_cached_and_the_cache_dir_follows_gleanrl_cache(tiny_poli
 def test_same_seed_gives_the_same_weights_and_the_key_covers_every_argument(tiny_policy, tmp_path):
     from safetensors.torch import load_file
 
-    from trainer.bootstrap import cache_key
+    from gleanrl.trainer.bootstrap import cache_key
 
     torch.set_num_threads(1)
     again = load_file(bootstrap_policy(tmp_path / "again", size="tiny", progress=False) / "model.safetensors")
@@ -90,7 +90,7 @@ def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
 
 
 def test_cli_reports_user_errors_without_a_traceback(tmp_path, capsys):
-    assert gleanrl.main(["bootstrap", "--size", "tiny", "--task", "no_such_task", "--out", str(tmp_path / "x")]) == 2
+    assert gleanrl.cli.main(["bootstrap", "--size", "tiny", "--task", "no_such_task", "--out", str(tmp_path / "x")]) == 2
     assert "unknown task" in capsys.readouterr().err
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harvest.capture import Sample, capture
+from gleanrl.harvest.capture import Sample, capture
 
 
 @pytest.fixture(scope="module")

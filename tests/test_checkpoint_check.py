@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from harvest.checkpoint_check import (CheckpointMismatch, check_drafter_checkpoint, check_policy_checkpoint,
+from gleanrl.harvest.checkpoint_check import (CheckpointMismatch, check_drafter_checkpoint, check_policy_checkpoint,
                                       read_safetensors_header, read_tensor_specs)
 
 
@@ -97,9 +97,9 @@ def test_sharded_checkpoint_with_missing_shard(tiny_qwen2, tmp_path):
 
 
 def test_drafter_is_never_a_policy_and_policy_never_a_drafter(tiny_qwen2, tmp_path):
-    from harvest.checkpoint import save_drafter
-    from harvest.drafter import Eagle3Drafter
-    from harvest.drafter_config import DrafterConfig
+    from gleanrl.harvest.checkpoint import save_drafter
+    from gleanrl.harvest.drafter import Eagle3Drafter
+    from gleanrl.harvest.drafter_config import DrafterConfig
     cfg = json.loads((tiny_qwen2 / "config.json").read_text())
     drafter = save_drafter(Eagle3Drafter(DrafterConfig.for_target(cfg)), tmp_path / "drafter")
     with pytest.raises(CheckpointMismatch, match="EAGLE-3 drafter"):

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from clients.rollout_client import RolloutClient, RolloutServerError
+from gleanrl.clients.rollout_client import RolloutClient, RolloutServerError
 from serving import running_server
-from trainer.rollout import Rollout, RolloutStatus
+from gleanrl.trainer.rollout import Rollout, RolloutStatus
 
 PROMPT = [5, 17, 33, 2, 9]
 
@@ -113,10 +113,10 @@ def test_unreachable_server_is_a_clear_error_not_a_hang():
 
 
 def test_train_cli_reports_an_unreachable_server(tiny_qwen2, tmp_path, capsys, monkeypatch):
-    import gleanrl
+    import gleanrl.cli
     from test_train import ToyTask
-    monkeypatch.setattr("trainer.loop._load_task", lambda cfg: ToyTask())  # the task is not the point here
-    rc = gleanrl.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"), "--server",
+    monkeypatch.setattr("gleanrl.trainer.loop._load_task", lambda cfg: ToyTask())  # the task is not the point here
+    rc = gleanrl.cli.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"), "--server",
                        "http://127.0.0.1:9", "--server-wait-s", "1", "--steps", "1"])
     err = capsys.readouterr().err
     assert rc == 1 and "rollout server" in err and "Traceback" not in err
@@ -155,7 +155,7 @@ def test_incremental_stream_chunks_are_concatenated():
     import json as _json
 
     import httpx
-    from trainer.generate import run_one
+    from gleanrl.trainer.generate import run_one
     chunks = [{"output_ids": [4], "meta_info": {"completion_tokens": 1, "output_token_logprobs": [[-0.5, 4, None]],
                                                 "finish_reason": None, "weight_version": "3"}},
               {"output_ids": [6], "meta_info": {"completion_tokens": 2, "output_token_logprobs": [[-0.25, 6, None]],
@@ -170,20 +170,20 @@ def test_incremental_stream_chunks_are_concatenated():
 
 
 def test_train_cli_config_errors_are_clear(tiny_qwen2, tmp_path, capsys):
-    import gleanrl
+    import gleanrl.cli
     cfg = tmp_path / "c.toml"
     cfg.write_text('steps = 3\nlearning_rate = 0.1\n')
-    rc = gleanrl.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"), "--config", str(cfg)])
+    rc = gleanrl.cli.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"), "--config", str(cfg)])
     assert rc == 2 and "unknown config keys: learning_rate" in capsys.readouterr().err
-    rc = gleanrl.main(["train", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    rc = gleanrl.cli.main(["train", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
     assert rc == 2 and "Hugging Face model directory" in capsys.readouterr().err
     cfg.write_text('steps = 0\n')
-    rc = gleanrl.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"), "--config", str(cfg)])
+    rc = gleanrl.cli.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"), "--config", str(cfg)])
     assert rc == 2 and "steps must be an integer >= 1" in capsys.readouterr().err
 
 
 def test_config_file_then_flags(tiny_qwen2, tmp_path):
-    from trainer.config import build_config, read_config_file
+    from gleanrl.trainer.config import build_config, read_config_file
     (tmp_path / "c.yaml").write_text(f"model: {tiny_qwen2}\nout: {tmp_path}\nsteps: 5\nlr: 0.01\n")
     cfg = build_config(read_config_file(tmp_path / "c.yaml"), {"steps": 7, "lr": None})
     assert cfg.steps == 7 and cfg.lr == 0.01

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import gleanrl
+import gleanrl.cli
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -38,8 +38,8 @@ def load(env: dict[str, str] | None = None) -> dict:
 def gleanrl_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gleanrl")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, spec in gleanrl.COMMANDS.items():
-        gleanrl._add(sub, name, spec)
+    for name, spec in gleanrl.cli.COMMANDS.items():
+        gleanrl.cli._add(sub, name, spec)
     return parser
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
-import gleanrl
-from trainer.demo import warm_drafter
+import gleanrl.cli
+from gleanrl.demo import warm_drafter
 
 
 def test_demo_runs_and_writes_report(tiny_qwen2, tmp_path, monkeypatch, capsys):
@@ -16,7 +16,7 @@ def test_demo_runs_and_writes_report(tiny_qwen2, tmp_path, monkeypatch, capsys):
     argv = ["demo", "--out", str(out), "--model", str(tiny_qwen2), "--steps", "2", "--prompts-per-step", "2",
             "--samples-per-prompt", "3", "--max-new-tokens", "24", "--warm-prompts", "4", "--warm-steps", "3",
             "--eval-prompts", "3"]
-    assert gleanrl.main(argv) == 0
+    assert gleanrl.cli.main(argv) == 0
     printed = capsys.readouterr().out
     assert "\nQ: " in printed and "\nA: " in printed and "warm-started drafter" in printed
     rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -35,5 +35,5 @@ def test_demo_runs_and_writes_report(tiny_qwen2, tmp_path, monkeypatch, capsys):
 
 def test_demo_refuses_a_foreign_out_dir(tmp_path, capsys):
     (tmp_path / "precious.txt").write_text("keep me")
-    assert gleanrl.main(["demo", "--out", str(tmp_path)]) == 2
+    assert gleanrl.cli.main(["demo", "--out", str(tmp_path)]) == 2
     assert "not a demo output" in capsys.readouterr().err and (tmp_path / "precious.txt").exists()

@@ -7,9 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harvest.checkpoint import DrafterCheckpointError, load_drafter, save_drafter
-from harvest.cli_init import init_drafter
-from harvest.drafter_config import DrafterConfig, default_aux_layer_ids
+from gleanrl.harvest.checkpoint import DrafterCheckpointError, load_drafter, save_drafter
+from gleanrl.harvest.cli_init import init_drafter
+from gleanrl.harvest.drafter_config import DrafterConfig, default_aux_layer_ids
+from gleanrl.server.sd.drafter_forward import drafter_forward, new_draft_cache
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def test_ragged_cached_forward_equals_full_forward(drafter):
     H3 = 3 * drafter.config.target_hidden_size
     seqs = [(torch.randint(0, 300, (8,), generator=g), torch.randn(8, H3, generator=g)),
             (torch.randint(0, 300, (8,), generator=g), torch.randn(8, H3, generator=g))]
-    caches = [drafter.new_cache(capacity=2), drafter.new_cache(capacity=2)]  # also exercises cache growth
+    caches = [new_draft_cache(drafter, capacity=2), new_draft_cache(drafter, capacity=2)]  # also exercises cache growth
     outs = [[], []]
     with torch.no_grad():
         for chunk in ([5, 3], [1, 4], [2, 1]):
@@ -60,7 +61,7 @@ def test_ragged_cached_forward_equals_full_forward(drafter):
             ids = torch.cat([seqs[b][0][starts[b]:starts[b] + n] for b, n in enumerate(chunk)])
             aux = torch.cat([seqs[b][1][starts[b]:starts[b] + n] for b, n in enumerate(chunk)])
             pos = torch.cat([torch.arange(starts[b], starts[b] + n) for b, n in enumerate(chunk)])
-            h = drafter(ids, aux, pos, caches, chunk)
+            h = drafter_forward(drafter, ids, aux, pos, caches, chunk)
             assert h.shape == (sum(chunk), drafter.config.hidden_size)
             for b, part in enumerate(h.split(chunk)):
                 outs[b].append(part)
@@ -71,8 +72,8 @@ def test_ragged_cached_forward_equals_full_forward(drafter):
 def test_hidden_input_of_drafter_width_skips_fc(drafter):
     ids, aux = torch.tensor([5, 9]), torch.randn(2, 3 * drafter.config.target_hidden_size)
     with torch.no_grad():
-        a = drafter(ids, aux, torch.arange(2), [drafter.new_cache()], [2])
-        b = drafter(ids, drafter.fc(aux), torch.arange(2), [drafter.new_cache()], [2])
+        a = drafter_forward(drafter, ids, aux, torch.arange(2), [new_draft_cache(drafter)], [2])
+        b = drafter_forward(drafter, ids, drafter.fc(aux), torch.arange(2), [new_draft_cache(drafter)], [2])
     torch.testing.assert_close(a, b)
 
 
@@ -99,9 +100,9 @@ def test_default_aux_layer_ids_follow_sglang():
 def test_two_layer_target_gets_a_two_aux_layer_drafter(tiny_tokenizer, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from harvest.capture import capture
-    from harvest.tiny import make_tiny_model
-    from harvest.train_step import make_optimizer, train_step
+    from gleanrl.harvest.capture import capture
+    from gleanrl.tiny import make_tiny_model
+    from gleanrl.harvest.train_step import make_optimizer, train_step
 
     target = make_tiny_model(tmp_path / "t", tokenizer=tiny_tokenizer, num_layers=2)
     d = load_drafter(save_drafter(init_drafter(target), tmp_path / "d"), target_config=target)
@@ -214,14 +215,14 @@ def test_init_for_other_architectures(request, fixture, tmp_path):
     target = request.getfixturevalue(fixture)
     d = init_drafter(target, seed=0)
     back = load_drafter(save_drafter(d, tmp_path / "d"), target_config=target)
-    h = back(torch.tensor([1, 2, 3]), torch.randn(3, 3 * d.config.hidden_size), torch.arange(3),
-             [back.new_cache()], [3])
+    h = drafter_forward(back, torch.tensor([1, 2, 3]), torch.randn(3, 3 * d.config.hidden_size), torch.arange(3),
+             [new_draft_cache(back)], [3])
     assert torch.isfinite(back.logits(h)).all()
 
 
 def test_init_copies_target_embedding_and_head(tiny_qwen2, tiny_tokenizer, tmp_path):
     from safetensors.torch import load_file
-    from harvest.tiny import make_tiny_model
+    from gleanrl.tiny import make_tiny_model
 
     weights = load_file(str(tiny_qwen2 / "model.safetensors"))
     d = init_drafter(tiny_qwen2)

@@ -1,7 +1,7 @@
 """Length-bucketed drafter training batches: every sample once per epoch, within the token budget."""
 import torch
 
-from harvest.train_step import length_batches
+from gleanrl.harvest.train_step import length_batches
 
 
 def test_length_batches_cover_each_index_once_within_budget():

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from gleanrl import main
-from harvest.checkpoint import load_drafter
+from gleanrl.cli import main
+from gleanrl.harvest.checkpoint import load_drafter
 
 
 def test_draft_init_writes_a_loadable_drafter(tiny_qwen2, tmp_path, capsys):
@@ -43,7 +43,7 @@ def test_draft_train_from_prompts_file(tiny_qwen2, tmp_path, capsys):
 
 
 def test_draft_train_from_task(tiny_qwen2, tmp_path):
-    pytest.importorskip("trainer.tasks")
+    pytest.importorskip("gleanrl.trainer.tasks")
     assert main(["draft", "train", "--model", str(tiny_qwen2), "--task", "running_sums", "--num-prompts", "6",
                  "--out", str(tmp_path / "d"), "--max-new-tokens", "8", "--steps", "2", "--heldout", "0.3"]) == 0
 
@@ -57,7 +57,7 @@ def test_draft_train_bad_prompts_file(tiny_qwen2, tmp_path, capsys):
 
 
 def test_warm_start_checkpoints_at_each_evaluation(tiny_qwen2, tmp_path):
-    from harvest.cli_train import WarmStartConfig, warm_start
+    from gleanrl.draft_train import WarmStartConfig, warm_start
 
     seen = []
     cfg = WarmStartConfig(max_new_tokens=8, steps=4, eval_every=2, gen_batch=4, topk=16, heldout=0.25)

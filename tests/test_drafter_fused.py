@@ -5,7 +5,8 @@ import copy
 
 import torch
 
-from harvest.cli_init import init_drafter
+from gleanrl.harvest.cli_init import init_drafter
+from gleanrl.server.sd.drafter_forward import drafter_forward, new_draft_cache
 
 
 def test_fused_forward_equals_unfused(tiny_qwen2):
@@ -17,9 +18,9 @@ def test_fused_forward_equals_unfused(tiny_qwen2):
     with torch.no_grad():
         outs = []
         for d in (plain, fused):
-            cache = d.new_cache()
-            h = d(ids[:5], aux[:5], torch.arange(5), [cache], [5])                         # catch-up
-            h2 = d(ids[5:6], h[-1:], torch.tensor([5]), [cache], [1])                      # one draft step
+            cache = new_draft_cache(d)
+            h = drafter_forward(d, ids[:5], aux[:5], torch.arange(5), [cache], [5])                         # catch-up
+            h2 = drafter_forward(d, ids[5:6], h[-1:], torch.tensor([5]), [cache], [1])                      # one draft step
             outs.append((h, h2, d.logits(h2)))
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harvest.checkpoint import save_drafter
-from harvest.cli_init import init_drafter
+from gleanrl.harvest.checkpoint import save_drafter
+from gleanrl.harvest.cli_init import init_drafter
 
 ROOT = Path(__file__).resolve().parents[1]
 SGLANG_PY = ROOT / ".venv-sglang" / "bin" / "python"
@@ -27,7 +27,8 @@ from sglang.test.layer_ut_utils import init_single_process_dist
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
 init_single_process_dist(master_port=port)
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
-from harvest.checkpoint import load_drafter
+from gleanrl.harvest.checkpoint import load_drafter
+from gleanrl.server.sd.drafter_forward import drafter_forward, new_draft_cache
 
 def check(ckpt):
     model = LlamaForCausalLMEagle3(LlamaConfig(**json.load(open(ckpt + "/config.json"))))
@@ -54,7 +55,7 @@ def check(ckpt):
         y = layer.mlp(y)
         to_logits, to_aux = m.norm(y, residual)
         logits = (to_logits @ model.lm_head.weight.T)[:, : ours.config.draft_vocab_size]  # rows padded to 64
-        mine = ours(ids, aux, pos, [ours.new_cache()], [T])
+        mine = drafter_forward(ours, ids, aux, pos, [new_draft_cache(ours)], [T])
     return {
         "params": sorted(n for n, _ in model.named_parameters()),
         "hidden_diff": float((to_aux - mine).abs().max()),

@@ -4,10 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harvest.acceptance import acceptance_length, accept_lengths, expected_accept_lengths
-from harvest.capture import capture
-from harvest.cli_init import init_drafter
-from harvest.train_step import collate, draft_labels, make_optimizer, ttt_loss, ttt_unroll, train_step
+from gleanrl.harvest.acceptance import acceptance_length, accept_lengths, expected_accept_lengths
+from gleanrl.harvest.capture import capture
+from gleanrl.harvest.cli_init import init_drafter
+from gleanrl.harvest.train_step import collate, draft_labels, make_optimizer, ttt_loss, ttt_unroll, train_step
+from gleanrl.server.sd.drafter_forward import drafter_forward, new_draft_cache
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +36,12 @@ def test_unroll_equals_sequential_cached_drafting(tiny_qwen2):
     with torch.no_grad():
         unrolled = ttt_unroll(d, ids, aux, torch.ones(1, T, dtype=torch.bool), steps)
         for i in range(T - steps - 1):
-            cache = d.new_cache()
+            cache = new_draft_cache(d)
             # slots 0..i: (target hidden h_j, token j+1) at position j
-            h = d(ids[0, 1:i + 2], aux[0, :i + 1], torch.arange(i + 1), [cache], [i + 1])[-1:]
+            h = drafter_forward(d, ids[0, 1:i + 2], aux[0, :i + 1], torch.arange(i + 1), [cache], [i + 1])[-1:]
             torch.testing.assert_close(d.draft_logits(h)[0], unrolled[0][0, i], atol=1e-5, rtol=1e-4)
             for s in range(1, steps):  # feed the drafter's own pre-norm output with the next token
-                h = d(ids[0, i + s + 1:i + s + 2], h, torch.tensor([i + s]), [cache], [1])
+                h = drafter_forward(d, ids[0, i + s + 1:i + s + 2], h, torch.tensor([i + s]), [cache], [1])
                 torch.testing.assert_close(d.draft_logits(h)[0], unrolled[s][0, i], atol=1e-5, rtol=1e-4)
 
 

@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine_util import PROMPTS, collect, hf_greedy, req, run_all
-from server.config import EngineConfig
-from server.engine import Engine
+from gleanrl.server.config import EngineConfig
+from gleanrl.server.engine import Engine
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine_util import hf_greedy, req, run_all
-from server.config import EngineConfig
-from server.engine import Engine
-from server.kv_pool import KVPool, decode_plan
-from server.model_runner import ModelRunner
+from gleanrl.server.config import EngineConfig
+from gleanrl.server.engine import Engine
+from gleanrl.server.kv_pool import KVPool, decode_plan
+from gleanrl.server.model_runner import ModelRunner
 
 
 @pytest.mark.parametrize("arch", ["tiny_qwen2", "tiny_qwen3"])

@@ -6,9 +6,9 @@ import asyncio
 import pytest
 
 from engine_util import collect, finished_track, req, run_all
-from server.config import EngineConfig
-from server.engine import Engine
-from server.detok import output_text
+from gleanrl.server.config import EngineConfig
+from gleanrl.server.engine import Engine
+from gleanrl.server.detok import output_text
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from engine_util import collect, hf_greedy, req, run_all
-from server.config import EngineConfig
-from server.engine import Engine
-from server.protocol import CheckpointError
+from gleanrl.server.config import EngineConfig
+from gleanrl.server.engine import Engine
+from gleanrl.server.protocol import CheckpointError
 
 
 @pytest.fixture()
@@ -96,7 +96,7 @@ def _no_weights(src, tmp_path):
 
 
 def _other_shapes(src, tmp_path):
-    from harvest.tiny import make_tiny_model
+    from gleanrl.tiny import make_tiny_model
     return make_tiny_model(tmp_path / "wide", arch="qwen2", hidden_size=32)
 
 

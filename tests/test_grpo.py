@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from trainer.grpo import group_advantages, k3_kl, logprob_mismatch, policy_loss, token_logprobs
+from gleanrl.trainer.grpo import group_advantages, k3_kl, logprob_mismatch, policy_loss, token_logprobs
 
 
 def test_group_advantages_hand_computed():
@@ -93,7 +93,7 @@ def test_logprob_mismatch():
 
 
 def test_token_logprobs_agree_with_the_server_convention():
-    from server.sampler import token_logprobs as server_logprobs
+    from gleanrl.server.sampler import token_logprobs as server_logprobs
     torch.manual_seed(0)
     logits = torch.randn(3, 5, 11)
     ids = torch.randint(0, 11, (3, 5))

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-import gleanrl
-from harvest.checkpoint import save_drafter
-from harvest.cli_init import init_drafter
-from harvest.hooks import HarvestHooks, read_config
-from trainer import cli
-from trainer.config import build_config
+import gleanrl.cli
+from gleanrl.harvest.checkpoint import save_drafter
+from gleanrl.harvest.cli_init import init_drafter
+from gleanrl.harvest.hooks import HarvestHooks, read_config
+from gleanrl.trainer import cli
+from gleanrl.trainer.config import build_config
 
 
 def _settings(argv: list[str]) -> argparse.Namespace:
@@ -41,10 +41,10 @@ def test_harvest_flags_reach_the_harvester_and_survive_resume(tiny_qwen2, tmp_pa
 def test_harvest_flags_are_validated(tiny_qwen2, tmp_path, capsys):
     drafter = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "d0")
     base = ["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "run")]
-    assert gleanrl.main(base + ["--push-every", "3"]) == 2
+    assert gleanrl.cli.main(base + ["--push-every", "3"]) == 2
     assert "--push-every: harvest settings, which need --drafter" in capsys.readouterr().err
-    assert gleanrl.main(base + ["--drafter", str(drafter), "--max-holdout", "0"]) == 2
+    assert gleanrl.cli.main(base + ["--drafter", str(drafter), "--max-holdout", "0"]) == 2
     assert "max_holdout must be >= 1" in capsys.readouterr().err
-    assert gleanrl.main(base + ["--drafter", str(drafter), "--version-decay", "1.5"]) == 2
+    assert gleanrl.cli.main(base + ["--drafter", str(drafter), "--version-decay", "1.5"]) == 2
     assert "version_decay" in capsys.readouterr().err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

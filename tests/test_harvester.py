@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from harvest.checkpoint import load_drafter, save_drafter
-from harvest.cli_init import init_drafter
-from harvest.harvester import HarvestConfig, Harvester
-from harvest.push import PushError
-from harvest.spool import SpoolConfig
+from gleanrl.harvest.checkpoint import load_drafter, save_drafter
+from gleanrl.harvest.cli_init import init_drafter
+from gleanrl.harvest.harvester import HarvestConfig, Harvester
+from gleanrl.harvest.push import PushError
+from gleanrl.harvest.spool import SpoolConfig
 
 
 @pytest.fixture(scope="module")

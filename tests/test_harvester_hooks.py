@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoModelForCausalLM
 
-from harvest.checkpoint import save_drafter
-from harvest.cli_init import init_drafter
-from harvest.harvester import HarvestConfig, Harvester
-from harvest.hooks import HarvestHooks
-from harvest.spool import SpoolConfig
+from gleanrl.harvest.checkpoint import save_drafter
+from gleanrl.harvest.cli_init import init_drafter
+from gleanrl.harvest.harvester import HarvestConfig, Harvester
+from gleanrl.harvest.hooks import HarvestHooks
+from gleanrl.harvest.spool import SpoolConfig
 
 
 def _rollout(prompt, output, version="0", verify_ct=0, accept=0.0):

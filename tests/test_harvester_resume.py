@@ -9,12 +9,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from harvest.checkpoint import save_drafter
-from harvest.cli_init import init_drafter
-from harvest.harvester import HarvestConfig
-from harvest.hooks import HarvestHooks
-from harvest.push import PushError, make_pusher
-from trainer.checkpoint import load_latest, save_checkpoint
+from gleanrl.harvest.checkpoint import save_drafter
+from gleanrl.harvest.cli_init import init_drafter
+from gleanrl.harvest.harvester import HarvestConfig
+from gleanrl.harvest.hooks import HarvestHooks
+from gleanrl.harvest.push import PushError, make_pusher
+from gleanrl.trainer.checkpoint import load_latest, save_checkpoint
 
 
 def _params(drafter) -> dict[str, torch.Tensor]:

@@ -11,14 +11,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from harvest.checkpoint import save_drafter
-from harvest.cli_init import init_drafter
-from harvest.harvester import HarvestConfig, Harvester
-from harvest.hooks import HarvestHooks
-from harvest.spool import SpoolConfig
+from gleanrl.harvest.checkpoint import save_drafter
+from gleanrl.harvest.cli_init import init_drafter
+from gleanrl.harvest.harvester import HarvestConfig, Harvester
+from gleanrl.harvest.hooks import HarvestHooks
+from gleanrl.harvest.spool import SpoolConfig
 from tests.serving import running_server
-from trainer.config import TrainConfig
-from trainer.loop import train
+from gleanrl.trainer.config import TrainConfig
+from gleanrl.trainer.loop import train
 
 
 class DigitTask:

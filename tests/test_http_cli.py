@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from gleanrl import main
+from gleanrl.cli import main
 from serving import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ def _free_port() -> int:
 def test_serve_command_answers_and_keeps_the_key_out_of_the_logs(tiny_qwen2, tmp_path):
     port, key = _free_port(), "sk-never-print-me"
     log = open(tmp_path / "serve.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-c", "import sys, gleanrl; sys.exit(gleanrl.main())", "serve",
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from gleanrl.cli import main; sys.exit(main())", "serve",
                              "--model", str(tiny_qwen2), "--port", str(port), "--threads", "1", "--api-key", key,
                              "--served-model-name", "cli-model"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})

@@ -7,7 +7,7 @@ import shutil
 import httpx
 import pytest
 
-from harvest.tiny import make_tiny_model
+from gleanrl.tiny import make_tiny_model
 from serving import running_server
 
 USER, ADMIN = "sk-user-secret-1", "sk-admin-secret-2"

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from harvest.idle import IdleWindow, run_window
+from gleanrl.harvest.idle import IdleWindow, run_window
 
 
 def test_callable_window_stops_before_next_step():

@@ -11,12 +11,12 @@ import shutil
 import httpx
 import pytest
 
-import gleanrl
-from clients.rollout_client import RolloutClient
-from harvest.checkpoint_check import CheckpointMismatch
+import gleanrl.cli
+from gleanrl.clients.rollout_client import RolloutClient
+from gleanrl.harvest.checkpoint_check import CheckpointMismatch
 from tests.serving import running_server
 from tests.test_integration_push import fake_sglang
-from trainer.policy_push import DISK, TARGET_SESSION, PolicyPusher, push_route, serving_reference
+from gleanrl.trainer.policy_push import DISK, TARGET_SESSION, PolicyPusher, push_route, serving_reference
 
 
 def _push(url: str, initial, path, version: str = "7") -> PolicyPusher:
@@ -81,7 +81,7 @@ def test_bad_checkpoints_are_refused_before_anything_is_sent(tiny_qwen2, tiny_ll
 def test_train_refuses_a_server_that_serves_another_model(tiny_qwen2, tiny_llama, tmp_path, capsys):
     with running_server(tiny_llama) as url:
         before = httpx.get(f"{url}/model_info", timeout=30).json()
-        rc = gleanrl.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "run"), "--server", url,
+        rc = gleanrl.cli.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "run"), "--server", url,
                            "--steps", "1"])
         after = httpx.get(f"{url}/model_info", timeout=30).json()
     assert rc == 2

@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from harvest.checkpoint import save_drafter
-from harvest.cli_init import init_drafter
-from harvest.push import Pusher, PushError
+from gleanrl.harvest.checkpoint import save_drafter
+from gleanrl.harvest.cli_init import init_drafter
+from gleanrl.harvest.push import Pusher, PushError
 from tests.serving import running_server
 
 

@@ -16,10 +16,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from clients.rollout_client import RolloutClient
+from gleanrl.clients.rollout_client import RolloutClient
 from tests.serving import running_server
-from trainer.config import TrainConfig
-from trainer.loop import train
+from gleanrl.trainer.config import TrainConfig
+from gleanrl.trainer.loop import train
 
 
 def router_app(workers: list[str], log: list[tuple[str, str]]) -> Starlette:

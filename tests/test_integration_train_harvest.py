@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-import gleanrl
-from harvest.checkpoint import save_drafter
-from harvest.cli_init import init_drafter
-from trainer import loop
-from trainer.config import TrainConfig
-from trainer.metrics import COLUMNS, HARVEST_COLUMNS, MetricsLog, format_header, format_row
+import gleanrl.cli
+from gleanrl.harvest.checkpoint import save_drafter
+from gleanrl.harvest.cli_init import init_drafter
+from gleanrl.trainer import loop
+from gleanrl.trainer.config import TrainConfig
+from gleanrl.trainer.metrics import COLUMNS, HARVEST_COLUMNS, MetricsLog, format_header, format_row
 
 
 def test_harvest_columns_only_when_harvest_is_on(tmp_path):
@@ -39,7 +39,7 @@ def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, cap
     out = tmp_path / "run"
     base = ["train", "--model", str(tiny_qwen2), "--out", str(out), "--drafter", str(drafter0),
             "--prompts-per-step", "2", "--samples-per-prompt", "2", "--max-new-tokens", "24"]
-    assert gleanrl.main(base + ["--steps", "1"]) == 0
+    assert gleanrl.cli.main(base + ["--steps", "1"]) == 0
     table = capsys.readouterr().out
     assert "dver" in table and "sd%" in table and "idle_s" in table
     cmd = commands[-1]
@@ -49,8 +49,8 @@ def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, cap
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["harvested"] + rows[-1]["harvest_carried"] + rows[-1]["harvest_errors"] == 4
 
-    assert gleanrl.main(base + ["--steps", "1"]) == 2               # a fresh run over the same --out: refused
-    assert gleanrl.main(base + ["--steps", "2", "--resume"]) == 0
+    assert gleanrl.cli.main(base + ["--steps", "1"]) == 2               # a fresh run over the same --out: refused
+    assert gleanrl.cli.main(base + ["--steps", "2", "--resume"]) == 0
     version = rows[-1]["drafter_version"]
     cmd = commands[-1]
     assert cmd[cmd.index("--drafter") + 1] == (str(out / "harvest" / "drafter_versions" / f"v{version:06d}")
@@ -61,7 +61,7 @@ def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, cap
 
 
 def test_fresh_run_refuses_drafter_versions_of_an_earlier_one(tiny_qwen2, tmp_path):
-    from harvest.hooks import HarvestHooks
+    from gleanrl.harvest.hooks import HarvestHooks
     drafter0 = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
     save_drafter(init_drafter(tiny_qwen2, seed=1), tmp_path / "harvest" / "drafter_versions" / "v000002")
     with pytest.raises(ValueError, match="pass --resume"):

@@ -10,7 +10,7 @@ import logging
 import httpx
 import pytest
 
-from server.auth import ADMIN_PATHS
+from gleanrl.server.auth import ADMIN_PATHS
 from serving import running_app
 
 USER, ADMIN = "sk-user-7f3a9c", "sk-admin-1b2e4d"
@@ -80,8 +80,8 @@ def _no_keys(text: str) -> None:
 def test_binds_to_loopback_by_default():
     import argparse
 
-    from server import cli
-    from server.config import ServerConfig
+    from gleanrl.server import cli
+    from gleanrl.server.config import ServerConfig
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     args = parser.parse_args(["--model", "m"])
@@ -147,9 +147,9 @@ def test_default_max_new_tokens_fits_a_low_cap(server):
 def test_keys_stay_out_of_argv_and_written_configs(tiny_qwen2, tmp_path, monkeypatch):
     import argparse
 
-    from server import cli
-    from trainer.config import TrainConfig
-    from trainer.server_proc import EmbeddedServer
+    from gleanrl.server import cli
+    from gleanrl.trainer.config import TrainConfig
+    from gleanrl.trainer.server_proc import EmbeddedServer
     cfg = TrainConfig(model=str(tiny_qwen2), out=str(tmp_path), api_key=USER, admin_api_key=ADMIN)
     _no_keys(str(cfg.to_dict()))  # config.resolved.json and every checkpoint's train_config.json
     assert cfg.to_dict()["api_key"] == "<redacted>"

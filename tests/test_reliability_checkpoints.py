@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from harvest.checkpoint import save_drafter
-from harvest.cli_init import init_drafter
-from harvest.tiny import make_tiny_model
+from gleanrl.harvest.checkpoint import save_drafter
+from gleanrl.harvest.cli_init import init_drafter
+from gleanrl.tiny import make_tiny_model
 from sd_util import random_drafter
 from serving import running_server
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import random
 import shutil
 
-from harvest.checkpoint import save_drafter
-from harvest.cli_init import init_drafter
-from server.bench_load import ServeProcess
-from trainer.bench_crash import check_disk, crash_run
+from gleanrl.harvest.checkpoint import save_drafter
+from gleanrl.harvest.cli_init import init_drafter
+from gleanrl.bench.load import ServeProcess
+from gleanrl.bench.crash import check_disk, crash_run
 
 
 def test_kill_9_while_writing_a_checkpoint_and_while_pushing(tiny_qwen2, tmp_path):
@@ -37,8 +37,8 @@ def test_the_disk_check_finds_half_written_files(tiny_qwen2, tmp_path):
 
 
 def test_resume_removes_temporaries_of_interrupted_writes(tmp_path):
-    from harvest.spool import Spool
-    from trainer.checkpoint import load_latest
+    from gleanrl.harvest.spool import Spool
+    from gleanrl.trainer.checkpoint import load_latest
     spool = tmp_path / "spool"
     spool.mkdir()
     (spool / ".0000000003.safetensors.tmp-abc").write_bytes(b"half")

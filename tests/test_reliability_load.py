@@ -7,7 +7,7 @@ import asyncio
 
 import httpx
 
-from server.bench_load import KINDS, ServeProcess, load, rss_mib
+from gleanrl.bench.load import KINDS, ServeProcess, load, rss_mib
 
 RSS_BOUND_MIB = 64
 

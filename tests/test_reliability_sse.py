@@ -8,8 +8,8 @@ import json
 
 import httpx
 
-from clients.rollout_client import sse_lines
-from server.http_generate import sse
+from gleanrl.clients.rollout_client import sse_lines
+from gleanrl.server.http_generate import sse
 
 ODD = "a\u2028b\u2029c\x85d\x0be\x0cf\x1cg\x1dh\x1ei\rj\nk"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from server.bench_load import ServeProcess
-from server.bench_swaps import make_models, swaps_under_load
+from gleanrl.bench.load import ServeProcess
+from gleanrl.bench.swaps import make_models, swaps_under_load
 
 
 def test_swaps_under_load(tmp_path):

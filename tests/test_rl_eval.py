@@ -11,10 +11,10 @@ import pytest
 
 from serving import running_server
 from test_train import _cfg
-from trainer.demo_report import eval_summary, write_report
-from trainer.loop import informative, train
-from trainer.metrics import eval_metrics, mean_se
-from trainer.rollout import Rollout
+from gleanrl.demo_report import eval_summary, write_report
+from gleanrl.trainer.loop import informative, train
+from gleanrl.trainer.metrics import eval_metrics, mean_se
+from gleanrl.trainer.rollout import Rollout
 
 
 class DigitTask:
@@ -84,7 +84,7 @@ def test_eval_runs_at_step_0_every_n_and_the_last_step(tiny_qwen2, tmp_path):
 def test_negative_weight_scales_only_negative_advantages():
     import torch
 
-    from trainer.grpo import group_advantages
+    from gleanrl.trainer.grpo import group_advantages
     rewards, groups = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 0, 1, 1, 1])
     full = group_advantages(rewards, groups)
     leaning = group_advantages(rewards, groups, negative_weight=0.1)

@@ -6,8 +6,8 @@ import pytest
 
 from engine_util import PROMPTS, req, run_all
 from sd_util import random_drafter, trained_drafter
-from server.config import EngineConfig
-from server.engine import Engine
+from gleanrl.server.config import EngineConfig
+from gleanrl.server.engine import Engine
 
 NEW = 40
 
@@ -133,7 +133,7 @@ def test_stream_deltas_add_up(engines, reference):
 
 def test_two_layer_target_takes_a_drafter(tiny_tokenizer, tmp_path):
     """A 2-layer target's drafter captures ids [-1, 0] (the embedding output and layer 0's output)."""
-    from harvest.tiny import make_tiny_model
+    from gleanrl.tiny import make_tiny_model
 
     model = make_tiny_model(tmp_path / "m2", num_layers=2, tokenizer=tiny_tokenizer)
     drafter = random_drafter(model, tmp_path / "d2")

@@ -19,13 +19,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from sd_util import trained_drafter
-from server.model_runner import ModelRunner
-from server.protocol import GenerateRequest, SamplingParams
-from server.sampler import processed_probs
-from server.scheduler import Scheduler, Sequence
-from server.sd_policy import SDPolicy, SDPolicyConfig
-from server.spec_step import SpecDecoder
-from server.stopping import StopChecker
+from gleanrl.server.model_runner import ModelRunner
+from gleanrl.server.protocol import GenerateRequest, SamplingParams
+from gleanrl.server.sampler import processed_probs
+from gleanrl.server.scheduler import Scheduler, Sequence
+from gleanrl.server.sd_policy import SDPolicy, SDPolicyConfig
+from gleanrl.server.spec_step import SpecDecoder
+from gleanrl.server.stopping import StopChecker
 
 N, BATCH, TOP_K = 4000, 100, 8
 
@@ -72,7 +72,7 @@ def drafter(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
 
 
 def test_sampled_sd_step_follows_the_target(tiny_qwen2, tiny_tokenizer, drafter):
-    from harvest.checkpoint import load_drafter
+    from gleanrl.harvest.checkpoint import load_drafter
 
     runner = ModelRunner.load(str(tiny_qwen2))
     sched = Scheduler(runner, BATCH)

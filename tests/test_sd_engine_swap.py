@@ -9,14 +9,14 @@ import httpx
 import pytest
 
 from engine_util import PROMPTS, req, run_all
-from harvest.checkpoint import save_drafter
-from harvest.cli_init import init_drafter
-from harvest.tiny import make_tiny_model
+from gleanrl.harvest.checkpoint import save_drafter
+from gleanrl.harvest.cli_init import init_drafter
+from gleanrl.tiny import make_tiny_model
 from sd_util import random_drafter, trained_drafter
 from serving import running_app
-from server.config import EngineConfig
-from server.engine import Engine
-from server.protocol import CheckpointError
+from gleanrl.server.config import EngineConfig
+from gleanrl.server.engine import Engine
+from gleanrl.server.protocol import CheckpointError
 
 NEW = 48
 

@@ -11,8 +11,8 @@ import textwrap
 import httpx
 import pytest
 
-from server import sglang_launch
-from server.sglang_launch import SGLangLaunchError, build_command, launch, redact, start
+from gleanrl.server import sglang_launch
+from gleanrl.server.sglang_launch import SGLangLaunchError, build_command, launch, redact, start
 
 FAKE_SGLANG = textwrap.dedent("""
     import http.server, os, sys

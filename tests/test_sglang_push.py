@@ -10,7 +10,7 @@ import httpx
 import pytest
 import torch
 
-from clients.sglang_push import (SGLangPushError, draft_tensor_requests, encode_named_tensors, is_stock_sglang,
+from gleanrl.clients.sglang_push import (SGLangPushError, draft_tensor_requests, encode_named_tensors, is_stock_sglang,
                                  policy_disk_request, push_drafter_tensors, run_session)
 
 

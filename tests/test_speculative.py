@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from server.speculative import verify, verify_greedy, verify_sampled
+from gleanrl.server.speculative import verify, verify_greedy, verify_sampled
 
 V, K, ROWS = 6, 4, 400
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from server.sd_policy import DEFAULT_TABLE, SDPolicy, SDPolicyConfig
+from gleanrl.server.sd_policy import DEFAULT_TABLE, SDPolicy, SDPolicyConfig
 
 
 def _simulated_iteration(k: int, batch: int, alpha: float, verify_cost: float, rng: random.Random):

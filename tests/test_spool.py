@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harvest.spool import Spool, SpoolConfig
+from gleanrl.harvest.spool import Spool, SpoolConfig
 
 
 def _sample(tokens: int, width: int = 6, fill: float = 0.0) -> dict[str, torch.Tensor]:

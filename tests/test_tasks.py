@@ -8,10 +8,10 @@ import textwrap
 
 import pytest
 
-from trainer.tasks import Doubling, JsonlTask, RunningSums, TaskError, accuracy, load_task
-from trainer.tasks.chartok import build_char_tokenizer, chatml
-from trainer.tasks.math_answer import extract_answer, math_reward
-from trainer.tasks.measure import length_stats
+from gleanrl.trainer.tasks import Doubling, JsonlTask, RunningSums, TaskError, accuracy, load_task
+from gleanrl.trainer.tasks.chartok import build_char_tokenizer, chatml
+from gleanrl.trainer.tasks.math_answer import extract_answer, math_reward
+from gleanrl.trainer.tasks.measure import length_stats
 
 
 def test_default_task_is_doubling_and_its_solution_is_rewarded():

@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from clients.rollout_client import RolloutClient
-from trainer.config import TrainConfig
-from trainer.generate import encode_prompt
-from trainer.loop import train
-from trainer.server_proc import EmbeddedServer
+from gleanrl.clients.rollout_client import RolloutClient
+from gleanrl.trainer.config import TrainConfig
+from gleanrl.trainer.generate import encode_prompt
+from gleanrl.trainer.loop import train
+from gleanrl.trainer.server_proc import EmbeddedServer
 
 
 class ToyTask:

@@ -9,8 +9,8 @@ import signal
 import threading
 
 from test_train import ToyTask, _cfg
-from trainer import loop, server_proc
-from trainer.loop import train
+from gleanrl.trainer import loop, server_proc
+from gleanrl.trainer.loop import train
 
 
 class KillServerMidStep:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from trainer.cli import add_arguments
-from trainer.config import build_config, read_config_file
+from gleanrl.trainer.cli import add_arguments
+from gleanrl.trainer.config import build_config, read_config_file
 
 
 def _config(argv, tmp_path, tiny_llama, file_text=""):

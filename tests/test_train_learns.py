@@ -6,7 +6,7 @@ import json
 
 from serving import running_server
 from test_train import ToyTask, _cfg
-from trainer.loop import train
+from gleanrl.trainer.loop import train
 
 
 def test_reward_rises_on_a_dense_toy_reward(tiny_qwen2, tmp_path):

@@ -55,7 +55,7 @@ def cache_root() -> Path:
 
 
 def _spec_of(task) -> str:
-    from trainer.tasks import DEFAULT_TASK
+    from gleanrl.trainer.tasks import DEFAULT_TASK
 
     return DEFAULT_TASK if task is None else task if isinstance(task, str) else repr(task)
 
@@ -85,9 +85,9 @@ def bootstrap_policy(out_dir: str | os.PathLike | None = None, task=None, seed: 
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _cached(out, key):  # built by another process while we waited
             return out
-        from harvest.atomic import atomic_dir
-        from trainer.tasks.sft import train_policy
-        from trainer.tasks import load_task
+        from gleanrl.harvest.atomic import atomic_dir
+        from gleanrl.trainer.tasks.sft import train_policy
+        from gleanrl.trainer.tasks import load_task
 
         start, cpu = time.time(), resource.getrusage(resource.RUSAGE_SELF)
         with atomic_dir(out) as tmp:
@@ -114,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainer.tasks import TaskError
+    from gleanrl.trainer.tasks import TaskError
 
     try:
         path = bootstrap_policy(args.out, task=args.task, seed=args.seed, size=args.size)

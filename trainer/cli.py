@@ -13,7 +13,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from trainer.config import TrainConfig, build_config, read_config_file
+from gleanrl.trainer.config import TrainConfig, build_config, read_config_file
 
 # flag -> (TrainConfig field, type, help). Defaults live in TrainConfig; a flag not given is None.
 FLAGS = {
@@ -96,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             help=f"{help_text} (default: {defaults[dest]})")
     parser.add_argument("--eval-greedy", dest="eval_greedy", action="store_true", default=argparse.SUPPRESS,
                         help="also evaluate greedily (eval_greedy_* keys)")
-    from harvest.harvester import HarvestConfig
+    from gleanrl.harvest.harvester import HarvestConfig
     group = parser.add_argument_group("harvest (with --drafter; kept by --resume)")
     hdefaults = dataclasses.asdict(HarvestConfig())
     for flag, (field, typ, help_text) in HARVEST_FLAGS.items():
@@ -110,9 +110,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def harvest_settings(cfg: TrainConfig, args: argparse.Namespace) -> None:
     """Write OUT/harvest/harvest_config.json: the resumed run's settings (or the defaults), then the flags
     given. Raises ValueError for flags without --drafter and for invalid values."""
-    from harvest.harvester import HarvestConfig
-    from harvest.hooks import read_config, write_config
-    from trainer.checkpoint import list_checkpoints
+    from gleanrl.harvest.harvester import HarvestConfig
+    from gleanrl.harvest.hooks import read_config, write_config
+    from gleanrl.trainer.checkpoint import list_checkpoints
     given = {k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("_harvest:")}
     if not cfg.drafter:
         if given:
@@ -126,7 +126,7 @@ def harvest_settings(cfg: TrainConfig, args: argparse.Namespace) -> None:
     for field, value in given.items():
         table, name = (values["spool"], field[6:]) if field.startswith("spool.") else (values, field)
         table[name] = value
-    from harvest.spool import SpoolConfig
+    from gleanrl.harvest.spool import SpoolConfig
     write_config(root, HarvestConfig(**values | {"spool": SpoolConfig(**values["spool"])}))
 
 
@@ -139,8 +139,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gleanrl train: {exc}", file=sys.stderr)
         return 2
-    from clients.rollout_client import RolloutServerError
-    from trainer.loop import train
+    from gleanrl.clients.rollout_client import RolloutServerError
+    from gleanrl.trainer.loop import train
     try:
         row = train(cfg, resume=args.resume)
     except RolloutServerError as exc:

@@ -11,9 +11,9 @@ from typing import Awaitable, Callable, ContextManager, Protocol
 import httpx
 from tqdm import tqdm
 
-from clients.rollout_client import RolloutClient, RolloutServerError
-from trainer.config import TrainConfig
-from trainer.rollout import Rollout, RolloutStatus
+from gleanrl.clients.rollout_client import RolloutClient, RolloutServerError
+from gleanrl.trainer.config import TrainConfig
+from gleanrl.trainer.rollout import Rollout, RolloutStatus
 
 
 class RolloutHooks(Protocol):

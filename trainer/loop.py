@@ -34,15 +34,15 @@ from pathlib import Path
 
 import torch
 
-from clients.rollout_client import RolloutClient, RolloutServerError
-from trainer.checkpoint import list_checkpoints, load_latest, save_checkpoint
-from trainer.config import TrainConfig, write_resolved
-from trainer.generate import NoHooks, RolloutHooks, make_rollouts, run_step, sampling_params
-from trainer.metrics import MetricsLog, eval_metrics, rollout_metrics
-from trainer.policy import Policy
-from trainer.policy_push import PolicyPusher
-from trainer.rollout import Rollout
-from trainer.server_proc import EmbeddedServer
+from gleanrl.clients.rollout_client import RolloutClient, RolloutServerError
+from gleanrl.trainer.checkpoint import list_checkpoints, load_latest, save_checkpoint
+from gleanrl.trainer.config import TrainConfig, write_resolved
+from gleanrl.trainer.generate import NoHooks, RolloutHooks, make_rollouts, run_step, sampling_params
+from gleanrl.trainer.metrics import MetricsLog, eval_metrics, rollout_metrics
+from gleanrl.trainer.policy import Policy
+from gleanrl.trainer.policy_push import PolicyPusher
+from gleanrl.trainer.rollout import Rollout
+from gleanrl.trainer.server_proc import EmbeddedServer
 
 
 def train(cfg: TrainConfig, task=None, hooks: RolloutHooks | None = None, resume: bool = False,
@@ -64,7 +64,7 @@ def train(cfg: TrainConfig, task=None, hooks: RolloutHooks | None = None, resume
     weights = (str(resumed.path) if resumed else cfg.model, str(start))
     server_args = list(cfg.server_args)
     if cfg.drafter and hooks is None:
-        from harvest.hooks import HarvestHooks
+        from gleanrl.harvest.hooks import HarvestHooks
         hooks, drafter = HarvestHooks.for_run(cfg.model, cfg.drafter, Path(cfg.out) / "harvest", resume)
         if "--drafter" not in server_args:  # the embedded server serves the newest pushed drafter
             server_args += ["--drafter", str(drafter)] + ([] if "--sd" in server_args else ["--sd", "adaptive"])
@@ -179,5 +179,5 @@ def _correct(task, r: Rollout) -> float:
 
 
 def _load_task(cfg: TrainConfig):
-    from trainer.tasks import load_task
+    from gleanrl.trainer.tasks import load_task
     return load_task(cfg.data or cfg.task)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from trainer.config import TrainConfig
-from trainer.grpo import group_advantages, logprob_mismatch, policy_loss, token_logprobs
-from trainer.rollout import Rollout
+from gleanrl.trainer.config import TrainConfig
+from gleanrl.trainer.grpo import group_advantages, logprob_mismatch, policy_loss, token_logprobs
+from gleanrl.trainer.rollout import Rollout
 
 
 class Policy:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from clients.rollout_client import RolloutClient, RolloutServerError
-from clients.sglang_push import DRAFT_ALGORITHMS, SGLangPushError, run_session, tensor_requests
-from harvest.checkpoint_check import CheckpointMismatch, check_policy_checkpoint
+from gleanrl.clients.rollout_client import RolloutClient, RolloutServerError
+from gleanrl.clients.sglang_push import DRAFT_ALGORITHMS, SGLangPushError, run_session, tensor_requests
+from gleanrl.harvest.checkpoint_check import CheckpointMismatch, check_policy_checkpoint
 
 DISK, TARGET_SESSION = "update_weights_from_disk", "target_session"
 

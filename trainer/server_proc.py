@@ -46,8 +46,6 @@ class EmbeddedServer:
         keys = {"GLEANRL_API_KEY": self.api_key, "GLEANRL_ADMIN_API_KEY": self.admin_api_key}
         for name, key in keys.items():  # exactly the trainer's keys, not ones inherited from the shell
             env.pop(name, None) if key is None else env.__setitem__(name, key)
-        root = str(Path(__file__).resolve().parent.parent)  # gleanrl.py lives at the repository root
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True, preexec_fn=_die_with_parent)
         if log is not subprocess.DEVNULL:

@@ -22,7 +22,7 @@ def sglang_model(tmp_path_factory) -> Path:
     """A private copy of the task's tiny bootstrap policy, which the shared server serves."""
     if not available():
         pytest.skip(SKIP_REASON)
-    from trainer.bootstrap import bootstrap_policy
+    from gleanrl.trainer.bootstrap import bootstrap_policy
     return Path(shutil.copytree(bootstrap_policy(size="tiny", progress=False),
                                 tmp_path_factory.mktemp("sglang") / "policy"))
 

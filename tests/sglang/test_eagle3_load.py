@@ -72,18 +72,18 @@ def loaded(drafter_dir, full_vocab_drafter_dir, tiny_qwen2):
 
 @pytest.fixture(scope="module")
 def full_vocab_drafter_dir(tiny_qwen2, tmp_path_factory):
-    from harvest.checkpoint import save_drafter
-    from harvest.drafter import Eagle3Drafter
-    from harvest.drafter_config import DrafterConfig
+    from gleanrl.harvest.checkpoint import save_drafter
+    from gleanrl.harvest.drafter import Eagle3Drafter
+    from gleanrl.harvest.drafter_config import DrafterConfig
     cfg = json.loads((tiny_qwen2 / "config.json").read_text())
     return save_drafter(Eagle3Drafter(DrafterConfig.for_target(cfg)), tmp_path_factory.mktemp("eagle3") / "full")
 
 
 @pytest.fixture(scope="module")
 def drafter_dir(tiny_qwen2, tmp_path_factory):
-    from harvest.checkpoint import save_drafter
-    from harvest.drafter import Eagle3Drafter
-    from harvest.drafter_config import DrafterConfig
+    from gleanrl.harvest.checkpoint import save_drafter
+    from gleanrl.harvest.drafter import Eagle3Drafter
+    from gleanrl.harvest.drafter_config import DrafterConfig
     cfg = json.loads((tiny_qwen2 / "config.json").read_text())
     torch.manual_seed(0)
     drafter = Eagle3Drafter(DrafterConfig.for_target(cfg, draft_vocab_size=96))

@@ -10,7 +10,7 @@ import pytest
 import torch
 from sglang_util import run_in_sglang
 
-from clients.sglang_push import (distributed_requests, draft_distributed_requests, draft_tensor_requests,
+from gleanrl.clients.sglang_push import (distributed_requests, draft_distributed_requests, draft_tensor_requests,
                                  init_group_request, policy_disk_request, tensor_requests)
 
 pytestmark = pytest.mark.sglang

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from sglang_util import free_port
 from test_sglang_weights import _greedy, _hf_greedy
 
-from clients.sglang_dist import close_weight_group, open_weight_group, push_over_group
+from gleanrl.clients.sglang_dist import close_weight_group, open_weight_group, push_over_group
 
 pytestmark = pytest.mark.sglang
 

@@ -11,7 +11,7 @@ import yaml
 from sglang_util import run_in_sglang
 from test_compose import COMPOSE, interpolate
 
-from server.sglang_launch import build_command
+from gleanrl.server.sglang_launch import build_command
 
 pytestmark = pytest.mark.sglang
 

@@ -22,7 +22,7 @@ PROMPTS = ["<|im_start|>user\ndouble 7 times, keep 3 digits: 705<|im_end|>\n<|im
 
 
 def _client_generate(url: str, ids: list[list[int]], params: dict) -> list[dict]:
-    from clients.rollout_client import RolloutClient
+    from gleanrl.clients.rollout_client import RolloutClient
 
     async def go():
         async with RolloutClient([url]) as client:
@@ -87,7 +87,7 @@ def test_sampled_logprobs_are_temperature_scaled_not_top_p_renormalised(sglang_s
 def test_trainer_convention_matches_sglang(sglang_server, sglang_tokenizer, T, top_p):
     """server/sampler.py's token_logprobs (used by the embedded server and the trainer) equals SGLang's
     logprob, including with a small top-p nucleus, which an older SGLang renormalised over."""
-    from server.sampler import token_logprobs
+    from gleanrl.server.sampler import token_logprobs
     theirs, logits, ids = _sampled(sglang_server, sglang_tokenizer, T, top_p)
     n = len(ids)
     ours = token_logprobs(logits, ids, torch.full((n,), T), torch.full((n,), top_p))

@@ -9,12 +9,12 @@ import asyncio
 import httpx
 import pytest
 
-from clients.rollout_client import RolloutClient
-from harvest.checkpoint import save_drafter
-from harvest.checkpoint_check import CheckpointMismatch
-from harvest.cli_init import init_drafter
-from harvest.push import Pusher, PushError
-from trainer.policy_push import DISK, PolicyPusher
+from gleanrl.clients.rollout_client import RolloutClient
+from gleanrl.harvest.checkpoint import save_drafter
+from gleanrl.harvest.checkpoint_check import CheckpointMismatch
+from gleanrl.harvest.cli_init import init_drafter
+from gleanrl.harvest.push import Pusher, PushError
+from gleanrl.trainer.policy_push import DISK, PolicyPusher
 
 pytestmark = pytest.mark.sglang
 

@@ -8,14 +8,14 @@ import httpx
 import pytest
 import torch
 
-import gleanrl
+import gleanrl.cli
 
 pytestmark = pytest.mark.sglang
 
 
 def test_two_grpo_steps_against_sglang(restore_weights, tmp_path, sglang_tokenizer):
     server, out = restore_weights, tmp_path / "run"
-    rc = gleanrl.main(["train", "--model", str(server.model), "--out", str(out), "--server", server.url,
+    rc = gleanrl.cli.main(["train", "--model", str(server.model), "--out", str(out), "--server", server.url,
                        "--steps", "2", "--prompts-per-step", "2", "--samples-per-prompt", "4",
                        "--max-new-tokens", "24", "--seed", "0", "--eval-every", "0"])
     assert rc == 0

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from sglang_util import SGLangServer
 
-from harvest.checkpoint_check import CheckpointMismatch, check_policy_checkpoint
+from gleanrl.harvest.checkpoint_check import CheckpointMismatch, check_policy_checkpoint
 
 pytestmark = pytest.mark.sglang
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from clients.sglang_push import (SGLangPushError, draft_tensor_requests, is_stock_sglang, push_drafter_tensors,
+from gleanrl.clients.sglang_push import (SGLangPushError, draft_tensor_requests, is_stock_sglang, push_drafter_tensors,
                                  run_session, tensor_requests)
-from harvest.checkpoint_check import CheckpointMismatch, check_policy_checkpoint
+from gleanrl.harvest.checkpoint_check import CheckpointMismatch, check_policy_checkpoint
 
 pytestmark = pytest.mark.sglang
 PROMPT = "12+30="
@@ -48,7 +48,7 @@ def _session(server, requests) -> list[dict]:
 
 def test_trainer_checkpoint_is_accepted_and_changes_outputs_and_version(restore_weights, sglang_model_b,
                                                                         sglang_tokenizer):
-    from clients.rollout_client import RolloutClient
+    from gleanrl.clients.rollout_client import RolloutClient
     server, ids = restore_weights, _ids(sglang_tokenizer)
     assert _greedy(server, ids) == _hf_greedy(server.model, ids)
     check_policy_checkpoint(sglang_model_b, server.model)          # the guard lets a good checkpoint through
@@ -115,9 +115,9 @@ def test_draft_push_to_a_server_without_drafter_succeeds_raw_and_is_refused_guar
 @pytest.fixture(scope="module")
 def drafter_for_policy(sglang_model, tmp_path_factory):
     """An EAGLE-3 drafter directory sized for the serving policy (hidden size, vocabulary)."""
-    from harvest.checkpoint import save_drafter
-    from harvest.drafter import Eagle3Drafter
-    from harvest.drafter_config import DrafterConfig
+    from gleanrl.harvest.checkpoint import save_drafter
+    from gleanrl.harvest.drafter import Eagle3Drafter
+    from gleanrl.harvest.drafter_config import DrafterConfig
     cfg = json.loads((sglang_model / "config.json").read_text())
     shaped = {**cfg, "num_hidden_layers": max(4, cfg["num_hidden_layers"])}   # drafter ids need >= 4 layers
     torch.manual_seed(0)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib
 from typing import Protocol, runtime_checkable
 
-from trainer.tasks.doubling import Doubling
-from trainer.tasks.jsonl import JsonlTask, TaskError
-from trainer.tasks.running_sums import RunningSums
+from gleanrl.trainer.tasks.doubling import Doubling
+from gleanrl.trainer.tasks.jsonl import JsonlTask, TaskError
+from gleanrl.trainer.tasks.running_sums import RunningSums
 
 DEFAULT_TASK = "doubling"
 BUILTIN = {"doubling": Doubling, "running_sums": RunningSums}
@@ -35,7 +35,7 @@ def load_task(spec: "str | Task | None" = None) -> Task:
     if spec in BUILTIN:
         return BUILTIN[spec]()
     if spec.startswith("jsonl:") or spec.endswith(".jsonl"):
-        from trainer.tasks.jsonl import parse_jsonl_spec
+        from gleanrl.trainer.tasks.jsonl import parse_jsonl_spec
         return parse_jsonl_spec(spec)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:

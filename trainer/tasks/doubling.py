@@ -19,8 +19,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from trainer.tasks.chartok import chatml
-from trainer.tasks.math_answer import answers_match, last_boxed
+from gleanrl.trainer.tasks.chartok import chatml
+from gleanrl.trainer.tasks.math_answer import answers_match, last_boxed
 
 
 @dataclass(frozen=True)

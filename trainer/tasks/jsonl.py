@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer.tasks.math_answer import math_reward
+from gleanrl.trainer.tasks.math_answer import math_reward
 
 
 class TaskError(ValueError):

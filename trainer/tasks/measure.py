@@ -52,7 +52,7 @@ def measure_policy(model_dir: str, task=None, n: int = 1000, seed: int = 0, temp
                    max_new_tokens: int = 1024, batch_size: int = 64, progress: bool = True) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.tasks import load_task
+    from gleanrl.trainer.tasks import load_task
 
     task = load_task(task)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

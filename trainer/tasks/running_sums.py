@@ -14,8 +14,8 @@ import random
 import string
 from dataclasses import dataclass
 
-from trainer.tasks.chartok import chatml
-from trainer.tasks.math_answer import answers_match, last_boxed
+from gleanrl.trainer.tasks.chartok import chatml
+from gleanrl.trainer.tasks.math_answer import answers_match, last_boxed
 
 LABELS = string.ascii_lowercase + string.ascii_uppercase
 

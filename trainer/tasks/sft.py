@@ -67,7 +67,7 @@ def train_policy(out: Path, task, size, seed: int = 0, progress: bool = True) ->
     """Train a policy for `task` and save model + tokenizer to `out`; returns training stats."""
     from tqdm import tqdm
 
-    from trainer.tasks.chartok import build_char_tokenizer
+    from gleanrl.trainer.tasks.chartok import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     batches = make_batches(task, tokenizer, size, seed)

@@ -38,10 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def child(spec: dict) -> None:
     """The trainer under test: `train` with harvest hooks, marking its phases in OUT/phases.log."""
-    from harvest.harvester import HarvestConfig, Harvester
-    from harvest.hooks import HarvestHooks
-    from trainer import loop
-    from trainer.config import TrainConfig
+    from gleanrl.harvest.harvester import HarvestConfig, Harvester
+    from gleanrl.harvest.hooks import HarvestHooks
+    from gleanrl.trainer import loop
+    from gleanrl.trainer.config import TrainConfig
 
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
@@ -85,11 +85,9 @@ def child(spec: dict) -> None:
 
 
 def _launch(spec: dict, log: Path) -> subprocess.Popen:
-    root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     with open(log, "ab") as f:
-        return subprocess.Popen([sys.executable, "-m", "trainer.bench_crash", json.dumps(spec)], stdout=f,
+        return subprocess.Popen([sys.executable, "-m", "gleanrl.bench.crash", json.dumps(spec)], stdout=f,
                                 stderr=subprocess.STDOUT, env=env)
 
 
@@ -103,8 +101,8 @@ def check_disk(out: Path) -> list[str]:
     """Problems with what a killed trainer left: any checkpoint, spool shard or drafter that does not load."""
     from safetensors import safe_open
 
-    from harvest.checkpoint import load_drafter
-    from trainer.checkpoint import STATE_FILE, list_checkpoints
+    from gleanrl.harvest.checkpoint import load_drafter
+    from gleanrl.trainer.checkpoint import STATE_FILE, list_checkpoints
     problems = []
     for step, path in list_checkpoints(out):
         try:
@@ -142,7 +140,7 @@ def _server_idle(url: str, timeout: float = 60.0) -> dict:
 def crash_run(i: int, phase: str, root: Path, url: str, model: str, drafter: str, steps: int,
               rng: random.Random) -> dict:
     """One kill-and-resume run; returns its record with `problems` (empty when all checks pass)."""
-    from trainer.checkpoint import list_checkpoints
+    from gleanrl.trainer.checkpoint import list_checkpoints
     out, log = root / f"run{i}", root / f"run{i}.log"
     spec = {"out": str(out), "model": model, "drafter": drafter, "url": url, "steps": steps, "seed": i, "resume": False}
     at_step, proc = rng.randint(1, steps), _launch(spec, log)
@@ -200,10 +198,10 @@ def run(args: argparse.Namespace) -> int:
     if args.runs < 1 or args.steps < 1:
         print("gleanrl bench crash: --runs and --steps must be >= 1", file=sys.stderr)
         return 2
-    from harvest.checkpoint import save_drafter
-    from harvest.cli_init import init_drafter
-    from harvest.tiny import make_tiny_model
-    from server.bench_load import ServeProcess
+    from gleanrl.harvest.checkpoint import save_drafter
+    from gleanrl.harvest.cli_init import init_drafter
+    from gleanrl.tiny import make_tiny_model
+    from gleanrl.bench.load import ServeProcess
     rng = random.Random(args.seed)
     records = []
     with tempfile.TemporaryDirectory() as tmp:

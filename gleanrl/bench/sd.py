@@ -42,7 +42,7 @@ def _prompts(args: argparse.Namespace, n: int) -> list[str]:
         with open(args.prompts) as f:
             texts = [json.loads(line)["prompt"] for line in f if line.strip()]
     else:
-        from trainer.tasks import load_task
+        from gleanrl.trainer.tasks import load_task
         texts = [p["prompt"] for p in load_task(args.task).prompts("test", n, 0)]
     if not texts:
         raise ValueError("no prompts")
@@ -50,7 +50,7 @@ def _prompts(args: argparse.Namespace, n: int) -> list[str]:
 
 
 def _run(engine, prompts: list[list[int]], temperature: float, max_new: int, seed: int) -> tuple[float, list[list[int]]]:
-    from server.protocol import GenerateRequest, SamplingParams
+    from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
     async def one(i: int) -> list[int]:
         params = SamplingParams(max_new_tokens=max_new, temperature=temperature, seed=seed + i)
@@ -73,10 +73,10 @@ def _side(engine, policy, prompts, temperature, args, seed) -> tuple[float, list
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from server.config import EngineConfig
-    from server.engine import Engine
-    from server.protocol import CheckpointError
-    from server.sd_policy import SDPolicy, SDPolicyConfig
+    from gleanrl.server.config import EngineConfig
+    from gleanrl.server.engine import Engine
+    from gleanrl.server.protocol import CheckpointError
+    from gleanrl.server.sd_policy import SDPolicy, SDPolicyConfig
 
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.shutdown()
     if args.json:
-        from harvest.atomic import atomic_file
+        from gleanrl.harvest.atomic import atomic_file
         with atomic_file(args.json, "w") as f:
             json.dump({"model": args.model, "drafter": args.drafter, "sd": args.sd, "threads": args.threads,
                        "dtype": args.dtype,

@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from trainer import demo
+from gleanrl import demo
 
 RUNS = {  # name -> (SD with a drafter, harvest: None | "push" | "train", seed offset)
     "a_no_sd": (False, None, 0),
@@ -86,17 +86,17 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
 def heldout(h, drafter0: Path, policy: Path) -> dict:
     """(b)'s final serving drafter and the warm start on (b)'s newest held-out rollouts, at the same draft
     length: acceptance free of the server's choice of draft length."""
-    from harvest.checkpoint import load_drafter
+    from gleanrl.harvest.checkpoint import load_drafter
     adaptive, stale = h.score(h.serving), h.score(load_drafter(drafter0, target_config=policy))
     return {"heldout_accept_adaptive": adaptive or 0.0, "heldout_accept_stale": stale or 0.0}
 
 
 def run(args: argparse.Namespace) -> int:
-    from harvest.harvester import HarvestConfig, Harvester
-    from trainer.bootstrap import bootstrap_policy
-    from trainer.generate import NoHooks
-    from trainer.loop import train
-    from trainer.tasks import load_task
+    from gleanrl.harvest.harvester import HarvestConfig, Harvester
+    from gleanrl.trainer.bootstrap import bootstrap_policy
+    from gleanrl.trainer.generate import NoHooks
+    from gleanrl.trainer.loop import train
+    from gleanrl.trainer.tasks import load_task
 
     out = Path(args.out)
     if not demo.fresh_out(out, "bench_e2e.json", args, tuple(RUNS)):

@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from harvest.acceptance import acceptance_length
-from harvest.capture import Sample, capture
-from harvest.checkpoint import load_drafter, save_drafter
-from harvest.cli_init import init_drafter, parse_layer_ids
-from harvest.drafter import Eagle3Drafter
-from harvest.train_step import bf16_fast, length_batches, make_optimizer, train_step
+from gleanrl.harvest.acceptance import acceptance_length
+from gleanrl.harvest.capture import Sample, capture
+from gleanrl.harvest.checkpoint import load_drafter, save_drafter
+from gleanrl.harvest.cli_init import init_drafter, parse_layer_ids
+from gleanrl.harvest.drafter import Eagle3Drafter
+from gleanrl.harvest.train_step import bf16_fast, length_batches, make_optimizer, train_step
 
 
 @dataclass
@@ -72,9 +72,9 @@ def generate(model_dir: str | Path, tokenizer, prompts: list[str], cfg: WarmStar
     batching: long-tailed responses do not hold a padded batch; bf16 where fast, as it would serve)."""
     import asyncio
 
-    from server.config import EngineConfig
-    from server.engine import Engine
-    from server.protocol import GenerateRequest, SamplingParams
+    from gleanrl.server.config import EngineConfig
+    from gleanrl.server.engine import Engine
+    from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
     engine = Engine(EngineConfig(model_path=str(model_dir), dtype="bfloat16" if use_bf16(cfg) else "float32",
                                  max_running_requests=cfg.gen_batch, seed=cfg.seed))
@@ -165,7 +165,7 @@ def warm_start(model_dir: str | Path, prompts: list[str], cfg: WarmStartConfig, 
 def read_prompts(args: argparse.Namespace) -> list[str]:
     if args.task:
         try:
-            from trainer.tasks import load_task
+            from gleanrl.trainer.tasks import load_task
         except ImportError:
             raise ValueError("--task needs gleanrl's trainer.tasks; use --prompts FILE instead") from None
         return [p["prompt"] for p in load_task(args.task).prompts("train", args.num_prompts, args.seed)]

@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _engine_run(engine, prompts: list[list[int]], lengths: list[int]) -> float:
-    from server.protocol import GenerateRequest, SamplingParams
+    from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
     async def one(i: int) -> int:
         req = GenerateRequest(rid=f"bench-{time.monotonic_ns()}-{i}", input_ids=prompts[i],
@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from server.config import EngineConfig
-    from server.engine import Engine
+    from gleanrl.server.config import EngineConfig
+    from gleanrl.server.engine import Engine
 
     torch.set_num_threads(args.threads)
     try:
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     for r in results:
         print(f"{r['batch']:>5} {r['engine_tok_s']:>13.1f} {r['hf_tok_s']:>10.1f} {r['ratio']:>5.2f}x")
     if args.json:
-        from harvest.atomic import atomic_file
+        from gleanrl.harvest.atomic import atomic_file
         with atomic_file(args.json, "w") as f:
             json.dump({"model": args.model, "threads": args.threads, "results": results}, f, indent=2)
     return 0

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from server.bench_load import ServeProcess, verdict
+from gleanrl.bench.load import ServeProcess, verdict
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "1 + 1 =", "In the beginning", "alpha beta gamma",
            "Weights and measures", "Rollouts finish at", "Speculative decoding"]
@@ -36,9 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def make_models(root: Path) -> dict[str, Path]:
-    from harvest.checkpoint import save_drafter
-    from harvest.cli_init import init_drafter
-    from harvest.tiny import build_tokenizer, make_tiny_model
+    from gleanrl.harvest.checkpoint import save_drafter
+    from gleanrl.harvest.cli_init import init_drafter
+    from gleanrl.tiny import build_tokenizer, make_tiny_model
     tok = build_tokenizer()
     a = make_tiny_model(root / "A", tokenizer=tok, seed=0)
     return {"A": a, "B": make_tiny_model(root / "B", tokenizer=tok, seed=1),

@@ -48,9 +48,7 @@ class ServeProcess:
         self.log_path = log_path
 
     def __enter__(self) -> "ServeProcess":
-        root = str(Path(__file__).resolve().parent.parent)  # gleanrl.py lives at the repository root
-        env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
-                   PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.pid = self.proc.pid
@@ -186,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             model = args.model
             if model is None:
-                from harvest.tiny import make_tiny_model
+                from gleanrl.tiny import make_tiny_model
                 model = str(make_tiny_model(Path(tmp) / "tiny"))
             with ServeProcess(model, Path(tmp) / "server.log", threads=args.threads,
                               extra=["--max-running-requests", "32"]) as server:

@@ -58,10 +58,10 @@ def split_cores() -> tuple[set[int], set[int]] | None:
 
 def warm_drafter(policy: Path, args: argparse.Namespace) -> Path:
     """A drafter warm-started on the policy's own generations, cached by policy and settings."""
-    from harvest.checkpoint import save_drafter
-    from harvest.cli_train import WarmStartConfig, warm_start
-    from trainer.bootstrap import cache_root
-    from trainer.tasks import load_task
+    from gleanrl.harvest.checkpoint import save_drafter
+    from gleanrl.draft_train import WarmStartConfig, warm_start
+    from gleanrl.trainer.bootstrap import cache_root
+    from gleanrl.trainer.tasks import load_task
 
     weights = sorted(policy.glob("*.safetensors"))
     ident = [str(policy.resolve())] + [f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}" for w in weights]
@@ -79,7 +79,7 @@ def warm_drafter(policy: Path, args: argparse.Namespace) -> Path:
 
 def demo_hooks(harvester):
     """HarvestHooks that also keep every step's response lengths (for the histogram)."""
-    from harvest.hooks import HarvestHooks
+    from gleanrl.harvest.hooks import HarvestHooks
 
     class DemoHooks(HarvestHooks):
         def __init__(self, h):
@@ -129,7 +129,7 @@ def ask(url: str, question: list[dict], max_tokens: int) -> str:
 @contextlib.contextmanager
 def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adaptive", dtype: str = "auto"):
     """An embedded server on the first half of the cores (this process keeps the other half)."""
-    from trainer.server_proc import EmbeddedServer
+    from gleanrl.trainer.server_proc import EmbeddedServer
 
     cores = split_cores()
     extra = (["--drafter", str(drafter)] if drafter else []) + ["--sd", sd if drafter else "off", "--dtype", dtype]
@@ -149,7 +149,7 @@ def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adapt
 def rl_config(policy: Path, out: Path, url: str, args: argparse.Namespace, seed: int, evaluate: bool = False):
     """The demo's GRPO settings; `evaluate`: held-out accuracy at T = 1 on fixed prompts (the demo's
     evidence that RL helps; the e2e bench leaves it off to time steps alone)."""
-    from trainer.config import TrainConfig
+    from gleanrl.trainer.config import TrainConfig
     cores = split_cores()
     evals = dict(eval_every=args.eval_every, eval_prompts=args.eval_prompts, eval_samples=args.eval_samples,
                  eval_temperature=1.0) if evaluate else {}
@@ -173,11 +173,11 @@ def fresh_out(out: Path, marker: str, args: argparse.Namespace, subs: tuple[str,
 def run(args: argparse.Namespace) -> int:
     import httpx
 
-    from harvest.harvester import HarvestConfig, Harvester
-    from trainer.bootstrap import bootstrap_policy
-    from trainer.demo_report import write_report
-    from trainer.loop import train
-    from trainer.tasks import load_task
+    from gleanrl.harvest.harvester import HarvestConfig, Harvester
+    from gleanrl.trainer.bootstrap import bootstrap_policy
+    from gleanrl.demo_report import write_report
+    from gleanrl.trainer.loop import train
+    from gleanrl.trainer.tasks import load_task
 
     out = Path(args.out)
     if not fresh_out(out, "demo.json", args, ("run", "harvest", "report.md")):

@@ -1,0 +1,5 @@
+import sys
+
+from gleanrl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,55 @@
+"""The `gleanrl` command: a thin dispatcher. Each subcommand is a module exposing
+`add_arguments(parser)` and `run(args) -> int`; modules are imported only to build their parser."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Nested groups map to a dict of the same shape.
+COMMANDS: dict = {
+    "serve": ("gleanrl.server.cli", "serve a policy (and drafter) over SGLang's native API and the OpenAI API"),
+    "make-tiny-model": ("gleanrl.tiny", "write a tiny random Qwen2/Llama model with a locally trained tokenizer"),
+    "bootstrap": ("gleanrl.trainer.bootstrap", "train the built-in task's small policy from scratch (cached)"),
+    "train": ("gleanrl.trainer.cli", "GRPO training against a rollout server, harvesting a drafter in the long tail"),
+    "demo": ("gleanrl.demo", "bootstrap, warm-start a drafter, train with harvest, serve and ask (CPU)"),
+    "draft": {
+        "init": ("gleanrl.harvest.cli_init", "write a randomly initialised EAGLE-3 drafter for a target"),
+        "train": ("gleanrl.draft_train", "warm-start an EAGLE-3 drafter offline from the target's generations"),
+    },
+    "bench": {
+        "engine": ("gleanrl.bench.engine", "embedded engine vs transformers generate (tokens/s)"),
+        "sd": ("gleanrl.bench.sd", "speculative decoding vs plain decoding in the embedded engine"),
+        "e2e": ("gleanrl.bench.e2e", "end-to-end RL: no SD vs adaptive drafter vs stale drafter"),
+        "load": ("gleanrl.bench.load", "many concurrent clients, streaming and not, some leaving: errors, leaks, RSS"),
+        "swaps": ("gleanrl.bench.swaps", "alternating target and draft weight swaps under load: versions and outputs"),
+        "crash": ("gleanrl.bench.crash", "kill -9 the trainer at random points and resume: nothing lost or half-written"),
+    },
+}
+
+
+def _add(sub, name: str, spec) -> None:
+    if isinstance(spec, dict):
+        group = sub.add_parser(name, help=f"{name} subcommands")
+        inner = group.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
+        for child, child_spec in spec.items():
+            _add(inner, child, child_spec)
+        return
+    module, help_text = spec
+    parser = sub.add_parser(name, help=help_text, description=help_text,
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.set_defaults(_module=module)
+    importlib.import_module(module).add_arguments(parser)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gleanrl", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, spec in COMMANDS.items():
+        _add(sub, name, spec)
+    args = parser.parse_args(argv)
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
