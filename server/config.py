@@ -44,12 +44,12 @@ class ServerConfig:
     served_model_name: str | None = None   # the name in /v1/models (default: the model directory's name)
     max_request_bytes: int = 8 * 1024 * 1024
     max_n: int = 64
-    max_new_tokens_cap: int = 16384
+    max_new_tokens_cap: int | None = None  # None: only the context length limits max_new_tokens (SGLang)
     max_batch: int = 1024                  # engine requests (prompts x n) one HTTP request may start
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         for name in ("max_request_bytes", "max_n", "max_new_tokens_cap", "max_batch"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")

@@ -17,7 +17,7 @@ from gleanrl.server.kv import SeqKVCache
 from gleanrl.server.kv_pool import KVPool
 from gleanrl.server.model_runner import ModelRunner
 from gleanrl.server.protocol import GenerateOutput, GenerateRequest
-from gleanrl.server.sampler import params_tensors, processed_probs, sample, token_logprobs
+from gleanrl.server.sampler import sample_next
 from gleanrl.server.stopping import StopChecker
 
 
@@ -35,6 +35,8 @@ class Sequence:
     abort_message: str | None = None     # set by another thread: drop at the next chance
     spec_verify_ct: int = 0
     spec_accepted: int = 0               # tokens emitted by verify passes (SD)
+    counts: object | None = None         # server.penalties.OutputCounts, for penalised requests
+    token_extras: list = field(default_factory=list)  # per output position: (top, token-id) logprobs, if asked
 
     @property
     def total_len(self) -> int:
@@ -115,7 +117,9 @@ class Scheduler:
             prompt_tokens=len(seq.req.input_ids), completion_tokens=len(seq.output_ids),
             weight_version=self.weight_version, draft_weight_version=self.draft_weight_version,
             spec_verify_ct=seq.spec_verify_ct,
-            spec_accept_length=seq.spec_accepted / seq.spec_verify_ct if seq.spec_verify_ct else 0.0))
+            spec_accept_length=seq.spec_accepted / seq.spec_verify_ct if seq.spec_verify_ct else 0.0,
+            new_top_logprobs=[top for top, _ in seq.token_extras[seq.sent:len(seq.output_ids)]],
+            new_token_ids_logprobs=[ids for _, ids in seq.token_extras[seq.sent:len(seq.output_ids)]]))
         seq.sent = len(seq.output_ids)
 
     def decode_step(self, seqs: list[Sequence]) -> Emitted:
@@ -145,19 +149,5 @@ class Scheduler:
 
     @staticmethod
     def sample_rows(logits: torch.Tensor, seqs: list[Sequence]) -> Emitted:
-        """logits [B, V] for B sequences -> one (token, logprob) each; the logprobs are 0.0 unless some
-        sequence in the batch asked for them (`return_logprob`)."""
-        if not seqs:
-            return []
-        greedy = all(s.req.params.temperature <= 0 for s in seqs)
-        want_logprobs = any(s.req.return_logprob for s in seqs)
-        if greedy:
-            ids = logits.argmax(-1)
-            lps = (torch.log_softmax(logits.float(), -1).gather(-1, ids[:, None])[:, 0].tolist()
-                   if want_logprobs else [0.0] * len(seqs))
-            return [([t], [lp]) for t, lp in zip(ids.tolist(), lps)]
-        p = params_tensors([s.req.params for s in seqs], logits.device)
-        probs = processed_probs(logits, p["temperature"], p["top_k"], p["top_p"], p["min_p"])
-        ids = sample(probs, [s.generator for s in seqs])
-        lps = token_logprobs(logits, ids, p["temperature"], p["top_p"]).tolist() if want_logprobs else [0.0] * len(seqs)
-        return [([t], [lp]) for t, lp in zip(ids.tolist(), lps)]
+        """logits [B, V] for B sequences -> one (token, logprob) each (`server.sampler.sample_next`)."""
+        return sample_next(logits, seqs)

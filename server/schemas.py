@@ -13,10 +13,15 @@ Number = StrictFloat                                   # ints are accepted, stri
 Stop = StrictStr | list[StrictStr] | None
 M = TypeVar("M", bound=BaseModel)
 
-# SGLang sampling fields the embedded engine does not implement: accepted only at their neutral value.
-NEUTRAL_SAMPLING = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
-                    "min_new_tokens": 0, "json_schema": None, "regex": None, "ebnf": None,
-                    "structural_tag": None, "logit_bias": None, "stop_regex": None, "custom_params": None}
+# SGLang fields the embedded engine does not implement: accepted only unset (None, "", False, [], {}),
+# otherwise a 400 naming the field (never accepted and ignored).
+UNSUPPORTED_SAMPLING = ("json_schema", "regex", "ebnf", "structural_tag")
+UNSUPPORTED_GENERATE = ("input_embeds", "image_data", "video_data", "audio_data", "lora_path", "lora_id",
+                        "custom_logit_processor", "return_hidden_states", "session_params", "return_routed_experts",
+                        "return_entropy", "return_sampling_mask", "return_flat_raw_top_logprobs",
+                        "return_flat_raw_output_top_logprobs", "max_thinking_tokens", "return_indexer_topk",
+                        "multi_item_delimiter_indices", "token_indices_to_pool", "positional_embed_overrides",
+                        "watermark", "return_bytes", "require_reasoning")
 
 
 class SamplingIn(BaseModel):
@@ -44,19 +49,31 @@ class SamplingIn(BaseModel):
     regex: Any = None
     ebnf: Any = None
     structural_tag: Any = None
-    logit_bias: Any = None
-    stop_regex: Any = None
-    custom_params: Any = None
+    logit_bias: dict[StrictStr, Number] | None = None
+    stop_regex: Stop = None
+    custom_params: dict[StrictStr, Any] | None = None   # accepted; no custom logit processor reads it
 
 
 class GenerateIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")   # extras: checked against UNSUPPORTED_GENERATE, others ignored
     text: StrictStr | list[StrictStr] | None = None
     input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
     sampling_params: SamplingIn | list[SamplingIn] | None = None
     return_logprob: StrictBool | list[StrictBool] = False
+    logprob_start_len: StrictInt | list[StrictInt] = -1
+    top_logprobs_num: StrictInt | list[StrictInt] = 0
+    token_ids_logprob: list[StrictInt] | list[list[StrictInt]] | None = None
+    return_text_in_logprobs: StrictBool = False
     rid: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
+
+
+def refuse_unsupported(values: dict, names: tuple[str, ...], prefix: str = "") -> None:
+    """A 400 naming the first field of `names` that is set in `values` (unset: None, "", False, [], {})."""
+    for name in names:
+        if values.get(name) not in (None, "", False, [], {}):
+            field = f"{prefix}{name}"
+            raise ApiError(400, f"{field} is not supported by the embedded engine", param=field)
 
 
 class UpdateWeightsIn(BaseModel):

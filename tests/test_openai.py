@@ -91,7 +91,7 @@ def test_errors_in_openai_shape(client, url):
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="other", prompt="hi", max_tokens=2)
     for kw, param in (({"temperature": -1}, "temperature"), ({"top_p": 2}, "top_p"), ({"max_tokens": -3}, "max_tokens"),
-                      ({"n": 100}, "n"), ({"presence_penalty": 1.0}, "presence_penalty")):
+                      ({"n": 100}, "n"), ({"presence_penalty": 2.5}, "presence_penalty")):
         with pytest.raises(openai.BadRequestError) as exc:
             client.completions.create(model=NAME, prompt="hi", **{"max_tokens": 2, **kw})
         err = exc.value.body
