@@ -16,6 +16,8 @@ M = TypeVar("M", bound=BaseModel)
 # SGLang fields the embedded engine does not implement: accepted only unset (None, "", False, [], {}),
 # otherwise a 400 naming the field (never accepted and ignored).
 UNSUPPORTED_SAMPLING = ("json_schema", "regex", "ebnf", "structural_tag")
+UNSUPPORTED_OPENAI = ("tools", "functions", "response_format", "json_schema", "regex", "ebnf", "structural_tag",
+                      "lora_path", "return_hidden_states", "custom_logit_processor", "audio", "prediction")
 UNSUPPORTED_GENERATE = ("input_embeds", "image_data", "video_data", "audio_data", "lora_path", "lora_id",
                         "custom_logit_processor", "return_hidden_states", "session_params", "return_routed_experts",
                         "return_entropy", "return_sampling_mask", "return_flat_raw_top_logprobs",
@@ -98,8 +100,8 @@ class StreamOptions(BaseModel):
 
 class OpenAISampling(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's, plus SGLang's extras)."""
-    model_config = ConfigDict(extra="ignore")
-    model: StrictStr
+    model_config = ConfigDict(extra="allow")   # extras: checked against UNSUPPORTED_OPENAI, others ignored
+    model: StrictStr | None = None             # omitted or "default": the served model (SGLang)
     max_tokens: StrictInt | None = None
     temperature: Number | None = None
     top_p: Number | None = None
@@ -118,6 +120,11 @@ class OpenAISampling(BaseModel):
     skip_special_tokens: StrictBool = True
     no_stop_trim: StrictBool = False
     rid: StrictStr | None = None
+    repetition_penalty: Number = 1.0           # SGLang's extra sampling fields
+    min_tokens: StrictInt = 0
+    logit_bias: dict[StrictStr, Number] | None = None
+    stop_regex: Stop = None
+    custom_params: dict[StrictStr, Any] | None = None
 
 
 class CompletionIn(OpenAISampling):
