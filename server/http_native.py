@@ -10,7 +10,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from gleanrl.server import http_generate
+from gleanrl.server import http_discovery, http_generate
 from gleanrl.server.auth import check_admin
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
 from gleanrl.server.schemas import AbortIn, ApiError, UpdateWeightsIn, parse
@@ -18,6 +18,7 @@ from gleanrl.server.schemas import AbortIn, ApiError, UpdateWeightsIn, parse
 log = logging.getLogger(__name__)
 router = APIRouter()
 router.include_router(http_generate.router)
+router.include_router(http_discovery.router)
 HEALTH_TIMEOUT_S = 20.0
 
 
@@ -46,23 +47,6 @@ async def update_weights_unsupported(request: Request):
     """SGLang's GPU paths (co-located / NCCL); the SGLang backend serves them, the embedded one refuses."""
     message = f"{request.url.path} is not supported by the embedded backend: use /update_weights_from_disk"
     return JSONResponse({"success": False, "message": message}, status_code=400)
-
-
-@router.get("/model_info")
-@router.get("/get_model_info")
-async def model_info(request: Request):
-    return {"is_generation": True, "preferred_sampling_params": None, **request.app.state.engine.info()}
-
-
-@router.get("/server_info")
-@router.get("/get_server_info")
-async def server_info(request: Request):
-    state = request.app.state
-    stats = state.engine.stats()
-    args = {**state.engine_args, **state.server_args}  # keys were dropped when the app was built
-    return {**args, "internal_states": [{**stats, "avg_spec_accept_length": stats.get("avg_spec_accept_length", 0.0)}],
-            "version": state.version, "backend": "embedded",
-            "max_req_input_len": state.engine.context_length - 1}
 
 
 @router.get("/health")
