@@ -135,6 +135,7 @@ async def completions(request: Request):
     tok = state.tokenizer
     k = body.logprobs or 0
     reported = [0] * (len(prompts) * params.n)  # output tokens whose logprobs a stream chunk carried
+    echoed: set[int] = set()
 
     def render(i: int, track: Track, delta: Delta | None) -> dict | None:
         text = output_text(tok, track, body.skip_special_tokens, body.no_stop_trim)
@@ -143,12 +144,13 @@ async def completions(request: Request):
             text = delta(text, track.finished)
             if not text and reason is None:
                 return None
-        elif body.echo:
+        first = delta is None or i not in echoed  # a stream echoes the prompt in its first chunk (SGLang)
+        echoed.add(i)
+        if body.echo and first:
             p = raw[i // params.n]
             text = (p if isinstance(p, str) else tok.decode(p)) + text
         logprobs = None
         if body.logprobs is not None:
-            first = delta is None or reported[i] == 0
             logprobs = completion_logprobs(tok, track, k, echo=body.echo and first, start=reported[i])
             reported[i] = len(track.ids) if delta is not None else 0
         return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason, "matched_stop": matched}

@@ -53,6 +53,11 @@ def test_completion_top_logprobs_and_echo(client, hf, tok):
     assert torch.allclose(torch.tensor(lp.token_logprobs[1:]), want, atol=1e-4)
     for row, dist in zip(lp.top_logprobs[1:], ref[:-1]):
         assert len(row) == 3 and abs(max(row.values()) - float(dist.max())) < 1e-4
+    chunks = list(client.completions.create(model="default", prompt=prompt, max_tokens=5, logprobs=1, echo=True,
+                                            stream=True, **GREEDY))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == out.choices[0].text
+    streamed = [x for c in chunks if c.choices and c.choices[0].logprobs for x in c.choices[0].logprobs.token_logprobs]
+    assert streamed[0] is None and torch.allclose(torch.tensor(streamed[1:]), torch.tensor(lp.token_logprobs[1:]))
 
 
 def test_chat_top_logprobs_plain_and_streamed(client):
