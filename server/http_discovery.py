@@ -68,14 +68,18 @@ def _load(state) -> dict:
     running_max, tokens = _capacity(state)
     used = _used_tokens(state.engine)
     return {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": stats["num_running_reqs"],
-            "num_waiting_reqs": stats["num_queue_reqs"], "num_used_tokens": used, "max_total_num_tokens": tokens,
-            "max_running_requests": running_max, "token_usage": used / tokens if tokens else 0.0,
-            "utilization": stats["num_running_reqs"] / running_max}
+            "num_waiting_reqs": stats["num_queue_reqs"], "num_waiting_uncached_tokens": 0, "num_used_tokens": used,
+            "num_total_tokens": used, "num_active_tokens": used, "num_prealloc_ready_tokens": 0,
+            "max_total_num_tokens": tokens, "max_running_requests": running_max,
+            "token_usage": used / tokens if tokens else 0.0, "gen_throughput": 0.0, "cache_hit_rate": 0.0,
+            "utilization": stats["num_running_reqs"] / running_max, "total_prefill_uncached_tokens": 0,
+            "total_prefill_busy_us": 0, "decode_moments": None}
 
 
 @router.get("/get_load")
 async def get_load(request: Request):
-    """SGLang's older per-DP-rank load list (sglang-router's load-aware policies poll it)."""
+    """The per-DP-rank load list of SGLang before 0.5.23 (which answers 404 here; older sglang-router
+    load-aware policies poll it)."""
     load = _load(request.app.state)
     return [{"dp_rank": 0, "num_reqs": load["num_running_reqs"] + load["num_waiting_reqs"],
              "num_waiting_reqs": load["num_waiting_reqs"], "num_tokens": load["num_used_tokens"]}]
@@ -89,10 +93,20 @@ async def loads(request: Request, dp_rank: int | None = None, include: str | Non
                             f"{sorted(LOAD_SECTIONS)}", param="include")
     state = request.app.state
     load = _load(state)
-    if sections is None or sections & {"all", "spec"}:
-        accept = float(state.engine.stats().get("avg_spec_accept_length", 0.0))
-        load["speculative"] = {"accept_length": accept, "accept_rate": 0.0}
-    if sections is None or sections & {"all", "queues"}:
+    every = sections is None or "all" in sections
+    if every or "memory" in sections:
+        load["memory"] = {"weight_gb": 0.0, "kv_cache_gb": 0.0, "graph_gb": 0.0,
+                          "token_capacity": load["max_total_num_tokens"]}
+    if state.engine.info().get("draft_model_path") and (every or "spec" in sections):  # SGLang: only with SD
+        stats = state.engine.stats()
+        load["speculative"] = {"accept_length": float(stats.get("avg_spec_accept_length", 0.0)),
+                               "accept_rate": float(stats.get("avg_spec_accept_rate", 0.0))}
+    if every or "disagg" in sections:
+        load["disaggregation"] = {"mode": "null", "prefill_bootstrap_queue_reqs": 0, "prefill_inflight_queue_reqs": 0,
+                                  "decode_prealloc_queue_reqs": 0, "decode_transfer_queue_reqs": 0,
+                                  "decode_retracted_queue_reqs": 0, "kv_transfer_speed_gb_s": 0.0,
+                                  "kv_transfer_latency_ms": 0.0}
+    if every or "queues" in sections:
         load["queues"] = {"waiting": load["num_waiting_reqs"], "grammar": 0, "paused": 0, "retracted": 0,
                           "prealloc_ready": 0}
     rows = [load] if dp_rank in (None, 0) else []

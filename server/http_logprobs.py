@@ -23,15 +23,18 @@ def _rows(rows, tok, text: bool) -> list:
 def logprob_fields(track: Track, tok, text: bool) -> dict:
     req = track.req
     inp = track.input_logprobs or {"token": [], "top": [], "ids": []}
+    tops, picked = track.top_logprobs, track.token_ids_logprobs
+    if req.params.max_new_tokens == 0 and "next_top" in inp:  # SGLang scores the position after the prompt
+        tops, picked = [inp["next_top"]], [inp["next_ids"]]
     out = {"input_token_logprobs": _triples(inp["token"], tok, text),
            "output_token_logprobs": _triples(list(zip(track.logprobs, track.ids)), tok, text),
            "output_token_logprobs_length": len(track.ids)}
     if req.top_logprobs_num > 0:
         out["input_top_logprobs"] = _rows(inp["top"], tok, text)
-        out["output_top_logprobs"] = _rows(track.top_logprobs, tok, text)
+        out["output_top_logprobs"] = _rows(tops, tok, text)
     if req.token_ids_logprob is not None:
         out["input_token_ids_logprobs"] = _rows(inp["ids"], tok, text)
-        out["output_token_ids_logprobs"] = _rows(track.token_ids_logprobs, tok, text)
+        out["output_token_ids_logprobs"] = _rows(picked, tok, text)
     return out
 
 

@@ -6,6 +6,10 @@ SGLang's shape (`scheduler_components/logprob_result_processor.py`): entries for
 [start, L); entry 0 is None, entry j >= 1 is log p(ids[start + j] | ids[:start + j]) under the raw
 logits (no temperature, no penalties). The top / token-id lists use the same alignment.
 
+With `max_new_tokens` 0 SGLang still scores the position after the prompt: its `output_top_logprobs` (and
+`output_token_ids_logprobs`) then hold that one row (`next_top`, `next_ids` here) while
+`output_token_logprobs` stays empty.
+
 Computed by a separate forward over the prompt with its own cache, chunked so the [chunk, V] logits stay
 bounded; it reads the runner once, so it sees one set of weights even across a concurrent update.
 """
@@ -21,22 +25,25 @@ CHUNK = 512
 @torch.inference_mode()
 def input_logprobs(runner, ids: list[int], start: int, top_k: int = 0,
                    token_ids: list[int] | None = None) -> dict[str, list]:
-    """Returns {"token": [(lp | None, id)], "top": [pairs | None], "ids": [pairs | None]} for [start, L)."""
-    length = len(ids)
-    if start >= length:
-        return {"token": [], "top": [], "ids": []}
+    """Returns {"token": [(lp | None, id)], "top": [pairs | None], "ids": [pairs | None]} for [start, L),
+    and "next_top", "next_ids": the pairs at the position after the prompt."""
+    length, start = len(ids), min(start, len(ids))
+    first = min(start, length - 1)                      # the last position is always scored ("next_*")
     cache = runner.new_cache(capacity=length + 1)
-    rows: list[torch.Tensor] = []                       # log_softmax at positions [start, L - 1)
-    for lo in range(0, length - 1, CHUNK):
-        hi = min(lo + CHUNK, length - 1)
+    rows: list[torch.Tensor] = []                       # log_softmax at positions [first, L)
+    for lo in range(0, length, CHUNK):
+        hi = min(lo + CHUNK, length)
         logits, _ = runner.forward(torch.tensor(ids[lo:hi], device=runner.device),
                                    torch.arange(lo, hi, device=runner.device), [cache], [hi - lo], last_only=False)
-        if hi > start:
-            rows.append(torch.log_softmax(logits[max(start - lo, 0):].float(), dim=-1))
-    lp = torch.cat(rows) if rows else torch.empty(0, runner.vocab_size)              # [L - 1 - start, V]
-    nxt = torch.tensor(ids[start + 1:], dtype=torch.long)
-    token = [(None, ids[start])] + list(zip(lp.gather(-1, nxt[:, None].to(lp.device))[:, 0].tolist(),
-                                            ids[start + 1:]))
-    extras = logprob_extras(lp, top_k, token_ids) if len(lp) else []
-    return {"token": token, "top": [None] + [t for t, _ in extras] if top_k > 0 else [],
-            "ids": [None] + [i for _, i in extras] if token_ids else []}
+        if hi > first:
+            rows.append(torch.log_softmax(logits[max(first - lo, 0):].float(), dim=-1))
+    lp = torch.cat(rows)                                                             # [L - first, V]
+    extras = logprob_extras(lp, top_k, token_ids)
+    top, picked = [t for t, _ in extras], [i for _, i in extras]
+    out = {"token": [], "top": [], "ids": [], "next_top": top[-1], "next_ids": picked[-1]}
+    if start < length:
+        nxt = torch.tensor(ids[start + 1:], dtype=torch.long, device=lp.device)
+        out["token"] = [(None, ids[start])] + list(zip(lp[:-1].gather(-1, nxt[:, None])[:, 0].tolist(), ids[start + 1:]))
+        out["top"] = [None] + top[:-1] if top_k > 0 else []
+        out["ids"] = [None] + picked[:-1] if token_ids else []
+    return out

@@ -108,8 +108,9 @@ def logprob_extras(logprobs: torch.Tensor, top_k: int, token_ids: list[int] | No
 
 
 def record_extras(logits: torch.Tensor, seqs: list, temperature: torch.Tensor) -> None:
-    """Appends each asking sequence's top / token-id logprobs for its next token (rows of `logits`, [B, V],
-    already penalised) to `seq.token_extras`, aligned with the output positions."""
+    """Row r of `logits` [R, V] (penalised) is the distribution of the next emitted token of `seqs[r]`
+    (a sequence repeats for the several tokens a verify pass emits, in order); appends the top /
+    token-id logprobs of the sequences that asked to `seq.token_extras`, aligned with output positions."""
     for b, s in enumerate(seqs):
         req = s.req
         if req.return_logprob and (req.top_logprobs_num > 0 or req.token_ids_logprob):

@@ -42,9 +42,10 @@ def test_loads(url):
     body = get(url, "/v1/loads").json()
     assert body["num_accelerators"] == 1 and len(body["loads"]) == 1
     load = body["loads"][0]
-    assert load["dp_rank"] == 0 and load["max_running_requests"] == 3 and "speculative" in load and "queues" in load
+    assert load["dp_rank"] == 0 and load["max_running_requests"] == 3 and "queues" in load and "memory" in load
+    assert "speculative" not in load  # SGLang: only when serving a drafter
     core = get(url, "/v1/loads?include=core").json()["loads"][0]
-    assert "speculative" not in core and "queues" not in core
+    assert "memory" not in core and "queues" not in core
     assert get(url, "/v1/loads?dp_rank=1").json()["loads"] == []
     assert 'sglang_num_running_reqs{dp_rank="0"} 0' in get(url, "/v1/loads?format=prometheus").text
     bad = httpx.get(f"{url}/v1/loads?include=bogus", timeout=30)
