@@ -59,7 +59,7 @@ def test_swap_mid_stream_keeps_output_and_changes_version(tiny_qwen2, drafters, 
             ids += out.new_ids
             versions.append((len(ids), out.draft_weight_version, out.spec_verify_ct))
             if not swapped and len(ids) >= 8:  # pause so that the swap lands mid-stream, deterministically
-                await loop.run_in_executor(None, eng.pause)
+                await loop.run_in_executor(None, eng.pause, "in_place")
                 await loop.run_in_executor(None, lambda: eng.update_weights(
                     str(drafters["trained"]), weight_version="d2", selector="draft"))
                 eng.resume()
@@ -123,4 +123,4 @@ def test_engine_refuses_with_checkpoint_error(tiny_qwen2, drafters):
         eng.update_weights(str(drafters["bad"]["hidden"]), selector="draft")
     with pytest.raises(CheckpointError, match="layer"):
         eng.update_weights(str(drafters["bad"]["layers"]), selector="draft")
-    assert eng.spec.drafter is None and eng.info()["draft_weight_version"] is None
+    assert eng.decoder.drafter is None and eng.info()["draft_weight_version"] is None
