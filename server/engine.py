@@ -11,7 +11,7 @@ with their partial output), `retract` (back to the queue without their KV; rebui
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import torch
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from gleanrl.server.decode import Decoder
 from gleanrl.server.engine_state import EngineState

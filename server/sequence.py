@@ -6,8 +6,8 @@ update and a retracted request are all rebuilt the same way.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 

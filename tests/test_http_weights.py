@@ -8,7 +8,7 @@ import httpx
 import torch
 
 from engine_util import hf_greedy
-from serving import running_server, wait_until, server_stats
+from serving import running_server, server_stats, wait_until
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
@@ -16,14 +16,15 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 def test_update_weights_from_disk_switches_outputs_and_version(tiny_qwen2, tiny_qwen2_b):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tiny_qwen2)
-    hf_a, hf_b = (AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval() for p in (tiny_qwen2, tiny_qwen2_b))
+    hf_a, hf_b = (AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()
+                  for p in (tiny_qwen2, tiny_qwen2_b))
     ids = tok.encode("The quick brown fox")
     want_a, want_b = hf_greedy(hf_a, ids, 8), hf_greedy(hf_b, ids, 8)
     assert want_a != want_b
     with running_server(tiny_qwen2) as url:
         def gen(n=8):
-            r = httpx.post(f"{url}/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": n, **GREEDY}},
-                           timeout=120)
+            r = httpx.post(f"{url}/generate", timeout=120,
+                           json={"input_ids": ids, "sampling_params": {"max_new_tokens": n, **GREEDY}})
             assert r.status_code == 200, r.text
             return r.json()
 

@@ -18,7 +18,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from sd_util import trained_drafter
 from gleanrl.server.decode import PlainDecoder
 from gleanrl.server.engine_state import EngineState
 from gleanrl.server.model_runner import ModelRunner
@@ -29,6 +28,7 @@ from gleanrl.server.sd.decoder import SpecDecoder
 from gleanrl.server.sd.policy import SDPolicy, SDPolicyConfig
 from gleanrl.server.sequence import Sequence
 from gleanrl.server.stopping import StopChecker
+from sd_util import trained_drafter
 
 N, BATCH, TOP_K = 4000, 100, 8
 

@@ -11,12 +11,12 @@ import pytest
 from engine_util import PROMPTS, req, run_all
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.tiny import make_tiny_model
-from sd_util import random_drafter, trained_drafter
-from serving import running_app
 from gleanrl.server.config import EngineConfig
 from gleanrl.server.engine import Engine
 from gleanrl.server.protocol import CheckpointError
+from gleanrl.tiny import make_tiny_model
+from sd_util import random_drafter, trained_drafter
+from serving import running_app
 
 NEW = 48
 
@@ -107,8 +107,9 @@ def test_mismatched_or_broken_drafters_are_refused_over_http(tiny_qwen2, drafter
             assert "drafter" in r.json()["message"], r.json()["message"]
         info = httpx.get(f"{url}/model_info", timeout=10).json()
         assert info["draft_weight_version"] == "default" and info["draft_model_path"] == str(drafters["random"])
-        out = httpx.post(f"{url}/generate", timeout=60, json={
-            "input_ids": prompts[2], "sampling_params": {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}}).json()
+        greedy = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
+        out = httpx.post(f"{url}/generate", timeout=60,
+                         json={"input_ids": prompts[2], "sampling_params": greedy}).json()
         assert out["output_ids"] == ref[2]["ids"]
         assert out["meta_info"]["spec_verify_ct"] > 0 and out["meta_info"]["draft_weight_version"] == "default"
         stats = httpx.get(f"{url}/server_info", timeout=10).json()["internal_states"][0]

@@ -42,7 +42,7 @@ def test_switch_by_mode_and_running_requests():
 def test_buckets_and_table_fallback():
     policy = SDPolicy(SDPolicyConfig(epsilon=0.0))
     assert [policy.bucket(b) for b in (1, 2, 3, 5, 8, 9, 100)] == [1, 2, 4, 8, 8, 16, 32]
-    assert [policy.choose_k(b) for b in (1, 3, 8, 100)] == [DEFAULT_TABLE[1], DEFAULT_TABLE[4], DEFAULT_TABLE[8], DEFAULT_TABLE[32]]
+    assert [policy.choose_k(b) for b in (1, 3, 8, 100)] == [DEFAULT_TABLE[b] for b in (1, 4, 8, 32)]
     assert SDPolicy(SDPolicyConfig(fixed_k=5, epsilon=1.0)).choose_k(1) == 5
 
 
