@@ -111,7 +111,11 @@ def test_mismatched_or_broken_drafters_are_refused_over_http(tiny_qwen2, drafter
         out = httpx.post(f"{url}/generate", timeout=60,
                          json={"input_ids": prompts[2], "sampling_params": greedy}).json()
         assert out["output_ids"] == ref[2]["ids"]
-        assert out["meta_info"]["spec_verify_ct"] > 0 and out["meta_info"]["draft_weight_version"] == "default"
+        meta = out["meta_info"]
+        assert meta["spec_verify_ct"] > 0 and meta["draft_weight_version"] == "default"
+        assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"] / meta["spec_verify_ct"])
+        assert 0 <= meta["spec_accept_token_num"] <= meta["spec_draft_token_num"]  # slime's Sample.SpecInfo
+        assert meta["spec_accept_rate"] == pytest.approx(meta["spec_accept_token_num"] / meta["spec_draft_token_num"])
         stats = httpx.get(f"{url}/server_info", timeout=10).json()["internal_states"][0]
         assert stats["avg_spec_accept_length"] >= 1.0
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
