@@ -46,7 +46,7 @@ def _model_type(path: str | None) -> str | None:
 
 def _used_tokens(engine) -> int:
     """KV tokens of the running set (a snapshot read without the engine lock: a gauge, not an invariant)."""
-    return sum(s.total_len for s in list(getattr(getattr(engine, "scheduler", None), "running", [])))
+    return sum(s.total_len for s in list(getattr(getattr(engine, "state", None), "running", [])))
 
 
 @router.get("/server_info")
