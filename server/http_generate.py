@@ -110,7 +110,8 @@ def check_batch(state, count: int, field: str) -> None:
 
 
 def expand(prompts: list[list[int]], params: list[SamplingParams], rids: list[str | None],
-           logprob: list[bool], options: list[dict] | None = None) -> tuple[list[GenerateRequest], dict[str, list[str]]]:
+           logprob: list[bool],
+           options: list[dict] | None = None) -> tuple[list[GenerateRequest], dict[str, list[str]]]:
     """n > 1 becomes n engine requests per prompt, prompt-major, with seed + j; returns the requests and
     the user rid -> engine rids groups. `options`: per prompt, GenerateRequest's logprob fields."""
     reqs, groups = [], {}

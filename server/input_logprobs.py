@@ -43,7 +43,8 @@ def input_logprobs(runner, ids: list[int], start: int, top_k: int = 0,
     out = {"token": [], "top": [], "ids": [], "next_top": top[-1], "next_ids": picked[-1]}
     if start < length:
         nxt = torch.tensor(ids[start + 1:], dtype=torch.long, device=lp.device)
-        out["token"] = [(None, ids[start])] + list(zip(lp[:-1].gather(-1, nxt[:, None])[:, 0].tolist(), ids[start + 1:]))
+        values = lp[:-1].gather(-1, nxt[:, None])[:, 0].tolist()
+        out["token"] = [(None, ids[start])] + list(zip(values, ids[start + 1:]))
         out["top"] = [None] + top[:-1] if top_k > 0 else []
         out["ids"] = [None] + picked[:-1] if token_ids else []
     return out

@@ -108,7 +108,8 @@ def test_stop_regex_ends_at_the_first_match(url, tok):
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": pattern}
     n = len(out["output_ids"])
     assert n < 24 and out["output_ids"] == full["output_ids"][:n]
-    assert re.search(pattern, tok.decode(out["output_ids"])) and not re.search(pattern, tok.decode(out["output_ids"][:-1]))
+    assert re.search(pattern, tok.decode(out["output_ids"]))
+    assert not re.search(pattern, tok.decode(out["output_ids"][:-1]))
 
 
 def test_custom_params_and_long_max_new_tokens_are_accepted(url, tok):

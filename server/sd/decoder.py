@@ -9,6 +9,11 @@ hidden states of the accepted positions wait in the `DraftState` for the next ca
 switching SD on costs nothing. A state that breaks its invariant (new drafter, flushed or retracted
 cache) is rebuilt by re-feeding the target the last `window` tokens. The scheduler appends the emitted
 tokens one at a time and stops at EOS, a stop string or `max_new_tokens` exactly.
+
+Penalties, min_new_tokens and logit_bias apply at each verify position with the counts of the output plus
+the drafts before it (`sampler.penalised`): drafts are verified against exactly the distribution plain
+decoding would use there, so SD stays lossless; the drafter's q stays unpenalised, which costs acceptance
+only. SGLang instead repeats one penalty row over the window (`orchestrator.apply(repeat=...)`).
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import torch
 
 from gleanrl.server.decode import PlainDecoder, feed_counts, forward_fed, sample_rows
 from gleanrl.server.model_runner import ModelRunner
-from gleanrl.server.sampler import params_tensors, processed_probs, token_logprobs
+from gleanrl.server.sampler import params_tensors, penalised, processed_probs, record_extras, token_logprobs
 from gleanrl.server.sd.draft import draft_tokens
 from gleanrl.server.sd.draft_state import DraftState
 from gleanrl.server.sd.drafter_forward import new_draft_cache
@@ -113,8 +118,14 @@ class SpecDecoder:
         logits, aux = runner.forward(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
                                      [s.cache for s in seqs], lens, capture_layers=self.drafter.config.aux_layer_ids,
                                      last_only=False)                            # [N, V], [N, 3*Ht]
+        logits = penalised(logits, seqs, drafts)  # window row j counts d_1..d_j: verify against the penalised p
         n_acc, out_ids, offsets = self._verify(logits, seqs, drafts, qs, prm)
         lps = self._logprobs(logits, seqs, n_acc, out_ids, offsets, prm["temperature"])
+        asking = [b for b, s in enumerate(seqs) if s.req.top_logprobs_num > 0 or s.req.token_ids_logprob]
+        if asking:  # top / token-id logprobs of every emitted token, from its verify row
+            emitted = [(offsets[b] + j, b) for b in asking for j in range(n_acc[b] + 1)]
+            rows = torch.tensor([r for r, _ in emitted], device=logits.device)
+            record_extras(logits[rows], [seqs[b] for _, b in emitted], prm["temperature"][[b for _, b in emitted]])
         out = {}
         for b, (s, st) in enumerate(zip(seqs, states)):
             n, o = int(n_acc[b]), offsets[b]
