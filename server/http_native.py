@@ -10,7 +10,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from gleanrl.server import http_discovery, http_generate
+from gleanrl.server import http_discovery, http_generate, http_weights_sync
 from gleanrl.server.auth import check_admin
 from gleanrl.server.engine_state import PAUSE_MODES
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 router.include_router(http_generate.router)
 router.include_router(http_discovery.router)
+router.include_router(http_weights_sync.router)
 HEALTH_TIMEOUT_S = 20.0
 
 
@@ -40,14 +41,6 @@ async def update_weights_from_disk(request: Request):
     if body.weight_version is not None:
         message += f" Weight version updated to {body.weight_version}."
     return {"success": True, "message": message, "num_paused_requests": 0}
-
-
-@router.post("/update_weights_from_tensor")
-@router.post("/update_weights_from_distributed")
-async def update_weights_unsupported(request: Request):
-    """SGLang's GPU paths (co-located / NCCL); the SGLang backend serves them, the embedded one refuses."""
-    message = f"{request.url.path} is not supported by the embedded backend: use /update_weights_from_disk"
-    return JSONResponse({"success": False, "message": message}, status_code=400)
 
 
 @router.get("/health")

@@ -88,6 +88,22 @@ class UpdateWeightsIn(BaseModel):
     selector: Literal["target", "draft"] = "target"
 
 
+class TensorUpdateIn(BaseModel):
+    """SGLang's UpdateWeightsFromTensorReqInput (one payload per TP rank)."""
+    model_config = ConfigDict(extra="ignore")
+    serialized_named_tensors: list[StrictStr] = Field(min_length=1)
+    load_format: StrictStr | None = None
+    flush_cache: StrictBool = True
+    abort_all_requests: StrictBool = False
+    weight_version: StrictStr | None = None
+    selector: Literal["target", "draft"] = "target"
+
+
+class BeginWeightUpdateIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    selector: Literal["target", "draft"] = "target"
+
+
 class AbortIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
     rid: StrictStr = ""
@@ -214,6 +230,7 @@ async def parse(request, model: type[M], max_bytes: int) -> M:
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "/generate": GenerateIn, "/update_weights_from_disk": UpdateWeightsIn, "/abort_request": AbortIn,
+    "/update_weights_from_tensor": TensorUpdateIn, "/begin_weight_update": BeginWeightUpdateIn,
     "/v1/completions": CompletionIn, "/v1/chat/completions": ChatIn}
 
 
