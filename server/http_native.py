@@ -10,7 +10,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from gleanrl.server import http_discovery, http_generate, http_weights_sync
+from gleanrl.server import http_discovery, http_generate, http_weights_group, http_weights_sync
 from gleanrl.server.auth import check_admin
 from gleanrl.server.engine_state import PAUSE_MODES
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
@@ -21,6 +21,7 @@ router = APIRouter()
 router.include_router(http_generate.router)
 router.include_router(http_discovery.router)
 router.include_router(http_weights_sync.router)
+router.include_router(http_weights_group.router)
 HEALTH_TIMEOUT_S = 20.0
 
 

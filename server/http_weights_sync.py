@@ -1,9 +1,9 @@
 """SGLang's in-memory weight sync on the embedded engine: /update_weights_from_tensor (by-value pickles,
 same-host ForkingPickler handles, `load_format: "flattened_bucket"`; `server/tensor_payload.py`), inside
 an optional /begin_weight_update ... /end_weight_update session that stages the calls and applies them
-as one atomic swap (`server/tensor_update.py`). The process-group paths (/init_weights_update_group,
-/update_weights_from_distributed, /destroy_weights_update_group) and memory release/resume are not
-implemented by the embedded backend and are refused by name with a 400."""
+as one atomic swap (`server/tensor_update.py`); the process-group pushes (`http_weights_group.py`) stage
+into the same session. Memory release/resume is not implemented by the embedded backend and is refused
+by name with a 400."""
 from __future__ import annotations
 
 import asyncio
@@ -29,11 +29,11 @@ class Session:
     abort: bool = False
 
 
-def _answer(ok: bool, message: str) -> JSONResponse:
+def answer(ok: bool, message: str) -> JSONResponse:
     return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
 
 
-def _apply(engine, selector: str, named: list, version: str | None, flush_cache: bool, abort: bool) -> None:
+def apply(engine, selector: str, named: list, version: str | None, flush_cache: bool, abort: bool) -> None:
     if selector == "draft":
         swap = tensor_update.draft_swap(engine, named, version)
     else:
@@ -46,35 +46,40 @@ async def begin_weight_update(request: Request):
     state = request.app.state
     body = await parse(request, BeginWeightUpdateIn, state.server_cfg.max_request_bytes)
     if getattr(state, "weight_session", None) is not None:
-        return _answer(False, "a weight-update session is already open; send /end_weight_update first")
+        return answer(False, "a weight-update session is already open; send /end_weight_update first")
     state.weight_session = Session(body.selector)
-    return _answer(True, f"Weight update session opened for {body.selector}.")
+    return answer(True, f"Weight update session opened for {body.selector}.")
 
 
 @router.post("/update_weights_from_tensor")
 async def update_weights_from_tensor(request: Request):
     state = request.app.state
     body = await parse(request, TensorUpdateIn, state.server_cfg.max_request_bytes)
-    session: Session | None = getattr(state, "weight_session", None)
     try:
         named = await asyncio.to_thread(tensor_payload.decode, body.serialized_named_tensors, body.load_format)
-        if session is not None:
-            if body.selector != session.selector:
-                return _answer(False, f"selector {body.selector!r} differs from the open session's "
-                                      f"{session.selector!r}")
-            if session.selector == "target":
-                tensor_update.check_target(state.engine, named)  # refuse a bad call now, not at the end
-            session.named += named
-            session.version = body.weight_version if body.weight_version is not None else session.version
-            session.flush_cache, session.abort = body.flush_cache, session.abort or body.abort_all_requests
-            return _answer(True, f"Staged {len(named)} tensors; /end_weight_update applies them.")
-        async with state.weights_lock:
-            await asyncio.to_thread(_apply, state.engine, body.selector, named, body.weight_version,
-                                    body.flush_cache, body.abort_all_requests)
+        return await stage_or_apply(state, named, body)
     except ValueError as exc:  # CheckpointError is a ValueError: refused, the old weights keep serving
         log.warning("tensor weight update refused: %s", exc)
-        return _answer(False, str(exc))
-    return _answer(True, "Succeeded to update model weights.")
+        return answer(False, str(exc))
+
+
+async def stage_or_apply(state, named: list, body) -> JSONResponse:
+    """Inside a session: check and stage `named`; else apply it now. `body` carries selector, weight_version,
+    flush_cache and abort_all_requests. ValueError (CheckpointError) when refused."""
+    session: Session | None = getattr(state, "weight_session", None)
+    if session is not None:
+        if body.selector != session.selector:
+            return answer(False, f"selector {body.selector!r} differs from the open session's {session.selector!r}")
+        if session.selector == "target":
+            tensor_update.check_target(state.engine, named)  # refuse a bad call now, not at the end
+        session.named += named
+        session.version = body.weight_version if body.weight_version is not None else session.version
+        session.flush_cache, session.abort = body.flush_cache, session.abort or body.abort_all_requests
+        return answer(True, f"Staged {len(named)} tensors; /end_weight_update applies them.")
+    async with state.weights_lock:
+        await asyncio.to_thread(apply, state.engine, body.selector, named, body.weight_version, body.flush_cache,
+                                body.abort_all_requests)
+    return answer(True, "Succeeded to update model weights.")
 
 
 @router.post("/end_weight_update")
@@ -83,24 +88,21 @@ async def end_weight_update(request: Request):
     session: Session | None = getattr(state, "weight_session", None)
     state.weight_session = None
     if session is None:
-        return _answer(False, "no weight-update session is open")
+        return answer(False, "no weight-update session is open")
     if not session.named:
-        return _answer(True, "Weight update session closed; nothing was staged.")
+        return answer(True, "Weight update session closed; nothing was staged.")
     try:
         async with state.weights_lock:
-            await asyncio.to_thread(_apply, state.engine, session.selector, session.named, session.version,
+            await asyncio.to_thread(apply, state.engine, session.selector, session.named, session.version,
                                     session.flush_cache, session.abort)
     except ValueError as exc:
         log.warning("staged tensor weight update refused: %s", exc)
-        return _answer(False, str(exc))
-    return _answer(True, f"Succeeded to update model weights ({len(session.named)} tensors).")
+        return answer(False, str(exc))
+    return answer(True, f"Succeeded to update model weights ({len(session.named)} tensors).")
 
 
-@router.post("/init_weights_update_group")
-@router.post("/update_weights_from_distributed")
-@router.post("/destroy_weights_update_group")
 @router.api_route("/release_memory_occupation", methods=["GET", "POST"])
 @router.api_route("/resume_memory_occupation", methods=["GET", "POST"])
 async def not_implemented(request: Request):
-    return _answer(False, f"{request.url.path} is not supported by the embedded backend: use "
-                          "/update_weights_from_disk or /update_weights_from_tensor")
+    return answer(False, f"{request.url.path} is not supported by the embedded backend: use "
+                          "/update_weights_from_disk, /update_weights_from_tensor or /update_weights_from_distributed")

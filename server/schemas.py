@@ -247,3 +247,33 @@ def describe_bodies(schema: dict) -> dict:
                 op["requestBody"] = {"required": True, "content": {"application/json": {
                     "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
     return schema
+
+
+class InitGroupIn(BaseModel):
+    """SGLang's InitWeightsUpdateGroupReqInput."""
+    model_config = ConfigDict(extra="ignore")
+    master_address: StrictStr
+    master_port: StrictInt
+    rank_offset: StrictInt
+    world_size: StrictInt = Field(ge=2)
+    group_name: StrictStr = "weight_update_group"
+    backend: Literal["gloo", "nccl"] = "nccl"
+
+
+class DistributedUpdateIn(BaseModel):
+    """SGLang's UpdateWeightsFromDistributedReqInput."""
+    model_config = ConfigDict(extra="ignore")
+    names: list[StrictStr] = Field(min_length=1)
+    dtypes: list[StrictStr]
+    shapes: list[list[StrictInt]]
+    group_name: StrictStr = "weight_update_group"
+    flush_cache: StrictBool = True
+    abort_all_requests: StrictBool = False
+    weight_version: StrictStr | None = None
+    load_format: StrictStr | None = None
+    selector: Literal["target", "draft"] = "target"
+
+
+class DestroyGroupIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    group_name: StrictStr = "weight_update_group"

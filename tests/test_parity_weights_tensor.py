@@ -1,7 +1,7 @@
 """/update_weights_from_tensor on the embedded server (issue 13, item 5, tensor part): by-value pickles and
 SGLang's flattened_bucket format, target and draft selectors, begin/end sessions staging bucketed calls
 into one atomic swap, refusals (shape, name, a pickle that would run code) that keep the old weights, and
-the process-group / memory paths refused by name."""
+memory release/resume refused by name."""
 from __future__ import annotations
 
 import base64
@@ -121,8 +121,7 @@ def test_refusals_keep_the_old_weights(tiny_qwen2, tok):
         r = post(url, "/update_weights_from_tensor", {"serialized_named_tensors": [evil]})
         assert r.status_code == 400 and "system is not allowed" in r.json()["message"], r.text
         assert post(url, "/end_weight_update", {}).status_code == 400  # no session open
-        for path in ("/init_weights_update_group", "/update_weights_from_distributed", "/destroy_weights_update_group",
-                     "/release_memory_occupation", "/resume_memory_occupation"):
+        for path in ("/release_memory_occupation", "/resume_memory_occupation"):
             r = post(url, path, {})
             assert r.status_code == 400 and path in r.json()["message"], path
         assert greedy(url, tok)["output_ids"] == before
