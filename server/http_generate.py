@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from gleanrl.server.detok import output_text
 from gleanrl.server.fanin import Disconnected, Fanin, Track, collect, unless_disconnected, wait_disconnect
 from gleanrl.server.http_logprobs import fill_input_logprobs, logprob_fields
+from gleanrl.server.memory_occupation import check_serving
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
 from gleanrl.server.schemas import (UNSUPPORTED_GENERATE, UNSUPPORTED_SAMPLING, ApiError, GenerateIn, SamplingIn,
                                     parse, refuse_unsupported)
@@ -195,6 +196,7 @@ async def generate(request: Request):
     state = request.app.state
     body = await parse(request, GenerateIn, state.server_cfg.max_request_bytes)
     refuse_unsupported(body.model_extra or {}, UNSUPPORTED_GENERATE)
+    check_serving(state)
     prompts, batch = _prompts(state, body)
     if isinstance(body.rid, str) and batch:
         raise ApiError(400, "rid: batch input needs a list of rids", param="rid")

@@ -12,6 +12,7 @@ from gleanrl.server.detok import Delta, output_text
 from gleanrl.server.fanin import Fanin, Track, collect
 from gleanrl.server.http_generate import check_batch, check_length, check_prompt, expand, sampling, stream
 from gleanrl.server.http_logprobs import fill_input_logprobs
+from gleanrl.server.memory_occupation import check_serving
 from gleanrl.server.openai_logprobs import chat_logprobs, completion_logprobs
 from gleanrl.server.schemas import (UNSUPPORTED_OPENAI, ApiError, ChatIn, CompletionIn, OpenAISampling, parse,
                                     refuse_unsupported)
@@ -76,6 +77,7 @@ async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]
     """Shared by both endpoints: run, then answer as one JSON object or as an SSE stream of chunks.
     `options`: GenerateRequest's logprob fields (top_logprobs_num, logprob_start_len)."""
     state = request.app.state
+    check_serving(state)
     if body.max_tokens is not None or getattr(body, "max_completion_tokens", None) is not None or kind != "chat":
         for ids in prompts:  # an explicit limit that does not fit: SGLang's 400
             check_length(state, ids, params, "prompt" if kind != "chat" else "messages")

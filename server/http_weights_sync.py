@@ -2,8 +2,7 @@
 same-host ForkingPickler handles, `load_format: "flattened_bucket"`; `server/tensor_payload.py`), inside
 an optional /begin_weight_update ... /end_weight_update session that stages the calls and applies them
 as one atomic swap (`server/tensor_update.py`); the process-group pushes (`http_weights_group.py`) stage
-into the same session. Memory release/resume is not implemented by the embedded backend and is refused
-by name with a 400."""
+into the same session; memory release/resume (`server/memory_occupation.py`)."""
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +13,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from gleanrl.server import tensor_payload, tensor_update
-from gleanrl.server.schemas import BeginWeightUpdateIn, TensorUpdateIn, parse
+from gleanrl.server.memory_occupation import MemoryOccupation
+from gleanrl.server.schemas import BeginWeightUpdateIn, MemoryTagsIn, TensorUpdateIn, parse
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -101,8 +101,29 @@ async def end_weight_update(request: Request):
     return answer(True, f"Succeeded to update model weights ({len(session.named)} tensors).")
 
 
+def _memory(state) -> MemoryOccupation:
+    if getattr(state, "memory", None) is None:
+        state.memory = MemoryOccupation(state.engine)
+    return state.memory
+
+
 @router.api_route("/release_memory_occupation", methods=["GET", "POST"])
+async def release_memory_occupation(request: Request):
+    state = request.app.state
+    body = await parse(request, MemoryTagsIn, state.server_cfg.max_request_bytes)
+    try:
+        await asyncio.to_thread(_memory(state).release, body.tags)
+    except ValueError as exc:
+        return answer(False, str(exc))
+    return answer(True, "Memory released.")
+
+
 @router.api_route("/resume_memory_occupation", methods=["GET", "POST"])
-async def not_implemented(request: Request):
-    return answer(False, f"{request.url.path} is not supported by the embedded backend: use "
-                          "/update_weights_from_disk, /update_weights_from_tensor or /update_weights_from_distributed")
+async def resume_memory_occupation(request: Request):
+    state = request.app.state
+    body = await parse(request, MemoryTagsIn, state.server_cfg.max_request_bytes)
+    try:
+        await asyncio.to_thread(_memory(state).resume, body.tags)
+    except ValueError as exc:
+        return answer(False, str(exc))
+    return answer(True, "Memory resumed.")

@@ -277,3 +277,8 @@ class DistributedUpdateIn(BaseModel):
 class DestroyGroupIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
     group_name: StrictStr = "weight_update_group"
+
+
+class MemoryTagsIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    tags: list[StrictStr] | None = None
