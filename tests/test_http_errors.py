@@ -125,8 +125,9 @@ def test_refused_weight_updates_keep_serving_the_old_weights(url, tiny_qwen2, ti
         assert r.status_code == 400, (path, r.text)
         body = r.json()
         assert body["success"] is False and body["message"] and body["num_paused_requests"] == 0
-    r = post(url, "/update_weights_from_distributed", {"names": []}, headers=H_ADMIN)
-    assert r.status_code == 400 and "update_weights_from_disk" in r.json()["message"]
+    r = post(url, "/update_weights_from_distributed", {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]]},
+             headers=H_ADMIN)
+    assert r.status_code == 400 and "init_weights_update_group" in r.json()["message"]
     r = post(url, "/update_weights_from_tensor", {"serialized_named_tensors": []}, headers=H_ADMIN)
     assert r.status_code == 400 and "serialized_named_tensors" in r.json()["error"]["message"]
     info = httpx.get(f"{url}/model_info", headers=H_USER).json()
