@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from gleanrl.clients.rollout_client import RolloutClient, RolloutServerError
+from gleanrl.clients.rollout_client import RolloutClient
+from gleanrl.clients.transport import RolloutServerError
 from serving import running_server
-from gleanrl.trainer.rollout import Rollout, RolloutStatus
+from gleanrl.clients.rollout import Rollout, RolloutStatus
 
 PROMPT = [5, 17, 33, 2, 9]
 
@@ -155,7 +156,7 @@ def test_incremental_stream_chunks_are_concatenated():
     import json as _json
 
     import httpx
-    from gleanrl.trainer.generate import run_one
+    from gleanrl.clients.rollout import run_rollout
     chunks = [{"output_ids": [4], "meta_info": {"completion_tokens": 1, "output_token_logprobs": [[-0.5, 4, None]],
                                                 "finish_reason": None, "weight_version": "3"}},
               {"output_ids": [6], "meta_info": {"completion_tokens": 2, "output_token_logprobs": [[-0.25, 6, None]],
@@ -164,7 +165,7 @@ def test_incremental_stream_chunks_are_concatenated():
     body = "".join(f"data: {_json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
     client = _mock_client(lambda request: httpx.Response(200, text=body))
     r = Rollout(group_id=0, index=0, sample={}, prompt_ids=PROMPT, rid="x")
-    _run(run_one(client, r, {"max_new_tokens": 4}, stream=True))
+    _run(run_rollout(client, r, {"max_new_tokens": 4}, stream=True))
     assert r.status == RolloutStatus.FINISHED and r.output_ids == [4, 6] and r.rollout_logprobs == [-0.5, -0.25]
     assert r.weight_version == "3" and r.first_token_at is not None
 
