@@ -95,7 +95,7 @@ async def push_policy(client: RolloutClient, path: str, version: str,
     if sessions:
         body = await asyncio.to_thread(lambda: tensor_body(checkpoint_tensors(path), "target", version, True))
         for url in sessions:
-            await _session(client, url, "target", body)
+            await tensor_session(client, url, "target", body)
     return routes
 
 
@@ -111,18 +111,20 @@ async def push_drafter(client: RolloutClient, path: str, version: int | str) -> 
     if sessions:
         body = await asyncio.to_thread(lambda: tensor_body(checkpoint_tensors(path), "draft"))
         for url in sessions:
-            await _session(client, url, "draft", body)
+            await tensor_session(client, url, "draft", body)
     return routes
 
 
-async def _session(client: RolloutClient, url: str, selector: str, body: dict) -> None:
-    """begin -> update -> end; `end_weight_update` is sent even when the update fails (SGLang holds the
-    session otherwise)."""
-    await client.begin_weight_update(selector, url)
+async def tensor_session(client: RolloutClient, url: str, selector: str, body: dict) -> list[dict]:
+    """begin -> update (`payloads.tensor_body`) -> end, the answers in order; `end_weight_update` is sent
+    even when the update fails (SGLang holds the session otherwise). No check of the server's kind: that
+    is `push_policy` / `push_drafter`."""
+    answers = [await client.begin_weight_update(selector, url)]
     try:
-        await client.update_weights_from_tensor(body, url)
+        answers.append(await client.update_weights_from_tensor(body, url))
     finally:
-        await client.end_weight_update(url)
+        answers.append(await client.end_weight_update(url))
+    return answers
 
 
 @dataclass(frozen=True, slots=True)
