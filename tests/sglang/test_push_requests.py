@@ -20,7 +20,7 @@ from gleanrl.clients.weight_sync import push_drafter, push_policy
 pytestmark = pytest.mark.sglang
 
 PARSE = r"""
-import json, sys, msgspec
+import dataclasses, json, sys, msgspec
 from pydantic import TypeAdapter
 from sglang.srt.managers import io_struct as io
 from sglang.srt.utils.common import MultiprocessingSerializer, normalize_serialized_named_tensor_payloads
@@ -31,7 +31,7 @@ out = []
 for path, body in json.load(open(sys.argv[1])):
     cls = types[path]
     obj = TypeAdapter(cls).validate_python(body)
-    known = {f.name for f in msgspec.structs.fields(cls)}
+    known = {f.name for f in (msgspec.structs.fields(cls) if issubclass(cls, msgspec.Struct) else dataclasses.fields(cls))}
     row = {"path": path, "type": type(obj).__name__, "dropped": sorted(set(body) - known)}
     for name in ("selector", "weight_version", "flush_cache", "model_path", "input_ids", "rid", "stream",
                  "return_logprob"):
