@@ -2,11 +2,11 @@
 takes to it, refuse what must not be sent, then send (pause-free: SD is lossless, so a mid-rollout
 drafter swap changes speed only).
 
-| to                          | policy                                    | drafter                                   |
-| --------------------------- | ----------------------------------------- | ----------------------------------------- |
-| gleanrl's embedded server   | `/update_weights_from_disk`               | `/update_weights_from_disk` `selector: draft` |
-| stock SGLang with EAGLE     | tensor session, `selector: target`        | tensor session, `selector: draft`         |
-| stock SGLang without a drafter | `/update_weights_from_disk`            | refused before sending                    |
+| to                             | policy                             | drafter                              |
+| ------------------------------ | ---------------------------------- | ------------------------------------ |
+| gleanrl's embedded server      | `/update_weights_from_disk`        | the same, with `selector: "draft"`   |
+| stock SGLang with EAGLE        | tensor session, selector `target`  | tensor session, selector `draft`     |
+| stock SGLang without a drafter | `/update_weights_from_disk`        | refused before sending               |
 
 Hazards of stock SGLang (0.5.23) behind that table:
 - `/update_weights_from_disk` has no `selector`: the load reaches every runner, so a drafter sent that way

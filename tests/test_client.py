@@ -188,3 +188,11 @@ def test_config_file_then_flags(tiny_qwen2, tmp_path):
     (tmp_path / "c.yaml").write_text(f"model: {tiny_qwen2}\nout: {tmp_path}\nsteps: 5\nlr: 0.01\n")
     cfg = build_config(read_config_file(tmp_path / "c.yaml"), {"steps": 7, "lr": None})
     assert cfg.steps == 7 and cfg.lr == 0.01
+
+
+def test_public_api_names_resolve():
+    import gleanrl
+    from gleanrl.clients import rollout, transport, weight_sync
+    assert all(getattr(gleanrl, name) is not None for name in gleanrl.__all__)
+    assert (gleanrl.Rollout, gleanrl.RolloutServerError, gleanrl.DrafterPush) == (
+        rollout.Rollout, transport.RolloutServerError, weight_sync.DrafterPush)

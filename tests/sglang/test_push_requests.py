@@ -31,7 +31,8 @@ out = []
 for path, body in json.load(open(sys.argv[1])):
     cls = types[path]
     obj = TypeAdapter(cls).validate_python(body)
-    known = {f.name for f in (msgspec.structs.fields(cls) if issubclass(cls, msgspec.Struct) else dataclasses.fields(cls))}
+    fields = msgspec.structs.fields(cls) if issubclass(cls, msgspec.Struct) else dataclasses.fields(cls)
+    known = {f.name for f in fields}
     row = {"path": path, "type": type(obj).__name__, "dropped": sorted(set(body) - known)}
     for name in ("selector", "weight_version", "flush_cache", "model_path", "input_ids", "rid", "stream",
                  "return_logprob"):
