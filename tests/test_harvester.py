@@ -115,6 +115,8 @@ def test_clear_errors_for_bad_inputs(setup, tmp_path):
         Harvester(target, tmp_path / "no_drafter", None)
     with pytest.raises(ValueError, match="batch_size"):
         HarvestConfig(batch_size=0)
+    with pytest.raises(TypeError, match="DrafterPush"):  # a URL is the clients' business, not harvest's
+        Harvester(target, root / "init_drafter", None, push="http://127.0.0.1:30000")
 
 
 def test_push_attempt_abandoned_when_the_window_closes(setup, tmp_path):
