@@ -9,7 +9,7 @@ import asyncio
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Self, TypeVar
 
 import httpx
 
@@ -87,7 +87,7 @@ class Transport:
             await self._http.aclose()
             self._http = None
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -157,8 +157,8 @@ def _message(body: Any) -> str:
 
 
 def _decode(url: str, resp: httpx.Response) -> Any:
-    """The body; an HTTP error, or SGLang's `{"success": false}` (which some of its routes send with
-    200), raises with the server's own message."""
+    """The body; an HTTP error, or SGLang's `{"success": false}` answer whatever its status (a refused
+    update must never read as done), raises with the server's own message."""
     try:
         body = resp.json()
     except ValueError:

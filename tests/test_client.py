@@ -152,6 +152,15 @@ def test_retries_connection_errors_only():
     assert calls["n"] == 1 and err.value.status == 500
 
 
+def test_success_false_is_an_error_even_with_status_200():
+    import httpx
+    answer = {"success": False, "message": "Failed to update weights: shape mismatch"}
+    client = _mock_client(lambda request: httpx.Response(200, json=answer))
+    with pytest.raises(RolloutServerError, match="shape mismatch") as err:
+        _run(client.update_weights_from_disk("/ckpt/v1", weight_version="1"))
+    assert err.value.status == 200 and err.value.message == answer["message"]
+
+
 def test_incremental_stream_chunks_are_concatenated():
     import json as _json
 
