@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import base64
 import pickle
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +43,7 @@ def begin_body(selector: str) -> dict:
     return {"selector": _checked(selector)}
 
 
-def tensor_body(named: Iterable[tuple[str, "torch.Tensor"]], selector: str, weight_version: str | None = None,
+def tensor_body(named: Iterable[tuple[str, torch.Tensor]], selector: str, weight_version: str | None = None,
                 flush_cache: bool = False, tp_size: int = 1) -> dict:
     """Tensors by value, one (identical) payload per TP rank. A draft update never carries a
     `weight_version`: SGLang keeps one version for all runners, and the policy's must stay."""
@@ -57,7 +58,7 @@ def tensor_body(named: Iterable[tuple[str, "torch.Tensor"]], selector: str, weig
     return body
 
 
-def encode_named_tensors(named: Iterable[tuple[str, "torch.Tensor"]]) -> str:
+def encode_named_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> str:
     """Base64 of a plain pickle of [(name, cpu tensor)]: tensors travel by value (SGLang's SafeUnpickler
     rebuilds them with `torch.load(weights_only=True)`), so the trainer may be another process or host.
     (SGLang's in-process Engine uses ForkingPickler handles instead; those only work on the same host.)"""

@@ -78,7 +78,7 @@ def drafter_route(kind: ServerKind) -> Route:
     return Route.DRAFT_SESSION
 
 
-def checkpoint_tensors(path: str | Path) -> list[tuple[str, "torch.Tensor"]]:
+def checkpoint_tensors(path: str | Path) -> list[tuple[str, torch.Tensor]]:
     from safetensors.torch import load_file
     files = sorted(Path(path).glob("*.safetensors"))
     return [item for f in files for item in sorted(load_file(f).items())]
@@ -143,7 +143,7 @@ class DrafterPush:
         object.__setattr__(self, "urls", tuple(self.urls))
 
     @classmethod
-    def for_client(cls, client: RolloutClient) -> "DrafterPush":
+    def for_client(cls, client: RolloutClient) -> DrafterPush:
         return cls(tuple(client.urls), client.api_key, client.admin_api_key, client.timeout_s)
 
     def __call__(self, path: str, version: int) -> None:

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
                         batch.append((prompt, res["output_ids"], sum(c.isdigit() for c in text) / max(len(text), 1)))
                         accept.append(res["meta_info"].get("spec_accept_length") or 0.0)
                     if pending:  # idle window: until the next rollout finishes
-                        harvester.train_while(lambda: pending and not any(f.done() for f in pending))
+                        harvester.train_while(lambda p=pending: p and not any(f.done() for f in p))
             harvester.maybe_push()  # the tail is done: one more chance before the next step
             policy.train()
             reinforce_step(policy, optimizer, batch)

@@ -29,8 +29,9 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gleanrl.harvest.atomic import atomic_file
 from gleanrl.harvest.harvester import HarvestConfig, Harvester
@@ -55,7 +56,7 @@ class HarvestHooks:
         self._repush = False
 
     @classmethod
-    def for_run(cls, model: str, drafter: str, root: Path, resume: bool) -> tuple["HarvestHooks", Path]:
+    def for_run(cls, model: str, drafter: str, root: Path, resume: bool) -> tuple[HarvestHooks, Path]:
         """Hooks over `root` (spool, drafter versions: kept by a resumed run) and the drafter to serve:
         the newest pushed version, else `drafter`. Drafters go to the loop's servers (`bind_push`).
         Settings: `root/harvest_config.json` (`write_config`; `gleanrl train` writes it from its flags)."""

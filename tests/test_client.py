@@ -7,10 +7,10 @@ import time
 
 import pytest
 
+from gleanrl.clients.rollout import Rollout, RolloutStatus
 from gleanrl.clients.rollout_client import RolloutClient
 from gleanrl.clients.transport import RolloutServerError
 from serving import running_server
-from gleanrl.clients.rollout import Rollout, RolloutStatus
 
 PROMPT = [5, 17, 33, 2, 9]
 
@@ -165,6 +165,7 @@ def test_incremental_stream_chunks_are_concatenated():
     import json as _json
 
     import httpx
+
     from gleanrl.clients.rollout import run_rollout
     chunks = [{"output_ids": [4], "meta_info": {"completion_tokens": 1, "output_token_logprobs": [[-0.5, 4, None]],
                                                 "finish_reason": None, "weight_version": "3"}},

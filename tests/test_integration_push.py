@@ -11,10 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from gleanrl.harvest.checkpoint import save_drafter
-from gleanrl.harvest.cli_init import init_drafter
 from gleanrl.clients.transport import RolloutServerError
 from gleanrl.clients.weight_sync import DrafterPush
+from gleanrl.harvest.checkpoint import save_drafter
+from gleanrl.harvest.cli_init import init_drafter
 from serving import running_server
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Awaitable, Callable, ContextManager, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from tqdm import tqdm
 
@@ -24,7 +25,7 @@ class RolloutHooks(Protocol):
 
     def on_step_start(self, step: int, model) -> None: ...
     def on_rollout_finished(self, rollout: Rollout) -> None: ...
-    def idle_window(self) -> ContextManager: ...
+    def idle_window(self) -> contextlib.AbstractContextManager: ...
 
 
 class NoHooks:
@@ -34,7 +35,7 @@ class NoHooks:
     def on_rollout_finished(self, rollout: Rollout) -> None:
         pass
 
-    def idle_window(self) -> ContextManager:
+    def idle_window(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
 

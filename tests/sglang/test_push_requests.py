@@ -12,10 +12,10 @@ import httpx
 import pytest
 import torch
 from safetensors.torch import save_file
-from sglang_util import run_in_sglang
 
 from gleanrl.clients.rollout_client import RolloutClient
 from gleanrl.clients.weight_sync import push_drafter, push_policy
+from sglang_util import run_in_sglang
 
 pytestmark = pytest.mark.sglang
 

@@ -10,11 +10,11 @@ import httpx
 import pytest
 
 from gleanrl.clients.rollout_client import RolloutClient
+from gleanrl.clients.transport import RolloutServerError
+from gleanrl.clients.weight_sync import DrafterPush, Route
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.checkpoint_check import CheckpointMismatch
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.clients.transport import RolloutServerError
-from gleanrl.clients.weight_sync import DrafterPush, Route
 from gleanrl.trainer.policy_push import PolicyPusher
 
 pytestmark = pytest.mark.sglang

@@ -86,7 +86,8 @@ def test_other_architecture_is_loaded_by_sglang_but_refused_by_the_guard(restore
     with pytest.raises(CheckpointMismatch, match="architectures"):
         check_policy_checkpoint(other_arch_model, server.model)
     before = _greedy(server, ids)
-    resp = server.post("/update_weights_from_disk", {"model_path": str(other_arch_model), "weight_version": "other-arch"})
+    resp = server.post("/update_weights_from_disk",
+                       {"model_path": str(other_arch_model), "weight_version": "other-arch"})
     assert resp.status_code == 200 and resp.json()["success"] is True      # stock SGLang: "success"
     assert _greedy(server, ids) != before and _version(server) == "other-arch"  # ... and now runs mixed weights
 
@@ -99,7 +100,8 @@ def test_selector_is_ignored_so_a_drafter_sent_via_disk_lands_in_the_target(rest
     before = _greedy(server, ids)
     resp = server.post("/update_weights_from_disk", {"model_path": str(drafter_for_policy), "selector": "draft",
                                                      "weight_version": "draft-1"})
-    print(f"\n[sglang] drafter via /update_weights_from_disk with selector=draft: HTTP {resp.status_code} {resp.text[:200]}")
+    print(f"\n[sglang] drafter via /update_weights_from_disk with selector=draft: HTTP {resp.status_code} "
+          f"{resp.text[:200]}")
     assert resp.status_code == 200 and resp.json()["success"] is True
     assert _greedy(server, ids) != before                       # the drafter's lm_head replaced the target's
     assert _version(server) == "draft-1"                        # and the policy's version is gone
