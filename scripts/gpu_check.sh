@@ -19,8 +19,8 @@ cd "$(dirname "$0")/.."
 DRY=0 BUDGET="" PY="" WHEELS="" OUT_DIR="${OUT:-./gpu-check-out}" WORK=""
 declare -A BOX  # phase -> time box, seconds
 # What the GPU image lacks or holds too old, pinned to this checkout's venv (the versions CI tests with).
-WHEEL_NAMES="transformers fastapi starlette pydantic pydantic_core annotated-types typing-inspection
-  opentelemetry-api uvicorn"
+WHEEL_NAMES="transformers regex fastapi starlette pydantic pydantic_core annotated-types typing-inspection
+  typing_extensions opentelemetry-api uvicorn"
 while (($#)); do
   case "$1" in
     --dry-run) DRY=1 ;;
