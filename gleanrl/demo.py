@@ -58,8 +58,8 @@ def split_cores() -> tuple[set[int], set[int]] | None:
 
 def warm_drafter(policy: Path, args: argparse.Namespace) -> Path:
     """A drafter warm-started on the policy's own generations, cached by policy and settings."""
-    from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.draft_train import WarmStartConfig, warm_start
+    from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.trainer.bootstrap import cache_root
     from gleanrl.trainer.tasks import load_task
 
@@ -175,9 +175,9 @@ def fresh_out(out: Path, marker: str, args: argparse.Namespace, subs: tuple[str,
 def run(args: argparse.Namespace) -> int:
     import httpx
 
+    from gleanrl.demo_report import write_report
     from gleanrl.harvest.harvester import HarvestConfig, Harvester
     from gleanrl.trainer.bootstrap import bootstrap_policy
-    from gleanrl.demo_report import write_report
     from gleanrl.trainer.loop import train
     from gleanrl.trainer.tasks import load_task
 

@@ -56,7 +56,8 @@ HELP = {
     "gen_batch": "requests generated concurrently / sequences per capture batch", "steps": "optimizer steps",
     "batch_size": "most sequences per step", "batch_tokens": "most padded tokens per step (similar lengths "
     "are batched together)", "lr": "AdamW learning rate (decays linearly to a tenth)",
-    "precision": "auto (bf16 autocast where the CPU/GPU has fast bf16), bf16 or fp32", "ttt_length": "unrolled draft steps (TTT)",
+    "precision": "auto (bf16 autocast where the CPU/GPU has fast bf16), bf16 or fp32",
+    "ttt_length": "unrolled draft steps (TTT)",
     "topk": "soft-label top-k of the target distribution", "heldout": "fraction of generations held out",
     "eval_every": "steps between held-out acceptance evaluations", "accept_k": "draft length for acceptance",
     "seed": "seed for prompts, sampling and init",
@@ -83,7 +84,8 @@ def generate(model_dir: str | Path, tokenizer, prompts: list[str], cfg: WarmStar
     bar = tqdm(total=len(prompts), desc="generate", unit="seq")
 
     async def one(i: int) -> list[int]:
-        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed * 100003 + i)
+        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                seed=cfg.seed * 100003 + i)
         ids, reason = [], None
         async for out in engine.generate(GenerateRequest(rid=f"warm-{i}", input_ids=encoded[i], params=params)):
             ids += out.new_ids

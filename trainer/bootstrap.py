@@ -89,8 +89,8 @@ def bootstrap_policy(out_dir: str | os.PathLike | None = None, task=None, seed: 
         if _cached(out, key):  # built by another process while we waited
             return out
         from gleanrl.harvest.atomic import atomic_dir
-        from gleanrl.trainer.tasks.sft import train_policy
         from gleanrl.trainer.tasks import load_task
+        from gleanrl.trainer.tasks.sft import train_policy
 
         start, cpu = time.time(), resource.getrusage(resource.RUSAGE_SELF)
         with atomic_dir(out) as tmp:

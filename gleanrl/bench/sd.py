@@ -50,7 +50,8 @@ def _prompts(args: argparse.Namespace, n: int) -> list[str]:
     return [texts[i % len(texts)] for i in range(n)]
 
 
-def _run(engine, prompts: list[list[int]], temperature: float, max_new: int, seed: int) -> tuple[float, list[list[int]]]:
+def _run(engine, prompts: list[list[int]], temperature: float, max_new: int,
+         seed: int) -> tuple[float, list[list[int]]]:
     from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
     async def one(i: int) -> list[int]:
