@@ -24,11 +24,11 @@ WHEEL_NAMES="transformers regex fastapi starlette pydantic pydantic_core annotat
 while (($#)); do
   case "$1" in
     --dry-run) DRY=1 ;;
-    --out) OUT_DIR=$2; shift ;;
-    --work) WORK=$2; shift ;;
-    --budget) BUDGET=$2; shift ;;
-    --python) PY=$2; shift ;;
-    --wheels) WHEELS=$2; shift ;;
+    --out) OUT_DIR=${2:?--out needs a value}; shift ;;
+    --work) WORK=${2:?--work needs a value}; shift ;;
+    --budget) BUDGET=${2:?--budget needs a value}; shift ;;
+    --python) PY=${2:?--python needs a value}; shift ;;
+    --wheels) WHEELS=${2:?--wheels needs a value}; shift ;;
     --fetch-wheels) FETCH=${2:-.whl}; [[ ${2:-} && ${2:-} != --* ]] && shift ;;
     *) echo "gpu_check.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -68,6 +68,7 @@ else
   E2E_ARGS=(--steps 2 --prompts-per-step 4 --samples-per-prompt 4 --max-new-tokens 128 --dtype bfloat16)
   BOX=([install]=60 [tests]=100 [bootstrap]=90 [draft]=90 [sd]=90 [rollout]=60 [e2e]=150)
 fi
+[[ $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget must be whole seconds, got $BUDGET" >&2; exit 2; }
 WORK=${WORK:-${TMPDIR:-/tmp}/gleanrl-gpu-check}
 [[ -z $WHEELS && -d .whl ]] && WHEELS=.whl
 mkdir -p "$OUT_DIR" "$WORK" && rm -f "$OUT_DIR"/{gpu_check.log,summary.json,sd.json,rollout.json,e2e.json,tests.xml}

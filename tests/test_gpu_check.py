@@ -50,7 +50,9 @@ def test_spent_budget_skips_phases_and_fails(tmp_path):
     assert all(p["status"] == "skipped" for p in s["phases"].values()) and list(s["phases"]) == PHASES
 
 
-def test_unknown_option_is_refused():
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--gpus", "2"], cwd=ROOT,
+@pytest.mark.parametrize("args, message", [(["--gpus", "2"], "unknown option --gpus"),
+                                           (["--budget", "8m"], "--budget must be whole seconds")])
+def test_bad_options_are_refused(args, message):
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2 and "unknown option --gpus" in proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr
