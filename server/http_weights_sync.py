@@ -107,7 +107,8 @@ def _memory(state) -> MemoryOccupation:
     return state.memory
 
 
-@router.api_route("/release_memory_occupation", methods=["GET", "POST"])
+@router.get("/release_memory_occupation")  # one route per method: each gets its own OpenAPI operation id
+@router.post("/release_memory_occupation")
 async def release_memory_occupation(request: Request):
     state = request.app.state
     body = await parse(request, MemoryTagsIn, state.server_cfg.max_request_bytes)
@@ -118,7 +119,8 @@ async def release_memory_occupation(request: Request):
     return answer(True, "Memory released.")
 
 
-@router.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+@router.get("/resume_memory_occupation")
+@router.post("/resume_memory_occupation")
 async def resume_memory_occupation(request: Request):
     state = request.app.state
     body = await parse(request, MemoryTagsIn, state.server_cfg.max_request_bytes)
