@@ -11,8 +11,8 @@ from typing import Protocol
 
 import torch
 
-from gleanrl.server.model_runner import ModelRunner
 from gleanrl.server import sampler
+from gleanrl.server.model_runner import ModelRunner
 from gleanrl.server.sequence import Emitted, Sequence
 
 

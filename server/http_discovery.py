@@ -4,8 +4,8 @@
 (sglang-router's --dp-aware and slime's external-engine attach read them); a memory saver is not used."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
 import time
+from datetime import UTC, datetime
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -116,5 +116,5 @@ async def loads(request: Request, dp_rank: int | None = None, include: str | Non
             if isinstance(value, (int, float)) and key not in ("dp_rank", "timestamp"):
                 lines += [f"# TYPE sglang_{key} gauge", f'sglang_{key}{{dp_rank="0"}} {value}']
         return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4; charset=utf-8")
-    return {"timestamp": datetime.now(timezone.utc).isoformat(), "version": state.version, "accelerator": None,
+    return {"timestamp": datetime.now(UTC).isoformat(), "version": state.version, "accelerator": None,
             "num_accelerators": 1, "loads": rows}

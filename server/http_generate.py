@@ -17,8 +17,15 @@ from gleanrl.server.fanin import Disconnected, Fanin, Track, collect, unless_dis
 from gleanrl.server.http_logprobs import fill_input_logprobs, logprob_fields
 from gleanrl.server.memory_occupation import check_serving
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
-from gleanrl.server.schemas import (UNSUPPORTED_GENERATE, UNSUPPORTED_SAMPLING, ApiError, GenerateIn, SamplingIn,
-                                    parse, refuse_unsupported)
+from gleanrl.server.schemas import (
+    UNSUPPORTED_GENERATE,
+    UNSUPPORTED_SAMPLING,
+    ApiError,
+    GenerateIn,
+    SamplingIn,
+    parse,
+    refuse_unsupported,
+)
 from gleanrl.server.stopping import compile_stop_regex
 
 router = APIRouter()

@@ -14,8 +14,15 @@ from gleanrl.server.http_generate import check_batch, check_length, check_prompt
 from gleanrl.server.http_logprobs import fill_input_logprobs
 from gleanrl.server.memory_occupation import check_serving
 from gleanrl.server.openai_logprobs import chat_logprobs, completion_logprobs
-from gleanrl.server.schemas import (UNSUPPORTED_OPENAI, ApiError, ChatIn, CompletionIn, OpenAISampling, parse,
-                                    refuse_unsupported)
+from gleanrl.server.schemas import (
+    UNSUPPORTED_OPENAI,
+    ApiError,
+    ChatIn,
+    CompletionIn,
+    OpenAISampling,
+    parse,
+    refuse_unsupported,
+)
 
 router = APIRouter()
 

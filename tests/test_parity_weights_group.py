@@ -9,7 +9,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import httpx

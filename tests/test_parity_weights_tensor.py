@@ -42,7 +42,7 @@ class FlattenedTensorMetadata:  # pickled under SGLang's module name, as SGLang'
 
 def flattened(named, monkeypatch) -> str:
     module = "sglang.srt.weight_sync.tensor_bucket"
-    for i, part in enumerate(module.split(".")):
+    for i in range(len(module.split("."))):
         name = ".".join(module.split(".")[:i + 1])
         monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
     FlattenedTensorMetadata.__module__ = module

@@ -28,9 +28,8 @@ LOGPROBS = [{"logprob_start_len": 0, "sampling_params": {"max_new_tokens": 0}},
 
 @pytest.fixture(scope="module")
 def both(sglang_model):
-    from sglang_util import SGLangServer
-
     from serving import running_server
+    from sglang_util import SGLangServer
     sglang = SGLangServer(sglang_model, sglang_arg=["--disable-overlap-schedule"])
     try:
         with running_server(sglang_model) as url:
