@@ -111,7 +111,7 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(c.head_dim, c.rope_theta), persistent=False)
         self.fused: tuple[torch.Tensor, torch.Tensor] | None = None    # (qkv, gate_up) weights when serving
 
-    def fuse_for_inference(self) -> "Eagle3Drafter":
+    def fuse_for_inference(self) -> Eagle3Drafter:
         """Serve with one q/k/v and one gate/up matmul (call after the last `.to()`; training unaffected)."""
         layer = self.midlayer
         self.fused = (fuse_linears([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])[0],

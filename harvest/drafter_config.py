@@ -71,7 +71,7 @@ class DrafterConfig:
 
     @classmethod
     def for_target(cls, target: Any, aux_layer_ids: list[int] | None = None,
-                   draft_vocab_size: int | None = None) -> "DrafterConfig":
+                   draft_vocab_size: int | None = None) -> DrafterConfig:
         """A one-layer drafter shaped like one layer of `target` (an HF config object or dict)."""
         hidden, heads = int(_get(target, "hidden_size")), int(_get(target, "num_attention_heads"))
         layers, vocab = int(_get(target, "num_hidden_layers")), int(_get(target, "vocab_size"))
@@ -94,7 +94,7 @@ class DrafterConfig:
                 "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}}
 
     @classmethod
-    def from_json(cls, d: dict) -> "DrafterConfig":
+    def from_json(cls, d: dict) -> DrafterConfig:
         if "LlamaForCausalLMEagle3" not in (d.get("architectures") or []):
             raise ValueError(f"not an EAGLE-3 drafter config (architectures={d.get('architectures')})")
         if int(d.get("num_hidden_layers", 1)) != 1:

@@ -125,7 +125,7 @@ def ttt_loss(logits: list[torch.Tensor], labels: torch.Tensor, valid: torch.Tens
     return total, metrics
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def bf16_fast(device: str | torch.device = "cpu") -> bool:
     """Whether bf16 autocast pays on `device`: CUDA, or a CPU with native bf16 dot products."""
     if torch.device(device).type == "cuda":

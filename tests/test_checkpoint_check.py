@@ -8,8 +8,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from gleanrl.harvest.checkpoint_check import (CheckpointMismatch, check_drafter_checkpoint, check_policy_checkpoint,
-                                      read_safetensors_header, read_tensor_specs)
+from gleanrl.harvest.checkpoint_check import (
+    CheckpointMismatch,
+    check_drafter_checkpoint,
+    check_policy_checkpoint,
+    read_safetensors_header,
+    read_tensor_specs,
+)
 
 
 def _copy(src, dst):

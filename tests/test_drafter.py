@@ -101,8 +101,8 @@ def test_two_layer_target_gets_a_two_aux_layer_drafter(tiny_tokenizer, tmp_path)
     from transformers import AutoModelForCausalLM
 
     from gleanrl.harvest.capture import capture
-    from gleanrl.tiny import make_tiny_model
     from gleanrl.harvest.train_step import make_optimizer, train_step
+    from gleanrl.tiny import make_tiny_model
 
     target = make_tiny_model(tmp_path / "t", tokenizer=tiny_tokenizer, num_layers=2)
     d = load_drafter(save_drafter(init_drafter(target), tmp_path / "d"), target_config=target)
@@ -222,6 +222,7 @@ def test_init_for_other_architectures(request, fixture, tmp_path):
 
 def test_init_copies_target_embedding_and_head(tiny_qwen2, tiny_tokenizer, tmp_path):
     from safetensors.torch import load_file
+
     from gleanrl.tiny import make_tiny_model
 
     weights = load_file(str(tiny_qwen2 / "model.safetensors"))

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gleanrl.harvest.acceptance import acceptance_length, accept_lengths, expected_accept_lengths
+from gleanrl.harvest.acceptance import accept_lengths, acceptance_length, expected_accept_lengths
 from gleanrl.harvest.capture import capture
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.harvest.train_step import collate, draft_labels, make_optimizer, ttt_loss, ttt_unroll, train_step
+from gleanrl.harvest.train_step import collate, draft_labels, make_optimizer, train_step, ttt_loss, ttt_unroll
 from gleanrl.server.sd.drafter_forward import drafter_forward, new_draft_cache
 
 

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from engine_util import hf_greedy
-
 from serving import running_server
 
 KEY = "sk-openai-test"

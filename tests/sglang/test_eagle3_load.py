@@ -14,6 +14,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+
 from sglang_util import free_port, run_in_sglang
 
 pytestmark = pytest.mark.sglang

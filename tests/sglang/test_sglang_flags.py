@@ -8,10 +8,10 @@ import json
 
 import pytest
 import yaml
-from sglang_util import run_in_sglang
-from test_compose import COMPOSE, interpolate
 
 from gleanrl.server.sglang_launch import build_command
+from sglang_util import run_in_sglang
+from test_compose import COMPOSE, interpolate
 
 pytestmark = pytest.mark.sglang
 
