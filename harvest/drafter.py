@@ -52,7 +52,9 @@ def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
     return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float, inv_freq: torch.Tensor | None = None) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, positions: torch.Tensor, theta: float, inv_freq: torch.Tensor | None = None
+) -> torch.Tensor:
     """x: [..., n_heads, d]; positions: [...] (broadcast over heads). Neox-style halves, as Llama."""
     d = x.shape[-1]
     inv_freq = rope_inv_freq(d, theta).to(x.device) if inv_freq is None else inv_freq

@@ -58,8 +58,10 @@ class DrafterConfig:
             raise ValueError(f"aux_layer_ids must be 2 or more (EAGLE-3: 3) strictly increasing ids, got {ids}")
         n = self.target_num_hidden_layers
         if ids[0] < -1 or (n is not None and ids[-1] > n - 2):
-            raise ValueError(f"aux_layer_ids {ids} out of range for a target with "
-                             f"{self.target_num_hidden_layers} layers (allowed -1..{self.target_num_hidden_layers - 2})")
+            raise ValueError(
+                f"aux_layer_ids {ids} out of range for a target with "
+                f"{self.target_num_hidden_layers} layers (allowed -1..{self.target_num_hidden_layers - 2})"
+            )
         if self.hidden_size != self.target_hidden_size:
             raise ValueError("the drafter shares the target's embedding, so hidden_size must equal target_hidden_size")
         if self.num_attention_heads % self.num_key_value_heads:

@@ -64,7 +64,10 @@ def test_config_lie_is_caught_by_tensor_names(tiny_qwen2, tiny_llama, tmp_path):
 def test_wrong_shape_and_dtype_are_refused(tiny_qwen2, tmp_path):
     specs = read_tensor_specs(tiny_qwen2)
     name = "model.norm.weight"
-    for change, why in [(lambda t: torch.zeros(t.shape[0] + 1), "model.norm.weight"), (lambda t: t.to(torch.bfloat16), "BF16")]:
+    for change, why in [
+        (lambda t: torch.zeros(t.shape[0] + 1), "model.norm.weight"),
+        (lambda t: t.to(torch.bfloat16), "BF16"),
+    ]:
         bad = _copy(tiny_qwen2, tmp_path / f"bad_{why}")
         from safetensors.torch import load_file
         state = load_file(bad / "model.safetensors")

@@ -89,7 +89,10 @@ def test_malformed_json_oversized_body_and_server_still_correct(url):
     r = post(url, "/generate", {"text": "x" * 5000})
     assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
     for path in ("/update_weights_from_disk", "/abort_request"):
-        assert post(url, path, content=b"{oops", headers={**H_ADMIN, "content-type": "application/json"}).status_code == 400
+        assert (
+            post(url, path, content=b"{oops", headers={**H_ADMIN, "content-type": "application/json"}).status_code
+            == 400
+        )
     assert post(url, "/update_weights_from_disk", {"model_path": 3}, headers=H_ADMIN).status_code == 400
     huge_k = post(url, "/generate", {"text": "hi", "sampling_params": {"top_k": 10**30, "max_new_tokens": 2}})
     assert huge_k.status_code == 200 and huge_k.json()["meta_info"]["completion_tokens"] == 2

@@ -43,7 +43,11 @@ def test_completion_matches_transformers_with_usage_and_logprobs(client, hf, tok
     want = hf_greedy(hf, ids, 10)
     choice = out.choices[0]
     assert choice.text == tok.decode(want) and choice.finish_reason == "length"
-    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (len(ids), 10, len(ids) + 10)
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (
+        len(ids),
+        10,
+        len(ids) + 10,
+    )
     assert len(choice.logprobs.token_logprobs) == 10 and all(lp <= 0 for lp in choice.logprobs.token_logprobs)
     batch = client.completions.create(model=NAME, prompt=[ids, ids], max_tokens=4, n=2, **GREEDY)
     assert [c.index for c in batch.choices] == [0, 1, 2, 3]

@@ -7,7 +7,8 @@ a fresh version). Every response must carry one `weight_version` and one `draft_
 were pushed, and equal the reference of its target version. SD is lossless, so draft swaps mid-request
 change nothing; a target swap waits for the running requests (SGLang's update lock), so a response whose
 streamed versions change (a "straddler", expected 0) can only come from an update under a pause: its
-tokens streamed under the old version must equal the old reference's prefix. Any non-200 or mismatch is an error (exit 1)."""
+tokens streamed under the old version must equal the old reference's prefix. Any non-200 or mismatch is
+an error (exit 1)."""
 from __future__ import annotations
 
 import argparse
