@@ -158,7 +158,7 @@ async def generate(request: Request):
                           _listify(body.return_logprob, len(prompts), "return_logprob"))
     per_req_sp = [sp for sp, p in zip(sps, params) for _ in range(p.n)]
     single = not batch and params[0].n == 1
-    run = Fanin(state.engine, reqs, state.metrics, state.active, groups)
+    run = Fanin(state.engine, reqs, state.metrics, state.active, groups, feed=state.feed)
     if not body.stream:
         tracks = await collect(run, request)
         if tracks is None:

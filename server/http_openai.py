@@ -69,7 +69,7 @@ async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]
     state = request.app.state
     rids = [body.rid] if len(prompts) == 1 else [None] * len(prompts)  # SGLang's rid extension: one prompt only
     reqs, groups = expand(prompts, [params] * len(prompts), rids, [logprob] * len(prompts))
-    run = Fanin(state.engine, reqs, state.metrics, state.active, groups)
+    run = Fanin(state.engine, reqs, state.metrics, state.active, groups, feed=state.feed)
     head = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": body.model}
     if not body.stream:

@@ -1,0 +1,87 @@
+"""The harvest feed (gleanrl extension, off by default): a bounded buffer of finished requests that a
+harvest sidecar (`gleanrl harvest`) reads with a cursor, so a trainer that is not gleanrl's needs no code
+for harvest. `gleanrl serve --harvest-feed` fills it from the HTTP edge; `gleanrl proxy` from what it sees.
+
+Recording never blocks generation: an append under a lock held for O(1) work. The buffer is bounded in
+records and in tokens; what overflows is the oldest, dropped and counted, never queued without bound.
+Each record gets a sequence number (`seq`, monotonic); a reader asks for `seq >= cursor` and learns how
+many it missed (`missed`) when the buffer moved past its cursor; `feed_id` changes with the buffer. Weight updates the feed cannot be
+followed through (tensor, process group: seen by the proxy) are listed in `weight_updates`, so the
+sidecar can refuse them by name.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+
+def group_key(prompt_ids: list[int]) -> str:
+    """The group (GRPO siblings, earlier steps' samples) of a prompt: a hash of its exact token ids."""
+    return hashlib.blake2b(",".join(map(str, prompt_ids)).encode(), digest_size=8).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class FeedConfig:
+    max_records: int = 4096
+    max_tokens: int = 4_000_000          # prompt + output tokens held
+    max_read: int = 512                  # records per read
+
+    def __post_init__(self) -> None:
+        for name in ("max_records", "max_tokens", "max_read"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"harvest feed: {name} must be >= 1, got {getattr(self, name)}")
+
+
+class HarvestFeed:
+    def __init__(self, cfg: FeedConfig | None = None):
+        self.cfg = cfg or FeedConfig()
+        self._records: collections.deque[dict] = collections.deque()
+        self._lock = threading.Lock()
+        self._tokens = 0
+        self.next_seq = 0
+        self.dropped = 0
+        self._updates: collections.deque[dict] = collections.deque(maxlen=64)
+        self.feed_id = uuid.uuid4().hex  # a new buffer (restarted server): a reader's old cursor means nothing
+
+    def record(self, rid: str, prompt_ids: list[int] | None, output_ids: list[int], weight_version,
+               finish_reason: dict | None, prompt_text: str | None = None, meta: dict | None = None) -> None:
+        """One finished request. `prompt_text` stands in for ids a proxy never saw (text prompts)."""
+        rec = {"rid": rid, "prompt_ids": list(prompt_ids) if prompt_ids is not None else None,
+               "prompt_text": prompt_text, "output_ids": list(output_ids),
+               "group_key": group_key(prompt_ids) if prompt_ids is not None else None,
+               "weight_version": None if weight_version is None else str(weight_version),
+               "finish_reason": finish_reason, "finished_at": time.time(), **(meta or {})}
+        size = len(rec["prompt_ids"] or ()) + len(rec["output_ids"])
+        with self._lock:
+            rec["seq"] = self.next_seq
+            self.next_seq += 1
+            self._records.append(rec)
+            self._tokens += size
+            while len(self._records) > self.cfg.max_records or (self._tokens > self.cfg.max_tokens
+                                                                 and len(self._records) > 1):
+                old = self._records.popleft()
+                self._tokens -= len(old["prompt_ids"] or ()) + len(old["output_ids"])
+                self.dropped += 1
+
+    def note_weight_update(self, kind: str, weight_version, model_path: str | None = None) -> None:
+        with self._lock:
+            self._updates.append({"kind": kind, "weight_version": None if weight_version is None
+                                  else str(weight_version), "model_path": model_path, "after_seq": self.next_seq})
+
+    def read(self, cursor: int, limit: int | None = None) -> dict:
+        """Records with seq >= cursor (at most `limit`), the cursor to pass next, and counts."""
+        if cursor < 0:
+            raise ValueError(f"cursor must be >= 0, got {cursor}")
+        limit = min(limit or self.cfg.max_read, self.cfg.max_read)
+        with self._lock:
+            oldest = self._records[0]["seq"] if self._records else self.next_seq
+            start = max(cursor, oldest) - oldest
+            out = [self._records[i] for i in range(start, min(start + limit, len(self._records)))]
+            next_cursor = out[-1]["seq"] + 1 if out else max(cursor, oldest)
+            return {"feed_id": self.feed_id, "head": self.next_seq, "records": out, "next_cursor": next_cursor, "missed": max(oldest - cursor, 0),
+                    "dropped": self.dropped, "buffered": len(self._records), "tokens": self._tokens,
+                    "weight_updates": list(self._updates)}
