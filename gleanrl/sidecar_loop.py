@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import httpx
 import torch
 
-from gleanrl.harvest.atomic import atomic_file
+from gleanrl.harvest.atomic import atomic_file, remove_stale_temporaries
 from gleanrl.harvest.hooks import HarvestHooks
 from gleanrl.sidecar_server import Policy, ServerView
 from gleanrl.trainer.metrics import MetricsLog
@@ -54,6 +54,10 @@ class Sidecar:
         self.view, self.out, self.idle_running, self.save_every_s, self.poll_s = view, out, idle_running, \
             save_every_s, poll_s
         self.echo = echo
+        if resume:  # what a kill -9 left half-written: the state file's, a drafter version's temporaries
+            for directory in (out, out / "drafter_versions"):
+                if directory.is_dir():
+                    remove_stale_temporaries(directory)
         state = torch.load(out / STATE_FILE, weights_only=False) if resume and (out / STATE_FILE).exists() else None
         if state is not None:
             view.load_state_dict(state["view"])

@@ -20,6 +20,7 @@ import torch
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
 from tests import slime_like_loop
+from tests.proxy_util import running_proxy
 from tests.serving import running_server, wait_until
 
 ADMIN = {"Authorization": "Bearer adm"}
@@ -116,3 +117,56 @@ def test_sidecar_beside_a_foreign_loop_pushes_better_drafters(policy, drafter0, 
     versions = sorted(p.name for p in (tmp_path / "harvest" / "drafter_versions").iterdir())
     assert versions[-1] == f"v{int(info['draft_weight_version']):06d}"
     assert "pver" in log and "gleanrl harvest: stopped" in log
+
+
+def test_resume_after_kill_9_continues_spool_versions_and_cursor(policy, drafter0, tmp_path):
+    out = tmp_path / "harvest"
+    with running_server(policy, drafter_path=str(drafter0), sd="on", harvest_feed=True, admin_api_key="adm") as url:
+        proc = sidecar(url, out, "--drafter", str(drafter0))
+        assert wait_until(lambda: (out / "sidecar_state.pt").exists(), timeout=120)
+        pushed = lambda: any((out / "drafter_versions").glob("v*"))  # noqa: E731
+        slime_like_loop.train(url, policy, tmp_path / "loop", steps=20, headers=ADMIN,
+                              on_step=lambda step, outs: not (pushed() and step >= 2))
+        time.sleep(1.5)  # past a --save-every-s 1 save
+        proc.kill()
+        proc.communicate(timeout=60)
+        state = torch.load(out / "sidecar_state.pt", weights_only=False)
+        versions = sorted(int(p.name[1:]) for p in (out / "drafter_versions").glob("v*"))
+        spooled = {p.name for p in (out / "spool").rglob("*.safetensors")}
+        fresh = subprocess.run([sys.executable, "-m", "gleanrl", "harvest", "--server", url, "--admin-api-key",
+                                "adm", "--out", str(out), "--drafter", str(drafter0)],
+                               capture_output=True, text=True, timeout=120)
+        assert fresh.returncode == 2 and "--resume" in fresh.stderr  # never over an earlier run by accident
+        again = sidecar(url, out, "--drafter", str(drafter0), "--resume")
+        slime_like_loop.train(url, policy, tmp_path / "loop2", steps=20, headers=ADMIN,
+                              on_step=lambda step, outs: max(int(p.name[1:]) for p in
+                                                             (out / "drafter_versions").glob("v*")) <= versions[-1])
+        log = stop(again)
+        served = httpx.get(f"{url}/model_info", timeout=30).json()["draft_weight_version"]
+    assert again.returncode == 0, log
+    assert "(resumed)" in log and state["view"]["cursor"] > 0
+    after = sorted(int(p.name[1:]) for p in (out / "drafter_versions").glob("v*"))
+    assert after[-1] > versions[-1] and int(served) == after[-1]  # version numbers continue, never repeat
+    assert spooled and spooled <= {p.name for p in (out / "spool").rglob("*.safetensors")}  # the spool is kept
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]  # nothing half-written
+    resumed = torch.load(out / "sidecar_state.pt", weights_only=False)
+    assert resumed["view"]["cursor"] > state["view"]["cursor"] and resumed["view"]["feed_id"] == state["view"]["feed_id"]
+
+
+def test_refuses_what_it_cannot_follow(policy, drafter0, tmp_path):
+    def harvest(url: str, out: str, key: str = "adm") -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "gleanrl", "harvest", "--admin-api-key", key, "--drafter",
+                               str(drafter0), "--server", url, "--out", str(tmp_path / out)],
+                              capture_output=True, text=True, timeout=120)
+
+    with running_server(policy) as url:  # feed off
+        off = harvest(url, "a")
+    assert off.returncode == 2 and "--harvest-feed" in off.stderr and "Traceback" not in off.stderr
+    with running_server(policy, harvest_feed=True, admin_api_key="adm") as url, \
+            running_proxy(url, admin_api_key="adm") as (px, app):
+        wrong = harvest(url, "b", key="nope")
+        assert wrong.returncode == 2 and "401" in wrong.stderr and "Traceback" not in wrong.stderr
+        app.state.feed.note_weight_update("tensor", "4")  # relayed by the proxy from a GPU trainer
+        tensor = harvest(px, "c")
+    assert tensor.returncode == 2 and "update_weights_from_tensor" in tensor.stderr, tensor.stderr
+    assert "cannot follow" in tensor.stderr and "Traceback" not in tensor.stderr
