@@ -139,18 +139,22 @@ class Sidecar:
                 self._close_window()
             if time.monotonic() - self._saved_at >= self.save_every_s:
                 self.save()
+            self._warn_push_errors()
             if time.monotonic() - shown >= PROGRESS_S:
                 shown = time.monotonic()
                 self._progress(page)
             if self.window is not None:
                 stop.wait(TRAIN_POLL_S)
 
-    def _progress(self, page: dict) -> None:
-        h = self.hooks.h
-        for entry in h.history[self._errors_seen:]:
+    def _warn_push_errors(self) -> None:
+        """A refused push leaves the server on its drafter and training goes on (as in `gleanrl train`)."""
+        for entry in self.hooks.h.history[self._errors_seen:]:
             if entry.get("error"):
                 self.echo(f"gleanrl harvest: warning: push refused: {entry['error']}", file=sys.stderr)
-        self._errors_seen = len(h.history)
+        self._errors_seen = len(self.hooks.h.history)
+
+    def _progress(self, page: dict) -> None:
+        h = self.hooks.h
         self.echo(f"[harvest] policy v{self.policy.version} | feed {page['next_cursor']} read, "
                   f"{self.view.missed} missed | captured {self.hooks.captured} | drafter steps {h.steps}, "
                   f"v{h.version} | {'training' if self.window else 'waiting (server busy)'}", file=sys.stderr)
