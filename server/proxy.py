@@ -8,8 +8,9 @@ they come; API keys pass through to the upstream, which checks them), and provid
   the OpenAI routes pass through unrecorded;
 - the load: `/generate` requests in flight, and paused between `/pause_generation` and
   `/continue_generation`;
-- weight updates it relays: disk ones (the sidecar follows `model_path`), tensor and process-group ones
-  (listed, so the sidecar can refuse them by name: it cannot read those weights).
+- policy weight updates it relays (`selector` absent or "target"; drafter pushes are not listed): disk ones
+  (the sidecar follows `model_path`), tensor and process-group ones (listed, so the sidecar can refuse
+  them by name: it cannot read those weights).
 """
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ def _note_control(route: str, body: bytes, reply: bytes, load: dict, feed: Harve
             req, ok = json.loads(body or b"{}"), json.loads(reply or b"{}").get("success", True)
         except (ValueError, AttributeError):
             return
-        if ok and isinstance(req, dict):
+        if ok and isinstance(req, dict) and req.get("selector") != "draft":  # drafter pushes leave the policy
             feed.note_weight_update(UPDATE_KINDS[route], req.get("weight_version"), req.get("model_path"))
 
 

@@ -7,6 +7,8 @@ import json
 
 import httpx
 
+from gleanrl.server.harvest_feed import HarvestFeed
+from gleanrl.server.proxy import _note_control
 from gleanrl.server.proxy_parse import per_output
 from tests.proxy_util import running_proxy
 from tests.serving import running_server
@@ -84,3 +86,12 @@ def test_prompts_expand_like_sglang_batches():
     assert per_output({"text": ["a", "b"], "sampling_params": [{"n": 1}, {"n": 2}]}) == \
         [(None, "a"), (None, "b"), (None, "b")]
     assert per_output({"rid": "x"}) is None
+
+
+def test_only_policy_updates_are_listed():
+    feed, load, ok = HarvestFeed(), {}, b'{"success": true}'
+    _note_control("/update_weights_from_tensor", b'{"selector": "draft"}', ok, load, feed)  # a drafter push
+    _note_control("/update_weights_from_distributed", b'{"weight_version": "3"}', b'{"success": false}', load, feed)
+    assert feed.read(0)["weight_updates"] == []
+    _note_control("/update_weights_from_tensor", b'{"selector": "target", "weight_version": "4"}', ok, load, feed)
+    assert [(u["kind"], u["weight_version"]) for u in feed.read(0)["weight_updates"]] == [("tensor", "4")]
