@@ -5,14 +5,15 @@ for harvest. `gleanrl serve --harvest-feed` fills it from the HTTP edge; `gleanr
 Recording never blocks generation: an append under a lock held for O(1) work. The buffer is bounded in
 records and in tokens; what overflows is the oldest, dropped and counted, never queued without bound.
 Each record gets a sequence number (`seq`, monotonic); a reader asks for `seq >= cursor` and learns how
-many it missed (`missed`) when the buffer moved past its cursor; `feed_id` changes with the buffer. Weight updates the feed cannot be
-followed through (tensor, process group: seen by the proxy) are listed in `weight_updates`, so the
-sidecar can refuse them by name.
+many it missed (`missed`) when the buffer moved past its cursor; `feed_id` changes with the buffer (a
+restarted server). Weight updates the feed cannot be followed through (tensor, process group: seen by
+the proxy) are listed in `weight_updates`, so the sidecar can refuse them by name.
 """
 from __future__ import annotations
 
 import collections
 import hashlib
+import itertools
 import threading
 import time
 import uuid
@@ -29,9 +30,10 @@ class FeedConfig:
     max_records: int = 4096
     max_tokens: int = 4_000_000          # prompt + output tokens held
     max_read: int = 512                  # records per read
+    max_read_tokens: int = 1_000_000     # tokens per read (at least one record): bounds one response
 
     def __post_init__(self) -> None:
-        for name in ("max_records", "max_tokens", "max_read"):
+        for name in ("max_records", "max_tokens", "max_read", "max_read_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"harvest feed: {name} must be >= 1, got {getattr(self, name)}")
 
@@ -80,8 +82,14 @@ class HarvestFeed:
         with self._lock:
             oldest = self._records[0]["seq"] if self._records else self.next_seq
             start = max(cursor, oldest) - oldest
-            out = [self._records[i] for i in range(start, min(start + limit, len(self._records)))]
+            out, size = [], 0
+            for rec in itertools.islice(self._records, start, start + limit):
+                size += len(rec["prompt_ids"] or ()) + len(rec["output_ids"])
+                if out and size > self.cfg.max_read_tokens:
+                    break
+                out.append(rec)
             next_cursor = out[-1]["seq"] + 1 if out else max(cursor, oldest)
-            return {"feed_id": self.feed_id, "head": self.next_seq, "records": out, "next_cursor": next_cursor, "missed": max(oldest - cursor, 0),
+            return {"feed_id": self.feed_id, "head": self.next_seq, "records": out, "next_cursor": next_cursor,
+                    "missed": max(oldest - cursor, 0),
                     "dropped": self.dropped, "buffered": len(self._records), "tokens": self._tokens,
                     "weight_updates": list(self._updates)}

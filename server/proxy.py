@@ -15,7 +15,7 @@ they come; API keys pass through to the upstream, which checks them), and provid
 from __future__ import annotations
 
 import json
-import logging
+import weakref
 from contextlib import asynccontextmanager
 
 import httpx
@@ -27,7 +27,6 @@ from gleanrl.server.auth import allowed, unauthorized_body
 from gleanrl.server.harvest_feed import FeedConfig, HarvestFeed
 from gleanrl.server.proxy_parse import Recorder
 
-log = logging.getLogger(__name__)
 HOP_HEADERS = frozenset({"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te",
                          "upgrade", "proxy-connection", "trailer"})
 UPDATE_KINDS = {"/update_weights_from_disk": "disk", "/update_weights_from_tensor": "tensor",
@@ -81,18 +80,27 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
                 _note_control(route, body, data, load, app.state.feed)
             return Response(data, status_code=resp.status_code, headers=out_headers)
 
+        released = []
+
+        def release() -> None:  # once: at the body's end, or when a body never iterated is collected
+            if not released:
+                released.append(True)
+                load["num_running_reqs"] -= 1
+
         async def relay():
             try:
                 async for chunk in resp.aiter_raw():
                     recorder.feed_bytes(chunk)
                     yield chunk
                 if resp.status_code == 200:
-                    recorder.finish(resp.headers.get("content-type", ""))
+                    recorder.finish()
             finally:
-                load["num_running_reqs"] -= 1
+                release()
                 await resp.aclose()
 
-        return StreamingResponse(relay(), status_code=resp.status_code, headers=out_headers)
+        body_iter = relay()
+        weakref.finalize(body_iter, release)  # a client gone before the first chunk never starts the body
+        return StreamingResponse(body_iter, status_code=resp.status_code, headers=out_headers)
 
     return app
 

@@ -75,7 +75,7 @@ class Recorder:
         self._ids[i] = new if cumulative else old + new
         self._meta[i] = meta
 
-    def finish(self, content_type: str = "") -> None:
+    def finish(self) -> None:
         if self._broken or not self.prompts:
             return
         if not self.stream:

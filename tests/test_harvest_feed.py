@@ -25,6 +25,9 @@ def test_cursor_reads_every_record_once_in_order():
         seen += [r["rid"] for r in page["records"]]
         cursor = page["next_cursor"]
     assert seen == [f"r{i}" for i in range(10)] and cursor == 10
+    small = HarvestFeed(FeedConfig(max_read_tokens=13))  # 6 tokens a record: two per read
+    _fill(small, 5)
+    assert [r["seq"] for r in small.read(0)["records"]] == [0, 1] and small.read(4)["next_cursor"] == 5
     assert page["missed"] == 0 and page["dropped"] == 0 and page["head"] == 10
 
 

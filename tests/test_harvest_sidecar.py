@@ -150,7 +150,8 @@ def test_resume_after_kill_9_continues_spool_versions_and_cursor(policy, drafter
     assert spooled and spooled <= {p.name for p in (out / "spool").rglob("*.safetensors")}  # the spool is kept
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]  # nothing half-written
     resumed = torch.load(out / "sidecar_state.pt", weights_only=False)
-    assert resumed["view"]["cursor"] > state["view"]["cursor"] and resumed["view"]["feed_id"] == state["view"]["feed_id"]
+    assert resumed["view"]["cursor"] > state["view"]["cursor"]
+    assert resumed["view"]["feed_id"] == state["view"]["feed_id"]
 
 
 def test_refuses_what_it_cannot_follow(policy, drafter0, tmp_path):
