@@ -107,9 +107,10 @@ def test_sidecar_beside_a_foreign_loop_pushes_better_drafters(policy, drafter0, 
     assert sum(served_after_push) >= 1, f"no drafter was pushed in {len(history)} steps:\n{log[-3000:]}"
     print(f"\nserved acceptance length on the final policy: random drafter {before:.3f}, pushed drafter "
           f"v{info['draft_weight_version']} {after:.3f} ({len(history)} loop steps)")
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    print("sidecar CPU share per policy version (of one core):", [round(r["cpu_share"], 2) for r in rows])
     assert after > before + 0.05, (before, after, log[-3000:])
     assert info["weight_version"] == str(len(history))  # the loop's own versions, untouched
-    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
     followed = [r["weight_version"] for r in rows]  # one row per policy followed (and one for the stop)
     assert followed[0] == "default" and followed[-1] == str(len(history)) and rows[-1]["partial"]
     assert [int(v) for v in followed[1:-1]] == sorted(set(int(v) for v in followed[1:-1]))
