@@ -32,6 +32,8 @@ def add_arguments(p) -> None:
     p.add_argument("--server", required=True, help="the rollout server (or `gleanrl proxy`) with its harvest feed")
     p.add_argument("--admin-api-key", default=os.environ.get("GLEANRL_ADMIN_API_KEY"),
                    help="the server's admin key: reads the feed, pushes drafters (or env GLEANRL_ADMIN_API_KEY)")
+    p.add_argument("--api-key", default=os.environ.get("GLEANRL_API_KEY"),
+                   help="the server's API key, where it has one (or env GLEANRL_API_KEY)")
     p.add_argument("--out", required=True, help="spool, drafter versions, settings, metrics.jsonl, state")
     init = p.add_mutually_exclusive_group(required=True)
     init.add_argument("--drafter", metavar="INIT", help="EAGLE-3 drafter to start from (the one the server serves)")
@@ -66,7 +68,6 @@ def write_settings(out: Path, args, resume: bool) -> None:
 def run(args) -> int:
     import httpx
 
-    from gleanrl.harvest.push import PushError
     from gleanrl.sidecar_loop import STATE_FILE
     from gleanrl.sidecar_server import FollowError, ServerView
     out = Path(args.out)
@@ -78,7 +79,7 @@ def run(args) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     torch.set_num_threads(args.threads)
-    view = ServerView(args.server, admin_api_key=args.admin_api_key)
+    view = ServerView(args.server, admin_api_key=args.admin_api_key, api_key=args.api_key)
     try:
         write_settings(out, args, args.resume)
         from gleanrl.sidecar_loop import Sidecar
@@ -88,7 +89,7 @@ def run(args) -> int:
         return _fail(f"{type(exc).__name__}: {exc}" if isinstance(exc, httpx.HTTPError) else str(exc))
     try:
         sidecar.run(stop)
-    except (FollowError, PushError) as exc:
+    except FollowError as exc:
         sidecar.shutdown()
         return _fail(str(exc))
     sidecar.shutdown()

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import httpx
 import torch
 
+from gleanrl.clients.weight_sync import DrafterPush
 from gleanrl.harvest.atomic import atomic_file, remove_stale_temporaries
 from gleanrl.harvest.hooks import HarvestHooks
 from gleanrl.sidecar_server import Policy, ServerView
@@ -71,8 +72,8 @@ class Sidecar:
         self.hooks, serving = HarvestHooks.for_run(self.policy.model_path, drafter, out, resume)
         if state is not None:
             self.hooks.load_state_dict(state["hooks"])
-        # push target: the server (or proxy) read from; after a resume the serving version is pushed again
-        self.hooks.bind_client(SimpleNamespace(urls=[view.url], admin_api_key=view.admin_api_key, api_key=None))
+        # drafters go to the server (or proxy) read from; after a resume the serving version is pushed again
+        self.hooks.bind_push(DrafterPush([view.url], api_key=view.api_key, admin_api_key=view.admin_api_key))
         self.metrics = MetricsLog(out, resume_step=self.policy.version - 1 if state else None)
         self.metrics.columns = COLUMNS
         self.window = None

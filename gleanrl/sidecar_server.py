@@ -43,12 +43,11 @@ class ServerView:
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
-        headers = {"Authorization": f"Bearer {self.admin_api_key or self.api_key}"} \
-            if (self.admin_api_key or self.api_key) else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=self.timeout_s)
+        self._http = httpx.Client(base_url=self.url, timeout=self.timeout_s)
 
     def _get(self, path: str, **params) -> dict:
-        resp = self._http.get(path, params=params)
+        key = (self.admin_api_key or self.api_key) if path == "/harvest_feed" else self.api_key  # SGLang's levels
+        resp = self._http.get(path, params=params, headers={"Authorization": f"Bearer {key}"} if key else {})
         if resp.status_code != 200:
             try:
                 message = resp.json()["error"]["message"]
