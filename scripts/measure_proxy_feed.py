@@ -107,7 +107,7 @@ def main() -> None:
                 speeds[name].append(asyncio.run(throughput(url)))
                 cpu[name] += cpu_s(proc) - c0
         ref = statistics.median(speeds["feed off"])
-        print("throughput 8x32 tokens (median of %d alternating rounds): " % a.rounds + ", ".join(
+        print(f"throughput 8x32 tokens (median of {a.rounds} alternating rounds): " + ", ".join(
             f"{k} {statistics.median(v):.0f} tok/s ({statistics.median(v) / ref:.3f}x feed off)"
             for k, v in speeds.items()))
         tokens = a.rounds * 8 * 32

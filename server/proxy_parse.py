@@ -41,7 +41,7 @@ class Recorder:
         self._broken = False
 
     @classmethod
-    def for_request(cls, route: str, method: str, body: bytes, feed: HarvestFeed) -> "Recorder | None":
+    def for_request(cls, route: str, method: str, body: bytes, feed: HarvestFeed) -> Recorder | None:
         if route not in GENERATE_PATHS or method not in ("POST", "PUT"):
             return None
         try:

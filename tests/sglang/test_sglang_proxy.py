@@ -47,12 +47,12 @@ def test_proxy_relays_sglang_and_feeds_the_sidecar(restore_weights, sglang_model
         logfile = tmp_path / "sidecar.log"
         proc = subprocess.Popen(cmd, stdout=logfile.open("w"), stderr=subprocess.STDOUT, text=True)
         assert wait_until(lambda: (out / "sidecar_state.pt").exists() or proc.poll() is not None, timeout=180)
-        for i in range(3):  # a batch of prompts, n = 2 each, as a GRPO step sends them
+        for _ in range(3):  # a batch of prompts, n = 2 each, as a GRPO step sends them
             assert _generate(px, ids, n=2).status_code == 200
         resp = httpx.post(f"{px}/update_weights_from_disk", timeout=300,
                           json={"model_path": str(sglang_model_b), "weight_version": "7"})
         assert resp.status_code == 200 and resp.json()["success"], resp.text
-        for i in range(3):
+        for _ in range(3):
             assert _generate(px, ids, n=2).status_code == 200
         followed = wait_until(lambda: '"weight_version": "default"' in _read(out / "metrics.jsonl"), timeout=240)
         refused = wait_until(lambda: "push refused" in _read(logfile), timeout=240)
