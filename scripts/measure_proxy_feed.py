@@ -54,7 +54,7 @@ def latency(http: httpx.Client, url: str, path: str, body: dict | None) -> float
     return (time.perf_counter() - t0) * 1000
 
 
-async def throughput(url: str, n: int = 8, tokens: int = 32) -> float:
+async def throughput(url: str, n: int = 16, tokens: int = 64) -> float:
     body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": tokens, "temperature": 0.0,
                                                          "ignore_eos": True}}
     async with httpx.AsyncClient(timeout=300) as http:
@@ -107,10 +107,10 @@ def main() -> None:
                 speeds[name].append(asyncio.run(throughput(url)))
                 cpu[name] += cpu_s(proc) - c0
         ref = statistics.median(speeds["feed off"])
-        print(f"throughput 8x32 tokens (median of {a.rounds} alternating rounds): " + ", ".join(
+        print(f"throughput 16x64 tokens (median of {a.rounds} alternating rounds): " + ", ".join(
             f"{k} {statistics.median(v):.0f} tok/s ({statistics.median(v) / ref:.3f}x feed off)"
             for k, v in speeds.items()))
-        tokens = a.rounds * 8 * 32
+        tokens = a.rounds * 16 * 64
         print("server CPU per generated token: " + ", ".join(f"{k} {cpu[k] / tokens * 1000:.3f} ms" for k in arms))
     finally:
         for proc in procs:
