@@ -148,7 +148,8 @@ def run(args) -> int:
     print(f"gleanrl proxy: http://{args.host}:{args.port} -> {args.upstream} (harvest feed at /harvest_feed)",
           file=sys.stderr)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10,
+                    server_header=False, date_header=False)  # the upstream's are relayed
     except OSError as exc:
         print(f"gleanrl proxy: error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2

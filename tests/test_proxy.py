@@ -35,6 +35,7 @@ def test_forwards_unchanged_and_keys_pass_through(tiny_qwen2):
         assert relayed.status_code == direct.status_code == 200
         assert _strip(relayed.json()) == _strip(direct.json())
         assert relayed.headers["content-type"] == direct.headers["content-type"]
+        assert [k for k, _ in relayed.headers.multi_items()] == [k for k, _ in direct.headers.multi_items()]
         nokey = httpx.post(f"{px}/generate", json=body, timeout=60)
         assert nokey.status_code == 401 and nokey.content == httpx.post(f"{up}/generate", json=body).content
         bad = httpx.post(f"{px}/generate", json={"input_ids": []}, headers=USER, timeout=60)
@@ -95,3 +96,11 @@ def test_only_policy_updates_are_listed():
     assert feed.read(0)["weight_updates"] == []
     _note_control("/update_weights_from_tensor", b'{"selector": "target", "weight_version": "4"}', ok, load, feed)
     assert [(u["kind"], u["weight_version"]) for u in feed.read(0)["weight_updates"]] == [("tensor", "4")]
+
+
+def test_cli_refuses_a_bad_upstream():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "gleanrl", "proxy", "--upstream", "127.0.0.1:30000"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--upstream must be an http(s) URL" in done.stderr
