@@ -90,9 +90,9 @@ def run(args) -> int:
     try:
         sidecar.run(stop)
     except FollowError as exc:
-        sidecar.shutdown()
         return _fail(str(exc))
-    sidecar.shutdown()
+    finally:  # also on an unexpected error: the state so far is saved before it propagates
+        sidecar.shutdown()
     print(f"gleanrl harvest: stopped; state in {out / STATE_FILE}", file=sys.stderr)
     return 0
 
