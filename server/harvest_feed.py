@@ -17,12 +17,14 @@ import itertools
 import threading
 import time
 import uuid
+from array import array
 from dataclasses import dataclass
 
 
 def group_key(prompt_ids: list[int]) -> str:
-    """The group (GRPO siblings, earlier steps' samples) of a prompt: a hash of its exact token ids."""
-    return hashlib.blake2b(",".join(map(str, prompt_ids)).encode(), digest_size=8).hexdigest()
+    """The group (GRPO siblings, earlier steps' samples) of a prompt: a hash of its exact token ids, the
+    bytes the group-drafts index hashes (`prompt_key` on branch groupdraft: blake2b-128 of int64 ids), in hex."""
+    return hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
