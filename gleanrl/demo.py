@@ -58,8 +58,8 @@ def split_cores() -> tuple[set[int], set[int]] | None:
 
 def warm_drafter(policy: Path, args: argparse.Namespace) -> Path:
     """A drafter warm-started on the policy's own generations, cached by policy and settings."""
-    from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.draft_train import WarmStartConfig, warm_start
+    from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.trainer.bootstrap import cache_root
     from gleanrl.trainer.tasks import load_task
 
@@ -127,12 +127,14 @@ def ask(url: str, question: list[dict], max_tokens: int) -> str:
 
 
 @contextlib.contextmanager
-def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adaptive", dtype: str = "auto"):
+def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adaptive", dtype: str = "auto",
+            device: str = "cpu"):
     """An embedded server on the first half of the cores (this process keeps the other half)."""
     from gleanrl.trainer.server_proc import EmbeddedServer
 
     cores = split_cores()
-    extra = (["--drafter", str(drafter)] if drafter else []) + ["--sd", sd if drafter else "off", "--dtype", dtype]
+    extra = (["--drafter", str(drafter)] if drafter else []) + ["--sd", sd if drafter else "off", "--dtype", dtype,
+                                                                "--device", device]
     server = EmbeddedServer(str(policy), threads=len(cores[0]) if cores else 1, extra_args=extra, log_path=log_path)
     with contextlib.ExitStack() as stack:
         if cores:
@@ -173,9 +175,9 @@ def fresh_out(out: Path, marker: str, args: argparse.Namespace, subs: tuple[str,
 def run(args: argparse.Namespace) -> int:
     import httpx
 
+    from gleanrl.demo_report import write_report
     from gleanrl.harvest.harvester import HarvestConfig, Harvester
     from gleanrl.trainer.bootstrap import bootstrap_policy
-    from gleanrl.demo_report import write_report
     from gleanrl.trainer.loop import train
     from gleanrl.trainer.tasks import load_task
 

@@ -38,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="warm-start drafter of (b) and (c) (default: warm-start one, cached)")
     p.add_argument("--push-every", type=int, default=10, help="(b): drafter micro-steps between push attempts")
     p.add_argument("--json", default=None, help="write the summary here as JSON")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the rollout server runs (the trainer runs on CPU)")
 
 
 def _mean(xs: list[float]) -> float:
@@ -111,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     harvesters = {}
     for name, (sd, harvest, seed_offset) in RUNS.items():
         print(f"\n== {name}", flush=True)
-        with demo.serving(policy, drafter0 if sd else None, out / f"{name}.server.log", dtype=args.dtype) as server:
+        with demo.serving(policy, drafter0 if sd else None, out / f"{name}.server.log", dtype=args.dtype,
+                          device=args.device) as server:
             hooks = NoHooks()
             if harvest:
                 push_every = args.push_every if harvest == "push" else 0

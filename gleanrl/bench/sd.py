@@ -31,9 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sd-max-batch", type=int, default=8)
     parser.add_argument("--num-draft-tokens", type=int, default=None, help="fixed draft length (default: bandit)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the engine runs")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                        help="weights of target and drafter (auto: float32 on CPU; bfloat16 is memory-bound and "
-                             "fast on CPUs with AVX-512 BF16, as on GPUs)")
+                        help="weights of target and drafter (auto: float32 on CPU, bfloat16 on CUDA; bfloat16 is "
+                             "memory-bound and fast on CPUs with AVX-512 BF16, as on GPUs)")
     parser.add_argument("--repeats", type=int, default=3)
 
 
@@ -49,7 +50,8 @@ def _prompts(args: argparse.Namespace, n: int) -> list[str]:
     return [texts[i % len(texts)] for i in range(n)]
 
 
-def _run(engine, prompts: list[list[int]], temperature: float, max_new: int, seed: int) -> tuple[float, list[list[int]]]:
+def _run(engine, prompts: list[list[int]], temperature: float, max_new: int,
+         seed: int) -> tuple[float, list[list[int]]]:
     from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
     async def one(i: int) -> list[int]:
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         prompts_text = _prompts(args, max(batches))
         engine = Engine(EngineConfig(model_path=args.model, drafter_path=args.drafter, max_running_requests=64,
-                                     dtype=args.dtype))
+                                     device=args.device, dtype=args.dtype))
     except (OSError, ValueError, KeyError, ImportError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -124,6 +126,6 @@ def run(args: argparse.Namespace) -> int:
         from gleanrl.harvest.atomic import atomic_file
         with atomic_file(args.json, "w") as f:
             json.dump({"model": args.model, "drafter": args.drafter, "sd": args.sd, "threads": args.threads,
-                       "dtype": args.dtype,
+                       "device": args.device, "dtype": args.dtype,
                        "max_new_tokens": args.max_new_tokens, "results": results}, f, indent=2)
     return 0
