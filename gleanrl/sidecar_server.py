@@ -4,10 +4,10 @@ cursor, the server's load (for idle windows) and the policy it serves (to follow
 Following the policy: the sidecar serves the drafter of the policy the server runs, so it loads the
 `model_path` that `/model_info` reports, again whenever (`model_path`, `weight_version`) changes: a disk
 update, including one that rewrote the same directory. Weights sent by `update_weights_from_tensor` or
-`update_weights_from_distributed` never touch a directory the sidecar could read: when the feed lists
-one (the proxy relays them; the embedded server refuses them), following stops with `FollowError`
-naming it. A `model_path` that is not a model directory on this machine is refused the same way: the
-sidecar needs the trainer's checkpoints on a shared filesystem.
+`update_weights_from_distributed` never touch a directory the sidecar could read: when the latest policy
+update the feed lists is one of those, following stops with `FollowError` naming it (a later disk
+update makes the policy followable again). A `model_path` that is not a model directory on this machine
+is refused the same way: the sidecar needs the trainer's checkpoints on a shared filesystem.
 """
 from __future__ import annotations
 
@@ -65,11 +65,10 @@ class ServerView:
             self.feed_id = page["feed_id"]
         self.missed += page["missed"]
         self.cursor = page["next_cursor"]
-        unfollowable = [u for u in page["weight_updates"] if u["kind"] not in FOLLOWABLE]
-        if unfollowable:
-            u = unfollowable[-1]
-            raise FollowError(f"the policy was updated by update_weights_from_{u['kind']} (weight_version "
-                              f"{u['weight_version']}): those weights never reach a directory the sidecar can "
+        last = page["weight_updates"][-1] if page["weight_updates"] else None  # the policy served now came by it
+        if last is not None and last["kind"] not in FOLLOWABLE:
+            raise FollowError(f"the policy was updated by update_weights_from_{last['kind']} (weight_version "
+                              f"{last['weight_version']}): those weights never reach a directory the sidecar can "
                               "read, so it cannot follow them; update the policy with update_weights_from_disk")
         return page
 

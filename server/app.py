@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from gleanrl.server import http_feed, http_native, http_openai
 from gleanrl.server.auth import AuthMiddleware
 from gleanrl.server.config import EngineConfig, ServerConfig
-from gleanrl.server.harvest_feed import FeedConfig, HarvestFeed
+from gleanrl.server.harvest_feed import FeedConfig, FeedUpdatesMiddleware, HarvestFeed
 from gleanrl.server.metrics import Metrics
 from gleanrl.server.schemas import ApiError, describe_bodies, validation_error
 
@@ -62,6 +62,8 @@ def build_app(engine, server_cfg: ServerConfig, engine_cfg: EngineConfig | None 
     app.include_router(http_feed.router)
     base_openapi = app.openapi
     app.openapi = lambda: app.openapi_schema or describe_bodies(base_openapi())  # type: ignore[method-assign]
+    if app.state.feed is not None:  # inside auth: only authorised updates reach it
+        app.add_middleware(FeedUpdatesMiddleware, feed=app.state.feed)
     app.add_middleware(AuthMiddleware, api_key=server_cfg.api_key, admin_api_key=server_cfg.admin_api_key)
 
     @app.exception_handler(ApiError)

@@ -14,11 +14,15 @@ from __future__ import annotations
 import collections
 import hashlib
 import itertools
+import json
 import threading
 import time
 import uuid
 from array import array
 from dataclasses import dataclass
+
+UPDATE_KINDS = {"/update_weights_from_disk": "disk", "/update_weights_from_tensor": "tensor",
+                "/update_weights_from_distributed": "distributed"}
 
 
 def group_key(prompt_ids: list[int]) -> str:
@@ -76,6 +80,17 @@ class HarvestFeed:
             self._updates.append({"kind": kind, "weight_version": None if weight_version is None
                                   else str(weight_version), "model_path": model_path, "after_seq": self.next_seq})
 
+    def note_relayed_update(self, route: str, body: bytes, reply: bytes) -> None:
+        """A weight-update call that succeeded (HTTP 200): listed if it changed the policy (`selector` absent
+        or "target"; drafter pushes leave the policy) and the reply does not say `success: false`."""
+        try:
+            req, answer = json.loads(body or b"{}"), json.loads(reply or b"{}")
+        except ValueError:
+            return
+        ok = not isinstance(answer, dict) or answer.get("success", True) is not False
+        if ok and route in UPDATE_KINDS and isinstance(req, dict) and req.get("selector") != "draft":
+            self.note_weight_update(UPDATE_KINDS[route], req.get("weight_version"), req.get("model_path"))
+
     def read(self, cursor: int, limit: int | None = None) -> dict:
         """Records with seq >= cursor (at most `limit`), the cursor to pass next, and counts."""
         if cursor < 0:
@@ -95,3 +110,33 @@ class HarvestFeed:
                     "missed": max(oldest - cursor, 0),
                     "dropped": self.dropped, "buffered": len(self._records), "tokens": self._tokens,
                     "weight_updates": list(self._updates)}
+
+
+class FeedUpdatesMiddleware:
+    """ASGI: lists the app's successful policy weight updates in `feed`, whichever route module serves
+    them (pure ASGI: the request body is passed on as it comes, the reply is copied on its way out)."""
+
+    def __init__(self, app, feed: HarvestFeed):
+        self.app, self.feed = app, feed
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in UPDATE_KINDS:
+            return await self.app(scope, receive, send)
+        body, reply, status = bytearray(), bytearray(), [0]
+
+        async def receive_copy():
+            message = await receive()
+            if message["type"] == "http.request":
+                body.extend(message.get("body", b""))
+            return message
+
+        async def send_copy(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            elif message["type"] == "http.response.body":
+                reply.extend(message.get("body", b""))
+            await send(message)
+
+        await self.app(scope, receive_copy, send_copy)
+        if status[0] == 200:
+            self.feed.note_relayed_update(scope["path"], bytes(body), bytes(reply))

@@ -14,7 +14,6 @@ they come; API keys pass through to the upstream, which checks them), and provid
 """
 from __future__ import annotations
 
-import json
 import weakref
 from contextlib import asynccontextmanager
 
@@ -29,8 +28,6 @@ from gleanrl.server.proxy_parse import Recorder
 
 HOP_HEADERS = frozenset({"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te",
                          "upgrade", "proxy-connection", "trailer"})
-UPDATE_KINDS = {"/update_weights_from_disk": "disk", "/update_weights_from_tensor": "tensor",
-                "/update_weights_from_distributed": "distributed"}
 
 
 def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedConfig | None = None,
@@ -106,19 +103,13 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
 
 
 def _note_control(route: str, body: bytes, reply: bytes, load: dict, feed: HarvestFeed) -> None:
-    """Pause state and relayed weight updates, from successful control calls."""
+    """Pause state and relayed policy weight updates, from successful control calls."""
     if route == "/pause_generation":
         load["paused"] = True
     elif route == "/continue_generation":
         load["paused"] = False
-    elif route in UPDATE_KINDS:
-        try:
-            req, ok = json.loads(body or b"{}"), json.loads(reply or b"{}").get("success", True)
-        except (ValueError, AttributeError):
-            return
-        if ok and isinstance(req, dict) and req.get("selector") != "draft":  # drafter pushes leave the policy
-            feed.note_weight_update(UPDATE_KINDS[route], req.get("weight_version"), req.get("model_path"))
-
+    else:
+        feed.note_relayed_update(route, body, reply)
 
 def add_arguments(p) -> None:
     import os

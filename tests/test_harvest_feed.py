@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gleanrl.server.harvest_feed import FeedConfig, HarvestFeed, group_key
+from gleanrl.server.harvest_feed import FeedConfig, FeedUpdatesMiddleware, HarvestFeed, group_key
 from tests.serving import running_server
 
 
@@ -97,3 +97,38 @@ def test_feed_needs_the_admin_key_and_is_off_by_default(tiny_qwen2):
         _gen(url, [3, 4])
         off = httpx.get(f"{url}/harvest_feed", timeout=30)
         assert off.status_code == 404 and "--harvest-feed" in off.json()["error"]["message"]
+
+
+def test_policy_weight_updates_are_listed(tiny_qwen2, tiny_qwen2_b, tmp_path):
+    with running_server(tiny_qwen2, harvest_feed=True) as url:
+        def update(**body) -> int:
+            return httpx.post(f"{url}/update_weights_from_disk", json=body, timeout=120).status_code
+
+        assert update(model_path=str(tiny_qwen2_b), weight_version="5") == 200
+        assert update(model_path=str(tmp_path / "missing"), weight_version="6") == 400
+        updates = httpx.get(f"{url}/harvest_feed", timeout=30).json()["weight_updates"]
+    assert updates == [{"kind": "disk", "weight_version": "5", "model_path": str(tiny_qwen2_b), "after_seq": 0}]
+
+
+def test_update_middleware_lists_tensor_updates_not_draft_pushes():
+    import asyncio
+
+    async def app(scope, receive, send):  # any route module answering success
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"success": true}'})
+
+    feed = HarvestFeed()
+
+    async def go():
+        transport = httpx.ASGITransport(app=FeedUpdatesMiddleware(app, feed))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            await http.post("/update_weights_from_tensor", json={"selector": "draft"})
+            await http.post("/update_weights_from_tensor", json={"weight_version": "2"})
+            await http.post("/update_weights_from_distributed", json={"selector": "target", "weight_version": "3"})
+            await http.post("/generate", json={"weight_version": "9"})
+
+    asyncio.run(go())
+    assert [(u["kind"], u["weight_version"]) for u in feed.read(0)["weight_updates"]] == \
+        [("tensor", "2"), ("distributed", "3")]

@@ -67,8 +67,8 @@ def test_control_calls_set_load_and_weight_updates(tiny_qwen2, tiny_qwen2_b):
         up_ok = httpx.post(f"{px}/update_weights_from_disk", json={"model_path": str(tiny_qwen2_b),
                                                                     "weight_version": "7"}, timeout=120)
         assert up_ok.status_code == 200 and up_ok.json()["success"]
-        refused = httpx.post(f"{px}/update_weights_from_tensor", json={"serialized_named_tensors": []}, timeout=30)
-        assert refused.status_code == 400  # the embedded server refuses it: not noted as an update
+        refused = httpx.post(f"{px}/update_weights_from_disk", json={"model_path": "/nonexistent"}, timeout=30)
+        assert refused.status_code == 400  # refused upstream: not listed as an update
         page = httpx.get(f"{px}/harvest_feed", timeout=30).json()
     assert page["load"]["paused"] is False
     assert page["weight_updates"] == [{"kind": "disk", "weight_version": "7", "model_path": str(tiny_qwen2_b),
