@@ -42,10 +42,11 @@ def stop(proc: subprocess.Popen, sig=signal.SIGTERM) -> str:
 
 
 def served_accept(url: str) -> float:
-    """Tokens per verify pass over a fixed batch (seeded: the same requests for every drafter)."""
+    """Tokens per verify pass over a fixed batch of the loop's kind of prompts (seeded: the same requests
+    for every drafter)."""
     outs = [httpx.post(f"{url}/generate", headers=ADMIN, timeout=300, json={
-        "input_ids": [5 + i, 6, 7], "sampling_params": {"max_new_tokens": 48, "temperature": 1.0,
-                                                         "sampling_seed": i}}).json() for i in range(8)]
+        "text": f"count from {20 + i}:", "sampling_params": {"max_new_tokens": 48, "temperature": 1.0,
+                                                             "sampling_seed": i}}).json() for i in range(8)]
     return sum(o["meta_info"]["completion_tokens"] for o in outs) / sum(o["meta_info"]["spec_verify_ct"] for o in outs)
 
 
@@ -96,6 +97,8 @@ def test_sidecar_beside_a_foreign_loop_pushes_better_drafters(policy, drafter0, 
         history = slime_like_loop.train(url, policy, tmp_path / "loop", steps=30, headers=ADMIN, on_step=on_step)
         metrics = tmp_path / "harvest" / "metrics.jsonl"  # a row is written when the sidecar leaves a version
         wait_until(lambda: f'"weight_version": "{len(history) - 1}"' in metrics.read_text(), timeout=60)
+        last = draft_version(url)  # the server is idle now: let the sidecar push once more for the final policy
+        wait_until(lambda: draft_version(url) != last, timeout=90)
         log = stop(proc)
         info = httpx.get(f"{url}/model_info", timeout=30).json()
         # A/B on the final policy, same prompts and seeds: the pushed drafter, then the random one put back
@@ -109,7 +112,7 @@ def test_sidecar_beside_a_foreign_loop_pushes_better_drafters(policy, drafter0, 
           f"v{info['draft_weight_version']} {after:.3f} ({len(history)} loop steps)")
     rows = [json.loads(x) for x in metrics.read_text().splitlines()]
     print("sidecar CPU share per policy version (of one core):", [round(r["cpu_share"], 2) for r in rows])
-    assert after > before + 0.05, (before, after, log[-3000:])
+    assert after > before + 0.3, (before, after, log[-3000:])
     assert info["weight_version"] == str(len(history))  # the loop's own versions, untouched
     followed = [r["weight_version"] for r in rows]  # one row per policy followed (and one for the stop)
     assert followed[0] == "default" and followed[-1] == str(len(history)) and rows[-1]["partial"]
