@@ -33,6 +33,7 @@ HOP_HEADERS = frozenset({"host", "content-length", "connection", "keep-alive", "
 def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedConfig | None = None,
                 timeout_s: float = 3600.0) -> FastAPI:
     upstream = upstream.rstrip("/")
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
@@ -69,13 +70,14 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
             load["num_running_reqs"] -= recorder is not None
             return JSONResponse({"error": {"message": f"gleanrl proxy: upstream {upstream} unreachable: {exc}",
                                            "type": "server_error", "param": None, "code": 502}}, status_code=502)
-        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS - {"content-length"}}
+        out_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers.multi_items()
+                       if k.lower() not in HOP_HEADERS - {"content-length"}]  # repeated ones (set-cookie) kept
         if recorder is None:
             data = await resp.aread()
             await resp.aclose()
             if resp.status_code == 200:
                 _note_control(route, body, data, load, app.state.feed)
-            return Response(data, status_code=resp.status_code, headers=out_headers)
+            return _with_headers(Response(data, status_code=resp.status_code), out_headers)
 
         released = []
 
@@ -97,9 +99,14 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
 
         body_iter = relay()
         weakref.finalize(body_iter, release)  # a client gone before the first chunk never starts the body
-        return StreamingResponse(body_iter, status_code=resp.status_code, headers=out_headers)
+        return _with_headers(StreamingResponse(body_iter, status_code=resp.status_code), out_headers)
 
     return app
+
+
+def _with_headers(response: Response, headers: list[tuple[bytes, bytes]]) -> Response:
+    response.raw_headers = headers  # exactly the upstream's (Starlette would add its own content-type)
+    return response
 
 
 def _note_control(route: str, body: bytes, reply: bytes, load: dict, feed: HarvestFeed) -> None:
