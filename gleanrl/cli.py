@@ -25,7 +25,10 @@ COMMANDS: dict = {
         "e2e": ("gleanrl.bench.e2e", "end-to-end RL: no SD vs adaptive drafter vs stale drafter"),
         "load": ("gleanrl.bench.load", "many concurrent clients, streaming and not, some leaving: errors, leaks, RSS"),
         "swaps": ("gleanrl.bench.swaps", "alternating target and draft weight swaps under load: versions and outputs"),
-        "crash": ("gleanrl.bench.crash", "kill -9 the trainer at random points and resume: nothing lost or half-written"),
+        "crash": (
+            "gleanrl.bench.crash",
+            "kill -9 the trainer at random points and resume: nothing lost or half-written",
+        ),
     },
 }
 

@@ -8,6 +8,8 @@ import json
 import secrets
 
 ADMIN_PATHS = frozenset({"/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed",
+                         "/begin_weight_update", "/end_weight_update", "/init_weights_update_group",
+                         "/destroy_weights_update_group", "/release_memory_occupation", "/resume_memory_occupation",
                          "/pause_generation", "/continue_generation", "/flush_cache", "/harvest_feed"})
 OPEN_PREFIXES = ("/health",)
 EITHER_KEY_PATHS = frozenset({"/abort_request"})  # the route itself asks for the admin key when abort_all

@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="extra argument passed to sglang.launch_server (repeatable)")
     p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="request bodies over this: 413")
     p.add_argument("--max-n", type=int, default=64, help="largest n (samples per prompt) a request may ask for")
-    p.add_argument("--max-new-tokens-cap", type=int, default=16384, help="largest max_new_tokens a request may ask for")
+    p.add_argument("--max-new-tokens-cap", type=int, default=None,
+                   help="largest max_new_tokens a request may ask for (default: only the context length limits it)")
     p.add_argument("--max-batch", type=int, default=1024, help="most sequences (prompts x n) one request may start")
     p.add_argument("--harvest-feed", action="store_true",
                    help="gleanrl extension: keep a bounded feed of finished requests at GET /harvest_feed (admin key) "

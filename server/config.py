@@ -29,6 +29,8 @@ class EngineConfig:
             raise ValueError("context_length must be >= 2")
         if self.sd not in ("off", "on", "adaptive"):
             raise ValueError(f"sd must be off, on or adaptive, got {self.sd!r}")
+        if self.sd == "off" and self.drafter_path:
+            raise ValueError("a drafter needs sd 'on' or 'adaptive' (sd 'off' never drafts)")
         if self.sd_max_batch < 1:
             raise ValueError("sd_max_batch must be >= 1")
         if self.num_draft_tokens is not None and not 1 <= self.num_draft_tokens <= 16:
@@ -44,7 +46,7 @@ class ServerConfig:
     served_model_name: str | None = None   # the name in /v1/models (default: the model directory's name)
     max_request_bytes: int = 8 * 1024 * 1024
     max_n: int = 64
-    max_new_tokens_cap: int = 16384
+    max_new_tokens_cap: int | None = None  # None: only the context length limits max_new_tokens (SGLang)
     max_batch: int = 1024                  # engine requests (prompts x n) one HTTP request may start
     harvest_feed: bool = False             # gleanrl extension: GET /harvest_feed (admin key), server.harvest_feed
     harvest_feed_records: int = 4096       # finished requests the feed holds (oldest dropped and counted)
@@ -53,5 +55,5 @@ class ServerConfig:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         for name in ("max_request_bytes", "max_n", "max_new_tokens_cap", "max_batch", "harvest_feed_records"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")

@@ -18,6 +18,9 @@ class Track:
     created: float = field(default_factory=time.perf_counter)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list = field(default_factory=list)        # per output token, when asked
+    token_ids_logprobs: list = field(default_factory=list)  # per output token, when asked
+    input_logprobs: dict | None = None                      # server.input_logprobs, when asked
     last: GenerateOutput | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -75,6 +78,8 @@ class Fanin:
                                      finish_reason={"type": "abort", "message": "engine stream ended"})
             track.ids += out.new_ids
             track.logprobs += out.new_logprobs
+            track.top_logprobs += out.new_top_logprobs
+            track.token_ids_logprobs += out.new_token_ids_logprobs
             track.last = out
             if out.new_ids:
                 self.metrics.generation_tokens.inc(len(out.new_ids))

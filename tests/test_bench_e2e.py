@@ -6,9 +6,9 @@ import json
 import pytest
 
 import gleanrl.cli
+from gleanrl.bench.e2e import RUNS, summarize
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.bench.e2e import RUNS, summarize
 
 
 def _rows(step_s: list[float], accept: float, rewards: list[float], overrun: float = 0.0) -> list[dict]:
