@@ -45,6 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens-cap", type=int, default=None,
                    help="largest max_new_tokens a request may ask for (default: only the context length limits it)")
     p.add_argument("--max-batch", type=int, default=1024, help="most sequences (prompts x n) one request may start")
+    p.add_argument("--harvest-feed", action="store_true",
+                   help="gleanrl extension: keep a bounded feed of finished requests at GET /harvest_feed (admin key) "
+                        "for `gleanrl harvest` beside a trainer that is not gleanrl's")
+    p.add_argument("--harvest-feed-records", type=int, default=4096,
+                   help="finished requests the feed holds; the oldest are dropped (and counted) beyond it")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -55,6 +60,9 @@ def _fail(message: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.backend == "sglang":
+        if getattr(args, "harvest_feed", False):
+            return _fail("--harvest-feed is the embedded backend's: in front of stock SGLang run "
+                         "`gleanrl proxy --upstream URL --port P`, which provides the same feed")
         try:
             from gleanrl.server.sglang_launch import launch  # lazy: needs the optional sglang install
         except ImportError as exc:
@@ -75,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         server_cfg = ServerConfig(host=args.host, port=args.port, api_key=args.api_key,
                                   admin_api_key=args.admin_api_key, served_model_name=args.served_model_name,
                                   max_request_bytes=args.max_request_bytes, max_n=args.max_n,
-                                  max_new_tokens_cap=args.max_new_tokens_cap, max_batch=args.max_batch)
+                                  max_new_tokens_cap=args.max_new_tokens_cap, max_batch=args.max_batch,
+                                  harvest_feed=args.harvest_feed, harvest_feed_records=args.harvest_feed_records)
     except ValueError as exc:
         return _fail(str(exc))
     ignored = [f for f in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")

@@ -48,10 +48,12 @@ class ServerConfig:
     max_n: int = 64
     max_new_tokens_cap: int | None = None  # None: only the context length limits max_new_tokens (SGLang)
     max_batch: int = 1024                  # engine requests (prompts x n) one HTTP request may start
+    harvest_feed: bool = False             # gleanrl extension: GET /harvest_feed (admin key), server.harvest_feed
+    harvest_feed_records: int = 4096       # finished requests the feed holds (oldest dropped and counted)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("max_request_bytes", "max_n", "max_new_tokens_cap", "max_batch"):
+        for name in ("max_request_bytes", "max_n", "max_new_tokens_cap", "max_batch", "harvest_feed_records"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")

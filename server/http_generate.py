@@ -221,7 +221,7 @@ async def generate(request: Request):
     per_req_sp = [sp for sp, p in zip(sps, params) for _ in range(p.n)]
     single = not batch and params[0].n == 1
     text_lp = body.return_text_in_logprobs
-    run = Fanin(state.engine, reqs, state.metrics, state.active, groups)
+    run = Fanin(state.engine, reqs, state.metrics, state.active, groups, feed=state.feed)
     try:
         await fill_input_logprobs(state.engine, run.tracks)
     except BaseException:

@@ -91,7 +91,7 @@ async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]
     rids = [body.rid] if len(prompts) == 1 else [None] * len(prompts)  # SGLang's rid extension: one prompt only
     reqs, groups = expand(prompts, [params] * len(prompts), rids, [logprob] * len(prompts),
                           [options or {}] * len(prompts))
-    run = Fanin(state.engine, reqs, state.metrics, state.active, groups)
+    run = Fanin(state.engine, reqs, state.metrics, state.active, groups, feed=state.feed)
     try:
         await fill_input_logprobs(state.engine, run.tracks)
     except BaseException:
