@@ -90,7 +90,11 @@ def test_samples_age_out_by_policy_version():
     index.set_version("v2")
     assert not s0.alive and s1.alive
     assert index.propose(prompt_key(PROMPT), PROMPT + [1, 2], max_len=1).tokens == [4]
+    running = _sample(index, [1, 2, 5], version="v2", done=False)
     index.set_version("v3")
+    index.set_version("v4")                                                # running samples stay until done
+    assert not s1.alive and running.alive
+    index.finish(running)
     assert index.groups == {} and index.tokens == 0
 
 

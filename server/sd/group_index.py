@@ -7,12 +7,13 @@ each n-gram (min_n..max_n tokens) of a sample to the positions that follow it. `
 sequence's last tokens, longest n first, and walks the continuations of the matching samples by majority
 vote; its confidence is the matched length and, per drafted token, how many samples agree.
 
-Bounds (all in `GroupIndexConfig`): the samples of the last `keep_versions` policy versions are kept,
-older ones are dropped when a new version is set; all samples together hold at most `max_tokens`
-output tokens (oldest finished samples go first, then the oldest running ones, which then stop being
-indexed); each n-gram keeps its `max_hits` most recent positions. A dropped sample's table entries are
-skipped at lookup and purged by rebuilding its group once they outnumber the live ones (amortised O(1)
-per token), so the table holds at most about 2 x (max_n - min_n + 1) entries per live token.
+Bounds (all in `GroupIndexConfig`): the samples of the last `keep_versions` policy versions are kept;
+older finished ones are dropped when a new version is set (running ones when they finish). All samples
+together hold at most `max_tokens` output tokens (oldest finished samples go first, then the oldest
+running ones, which then stop being indexed); each n-gram keeps its `max_hits` most recent positions.
+A dropped sample's table entries are skipped at lookup and purged by rebuilding its group once they
+outnumber the live ones (amortised O(1) per token), so the table holds at most about
+2 x (max_n - min_n + 1) entries per live token.
 """
 from __future__ import annotations
 
@@ -88,11 +89,12 @@ class GroupIndex:
         self._versions: list[str] = []
 
     def set_version(self, version: str) -> None:
-        """A new policy version serves from now on; samples older than the last keep_versions go."""
+        """A new policy version serves from now on; finished samples older than the last keep_versions go
+        (running ones, which continue under the new version, go when they finish)."""
         if version in self._versions:
             return
         self._versions = (self._versions + [version])[-self.config.keep_versions:]
-        for s in [s for s in [*self._finished, *self._running] if s.version not in self._versions]:
+        for s in [s for s in self._finished if s.version not in self._versions]:
             self._drop(s)
 
     def start(self, prompt_ids: list[int], version: str) -> Sample:
@@ -121,6 +123,8 @@ class GroupIndex:
             s.running = False
             del self._running[s]
             self._finished[s] = None
+            if s.version not in self._versions:
+                self._drop(s)
 
     def propose(self, key: bytes, recent: list[int], max_len: int) -> GroupDraft | None:
         """recent: the sequence's last tokens (prompt included). The majority continuation after the
