@@ -35,8 +35,9 @@ def test_siblings_draft_for_each_other_and_finished_samples_stay():
     g.sync([a, b, other], "v0")
     assert g.propose(b, 3).tokens == [10, 11, 12] and g.propose(other, 3) is None
     b.output_ids += [10, 11]
-    g.sync([b, other], "v0")                                   # `a` finished
-    assert g.propose(b, 3).tokens == [12, 13]
+    a.output_ids += [14]                                       # its last iteration's token, then it finishes
+    g.sync([b, other], "v0")
+    assert g.propose(b, 3).tokens == [12, 13, 14]
     later = _Seq([1, 2, 3])                                    # the same prompt, a later step
     g.sync([later], "v0")
     assert g.propose(later, 2).tokens == [10, 11] and g.stats()["samples"] == 4

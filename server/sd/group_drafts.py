@@ -26,16 +26,20 @@ class GroupDrafts:
 
     def sync(self, seqs: list, version: str) -> None:
         live = set(seqs)
-        for s in [s for s in self._entries if s not in live]:
+        for s in [s for s in self._entries if s not in live]:       # its last tokens, then it finishes
+            self._extend(s, self._entries[s])
             self.index.finish(self._entries.pop(s).sample)
         self.index.set_version(version)
         for s in seqs:
             e = self._entries.get(s)
             if e is None:
                 e = self._entries[s] = _Entry(self.index.start(s.req.input_ids, version), prompt_key(s.req.input_ids))
-            if len(s.output_ids) > e.indexed:
-                self.index.extend(e.sample, s.output_ids[e.indexed:])
-                e.indexed = len(s.output_ids)
+            self._extend(s, e)
+
+    def _extend(self, s, e: _Entry) -> None:
+        if len(s.output_ids) > e.indexed:
+            self.index.extend(e.sample, s.output_ids[e.indexed:])
+            e.indexed = len(s.output_ids)
 
     def propose(self, s, max_len: int) -> GroupDraft | None:
         """The continuation of s's last tokens (its prompt's tail included) by its group, up to max_len."""
