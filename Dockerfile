@@ -8,13 +8,15 @@ ENV PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false GLEANRL_CACHE=/cache
 WORKDIR /opt/gleanrl
 RUN pip install --no-cache-dir torch==2.13.0 --index-url "${TORCH_INDEX_URL}"
 COPY pyproject.toml README.md ./
+COPY scripts/constraints.txt scripts/
 COPY gleanrl/ gleanrl/
 COPY server/ server/
 COPY harvest/ harvest/
 COPY trainer/ trainer/
 COPY clients/ clients/
-# one installed package, gleanrl (the component folders are mapped into it by pyproject.toml)
-RUN pip install --no-cache-dir . \
+# one installed package, gleanrl (the component folders are mapped into it by pyproject.toml; non-editable),
+# with the versions CI tests (scripts/constraints.txt)
+RUN pip install --no-cache-dir -c scripts/constraints.txt . \
  && useradd --create-home --uid 1000 gleanrl \
  && mkdir -p /ckpt /cache && chown gleanrl:gleanrl /ckpt /cache
 USER gleanrl

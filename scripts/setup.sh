@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv with gleanrl installed (CPU torch pinned so no CUDA build is pulled).
 # Usage: bash scripts/setup.sh [--test] [--sglang]
-#   --test    also install the test tools (pytest)
+#   --test    also install the test tools (pytest, ruff)
 #   --sglang  also install the real SGLang 0.5.23 CPU engine into .venv-sglang (integration tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -33,6 +33,8 @@ class EngineConfig:
             raise ValueError("context_length must be >= 2")
         if self.sd not in ("off", "on", "adaptive"):
             raise ValueError(f"sd must be off, on or adaptive, got {self.sd!r}")
+        if self.sd == "off" and self.drafter_path:
+            raise ValueError("a drafter needs sd 'on' or 'adaptive' (sd 'off' never drafts)")
         if self.sd_max_batch < 1:
             raise ValueError("sd_max_batch must be >= 1")
         if self.num_draft_tokens is not None and not 1 <= self.num_draft_tokens <= 16:

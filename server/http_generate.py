@@ -107,10 +107,7 @@ def meta_info(track: Track) -> dict:
     info = {"id": req.rid, "finish_reason": track.finish_reason,
             "prompt_tokens": (last.prompt_tokens if last else 0) or len(req.input_ids),
             "completion_tokens": len(track.ids), "cached_tokens": 0,
-            "weight_version": last.weight_version if last else None,
-            "draft_weight_version": last.draft_weight_version if last else None,
-            "spec_verify_ct": last.spec_verify_ct if last else 0,
-            "spec_accept_length": last.spec_accept_length if last else 0.0}
+            **(last.meta_info() if last else {"weight_version": None, "draft_weight_version": None})}
     if req.return_logprob:
         info["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(track.logprobs, track.ids)]
     if track.finished:

@@ -12,8 +12,9 @@ from fastapi.responses import JSONResponse, Response
 
 from gleanrl.server import http_generate
 from gleanrl.server.auth import check_admin
+from gleanrl.server.engine_state import PAUSE_MODES
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
-from gleanrl.server.schemas import AbortIn, ApiError, UpdateWeightsIn, parse
+from gleanrl.server.schemas import AbortIn, ApiError, UpdateWeightsIn, parse, read_json
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -104,7 +105,13 @@ async def flush_cache(request: Request):
 
 @router.post("/pause_generation")
 async def pause_generation(request: Request):
-    request.app.state.engine.pause()
+    """SGLang's `PauseGenerationReqInput`: {"mode": "abort" (default) | "retract" | "in_place"}."""
+    state = request.app.state
+    body = await read_json(request, state.server_cfg.max_request_bytes)
+    mode = body.get("mode", "abort") if isinstance(body, dict) else None
+    if mode not in PAUSE_MODES:
+        raise ApiError(400, f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}", param="mode")
+    await asyncio.to_thread(state.engine.pause, mode)
     return {"message": "Generation paused successfully.", "status": "ok"}
 
 

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gleanrl.harvest.drafter import fuse_linears
-from gleanrl.server.kv import SeqKVCache, ragged_attention
 from gleanrl.server.attention import decode_attention
+from gleanrl.server.kv import SeqKVCache, ragged_attention
 from gleanrl.server.kv_pool import DecodePlan, decode_plan, pooled_decode_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,12 +65,12 @@ class ModelRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.hidden_size = cfg.hidden_size
         self.vocab_size = cfg.vocab_size
-        self.qkv = [fuse_linears([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj]) for l in self.layers]
-        self.gate_up = [fuse_linears([l.mlp.gate_proj, l.mlp.up_proj]) if hasattr(l.mlp, "gate_proj") else None
-                        for l in self.layers]
+        self.qkv = [fuse_linears([a.q_proj, a.k_proj, a.v_proj]) for a in (layer.self_attn for layer in self.layers)]
+        self.gate_up = [fuse_linears([m.gate_proj, m.up_proj]) if hasattr(m, "gate_proj") else None
+                        for m in (layer.mlp for layer in self.layers)]
 
     @classmethod
-    def load(cls, model_path: str, device: str = "cpu", dtype: str = "auto") -> "ModelRunner":
+    def load(cls, model_path: str, device: str = "cpu", dtype: str = "auto") -> ModelRunner:
         from transformers import AutoModelForCausalLM
 
         torch_dtype = resolve_dtype(dtype, device)

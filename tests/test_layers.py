@@ -70,3 +70,18 @@ def test_checker_catches_forbidden_imports(tmp_path):
         "harvest/bad.py:1 imports gleanrl.clients.rollout_client",
         "clients/bad.py:2 imports gleanrl.trainer.loop",
     ]
+
+
+def test_every_package_folder_is_installed():
+    """pyproject lists the packages (package-dir maps the top-level folders into gleanrl): a new subfolder
+    that is not listed would be missing from a non-editable install."""
+    import tomllib
+
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dirs = {name: Path(folder) for name, folder in setup["package-dir"].items()}
+    wanted = set()
+    for name, folder in dirs.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            wanted.add(".".join([name, *rel.parts]))
+    assert wanted == set(setup["packages"])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from engine_util import PROMPTS, req, run_all
-from sd_util import random_drafter, trained_drafter
 from gleanrl.server.config import EngineConfig
 from gleanrl.server.engine import Engine
+from sd_util import random_drafter, trained_drafter
 
 NEW = 40
 

@@ -11,12 +11,12 @@ import pytest
 from engine_util import PROMPTS, req, run_all
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.tiny import make_tiny_model
-from sd_util import random_drafter, trained_drafter
-from serving import running_app
 from gleanrl.server.config import EngineConfig
 from gleanrl.server.engine import Engine
 from gleanrl.server.protocol import CheckpointError
+from gleanrl.tiny import make_tiny_model
+from sd_util import random_drafter, trained_drafter
+from serving import running_app
 
 NEW = 48
 
@@ -59,7 +59,7 @@ def test_swap_mid_stream_keeps_output_and_changes_version(tiny_qwen2, drafters, 
             ids += out.new_ids
             versions.append((len(ids), out.draft_weight_version, out.spec_verify_ct))
             if not swapped and len(ids) >= 8:  # pause so that the swap lands mid-stream, deterministically
-                await loop.run_in_executor(None, eng.pause)
+                await loop.run_in_executor(None, eng.pause, "in_place")
                 await loop.run_in_executor(None, lambda: eng.update_weights(
                     str(drafters["trained"]), weight_version="d2", selector="draft"))
                 eng.resume()
@@ -107,8 +107,9 @@ def test_mismatched_or_broken_drafters_are_refused_over_http(tiny_qwen2, drafter
             assert "drafter" in r.json()["message"], r.json()["message"]
         info = httpx.get(f"{url}/model_info", timeout=10).json()
         assert info["draft_weight_version"] == "default" and info["draft_model_path"] == str(drafters["random"])
-        out = httpx.post(f"{url}/generate", timeout=60, json={
-            "input_ids": prompts[2], "sampling_params": {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}}).json()
+        greedy = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
+        out = httpx.post(f"{url}/generate", timeout=60,
+                         json={"input_ids": prompts[2], "sampling_params": greedy}).json()
         assert out["output_ids"] == ref[2]["ids"]
         assert out["meta_info"]["spec_verify_ct"] > 0 and out["meta_info"]["draft_weight_version"] == "default"
         stats = httpx.get(f"{url}/server_info", timeout=10).json()["internal_states"][0]
@@ -123,4 +124,4 @@ def test_engine_refuses_with_checkpoint_error(tiny_qwen2, drafters):
         eng.update_weights(str(drafters["bad"]["hidden"]), selector="draft")
     with pytest.raises(CheckpointError, match="layer"):
         eng.update_weights(str(drafters["bad"]["layers"]), selector="draft")
-    assert eng.spec.drafter is None and eng.info()["draft_weight_version"] is None
+    assert eng.decoder.drafter is None and eng.info()["draft_weight_version"] is None

@@ -7,6 +7,7 @@ import socket
 import stat
 import sys
 import textwrap
+import time
 
 import httpx
 import pytest
@@ -106,6 +107,9 @@ def test_start_waits_for_health_and_stop_ends_the_group(fake_sglang):
     proc, url = start(_args(model=str(fake_sglang), port=port, api_key="secret"), echo=False, timeout_s=60)
     try:
         assert url == f"http://127.0.0.1:{port}" and httpx.get(f"{url}/health").status_code == 200
+        deadline = time.monotonic() + 30  # the reader thread may not have read the line when /health answers
+        while "fired up" not in proc.output() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert "--api-key" in proc.cmd and "fired up" in proc.output()
     finally:
         proc.stop()

@@ -66,7 +66,7 @@ def _run(engine, prompts: list[list[int]], temperature: float, max_new: int, see
 
 
 def _side(engine, policy, prompts, temperature, args, seed) -> tuple[float, list[list[int]]]:
-    engine.spec.policy = policy
+    engine.decoder.policy = policy
     return _run(engine, prompts, temperature, args.max_new_tokens, seed)
 
 
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from gleanrl.server.config import EngineConfig
     from gleanrl.server.engine import Engine
     from gleanrl.server.protocol import CheckpointError
-    from gleanrl.server.sd_policy import SDPolicy, SDPolicyConfig
+    from gleanrl.server.sd.policy import SDPolicy, SDPolicyConfig
 
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
                 batch_prompts = prompts[:batch]
                 _side(engine, sd, batch_prompts, temp, args, 0)               # warm-up; the bandit learns
                 _side(engine, off, batch_prompts, temp, args, 0)
-                ct0, tok0 = engine.spec.verify_ct, engine.spec.verify_tokens
+                ct0, tok0 = engine.decoder.verify_ct, engine.decoder.verify_tokens
                 sd_tok_s = plain_tok_s = 0.0
                 identical = 0
                 for r in range(args.repeats):                                   # alternate, keep the best
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
                     plain_rate, plain_out = _side(engine, off, batch_prompts, temp, args, 1000 * r)
                     sd_tok_s, plain_tok_s = max(sd_tok_s, sd_rate), max(plain_tok_s, plain_rate)
                     identical += sum(a == b for a, b in zip(sd_out, plain_out))
-                ct, toks = engine.spec.verify_ct - ct0, engine.spec.verify_tokens - tok0
+                ct, toks = engine.decoder.verify_ct - ct0, engine.decoder.verify_tokens - tok0
                 results.append({"batch": batch, "temperature": temp, "sd_tok_s": round(sd_tok_s, 1),
                                 "plain_tok_s": round(plain_tok_s, 1), "speedup": round(sd_tok_s / plain_tok_s, 2),
                                 "accept_length": round(toks / ct, 2) if ct else 0.0})
