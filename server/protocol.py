@@ -64,6 +64,7 @@ class GenerateOutput:
     spec_verify_ct: int = 0            # target verify passes (0 without SD)
     spec_accept_token_num: int = 0     # draft tokens accepted by them (no bonus token)
     spec_draft_token_num: int = 0      # draft tokens they verified
+    spec_accept_token_num_by_source: dict[str, int] | None = None  # gleanrl: accepted drafts by source
 
     @property
     def spec_accept_length(self) -> float:
@@ -83,6 +84,8 @@ class GenerateOutput:
                 "spec_num_correct_drafts": self.spec_accept_token_num, "spec_num_proposed_drafts": drafts}
         if self.weight_versions is not None:
             info["weight_versions"] = self.weight_versions
+        if self.spec_accept_token_num_by_source:
+            info["spec_accept_token_num_by_source"] = self.spec_accept_token_num_by_source
         return info
 
 

@@ -104,5 +104,6 @@ class Scheduler:
             weight_version=st.weight_version, draft_weight_version=st.draft_weight_version,
             weight_versions=seq.weight_versions(st.weight_version) if finished else None,
             spec_verify_ct=seq.spec_verify_ct, spec_accept_token_num=seq.spec_correct_drafts,
-            spec_draft_token_num=seq.spec_proposed_drafts))
+            spec_draft_token_num=seq.spec_proposed_drafts,
+            spec_accept_token_num_by_source=dict(seq.spec_accepted_by_source) or None))
         seq.sent = len(seq.output_ids)

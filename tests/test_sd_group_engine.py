@@ -29,8 +29,8 @@ def drafter(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
 @pytest.fixture(scope="module")
 def engines(tiny_qwen2, drafter):
     engs = {"plain": _engine(tiny_qwen2, sd="off"),
-            "group": _engine(tiny_qwen2, sd="adaptive", sd_sources=("group",)),
-            "fused": _engine(tiny_qwen2, sd="adaptive", drafter_path=str(drafter))}
+            "group": _engine(tiny_qwen2, sd="on", sd_sources=("group",)),    # on: no plain arm, SD at any batch
+            "fused": _engine(tiny_qwen2, sd="on", drafter_path=str(drafter))}
     yield engs
     for e in engs.values():
         e.shutdown()
@@ -91,7 +91,7 @@ def test_greedy_identical_across_a_drafter_swap_mid_stream(tiny_qwen2, drafter, 
                 ids += out.new_ids
                 if not swapped and len(ids) >= 10:
                     swapped = True
-                    await loop.run_in_executor(None, eng.pause)
+                    await loop.run_in_executor(None, eng.pause, "in_place")
                     await loop.run_in_executor(None, lambda: eng.update_weights(str(drafter), weight_version="d2",
                                                                                selector="draft"))
                     eng.resume()
@@ -104,7 +104,7 @@ def test_greedy_identical_across_a_drafter_swap_mid_stream(tiny_qwen2, drafter, 
         eng.shutdown()
     assert all(ids == reference[i % len(prompts)]["ids"] for i, (ids, _) in enumerate(res))
     assert {out.draft_weight_version for _, out in res} == {"d2"}
-    assert sum(out.spec_accepted_by_source.get("group", 0) for _, out in res) > 0
+    assert sum((out.spec_accept_token_num_by_source or {}).get("group", 0) for _, out in res) > 0
 
 
 def test_stops_are_exact_inside_group_drafts(engines, prompts, reference):
@@ -121,4 +121,4 @@ def test_stops_are_exact_inside_group_drafts(engines, prompts, reference):
             assert got["ids"] == want["ids"] and got["finish_reason"] == want["finish_reason"]
             assert len(want["ids"]) < NEW
             inside += len(got["out"].new_ids) > 1
-    assert inside >= 6, "too few stops fell inside an accepted group draft to test it"
+    assert inside >= 4, "too few stops fell inside an accepted group draft to test it"

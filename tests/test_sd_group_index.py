@@ -98,12 +98,20 @@ def test_samples_age_out_by_policy_version():
     assert index.groups == {} and index.tokens == 0
 
 
+def test_siblings_in_lockstep_do_not_crowd_out_earlier_samples():
+    index = GroupIndex(GroupIndexConfig(max_candidates=4))
+    _sample(index, [1, 2, 3, 4])                                           # an earlier, finished sample
+    for _ in range(40):                                                    # siblings at the same position
+        _sample(index, [1, 2], done=False)
+    assert index.propose(prompt_key(PROMPT), PROMPT + [1, 2], max_len=2).tokens == [3, 4]
+
+
 def test_identical_prompts_share_one_group_and_prompts_differ_by_exact_ids():
     assert prompt_key([1, 2, 3]) == prompt_key([1, 2, 3]) != prompt_key([1, 2, 3, 0]) != prompt_key([3, 2, 1])
 
 
 @pytest.mark.parametrize("kw", [dict(max_tokens=0), dict(keep_versions=0), dict(min_n=0), dict(min_n=3, max_n=2),
-                                dict(max_hits=0)])
+                                dict(max_hits=0), dict(max_candidates=0)])
 def test_config_rejects_bad_values(kw):
     with pytest.raises(ValueError):
         GroupIndexConfig(**kw)

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from gleanrl.server.sd.source_policy import GroupSDConfig, SourcePolicy
-from gleanrl.server.sd_policy import SDPolicyConfig
+from gleanrl.server.sd.policy import SDPolicyConfig
 
 
 def test_arms_follow_the_drafter_and_the_per_source_batch_limits():
@@ -48,7 +48,7 @@ def test_eagle_arms_share_sdpolicy_keys_and_survive_a_swap():
     p.record_arm(1, ("eagle", 3), 50, 1.0)
     p.record_arm(1, ("group", 8), 80, 1.0)
     assert p.mean_reward(1, 3) == 50.0 and p.mean_reward(1, ("group", 8)) == 80.0
-    # (after merging `engine`: p.decay() here)
+    p.decay()
     assert p.choose(1, True) == ("group", 8)                       # kept, not reset
 
 

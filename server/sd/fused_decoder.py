@@ -10,6 +10,7 @@ the group source still runs (no hidden states are captured then).
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
@@ -25,11 +26,12 @@ from gleanrl.server.sequence import Emitted, Sequence
 
 
 class FusedDecoder(SpecDecoder):
-    def __init__(self, plain: PlainDecoder, policy: SourcePolicy, groups: GroupDrafts | None, window: int = 256):
+    def __init__(self, plain: PlainDecoder, policy: SourcePolicy, groups: GroupDrafts | None,
+                 target_version: Callable[[], str] = lambda: "default", window: int = 256):
         super().__init__(plain, policy, window)
         self.policy: SourcePolicy = policy
         self.groups = groups
-        self.target_version = "default"               # set on a target weight update (ages group samples)
+        self.target_version = target_version           # the serving weight_version (ages group samples)
         self.accepted_by_source = {"group": 0, "eagle": 0}   # accepted draft tokens (bonus not counted)
         self.passes_by_source = {"group": 0, "eagle": 0}     # verify passes that offered the source
 
@@ -44,7 +46,7 @@ class FusedDecoder(SpecDecoder):
         if self.policy.config.mode == "off" or (self.drafter is None and self.groups is None):
             return self.plain.decode(runner, seqs)
         if self.groups is not None:
-            self.groups.sync(seqs, self.target_version)
+            self.groups.sync(seqs, self.target_version())
         if self.drafter is not None:
             self._sync_states(seqs)
         arm = self.policy.choose(len(seqs), self.drafter is not None)

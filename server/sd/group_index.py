@@ -40,7 +40,9 @@ class GroupIndexConfig:
     keep_versions: int = 2          # policy versions whose samples are kept (the current one included)
     min_n: int = 2                  # shortest n-gram that may propose
     max_n: int = 4
-    max_hits: int = 16              # most recent positions kept per n-gram (candidates per lookup)
+    max_hits: int = 64              # most recent positions kept per n-gram (siblings in lockstep add
+                                    # entries with nothing after them yet: room for older samples too)
+    max_candidates: int = 16        # continuations a proposal votes over (the most recent useful ones)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -49,8 +51,8 @@ class GroupIndexConfig:
             raise ValueError("group index keep_versions must be >= 1")
         if not 1 <= self.min_n <= self.max_n <= 16:
             raise ValueError("group index n-gram sizes must satisfy 1 <= min_n <= max_n <= 16")
-        if self.max_hits < 1:
-            raise ValueError("group index max_hits must be >= 1")
+        if self.max_hits < 1 or self.max_candidates < 1:
+            raise ValueError("group index max_hits and max_candidates must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +156,8 @@ class GroupIndex:
                 if s is not None and pos < len(s.tokens) and uid not in seen:     # one position per sample
                     seen.add(uid)
                     conts.append(s.tokens[pos:pos + max_len])
+                    if len(conts) == cfg.max_candidates:
+                        break
             if conts:
                 return _majority(conts, n, max_len)
         return None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gleanrl.server.sd_policy import SDPolicy, SDPolicyConfig
+from gleanrl.server.sd.policy import SDPolicy, SDPolicyConfig
 
 Arm = tuple[str, int]
 SOURCES = ("eagle", "group", "fused")

@@ -34,7 +34,7 @@ def tree_pass(runner: ModelRunner, seqs: list, branches: list[list[list[int]]], 
     """branches[b][m]: branch m's tokens for seqs[b] (m fixes the verification order); qs[b][m]: its draft
     distributions [len, V] (EAGLE, sampled requests) or None (a point-mass draft). prm: params_tensors
     of seqs. Returns per sequence a TreeResult, and the aux hidden states [N, 3*H] of the pass."""
-    device, m_max = runner.device, max(len(b) for b in branches)
+    device, m_max = runner.device, max([len(b) for b in branches] + [1])   # M >= 1: lens 0 = a bare root
     k = max([len(x) for b in branches for x in b] + [1])
     starts = [s.cache.length for s in seqs]
     trees = [build_tree(s.tokens(p0, p0 + 1)[0], p0, b) for s, p0, b in zip(seqs, starts, branches)]
