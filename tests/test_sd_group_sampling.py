@@ -79,9 +79,9 @@ def test_sampled_group_drafts_follow_the_target(setup, arm):
     dec = _decoder(runner, drafter, arm)
     outputs = _sample(runner, dec, prompt, 4000)
     assert len(outputs) == 4000 and all(len(o) == NEW for o in outputs)
-    assert dec.accepted_by_source["group"] > 1000, "group drafts were rarely accepted: the test would be weak"
+    assert dec.accepted_by_source["group"] > 500, "group drafts were rarely accepted: the test would be weak"
     if arm == "fused":
-        assert dec.passes_by_source["eagle"] > 0
+        assert dec.accepted_by_source["eagle"] > 500, "the EAGLE-3 branch was rarely accepted"
     for pos, (stat, threshold) in zip((2, 3), _stats(outputs, exact)):
         assert stat < threshold, f"token {pos}: chi-square {stat:.1f} >= {threshold:.1f}"
 
@@ -95,5 +95,5 @@ def test_broken_rejection_rule_is_detected(setup, monkeypatch):
 
     monkeypatch.setattr(branch_verify, "_test", keep_rejected_token)
     runner, drafter, prompt, exact = setup
-    outputs = _sample(runner, _decoder(runner, drafter, "group"), prompt, 2000)
+    outputs = _sample(runner, _decoder(runner, drafter, "group"), prompt, 4000)
     assert any(stat > threshold for stat, threshold in _stats(outputs, exact)), "no power against a broken rule"
