@@ -14,9 +14,7 @@ from gleanrl.server.engine import Engine
 
 @pytest.fixture(scope="module")
 def engine(tiny_qwen2):
-    # EAGLE-3 only (so, without a drafter, no SD): group drafts would make the finish order and the
-    # seeded samples depend on the other requests in the batch
-    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), max_running_requests=32, sd_sources=("eagle",)))
+    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), max_running_requests=32))
     eng.start()
     yield eng
     eng.shutdown()

@@ -104,8 +104,7 @@ def test_seeded_sampling_is_reproducible_with_a_fixed_draft_length(tiny_qwen2, d
     reproduces a sample only when the draft length is fixed (the bandit's choice is not)."""
     prompts, _ = reference
     params = dict(temperature=0.9, top_p=0.9, top_k=50, min_p=0.02, max_new_tokens=NEW, ignore_eos=True, seed=7)
-    eng = _engine(tiny_qwen2, drafter_path=str(drafters["trained"]), sd="on", num_draft_tokens=3,
-                  sd_sources=("eagle",))  # group drafts depend on the other samples: no fixed consumption
+    eng = _engine(tiny_qwen2, drafter_path=str(drafters["trained"]), sd="on", num_draft_tokens=3)
     try:
         a = run_all(eng, [req(p, **params) for p in prompts[:4]])
         b = run_all(eng, [req(p, **params) for p in prompts[:4]])

@@ -84,7 +84,7 @@ def test_swap_mid_stream_keeps_output_and_changes_version(tiny_qwen2, drafters, 
 
 def test_first_drafter_on_a_server_started_without_one(tiny_qwen2, drafters, plain):
     prompts, ref = plain
-    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), sd="on", sd_sources=("eagle",)))  # no group drafts
+    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), sd="on"))
     eng.start()
     try:
         before = run_all(eng, [req(prompts[1], max_new_tokens=NEW, ignore_eos=True)])[0]
