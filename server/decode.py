@@ -17,8 +17,6 @@ from gleanrl.server.sequence import Emitted, Sequence
 
 
 class Decoder(Protocol):
-    prefill_chunk: int
-
     def decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
         """New tokens for each of `seqs` (none for a sequence still mid-prefill); caches advance."""
 

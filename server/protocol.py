@@ -64,6 +64,7 @@ class GenerateOutput:
     spec_verify_ct: int = 0            # target verify passes (0 without SD)
     spec_accept_token_num: int = 0     # draft tokens accepted by them (no bonus token)
     spec_draft_token_num: int = 0      # draft tokens they verified
+    num_retractions: int = 0           # times a retract pause put it back in the queue
     spec_accept_token_num_by_source: dict[str, int] | None = None  # gleanrl: accepted drafts by source
 
     @property
@@ -78,6 +79,7 @@ class GenerateOutput:
         names of 0.5.23's `spec_num_correct_drafts` and `spec_num_proposed_drafts`)."""
         ct, drafts = self.spec_verify_ct, self.spec_draft_token_num
         info = {"weight_version": self.weight_version, "draft_weight_version": self.draft_weight_version,
+                "num_retractions": self.num_retractions,
                 "spec_verify_ct": ct, "spec_accept_length": self.spec_accept_length,
                 "spec_accept_rate": self.spec_accept_token_num / drafts if drafts else 0.0,
                 "spec_accept_token_num": self.spec_accept_token_num, "spec_draft_token_num": drafts,

@@ -54,6 +54,7 @@ class Scheduler:
         back = [s for s in st.running if s.abort_message is None]
         for s in back:
             self.free_cache(s)
+            s.retractions += 1
         st.running = [s for s in st.running if s not in back]
         st.waiting.extendleft(reversed(back))
         return len(back)
@@ -104,6 +105,6 @@ class Scheduler:
             weight_version=st.weight_version, draft_weight_version=st.draft_weight_version,
             weight_versions=seq.weight_versions(st.weight_version) if finished else None,
             spec_verify_ct=seq.spec_verify_ct, spec_accept_token_num=seq.spec_correct_drafts,
-            spec_draft_token_num=seq.spec_proposed_drafts,
+            spec_draft_token_num=seq.spec_proposed_drafts, num_retractions=seq.retractions,
             spec_accept_token_num_by_source=dict(seq.spec_accepted_by_source) or None))
         seq.sent = len(seq.output_ids)

@@ -147,3 +147,23 @@ def test_two_layer_target_takes_a_drafter(tiny_tokenizer, tmp_path):
     finally:
         plain.shutdown()
         sd.shutdown()
+
+
+def test_sd_stats_follow_sglang_definitions(engines, reference):
+    """meta_info: spec_accept_length = completion tokens / verify passes (SGLang 0.5.23, the prefill's token
+    included), spec_accept_token_num = accepted drafts (no bonus), spec_draft_token_num = verified drafts,
+    spec_accept_rate = their ratio. With sd "on" only the prefill's token and a last token that leaves no
+    room to draft come from plain steps."""
+    prompts, _ = reference
+    for r in run_all(engines["trained"], [req(p, max_new_tokens=NEW, ignore_eos=True) for p in prompts[:4]]):
+        out = r["out"]
+        meta = out.meta_info()
+        ct, acc, drafted = meta["spec_verify_ct"], meta["spec_accept_token_num"], meta["spec_draft_token_num"]
+        assert ct > 0 and 0 < acc <= drafted
+        assert out.completion_tokens - (acc + ct) in (1, 2)          # each verify pass: accepted + 1
+        assert meta["spec_accept_length"] == pytest.approx(NEW / ct)
+        assert meta["spec_accept_rate"] == pytest.approx(acc / drafted)
+        assert (meta["spec_num_correct_drafts"], meta["spec_num_proposed_drafts"]) == (acc, drafted)
+        assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": NEW}]
+    plain = run_all(engines["plain"], [req(prompts[0], max_new_tokens=8, ignore_eos=True)])[0]["out"].meta_info()
+    assert plain["spec_verify_ct"] == 0 and plain["spec_accept_length"] == 0.0 and plain["spec_accept_rate"] == 0.0

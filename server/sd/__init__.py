@@ -2,10 +2,10 @@
 
 Files: `decoder.py` (the SD decode iteration, a drop-in for `server.decode.PlainDecoder`), `draft.py`
 (the drafter proposes a chain of k tokens per sequence), `verify.py` (the acceptance rule as pure
-tensor math, one batched call per iteration), `policy.py` (when to speculate and how far),
-`draft_state.py` (the target hidden states each sequence's drafter has not consumed),
-`drafter_forward.py` (the drafter's forward over per-sequence KV caches), `drafter_load.py` (loading a
-drafter for the serving target; building the decoder).
+tensor math), `verify_batch.py` (one batched verify call per iteration over the ragged batch),
+`policy.py` (when to speculate and how far), `draft_state.py` (the target hidden states each sequence's
+drafter has not consumed), `drafter_forward.py` (the drafter's forward over per-sequence KV caches),
+`drafter_load.py` (loading a drafter for the serving target; building the decoder).
 
 Simplified relative to TLT (arXiv 2511.16665, code mit-han-lab/fastrl), and why:
 - Chain drafts, no token tree. TLT (on SGLang's EAGLE-3) drafts a tree (top-k per step) and verifies

@@ -18,12 +18,12 @@ import torch
 
 from gleanrl.server.decode import PlainDecoder, feed_counts, forward_fed, sample_rows
 from gleanrl.server.model_runner import ModelRunner
-from gleanrl.server.sampler import params_tensors, processed_probs, token_logprobs
+from gleanrl.server.sampler import params_tensors
 from gleanrl.server.sd.draft import draft_tokens
 from gleanrl.server.sd.draft_state import DraftState
 from gleanrl.server.sd.drafter_forward import new_draft_cache
 from gleanrl.server.sd.policy import SDPolicy
-from gleanrl.server.sd.verify import verify
+from gleanrl.server.sd.verify_batch import emitted_logprobs, verify_batch
 from gleanrl.server.sequence import Emitted, Sequence
 
 Out = dict[Sequence, tuple[list[int], list[float]]]
@@ -103,7 +103,7 @@ class SpecDecoder:
 
     def _speculate(self, runner: ModelRunner, seqs: list[Sequence], ks: list[int]) -> Out:
         states = [self.states[s] for s in seqs]
-        prm = params_tensors([s.req.params for s in seqs])
+        prm = params_tensors([s.req.params for s in seqs], runner.device)  # drafts and verify on the target's device
         drafts, qs = draft_tokens(self.drafter, seqs, states, ks, prm)
         starts = [s.cache.length for s in seqs]                                 # T - 1: the last token's position
         tokens = [t for s, p0, d in zip(seqs, starts, drafts) for t in s.tokens(p0, p0 + 1) + d]
@@ -113,8 +113,8 @@ class SpecDecoder:
         logits, aux = runner.forward(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
                                      [s.cache for s in seqs], lens, capture_layers=self.drafter.config.aux_layer_ids,
                                      last_only=False)                            # [N, V], [N, 3*Ht]
-        n_acc, out_ids, offsets = self._verify(logits, seqs, drafts, qs, prm)
-        lps = self._logprobs(logits, seqs, n_acc, out_ids, offsets, prm["temperature"])
+        n_acc, out_ids, offsets = verify_batch(logits, seqs, drafts, qs, prm)
+        lps = emitted_logprobs(logits, seqs, n_acc, out_ids, offsets, prm["temperature"])
         out = {}
         for b, (s, st) in enumerate(zip(seqs, states)):
             n, o = int(n_acc[b]), offsets[b]
@@ -128,41 +128,3 @@ class SpecDecoder:
             self.accept_hist[min(n + 1, len(self.accept_hist) - 1)] += 1
             out[s] = (out_ids[b, :n + 1].tolist(), lps[b])
         return out
-
-    @staticmethod
-    def _verify(logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]], qs: list, prm: dict):
-        """All sequences' drafts in one `verify` call, padded to the longest draft K. Returns
-        (n_accepted [B], out_ids [B, K+1], each sequence's first row in `logits`)."""
-        lens = torch.tensor([len(d) for d in drafts])                          # [B]
-        k, device = int(lens.max()), logits.device
-        offsets = (torch.cumsum(lens + 1, 0) - (lens + 1)).tolist()
-        cols = torch.minimum(torch.arange(k + 1)[None], lens[:, None])         # [B, K+1], padding repeats the last
-        rows = (torch.tensor(offsets)[:, None] + cols).to(device)              # [B, K+1] rows of logits
-        draft_ids = torch.tensor([d + [0] * (k - len(d)) for d in drafts], device=device)
-        greedy = [s.req.params.temperature <= 0 for s in seqs]
-        sampled = [b for b, g in enumerate(greedy) if not g]
-        p = q = None
-        if sampled:
-            pick = {key: v[sampled].repeat_interleave(k + 1).to(device) for key, v in prm.items()}
-            p = processed_probs(logits[rows[sampled].reshape(-1)], pick["temperature"], pick["top_k"],
-                                pick["top_p"], pick["min_p"]).view(len(sampled), k + 1, -1)   # [S, K+1, V]
-            q = p.new_zeros(len(sampled), k, p.shape[-1])                                     # [S, K, V]
-            for j, b in enumerate(sampled):
-                q[j, :len(drafts[b])] = qs[b]
-        n_acc, out_ids = verify(draft_ids, logits.argmax(-1)[rows], greedy, lens.to(device), q, p,
-                                [seqs[b].generator for b in sampled])
-        return n_acc.tolist(), out_ids, offsets
-
-    @staticmethod
-    def _logprobs(logits, seqs, n_acc, out_ids, offsets, temperature) -> list[list[float]]:
-        """SGLang's logprob of every emitted token, for the sequences that asked (else 0.0, as the plain step)."""
-        want = [b for b, s in enumerate(seqs) if s.req.return_logprob]
-        lps = [[0.0] * (n + 1) for n in n_acc]
-        if want:
-            rows = torch.tensor([offsets[b] + j for b in want for j in range(n_acc[b] + 1)], device=logits.device)
-            ids = torch.cat([out_ids[b, :n_acc[b] + 1] for b in want])
-            temp = torch.cat([temperature[b].expand(n_acc[b] + 1) for b in want]).to(logits.device)
-            flat = token_logprobs(logits[rows], ids, temp).tolist()
-            for b in want:
-                lps[b], flat = flat[:n_acc[b] + 1], flat[n_acc[b] + 1:]
-        return lps
