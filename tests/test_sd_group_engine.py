@@ -13,6 +13,7 @@ from gleanrl.server.config import EngineConfig
 from gleanrl.server.engine import Engine
 
 NEW = 40
+ALL = ("eagle", "group", "fused")
 
 
 def _engine(model, **kw) -> Engine:
@@ -30,7 +31,7 @@ def drafter(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
 def engines(tiny_qwen2, drafter):
     engs = {"plain": _engine(tiny_qwen2, sd="off"),
             "group": _engine(tiny_qwen2, sd="on", sd_sources=("group",)),    # on: no plain arm, SD at any batch
-            "fused": _engine(tiny_qwen2, sd="on", drafter_path=str(drafter))}
+            "fused": _engine(tiny_qwen2, sd="on", drafter_path=str(drafter), sd_sources=ALL)}
     yield engs
     for e in engs.values():
         e.shutdown()
@@ -79,7 +80,7 @@ def test_greedy_identical_across_a_drafter_swap_mid_stream(tiny_qwen2, drafter, 
     from sd_util import random_drafter
 
     other = random_drafter(tiny_qwen2, tmp_path / "random")
-    eng = _engine(tiny_qwen2, sd="on", drafter_path=str(other))
+    eng = _engine(tiny_qwen2, sd="on", drafter_path=str(other), sd_sources=ALL)
 
     async def main():
         loop, swapped = asyncio.get_running_loop(), False
@@ -122,3 +123,22 @@ def test_stops_are_exact_inside_group_drafts(engines, prompts, reference):
             assert len(want["ids"]) < NEW
             inside += len(got["out"].new_ids) > 1
     assert inside >= 4, "too few stops fell inside an accepted group draft to test it"
+
+
+def test_stats_by_source_in_meta_info_server_info_and_metrics(tiny_qwen2, prompts):
+    import httpx
+
+    from serving import running_app
+
+    with running_app(tiny_qwen2, sd="on", sd_sources=("group",)) as (url, _):
+        body = {"input_ids": prompts[0], "sampling_params": {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}}
+        httpx.post(f"{url}/generate", json=body, timeout=60).raise_for_status()       # an earlier sample
+        meta = httpx.post(f"{url}/generate", json=body, timeout=60).json()["meta_info"]
+        info = httpx.get(f"{url}/server_info", timeout=10).json()["internal_states"][0]
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    assert meta["spec_accept_token_num_by_source"]["group"] == meta["spec_accept_token_num"] > NEW // 2
+    assert info["spec_accepted_tokens_by_source"]["group"] >= meta["spec_accept_token_num"]
+    assert info["avg_spec_accept_length_by_source"]["group"] > 1.0
+    assert info["group_index"]["prompts"] == 1 and info["group_index"]["tokens"] >= NEW
+    assert f'gleanrl:spec_accepted_tokens{{source="group"}} {float(info["spec_accepted_tokens_by_source"]["group"])}' \
+        in metrics

@@ -75,7 +75,7 @@ class FusedDecoder(SpecDecoder):
 
     def _speculate_tree(self, runner: ModelRunner, seqs: list[Sequence], arm: Arm) -> Out:
         source, k = arm
-        prm = params_tensors([s.req.params for s in seqs])
+        prm = params_tensors([s.req.params for s in seqs], runner.device)   # on the target's device
         glen = self.policy.group.group_len if source == "fused" else k
         group = [self._group_draft(s, glen) if source in ("group", "fused") else [] for s in seqs]
         use_eagle = [source in ("eagle", "fused") and self.drafter is not None and self._draft_len(s, k) > 0
