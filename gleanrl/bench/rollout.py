@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         model, drafter = _default_paths(args)
         engine = Engine(EngineConfig(model_path=model, drafter_path=drafter, max_running_requests=args.prompts * args.n,
-                                     dtype=args.dtype, seed=args.seed))
+                                     dtype=args.dtype, seed=args.seed, sd_sources=SOURCES["fused"]))
         task = load_task(args.task)
         prompts = [encode_prompt(engine.tokenizer, s) for s in task.prompts("train", args.prompts, args.seed)]
     except (OSError, ValueError, KeyError, ImportError, CheckpointError) as exc:
