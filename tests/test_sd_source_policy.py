@@ -43,8 +43,20 @@ def test_bandit_converges_to_the_best_source(best):
     assert chosen[-500:].count(best) > 400
 
 
+def test_every_arm_is_tried_once_then_the_best_is_played():
+    p = SourcePolicy(SDPolicyConfig(epsilon=0.0, choices=(0, 4)), GroupSDConfig(group_choices=(4,)))
+    tried = []
+    for _ in range(4):
+        arm = p.choose(2, True)
+        tried.append(arm)
+        p.record_arm(2, arm, 200 if arm == ("group", 4) else 100, 1.0)
+    assert tried[0] == ("fused", 4) and sorted(tried) == sorted(p.arms(2, True))
+    assert p.choose(2, True) == ("group", 4)
+
+
 def test_eagle_arms_share_sdpolicy_keys_and_survive_a_swap():
-    p = SourcePolicy(SDPolicyConfig(epsilon=0.0))
+    p = SourcePolicy(SDPolicyConfig(mode="on", epsilon=0.0, choices=(3,)),
+                     GroupSDConfig(sources=("eagle", "group"), group_choices=(8,)))
     p.record_arm(1, ("eagle", 3), 50, 1.0)
     p.record_arm(1, ("group", 8), 80, 1.0)
     assert p.mean_reward(1, 3) == 50.0 and p.mean_reward(1, ("group", 8)) == 80.0

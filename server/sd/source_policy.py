@@ -5,10 +5,12 @@ group draft of up to k tokens; ("fused", k), both as two branches of one tree, t
 tokens and the group draft of up to `group_len` tokens (free, so not shortened with k). The same
 epsilon-greedy bandit per running-batch bucket (`SDPolicy`: tokens per second of the decode iteration,
 sliding windows, knowledge decayed but kept across drafter swaps) chooses among the arms available:
-EAGLE-3 ones while running <= max_batch (each draft token costs a drafter forward), group ones while
-running <= group_max_batch (drafts cost no model forward, so SD may pay at larger batches: plain
-decoding competes in every bucket and the bandit measures where it stops paying). EAGLE-3 arms keep
-SDPolicy's integer keys, so its measurements and the table prior are shared with the EAGLE-only path.
+each arm is tried once per bucket (the prior first: the richest source at the table's length), then
+the best measured one is played. EAGLE-3 arms are available while running <= max_batch (each draft
+token costs a drafter forward), group ones while running <= group_max_batch (drafts cost no model
+forward, so SD may pay at larger batches: plain decoding competes in every bucket and the bandit
+measures where it stops paying). EAGLE-3 arms keep SDPolicy's integer keys, so its measurements and
+the table prior are shared with the EAGLE-only path.
 """
 from __future__ import annotations
 
@@ -64,9 +66,10 @@ class SourcePolicy(SDPolicy):
         if self._rng.random() < self.config.epsilon:
             return self._rng.choice(arms)
         measured = {a: r for a in arms if (r := self.mean_reward(running, _key(a))) is not None}
-        if measured:
-            return max(measured, key=measured.__getitem__)
-        return self._prior(running, arms)
+        if len(measured) < len(arms):                  # each arm once per bucket, the prior first
+            prior = self._prior(running, arms)
+            return prior if prior not in measured else next(a for a in arms if a not in measured)
+        return max(measured, key=measured.__getitem__)
 
     def record_arm(self, running: int, arm: Arm, tokens: int, seconds: float) -> None:
         self.record(running, _key(arm), tokens, seconds)
