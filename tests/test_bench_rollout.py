@@ -32,5 +32,6 @@ def test_bench_rollout_json(tiny_qwen2, tmp_path, capsys):
 
 
 def test_bench_rollout_refuses_unknown_arms(tiny_qwen2, capsys):
-    assert gleanrl.cli.main(["bench", "rollout", "--model", str(tiny_qwen2), "--drafter", "x", "--arms", "plain,tree"]) == 2
+    argv = ["bench", "rollout", "--model", str(tiny_qwen2), "--drafter", "x", "--arms", "plain,tree"]
+    assert gleanrl.cli.main(argv) == 2
     assert "--arms" in capsys.readouterr().err

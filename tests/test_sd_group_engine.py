@@ -131,7 +131,8 @@ def test_stats_by_source_in_meta_info_server_info_and_metrics(tiny_qwen2, prompt
     from serving import running_app
 
     with running_app(tiny_qwen2, sd="on", sd_sources=("group",)) as (url, _):
-        body = {"input_ids": prompts[0], "sampling_params": {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}}
+        body = {"input_ids": prompts[0],
+                "sampling_params": {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}}
         httpx.post(f"{url}/generate", json=body, timeout=60).raise_for_status()       # an earlier sample
         meta = httpx.post(f"{url}/generate", json=body, timeout=60).json()["meta_info"]
         info = httpx.get(f"{url}/server_info", timeout=10).json()["internal_states"][0]

@@ -15,9 +15,10 @@ in step with the running set), `source_policy.py` (the bandit's arms: plain / ea
 
 Simplified relative to TLT (arXiv 2511.16665, code mit-han-lab/fastrl), and why:
 - Chain drafts, no top-k token tree (the fused arm's tree is two chains from one root: group and
-  EAGLE-3). TLT (on SGLang's EAGLE-3) drafts a tree (top-k per step) and verifies it with tree attention. A chain needs no tree masks or multi-path cache bookkeeping, keeps the
-  losslessness proof the textbook one (`verify.py`), and on CPU with small batches captures most of
-  the gain; a tree raises acceptance per pass at the price of that machinery.
+  EAGLE-3). TLT (on SGLang's EAGLE-3) drafts a tree (top-k per step) and verifies it with tree
+  attention. A chain needs no multi-path cache bookkeeping, keeps the losslessness proof the textbook
+  one (`verify.py`), and on CPU with small batches captures most of the gain; a tree raises acceptance
+  per pass at the price of that machinery.
 - The adaptive policy's arms are chain draft lengths (0 = plain decoding) per batch-size bucket;
   TLT's bucketed bandit also varies the tree's top-k and the number of verified tokens. SD runs only
   while at most `sd_max_batch` requests run (default 8; TLT: fewer than 32 on GPUs, where the target
