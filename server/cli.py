@@ -30,11 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sd-max-batch", type=int, default=8, help="adaptive: SD only while this many requests run")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help="fixed draft length (None: chosen per batch-size bucket)")
-    p.add_argument("--sd-sources", default="eagle,group,fused",
+    p.add_argument("--sd-sources", default="eagle",
                    help="draft sources the SD bandit may choose per iteration: eagle (the EAGLE-3 chain), group "
                         "(continuations from the same prompt's other running and earlier samples, no model cost), "
-                        "fused (both, as two branches verified in one pass). Lossless either way; with group "
-                        "drafts a seeded sample also depends on the other samples of its prompt")
+                        "fused (both, as two branches verified in one pass); e.g. eagle,group,fused. Lossless "
+                        "either way, but with group drafts a seeded sample also depends on the other samples of "
+                        "its prompt, so seeded runs no longer repeat exactly")
     p.add_argument("--group-max-batch", type=int, default=64, help="group drafts only while this many requests run")
     p.add_argument("--group-max-tokens", type=int, default=1 << 19,
                    help="output tokens the group index holds over all prompts and versions (memory: 170-340 "

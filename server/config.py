@@ -17,8 +17,8 @@ class EngineConfig:
     sd: str = "adaptive"                   # off | on | adaptive (SD only while running <= sd_max_batch)
     sd_max_batch: int = 8
     num_draft_tokens: int | None = None    # fixed draft length; None: chosen per batch-size bucket
-    sd_sources: tuple[str, ...] = ("eagle",)  # the SD bandit's sources (server/sd/source_policy); `gleanrl serve`
-    #   defaults to all three. EAGLE-only keeps a seeded request's samples independent of the other requests
+    sd_sources: tuple[str, ...] = ("eagle",)  # the SD bandit's sources (server/sd/source_policy): eagle, group,
+    #   fused. EAGLE-only keeps a seeded request's samples independent of the other requests
     group_max_batch: int = 64              # group drafts only while running <= this
     group_max_tokens: int = 1 << 19        # output tokens the group index holds (all prompts and versions)
     group_keep_versions: int = 2           # policy versions whose samples the group index keeps
