@@ -52,6 +52,7 @@ def test_every_arm_is_tried_once_then_the_best_is_played():
         p.record_arm(2, arm, 200 if arm == ("group", 4) else 100, 1.0)
     assert tried[0] == ("fused", 4) and sorted(tried) == sorted(p.arms(2, True))
     assert p.choose(2, True) == ("group", 4)
+    assert p.measured() == {2: {"fused:4": 100.0, "plain:0": 100.0, "eagle:4": 100.0, "group:4": 200.0}}
 
 
 def test_eagle_arms_share_sdpolicy_keys_and_survive_a_swap():

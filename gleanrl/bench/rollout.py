@@ -5,6 +5,8 @@ P prompts x n samples, all submitted at once (T = 1, seeded per step as the trai
 earlier-sample index fills. One engine serves every arm; between arms only its decoder's policy and
 group index change: `plain` (no SD), `eagle` (the EAGLE-3 drafter, adaptive), `group` (group drafts
 only), `fused` (both, the bandit choosing per iteration among EAGLE-3, group and the two-branch tree).
+`tok_s_by_bucket` is the bandit's measured tokens/s per running-batch bucket and arm: where SD stops
+paying, per source.
 Each arm starts with an empty group index and a fresh bandit. rollout_s is the wall time of all its
 steps, tok_s the tokens produced over it, accept_length the tokens emitted per verify pass (bonus
 included, as SGLang's). Then one greedy step (T = 0) per arm: `identical_greedy` counts SD outputs equal
@@ -120,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
             ct, toks = engine.decoder.verify_ct - ct0, engine.decoder.verify_tokens - tok0
             results[arm] = {"rollout_s": round(seconds, 3), "tok_s": round(tokens / seconds, 1),
                             "accept_length": round(toks / ct, 2) if ct else 0.0,
-                            "accepted_by_source": {k: v - by0[k] for k, v in engine.decoder.accepted_by_source.items()}}
+                            "accepted_by_source": {k: v - by0[k] for k, v in engine.decoder.accepted_by_source.items()},
+                            "tok_s_by_bucket": engine.decoder.policy.measured()}
             _set_arm(engine, arm, loaded, args)
             greedy[arm] = _step(engine, prompts, args.n, 0.0, args.max_new_tokens, 0)
             r = results[arm]

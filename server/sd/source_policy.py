@@ -74,6 +74,14 @@ class SourcePolicy(SDPolicy):
     def record_arm(self, running: int, arm: Arm, tokens: int, seconds: float) -> None:
         self.record(running, _key(arm), tokens, seconds)
 
+    def measured(self) -> dict[int, dict[str, float]]:
+        """Mean tokens/s per bucket and arm ("source:k"): where SD pays, per source."""
+        out: dict[int, dict[str, float]] = {}
+        for (bucket, key) in self._rewards:
+            arm = key if isinstance(key, tuple) else ("plain", 0) if key == 0 else ("eagle", key)
+            out.setdefault(bucket, {})[f"{arm[0]}:{arm[1]}"] = round(self.mean_reward(bucket, key), 1)
+        return dict(sorted(out.items()))
+
     def _prior(self, running: int, arms: list[Arm]) -> Arm:
         """Before any measurement: the richest source available, EAGLE-3 at the table's length."""
         k = self.config.fixed_k or self.config.table[self.bucket(running)]
