@@ -45,7 +45,7 @@ def forward_fed(runner: ModelRunner, fed: list[tuple[Sequence, int]], capture_la
                           [s.cache for s, _ in fed], [c for _, c in fed], capture_layers=capture_layers)
 
 
-def sample_rows(logits: torch.Tensor, seqs: list[Sequence]) -> Emitted:
+def sample_next(logits: torch.Tensor, seqs: list[Sequence]) -> Emitted:
     """logits [B, V] for B sequences -> one (token, logprob) each; the logprobs are 0.0 unless some
     sequence in the batch asked for them (`return_logprob`)."""
     if not seqs:
@@ -75,7 +75,7 @@ class PlainDecoder:
             return [([], []) for _ in seqs]
         logits, _ = forward_fed(runner, fed)
         done = [i for i, (s, _) in enumerate(fed) if s.cache.length == s.total_len]
-        new = sample_rows(logits[done], [fed[i][0] for i in done])
+        new = sample_next(logits[done], [fed[i][0] for i in done])
         by_seq = {id(fed[i][0]): new[j] for j, i in enumerate(done)}
         return [by_seq.get(id(s), ([], [])) for s in seqs]
 

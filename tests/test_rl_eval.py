@@ -14,7 +14,7 @@ from test_train import _cfg
 from gleanrl.demo_report import eval_summary, write_report
 from gleanrl.trainer.loop import informative, train
 from gleanrl.trainer.metrics import eval_metrics, mean_se
-from gleanrl.trainer.rollout import Rollout
+from gleanrl.clients.rollout import Rollout
 
 
 class DigitTask:

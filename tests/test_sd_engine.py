@@ -167,3 +167,16 @@ def test_sd_stats_follow_sglang_definitions(engines, reference):
         assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": NEW}]
     plain = run_all(engines["plain"], [req(prompts[0], max_new_tokens=8, ignore_eos=True)])[0]["out"].meta_info()
     assert plain["spec_verify_ct"] == 0 and plain["spec_accept_length"] == 0.0 and plain["spec_accept_rate"] == 0.0
+
+
+def test_greedy_rows_stay_exact_beside_sampled_rows_in_one_verify(engines, reference):
+    """One batched verify serves greedy and sampled sequences together: the greedy ones still equal plain
+    decoding token for token."""
+    prompts, plain = reference
+    sampled = [req(p, max_new_tokens=NEW, ignore_eos=True, temperature=0.8, top_k=20, seed=i)
+               for i, p in enumerate(prompts[4:8])]
+    greedy = [req(p, max_new_tokens=NEW, ignore_eos=True) for p in prompts[:4]]
+    res = run_all(engines["trained"], [r for pair in zip(greedy, sampled) for r in pair])
+    for r, ref in zip(res[0::2], plain[:4]):
+        assert r["ids"] == ref["ids"] and r["out"].spec_verify_ct > 0
+    assert all(len(r["ids"]) == NEW and r["out"].spec_verify_ct > 0 for r in res[1::2])

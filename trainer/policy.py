@@ -5,7 +5,7 @@ import torch
 
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.grpo import group_advantages, logprob_mismatch, policy_loss, token_logprobs
-from gleanrl.trainer.rollout import Rollout
+from gleanrl.clients.rollout import Rollout
 
 
 class Policy:

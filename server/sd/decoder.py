@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from gleanrl.server.decode import PlainDecoder, feed_counts, forward_fed, sample_rows
+from gleanrl.server.decode import PlainDecoder, feed_counts, forward_fed, sample_next
 from gleanrl.server.model_runner import ModelRunner
 from gleanrl.server.sampler import params_tensors
 from gleanrl.server.sd.draft import draft_tokens
@@ -99,7 +99,7 @@ class SpecDecoder:
             self.states[s].add(rows)
         rows = [i for i, (s, _) in enumerate(fed) if s.cache.length == s.total_len]
         done = [fed[i][0] for i in rows]
-        return dict(zip(done, sample_rows(logits[rows], done)))
+        return dict(zip(done, sample_next(logits[rows], done)))
 
     def _speculate(self, runner: ModelRunner, seqs: list[Sequence], ks: list[int]) -> Out:
         states = [self.states[s] for s in seqs]
