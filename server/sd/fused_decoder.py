@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from gleanrl.server.decode import PlainDecoder, feed_counts, forward_fed, sample_rows
+from gleanrl.server.decode import PlainDecoder, feed_counts, forward_fed, sample_next
 from gleanrl.server.model_runner import ModelRunner
 from gleanrl.server.sampler import params_tensors
 from gleanrl.server.sd.decoder import Out, SpecDecoder
@@ -71,7 +71,7 @@ class FusedDecoder(SpecDecoder):
         logits, _ = forward_fed(runner, fed)
         rows = [i for i, (s, _) in enumerate(fed) if s.cache.length == s.total_len]
         done = [fed[i][0] for i in rows]
-        return dict(zip(done, sample_rows(logits[rows], done)))
+        return dict(zip(done, sample_next(logits[rows], done)))
 
     def _speculate_tree(self, runner: ModelRunner, seqs: list[Sequence], arm: Arm) -> Out:
         source, k = arm
