@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from engine_util import PROMPTS, req, run_all
-from sd_util import trained_drafter
 from gleanrl.server.config import EngineConfig
 from gleanrl.server.engine import Engine
+from sd_util import trained_drafter
 
 NEW = 40
 ALL = ("eagle", "group", "fused")

@@ -14,8 +14,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from sd_util import trained_drafter
-from test_sd_engine_sampling import _chi2, _marginals, TOP_K
 from gleanrl.server.decode import PlainDecoder
 from gleanrl.server.model_runner import ModelRunner
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
@@ -26,6 +24,8 @@ from gleanrl.server.sd.policy import SDPolicyConfig
 from gleanrl.server.sd.source_policy import GroupSDConfig, SourcePolicy
 from gleanrl.server.sequence import Sequence
 from gleanrl.server.stopping import StopChecker
+from sd_util import trained_drafter
+from test_sd_engine_sampling import TOP_K, _chi2, _marginals
 
 BATCH, NEW = 100, 4
 

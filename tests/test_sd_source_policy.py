@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from gleanrl.server.sd.source_policy import GroupSDConfig, SourcePolicy
 from gleanrl.server.sd.policy import SDPolicyConfig
+from gleanrl.server.sd.source_policy import GroupSDConfig, SourcePolicy
 
 
 def test_arms_follow_the_drafter_and_the_per_source_batch_limits():

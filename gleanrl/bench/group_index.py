@@ -17,7 +17,7 @@ from gleanrl.server.sd.group_index import GroupIndex, GroupIndexConfig, prompt_k
 
 def _samples(rng: random.Random, prompts: int, n: int, length: int, vocab: int, mutate: float):
     groups = []
-    for p in range(prompts):
+    for _ in range(prompts):
         prompt = [rng.randrange(vocab) for _ in range(32)]
         ref = [rng.randrange(vocab) for _ in range(length)]
         groups.append((prompt, [[t if rng.random() > mutate else rng.randrange(vocab) for t in ref]

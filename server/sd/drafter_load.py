@@ -7,7 +7,7 @@ drafter that does not fit the target is refused with `CheckpointError` and nothi
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from gleanrl.server.config import EngineConfig
 from gleanrl.server.decode import PlainDecoder

@@ -10,7 +10,7 @@ the group source still runs (no hidden states are captured then).
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

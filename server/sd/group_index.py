@@ -21,8 +21,8 @@ per token on sibling-like samples, 340 on unrelated random ones, so the default 
 from __future__ import annotations
 
 import hashlib
-from array import array
 import itertools
+from array import array
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
