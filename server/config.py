@@ -17,6 +17,11 @@ class EngineConfig:
     sd: str = "adaptive"                   # off | on | adaptive (SD only while running <= sd_max_batch)
     sd_max_batch: int = 8
     num_draft_tokens: int | None = None    # fixed draft length; None: chosen per batch-size bucket
+    sd_sources: tuple[str, ...] = ("eagle",)  # the SD bandit's sources (server/sd/source_policy): eagle, group,
+    #   fused. EAGLE-only keeps a seeded request's samples independent of the other requests
+    group_max_batch: int = 64              # group drafts only while running <= this
+    group_max_tokens: int = 1 << 19        # output tokens the group index holds (all prompts and versions)
+    group_keep_versions: int = 2           # policy versions whose samples the group index keeps
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
@@ -35,6 +40,11 @@ class EngineConfig:
             raise ValueError("sd_max_batch must be >= 1")
         if self.num_draft_tokens is not None and not 1 <= self.num_draft_tokens <= 16:
             raise ValueError("num_draft_tokens must be in [1, 16]")
+        if not self.sd_sources or any(s not in ("eagle", "group", "fused") for s in self.sd_sources):
+            raise ValueError(f"sd_sources must be a non-empty subset of eagle, group, fused; got {self.sd_sources}")
+        for name in ("group_max_batch", "group_max_tokens", "group_keep_versions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)

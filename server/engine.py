@@ -43,7 +43,7 @@ class Engine:
         self.state = EngineState()
         self.scheduler = Scheduler(self.state, runner, cfg.max_running_requests, context_length=self.context_length)
         config = weights.read_config(cfg.model_path)
-        self.decoder = build_decoder(cfg, runner, config)
+        self.decoder = build_decoder(cfg, runner, config, lambda: self.state.weight_version)
         self.swapper = WeightSwapper(cfg, config, self.state, self.scheduler, self.decoder)
         if cfg.drafter_path:
             self.state.draft_weight_version = "default"

@@ -100,6 +100,7 @@ class GenerateOutput:
     # per new token, when asked (top_logprobs_num, token_ids_logprob): [(logprob, token_id), ...]
     new_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     new_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    spec_accept_token_num_by_source: dict[str, int] | None = None  # gleanrl: accepted drafts by source
 
     @property
     def spec_accept_length(self) -> float:
@@ -120,6 +121,8 @@ class GenerateOutput:
                 "spec_num_correct_drafts": self.spec_accept_token_num, "spec_num_proposed_drafts": drafts}
         if self.weight_versions is not None:
             info["weight_versions"] = self.weight_versions
+        if self.spec_accept_token_num_by_source:
+            info["spec_accept_token_num_by_source"] = self.spec_accept_token_num_by_source
         return info
 
 

@@ -107,5 +107,6 @@ class Scheduler:
             spec_verify_ct=seq.spec_verify_ct, spec_accept_token_num=seq.spec_correct_drafts,
             spec_draft_token_num=seq.spec_proposed_drafts, num_retractions=seq.retractions,
             new_top_logprobs=[top for top, _ in seq.token_extras[seq.sent:len(seq.output_ids)]],
-            new_token_ids_logprobs=[ids for _, ids in seq.token_extras[seq.sent:len(seq.output_ids)]]))
+            new_token_ids_logprobs=[ids for _, ids in seq.token_extras[seq.sent:len(seq.output_ids)]],
+            spec_accept_token_num_by_source=dict(seq.spec_accepted_by_source) or None))
         seq.sent = len(seq.output_ids)

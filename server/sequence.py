@@ -34,6 +34,7 @@ class Sequence:
     spec_correct_drafts: int = 0         # draft tokens those passes accepted (the bonus token not counted)
     spec_proposed_drafts: int = 0        # draft tokens those passes verified
     retractions: int = 0                 # times put back in the queue by a retract pause
+    spec_accepted_by_source: dict[str, int] = field(default_factory=dict)  # accepted drafts: group / eagle
     version_events: list[tuple[str, int]] = field(default_factory=list)  # (old version, outputs under it)
     counts: object | None = None         # server.penalties.OutputCounts, for penalised requests
     token_extras: list = field(default_factory=list)  # per output position: (top, token-id) logprobs, if asked

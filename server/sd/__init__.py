@@ -6,12 +6,19 @@ tensor math), `verify_batch.py` (one batched verify call per iteration over the 
 `policy.py` (when to speculate and how far), `draft_state.py` (the target hidden states each sequence's
 drafter has not consumed), `drafter_forward.py` (the drafter's forward over per-sequence KV caches),
 `drafter_load.py` (loading a drafter for the serving target; building the decoder).
+Group drafts (the prompt's other running and earlier samples as free drafts, fused with EAGLE-3):
+`group_index.py` (per-prompt n-gram index, bounded and aged by policy version), `group_drafts.py` (kept
+in step with the running set), `source_policy.py` (the bandit's arms: plain / eagle / group / fused),
+`tree.py` + `tree_pass.py` (root + branches in one target pass; cache compaction to the accepted path),
+`branch_verify.py` (the point-mass / speculative-sampling rule branch by branch), `verify_attention.py`
+(one batched attention kernel per layer for verify passes), `fused_decoder.py` (the decode iteration).
 
 Simplified relative to TLT (arXiv 2511.16665, code mit-han-lab/fastrl), and why:
-- Chain drafts, no token tree. TLT (on SGLang's EAGLE-3) drafts a tree (top-k per step) and verifies
-  it with tree attention. A chain needs no tree masks or multi-path cache bookkeeping, keeps the
-  losslessness proof the textbook one (`verify.py`), and on CPU with small batches captures most of
-  the gain; a tree raises acceptance per pass at the price of that machinery.
+- Chain drafts, no top-k token tree (the fused arm's tree is two chains from one root: group and
+  EAGLE-3). TLT (on SGLang's EAGLE-3) drafts a tree (top-k per step) and verifies it with tree
+  attention. A chain needs no multi-path cache bookkeeping, keeps the losslessness proof the textbook
+  one (`verify.py`), and on CPU with small batches captures most of the gain; a tree raises acceptance
+  per pass at the price of that machinery.
 - The adaptive policy's arms are chain draft lengths (0 = plain decoding) per batch-size bucket;
   TLT's bucketed bandit also varies the tree's top-k and the number of verified tokens. SD runs only
   while at most `sd_max_batch` requests run (default 8; TLT: fewer than 32 on GPUs, where the target

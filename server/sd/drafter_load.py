@@ -7,12 +7,18 @@ drafter that does not fit the target is refused with `CheckpointError` and nothi
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gleanrl.server.config import EngineConfig
 from gleanrl.server.decode import PlainDecoder
 from gleanrl.server.model_runner import ModelRunner
 from gleanrl.server.protocol import CheckpointError
 from gleanrl.server.sd.decoder import SpecDecoder
+from gleanrl.server.sd.fused_decoder import FusedDecoder
+from gleanrl.server.sd.group_drafts import GroupDrafts
+from gleanrl.server.sd.group_index import GroupIndexConfig
 from gleanrl.server.sd.policy import SDPolicy, SDPolicyConfig
+from gleanrl.server.sd.source_policy import GroupSDConfig, SourcePolicy
 
 
 def load_for_target(path: str, runner: ModelRunner, target_config: dict):
@@ -34,15 +40,21 @@ def load_for_target(path: str, runner: ModelRunner, target_config: dict):
     return drafter.to(dtype=runner.dtype).fuse_for_inference()
 
 
-def build_decoder(cfg: EngineConfig, runner: ModelRunner, target_config: dict) -> PlainDecoder | SpecDecoder:
-    """`sd="off"`: plain decoding (a drafter is refused); otherwise the SD decoder, which decodes plainly
-    until a drafter is served."""
+def build_decoder(cfg: EngineConfig, runner: ModelRunner, target_config: dict,
+                  target_version: Callable[[], str] = lambda: "default") -> PlainDecoder | SpecDecoder:
+    """`sd="off"`: plain decoding (a drafter is refused); EAGLE-3 as the only source: the SD decoder, which
+    decodes plainly until a drafter is served; with group drafts among the sources: the fused decoder,
+    which drafts from the group index from the start (`target_version` ages its samples)."""
     plain = PlainDecoder()
     if cfg.sd == "off":
         return plain
-    policy = SDPolicy(SDPolicyConfig(mode=cfg.sd, max_batch=cfg.sd_max_batch, fixed_k=cfg.num_draft_tokens,
-                                     seed=cfg.seed))
-    spec = SpecDecoder(plain, policy)
+    sd = SDPolicyConfig(mode=cfg.sd, max_batch=cfg.sd_max_batch, fixed_k=cfg.num_draft_tokens, seed=cfg.seed)
+    if cfg.sd_sources == ("eagle",):
+        spec = SpecDecoder(plain, SDPolicy(sd))
+    else:
+        groups = GroupDrafts(GroupIndexConfig(max_tokens=cfg.group_max_tokens, keep_versions=cfg.group_keep_versions))
+        policy = SourcePolicy(sd, GroupSDConfig(sources=cfg.sd_sources, group_max_batch=cfg.group_max_batch))
+        spec = FusedDecoder(plain, policy, groups, target_version)
     if cfg.drafter_path:
         spec.set_drafter(load_for_target(cfg.drafter_path, runner, target_config), cfg.drafter_path)
     return spec
