@@ -41,7 +41,9 @@ def drafter(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
 @pytest.fixture(scope="module")
 def engines(tiny_qwen2, drafter):
     engs = {"plain": Engine(EngineConfig(model_path=str(tiny_qwen2), sd="off")),
-            "sd": Engine(EngineConfig(model_path=str(tiny_qwen2), drafter_path=str(drafter), sd="on"))}
+            "sd": Engine(EngineConfig(model_path=str(tiny_qwen2), drafter_path=str(drafter), sd="on")),
+            "fused": Engine(EngineConfig(model_path=str(tiny_qwen2), drafter_path=str(drafter), sd="on",
+                                         sd_sources=("eagle", "group", "fused")))}
     for e in engs.values():
         e.start()
     yield engs
@@ -90,6 +92,10 @@ def test_penalised_greedy_identical_with_sd(engines, tiny_tokenizer, extra):
     for a, b in zip(tops_plain, tops_sd):
         assert len(a) == len(b) == NEW or "min_new_tokens" in extra
         assert [[t for _, t in row] for row in a] == [[t for _, t in row] for row in b]
+    for _ in range(2):  # group drafts: siblings and earlier samples of the same prompts are in the index by now
+        fused = run_all(engines["fused"], _reqs(tiny_tokenizer, extra, "g"))
+        assert [r["ids"] for r in fused] == [a["ids"] for a in plain]
+        assert [r["logprobs"] for r in fused] == [pytest.approx(a["logprobs"], abs=1e-4) for a in plain]
 
 
 SAMPLED = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=TOP_K, ignore_eos=True, frequency_penalty=0.9,

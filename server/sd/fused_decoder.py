@@ -25,6 +25,14 @@ from gleanrl.server.sd.tree_pass import tree_pass
 from gleanrl.server.sequence import Emitted, Sequence
 
 
+def _tree_ok(seq: Sequence) -> bool:
+    """The tree pass verifies against the unpenalised target and records no top / token-id logprobs:
+    requests with penalties, logit_bias, min_new_tokens or those logprob options take the plain step
+    instead (lossless, no speedup for them)."""
+    req = seq.req
+    return not req.params.penalised and not (req.return_logprob and (req.top_logprobs_num > 0 or req.token_ids_logprob))
+
+
 class FusedDecoder(SpecDecoder):
     def __init__(self, plain: PlainDecoder, policy: SourcePolicy, groups: GroupDrafts | None,
                  target_version: Callable[[], str] = lambda: "default", window: int = 256):
@@ -50,7 +58,7 @@ class FusedDecoder(SpecDecoder):
         if self.drafter is not None:
             self._sync_states(seqs)
         arm = self.policy.choose(len(seqs), self.drafter is not None)
-        ready = [s for s in seqs if s.total_len - s.cache.length == 1] if arm[0] != "plain" else []
+        ready = [s for s in seqs if s.total_len - s.cache.length == 1 and _tree_ok(s)] if arm[0] != "plain" else []
         t0 = time.perf_counter()
         out = self._feed_any(runner, [s for s in seqs if s not in set(ready)]) if len(ready) < len(seqs) else {}
         if arm[0] == "plain" and len(out) == len(seqs):
