@@ -21,7 +21,10 @@ Simplified relative to the literature (DeepSeekMath GRPO, DAPO, slime) and why:
   full-weight GRPO recipe we tried left T=1 accuracy flat or worse within 12 steps; leaning on
   reinforcing successes sharpens it measurably (README, "Does RL help?"), at some cost in diversity.
 - Synchronous: step N+1's rollouts start after the push of step N's weights, so every rollout is
-  sampled by exactly the version the trainer holds; the long tail is what the harvester gleans.
+  sampled by exactly the version the trainer holds; the long tail is what the harvester gleans. The
+  phases never overlap, so the update may take every core while the server waits (`update_threads`,
+  `update_cores`: `trainer.phases`), and its forward hands the harvester the hidden states of the
+  rollouts it trains on (`hooks.update_capture()`), instead of a second pass in the idle window.
 - Weight sync from the checkpoint written each step (`trainer.policy_push`): checked against the
   serving model first, then `update_weights_from_disk`, or a `selector: "target"` tensor session for
   stock SGLang running EAGLE-3; no NCCL broadcast.
@@ -29,6 +32,7 @@ Simplified relative to the literature (DeepSeekMath GRPO, DAPO, slime) and why:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -38,7 +42,8 @@ from gleanrl.clients.rollout_client import RolloutClient, RolloutServerError
 from gleanrl.trainer.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from gleanrl.trainer.config import TrainConfig, write_resolved
 from gleanrl.trainer.generate import NoHooks, RolloutHooks, make_rollouts, run_step, sampling_params
-from gleanrl.trainer.metrics import MetricsLog, eval_metrics, rollout_metrics
+from gleanrl.trainer.metrics import MetricsLog, eval_metrics, rollout_metrics, step_shares
+from gleanrl.trainer.phases import phase_threads
 from gleanrl.trainer.policy import Policy
 from gleanrl.trainer.policy_push import PolicyPusher
 from gleanrl.trainer.rollout import Rollout
@@ -138,7 +143,10 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
             score(task, policy.tokenizer, rollouts)
             batch = (informative(rollouts) if cfg.kl_coef == 0 else rollouts) or rollouts
             # micro-batches of similar lengths pad far less (the loss does not depend on the order)
-            train_stats = policy.train_step(sorted(batch, key=lambda r: len(r.prompt_ids) + len(r.output_ids)))
+            ordered = sorted(batch, key=lambda r: len(r.prompt_ids) + len(r.output_ids))
+            capture = hooks.update_capture() if hasattr(hooks, "update_capture") else contextlib.nullcontext()
+            with phase_threads(cfg.update_threads or cfg.trainer_threads, cfg.update_cores), capture as cap:
+                train_stats = policy.train_step(ordered, capture=cap)
             path = save_checkpoint(cfg.out, step, policy.model, policy.tokenizer, policy.optimizer,
                                    cfg.to_dict(), cfg.keep_last,
                                    hooks_state=hooks.state_dict() if hasattr(hooks, "state_dict") else None)
@@ -153,7 +161,8 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
             row = {"step": step, "weight_version": state["version"], "rollout_weight_version": rollout_version,
                    **rollout_metrics(rollouts, t0, t1, lambda r: _correct(task, r)),
                    "train_s": t2 - t1, "push_s": time.monotonic() - t2, "train_rollouts": len(batch), **train_stats,
-                   **(hooks.step_metrics() if hasattr(hooks, "step_metrics") else {}), **await evaluate(step)}
+                   **(hooks.step_metrics() if hasattr(hooks, "step_metrics") else {})}
+            row |= step_shares(row) | await evaluate(step)
             metrics.log(row, echo=log)
     return row
 
