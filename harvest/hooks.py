@@ -16,7 +16,8 @@ update skips (zero-advantage groups) join the queue that the idle window capture
 version (hidden states from the policy the drafter must serve next; the tokens one version older, as
 EAGLE's own training data is never on-policy). Mid-step harvest of early finishers (so the drafter can
 learn this step's outputs within its own tail) is `HarvestConfig.mid_step_capture`, and is on anyway
-while the spool holds fewer than `batch_size` samples (a cold spool has nothing else to train on).
+while the spool holds fewer than `batch_size` samples (a cold spool has nothing else to train on) and
+until a first `update_capture()` (a caller without one, such as the harvest sidecar, captures mid-step).
 Hazard: the update's forward is float32, the idle window's capture uses bf16 autocast where it pays.
 
 Resume: `state_dict()` (the Harvester's, plus the queue and the not yet spooled captures as tokens) is
@@ -61,6 +62,7 @@ class HarvestHooks:
         self._ready: collections.deque = collections.deque()   # (Sample, version) from the update: to spool
         self._lock = threading.Lock()     # _fresh: the event loop adds, the idle thread may take
         self.update_captured = 0
+        self._updates_capture = False     # set by the first update_capture(): the update takes the fresh
         self._model: Any = None
         self._version = 0
         self._windows: list[IdleWindow] = []
@@ -119,6 +121,9 @@ class HarvestHooks:
     def on_rollout_finished(self, rollout: Any) -> None:
         with self._lock:
             self._fresh[id(rollout)] = rollout  # the object is kept: its id stays unique while it waits
+            overflow = self._fresh.pop(next(iter(self._fresh))) if len(self._fresh) > self.max_queue else None
+        if overflow is not None:  # a step larger than the queue: its oldest wait for the idle window
+            self._carry([overflow])
         n = len(rollout.output_ids)  # tokens that came out of SD verify passes (each yields accept_length)
         self._tokens[0] += n
         self._tokens[1] += min(n, round(rollout.spec_verify_ct * rollout.spec_accept_length))
@@ -134,6 +139,7 @@ class HarvestHooks:
             self._ready.append((sample, self._version))
             self.update_captured += 1
 
+        self._updates_capture = True
         try:
             yield UpdateCapture(self.h.layer_ids, self.h.cfg.topk, getattr(torch, self.h.cfg.aux_dtype),
                                 self._version, wants, put)
@@ -143,15 +149,24 @@ class HarvestHooks:
     def _carry_fresh(self) -> None:
         with self._lock:
             fresh, self._fresh = list(self._fresh.values()), {}
-        for r in fresh:
+        self._carry(fresh)
+
+    def _carry(self, rollouts: list[Any]) -> None:
+        for r in rollouts:
             self._queue.append((list(r.prompt_ids), list(r.output_ids)))
         while len(self._queue) > self.max_queue:
             self._queue.popleft()
             self.dropped += 1
 
+    def _mid_step(self) -> bool:
+        """Capture this step's finishers in the idle window: asked for, or no update will take them (none
+        has so far: e.g. the harvest sidecar, or step 1), or the spool is too cold to train on."""
+        cfg = self.h.cfg
+        return cfg.mid_step_capture or not self._updates_capture or len(self.h.spool) < cfg.batch_size
+
     def _next_capture(self) -> tuple[list[int], list[int]] | None:
         with self._lock:
-            if self._fresh and (self.h.cfg.mid_step_capture or len(self.h.spool) < self.h.cfg.batch_size):
+            if self._fresh and self._mid_step():
                 r = self._fresh.pop(next(iter(self._fresh)))
                 return list(r.prompt_ids), list(r.output_ids)
         return self._queue.popleft() if self._queue else None

@@ -75,6 +75,11 @@ def test_hooks_take_the_update_states_and_queue_the_rest(tiny_qwen2, tmp_path):
         deadline = time.monotonic() + 30
         while hooks.captured < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
+        hooks.on_rollout_finished(rollouts[0])  # step 4's finisher: left for step 4's update, not captured now
+        deadline = time.monotonic() + 0.5
+        while h.steps < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert hooks.captured == 4 and len(hooks._fresh) == 1
     items = sorted(h.spool._mem.values(), key=lambda it: it.seq)
     assert [it.policy_version for it in items] == [2, 2, 2, 3]  # sampled by v2, the skipped one by v3
     assert items[0].tensors["aux_hidden"].dtype == torch.bfloat16
