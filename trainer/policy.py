@@ -66,23 +66,24 @@ class Policy:
         resp_logits = logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1]))  # [B, T, V]
         return token_logprobs(resp_logits, b["targets"], self.cfg.temperature)
 
-    def _captured_forward(self, b: dict[str, torch.Tensor], rows: list[Rollout], capture: UpdateCapture | None,
-                          spent: list[float]) -> torch.Tensor:
-        """The policy's logits [B, L, V]; the rollouts `capture` wants are captured from this forward."""
+    def _captured_forward(self, b: dict[str, torch.Tensor], rows: list[Rollout],
+                          capture: UpdateCapture | None) -> tuple[torch.Tensor, float]:
+        """The policy's logits [B, L, V], and the seconds spent capturing the rollouts `capture` wants
+        from this forward."""
         want = [j for j, r in enumerate(rows) if capture is not None and capture.wants(r)]
         hooks = aux_hooks(self.model, capture.layer_ids) if want else contextlib.nullcontext({})
         with hooks as grabbed:
             logits = self.model(input_ids=b["ids"], attention_mask=b["attn"]).logits
-        if want:
-            t0 = time.perf_counter()
-            lens = [len(rows[j].prompt_ids) + len(rows[j].output_ids) for j in want]
-            samples = samples_from(grabbed, logits, b["ids"], want, lens, [len(rows[j].prompt_ids) for j in want],
-                                   capture.topk, capture.policy_version, capture.aux_dtype)
-            grabbed.clear()  # the graph holds its own references until backward; ours go now
-            for j, sample in zip(want, samples):
-                capture.put(rows[j], sample)
-            spent[0] += time.perf_counter() - t0
-        return logits
+        if not want:
+            return logits, 0.0
+        t0 = time.perf_counter()
+        lens = [len(rows[j].prompt_ids) + len(rows[j].output_ids) for j in want]
+        samples = samples_from(grabbed, logits, b["ids"], want, lens, [len(rows[j].prompt_ids) for j in want],
+                               capture.topk, capture.policy_version, capture.aux_dtype)
+        grabbed.clear()  # the graph holds its own references until backward; ours go now
+        for j, sample in zip(want, samples):
+            capture.put(rows[j], sample)
+        return logits, time.perf_counter() - t0
 
     def train_step(self, rollouts: list[Rollout], capture: UpdateCapture | None = None) -> dict:
         """One AdamW step on the step's rollouts, micro-batched; token-level normalisation. With `capture`,
@@ -94,7 +95,7 @@ class Policy:
         num_tokens = max(sum(len(r.output_ids) for r in rollouts), 1)
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        loss_total, spent = 0.0, [0.0]
+        loss_total = capture_s = 0.0
         for start in range(0, len(rollouts), cfg.micro_batch_size):
             rows = [i for i in range(start, min(start + cfg.micro_batch_size, len(rollouts)))
                     if rollouts[i].output_ids]
@@ -102,7 +103,9 @@ class Policy:
                 continue
             b = self._batch([rollouts[i] for i in rows])
             chunk_adv = adv[rows]
-            logp = self._response_logprobs(self._captured_forward(b, [rollouts[i] for i in rows], capture, spent), b)
+            logits, spent = self._captured_forward(b, [rollouts[i] for i in rows], capture)
+            capture_s += spent
+            logp = self._response_logprobs(logits, b)
             ref_logp = None
             if self.ref is not None:
                 with torch.no_grad():
@@ -124,7 +127,7 @@ class Policy:
             "clip_frac": totals.get("clip_frac_sum", 0.0) / num_tokens,
             "kl": totals.get("kl_sum", 0.0) / num_tokens,
             "logprob_mismatch": totals.get("mismatch_sum", 0.0) / num_tokens,
-            "logprob_mismatch_max": totals.get("mismatch_max", 0.0), "update_capture_s": spent[0],
+            "logprob_mismatch_max": totals.get("mismatch_max", 0.0), "update_capture_s": capture_s,
         }
 
     def greedy(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
