@@ -207,6 +207,7 @@ class HarvestHooks:
                 "idle_overrun_s": max((r.overrun_s for r in reports), default=0.0),
                 "drafter_steps": self.h.steps - steps0, "harvested": self.captured - captured0,
                 "update_captured": self.update_captured - update0, "harvest_carried": len(self._queue),
+                "harvest_pending": len(self._ready),  # captured by the update: spooled in the next window
                 "harvest_dropped": self.dropped - dropped0,
                 "harvest_errors": self.errors, "drafter_version": self.h.version,
                 "drafter_pushes": self.h.version - version0, "drafter_push_attempts": len(attempts),
