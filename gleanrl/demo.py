@@ -79,8 +79,8 @@ def apply_regime(args: argparse.Namespace):
 def warm_drafter(policy: Path, args: argparse.Namespace, task: str | None = None) -> Path:
     """A drafter warm-started on the policy's own generations for `task`'s prompts (default: the
     regime's task), cached by policy, task and settings."""
-    from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.draft_train import WarmStartConfig, warm_start
+    from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.trainer.bootstrap import cache_root
     from gleanrl.trainer.tasks import load_task
     from gleanrl.trainer.tasks.presets import regime
@@ -198,9 +198,9 @@ def fresh_out(out: Path, marker: str, args: argparse.Namespace, subs: tuple[str,
 def run(args: argparse.Namespace) -> int:
     import httpx
 
+    from gleanrl.demo_report import write_report
     from gleanrl.harvest.harvester import HarvestConfig, Harvester
     from gleanrl.trainer.bootstrap import bootstrap_policy
-    from gleanrl.demo_report import write_report
     from gleanrl.trainer.loop import train
 
     out = Path(args.out)

@@ -9,8 +9,9 @@ renormalised; row j predicts token j+1).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -29,7 +30,7 @@ class Sample:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "policy_version"}
 
     @classmethod
-    def from_tensors(cls, d: dict[str, torch.Tensor], policy_version: int | None = None) -> "Sample":
+    def from_tensors(cls, d: dict[str, torch.Tensor], policy_version: int | None = None) -> Sample:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name != "policy_version"},
                    policy_version=policy_version)
 

@@ -35,12 +35,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import threading
 import json
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -48,7 +49,7 @@ from gleanrl.harvest.atomic import atomic_file
 from gleanrl.harvest.capture import Sample, UpdateCapture
 from gleanrl.harvest.harvester import HarvestConfig, Harvester
 from gleanrl.harvest.idle import IdleWindow
-from gleanrl.harvest.push import PushError, Pusher
+from gleanrl.harvest.push import Pusher, PushError
 from gleanrl.harvest.spool import SpoolConfig
 
 CONFIG_FILE = "harvest_config.json"  # in the run's harvest root, next to spool/ and drafter_versions/
@@ -74,7 +75,7 @@ class HarvestHooks:
         self._repush = False
 
     @classmethod
-    def for_run(cls, model: str, drafter: str, root: Path, resume: bool) -> tuple["HarvestHooks", Path]:
+    def for_run(cls, model: str, drafter: str, root: Path, resume: bool) -> tuple[HarvestHooks, Path]:
         """Hooks over `root` (spool, drafter versions: kept by a resumed run) and the drafter to serve:
         the newest pushed version, else `drafter`. Drafters go to the loop's servers (`bind_client`).
         Settings: `root/harvest_config.json` (`write_config`; `gleanrl train` writes it from its flags)."""

@@ -24,7 +24,8 @@ def _rollout(prompt, output, version="0", verify_ct=0, accept=0.0):
 def test_hooks_capture_drop_skip_and_metrics(tiny_qwen2, tmp_path, capsys):
     save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "d0")
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).eval()
-    h = Harvester(tiny_qwen2, tmp_path / "d0", None, cfg=HarvestConfig(push_every=0, spool=SpoolConfig(holdout_every=0)))
+    cfg = HarvestConfig(push_every=0, spool=SpoolConfig(holdout_every=0))
+    h = Harvester(tiny_qwen2, tmp_path / "d0", None, cfg=cfg)
     hooks = HarvestHooks(h)
     hooks.on_step_start(1, model)
     vocab = model.config.vocab_size

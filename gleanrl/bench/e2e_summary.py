@@ -8,6 +8,7 @@ drafter was trained on. `rollout_share_a` is arm a's rollout time over its step 
 speed up at all, so the bound on `speedup_e2e`."""
 from __future__ import annotations
 
+
 def step_times(rows: list[dict]) -> list[float]:
     return [r["rollout_s"] + r["train_s"] + r["push_s"] for r in rows]
 

@@ -29,7 +29,7 @@ class Task(Protocol):
     def reward(self, sample: dict, response: str) -> float: ...
 
 
-def load_task(spec: "str | Task | None" = None) -> Task:
+def load_task(spec: str | Task | None = None) -> Task:
     if spec is None:
         spec = DEFAULT_TASK
     if not isinstance(spec, str):

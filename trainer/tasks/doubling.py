@@ -11,8 +11,8 @@
 Each line is `remaining:value`, fixed width, so every step is a local rule (decrement a counter, double
 a 3-digit number: digit j of the result is 2*d_j mod 10 plus a carry when d_(j+1) >= 5) that a small
 model learns by SFT in minutes. The number of doublings k is drawn from a truncated power law
-(P(k) ~ (k+1)^-alpha, 0 <= k <= max_steps; k = 0 is a plain copy), so most solutions are short and a few are very long, like
-chains of thought in RL rollouts; every step is a chance to err, so longer problems are harder.
+(P(k) ~ (k+1)^-alpha, 0 <= k <= max_steps; k = 0 is a plain copy), so most solutions are short and a
+few are very long, like chains of thought in RL rollouts; every step is a chance to err, so longer problems are harder.
 `tail_share` > 0 (the long-tail preset, `trainer.tasks.presets`) draws that share of each batch of
 problems from the tail, k uniform in [tail_min, max_steps] (stochastic rounding of the count, so a
 batch of 8 at 1/8 holds one on average and exactly one most of the time): reasoning-length responses
