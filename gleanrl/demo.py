@@ -40,9 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--regime", default=DEFAULT_REGIME, choices=sorted(REGIMES),
                    help="the task's length distribution and the step's shape (trainer.tasks.presets)")
     p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--prompts-per-step", type=int, default=None, help="default: the regime's")
-    p.add_argument("--samples-per-prompt", type=int, default=None, help="default: the regime's")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="default: the regime's")
+    p.add_argument("--prompts-per-step", type=int, default=None, help="None: the regime's")
+    p.add_argument("--samples-per-prompt", type=int, default=None, help="None: the regime's")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="None: the regime's")
     p.add_argument("--lr", type=float, default=2e-4, help="policy learning rate")
     p.add_argument("--negative-weight", type=float, default=0.1,
                    help="weight of negative advantages (< 1: lean on reinforcing successes; sharpens faster)")
