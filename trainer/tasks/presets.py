@@ -3,10 +3,12 @@ and `gleanrl bench e2e` run with `--regime`).
 
 - `long_tail` (the default): one prompt in eight (on average) is a 80-99-doubling problem, a 560-700
   token response, the rest follow the usual power law. Most of a step's rollouts finish early, a few
-  decode one token at a time for the rest of the rollout phase, while the policy update trains mostly
-  on the short ones (long groups that are all wrong have no advantage): rollouts then take most of a
-  no-SD step, as in reasoning RL (TLT reports ~85 %, FastGRPO 91-98 %). Nothing is slowed down to get
-  there. The format is the default task's, so the default bootstrap policy answers it.
+  decode one token at a time for the rest of the rollout phase, while the policy update's cost grows
+  with the step's total tokens (and a long group whose samples all fail has no advantage and is left
+  out): the aim is rollouts taking most of a no-SD step, as in reasoning RL (TLT reports ~85 %,
+  FastGRPO 91-98 %), with nothing slowed down to get there. Not yet measured on the demo policy. The
+  format is the default task's (k <= 99, which the default bootstrap is trained on), so the default
+  bootstrap policy answers it without a new bootstrap.
 - `short`: the earlier default (power law alone, 512-token cap), where rollouts were ~52 % of a no-SD
   step; kept to compare with.
 """
