@@ -102,3 +102,25 @@ def test_mid_step_capture_leaves_the_update_nothing_to_take(tiny_qwen2, tmp_path
     with hooks.update_capture() as cap:
         policy.train_step(rollouts[:2], capture=cap)
     assert hooks.update_captured == 0 and hooks.captured == 2 and len(h.spool) == 2
+
+
+def test_an_update_without_advantage_skips_the_forward_not_the_step(tiny_qwen2, tmp_path):
+    """No informative group: the optimizer steps on zero gradients, exactly like a full update over
+    all-zero advantages (AdamW's momentum still moves the weights), but without running the policy."""
+    policies = [Policy(TrainConfig(model=str(tiny_qwen2), out=str(tmp_path / f"p{i}")), str(tiny_qwen2))
+                for i in range(2)]
+    rollouts = _rollouts()
+    for p in policies:
+        p.train_step(rollouts)  # an informative step first: momentum to carry on with
+    flat = [r for r in _rollouts() if r.group_id == 0]
+    for r in flat:
+        r.reward = 1.0  # one group, every reward equal: advantage 0 everywhere
+    policies[0].train_step(flat)
+    forwards = []
+    policies[1].model.register_forward_hook(lambda *a: forwards.append(1))
+    before = [q.detach().clone() for q in policies[1].model.parameters()]
+    stats = policies[1].train_step([])
+    assert forwards == [] and stats["train_tokens"] == 0 and stats["grad_norm"] == 0.0
+    assert any(not torch.equal(a, b) for a, b in zip(before, policies[1].model.parameters()))  # momentum moved
+    for a, b in zip(policies[0].model.parameters(), policies[1].model.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=0)

@@ -15,7 +15,9 @@ Simplified relative to the literature (DeepSeekMath GRPO, DAPO, slime) and why:
   forward pass and makes engine bugs visible in the mismatch metric instead of hiding them.
 - Token-level normalisation (DAPO) over the step's informative groups: a group whose rewards are all
   equal has advantage 0, so without KL it is left out of the update (DAPO's dynamic-sampling filter,
-  without its re-sampling); it would only cost a forward/backward and dilute the normalisation. No
+  without its re-sampling); it would only cost a forward/backward and dilute the normalisation. A step
+  with no informative group runs the optimizer on zero gradients (AdamW's momentum moves the weights
+  exactly as an update on all-zero advantages would) without any forward or backward. No
   length penalty; KL to the initial policy off by default (rule-based rewards need no reward-model guard).
 - `negative_weight` < 1 scales down negative advantages (the demo: 0.1). On a small SFT policy every
   full-weight GRPO recipe we tried left T=1 accuracy flat or worse within 12 steps; leaning on
@@ -141,7 +143,7 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
                            stream_interval=cfg.stream_interval, log=log)
             t1 = time.monotonic()
             score(task, policy.tokenizer, rollouts)
-            batch = (informative(rollouts) if cfg.kl_coef == 0 else rollouts) or rollouts
+            batch = informative(rollouts) if cfg.kl_coef == 0 else rollouts
             # micro-batches of similar lengths pad far less (the loss does not depend on the order)
             ordered = sorted(batch, key=lambda r: len(r.prompt_ids) + len(r.output_ids))
             capture = hooks.update_capture() if hasattr(hooks, "update_capture") else contextlib.nullcontext()

@@ -89,6 +89,8 @@ class Policy:
         """One AdamW step on the step's rollouts, micro-batched; token-level normalisation. With `capture`,
         the harvester gets the hidden states of the rollouts it wants from this very forward."""
         cfg = self.cfg
+        if not any(r.output_ids for r in rollouts):
+            return self._zero_step()
         rewards = torch.tensor([float(r.reward) for r in rollouts])
         groups = torch.tensor([r.group_id for r in rollouts])
         adv = group_advantages(rewards, groups, scale=cfg.scale_advantages, negative_weight=cfg.negative_weight)
@@ -129,6 +131,17 @@ class Policy:
             "logprob_mismatch": totals.get("mismatch_sum", 0.0) / num_tokens,
             "logprob_mismatch_max": totals.get("mismatch_max", 0.0), "update_capture_s": capture_s,
         }
+
+    def _zero_step(self) -> dict:
+        """The optimizer step of an update whose every advantage is 0 (its gradient is exactly zero), with
+        no forward or backward: AdamW's momentum and weight decay still move the weights as they would."""
+        for p in self.model.parameters():
+            p.grad = torch.zeros_like(p)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        keys = ("loss", "grad_norm", "adv_abs_mean", "clip_frac", "kl", "logprob_mismatch", "logprob_mismatch_max",
+                "update_capture_s")
+        return {k: 0.0 for k in keys} | {"train_tokens": 0}
 
     def greedy(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         """Plain greedy decoding with the trainer's copy (tests compare it with the server's)."""
