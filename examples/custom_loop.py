@@ -8,27 +8,26 @@ atomically and pushed to the server as the next weight version.
 
     python examples/custom_loop.py --out /tmp/custom_loop [--model DIR] [--steps 3]
 
-With no `--model`, a tiny random model is made. The server and this loop each use one torch thread.
+With no `--model`, a tiny random model is made. The server (`gleanrl serve`, a subprocess) and this
+loop each use one torch thread. Only the installed `gleanrl` is needed.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `tests.serving`
-
-from gleanrl.harvest.atomic import atomic_dir  # noqa: E402
-from gleanrl.harvest.checkpoint import save_drafter  # noqa: E402
-from gleanrl.harvest.cli_init import init_drafter  # noqa: E402
-from gleanrl.harvest.harvester import HarvestConfig, Harvester  # noqa: E402
-from gleanrl.harvest.spool import SpoolConfig  # noqa: E402
-from tests.serving import running_server  # noqa: E402
+from gleanrl import DrafterPush, HarvestConfig, Harvester, RolloutClient
+from gleanrl.harvest.atomic import atomic_dir
+from gleanrl.harvest.checkpoint import save_drafter
+from gleanrl.harvest.cli_init import init_drafter
+from gleanrl.harvest.spool import SpoolConfig
+from gleanrl.trainer.server_proc import EmbeddedServer
 
 
 def generate(url: str, prompt_ids: list[int], seed: int, max_new_tokens: int) -> dict:
@@ -37,6 +36,13 @@ def generate(url: str, prompt_ids: list[int], seed: int, max_new_tokens: int) ->
     resp = httpx.post(f"{url}/generate", json=body, timeout=300)
     resp.raise_for_status()
     return resp.json()
+
+
+def wait_healthy(server: EmbeddedServer, timeout_s: float = 180.0) -> None:
+    async def go() -> None:
+        async with RolloutClient([server.url]) as client:
+            await client.wait_healthy(timeout_s, alive=server.alive)
+    asyncio.run(go())
 
 
 def reinforce_step(policy, optimizer, batch: list[tuple[list[int], list[int], float]]) -> None:
@@ -72,8 +78,12 @@ def main(argv: list[str] | None = None) -> dict:
     save_drafter(init_drafter(args.model, seed=0), out / "drafter_init")
 
     summary: dict = {"steps": []}
-    with running_server(args.model, drafter_path=str(out / "drafter_init"), sd="on") as url:
-        harvester = Harvester(policy, out / "drafter_init", out / "spool", push=url,
+    server = EmbeddedServer(args.model, threads=1, extra_args=["--drafter", str(out / "drafter_init"), "--sd", "on"],
+                            log_path=out / "server.log")
+    with server:
+        wait_healthy(server)
+        url = server.url
+        harvester = Harvester(policy, out / "drafter_init", out / "spool", push=DrafterPush([url]),
                               cfg=HarvestConfig(push_every=10, spool=SpoolConfig(holdout_every=4)))
         for step in range(args.steps):
             texts = [tokenizer.apply_chat_template([{"role": "user", "content": f"what is {i} + {step}?"}],
@@ -95,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
                         batch.append((prompt, res["output_ids"], sum(c.isdigit() for c in text) / max(len(text), 1)))
                         accept.append(res["meta_info"].get("spec_accept_length") or 0.0)
                     if pending:  # idle window: until the next rollout finishes
-                        harvester.train_while(lambda: pending and not any(f.done() for f in pending))
+                        harvester.train_while(lambda p=pending: p and not any(f.done() for f in p))
             harvester.maybe_push()  # the tail is done: one more chance before the next step
             policy.train()
             reinforce_step(policy, optimizer, batch)

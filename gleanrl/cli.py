@@ -9,6 +9,8 @@ import sys
 # name -> (module, one-line help). Nested groups map to a dict of the same shape.
 COMMANDS: dict = {
     "serve": ("gleanrl.server.cli", "serve a policy (and drafter) over SGLang's native API and the OpenAI API"),
+    "proxy": ("gleanrl.server.proxy", "forward to an SGLang-API server unchanged and provide the harvest feed"),
+    "harvest": ("gleanrl.harvest_sidecar", "harvest a drafter beside any RL trainer, from the server's feed"),
     "make-tiny-model": ("gleanrl.tiny", "write a tiny random Qwen2/Llama model with a locally trained tokenizer"),
     "bootstrap": ("gleanrl.trainer.bootstrap", "train the built-in task's small policy from scratch (cached)"),
     "train": ("gleanrl.trainer.cli", "GRPO training against a rollout server, harvesting a drafter in the long tail"),
@@ -20,10 +22,14 @@ COMMANDS: dict = {
     "bench": {
         "engine": ("gleanrl.bench.engine", "embedded engine vs transformers generate (tokens/s)"),
         "sd": ("gleanrl.bench.sd", "speculative decoding vs plain decoding in the embedded engine"),
+        "rollout": ("gleanrl.bench.rollout", "GRPO steps' rollouts: plain / EAGLE-3 / group drafts / fused, side by side"),
         "e2e": ("gleanrl.bench.e2e", "end-to-end RL: no SD vs adaptive drafter vs stale drafter"),
         "load": ("gleanrl.bench.load", "many concurrent clients, streaming and not, some leaving: errors, leaks, RSS"),
         "swaps": ("gleanrl.bench.swaps", "alternating target and draft weight swaps under load: versions and outputs"),
-        "crash": ("gleanrl.bench.crash", "kill -9 the trainer at random points and resume: nothing lost or half-written"),
+        "crash": (
+            "gleanrl.bench.crash",
+            "kill -9 the trainer at random points and resume: nothing lost or half-written",
+        ),
     },
 }
 

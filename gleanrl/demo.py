@@ -150,12 +150,14 @@ def ask(url: str, question: list[dict], max_tokens: int) -> str:
 
 
 @contextlib.contextmanager
-def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adaptive", dtype: str = "auto"):
+def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adaptive", dtype: str = "auto",
+            device: str = "cpu"):
     """An embedded server on the first half of the cores (this process keeps the other half)."""
     from gleanrl.trainer.server_proc import EmbeddedServer
 
     cores = split_cores()
-    extra = (["--drafter", str(drafter)] if drafter else []) + ["--sd", sd if drafter else "off", "--dtype", dtype]
+    extra = (["--drafter", str(drafter)] if drafter else []) + ["--sd", sd if drafter else "off", "--dtype", dtype,
+                                                                "--device", device]
     server = EmbeddedServer(str(policy), threads=len(cores[0]) if cores else 1, extra_args=extra, log_path=log_path)
     with contextlib.ExitStack() as stack:
         if cores:

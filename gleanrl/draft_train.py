@@ -56,18 +56,20 @@ HELP = {
     "gen_batch": "requests generated concurrently / sequences per capture batch", "steps": "optimizer steps",
     "batch_size": "most sequences per step", "batch_tokens": "most padded tokens per step (similar lengths "
     "are batched together)", "lr": "AdamW learning rate (decays linearly to a tenth)",
-    "precision": "auto (bf16 autocast where the CPU/GPU has fast bf16), bf16 or fp32", "ttt_length": "unrolled draft steps (TTT)",
+    "precision": "auto (bf16 autocast where the CPU/GPU has fast bf16), bf16 or fp32",
+    "ttt_length": "unrolled draft steps (TTT)",
     "topk": "soft-label top-k of the target distribution", "heldout": "fraction of generations held out",
     "eval_every": "steps between held-out acceptance evaluations", "accept_k": "draft length for acceptance",
     "seed": "seed for prompts, sampling and init",
 }
 
 
-def use_bf16(cfg: WarmStartConfig) -> bool:
-    return cfg.precision == "bf16" or (cfg.precision == "auto" and bf16_fast())
+def use_bf16(cfg: WarmStartConfig, device: str = "cpu") -> bool:
+    return cfg.precision == "bf16" or (cfg.precision == "auto" and bf16_fast(device))
 
 
-def generate(model_dir: str | Path, tokenizer, prompts: list[str], cfg: WarmStartConfig) -> list[tuple[list[int], int]]:
+def generate(model_dir: str | Path, tokenizer, prompts: list[str], cfg: WarmStartConfig,
+             device: str = "cpu") -> list[tuple[list[int], int]]:
     """(prompt + response token ids, prompt length) per prompt, sampled by the embedded engine (continuous
     batching: long-tailed responses do not hold a padded batch; bf16 where fast, as it would serve)."""
     import asyncio
@@ -76,13 +78,14 @@ def generate(model_dir: str | Path, tokenizer, prompts: list[str], cfg: WarmStar
     from gleanrl.server.engine import Engine
     from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
-    engine = Engine(EngineConfig(model_path=str(model_dir), dtype="bfloat16" if use_bf16(cfg) else "float32",
-                                 max_running_requests=cfg.gen_batch, seed=cfg.seed))
+    engine = Engine(EngineConfig(model_path=str(model_dir), device=device, max_running_requests=cfg.gen_batch,
+                                 dtype="bfloat16" if use_bf16(cfg, device) else "float32", seed=cfg.seed))
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     bar = tqdm(total=len(prompts), desc="generate", unit="seq")
 
     async def one(i: int) -> list[int]:
-        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed * 100003 + i)
+        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                seed=cfg.seed * 100003 + i)
         ids, reason = [], None
         async for out in engine.generate(GenerateRequest(rid=f"warm-{i}", input_ids=encoded[i], params=params)):
             ids += out.new_ids
@@ -107,19 +110,19 @@ def generate(model_dir: str | Path, tokenizer, prompts: list[str], cfg: WarmStar
 
 def warm_start(model_dir: str | Path, prompts: list[str], cfg: WarmStartConfig, init: str | Path | None = None,
                layer_ids: list[int] | None = None, log=None,
-               checkpoint: str | Path | None = None) -> tuple[Eagle3Drafter, list[dict]]:
-    """Train a drafter for the target in `model_dir` on its generations for `prompts`. -> (drafter, history).
-    With `checkpoint`, the drafter is also saved there (atomically) at every evaluation, so an
-    interrupted run keeps its last evaluated drafter."""
+               checkpoint: str | Path | None = None, device: str = "cpu") -> tuple[Eagle3Drafter, list[dict]]:
+    """Train a drafter for the target in `model_dir` on its generations for `prompts`, on `device` (generation,
+    capture and training). -> (drafter, history). With `checkpoint`, the drafter is also saved there
+    (atomically) at every evaluation, so an interrupted run keeps its last evaluated drafter."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     drafter = (load_drafter(init, target_config=model.config) if init
-               else init_drafter(model_dir, cfg.seed, layer_ids))
-    bf16 = use_bf16(cfg)
-    seqs = generate(model_dir, tokenizer, prompts, cfg)
+               else init_drafter(model_dir, cfg.seed, layer_ids)).to(device)
+    bf16 = use_bf16(cfg, device)
+    seqs = generate(model_dir, tokenizer, prompts, cfg, device)
     samples: list[Sample] = []
     seqs = sorted(seqs, key=lambda s: len(s[0]))  # similar lengths per capture batch: little padding
     for lo in tqdm(range(0, len(seqs), cfg.gen_batch), desc="capture", unit="batch"):
@@ -192,6 +195,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layer-ids", default=None, help="aux layer ids a,b,c for a new drafter")
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--log", default=None, help="append per-step metrics here as JSONL")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where generation, capture and "
+                        "training run")
     for name, default in vars(WarmStartConfig()).items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default, help=HELP[name])
 
@@ -205,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         log = open(args.log, "a") if args.log else None
         try:
             drafter, history = warm_start(args.model, prompts, cfg, args.init, parse_layer_ids(args.layer_ids), log,
-                                          checkpoint=args.out)
+                                          checkpoint=args.out, device=args.device)
         finally:
             if log is not None:
                 log.close()

@@ -29,14 +29,22 @@ class DrafterCheckpointError(ValueError):
 def expected_shapes(c: DrafterConfig) -> dict[str, tuple[int, ...]]:
     H, nh, nkv, d = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
     return {
-        "embed_tokens.weight": (c.vocab_size, H), "fc.weight": (H, len(c.aux_layer_ids) * c.target_hidden_size),
-        "midlayer.input_layernorm.weight": (H,), "midlayer.hidden_norm.weight": (H,),
-        "midlayer.self_attn.q_proj.weight": (nh * d, 2 * H), "midlayer.self_attn.k_proj.weight": (nkv * d, 2 * H),
-        "midlayer.self_attn.v_proj.weight": (nkv * d, 2 * H), "midlayer.self_attn.o_proj.weight": (H, nh * d),
-        "midlayer.post_attention_layernorm.weight": (H,), "midlayer.mlp.gate_proj.weight": (c.intermediate_size, H),
-        "midlayer.mlp.up_proj.weight": (c.intermediate_size, H), "midlayer.mlp.down_proj.weight": (H, c.intermediate_size),
-        "norm.weight": (H,), "lm_head.weight": (c.draft_vocab_size, H),
-        "d2t": (c.draft_vocab_size,), "t2d": (c.vocab_size,),
+        "embed_tokens.weight": (c.vocab_size, H),
+        "fc.weight": (H, len(c.aux_layer_ids) * c.target_hidden_size),
+        "midlayer.input_layernorm.weight": (H,),
+        "midlayer.hidden_norm.weight": (H,),
+        "midlayer.self_attn.q_proj.weight": (nh * d, 2 * H),
+        "midlayer.self_attn.k_proj.weight": (nkv * d, 2 * H),
+        "midlayer.self_attn.v_proj.weight": (nkv * d, 2 * H),
+        "midlayer.self_attn.o_proj.weight": (H, nh * d),
+        "midlayer.post_attention_layernorm.weight": (H,),
+        "midlayer.mlp.gate_proj.weight": (c.intermediate_size, H),
+        "midlayer.mlp.up_proj.weight": (c.intermediate_size, H),
+        "midlayer.mlp.down_proj.weight": (H, c.intermediate_size),
+        "norm.weight": (H,),
+        "lm_head.weight": (c.draft_vocab_size, H),
+        "d2t": (c.draft_vocab_size,),
+        "t2d": (c.vocab_size,),
     }
 
 

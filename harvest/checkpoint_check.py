@@ -122,8 +122,10 @@ def _compare_layout(candidate: dict[str, TensorSpec], reference: dict[str, Tenso
                                  f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''})")
     for name, spec in reference.items():
         if candidate[name] != spec:
-            raise CheckpointMismatch(f"{what}: tensor {name!r} is {candidate[name].dtype}{list(candidate[name].shape)}, "
-                                     f"the serving model has {spec.dtype}{list(spec.shape)}")
+            raise CheckpointMismatch(
+                f"{what}: tensor {name!r} is {candidate[name].dtype}{list(candidate[name].shape)}, "
+                f"the serving model has {spec.dtype}{list(spec.shape)}"
+            )
 
 
 def _check_fit(candidate: str | Path, serving: str | Path, new_cfg: dict, ref_cfg: dict, keys: tuple[str, ...],
@@ -150,6 +152,8 @@ def check_drafter_checkpoint(candidate: str | Path, serving_drafter: str | Path)
     """Refuse a drafter that is not an EAGLE-3 checkpoint laid out like the serving drafter."""
     new_cfg, ref_cfg = read_config(candidate), read_config(serving_drafter)
     if not any(a in EAGLE3_ARCHS for a in new_cfg.get("architectures") or []):
-        raise CheckpointMismatch(f"{candidate}: architectures {new_cfg.get('architectures')!r} is not an EAGLE-3 drafter")
+        raise CheckpointMismatch(
+            f"{candidate}: architectures {new_cfg.get('architectures')!r} is not an EAGLE-3 drafter"
+        )
     keys = ("architectures", "hidden_size", "target_hidden_size", "draft_vocab_size", "vocab_size", "eagle_config")
     return _check_fit(candidate, serving_drafter, new_cfg, ref_cfg, keys, "the serving drafter")

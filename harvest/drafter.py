@@ -52,7 +52,9 @@ def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
     return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float, inv_freq: torch.Tensor | None = None) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, positions: torch.Tensor, theta: float, inv_freq: torch.Tensor | None = None
+) -> torch.Tensor:
     """x: [..., n_heads, d]; positions: [...] (broadcast over heads). Neox-style halves, as Llama."""
     d = x.shape[-1]
     inv_freq = rope_inv_freq(d, theta).to(x.device) if inv_freq is None else inv_freq
@@ -111,7 +113,7 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(c.head_dim, c.rope_theta), persistent=False)
         self.fused: tuple[torch.Tensor, torch.Tensor] | None = None    # (qkv, gate_up) weights when serving
 
-    def fuse_for_inference(self) -> "Eagle3Drafter":
+    def fuse_for_inference(self) -> Eagle3Drafter:
         """Serve with one q/k/v and one gate/up matmul (call after the last `.to()`; training unaffected)."""
         layer = self.midlayer
         self.fused = (fuse_linears([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])[0],

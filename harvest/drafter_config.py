@@ -58,8 +58,10 @@ class DrafterConfig:
             raise ValueError(f"aux_layer_ids must be 2 or more (EAGLE-3: 3) strictly increasing ids, got {ids}")
         n = self.target_num_hidden_layers
         if ids[0] < -1 or (n is not None and ids[-1] > n - 2):
-            raise ValueError(f"aux_layer_ids {ids} out of range for a target with "
-                             f"{self.target_num_hidden_layers} layers (allowed -1..{self.target_num_hidden_layers - 2})")
+            raise ValueError(
+                f"aux_layer_ids {ids} out of range for a target with "
+                f"{self.target_num_hidden_layers} layers (allowed -1..{self.target_num_hidden_layers - 2})"
+            )
         if self.hidden_size != self.target_hidden_size:
             raise ValueError("the drafter shares the target's embedding, so hidden_size must equal target_hidden_size")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -71,7 +73,7 @@ class DrafterConfig:
 
     @classmethod
     def for_target(cls, target: Any, aux_layer_ids: list[int] | None = None,
-                   draft_vocab_size: int | None = None) -> "DrafterConfig":
+                   draft_vocab_size: int | None = None) -> DrafterConfig:
         """A one-layer drafter shaped like one layer of `target` (an HF config object or dict)."""
         hidden, heads = int(_get(target, "hidden_size")), int(_get(target, "num_attention_heads"))
         layers, vocab = int(_get(target, "num_hidden_layers")), int(_get(target, "vocab_size"))
@@ -94,7 +96,7 @@ class DrafterConfig:
                 "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}}
 
     @classmethod
-    def from_json(cls, d: dict) -> "DrafterConfig":
+    def from_json(cls, d: dict) -> DrafterConfig:
         if "LlamaForCausalLMEagle3" not in (d.get("architectures") or []):
             raise ValueError(f"not an EAGLE-3 drafter config (architectures={d.get('architectures')})")
         if int(d.get("num_hidden_layers", 1)) != 1:

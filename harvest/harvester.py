@@ -1,10 +1,16 @@
 """The drop-in Harvester: hand it finished rollouts and the current policy, let it train the drafter
 while you wait on the rest, let it push a better drafter to the rollout server.
 
-    h = Harvester(policy_dir, drafter_dir, spool_dir, push="http://127.0.0.1:30000")
+    h = Harvester(policy_dir, drafter_dir, spool_dir, push=DrafterPush(["http://127.0.0.1:30000"]))
     h.add_rollout(prompt_ids, output_ids, policy_model, policy_version)   # per finished rollout
     h.train_while(lambda: rollouts_in_flight)                              # idle window, preemptible
     h.maybe_push()                                                         # new version or None
+
+`push(path, version)` sends a drafter checkpoint to the rollout server(s) and raises when it is refused
+or cannot be sent (`gleanrl.clients.weight_sync.DrafterPush`, or any callable; None keeps checkpoints
+only). Nothing in `harvest` knows a server: the trainer or the caller hands the function in. A push that
+raises leaves the serving version as it was; inside training it is recorded in `history` and training
+goes on (RL must not stop for it).
 
 A candidate is pushed only if its expected acceptance length on held-out harvested samples of the
 newest policy versions beats the serving drafter's on the same samples (speculative sampling at T=1 by
@@ -20,13 +26,13 @@ every step checkpoint, so `--resume` continues where that checkpoint left off.
 from __future__ import annotations
 
 import copy
+import inspect
 import re
 import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -34,11 +40,11 @@ from gleanrl.harvest.acceptance import acceptance_sums
 from gleanrl.harvest.capture import Sample, capture
 from gleanrl.harvest.checkpoint import load_drafter, save_drafter
 from gleanrl.harvest.idle import IdleReport, IdleWindow, Waiting, run_window
-from gleanrl.harvest.push import PushError, make_pusher
 from gleanrl.harvest.spool import Spool, SpoolConfig
 from gleanrl.harvest.train_step import bf16_fast, make_optimizer, train_step
 
 _VERSION_DIR = re.compile(r"^v(\d+)$")
+PushFn = Callable[[str, int], None]
 
 
 @dataclass(slots=True)
@@ -80,7 +86,10 @@ class HarvestConfig:
 
 class Harvester:
     def __init__(self, target: str | Path | torch.nn.Module, drafter_dir: str | Path, spool_dir: str | Path | None,
-                 push: Any = None, cfg: HarvestConfig | None = None):
+                 push: PushFn | None = None, cfg: HarvestConfig | None = None):
+        if push is not None and not callable(push):
+            raise TypeError(f"push must be fn(path, version) or None, got {push!r}; for server URLs pass "
+                            "gleanrl.clients.weight_sync.DrafterPush(urls)")
         self.cfg = cfg or HarvestConfig()
         self._target = target  # a model, or its directory (loaded on first use: the trainer passes its own)
         if not isinstance(target, torch.nn.Module) and not (Path(target) / "config.json").is_file():
@@ -96,7 +105,7 @@ class Harvester:
         self.optimizer = make_optimizer(self.drafter, lr=self.cfg.lr)
         self.layer_ids = list(self.drafter.config.aux_layer_ids)
         self._bf16 = bf16_fast(self.drafter.fc.weight.device) if self.cfg.bf16 is None else self.cfg.bf16
-        self.push = make_pusher(push)
+        self.push = push
         self._lock = threading.RLock()  # drafter, optimizer and serving copy
         self._gen = torch.Generator().manual_seed(self.cfg.seed)
         self.steps, self.last_metrics, self.idle = 0, {}, IdleReport()
@@ -152,8 +161,9 @@ class Harvester:
             try:
                 if self.maybe_push(stop=self._closing.is_set) is None and self._closing.is_set():
                     self._since_push = self.cfg.push_every  # abandoned as the window closed: retry in the next
-            except PushError as exc:  # the server keeps the old drafter; RL must not stop for it
-                self.history.append({"version": self.version, "pushed": False, "error": str(exc)})
+            except Exception as exc:  # whatever the push function raises: the server keeps the old drafter
+                self.history.append({"version": self.version, "pushed": False,
+                                     "error": f"{type(exc).__name__}: {exc}"})
         return self.last_metrics
 
     def train_while(self, waiting: Waiting, max_steps: int | None = None) -> IdleReport:
@@ -220,7 +230,7 @@ class Harvester:
             version = self.version + 1
             path = save_drafter(self.drafter, self.versions_dir / f"v{version:06d}")
             try:
-                self.push(str(path), version)
+                self.push_checkpoint(str(path), version)
             except BaseException:  # version and serving copy stay; no unpushed version is left to resume from
                 shutil.rmtree(path, ignore_errors=True)
                 raise
@@ -229,6 +239,15 @@ class Harvester:
             self.history.append({"version": version, "candidate": candidate, "serving": serving, "pushed": True})
         self._prune()
         return version
+
+    def push_checkpoint(self, path: str, version: int) -> None:
+        """Call `push` (if any) on a saved drafter checkpoint; raises what it raises."""
+        if self.push is None:
+            return
+        result = self.push(path, version)
+        if inspect.isawaitable(result):  # the idle-window thread cannot await the caller's event loop
+            result.close()
+            raise TypeError("push returned an awaitable: pass a blocking fn(path, version) such as DrafterPush")
 
     # -- resume ----------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -22,7 +22,7 @@ Hazard: the update's forward is float32, the idle window's capture uses bf16 aut
 
 Resume: `state_dict()` (the Harvester's, plus the queue and the not yet spooled captures as tokens) is
 saved with every trainer checkpoint; after `load_state_dict()` the serving drafter version is pushed
-again to the trainer's servers (`bind_client`), so a server that never got it (a crash between writing
+again to the trainer's servers (`bind_push`), so a server that never got it (a crash between writing
 it and pushing it) serves what the run resumes with.
 
 Cores on one CPU machine: give the server and the trainer their own cores, as a GPU cluster gives them
@@ -39,7 +39,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,6 @@ from gleanrl.harvest.atomic import atomic_file
 from gleanrl.harvest.capture import Sample, UpdateCapture
 from gleanrl.harvest.harvester import HarvestConfig, Harvester
 from gleanrl.harvest.idle import IdleWindow
-from gleanrl.harvest.push import Pusher, PushError
 from gleanrl.harvest.spool import SpoolConfig
 
 CONFIG_FILE = "harvest_config.json"  # in the run's harvest root, next to spool/ and drafter_versions/
@@ -77,23 +76,23 @@ class HarvestHooks:
     @classmethod
     def for_run(cls, model: str, drafter: str, root: Path, resume: bool) -> tuple[HarvestHooks, Path]:
         """Hooks over `root` (spool, drafter versions: kept by a resumed run) and the drafter to serve:
-        the newest pushed version, else `drafter`. Drafters go to the loop's servers (`bind_client`).
+        the newest pushed version, else `drafter`. Drafters go to the loop's servers (`bind_push`).
         Settings: `root/harvest_config.json` (`write_config`; `gleanrl train` writes it from its flags)."""
         if not resume and any((root / "drafter_versions").glob("v*")):
             raise ValueError(f"{root} holds drafter versions of an earlier run: pass --resume, or use another --out")
         h = Harvester(model, drafter, root / "spool", cfg=read_config(root))
         return cls(h), (h.versions_dir / f"v{h.version:06d}" if h.version else Path(drafter))
 
-    def bind_client(self, client: Any) -> None:
-        """Push drafters to the trainer's servers (`RolloutClient`: its URLs and admin key) unless the
-        Harvester already has a push target."""
-        if self.h.push.target is None:
-            self.h.push = Pusher(client)
+    def bind_push(self, push: Callable[[str, int], None]) -> None:
+        """Push drafters with the trainer's `push(path, version)` (to its servers) unless the Harvester
+        already has one; after a resume, push the serving version again."""
+        if self.h.push is None:
+            self.h.push = push
         path = self.h.versions_dir / f"v{self.h.version:06d}"
         if self._repush and self.h.version and path.is_dir():
             try:
-                self.h.push(str(path), self.h.version)
-            except PushError as exc:  # the next push replaces it; RL must not stop for it
+                self.h.push_checkpoint(str(path), self.h.version)
+            except Exception as exc:  # whatever the push raises: the next push replaces it; RL must not stop
                 print(f"warning: re-pushing drafter v{self.h.version} after resume failed: {exc}", file=sys.stderr)
         self._repush = False
 

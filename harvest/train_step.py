@@ -125,7 +125,7 @@ def ttt_loss(logits: list[torch.Tensor], labels: torch.Tensor, valid: torch.Tens
     return total, metrics
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def bf16_fast(device: str | torch.device = "cpu") -> bool:
     """Whether bf16 autocast pays on `device`: CUDA, or a CPU with native bf16 dot products."""
     if torch.device(device).type == "cuda":
@@ -141,7 +141,9 @@ def length_batches(lengths: list[int], max_tokens: int, max_seqs: int, generator
     """Indices grouped into batches of similar length, each at most `max_tokens` padded tokens (one
     longer sequence goes alone) and `max_seqs` sequences, in random order: long-tailed lengths waste
     little padding."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], int(torch.randint(1 << 30, (1,), generator=generator))))
+    order = sorted(
+        range(len(lengths)), key=lambda i: (lengths[i], int(torch.randint(1 << 30, (1,), generator=generator)))
+    )
     batches, cur = [], []
     for i in order:  # ascending: the newest member is the longest
         if cur and ((len(cur) + 1) * lengths[i] > max_tokens or len(cur) == max_seqs):

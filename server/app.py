@@ -14,9 +14,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from gleanrl.server import http_native, http_openai
+from gleanrl.server import http_feed, http_native, http_openai
 from gleanrl.server.auth import AuthMiddleware
 from gleanrl.server.config import EngineConfig, ServerConfig
+from gleanrl.server.harvest_feed import FeedConfig, FeedUpdatesMiddleware, HarvestFeed
 from gleanrl.server.metrics import Metrics
 from gleanrl.server.schemas import ApiError, describe_bodies, validation_error
 
@@ -53,11 +54,16 @@ def build_app(engine, server_cfg: ServerConfig, engine_cfg: EngineConfig | None 
         tokenizer=engine.tokenizer, context_length=engine.context_length,
         vocab_size=int(info.get("vocab_size") or len(engine.tokenizer)), closing=False, version=_version(),
         engine_args=engine_args, server_args=server_args,
-        served_model_name=server_cfg.served_model_name or Path(str(info.get("model_path", "model"))).name)
+        served_model_name=server_cfg.served_model_name or Path(str(info.get("model_path", "model"))).name,
+        feed=HarvestFeed(FeedConfig(max_records=server_cfg.harvest_feed_records)) if server_cfg.harvest_feed else None,
+        feed_load=lambda: {k: engine.stats().get(k) for k in ("num_running_reqs", "num_queue_reqs", "paused")})
     app.include_router(http_native.router)
     app.include_router(http_openai.router)
+    app.include_router(http_feed.router)
     base_openapi = app.openapi
     app.openapi = lambda: app.openapi_schema or describe_bodies(base_openapi())  # type: ignore[method-assign]
+    if app.state.feed is not None:  # inside auth: only authorised updates reach it
+        app.add_middleware(FeedUpdatesMiddleware, feed=app.state.feed)
     app.add_middleware(AuthMiddleware, api_key=server_cfg.api_key, admin_api_key=server_cfg.admin_api_key)
 
     @app.exception_handler(ApiError)

@@ -1,5 +1,5 @@
 """Bearer-token auth with SGLang's semantics. `--api-key` guards every path but `/health*`;
-admin paths (weight updates, pause/continue, flush, abort-all) take `--admin-api-key` when it is set,
+admin paths (weight updates, pause/continue, flush, abort-all, the harvest feed) take `--admin-api-key` when it is set,
 else `--api-key`, else nothing (SGLang's ADMIN_OPTIONAL level). A pure ASGI middleware, so client
 disconnects still reach the streaming routes. Keys are compared in constant time and never echoed."""
 from __future__ import annotations
@@ -8,7 +8,9 @@ import json
 import secrets
 
 ADMIN_PATHS = frozenset({"/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed",
-                         "/pause_generation", "/continue_generation", "/flush_cache"})
+                         "/begin_weight_update", "/end_weight_update", "/init_weights_update_group",
+                         "/destroy_weights_update_group", "/release_memory_occupation", "/resume_memory_occupation",
+                         "/pause_generation", "/continue_generation", "/flush_cache", "/harvest_feed"})
 OPEN_PREFIXES = ("/health",)
 EITHER_KEY_PATHS = frozenset({"/abort_request"})  # the route itself asks for the admin key when abort_all
 

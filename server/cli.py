@@ -30,6 +30,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sd-max-batch", type=int, default=8, help="adaptive: SD only while this many requests run")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help="fixed draft length (None: chosen per batch-size bucket)")
+    p.add_argument("--sd-sources", default="eagle",
+                   help="draft sources the SD bandit may choose per iteration: eagle (the EAGLE-3 chain), group "
+                        "(continuations from the same prompt's other running and earlier samples, no model cost), "
+                        "fused (both, as two branches verified in one pass); e.g. eagle,group,fused. Lossless "
+                        "either way, but with group drafts a seeded sample also depends on the other samples of "
+                        "its prompt, so seeded runs no longer repeat exactly")
+    p.add_argument("--group-max-batch", type=int, default=64, help="group drafts only while this many requests run")
+    p.add_argument("--group-max-tokens", type=int, default=1 << 19,
+                   help="output tokens the group index holds over all prompts and versions (memory: 170-340 "
+                        "bytes a token; the oldest finished samples go first, then the oldest running ones)")
+    p.add_argument("--group-keep-versions", type=int, default=2,
+                   help="policy versions (weight_version) whose samples the group index keeps; older finished "
+                        "samples age out when a new target version is loaded")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads for the engine (None: torch's default)")
     p.add_argument("--backend", choices=["embedded", "sglang"], default="embedded",
@@ -42,8 +55,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="extra argument passed to sglang.launch_server (repeatable)")
     p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="request bodies over this: 413")
     p.add_argument("--max-n", type=int, default=64, help="largest n (samples per prompt) a request may ask for")
-    p.add_argument("--max-new-tokens-cap", type=int, default=16384, help="largest max_new_tokens a request may ask for")
+    p.add_argument("--max-new-tokens-cap", type=int, default=None,
+                   help="largest max_new_tokens a request may ask for (default: only the context length limits it)")
     p.add_argument("--max-batch", type=int, default=1024, help="most sequences (prompts x n) one request may start")
+    p.add_argument("--harvest-feed", action="store_true",
+                   help="gleanrl extension: keep a bounded feed of finished requests at GET /harvest_feed (admin key) "
+                        "for `gleanrl harvest` beside a trainer that is not gleanrl's")
+    p.add_argument("--harvest-feed-records", type=int, default=4096,
+                   help="finished requests the feed holds; the oldest are dropped (and counted) beyond it")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -54,6 +73,9 @@ def _fail(message: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.backend == "sglang":
+        if getattr(args, "harvest_feed", False):
+            return _fail("--harvest-feed is the embedded backend's: in front of stock SGLang run "
+                         "`gleanrl proxy --upstream URL --port P`, which provides the same feed")
         try:
             from gleanrl.server.sglang_launch import launch  # lazy: needs the optional sglang install
         except ImportError as exc:
@@ -70,11 +92,15 @@ def run(args: argparse.Namespace) -> int:
         engine_cfg = EngineConfig(model_path=str(model), device=args.device, dtype=args.dtype,
                                   max_running_requests=args.max_running_requests, context_length=args.context_length,
                                   num_threads=args.threads, drafter_path=args.drafter, sd=args.sd,
-                                  sd_max_batch=args.sd_max_batch, num_draft_tokens=args.num_draft_tokens)
+                                  sd_max_batch=args.sd_max_batch, num_draft_tokens=args.num_draft_tokens,
+                                  sd_sources=tuple(x for x in args.sd_sources.split(",") if x),
+                                  group_max_batch=args.group_max_batch, group_max_tokens=args.group_max_tokens,
+                                  group_keep_versions=args.group_keep_versions)
         server_cfg = ServerConfig(host=args.host, port=args.port, api_key=args.api_key,
                                   admin_api_key=args.admin_api_key, served_model_name=args.served_model_name,
                                   max_request_bytes=args.max_request_bytes, max_n=args.max_n,
-                                  max_new_tokens_cap=args.max_new_tokens_cap, max_batch=args.max_batch)
+                                  max_new_tokens_cap=args.max_new_tokens_cap, max_batch=args.max_batch,
+                                  harvest_feed=args.harvest_feed, harvest_feed_records=args.harvest_feed_records)
     except ValueError as exc:
         return _fail(str(exc))
     ignored = [f for f in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")

@@ -17,6 +17,11 @@ class EngineConfig:
     sd: str = "adaptive"                   # off | on | adaptive (SD only while running <= sd_max_batch)
     sd_max_batch: int = 8
     num_draft_tokens: int | None = None    # fixed draft length; None: chosen per batch-size bucket
+    sd_sources: tuple[str, ...] = ("eagle",)  # the SD bandit's sources (server/sd/source_policy): eagle, group,
+    #   fused. EAGLE-only keeps a seeded request's samples independent of the other requests
+    group_max_batch: int = 64              # group drafts only while running <= this
+    group_max_tokens: int = 1 << 19        # output tokens the group index holds (all prompts and versions)
+    group_keep_versions: int = 2           # policy versions whose samples the group index keeps
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
@@ -29,10 +34,17 @@ class EngineConfig:
             raise ValueError("context_length must be >= 2")
         if self.sd not in ("off", "on", "adaptive"):
             raise ValueError(f"sd must be off, on or adaptive, got {self.sd!r}")
+        if self.sd == "off" and self.drafter_path:
+            raise ValueError("a drafter needs sd 'on' or 'adaptive' (sd 'off' never drafts)")
         if self.sd_max_batch < 1:
             raise ValueError("sd_max_batch must be >= 1")
         if self.num_draft_tokens is not None and not 1 <= self.num_draft_tokens <= 16:
             raise ValueError("num_draft_tokens must be in [1, 16]")
+        if not self.sd_sources or any(s not in ("eagle", "group", "fused") for s in self.sd_sources):
+            raise ValueError(f"sd_sources must be a non-empty subset of eagle, group, fused; got {self.sd_sources}")
+        for name in ("group_max_batch", "group_max_tokens", "group_keep_versions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +56,14 @@ class ServerConfig:
     served_model_name: str | None = None   # the name in /v1/models (default: the model directory's name)
     max_request_bytes: int = 8 * 1024 * 1024
     max_n: int = 64
-    max_new_tokens_cap: int = 16384
+    max_new_tokens_cap: int | None = None  # None: only the context length limits max_new_tokens (SGLang)
     max_batch: int = 1024                  # engine requests (prompts x n) one HTTP request may start
+    harvest_feed: bool = False             # gleanrl extension: GET /harvest_feed (admin key), server.harvest_feed
+    harvest_feed_records: int = 4096       # finished requests the feed holds (oldest dropped and counted)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("max_request_bytes", "max_n", "max_new_tokens_cap", "max_batch"):
-            if getattr(self, name) < 1:
+        for name in ("max_request_bytes", "max_n", "max_new_tokens_cap", "max_batch", "harvest_feed_records"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")

@@ -1,56 +1,55 @@
-"""The embedded engine: a background decode thread over the scheduler, bridged to asyncio.
+"""The embedded engine: token ids in, token ids out (`generate` yields deltas), built by composition.
 
-Requests are token ids in, token ids out (`generate` yields deltas); the tokenizer is loaded here only
-for stop strings and for the HTTP edge. Everything that changes the running set (admission, aborts,
-weight swaps) happens under one lock between iterations; the forward itself runs outside the lock.
+One `EngineState` (request sets, flags, versions, one lock) is shared by the `Scheduler` (admission,
+KV slots, request lifecycle), the decoder (`PlainDecoder`, or `SpecDecoder` from `server/sd/`), the
+`WeightSwapper` (typed target/draft swap records) and the `DecodeLoop` (the background thread); outputs
+reach asyncio through the `Outbox`. The tokenizer is loaded here only for stop strings and the HTTP edge.
+Pause modes follow SGLang's `/pause_generation`: `abort` (in-flight requests return at once, aborted,
+with their partial output), `retract` (back to the queue without their KV; rebuilt after `resume`),
+`in_place` (held as they are). Requests that arrive while paused wait in the queue.
 """
 from __future__ import annotations
 
 import asyncio
-import threading
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import torch
 
-from gleanrl.server import draft_swap, weights
+from gleanrl.server import weights
 from gleanrl.server.config import EngineConfig
 from gleanrl.server.engine_bridge import Outbox
-from gleanrl.server.engine_control import EngineControl
-from gleanrl.server.engine_loop import EngineLoop
+from gleanrl.server.engine_loop import DecodeLoop
+from gleanrl.server.engine_state import PAUSE_MODES, EngineState, PauseMode
 from gleanrl.server.model_runner import ModelRunner
-from gleanrl.server.protocol import GenerateOutput, GenerateRequest
-from gleanrl.server.scheduler import Scheduler, Sequence
+from gleanrl.server.protocol import CheckpointError, GenerateOutput, GenerateRequest
+from gleanrl.server.scheduler import Scheduler
+from gleanrl.server.sd.drafter_load import build_decoder
+from gleanrl.server.sequence import Sequence
 from gleanrl.server.stopping import StopChecker
+from gleanrl.server.weight_swap import WeightSwapper
 
 
-
-class Engine(EngineLoop, EngineControl):
-    """See the module docstring; the decode thread lives in `EngineLoop`, weights, pause and stats in
-    `EngineControl`."""
-
+class Engine:
     def __init__(self, cfg: EngineConfig):
         from transformers import AutoTokenizer
 
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         self.cfg = cfg
-        self.model_path = cfg.model_path
-        self._config = weights.read_config(cfg.model_path)
-        self._signature = weights.checkpoint_signature(cfg.model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
         runner = ModelRunner.load(cfg.model_path, device=cfg.device, dtype=cfg.dtype)
         self.context_length = cfg.context_length or int(getattr(runner.config, "max_position_embeddings", 4096))
         self.eos_ids = self._eos_ids(runner)
-        self.scheduler = Scheduler(runner, cfg.max_running_requests, context_length=self.context_length)
-        self.spec = draft_swap.install(self.scheduler, cfg, self._config)  # SD step (plain until a drafter)
+        self.state = EngineState()
+        self.scheduler = Scheduler(self.state, runner, cfg.max_running_requests, context_length=self.context_length)
+        config = weights.read_config(cfg.model_path)
+        self.decoder = build_decoder(cfg, runner, config, lambda: self.state.weight_version)
+        self.swapper = WeightSwapper(cfg, config, self.state, self.scheduler, self.decoder)
+        if cfg.drafter_path:
+            self.state.draft_weight_version = "default"
         self._rng = torch.Generator().manual_seed(cfg.seed)  # for requests without a seed
-        self._cv = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._stopping = self._paused = self._in_step = False
-        self._swap: dict | None = None
-        self._rids: set[str] = set()
         self._outbox = Outbox()
-        self._flush = self._outbox.flush
+        self.loop = DecodeLoop(self.state, self.scheduler, self.decoder, self.swapper, self._outbox.flush)
 
     def _eos_ids(self, runner: ModelRunner) -> set[int]:
         ids: set[int] = set()
@@ -58,6 +57,16 @@ class Engine(EngineLoop, EngineControl):
         for src in (runner.config.eos_token_id, getattr(gen, "eos_token_id", None), self.tokenizer.eos_token_id):
             ids |= set(src) if isinstance(src, (list, tuple)) else ({src} if src is not None else set())
         return ids
+
+    def start(self) -> None:
+        self.loop.start()
+
+    def shutdown(self) -> None:
+        self.loop.stop()
+        with self.state.cv:
+            if self.state.swap is not None:  # an update racing the shutdown: finish it so its caller returns
+                self.swapper.apply()
+        self.abort(None, "Server shutdown")
 
     # ---- requests -----------------------------------------------------------------------------
     def _validate(self, req: GenerateRequest) -> None:
@@ -80,19 +89,20 @@ class Engine(EngineLoop, EngineControl):
         seed = req.params.seed
         gen = torch.Generator().manual_seed(seed) if seed is not None else self._rng
         seq = Sequence(req, emit, StopChecker(req.params, self.eos_ids, self.context_length, self.tokenizer), gen)
-        with self._cv:
-            if req.rid in self._rids:
+        st = self.state
+        with st.cv:
+            if req.rid in st.rids:
                 raise ValueError(f"rid {req.rid!r} is already running")
-            if self._stopping:
+            if st.stopping:
                 self.scheduler.emit(seq, "Server shutdown")
             elif req.params.max_new_tokens == 0:
                 seq.finish_reason = {"type": "length", "length": 0}
                 self.scheduler.emit(seq)
             else:
-                self._rids.add(req.rid)
-                self.scheduler.waiting.append(seq)
-                self._cv.notify_all()
-        self._flush()
+                st.rids.add(req.rid)
+                (st.held if self.swapper.draining() else st.waiting).append(seq)
+                st.cv.notify_all()
+        self._outbox.flush()
         finished = False
         try:
             while not finished:
@@ -104,30 +114,74 @@ class Engine(EngineLoop, EngineControl):
                 self.abort(req.rid)
 
     def abort(self, rid: str | None = None, message: str = "Abort requested") -> int:
-        with self._cv:
-            sched = self.scheduler
-            hit = [s for s in sched.waiting if rid is None or s.req.rid == rid]
-            for s in hit:
-                sched.waiting.remove(s)
-                self._finish(s, message)
-            running = [s for s in sched.running if (rid is None or s.req.rid == rid) and s.abort_message is None]
+        """Abort one request (or all): queued ones at once, running ones at the next iteration boundary."""
+        st = self.state
+        with st.cv:
+            queued = [s for q in (st.waiting, st.held) for s in q if rid is None or s.req.rid == rid]
+            for s in queued:
+                (st.waiting if s in st.waiting else st.held).remove(s)
+                self.scheduler.finish(s, message)
+            running = [s for s in st.running if (rid is None or s.req.rid == rid) and s.abort_message is None]
             for s in running:
                 s.abort_message = message
-            if not self._in_step:
-                self._reap()
-            self._cv.notify_all()
-        self._flush()
-        return len(hit) + len(running)
+            if not st.in_step:
+                self.scheduler.reap()
+            st.cv.notify_all()
+        self._outbox.flush()
+        return len(queued) + len(running)
 
-    def _finish(self, seq: Sequence, abort_message: str | None = None) -> None:
-        """Under the lock, once removed from the running set: free its cache and rid, send its last update."""
-        self.scheduler.free_cache(seq)
-        self._rids.discard(seq.req.rid)
-        self.scheduler.emit(seq, abort_message)
+    # ---- control ------------------------------------------------------------------------------
+    def update_weights(self, model_path: str, weight_version: str | None = None, selector: str = "target",
+                       flush_cache: bool = True, abort_all_requests: bool = False) -> None:
+        """Load and check in this thread, then swap between iterations (`server/weight_swap.py`); a
+        target swap waits for running requests unless generation is paused or they are aborted."""
+        if selector == "draft":
+            swap = self.swapper.load_draft(model_path, weight_version)
+        elif selector == "target":
+            swap = self.swapper.load_target(model_path, weight_version, flush_cache)
+        else:
+            raise CheckpointError(f"selector must be 'target' or 'draft', got {selector!r}")
+        if abort_all_requests:
+            self.abort(None, "Abort all requests for a weight update")
+        self.swapper.submit(swap, apply_now=self.loop.thread is None)
 
-    def _reap(self, finished: list[Sequence] = ()) -> None:
-        done = set(map(id, finished))
-        gone = [s for s in self.scheduler.running if id(s) in done or s.abort_message is not None]
-        self.scheduler.running = [s for s in self.scheduler.running if s not in gone]
-        for s in gone:
-            self._finish(s, None if id(s) in done else s.abort_message)
+    def pause(self, mode: PauseMode = "abort") -> int:
+        """Stop scheduling iterations (SGLang's modes, module docstring); returns once the iteration in
+        flight is done, with the number of requests aborted or retracted."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+        st = self.state
+        with st.cv:
+            st.paused = mode
+            st.cv.wait_for(lambda: not st.in_step)
+            retracted = self.scheduler.retract() if mode == "retract" else 0
+        return self.abort(None, "Abort by pause_generation") if mode == "abort" else retracted
+
+    def resume(self) -> None:
+        with self.state.cv:
+            self.state.paused = None
+            self.state.cv.notify_all()
+
+    def flush_cache(self) -> bool:
+        """As SGLang: succeeds only when no request is running, nor waiting unless generation is paused
+        (retracted requests rebuild their KV anyway; there is no prefix cache here to drop)."""
+        st = self.state
+        with st.cv:
+            return not st.running and (st.paused is not None or not st.waiting)
+
+    def info(self) -> dict:
+        sw = self.swapper
+        return {"model_path": sw.model_path, "tokenizer_path": self.cfg.model_path,
+                "weight_version": self.state.weight_version,
+                "draft_model_path": getattr(self.decoder, "draft_path", None),
+                "draft_weight_version": self.state.draft_weight_version,
+                "context_length": self.context_length, "max_running_requests": self.cfg.max_running_requests,
+                "is_generation": True, "vocab_size": self.scheduler.runner.vocab_size,
+                "architectures": sw.config.get("architectures"), "device": self.cfg.device}
+
+    def stats(self) -> dict:
+        st = self.state
+        with st.cv:
+            return {"num_running_reqs": len(st.running), "num_queue_reqs": len(st.waiting) + len(st.held),
+                    "paused": st.paused is not None, "generation_tokens_total": st.generation_tokens_total,
+                    **self.decoder.stats()}

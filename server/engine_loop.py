@@ -1,71 +1,76 @@
-"""The engine's decode thread: admit waiting requests, run one scheduler iteration, retire the finished
-and aborted ones, deliver outputs; weight swaps are applied between iterations. One lock (`_cv`)
-guards the running set, the queue and the control flags; the forward itself runs outside it.
+"""The engine's decode thread: apply a due weight swap, admit waiting requests, run one iteration,
+retire the finished and aborted ones, deliver outputs. Everything but the forward runs under the state's
+lock; the forward runs with `state.in_step` set, so callers that change the running set wait for it.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections.abc import Callable
 
-from gleanrl.server.scheduler import Sequence
+from gleanrl.server.decode import Decoder
+from gleanrl.server.engine_state import EngineState
+from gleanrl.server.scheduler import Scheduler
+from gleanrl.server.sequence import Sequence
+from gleanrl.server.weight_swap import WeightSwapper
 
 log = logging.getLogger(__name__)
 FLUSH_INTERVAL_S = 0.02  # streamed updates reach the event loop at most this late (first/last: at once)
 
 
-class EngineLoop:
-    """Mixin for `Engine` (which owns `_cv`, `_thread`, `_stopping`, `_paused`, `_in_step`, `_swap`, ...)."""
+class DecodeLoop:
+    def __init__(self, state: EngineState, scheduler: Scheduler, decoder: Decoder, swapper: WeightSwapper,
+                 flush: Callable[[], None]):
+        self.state, self.scheduler, self.decoder, self.swapper, self.flush = state, scheduler, decoder, swapper, flush
+        self.thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="gleanrl-engine", daemon=True)
-            self._thread.start()
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="gleanrl-engine", daemon=True)
+            self.thread.start()
 
-    def shutdown(self) -> None:
-        with self._cv:
-            self._stopping = True
-            self._cv.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        with self._cv:
-            if self._swap:  # an update racing the shutdown: finish it so its caller returns
-                self._apply_swap()
-        self.abort(None, "Server shutdown")
+    def stop(self) -> None:
+        with self.state.cv:
+            self.state.stopping = True
+            self.state.cv.notify_all()
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
 
     def _has_work(self) -> bool:
-        return not self._paused and bool(self.scheduler.running or self.scheduler.waiting)
+        st = self.state
+        return st.paused is None and bool(st.running or st.waiting)
 
-    def _loop(self) -> None:
-        last_flush = 0.0
+    def _run(self) -> None:
+        st, last_flush = self.state, 0.0
         while True:
-            with self._cv:
-                while not (self._stopping or self._swap or self._has_work()):
-                    self._flush()
-                    self._cv.wait()
-                if self._stopping:
+            with st.cv:
+                while not (st.stopping or self.swapper.ready() or self._has_work()):
+                    self.flush()
+                    st.cv.wait()
+                if st.stopping:
                     return
-                if self._swap:
-                    self._apply_swap()
+                if self.swapper.ready():
+                    self.swapper.apply()
+                    st.cv.notify_all()
                     continue
                 self.scheduler.admit()
-                self._in_step = True
+                st.in_step = True
             finished: list[Sequence] = []
             try:
-                finished = self.scheduler.step()
+                finished = self.scheduler.step(self.decoder)
             except Exception as exc:  # a bug must not hang every client: fail the batch, keep serving
                 log.exception("engine step failed; aborting the running batch")
-                for s in self.scheduler.running:
+                for s in st.running:
                     s.abort_message = s.abort_message or f"engine error: {type(exc).__name__}: {exc}"
             finally:
-                with self._cv:
-                    self._in_step = False
-                    self._reap(finished)
-                    self._cv.notify_all()
+                with st.cv:
+                    st.in_step = False
+                    self.scheduler.reap(finished)
+                    st.cv.notify_all()
                 # coalesce updates (server/engine_bridge.py), but deliver first tokens and ends at once
-                if finished or self.scheduler.urgent or time.monotonic() - last_flush >= FLUSH_INTERVAL_S:
-                    self.scheduler.urgent = False
-                    self._flush()
+                if finished or st.urgent or time.monotonic() - last_flush >= FLUSH_INTERVAL_S:
+                    st.urgent = False
+                    self.flush()
                     last_flush = time.monotonic()
-

@@ -18,6 +18,9 @@ class Track:
     created: float = field(default_factory=time.perf_counter)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list = field(default_factory=list)        # per output token, when asked
+    token_ids_logprobs: list = field(default_factory=list)  # per output token, when asked
+    input_logprobs: dict | None = None                      # server.input_logprobs, when asked
     last: GenerateOutput | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -34,10 +37,10 @@ class Track:
 
 class Fanin:
     def __init__(self, engine, reqs: list[GenerateRequest], metrics, active: dict[str, list[str]],
-                 groups: dict[str, list[str]] | None = None):
+                 groups: dict[str, list[str]] | None = None, feed=None):
         """`active` maps every running rid (and each user rid of an n > 1 group) to its engine rids;
-        /abort_request reads it."""
-        self.engine, self.metrics, self.active = engine, metrics, active
+        /abort_request reads it. `feed` (`server.harvest_feed.HarvestFeed`, or None) records each finished one."""
+        self.engine, self.metrics, self.active, self.feed = engine, metrics, active, feed
         self.tracks = [Track(r) for r in reqs]
         names = {r.rid: [r.rid] for r in reqs} | (groups or {})
         busy = [k for k in names if k in active]
@@ -75,6 +78,8 @@ class Fanin:
                                      finish_reason={"type": "abort", "message": "engine stream ended"})
             track.ids += out.new_ids
             track.logprobs += out.new_logprobs
+            track.top_logprobs += out.new_top_logprobs
+            track.token_ids_logprobs += out.new_token_ids_logprobs
             track.last = out
             if out.new_ids:
                 self.metrics.generation_tokens.inc(len(out.new_ids))
@@ -86,6 +91,11 @@ class Fanin:
                 pending -= 1
                 self.metrics.finished(out.prompt_tokens or len(track.req.input_ids),
                                       (out.finish_reason or {}).get("type", "abort"), now - track.created)
+                if self.feed is not None:
+                    self.feed.record(track.req.rid, track.req.input_ids, track.ids, out.weight_version,
+                                     out.finish_reason, meta={"spec_verify_ct": out.spec_verify_ct,
+                                                              "spec_accept_length": out.spec_accept_length,
+                                                              "draft_weight_version": out.draft_weight_version})
             yield i
 
     async def drain(self) -> list[Track]:

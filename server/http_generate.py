@@ -14,8 +14,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gleanrl.server.detok import output_text
 from gleanrl.server.fanin import Disconnected, Fanin, Track, collect, unless_disconnected, wait_disconnect
+from gleanrl.server.http_logprobs import fill_input_logprobs, logprob_fields
+from gleanrl.server.memory_occupation import check_serving
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
-from gleanrl.server.schemas import NEUTRAL_SAMPLING, ApiError, GenerateIn, SamplingIn, parse
+from gleanrl.server.schemas import (
+    UNSUPPORTED_GENERATE,
+    UNSUPPORTED_SAMPLING,
+    ApiError,
+    GenerateIn,
+    SamplingIn,
+    parse,
+    refuse_unsupported,
+)
+from gleanrl.server.stopping import compile_stop_regex
 
 router = APIRouter()
 SSE_DONE = b"data: [DONE]\n\n"
@@ -45,31 +56,58 @@ def check_prompt(state, ids: list[int], field: str) -> list[int]:
 def sampling(state, sp: dict, field: str = "sampling_params") -> SamplingParams:
     """Engine sampling params from SGLang-named fields; value errors name the field."""
     cfg = state.server_cfg
-    for name, neutral in NEUTRAL_SAMPLING.items():
-        if sp.get(name, neutral) != neutral:
-            raise ApiError(400, f"{field}.{name} is not supported by the embedded engine", param=f"{field}.{name}")
-    n, max_new = sp.get("n", 1), sp.get("max_new_tokens", min(128, cfg.max_new_tokens_cap))  # default fits the cap
+    refuse_unsupported(sp, UNSUPPORTED_SAMPLING, f"{field}.")
+    cap = cfg.max_new_tokens_cap
+    n, max_new = sp.get("n", 1), sp.get("max_new_tokens", 128 if cap is None else min(128, cap))  # default fits
     if n > cfg.max_n:
         raise ApiError(400, f"{field}.n must be <= {cfg.max_n}, got {n}", param=f"{field}.n")
-    if max_new > cfg.max_new_tokens_cap:
-        raise ApiError(400, f"{field}.max_new_tokens must be <= {cfg.max_new_tokens_cap}, got {max_new}",
-                       param=f"{field}.max_new_tokens")
+    if cap is not None and max_new > cap:
+        raise ApiError(400, f"{field}.max_new_tokens must be <= {cap}, got {max_new}", param=f"{field}.max_new_tokens")
     seed = sp.get("sampling_seed") if sp.get("sampling_seed") is not None else sp.get("seed")
     if seed is not None and not 0 <= seed < 2**63 - cfg.max_n:
         raise ApiError(400, f"{field}.sampling_seed must be in [0, 2^63), got {seed}", param=f"{field}.sampling_seed")
     stop = sp.get("stop") or []
     stop = [stop] if isinstance(stop, str) else [s for s in stop if s]
+    stop_regex = sp.get("stop_regex") or []
+    stop_regex = [stop_regex] if isinstance(stop_regex, str) else [s for s in stop_regex if s]
     top_k = sp.get("top_k", -1)
     top_k = -1 if top_k >= state.vocab_size else top_k  # keeping the whole vocabulary is no top-k
     try:
-        return SamplingParams(max_new_tokens=max_new, temperature=float(sp.get("temperature", 1.0)),
-                              top_p=float(sp.get("top_p", 1.0)), top_k=top_k,
-                              min_p=float(sp.get("min_p", 0.0)), stop=stop,
-                              stop_token_ids=list(sp.get("stop_token_ids") or []),
-                              ignore_eos=sp.get("ignore_eos", False), n=n, seed=seed)
+        params = SamplingParams(
+            max_new_tokens=max_new, temperature=float(sp.get("temperature", 1.0)), top_p=float(sp.get("top_p", 1.0)),
+            top_k=top_k, min_p=float(sp.get("min_p", 0.0)), stop=stop,
+            stop_token_ids=list(sp.get("stop_token_ids") or []), ignore_eos=sp.get("ignore_eos", False), n=n,
+            seed=seed, frequency_penalty=float(sp.get("frequency_penalty") or 0.0),
+            presence_penalty=float(sp.get("presence_penalty") or 0.0),
+            repetition_penalty=float(sp.get("repetition_penalty", 1.0)), min_new_tokens=sp.get("min_new_tokens", 0),
+            logit_bias=_logit_bias(state, sp.get("logit_bias"), field), stop_regex=stop_regex)
+        compile_stop_regex(params.stop_regex)
+        return params
     except ValueError as exc:
         msg = str(exc).replace("sampling_params.", f"{field}.", 1)
         raise ApiError(400, msg, param=msg.split(" ", 1)[0]) from None
+
+
+def _logit_bias(state, bias: dict | None, field: str) -> dict[int, float]:
+    """SGLang's keys are token ids as strings; its message for a key outside the vocabulary."""
+    out = {}
+    for key, value in (bias or {}).items():
+        if not key.strip().lstrip("-").isdigit() or not 0 <= int(key) < state.vocab_size:
+            raise ApiError(400, f"{field}.logit_bias must has keys in [0, {state.vocab_size - 1}], got {key}.",
+                           param=f"{field}.logit_bias")
+        out[int(key)] = float(value)
+    return out
+
+
+def check_length(state, ids: list[int], params: SamplingParams, field: str) -> None:
+    """An explicit max_new_tokens that does not fit the context after the prompt: SGLang's 400 (not clamped)."""
+    total = len(ids) + params.max_new_tokens
+    if total > state.context_length:
+        raise ApiError(400, f"Requested token count exceeds the model's maximum context length of "
+                            f"{state.context_length} tokens. You requested a total of {total} tokens: {len(ids)} "
+                            f"tokens from the input messages and {params.max_new_tokens} tokens for the completion. "
+                            "Please reduce the number of tokens in the input messages or the completion to fit "
+                            "within the limit.", param=field)
 
 
 def check_batch(state, count: int, field: str) -> None:
@@ -80,18 +118,37 @@ def check_batch(state, count: int, field: str) -> None:
 
 
 def expand(prompts: list[list[int]], params: list[SamplingParams], rids: list[str | None],
-           logprob: list[bool]) -> tuple[list[GenerateRequest], dict[str, list[str]]]:
+           logprob: list[bool],
+           options: list[dict] | None = None) -> tuple[list[GenerateRequest], dict[str, list[str]]]:
     """n > 1 becomes n engine requests per prompt, prompt-major, with seed + j; returns the requests and
-    the user rid -> engine rids groups."""
+    the user rid -> engine rids groups. `options`: per prompt, GenerateRequest's logprob fields."""
     reqs, groups = [], {}
-    for ids, p, rid, lp in zip(prompts, params, rids, logprob):
+    for i, (ids, p, rid, lp) in enumerate(zip(prompts, params, rids, logprob)):
         base = rid or uuid.uuid4().hex
         names = [base] if p.n == 1 else [f"{base}-{j}" for j in range(p.n)]
         groups[base] = names
         for j, name in enumerate(names):
             one = dataclasses.replace(p, n=1, seed=None if p.seed is None else p.seed + j)
-            reqs.append(GenerateRequest(rid=name, input_ids=ids, params=one, return_logprob=lp))
+            try:
+                reqs.append(GenerateRequest(rid=name, input_ids=ids, params=one, return_logprob=lp,
+                                            **(options[i] if options else {})))
+            except ValueError as exc:
+                field = str(exc).split("=", 1)[0].split(" ", 1)[0]
+                raise ApiError(400, str(exc), param=field) from None
     return reqs, groups
+
+
+def _options(body: GenerateIn, count: int) -> list[dict]:
+    """Per prompt: SGLang's logprob fields (each a value for all prompts, or a list with one per prompt)."""
+    ids = body.token_ids_logprob
+    per_ids = ids if ids and isinstance(ids[0], list) else [ids] * count
+    if len(per_ids) != count:
+        raise ApiError(400, f"token_ids_logprob: expected {count} entries (one per prompt), got {len(per_ids)}",
+                       param="token_ids_logprob")
+    starts = _listify(body.logprob_start_len, count, "logprob_start_len")
+    tops = _listify(body.top_logprobs_num, count, "top_logprobs_num")
+    return [{"logprob_start_len": s, "top_logprobs_num": k, "token_ids_logprob": t}
+            for s, k, t in zip(starts, tops, per_ids)]
 
 
 def _listify(value, count: int, field: str) -> list:
@@ -102,25 +159,23 @@ def _listify(value, count: int, field: str) -> list:
     return [value] * count
 
 
-def meta_info(track: Track) -> dict:
+def meta_info(track: Track, tok=None, text_in_logprobs: bool = False) -> dict:
     last, req = track.last, track.req
     info = {"id": req.rid, "finish_reason": track.finish_reason,
             "prompt_tokens": (last.prompt_tokens if last else 0) or len(req.input_ids),
             "completion_tokens": len(track.ids), "cached_tokens": 0,
-            "weight_version": last.weight_version if last else None,
-            "draft_weight_version": last.draft_weight_version if last else None,
-            "spec_verify_ct": last.spec_verify_ct if last else 0,
-            "spec_accept_length": last.spec_accept_length if last else 0.0}
+            **(last.meta_info() if last else {"weight_version": None, "draft_weight_version": None})}
     if req.return_logprob:
-        info["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(track.logprobs, track.ids)]
+        info.update(logprob_fields(track, tok, text_in_logprobs))
     if track.finished:
         info["e2e_latency"] = track.finished_at - track.created
     return info
 
 
-def render(state, track: Track, sp: SamplingIn) -> dict:
+def render(state, track: Track, sp: SamplingIn, text_in_logprobs: bool = False) -> dict:
     text = output_text(state.tokenizer, track, sp.skip_special_tokens, sp.no_stop_trim)
-    return {"text": text, "output_ids": list(track.ids), "meta_info": meta_info(track)}
+    return {"text": text, "output_ids": list(track.ids),
+            "meta_info": meta_info(track, state.tokenizer, text_in_logprobs)}
 
 
 def _name(field: str, i: int, batch: bool) -> str:
@@ -147,23 +202,36 @@ def _prompts(state, body: GenerateIn) -> tuple[list[list[int]], bool]:
 async def generate(request: Request):
     state = request.app.state
     body = await parse(request, GenerateIn, state.server_cfg.max_request_bytes)
+    refuse_unsupported(body.model_extra or {}, UNSUPPORTED_GENERATE)
+    check_serving(state)
     prompts, batch = _prompts(state, body)
     if isinstance(body.rid, str) and batch:
         raise ApiError(400, "rid: batch input needs a list of rids", param="rid")
     sps = _listify(body.sampling_params or SamplingIn(), len(prompts), "sampling_params")
-    params = [sampling(state, sp.model_dump(exclude_unset=True),
-                       _name("sampling_params", i, isinstance(body.sampling_params, list))) for i, sp in enumerate(sps)]
-    check_batch(state, sum(p.n for p in params), "text" if body.text is not None else "input_ids")
+    names = [_name("sampling_params", i, isinstance(body.sampling_params, list)) for i in range(len(sps))]
+    dumps = [sp.model_dump(exclude_unset=True) for sp in sps]
+    params = [sampling(state, d, name) for d, name in zip(dumps, names)]
+    field = "text" if body.text is not None else "input_ids"
+    for i, (ids, p, d) in enumerate(zip(prompts, params, dumps)):
+        if "max_new_tokens" in d:  # SGLang checks an explicit one; the default is clamped by the context
+            check_length(state, ids, p, _name(field, i, batch))
+    check_batch(state, sum(p.n for p in params), field)
     reqs, groups = expand(prompts, params, _listify(body.rid, len(prompts), "rid"),
-                          _listify(body.return_logprob, len(prompts), "return_logprob"))
+                          _listify(body.return_logprob, len(prompts), "return_logprob"), _options(body, len(prompts)))
     per_req_sp = [sp for sp, p in zip(sps, params) for _ in range(p.n)]
     single = not batch and params[0].n == 1
-    run = Fanin(state.engine, reqs, state.metrics, state.active, groups)
+    text_lp = body.return_text_in_logprobs
+    run = Fanin(state.engine, reqs, state.metrics, state.active, groups, feed=state.feed)
+    try:
+        await fill_input_logprobs(state.engine, run.tracks)
+    except BaseException:
+        run.close()
+        raise
     if not body.stream:
         tracks = await collect(run, request)
         if tracks is None:
             return Response(status_code=499)
-        outs = [render(state, t, sp) for t, sp in zip(tracks, per_req_sp)]
+        outs = [render(state, t, sp, text_lp) for t, sp in zip(tracks, per_req_sp)]
         return JSONResponse(outs[0] if single else outs)
     sent = [0] * len(reqs)
 
@@ -174,7 +242,7 @@ async def generate(request: Request):
         if not track.finished and len(track.ids) - sent[i] < (sp.stream_interval or 1):
             return []
         sent[i] = len(track.ids)
-        return [render(state, track, sp) | ({} if single else {"index": i})]
+        return [render(state, track, sp, text_lp) | ({} if single else {"index": i})]
 
     return await stream(run, request, chunks)
 

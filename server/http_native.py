@@ -10,14 +10,18 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from gleanrl.server import http_generate
+from gleanrl.server import http_discovery, http_generate, http_weights_group, http_weights_sync
 from gleanrl.server.auth import check_admin
+from gleanrl.server.engine_state import PAUSE_MODES
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
-from gleanrl.server.schemas import AbortIn, ApiError, UpdateWeightsIn, parse
+from gleanrl.server.schemas import AbortIn, ApiError, UpdateWeightsIn, parse, read_json
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 router.include_router(http_generate.router)
+router.include_router(http_discovery.router)
+router.include_router(http_weights_sync.router)
+router.include_router(http_weights_group.router)
 HEALTH_TIMEOUT_S = 20.0
 
 
@@ -38,31 +42,6 @@ async def update_weights_from_disk(request: Request):
     if body.weight_version is not None:
         message += f" Weight version updated to {body.weight_version}."
     return {"success": True, "message": message, "num_paused_requests": 0}
-
-
-@router.post("/update_weights_from_tensor")
-@router.post("/update_weights_from_distributed")
-async def update_weights_unsupported(request: Request):
-    """SGLang's GPU paths (co-located / NCCL); the SGLang backend serves them, the embedded one refuses."""
-    message = f"{request.url.path} is not supported by the embedded backend: use /update_weights_from_disk"
-    return JSONResponse({"success": False, "message": message}, status_code=400)
-
-
-@router.get("/model_info")
-@router.get("/get_model_info")
-async def model_info(request: Request):
-    return {"is_generation": True, "preferred_sampling_params": None, **request.app.state.engine.info()}
-
-
-@router.get("/server_info")
-@router.get("/get_server_info")
-async def server_info(request: Request):
-    state = request.app.state
-    stats = state.engine.stats()
-    args = {**state.engine_args, **state.server_args}  # keys were dropped when the app was built
-    return {**args, "internal_states": [{**stats, "avg_spec_accept_length": stats.get("avg_spec_accept_length", 0.0)}],
-            "version": state.version, "backend": "embedded",
-            "max_req_input_len": state.engine.context_length - 1}
 
 
 @router.get("/health")
@@ -104,7 +83,13 @@ async def flush_cache(request: Request):
 
 @router.post("/pause_generation")
 async def pause_generation(request: Request):
-    request.app.state.engine.pause()
+    """SGLang's `PauseGenerationReqInput`: {"mode": "abort" (default) | "retract" | "in_place"}."""
+    state = request.app.state
+    body = await read_json(request, state.server_cfg.max_request_bytes)
+    mode = body.get("mode", "abort") if isinstance(body, dict) else None
+    if mode not in PAUSE_MODES:
+        raise ApiError(400, f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}", param="mode")
+    await asyncio.to_thread(state.engine.pause, mode)
     return {"message": "Generation paused successfully.", "status": "ok"}
 
 

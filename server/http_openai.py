@@ -10,8 +10,19 @@ from fastapi import APIRouter, Request
 
 from gleanrl.server.detok import Delta, output_text
 from gleanrl.server.fanin import Fanin, Track, collect
-from gleanrl.server.http_generate import check_batch, check_prompt, expand, sampling, stream
-from gleanrl.server.schemas import ApiError, ChatIn, CompletionIn, OpenAISampling, parse
+from gleanrl.server.http_generate import check_batch, check_length, check_prompt, expand, sampling, stream
+from gleanrl.server.http_logprobs import fill_input_logprobs
+from gleanrl.server.memory_occupation import check_serving
+from gleanrl.server.openai_logprobs import chat_logprobs, completion_logprobs
+from gleanrl.server.schemas import (
+    UNSUPPORTED_OPENAI,
+    ApiError,
+    ChatIn,
+    CompletionIn,
+    OpenAISampling,
+    parse,
+    refuse_unsupported,
+)
 
 router = APIRouter()
 
@@ -33,8 +44,8 @@ async def model(model: str, request: Request):
     return _card(request.app.state)
 
 
-def _check_model(state, name: str) -> None:
-    if name not in (state.served_model_name, state.engine.info().get("model_path")):
+def _check_model(state, name: str | None) -> None:
+    if name not in (None, "default", state.served_model_name, state.engine.info().get("model_path")):
         raise ApiError(404, f"The model '{name}' does not exist", param="model", code="model_not_found")
 
 
@@ -43,12 +54,17 @@ def _params(state, body: OpenAISampling, max_tokens: int | None):
           "temperature": 1.0 if body.temperature is None else body.temperature,
           "top_p": 1.0 if body.top_p is None else body.top_p, "top_k": body.top_k, "min_p": body.min_p,
           "ignore_eos": body.ignore_eos, "stop_token_ids": body.stop_token_ids, "seed": body.seed,
-          "frequency_penalty": body.frequency_penalty, "presence_penalty": body.presence_penalty}
+          "frequency_penalty": body.frequency_penalty, "presence_penalty": body.presence_penalty,
+          "repetition_penalty": body.repetition_penalty, "min_new_tokens": body.min_tokens,
+          "logit_bias": body.logit_bias, "stop_regex": body.stop_regex}
+    extra = {k: v for k, v in (body.model_extra or {}).items() if (k, v) != ("response_format", {"type": "text"})}
+    refuse_unsupported(extra, UNSUPPORTED_OPENAI)
     try:
         return sampling(state, sp, field="")
     except ApiError as exc:  # name OpenAI's fields, not SGLang's
         for name in ("message", "param"):
-            setattr(exc, name, (getattr(exc, name) or "").lstrip(".").replace("max_new_tokens", "max_tokens"))
+            text = (getattr(exc, name) or "").lstrip(".").replace("max_new_tokens", "max_tokens")
+            setattr(exc, name, text.replace("min_new_tokens", "min_tokens"))
         raise
 
 
@@ -64,14 +80,25 @@ def _usage(tracks: list[Track], n: int) -> dict:
 
 
 async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]], params, logprob: bool,
-                 kind: str, render):
-    """Shared by both endpoints: run, then answer as one JSON object or as an SSE stream of chunks."""
+                 kind: str, render, options: dict | None = None):
+    """Shared by both endpoints: run, then answer as one JSON object or as an SSE stream of chunks.
+    `options`: GenerateRequest's logprob fields (top_logprobs_num, logprob_start_len)."""
     state = request.app.state
+    check_serving(state)
+    if body.max_tokens is not None or getattr(body, "max_completion_tokens", None) is not None or kind != "chat":
+        for ids in prompts:  # an explicit limit that does not fit: SGLang's 400
+            check_length(state, ids, params, "prompt" if kind != "chat" else "messages")
     rids = [body.rid] if len(prompts) == 1 else [None] * len(prompts)  # SGLang's rid extension: one prompt only
-    reqs, groups = expand(prompts, [params] * len(prompts), rids, [logprob] * len(prompts))
-    run = Fanin(state.engine, reqs, state.metrics, state.active, groups)
+    reqs, groups = expand(prompts, [params] * len(prompts), rids, [logprob] * len(prompts),
+                          [options or {}] * len(prompts))
+    run = Fanin(state.engine, reqs, state.metrics, state.active, groups, feed=state.feed)
+    try:
+        await fill_input_logprobs(state.engine, run.tracks)
+    except BaseException:
+        run.close()
+        raise
     head = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
-            "model": body.model}
+            "model": body.model or state.served_model_name}
     if not body.stream:
         tracks = await collect(run, request)
         if tracks is None:
@@ -112,10 +139,12 @@ async def completions(request: Request):
     if not raw:
         raise ApiError(400, "prompt: must not be empty", param="prompt")
     prompts = [check_prompt(state, state.tokenizer.encode(p) if isinstance(p, str) else p, "prompt") for p in raw]
-    default = min(16, state.server_cfg.max_new_tokens_cap)
-    params = _params(state, body, default if body.max_tokens is None else body.max_tokens)
+    params = _params(state, body, 16 if body.max_tokens is None else body.max_tokens)  # OpenAI's default
     check_batch(state, len(prompts) * params.n, "prompt")
     tok = state.tokenizer
+    k = body.logprobs or 0
+    reported = [0] * (len(prompts) * params.n)  # output tokens whose logprobs a stream chunk carried
+    echoed: set[int] = set()
 
     def render(i: int, track: Track, delta: Delta | None) -> dict | None:
         text = output_text(tok, track, body.skip_special_tokens, body.no_stop_trim)
@@ -124,18 +153,19 @@ async def completions(request: Request):
             text = delta(text, track.finished)
             if not text and reason is None:
                 return None
-        elif body.echo:
+        first = delta is None or i not in echoed  # a stream echoes the prompt in its first chunk (SGLang)
+        echoed.add(i)
+        if body.echo and first:
             p = raw[i // params.n]
             text = (p if isinstance(p, str) else tok.decode(p)) + text
         logprobs = None
-        if body.logprobs is not None and delta is None:
-            pieces = [tok.decode([t]) for t in track.ids]
-            offsets = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
-            logprobs = {"tokens": pieces, "token_logprobs": list(track.logprobs), "text_offset": offsets,
-                        "top_logprobs": [{p: lp} for p, lp in zip(pieces, track.logprobs)] if body.logprobs else None}
+        if body.logprobs is not None:
+            logprobs = completion_logprobs(tok, track, k, echo=body.echo and first, start=reported[i])
+            reported[i] = len(track.ids) if delta is not None else 0
         return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason, "matched_stop": matched}
 
-    return await _serve(request, body, prompts, params, body.logprobs is not None, "completion", render)
+    options = {"top_logprobs_num": k, "logprob_start_len": 0 if body.echo and k else -1}
+    return await _serve(request, body, prompts, params, body.logprobs is not None, "completion", render, options)
 
 
 def _chat_prompt(state, body: ChatIn) -> list[int]:
@@ -163,24 +193,28 @@ async def chat_completions(request: Request):
     prompt = _chat_prompt(state, body)
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if limit is None:
-        limit = min(state.context_length - len(prompt), state.server_cfg.max_new_tokens_cap)
+        cap = state.server_cfg.max_new_tokens_cap
+        limit = state.context_length - len(prompt) if cap is None else min(state.context_length - len(prompt), cap)
     params = _params(state, body, limit)
     tok = state.tokenizer
+    k = (body.top_logprobs or 0) if body.logprobs else 0
+    reported = [0] * params.n
 
     def render(i: int, track: Track, delta: Delta | None) -> dict | None:
         text = output_text(tok, track, body.skip_special_tokens, body.no_stop_trim)
         reason, matched = _finish(track)
-        logprobs = None
-        if body.logprobs and delta is None:
-            logprobs = {"content": [{"token": (s := tok.decode([t])), "logprob": lp, "bytes": list(s.encode()),
-                                     "top_logprobs": []} for t, lp in zip(track.ids, track.logprobs)]}
         if delta is None:
+            logprobs = chat_logprobs(tok, track, k) if body.logprobs else None
             return {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                     "finish_reason": reason, "matched_stop": matched}
         text = delta(text, track.finished)
         if not text and reason is None:
             return None
-        return {"index": i, "delta": {"content": text} if text else {}, "logprobs": None,
+        logprobs = chat_logprobs(tok, track, k, start=reported[i]) if body.logprobs else None
+        reported[i] = len(track.ids)
+        return {"index": i, "delta": {"content": text} if text else {}, "logprobs": logprobs,
                 "finish_reason": reason, "matched_stop": matched}
 
-    return await _serve(request, body, [prompt], params, body.logprobs, "chat", render)
+    if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
+        raise ApiError(400, f"top_logprobs must be in [0, 20], got {body.top_logprobs}", param="top_logprobs")
+    return await _serve(request, body, [prompt], params, body.logprobs, "chat", render, {"top_logprobs_num": k})

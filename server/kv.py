@@ -51,14 +51,16 @@ class SeqKVCache:
 
 
 def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caches: list[SeqKVCache],
-                     layer: int, seq_lens: list[int]) -> torch.Tensor:
+                     layer: int, seq_lens: list[int], masks: list[torch.Tensor | None] | None = None) -> torch.Tensor:
     """q: [N, n_heads, d]; k, v: [N, n_kv_heads, d] for the N new tokens of all sequences.
-    Appends k, v to each sequence's cache and returns the attention output [N, n_heads, d]."""
+    Appends k, v to each sequence's cache and returns the attention output [N, n_heads, d].
+    masks[i] [t_i, t_i] (True: may attend), when given, replaces the causal mask among sequence i's new
+    tokens (a draft tree); they all see the whole cache before them."""
     n_heads, n_kv = q.shape[1], k.shape[1]
     group, d = n_heads // n_kv, q.shape[2]
     out = torch.empty_like(q)
     start = 0
-    for cache, t in zip(caches, seq_lens):
+    for i, (cache, t) in enumerate(zip(caches, seq_lens)):
         end = start + t
         past = cache.length
         keys, values = cache.append(layer, k[start:end].transpose(0, 1), v[start:end].transpose(0, 1))
@@ -66,7 +68,9 @@ def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caches: 
         # are folded into the query-length dim, [n_kv, group * t, d] (head h uses KV head h // group)
         qs = q[start:end].transpose(0, 1).reshape(n_kv, group * t, d)
         mask = None
-        if t > 1:  # query j (absolute past + j) sees keys 0..past + j
+        if masks is not None and masks[i] is not None:
+            mask = torch.cat([torch.ones(t, past, dtype=torch.bool, device=q.device), masks[i]], 1).repeat(group, 1)
+        elif t > 1:  # query j (absolute past + j) sees keys 0..past + j
             mask = torch.ones(t, past + t, dtype=torch.bool, device=q.device).tril(diagonal=past).repeat(group, 1)
         o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask)
         out[start:end] = o.reshape(n_heads, t, d).transpose(0, 1)

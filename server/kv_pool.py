@@ -31,7 +31,7 @@ class KVPool:
         self.dims = (num_layers, n_kv, head_dim, dtype)
 
     @classmethod
-    def for_runner(cls, runner, slots: int, capacity: int) -> "KVPool | None":
+    def for_runner(cls, runner, slots: int, capacity: int) -> KVPool | None:
         """A pool sized for `slots` sequences of up to `capacity` tokens, capped at POOL_BYTES."""
         per_token = 2 * runner.num_layers * runner.num_kv_heads * runner.head_dim * runner.dtype.itemsize
         capacity = min(capacity, POOL_BYTES // (slots * per_token))

@@ -18,6 +18,12 @@ class Metrics:
         self.spec_accept_length = Gauge("gleanrl:spec_accept_length", "Mean tokens per SD verify pass", registry=r)
         self.spec_verify_passes = Gauge("gleanrl:spec_verify_passes", "SD verify passes by tokens emitted (the "
                                         "acceptance histogram)", ["tokens"], registry=r)
+        self.spec_accepted_tokens = Gauge("gleanrl:spec_accepted_tokens", "Draft tokens accepted, by draft source "
+                                          "(group: the prompt's other samples; eagle: the EAGLE-3 drafter)",
+                                          ["source"], registry=r)
+        self.spec_accept_length_by_source = Gauge("gleanrl:spec_accept_length_by_source", "Accepted draft "
+                                                  "tokens per verify pass that offered the source", ["source"],
+                                                  registry=r)
         self.prompt_tokens = Counter("gleanrl:prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("gleanrl:generation_tokens", "Generated tokens", registry=r)
         self.num_requests = Counter("gleanrl:num_requests", "Finished requests", ["finish_reason"], registry=r)
@@ -38,6 +44,10 @@ class Metrics:
         self.num_running_reqs.set(stats.get("num_running_reqs", 0))
         self.num_queue_reqs.set(stats.get("num_queue_reqs", 0))
         self.spec_accept_length.set(stats.get("avg_spec_accept_length") or 0.0)
+        for source, n in (stats.get("spec_accepted_tokens_by_source") or {}).items():
+            self.spec_accepted_tokens.labels(source=source).set(n)
+        for source, x in (stats.get("avg_spec_accept_length_by_source") or {}).items():
+            self.spec_accept_length_by_source.labels(source=source).set(x)
         for tokens, passes in enumerate(stats.get("spec_accept_histogram") or []):
             if passes:
                 self.spec_verify_passes.labels(tokens=str(tokens)).set(passes)

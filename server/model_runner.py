@@ -11,9 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from gleanrl.harvest.drafter import fuse_linears
-from gleanrl.server.kv import SeqKVCache, ragged_attention
 from gleanrl.server.attention import decode_attention
+from gleanrl.server.kv import SeqKVCache, ragged_attention
 from gleanrl.server.kv_pool import DecodePlan, decode_plan, pooled_decode_attention
+from gleanrl.server.sd.verify_attention import VerifyPlan, verify_attention, verify_plan
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -65,12 +66,12 @@ class ModelRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.hidden_size = cfg.hidden_size
         self.vocab_size = cfg.vocab_size
-        self.qkv = [fuse_linears([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj]) for l in self.layers]
-        self.gate_up = [fuse_linears([l.mlp.gate_proj, l.mlp.up_proj]) if hasattr(l.mlp, "gate_proj") else None
-                        for l in self.layers]
+        self.qkv = [fuse_linears([a.q_proj, a.k_proj, a.v_proj]) for a in (layer.self_attn for layer in self.layers)]
+        self.gate_up = [fuse_linears([m.gate_proj, m.up_proj]) if hasattr(m, "gate_proj") else None
+                        for m in (layer.mlp for layer in self.layers)]
 
     @classmethod
-    def load(cls, model_path: str, device: str = "cpu", dtype: str = "auto") -> "ModelRunner":
+    def load(cls, model_path: str, device: str = "cpu", dtype: str = "auto") -> ModelRunner:
         from transformers import AutoModelForCausalLM
 
         torch_dtype = resolve_dtype(dtype, device)
@@ -82,24 +83,28 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, caches: list[SeqKVCache],
-                seq_lens: list[int], capture_layers: list[int] | None = None,
-                last_only: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                seq_lens: list[int], capture_layers: list[int] | None = None, last_only: bool = True,
+                tree_masks: list[torch.Tensor | None] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """token_ids, positions: [N] (the new tokens of all sequences, concatenated);
         returns logits [B, V] for each sequence's last new token (or [N, V] if not `last_only`) and,
         with `capture_layers=[a, b, c]`, aux hidden [N, 3*H]: the residual stream entering layers
-        a+1, b+1, c+1 (= transformers' `output_hidden_states[a+1]`, ...) concatenated."""
+        a+1, b+1, c+1 (= transformers' `output_hidden_states[a+1]`, ...) concatenated. `tree_masks`: per
+        sequence None or a mask [t, t] among its new tokens (a draft tree, `gleanrl.server.sd.tree`)."""
         n = token_ids.shape[0]
         x = self.embed(token_ids)                                           # [N, H]
         cos, sin = self.rotary(x, positions[None])                          # [1, N, d]
         cos, sin = cos[0], sin[0]
-        plan = decode_plan(caches, seq_lens)
+        plan = decode_plan(caches, seq_lens) if tree_masks is None else None
+        vplan = verify_plan(caches, seq_lens, tree_masks, self.num_heads // self.num_kv_heads, x.device) \
+            if plan is None else None
         capture = {i + 1: None for i in capture_layers or []}
         if any(not 0 <= i < self.num_layers for i in capture):  # streams entering a layer; -1: the embedding
             raise ValueError(f"capture_layers must be in [-1, {self.num_layers - 2}], got {capture_layers}")
         for i, layer in enumerate(self.layers):
             if i in capture:
                 capture[i] = x
-            x = x + self._attention(layer, layer.input_layernorm(x), cos, sin, caches, i, seq_lens, n, plan)
+            x = x + self._attention(layer, layer.input_layernorm(x), cos, sin, caches, i, seq_lens, n,
+                                    plan or vplan, tree_masks)
             x = x + self._mlp(i, layer, layer.post_attention_layernorm(x))
         if plan is not None:  # the pooled path wrote K/V directly: advance the caches once, as append would
             for c in caches:
@@ -119,7 +124,8 @@ class ModelRunner:
 
     def _attention(self, layer: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    caches: list[SeqKVCache], index: int, seq_lens: list[int], n: int,
-                   plan: DecodePlan | None) -> torch.Tensor:
+                   plan: DecodePlan | VerifyPlan | None,
+                   tree_masks: list[torch.Tensor | None] | None = None) -> torch.Tensor:
         attn = layer.self_attn
         nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = F.linear(h, *self.qkv[index]).split([nq, nkv, nkv], dim=-1)
@@ -129,10 +135,12 @@ class ModelRunner:
         if getattr(attn, "q_norm", None) is not None:                       # Qwen3
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if plan is not None:  # a pure decode batch in the slot pool
+        if isinstance(plan, DecodePlan):  # a pure decode batch in the slot pool
             o = pooled_decode_attention(q, k, v, plan, index)
-        elif n == len(caches) > 1:  # a pure decode batch: one kernel for all sequences
+        elif plan is not None:  # a verify pass: a few tokens per sequence, one kernel for all
+            o = verify_attention(q, k, v, caches, index, seq_lens, plan)
+        elif n == len(caches) > 1 and tree_masks is None:  # a pure decode batch: one kernel for all sequences
             o = decode_attention(q, k, v, caches, index)
         else:
-            o = ragged_attention(q, k, v, caches, index, seq_lens)          # [N, nh, d]
+            o = ragged_attention(q, k, v, caches, index, seq_lens, tree_masks)   # [N, nh, d]
         return attn.o_proj(o.reshape(n, nq))

@@ -3,7 +3,6 @@ pydantic and JSON live at the edge (`server/http_*.py`). Configs validate at con
 `ValueError` naming the field, which the edge turns into a 400."""
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 
@@ -19,27 +18,43 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1
     seed: int | None = None           # makes a sampled output reproducible
+    # logits processing before temperature (SGLang's penaltylib): counts are over output tokens only
+    frequency_penalty: float = 0.0    # in [-2, 2]: logit -= penalty * count(token)
+    presence_penalty: float = 0.0     # in [-2, 2]: logit -= penalty if the token occurred
+    repetition_penalty: float = 1.0   # in (0, 2]: an occurred token's logit / penalty (x penalty if < 0)
+    min_new_tokens: int = 0           # EOS and stop token ids are masked until this many tokens exist
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    stop_regex: list[str] = field(default_factory=list)
+
+    @property
+    def penalised(self) -> bool:
+        """Whether the logits depend on the output so far (penalties, min_new_tokens) or a bias."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0
+                    or self.min_new_tokens or self.logit_bias)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if isinstance(self.stop_regex, str):
+            self.stop_regex = [self.stop_regex]
         checks = [
-            ("max_new_tokens", isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 0, "must be an integer >= 0"),
+            ("max_new_tokens", isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 0,
+             "must be an integer >= 0"),
             ("temperature", self.temperature >= 0, "must be >= 0"),
             ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
-            ("top_k", isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 0), "must be -1 (off) or >= 0"),
+            ("top_k", isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 0),
+             "must be -1 (off) or >= 0"),
             ("min_p", 0 <= self.min_p <= 1, "must be in [0, 1]"),
             ("n", isinstance(self.n, int) and self.n >= 1, "must be an integer >= 1"),
+            ("frequency_penalty", -2 <= self.frequency_penalty <= 2, "must be in [-2, 2]"),
+            ("presence_penalty", -2 <= self.presence_penalty <= 2, "must be in [-2, 2]"),
+            ("repetition_penalty", 0 < self.repetition_penalty <= 2, "must be in (0, 2] (1.0 = no penalty)"),
+            ("min_new_tokens", isinstance(self.min_new_tokens, int) and 0 <= self.min_new_tokens <= self.max_new_tokens,
+             f"must be in [0, max_new_tokens({self.max_new_tokens})]"),
         ]
         for name, ok, why in checks:
             if not ok:
                 raise ValueError(f"sampling_params.{name} {why}, got {getattr(self, name)!r}")
-
-
-class FinishKind(str, enum.Enum):
-    STOP = "stop"       # EOS, a stop token id or a stop string
-    LENGTH = "length"   # max_new_tokens or the context length
-    ABORT = "abort"     # aborted by /abort_request, a disconnect, a shutdown or abort_all_requests
 
 
 @dataclass(slots=True)
@@ -48,13 +63,26 @@ class GenerateRequest:
     input_ids: list[int]
     params: SamplingParams
     return_logprob: bool = False
+    logprob_start_len: int = -1                 # >= 0: input logprobs from this prompt position on
+    top_logprobs_num: int = 0                   # k > 0: the k most likely tokens at each position
+    token_ids_logprob: list[int] | None = None  # logprobs of these ids at each position
+
+    def __post_init__(self) -> None:
+        if self.logprob_start_len < -1:
+            raise ValueError(f"logprob_start_len must be >= -1, got {self.logprob_start_len}")
+        if self.logprob_start_len > len(self.input_ids):
+            raise ValueError(f"logprob_start_len={self.logprob_start_len} is higher than the number of input "
+                             f"tokens {len(self.input_ids)}. Please use a smaller logprob_start_len.")
+        if self.top_logprobs_num < 0:
+            raise ValueError(f"top_logprobs_num must be >= 0, got {self.top_logprobs_num}")
 
 
 @dataclass(slots=True)
 class GenerateOutput:
     """One update for a request. The engine emits deltas (`new_ids`, `new_logprobs` since the previous
     update); the last update has `finished=True` and `finish_reason` set (SGLang's shape:
-    {"type": "stop", "matched": token_id | "string"} | {"type": "length", "length": n} | {"type": "abort", "message": ...})."""
+    {"type": "stop", "matched": token_id | "string"} | {"type": "length", "length": n} |
+    {"type": "abort", "message": ...})."""
     rid: str
     new_ids: list[int]
     new_logprobs: list[float]          # log p of each new token under the target's distribution (see engine)
@@ -64,8 +92,38 @@ class GenerateOutput:
     completion_tokens: int = 0         # total so far
     weight_version: str = "default"
     draft_weight_version: str | None = None
-    spec_verify_ct: int = 0            # number of target verify passes (0 without SD)
-    spec_accept_length: float = 0.0    # mean tokens emitted per verify pass
+    weight_versions: list[dict] | None = None  # final update: [{"version", "start", "end"}] over output tokens
+    spec_verify_ct: int = 0            # target verify passes (0 without SD)
+    spec_accept_token_num: int = 0     # draft tokens accepted by them (no bonus token)
+    spec_draft_token_num: int = 0      # draft tokens they verified
+    num_retractions: int = 0           # times a retract pause put it back in the queue
+    # per new token, when asked (top_logprobs_num, token_ids_logprob): [(logprob, token_id), ...]
+    new_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    new_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    spec_accept_token_num_by_source: dict[str, int] | None = None  # gleanrl: accepted drafts by source
+
+    @property
+    def spec_accept_length(self) -> float:
+        return self.completion_tokens / self.spec_verify_ct if self.spec_verify_ct else 0.0
+
+    def meta_info(self) -> dict:
+        """The engine's part of SGLang's `meta_info` (versions and SD stats, SGLang's names). As SGLang
+        0.5.23's tokenizer manager: `spec_accept_length` = completion tokens / verify passes (the
+        prefill's token included), `spec_accept_rate` = accepted / verified draft tokens; slime's
+        `Sample.SpecInfo` reads `spec_accept_token_num` and `spec_draft_token_num` (SGLang <= 0.5.9's
+        names of 0.5.23's `spec_num_correct_drafts` and `spec_num_proposed_drafts`)."""
+        ct, drafts = self.spec_verify_ct, self.spec_draft_token_num
+        info = {"weight_version": self.weight_version, "draft_weight_version": self.draft_weight_version,
+                "num_retractions": self.num_retractions,
+                "spec_verify_ct": ct, "spec_accept_length": self.spec_accept_length,
+                "spec_accept_rate": self.spec_accept_token_num / drafts if drafts else 0.0,
+                "spec_accept_token_num": self.spec_accept_token_num, "spec_draft_token_num": drafts,
+                "spec_num_correct_drafts": self.spec_accept_token_num, "spec_num_proposed_drafts": drafts}
+        if self.weight_versions is not None:
+            info["weight_versions"] = self.weight_versions
+        if self.spec_accept_token_num_by_source:
+            info["spec_accept_token_num_by_source"] = self.spec_accept_token_num_by_source
+        return info
 
 
 class CheckpointError(ValueError):

@@ -1,74 +1,32 @@
-"""Continuous batching: a waiting queue and a running set; requests join and leave between iterations.
+"""Continuous batching over the engine state: requests join and leave the running set between iterations.
 
-Every running sequence feeds the tokens its KV cache lacks (`total_len - cache.length`): a new request
-feeds its prompt (chunked under `prefill_chunk`), a decoding one its last sampled token, a request whose
-cache was flushed by a weight update its whole prefix again. So prefill and decode share one forward.
-`decode_step` is the one replaceable method: speculative decoding substitutes its own for the batch.
+The scheduler owns the KV slots and the request lifecycle (admit, step, retract, finish); the decoder it
+is handed does the forward. Every method but `step`'s decoder call runs under the state's lock.
 """
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable
-
-import torch
-
+from gleanrl.server.decode import Decoder
+from gleanrl.server.engine_state import EngineState
 from gleanrl.server.kv import SeqKVCache
 from gleanrl.server.kv_pool import KVPool
 from gleanrl.server.model_runner import ModelRunner
-from gleanrl.server.protocol import GenerateOutput, GenerateRequest
-from gleanrl.server.sampler import params_tensors, processed_probs, sample, token_logprobs
-from gleanrl.server.stopping import StopChecker
+from gleanrl.server.protocol import GenerateOutput
+from gleanrl.server.sequence import Sequence
 
-
-@dataclass(eq=False)
-class Sequence:
-    req: GenerateRequest
-    emit: Callable[[GenerateOutput], None]
-    stopper: StopChecker
-    generator: torch.Generator | None = None
-    output_ids: list[int] = field(default_factory=list)
-    output_logprobs: list[float] = field(default_factory=list)
-    cache: SeqKVCache | None = None
-    sent: int = 0                        # output tokens already emitted
-    finish_reason: dict | None = None
-    abort_message: str | None = None     # set by another thread: drop at the next chance
-    spec_verify_ct: int = 0
-    spec_accepted: int = 0               # tokens emitted by verify passes (SD)
-
-    @property
-    def total_len(self) -> int:
-        return len(self.req.input_ids) + len(self.output_ids)
-
-    def tokens(self, start: int, end: int) -> list[int]:
-        prompt = self.req.input_ids
-        return (prompt[start:end] if start < len(prompt) else []) + \
-            self.output_ids[max(start - len(prompt), 0):max(end - len(prompt), 0)]
-
-
-Emitted = list[tuple[list[int], list[float]]]  # per sequence: new token ids and their logprobs
 SD_MARGIN = 20  # room past the context length for a verify pass's draft tokens (k <= 16)
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, max_running: int, prefill_chunk: int = 1024,
-                 context_length: int | None = None):
-        self.runner = runner
+    def __init__(self, state: EngineState, runner: ModelRunner, max_running: int, context_length: int | None = None):
+        self.state, self.runner, self.max_running = state, runner, max_running
         self.pool = KVPool.for_runner(runner, max_running, context_length + SD_MARGIN) if context_length else None
-        self.max_running = max_running
-        self.prefill_chunk = prefill_chunk
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
-        self.weight_version = "default"
-        self.draft_weight_version: str | None = None
-        self.generation_tokens_total = 0
-        self.urgent = False  # a first token or a final update was emitted: deliver without delay
 
     def admit(self) -> None:
-        while self.waiting and len(self.running) < self.max_running:
-            seq = self.waiting.popleft()
+        st = self.state
+        while st.waiting and len(st.running) < self.max_running:
+            seq = st.waiting.popleft()
             seq.cache = self.new_cache(seq)
-            self.running.append(seq)
+            st.running.append(seq)
 
     def new_cache(self, seq: Sequence) -> SeqKVCache:
         """A slot of the pool when the sequence's longest possible length fits, else its own cache."""
@@ -84,13 +42,29 @@ class Scheduler:
             self.pool.release(seq.cache)
         seq.cache = None
 
-    def step(self) -> list[Sequence]:
-        """One iteration over the running set. Emits deltas of the unfinished sequences and returns the
-        finished ones, which the caller removes and then emits (so a finished request's slot is free
-        before its consumer hears of it)."""
-        seqs = [s for s in self.running if s.abort_message is None]
-        finished = []
-        for seq, (ids, lps) in zip(seqs, self.decode_step(seqs)):
+    def rebuild_caches(self) -> None:
+        """Drop the running requests' KV; the next iteration re-feeds their prefixes (new weights)."""
+        for s in self.state.running:
+            self.free_cache(s)
+            s.cache = self.new_cache(s)
+
+    def retract(self) -> int:
+        """Put the running requests back at the head of the queue, in order, without their KV."""
+        st = self.state
+        back = [s for s in st.running if s.abort_message is None]
+        for s in back:
+            self.free_cache(s)
+            s.retractions += 1
+        st.running = [s for s in st.running if s not in back]
+        st.waiting.extendleft(reversed(back))
+        return len(back)
+
+    def step(self, decoder: Decoder) -> list[Sequence]:
+        """One decoder iteration over the running set, outside the lock (`in_step`: nothing else changes
+        the set meanwhile). Emits deltas of the unfinished sequences and returns the finished ones, which
+        `reap` then retires (a finished request's slot is free before its consumer hears of it)."""
+        seqs, finished = [s for s in self.state.running if s.abort_message is None], []
+        for seq, (ids, lps) in zip(seqs, decoder.decode(self.runner, seqs)):
             for tok, lp in zip(ids, lps):
                 seq.output_ids.append(tok)
                 seq.output_logprobs.append(lp)
@@ -103,61 +77,36 @@ class Scheduler:
                 self.emit(seq)
         return finished
 
+    def reap(self, finished: list[Sequence] = ()) -> None:
+        """Retire the finished and the aborted running sequences."""
+        done = set(map(id, finished))
+        gone = [s for s in self.state.running if id(s) in done or s.abort_message is not None]
+        self.state.running = [s for s in self.state.running if s not in gone]
+        for s in gone:
+            self.finish(s, None if id(s) in done else s.abort_message)
+
+    def finish(self, seq: Sequence, abort_message: str | None = None) -> None:
+        """Once out of every set: free its cache and rid, send its last update."""
+        self.free_cache(seq)
+        self.state.rids.discard(seq.req.rid)
+        self.emit(seq, abort_message)
+
     def emit(self, seq: Sequence, abort_message: str | None = None) -> None:
-        new = len(seq.output_ids) - seq.sent
-        self.generation_tokens_total += new
-        self.urgent |= seq.sent == 0 and new > 0
+        st, new = self.state, len(seq.output_ids) - seq.sent
+        st.generation_tokens_total += new
+        st.urgent |= seq.sent == 0 and new > 0
         if abort_message is not None:
             seq.finish_reason = {"type": "abort", "message": abort_message}
+        finished = seq.finish_reason is not None
         seq.emit(GenerateOutput(
             rid=seq.req.rid, new_ids=seq.output_ids[seq.sent:], new_logprobs=seq.output_logprobs[seq.sent:],
-            finished=seq.finish_reason is not None, finish_reason=seq.finish_reason,
+            finished=finished, finish_reason=seq.finish_reason,
             prompt_tokens=len(seq.req.input_ids), completion_tokens=len(seq.output_ids),
-            weight_version=self.weight_version, draft_weight_version=self.draft_weight_version,
-            spec_verify_ct=seq.spec_verify_ct,
-            spec_accept_length=seq.spec_accepted / seq.spec_verify_ct if seq.spec_verify_ct else 0.0))
+            weight_version=st.weight_version, draft_weight_version=st.draft_weight_version,
+            weight_versions=seq.weight_versions(st.weight_version) if finished else None,
+            spec_verify_ct=seq.spec_verify_ct, spec_accept_token_num=seq.spec_correct_drafts,
+            spec_draft_token_num=seq.spec_proposed_drafts, num_retractions=seq.retractions,
+            new_top_logprobs=[top for top, _ in seq.token_extras[seq.sent:len(seq.output_ids)]],
+            new_token_ids_logprobs=[ids for _, ids in seq.token_extras[seq.sent:len(seq.output_ids)]],
+            spec_accept_token_num_by_source=dict(seq.spec_accepted_by_source) or None))
         seq.sent = len(seq.output_ids)
-
-    def decode_step(self, seqs: list[Sequence]) -> Emitted:
-        """One target forward over the ragged batch; samples one token for each sequence whose cache
-        then covers its whole prefix (a sequence still mid-prefill gets none)."""
-        feeds, budget = [], self.prefill_chunk
-        for s in seqs:
-            pending = s.total_len - s.cache.length
-            count = pending if pending <= 1 else min(pending, max(budget, 0))
-            budget -= count
-            feeds.append(count)
-        fed = [(s, c) for s, c in zip(seqs, feeds) if c > 0]
-        if not fed:
-            return [([], []) for _ in seqs]
-        tokens, positions = [], []
-        for s, c in fed:
-            start = s.cache.length
-            tokens += s.tokens(start, start + c)
-            positions += range(start, start + c)
-        device = self.runner.device
-        logits, _ = self.runner.forward(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
-                                        [s.cache for s, _ in fed], [c for _, c in fed])
-        done = [i for i, (s, c) in enumerate(fed) if s.cache.length == s.total_len]
-        new = self.sample_rows(logits[done], [fed[i][0] for i in done])
-        by_seq = {id(fed[i][0]): new[j] for j, i in enumerate(done)}
-        return [by_seq.get(id(s), ([], [])) for s in seqs]
-
-    @staticmethod
-    def sample_rows(logits: torch.Tensor, seqs: list[Sequence]) -> Emitted:
-        """logits [B, V] for B sequences -> one (token, logprob) each; the logprobs are 0.0 unless some
-        sequence in the batch asked for them (`return_logprob`)."""
-        if not seqs:
-            return []
-        greedy = all(s.req.params.temperature <= 0 for s in seqs)
-        want_logprobs = any(s.req.return_logprob for s in seqs)
-        if greedy:
-            ids = logits.argmax(-1)
-            lps = (torch.log_softmax(logits.float(), -1).gather(-1, ids[:, None])[:, 0].tolist()
-                   if want_logprobs else [0.0] * len(seqs))
-            return [([t], [lp]) for t, lp in zip(ids.tolist(), lps)]
-        p = params_tensors([s.req.params for s in seqs], logits.device)
-        probs = processed_probs(logits, p["temperature"], p["top_k"], p["top_p"], p["min_p"])
-        ids = sample(probs, [s.generator for s in seqs])
-        lps = token_logprobs(logits, ids, p["temperature"], p["top_p"]).tolist() if want_logprobs else [0.0] * len(seqs)
-        return [([t], [lp]) for t, lp in zip(ids.tolist(), lps)]

@@ -6,17 +6,23 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, TypeVar
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
-                      ValidationError)
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 Number = StrictFloat                                   # ints are accepted, strings and bools are not
 Stop = StrictStr | list[StrictStr] | None
 M = TypeVar("M", bound=BaseModel)
 
-# SGLang sampling fields the embedded engine does not implement: accepted only at their neutral value.
-NEUTRAL_SAMPLING = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
-                    "min_new_tokens": 0, "json_schema": None, "regex": None, "ebnf": None,
-                    "structural_tag": None, "logit_bias": None, "stop_regex": None, "custom_params": None}
+# SGLang fields the embedded engine does not implement: accepted only unset (None, "", False, [], {}),
+# otherwise a 400 naming the field (never accepted and ignored).
+UNSUPPORTED_SAMPLING = ("json_schema", "regex", "ebnf", "structural_tag")
+UNSUPPORTED_OPENAI = ("tools", "functions", "response_format", "json_schema", "regex", "ebnf", "structural_tag",
+                      "lora_path", "return_hidden_states", "custom_logit_processor", "audio", "prediction")
+UNSUPPORTED_GENERATE = ("input_embeds", "image_data", "video_data", "audio_data", "lora_path", "lora_id",
+                        "custom_logit_processor", "return_hidden_states", "session_params", "return_routed_experts",
+                        "return_entropy", "return_sampling_mask", "return_flat_raw_top_logprobs",
+                        "return_flat_raw_output_top_logprobs", "max_thinking_tokens", "return_indexer_topk",
+                        "multi_item_delimiter_indices", "token_indices_to_pool", "positional_embed_overrides",
+                        "watermark", "return_bytes", "require_reasoning")
 
 
 class SamplingIn(BaseModel):
@@ -44,19 +50,31 @@ class SamplingIn(BaseModel):
     regex: Any = None
     ebnf: Any = None
     structural_tag: Any = None
-    logit_bias: Any = None
-    stop_regex: Any = None
-    custom_params: Any = None
+    logit_bias: dict[StrictStr, Number] | None = None
+    stop_regex: Stop = None
+    custom_params: dict[StrictStr, Any] | None = None   # accepted; no custom logit processor reads it
 
 
 class GenerateIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")   # extras: checked against UNSUPPORTED_GENERATE, others ignored
     text: StrictStr | list[StrictStr] | None = None
     input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
     sampling_params: SamplingIn | list[SamplingIn] | None = None
     return_logprob: StrictBool | list[StrictBool] = False
+    logprob_start_len: StrictInt | list[StrictInt] = -1
+    top_logprobs_num: StrictInt | list[StrictInt] = 0
+    token_ids_logprob: list[StrictInt] | list[list[StrictInt]] | None = None
+    return_text_in_logprobs: StrictBool = False
     rid: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
+
+
+def refuse_unsupported(values: dict, names: tuple[str, ...], prefix: str = "") -> None:
+    """A 400 naming the first field of `names` that is set in `values` (unset: None, "", False, [], {})."""
+    for name in names:
+        if values.get(name) not in (None, "", False, [], {}):
+            field = f"{prefix}{name}"
+            raise ApiError(400, f"{field} is not supported by the embedded engine", param=field)
 
 
 class UpdateWeightsIn(BaseModel):
@@ -66,6 +84,22 @@ class UpdateWeightsIn(BaseModel):
     weight_version: StrictStr | None = None
     flush_cache: StrictBool = True
     abort_all_requests: StrictBool = False
+    selector: Literal["target", "draft"] = "target"
+
+
+class TensorUpdateIn(BaseModel):
+    """SGLang's UpdateWeightsFromTensorReqInput (one payload per TP rank)."""
+    model_config = ConfigDict(extra="ignore")
+    serialized_named_tensors: list[StrictStr] = Field(min_length=1)
+    load_format: StrictStr | None = None
+    flush_cache: StrictBool = True
+    abort_all_requests: StrictBool = False
+    weight_version: StrictStr | None = None
+    selector: Literal["target", "draft"] = "target"
+
+
+class BeginWeightUpdateIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
     selector: Literal["target", "draft"] = "target"
 
 
@@ -81,8 +115,8 @@ class StreamOptions(BaseModel):
 
 class OpenAISampling(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's, plus SGLang's extras)."""
-    model_config = ConfigDict(extra="ignore")
-    model: StrictStr
+    model_config = ConfigDict(extra="allow")   # extras: checked against UNSUPPORTED_OPENAI, others ignored
+    model: StrictStr | None = None             # omitted or "default": the served model (SGLang)
     max_tokens: StrictInt | None = None
     temperature: Number | None = None
     top_p: Number | None = None
@@ -101,6 +135,11 @@ class OpenAISampling(BaseModel):
     skip_special_tokens: StrictBool = True
     no_stop_trim: StrictBool = False
     rid: StrictStr | None = None
+    repetition_penalty: Number = 1.0           # SGLang's extra sampling fields
+    min_tokens: StrictInt = 0
+    logit_bias: dict[StrictStr, Number] | None = None
+    stop_regex: Stop = None
+    custom_params: dict[StrictStr, Any] | None = None
 
 
 class CompletionIn(OpenAISampling):
@@ -190,6 +229,7 @@ async def parse(request, model: type[M], max_bytes: int) -> M:
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "/generate": GenerateIn, "/update_weights_from_disk": UpdateWeightsIn, "/abort_request": AbortIn,
+    "/update_weights_from_tensor": TensorUpdateIn, "/begin_weight_update": BeginWeightUpdateIn,
     "/v1/completions": CompletionIn, "/v1/chat/completions": ChatIn}
 
 
@@ -206,3 +246,38 @@ def describe_bodies(schema: dict) -> dict:
                 op["requestBody"] = {"required": True, "content": {"application/json": {
                     "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
     return schema
+
+
+class InitGroupIn(BaseModel):
+    """SGLang's InitWeightsUpdateGroupReqInput."""
+    model_config = ConfigDict(extra="ignore")
+    master_address: StrictStr
+    master_port: StrictInt
+    rank_offset: StrictInt
+    world_size: StrictInt = Field(ge=2)
+    group_name: StrictStr = "weight_update_group"
+    backend: Literal["gloo", "nccl"] = "nccl"
+
+
+class DistributedUpdateIn(BaseModel):
+    """SGLang's UpdateWeightsFromDistributedReqInput."""
+    model_config = ConfigDict(extra="ignore")
+    names: list[StrictStr] = Field(min_length=1)
+    dtypes: list[StrictStr]
+    shapes: list[list[StrictInt]]
+    group_name: StrictStr = "weight_update_group"
+    flush_cache: StrictBool = True
+    abort_all_requests: StrictBool = False
+    weight_version: StrictStr | None = None
+    load_format: StrictStr | None = None
+    selector: Literal["target", "draft"] = "target"
+
+
+class DestroyGroupIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    group_name: StrictStr = "weight_update_group"
+
+
+class MemoryTagsIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    tags: list[StrictStr] | None = None

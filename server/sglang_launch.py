@@ -47,8 +47,12 @@ def sglang_python() -> tuple[str, dict[str, str]]:
         raise SGLangLaunchError("SGLang is not installed: `pip install 'sglang[all]>=0.5.23'` on a GPU machine, or "
                                 "`bash scripts/install_sglang_cpu.sh .venv-sglang` for the CPU test engine "
                                 "(or point GLEANRL_SGLANG_PYTHON at an interpreter that has it)")
-    shim = Path(python).parent.parent / "shim"   # the CPU install's vllm stub (see install_sglang_cpu.sh)
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")]))} if shim.is_dir() else {}
+    shim = Path(python).parent.parent / "shim"  # the CPU install's vllm stub (see install_sglang_cpu.sh)
+    env = (
+        {"PYTHONPATH": os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")]))}
+        if shim.is_dir()
+        else {}
+    )
     return python, env
 
 

@@ -51,7 +51,9 @@ class SGLangProcess:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise SGLangLaunchError(f"SGLang did not become healthy within {timeout_s:.0f}s; its last output:\n{self.output()}")
+        raise SGLangLaunchError(
+            f"SGLang did not become healthy within {timeout_s:.0f}s; its last output:\n{self.output()}"
+        )
 
     def stop(self, grace_s: float = 15.0) -> None:
         """Terminate the whole process group SGLang started (scheduler and detokenizer included)."""

@@ -3,7 +3,8 @@
 A weight update is checked fully before anything is swapped: the directory and `config.json` exist,
 the architecture and model_type equal the serving model's, every safetensors file opens (a truncated
 or corrupt file fails its header check), the tensor names, shapes and dtypes equal the serving
-checkpoint's, and the loaded weights are finite (corrupt data behind an intact header). Any failure raises `CheckpointError` with the reason; the caller keeps its old weights.
+checkpoint's, and the loaded weights are finite (corrupt data behind an intact header). Any failure
+raises `CheckpointError` with the reason; the caller keeps its old weights.
 """
 from __future__ import annotations
 

@@ -14,9 +14,30 @@ def test_bench_sd_json(tiny_qwen2, tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     out = tmp_path / "bench.json"
-    rc = gleanrl.cli.main(["bench", "sd", "--model", str(tiny_qwen2), "--drafter", str(drafter), "--prompts", str(prompts),
-                       "--json", str(out), "--batches", "1,3", "--max-new-tokens", "12", "--repeats", "1",
-                       "--sd", "on", "--num-draft-tokens", "3"])
+    rc = gleanrl.cli.main(
+        [
+            "bench",
+            "sd",
+            "--model",
+            str(tiny_qwen2),
+            "--drafter",
+            str(drafter),
+            "--prompts",
+            str(prompts),
+            "--json",
+            str(out),
+            "--batches",
+            "1,3",
+            "--max-new-tokens",
+            "12",
+            "--repeats",
+            "1",
+            "--sd",
+            "on",
+            "--num-draft-tokens",
+            "3",
+        ]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
     assert [(r["batch"], r["temperature"]) for r in data["results"]] == [(1, 0.0), (1, 1.0), (3, 0.0), (3, 1.0)]

@@ -90,7 +90,9 @@ def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
 
 
 def test_cli_reports_user_errors_without_a_traceback(tmp_path, capsys):
-    assert gleanrl.cli.main(["bootstrap", "--size", "tiny", "--task", "no_such_task", "--out", str(tmp_path / "x")]) == 2
+    assert (
+        gleanrl.cli.main(["bootstrap", "--size", "tiny", "--task", "no_such_task", "--out", str(tmp_path / "x")]) == 2
+    )
     assert "unknown task" in capsys.readouterr().err
 
 

@@ -8,8 +8,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from gleanrl.harvest.checkpoint_check import (CheckpointMismatch, check_drafter_checkpoint, check_policy_checkpoint,
-                                      read_safetensors_header, read_tensor_specs)
+from gleanrl.harvest.checkpoint_check import (
+    CheckpointMismatch,
+    check_drafter_checkpoint,
+    check_policy_checkpoint,
+    read_safetensors_header,
+    read_tensor_specs,
+)
 
 
 def _copy(src, dst):
@@ -59,7 +64,10 @@ def test_config_lie_is_caught_by_tensor_names(tiny_qwen2, tiny_llama, tmp_path):
 def test_wrong_shape_and_dtype_are_refused(tiny_qwen2, tmp_path):
     specs = read_tensor_specs(tiny_qwen2)
     name = "model.norm.weight"
-    for change, why in [(lambda t: torch.zeros(t.shape[0] + 1), "model.norm.weight"), (lambda t: t.to(torch.bfloat16), "BF16")]:
+    for change, why in [
+        (lambda t: torch.zeros(t.shape[0] + 1), "model.norm.weight"),
+        (lambda t: t.to(torch.bfloat16), "BF16"),
+    ]:
         bad = _copy(tiny_qwen2, tmp_path / f"bad_{why}")
         from safetensors.torch import load_file
         state = load_file(bad / "model.safetensors")

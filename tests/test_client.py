@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from gleanrl.clients.rollout_client import RolloutClient, RolloutServerError
+from gleanrl.clients.rollout import Rollout, RolloutStatus
+from gleanrl.clients.rollout_client import RolloutClient
+from gleanrl.clients.transport import RolloutServerError
 from serving import running_server
-from gleanrl.trainer.rollout import Rollout, RolloutStatus
 
 PROMPT = [5, 17, 33, 2, 9]
 
@@ -151,11 +152,21 @@ def test_retries_connection_errors_only():
     assert calls["n"] == 1 and err.value.status == 500
 
 
+def test_success_false_is_an_error_even_with_status_200():
+    import httpx
+    answer = {"success": False, "message": "Failed to update weights: shape mismatch"}
+    client = _mock_client(lambda request: httpx.Response(200, json=answer))
+    with pytest.raises(RolloutServerError, match="shape mismatch") as err:
+        _run(client.update_weights_from_disk("/ckpt/v1", weight_version="1"))
+    assert err.value.status == 200 and err.value.message == answer["message"]
+
+
 def test_incremental_stream_chunks_are_concatenated():
     import json as _json
 
     import httpx
-    from gleanrl.trainer.generate import run_one
+
+    from gleanrl.clients.rollout import run_rollout
     chunks = [{"output_ids": [4], "meta_info": {"completion_tokens": 1, "output_token_logprobs": [[-0.5, 4, None]],
                                                 "finish_reason": None, "weight_version": "3"}},
               {"output_ids": [6], "meta_info": {"completion_tokens": 2, "output_token_logprobs": [[-0.25, 6, None]],
@@ -164,7 +175,7 @@ def test_incremental_stream_chunks_are_concatenated():
     body = "".join(f"data: {_json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
     client = _mock_client(lambda request: httpx.Response(200, text=body))
     r = Rollout(group_id=0, index=0, sample={}, prompt_ids=PROMPT, rid="x")
-    _run(run_one(client, r, {"max_new_tokens": 4}, stream=True))
+    _run(run_rollout(client, r, {"max_new_tokens": 4}, stream=True))
     assert r.status == RolloutStatus.FINISHED and r.output_ids == [4, 6] and r.rollout_logprobs == [-0.5, -0.25]
     assert r.weight_version == "3" and r.first_token_at is not None
 
@@ -187,3 +198,11 @@ def test_config_file_then_flags(tiny_qwen2, tmp_path):
     (tmp_path / "c.yaml").write_text(f"model: {tiny_qwen2}\nout: {tmp_path}\nsteps: 5\nlr: 0.01\n")
     cfg = build_config(read_config_file(tmp_path / "c.yaml"), {"steps": 7, "lr": None})
     assert cfg.steps == 7 and cfg.lr == 0.01
+
+
+def test_public_api_names_resolve():
+    import gleanrl
+    from gleanrl.clients import rollout, transport, weight_sync
+    assert all(getattr(gleanrl, name) is not None for name in gleanrl.__all__)
+    assert (gleanrl.Rollout, gleanrl.RolloutServerError, gleanrl.DrafterPush) == (
+        rollout.Rollout, transport.RolloutServerError, weight_sync.DrafterPush)

@@ -51,7 +51,9 @@ def test_services_profiles_and_images():
     assert rollout["image"].startswith("lmsysorg/sglang:")
     assert rollout["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     for svc in (cpu, trainer):
-        assert svc["image"] == "gleanrl:latest" and (ROOT / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
+        assert (
+            svc["image"] == "gleanrl:latest" and (ROOT / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
+        )
     assert load({"SGLANG_IMAGE": "mirror/sglang:x"})["services"]["rollout"]["image"] == "mirror/sglang:x"
     with pytest.raises(ValueError, match="GLEANRL_ADMIN_API_KEY"):
         yaml.safe_load(interpolate(COMPOSE.read_text(), {}))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gleanrl.clients.rollout import Rollout
 from gleanrl.demo_report import totals, write_report
 from gleanrl.trainer.metrics import sd_stats, step_shares
-from gleanrl.trainer.rollout import Rollout
 
 
 def _row(step: int, rollout_s: float, tail_s: float, verify: int, sd_tokens: int, tokens: int) -> dict:

@@ -17,7 +17,7 @@ from gleanrl.server.sd.drafter_forward import drafter_forward, new_draft_cache
 def drafter(tiny_qwen2):
     d = init_drafter(tiny_qwen2, seed=3)
     with torch.no_grad():  # non-trivial norms, so a swapped norm would show
-        for name, p in d.named_parameters():
+        for p in d.parameters():
             if p.dim() == 1:
                 p.uniform_(0.5, 1.5)
     return d.eval()
@@ -29,10 +29,14 @@ def reference_forward(d, ids: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
     c, L = d.config, d.midlayer
-    rms = lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c.rms_norm_eps) * w
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c.rms_norm_eps) * w
+
     r = aux @ d.fc.weight.T
     x = torch.cat([rms(d.embed_tokens.weight[ids], L.input_layernorm.weight), rms(r, L.hidden_norm.weight)], -1)
-    heads = lambda W, n: (x @ W.T).view(len(ids), n, c.head_dim).transpose(0, 1)[None]  # [1, n, T, d]
+    def heads(W, n):  # -> [1, n, T, d]
+        return (x @ W.T).view(len(ids), n, c.head_dim).transpose(0, 1)[None]
+
     q = heads(L.self_attn.q_proj.weight, c.num_attention_heads)
     k = heads(L.self_attn.k_proj.weight, c.num_key_value_heads)
     v = heads(L.self_attn.v_proj.weight, c.num_key_value_heads)
@@ -101,8 +105,8 @@ def test_two_layer_target_gets_a_two_aux_layer_drafter(tiny_tokenizer, tmp_path)
     from transformers import AutoModelForCausalLM
 
     from gleanrl.harvest.capture import capture
-    from gleanrl.tiny import make_tiny_model
     from gleanrl.harvest.train_step import make_optimizer, train_step
+    from gleanrl.tiny import make_tiny_model
 
     target = make_tiny_model(tmp_path / "t", tokenizer=tiny_tokenizer, num_layers=2)
     d = load_drafter(save_drafter(init_drafter(target), tmp_path / "d"), target_config=target)
@@ -222,6 +226,7 @@ def test_init_for_other_architectures(request, fixture, tmp_path):
 
 def test_init_copies_target_embedding_and_head(tiny_qwen2, tiny_tokenizer, tmp_path):
     from safetensors.torch import load_file
+
     from gleanrl.tiny import make_tiny_model
 
     weights = load_file(str(tiny_qwen2 / "model.safetensors"))

@@ -20,13 +20,17 @@ def test_draft_init_writes_a_loadable_drafter(tiny_qwen2, tmp_path, capsys):
 def test_draft_init_rejects_bad_input(tmp_path, capsys, tiny_qwen2):
     assert main(["draft", "init", "--model", str(tmp_path), "--out", str(tmp_path / "d")]) == 2
     assert "no config.json" in capsys.readouterr().err
-    assert main(["draft", "init", "--model", str(tiny_qwen2), "--out", str(tmp_path / "d"), "--layer-ids", "2,1,0"]) == 2
+    assert (
+        main(["draft", "init", "--model", str(tiny_qwen2), "--out", str(tmp_path / "d"), "--layer-ids", "2,1,0"]) == 2
+    )
     assert "increasing" in capsys.readouterr().err
 
 
 def test_draft_train_from_prompts_file(tiny_qwen2, tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"Question: what is {i} + {i}? Answer:"}) + "\n" for i in range(10)))
+    prompts.write_text(
+        "".join(json.dumps({"prompt": f"Question: what is {i} + {i}? Answer:"}) + "\n" for i in range(10))
+    )
     log = tmp_path / "log.jsonl"
     rc = main(["draft", "train", "--model", str(tiny_qwen2), "--prompts", str(prompts), "--out", str(tmp_path / "d"),
                "--max-new-tokens", "12", "--steps", "6", "--eval-every", "3", "--gen-batch", "5", "--topk", "16",
@@ -51,7 +55,9 @@ def test_draft_train_from_task(tiny_qwen2, tmp_path):
 def test_draft_train_bad_prompts_file(tiny_qwen2, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "no prompt key"}\n')
-    assert main(["draft", "train", "--model", str(tiny_qwen2), "--prompts", str(bad), "--out", str(tmp_path / "d")]) == 2
+    assert (
+        main(["draft", "train", "--model", str(tiny_qwen2), "--prompts", str(bad), "--out", str(tmp_path / "d")]) == 2
+    )
     assert "bad.jsonl:1" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
 

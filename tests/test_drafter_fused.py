@@ -19,8 +19,8 @@ def test_fused_forward_equals_unfused(tiny_qwen2):
         outs = []
         for d in (plain, fused):
             cache = new_draft_cache(d)
-            h = drafter_forward(d, ids[:5], aux[:5], torch.arange(5), [cache], [5])                         # catch-up
-            h2 = drafter_forward(d, ids[5:6], h[-1:], torch.tensor([5]), [cache], [1])                      # one draft step
+            h = drafter_forward(d, ids[:5], aux[:5], torch.arange(5), [cache], [5])  # catch-up
+            h2 = drafter_forward(d, ids[5:6], h[-1:], torch.tensor([5]), [cache], [1])  # one draft step
             outs.append((h, h2, d.logits(h2)))
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

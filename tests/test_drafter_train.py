@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gleanrl.harvest.acceptance import acceptance_length, accept_lengths, expected_accept_lengths
+from gleanrl.harvest.acceptance import accept_lengths, acceptance_length, expected_accept_lengths
 from gleanrl.harvest.capture import capture
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.harvest.train_step import collate, draft_labels, make_optimizer, ttt_loss, ttt_unroll, train_step
+from gleanrl.harvest.train_step import collate, draft_labels, make_optimizer, train_step, ttt_loss, ttt_unroll
 from gleanrl.server.sd.drafter_forward import drafter_forward, new_draft_cache
 
 
@@ -88,13 +88,17 @@ def test_ttt_steps_reduce_loss_and_raise_heldout_acceptance(greedy_samples, tiny
     sampled_before = acceptance_length(d, held, k=4, mode="sampled")
     b = collate(train, d)
     with torch.no_grad():
-        loss_before = ttt_loss(ttt_unroll(d, b["ids"], b["aux"], b["valid"], 4), b["labels"], b["valid"], b["loss_mask"])[0]
+        loss_before = ttt_loss(
+            ttt_unroll(d, b["ids"], b["aux"], b["valid"], 4), b["labels"], b["valid"], b["loss_mask"]
+        )[0]
     opt = make_optimizer(d, lr=3e-3)
     for step in range(40):
         metrics = train_step(d, opt, [train[(4 * step + i) % 20] for i in range(4)])
     assert set(metrics) >= {"loss", "loss_0", "acc_0", "acc_3", "tokens"}
     with torch.no_grad():
-        loss_after = ttt_loss(ttt_unroll(d, b["ids"], b["aux"], b["valid"], 4), b["labels"], b["valid"], b["loss_mask"])[0]
+        loss_after = ttt_loss(
+            ttt_unroll(d, b["ids"], b["aux"], b["valid"], 4), b["labels"], b["valid"], b["loss_mask"]
+        )[0]
     after = acceptance_length(d, held, k=4)
     assert loss_after < loss_before - 0.05
     assert after > before + 0.15, (before, after)

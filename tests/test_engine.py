@@ -51,7 +51,7 @@ def test_mixed_lengths_concurrent_each_equal_solo_and_short_first(engine, hf_qwe
     engine.scheduler.emit = lambda seq, *a: (emit(seq, *a), seq.finish_reason and order.append(seq.req.rid))
 
     async def main():  # queue all 16 while paused, so they start decoding in the same iteration
-        engine.pause()
+        engine.pause("in_place")
         tasks = [asyncio.create_task(collect(engine, r)) for r in reqs]
         while engine.stats()["num_queue_reqs"] < len(reqs):
             await asyncio.sleep(0.002)

@@ -7,8 +7,8 @@ import pytest
 
 from engine_util import collect, finished_track, req, run_all
 from gleanrl.server.config import EngineConfig
-from gleanrl.server.engine import Engine
 from gleanrl.server.detok import output_text
+from gleanrl.server.engine import Engine
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_max_new_tokens_and_context_length(engine):
 
 def test_abort_frees_slot_and_queue_moves(engine):
     ids = engine.tokenizer("Hello")["input_ids"]
-    engine.pause()  # keep both long requests running and the third waiting while we look
+    engine.pause("in_place")  # keep both long requests running and the third waiting while we look
     long_a, long_b = req(ids, max_new_tokens=50, ignore_eos=True), req(ids, max_new_tokens=50, ignore_eos=True)
     short = req(ids, max_new_tokens=5, ignore_eos=True)
 
@@ -85,7 +85,7 @@ def test_abort_frees_slot_and_queue_moves(engine):
         engine.resume()
         while engine.stats()["generation_tokens_total"] == before:
             await asyncio.sleep(0.005)
-        engine.pause()
+        engine.pause("in_place")
         assert engine.stats()["num_running_reqs"] == 2 and engine.stats()["num_queue_reqs"] == 1
         assert engine.abort(long_a.rid) == 1
         assert engine.abort("no-such-rid") == 0
@@ -122,7 +122,7 @@ def test_abort_all(engine):
         tasks = [asyncio.create_task(collect(engine, req(ids, max_new_tokens=60, ignore_eos=True))) for _ in range(4)]
         while engine.stats()["num_running_reqs"] < 2:
             await asyncio.sleep(0.005)
-        engine.pause()
+        engine.pause("in_place")
         assert engine.abort() == 4
         engine.resume()
         return await asyncio.gather(*tasks)

@@ -48,8 +48,8 @@ def test_update_mid_stream_continues_with_new_weights(engine, tiny_qwen2_b):
         task = asyncio.create_task(collect(engine, r))
         while engine.stats()["generation_tokens_total"] < 5:
             await asyncio.sleep(0.002)
-        engine.pause()
-        done_before = list(engine.scheduler.running[0].output_ids)
+        engine.pause("in_place")
+        done_before = list(engine.state.running[0].output_ids)
         await asyncio.to_thread(engine.update_weights, str(tiny_qwen2_b), "v2")
         engine.resume()
         return done_before, await task
@@ -127,22 +127,3 @@ def test_target_checkpoint_refused_as_drafter(engine, tiny_qwen2_b):
     with pytest.raises(CheckpointError, match="selector"):
         engine.update_weights(str(tiny_qwen2_b), selector="both")
     assert engine.info()["weight_version"] == "default"
-
-
-def test_flush_cache_only_when_idle(engine):
-    assert engine.flush_cache()
-    engine.pause()
-    try:
-        async def main():
-            gen = engine.generate(req([5, 6, 7], max_new_tokens=3))
-            task = asyncio.create_task(gen.__anext__())
-            while engine.stats()["num_queue_reqs"] == 0:
-                await asyncio.sleep(0.002)
-            busy = engine.flush_cache()
-            engine.resume()
-            await task
-            await gen.aclose()
-            return busy
-        assert asyncio.run(main()) is False
-    finally:
-        engine.resume()

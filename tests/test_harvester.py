@@ -11,7 +11,6 @@ from transformers import AutoModelForCausalLM
 from gleanrl.harvest.checkpoint import load_drafter, save_drafter
 from gleanrl.harvest.cli_init import init_drafter
 from gleanrl.harvest.harvester import HarvestConfig, Harvester
-from gleanrl.harvest.push import PushError
 from gleanrl.harvest.spool import SpoolConfig
 
 
@@ -71,13 +70,13 @@ def test_refused_push_keeps_serving_version(setup, tmp_path):
     root, target, rollouts = setup
 
     def refuse(path, version):
-        raise PushError("server says no")
+        raise RuntimeError("server says no")
 
     h = Harvester(target, root / "init_drafter", tmp_path / "spool", push=refuse, cfg=_cfg())
     for prompt, out in rollouts[:8]:
         h.add_rollout(prompt, out, policy_version=3)
     h.train_while(lambda: True, max_steps=30)
-    with pytest.raises(PushError, match="says no"):
+    with pytest.raises(RuntimeError, match="says no"):
         h.maybe_push()
     assert h.version == 0 and h.history == []
     h.cfg.push_every = 5  # inside training, a refused push is recorded and training goes on
@@ -116,6 +115,8 @@ def test_clear_errors_for_bad_inputs(setup, tmp_path):
         Harvester(target, tmp_path / "no_drafter", None)
     with pytest.raises(ValueError, match="batch_size"):
         HarvestConfig(batch_size=0)
+    with pytest.raises(TypeError, match="DrafterPush"):  # a URL is the clients' business, not harvest's
+        Harvester(target, root / "init_drafter", None, push="http://127.0.0.1:30000")
 
 
 def test_push_attempt_abandoned_when_the_window_closes(setup, tmp_path):

@@ -13,7 +13,6 @@ from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
 from gleanrl.harvest.harvester import HarvestConfig
 from gleanrl.harvest.hooks import HarvestHooks
-from gleanrl.harvest.push import PushError, make_pusher
 from gleanrl.trainer.checkpoint import load_latest, save_checkpoint
 
 
@@ -35,7 +34,7 @@ def test_resume_restores_training_state_and_repushes_the_serving_version(tiny_qw
     h = hooks.h
     h.cfg = HarvestConfig(batch_size=2, lr=3e-3, push_every=0, topk=8, max_tokens=16)
     pushed: list[int] = []
-    h.push = make_pusher(lambda path, version: pushed.append(version))
+    h.push = lambda path, version: pushed.append(version)
     gen = torch.Generator().manual_seed(0)
     for _ in range(10):
         h.add_rollout(torch.randint(3, 90, (5,), generator=gen).tolist(),
@@ -63,9 +62,9 @@ def test_resume_restores_training_state_and_repushes_the_serving_version(tiny_qw
     assert all(torch.equal(v, trained[k]) for k, v in _params(again.h.drafter).items())
     assert again.h.steps == steps and list(again._queue) == [([4, 5], [6, 7, 8])]
     repushed: list[tuple[str, int]] = []
-    again.h.push = make_pusher(lambda path, version: repushed.append((path, version)))
-    again.bind_client(None)
-    again.bind_client(None)
+    again.h.push = lambda path, version: repushed.append((path, version))
+    again.bind_push(lambda path, version: pytest.fail("the Harvester's own push is kept"))
+    again.bind_push(lambda path, version: pytest.fail("the Harvester's own push is kept"))
     assert repushed == [(str(serve), 2)]  # once, right after the resume
     again.h.train_while(lambda: True, max_steps=1)  # same batch, same optimizer moments: same weights
     assert all(torch.allclose(v, expected[k], atol=1e-6) for k, v in _params(again.h.drafter).items())
@@ -78,11 +77,11 @@ def test_refused_push_leaves_no_version_behind(tiny_qwen2, tmp_path):
     hooks, _ = HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest", resume=False)
 
     def refuse(path, version):
-        raise PushError("no")
+        raise RuntimeError("no")
 
-    hooks.h.push = make_pusher(refuse)
+    hooks.h.push = refuse
     _always_better(hooks.h)
-    with pytest.raises(PushError):
+    with pytest.raises(RuntimeError, match="no"):
         hooks.h.maybe_push()
     assert not any((tmp_path / "harvest" / "drafter_versions").glob("v*")) and hooks.h.version == 0
     resumed, serve = HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest", resume=False)

@@ -36,10 +36,28 @@ def _free_port() -> int:
 def test_serve_command_answers_and_keeps_the_key_out_of_the_logs(tiny_qwen2, tmp_path):
     port, key = _free_port(), "sk-never-print-me"
     log = open(tmp_path / "serve.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; from gleanrl.cli import main; sys.exit(main())", "serve",
-                             "--model", str(tiny_qwen2), "--port", str(port), "--threads", "1", "--api-key", key,
-                             "--served-model-name", "cli-model"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from gleanrl.cli import main; sys.exit(main())",
+            "serve",
+            "--model",
+            str(tiny_qwen2),
+            "--port",
+            str(port),
+            "--threads",
+            "1",
+            "--api-key",
+            key,
+            "--served-model-name",
+            "cli-model",
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         def up():
@@ -50,8 +68,12 @@ def test_serve_command_answers_and_keeps_the_key_out_of_the_logs(tiny_qwen2, tmp
         assert wait_until(up, timeout=120), (tmp_path / "serve.log").read_text()
         headers = {"Authorization": f"Bearer {key}"}
         assert httpx.get(f"{url}/v1/models", headers=headers).json()["data"][0]["id"] == "cli-model"
-        r = httpx.post(f"{url}/generate", headers=headers, timeout=60,
-                       json={"text": "hi", "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}})
+        r = httpx.post(
+            f"{url}/generate",
+            headers=headers,
+            timeout=60,
+            json={"text": "hi", "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}},
+        )
         assert r.json()["meta_info"]["completion_tokens"] == 3
         assert httpx.post(f"{url}/generate", json={"text": "hi"}).status_code == 401
     finally:

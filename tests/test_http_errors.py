@@ -41,7 +41,20 @@ BAD_GENERATE = [
     ({"text": "hi", "sampling_params": {"n": 5}}, "n"),
     ({"text": "hi", "sampling_params": {"max_new_tokens": 257}}, "max_new_tokens"),
     ({"text": "hi", "sampling_params": {"bogus": 1}}, "bogus"),
-    ({"text": "hi", "sampling_params": {"frequency_penalty": 0.5}}, "frequency_penalty"),
+    ({"text": "hi", "sampling_params": {"frequency_penalty": 2.5}}, "frequency_penalty"),
+    ({"text": "hi", "sampling_params": {"repetition_penalty": 0}}, "repetition_penalty"),
+    ({"text": "hi", "sampling_params": {"min_new_tokens": 9, "max_new_tokens": 4}}, "min_new_tokens"),
+    ({"text": "hi", "sampling_params": {"logit_bias": {"100000": 1.0}}}, "logit_bias"),
+    ({"text": "hi", "sampling_params": {"logit_bias": {"x": 1.0}}}, "logit_bias"),
+    ({"text": "hi", "sampling_params": {"stop_regex": "(unclosed"}}, "stop_regex"),
+    ({"text": "hi", "sampling_params": {"json_schema": "{}"}}, "json_schema"),
+    ({"text": "hi", "sampling_params": {"regex": "a+"}}, "regex"),
+    ({"text": "hi", "sampling_params": {"ebnf": "root ::= 'a'"}}, "ebnf"),
+    ({"text": "hi", "lora_path": "adapter"}, "lora_path"),
+    ({"text": "hi", "return_hidden_states": True}, "return_hidden_states"),
+    ({"text": "hi", "custom_logit_processor": "{}"}, "custom_logit_processor"),
+    ({"text": "hi", "sampling_params": {"max_new_tokens": 127}}, "context length"),  # 1 + 127 > 128
+    ({"text": "hi", "return_logprob": True, "logprob_start_len": 99}, "logprob_start_len"),
     ({"text": "hi", "sampling_params": {"sampling_seed": -1}}, "sampling_seed"),
     ({"text": "hi", "sampling_params": {"top_k": -2}}, "top_k"),
     ({"text": "hi", "sampling_params": [{"max_new_tokens": 1}, {"max_new_tokens": 1}]}, "sampling_params"),
@@ -76,7 +89,10 @@ def test_malformed_json_oversized_body_and_server_still_correct(url):
     r = post(url, "/generate", {"text": "x" * 5000})
     assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
     for path in ("/update_weights_from_disk", "/abort_request"):
-        assert post(url, path, content=b"{oops", headers={**H_ADMIN, "content-type": "application/json"}).status_code == 400
+        assert (
+            post(url, path, content=b"{oops", headers={**H_ADMIN, "content-type": "application/json"}).status_code
+            == 400
+        )
     assert post(url, "/update_weights_from_disk", {"model_path": 3}, headers=H_ADMIN).status_code == 400
     huge_k = post(url, "/generate", {"text": "hi", "sampling_params": {"top_k": 10**30, "max_new_tokens": 2}})
     assert huge_k.status_code == 200 and huge_k.json()["meta_info"]["completion_tokens"] == 2
@@ -112,8 +128,11 @@ def test_refused_weight_updates_keep_serving_the_old_weights(url, tiny_qwen2, ti
         assert r.status_code == 400, (path, r.text)
         body = r.json()
         assert body["success"] is False and body["message"] and body["num_paused_requests"] == 0
+    r = post(url, "/update_weights_from_distributed", {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]]},
+             headers=H_ADMIN)
+    assert r.status_code == 400 and "init_weights_update_group" in r.json()["message"]
     r = post(url, "/update_weights_from_tensor", {"serialized_named_tensors": []}, headers=H_ADMIN)
-    assert r.status_code == 400 and "update_weights_from_disk" in r.json()["message"]
+    assert r.status_code == 400 and "serialized_named_tensors" in r.json()["error"]["message"]
     info = httpx.get(f"{url}/model_info", headers=H_USER).json()
     assert info["weight_version"] == "default" and info["model_path"] == str(tiny_qwen2)
     assert reference(url) == before

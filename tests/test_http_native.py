@@ -120,7 +120,7 @@ def test_sixteen_mixed_lengths_concurrent_correct_and_short_first(url, hf, tok):
         order.append(i)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
-    httpx.post(f"{url}/pause_generation")  # all 16 are in before the first decode step
+    httpx.post(f"{url}/pause_generation", json={"mode": "in_place"})  # all 16 are in before the first step
     try:
         for t in threads:
             t.start()
@@ -145,7 +145,7 @@ def test_abort_by_rid_ends_the_stream_with_abort(url):
     t = threading.Thread(target=consume)
     t.start()
     assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 1)
-    httpx.post(f"{url}/pause_generation")  # keeps it mid-way until the abort lands
+    httpx.post(f"{url}/pause_generation", json={"mode": "in_place"})  # keeps it mid-way until the abort lands
     try:
         assert httpx.post(f"{url}/abort_request", json={"rid": "to-abort"}).status_code == 200
         t.join(60)
@@ -170,7 +170,8 @@ def test_disconnect_of_a_running_request_frees_the_slot_even_while_paused(url, s
     sock = _send_raw(url, {"text": PROMPTS[3], "stream": stream, "sampling_params": greedy(900)})
     try:
         assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 1)
-        assert httpx.post(f"{url}/pause_generation").status_code == 200  # no chunk is due from now on
+        # no chunk is due from now on
+        assert httpx.post(f"{url}/pause_generation", json={"mode": "in_place"}).status_code == 200
         if stream:
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")
         sock.close()
@@ -182,7 +183,7 @@ def test_disconnect_of_a_running_request_frees_the_slot_even_while_paused(url, s
 
 
 def test_pause_holds_requests_and_continue_releases_them(url):
-    assert httpx.post(f"{url}/pause_generation").json()["status"] == "ok"
+    assert httpx.post(f"{url}/pause_generation", json={"mode": "in_place"}).json()["status"] == "ok"
     box = {}
     t = threading.Thread(target=lambda: box.update(out=gen(url, text=PROMPTS[0], sampling_params=greedy(4))))
     t.start()
@@ -194,7 +195,7 @@ def test_pause_holds_requests_and_continue_releases_them(url):
 
 
 def test_disconnect_while_queued_behind_a_pause_drops_the_request(url):
-    assert httpx.post(f"{url}/pause_generation").status_code == 200
+    assert httpx.post(f"{url}/pause_generation", json={"mode": "in_place"}).status_code == 200
     try:
         for stream in (True, False):
             with pytest.raises(httpx.ReadTimeout):

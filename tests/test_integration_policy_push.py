@@ -13,10 +13,11 @@ import pytest
 
 import gleanrl.cli
 from gleanrl.clients.rollout_client import RolloutClient
+from gleanrl.clients.weight_sync import Route
 from gleanrl.harvest.checkpoint_check import CheckpointMismatch
-from tests.serving import running_server
-from tests.test_integration_push import fake_sglang
-from gleanrl.trainer.policy_push import DISK, TARGET_SESSION, PolicyPusher, push_route, serving_reference
+from gleanrl.trainer.policy_push import PolicyPusher, serving_reference
+from serving import running_server
+from test_integration_push import fake_sglang
 
 
 def _push(url: str, initial, path, version: str = "7") -> PolicyPusher:
@@ -26,13 +27,6 @@ def _push(url: str, initial, path, version: str = "7") -> PolicyPusher:
             await pusher.push(str(path), version)
             return pusher
     return asyncio.run(go())
-
-
-def test_route_by_server_kind():
-    assert push_route(stock_sglang=True, has_drafter=True) == TARGET_SESSION
-    assert push_route(stock_sglang=True, has_drafter=False) == DISK
-    assert push_route(stock_sglang=False, has_drafter=True) == DISK   # embedded: its disk load targets the target
-    assert push_route(stock_sglang=False, has_drafter=False) == DISK
 
 
 def test_serving_reference_falls_back_to_the_initial_model(tiny_qwen2, tmp_path):
@@ -45,7 +39,7 @@ def test_sd_sglang_gets_a_target_session(tiny_qwen2, tiny_qwen2_b):
     with fake_sglang(spec="EAGLE3", model_path=str(tiny_qwen2)) as (url, log):
         pusher = _push(url, tiny_qwen2, tiny_qwen2_b)
     posts = [(path, body) for method, path, body in log if method == "POST"]
-    assert pusher.routes == {url: TARGET_SESSION}
+    assert pusher.routes == {url: Route.TARGET_SESSION}
     assert [p for p, _ in posts] == ["/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update"]
     update = posts[1][1]
     assert posts[0][1]["selector"] == "target" and update["selector"] == "target" and update["weight_version"] == "7"
@@ -57,7 +51,7 @@ def test_plain_sglang_gets_a_disk_load_without_selector(tiny_qwen2, tiny_qwen2_b
     with fake_sglang(spec=None, model_path=str(tiny_qwen2)) as (url, log):
         pusher = _push(url, tiny_qwen2, tiny_qwen2_b)
     posts = [(path, body) for method, path, body in log if method == "POST"]
-    assert pusher.routes == {url: DISK}
+    assert pusher.routes == {url: Route.DISK}
     assert [p for p, _ in posts] == ["/update_weights_from_disk"]
     assert posts[0][1]["model_path"] == str(tiny_qwen2_b) and "selector" not in posts[0][1]
 

@@ -11,10 +11,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
+from gleanrl.clients.transport import RolloutServerError
+from gleanrl.clients.weight_sync import DrafterPush
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.harvest.push import Pusher, PushError
-from tests.serving import running_server
+from serving import running_server
 
 
 @contextmanager
@@ -62,7 +63,7 @@ def drafter_dir(tiny_qwen2, tmp_path_factory):
 
 def test_stock_sglang_gets_a_draft_session_never_a_disk_load(drafter_dir):
     with fake_sglang(spec="EAGLE3") as (url, log):
-        Pusher([url], admin_api_key="adm")(str(drafter_dir), 3)
+        DrafterPush([url], admin_api_key="adm")(str(drafter_dir), 3)
     posts = [(path, body) for method, path, body in log if method == "POST"]
     assert [p for p, _ in posts] == ["/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update"]
     assert all(body.get("selector") in ("draft", None) for _, body in posts) and posts[0][1]["selector"] == "draft"
@@ -72,13 +73,13 @@ def test_stock_sglang_gets_a_draft_session_never_a_disk_load(drafter_dir):
 
 def test_stock_sglang_without_drafter_is_refused_before_any_push(drafter_dir):
     with fake_sglang(spec=None) as (url, log):
-        with pytest.raises(PushError, match="serves no EAGLE drafter"):
-            Pusher([url])(str(drafter_dir), 1)
+        with pytest.raises(RolloutServerError, match="serves no EAGLE drafter"):
+            DrafterPush([url])(str(drafter_dir), 1)
     assert [m for m, _, _ in log] == ["GET", "GET"]  # /model_info, /server_info; nothing posted
 
 
 def test_embedded_server_keeps_its_disk_draft_swap(tiny_qwen2, drafter_dir):
     with running_server(tiny_qwen2, drafter_path=str(drafter_dir), sd="on") as url:
-        Pusher([url])(str(drafter_dir), 5)
+        DrafterPush([url])(str(drafter_dir), 5)
         info = httpx.get(f"{url}/model_info", timeout=30).json()
     assert info["draft_weight_version"] == "5" and info["weight_version"] != "5"

@@ -17,9 +17,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gleanrl.clients.rollout_client import RolloutClient
-from tests.serving import running_server
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.loop import train
+from tests.serving import running_server
 
 
 def router_app(workers: list[str], log: list[tuple[str, str]]) -> Starlette:

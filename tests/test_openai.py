@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from engine_util import hf_greedy
-
 from serving import running_server
 
 KEY = "sk-openai-test"
@@ -44,7 +43,11 @@ def test_completion_matches_transformers_with_usage_and_logprobs(client, hf, tok
     want = hf_greedy(hf, ids, 10)
     choice = out.choices[0]
     assert choice.text == tok.decode(want) and choice.finish_reason == "length"
-    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (len(ids), 10, len(ids) + 10)
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (
+        len(ids),
+        10,
+        len(ids) + 10,
+    )
     assert len(choice.logprobs.token_logprobs) == 10 and all(lp <= 0 for lp in choice.logprobs.token_logprobs)
     batch = client.completions.create(model=NAME, prompt=[ids, ids], max_tokens=4, n=2, **GREEDY)
     assert [c.index for c in batch.choices] == [0, 1, 2, 3]
@@ -91,7 +94,7 @@ def test_errors_in_openai_shape(client, url):
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="other", prompt="hi", max_tokens=2)
     for kw, param in (({"temperature": -1}, "temperature"), ({"top_p": 2}, "top_p"), ({"max_tokens": -3}, "max_tokens"),
-                      ({"n": 100}, "n"), ({"presence_penalty": 1.0}, "presence_penalty")):
+                      ({"n": 100}, "n"), ({"presence_penalty": 2.5}, "presence_penalty")):
         with pytest.raises(openai.BadRequestError) as exc:
             client.completions.create(model=NAME, prompt="hi", **{"max_tokens": 2, **kw})
         err = exc.value.body

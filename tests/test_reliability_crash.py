@@ -7,10 +7,10 @@ from __future__ import annotations
 import random
 import shutil
 
+from gleanrl.bench.crash import check_disk, crash_run
+from gleanrl.bench.load import ServeProcess
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.bench.load import ServeProcess
-from gleanrl.bench.crash import check_disk, crash_run
 
 
 def test_kill_9_while_writing_a_checkpoint_and_while_pushing(tiny_qwen2, tmp_path):

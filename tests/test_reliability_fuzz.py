@@ -14,7 +14,8 @@ import pytest
 import requests
 
 schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 from schemathesis.generation import GenerationMode  # noqa: E402
 
 from serving import running_app, server_stats, wait_until  # noqa: E402

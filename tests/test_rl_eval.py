@@ -9,12 +9,12 @@ import random
 
 import pytest
 
-from serving import running_server
-from test_train import _cfg
+from gleanrl.clients.rollout import Rollout
 from gleanrl.demo_report import eval_summary, write_report
 from gleanrl.trainer.loop import informative, train
 from gleanrl.trainer.metrics import eval_metrics, mean_se
-from gleanrl.trainer.rollout import Rollout
+from serving import running_server
+from test_train import _cfg
 
 
 class DigitTask:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from engine_util import PROMPTS, req, run_all
-from sd_util import random_drafter, trained_drafter
 from gleanrl.server.config import EngineConfig
 from gleanrl.server.engine import Engine
+from sd_util import random_drafter, trained_drafter
 
 NEW = 40
 
@@ -147,3 +147,36 @@ def test_two_layer_target_takes_a_drafter(tiny_tokenizer, tmp_path):
     finally:
         plain.shutdown()
         sd.shutdown()
+
+
+def test_sd_stats_follow_sglang_definitions(engines, reference):
+    """meta_info: spec_accept_length = completion tokens / verify passes (SGLang 0.5.23, the prefill's token
+    included), spec_accept_token_num = accepted drafts (no bonus), spec_draft_token_num = verified drafts,
+    spec_accept_rate = their ratio. With sd "on" only the prefill's token and a last token that leaves no
+    room to draft come from plain steps."""
+    prompts, _ = reference
+    for r in run_all(engines["trained"], [req(p, max_new_tokens=NEW, ignore_eos=True) for p in prompts[:4]]):
+        out = r["out"]
+        meta = out.meta_info()
+        ct, acc, drafted = meta["spec_verify_ct"], meta["spec_accept_token_num"], meta["spec_draft_token_num"]
+        assert ct > 0 and 0 < acc <= drafted
+        assert out.completion_tokens - (acc + ct) in (1, 2)          # each verify pass: accepted + 1
+        assert meta["spec_accept_length"] == pytest.approx(NEW / ct)
+        assert meta["spec_accept_rate"] == pytest.approx(acc / drafted)
+        assert (meta["spec_num_correct_drafts"], meta["spec_num_proposed_drafts"]) == (acc, drafted)
+        assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": NEW}]
+    plain = run_all(engines["plain"], [req(prompts[0], max_new_tokens=8, ignore_eos=True)])[0]["out"].meta_info()
+    assert plain["spec_verify_ct"] == 0 and plain["spec_accept_length"] == 0.0 and plain["spec_accept_rate"] == 0.0
+
+
+def test_greedy_rows_stay_exact_beside_sampled_rows_in_one_verify(engines, reference):
+    """One batched verify serves greedy and sampled sequences together: the greedy ones still equal plain
+    decoding token for token."""
+    prompts, plain = reference
+    sampled = [req(p, max_new_tokens=NEW, ignore_eos=True, temperature=0.8, top_k=20, seed=i)
+               for i, p in enumerate(prompts[4:8])]
+    greedy = [req(p, max_new_tokens=NEW, ignore_eos=True) for p in prompts[:4]]
+    res = run_all(engines["trained"], [r for pair in zip(greedy, sampled) for r in pair])
+    for r, ref in zip(res[0::2], plain[:4]):
+        assert r["ids"] == ref["ids"] and r["out"].spec_verify_ct > 0
+    assert all(len(r["ids"]) == NEW and r["out"].spec_verify_ct > 0 for r in res[1::2])

@@ -18,14 +18,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from sd_util import trained_drafter
+from gleanrl.server.decode import PlainDecoder
+from gleanrl.server.engine_state import EngineState
 from gleanrl.server.model_runner import ModelRunner
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
 from gleanrl.server.sampler import processed_probs
-from gleanrl.server.scheduler import Scheduler, Sequence
-from gleanrl.server.sd_policy import SDPolicy, SDPolicyConfig
-from gleanrl.server.spec_step import SpecDecoder
+from gleanrl.server.scheduler import Scheduler
+from gleanrl.server.sd.decoder import SpecDecoder
+from gleanrl.server.sd.policy import SDPolicy, SDPolicyConfig
+from gleanrl.server.sequence import Sequence
 from gleanrl.server.stopping import StopChecker
+from sd_util import trained_drafter
 
 N, BATCH, TOP_K = 4000, 100, 8
 
@@ -75,24 +78,25 @@ def test_sampled_sd_step_follows_the_target(tiny_qwen2, tiny_tokenizer, drafter)
     from gleanrl.harvest.checkpoint import load_drafter
 
     runner = ModelRunner.load(str(tiny_qwen2))
-    sched = Scheduler(runner, BATCH)
-    spec = SpecDecoder(sched, SDPolicy(SDPolicyConfig(mode="on", fixed_k=3)))
+    state = EngineState()
+    sched = Scheduler(state, runner, BATCH)
+    spec = SpecDecoder(PlainDecoder(), SDPolicy(SDPolicyConfig(mode="on", fixed_k=3)))
     spec.set_drafter(load_drafter(drafter, embed_tokens=runner.embed.weight), "d")
-    sched.decode_step = spec.decode_step
     prompt = tiny_tokenizer("The quick brown fox")["input_ids"]
     params = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=TOP_K, ignore_eos=True)
     outputs = []
     for lo in range(0, N, BATCH):
         for i in range(lo, lo + BATCH):
-            sched.waiting.append(Sequence(GenerateRequest(f"r{i}", prompt, params), lambda out: None,
+            state.waiting.append(Sequence(GenerateRequest(f"r{i}", prompt, params), lambda out: None,
                                           StopChecker(params, set(), 1024), torch.Generator().manual_seed(i)))
         sched.admit()
-        while sched.running:
-            done = sched.step()
+        while state.running:
+            done = sched.step(spec)
             outputs += [s.output_ids for s in done]
-            sched.running = [s for s in sched.running if s not in done]
+            sched.reap(done)
     assert len(outputs) == N and all(len(o) == 4 for o in outputs)
-    assert spec.verify_ct > 0 and 1.2 < spec.avg_accept_length < 3.8  # both accepts and rejections happen
+    accept = spec.stats()["avg_spec_accept_length"]
+    assert spec.verify_ct > 0 and 1.2 < accept < 3.8  # both accepts and rejections happen
     m2, m3 = _marginals(AutoModelForCausalLM.from_pretrained(tiny_qwen2).eval(), prompt)
     for pos, exact in ((1, m2), (2, m3)):
         stat, threshold = _chi2(Counter(o[pos] for o in outputs), exact, N)

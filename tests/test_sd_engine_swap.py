@@ -8,15 +8,15 @@ import shutil
 import httpx
 import pytest
 
-from engine_util import PROMPTS, req, run_all
+from engine_util import PROMPTS, collect, req, run_all
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.tiny import make_tiny_model
-from sd_util import random_drafter, trained_drafter
-from serving import running_app
 from gleanrl.server.config import EngineConfig
 from gleanrl.server.engine import Engine
 from gleanrl.server.protocol import CheckpointError
+from gleanrl.tiny import make_tiny_model
+from sd_util import random_drafter, trained_drafter
+from serving import running_app
 
 NEW = 48
 
@@ -59,7 +59,7 @@ def test_swap_mid_stream_keeps_output_and_changes_version(tiny_qwen2, drafters, 
             ids += out.new_ids
             versions.append((len(ids), out.draft_weight_version, out.spec_verify_ct))
             if not swapped and len(ids) >= 8:  # pause so that the swap lands mid-stream, deterministically
-                await loop.run_in_executor(None, eng.pause)
+                await loop.run_in_executor(None, eng.pause, "in_place")
                 await loop.run_in_executor(None, lambda: eng.update_weights(
                     str(drafters["trained"]), weight_version="d2", selector="draft"))
                 eng.resume()
@@ -107,10 +107,15 @@ def test_mismatched_or_broken_drafters_are_refused_over_http(tiny_qwen2, drafter
             assert "drafter" in r.json()["message"], r.json()["message"]
         info = httpx.get(f"{url}/model_info", timeout=10).json()
         assert info["draft_weight_version"] == "default" and info["draft_model_path"] == str(drafters["random"])
-        out = httpx.post(f"{url}/generate", timeout=60, json={
-            "input_ids": prompts[2], "sampling_params": {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}}).json()
+        greedy = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
+        out = httpx.post(f"{url}/generate", timeout=60,
+                         json={"input_ids": prompts[2], "sampling_params": greedy}).json()
         assert out["output_ids"] == ref[2]["ids"]
-        assert out["meta_info"]["spec_verify_ct"] > 0 and out["meta_info"]["draft_weight_version"] == "default"
+        meta = out["meta_info"]
+        assert meta["spec_verify_ct"] > 0 and meta["draft_weight_version"] == "default"
+        assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"] / meta["spec_verify_ct"])
+        assert 0 <= meta["spec_accept_token_num"] <= meta["spec_draft_token_num"]  # slime's Sample.SpecInfo
+        assert meta["spec_accept_rate"] == pytest.approx(meta["spec_accept_token_num"] / meta["spec_draft_token_num"])
         stats = httpx.get(f"{url}/server_info", timeout=10).json()["internal_states"][0]
         assert stats["avg_spec_accept_length"] >= 1.0
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
@@ -123,4 +128,25 @@ def test_engine_refuses_with_checkpoint_error(tiny_qwen2, drafters):
         eng.update_weights(str(drafters["bad"]["hidden"]), selector="draft")
     with pytest.raises(CheckpointError, match="layer"):
         eng.update_weights(str(drafters["bad"]["layers"]), selector="draft")
-    assert eng.spec.drafter is None and eng.info()["draft_weight_version"] is None
+    assert eng.decoder.drafter is None and eng.info()["draft_weight_version"] is None
+
+
+def test_draft_swap_lands_mid_request_without_waiting(tiny_qwen2, drafters, plain):
+    """Unlike a target update, a drafter swap does not wait for running requests (SD is lossless)."""
+    prompts, _ = plain
+    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), drafter_path=str(drafters["random"]), sd="on"))
+    eng.start()
+
+    async def main():
+        task = asyncio.create_task(collect(eng, req(prompts[0], max_new_tokens=400, ignore_eos=True)))
+        while eng.stats()["generation_tokens_total"] < 5:
+            await asyncio.sleep(0.002)
+        await asyncio.to_thread(eng.update_weights, str(drafters["trained"]), "d2", "draft")
+        return task.done(), await task
+
+    try:
+        ref = run_all(eng, [req(prompts[0], max_new_tokens=400, ignore_eos=True)])[0]
+        done_at_swap, res = asyncio.run(main())
+    finally:
+        eng.shutdown()
+    assert not done_at_swap and res["ids"] == ref["ids"] and res["out"].draft_weight_version == "d2"

@@ -64,7 +64,11 @@ def test_command_for_gpu_with_drafter_and_passthrough():
     pairs = dict(zip(cmd[3::2], cmd[4::2]))
     assert pairs["--model-path"] == "/models/policy" and pairs["--device"] == "cuda" and pairs["--dtype"] == "auto"
     assert pairs["--speculative-algorithm"] == "EAGLE3" and pairs["--speculative-draft-model-path"] == "/models/drafter"
-    assert (pairs["--speculative-num-steps"], pairs["--speculative-eagle-topk"], pairs["--speculative-num-draft-tokens"]) == ("3", "1", "4")
+    assert (
+        pairs["--speculative-num-steps"],
+        pairs["--speculative-eagle-topk"],
+        pairs["--speculative-num-draft-tokens"],
+    ) == ("3", "1", "4")
     assert pairs["--api-key"] == "k1" and pairs["--admin-api-key"] == "k2" and pairs["--context-length"] == "2048"
     assert cmd[-3:] == ["--mem-fraction-static", "0.7", "--tp-size=2"]
     assert "--max-total-tokens" not in cmd and "--skip-server-warmup" not in cmd

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from gleanrl.server.speculative import verify, verify_greedy, verify_sampled
+from gleanrl.server.sd.verify import verify, verify_greedy, verify_sampled
 
 V, K, ROWS = 6, 4, 400
 
@@ -117,10 +117,46 @@ def test_mixed_batch_routes_rows_by_temperature():
     _, draft_ids, q_probs, p_probs = _draft(p, q, gens)
     target_ids = p_probs.argmax(-1)
     greedy = [b % 2 == 0 for b in range(8)]
-    n_acc, out = verify(draft_ids, q_probs, p_probs, target_ids, greedy, gens)
+    odd = list(range(1, 8, 2))
+    n_acc, out = verify(draft_ids, target_ids, greedy, draft_probs=q_probs[odd], target_probs=p_probs[odd],
+                        generators=[gens[b] for b in odd])
     n_g, out_g = verify_greedy(draft_ids, target_ids)
     for b in range(0, 8, 2):
         assert n_acc[b] == n_g[b] and torch.equal(out[b], out_g[b])
-    for b in range(1, 8, 2):  # sampled rows never emit a token outside the target's support
+    for b in odd:  # sampled rows never emit a token outside the target's support
         n = int(n_acc[b]) + 1
         assert (p_probs[b, torch.arange(n), out[b, :n]] > 0).all()
+
+
+def test_greedy_padding_is_never_accepted():
+    target = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 8, 9]])
+    drafts = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8]])  # row 1 drafted 2 tokens; the rest is padding
+    n_acc, out = verify_greedy(drafts, target, torch.tensor([4, 2]))
+    assert n_acc.tolist() == [4, 2]
+    assert out[1, :3].tolist() == [5, 6, 7]  # its bonus is the target's token after its last draft
+
+
+def test_ragged_rows_verify_as_if_alone():
+    """A row with k_b < K drafts, padded into a batch, gives exactly what it gives alone with k_b: it draws
+    k_b uniforms, never accepts padding, and takes its bonus from p_{k_b + 1}."""
+    p, q = _chains(seed=3)
+    gens = [torch.Generator().manual_seed(b) for b in range(16)]
+    _, draft_ids, q_probs, p_probs = _draft(p, p, gens)             # q = p: every real draft is accepted
+    lens = torch.tensor([K, 1, 2, 3] * 4)
+    junk = torch.where(torch.arange(K)[None, :, None] < lens[:, None, None], q_probs, 0.5)  # padding: junk q
+    seeds = [torch.Generator().manual_seed(100 + b) for b in range(16)]
+    n_acc, out = verify_sampled(draft_ids, junk, p_probs, seeds, lens)
+    assert n_acc.tolist() == lens.tolist()
+    for b in range(16):
+        k = int(lens[b])
+        alone = verify_sampled(draft_ids[b:b + 1, :k], q_probs[b:b + 1, :k], p_probs[b:b + 1, :k + 1],
+                               [torch.Generator().manual_seed(100 + b)])
+        assert int(alone[0][0]) == k and out[b, :k + 1].tolist() == alone[1][0].tolist()
+    p2, q2 = _chains(seed=4)
+    _, d2, qp2, pp2 = _draft(p2, q2, [torch.Generator().manual_seed(b) for b in range(16)])
+    n2, o2 = verify_sampled(d2, qp2, pp2, [torch.Generator().manual_seed(7 + b) for b in range(16)], lens)
+    for b in range(16):  # with rejections too: same tokens as alone
+        k = int(lens[b])
+        n1, o1 = verify_sampled(d2[b:b + 1, :k], qp2[b:b + 1, :k], pp2[b:b + 1, :k + 1],
+                                [torch.Generator().manual_seed(7 + b)])
+        assert int(n2[b]) == int(n1[0]) and o2[b, :int(n1[0]) + 1].tolist() == o1[0, :int(n1[0]) + 1].tolist()

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from gleanrl.server.sd_policy import DEFAULT_TABLE, SDPolicy, SDPolicyConfig
+from gleanrl.server.sd.policy import DEFAULT_TABLE, SDPolicy, SDPolicyConfig
 
 
 def _simulated_iteration(k: int, batch: int, alpha: float, verify_cost: float, rng: random.Random):
@@ -42,7 +42,7 @@ def test_switch_by_mode_and_running_requests():
 def test_buckets_and_table_fallback():
     policy = SDPolicy(SDPolicyConfig(epsilon=0.0))
     assert [policy.bucket(b) for b in (1, 2, 3, 5, 8, 9, 100)] == [1, 2, 4, 8, 8, 16, 32]
-    assert [policy.choose_k(b) for b in (1, 3, 8, 100)] == [DEFAULT_TABLE[1], DEFAULT_TABLE[4], DEFAULT_TABLE[8], DEFAULT_TABLE[32]]
+    assert [policy.choose_k(b) for b in (1, 3, 8, 100)] == [DEFAULT_TABLE[b] for b in (1, 4, 8, 32)]
     assert SDPolicy(SDPolicyConfig(fixed_k=5, epsilon=1.0)).choose_k(1) == 5
 
 
@@ -86,16 +86,28 @@ def test_plain_decoding_competes_only_in_adaptive_mode():
     assert 0 not in _run(on, 8, alpha=0.3, verify_cost=0.15, steps=400)
 
 
-def test_reset_returns_to_the_table():
-    policy = SDPolicy(SDPolicyConfig(epsilon=0.0))
-    policy.record(1, 6, tokens=100, seconds=1.0)
-    assert policy.choose_k(1) == 6
-    policy.reset()
-    assert policy.choose_k(1) == DEFAULT_TABLE[1]
+def test_drafter_swap_decays_knowledge_toward_the_table():
+    """A hot swap keeps the ranking (not a reset), new measurements weigh more than old ones, and
+    knowledge never renewed fades back to the table (issue 17)."""
+    policy = SDPolicy(SDPolicyConfig(epsilon=0.0, swap_decay=0.5, min_weight=0.05))
+    for _ in range(4):
+        policy.record(1, 6, tokens=100, seconds=1.0)
+        policy.record(1, 2, tokens=50, seconds=1.0)
+    policy.decay()
+    assert policy.choose_k(1) == 6                                     # the old ranking stands
+    policy.record(1, 6, tokens=20, seconds=1.0)                        # the new drafter does worse at k=6
+    assert policy.mean_reward(1, 6) == pytest.approx((4 * 0.5 * 100 + 20) / (4 * 0.5 + 1))  # not (400 + 20) / 5
+    for _ in range(4):
+        policy.decay()
+    assert policy.mean_reward(1, 2) is None and policy.mean_reward(1, 6) == pytest.approx(20.0)
+    for _ in range(5):
+        policy.decay()
+    assert policy.choose_k(1) == DEFAULT_TABLE[1]                      # back to the prior
 
 
 @pytest.mark.parametrize("kw", [dict(mode="sometimes"), dict(max_batch=0), dict(fixed_k=0), dict(choices=()),
-                                dict(epsilon=1.5), dict(window=0), dict(table={1: 0})])
+                                dict(epsilon=1.5), dict(window=0), dict(table={1: 0}),
+                                dict(swap_decay=0.0), dict(min_weight=1.0)])
 def test_config_rejects_bad_values(kw):
     with pytest.raises(ValueError):
         SDPolicyConfig(**kw)

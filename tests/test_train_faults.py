@@ -8,9 +8,9 @@ import os
 import signal
 import threading
 
-from test_train import ToyTask, _cfg
 from gleanrl.trainer import loop, server_proc
 from gleanrl.trainer.loop import train
+from test_train import ToyTask, _cfg
 
 
 class KillServerMidStep:

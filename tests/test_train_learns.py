@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from gleanrl.trainer.loop import train
 from serving import running_server
 from test_train import ToyTask, _cfg
-from gleanrl.trainer.loop import train
 
 
 def test_reward_rises_on_a_dense_toy_reward(tiny_qwen2, tmp_path):

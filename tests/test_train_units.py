@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
+from gleanrl.clients.rollout import Rollout, RolloutStatus
 from gleanrl.trainer.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from gleanrl.trainer.metrics import MetricsLog, percentile, tail_seconds
-from gleanrl.trainer.rollout import Rollout, RolloutStatus
 
 
 def test_tail_seconds_is_the_time_while_a_quarter_or_less_still_run():

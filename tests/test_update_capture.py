@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+from gleanrl.clients.rollout import Rollout, RolloutStatus
 from gleanrl.harvest.capture import UpdateCapture, capture, decoder_layers
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
@@ -15,7 +16,6 @@ from gleanrl.harvest.harvester import HarvestConfig, Harvester
 from gleanrl.harvest.hooks import HarvestHooks
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.policy import Policy
-from gleanrl.trainer.rollout import Rollout, RolloutStatus
 
 
 def _rollouts() -> list[Rollout]:

@@ -4,7 +4,8 @@ architecture, safetensors, character-level tokenizer with a ChatML chat template
 
 Deterministic for a seed (on a given machine and thread count) and cached: the output directory
 carries `bootstrap.json` with a key over every argument, and a second call with the same key returns
-at once. Sizes: "small" is the demo/benchmark policy, "tiny" builds in seconds for tests."""
+at once. Sizes: "small" is the demo/benchmark policy, "tiny" builds in seconds for tests, "gpu" is sized for
+a GPU (`--device cuda`; scripts/gpu_check.sh). The device is not in the key, as the machine is not."""
 from __future__ import annotations
 
 import argparse
@@ -45,6 +46,8 @@ class PolicySize:
 SIZES = {
     "small": PolicySize(hidden=512, layers=6, heads=8, kv_heads=8, intermediate=1536, train_tokens=1_500_000,
                         batch_tokens=2048, lr=1.5e-3),
+    "gpu": PolicySize(hidden=1024, layers=12, heads=16, kv_heads=8, intermediate=2816, train_tokens=3_000_000,
+                      batch_tokens=4096, lr=1e-3),
     "tiny": PolicySize(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, train_tokens=400_000,
                        batch_tokens=1024, lr=3e-3, bf16=False),
 }
@@ -69,7 +72,7 @@ def cache_key(task, seed: int, size: str) -> tuple[dict, str]:
 
 
 def bootstrap_policy(out_dir: str | os.PathLike | None = None, task=None, seed: int = 0, size: str = "small",
-                     progress: bool = True) -> Path:
+                     progress: bool = True, device: str = "cpu") -> Path:
     """Train (or find in the cache) the task's policy; returns the model directory."""
     params, key = cache_key(task, seed, size)
     if out_dir is None:
@@ -86,12 +89,12 @@ def bootstrap_policy(out_dir: str | os.PathLike | None = None, task=None, seed: 
         if _cached(out, key):  # built by another process while we waited
             return out
         from gleanrl.harvest.atomic import atomic_dir
-        from gleanrl.trainer.tasks.sft import train_policy
         from gleanrl.trainer.tasks import load_task
+        from gleanrl.trainer.tasks.sft import train_policy
 
         start, cpu = time.time(), resource.getrusage(resource.RUSAGE_SELF)
         with atomic_dir(out) as tmp:
-            stats = train_policy(tmp, load_task(task), SIZES[size], seed=seed, progress=progress)
+            stats = train_policy(tmp, load_task(task), SIZES[size], seed=seed, progress=progress, device=device)
             used = resource.getrusage(resource.RUSAGE_SELF)  # CPU time: wall time on a busy machine misleads
             stats.update(key=key, params=params, seconds=round(time.time() - start, 1),
                          cpu_seconds=round(used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime, 1))
@@ -111,13 +114,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "or ~/.cache/gleanrl)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the policy trains")
 
 
 def run(args: argparse.Namespace) -> int:
     from gleanrl.trainer.tasks import TaskError
 
     try:
-        path = bootstrap_policy(args.out, task=args.task, seed=args.seed, size=args.size)
+        path = bootstrap_policy(args.out, task=args.task, seed=args.seed, size=args.size, device=args.device)
     except (TaskError, FileExistsError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

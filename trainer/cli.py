@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gleanrl train: {exc}", file=sys.stderr)
         return 2
-    from gleanrl.clients.rollout_client import RolloutServerError
+    from gleanrl.clients.transport import RolloutServerError
     from gleanrl.trainer.loop import train
     try:
         row = train(cfg, resume=args.resume)

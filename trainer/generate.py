@@ -5,27 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from typing import Awaitable, Callable, ContextManager, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
-import httpx
 from tqdm import tqdm
 
-from gleanrl.clients.rollout_client import RolloutClient, RolloutServerError
+from gleanrl.clients.rollout import Rollout, RolloutStatus, run_rollout
+from gleanrl.clients.rollout_client import RolloutClient
+from gleanrl.clients.transport import RolloutServerError
 from gleanrl.trainer.config import TrainConfig
-from gleanrl.trainer.rollout import Rollout, RolloutStatus
 
 
 class RolloutHooks(Protocol):
     """Where the harvester plugs in. `on_rollout_finished` runs in the event loop as each rollout
     finishes (keep it short: enqueue heavy work); `idle_window()` is entered while rollouts are in
     flight and left before the policy update (e.g. `harvest.idle.IdleWindow`). Optional, looked up with
-    hasattr by the loop: `bind_client(client)` once the server is synced, and `step_metrics() -> dict`
-    merged into each step's metrics row."""
+    hasattr by the loop: `bind_push(fn)` once the server is synced (`fn(path, version)` pushes a drafter
+    to the loop's servers), and `step_metrics() -> dict` merged into each step's metrics row."""
 
     def on_step_start(self, step: int, model) -> None: ...
     def on_rollout_finished(self, rollout: Rollout) -> None: ...
-    def idle_window(self) -> ContextManager: ...
+    def idle_window(self) -> contextlib.AbstractContextManager: ...
 
 
 class NoHooks:
@@ -35,45 +35,8 @@ class NoHooks:
     def on_rollout_finished(self, rollout: Rollout) -> None:
         pass
 
-    def idle_window(self) -> ContextManager:
+    def idle_window(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
-
-
-async def run_one(client: RolloutClient, r: Rollout, params: dict, stream: bool,
-                  stream_interval: int = 8) -> Rollout:
-    """Submit one rollout and fill it in. A lost connection marks it aborted (to be re-submitted)."""
-    r.attempts += 1
-    r.submitted_at = time.monotonic()
-    sp = dict(params, sampling_seed=r.seed) if r.seed is not None else params  # SGLang's field name
-    rid = f"{r.rid}-a{r.attempts}"  # a re-submission must not collide with a lingering old request
-    try:
-        if stream:
-            ids: list[int] = []
-            lps: list = []
-            last: dict = {}
-            sp = dict(sp, stream_interval=stream_interval)  # chunks are cumulative: bounds O(n^2) bytes
-            async for chunk in client.generate_stream(r.prompt_ids, sp, rid=rid):
-                meta = chunk.get("meta_info", {})
-                n = meta.get("completion_tokens", 0)
-                if r.first_token_at is None and n > 0:
-                    r.first_token_at = time.monotonic()
-                # cumulative chunks (SGLang's default) hold everything so far; incremental ones
-                # (--incremental-streaming-output) must be concatenated: tell them apart per field
-                new_ids, new_lps = chunk.get("output_ids") or [], meta.get("output_token_logprobs") or []
-                ids = new_ids if len(new_ids) == n else ids + new_ids
-                lps = new_lps if len(new_lps) == n else lps + new_lps
-                last = chunk
-            r.apply(dict(last, output_ids=ids, meta_info=dict(last.get("meta_info", {}), output_token_logprobs=lps)))
-        else:
-            r.apply(await client.generate(r.prompt_ids, sp, rid=rid))
-    except (RolloutServerError, httpx.TransportError) as exc:
-        status = getattr(exc, "status", 0)
-        r.status = RolloutStatus.FAILED if status >= 400 else RolloutStatus.ABORTED
-        r.error = str(exc) or type(exc).__name__
-    r.finished_at = time.monotonic()
-    if r.first_token_at is None and r.output_ids:
-        r.first_token_at = r.finished_at
-    return r
 
 
 async def run_step(client: RolloutClient, rollouts: list[Rollout], params: dict, *, expected_version: str,
@@ -86,7 +49,7 @@ async def run_step(client: RolloutClient, rollouts: list[Rollout], params: dict,
     try:
         while pending:
             with hooks.idle_window():
-                tasks = [asyncio.create_task(run_one(client, r, params, stream, stream_interval)) for r in pending]
+                tasks = [asyncio.create_task(run_rollout(client, r, params, stream, stream_interval)) for r in pending]
                 for fut in asyncio.as_completed(tasks):
                     r = await fut
                     if r.done and r.weight_version in (expected_version, None):

@@ -27,9 +27,9 @@ Simplified relative to the literature (DeepSeekMath GRPO, DAPO, slime) and why:
   phases never overlap, so the update may take every core while the server waits (`update_threads`,
   `update_cores`: `trainer.phases`), and its forward hands the harvester the hidden states of the
   rollouts it trains on (`hooks.update_capture()`), instead of a second pass in the idle window.
-- Weight sync from the checkpoint written each step (`trainer.policy_push`): checked against the
-  serving model first, then `update_weights_from_disk`, or a `selector: "target"` tensor session for
-  stock SGLang running EAGLE-3; no NCCL broadcast.
+- Weight sync from the checkpoint written each step (`trainer.policy_push`, `clients.weight_sync`):
+  checked against the serving model first, then `update_weights_from_disk`, or a `selector: "target"`
+  tensor session for stock SGLang running EAGLE-3; no NCCL broadcast.
 """
 from __future__ import annotations
 
@@ -40,7 +40,10 @@ from pathlib import Path
 
 import torch
 
-from gleanrl.clients.rollout_client import RolloutClient, RolloutServerError
+from gleanrl.clients.rollout import Rollout
+from gleanrl.clients.rollout_client import RolloutClient
+from gleanrl.clients.transport import RolloutServerError
+from gleanrl.clients.weight_sync import DrafterPush
 from gleanrl.trainer.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from gleanrl.trainer.config import TrainConfig, write_resolved
 from gleanrl.trainer.generate import NoHooks, RolloutHooks, make_rollouts, run_step, sampling_params
@@ -48,7 +51,6 @@ from gleanrl.trainer.metrics import MetricsLog, eval_metrics, rollout_metrics, s
 from gleanrl.trainer.phases import phase_threads
 from gleanrl.trainer.policy import Policy
 from gleanrl.trainer.policy_push import PolicyPusher
-from gleanrl.trainer.rollout import Rollout
 from gleanrl.trainer.server_proc import EmbeddedServer
 
 
@@ -91,7 +93,7 @@ def train(cfg: TrainConfig, task=None, hooks: RolloutHooks | None = None, resume
 async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: tuple[str, str], log) -> dict:
     client = RolloutClient(cfg.servers or [server.url], cfg.api_key, cfg.admin_api_key, cfg.request_timeout_s,
                            router=cfg.router)
-    pusher = PolicyPusher(client, cfg.model, cfg.request_timeout_s)
+    pusher = PolicyPusher(client, cfg.model)
     metrics = MetricsLog(cfg.out, resume_step=start if start else None, harvest=hasattr(hooks, "step_metrics"))
     state = {"path": weights[0], "version": weights[1]}
 
@@ -132,8 +134,8 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
         await resync()
         if start == 0 and cfg.eval_every:
             metrics.log({"step": 0, "weight_version": "0", **await evaluate(0)}, echo=log)
-        if hasattr(hooks, "bind_client"):  # harvest.hooks.HarvestHooks: push drafters to the same servers
-            hooks.bind_client(client)
+        if hasattr(hooks, "bind_push"):  # harvest.hooks.HarvestHooks: push drafters to the same servers
+            hooks.bind_push(DrafterPush.for_client(client))
         for step in range(start + 1, cfg.steps + 1):
             rollouts = make_rollouts(cfg, task, policy.tokenizer, step)
             hooks.on_step_start(step, policy.model)

@@ -6,7 +6,7 @@ import math
 import os
 from pathlib import Path
 
-from gleanrl.trainer.rollout import Rollout
+from gleanrl.clients.rollout import Rollout
 
 COLUMNS = [  # (key, header, width, format); a key missing from a row prints blank
     ("step", "step", 4, "{:d}"), ("reward_mean", "reward", 6, "{:.3f}"), ("accuracy", "acc", 5, "{:.2f}"),

@@ -10,10 +10,10 @@ import time
 
 import torch
 
+from gleanrl.clients.rollout import Rollout
 from gleanrl.harvest.capture import UpdateCapture, aux_hooks, samples_from
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.grpo import group_advantages, logprob_mismatch, policy_loss, token_logprobs
-from gleanrl.trainer.rollout import Rollout
 
 
 class Policy:

@@ -38,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def child(spec: dict) -> None:
     """The trainer under test: `train` with harvest hooks, marking its phases in OUT/phases.log."""
+    from gleanrl.clients.weight_sync import DrafterPush
     from gleanrl.harvest.harvester import HarvestConfig, Harvester
     from gleanrl.harvest.hooks import HarvestHooks
     from gleanrl.trainer import loop
@@ -68,7 +69,7 @@ def child(spec: dict) -> None:
         return path
 
     loop.save_checkpoint = marked_save
-    harvester = Harvester(spec["model"], spec["drafter"], out / "harvest" / "spool", push=spec["url"],
+    harvester = Harvester(spec["model"], spec["drafter"], out / "harvest" / "spool", push=DrafterPush([spec["url"]]),
                           cfg=HarvestConfig(push_every=3, batch_size=2, seed=spec["seed"]))
     train_micro_step = harvester.train_micro_step
 
@@ -198,10 +199,10 @@ def run(args: argparse.Namespace) -> int:
     if args.runs < 1 or args.steps < 1:
         print("gleanrl bench crash: --runs and --steps must be >= 1", file=sys.stderr)
         return 2
+    from gleanrl.bench.load import ServeProcess
     from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.harvest.cli_init import init_drafter
     from gleanrl.tiny import make_tiny_model
-    from gleanrl.bench.load import ServeProcess
     rng = random.Random(args.seed)
     records = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -52,6 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"the off-domain start (default: warm-start one on {OFFDOMAIN_TASK}, cached)")
     p.add_argument("--push-every", type=int, default=10, help="adaptive arms: drafter micro-steps between pushes")
     p.add_argument("--json", default=None, help="write the summary here as JSON")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the rollout server runs (the trainer runs on CPU)")
 
 
 def parse_arms(text: str) -> list[str]:
@@ -118,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n== {name}", flush=True)
         t0 = time.monotonic()
         drafter0 = drafters.get(start)
-        with demo.serving(policy, drafter0, out / f"{name}.server.log", dtype=args.dtype) as server:
+        with demo.serving(policy, drafter0, out / f"{name}.server.log", dtype=args.dtype,
+                          device=args.device) as server:
             hooks, h = NoHooks(), None
             if harvest:
                 h = Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None,

@@ -1,7 +1,8 @@
 """`gleanrl bench engine`: output tokens/s of the embedded engine against transformers `generate`.
 
 Same model, same prompts, same number of output tokens per request (EOS ignored on both sides), same
-torch thread count, one warm-up run each, then `--repeats` alternating runs of which the best counts. The baseline is what a plain transformers user does:
+torch thread count, one warm-up run each, then `--repeats` alternating runs of which the best counts.
+The baseline is what a plain transformers user does:
 - batch 1: `model.generate(ids, generation_config=...)` greedy, `max_new_tokens=n`, with the
   config's `eos_token_id` cleared (no stopping, no logits processor: its cheapest way to emit n tokens);
 - batch 16 (mixed lengths): one left-padded `generate` call for all 16 prompts the same way with

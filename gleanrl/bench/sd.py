@@ -31,9 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sd-max-batch", type=int, default=8)
     parser.add_argument("--num-draft-tokens", type=int, default=None, help="fixed draft length (default: bandit)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the engine runs")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                        help="weights of target and drafter (auto: float32 on CPU; bfloat16 is memory-bound and "
-                             "fast on CPUs with AVX-512 BF16, as on GPUs)")
+                        help="weights of target and drafter (auto: float32 on CPU, bfloat16 on CUDA; bfloat16 is "
+                             "memory-bound and fast on CPUs with AVX-512 BF16, as on GPUs)")
     parser.add_argument("--repeats", type=int, default=3)
 
 
@@ -49,7 +50,8 @@ def _prompts(args: argparse.Namespace, n: int) -> list[str]:
     return [texts[i % len(texts)] for i in range(n)]
 
 
-def _run(engine, prompts: list[list[int]], temperature: float, max_new: int, seed: int) -> tuple[float, list[list[int]]]:
+def _run(engine, prompts: list[list[int]], temperature: float, max_new: int,
+         seed: int) -> tuple[float, list[list[int]]]:
     from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
     async def one(i: int) -> list[int]:
@@ -66,7 +68,7 @@ def _run(engine, prompts: list[list[int]], temperature: float, max_new: int, see
 
 
 def _side(engine, policy, prompts, temperature, args, seed) -> tuple[float, list[list[int]]]:
-    engine.spec.policy = policy
+    engine.decoder.policy = policy
     return _run(engine, prompts, temperature, args.max_new_tokens, seed)
 
 
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from gleanrl.server.config import EngineConfig
     from gleanrl.server.engine import Engine
     from gleanrl.server.protocol import CheckpointError
-    from gleanrl.server.sd_policy import SDPolicy, SDPolicyConfig
+    from gleanrl.server.sd.policy import SDPolicy, SDPolicyConfig
 
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         prompts_text = _prompts(args, max(batches))
         engine = Engine(EngineConfig(model_path=args.model, drafter_path=args.drafter, max_running_requests=64,
-                                     dtype=args.dtype))
+                                     device=args.device, dtype=args.dtype))
     except (OSError, ValueError, KeyError, ImportError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -100,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                 batch_prompts = prompts[:batch]
                 _side(engine, sd, batch_prompts, temp, args, 0)               # warm-up; the bandit learns
                 _side(engine, off, batch_prompts, temp, args, 0)
-                ct0, tok0 = engine.spec.verify_ct, engine.spec.verify_tokens
+                ct0, tok0 = engine.decoder.verify_ct, engine.decoder.verify_tokens
                 sd_tok_s = plain_tok_s = 0.0
                 identical = 0
                 for r in range(args.repeats):                                   # alternate, keep the best
@@ -108,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
                     plain_rate, plain_out = _side(engine, off, batch_prompts, temp, args, 1000 * r)
                     sd_tok_s, plain_tok_s = max(sd_tok_s, sd_rate), max(plain_tok_s, plain_rate)
                     identical += sum(a == b for a, b in zip(sd_out, plain_out))
-                ct, toks = engine.spec.verify_ct - ct0, engine.spec.verify_tokens - tok0
+                ct, toks = engine.decoder.verify_ct - ct0, engine.decoder.verify_tokens - tok0
                 results.append({"batch": batch, "temperature": temp, "sd_tok_s": round(sd_tok_s, 1),
                                 "plain_tok_s": round(plain_tok_s, 1), "speedup": round(sd_tok_s / plain_tok_s, 2),
                                 "accept_length": round(toks / ct, 2) if ct else 0.0})
@@ -124,6 +126,6 @@ def run(args: argparse.Namespace) -> int:
         from gleanrl.harvest.atomic import atomic_file
         with atomic_file(args.json, "w") as f:
             json.dump({"model": args.model, "drafter": args.drafter, "sd": args.sd, "threads": args.threads,
-                       "dtype": args.dtype,
+                       "device": args.device, "dtype": args.dtype,
                        "max_new_tokens": args.max_new_tokens, "results": results}, f, indent=2)
     return 0

@@ -5,10 +5,10 @@ outputs of every prompt under A and under B are taken first, with nothing else r
 stream greedy requests while a swapper pushes `--swaps` updates (target, draft, target, ...; each with
 a fresh version). Every response must carry one `weight_version` and one `draft_weight_version` that
 were pushed, and equal the reference of its target version. SD is lossless, so draft swaps mid-request
-change nothing; a target swap lands between two decode iterations, also mid-request (as the engine
-documents), so a response whose streamed versions change is a "straddler": its tokens streamed under the
-old version must equal the old reference's prefix (the rest mixes the two models by design, and the
-trainer never swaps the target under running rollouts). Any non-200 or mismatch is an error (exit 1)."""
+change nothing; a target swap waits for the running requests (SGLang's update lock), so a response whose
+streamed versions change (a "straddler", expected 0) can only come from an update under a pause: its
+tokens streamed under the old version must equal the old reference's prefix. Any non-200 or mismatch is
+an error (exit 1)."""
 from __future__ import annotations
 
 import argparse

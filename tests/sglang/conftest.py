@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from sglang_util import SKIP_REASON, SGLangServer, available
 
 

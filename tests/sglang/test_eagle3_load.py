@@ -14,6 +14,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+
 from sglang_util import free_port, run_in_sglang
 
 pytestmark = pytest.mark.sglang
@@ -40,7 +41,8 @@ for config_dir, weights_dir in json.loads(sys.argv[1]):   # [(drafter config dir
     hot = model.hot_token_id
     out.append({"error": error,
                 "params": {n: {"shape": list(p.shape), "filled": bool(not p.isnan().any()),
-                               "touched": bool(not p.isnan().all()), "sum": float(p.detach().double().nan_to_num().sum())}
+                               "touched": bool(not p.isnan().all()),
+                               "sum": float(p.detach().double().nan_to_num().sum())}
                            for n, p in model.named_parameters()},
                 "hot_token_id": None if hot is None else hot.tolist()})
 print(json.dumps(out))
@@ -103,8 +105,13 @@ def test_sglang_eagle3_loads_every_drafter_tensor(drafter_dir, loaded):
         row = got["params"][param]
         assert row["filled"], f"{param} was not loaded"
         # ParallelLMHead pads its rows to a multiple of 64 (zeros); the rest must match exactly
-        assert row["shape"][1:] == list(expected.shape[1:]) and expected.shape[0] <= row["shape"][0] < expected.shape[0] + 64, param
-        assert abs(row["sum"] - float(expected.double().sum())) < 1e-6 * (1 + float(expected.double().abs().sum())), param
+        assert (
+            row["shape"][1:] == list(expected.shape[1:])
+            and expected.shape[0] <= row["shape"][0] < expected.shape[0] + 64
+        ), param
+        assert abs(row["sum"] - float(expected.double().sum())) < 1e-6 * (1 + float(expected.double().abs().sum())), (
+            param
+        )
     assert got["hot_token_id"] == (state["d2t"] + torch.arange(96)).tolist() == (torch.arange(96) * 3).tolist()
 
 

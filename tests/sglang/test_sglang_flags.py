@@ -8,10 +8,10 @@ import json
 
 import pytest
 import yaml
-from sglang_util import run_in_sglang
-from test_compose import COMPOSE, interpolate
 
 from gleanrl.server.sglang_launch import build_command
+from sglang_util import run_in_sglang
+from test_compose import COMPOSE, interpolate
 
 pytestmark = pytest.mark.sglang
 
@@ -41,10 +41,24 @@ def test_sglang_parses_gleanrls_launch_commands():
     compose = yaml.safe_load(interpolate(COMPOSE.read_text(), {"GLEANRL_ADMIN_API_KEY": "k"}))
     argvs = [build_command(gpu)[3:], build_command(cpu)[3:], compose["services"]["rollout"]["command"][3:]]
     g, c, k = run_in_sglang(PARSE, json.dumps(argvs))
-    assert (g["model_path"], g["speculative_algorithm"], g["speculative_draft_model_path"]) == ("/m/policy", "EAGLE3", "/m/drafter")
+    assert (g["model_path"], g["speculative_algorithm"], g["speculative_draft_model_path"]) == (
+        "/m/policy",
+        "EAGLE3",
+        "/m/drafter",
+    )
     assert (g["speculative_num_steps"], g["speculative_eagle_topk"], g["speculative_num_draft_tokens"]) == (3, 1, 4)
-    assert (g["device"], g["dtype"], g["port"], g["api_key"], g["admin_api_key"]) == ("cuda", "bfloat16", 30001, "a", "b")
+    assert (g["device"], g["dtype"], g["port"], g["api_key"], g["admin_api_key"]) == (
+        "cuda",
+        "bfloat16",
+        30001,
+        "a",
+        "b",
+    )
     assert (g["context_length"], g["max_running_requests"], g["mem_fraction_static"]) == (4096, 64, 0.8)
     assert (c["device"], c["dtype"], c["max_total_tokens"], c["skip_server_warmup"]) == ("cpu", "float32", 8192, True)
     assert c["speculative_algorithm"] is None
-    assert (k["speculative_algorithm"], k["speculative_draft_model_path"], k["admin_api_key"]) == ("EAGLE3", "/models/drafter", "k")
+    assert (k["speculative_algorithm"], k["speculative_draft_model_path"], k["admin_api_key"]) == (
+        "EAGLE3",
+        "/models/drafter",
+        "k",
+    )

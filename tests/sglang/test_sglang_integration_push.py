@@ -10,11 +10,12 @@ import httpx
 import pytest
 
 from gleanrl.clients.rollout_client import RolloutClient
+from gleanrl.clients.transport import RolloutServerError
+from gleanrl.clients.weight_sync import DrafterPush, Route
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.checkpoint_check import CheckpointMismatch
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.harvest.push import Pusher, PushError
-from gleanrl.trainer.policy_push import DISK, PolicyPusher
+from gleanrl.trainer.policy_push import PolicyPusher
 
 pytestmark = pytest.mark.sglang
 
@@ -35,8 +36,8 @@ def _push_policy(url: str, initial, path, version: str) -> dict:
 def test_drafter_push_is_refused_without_a_drafter(sglang_server, sglang_model, tmp_path):
     drafter = save_drafter(init_drafter(sglang_model, seed=0), tmp_path / "drafter")
     before = _info(sglang_server)
-    with pytest.raises(PushError, match="serves no EAGLE drafter"):
-        Pusher([sglang_server.url])(str(drafter), 1)
+    with pytest.raises(RolloutServerError, match="serves no EAGLE drafter"):
+        DrafterPush([sglang_server.url])(str(drafter), 1)
     assert sglang_server.alive() and _info(sglang_server)["weight_version"] == before["weight_version"]
 
 
@@ -45,5 +46,5 @@ def test_policy_push_checked_then_by_disk(restore_weights, sglang_model, sglang_
     with pytest.raises(CheckpointMismatch, match="refusing to push the policy"):
         _push_policy(server.url, sglang_model, other_arch_model, "bad")
     assert server.alive() and _info(server)["weight_version"] != "bad"
-    assert _push_policy(server.url, sglang_model, sglang_model_b, "int7") == {server.url: DISK}
+    assert _push_policy(server.url, sglang_model, sglang_model_b, "int7") == {server.url: Route.DISK}
     assert _info(server)["weight_version"] == "int7"

@@ -10,9 +10,8 @@ pytestmark = pytest.mark.sglang
 
 
 def test_client_spreads_requests_and_updates_every_replica(restore_weights, sglang_model_b, sglang_tokenizer):
-    from serving import running_server
-
     from gleanrl.clients.rollout_client import RolloutClient
+    from serving import running_server
     sglang, ids = restore_weights, sglang_tokenizer.encode("12+30=")
     params = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
     with running_server(sglang.model) as embedded:

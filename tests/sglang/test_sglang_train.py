@@ -25,7 +25,7 @@ def test_two_grpo_steps_against_sglang(restore_weights, tmp_path, sglang_tokeniz
     assert [r["rollout_weight_version"] for r in rows] == ["0", "1"]
     # SGLang's logprobs (temperature 1, top_p 1) and the trainer's agree up to float32 kernel noise
     assert all(r["logprob_mismatch"] < 1e-3 for r in rows), [r["logprob_mismatch"] for r in rows]
-    print(f"\n[sglang] GRPO: " + "; ".join(f"step {r['step']} reward {r['reward_mean']:.3f} "
+    print("\n[sglang] GRPO: " + "; ".join(f"step {r['step']} reward {r['reward_mean']:.3f} "
                                            f"mismatch {r['logprob_mismatch']:.1e}" for r in rows))
     assert httpx.get(f"{server.url}/model_info", timeout=10).json()["weight_version"] == "2"
     from transformers import AutoModelForCausalLM

@@ -7,9 +7,9 @@ import time
 
 import httpx
 import pytest
-from sglang_util import SGLangServer
 
 from gleanrl.harvest.checkpoint_check import CheckpointMismatch, check_policy_checkpoint
+from sglang_util import SGLangServer
 
 pytestmark = pytest.mark.sglang
 

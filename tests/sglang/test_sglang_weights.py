@@ -1,6 +1,6 @@
 """Weight pushes into a real SGLang server: a trainer checkpoint is accepted by /update_weights_from_disk
 and changes outputs and weight_version; the bad pushes stock SGLang mishandles are reproduced raw, and
-gleanrl's guard (harvest.checkpoint_check, clients.sglang_push) refuses each before sending."""
+gleanrl's guard (harvest.checkpoint_check, clients.weight_sync) refuses each before sending."""
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gleanrl.clients.sglang_push import (SGLangPushError, draft_tensor_requests, is_stock_sglang, push_drafter_tensors,
-                                 run_session, tensor_requests)
+from gleanrl.clients.payloads import tensor_body
+from gleanrl.clients.rollout_client import RolloutClient
+from gleanrl.clients.transport import RolloutServerError
+from gleanrl.clients.weight_sync import probe, push_drafter, tensor_session
 from gleanrl.harvest.checkpoint_check import CheckpointMismatch, check_policy_checkpoint
 
 pytestmark = pytest.mark.sglang
@@ -41,14 +43,19 @@ def _version(server) -> str:
     return httpx.get(f"{server.url}/model_info", timeout=10).json()["weight_version"]
 
 
-def _session(server, requests) -> list[dict]:
-    with httpx.Client(timeout=300) as http:
-        return run_session(http, server.url, requests)
+def _with_client(server, fn):
+    async def go():
+        async with RolloutClient([server.url]) as client:
+            return await fn(client)
+    return asyncio.run(go())
+
+
+def _session(server, selector: str, body: dict) -> list[dict]:
+    return _with_client(server, lambda client: tensor_session(client, server.url, selector, body))
 
 
 def test_trainer_checkpoint_is_accepted_and_changes_outputs_and_version(restore_weights, sglang_model_b,
                                                                         sglang_tokenizer):
-    from gleanrl.clients.rollout_client import RolloutClient
     server, ids = restore_weights, _ids(sglang_tokenizer)
     assert _greedy(server, ids) == _hf_greedy(server.model, ids)
     check_policy_checkpoint(sglang_model_b, server.model)          # the guard lets a good checkpoint through
@@ -67,7 +74,7 @@ def test_policy_push_by_tensor_session_with_selector_target(restore_weights, sgl
     drafter): begin(selector=target) -> update_weights_from_tensor (tensors by value) -> end."""
     server, ids = restore_weights, _ids(sglang_tokenizer)
     named = sorted(load_file(sglang_model_b / "model.safetensors").items())
-    answers = _session(server, tensor_requests(named, "target", weight_version="tensor-1", flush_cache=True))
+    answers = _session(server, "target", tensor_body(named, "target", weight_version="tensor-1", flush_cache=True))
     assert all(a["success"] for a in answers)
     assert _greedy(server, ids) == _hf_greedy(sglang_model_b, ids)
     assert _version(server) == "tensor-1"
@@ -79,7 +86,8 @@ def test_other_architecture_is_loaded_by_sglang_but_refused_by_the_guard(restore
     with pytest.raises(CheckpointMismatch, match="architectures"):
         check_policy_checkpoint(other_arch_model, server.model)
     before = _greedy(server, ids)
-    resp = server.post("/update_weights_from_disk", {"model_path": str(other_arch_model), "weight_version": "other-arch"})
+    resp = server.post("/update_weights_from_disk",
+                       {"model_path": str(other_arch_model), "weight_version": "other-arch"})
     assert resp.status_code == 200 and resp.json()["success"] is True      # stock SGLang: "success"
     assert _greedy(server, ids) != before and _version(server) == "other-arch"  # ... and now runs mixed weights
 
@@ -92,7 +100,8 @@ def test_selector_is_ignored_so_a_drafter_sent_via_disk_lands_in_the_target(rest
     before = _greedy(server, ids)
     resp = server.post("/update_weights_from_disk", {"model_path": str(drafter_for_policy), "selector": "draft",
                                                      "weight_version": "draft-1"})
-    print(f"\n[sglang] drafter via /update_weights_from_disk with selector=draft: HTTP {resp.status_code} {resp.text[:200]}")
+    print(f"\n[sglang] drafter via /update_weights_from_disk with selector=draft: HTTP {resp.status_code} "
+          f"{resp.text[:200]}")
     assert resp.status_code == 200 and resp.json()["success"] is True
     assert _greedy(server, ids) != before                       # the drafter's lm_head replaced the target's
     assert _version(server) == "draft-1"                        # and the policy's version is gone
@@ -103,13 +112,12 @@ def test_draft_push_to_a_server_without_drafter_succeeds_raw_and_is_refused_guar
     server, ids = sglang_server, _ids(sglang_tokenizer)
     named = sorted(load_file(drafter_for_policy / "model.safetensors").items())
     before, version = _greedy(server, ids), _version(server)
-    answers = _session(server, draft_tensor_requests(named))
+    answers = _session(server, "draft", tensor_body(named, "draft"))
     assert all(a["success"] for a in answers)                   # SGLang: success, nothing loaded
     assert _greedy(server, ids) == before and _version(server) == version
-    with pytest.raises(SGLangPushError, match="serves no EAGLE drafter"):
-        push_drafter_tensors(server.url, named)
-    with httpx.Client(timeout=30) as http:
-        assert is_stock_sglang(http, server.url)
+    with pytest.raises(RolloutServerError, match="serves no EAGLE drafter"):
+        _with_client(server, lambda client: push_drafter(client, str(drafter_for_policy), 1))
+    assert not _with_client(server, lambda client: probe(client, server.url)).embedded
 
 
 @pytest.fixture(scope="module")

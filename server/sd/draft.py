@@ -14,7 +14,8 @@ from gleanrl.server.sampler import processed_probs, sample
 from gleanrl.server.sd.drafter_forward import drafter_forward
 
 
-def _draw(logits: torch.Tensor, prm: dict[str, torch.Tensor], generators: list) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _draw(logits: torch.Tensor, prm: dict[str, torch.Tensor],
+          generators: list) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [A, V] -> (tokens [A], q [A, V] or None when every row is greedy)."""
     if bool((prm["temperature"] <= 0).all()):
         return logits.argmax(-1), None

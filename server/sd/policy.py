@@ -5,9 +5,11 @@ in `adaptive` mode it runs only while `running <= max_batch`. The draft length k
 batch-size bucket by an epsilon-greedy bandit (TLT's bucketed epsilon-greedy) whose reward is emitted
 tokens per second of the decode iteration, and arm 0 (plain decoding) competes too, so SD is dropped in
 a bucket where it does not pay; each arm keeps a sliding window of recent rewards, so the
-choice follows a drifting drafter (acceptance rises as it trains, resets on a hot swap). A bucket with
-no measured arm uses the fixed table. Simplified relative to TLT: the arms are draft lengths of a chain
-draft only (TLT also varies tree top-k and the number of verified tokens).
+choice follows a drifting drafter (acceptance rises as it trains). A bucket with no measured arm uses
+the fixed table, the prior. A drafter hot swap keeps the knowledge but lowers its weight (`decay`):
+the old ranking stands until the new drafter's measurements, which count more, override it, and
+measurements that were never renewed fade out, back to the prior. Simplified relative to TLT: the arms
+are draft lengths of a chain draft only (TLT also varies tree top-k and the number of verified tokens).
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ class SDPolicyConfig:
     table: dict[int, int] = field(default_factory=lambda: dict(DEFAULT_TABLE))
     epsilon: float = 0.1
     window: int = 16                             # recent rewards kept per (bucket, arm)
+    swap_decay: float = 0.5                      # weight a measurement keeps across a drafter swap
+    min_weight: float = 0.05                     # measurements lighter than this are forgotten
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -46,6 +50,10 @@ class SDPolicyConfig:
             raise ValueError("epsilon must be in [0, 1]")
         if self.window < 1:
             raise ValueError("window must be >= 1")
+        if not 0.0 < self.swap_decay <= 1.0:
+            raise ValueError("swap_decay must be in (0, 1] (a drafter swap keeps the policy's knowledge)")
+        if not 0.0 <= self.min_weight < 1.0:
+            raise ValueError("min_weight must be in [0, 1)")
 
 
 class SDPolicy:
@@ -53,7 +61,7 @@ class SDPolicy:
         self.config = config or SDPolicyConfig()
         self._bounds = sorted(self.config.table)
         self._rng = random.Random(self.config.seed)
-        self._rewards: dict[tuple[int, int], deque[float]] = {}
+        self._rewards: dict[tuple[int, int], deque[tuple[float, float]]] = {}  # (reward, weight)
 
     def use_sd(self, running: int) -> bool:
         mode = self.config.mode
@@ -66,7 +74,9 @@ class SDPolicy:
 
     def mean_reward(self, batch: int, k: int) -> float | None:
         window = self._rewards.get((self.bucket(batch), k))
-        return sum(window) / len(window) if window else None
+        if not window:
+            return None
+        return sum(r * w for r, w in window) / sum(w for _, w in window)
 
     def choose_k(self, batch: int) -> int:
         cfg = self.config
@@ -85,8 +95,15 @@ class SDPolicy:
         if seconds <= 0:
             return
         key = (self.bucket(batch), k)
-        self._rewards.setdefault(key, deque(maxlen=self.config.window)).append(tokens / seconds)
+        self._rewards.setdefault(key, deque(maxlen=self.config.window)).append((tokens / seconds, 1.0))
 
-    def reset(self) -> None:
-        """Forget measurements (e.g. after a draft swap, whose acceptance is unknown)."""
-        self._rewards.clear()
+    def decay(self) -> None:
+        """After a drafter swap: every measurement keeps `swap_decay` of its weight; those below
+        `min_weight` are dropped, so an arm that is not measured again fades back to the table."""
+        cfg = self.config
+        for key, window in list(self._rewards.items()):
+            kept = [(r, w * cfg.swap_decay) for r, w in window if w * cfg.swap_decay >= cfg.min_weight]
+            if kept:
+                self._rewards[key] = deque(kept, maxlen=cfg.window)
+            else:
+                del self._rewards[key]

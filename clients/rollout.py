@@ -1,8 +1,15 @@
-"""The one record for a rollout. It flows from the client to the rewards, the loss and the harvester."""
+"""The one record for a rollout, filled by the client from SGLang's /generate response (`run_rollout`);
+it flows on to the rewards, the loss and the harvester."""
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
+
+import httpx
+
+from gleanrl.clients.rollout_client import RolloutClient
+from gleanrl.clients.transport import RolloutServerError
 
 
 class RolloutStatus(str, enum.Enum):
@@ -77,6 +84,48 @@ class Rollout:
         if self.done and len(self.rollout_logprobs) != len(self.output_ids):
             self.status, self.error = RolloutStatus.FAILED, (
                 f"{len(self.rollout_logprobs)} logprobs for {len(self.output_ids)} output tokens")
+
+
+async def run_rollout(client: RolloutClient, r: Rollout, params: dict, stream: bool,
+                      stream_interval: int = 8) -> Rollout:
+    """Submit one rollout and fill it in. A lost connection marks it aborted (to be re-submitted), a
+    refused request failed."""
+    r.attempts += 1
+    r.submitted_at = time.monotonic()
+    sp = dict(params, sampling_seed=r.seed) if r.seed is not None else params  # SGLang's field name
+    rid = f"{r.rid}-a{r.attempts}"  # a re-submission must not collide with a lingering old request
+    try:
+        if stream:
+            await _stream(client, r, dict(sp, stream_interval=stream_interval), rid)
+        else:
+            r.apply(await client.generate(r.prompt_ids, sp, rid=rid))
+    except (RolloutServerError, httpx.TransportError) as exc:
+        status = getattr(exc, "status", 0)
+        r.status = RolloutStatus.FAILED if status >= 400 else RolloutStatus.ABORTED
+        r.error = str(exc) or type(exc).__name__
+    r.finished_at = time.monotonic()
+    if r.first_token_at is None and r.output_ids:
+        r.first_token_at = r.finished_at
+    return r
+
+
+async def _stream(client: RolloutClient, r: Rollout, sp: dict, rid: str) -> None:
+    """`stream_interval` in `sp` bounds the O(n^2) bytes of cumulative chunks."""
+    ids: list[int] = []
+    lps: list = []
+    last: dict = {}
+    async for chunk in client.generate_stream(r.prompt_ids, sp, rid=rid):
+        meta = chunk.get("meta_info", {})
+        n = meta.get("completion_tokens", 0)
+        if r.first_token_at is None and n > 0:
+            r.first_token_at = time.monotonic()
+        # cumulative chunks (SGLang's default) hold everything so far; incremental ones
+        # (--incremental-streaming-output) must be concatenated: tell them apart per field
+        new_ids, new_lps = chunk.get("output_ids") or [], meta.get("output_token_logprobs") or []
+        ids = new_ids if len(new_ids) == n else ids + new_ids
+        lps = new_lps if len(new_lps) == n else lps + new_lps
+        last = chunk
+    r.apply(dict(last, output_ids=ids, meta_info=dict(last.get("meta_info", {}), output_token_logprobs=lps)))
 
 
 def _str_or_none(value) -> str | None:

@@ -1,0 +1,67 @@
+"""Micro-benchmark of the group index (`python -m gleanrl.bench.group_index`): the per-call cost of
+`propose` and of `extend` with one token, as the engine calls them every decode iteration.
+
+Synthetic GRPO groups: P prompts x n samples of L tokens over a small vocabulary; each sample copies a
+shared per-prompt "reference" continuation with a mutation rate, so siblings agree in stretches and
+diverge elsewhere, like real siblings. Timings are per call, best of --repeats (the CPU may be shared).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+from gleanrl.server.sd.group_index import GroupIndex, GroupIndexConfig, prompt_key
+
+
+def _samples(rng: random.Random, prompts: int, n: int, length: int, vocab: int, mutate: float):
+    groups = []
+    for _ in range(prompts):
+        prompt = [rng.randrange(vocab) for _ in range(32)]
+        ref = [rng.randrange(vocab) for _ in range(length)]
+        groups.append((prompt, [[t if rng.random() > mutate else rng.randrange(vocab) for t in ref]
+                                for _ in range(n)]))
+    return groups
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--length", type=int, default=2048)
+    parser.add_argument("--vocab", type=int, default=2000)
+    parser.add_argument("--mutate", type=float, default=0.1)
+    parser.add_argument("--max-len", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    rng = random.Random(0)
+    groups = _samples(rng, args.prompts, args.n, args.length, args.vocab, args.mutate)
+    best_extend = best_propose = float("inf")
+    hits = calls = 0
+    for _ in range(args.repeats):
+        index = GroupIndex(GroupIndexConfig())
+        handles = [[index.start(prompt, "v0") for _ in outs] for prompt, outs in groups]
+        t_extend = t_propose = 0.0
+        hits = calls = 0
+        for pos in range(args.length):                 # every sample emits one token per iteration
+            for (prompt, outs), hs in zip(groups, handles):
+                key = prompt_key(prompt)
+                for out, h in zip(outs, hs):
+                    recent = (prompt[-4:] + out[max(pos - 4, 0):pos])[-4:]
+                    t0 = time.perf_counter()
+                    draft = index.propose(key, recent, args.max_len)
+                    t1 = time.perf_counter()
+                    index.extend(h, [out[pos]])
+                    t_extend += time.perf_counter() - t1
+                    t_propose += t1 - t0
+                    calls += 1
+                    hits += draft is not None
+        best_extend, best_propose = min(best_extend, t_extend / calls), min(best_propose, t_propose / calls)
+    print(json.dumps({"propose_us": round(best_propose * 1e6, 2), "extend_us": round(best_extend * 1e6, 2),
+                      "hit_rate": round(hits / calls, 3), "calls": calls, "indexed_tokens": index.tokens}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

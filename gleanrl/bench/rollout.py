@@ -1,0 +1,147 @@
+"""`gleanrl bench rollout`: GRPO steps' rollouts as the trainer sends them, in four SD arms side by side.
+
+P prompts x n samples, all submitted at once (T = 1, seeded per step as the trainer does), for
+`--steps` consecutive steps with the same policy and the same prompts (an epoch revisiting them), so the
+earlier-sample index fills. One engine serves every arm; between arms only its decoder's policy and
+group index change: `plain` (no SD), `eagle` (the EAGLE-3 drafter, adaptive), `group` (group drafts
+only), `fused` (both, the bandit choosing per iteration among EAGLE-3, group and the two-branch tree).
+`tok_s_by_bucket` is the bandit's measured tokens/s per running-batch bucket and arm: where SD stops
+paying, per source.
+Each arm starts with an empty group index and a fresh bandit. rollout_s is the wall time of all its
+steps, tok_s the tokens produced over it, accept_length the tokens emitted per verify pass (bonus
+included, as SGLang's). Then one greedy step (T = 0) per arm: `identical_greedy` counts SD outputs equal
+token for token to the plain ones (lossless). The CPU may be shared: read the ratios, not the seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+ARMS = ("plain", "eagle", "group", "fused")
+SOURCES = {"eagle": ("eagle",), "group": ("group",), "fused": ("eagle", "group", "fused")}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="policy directory (default: the task's bootstrap policy)")
+    parser.add_argument("--drafter", default=None, help="EAGLE-3 drafter (default: the cached warm start)")
+    parser.add_argument("--task", default=None, help="task spec (default: the built-in task)")
+    parser.add_argument("--prompts", type=int, default=8, help="P: prompts per step")
+    parser.add_argument("--n", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--steps", type=int, default=2, help="consecutive steps over the same prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--sd-max-batch", type=int, default=8, help="EAGLE-3 arms only while running <= this")
+    parser.add_argument("--group-max-batch", type=int, default=64, help="group arms only while running <= this")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="write the results here")
+
+
+def _step(engine, prompts: list[list[int]], n: int, temperature: float, max_new: int, seed: int) -> list[list[int]]:
+    from gleanrl.server.protocol import GenerateRequest, SamplingParams
+
+    async def one(i: int) -> list[int]:
+        params = SamplingParams(max_new_tokens=max_new, temperature=temperature, seed=seed + i)
+        req = GenerateRequest(rid=f"bench-rollout-{time.monotonic_ns()}-{i}", input_ids=prompts[i // n], params=params)
+        return [t async for out in engine.generate(req) for t in out.new_ids]
+
+    async def main() -> list[list[int]]:
+        return await asyncio.gather(*[one(i) for i in range(len(prompts) * n)])
+
+    return asyncio.run(main())
+
+
+def _set_arm(engine, arm: str, drafter, args: argparse.Namespace) -> None:
+    """Between runs (the engine is idle): the arm's bandit, an empty group index, the drafter or none."""
+    from gleanrl.server.sd.group_drafts import GroupDrafts
+    from gleanrl.server.sd.policy import SDPolicyConfig
+    from gleanrl.server.sd.source_policy import GroupSDConfig, SourcePolicy
+
+    dec = engine.decoder
+    mode = "off" if arm == "plain" else "adaptive"
+    dec.policy = SourcePolicy(SDPolicyConfig(mode=mode, max_batch=args.sd_max_batch, seed=args.seed),
+                              GroupSDConfig(sources=SOURCES.get(arm, ("eagle",)), group_max_batch=args.group_max_batch))
+    dec.groups = GroupDrafts() if arm in ("group", "fused") else None
+    dec.drafter = drafter if arm in ("eagle", "fused") else None
+    dec.states.clear()
+
+
+def _default_paths(args: argparse.Namespace) -> tuple[str, str]:
+    from pathlib import Path
+
+    from gleanrl import demo
+    from gleanrl.trainer.bootstrap import bootstrap_policy
+
+    policy = Path(args.model) if args.model else bootstrap_policy(task=args.task, seed=args.seed)
+    if args.drafter:
+        return str(policy), args.drafter
+    warm = argparse.Namespace(max_new_tokens=args.max_new_tokens, warm_steps=120, warm_prompts=64, seed=args.seed)
+    return str(policy), str(demo.warm_drafter(policy, warm))
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from gleanrl.server.config import EngineConfig
+    from gleanrl.server.engine import Engine
+    from gleanrl.server.protocol import CheckpointError
+    from gleanrl.trainer.generate import encode_prompt
+    from gleanrl.trainer.tasks import load_task
+
+    arms = [a for a in args.arms.split(",") if a]
+    if not arms or any(a not in ARMS for a in arms) or "plain" not in arms:
+        print(f"error: --arms must list some of {ARMS}, plain included", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        model, drafter = _default_paths(args)
+        engine = Engine(EngineConfig(model_path=model, drafter_path=drafter, max_running_requests=args.prompts * args.n,
+                                     dtype=args.dtype, seed=args.seed, sd_sources=SOURCES["fused"]))
+        task = load_task(args.task)
+        prompts = [encode_prompt(engine.tokenizer, s) for s in task.prompts("train", args.prompts, args.seed)]
+    except (OSError, ValueError, KeyError, ImportError, CheckpointError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    engine.start()
+    results, greedy, loaded = {}, {}, engine.decoder.drafter
+    try:
+        for arm in arms:
+            _set_arm(engine, arm, loaded, args)
+            ct0, tok0 = engine.decoder.verify_ct, engine.decoder.verify_tokens
+            by0 = dict(engine.decoder.accepted_by_source)
+            t0, tokens = time.perf_counter(), 0
+            for step in range(args.steps):
+                outs = _step(engine, prompts, args.n, 1.0, args.max_new_tokens, 10_007 * step)
+                tokens += sum(map(len, outs))
+            seconds = time.perf_counter() - t0
+            ct, toks = engine.decoder.verify_ct - ct0, engine.decoder.verify_tokens - tok0
+            results[arm] = {"rollout_s": round(seconds, 3), "tok_s": round(tokens / seconds, 1),
+                            "accept_length": round(toks / ct, 2) if ct else 0.0,
+                            "accepted_by_source": {k: v - by0[k] for k, v in engine.decoder.accepted_by_source.items()},
+                            "tok_s_by_bucket": engine.decoder.policy.measured()}
+            _set_arm(engine, arm, loaded, args)
+            greedy[arm] = _step(engine, prompts, args.n, 0.0, args.max_new_tokens, 0)
+            r = results[arm]
+            print(f"{arm:>6}  rollout {r['rollout_s']:>8.2f} s  {r['tok_s']:>8.1f} tok/s  "
+                  f"accept {r['accept_length']:.2f}", flush=True)
+    finally:
+        engine.shutdown()
+    sd_arms = [a for a in arms if a != "plain"]
+    same = sum(x == y for a in sd_arms for x, y in zip(greedy[a], greedy["plain"]))
+    summary = {"arms": results, "identical_greedy": f"{same}/{len(sd_arms) * len(greedy['plain'])}",
+               "model": model, "drafter": drafter, "task": args.task, "prompts": args.prompts, "n": args.n,
+               "steps": args.steps, "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads()}
+    for a in sd_arms:
+        summary[f"speedup_{a}"] = round(results["plain"]["rollout_s"] / results[a]["rollout_s"], 2)
+    print("  ".join(f"speedup_{a} {summary[f'speedup_{a}']:.2f}x" for a in sd_arms)
+          + f"  identical greedy {summary['identical_greedy']}")
+    if args.json:
+        from gleanrl.harvest.atomic import atomic_file
+        with atomic_file(args.json, "w") as f:
+            json.dump(summary, f, indent=2)
+    return 0

@@ -1,0 +1,122 @@
+"""Measure (1) the latency `gleanrl proxy` adds per request and (2) the embedded server's speed with the
+harvest feed off vs on. Servers run as `gleanrl serve` subprocesses (1 torch thread each) on a tiny random
+Qwen2; requests alternate between the arms so that a busy machine slows both alike.
+
+    .venv/bin/python scripts/measure_proxy_feed.py [--requests 60] [--rounds 6]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args: list[str], python: str = sys.executable) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([python, "-m", "gleanrl", *args, "--port", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd="/")
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{args[0]} did not start")
+
+
+def cpu_s(proc: subprocess.Popen) -> float:
+    """User + system CPU seconds of a process (Linux): robust to a shared machine, unlike wall time."""
+    fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def latency(http: httpx.Client, url: str, path: str, body: dict | None) -> float:
+    t0 = time.perf_counter()
+    resp = http.post(url + path, json=body) if body is not None else http.get(url + path)
+    resp.raise_for_status()
+    return (time.perf_counter() - t0) * 1000
+
+
+async def throughput(url: str, n: int = 16, tokens: int = 64) -> float:
+    body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": tokens, "temperature": 0.0,
+                                                         "ignore_eos": True}}
+    async with httpx.AsyncClient(timeout=300) as http:
+        t0 = time.perf_counter()
+        await asyncio.gather(*[http.post(f"{url}/generate", json=body) for _ in range(n)])
+        return n * tokens / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--requests", type=int, default=60)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--baseline-python", default=None,
+                   help="also a server from another install (e.g. /work/main/.venv/bin/python: code without the feed)")
+    a = p.parse_args()
+    from gleanrl.tiny import make_tiny_model
+    model = make_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
+    serve = ["serve", "--model", str(model), "--threads", "1", "--sd", "off", "--log-level", "warning"]
+    procs = []
+    try:
+        off, url_off = start(serve)
+        on, url_on = start(serve + ["--harvest-feed"])
+        proxy, url_px = start(["proxy", "--upstream", url_off])
+        procs += [off, on, proxy]
+        arms = {"feed off": (off, url_off), "feed on": (on, url_on)}
+        if a.baseline_python:
+            base, url_base = start(serve, a.baseline_python)
+            procs.append(base)
+            arms = {"baseline": (base, url_base)} | arms
+        gen = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 8, "temperature": 0.0}}
+        cases = {"generate (8 tokens)": ("/generate", gen), "model_info": ("/model_info", None)}
+        with httpx.Client(timeout=60) as http:
+            for name, (path, body) in cases.items():
+                for u in (url_off, url_px):
+                    latency(http, u, path, body)  # warm up connections and code paths
+                direct, relayed, c0 = [], [], cpu_s(proxy)
+                for _ in range(a.requests):
+                    direct.append(latency(http, url_off, path, body))
+                    relayed.append(latency(http, url_px, path, body))
+                added = [r - d for r, d in zip(relayed, direct)]
+                print(f"{name:20s} direct p50 {statistics.median(direct):7.2f} ms  via proxy p50 "
+                      f"{statistics.median(relayed):7.2f} ms  added p50 {statistics.median(added):6.2f} ms "
+                      f"(mean {statistics.mean(added):6.2f} ms, n={a.requests}); proxy CPU "
+                      f"{(cpu_s(proxy) - c0) / a.requests * 1000:.2f} ms/request")
+        speeds: dict[str, list[float]] = {k: [] for k in arms}
+        cpu = {k: 0.0 for k in arms}
+        for _ in range(a.rounds):
+            for name, (proc, url) in arms.items():
+                c0 = cpu_s(proc)
+                speeds[name].append(asyncio.run(throughput(url)))
+                cpu[name] += cpu_s(proc) - c0
+        ref = statistics.median(speeds["feed off"])
+        print(f"throughput 16x64 tokens (median of {a.rounds} alternating rounds): " + ", ".join(
+            f"{k} {statistics.median(v):.0f} tok/s ({statistics.median(v) / ref:.3f}x feed off)"
+            for k, v in speeds.items()))
+        tokens = a.rounds * 16 * 64
+        print("server CPU per generated token: " + ", ".join(f"{k} {cpu[k] / tokens * 1000:.3f} ms" for k in arms))
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""SGLang's in-memory weight sync on the embedded engine: /update_weights_from_tensor (by-value pickles,
+same-host ForkingPickler handles, `load_format: "flattened_bucket"`; `server/tensor_payload.py`), inside
+an optional /begin_weight_update ... /end_weight_update session that stages the calls and applies them
+as one atomic swap (`server/tensor_update.py`); the process-group pushes (`http_weights_group.py`) stage
+into the same session; memory release/resume (`server/memory_occupation.py`)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from gleanrl.server import tensor_payload, tensor_update
+from gleanrl.server.memory_occupation import MemoryOccupation
+from gleanrl.server.schemas import BeginWeightUpdateIn, MemoryTagsIn, TensorUpdateIn, parse
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+
+@dataclass
+class Session:
+    selector: str
+    named: list = field(default_factory=list)
+    version: str | None = None
+    flush_cache: bool = True
+    abort: bool = False
+
+
+def answer(ok: bool, message: str) -> JSONResponse:
+    return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
+
+
+def apply(engine, selector: str, named: list, version: str | None, flush_cache: bool, abort: bool) -> None:
+    if selector == "draft":
+        swap = tensor_update.draft_swap(engine, named, version)
+    else:
+        swap = tensor_update.target_swap(engine, tensor_update.check_target(engine, named), version, flush_cache)
+    tensor_update.submit(engine, swap, abort)
+
+
+@router.post("/begin_weight_update")
+async def begin_weight_update(request: Request):
+    state = request.app.state
+    body = await parse(request, BeginWeightUpdateIn, state.server_cfg.max_request_bytes)
+    if getattr(state, "weight_session", None) is not None:
+        return answer(False, "a weight-update session is already open; send /end_weight_update first")
+    state.weight_session = Session(body.selector)
+    return answer(True, f"Weight update session opened for {body.selector}.")
+
+
+@router.post("/update_weights_from_tensor")
+async def update_weights_from_tensor(request: Request):
+    state = request.app.state
+    body = await parse(request, TensorUpdateIn, state.server_cfg.max_request_bytes)
+    try:
+        named = await asyncio.to_thread(tensor_payload.decode, body.serialized_named_tensors, body.load_format)
+        return await stage_or_apply(state, named, body)
+    except ValueError as exc:  # CheckpointError is a ValueError: refused, the old weights keep serving
+        log.warning("tensor weight update refused: %s", exc)
+        return answer(False, str(exc))
+
+
+async def stage_or_apply(state, named: list, body) -> JSONResponse:
+    """Inside a session: check and stage `named`; else apply it now. `body` carries selector, weight_version,
+    flush_cache and abort_all_requests. ValueError (CheckpointError) when refused."""
+    session: Session | None = getattr(state, "weight_session", None)
+    if session is not None:
+        if body.selector != session.selector:
+            return answer(False, f"selector {body.selector!r} differs from the open session's {session.selector!r}")
+        if session.selector == "target":
+            tensor_update.check_target(state.engine, named)  # refuse a bad call now, not at the end
+        session.named += named
+        session.version = body.weight_version if body.weight_version is not None else session.version
+        session.flush_cache, session.abort = body.flush_cache, session.abort or body.abort_all_requests
+        return answer(True, f"Staged {len(named)} tensors; /end_weight_update applies them.")
+    async with state.weights_lock:
+        await asyncio.to_thread(apply, state.engine, body.selector, named, body.weight_version, body.flush_cache,
+                                body.abort_all_requests)
+    return answer(True, "Succeeded to update model weights.")
+
+
+@router.post("/end_weight_update")
+async def end_weight_update(request: Request):
+    state = request.app.state
+    session: Session | None = getattr(state, "weight_session", None)
+    state.weight_session = None
+    if session is None:
+        return answer(False, "no weight-update session is open")
+    if not session.named:
+        return answer(True, "Weight update session closed; nothing was staged.")
+    try:
+        async with state.weights_lock:
+            await asyncio.to_thread(apply, state.engine, session.selector, session.named, session.version,
+                                    session.flush_cache, session.abort)
+    except ValueError as exc:
+        log.warning("staged tensor weight update refused: %s", exc)
+        return answer(False, str(exc))
+    return answer(True, f"Succeeded to update model weights ({len(session.named)} tensors).")
+
+
+def _memory(state) -> MemoryOccupation:
+    if getattr(state, "memory", None) is None:
+        state.memory = MemoryOccupation(state.engine)
+    return state.memory
+
+
+@router.get("/release_memory_occupation")  # one route per method: each gets its own OpenAPI operation id
+@router.post("/release_memory_occupation")
+async def release_memory_occupation(request: Request):
+    state = request.app.state
+    body = await parse(request, MemoryTagsIn, state.server_cfg.max_request_bytes)
+    try:
+        await asyncio.to_thread(_memory(state).release, body.tags)
+    except ValueError as exc:
+        return answer(False, str(exc))
+    return answer(True, "Memory released.")
+
+
+@router.get("/resume_memory_occupation")
+@router.post("/resume_memory_occupation")
+async def resume_memory_occupation(request: Request):
+    state = request.app.state
+    body = await parse(request, MemoryTagsIn, state.server_cfg.max_request_bytes)
+    try:
+        await asyncio.to_thread(_memory(state).resume, body.tags)
+    except ValueError as exc:
+        return answer(False, str(exc))
+    return answer(True, "Memory resumed.")

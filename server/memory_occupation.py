@@ -1,0 +1,66 @@
+"""SGLang's /release_memory_occupation and /resume_memory_occupation (`tags`: kv_cache, weights,
+cuda_graph; none means all), for co-located RL where the trainer needs the accelerator between rollouts.
+
+As SGLang, a release is refused unless the server is idle, and generation needs everything resumed
+(here a clear 400 instead of SGLang's undefined behaviour). kv_cache: the slot pool is dropped (and the
+CUDA cache emptied), then rebuilt on resume. weights: on the CPU there is no accelerator memory to give
+back, so the weights stay in place and only the semantics hold; on CUDA moving them off the device is
+not implemented and the tag is refused by name. cuda_graph: the embedded engine captures none. The
+drafter is never touched, so it survives a release/resume cycle (stock SGLang loses it, SGLang #31674).
+Weight updates stay allowed while released (release, train, push, resume).
+"""
+from __future__ import annotations
+
+import torch
+
+from gleanrl.server.kv_pool import KVPool
+from gleanrl.server.scheduler import SD_MARGIN
+from gleanrl.server.schemas import ApiError
+
+TAGS = ("kv_cache", "weights", "cuda_graph")
+
+
+def _tags(tags: list[str] | None) -> list[str]:
+    tags = list(tags or TAGS)
+    bad = [t for t in tags if t not in TAGS]
+    if bad:
+        raise ValueError(f"tags: {bad[0]!r} is not one of {list(TAGS)}")
+    return tags
+
+
+class MemoryOccupation:
+    def __init__(self, engine):
+        self.engine = engine
+        self.released: set[str] = set()
+
+    def release(self, tags: list[str] | None) -> None:
+        tags, engine = _tags(tags), self.engine
+        if "weights" in tags and engine.cfg.device == "cuda":
+            raise ValueError("tags: releasing 'weights' on CUDA is not implemented by the embedded backend; "
+                             "release 'kv_cache' only")
+        st = engine.state
+        with st.cv:
+            if st.running or st.waiting or st.held:
+                raise ValueError("release_memory_occupation should be called only when server is idle.")
+            if "kv_cache" in tags:
+                engine.scheduler.pool = None
+            self.released |= set(tags)
+        if "kv_cache" in tags and engine.cfg.device == "cuda":
+            torch.cuda.empty_cache()
+
+    def resume(self, tags: list[str] | None) -> None:
+        tags, engine = _tags(tags), self.engine
+        with engine.state.cv:
+            if "kv_cache" in tags and "kv_cache" in self.released:
+                sched = engine.scheduler
+                sched.pool = KVPool.for_runner(sched.runner, sched.max_running, engine.context_length + SD_MARGIN)
+            self.released -= set(tags)
+
+
+
+def check_serving(state) -> None:
+    """For the generation routes (`state`: the app's): a 400 while anything is released."""
+    memory = getattr(state, "memory", None)
+    if memory is not None and memory.released:
+        raise ApiError(400, f"memory is released (tags {sorted(memory.released)}); call /resume_memory_occupation "
+                            "before generating")

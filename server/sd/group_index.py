@@ -1,0 +1,219 @@
+"""Group drafts: the output tokens of a prompt's other samples propose continuations at no model cost.
+
+GRPO runs each prompt n times at once and again in later steps, so the siblings that are ahead, and
+earlier steps' samples, have often already written what a sequence is about to write. Per prompt (keyed
+by a hash of its exact token ids, so every client gets it without an API change) an n-gram table maps
+the hash of each n-gram (min_n..max_n tokens) of a sample to the positions that follow it, one int each
+(a hash collision only costs a rejected draft). `propose` matches a sequence's last tokens, longest n
+first, and walks the continuations of the matching samples by majority vote; its confidence is the
+matched length and, per drafted token, how many samples agree.
+
+Bounds (all in `GroupIndexConfig`): the samples of the last `keep_versions` policy versions are kept;
+older finished ones are dropped when a new version is set (running ones when they finish). All samples
+together hold at most `max_tokens` output tokens (oldest finished samples go first, then the oldest
+running ones, which then stop being indexed); each n-gram keeps its `max_hits` most recent positions.
+A dropped sample's table entries are skipped at lookup and purged by rebuilding its group once they
+outnumber the live ones (amortised O(1) per token), so the table holds at most about
+2 x (max_n - min_n + 1) entries per live token. Measured with tracemalloc (defaults): about 170 bytes
+per token on sibling-like samples, 340 on unrelated random ones, so the default bound (2^19 tokens) is
+90-180 MB.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+from array import array
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+
+_POS_BITS = 32                       # a table entry is (sample uid << _POS_BITS) | position: one int
+
+
+def prompt_key(prompt_ids: list[int]) -> bytes:
+    """A 16-byte digest of the exact prompt token ids (collisions only cost rejected drafts)."""
+    return hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=16).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class GroupIndexConfig:
+    max_tokens: int = 1 << 19       # output tokens held over all prompts and versions
+    keep_versions: int = 2          # policy versions whose samples are kept (the current one included)
+    min_n: int = 2                  # shortest n-gram that may propose
+    max_n: int = 4
+    max_hits: int = 64              # most recent positions kept per n-gram (siblings in lockstep add
+                                    # entries with nothing after them yet: room for older samples too)
+    max_candidates: int = 16        # continuations a proposal votes over (the most recent useful ones)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("group index max_tokens must be >= 1")
+        if self.keep_versions < 1:
+            raise ValueError("group index keep_versions must be >= 1")
+        if not 1 <= self.min_n <= self.max_n <= 16:
+            raise ValueError("group index n-gram sizes must satisfy 1 <= min_n <= max_n <= 16")
+        if self.max_hits < 1 or self.max_candidates < 1:
+            raise ValueError("group index max_hits and max_candidates must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDraft:
+    tokens: list[int]               # the proposed continuation (1..max_len tokens)
+    match_len: int                  # n of the matched n-gram
+    candidates: int                 # samples whose continuation matched
+    support: list[int]              # support[j]: samples that agree with tokens[:j + 1]
+
+
+@dataclass(eq=False, slots=True)
+class Sample:
+    """One sample of a prompt: the prompt's last max_n tokens (context), then its output tokens."""
+    key: bytes
+    version: str
+    tokens: list[int]
+    context: int
+    uid: int
+    running: bool = True
+    alive: bool = True
+    entries: int = 0                # its n-gram table entries
+
+    @property
+    def output_len(self) -> int:
+        return len(self.tokens) - self.context
+
+
+@dataclass(eq=False, slots=True)
+class _Group:
+    table: dict[int, int | list[int]] = field(default_factory=dict)     # hash(n-gram) -> entry or entries
+    samples: list[Sample] = field(default_factory=list)
+    live: int = 0                   # table entries of live samples
+    dead: int = 0                   # table entries of dropped samples
+
+
+class GroupIndex:
+    def __init__(self, config: GroupIndexConfig | None = None):
+        self.config = config or GroupIndexConfig()
+        self.groups: dict[bytes, _Group] = {}
+        self.tokens = 0                                      # output tokens of live samples
+        self._finished: OrderedDict[Sample, None] = OrderedDict()   # eviction order: finished first,
+        self._running: OrderedDict[Sample, None] = OrderedDict()    # then running, oldest first
+        self._versions: list[str] = []
+        self._live: dict[int, Sample] = {}                   # uid -> live sample
+        self._uids = itertools.count()
+
+    def set_version(self, version: str) -> None:
+        """A new policy version serves from now on; finished samples older than the last keep_versions go
+        (running ones, which continue under the new version, go when they finish)."""
+        if version in self._versions:
+            return
+        self._versions = (self._versions + [version])[-self.config.keep_versions:]
+        for s in [s for s in self._finished if s.version not in self._versions]:
+            self._drop(s)
+
+    def start(self, prompt_ids: list[int], version: str) -> Sample:
+        """Register a new running sample of the prompt; feed its tokens with `extend`."""
+        self.set_version(version)
+        key = prompt_key(prompt_ids)
+        ctx = list(prompt_ids[-self.config.max_n:])
+        s = Sample(key, version, ctx, len(ctx), next(self._uids))
+        self._live[s.uid] = s
+        self.groups.setdefault(key, _Group()).samples.append(s)
+        self._running[s] = None
+        return s
+
+    def extend(self, s: Sample, new_tokens: list[int]) -> None:
+        if not s.alive or not new_tokens:
+            return
+        start = len(s.tokens)
+        s.tokens.extend(new_tokens)
+        self.tokens += len(new_tokens)
+        self._index(self.groups[s.key], s, start - 1 if start == s.context else start)
+        while self.tokens > self.config.max_tokens:
+            self._drop(next(iter(self._finished)) if self._finished else next(iter(self._running)))
+
+    def finish(self, s: Sample) -> None:
+        """The sample stopped: its tokens stay as drafts for its siblings and for later steps."""
+        if s.alive and s.running:
+            s.running = False
+            del self._running[s]
+            self._finished[s] = None
+            if s.version not in self._versions:
+                self._drop(s)
+
+    def propose(self, key: bytes, recent: list[int], max_len: int) -> GroupDraft | None:
+        """recent: the sequence's last tokens (prompt included). The majority continuation after the
+        longest matching n-gram, or None."""
+        group, cfg = self.groups.get(key), self.config
+        if group is None or max_len < 1:
+            return None
+        mask = (1 << _POS_BITS) - 1
+        for n in range(min(cfg.max_n, len(recent)), cfg.min_n - 1, -1):
+            hits = group.table.get(hash(tuple(recent[-n:])))
+            if hits is None:
+                continue
+            conts, seen = [], set()
+            for e in reversed(hits) if isinstance(hits, list) else (hits,):   # most recent first
+                uid, pos = e >> _POS_BITS, e & mask
+                s = self._live.get(uid)
+                if s is not None and pos < len(s.tokens) and uid not in seen:     # one position per sample
+                    seen.add(uid)
+                    conts.append(s.tokens[pos:pos + max_len])
+                    if len(conts) == cfg.max_candidates:
+                        break
+            if conts:
+                return _majority(conts, n, max_len)
+        return None
+
+    def stats(self) -> dict[str, int]:
+        return {"prompts": len(self.groups), "samples": len(self._finished) + len(self._running),
+                "tokens": self.tokens}
+
+    def _index(self, group: _Group, s: Sample, first_end: int) -> None:
+        """Index the n-grams ending at first_end.. (none ending inside the prompt context: those would
+        propose prompt tokens)."""
+        cfg, toks, table = self.config, s.tokens, group.table
+        for end in range(max(first_end, s.context - 1), len(toks)):
+            entry = (s.uid << _POS_BITS) | (end + 1)
+            for n in range(cfg.min_n, min(cfg.max_n, end + 1) + 1):
+                hits = table.get(key := hash(tuple(toks[end - n + 1:end + 1])))
+                if hits is None:
+                    table[key] = entry
+                elif isinstance(hits, int):
+                    table[key] = [hits, entry]
+                else:
+                    hits.append(entry)
+                    if len(hits) > cfg.max_hits:
+                        del hits[0]
+                s.entries += 1
+                group.live += 1
+
+    def _drop(self, s: Sample) -> None:
+        s.alive = False
+        del self._live[s.uid]
+        (self._running if s.running else self._finished).pop(s)
+        self.tokens -= s.output_len
+        group = self.groups[s.key]
+        group.samples.remove(s)
+        group.live, group.dead = group.live - s.entries, group.dead + s.entries
+        if not group.samples:
+            del self.groups[s.key]
+        elif group.dead > group.live:                                    # purge the dropped entries
+            fresh = self.groups[s.key] = _Group(samples=group.samples)
+            for live in fresh.samples:
+                live.entries = 0
+                self._index(fresh, live, 0)
+
+
+def _majority(conts: list[list[int]], n: int, max_len: int) -> GroupDraft:
+    """conts: candidate continuations (most recent first). Walk the most common token at each depth
+    (ties: the most recent sample), keeping only the candidates that agree so far."""
+    if len(conts) == 1:
+        return GroupDraft(conts[0], n, 1, [1] * len(conts[0]))
+    candidates, tokens, support = len(conts), [], []
+    for j in range(max_len):
+        votes = Counter(c[j] for c in conts if len(c) > j)
+        if not votes:
+            break
+        tok, count = votes.most_common(1)[0]
+        tokens.append(tok)
+        support.append(count)
+        conts = [c for c in conts if len(c) > j and c[j] == tok]
+    return GroupDraft(tokens, n, candidates, support)
