@@ -55,7 +55,25 @@ def totals(rows: list[dict]) -> dict:
             "tail_share": ratio(add("tail_s"), add("rollout_s")),
             "idle_used_share": ratio(add("idle_used_s"), add("idle_window_s")),
             "spec_accept_served": ratio(add("spec_tokens"), add("spec_verify_ct")),
-            "tokens_per_pass": ratio(add("output_tokens"), add("target_passes"))}
+            "tokens_per_pass": ratio(add("output_tokens"), add("target_passes")),
+            "accept_by_source": by_source(rows)}
+
+
+def by_source(rows: list[dict]) -> dict[str, int]:
+    """Accepted draft tokens per SD source over the run (empty where the server reports none)."""
+    out: dict[str, int] = {}
+    for r in rows:
+        for name, n in (r.get("spec_accept_by_source") or {}).items():
+            out[name] = out.get(name, 0) + int(n)
+    return out
+
+
+def source_text(sources: dict[str, int]) -> str:
+    total = sum(sources.values())
+    if not total:
+        return "The server reported no acceptance by source (one source: the EAGLE-3 drafter)."
+    shares = ", ".join(f"{name} {n / total:.0%}" for name, n in sorted(sources.items()))
+    return f"Accepted draft tokens by source: {shares}."
 
 
 def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: dict, answer: str,
@@ -123,7 +141,7 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: 
         f"Rollouts took {shares['rollout_share']:.0%} of the step time, the long tail {shares['tail_share']:.0%} of "
         f"the rollouts; the drafter used {shares['idle_used_share']:.0%} of the idle window. Served acceptance "
         f"{shares['spec_accept_served']:.2f} tokens per verify pass; {shares['tokens_per_pass']:.2f} output tokens "
-        f"per target pass (decode-pass speedup over plain decoding).",
+        f"per target pass (decode-pass speedup over plain decoding). {source_text(shares['accept_by_source'])}",
         f"Final reward {last.get('reward_mean', 0):.3f}, accuracy {last.get('accuracy', 0):.2f}; "
         f"server acceptance length first/last step {col('spec_accept_length')[0] if rows else 0:.2f} / "
         f"{last.get('spec_accept_length', 0):.2f}.", eval_summary(evals), "",

@@ -21,7 +21,11 @@ def _row(step: int, rollout_s: float, tail_s: float, verify: int, sd_tokens: int
 def test_sd_stats_and_shares():
     a = Rollout(0, 0, {}, [1], output_ids=list(range(10)), spec_verify_ct=3, spec_accept_length=2.5)  # 8 by SD
     b = Rollout(0, 1, {}, [1], output_ids=list(range(4)))                                            # plain
+    a.apply({"output_ids": a.output_ids, "meta_info": {
+        "finish_reason": {"type": "stop"}, "output_token_logprobs": [[-1.0, t, None] for t in a.output_ids],
+        "spec_verify_ct": 3, "spec_accept_length": 2.5, "spec_accept_token_num_by_source": {"group": 4, "eagle": 1}}})
     s = sd_stats([a, b])
+    assert s["spec_accept_by_source"] == {"group": 4, "eagle": 1}
     assert (s["spec_verify_ct"], s["spec_tokens"], s["output_tokens"], s["target_passes"]) == (3, 8, 14, 9)
     assert s["spec_accept_served"] == pytest.approx(8 / 3) and s["tokens_per_pass"] == pytest.approx(14 / 9)
     assert sd_stats([b])["tokens_per_pass"] == 1.0
@@ -41,6 +45,10 @@ def test_report_fields(tmp_path):
     assert "Rollouts took 80% of the step time, the long tail 56% of the rollouts" in report
     assert "the drafter used 75% of the idle window" in report and "3.33 tokens per verify pass" in report
     assert "1.78 output tokens per target pass" in report and "expected `4`" in report
+    assert "no acceptance by source" in report
+    rows[0]["spec_accept_by_source"], rows[1]["spec_accept_by_source"] = {"group": 3, "eagle": 1}, {"group": 3}
+    report = write_report(tmp_path, rows, [[3]], sample, "", {}).read_text()
+    assert "Accepted draft tokens by source: eagle 14%, group 86%." in report
     table = [line for line in report.splitlines() if line.startswith("|")]
     assert len({line.count("|") for line in table}) == 1  # every row has the header's columns
     assert "| 6.00 | 75% | 3.00 | 50% | 3.00 | 75% | 2.00 | 0.00 | 1.50 | 1 |" in table[2]

@@ -81,7 +81,12 @@ def sd_stats(rollouts: list[Rollout]) -> dict:
     by_sd = [min(len(r.output_ids), round(r.spec_verify_ct * r.spec_accept_length)) for r in rollouts]
     tokens = sum(len(r.output_ids) for r in rollouts)
     passes = verify + tokens - sum(by_sd)  # a token not from a verify pass took a plain decode pass
+    sources: dict[str, int] = {}  # accepted draft tokens per source, where the server reports them
+    for r in rollouts:
+        for name, n in r.spec_accept_by_source.items():
+            sources[name] = sources.get(name, 0) + n
     return {"spec_verify_ct": verify, "spec_tokens": sum(by_sd), "output_tokens": tokens, "target_passes": passes,
+            "spec_accept_by_source": sources,
             "spec_accept_served": sum(by_sd) / verify if verify else 0.0,
             "tokens_per_pass": tokens / passes if passes else 0.0}
 
