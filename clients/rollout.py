@@ -43,6 +43,7 @@ class Rollout:
     finished_at: float | None = None
     spec_verify_ct: int = 0
     spec_accept_length: float = 0.0
+    spec_accept_by_source: dict[str, int] = field(default_factory=dict)  # gleanrl: accepted drafts per source
 
     @property
     def prompt(self) -> str:
@@ -73,6 +74,8 @@ class Rollout:
         self.draft_weight_version = _str_or_none(meta.get("draft_weight_version"))
         self.spec_verify_ct = int(meta.get("spec_verify_ct") or 0)
         self.spec_accept_length = float(meta.get("spec_accept_length") or 0.0)
+        by_source = meta.get("spec_accept_token_num_by_source") or {}
+        self.spec_accept_by_source = {str(k): int(v) for k, v in by_source.items()}
         kind = (self.finish_reason or {}).get("type")
         if kind == "stop":
             self.status = RolloutStatus.FINISHED

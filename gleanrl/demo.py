@@ -3,10 +3,14 @@ warm-start a drafter (cached), start the embedded server with adaptive SD, run G
 trains the drafter in each step's long tail and hot-swaps it, then ask the final policy and drafter one
 question through the official `openai` client, and write `OUT/report.md` with plots.
 
-Cores: the server runs on the first half of this process's cores and the trainer (policy update,
-capture, drafter training) on the other half, each with one torch thread per core, the way a GPU
-cluster gives rollout and training their own devices, so the trainer's compute really is idle while
-rollouts run. Done with CPU affinity: the server inherits the first half at spawn.
+Cores: the server runs on the first half of this process's cores and the trainer (capture, drafter
+training) on the other half, each with one torch thread per core, the way a GPU cluster gives rollout
+and training their own devices, so the trainer's compute really is idle while rollouts run. Done with
+CPU affinity: the server inherits the first half at spawn. The policy update, which runs while the
+server waits, takes every core (`update_threads`, `update_cores`).
+
+`--regime` (trainer.tasks.presets): the task's length distribution and the step's shape; its values
+fill --max-new-tokens, --prompts-per-step and --samples-per-prompt unless they are given.
 """
 from __future__ import annotations
 
@@ -24,17 +28,21 @@ STEP_COLUMNS = [("step", "step", "{:>4d}"), ("reward_mean", "reward", "{:>6.3f}"
                 ("response_len_p50", "len50", "{:>5.0f}"), ("response_len_p99", "len99", "{:>5.0f}"),
                 ("rollout_s", "rollout_s", "{:>9.2f}"), ("tail_s", "tail_s", "{:>6.2f}"),
                 ("idle_used_s", "idle_s", "{:>6.2f}"), ("spec_accept_length", "accept", "{:>6.2f}"),
-                ("drafter_version", "dver", "{:>4}"), ("sd_token_share", "sd%", "{:>4.0%}")]
+                ("drafter_version", "dver", "{:>4}"), ("sd_token_share", "sd%", "{:>4.0%}"),
+                ("tokens_per_pass", "tok/pass", "{:>8.2f}"), ("rollout_share", "roll%", "{:>5.0%}")]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="gleanrl-demo", help="report, metrics, checkpoints and logs")
     p.add_argument("--model", default=None, help="policy directory instead of the bootstrap policy")
     p.add_argument("--size", default="small", help="bootstrap policy size")
+    from gleanrl.trainer.tasks.presets import DEFAULT_REGIME, REGIMES
+    p.add_argument("--regime", default=DEFAULT_REGIME, choices=sorted(REGIMES),
+                   help="the task's length distribution and the step's shape (trainer.tasks.presets)")
     p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--prompts-per-step", type=int, default=8)
-    p.add_argument("--samples-per-prompt", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--prompts-per-step", type=int, default=None, help="None: the regime's")
+    p.add_argument("--samples-per-prompt", type=int, default=None, help="None: the regime's")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="None: the regime's")
     p.add_argument("--lr", type=float, default=2e-4, help="policy learning rate")
     p.add_argument("--negative-weight", type=float, default=0.1,
                    help="weight of negative advantages (< 1: lean on reinforcing successes; sharpens faster)")
@@ -56,23 +64,38 @@ def split_cores() -> tuple[set[int], set[int]] | None:
     return (set(cores[:half]), set(cores[half:])) if half else None
 
 
-def warm_drafter(policy: Path, args: argparse.Namespace) -> Path:
-    """A drafter warm-started on the policy's own generations, cached by policy and settings."""
+def apply_regime(args: argparse.Namespace):
+    """Fill the step's shape from `args.regime` where no flag gave it; -> the regime's task."""
+    from gleanrl.trainer.tasks import load_task
+    from gleanrl.trainer.tasks.presets import regime
+
+    r = regime(args.regime)
+    for name in ("max_new_tokens", "prompts_per_step", "samples_per_prompt"):
+        if getattr(args, name, None) is None:
+            setattr(args, name, getattr(r, name))
+    return load_task(r.task)
+
+
+def warm_drafter(policy: Path, args: argparse.Namespace, task: str | None = None) -> Path:
+    """A drafter warm-started on the policy's own generations for `task`'s prompts (default: the
+    regime's task), cached by policy, task and settings."""
     from gleanrl.draft_train import WarmStartConfig, warm_start
     from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.trainer.bootstrap import cache_root
     from gleanrl.trainer.tasks import load_task
+    from gleanrl.trainer.tasks.presets import regime
 
+    task = task or regime(args.regime).task
     weights = sorted(policy.glob("*.safetensors"))
     ident = [str(policy.resolve())] + [f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}" for w in weights]
     cfg = WarmStartConfig(max_new_tokens=args.max_new_tokens, steps=args.warm_steps, seed=args.seed)
-    key = hashlib.sha256(json.dumps([ident, args.warm_prompts, repr(cfg)]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([ident, task, args.warm_prompts, repr(cfg)]).encode()).hexdigest()[:12]
     out = cache_root() / "drafters" / f"{policy.name}-{key}"
     if not (out / "config.json").exists():
-        prompts = [s["prompt"] for s in load_task(None).prompts("warm", args.warm_prompts, args.seed)]
+        prompts = [s["prompt"] for s in load_task(task).prompts("warm", args.warm_prompts, args.seed)]
         drafter, history = warm_start(policy, prompts, cfg)
         save_drafter(drafter, out)
-        print(f"warm-started drafter: held-out acceptance {history[0]['accept_length']:.2f} -> "
+        print(f"warm-started drafter ({task}): held-out acceptance {history[0]['accept_length']:.2f} -> "
               f"{history[-1]['accept_length']:.2f}")
     return out
 
@@ -152,13 +175,15 @@ def rl_config(policy: Path, out: Path, url: str, args: argparse.Namespace, seed:
     """The demo's GRPO settings; `evaluate`: held-out accuracy at T = 1 on fixed prompts (the demo's
     evidence that RL helps; the e2e bench leaves it off to time steps alone)."""
     from gleanrl.trainer.config import TrainConfig
-    cores = split_cores()
+    from gleanrl.trainer.phases import all_cores
+    cores, machine = split_cores(), sorted(all_cores())
     evals = dict(eval_every=args.eval_every, eval_prompts=args.eval_prompts, eval_samples=args.eval_samples,
                  eval_temperature=1.0) if evaluate else {}
     return TrainConfig(model=str(policy), out=str(out), servers=[url], steps=args.steps,
                        prompts_per_step=args.prompts_per_step, samples_per_prompt=args.samples_per_prompt,
                        max_new_tokens=args.max_new_tokens, lr=args.lr, negative_weight=args.negative_weight, seed=seed,
-                       trainer_threads=len(cores[1]) if cores else 1, **evals)
+                       trainer_threads=len(cores[1]) if cores else 1, update_threads=len(machine),
+                       update_cores=machine if cores else [], **evals)
 
 
 def fresh_out(out: Path, marker: str, args: argparse.Namespace, subs: tuple[str, ...]) -> bool:
@@ -179,15 +204,14 @@ def run(args: argparse.Namespace) -> int:
     from gleanrl.harvest.harvester import HarvestConfig, Harvester
     from gleanrl.trainer.bootstrap import bootstrap_policy
     from gleanrl.trainer.loop import train
-    from gleanrl.trainer.tasks import load_task
 
     out = Path(args.out)
+    task = apply_regime(args)
     if not fresh_out(out, "demo.json", args, ("run", "harvest", "report.md")):
         print(f"gleanrl demo: {out} is not empty and not a demo output; choose another --out", file=sys.stderr)
         return 2
     policy = Path(args.model) if args.model else bootstrap_policy(size=args.size, seed=args.seed)
     drafter0 = warm_drafter(policy, args)
-    task = load_task(None)
     with serving(policy, drafter0, out / "server.log", dtype=args.dtype) as server:
         harvester = Harvester(policy, drafter0, out / "harvest" / "spool", push=None,
                               cfg=HarvestConfig(push_every=10, max_holdout=16, seed=args.seed))
@@ -198,7 +222,8 @@ def run(args: argparse.Namespace) -> int:
         sample = next((s for s in tests if 1 <= s.get("steps", 1) <= 5), tests[0])  # a problem that reads quickly
         answer = ask(server.url, sample["messages"], args.max_new_tokens)
         info = httpx.get(f"{server.url}/model_info", timeout=30).json()
-    print(f"\nQ: {sample['messages'][-1]['content']}\nA: {answer}\n(reward {task.reward(sample, answer):.0f}; "
+    print(f"\nQ: {sample['messages'][-1]['content']}\nA: {answer}\n(expected {sample.get('answer')}, reward "
+          f"{task.reward(sample, answer):.0f}; "
           f"policy version {info.get('weight_version')}, drafter version {info.get('draft_weight_version')})")
     rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     report = write_report(out, rows, hooks.lengths, sample, answer, info)

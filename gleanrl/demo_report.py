@@ -1,4 +1,9 @@
-"""The demo's `report.md` and its PNG plots, from the metrics rows and the response lengths."""
+"""The demo's `report.md` and its PNG plots, from the metrics rows and the response lengths.
+
+Per step: where the time went (rollouts' share of the step, the tail's share of the rollouts, the share
+of the idle window the drafter used) and what SD did (served acceptance per verify pass, and output
+tokens per target pass: the step's decode-pass speedup, an upper bound on its wall-clock one; the demo
+runs no no-SD arm to time against, `gleanrl bench e2e` does)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,6 +47,35 @@ def eval_summary(rows: list[dict]) -> str:
     return text + "."
 
 
+def totals(rows: list[dict]) -> dict:
+    """The run's shares and SD figures, pooled over its steps (time- and pass-weighted, not step means)."""
+    add = lambda key: sum(float(r.get(key) or 0.0) for r in rows)  # noqa: E731
+    ratio = lambda x, y: x / y if y > 0 else 0.0  # noqa: E731
+    return {"rollout_share": ratio(add("rollout_s"), add("step_s")),
+            "tail_share": ratio(add("tail_s"), add("rollout_s")),
+            "idle_used_share": ratio(add("idle_used_s"), add("idle_window_s")),
+            "spec_accept_served": ratio(add("spec_tokens"), add("spec_verify_ct")),
+            "tokens_per_pass": ratio(add("output_tokens"), add("target_passes")),
+            "accept_by_source": by_source(rows)}
+
+
+def by_source(rows: list[dict]) -> dict[str, int]:
+    """Accepted draft tokens per SD source over the run (empty where the server reports none)."""
+    out: dict[str, int] = {}
+    for r in rows:
+        for name, n in (r.get("spec_accept_by_source") or {}).items():
+            out[name] = out.get(name, 0) + int(n)
+    return out
+
+
+def source_text(sources: dict[str, int]) -> str:
+    total = sum(sources.values())
+    if not total:
+        return "The server reported no acceptance by source (one source: the EAGLE-3 drafter)."
+    shares = ", ".join(f"{name} {n / total:.0%}" for name, n in sorted(sources.items()))
+    return f"Accepted draft tokens by source: {shares}."
+
+
 def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: dict, answer: str,
                  info: dict) -> Path:
     evals = eval_rows(rows)
@@ -71,6 +105,7 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: 
     def accept(ax):
         ax.plot(steps, col("spec_accept_length"), marker="o", label="server (rollouts)")
         ax.plot(steps, col("heldout_accept_len"), marker="s", label="held-out (serving drafter)")
+        ax.plot(steps, col("tokens_per_pass"), "^:", label="tokens per target pass (decode speedup)")
         ax.set_xlabel("step"), ax.set_ylabel("tokens per verify"), ax.legend(), ax.set_title("acceptance length")
 
     def hist(ax):
@@ -95,6 +130,7 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: 
     pngs = [_plot(out / f"{name}.png", fn) for name, fn in plots]
     last = rows[-1] if rows else {}
     total = sum(col("rollout_s")) + sum(col("train_s")) + sum(col("push_s"))
+    shares = totals(rows)
     lines = [
         "# gleanrl demo", "",
         f"{len(rows)} GRPO steps; policy version {info.get('weight_version')}, drafter version "
@@ -102,25 +138,33 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: 
         f"Total step time {total:.1f} s, of which long tail {sum(col('tail_s')):.1f} s; drafter training used "
         f"{sum(col('idle_used_s')):.1f} s of idle trainer time and overran a closing window by at most "
         f"{max(col('idle_overrun_s') or [0.0]):.2f} s.",
+        f"Rollouts took {shares['rollout_share']:.0%} of the step time, the long tail {shares['tail_share']:.0%} of "
+        f"the rollouts; the drafter used {shares['idle_used_share']:.0%} of the idle window. Served acceptance "
+        f"{shares['spec_accept_served']:.2f} tokens per verify pass; {shares['tokens_per_pass']:.2f} output tokens "
+        f"per target pass (decode-pass speedup over plain decoding). {source_text(shares['accept_by_source'])}",
         f"Final reward {last.get('reward_mean', 0):.3f}, accuracy {last.get('accuracy', 0):.2f}; "
         f"server acceptance length first/last step {col('spec_accept_length')[0] if rows else 0:.2f} / "
         f"{last.get('spec_accept_length', 0):.2f}.", eval_summary(evals), "",
-        "| step | reward | acc | held-out acc | len p50 | len p99 | rollout s | tail s | idle s | accept | "
-        "held-out accept | drafter | SD share |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| step | reward | acc | held-out acc | len p50 | len p99 | rollout s | rollout share | tail s | tail share | "
+        "idle s | idle used | accept | held-out accept | tokens/pass | drafter | SD share |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     held_out = {r["step"]: f"{r['eval_accuracy']:.3f} ± {r.get('eval_se', 0):.3f}" for r in evals}
     if 0 in held_out:
-        lines.append(f"| 0 | | | {held_out[0]} |" + " |" * 9)
+        lines.append(f"| 0 | | | {held_out[0]} |" + " |" * 13)
     for r in rows:
         lines.append(f"| {r['step']} | {r.get('reward_mean', 0):.3f} | {r.get('accuracy', 0):.2f} | "
                      f"{held_out.get(r['step'], '')} | "
                      f"{r.get('response_len_p50', 0):.0f} | {r.get('response_len_p99', 0):.0f} | "
-                     f"{r.get('rollout_s', 0):.2f} | {r.get('tail_s', 0):.2f} | {r.get('idle_used_s', 0):.2f} | "
+                     f"{r.get('rollout_s', 0):.2f} | {r.get('rollout_share', 0):.0%} | {r.get('tail_s', 0):.2f} | "
+                     f"{r.get('tail_share', 0):.0%} | {r.get('idle_used_s', 0):.2f} | "
+                     f"{r.get('idle_used_share', 0):.0%} | "
                      f"{r.get('spec_accept_length', 0):.2f} | {r.get('heldout_accept_len') or 0:.2f} | "
-                     f"{r.get('drafter_version', 0)} | {r.get('sd_token_share', 0):.0%} |")
+                     f"{r.get('tokens_per_pass', 0):.2f} | {r.get('drafter_version', 0)} | "
+                     f"{r.get('sd_token_share', 0):.0%} |")
     lines += ["", *[f"![{p[:-4]}]({p})" for p in pngs], "", "## One question, through the OpenAI API", "",
-              f"Q: `{sample['messages'][-1]['content']}`", "", "A:", "", "```", answer, "```", ""]
+              f"Q: `{sample['messages'][-1]['content']}` (greedy; expected `{sample.get('answer')}`)", "", "A:", "",
+              "```", answer, "```", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path

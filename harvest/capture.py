@@ -8,7 +8,10 @@ renormalised; row j predicts token j+1).
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -27,9 +30,21 @@ class Sample:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "policy_version"}
 
     @classmethod
-    def from_tensors(cls, d: dict[str, torch.Tensor], policy_version: int | None = None) -> "Sample":
+    def from_tensors(cls, d: dict[str, torch.Tensor], policy_version: int | None = None) -> Sample:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name != "policy_version"},
                    policy_version=policy_version)
+
+
+@dataclass
+class UpdateCapture:
+    """The harvester's request to a policy update that runs the policy over rollouts anyway: capture the
+    rollouts it `wants` from that forward (`aux_hooks` + `samples_from`) and `put` each Sample."""
+    layer_ids: list[int]
+    topk: int | None
+    aux_dtype: torch.dtype | None
+    policy_version: int
+    wants: Callable[[Any], bool]          # rollout -> take its states from this forward
+    put: Callable[[Any, Sample], None]    # once per wanted rollout, in the update's thread
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -52,6 +67,54 @@ def _pad(input_ids: torch.Tensor | list, pad_id: int) -> tuple[torch.Tensor, tor
     return ids, mask, lens
 
 
+def check_layer_ids(model: torch.nn.Module, layer_ids: list[int]) -> torch.nn.ModuleList:
+    if sorted(set(layer_ids)) != list(layer_ids) or not layer_ids:
+        raise ValueError(f"layer_ids must be strictly increasing, got {layer_ids}")
+    layers = decoder_layers(model)
+    if layer_ids[0] < -1 or layer_ids[-1] + 1 >= len(layers):
+        raise ValueError(f"layer_ids {layer_ids} out of range for a {len(layers)}-layer model")
+    return layers
+
+
+@contextlib.contextmanager
+def aux_hooks(model: torch.nn.Module, layer_ids: list[int]) -> Iterator[dict[int, torch.Tensor]]:
+    """While open, each forward of `model` leaves the residual stream entering layer a+1 under key a
+    (detached: the caller's graph keeps its own reference; this one must not outlive the batch)."""
+    layers = check_layer_ids(model, layer_ids)
+    grabbed: dict[int, torch.Tensor] = {}
+
+    def hook_for(a: int):
+        def hook(module, args, kwargs):
+            grabbed[a] = (args[0] if args else kwargs["hidden_states"]).detach()
+        return hook
+
+    handles = [layers[a + 1].register_forward_pre_hook(hook_for(a), with_kwargs=True) for a in layer_ids]
+    try:
+        yield grabbed
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@torch.no_grad()
+def samples_from(grabbed: dict[int, torch.Tensor], logits: torch.Tensor, ids: torch.Tensor, rows: list[int],
+                 lens: list[int], prompt_lens: list[int] | None, topk: int | None, policy_version: int | None,
+                 aux_dtype: torch.dtype | None = None) -> list[Sample]:
+    """Samples of batch rows `rows` (right-padded, `lens[i]` tokens each) from one forward's aux hidden
+    states [B, L, H] per layer and logits [B, L, V]. Row by row: at most one row's soft labels at a time."""
+    out = []
+    for i, (b, n) in enumerate(zip(rows, lens)):
+        aux = torch.cat([grabbed[a][b, :n] for a in sorted(grabbed)], dim=-1).cpu()       # [T, n*H], a copy
+        aux = aux.to(aux_dtype) if aux_dtype is not None else aux
+        probs = torch.softmax(logits[b, :n].detach().float(), dim=-1).cpu()               # [T, V]
+        top_p, top_i = probs.topk(probs.shape[-1] if topk is None else min(topk, probs.shape[-1]), dim=-1)
+        loss_mask = torch.ones(n, dtype=torch.bool)
+        if prompt_lens is not None:
+            loss_mask[: prompt_lens[i]] = False
+        out.append(Sample(ids[b, :n].cpu().clone(), aux, top_i, top_p, loss_mask, policy_version))
+    return out
+
+
 @torch.no_grad()
 def capture(model: torch.nn.Module, input_ids: torch.Tensor | list, layer_ids: list[int], topk: int | None = 64,
             prompt_lens: list[int] | None = None, policy_version: int | None = None,
@@ -59,38 +122,10 @@ def capture(model: torch.nn.Module, input_ids: torch.Tensor | list, layer_ids: l
     """input_ids: [B, T] or a list of 1-D sequences (right-padded here). `prompt_lens[b]`: tokens of
     sequence b not to learn (loss_mask False). topk None: the whole distribution. `bf16`: the forward
     under bf16 autocast (hidden states as a bf16 server computes them). -> one Sample each."""
-    if sorted(set(layer_ids)) != list(layer_ids) or not layer_ids:
-        raise ValueError(f"layer_ids must be strictly increasing, got {layer_ids}")
-    layers = decoder_layers(model)
-    if layer_ids[0] < -1 or layer_ids[-1] + 1 >= len(layers):
-        raise ValueError(f"layer_ids {layer_ids} out of range for a {len(layers)}-layer model")
     device = next(model.parameters()).device
     ids, mask, lens = _pad(input_ids, 0)
-    grabbed: dict[int, torch.Tensor] = {}
-
-    def hook_for(i: int):
-        def hook(module, args, kwargs):
-            grabbed[i] = args[0] if args else kwargs["hidden_states"]
-        return hook
-
-    handles = [layers[a + 1].register_forward_pre_hook(hook_for(a), with_kwargs=True) for a in layer_ids]
-    try:
+    with aux_hooks(model, layer_ids) as grabbed:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
-    finally:
-        for h in handles:
-            h.remove()
-    aux = torch.cat([grabbed[a] for a in layer_ids], dim=-1).cpu()          # [B, T, 3H]
-    if aux_dtype is not None:
-        aux = aux.to(aux_dtype)
-    probs = torch.softmax(logits.float(), dim=-1).cpu()                     # [B, T, V]
-    k = probs.shape[-1] if topk is None else min(topk, probs.shape[-1])
-    top_p, top_i = probs.topk(k, dim=-1)
-    out = []
-    for b, n in enumerate(lens):
-        loss_mask = torch.ones(n, dtype=torch.bool)
-        if prompt_lens is not None:
-            loss_mask[: prompt_lens[b]] = False
-        out.append(Sample(ids[b, :n].clone(), aux[b, :n].clone(), top_i[b, :n].clone(), top_p[b, :n].clone(),
-                          loss_mask, policy_version))
-    return out
+    return samples_from(grabbed, logits, ids, list(range(len(lens))), lens, prompt_lens, topk, policy_version,
+                        aux_dtype)

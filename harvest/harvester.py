@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from gleanrl.harvest.acceptance import acceptance_sums
-from gleanrl.harvest.capture import capture
+from gleanrl.harvest.capture import Sample, capture
 from gleanrl.harvest.checkpoint import load_drafter, save_drafter
 from gleanrl.harvest.idle import IdleReport, IdleWindow, Waiting, run_window
 from gleanrl.harvest.spool import Spool, SpoolConfig
@@ -63,6 +63,7 @@ class HarvestConfig:
     holdout_versions: int = 2            # ...from this many newest policy versions (1: the current one only)
     keep_versions: int = 3               # pushed checkpoints kept on disk
     aux_dtype: str = "float32"           # spool storage of aux hidden states: float32 | bfloat16 | float16
+    mid_step_capture: bool = False       # capture early finishers in the idle window (else: from the update)
     seed: int = 0
     versions_dir: str | None = None      # default: <spool_dir>/../drafter_versions
     spool: SpoolConfig = field(default_factory=SpoolConfig)
@@ -133,6 +134,14 @@ class Harvester:
         [sample] = capture(model, [list(prompt_ids) + list(output_ids)], self.layer_ids, self.cfg.topk,
                            prompt_lens=[len(prompt_ids)], policy_version=int(policy_version),
                            aux_dtype=getattr(torch, self.cfg.aux_dtype), bf16=self._bf16)
+        self.spool.add(sample.tensors(), int(policy_version))
+
+    def add_sample(self, sample: Sample, policy_version: int) -> None:
+        """Spool a sample captured elsewhere (e.g. from the policy update's forward)."""
+        width = sample.aux_hidden.shape[-1]
+        if width != len(self.layer_ids) * self.drafter.config.target_hidden_size:
+            raise ValueError(f"aux_hidden has width {width}; the drafter takes {len(self.layer_ids)} layers of "
+                             f"{self.drafter.config.target_hidden_size}")
         self.spool.add(sample.tensors(), int(policy_version))
 
     # -- train -----------------------------------------------------------------------------------

@@ -2,20 +2,28 @@
 in `harvest` imports `trainer`).
 
 - `on_step_start(step, model)`: the trainer's current policy captures this step's rollouts.
-- `on_rollout_finished(rollout)`: runs in the trainer's event loop, so it only enqueues.
-- `idle_window()`: a background thread that, while rollouts are in flight, first captures queued
-  rollouts into the spool, then trains the drafter, one micro-step at a time, pushing a better drafter
-  every `push_every` steps. Leaving the window stops it within one micro-step.
+- `on_rollout_finished(rollout)`: runs in the trainer's event loop, so it only records the rollout.
+- `update_capture()`: around the policy update, which runs the policy over every rollout it trains on
+  anyway: the update's forward hands over their aux hidden states and soft labels (`UpdateCapture`), by
+  the very policy version that sampled them, at no extra forward. They are spooled in the next window.
+- `idle_window()`: a background thread that, while rollouts are in flight, first spools what the update
+  captured and captures queued rollouts, then trains the drafter, one micro-step at a time, pushing a
+  better drafter every `push_every` steps. Leaving the window stops it within one micro-step.
 
-Rollouts still queued when the window closes (the tail: the last ones finish just before the policy
-update) are carried over and captured first in the next window, by the new policy, and recorded with
-its version: hidden states and soft labels then come from the policy the drafter must serve next, only
-the tokens were sampled one version earlier, as EAGLE's own training data is never on-policy. The
-queue is bounded (`max_queue`, oldest dropped and counted).
+Which rollouts are captured where: this step's finishers wait for the update's forward; those the
+update skips (zero-advantage groups) join the queue that the idle window captures only if it has time
+(bounded, `max_queue`, oldest dropped and counted), by the policy then current, recorded with its
+version (hidden states from the policy the drafter must serve next; the tokens one version older, as
+EAGLE's own training data is never on-policy). Mid-step harvest of early finishers (so the drafter can
+learn this step's outputs within its own tail) is `HarvestConfig.mid_step_capture`, and is on anyway
+while the spool holds fewer than `batch_size` samples (a cold spool has nothing else to train on) and
+until a first `update_capture()` (a caller without one, such as the harvest sidecar, captures mid-step).
+Hazard: the update's forward is float32, the idle window's capture uses bf16 autocast where it pays.
 
-Resume: `state_dict()` (the Harvester's, plus the queue) is saved with every trainer checkpoint; after
-`load_state_dict()` the serving drafter version is pushed again to the trainer's servers (`bind_push`),
-so a server that never got it (a crash between writing it and pushing it) serves what the run resumes with.
+Resume: `state_dict()` (the Harvester's, plus the queue and the not yet spooled captures as tokens) is
+saved with every trainer checkpoint; after `load_state_dict()` the serving drafter version is pushed
+again to the trainer's servers (`bind_push`), so a server that never got it (a crash between writing
+it and pushing it) serves what the run resumes with.
 
 Cores on one CPU machine: give the server and the trainer their own cores, as a GPU cluster gives them
 their own devices, so that drafter training really uses idle trainer compute, e.g. on 2 cores
@@ -25,15 +33,20 @@ their own devices, so that drafter training really uses idle trainer compute, e.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from gleanrl.harvest.atomic import atomic_file
+from gleanrl.harvest.capture import Sample, UpdateCapture
 from gleanrl.harvest.harvester import HarvestConfig, Harvester
 from gleanrl.harvest.idle import IdleWindow
 from gleanrl.harvest.spool import SpoolConfig
@@ -44,12 +57,17 @@ CONFIG_FILE = "harvest_config.json"  # in the run's harvest root, next to spool/
 class HarvestHooks:
     def __init__(self, harvester: Harvester, max_queue: int = 512):
         self.h, self.max_queue = harvester, max_queue
-        self._queue: collections.deque = collections.deque()
+        self._queue: collections.deque = collections.deque()   # (prompt_ids, output_ids) for the idle window
+        self._fresh: dict[int, Any] = {}  # this step's finishers not captured yet, by id (insertion order)
+        self._ready: collections.deque = collections.deque()   # (Sample, version) from the update: to spool
+        self._lock = threading.Lock()     # _fresh: the event loop adds, the idle thread may take
+        self.update_captured = 0
+        self._updates_capture = False     # set by the first update_capture(): the update takes the fresh
         self._model: Any = None
         self._version = 0
         self._windows: list[IdleWindow] = []
         self._tokens = [0, 0]
-        self._start = (0, 0, harvester.version, 0, 0)  # captured, drafter steps, version, attempts, dropped
+        self._start = (0, 0, harvester.version, 0, 0, 0)  # counters at the step's start (on_step_start)
         self.captured = self.dropped = self.errors = 0
         self.capture_s = 0.0  # idle time spent capturing (the rest of the used idle time trains the drafter)
         self._capture_s0 = 0.0
@@ -79,7 +97,10 @@ class HarvestHooks:
         self._repush = False
 
     def state_dict(self) -> dict:
-        return {"harvester": self.h.state_dict(), "queue": [list(map(list, q)) for q in self._queue],
+        ready = [(s.input_ids[~s.loss_mask].tolist(), s.input_ids[s.loss_mask].tolist()) for s, _ in self._ready]
+        fresh = [(list(r.prompt_ids), list(r.output_ids)) for r in self._fresh.values()]
+        queue = [list(map(list, q)) for q in [*ready, *fresh, *self._queue]]
+        return {"harvester": self.h.state_dict(), "queue": queue,
                 "counts": (self.captured, self.dropped, self.errors)}
 
     def load_state_dict(self, state: dict) -> None:
@@ -90,28 +111,77 @@ class HarvestHooks:
 
     def on_step_start(self, step: int, model: Any) -> None:
         self._model, self._version = model, step - 1  # the policy that samples step N is version N-1
+        self._carry_fresh()  # a loop without update_capture(): the idle window captures them
         self._windows = []
         self._tokens = [0, 0]  # this step's output tokens: all, from SD
-        self._start = (self.captured, self.h.steps, self.h.version, len(self.h.history), self.dropped)
+        self._start = (self.captured, self.h.steps, self.h.version, len(self.h.history), self.dropped,
+                       self.update_captured)
         self._capture_s0 = self.capture_s
 
     def on_rollout_finished(self, rollout: Any) -> None:
-        self._queue.append((list(rollout.prompt_ids), list(rollout.output_ids)))
-        if len(self._queue) > self.max_queue:
-            self._queue.popleft()
-            self.dropped += 1
+        with self._lock:
+            self._fresh[id(rollout)] = rollout  # the object is kept: its id stays unique while it waits
+            overflow = self._fresh.pop(next(iter(self._fresh))) if len(self._fresh) > self.max_queue else None
+        if overflow is not None:  # a step larger than the queue: its oldest wait for the idle window
+            self._carry([overflow])
         n = len(rollout.output_ids)  # tokens that came out of SD verify passes (each yields accept_length)
         self._tokens[0] += n
         self._tokens[1] += min(n, round(rollout.spec_verify_ct * rollout.spec_accept_length))
 
-    def _capture_one(self) -> bool:
+    @contextlib.contextmanager
+    def update_capture(self) -> Iterator[UpdateCapture]:
+        """Open around the policy update; on leaving, what it did not capture joins the idle queue."""
+        def wants(rollout: Any) -> bool:
+            with self._lock:
+                return self._fresh.pop(id(rollout), None) is not None
+
+        def put(rollout: Any, sample: Sample) -> None:
+            self._ready.append((sample, self._version))
+            self.update_captured += 1
+
+        self._updates_capture = True
         try:
-            prompt_ids, output_ids = self._queue.popleft()
-        except IndexError:
+            yield UpdateCapture(self.h.layer_ids, self.h.cfg.topk, getattr(torch, self.h.cfg.aux_dtype),
+                                self._version, wants, put)
+        finally:
+            self._carry_fresh()
+
+    def _carry_fresh(self) -> None:
+        with self._lock:
+            fresh, self._fresh = list(self._fresh.values()), {}
+        self._carry(fresh)
+
+    def _carry(self, rollouts: list[Any]) -> None:
+        for r in rollouts:
+            self._queue.append((list(r.prompt_ids), list(r.output_ids)))
+        while len(self._queue) > self.max_queue:
+            self._queue.popleft()
+            self.dropped += 1
+
+    def _mid_step(self) -> bool:
+        """Capture this step's finishers in the idle window: asked for, or no update will take them (none
+        has so far: e.g. the harvest sidecar, or step 1), or the spool is too cold to train on."""
+        cfg = self.h.cfg
+        return cfg.mid_step_capture or not self._updates_capture or len(self.h.spool) < cfg.batch_size
+
+    def _next_capture(self) -> tuple[list[int], list[int]] | None:
+        with self._lock:
+            if self._fresh and self._mid_step():
+                r = self._fresh.pop(next(iter(self._fresh)))
+                return list(r.prompt_ids), list(r.output_ids)
+        return self._queue.popleft() if self._queue else None
+
+    def _capture_one(self) -> bool:
+        ready = self._ready.popleft() if self._ready else None  # from the update: only the spool write is left
+        item = None if ready else self._next_capture()
+        if ready is None and item is None:
             return False
         t0 = time.perf_counter()
         try:
-            self.h.add_rollout(prompt_ids, output_ids, self._model, self._version)
+            if ready:
+                self.h.add_sample(*ready)
+            else:
+                self.h.add_rollout(*item, self._model, self._version)
             self.captured += 1
         except Exception as exc:  # one bad rollout (e.g. longer than the policy's context) must not stop RL
             if not self.errors:
@@ -128,7 +198,7 @@ class HarvestHooks:
     def step_metrics(self) -> dict:
         """This step's harvest figures for the trainer's metrics row (call after the rollouts)."""
         reports = [w.report for w in self._windows]
-        captured0, steps0, version0, attempts0, dropped0 = self._start
+        captured0, steps0, version0, attempts0, dropped0, update0 = self._start
         serving = self.h.score(self.h.serving)
         attempts = self.h.history[attempts0:]
         used, capture_s = sum(r.busy_s for r in reports), self.capture_s - self._capture_s0
@@ -136,7 +206,9 @@ class HarvestHooks:
                 "idle_capture_s": capture_s, "idle_train_s": max(used - capture_s, 0.0),
                 "idle_overrun_s": max((r.overrun_s for r in reports), default=0.0),
                 "drafter_steps": self.h.steps - steps0, "harvested": self.captured - captured0,
-                "harvest_carried": len(self._queue), "harvest_dropped": self.dropped - dropped0,
+                "update_captured": self.update_captured - update0, "harvest_carried": len(self._queue),
+                "harvest_pending": len(self._ready),  # captured by the update: spooled in the next window
+                "harvest_dropped": self.dropped - dropped0,
                 "harvest_errors": self.errors, "drafter_version": self.h.version,
                 "drafter_pushes": self.h.version - version0, "drafter_push_attempts": len(attempts),
                 "candidate_accept_len": attempts[-1].get("candidate") if attempts else None,

@@ -1,4 +1,5 @@
-"""`gleanrl bench e2e`: the summary's arithmetic on known rows, and one tiny run of all four arms."""
+"""`gleanrl bench e2e`: the summary's arithmetic on known rows (all arms and a subset), and one tiny run
+of every default arm (keys present and consistent; no timing asserts)."""
 from __future__ import annotations
 
 import json
@@ -6,45 +7,75 @@ import json
 import pytest
 
 import gleanrl.cli
-from gleanrl.bench.e2e import RUNS, summarize
+from gleanrl.bench.e2e import DEFAULT_ARMS, RUNS, parse_arms
+from gleanrl.bench.e2e_summary import summarize
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
 
 
-def _rows(step_s: list[float], accept: float, rewards: list[float], overrun: float = 0.0) -> list[dict]:
-    return [{"step": i + 1, "rollout_s": s - 1.0, "train_s": 0.75, "push_s": 0.25, "spec_accept_length": accept,
-             "reward_mean": r, "accuracy": r / 2, "idle_overrun_s": overrun, "drafter_version": i}
-            for i, (s, r) in enumerate(zip(step_s, rewards))]
+def _rows(step_s: list[float], accept: list[float] | float, rewards: list[float], overrun: float = 0.0) -> list[dict]:
+    accept = accept if isinstance(accept, list) else [accept] * len(step_s)
+    return [{"step": i + 1, "rollout_s": s - 1.0, "train_s": 0.75, "push_s": 0.25, "spec_accept_length": acc,
+             "reward_mean": r, "accuracy": r / 2, "idle_overrun_s": overrun, "drafter_version": i, "tail_s": 1.0}
+            for i, (s, acc, r) in enumerate(zip(step_s, accept, rewards))]
 
 
 def test_summary_arithmetic():
     runs = {"a_no_sd": _rows([4, 4], 0.0, [0.1, 0.3]), "b_adaptive": _rows([2, 2], 3.0, [0.2, 0.3], overrun=0.04),
             "c_stale": _rows([3, 3], 2.0, [0.1, 0.2]), "d_stale_harvest": _rows([3.3, 3.3], 2.0, [0.1, 0.2]),
-            "a_no_sd_seed2": _rows([4, 4], 0.0, [0.3, 0.4])}
+            "cold_adaptive": _rows([3, 2], [1.0, 3.0], [0.1, 0.3]), "cold_stale": _rows([4, 4], 1.0, [0.1, 0.3]),
+            "offdomain_adaptive": _rows([3, 2], [1.5, 3.5], [0.1, 0.3]),
+            "offdomain_stale": _rows([3, 3], [1.5, 2.5], [0.1, 0.3]), "a_no_sd_seed2": _rows([4, 4], 0.0, [0.3, 0.4])}
     assert set(runs) == set(RUNS)
-    s = summarize(runs)
-    assert s["steps"] == 2 and s["speedup_e2e"] == pytest.approx(2.0)
+    s = summarize(runs, {name: 10.0 for name in runs})
+    assert s["steps"] == 2 and s["speedup_e2e"] == pytest.approx(2.0) and s["wall_s"]["cold_stale"] == 10.0
     assert s["accept_len_adaptive"] == pytest.approx(3.0) and s["accept_len_stale"] == pytest.approx(2.0)
     assert s["drafter_overhead"] == pytest.approx(0.08 / 4)
     assert s["accept_ratio"] == pytest.approx(1.5) and s["accept_ratio_late"] == pytest.approx(1.5)
+    assert s["samedomain_accept_ratio"] == pytest.approx(1.5) and s["offdomain_accept_ratio"] == pytest.approx(1.4)
+    assert s["cold_accept_per_step"] == [1.0, 3.0] and s["speedup_cold"] == pytest.approx(8 / 5)
+    assert s["rollout_share_a"] == pytest.approx(6 / 8) and s["speedup_rollout"] == pytest.approx(6 / 2)
+    assert s["tail_share_a"] == pytest.approx(2 / 6)
     assert s["speedup_stale"] == pytest.approx(4 / 3) and s["harvest_cost"] == pytest.approx(0.1)
     assert s["reward_gap_ab"] == pytest.approx(0.05) and s["reward_noise_seed"] == pytest.approx(0.15)
     assert s["reward_a"] == [0.1, 0.3] and s["reward_b"] == [0.2, 0.3] and s["drafter_version"] == 1
 
+    part = summarize({"a_no_sd": runs["a_no_sd"], "cold_adaptive": runs["cold_adaptive"]})
+    assert set(part) == set(s)  # the same keys whatever ran
+    assert part["speedup_e2e"] is None and part["offdomain_accept_ratio"] is None and part["harvest_cost"] is None
+    assert part["speedup_cold"] == pytest.approx(8 / 5) and part["arms"] == ["a_no_sd", "cold_adaptive"]
 
-def test_bench_e2e_tiny_run(tiny_qwen2, tmp_path, monkeypatch):
+
+def test_arms_parsed_in_order_and_refused_by_name():
+    assert parse_arms("c_stale, a_no_sd") == ["a_no_sd", "c_stale"]
+    with pytest.raises(ValueError, match="unknown arm.*warm"):
+        parse_arms("a_no_sd,warm")
+    assert "d_stale_harvest" not in DEFAULT_ARMS and len(DEFAULT_ARMS) == 8
+
+
+def test_bench_e2e_tiny_run(tiny_qwen2, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GLEANRL_CACHE", str(tmp_path / "cache"))
     drafter = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
+    other = save_drafter(init_drafter(tiny_qwen2, seed=1), tmp_path / "drafter_other")
     out, js = tmp_path / "bench", tmp_path / "bench.json"
     args = ["bench", "e2e", "--out", str(out), "--json", str(js), "--model", str(tiny_qwen2), "--steps", "1",
-            "--prompts-per-step", "2", "--samples-per-prompt", "2", "--max-new-tokens", "16"]
-    assert gleanrl.cli.main(args + ["--drafter", str(tmp_path / "none")]) == 2
-    assert gleanrl.cli.main(args + ["--drafter", str(drafter), "--dtype", "float32"]) == 0
+            "--prompts-per-step", "2", "--samples-per-prompt", "2", "--max-new-tokens", "16", "--dtype", "float32"]
+    assert gleanrl.cli.main(args + ["--drafter", str(tmp_path / "none"), "--offdomain-drafter", str(other)]) == 2
+    assert gleanrl.cli.main(args + ["--arms", "a_no_sd,nope"]) == 2
+    assert "unknown arm(s) nope" in capsys.readouterr().err
+    assert gleanrl.cli.main(args + ["--drafter", str(drafter), "--offdomain-drafter", str(other)]) == 0
     s = json.loads(js.read_text())
-    for key in ("speedup_e2e", "accept_len_adaptive", "accept_len_stale", "steps", "reward_a", "reward_b"):
+    for key in ("speedup_e2e", "accept_len_adaptive", "accept_len_stale", "steps", "reward_a", "reward_b",
+                "reward_gap_ab", "reward_noise_seed", "rollout_share_a", "speedup_rollout", "cold_accept_per_step",
+                "offdomain_accept_ratio", "samedomain_accept_ratio", "heldout_accept_adaptive", "heldout_accept_stale",
+                "accept_ratio_late", "idle_train_s"):
         assert key in s
-    assert s["steps"] == 1 and s["speedup_e2e"] > 0 and len(s["reward_a_seed2"]) == 1
-    assert {"heldout_accept_adaptive", "heldout_accept_stale", "accept_ratio_late", "idle_train_s"} <= set(s)
+    assert s["steps"] == 1 and s["speedup_e2e"] > 0 and len(s["reward_a_seed2"]) == 1 and s["regime"] == "long_tail"
+    assert set(s["wall_s"]) == set(DEFAULT_ARMS) == set(s["arms"]) and all(v > 0 for v in s["wall_s"].values())
+    assert 0 < s["rollout_share_a"] < 1 and len(s["cold_accept_per_step"]) == 1
     assert s["accept_len_adaptive"] >= 1.0 and s["accept_len_stale"] >= 1.0  # SD ran in both drafter arms
-    assert all((out / name / "metrics.jsonl").exists() for name in RUNS)
-    assert not (tmp_path / "cache" / "drafters").exists()  # the given drafter, no warm start
+    assert s["samedomain_accept_ratio"] == pytest.approx(s["accept_len_adaptive"] / s["accept_len_stale"])
+    assert set(s["heldout_accept"]) == {"b_adaptive", "cold_adaptive", "offdomain_adaptive"}
+    assert all((out / name / "metrics.jsonl").exists() for name in DEFAULT_ARMS)
+    assert not (out / "d_stale_harvest").exists() and (out / "cold_drafter0" / "config.json").exists()
+    assert not (tmp_path / "cache" / "drafters").exists()  # the given drafters, no warm start

@@ -1,6 +1,6 @@
-"""HarvestHooks without a server: captures happen in the idle window at the capturing policy's version,
-the tail carries over to the next window, a bad rollout is skipped, the queue is bounded, and the
-step's figures add up."""
+"""HarvestHooks without a server: captures happen in the idle window at the capturing policy's version
+(mid-step while the spool is cold), the tail carries over to the next window, a bad rollout is skipped,
+the queue is bounded, and the step's figures add up."""
 from __future__ import annotations
 
 import time
@@ -24,9 +24,8 @@ def _rollout(prompt, output, version="0", verify_ct=0, accept=0.0):
 def test_hooks_capture_drop_skip_and_metrics(tiny_qwen2, tmp_path, capsys):
     save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "d0")
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).eval()
-    h = Harvester(
-        tiny_qwen2, tmp_path / "d0", None, cfg=HarvestConfig(push_every=0, spool=SpoolConfig(holdout_every=0))
-    )
+    cfg = HarvestConfig(push_every=0, spool=SpoolConfig(holdout_every=0))
+    h = Harvester(tiny_qwen2, tmp_path / "d0", None, cfg=cfg)
     hooks = HarvestHooks(h)
     hooks.on_step_start(1, model)
     vocab = model.config.vocab_size
@@ -45,8 +44,8 @@ def test_hooks_capture_drop_skip_and_metrics(tiny_qwen2, tmp_path, capsys):
     assert m["idle_used_s"] <= m["idle_window_s"]
 
     hooks.on_rollout_finished(_rollout([1, 2], [3, 4, 5]))  # the tail: finishes as the window closes
+    hooks.on_step_start(2, model)  # an update without update_capture(): the tail is captured by version 1
     assert hooks.step_metrics()["harvest_carried"] == 1
-    hooks.on_step_start(2, model)  # the policy update happened: the tail is captured by version 1
     with hooks.idle_window():
         deadline = time.monotonic() + 30
         while hooks.captured < 3 and time.monotonic() < deadline:
@@ -62,6 +61,8 @@ def test_hooks_queue_is_bounded(tiny_qwen2, tmp_path):
     hooks.on_step_start(1, None)
     for i in range(5):
         hooks.on_rollout_finished(_rollout([1], [2 + i]))
+    with hooks.update_capture():  # an update that takes none of them: all five go to the idle queue
+        pass
     m = hooks.step_metrics()
     assert (m["harvest_carried"], m["harvest_dropped"], hooks.dropped) == (3, 2, 2)
     assert [out for _, out in hooks._queue] == [[4], [5], [6]]  # the oldest went

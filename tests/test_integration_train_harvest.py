@@ -47,7 +47,8 @@ def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, cap
     spool_files = {p.name for p in (out / "harvest" / "spool").rglob("*") if p.is_file()}
     assert spool_files
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["harvested"] + rows[-1]["harvest_carried"] + rows[-1]["harvest_errors"] == 4
+    last = rows[-1]
+    assert last["harvested"] + last["harvest_carried"] + last["harvest_errors"] + last["harvest_pending"] == 4
 
     assert gleanrl.cli.main(base + ["--steps", "1"]) == 2               # a fresh run over the same --out: refused
     assert gleanrl.cli.main(base + ["--steps", "2", "--resume"]) == 0

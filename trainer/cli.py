@@ -35,6 +35,8 @@ FLAGS = {
     "--keep-last": ("keep_last", int, "step checkpoints kept"),
     "--seed": ("seed", int, "seed"),
     "--trainer-threads": ("trainer_threads", int, "torch threads of the trainer"),
+    "--update-threads": ("update_threads", int, "torch threads of the policy update, which runs while the server "
+                                                "waits (0: --trainer-threads)"),
     "--server-threads": ("server_threads", int, "torch threads of the embedded server"),
     "--api-key": ("api_key", str, "the rollout server's API key"),
     "--admin-api-key": ("admin_api_key", str, "the rollout server's admin API key (weight updates)"),

@@ -41,6 +41,8 @@ class TrainConfig:
     keep_last: int = 2                       # step checkpoints kept on disk
     seed: int = 0
     trainer_threads: int = 1
+    update_threads: int = 0                  # torch threads of the policy update (0: trainer_threads)
+    update_cores: list[int] = field(default_factory=list)  # CPU affinity of the update (empty: unchanged)
     server_threads: int = 1                  # embedded server's torch threads
     server_args: list[str] = field(default_factory=list)   # extra `gleanrl serve` flags (embedded)
     api_key: str | None = None
@@ -81,6 +83,12 @@ class TrainConfig:
                 raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
         if not (Path(self.model) / "config.json").is_file():
             raise ValueError(f"model must be a Hugging Face model directory (with config.json), got {self.model!r}")
+        if not isinstance(self.update_threads, int) or self.update_threads < 0:
+            raise ValueError(f"update_threads must be an integer >= 0 (0: trainer_threads), "
+                             f"got {self.update_threads!r}")
+        self.update_cores = list(self.update_cores)
+        if not all(isinstance(c, int) and c >= 0 for c in self.update_cores):
+            raise ValueError(f"update_cores must be core numbers >= 0, got {self.update_cores!r}")
         if not isinstance(self.eval_every, int) or self.eval_every < 0:
             raise ValueError(f"eval_every must be an integer >= 0, got {self.eval_every!r}")
         if self.drafter is not None and not (Path(self.drafter) / "config.json").is_file():

@@ -15,13 +15,18 @@ Simplified relative to the literature (DeepSeekMath GRPO, DAPO, slime) and why:
   forward pass and makes engine bugs visible in the mismatch metric instead of hiding them.
 - Token-level normalisation (DAPO) over the step's informative groups: a group whose rewards are all
   equal has advantage 0, so without KL it is left out of the update (DAPO's dynamic-sampling filter,
-  without its re-sampling); it would only cost a forward/backward and dilute the normalisation. No
+  without its re-sampling); it would only cost a forward/backward and dilute the normalisation. A step
+  with no informative group runs the optimizer on zero gradients (AdamW's momentum moves the weights
+  exactly as an update on all-zero advantages would) without any forward or backward. No
   length penalty; KL to the initial policy off by default (rule-based rewards need no reward-model guard).
 - `negative_weight` < 1 scales down negative advantages (the demo: 0.1). On a small SFT policy every
   full-weight GRPO recipe we tried left T=1 accuracy flat or worse within 12 steps; leaning on
   reinforcing successes sharpens it measurably (README, "Does RL help?"), at some cost in diversity.
 - Synchronous: step N+1's rollouts start after the push of step N's weights, so every rollout is
-  sampled by exactly the version the trainer holds; the long tail is what the harvester gleans.
+  sampled by exactly the version the trainer holds; the long tail is what the harvester gleans. The
+  phases never overlap, so the update may take every core while the server waits (`update_threads`,
+  `update_cores`: `trainer.phases`), and its forward hands the harvester the hidden states of the
+  rollouts it trains on (`hooks.update_capture()`), instead of a second pass in the idle window.
 - Weight sync from the checkpoint written each step (`trainer.policy_push`, `clients.weight_sync`):
   checked against the serving model first, then `update_weights_from_disk`, or a `selector: "target"`
   tensor session for stock SGLang running EAGLE-3; no NCCL broadcast.
@@ -29,6 +34,7 @@ Simplified relative to the literature (DeepSeekMath GRPO, DAPO, slime) and why:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -41,7 +47,8 @@ from gleanrl.clients.weight_sync import DrafterPush
 from gleanrl.trainer.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from gleanrl.trainer.config import TrainConfig, write_resolved
 from gleanrl.trainer.generate import NoHooks, RolloutHooks, make_rollouts, run_step, sampling_params
-from gleanrl.trainer.metrics import MetricsLog, eval_metrics, rollout_metrics
+from gleanrl.trainer.metrics import MetricsLog, eval_metrics, rollout_metrics, step_shares
+from gleanrl.trainer.phases import phase_threads
 from gleanrl.trainer.policy import Policy
 from gleanrl.trainer.policy_push import PolicyPusher
 from gleanrl.trainer.server_proc import EmbeddedServer
@@ -138,9 +145,12 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
                            stream_interval=cfg.stream_interval, log=log)
             t1 = time.monotonic()
             score(task, policy.tokenizer, rollouts)
-            batch = (informative(rollouts) if cfg.kl_coef == 0 else rollouts) or rollouts
+            batch = informative(rollouts) if cfg.kl_coef == 0 else rollouts
             # micro-batches of similar lengths pad far less (the loss does not depend on the order)
-            train_stats = policy.train_step(sorted(batch, key=lambda r: len(r.prompt_ids) + len(r.output_ids)))
+            ordered = sorted(batch, key=lambda r: len(r.prompt_ids) + len(r.output_ids))
+            capture = hooks.update_capture() if hasattr(hooks, "update_capture") else contextlib.nullcontext()
+            with phase_threads(cfg.update_threads or cfg.trainer_threads, cfg.update_cores), capture as cap:
+                train_stats = policy.train_step(ordered, capture=cap)
             path = save_checkpoint(cfg.out, step, policy.model, policy.tokenizer, policy.optimizer,
                                    cfg.to_dict(), cfg.keep_last,
                                    hooks_state=hooks.state_dict() if hasattr(hooks, "state_dict") else None)
@@ -155,7 +165,8 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
             row = {"step": step, "weight_version": state["version"], "rollout_weight_version": rollout_version,
                    **rollout_metrics(rollouts, t0, t1, lambda r: _correct(task, r)),
                    "train_s": t2 - t1, "push_s": time.monotonic() - t2, "train_rollouts": len(batch), **train_stats,
-                   **(hooks.step_metrics() if hasattr(hooks, "step_metrics") else {}), **await evaluate(step)}
+                   **(hooks.step_metrics() if hasattr(hooks, "step_metrics") else {})}
+            row |= step_shares(row) | await evaluate(step)
             metrics.log(row, echo=log)
     return row
 

@@ -13,7 +13,8 @@ COLUMNS = [  # (key, header, width, format); a key missing from a row prints bla
     ("eval_accuracy", "eval", 5, "{:.3f}"), ("eval_se", "±se", 5, "{:.3f}"),
     ("response_len_p50", "len50", 5, "{:.0f}"),
     ("response_len_p99", "len99", 5, "{:.0f}"), ("rollout_s", "rollout_s", 9, "{:.2f}"),
-    ("tail_s", "tail_s", 6, "{:.2f}"), ("train_s", "train_s", 7, "{:.2f}"), ("tokens_per_s", "tok/s", 6, "{:.0f}"),
+    ("tail_s", "tail_s", 6, "{:.2f}"), ("train_s", "train_s", 7, "{:.2f}"), ("rollout_share", "roll%", 5, "{:.0%}"),
+    ("tokens_per_s", "tok/s", 6, "{:.0f}"), ("tokens_per_pass", "tok/pass", 8, "{:.2f}"),
     ("logprob_mismatch", "lp_mism", 7, "{:.1e}"), ("weight_version", "ver", 4, "{}"),
 ]
 
@@ -68,7 +69,37 @@ def rollout_metrics(rollouts: list[Rollout], t_start: float, t_end: float, accur
         "ttft_p50_s": percentile(ttft, 50),
         "tokens_per_s": sum(lens) / rollout_s if rollout_s > 0 else 0.0,
         "spec_accept_length": _mean([r.spec_accept_length for r in rollouts if r.spec_verify_ct]),
+        **sd_stats(rollouts),
     }
+
+
+def sd_stats(rollouts: list[Rollout]) -> dict:
+    """The step's speculative decoding, from the server's per-request stats: verify passes, the tokens
+    they emitted, served acceptance per pass, and output tokens per target pass (1.0 without SD: the
+    step's decode-pass speedup, an upper bound on its wall-clock one)."""
+    verify = sum(r.spec_verify_ct for r in rollouts)
+    by_sd = [min(len(r.output_ids), round(r.spec_verify_ct * r.spec_accept_length)) for r in rollouts]
+    tokens = sum(len(r.output_ids) for r in rollouts)
+    passes = verify + tokens - sum(by_sd)  # a token not from a verify pass took a plain decode pass
+    sources: dict[str, int] = {}  # accepted draft tokens per source, where the server reports them
+    for r in rollouts:
+        for name, n in r.spec_accept_by_source.items():
+            sources[name] = sources.get(name, 0) + n
+    return {"spec_verify_ct": verify, "spec_tokens": sum(by_sd), "output_tokens": tokens, "target_passes": passes,
+            "spec_accept_by_source": sources,
+            "spec_accept_served": sum(by_sd) / verify if verify else 0.0,
+            "tokens_per_pass": tokens / passes if passes else 0.0}
+
+
+def step_shares(row: dict) -> dict:
+    """Where a step's time went: its rollouts' share of the step (rollout + update + push), the tail's
+    share of the rollouts, and the share of the idle window the drafter used (with harvest)."""
+    step_s = row["rollout_s"] + row["train_s"] + row["push_s"]
+    out = {"step_s": step_s, "rollout_share": row["rollout_s"] / step_s if step_s > 0 else 0.0,
+           "tail_share": row["tail_s"] / row["rollout_s"] if row["rollout_s"] > 0 else 0.0}
+    if row.get("idle_window_s"):
+        out["idle_used_share"] = row.get("idle_used_s", 0.0) / row["idle_window_s"]
+    return out
 
 
 def eval_metrics(rollouts: list[Rollout], correct_of, baseline: list[float] | None = None) -> dict:

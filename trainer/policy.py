@@ -1,11 +1,19 @@
-"""The trainer's copy of the policy: micro-batched logprobs and one GRPO update per RL step."""
+"""The trainer's copy of the policy: micro-batched logprobs and one GRPO update per RL step.
+
+The update's forward runs the policy over every rollout it trains on; given an `UpdateCapture` it also
+hands the harvester those rollouts' aux hidden states (forward pre-hooks on the drafter's 3 layers only,
+detached, copied out row by row before the backward frees the graph) and soft labels: no second pass."""
 from __future__ import annotations
+
+import contextlib
+import time
 
 import torch
 
+from gleanrl.clients.rollout import Rollout
+from gleanrl.harvest.capture import UpdateCapture, aux_hooks, samples_from
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.grpo import group_advantages, logprob_mismatch, policy_loss, token_logprobs
-from gleanrl.clients.rollout import Rollout
 
 
 class Policy:
@@ -47,7 +55,10 @@ class Policy:
         return {"ids": ids, "attn": attn, "targets": targets, "mask": mask, "old": old, "starts": starts}
 
     def _logprobs(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits = model(input_ids=b["ids"], attention_mask=b["attn"]).logits              # [B, L, V]
+        return self._response_logprobs(model(input_ids=b["ids"], attention_mask=b["attn"]).logits, b)
+
+    def _response_logprobs(self, logits: torch.Tensor, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        """logits [B, L, V] -> log p of each response token [B, T]."""
         resp_len = b["targets"].shape[1]
         # logits at position p predict token p + 1: the response's logits start at P - 1
         idx = (b["starts"] - 1)[:, None] + torch.arange(resp_len)[None]                 # [B, T]
@@ -55,16 +66,38 @@ class Policy:
         resp_logits = logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1]))  # [B, T, V]
         return token_logprobs(resp_logits, b["targets"], self.cfg.temperature)
 
-    def train_step(self, rollouts: list[Rollout]) -> dict:
-        """One AdamW step on the step's rollouts, micro-batched; token-level normalisation."""
+    def _captured_forward(self, b: dict[str, torch.Tensor], rows: list[Rollout],
+                          capture: UpdateCapture | None) -> tuple[torch.Tensor, float]:
+        """The policy's logits [B, L, V], and the seconds spent capturing the rollouts `capture` wants
+        from this forward."""
+        want = [j for j, r in enumerate(rows) if capture is not None and capture.wants(r)]
+        hooks = aux_hooks(self.model, capture.layer_ids) if want else contextlib.nullcontext({})
+        with hooks as grabbed:
+            logits = self.model(input_ids=b["ids"], attention_mask=b["attn"]).logits
+        if not want:
+            return logits, 0.0
+        t0 = time.perf_counter()
+        lens = [len(rows[j].prompt_ids) + len(rows[j].output_ids) for j in want]
+        samples = samples_from(grabbed, logits, b["ids"], want, lens, [len(rows[j].prompt_ids) for j in want],
+                               capture.topk, capture.policy_version, capture.aux_dtype)
+        grabbed.clear()  # the graph holds its own references until backward; ours go now
+        for j, sample in zip(want, samples):
+            capture.put(rows[j], sample)
+        return logits, time.perf_counter() - t0
+
+    def train_step(self, rollouts: list[Rollout], capture: UpdateCapture | None = None) -> dict:
+        """One AdamW step on the step's rollouts, micro-batched; token-level normalisation. With `capture`,
+        the harvester gets the hidden states of the rollouts it wants from this very forward."""
         cfg = self.cfg
+        if not any(r.output_ids for r in rollouts):
+            return self._zero_step()
         rewards = torch.tensor([float(r.reward) for r in rollouts])
         groups = torch.tensor([r.group_id for r in rollouts])
         adv = group_advantages(rewards, groups, scale=cfg.scale_advantages, negative_weight=cfg.negative_weight)
         num_tokens = max(sum(len(r.output_ids) for r in rollouts), 1)
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        loss_total = 0.0
+        loss_total = capture_s = 0.0
         for start in range(0, len(rollouts), cfg.micro_batch_size):
             rows = [i for i in range(start, min(start + cfg.micro_batch_size, len(rollouts)))
                     if rollouts[i].output_ids]
@@ -72,7 +105,9 @@ class Policy:
                 continue
             b = self._batch([rollouts[i] for i in rows])
             chunk_adv = adv[rows]
-            logp = self._logprobs(self.model, b)
+            logits, spent = self._captured_forward(b, [rollouts[i] for i in rows], capture)
+            capture_s += spent
+            logp = self._response_logprobs(logits, b)
             ref_logp = None
             if self.ref is not None:
                 with torch.no_grad():
@@ -94,8 +129,19 @@ class Policy:
             "clip_frac": totals.get("clip_frac_sum", 0.0) / num_tokens,
             "kl": totals.get("kl_sum", 0.0) / num_tokens,
             "logprob_mismatch": totals.get("mismatch_sum", 0.0) / num_tokens,
-            "logprob_mismatch_max": totals.get("mismatch_max", 0.0),
+            "logprob_mismatch_max": totals.get("mismatch_max", 0.0), "update_capture_s": capture_s,
         }
+
+    def _zero_step(self) -> dict:
+        """The optimizer step of an update whose every advantage is 0 (its gradient is exactly zero), with
+        no forward or backward: AdamW's momentum and weight decay still move the weights as they would."""
+        for p in self.model.parameters():
+            p.grad = torch.zeros_like(p)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        keys = ("loss", "grad_norm", "adv_abs_mean", "clip_frac", "kl", "logprob_mismatch", "logprob_mismatch_max",
+                "update_capture_s")
+        return {k: 0.0 for k in keys} | {"train_tokens": 0}
 
     def greedy(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         """Plain greedy decoding with the trainer's copy (tests compare it with the server's)."""

@@ -7,6 +7,7 @@ A task has `prompts(split, n, seed) -> list[dict]` (each dict holds "prompt", th
 (`my_pkg.my_module:my_task`; a class or factory there is called without arguments)."""
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Protocol, runtime_checkable
 
@@ -15,7 +16,8 @@ from gleanrl.trainer.tasks.jsonl import JsonlTask, TaskError
 from gleanrl.trainer.tasks.running_sums import RunningSums
 
 DEFAULT_TASK = "doubling"
-BUILTIN = {"doubling": Doubling, "running_sums": RunningSums}
+BUILTIN = {"doubling": Doubling, "running_sums": RunningSums,  # the long tail: trainer.tasks.presets
+           "doubling_long_tail": functools.partial(Doubling, tail_share=0.125, tail_min=80, name="doubling_long_tail")}
 
 __all__ = ["Task", "TaskError", "load_task", "accuracy", "JsonlTask", "Doubling", "RunningSums", "DEFAULT_TASK"]
 
@@ -27,7 +29,7 @@ class Task(Protocol):
     def reward(self, sample: dict, response: str) -> float: ...
 
 
-def load_task(spec: "str | Task | None" = None) -> Task:
+def load_task(spec: str | Task | None = None) -> Task:
     if spec is None:
         spec = DEFAULT_TASK
     if not isinstance(spec, str):

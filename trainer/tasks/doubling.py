@@ -11,8 +11,12 @@
 Each line is `remaining:value`, fixed width, so every step is a local rule (decrement a counter, double
 a 3-digit number: digit j of the result is 2*d_j mod 10 plus a carry when d_(j+1) >= 5) that a small
 model learns by SFT in minutes. The number of doublings k is drawn from a truncated power law
-(P(k) ~ (k+1)^-alpha, 0 <= k <= max_steps; k = 0 is a plain copy), so most solutions are short and a few are very long, like
-chains of thought in RL rollouts; every step is a chance to err, so longer problems are harder.
+(P(k) ~ (k+1)^-alpha, 0 <= k <= max_steps; k = 0 is a plain copy), so most solutions are short and a
+few are very long, like chains of thought in RL rollouts; every step is a chance to err, so longer problems are harder.
+`tail_share` > 0 (the long-tail preset, `trainer.tasks.presets`) draws that share of each batch of
+problems from the tail, k uniform in [tail_min, max_steps] (stochastic rounding of the count, so a
+batch of 8 at 1/8 holds one on average and exactly one most of the time): reasoning-length responses
+in most steps, as in reasoning RL; the format is unchanged, so the same policy answers it.
 The reward is exact: the last \\boxed{} must equal the result (leading zeros allowed)."""
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ from gleanrl.trainer.tasks.math_answer import answers_match, last_boxed
 class Doubling:
     max_steps: int = 99
     alpha: float = 1.3        # power-law exponent of k + 1; larger = shorter problems
+    tail_share: float = 0.0   # share of each batch of problems drawn from the tail
+    tail_min: int = 80        # the tail: tail_min <= k <= max_steps
     name: str = "doubling"
 
     def __post_init__(self) -> None:
@@ -34,10 +40,15 @@ class Doubling:
             raise ValueError(f"max_steps must be in [0, 99], got {self.max_steps}")
         if self.alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {self.alpha}")
+        if not 0 <= self.tail_share <= 1:
+            raise ValueError(f"tail_share must be in [0, 1], got {self.tail_share}")
+        if self.tail_share > 0 and not 0 <= self.tail_min <= self.max_steps:
+            raise ValueError(f"tail_min must be in [0, max_steps={self.max_steps}], got {self.tail_min}")
 
-    def sample(self, rng: random.Random) -> dict:
+    def sample(self, rng: random.Random, tail: bool = False) -> dict:
         ks = range(self.max_steps + 1)
-        k = rng.choices(ks, weights=[(i + 1) ** -self.alpha for i in ks])[0]
+        k = rng.randint(self.tail_min, self.max_steps) if tail else rng.choices(
+            ks, weights=[(i + 1) ** -self.alpha for i in ks])[0]
         start = rng.randint(0, 999)
         question = f"double {k} times, keep 3 digits: {start:03d}"  # the start last: a fixed-offset copy
         return {"prompt": chatml(question), "messages": [{"role": "user", "content": question}],
@@ -46,7 +57,11 @@ class Doubling:
     def prompts(self, split: str, n: int, seed: int) -> list[dict]:
         """`n` problems, the same for the same (split, seed); splits draw from independent streams."""
         rng = random.Random(f"{self.name}/{split}/{seed}")
-        return [self.sample(rng) for _ in range(n)]
+        tail: set[int] = set()
+        if self.tail_share > 0:  # no draw otherwise: the default task's problems stay what they were
+            whole, frac = divmod(n * self.tail_share, 1)
+            tail = set(rng.sample(range(n), min(n, int(whole) + (rng.random() < frac))))
+        return [self.sample(rng, i in tail) for i in range(n)]
 
     def solution(self, sample: dict) -> str:
         """The reference response (without the end-of-turn token)."""

@@ -1,0 +1,97 @@
+"""`gleanrl bench e2e`'s summary, from each arm's metrics rows. Any subset of arms may have run
+(`--arms`): a figure whose arms did not run is None, so the keys are always the same.
+
+Step time is rollout + policy update + weight push (what the trainer waits for). Served acceptance is
+the server's (`spec_accept_length`, the mean over the step's rollouts that ran SD); the adaptive-over-
+stale ratios compare the second half of the steps, once the policy has drifted from what the starting
+drafter was trained on. `rollout_share_a` is arm a's rollout time over its step time: the share SD can
+speed up at all, so the bound on `speedup_e2e`."""
+from __future__ import annotations
+
+
+def step_times(rows: list[dict]) -> list[float]:
+    return [r["rollout_s"] + r["train_s"] + r["push_s"] for r in rows]
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _ratio(x: float | None, y: float | None) -> float | None:
+    return x / y if x is not None and y else None
+
+
+def _col(rows: list[dict], key: str) -> list[float]:
+    return [float(r.get(key) or 0.0) for r in rows]
+
+
+def _late(rows: list[dict]) -> float | None:
+    """Mean served acceptance over the second half of the steps (all of them for a single step)."""
+    accept = _col(rows, "spec_accept_length")
+    return _mean(accept[len(accept) // 2:])
+
+
+def _gap(x: list[dict], y: list[dict]) -> float | None:
+    return _mean([abs(p - q) for p, q in zip(_col(x, "reward_mean"), _col(y, "reward_mean"))]) if x and y else None
+
+
+def summarize(runs: dict[str, list[dict]], wall_s: dict[str, float] | None = None) -> dict:
+    arm = lambda name: runs.get(name) or []  # noqa: E731
+    a, b, c, a2, d = arm("a_no_sd"), arm("b_adaptive"), arm("c_stale"), arm("a_no_sd_seed2"), arm("d_stale_harvest")
+    cold, cold_stale = arm("cold_adaptive"), arm("cold_stale")
+    off, off_stale = arm("offdomain_adaptive"), arm("offdomain_stale")
+    total = lambda rows: sum(step_times(rows)) if rows else None  # noqa: E731
+    rollout = lambda rows: sum(_col(rows, "rollout_s")) if rows else None  # noqa: E731
+    accept = lambda rows: _mean(_col(rows, "spec_accept_length"))  # noqa: E731
+    return {
+        "steps": max((len(rows) for rows in runs.values()), default=0), "arms": sorted(runs),
+        "wall_s": dict(wall_s or {}),
+        "speedup_e2e": _ratio(total(a), total(b)), "speedup_stale": _ratio(total(a), total(c)),
+        "speedup_cold": _ratio(total(a), total(cold)), "speedup_offdomain": _ratio(total(a), total(off)),
+        "speedup_rollout": _ratio(rollout(a), rollout(b)),
+        "rollout_share_a": _ratio(rollout(a), total(a)), "rollout_share_b": _ratio(rollout(b), total(b)),
+        "tail_share_a": _ratio(sum(_col(a, "tail_s")), rollout(a)),
+        "step_time_a": step_times(a), "step_time_b": step_times(b), "step_time_c": step_times(c),
+        "step_time": {name: step_times(rows) for name, rows in runs.items()},
+        "rollout_time": {name: _col(rows, "rollout_s") for name, rows in runs.items()},
+        "accept_per_step": {name: _col(rows, "spec_accept_length") for name, rows in runs.items()},
+        "accept_len_adaptive": accept(b), "accept_len_stale": accept(c),
+        "accept_len_adaptive_per_step": _col(b, "spec_accept_length"),
+        "accept_len_stale_per_step": _col(c, "spec_accept_length"),
+        "accept_ratio": _ratio(accept(b), accept(c)), "accept_ratio_late": _ratio(_late(b), _late(c)),
+        "samedomain_accept_ratio": _ratio(_late(b), _late(c)),
+        "offdomain_accept_ratio": _ratio(_late(off), _late(off_stale)),
+        "cold_accept_per_step": _col(cold, "spec_accept_length"),
+        "cold_stale_accept_per_step": _col(cold_stale, "spec_accept_length"),
+        "harvest_cost": _ratio(total(d), total(c)) - 1 if d and c else None,
+        "rollout_time_c": _col(c, "rollout_s"), "rollout_time_d": _col(d, "rollout_s"),
+        "drafter_overhead": _ratio(sum(_col(b, "idle_overrun_s")), total(b)),
+        "idle_window_s": sum(_col(b, "idle_window_s")), "idle_used_s": sum(_col(b, "idle_used_s")),
+        "idle_capture_s": sum(_col(b, "idle_capture_s")), "idle_train_s": sum(_col(b, "idle_train_s")),
+        "update_capture_s": sum(_col(b, "update_capture_s")), "update_captured": int(sum(_col(b, "update_captured"))),
+        "drafter_steps": int(sum(_col(b, "drafter_steps"))),
+        "drafter_version": int(b[-1].get("drafter_version", 0)) if b else 0,
+        "reward_a": _col(a, "reward_mean"), "reward_b": _col(b, "reward_mean"),
+        "reward_a_seed2": _col(a2, "reward_mean"),
+        "accuracy_a": _col(a, "accuracy"), "accuracy_b": _col(b, "accuracy"),
+        "reward_gap_ab": _gap(a, b), "reward_noise_seed": _gap(a, a2),
+    }
+
+
+def headline(s: dict) -> str:
+    """The summary as the lines the bench prints ('n/a' where the arms did not run)."""
+    f = lambda x, spec=".2f": "n/a" if x is None else format(x, spec)  # noqa: E731
+    a, b = sum(s["step_time_a"]), sum(s["step_time_b"])
+    return (f"steps {s['steps']}: step time no SD {a:.1f} s, adaptive {b:.1f} s -> speedup {f(s['speedup_e2e'])}x "
+            f"(goal >= 2.0x; stale {f(s['speedup_stale'])}x, cold {f(s['speedup_cold'])}x, off-domain "
+            f"{f(s['speedup_offdomain'])}x); rollouts {f(s['speedup_rollout'])}x faster (goal >= 3.0x)\n"
+            f"rollout share of the no-SD step {f(s['rollout_share_a'], '.0%')} (goal >= 80%), tail share of its "
+            f"rollouts {f(s['tail_share_a'], '.0%')}\n"
+            f"served acceptance adaptive {f(s['accept_len_adaptive'])} vs stale {f(s['accept_len_stale'])}; second "
+            f"half same-domain {f(s['samedomain_accept_ratio'])}x, off-domain {f(s['offdomain_accept_ratio'])}x "
+            f"(goal >= 1.4x); cold start per step {[round(x, 2) for x in s['cold_accept_per_step']]}\n"
+            f"idle window {s['idle_window_s']:.1f} s: capture {s['idle_capture_s']:.1f} s, drafter training "
+            f"{s['idle_train_s']:.1f} s; update-forward capture {s['update_capture_s']:.1f} s for "
+            f"{s['update_captured']} rollouts; drafter overhead {f(s['drafter_overhead'], '.1%')} of step time\n"
+            f"reward gap a/b {f(s['reward_gap_ab'], '.3f')} (seed noise {f(s['reward_noise_seed'], '.3f')}); "
+            f"wall time per arm " + ", ".join(f"{k} {v:.0f} s" for k, v in s["wall_s"].items()))

@@ -1,0 +1,45 @@
+"""Thread settings per phase of a synchronous RL step: the phases never overlap, so each may use the whole
+machine. The policy update runs while the rollout server waits: it can take every core (the demo pins
+the server to half of them and the trainer to the other half; `phase_threads(n, all_cores())` lifts the
+trainer's pin for the update alone), then the rollout phase gets its settings back.
+
+Hazard: OpenMP worker threads started inside a phase keep that phase's affinity; after it they only
+sleep (torch runs the restored number of threads), so they take no compute from the server."""
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Collection, Iterator
+
+import torch
+
+
+def all_cores() -> set[int]:
+    """The cores this machine lets the process run on (the cgroup's, not only this thread's pin)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return set(range(os.cpu_count() or 1))
+    saved = os.sched_getaffinity(0)
+    try:  # the kernel narrows a wider request to the cpuset: ask for everything, read what was granted
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+        return set(os.sched_getaffinity(0))
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
+@contextlib.contextmanager
+def phase_threads(threads: int, cores: Collection[int] = ()) -> Iterator[None]:
+    """torch's thread count (and, given `cores`, the calling thread's CPU affinity) for one phase;
+    both restored on leaving, also on an error."""
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    pin = bool(cores) and hasattr(os, "sched_setaffinity")
+    saved_threads, saved_cores = torch.get_num_threads(), os.sched_getaffinity(0) if pin else None
+    try:
+        if pin:
+            os.sched_setaffinity(0, set(cores))
+        torch.set_num_threads(threads)
+        yield
+    finally:
+        torch.set_num_threads(saved_threads)
+        if saved_cores is not None:
+            os.sched_setaffinity(0, saved_cores)
