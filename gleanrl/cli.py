@@ -22,14 +22,11 @@ COMMANDS: dict = {
     "bench": {
         "engine": ("gleanrl.bench.engine", "embedded engine vs transformers generate (tokens/s)"),
         "sd": ("gleanrl.bench.sd", "speculative decoding vs plain decoding in the embedded engine"),
-        "rollout": ("gleanrl.bench.rollout", "GRPO steps' rollouts: plain / EAGLE-3 / group drafts / fused, side by side"),
-        "e2e": ("gleanrl.bench.e2e", "end-to-end RL: no SD vs adaptive drafter vs stale drafter"),
+        "rollout": ("gleanrl.bench.rollout", "GRPO rollouts: plain / EAGLE-3 / group drafts / fused, side by side"),
+        "e2e": ("gleanrl.bench.e2e", "end-to-end RL steps: no SD vs adaptive, stale, cold and off-domain drafters"),
         "load": ("gleanrl.bench.load", "many concurrent clients, streaming and not, some leaving: errors, leaks, RSS"),
         "swaps": ("gleanrl.bench.swaps", "alternating target and draft weight swaps under load: versions and outputs"),
-        "crash": (
-            "gleanrl.bench.crash",
-            "kill -9 the trainer at random points and resume: nothing lost or half-written",
-        ),
+        "crash": ("gleanrl.bench.crash", "kill -9 the trainer at random points and resume: nothing lost"),
     },
 }
 

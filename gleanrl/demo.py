@@ -36,8 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="gleanrl-demo", help="report, metrics, checkpoints and logs")
     p.add_argument("--model", default=None, help="policy directory instead of the bootstrap policy")
     p.add_argument("--size", default="small", help="bootstrap policy size")
-    from gleanrl.trainer.tasks.presets import DEFAULT_REGIME, REGIMES
-    p.add_argument("--regime", default=DEFAULT_REGIME, choices=sorted(REGIMES),
+    from gleanrl.trainer.tasks.presets import DEMO_REGIME, REGIMES
+    p.add_argument("--regime", default=DEMO_REGIME, choices=sorted(REGIMES),
                    help="the task's length distribution and the step's shape (trainer.tasks.presets)")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--prompts-per-step", type=int, default=None, help="None: the regime's")

@@ -9,8 +9,8 @@ import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 def _fsync_dir(path: Path) -> None:

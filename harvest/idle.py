@@ -24,8 +24,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 Waiting = threading.Event | Callable[[], bool]
 

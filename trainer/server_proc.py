@@ -77,7 +77,7 @@ class EmbeddedServer:
             self.proc.kill()
             self.proc.wait()
 
-    def __enter__(self) -> "EmbeddedServer":
+    def __enter__(self) -> EmbeddedServer:
         self.start()
         return self
 

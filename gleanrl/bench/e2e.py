@@ -43,8 +43,10 @@ OFFDOMAIN_TASK = "running_sums"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from gleanrl.trainer.tasks.presets import DEFAULT_REGIME
+
     demo.add_arguments(p)
-    p.set_defaults(out="gleanrl-bench-e2e")
+    p.set_defaults(out="gleanrl-bench-e2e", regime=DEFAULT_REGIME)
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated, of: {', '.join(RUNS)}")
     p.add_argument("--drafter", default=None, metavar="DIR",
                    help="warm-start drafter of (b) and (c) (default: warm-start one on the regime's task, cached)")

@@ -47,7 +47,7 @@ class ServeProcess:
                     "--threads", str(threads), "--log-level", "warning", *(extra or [])]
         self.log_path = log_path
 
-    def __enter__(self) -> "ServeProcess":
+    def __enter__(self) -> ServeProcess:
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
