@@ -46,7 +46,11 @@ def _add(sub, name: str, spec) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gleanrl", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="gleanrl", epilog="Each command has --help. Docs: README.md and docs/ in the repository.",
+        description="gleanrl: faster RL training of reasoning LLMs. A drafter harvested from finished rollouts is "
+                    "hot-swapped into the rollout server, so the long tail decodes faster with lossless speculative "
+                    "decoding; the same server then serves the final policy and drafter.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, spec in COMMANDS.items():
         _add(sub, name, spec)

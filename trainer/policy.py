@@ -142,12 +142,3 @@ class Policy:
         keys = ("loss", "grad_norm", "adv_abs_mean", "clip_frac", "kl", "logprob_mismatch", "logprob_mismatch_max",
                 "update_capture_s")
         return {k: 0.0 for k in keys} | {"train_tokens": 0}
-
-    def greedy(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-        """Plain greedy decoding with the trainer's copy (tests compare it with the server's)."""
-        ids = torch.tensor([prompt_ids])
-        with torch.no_grad():
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                      do_sample=False, eos_token_id=self.tokenizer.eos_token_id,
-                                      pad_token_id=self.tokenizer.pad_token_id)
-        return out[0, len(prompt_ids):].tolist()
