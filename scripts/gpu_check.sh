@@ -58,14 +58,18 @@ if ((DRY)); then
   DRAFT_ARGS=(--num-prompts 8 --max-new-tokens 24 --steps 4 --eval-every 2 --gen-batch 8 --batch-size 8 --topk 16
               --heldout 0.25)
   SD_ARGS=(--batches 1,2 --temperatures 0 --max-new-tokens 16 --repeats 1 --dtype float32)
-  E2E_ARGS=(--steps 1 --prompts-per-step 2 --samples-per-prompt 2 --max-new-tokens 16 --dtype float32)
+  ROLLOUT_ARGS=(--prompts 2 --n 2 --steps 1 --max-new-tokens 16 --dtype float32)
+  E2E_ARGS=(--steps 1 --prompts-per-step 2 --samples-per-prompt 2 --max-new-tokens 16 --dtype float32
+            --arms a_no_sd,b_adaptive,c_stale)
   BOX=([install]=30 [tests]=90 [bootstrap]=60 [draft]=40 [sd]=30 [rollout]=30 [e2e]=90)
 else
   DEVICE=cuda SIZE=gpu BUDGET=${BUDGET:-480}
   DRAFT_ARGS=(--num-prompts 256 --max-new-tokens 256 --steps 300 --eval-every 100 --gen-batch 64 --accept-k 6
               --ttt-length 5)
   SD_ARGS=(--batches 1,16 --temperatures 0,1 --max-new-tokens 256 --repeats 2)
-  E2E_ARGS=(--steps 2 --prompts-per-step 4 --samples-per-prompt 4 --max-new-tokens 128 --dtype bfloat16)
+  ROLLOUT_ARGS=(--steps 1 --dtype bfloat16)
+  E2E_ARGS=(--steps 2 --prompts-per-step 4 --samples-per-prompt 4 --max-new-tokens 128 --dtype bfloat16
+            --arms a_no_sd,b_adaptive,c_stale)
   BOX=([install]=60 [tests]=100 [bootstrap]=90 [draft]=90 [sd]=90 [rollout]=60 [e2e]=150)
 fi
 [[ $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget must be whole seconds, got $BUDGET" >&2; exit 2; }
@@ -144,10 +148,10 @@ if phase install bash -c install_project; then
       --json "$OUT_DIR/sd.json" "${SD_ARGS[@]}"
     if "$PY" -m gleanrl bench rollout --help >/dev/null 2>&1; then
       args=(--json "$OUT_DIR/rollout.json")
-      for f in model:"$POLICY" drafter:"$DRAFTER" device:"$DEVICE" steps:1; do
+      for f in model:"$POLICY" drafter:"$DRAFTER" device:"$DEVICE"; do
         has_flag "--${f%%:*}" && args+=("--${f%%:*}" "${f#*:}")
       done
-      phase rollout "${GL[@]}" bench rollout "${args[@]}"
+      phase rollout "${GL[@]}" bench rollout "${args[@]}" "${ROLLOUT_ARGS[@]}"
     else
       record rollout absent 0 "this checkout has no gleanrl bench rollout"
     fi

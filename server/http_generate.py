@@ -197,6 +197,17 @@ def _prompts(state, body: GenerateIn) -> tuple[list[list[int]], bool]:
     return [check_prompt(state, ids, _name(field, i, batch)) for i, ids in enumerate(raw)], batch
 
 
+async def start_run(state, reqs: list[GenerateRequest], groups) -> Fanin:
+    """Submit the requests and fill the prompt logprobs they asked for; nothing is left running on error."""
+    run = Fanin(state.engine, reqs, state.metrics, state.active, groups, feed=state.feed)
+    try:
+        await fill_input_logprobs(state.engine, run.tracks)
+    except BaseException:
+        run.close()
+        raise
+    return run
+
+
 @router.post("/generate")  # one route per method: each gets its own OpenAPI operation id
 @router.put("/generate")
 async def generate(request: Request):
@@ -221,12 +232,7 @@ async def generate(request: Request):
     per_req_sp = [sp for sp, p in zip(sps, params) for _ in range(p.n)]
     single = not batch and params[0].n == 1
     text_lp = body.return_text_in_logprobs
-    run = Fanin(state.engine, reqs, state.metrics, state.active, groups, feed=state.feed)
-    try:
-        await fill_input_logprobs(state.engine, run.tracks)
-    except BaseException:
-        run.close()
-        raise
+    run = await start_run(state, reqs, groups)
     if not body.stream:
         tracks = await collect(run, request)
         if tracks is None:

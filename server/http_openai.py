@@ -9,9 +9,16 @@ import uuid
 from fastapi import APIRouter, Request
 
 from gleanrl.server.detok import Delta, output_text
-from gleanrl.server.fanin import Fanin, Track, collect
-from gleanrl.server.http_generate import check_batch, check_length, check_prompt, expand, sampling, stream
-from gleanrl.server.http_logprobs import fill_input_logprobs
+from gleanrl.server.fanin import Track, collect
+from gleanrl.server.http_generate import (
+    check_batch,
+    check_length,
+    check_prompt,
+    expand,
+    sampling,
+    start_run,
+    stream,
+)
 from gleanrl.server.memory_occupation import check_serving
 from gleanrl.server.openai_logprobs import chat_logprobs, completion_logprobs
 from gleanrl.server.schemas import (
@@ -91,12 +98,7 @@ async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]
     rids = [body.rid] if len(prompts) == 1 else [None] * len(prompts)  # SGLang's rid extension: one prompt only
     reqs, groups = expand(prompts, [params] * len(prompts), rids, [logprob] * len(prompts),
                           [options or {}] * len(prompts))
-    run = Fanin(state.engine, reqs, state.metrics, state.active, groups, feed=state.feed)
-    try:
-        await fill_input_logprobs(state.engine, run.tracks)
-    except BaseException:
-        run.close()
-        raise
+    run = await start_run(state, reqs, groups)
     head = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": body.model or state.served_model_name}
     if not body.stream:

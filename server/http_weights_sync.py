@@ -107,25 +107,23 @@ def _memory(state) -> MemoryOccupation:
     return state.memory
 
 
-@router.get("/release_memory_occupation")  # one route per method: each gets its own OpenAPI operation id
-@router.post("/release_memory_occupation")
-async def release_memory_occupation(request: Request):
+async def _memory_call(request: Request, action: str, done: str):
     state = request.app.state
     body = await parse(request, MemoryTagsIn, state.server_cfg.max_request_bytes)
     try:
-        await asyncio.to_thread(_memory(state).release, body.tags)
+        await asyncio.to_thread(getattr(_memory(state), action), body.tags)
     except ValueError as exc:
         return answer(False, str(exc))
-    return answer(True, "Memory released.")
+    return answer(True, done)
+
+
+@router.get("/release_memory_occupation")  # one route per method: each gets its own OpenAPI operation id
+@router.post("/release_memory_occupation")
+async def release_memory_occupation(request: Request):
+    return await _memory_call(request, "release", "Memory released.")
 
 
 @router.get("/resume_memory_occupation")
 @router.post("/resume_memory_occupation")
 async def resume_memory_occupation(request: Request):
-    state = request.app.state
-    body = await parse(request, MemoryTagsIn, state.server_cfg.max_request_bytes)
-    try:
-        await asyncio.to_thread(_memory(state).resume, body.tags)
-    except ValueError as exc:
-        return answer(False, str(exc))
-    return answer(True, "Memory resumed.")
+    return await _memory_call(request, "resume", "Memory resumed.")
