@@ -73,3 +73,15 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool
 
 def server_stats(url: str, headers: dict | None = None) -> dict:
     return httpx.get(f"{url}/server_info", headers=headers, timeout=10).json()["internal_states"][0]
+
+
+def post(url: str, path: str, body: dict, timeout: float = 300.0) -> httpx.Response:
+    return httpx.post(f"{url}{path}", json=body, timeout=timeout)
+
+
+def greedy_ids(url: str, input_ids: list[int], n: int = 10) -> dict:
+    """A greedy /generate of n tokens (EOS ignored); fails the test on a non-200."""
+    r = post(url, "/generate", {"input_ids": input_ids,
+                                "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    return r.json()

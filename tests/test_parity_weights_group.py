@@ -11,14 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from engine_util import hf_greedy
 from sd_util import random_drafter, trained_drafter
-from serving import running_server
+from serving import greedy_ids, post, running_server
 
 PROMPT = "The quick brown fox"
 TRAINER = """
@@ -54,15 +53,6 @@ def spec(path: Path) -> dict:
             "shapes": [list(t.shape) for _, t in named], "group_name": "g"}
 
 
-def post(url, path, body):
-    return httpx.post(f"{url}{path}", json=body, timeout=300)
-
-
-def greedy(url, tok, n=10):
-    r = post(url, "/generate", {"input_ids": tok.encode(PROMPT),
-                                "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def trainer(port: int, paths: list[Path], mode: str) -> subprocess.Popen:
@@ -104,16 +94,16 @@ def test_target_push_over_gloo(tiny_qwen2, tiny_qwen2_b, hf, hf_b, tok, mode, tm
         join(url, port)
         r = post(url, "/update_weights_from_distributed", {**spec(tiny_qwen2_b), "weight_version": "b", **fmt})
         assert r.status_code == 200 and r.json()["success"], r.text
-        assert greedy(url, tok)["output_ids"] == want_b
+        assert greedy_ids(url, tok.encode(PROMPT))["output_ids"] == want_b
         r = post(url, "/update_weights_from_distributed", {**spec(bad), "weight_version": "bad", **fmt})
         assert r.status_code == 400 and first in r.json()["message"]
-        assert greedy(url, tok)["meta_info"]["weight_version"] == "b"
+        assert greedy_ids(url, tok.encode(PROMPT))["meta_info"]["weight_version"] == "b"
         assert post(url, "/begin_weight_update", {"selector": "target"}).json()["success"]
         assert post(url, "/update_weights_from_distributed", {**spec(tiny_qwen2), "weight_version": "a", **fmt}).json()[
             "success"]
-        assert greedy(url, tok)["output_ids"] == want_b  # staged, not applied yet
+        assert greedy_ids(url, tok.encode(PROMPT))["output_ids"] == want_b  # staged, not applied yet
         assert post(url, "/end_weight_update", {}).json()["success"]
-        out = greedy(url, tok)
+        out = greedy_ids(url, tok.encode(PROMPT))
         assert out["output_ids"] == want_a and out["meta_info"]["weight_version"] == "a"
         finish(proc)
         assert post(url, "/destroy_weights_update_group", {"group_name": "g"}).json()["success"]
@@ -124,14 +114,14 @@ def test_draft_push_over_gloo(tiny_qwen2, tiny_tokenizer, tok, tmp_path):
     trained = trained_drafter(tiny_qwen2, tiny_tokenizer, tmp_path / "trained")
     rand = random_drafter(tiny_qwen2, tmp_path / "random", seed=3)
     with running_server(tiny_qwen2, drafter_path=str(trained), sd="on") as url:
-        fast = greedy(url, tok, 32)
+        fast = greedy_ids(url, tok.encode(PROMPT), 32)
         port = free_port()
         proc = trainer(port, [rand], "each")
         join(url, port)
         r = post(url, "/update_weights_from_distributed", {**spec(rand), "selector": "draft"})
         assert r.status_code == 200, r.text
         finish(proc)
-        slow = greedy(url, tok, 32)
+        slow = greedy_ids(url, tok.encode(PROMPT), 32)
         assert slow["output_ids"] == fast["output_ids"]
         assert slow["meta_info"]["spec_accept_length"] < fast["meta_info"]["spec_accept_length"]
         assert post(url, "/destroy_weights_update_group", {"group_name": "g"}).json()["success"]

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from engine_util import hf_greedy
 from sd_util import random_drafter, trained_drafter
-from serving import running_server
+from serving import greedy_ids, post, running_server
 
 PROMPT = "The quick brown fox"
 
@@ -56,15 +56,6 @@ def flattened(named, monkeypatch) -> str:
     return base64.b64encode(pickle.dumps({"flattened_tensor": torch.cat(flats), "metadata": meta})).decode()
 
 
-def post(url, path, body):
-    return httpx.post(f"{url}{path}", json=body, timeout=120)
-
-
-def greedy(url, tok, n=10):
-    r = post(url, "/generate", {"input_ids": tok.encode(PROMPT),
-                                "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +73,7 @@ def test_target_push_by_value_flattened_and_in_a_session(tiny_qwen2, tiny_qwen2_
         r = post(url, "/update_weights_from_tensor", {"serialized_named_tensors": [by_value(named)],
                                                       "weight_version": "v1"})
         assert r.status_code == 200 and r.json()["success"], r.text
-        assert greedy(url, tok)["output_ids"] == want_b
+        assert greedy_ids(url, tok.encode(PROMPT))["output_ids"] == want_b
         info = httpx.get(f"{url}/model_info").json()
         assert info["weight_version"] == "v1" and info["model_path"] == str(tiny_qwen2)
         # back to A in a session of two buckets, one of them flattened; nothing changes before the end
@@ -94,10 +85,10 @@ def test_target_push_by_value_flattened_and_in_a_session(tiny_qwen2, tiny_qwen2_
         assert post(url, "/update_weights_from_tensor", {
             "serialized_named_tensors": [flattened([(n, named_a[n]) for n, _ in rest], monkeypatch)],
             "load_format": "flattened_bucket", "weight_version": "v2"}).json()["success"]
-        assert greedy(url, tok)["output_ids"] == want_b
+        assert greedy_ids(url, tok.encode(PROMPT))["output_ids"] == want_b
         assert httpx.get(f"{url}/model_info").json()["weight_version"] == "v1"
         assert post(url, "/end_weight_update", {}).json()["success"]
-        out = greedy(url, tok)
+        out = greedy_ids(url, tok.encode(PROMPT))
         assert out["output_ids"] == want_a and out["meta_info"]["weight_version"] == "v2"
 
 
@@ -109,7 +100,7 @@ class Evil:
 
 def test_refusals_keep_the_old_weights(tiny_qwen2, tok):
     with running_server(tiny_qwen2) as url:
-        before = greedy(url, tok)["output_ids"]
+        before = greedy_ids(url, tok.encode(PROMPT))["output_ids"]
         name, t = tensors(tiny_qwen2)[0]
         cases = [([(name, torch.zeros(3, 3))], "expected"), ([("no.such.weight", t)], "not a tensor"),
                  ([(name, torch.full_like(t, float("nan")))], "NaN")]
@@ -121,7 +112,7 @@ def test_refusals_keep_the_old_weights(tiny_qwen2, tok):
         r = post(url, "/update_weights_from_tensor", {"serialized_named_tensors": [evil]})
         assert r.status_code == 400 and "system is not allowed" in r.json()["message"], r.text
         assert post(url, "/end_weight_update", {}).status_code == 400  # no session open
-        assert greedy(url, tok)["output_ids"] == before
+        assert greedy_ids(url, tok.encode(PROMPT))["output_ids"] == before
         assert httpx.get(f"{url}/model_info").json()["weight_version"] == "default"
 
 
@@ -129,11 +120,11 @@ def test_draft_push_changes_the_drafter_not_the_output(tiny_qwen2, tiny_tokenize
     trained = trained_drafter(tiny_qwen2, tiny_tokenizer, tmp_path / "trained")
     rand = random_drafter(tiny_qwen2, tmp_path / "random", seed=3)
     with running_server(tiny_qwen2, drafter_path=str(trained), sd="on") as url:
-        fast = greedy(url, tok, 32)
+        fast = greedy_ids(url, tok.encode(PROMPT), 32)
         r = post(url, "/update_weights_from_tensor", {"serialized_named_tensors": [by_value(tensors(rand))],
                                                       "selector": "draft"})
         assert r.status_code == 200, r.text
-        slow = greedy(url, tok, 32)
+        slow = greedy_ids(url, tok.encode(PROMPT), 32)
         assert slow["output_ids"] == fast["output_ids"]  # lossless: only the speed changes
         assert slow["meta_info"]["spec_accept_length"] < fast["meta_info"]["spec_accept_length"]
         assert httpx.get(f"{url}/model_info").json()["draft_model_path"] == str(trained)
