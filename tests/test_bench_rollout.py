@@ -3,6 +3,7 @@ the documented JSON; the greedy pass of every SD arm equals the plain one token 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import gleanrl.cli
 from sd_util import random_drafter
@@ -35,3 +36,27 @@ def test_bench_rollout_refuses_unknown_arms(tiny_qwen2, capsys):
     argv = ["bench", "rollout", "--model", str(tiny_qwen2), "--drafter", "x", "--arms", "plain,tree"]
     assert gleanrl.cli.main(argv) == 2
     assert "--arms" in capsys.readouterr().err
+
+
+def test_default_drafter_is_warm_started_on_the_task(tiny_qwen2, tmp_path, monkeypatch):
+    """Without --drafter the bench warm-starts one (cached) on the task's prompts; the warm start itself is
+    stubbed here (a random drafter), the argument plumbing and the cache are real."""
+    import argparse
+
+    from gleanrl import draft_train
+    from gleanrl.bench import rollout
+    from gleanrl.harvest.cli_init import init_drafter
+
+    seen = []
+
+    def fake_warm_start(policy, prompts, cfg):
+        seen.append((len(prompts), cfg.max_new_tokens))
+        return init_drafter(policy, seed=0), [{"accept_length": 1.0}]
+
+    monkeypatch.setenv("GLEANRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(draft_train, "warm_start", fake_warm_start)
+    args = argparse.Namespace(model=str(tiny_qwen2), drafter=None, task="running_sums", max_new_tokens=12, seed=0)
+    model, drafter = rollout._default_paths(args)
+    assert model == str(tiny_qwen2) and seen == [(64, 12)]
+    assert (tmp_path / "cache" / "drafters").is_dir() and (Path(drafter) / "config.json").is_file()
+    assert rollout._default_paths(args) == (model, drafter) and len(seen) == 1  # cached

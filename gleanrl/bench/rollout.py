@@ -75,12 +75,13 @@ def _default_paths(args: argparse.Namespace) -> tuple[str, str]:
 
     from gleanrl import demo
     from gleanrl.trainer.bootstrap import bootstrap_policy
+    from gleanrl.trainer.tasks import DEFAULT_TASK
 
     policy = Path(args.model) if args.model else bootstrap_policy(task=args.task, seed=args.seed)
     if args.drafter:
         return str(policy), args.drafter
     warm = argparse.Namespace(max_new_tokens=args.max_new_tokens, warm_steps=120, warm_prompts=64, seed=args.seed)
-    return str(policy), str(demo.warm_drafter(policy, warm))
+    return str(policy), str(demo.warm_drafter(policy, warm, task=args.task or DEFAULT_TASK))
 
 
 def run(args: argparse.Namespace) -> int:
