@@ -63,7 +63,7 @@ def test_proxy_relays_sglang_and_feeds_the_sidecar(restore_weights, sglang_model
     assert proc.returncode == 0, log
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["weight_version"] for r in rows] == ["default", "7"], log  # followed the disk update
-    assert sum(r["harvested"] for r in rows) >= 20 and sum(r["drafter_steps"] for r in rows) > 0, log
+    assert sum(r["harvested"] for r in rows) >= 10 and sum(r["drafter_steps"] for r in rows) > 0, log
     assert list((out / "spool").rglob("*.safetensors"))
     assert "push refused" in log and "serves no EAGLE drafter" in log, log
     assert not any((out / "drafter_versions").glob("v*"))  # a refused push leaves no version behind
