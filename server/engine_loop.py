@@ -1,6 +1,12 @@
 """The engine's decode thread: apply a due weight swap, admit waiting requests, run one iteration,
 retire the finished and aborted ones, deliver outputs. Everything but the forward runs under the state's
 lock; the forward runs with `state.in_step` set, so callers that change the running set wait for it.
+
+Hazard: libgomp (torch's OpenMP) throttles its workers' spinning to almost nothing once the process has
+more OpenMP threads than CPUs, e.g. a second thread team after the model was loaded on another thread;
+every small kernel of a decode step then waits for a futex wake-up (on 2 cores the server's forward took
+1.7x its time alone). So the engine loads the model with one thread, and this thread alone runs with the
+engine's intra-op threads.
 """
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+
+import torch
 
 from gleanrl.server.decode import Decoder
 from gleanrl.server.engine_state import EngineState
@@ -21,8 +29,9 @@ FLUSH_INTERVAL_S = 0.02  # streamed updates reach the event loop at most this la
 
 class DecodeLoop:
     def __init__(self, state: EngineState, scheduler: Scheduler, decoder: Decoder, swapper: WeightSwapper,
-                 flush: Callable[[], None]):
+                 flush: Callable[[], None], threads: int = 1):
         self.state, self.scheduler, self.decoder, self.swapper, self.flush = state, scheduler, decoder, swapper, flush
+        self.threads = threads
         self.thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -43,6 +52,7 @@ class DecodeLoop:
         return st.paused is None and bool(st.running or st.waiting)
 
     def _run(self) -> None:
+        torch.set_num_threads(self.threads)
         st, last_flush = self.state, 0.0
         while True:
             with st.cv:
