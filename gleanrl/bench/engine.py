@@ -30,7 +30,8 @@ BUCKETS = (1, 4, 8, 16, 32, 64)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="policy directory (default: the built-in task's bootstrap policy)")
+    parser.add_argument("--model", default=None,
+                        help="policy directory (default: the built-in task's bootstrap policy)")
     parser.add_argument("--arms", default="gleanrl,sglang", help="comma-separated: gleanrl, sglang")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the gleanrl server and the forward")
@@ -162,8 +163,9 @@ def run(args: argparse.Namespace) -> int:
         with ServeProcess(model, log, threads=args.threads, extra=_server_extra(arm, args, max_running)) as srv:
             results["arms"][arm] = measure_arm(srv.url, args, prompts, buckets)
     results["forward_ms"] = forward_ms(model, args.dtype, args.threads, prompts, buckets, args.bucket_tokens // 2)
-    for arm, r in results["arms"].items():
-        r["iteration_over_forward"] = {b: round(ms / results["forward_ms"][b], 2) for b, ms in r["iteration_ms"].items()}
+    floor = results["forward_ms"]
+    for r in results["arms"].values():
+        r["iteration_over_forward"] = {b: round(ms / floor[b], 2) for b, ms in r["iteration_ms"].items()}
     if "gleanrl" in results["arms"] and "sglang" in results["arms"]:
         g, s = results["arms"]["gleanrl"], results["arms"]["sglang"]
         results["gleanrl_over_sglang"] = {
