@@ -14,6 +14,7 @@ from gleanrl.harvest.drafter import fuse_linears
 from gleanrl.server.attention import decode_attention
 from gleanrl.server.kv import SeqKVCache, ragged_attention
 from gleanrl.server.kv_pool import DecodePlan, decode_plan, pooled_decode_attention
+from gleanrl.server.packed_linear import can_pack, linear
 from gleanrl.server.sd.verify_attention import VerifyPlan, verify_attention, verify_plan
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -75,9 +76,18 @@ class ModelRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.hidden_size = cfg.hidden_size
         self.vocab_size = cfg.vocab_size
-        self.qkv = [fuse_linears([a.q_proj, a.k_proj, a.v_proj]) for a in (layer.self_attn for layer in self.layers)]
-        self.gate_up = [fuse_linears([m.gate_proj, m.up_proj]) if hasattr(m, "gate_proj") else None
-                        for m in (layer.mlp for layer in self.layers)]
+        attns, mlps = [layer.self_attn for layer in self.layers], [layer.mlp for layer in self.layers]
+        qkv = [fuse_linears([a.q_proj, a.k_proj, a.v_proj]) for a in attns]
+        gate_up = [fuse_linears([m.gate_proj, m.up_proj]) if hasattr(m, "gate_proj") else None for m in mlps]
+        plain = [(a.o_proj.weight, a.o_proj.bias) for a in attns] + [(self.lm_head.weight, self.lm_head.bias)]
+        plain += [(m.down_proj.weight, m.down_proj.bias) for m, gu in zip(mlps, gate_up) if gu is not None]
+        pack = can_pack([w for w, _ in qkv + plain + [gu for gu in gate_up if gu is not None]])
+        self.qkv = [linear(w, b, pack) for w, b in qkv]
+        self.o_proj = [linear(a.o_proj.weight, a.o_proj.bias, pack) for a in attns]
+        self.gate_up = [linear(*gu, pack) if gu is not None else None for gu in gate_up]
+        self.down = [linear(m.down_proj.weight, m.down_proj.bias, pack) if gu is not None else None
+                     for m, gu in zip(mlps, gate_up)]
+        self.logits = linear(self.lm_head.weight, self.lm_head.bias, pack)
         self.silu = getattr(cfg, "hidden_act", None) == "silu"
 
     @classmethod
@@ -122,23 +132,22 @@ class ModelRunner:
         if last_only and n != len(seq_lens):
             ends = torch.tensor(seq_lens, device=x.device).cumsum(0) - 1
             x = x[ends]
-        logits = self.lm_head(rms_norm(self.norm, x))
+        logits = self.logits(rms_norm(self.norm, x))
         aux = torch.cat([capture[i + 1] for i in capture_layers], dim=-1) if capture_layers else None
         return logits.float(), aux
 
     def _mlp(self, index: int, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
         if self.gate_up[index] is None:
             return layer.mlp(h)
-        gate, up = F.linear(h, *self.gate_up[index]).chunk(2, dim=-1)
-        act = F.silu(gate) if self.silu else layer.mlp.act_fn(gate)
-        return F.linear(act * up, layer.mlp.down_proj.weight, layer.mlp.down_proj.bias)
+        gate, up = self.gate_up[index](h).chunk(2, dim=-1)
+        return self.down[index]((F.silu(gate) if self.silu else layer.mlp.act_fn(gate)) * up)
 
     def _attention(self, index: int, layer: nn.Module, h: torch.Tensor, rot: tuple[torch.Tensor, torch.Tensor],
                    caches: list[SeqKVCache], seq_lens: list[int], n: int, plan: DecodePlan | VerifyPlan | None,
                    tree_masks: list[torch.Tensor | None] | None = None) -> torch.Tensor:
         attn = layer.self_attn
         nh, nkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = F.linear(h, *self.qkv[index])                                 # [N, (nh + 2 nkv) d]
+        qkv = self.qkv[index](h)                                            # [N, (nh + 2 nkv) d]
         v = qkv[:, (nh + nkv) * d:].view(n, nkv, d)                         # [N, nkv, d]
         if getattr(attn, "q_norm", None) is not None:                       # Qwen3: per-head norms first
             q = apply_rotary(rms_norm(attn.q_norm, qkv[:, :nh * d].view(n, nh, d)), *rot)
@@ -153,4 +162,4 @@ class ModelRunner:
             o = decode_attention(q, k, v, caches, index)
         else:
             o = ragged_attention(q, k, v, caches, index, seq_lens, tree_masks)   # [N, nh, d]
-        return F.linear(o.reshape(n, nh * d), attn.o_proj.weight, attn.o_proj.bias)
+        return self.o_proj[index](o.reshape(n, nh * d))
