@@ -3,10 +3,12 @@ retire the finished and aborted ones, deliver outputs. Everything but the forwar
 lock; the forward runs with `state.in_step` set, so callers that change the running set wait for it.
 
 Hazard: libgomp (torch's OpenMP) throttles its workers' spinning to almost nothing once the process has
-more OpenMP threads than CPUs, e.g. a second thread team after the model was loaded on another thread;
-every small kernel of a decode step then waits for a futex wake-up (on 2 cores the server's forward took
-1.7x its time alone). So the engine loads the model with one thread, and this thread alone runs with the
-engine's intra-op threads.
+more OpenMP threads than CPUs, e.g. a second thread team after the model was loaded on another thread, or
+a weight update loaded on an HTTP worker thread; every small kernel of a decode step then waits for a
+futex wake-up (on 2 cores the server's forward took 1.7x its time alone, and 270 tok/s fell to 131-186
+after a weight update). So this thread alone runs with the engine's intra-op threads: it pins its own
+count when it starts (torch reads the process-wide count into a thread's OpenMP settings on the thread's
+first use), then every other thread of the process runs torch single-threaded (no second team).
 """
 from __future__ import annotations
 
@@ -36,8 +38,11 @@ class DecodeLoop:
 
     def start(self) -> None:
         if self.thread is None:
-            self.thread = threading.Thread(target=self._run, name="gleanrl-engine", daemon=True)
+            pinned = threading.Event()
+            self.thread = threading.Thread(target=self._run, args=(pinned,), name="gleanrl-engine", daemon=True)
             self.thread.start()
+            pinned.wait()
+            torch.set_num_threads(1)  # every later thread starts single-threaded; this one keeps its count
 
     def stop(self) -> None:
         with self.state.cv:
@@ -51,8 +56,10 @@ class DecodeLoop:
         st = self.state
         return st.paused is None and bool(st.running or st.waiting)
 
-    def _run(self) -> None:
+    def _run(self, pinned: threading.Event) -> None:
         torch.set_num_threads(self.threads)
+        torch.get_num_threads()  # torch's first use in this thread fixes its OpenMP thread count
+        pinned.set()
         st, last_flush = self.state, 0.0
         while True:
             with st.cv:

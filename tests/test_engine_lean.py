@@ -101,3 +101,35 @@ def test_pool_stays_compact_and_moved_caches_keep_their_kv(tiny_llama):
     plan = decode_plan([caches[2], caches[0], caches[3]], [1, 1, 1])  # slots 2, 0, 1
     assert plan.base == 0 and plan.order.tolist() == [1, 2, 0] and plan.back.tolist() == [2, 0, 1]
     assert pool.acquire().slot == 3              # the lowest free slot
+
+
+def test_only_the_decode_thread_runs_intra_op_threads(tiny_llama):
+    """libgomp throttles every team once a process has more OpenMP threads than CPUs (server/engine_loop.py):
+    the decode thread keeps the engine's thread count, a weight update on another thread loads with one."""
+    import threading
+
+    eng = Engine(EngineConfig(model_path=str(tiny_llama), num_threads=2))
+    seen: list[int] = []
+    plain_decode = eng.decoder.decode
+
+    def decode(runner, seqs):
+        seen.append(torch.get_num_threads())
+        return plain_decode(runner, seqs)
+
+    eng.decoder.decode = decode
+    eng.start()
+    try:
+        prompt = eng.tokenizer(PROMPTS[0])["input_ids"]
+        run_all(eng, [req(prompt, max_new_tokens=3, ignore_eos=True)])
+        loader: list[int] = []
+
+        def update():
+            loader.append(torch.get_num_threads())
+            eng.update_weights(str(tiny_llama), weight_version="v2")
+        worker = threading.Thread(target=update)
+        worker.start()
+        worker.join()
+        run_all(eng, [req(prompt, max_new_tokens=3, ignore_eos=True)])
+        assert loader == [1] and seen and set(seen) == {2} and eng.state.weight_version == "v2"
+    finally:
+        eng.shutdown()
