@@ -4,8 +4,9 @@ server's wall time per decode iteration against the same model's forward alone.
 Arms, each a server process on a loopback port serving the same policy in the same dtype, sent the same
 requests over HTTP (`/generate`) one arm after the other:
 - `gleanrl`: `gleanrl serve --sd off`;
-- `sglang`: stock SGLang CPU (`gleanrl serve --backend sglang`, from `.venv-sglang`); skipped, with the
-  reason, where it is not installed.
+- `sglang`: stock SGLang CPU (`gleanrl serve --backend sglang`, from `.venv-sglang`), its KV pool sized for
+  every running request at its longest (so it never retracts); skipped, with the reason, where it is not
+  installed.
 Per arm:
 - `single_tok_s`: one request of `--single-tokens` output tokens (ignore_eos), the best of `--repeats`;
 - `grpo_tok_s`: per step, P prompts x n samples of the built-in task at T = 1 (seeded, natural EOS, at most
@@ -118,10 +119,11 @@ def forward_ms(model: str, dtype: str, threads: int, prompts: list[list[int]], b
     return out
 
 
-def _server_extra(arm: str, args: argparse.Namespace, max_running: int) -> list[str]:
+def _server_extra(arm: str, args: argparse.Namespace, max_running: int, longest_prompt: int) -> list[str]:
     common = ["--dtype", args.dtype, "--max-running-requests", str(max_running)]
-    if arm == "sglang":
-        return ["--backend", "sglang", *common]
+    if arm == "sglang":  # a KV pool for every running request at its longest (gleanrl serve's CPU default: 8192)
+        tokens = max_running * (longest_prompt + max(args.max_new_tokens, args.single_tokens, args.bucket_tokens) + 8)
+        return ["--backend", "sglang", *common, "--sglang-arg", f"--max-total-tokens={tokens}"]
     return ["--sd", "off", *common]
 
 
@@ -160,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
         log = Path(tempfile.mkdtemp(prefix=f"gleanrl-bench-{arm}-")) / "server.log"
         print(f"arm {arm}: starting the server (log {log})", file=sys.stderr)
         max_running = max(buckets + [args.prompts * args.n])
-        with ServeProcess(model, log, threads=args.threads, extra=_server_extra(arm, args, max_running)) as srv:
+        extra = _server_extra(arm, args, max_running, max(map(len, prompts)))
+        with ServeProcess(model, log, threads=args.threads, extra=extra) as srv:
             results["arms"][arm] = measure_arm(srv.url, args, prompts, buckets)
     results["forward_ms"] = forward_ms(model, args.dtype, args.threads, prompts, buckets, args.bucket_tokens // 2)
     floor = results["forward_ms"]
