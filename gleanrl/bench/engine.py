@@ -123,7 +123,7 @@ def _server_extra(arm: str, args: argparse.Namespace, max_running: int, longest_
     common = ["--dtype", args.dtype, "--max-running-requests", str(max_running)]
     if arm == "sglang":  # a KV pool for every running request at its longest (gleanrl serve's CPU default: 8192)
         tokens = max_running * (longest_prompt + max(args.max_new_tokens, args.single_tokens, args.bucket_tokens) + 8)
-        return ["--backend", "sglang", *common, "--sglang-arg", f"--max-total-tokens={tokens}"]
+        return ["--backend", "sglang", *common, f"--sglang-arg=--max-total-tokens={tokens}"]
     return ["--sd", "off", *common]
 
 
