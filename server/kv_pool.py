@@ -98,18 +98,31 @@ class DecodePlan:
     back: torch.Tensor | None   # [B] the slot-order position of batch row i
 
 
+def pooled(caches: list[SeqKVCache], seq_lens: list[int]) -> KVPool | None:
+    """The pool all of `caches` live in, with room for their `seq_lens` new tokens; None if any is not."""
+    pool = getattr(caches[0], "pool", None) if caches else None
+    if pool is None or any(getattr(c, "pool", None) is not pool or c.k[0].shape[1] != pool.capacity
+                           or c.length + t > pool.capacity for c, t in zip(caches, seq_lens)):
+        return None
+    return pool
+
+
+def contiguous_base(slots: list[int]) -> int | None:
+    """The first slot if the (distinct) slots are base..base+B-1: the batch attends over a view."""
+    return min(slots) if max(slots) - min(slots) == len(slots) - 1 else None
+
+
 def decode_plan(caches: list[SeqKVCache], seq_lens: list[int]) -> DecodePlan | None:
     """The pooled fast path applies to a batch of sequences with one new token each, all in one pool."""
     if not caches or len(seq_lens) != len(caches) or any(t != 1 for t in seq_lens):
         return None
-    pool = getattr(caches[0], "pool", None)
-    if pool is None or any(getattr(c, "pool", None) is not pool or c.k[0].shape[1] != pool.capacity
-                           or c.length >= pool.capacity for c in caches):
+    pool = pooled(caches, seq_lens)
+    if pool is None:
         return None
     slots = [c.slot for c in caches]
     lens = [c.length + 1 for c in caches]
     device = pool.k[0].device
-    base = min(slots) if max(slots) - min(slots) == len(slots) - 1 else None  # slots are distinct
+    base = contiguous_base(slots)
     order = back = None
     if base is not None and slots != list(range(base, base + len(slots))):
         row_of = sorted(range(len(slots)), key=slots.__getitem__)

@@ -126,9 +126,9 @@ class ModelRunner:
             x = x + self._attention(i, layer, rms_norm(layer.input_layernorm, x), rot, caches, seq_lens, n,
                                     plan or vplan, tree_masks)
             x = x + self._mlp(i, layer, rms_norm(layer.post_attention_layernorm, x))
-        if plan is not None:  # the pooled path wrote K/V directly: advance the caches once, as append would
-            for c in caches:
-                c.length += 1
+        if plan is not None or (vplan is not None and vplan.pool is not None):  # pooled paths wrote K/V in
+            for c, t in zip(caches, seq_lens):                                 # place: advance the caches once
+                c.length += t
         if last_only and n != len(seq_lens):
             ends = torch.tensor(seq_lens, device=x.device).cumsum(0) - 1
             x = x[ends]

@@ -133,3 +133,37 @@ def test_only_the_decode_thread_runs_intra_op_threads(tiny_llama):
         assert loader == [1] and seen and set(seen) == {2} and eng.state.weight_version == "v2"
     finally:
         eng.shutdown()
+
+
+def test_pooled_verify_pass_equals_own_caches(tiny_llama):
+    """A verify pass (a few tokens a sequence, a tree mask on one) over pooled caches writes in place and
+    attends over a view of the pool; the logits and the caches equal those of per-sequence caches."""
+    from gleanrl.server.sd.verify_attention import verify_plan
+
+    runner = ModelRunner.load(str(tiny_llama))
+    pool = KVPool.for_runner(runner, slots=3, capacity=64)
+    pooled_caches, own = [pool.acquire() for _ in range(3)], [runner.new_cache(capacity=4) for _ in range(3)]
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, runner.vocab_size, (n,), generator=g) for n in (7, 12, 9)]
+    for caches in (pooled_caches, own):
+        for c, p in zip(caches, prompts):
+            runner.forward(p, torch.arange(len(p)), [c], [len(p)])
+    lens = [3, 2, 4]
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)  # two branches
+    masks = [None, None, tree]
+    tokens = torch.randint(0, runner.vocab_size, (sum(lens),), generator=g)
+    positions = torch.cat([torch.arange(len(p), len(p) + t) for p, t in zip(prompts, lens)])
+    order = [2, 0, 1]  # a batch not in slot order
+    assert verify_plan([pooled_caches[i] for i in order], [lens[i] for i in order], [masks[i] for i in order], 1,
+                       torch.device("cpu")).pool is pool
+    out = {}
+    for name, caches in (("pooled", pooled_caches), ("own", own)):
+        segs = torch.tensor(lens).cumsum(0)
+        pick = torch.cat([torch.arange(int(segs[i]) - lens[i], int(segs[i])) for i in order])
+        logits, _ = runner.forward(tokens[pick], positions[pick], [caches[i] for i in order], [lens[i] for i in order],
+                                   last_only=False, tree_masks=[masks[i] for i in order])
+        out[name] = logits
+    torch.testing.assert_close(out["pooled"], out["own"], atol=1e-5, rtol=1e-5)
+    for a, b in zip(pooled_caches, own):
+        assert a.length == b.length
+        torch.testing.assert_close(a.k[1][:, :a.length], b.k[1][:, :b.length])
