@@ -67,12 +67,14 @@ def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caches: 
         # grouped-query attention without copying K/V: the `group` query heads sharing one KV head
         # are folded into the query-length dim, [n_kv, group * t, d] (head h uses KV head h // group)
         qs = q[start:end].transpose(0, 1).reshape(n_kv, group * t, d)
-        mask = None
+        mask, causal = None, t > 1 and past == 0 and group == 1 and (masks is None or masks[i] is None)
         if masks is not None and masks[i] is not None:
             mask = torch.cat([torch.ones(t, past, dtype=torch.bool, device=q.device), masks[i]], 1).repeat(group, 1)
-        elif t > 1:  # query j (absolute past + j) sees keys 0..past + j
+        elif t > 1 and not causal:  # query j (absolute past + j) sees keys 0..past + j
             mask = torch.ones(t, past + t, dtype=torch.bool, device=q.device).tril(diagonal=past).repeat(group, 1)
-        o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask)
+        # 4-D inputs: with 3-D ones and a mask, SDPA falls back to its math path (7x slower for a prefill)
+        o = F.scaled_dot_product_attention(qs[None], keys[None], values[None], is_causal=causal,
+                                           attn_mask=None if mask is None else mask[None, None])
         out[start:end] = o.reshape(n_heads, t, d).transpose(0, 1)
         start = end
     return out
