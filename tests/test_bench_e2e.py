@@ -7,8 +7,9 @@ import json
 import pytest
 
 import gleanrl.cli
-from gleanrl.bench.e2e import DEFAULT_ARMS, RUNS, parse_arms, sglang_missing
+from gleanrl.bench.e2e import DEFAULT_ARMS, RUNS, parse_arms
 from gleanrl.bench.e2e_summary import summarize
+from gleanrl.bench.sglang_arm import sglang_missing
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
 

@@ -7,18 +7,10 @@ import json
 import pytest
 
 import gleanrl.cli
-from gleanrl.server.sglang_launch import SGLangLaunchError, sglang_python
+from gleanrl.bench.sglang_arm import sglang_missing
 
 SMALL = ["--single-tokens", "8", "--repeats", "1", "--prompts", "2", "--n", "2", "--steps", "1",
          "--max-new-tokens", "8", "--buckets", "1,3", "--bucket-tokens", "5", "--dtype", "float32"]
-
-
-def _sglang_missing() -> str | None:
-    try:
-        sglang_python()
-    except SGLangLaunchError as exc:
-        return str(exc)
-    return None
 
 
 def test_bench_engine_json(tiny_qwen2, tmp_path, capsys):
@@ -37,7 +29,7 @@ def test_bench_engine_json(tiny_qwen2, tmp_path, capsys):
 
 
 @pytest.mark.sglang
-@pytest.mark.skipif(_sglang_missing() is not None, reason=f"{_sglang_missing()}")
+@pytest.mark.skipif(sglang_missing() is not None, reason=str(sglang_missing()))
 def test_bench_engine_sglang_arm(tiny_qwen2, tmp_path):
     out = tmp_path / "bench.json"
     assert gleanrl.cli.main(["bench", "engine", "--model", str(tiny_qwen2), "--json", str(out), *SMALL]) == 0

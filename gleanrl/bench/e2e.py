@@ -31,6 +31,7 @@ from pathlib import Path
 
 from gleanrl import demo
 from gleanrl.bench.e2e_summary import headline, summarize
+from gleanrl.bench.sglang_arm import sglang_missing, sglang_serve_args
 
 RUNS = {  # name -> (the drafter's start: None (no SD) | "same" | "cold" | "offdomain", harvest, seed offset)
     "a_no_sd": (None, None, 0),
@@ -96,19 +97,9 @@ def starts(policy: Path, args: argparse.Namespace, arms: list[str]) -> dict[str,
     return out
 
 
-def sglang_missing() -> str | None:
-    from gleanrl.server.sglang_launch import SGLangLaunchError, sglang_python
-    try:
-        sglang_python()
-    except SGLangLaunchError as exc:
-        return str(exc)
-    return None
-
-
 def sglang_args(args: argparse.Namespace) -> list[str]:
-    """Stock SGLang with a KV pool for every rollout of a step at its longest (its CPU default: 8192 tokens)."""
-    tokens = args.prompts_per_step * args.samples_per_prompt * (args.max_new_tokens + 512)
-    return ["--backend", "sglang", f"--sglang-arg=--max-total-tokens={tokens}"]
+    """Stock SGLang with a KV pool for every rollout of a step at its longest."""
+    return sglang_serve_args(args.prompts_per_step * args.samples_per_prompt, args.max_new_tokens + 512)
 
 
 def heldout(h, start: Path, policy: Path) -> dict:

@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gleanrl.bench.sglang_arm import sglang_missing, sglang_serve_args
+
 BUCKETS = (1, 4, 8, 16, 32, 64)
 
 
@@ -121,15 +123,14 @@ def forward_ms(model: str, dtype: str, threads: int, prompts: list[list[int]], b
 
 def _server_extra(arm: str, args: argparse.Namespace, max_running: int, longest_prompt: int) -> list[str]:
     common = ["--dtype", args.dtype, "--max-running-requests", str(max_running)]
-    if arm == "sglang":  # a KV pool for every running request at its longest (gleanrl serve's CPU default: 8192)
-        tokens = max_running * (longest_prompt + max(args.max_new_tokens, args.single_tokens, args.bucket_tokens) + 8)
-        return ["--backend", "sglang", *common, f"--sglang-arg=--max-total-tokens={tokens}"]
+    if arm == "sglang":
+        longest = longest_prompt + max(args.max_new_tokens, args.single_tokens, args.bucket_tokens) + 8
+        return [*sglang_serve_args(max_running, longest), *common]
     return ["--sd", "off", *common]
 
 
 def run(args: argparse.Namespace) -> int:
     from gleanrl.bench.load import ServeProcess
-    from gleanrl.server.sglang_launch import SGLangLaunchError, sglang_python
 
     arms = [a for a in args.arms.split(",") if a]
     if unknown := [a for a in arms if a not in ("gleanrl", "sglang")]:
@@ -152,13 +153,10 @@ def run(args: argparse.Namespace) -> int:
     buckets = [int(b) for b in args.buckets.split(",") if b]
     results: dict = {"model": model, "dtype": args.dtype, "threads": args.threads, "arms": {}, "skipped": {}}
     for arm in arms:
-        if arm == "sglang":
-            try:
-                sglang_python()
-            except SGLangLaunchError as exc:
-                results["skipped"][arm] = str(exc)
-                print(f"skipping arm sglang: {exc}", file=sys.stderr)
-                continue
+        if arm == "sglang" and (why := sglang_missing()):
+            results["skipped"][arm] = why
+            print(f"skipping arm sglang: {why}", file=sys.stderr)
+            continue
         log = Path(tempfile.mkdtemp(prefix=f"gleanrl-bench-{arm}-")) / "server.log"
         print(f"arm {arm}: starting the server (log {log})", file=sys.stderr)
         max_running = max(buckets + [args.prompts * args.n])
