@@ -165,9 +165,10 @@ class ApiError(Exception):
     """An error the edge answers with `status` and OpenAI's error shape; the message names the field."""
 
     def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 code: int | str | None = None):
+                 code: int | str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+        self.headers = headers
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param,
