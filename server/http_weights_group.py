@@ -28,6 +28,12 @@ def _groups(state) -> dict:
     return state.weight_groups
 
 
+def _joining(state) -> asyncio.Lock:
+    if getattr(state, "group_joining", None) is None:
+        state.group_joining = asyncio.Lock()
+    return state.group_joining
+
+
 @router.post("/init_weights_update_group")
 async def init_weights_update_group(request: Request):
     state = request.app.state
@@ -44,10 +50,13 @@ async def init_weights_update_group(request: Request):
         return answer(False, f"master_port must be in [1, 65535], got {body.master_port}")
     if body.backend == "nccl" and state.engine.cfg.device != "cuda":
         return answer(False, "backend 'nccl' needs a CUDA server; this one runs on the CPU: use 'gloo'")
+    if _joining(state).locked():  # a rendezvous holds a worker thread until it times out: one at a time
+        return answer(False, "another /init_weights_update_group is waiting for its rendezvous; retry after it")
     try:
-        groups[body.group_name] = await asyncio.to_thread(
-            process_group.init_custom_process_group, body.backend, f"tcp://{body.master_address}:{body.master_port}",
-            body.world_size, body.rank_offset, body.group_name)
+        async with _joining(state):
+            groups[body.group_name] = await asyncio.to_thread(
+                process_group.init_custom_process_group, body.backend,
+                f"tcp://{body.master_address}:{body.master_port}", body.world_size, body.rank_offset, body.group_name)
     except Exception as exc:  # rendezvous timeout, refused connection, a bad address
         return answer(False, f"Failed to initialize custom process group: {exc}.")
     return answer(True, "Succeeded to initialize custom process group.")

@@ -101,7 +101,7 @@ class _Header(_Unpickler):
     def persistent_load(self, pid):
         if not isinstance(pid, tuple) or len(pid) < 5 or pid[0] != "storage" or not isinstance(pid[4], int):
             raise pickle.UnpicklingError("a storage record of an unknown shape")
-        dtype = getattr(pid[1], "dtype", torch.uint8)
+        dtype = getattr(pid[1], "_dtype", None) or torch.uint8  # a legacy typed storage class, or untyped
         self.sizes[pid[2]] = pid[4] * torch.empty((), dtype=dtype).element_size()
         return None
 
