@@ -115,8 +115,6 @@ def decode(payloads: list[str], load_format: str | None, local_handles: bool = F
     try:
         obj = _Unpickler(io.BytesIO(base64.b64decode(payloads[0], validate=True)), local_handles).load()
         return _named(obj, load_format)
-    except ValueError:
-        raise
     except Exception as exc:  # a pickle can raise anything from its rebuilders: all of it is a bad payload
         raise ValueError(f"serialized_named_tensors could not be decoded: {type(exc).__name__}: {exc}"[:500]) from None
 

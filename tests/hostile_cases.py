@@ -64,7 +64,9 @@ def _compressed_storage() -> bytes:
 
 
 def _fd_handle() -> bytes:
-    from torch.multiprocessing.reductions import ForkingPickler
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers torch's same-host reductions)
     return bytes(ForkingPickler.dumps([("model.embed_tokens.weight", torch.zeros(4))]))
 
 

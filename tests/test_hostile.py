@@ -82,12 +82,12 @@ def _baseline(url: str, reference: list[int]) -> float:
 
 def _hostile_round(url: str, reference: list[int], vocab: int) -> tuple[float, float, list[str]]:
     """Every hostile case once while the benign client streams; returns (benign p99, worst /health, wrong)."""
-    benign, health, wrong = Benign(url, reference, ROUND_REQUESTS), Health(url), []
+    benign, health, wrong, hostile = Benign(url, reference, ROUND_REQUESTS), Health(url), [], cases(vocab)
     health.start()
     benign.start()
     with httpx.Client(timeout=120) as http:
         while benign.is_alive():
-            for name, send, check in cases(vocab):
+            for name, send, check in hostile:
                 why = check(send(http, url))
                 if why:
                     wrong.append(f"{name}: {why}")
@@ -114,6 +114,8 @@ def test_hostile_requests_do_not_stop_stall_or_poison_the_server(tiny_qwen2):
             ratios.append(loaded / base)
             if ratios[-1] <= 2.0:
                 break
+        print(f"hostile: benign p99 / baseline p99 per round {[round(r, 2) for r in ratios]}, "
+              f"worst /health {worst_health * 1000:.0f} ms")
         assert min(ratios) <= 2.0, f"benign p99 / baseline p99 in each round: {ratios}"
         assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 0 == server_stats(url)["num_queue_reqs"])
         after = greedy_ids(url, prompt, 12)
