@@ -105,6 +105,9 @@ def test_hostile_requests_do_not_stop_stall_or_poison_the_server(tiny_qwen2):
         prompt = app.state.tokenizer.encode("Once upon a time")
         before = greedy_ids(url, prompt, 12)
         reference = greedy_ids(url, app.state.tokenizer.encode(BENIGN["text"]), 8)["output_ids"]
+        with httpx.Client(timeout=120) as http:  # warm every path first: first-call costs are not load
+            wrong = [f"{name}: {why}" for name, send, check in cases(vocab) if (why := check(send(http, url)))]
+        assert not wrong, wrong
         ratios = []
         for _ in range(3):
             base = _baseline(url, reference)
