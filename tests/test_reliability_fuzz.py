@@ -58,6 +58,8 @@ def test_fuzz_from_openapi_no_5xx_and_server_still_correct(tiny_qwen2):
                 bad.append((case.method, case.path, case.body, r.status_code, r.text[:300]))
             if case.path == "/pause_generation":
                 session.post(f"{url}/continue_generation", timeout=30)
+            if case.path == "/release_memory_occupation":  # a later resume may be malformed (415, 400): undo it now
+                session.post(f"{url}/resume_memory_occupation", json={}, timeout=30)
 
         one()
         print(f"fuzz: {calls['n']} requests over {len(paths)} paths, statuses {sorted(calls['by_status'].items())}")
@@ -67,7 +69,7 @@ def test_fuzz_from_openapi_no_5xx_and_server_still_correct(tiny_qwen2):
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200
         assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 0 == server_stats(url)["num_queue_reqs"])
         after = httpx.post(f"{url}/generate", json={"text": "Hello", "sampling_params": GREEDY}, timeout=60).json()
-        assert after["output_ids"] == before["output_ids"]
+        assert after.get("output_ids") == before["output_ids"], after
         assert after["meta_info"]["weight_version"] == before["meta_info"]["weight_version"]
 
 
