@@ -151,14 +151,18 @@ def ask(url: str, question: list[dict], max_tokens: int) -> str:
 
 @contextlib.contextmanager
 def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adaptive", dtype: str = "auto",
-            device: str = "cpu"):
-    """An embedded server on the first half of the cores (this process keeps the other half)."""
+            device: str = "cpu", whole_machine: bool = False, backend_args: list[str] | None = None):
+    """An embedded server on the first half of the cores (this process keeps the other half), or on every
+    core with `whole_machine` (nothing of the trainer's runs beside the rollouts: no harvest).
+    `backend_args` replace the SD flags (e.g. `--backend sglang`)."""
     from gleanrl.trainer.server_proc import EmbeddedServer
 
-    cores = split_cores()
-    extra = (["--drafter", str(drafter)] if drafter else []) + ["--sd", sd if drafter else "off", "--dtype", dtype,
-                                                                "--device", device]
-    server = EmbeddedServer(str(policy), threads=len(cores[0]) if cores else 1, extra_args=extra, log_path=log_path)
+    cores = None if whole_machine else split_cores()
+    extra = backend_args if backend_args is not None else \
+        (["--drafter", str(drafter)] if drafter else []) + ["--sd", sd if drafter else "off"]
+    extra = [*extra, "--dtype", dtype, "--device", device]
+    threads = len(cores[0]) if cores else len(os.sched_getaffinity(0)) if whole_machine else 1
+    server = EmbeddedServer(str(policy), threads=threads, extra_args=extra, log_path=log_path)
     with contextlib.ExitStack() as stack:
         if cores:
             stack.callback(os.sched_setaffinity, 0, os.sched_getaffinity(0))

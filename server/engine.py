@@ -33,8 +33,8 @@ class Engine:
     def __init__(self, cfg: EngineConfig):
         from transformers import AutoTokenizer
 
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
+        threads = cfg.num_threads or torch.get_num_threads()
+        torch.set_num_threads(1)  # the decode thread alone runs with `threads` (server/engine_loop.py)
         self.cfg = cfg
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
         runner = ModelRunner.load(cfg.model_path, device=cfg.device, dtype=cfg.dtype)
@@ -49,7 +49,7 @@ class Engine:
             self.state.draft_weight_version = "default"
         self._rng = torch.Generator().manual_seed(cfg.seed)  # for requests without a seed
         self._outbox = Outbox()
-        self.loop = DecodeLoop(self.state, self.scheduler, self.decoder, self.swapper, self._outbox.flush)
+        self.loop = DecodeLoop(self.state, self.scheduler, self.decoder, self.swapper, self._outbox.flush, threads)
 
     def _eos_ids(self, runner: ModelRunner) -> set[int]:
         ids: set[int] = set()

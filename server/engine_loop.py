@@ -1,6 +1,14 @@
 """The engine's decode thread: apply a due weight swap, admit waiting requests, run one iteration,
 retire the finished and aborted ones, deliver outputs. Everything but the forward runs under the state's
 lock; the forward runs with `state.in_step` set, so callers that change the running set wait for it.
+
+Hazard: libgomp (torch's OpenMP) throttles its workers' spinning to almost nothing once the process has
+more OpenMP threads than CPUs, e.g. a second thread team after the model was loaded on another thread, or
+a weight update loaded on an HTTP worker thread; every small kernel of a decode step then waits for a
+futex wake-up (on 2 cores the server's forward took 1.7x its time alone, and 270 tok/s fell to 131-186
+after a weight update). So this thread alone runs with the engine's intra-op threads: it pins its own
+count when it starts (torch reads the process-wide count into a thread's OpenMP settings on the thread's
+first use), then every other thread of the process runs torch single-threaded (no second team).
 """
 from __future__ import annotations
 
@@ -8,6 +16,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+
+import torch
 
 from gleanrl.server.decode import Decoder
 from gleanrl.server.engine_state import EngineState
@@ -21,14 +31,18 @@ FLUSH_INTERVAL_S = 0.02  # streamed updates reach the event loop at most this la
 
 class DecodeLoop:
     def __init__(self, state: EngineState, scheduler: Scheduler, decoder: Decoder, swapper: WeightSwapper,
-                 flush: Callable[[], None]):
+                 flush: Callable[[], None], threads: int = 1):
         self.state, self.scheduler, self.decoder, self.swapper, self.flush = state, scheduler, decoder, swapper, flush
+        self.threads = threads
         self.thread: threading.Thread | None = None
 
     def start(self) -> None:
         if self.thread is None:
-            self.thread = threading.Thread(target=self._run, name="gleanrl-engine", daemon=True)
+            pinned = threading.Event()
+            self.thread = threading.Thread(target=self._run, args=(pinned,), name="gleanrl-engine", daemon=True)
             self.thread.start()
+            pinned.wait()
+            torch.set_num_threads(1)  # every later thread starts single-threaded; this one keeps its count
 
     def stop(self) -> None:
         with self.state.cv:
@@ -42,7 +56,10 @@ class DecodeLoop:
         st = self.state
         return st.paused is None and bool(st.running or st.waiting)
 
-    def _run(self) -> None:
+    def _run(self, pinned: threading.Event) -> None:
+        torch.set_num_threads(self.threads)
+        torch.get_num_threads()  # torch's first use in this thread fixes its OpenMP thread count
+        pinned.set()
         st, last_flush = self.state, 0.0
         while True:
             with st.cv:

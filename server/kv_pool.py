@@ -7,9 +7,16 @@ gather, instead of a Python loop over sequences. The gathered keys and values in
 a sequence's length (masked out); they must be finite, so a slot is zeroed on first use (stale values of
 an earlier occupant are finite and harmless). A cache that outgrows its slot (SeqKVCache reallocates
 on growth) silently leaves the pool; `decode_plan` notices and takes the ragged path for that batch.
+
+The occupied slots are kept compact, 0..n-1: a new sequence takes the lowest free slot, and a released
+slot below the highest occupied one takes that one's cache (a copy of its valid K/V, once per finished
+sequence). A decode batch of every pooled sequence then attends over a view of the buffers' first n slots,
+with no gather of the keys and values at all. The caches' views are retargeted on a move, so nothing may
+hold a cache's `k`/`v` lists across iterations; moves happen between iterations (under the state's lock).
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +33,8 @@ class KVPool:
         shape = (slots, n_kv, capacity, head_dim)
         self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.capacity, self.free = capacity, list(range(slots - 1, -1, -1))
+        self.capacity, self.free = capacity, list(range(slots))   # a heap: the lowest free slot first
+        self.owner: dict[int, SeqKVCache] = {}
         self.zeroed: set[int] = set()
         self.dims = (num_layers, n_kv, head_dim, dtype)
 
@@ -43,22 +51,39 @@ class KVPool:
     def acquire(self) -> SeqKVCache | None:
         if not self.free:
             return None
-        slot = self.free.pop()
+        slot = heapq.heappop(self.free)
         if slot not in self.zeroed:  # masked positions are read too (0 * NaN is NaN): no garbage allowed
             for buf in self.k + self.v:
                 buf[slot].zero_()
             self.zeroed.add(slot)
         num_layers, n_kv, head_dim, dtype = self.dims
         cache = SeqKVCache(num_layers, n_kv, head_dim, dtype, self.k[0].device, capacity=1)
+        self._place(cache, slot)
+        return cache
+
+    def _place(self, cache: SeqKVCache, slot: int) -> None:
         cache.k = [buf[slot] for buf in self.k]
         cache.v = [buf[slot] for buf in self.v]
         cache.pool, cache.slot = self, slot
-        return cache
+        self.owner[slot] = cache
 
     def release(self, cache: SeqKVCache) -> None:
-        if getattr(cache, "pool", None) is self:
-            cache.pool = None
-            self.free.append(cache.slot)
+        if getattr(cache, "pool", None) is not self:
+            return
+        cache.pool, slot = None, cache.slot
+        del self.owner[slot]
+        top = max(self.owner, default=-1)
+        if top > slot:  # keep the occupied slots compact: the highest one moves down into the hole
+            moved = self.owner.pop(top)
+            if moved.k[0].shape[1] != self.capacity:  # it grew out of its slot: both slots are free
+                moved.pool = None
+                heapq.heappush(self.free, slot)
+            else:
+                for buf in self.k + self.v:
+                    buf[slot, :, :moved.length] = buf[top, :, :moved.length]
+                self._place(moved, slot)
+            slot = top
+        heapq.heappush(self.free, slot)
 
 
 @dataclass
@@ -66,26 +91,37 @@ class DecodePlan:
     pool: KVPool
     slots: torch.Tensor        # [B]
     positions: torch.Tensor    # [B] where each new token's K/V go
-    mask: torch.Tensor | None  # [B, 1, 1, L_max] or None when all lengths are equal
+    mask: torch.Tensor | None  # [B, 1, 1, L_max] (in slot order when `base` is set) or None: lengths equal
     max_len: int
+    base: int | None           # the slots are base..base+B-1: attend over a view of the buffers, no gather
+    order: torch.Tensor | None  # [B] the batch row of slot base + j (None: the batch is in slot order)
+    back: torch.Tensor | None   # [B] the slot-order position of batch row i
 
 
 def decode_plan(caches: list[SeqKVCache], seq_lens: list[int]) -> DecodePlan | None:
-    """The pooled fast path applies to a batch of >= 2 sequences, one new token each, all in one pool."""
-    if len(caches) < 2 or len(seq_lens) != len(caches) or any(t != 1 for t in seq_lens):
+    """The pooled fast path applies to a batch of sequences with one new token each, all in one pool."""
+    if not caches or len(seq_lens) != len(caches) or any(t != 1 for t in seq_lens):
         return None
     pool = getattr(caches[0], "pool", None)
     if pool is None or any(getattr(c, "pool", None) is not pool or c.k[0].shape[1] != pool.capacity
                            or c.length >= pool.capacity for c in caches):
         return None
+    slots = [c.slot for c in caches]
     lens = [c.length + 1 for c in caches]
     device = pool.k[0].device
+    base = min(slots) if max(slots) - min(slots) == len(slots) - 1 else None  # slots are distinct
+    order = back = None
+    if base is not None and slots != list(range(base, base + len(slots))):
+        row_of = sorted(range(len(slots)), key=slots.__getitem__)
+        lens = [lens[i] for i in row_of]
+        order = torch.tensor(row_of, device=device)
+        back = torch.tensor([s - base for s in slots], device=device)
     mask = None
     if min(lens) != max(lens):
         mask = torch.arange(max(lens), device=device)[None] < torch.tensor(lens, device=device)[:, None]
         mask = mask[:, None, None, :]
-    return DecodePlan(pool, torch.tensor([c.slot for c in caches], device=device),
-                      torch.tensor([c.length for c in caches], device=device), mask, max(lens))
+    return DecodePlan(pool, torch.tensor(slots, device=device), torch.tensor([c.length for c in caches], device=device),
+                      mask, max(lens), base, order, back)
 
 
 def pooled_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DecodePlan,
@@ -97,7 +133,13 @@ def pooled_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
     kbuf, vbuf = plan.pool.k[layer], plan.pool.v[layer]
     kbuf[plan.slots, :, plan.positions] = k
     vbuf[plan.slots, :, plan.positions] = v
-    keys = kbuf[:, :, :plan.max_len].index_select(0, plan.slots)           # [B, n_kv, L_max, d]
-    values = vbuf[:, :, :plan.max_len].index_select(0, plan.slots)
+    if plan.base is not None:  # a view of the slots base..base+B-1, queries in slot order
+        keys = kbuf[plan.base:plan.base + b, :, :plan.max_len]             # [B, n_kv, L_max, d]
+        values = vbuf[plan.base:plan.base + b, :, :plan.max_len]
+        q = q if plan.order is None else q.index_select(0, plan.order)
+    else:
+        keys = kbuf[:, :, :plan.max_len].index_select(0, plan.slots)
+        values = vbuf[:, :, :plan.max_len].index_select(0, plan.slots)
     qg = q.view(b, n_kv, n_heads // n_kv, d)      # query heads sharing a KV head: head h uses h // group
-    return F.scaled_dot_product_attention(qg, keys, values, attn_mask=plan.mask).reshape(b, n_heads, d)
+    o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=plan.mask).reshape(b, n_heads, d)
+    return o if plan.back is None else o.index_select(0, plan.back)

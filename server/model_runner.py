@@ -14,6 +14,7 @@ from gleanrl.harvest.drafter import fuse_linears
 from gleanrl.server.attention import decode_attention
 from gleanrl.server.kv import SeqKVCache, ragged_attention
 from gleanrl.server.kv_pool import DecodePlan, decode_plan, pooled_decode_attention
+from gleanrl.server.packed_linear import can_pack, linear
 from gleanrl.server.sd.verify_attention import VerifyPlan, verify_attention, verify_plan
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -25,14 +26,23 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def rotary_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [N, d] (transformers' layout: two equal halves) -> [N, 1, d] tables for `apply_rotary`,
+    the sine's first half negated, so that rotating half of x is one `roll`."""
+    half = sin.shape[-1] // 2
+    return cos[:, None], torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None]
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [N, heads, d]; cos, sin: [N, d]."""
-    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x: [N, heads, d]; tables from `rotary_tables`. transformers' `x * cos + rotate_half(x) * sin`, the
+    same products and sum (bit for bit), in four kernels instead of eight."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """transformers' Llama/Qwen RMSNorm (normalise in float32, round to the input's dtype, then scale) with
+    one fused kernel for the normalisation."""
+    return F.rms_norm(x.float(), x.shape[-1:], eps=norm.variance_epsilon).to(x.dtype) * norm.weight
 
 
 def check_supported(model: nn.Module) -> None:
@@ -66,9 +76,19 @@ class ModelRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.hidden_size = cfg.hidden_size
         self.vocab_size = cfg.vocab_size
-        self.qkv = [fuse_linears([a.q_proj, a.k_proj, a.v_proj]) for a in (layer.self_attn for layer in self.layers)]
-        self.gate_up = [fuse_linears([m.gate_proj, m.up_proj]) if hasattr(m, "gate_proj") else None
-                        for m in (layer.mlp for layer in self.layers)]
+        attns, mlps = [layer.self_attn for layer in self.layers], [layer.mlp for layer in self.layers]
+        qkv = [fuse_linears([a.q_proj, a.k_proj, a.v_proj]) for a in attns]
+        gate_up = [fuse_linears([m.gate_proj, m.up_proj]) if hasattr(m, "gate_proj") else None for m in mlps]
+        plain = [(a.o_proj.weight, a.o_proj.bias) for a in attns] + [(self.lm_head.weight, self.lm_head.bias)]
+        plain += [(m.down_proj.weight, m.down_proj.bias) for m, gu in zip(mlps, gate_up) if gu is not None]
+        pack = can_pack([w for w, _ in qkv + plain + [gu for gu in gate_up if gu is not None]])
+        self.qkv = [linear(w, b, pack) for w, b in qkv]
+        self.o_proj = [linear(a.o_proj.weight, a.o_proj.bias, pack) for a in attns]
+        self.gate_up = [linear(*gu, pack) if gu is not None else None for gu in gate_up]
+        self.down = [linear(m.down_proj.weight, m.down_proj.bias, pack) if gu is not None else None
+                     for m, gu in zip(mlps, gate_up)]
+        self.logits = linear(self.lm_head.weight, self.lm_head.bias, pack)
+        self.silu = getattr(cfg, "hidden_act", None) == "silu"
 
     @classmethod
     def load(cls, model_path: str, device: str = "cpu", dtype: str = "auto") -> ModelRunner:
@@ -93,7 +113,7 @@ class ModelRunner:
         n = token_ids.shape[0]
         x = self.embed(token_ids)                                           # [N, H]
         cos, sin = self.rotary(x, positions[None])                          # [1, N, d]
-        cos, sin = cos[0], sin[0]
+        rot = rotary_tables(cos[0], sin[0])                                 # [N, 1, d] each
         plan = decode_plan(caches, seq_lens) if tree_masks is None else None
         vplan = verify_plan(caches, seq_lens, tree_masks, self.num_heads // self.num_kv_heads, x.device) \
             if plan is None else None
@@ -103,38 +123,37 @@ class ModelRunner:
         for i, layer in enumerate(self.layers):
             if i in capture:
                 capture[i] = x
-            x = x + self._attention(layer, layer.input_layernorm(x), cos, sin, caches, i, seq_lens, n,
+            x = x + self._attention(i, layer, rms_norm(layer.input_layernorm, x), rot, caches, seq_lens, n,
                                     plan or vplan, tree_masks)
-            x = x + self._mlp(i, layer, layer.post_attention_layernorm(x))
+            x = x + self._mlp(i, layer, rms_norm(layer.post_attention_layernorm, x))
         if plan is not None:  # the pooled path wrote K/V directly: advance the caches once, as append would
             for c in caches:
                 c.length += 1
-        if last_only:
+        if last_only and n != len(seq_lens):
             ends = torch.tensor(seq_lens, device=x.device).cumsum(0) - 1
             x = x[ends]
-        logits = self.lm_head(self.norm(x))
+        logits = self.logits(rms_norm(self.norm, x))
         aux = torch.cat([capture[i + 1] for i in capture_layers], dim=-1) if capture_layers else None
         return logits.float(), aux
 
     def _mlp(self, index: int, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
         if self.gate_up[index] is None:
             return layer.mlp(h)
-        gate, up = F.linear(h, *self.gate_up[index]).chunk(2, dim=-1)
-        return layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+        gate, up = self.gate_up[index](h).chunk(2, dim=-1)
+        return self.down[index]((F.silu(gate) if self.silu else layer.mlp.act_fn(gate)) * up)
 
-    def _attention(self, layer: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   caches: list[SeqKVCache], index: int, seq_lens: list[int], n: int,
-                   plan: DecodePlan | VerifyPlan | None,
+    def _attention(self, index: int, layer: nn.Module, h: torch.Tensor, rot: tuple[torch.Tensor, torch.Tensor],
+                   caches: list[SeqKVCache], seq_lens: list[int], n: int, plan: DecodePlan | VerifyPlan | None,
                    tree_masks: list[torch.Tensor | None] | None = None) -> torch.Tensor:
         attn = layer.self_attn
-        nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = F.linear(h, *self.qkv[index]).split([nq, nkv, nkv], dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)                        # [N, nh, d]
-        k = k.view(n, self.num_kv_heads, self.head_dim)                     # [N, nkv, d]
-        v = v.view(n, self.num_kv_heads, self.head_dim)
-        if getattr(attn, "q_norm", None) is not None:                       # Qwen3
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        nh, nkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv[index](h)                                            # [N, (nh + 2 nkv) d]
+        v = qkv[:, (nh + nkv) * d:].view(n, nkv, d)                         # [N, nkv, d]
+        if getattr(attn, "q_norm", None) is not None:                       # Qwen3: per-head norms first
+            q = apply_rotary(rms_norm(attn.q_norm, qkv[:, :nh * d].view(n, nh, d)), *rot)
+            k = apply_rotary(rms_norm(attn.k_norm, qkv[:, nh * d:(nh + nkv) * d].view(n, nkv, d)), *rot)
+        else:                                                               # q and k rotated in one go
+            q, k = apply_rotary(qkv[:, :(nh + nkv) * d].view(n, nh + nkv, d), *rot).split([nh, nkv], dim=1)
         if isinstance(plan, DecodePlan):  # a pure decode batch in the slot pool
             o = pooled_decode_attention(q, k, v, plan, index)
         elif plan is not None:  # a verify pass: a few tokens per sequence, one kernel for all
@@ -143,4 +162,4 @@ class ModelRunner:
             o = decode_attention(q, k, v, caches, index)
         else:
             o = ragged_attention(q, k, v, caches, index, seq_lens, tree_masks)   # [N, nh, d]
-        return attn.o_proj(o.reshape(n, nq))
+        return self.o_proj[index](o.reshape(n, nh * d))

@@ -38,14 +38,15 @@ def processed_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
     greedy = temperature <= 0
     t = torch.where(greedy, torch.ones_like(temperature), temperature)
     probs = torch.softmax(logits.float() / t[:, None], dim=-1)
-    sorted_p, order = probs.sort(dim=-1, descending=True)                  # [B, V]
-    rank = torch.arange(probs.shape[-1], device=probs.device)[None]
-    drop = (top_k[:, None] > 0) & (rank >= top_k[:, None])
-    drop |= (sorted_p.cumsum(-1) - sorted_p) > top_p[:, None]              # the top token always stays
-    drop |= sorted_p < (min_p * sorted_p[:, 0])[:, None]
-    sorted_p = sorted_p.masked_fill(drop, 0.0)
-    probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    probs = probs / probs.sum(-1, keepdim=True)
+    if bool(((top_k > 0) | (top_p < 1) | (min_p > 0)).any()):  # else no filter: skip the sort over V
+        sorted_p, order = probs.sort(dim=-1, descending=True)              # [B, V]
+        rank = torch.arange(probs.shape[-1], device=probs.device)[None]
+        drop = (top_k[:, None] > 0) & (rank >= top_k[:, None])
+        drop |= (sorted_p.cumsum(-1) - sorted_p) > top_p[:, None]          # the top token always stays
+        drop |= sorted_p < (min_p * sorted_p[:, 0])[:, None]
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
     if greedy.any():
         one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
         probs = torch.where(greedy[:, None], one_hot, probs)
@@ -57,12 +58,9 @@ def sample(probs: torch.Tensor, generators: list[torch.Generator | None]) -> tor
     (None: torch's global RNG), so a seeded request samples the same tokens whatever else is in the
     batch, on any device."""
     device, probs = probs.device, probs.cpu()
-    out = torch.empty(probs.shape[0], dtype=torch.long)
-    for i, g in enumerate(generators):
-        if probs[i].max() >= 1.0:  # one-hot (greedy or a collapsed nucleus): no draw, RNG untouched
-            out[i] = probs[i].argmax()
-        else:
-            out[i] = torch.multinomial(probs[i], 1, generator=g)[0]
+    top, out = probs.max(-1)
+    for i in (top < 1.0).nonzero()[:, 0].tolist():  # one-hot rows (greedy, a collapsed nucleus): no draw
+        out[i] = torch.multinomial(probs[i], 1, generator=generators[i])[0]
     return out.to(device)
 
 

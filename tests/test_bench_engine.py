@@ -1,25 +1,56 @@
-"""`gleanrl bench engine` runs end to end on a tiny model and writes the documented JSON."""
+"""`gleanrl bench engine` runs end to end on a tiny model (the gleanrl arm; the sglang arm where stock
+SGLang is installed) and writes the documented JSON."""
 from __future__ import annotations
 
 import json
 
+import pytest
+
 import gleanrl.cli
+from gleanrl.server.sglang_launch import SGLangLaunchError, sglang_python
+
+SMALL = ["--single-tokens", "8", "--repeats", "1", "--prompts", "2", "--n", "2", "--steps", "1",
+         "--max-new-tokens", "8", "--buckets", "1,3", "--bucket-tokens", "5", "--dtype", "float32"]
+
+
+def _sglang_missing() -> str | None:
+    try:
+        sglang_python()
+    except SGLangLaunchError as exc:
+        return str(exc)
+    return None
 
 
 def test_bench_engine_json(tiny_qwen2, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    rc = gleanrl.cli.main(["bench", "engine", "--model", str(tiny_qwen2), "--json", str(out),
-                       "--max-new-tokens", "24", "--batch1-tokens", "8", "--repeats", "1"])
+    rc = gleanrl.cli.main(["bench", "engine", "--model", str(tiny_qwen2), "--arms", "gleanrl",
+                           "--json", str(out), *SMALL])
     assert rc == 0
-    results = json.loads(out.read_text())["results"]
-    assert [r["batch"] for r in results] == [1, 16]
-    for r in results:
-        assert set(r) >= {"batch", "engine_tok_s", "hf_tok_s", "ratio"}
-        assert r["engine_tok_s"] > 0 and r["hf_tok_s"] > 0
-        assert abs(r["ratio"] - r["engine_tok_s"] / r["hf_tok_s"]) < 0.02 * r["ratio"] + 0.01
-    assert "ratio" in capsys.readouterr().out
+    res = json.loads(out.read_text())
+    arm = res["arms"]["gleanrl"]
+    assert arm["single_tok_s"] > 0 and len(arm["grpo"]) == 1 and arm["grpo"][0]["output_tokens"] > 0
+    assert set(arm["iteration_ms"]) == set(res["forward_ms"]) == {"1", "3"}
+    for b, ms in arm["iteration_ms"].items():
+        assert res["forward_ms"][b] > 0
+        assert arm["iteration_over_forward"][b] == pytest.approx(ms / res["forward_ms"][b], abs=0.01)
+    assert "ms/iteration" in capsys.readouterr().out
 
 
-def test_bench_engine_missing_model(tmp_path, capsys):
+@pytest.mark.sglang
+@pytest.mark.skipif(_sglang_missing() is not None, reason=f"{_sglang_missing()}")
+def test_bench_engine_sglang_arm(tiny_qwen2, tmp_path):
+    out = tmp_path / "bench.json"
+    assert gleanrl.cli.main(["bench", "engine", "--model", str(tiny_qwen2), "--json", str(out), *SMALL]) == 0
+    res = json.loads(out.read_text())
+    assert set(res["arms"]) == {"gleanrl", "sglang"} and not res["skipped"]
+    sg = res["arms"]["sglang"]
+    assert sg["single_tok_s"] > 0 and sg["grpo"][0]["output_tokens"] > 0
+    ratio = res["gleanrl_over_sglang"]
+    assert ratio["single"] == pytest.approx(res["arms"]["gleanrl"]["single_tok_s"] / sg["single_tok_s"], abs=0.01)
+
+
+def test_bench_engine_refuses_bad_input(tmp_path, capsys):
     assert gleanrl.cli.main(["bench", "engine", "--model", str(tmp_path / "nope")]) == 2
     assert "error" in capsys.readouterr().err
+    assert gleanrl.cli.main(["bench", "engine", "--model", str(tmp_path), "--arms", "vllm"]) == 2
+    assert "unknown arm" in capsys.readouterr().err

@@ -1,8 +1,8 @@
 """`gleanrl train`: GRPO against an embedded rollout server (default) or running ones (`--server`, and
 `--router` for generation through sglang-router), with harvest on when given `--drafter`.
 
-Cores: the embedded server runs with `--server-threads` torch threads (default 1) and the trainer with
-`--trainer-threads` (default 1), which suits a 2-core machine.
+Cores: the embedded server runs with `--server-threads` torch threads (default: every core, or half of them
+with harvest, whose drafter trains beside the rollouts) and the trainer with `--trainer-threads` (default 1).
 
 Harvest settings (`HarvestConfig`, flags of the "harvest" group) are stored in OUT/harvest/harvest_config.json,
 so `--resume` keeps them unless flags change them."""
@@ -37,7 +37,8 @@ FLAGS = {
     "--trainer-threads": ("trainer_threads", int, "torch threads of the trainer"),
     "--update-threads": ("update_threads", int, "torch threads of the policy update, which runs while the server "
                                                 "waits (0: --trainer-threads)"),
-    "--server-threads": ("server_threads", int, "torch threads of the embedded server"),
+    "--server-threads": ("server_threads", int, "torch threads of the embedded server (0: every core, half with "
+                                                "--drafter)"),
     "--api-key": ("api_key", str, "the rollout server's API key"),
     "--admin-api-key": ("admin_api_key", str, "the rollout server's admin API key (weight updates)"),
     "--server-wait-s": ("server_wait_s", float, "how long to wait for a dead or restarting server"),

@@ -43,7 +43,7 @@ class TrainConfig:
     trainer_threads: int = 1
     update_threads: int = 0                  # torch threads of the policy update (0: trainer_threads)
     update_cores: list[int] = field(default_factory=list)  # CPU affinity of the update (empty: unchanged)
-    server_threads: int = 1                  # embedded server's torch threads
+    server_threads: int = 0                  # embedded server's torch threads (0: every core, half with harvest)
     server_args: list[str] = field(default_factory=list)   # extra `gleanrl serve` flags (embedded)
     api_key: str | None = None
     admin_api_key: str | None = None
@@ -58,13 +58,14 @@ class TrainConfig:
             self.servers = [self.servers]
         self.betas = tuple(self.betas)
         positive = ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "micro_batch_size",
-                    "keep_last", "eval_prompts", "eval_samples", "trainer_threads", "server_threads", "max_attempts",
+                    "keep_last", "eval_prompts", "eval_samples", "trainer_threads", "max_attempts",
                     "stream_interval")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         checks = [
+            ("server_threads", isinstance(self.server_threads, int) and self.server_threads >= 0, "must be >= 0"),
             ("temperature", self.temperature > 0, "must be > 0 (GRPO needs sampled rollouts)"),
             ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
             ("eval_temperature", self.eval_temperature >= 0, "must be >= 0"),

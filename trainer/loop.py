@@ -48,7 +48,7 @@ from gleanrl.trainer.checkpoint import list_checkpoints, load_latest, save_check
 from gleanrl.trainer.config import TrainConfig, write_resolved
 from gleanrl.trainer.generate import NoHooks, RolloutHooks, make_rollouts, run_step, sampling_params
 from gleanrl.trainer.metrics import MetricsLog, eval_metrics, rollout_metrics, step_shares
-from gleanrl.trainer.phases import phase_threads
+from gleanrl.trainer.phases import all_cores, phase_threads
 from gleanrl.trainer.policy import Policy
 from gleanrl.trainer.policy_push import PolicyPusher
 from gleanrl.trainer.server_proc import EmbeddedServer
@@ -79,7 +79,10 @@ def train(cfg: TrainConfig, task=None, hooks: RolloutHooks | None = None, resume
             server_args += ["--drafter", str(drafter)] + ([] if "--sd" in server_args else ["--sd", "adaptive"])
     if resumed and resumed.hooks_state is not None and hasattr(hooks, "load_state_dict"):
         hooks.load_state_dict(resumed.hooks_state)  # e.g. the Harvester's drafter in training, optimizer, version
-    server = None if cfg.servers else EmbeddedServer(cfg.model, cfg.server_threads, server_args,
+    cores = len(all_cores())  # the server has the machine during rollouts, but for a harvester beside it
+    harvest = hooks is not None and not isinstance(hooks, NoHooks)
+    threads = cfg.server_threads or (max(cores // 2, 1) if harvest else cores)
+    server = None if cfg.servers else EmbeddedServer(cfg.model, threads, server_args,
                                                     cfg.api_key, cfg.admin_api_key, f"{cfg.out}/server.log")
     try:
         if server:

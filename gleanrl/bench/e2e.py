@@ -1,6 +1,8 @@
 """`gleanrl bench e2e`: end-to-end RL, same task, seeds and steps, run side by side (`--arms` a subset):
 
-- `a_no_sd`: no SD, the best no-SD setup here: the same synchronous step, the update on every core;
+- `a_no_sd`: no SD: the same synchronous step, the rollout server and the update each on every core;
+- `a_sglang`: as (a) with stock SGLang CPU as the rollout server (`.venv-sglang`; skipped, with the reason,
+  where it is not installed). Every speedup is against the faster of (a) and this arm (`baseline`);
 - `b_adaptive`: adaptive SD with harvest and mid-step hot-swap, from a drafter warm-started on this task;
   `c_stale`: the same start, frozen;
 - `cold_adaptive` / `cold_stale`: from a randomly initialised drafter (grown during RL only / frozen);
@@ -11,8 +13,11 @@
 - `d_stale_harvest` (not run by default): as (c), but harvesting and training without ever pushing: what
   harvesting costs the step (`harvest_cost`, d over c minus 1).
 
-Figures: `gleanrl.bench.e2e_summary`. `--regime` (default long_tail) sets the task's length distribution
-and the step's shape; every run reports `rollout_share_a`. Held-out acceptance: each adaptive arm's final
+Arms that harvest run the server on half of the cores and the harvester on the other half; every other
+arm gives the server the whole machine during rollouts (nothing of the trainer's runs beside them).
+`--quick`: a_no_sd, a_sglang, b_adaptive, c_stale for 6 steps. Figures: `gleanrl.bench.e2e_summary`.
+`--regime` (default long_tail) sets the task's length distribution and the step's shape; every run reports
+`rollout_share_a` (of the baseline arm). Held-out acceptance: each adaptive arm's final
 serving drafter against its start on that arm's newest harvested rollouts, at the same draft length.
 The server runs with `--dtype` (default bfloat16, which makes SD pay on CPUs with AVX-512 BF16).
 """
@@ -29,6 +34,7 @@ from gleanrl.bench.e2e_summary import headline, summarize
 
 RUNS = {  # name -> (the drafter's start: None (no SD) | "same" | "cold" | "offdomain", harvest, seed offset)
     "a_no_sd": (None, None, 0),
+    "a_sglang": (None, None, 0),
     "b_adaptive": ("same", "push", 0),
     "c_stale": ("same", None, 0),
     "cold_adaptive": ("cold", "push", 0),
@@ -39,6 +45,7 @@ RUNS = {  # name -> (the drafter's start: None (no SD) | "same" | "cold" | "offd
     "d_stale_harvest": ("same", "train", 0),
 }
 DEFAULT_ARMS = [name for name in RUNS if name != "d_stale_harvest"]
+QUICK_ARMS, QUICK_STEPS, FULL_STEPS = ["a_no_sd", "a_sglang", "b_adaptive", "c_stale"], 6, 12
 OFFDOMAIN_TASK = "running_sums"
 
 
@@ -46,8 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from gleanrl.trainer.tasks.presets import DEFAULT_REGIME
 
     demo.add_arguments(p)
-    p.set_defaults(out="gleanrl-bench-e2e", regime=DEFAULT_REGIME)
-    p.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated, of: {', '.join(RUNS)}")
+    p.set_defaults(out="gleanrl-bench-e2e", regime=DEFAULT_REGIME, steps=None)
+    p.add_argument("--arms", default=None,
+                   help=f"comma-separated, of: {', '.join(RUNS)} (default: all but d_stale_harvest)")
     p.add_argument("--drafter", default=None, metavar="DIR",
                    help="warm-start drafter of (b) and (c) (default: warm-start one on the regime's task, cached)")
     p.add_argument("--offdomain-drafter", default=None, metavar="DIR",
@@ -56,6 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="write the summary here as JSON")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where the rollout server runs (the trainer runs on CPU)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"arms {','.join(QUICK_ARMS)} for {QUICK_STEPS} steps (unless --arms / --steps say otherwise)")
 
 
 def parse_arms(text: str) -> list[str]:
@@ -86,6 +96,21 @@ def starts(policy: Path, args: argparse.Namespace, arms: list[str]) -> dict[str,
     return out
 
 
+def sglang_missing() -> str | None:
+    from gleanrl.server.sglang_launch import SGLangLaunchError, sglang_python
+    try:
+        sglang_python()
+    except SGLangLaunchError as exc:
+        return str(exc)
+    return None
+
+
+def sglang_args(args: argparse.Namespace) -> list[str]:
+    """Stock SGLang with a KV pool for every rollout of a step at its longest (its CPU default: 8192 tokens)."""
+    tokens = args.prompts_per_step * args.samples_per_prompt * (args.max_new_tokens + 512)
+    return ["--backend", "sglang", f"--sglang-arg=--max-total-tokens={tokens}"]
+
+
 def heldout(h, start: Path, policy: Path) -> dict:
     """The arm's final serving drafter and its start on its newest held-out rollouts (same draft length)."""
     from gleanrl.harvest.checkpoint import load_drafter
@@ -99,8 +124,13 @@ def run(args: argparse.Namespace) -> int:
     from gleanrl.trainer.loop import train
 
     out = Path(args.out)
+    args.arms = args.arms or ",".join(QUICK_ARMS if args.quick else DEFAULT_ARMS)
+    args.steps = args.steps or (QUICK_STEPS if args.quick else FULL_STEPS)
     try:
         arms = parse_arms(args.arms)
+        if "a_sglang" in arms and (why := sglang_missing()):
+            print(f"skipping arm a_sglang: {why}", file=sys.stderr)
+            arms.remove("a_sglang")
         task = demo.apply_regime(args)
     except ValueError as exc:
         print(f"gleanrl bench e2e: {exc}", file=sys.stderr)
@@ -117,13 +147,16 @@ def run(args: argparse.Namespace) -> int:
     runs: dict[str, list[dict]] = {}
     wall: dict[str, float] = {}
     held: dict[str, dict] = {}
-    for name in arms:
+    for i, name in enumerate(arms):
         start, harvest, seed_offset = RUNS[name]
-        print(f"\n== {name}", flush=True)
+        done = sum(wall.values())
+        eta = f", about {done / i * (len(arms) - i) / 60:.0f} min left" if i else ""
+        print(f"\n== {name} (arm {i + 1} of {len(arms)}, {done / 60:.1f} min so far{eta})", flush=True)
         t0 = time.monotonic()
         drafter0 = drafters.get(start)
-        with demo.serving(policy, drafter0, out / f"{name}.server.log", dtype=args.dtype,
-                          device=args.device) as server:
+        backend = sglang_args(args) if name == "a_sglang" else None
+        with demo.serving(policy, drafter0, out / f"{name}.server.log", dtype=args.dtype, device=args.device,
+                          whole_machine=harvest is None, backend_args=backend) as server:
             hooks, h = NoHooks(), None
             if harvest:
                 h = Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None,

@@ -4,8 +4,9 @@
 Step time is rollout + policy update + weight push (what the trainer waits for). Served acceptance is
 the server's (`spec_accept_length`, the mean over the step's rollouts that ran SD); the adaptive-over-
 stale ratios compare the second half of the steps, once the policy has drifted from what the starting
-drafter was trained on. `rollout_share_a` is arm a's rollout time over its step time: the share SD can
-speed up at all, so the bound on `speedup_e2e`."""
+drafter was trained on. The `baseline` is the faster of the no-SD arms, `a_no_sd` (gleanrl serve) and
+`a_sglang` (stock SGLang); the `_a` figures and every speedup are against it. `rollout_share_a` is its
+rollout time over its step time: the share SD can speed up at all, so the bound on `speedup_e2e`."""
 from __future__ import annotations
 
 
@@ -37,14 +38,18 @@ def _gap(x: list[dict], y: list[dict]) -> float | None:
 
 def summarize(runs: dict[str, list[dict]], wall_s: dict[str, float] | None = None) -> dict:
     arm = lambda name: runs.get(name) or []  # noqa: E731
-    a, b, c, a2, d = arm("a_no_sd"), arm("b_adaptive"), arm("c_stale"), arm("a_no_sd_seed2"), arm("d_stale_harvest")
+    baseline = min((n for n in ("a_no_sd", "a_sglang") if runs.get(n)), key=lambda n: sum(step_times(runs[n])),
+                   default=None)
+    a = arm(baseline) if baseline else []
+    b, c, a2, d = arm("b_adaptive"), arm("c_stale"), arm("a_no_sd_seed2"), arm("d_stale_harvest")
     cold, cold_stale = arm("cold_adaptive"), arm("cold_stale")
     off, off_stale = arm("offdomain_adaptive"), arm("offdomain_stale")
     total = lambda rows: sum(step_times(rows)) if rows else None  # noqa: E731
     rollout = lambda rows: sum(_col(rows, "rollout_s")) if rows else None  # noqa: E731
     accept = lambda rows: _mean(_col(rows, "spec_accept_length"))  # noqa: E731
     return {
-        "steps": max((len(rows) for rows in runs.values()), default=0), "arms": sorted(runs),
+        "steps": max((len(rows) for rows in runs.values()), default=0), "arms": sorted(runs), "baseline": baseline,
+        "step_time_sglang": step_times(arm("a_sglang")),
         "wall_s": dict(wall_s or {}),
         "speedup_e2e": _ratio(total(a), total(b)), "speedup_stale": _ratio(total(a), total(c)),
         "speedup_cold": _ratio(total(a), total(cold)), "speedup_offdomain": _ratio(total(a), total(off)),
@@ -74,7 +79,7 @@ def summarize(runs: dict[str, list[dict]], wall_s: dict[str, float] | None = Non
         "reward_a": _col(a, "reward_mean"), "reward_b": _col(b, "reward_mean"),
         "reward_a_seed2": _col(a2, "reward_mean"),
         "accuracy_a": _col(a, "accuracy"), "accuracy_b": _col(b, "accuracy"),
-        "reward_gap_ab": _gap(a, b), "reward_noise_seed": _gap(a, a2),
+        "reward_gap_ab": _gap(a, b), "reward_noise_seed": _gap(arm("a_no_sd"), a2),
     }
 
 
@@ -82,7 +87,8 @@ def headline(s: dict) -> str:
     """The summary as the lines the bench prints ('n/a' where the arms did not run)."""
     f = lambda x, spec=".2f": "n/a" if x is None else format(x, spec)  # noqa: E731
     a, b = sum(s["step_time_a"]), sum(s["step_time_b"])
-    return (f"steps {s['steps']}: step time no SD {a:.1f} s, adaptive {b:.1f} s -> speedup {f(s['speedup_e2e'])}x "
+    return (f"steps {s['steps']}: step time no SD ({s['baseline'] or 'n/a'}) {a:.1f} s, adaptive {b:.1f} s -> "
+            f"speedup {f(s['speedup_e2e'])}x "
             f"(goal >= 2.0x; stale {f(s['speedup_stale'])}x, cold {f(s['speedup_cold'])}x, off-domain "
             f"{f(s['speedup_offdomain'])}x); rollouts {f(s['speedup_rollout'])}x faster (goal >= 3.0x)\n"
             f"rollout share of the no-SD step {f(s['rollout_share_a'], '.0%')} (goal >= 80%), tail share of its "

@@ -1,115 +1,196 @@
-"""`gleanrl bench engine`: output tokens/s of the embedded engine against transformers `generate`.
+"""`gleanrl bench engine`: the rollout server's plain decoding against stock SGLang on the same CPU, and the
+server's wall time per decode iteration against the same model's forward alone.
 
-Same model, same prompts, same number of output tokens per request (EOS ignored on both sides), same
-torch thread count, one warm-up run each, then `--repeats` alternating runs of which the best counts.
-The baseline is what a plain transformers user does:
-- batch 1: `model.generate(ids, generation_config=...)` greedy, `max_new_tokens=n`, with the
-  config's `eos_token_id` cleared (no stopping, no logits processor: its cheapest way to emit n tokens);
-- batch 16 (mixed lengths): one left-padded `generate` call for all 16 prompts the same way with
-  `max_new_tokens = max(lengths)` (static batching: every row runs until the longest is done),
-  credited only with the tokens each request asked for (sum of lengths).
-The engine serves the same requests concurrently (`ignore_eos`, each with its own `max_new_tokens`).
+Arms, each a server process on a loopback port serving the same policy in the same dtype, sent the same
+requests over HTTP (`/generate`) one arm after the other:
+- `gleanrl`: `gleanrl serve --sd off`;
+- `sglang`: stock SGLang CPU (`gleanrl serve --backend sglang`, from `.venv-sglang`), its KV pool sized for
+  every running request at its longest (so it never retracts); skipped, with the reason, where it is not
+  installed.
+Per arm:
+- `single_tok_s`: one request of `--single-tokens` output tokens (ignore_eos), the best of `--repeats`;
+- `grpo_tok_s`: per step, P prompts x n samples of the built-in task at T = 1 (seeded, natural EOS, at most
+  `--max-new-tokens`), all sent at once as the trainer does: output tokens / wall time;
+- `iteration_ms[B]`: B requests at once (ignore_eos), the wall time per decode iteration,
+  (T(L) - T(1)) / (L - 1) for requests of L output tokens, so prefill, HTTP and queueing cancel out.
+`forward_ms[B]`: the decode forward of B sequences at the same context, alone in this process (the engine's
+ModelRunner, the server's thread count): the floor of an iteration. Read the ratios, on a quiet machine.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import json
+import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-PROMPTS = ["Question: what is 12 + 30? Answer:", "def add(a, b):", "Hello, world! How are you today?",
-           "The quick brown fox jumps over the lazy dog.", "Speculative decoding drafts a few tokens and",
-           "Reinforcement learning from verifiable rewards samples many answers", "print(add(2, 3))", "0123"]
-
-
-def mixed_lengths(batch: int, longest: int) -> list[int]:
-    """A long tail: most requests short, a few long (as RL rollouts)."""
-    return [max(4, int(longest * ((i + 1) / batch) ** 2)) for i in range(batch)]
+BUCKETS = (1, 4, 8, 16, 32, 64)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="Hugging Face model directory")
+    parser.add_argument("--model", default=None,
+                        help="policy directory (default: the built-in task's bootstrap policy)")
+    parser.add_argument("--arms", default="gleanrl,sglang", help="comma-separated: gleanrl, sglang")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the gleanrl server and the forward")
+    parser.add_argument("--single-tokens", type=int, default=256, help="output tokens of the single request")
+    parser.add_argument("--repeats", type=int, default=3, help="single-request runs per arm (the best counts)")
+    parser.add_argument("--prompts", type=int, default=8, help="GRPO step: prompts")
+    parser.add_argument("--n", type=int, default=8, help="GRPO step: samples per prompt")
+    parser.add_argument("--steps", type=int, default=2, help="GRPO steps")
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="GRPO step: the longest response")
+    parser.add_argument("--buckets", default=",".join(map(str, BUCKETS)), help="running requests per bucket")
+    parser.add_argument("--bucket-tokens", type=int, default=64, help="L: output tokens per bucket request")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the results here")
-    parser.add_argument("--max-new-tokens", type=int, default=256, help="the longest request's output length")
-    parser.add_argument("--batch1-tokens", type=int, default=128, help="output length at batch 1")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads for both sides")
-    parser.add_argument("--repeats", type=int, default=5, help="runs per side and case (the best one counts)")
 
 
-def _engine_run(engine, prompts: list[list[int]], lengths: list[int]) -> float:
-    from gleanrl.server.protocol import GenerateRequest, SamplingParams
-
-    async def one(i: int) -> int:
-        req = GenerateRequest(rid=f"bench-{time.monotonic_ns()}-{i}", input_ids=prompts[i],
-                              params=SamplingParams(max_new_tokens=lengths[i], temperature=0.0, ignore_eos=True))
-        return sum([len(out.new_ids) async for out in engine.generate(req)])
-
-    async def main() -> list[int]:
-        return await asyncio.gather(*[one(i) for i in range(len(prompts))])
-
-    start = time.perf_counter()
-    produced = asyncio.run(main())
-    elapsed = time.perf_counter() - start
-    assert produced == lengths, (produced, lengths)
-    return sum(lengths) / elapsed
+async def _generate(client, ids_list: list[list[int]], params: list[dict]) -> int:
+    """All requests at once; returns the output tokens."""
+    async def one(ids, sp):
+        resp = await client.post("/generate", json={"input_ids": ids, "sampling_params": sp})
+        resp.raise_for_status()
+        return len(resp.json()["output_ids"])
+    return sum(await asyncio.gather(*[one(i, p) for i, p in zip(ids_list, params)]))
 
 
-def _hf_run(model, tokenizer, prompts: list[list[int]], lengths: list[int]) -> float:
+def _timed(url: str, ids_list: list[list[int]], params: list[dict]) -> tuple[float, int]:
+    import httpx
+
+    async def main():
+        limits = httpx.Limits(max_connections=len(ids_list) + 4)
+        async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as client:
+            start = time.perf_counter()
+            tokens = await _generate(client, ids_list, params)
+            return time.perf_counter() - start, tokens
+    return asyncio.run(main())
+
+
+def _fixed(n: int) -> dict:
+    return {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}
+
+
+def measure_arm(url: str, args: argparse.Namespace, prompts: list[list[int]], buckets: list[int]) -> dict:
+    _timed(url, prompts[:1], [_fixed(8)])  # warm-up
+    single = max(n / t for t, n in (_timed(url, prompts[:1], [_fixed(args.single_tokens)])
+                                    for _ in range(args.repeats)))
+    grpo = []
+    for step in range(args.steps):
+        ids = [p for p in prompts[:args.prompts] for _ in range(args.n)]
+        sp = [{"max_new_tokens": args.max_new_tokens, "temperature": 1.0, "sampling_seed": 10_007 * step + i}
+              for i in range(len(ids))]
+        t, n = _timed(url, ids, sp)
+        grpo.append({"tok_s": round(n / t, 1), "output_tokens": n, "wall_s": round(t, 2)})
+    iteration = {}
+    for b in buckets:
+        ids = [prompts[i % len(prompts)] for i in range(b)]
+        t1 = min(_timed(url, ids, [_fixed(1)] * b)[0] for _ in range(2))
+        tl = _timed(url, ids, [_fixed(args.bucket_tokens)] * b)[0]
+        iteration[b] = round(max(tl - t1, 0.0) / (args.bucket_tokens - 1) * 1e3, 2)
+    return {"single_tok_s": round(single, 1), "grpo": grpo, "iteration_ms": iteration}
+
+
+def forward_ms(model: str, dtype: str, threads: int, prompts: list[list[int]], buckets: list[int],
+               context_extra: int, steps: int = 30) -> dict[int, float]:
+    """Median decode-forward time of B sequences in one slot pool, each at its prompt plus `context_extra`."""
     import torch
 
-    longest = max(len(p) for p in prompts)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.tensor([[pad] * (longest - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
-    config = copy.deepcopy(model.generation_config)
-    config.update(eos_token_id=None, max_new_tokens=max(lengths), do_sample=False, pad_token_id=pad)
-    n = max(lengths)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-    elapsed = time.perf_counter() - start
-    assert out.shape[1] == longest + n
-    return sum(lengths) / elapsed
+    from gleanrl.server.kv_pool import KVPool
+    from gleanrl.server.model_runner import ModelRunner
+
+    torch.set_num_threads(threads)
+    runner, out = ModelRunner.load(model, dtype=dtype), {}
+    for b in buckets:
+        pool = KVPool.for_runner(runner, b, 2048)
+        caches = [pool.acquire() for _ in range(b)]
+        for i, c in enumerate(caches):
+            ids = (prompts[i % len(prompts)] * 64)[:len(prompts[i % len(prompts)]) + context_extra]
+            runner.forward(torch.tensor(ids), torch.arange(len(ids)), [c], [len(ids)])
+        tokens, times = torch.zeros(b, dtype=torch.long), []
+        for _ in range(steps):
+            positions = torch.tensor([c.length for c in caches])
+            start = time.perf_counter()
+            runner.forward(tokens, positions, caches, [1] * b)
+            times.append(time.perf_counter() - start)
+        out[b] = round(statistics.median(times) * 1e3, 2)
+    return out
+
+
+def _server_extra(arm: str, args: argparse.Namespace, max_running: int, longest_prompt: int) -> list[str]:
+    common = ["--dtype", args.dtype, "--max-running-requests", str(max_running)]
+    if arm == "sglang":  # a KV pool for every running request at its longest (gleanrl serve's CPU default: 8192)
+        tokens = max_running * (longest_prompt + max(args.max_new_tokens, args.single_tokens, args.bucket_tokens) + 8)
+        return ["--backend", "sglang", *common, f"--sglang-arg=--max-total-tokens={tokens}"]
+    return ["--sd", "off", *common]
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-    from transformers import AutoModelForCausalLM
+    from gleanrl.bench.load import ServeProcess
+    from gleanrl.server.sglang_launch import SGLangLaunchError, sglang_python
 
-    from gleanrl.server.config import EngineConfig
-    from gleanrl.server.engine import Engine
-
-    torch.set_num_threads(args.threads)
-    try:
-        engine = Engine(EngineConfig(model_path=args.model, max_running_requests=64))
-    except (OSError, ValueError) as exc:
-        print(f"error: cannot load {args.model}: {exc}", file=sys.stderr)
+    arms = [a for a in args.arms.split(",") if a]
+    if unknown := [a for a in arms if a not in ("gleanrl", "sglang")]:
+        print(f"error: unknown arm(s) {', '.join(unknown)} (gleanrl, sglang)", file=sys.stderr)
         return 2
-    engine.start()
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    tok = engine.tokenizer
-    cases = [(1, [args.batch1_tokens]), (16, mixed_lengths(16, args.max_new_tokens))]
-    results = []
-    try:
-        for batch, lengths in cases:
-            prompts = [tok(PROMPTS[i % len(PROMPTS)] * (1 + i % 3))["input_ids"] for i in range(batch)]
-            _engine_run(engine, prompts, [8] * batch)  # warm-up
-            _hf_run(model, tok, prompts, [8] * batch)
-            engine_tok_s = hf_tok_s = 0.0
-            for _ in range(args.repeats):  # alternate and keep the best: the CPU may be shared
-                engine_tok_s = max(engine_tok_s, _engine_run(engine, prompts, lengths))
-                hf_tok_s = max(hf_tok_s, _hf_run(model, tok, prompts, lengths))
-            results.append({"batch": batch, "engine_tok_s": round(engine_tok_s, 1), "hf_tok_s": round(hf_tok_s, 1),
-                            "ratio": round(engine_tok_s / hf_tok_s, 2), "output_tokens": sum(lengths)})
-    finally:
-        engine.shutdown()
-    print(f"{'batch':>5} {'engine tok/s':>13} {'hf tok/s':>10} {'ratio':>6}")
-    for r in results:
-        print(f"{r['batch']:>5} {r['engine_tok_s']:>13.1f} {r['hf_tok_s']:>10.1f} {r['ratio']:>5.2f}x")
+    model = args.model
+    if model is None:
+        from gleanrl.trainer.bootstrap import bootstrap_policy
+        model = str(bootstrap_policy())
+    if not Path(model, "config.json").exists():
+        print(f"error: {model} is not a Hugging Face model directory (no config.json)", file=sys.stderr)
+        return 2
+    from transformers import AutoTokenizer
+
+    from gleanrl.trainer.generate import encode_prompt
+    from gleanrl.trainer.tasks import load_task
+
+    tok = AutoTokenizer.from_pretrained(model)
+    prompts = [encode_prompt(tok, s) for s in load_task(None).prompts("train", max(args.prompts, 8), args.seed)]
+    buckets = [int(b) for b in args.buckets.split(",") if b]
+    results: dict = {"model": model, "dtype": args.dtype, "threads": args.threads, "arms": {}, "skipped": {}}
+    for arm in arms:
+        if arm == "sglang":
+            try:
+                sglang_python()
+            except SGLangLaunchError as exc:
+                results["skipped"][arm] = str(exc)
+                print(f"skipping arm sglang: {exc}", file=sys.stderr)
+                continue
+        log = Path(tempfile.mkdtemp(prefix=f"gleanrl-bench-{arm}-")) / "server.log"
+        print(f"arm {arm}: starting the server (log {log})", file=sys.stderr)
+        max_running = max(buckets + [args.prompts * args.n])
+        extra = _server_extra(arm, args, max_running, max(map(len, prompts)))
+        with ServeProcess(model, log, threads=args.threads, extra=extra) as srv:
+            results["arms"][arm] = measure_arm(srv.url, args, prompts, buckets)
+    results["forward_ms"] = forward_ms(model, args.dtype, args.threads, prompts, buckets, args.bucket_tokens // 2)
+    floor = results["forward_ms"]
+    for r in results["arms"].values():
+        r["iteration_over_forward"] = {b: round(ms / floor[b], 2) for b, ms in r["iteration_ms"].items()}
+    if "gleanrl" in results["arms"] and "sglang" in results["arms"]:
+        g, s = results["arms"]["gleanrl"], results["arms"]["sglang"]
+        results["gleanrl_over_sglang"] = {
+            "single": round(g["single_tok_s"] / s["single_tok_s"], 2),
+            "grpo": [round(a["tok_s"] / b["tok_s"], 2) for a, b in zip(g["grpo"], s["grpo"])]}
+    _print(results)
     if args.json:
         from gleanrl.harvest.atomic import atomic_file
         with atomic_file(args.json, "w") as f:
-            json.dump({"model": args.model, "threads": args.threads, "results": results}, f, indent=2)
+            json.dump(results, f, indent=2)
     return 0
+
+
+def _print(results: dict) -> None:
+    for arm, r in results["arms"].items():
+        grpo = " / ".join(f"{s['tok_s']:.0f}" for s in r["grpo"])
+        print(f"{arm:>8}: 1 request {r['single_tok_s']:.1f} tok/s, GRPO step {grpo} tok/s")
+        for b, ms in r["iteration_ms"].items():
+            print(f"{'':>10}{b:>3} running: {ms:7.2f} ms/iteration, forward alone {results['forward_ms'][b]:6.2f} ms "
+                  f"({r['iteration_over_forward'][b]:.2f}x)")
+    if ratio := results.get("gleanrl_over_sglang"):
+        print(f"gleanrl / sglang: 1 request {ratio['single']:.2f}x, GRPO step "
+              + " / ".join(f"{x:.2f}x" for x in ratio["grpo"]))
+    for arm, why in results["skipped"].items():
+        print(f"{arm}: skipped ({why})")
