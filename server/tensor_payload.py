@@ -42,11 +42,13 @@ class BucketEntry:
     numel: int = 0
 
 
-def _bytes(*args):
+def _from_value(kind: type):
     """bytes / bytearray from a value, never from a count (bytes(10**12) would allocate it)."""
-    if any(isinstance(a, int) for a in args):
-        raise pickle.UnpicklingError("bytes from a count are not allowed in serialized_named_tensors")
-    return bytearray(*args)
+    def build(*args):
+        if any(isinstance(a, int) for a in args):
+            raise pickle.UnpicklingError("bytes from a count are not allowed in serialized_named_tensors")
+        return kind(*args)
+    return build
 
 
 def _check_storage_bytes(data: bytes) -> None:
@@ -79,12 +81,12 @@ class _Unpickler(pickle.Unpickler):
         if (module, name) == BUCKET_META:
             return BucketEntry
         if (module, name) in (("builtins", "bytes"), ("builtins", "bytearray")):
-            return _bytes
+            return _from_value(bytes if name == "bytes" else bytearray)
         if (module, name) in ALLOWED or (module == "torch" and (name in STORAGES or
                                                                  isinstance(getattr(torch, name, None), torch.dtype))):
             return super().find_class(module, name)
         if (module, name) in HANDLES:
-            if getattr(self, "local_handles", False):
+            if self.local_handles:
                 return super().find_class(module, name)
             raise pickle.UnpicklingError(f"{module}.{name} is a same-host handle; this server takes tensors by "
                                          "value only (start it with --local-tensor-handles for a local trainer)")

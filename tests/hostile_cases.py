@@ -63,6 +63,16 @@ def _compressed_storage() -> bytes:
     return buf.getvalue()
 
 
+def _inflating_storage() -> bytes:
+    """A legacy torch.save record of a 28-byte storage whose header declares 1 GB."""
+    import struct
+    buf = io.BytesIO()
+    torch.save(torch.zeros(7).untyped_storage(), buf, _use_new_zipfile_serialization=False)
+    data = buf.getvalue()
+    assert data.count(b"cpuq\x03K\x1c") == 1  # location "cpu", then numel 28 as a one-byte int
+    return data.replace(b"cpuq\x03K\x1c", b"cpuq\x03J" + struct.pack("<i", 10**9))
+
+
 def _fd_handle() -> bytes:
     from multiprocessing.reduction import ForkingPickler
 
@@ -121,6 +131,8 @@ def cases(vocab: int) -> list:
         ("bytes bomb in a tensor update", tensor_update(Call(bytes, 10**11)), refused(400, "count")),
         ("compressed storage", tensor_update(Call(_load_from_bytes, _compressed_storage())),
          refused(400, "compressed")),
+        ("storage declaring 1 GB", tensor_update(Call(_load_from_bytes, _inflating_storage())),
+         refused(400, "declares")),
         ("garbage tensor payload", lambda http, url: http.post(
             f"{url}/update_weights_from_tensor", json={"serialized_named_tensors": ["!!!"]}), refused(400, "decoded")),
         ("bad flattened bucket", tensor_update({"flattened_tensor": torch.zeros(4), "metadata": [1, 2]},
