@@ -76,8 +76,8 @@ def main() -> None:
     procs = []
     try:
         off, url_off = start(serve)
-        on, url_on = start(serve + ["--harvest-feed"])
-        proxy, url_px = start(["proxy", "--upstream", url_off])
+        on, url_on = start(serve + ["--harvest-feed", "--admin-api-key", "measure"])  # the feed needs a key
+        proxy, url_px = start(["proxy", "--upstream", url_off, "--admin-api-key", "measure"])
         procs += [off, on, proxy]
         arms = {"feed off": (off, url_off), "feed on": (on, url_on)}
         if a.baseline_python:

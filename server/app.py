@@ -16,8 +16,9 @@ from starlette.exceptions import HTTPException
 
 from gleanrl.server import http_feed, http_native, http_openai
 from gleanrl.server.auth import AuthMiddleware
-from gleanrl.server.config import EngineConfig, ServerConfig
+from gleanrl.server.config import EngineConfig, ServerConfig, is_loopback
 from gleanrl.server.harvest_feed import FeedConfig, FeedUpdatesMiddleware, HarvestFeed
+from gleanrl.server.http_origin import BrowserGuard
 from gleanrl.server.metrics import Metrics
 from gleanrl.server.schemas import ApiError, describe_bodies, validation_error
 
@@ -65,10 +66,11 @@ def build_app(engine, server_cfg: ServerConfig, engine_cfg: EngineConfig | None 
     if app.state.feed is not None:  # inside auth: only authorised updates reach it
         app.add_middleware(FeedUpdatesMiddleware, feed=app.state.feed)
     app.add_middleware(AuthMiddleware, api_key=server_cfg.api_key, admin_api_key=server_cfg.admin_api_key)
+    app.add_middleware(BrowserGuard, bound_loopback=is_loopback(server_cfg.host))  # outermost
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def request_validation(request: Request, exc: RequestValidationError):

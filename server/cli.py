@@ -63,6 +63,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "for `gleanrl harvest` beside a trainer that is not gleanrl's")
     p.add_argument("--harvest-feed-records", type=int, default=4096,
                    help="finished requests the feed holds; the oldest are dropped (and counted) beyond it")
+    p.add_argument("--max-queued-requests", type=int, default=8192,
+                   help="requests waiting for a slot; beyond it /generate and /v1 answer 503 with Retry-After")
+    p.add_argument("--max-top-logprobs-num", type=int, default=64, help="largest top_logprobs_num a request may ask")
+    p.add_argument("--max-token-ids-logprob", type=int, default=1024, help="most ids in token_ids_logprob")
+    p.add_argument("--max-logprob-pairs", type=int, default=1 << 22,
+                   help="(logprob, id) pairs the logprob options of one request may hold (positions x options)")
+    p.add_argument("--swap-timeout", type=float, default=600.0,
+                   help="seconds a target weight update waits for running requests before it is refused")
+    p.add_argument("--dist-allow", action="append", default=[], metavar="HOST",
+                   help="a process-group master_address /init_weights_update_group may join besides loopback "
+                        "(repeatable)")
+    p.add_argument("--local-tensor-handles", action="store_true",
+                   help="/update_weights_from_tensor may carry fd / shared-memory handles (a trainer on this host, "
+                        "as SGLang's same-host path); off: tensors by value only")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -95,12 +109,17 @@ def run(args: argparse.Namespace) -> int:
                                   sd_max_batch=args.sd_max_batch, num_draft_tokens=args.num_draft_tokens,
                                   sd_sources=tuple(x for x in args.sd_sources.split(",") if x),
                                   group_max_batch=args.group_max_batch, group_max_tokens=args.group_max_tokens,
-                                  group_keep_versions=args.group_keep_versions)
+                                  group_keep_versions=args.group_keep_versions, swap_timeout_s=args.swap_timeout)
         server_cfg = ServerConfig(host=args.host, port=args.port, api_key=args.api_key,
                                   admin_api_key=args.admin_api_key, served_model_name=args.served_model_name,
                                   max_request_bytes=args.max_request_bytes, max_n=args.max_n,
                                   max_new_tokens_cap=args.max_new_tokens_cap, max_batch=args.max_batch,
-                                  harvest_feed=args.harvest_feed, harvest_feed_records=args.harvest_feed_records)
+                                  harvest_feed=args.harvest_feed, harvest_feed_records=args.harvest_feed_records,
+                                  max_queued_requests=args.max_queued_requests,
+                                  max_top_logprobs_num=args.max_top_logprobs_num,
+                                  max_token_ids_logprob=args.max_token_ids_logprob,
+                                  max_logprob_pairs=args.max_logprob_pairs, dist_allow=tuple(args.dist_allow),
+                                  local_tensor_handles=args.local_tensor_handles)
     except ValueError as exc:
         return _fail(str(exc))
     ignored = [f for f in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")

@@ -1,7 +1,21 @@
 """Engine and server configuration: small dataclasses validated at construction."""
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
+
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or a loopback name (brackets of an IPv6 literal allowed)."""
+    host = host.strip("[]").lower()
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +36,7 @@ class EngineConfig:
     group_max_batch: int = 64              # group drafts only while running <= this
     group_max_tokens: int = 1 << 19        # output tokens the group index holds (all prompts and versions)
     group_keep_versions: int = 2           # policy versions whose samples the group index keeps
+    swap_timeout_s: float = 600.0          # a target swap waits this long for running requests, then is refused
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
@@ -45,6 +60,8 @@ class EngineConfig:
         for name in ("group_max_batch", "group_max_tokens", "group_keep_versions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if not self.swap_timeout_s > 0:
+            raise ValueError("swap_timeout_s must be > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +77,25 @@ class ServerConfig:
     max_batch: int = 1024                  # engine requests (prompts x n) one HTTP request may start
     harvest_feed: bool = False             # gleanrl extension: GET /harvest_feed (admin key), server.harvest_feed
     harvest_feed_records: int = 4096       # finished requests the feed holds (oldest dropped and counted)
+    max_queued_requests: int = 8192        # engine requests waiting for a slot; beyond: 503 with Retry-After
+    max_top_logprobs_num: int = 64         # top_logprobs_num (and OpenAI's logprobs / top_logprobs) per request
+    max_token_ids_logprob: int = 1024      # ids in token_ids_logprob
+    max_logprob_pairs: int = 1 << 22       # (logprob, id) pairs the logprob options of one request may hold
+    dist_allow: tuple[str, ...] = ()       # process-group master addresses allowed beside loopback ones
+    local_tensor_handles: bool = False     # tensor updates may carry fd / shared-memory handles (trainer on this host)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("max_request_bytes", "max_n", "max_new_tokens_cap", "max_batch", "harvest_feed_records"):
+        for name in ("max_request_bytes", "max_n", "max_new_tokens_cap", "max_batch", "harvest_feed_records",
+                     "max_queued_requests", "max_token_ids_logprob", "max_logprob_pairs"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.max_top_logprobs_num < 0:
+            raise ValueError("max_top_logprobs_num must be >= 0")
+        if not is_loopback(self.host) and not self.admin_api_key:
+            raise ValueError(f"binding {self.host} (not a loopback address) needs --admin-api-key: without one, "
+                             "anyone who reaches the port can replace the weights")
+        if self.harvest_feed and not (self.admin_api_key or self.api_key):
+            raise ValueError("--harvest-feed needs --admin-api-key (or --api-key): the feed holds every prompt "
+                             "and completion")

@@ -77,10 +77,9 @@ class DecodeLoop:
             finished: list[Sequence] = []
             try:
                 finished = self.scheduler.step(self.decoder)
-            except Exception as exc:  # a bug must not hang every client: fail the batch, keep serving
-                log.exception("engine step failed; aborting the running batch")
-                for s in st.running:
-                    s.abort_message = s.abort_message or f"engine error: {type(exc).__name__}: {exc}"
+            except Exception:  # a bad request or a bug must not fail every client: find the request
+                log.exception("engine step failed; stepping its requests one at a time")
+                finished = self._isolate()
             finally:
                 with st.cv:
                     st.in_step = False
@@ -91,3 +90,26 @@ class DecodeLoop:
                     st.urgent = False
                     self.flush()
                     last_flush = time.monotonic()
+
+    def _isolate(self) -> list[Sequence]:
+        """After a failed step (outside the lock, `in_step` set): rebuild the running requests' caches (the
+        step may have advanced some), then step each alone until it emits; one that fails is aborted with
+        the error, the others carry on. Returns the finished ones."""
+        st, finished = self.state, []
+        try:
+            with st.cv:
+                self.scheduler.rebuild_caches()
+        except Exception as exc:
+            for s in st.running:
+                s.abort_message = s.abort_message or f"engine error: {type(exc).__name__}: {exc}"
+            return []
+        for s in [s for s in st.running if s.abort_message is None]:
+            before, done = len(s.output_ids), []
+            try:
+                while not done and len(s.output_ids) == before and s.abort_message is None:
+                    done = self.scheduler.step(self.decoder, [s])
+            except Exception as exc:
+                log.warning("request %s aborted: its step failed: %s", s.req.rid, exc)
+                s.abort_message = f"engine error: {type(exc).__name__}: {exc}"
+            finished += done
+        return finished

@@ -14,6 +14,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gleanrl.server.detok import output_text
 from gleanrl.server.fanin import Disconnected, Fanin, Track, collect, unless_disconnected, wait_disconnect
+from gleanrl.server.http_limits import (
+    check_batch,
+    check_logprob_volume,
+    check_queue,
+    check_token_ids,
+    check_top_logprobs,
+    encode,
+)
 from gleanrl.server.http_logprobs import fill_input_logprobs, logprob_fields
 from gleanrl.server.memory_occupation import check_serving
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
@@ -26,7 +34,7 @@ from gleanrl.server.schemas import (
     parse,
     refuse_unsupported,
 )
-from gleanrl.server.stopping import compile_stop_regex
+from gleanrl.server.stopping import check_stops, compile_stop_regex
 
 router = APIRouter()
 SSE_DONE = b"data: [DONE]\n\n"
@@ -81,6 +89,7 @@ def sampling(state, sp: dict, field: str = "sampling_params") -> SamplingParams:
             presence_penalty=float(sp.get("presence_penalty") or 0.0),
             repetition_penalty=float(sp.get("repetition_penalty", 1.0)), min_new_tokens=sp.get("min_new_tokens", 0),
             logit_bias=_logit_bias(state, sp.get("logit_bias"), field), stop_regex=stop_regex)
+        check_stops(params.stop)
         compile_stop_regex(params.stop_regex)
         return params
     except ValueError as exc:
@@ -110,13 +119,6 @@ def check_length(state, ids: list[int], params: SamplingParams, field: str) -> N
                             "within the limit.", param=field)
 
 
-def check_batch(state, count: int, field: str) -> None:
-    """One HTTP request may start at most `max_batch` engine requests (prompts x n): bounds memory."""
-    if count > state.server_cfg.max_batch:
-        raise ApiError(400, f"{field}: {count} sequences (prompts x n) in one request; the limit is "
-                            f"{state.server_cfg.max_batch}", param=field)
-
-
 def expand(prompts: list[list[int]], params: list[SamplingParams], rids: list[str | None],
            logprob: list[bool],
            options: list[dict] | None = None) -> tuple[list[GenerateRequest], dict[str, list[str]]]:
@@ -138,15 +140,21 @@ def expand(prompts: list[list[int]], params: list[SamplingParams], rids: list[st
     return reqs, groups
 
 
-def _options(body: GenerateIn, count: int) -> list[dict]:
-    """Per prompt: SGLang's logprob fields (each a value for all prompts, or a list with one per prompt)."""
+def _options(state, body: GenerateIn, count: int) -> list[dict]:
+    """Per prompt: SGLang's logprob fields (each a value for all prompts, or a list with one per prompt),
+    within the server's limits."""
     ids = body.token_ids_logprob
-    per_ids = ids if ids and isinstance(ids[0], list) else [ids] * count
+    nested = bool(ids) and isinstance(ids[0], list)
+    per_ids = ids if nested else [ids] * count
     if len(per_ids) != count:
         raise ApiError(400, f"token_ids_logprob: expected {count} entries (one per prompt), got {len(per_ids)}",
                        param="token_ids_logprob")
+    for i, one in enumerate(per_ids if nested else per_ids[:1]):
+        check_token_ids(state, one, _name("token_ids_logprob", i, nested))
     starts = _listify(body.logprob_start_len, count, "logprob_start_len")
     tops = _listify(body.top_logprobs_num, count, "top_logprobs_num")
+    for k in tops:
+        check_top_logprobs(state, k, "top_logprobs_num")
     return [{"logprob_start_len": s, "top_logprobs_num": k, "token_ids_logprob": t}
             for s, k, t in zip(starts, tops, per_ids)]
 
@@ -182,13 +190,20 @@ def _name(field: str, i: int, batch: bool) -> str:
     return f"{field}.{i}" if batch else field
 
 
-def _prompts(state, body: GenerateIn) -> tuple[list[list[int]], bool]:
-    """Checked token ids of each prompt, and whether the input was a batch."""
+def _prompt_count(body: GenerateIn) -> int:
+    """How many prompts the body holds, before any is tokenized."""
     if (body.text is None) == (body.input_ids is None):
         raise ApiError(400, "text or input_ids: give exactly one of them", param="text")
     if body.text is not None:
+        return len(body.text) if isinstance(body.text, list) else 1
+    return len(body.input_ids) if body.input_ids and isinstance(body.input_ids[0], list) else 1
+
+
+async def _prompts(state, body: GenerateIn) -> tuple[list[list[int]], bool]:
+    """Checked token ids of each prompt, and whether the input was a batch."""
+    if body.text is not None:
         batch = isinstance(body.text, list)
-        raw, field = [state.tokenizer.encode(t) for t in (body.text if batch else [body.text])], "text"
+        raw, field = await encode(state, body.text if batch else [body.text]), "text"
     else:
         batch = bool(body.input_ids) and isinstance(body.input_ids[0], list)
         raw, field = body.input_ids if batch else [body.input_ids], "input_ids"
@@ -199,6 +214,8 @@ def _prompts(state, body: GenerateIn) -> tuple[list[list[int]], bool]:
 
 async def start_run(state, reqs: list[GenerateRequest], groups) -> Fanin:
     """Submit the requests and fill the prompt logprobs they asked for; nothing is left running on error."""
+    check_logprob_volume(state, reqs)
+    check_queue(state, len(reqs))
     run = Fanin(state.engine, reqs, state.metrics, state.active, groups, feed=state.feed)
     try:
         await fill_input_logprobs(state.engine, run.tracks)
@@ -215,20 +232,23 @@ async def generate(request: Request):
     body = await parse(request, GenerateIn, state.server_cfg.max_request_bytes)
     refuse_unsupported(body.model_extra or {}, UNSUPPORTED_GENERATE)
     check_serving(state)
-    prompts, batch = _prompts(state, body)
-    if isinstance(body.rid, str) and batch:
-        raise ApiError(400, "rid: batch input needs a list of rids", param="rid")
-    sps = _listify(body.sampling_params or SamplingIn(), len(prompts), "sampling_params")
+    count = _prompt_count(body)
+    field = "text" if body.text is not None else "input_ids"
+    check_batch(state, count, field)
+    sps = _listify(body.sampling_params or SamplingIn(), count, "sampling_params")
     names = [_name("sampling_params", i, isinstance(body.sampling_params, list)) for i in range(len(sps))]
     dumps = [sp.model_dump(exclude_unset=True) for sp in sps]
     params = [sampling(state, d, name) for d, name in zip(dumps, names)]
-    field = "text" if body.text is not None else "input_ids"
+    check_batch(state, sum(p.n for p in params), field)
+    options = _options(state, body, count)
+    prompts, batch = await _prompts(state, body)
+    if isinstance(body.rid, str) and batch:
+        raise ApiError(400, "rid: batch input needs a list of rids", param="rid")
     for i, (ids, p, d) in enumerate(zip(prompts, params, dumps)):
         if "max_new_tokens" in d:  # SGLang checks an explicit one; the default is clamped by the context
             check_length(state, ids, p, _name(field, i, batch))
-    check_batch(state, sum(p.n for p in params), field)
     reqs, groups = expand(prompts, params, _listify(body.rid, len(prompts), "rid"),
-                          _listify(body.return_logprob, len(prompts), "return_logprob"), _options(body, len(prompts)))
+                          _listify(body.return_logprob, len(prompts), "return_logprob"), options)
     per_req_sp = [sp for sp, p in zip(sps, params) for _ in range(p.n)]
     single = not batch and params[0].n == 1
     text_lp = body.return_text_in_logprobs

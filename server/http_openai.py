@@ -3,6 +3,7 @@ usage, finish_reason (plus SGLang's `matched_stop`), logprobs of the sampled tok
 OpenAI's shape. Chat prompts go through the tokenizer's chat template."""
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -11,7 +12,6 @@ from fastapi import APIRouter, Request
 from gleanrl.server.detok import Delta, output_text
 from gleanrl.server.fanin import Track, collect
 from gleanrl.server.http_generate import (
-    check_batch,
     check_length,
     check_prompt,
     expand,
@@ -19,6 +19,7 @@ from gleanrl.server.http_generate import (
     start_run,
     stream,
 )
+from gleanrl.server.http_limits import check_batch, encode
 from gleanrl.server.memory_occupation import check_serving
 from gleanrl.server.openai_logprobs import chat_logprobs, completion_logprobs
 from gleanrl.server.schemas import (
@@ -140,9 +141,10 @@ async def completions(request: Request):
         raw = [raw]
     if not raw:
         raise ApiError(400, "prompt: must not be empty", param="prompt")
-    prompts = [check_prompt(state, state.tokenizer.encode(p) if isinstance(p, str) else p, "prompt") for p in raw]
     params = _params(state, body, 16 if body.max_tokens is None else body.max_tokens)  # OpenAI's default
-    check_batch(state, len(prompts) * params.n, "prompt")
+    check_batch(state, len(raw) * params.n, "prompt")
+    texts = iter(await encode(state, [p for p in raw if isinstance(p, str)]))
+    prompts = [check_prompt(state, next(texts) if isinstance(p, str) else p, "prompt") for p in raw]
     tok = state.tokenizer
     k = body.logprobs or 0
     reported = [0] * (len(prompts) * params.n)  # output tokens whose logprobs a stream chunk carried
@@ -170,7 +172,7 @@ async def completions(request: Request):
     return await _serve(request, body, prompts, params, body.logprobs is not None, "completion", render, options)
 
 
-def _chat_prompt(state, body: ChatIn) -> list[int]:
+async def _chat_prompt(state, body: ChatIn) -> list[int]:
     messages = []
     for k, m in enumerate(body.messages):
         content = m.content
@@ -180,11 +182,13 @@ def _chat_prompt(state, body: ChatIn) -> list[int]:
                 raise ApiError(400, f"{field}: only text parts are supported", param=field)
             content = "".join(str(part.get("text", "")) for part in content)
         messages.append({"role": m.role, "content": content or ""})
-    try:
-        text = state.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    try:  # in a worker thread: a large body must not block the event loop
+        text = await asyncio.to_thread(state.tokenizer.apply_chat_template, messages, tokenize=False,
+                                       add_generation_prompt=True)
     except Exception as exc:  # no template, or the template rejects these messages
         raise ApiError(400, f"messages: the chat template failed: {exc}", param="messages") from None
-    return check_prompt(state, state.tokenizer.encode(text, add_special_tokens=False), "messages")
+    (ids,) = await encode(state, [text], add_special_tokens=False)
+    return check_prompt(state, ids, "messages")
 
 
 @router.post("/v1/chat/completions")
@@ -192,7 +196,7 @@ async def chat_completions(request: Request):
     state = request.app.state
     body = await parse(request, ChatIn, state.server_cfg.max_request_bytes)
     _check_model(state, body.model)
-    prompt = _chat_prompt(state, body)
+    prompt = await _chat_prompt(state, body)
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if limit is None:
         cap = state.server_cfg.max_new_tokens_cap

@@ -23,7 +23,7 @@ router = APIRouter()
 @dataclass
 class Session:
     selector: str
-    named: list = field(default_factory=list)
+    named: dict = field(default_factory=dict)  # by name: a tensor sent twice is staged once (bounded by the model)
     version: str | None = None
     flush_cache: bool = True
     abort: bool = False
@@ -56,7 +56,8 @@ async def update_weights_from_tensor(request: Request):
     state = request.app.state
     body = await parse(request, TensorUpdateIn, state.server_cfg.max_request_bytes)
     try:
-        named = await asyncio.to_thread(tensor_payload.decode, body.serialized_named_tensors, body.load_format)
+        named = await asyncio.to_thread(tensor_payload.decode, body.serialized_named_tensors, body.load_format,
+                                        state.server_cfg.local_tensor_handles)
         return await stage_or_apply(state, named, body)
     except ValueError as exc:  # CheckpointError is a ValueError: refused, the old weights keep serving
         log.warning("tensor weight update refused: %s", exc)
@@ -70,9 +71,11 @@ async def stage_or_apply(state, named: list, body) -> JSONResponse:
     if session is not None:
         if body.selector != session.selector:
             return answer(False, f"selector {body.selector!r} differs from the open session's {session.selector!r}")
+        tensor_update.check_shapes(state.engine, session.selector, [n for n, _ in named],  # refuse now, not at
+                                   [tuple(t.shape) for _, t in named])                      # the end
         if session.selector == "target":
-            tensor_update.check_target(state.engine, named)  # refuse a bad call now, not at the end
-        session.named += named
+            tensor_update.check_target(state.engine, named)
+        session.named.update(named)
         session.version = body.weight_version if body.weight_version is not None else session.version
         session.flush_cache, session.abort = body.flush_cache, session.abort or body.abort_all_requests
         return answer(True, f"Staged {len(named)} tensors; /end_weight_update applies them.")
@@ -93,7 +96,7 @@ async def end_weight_update(request: Request):
         return answer(True, "Weight update session closed; nothing was staged.")
     try:
         async with state.weights_lock:
-            await asyncio.to_thread(apply, state.engine, session.selector, session.named, session.version,
+            await asyncio.to_thread(apply, state.engine, session.selector, list(session.named.items()), session.version,
                                     session.flush_cache, session.abort)
     except ValueError as exc:
         log.warning("staged tensor weight update refused: %s", exc)

@@ -27,7 +27,7 @@ def init_custom_process_group(backend: str, init_method: str, world_size: int, r
     return pg
 
 
-def _dtype(name: str) -> torch.dtype:
+def dtype_of(name: str) -> torch.dtype:
     dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"dtypes: {name!r} is not a torch dtype")
@@ -38,7 +38,7 @@ def receive(pg, names: list[str], dtypes: list[str], shapes: list[list[int]], lo
             device: torch.device | str = "cpu") -> list[tuple[str, torch.Tensor]]:
     """The broadcast tensors from rank 0, in the listed order (`flattened_bucket`: one uint8 buffer holding
     them back to back, as SGLang's FlattenedTensorBucket)."""
-    kinds = [_dtype(d) for d in dtypes]
+    kinds = [dtype_of(d) for d in dtypes]
     if load_format == "flattened_bucket":
         sizes = [int(torch.Size(s).numel()) * torch.empty(0, dtype=k).element_size() for s, k in zip(shapes, kinds)]
         flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)

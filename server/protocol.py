@@ -3,8 +3,12 @@ pydantic and JSON live at the edge (`server/http_*.py`). Configs validate at con
 `ValueError` naming the field, which the edge turns into a 400."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+MIN_TEMPERATURE = 1e-6    # below it (and above 0) SGLang samples greedily (`_SAMPLING_EPS`)
+MAX_TEMPERATURE = 1e6     # finite after float32 scaling, even against -inf logits
+MAX_LOGIT_BIAS = 1e6      # |bias|: finite logits after temperature scaling
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -37,10 +41,19 @@ class SamplingParams:
             self.stop = [self.stop]
         if isinstance(self.stop_regex, str):
             self.stop_regex = [self.stop_regex]
+        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"sampling_params.{name} must be a finite number, got {getattr(self, name)!r}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            self.temperature = 0.0
+        bad_bias = next((v for v in self.logit_bias.values() if not abs(v) <= MAX_LOGIT_BIAS), None)
+        if bad_bias is not None:
+            raise ValueError(f"sampling_params.logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
+                             f"got {bad_bias!r}")
         checks = [
             ("max_new_tokens", isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 0,
              "must be an integer >= 0"),
-            ("temperature", self.temperature >= 0, "must be >= 0"),
+            ("temperature", 0 <= self.temperature <= MAX_TEMPERATURE, f"must be in [0, {MAX_TEMPERATURE:g}]"),
             ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
             ("top_k", isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 0),
              "must be -1 (off) or >= 0"),
@@ -48,7 +61,8 @@ class SamplingParams:
             ("n", isinstance(self.n, int) and self.n >= 1, "must be an integer >= 1"),
             ("frequency_penalty", -2 <= self.frequency_penalty <= 2, "must be in [-2, 2]"),
             ("presence_penalty", -2 <= self.presence_penalty <= 2, "must be in [-2, 2]"),
-            ("repetition_penalty", 0 < self.repetition_penalty <= 2, "must be in (0, 2] (1.0 = no penalty)"),
+            ("repetition_penalty", MIN_TEMPERATURE <= self.repetition_penalty <= 2,
+             f"must be in [{MIN_TEMPERATURE:g}, 2] (1.0 = no penalty)"),
             ("min_new_tokens", isinstance(self.min_new_tokens, int) and 0 <= self.min_new_tokens <= self.max_new_tokens,
              f"must be in [0, max_new_tokens({self.max_new_tokens})]"),
         ]

@@ -1,7 +1,8 @@
 """`gleanrl proxy --upstream URL --port P`: in front of any SGLang-API server (stock SGLang on GPUs, or
 gleanrl's), forwards every request and response unchanged (body bytes, status, headers, SSE streams as
 they come; API keys pass through to the upstream, which checks them), and provides the harvest feed
-(`GET /harvest_feed`, guarded by the proxy's own `--admin-api-key`) from what it sees:
+(`GET /harvest_feed`, guarded by the proxy's own `--admin-api-key`; without that key there is no feed)
+from what it sees:
 
 - each finished `/generate` (plain or streaming, single, batch, n > 1) with `input_ids`; a text prompt
   is recorded as `prompt_text` (the upstream never returns its token ids; the sidecar tokenizes it);
@@ -11,6 +12,9 @@ they come; API keys pass through to the upstream, which checks them), and provid
 - policy weight updates it relays (`selector` absent or "target"; drafter pushes are not listed): disk ones
   (the sidecar follows `model_path`), tensor and process-group ones (listed, so the sidecar can refuse
   them by name: it cannot read those weights).
+
+Bounds: request bodies over `max_request_bytes` get 413, a /generate asking for more than `max_outputs`
+outputs (prompts x n) gets 400, a browser page's requests get 403 (`server/http_origin.py`).
 """
 from __future__ import annotations
 
@@ -23,15 +27,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gleanrl.server import http_feed
 from gleanrl.server.auth import allowed, unauthorized_body
+from gleanrl.server.config import is_loopback
 from gleanrl.server.harvest_feed import FeedConfig, HarvestFeed
-from gleanrl.server.proxy_parse import Recorder
+from gleanrl.server.http_origin import BrowserGuard
+from gleanrl.server.proxy_parse import MAX_OUTPUTS, Recorder, TooMany
+from gleanrl.server.schemas import ApiError, read_body
 
 HOP_HEADERS = frozenset({"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te",
                          "upgrade", "proxy-connection", "trailer"})
 
 
 def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedConfig | None = None,
-                timeout_s: float = 3600.0) -> FastAPI:
+                timeout_s: float = 3600.0, max_request_bytes: int = 8 * 1024 * 1024, max_outputs: int = MAX_OUTPUTS,
+                host: str = "127.0.0.1") -> FastAPI:
     upstream = upstream.rstrip("/")
 
     @asynccontextmanager
@@ -41,12 +49,17 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
 
     app = FastAPI(title="gleanrl proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     load = {"num_running_reqs": 0, "num_queue_reqs": None, "paused": False}
-    app.state.__dict__.update(feed=HarvestFeed(feed_cfg), feed_load=lambda: dict(load), upstream=upstream)
+    feed = HarvestFeed(feed_cfg) if admin_api_key else None  # it holds every prompt and completion: keyed only
+    app.state.__dict__.update(feed=feed, feed_load=lambda: dict(load), upstream=upstream)
     app.state.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30.0), limits=httpx.Limits(
         max_connections=None, max_keepalive_connections=256))
 
     @app.middleware("http")
     async def guard_feed(request: Request, call_next):
+        if request.url.path == "/harvest_feed" and feed is None:
+            return JSONResponse(ApiError(404, "the proxy's harvest feed is off: it needs --admin-api-key (the feed "
+                                              "holds every prompt and completion)", kind="not_found_error").body(),
+                                status_code=404)
         if request.url.path == "/harvest_feed" and not allowed(request.headers.get("authorization"), None,
                                                                admin_api_key, True):
             return Response(unauthorized_body(), status_code=401, media_type="application/json",
@@ -54,14 +67,20 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
         return await call_next(request)
 
     app.include_router(http_feed.router)
+    app.add_middleware(BrowserGuard, bound_loopback=is_loopback(host))
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])
     async def forward(request: Request, path: str):
-        body = await request.body()
         route = "/" + path
+        try:
+            body = await read_body(request, max_request_bytes)
+            recorder = Recorder.for_request(route, request.method, body, feed, max_outputs)
+        except ApiError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+        except TooMany as exc:
+            return JSONResponse(ApiError(400, str(exc), param="sampling_params.n").body(), status_code=400)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_HEADERS]
         url = httpx.URL(upstream + route, query=request.url.query.encode())
-        recorder = Recorder.for_request(route, request.method, body, app.state.feed)
         load["num_running_reqs"] += recorder is not None  # from now: a non-streamed reply has no headers before it ends
         try:
             resp = await app.state.http.send(app.state.http.build_request(request.method, url, headers=headers,
@@ -75,8 +94,8 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
         if recorder is None:
             data = await resp.aread()
             await resp.aclose()
-            if resp.status_code == 200:
-                _note_control(route, body, data, load, app.state.feed)
+            if resp.status_code == 200 and feed is not None:
+                _note_control(route, body, data, load, feed)
             return _with_headers(Response(data, status_code=resp.status_code), out_headers)
 
         released = []
@@ -128,6 +147,9 @@ def add_arguments(p) -> None:
                         "path passes its keys through to the upstream, which checks them")
     p.add_argument("--harvest-feed-records", type=int, default=4096,
                    help="finished requests the feed holds; the oldest are dropped (and counted) beyond it")
+    p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="request bodies over this: 413")
+    p.add_argument("--max-batch", type=int, default=MAX_OUTPUTS,
+                   help="most outputs (prompts x n) one /generate may ask for; more: 400")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
@@ -139,12 +161,13 @@ def run(args) -> int:
         print(f"gleanrl proxy: error: --upstream must be an http(s) URL, got {args.upstream!r}", file=sys.stderr)
         return 2
     try:
-        app = build_proxy(args.upstream, args.admin_api_key, FeedConfig(max_records=args.harvest_feed_records))
+        app = build_proxy(args.upstream, args.admin_api_key, FeedConfig(max_records=args.harvest_feed_records),
+                          max_request_bytes=args.max_request_bytes, max_outputs=args.max_batch, host=args.host)
     except ValueError as exc:
         print(f"gleanrl proxy: error: {exc}", file=sys.stderr)
         return 2
-    print(f"gleanrl proxy: http://{args.host}:{args.port} -> {args.upstream} (harvest feed at /harvest_feed)",
-          file=sys.stderr)
+    feed = "harvest feed at /harvest_feed" if args.admin_api_key else "no harvest feed: it needs --admin-api-key"
+    print(f"gleanrl proxy: http://{args.host}:{args.port} -> {args.upstream} ({feed})", file=sys.stderr)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10,
                     server_header=False, date_header=False)  # the upstream's are relayed

@@ -11,6 +11,7 @@ from gleanrl.server.harvest_feed import HarvestFeed
 GENERATE_PATHS = frozenset({"/generate"})
 MAX_BODY_BYTES = 256 * 1024 * 1024  # a larger non-streamed reply is relayed but not recorded
 META_FIELDS = ("spec_verify_ct", "spec_accept_length", "draft_weight_version")
+MAX_OUTPUTS = 1024  # prompts x n of one /generate (the server's --max-batch default)
 
 
 def _prompts(req: dict) -> list[tuple[list[int] | None, str | None]] | None:
@@ -23,13 +24,22 @@ def _prompts(req: dict) -> list[tuple[list[int] | None, str | None]] | None:
     return None
 
 
-def per_output(req: dict) -> list[tuple[list[int] | None, str | None]] | None:
+class TooMany(Exception):
+    """A /generate body asks for more outputs than the proxy relays (its 400)."""
+
+
+def per_output(req: dict, max_outputs: int = MAX_OUTPUTS) -> list[tuple[list[int] | None, str | None]] | None:
     prompts = _prompts(req)
     if prompts is None:
         return None
     sp = req.get("sampling_params") or {}
-    ns = [(s or {}).get("n", 1) for s in sp] if isinstance(sp, list) else [sp.get("n", 1)] * len(prompts)
-    return [p for p, n in zip(prompts, ns) for _ in range(int(n or 1))]
+    each = [(s or {}).get("n", 1) for s in sp] if isinstance(sp, list) else [sp.get("n", 1)] * len(prompts)
+    ns = [int(n or 1) for n in each]
+    total = sum(ns[:len(prompts)])
+    if total > max_outputs:  # counted before the list is built
+        raise TooMany(f"sampling_params.n: {total} outputs (prompts x n) in one request; the proxy's limit is "
+                      f"{max_outputs}")
+    return [p for p, n in zip(prompts, ns) for _ in range(n)]
 
 
 class Recorder:
@@ -41,18 +51,20 @@ class Recorder:
         self._broken = False
 
     @classmethod
-    def for_request(cls, route: str, method: str, body: bytes, feed: HarvestFeed) -> Recorder | None:
+    def for_request(cls, route: str, method: str, body: bytes, feed: HarvestFeed | None,
+                    max_outputs: int = MAX_OUTPUTS) -> Recorder | None:
+        """A recorder for a /generate (None for other routes); TooMany over `max_outputs`."""
         if route not in GENERATE_PATHS or method not in ("POST", "PUT"):
             return None
         try:
             req = json.loads(body)
-            prompts = per_output(req) if isinstance(req, dict) else None
-        except (ValueError, TypeError, AttributeError):
+            prompts = per_output(req, max_outputs) if isinstance(req, dict) else None
+        except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):
             req, prompts = {}, None
         return cls(prompts or [], bool(prompts) and bool(req.get("stream")), feed)
 
     def feed_bytes(self, chunk: bytes) -> None:
-        if self._broken or not self.prompts:
+        if self._broken or not self.prompts or self.feed is None:
             return
         self._buf += chunk
         if not self.stream:
@@ -76,7 +88,7 @@ class Recorder:
         self._meta[i] = meta
 
     def finish(self) -> None:
-        if self._broken or not self.prompts:
+        if self._broken or not self.prompts or self.feed is None:
             return
         if not self.stream:
             try:

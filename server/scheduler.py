@@ -59,11 +59,12 @@ class Scheduler:
         st.waiting.extendleft(reversed(back))
         return len(back)
 
-    def step(self, decoder: Decoder) -> list[Sequence]:
-        """One decoder iteration over the running set, outside the lock (`in_step`: nothing else changes
-        the set meanwhile). Emits deltas of the unfinished sequences and returns the finished ones, which
-        `reap` then retires (a finished request's slot is free before its consumer hears of it)."""
-        seqs, finished = [s for s in self.state.running if s.abort_message is None], []
+    def step(self, decoder: Decoder, seqs: list[Sequence] | None = None) -> list[Sequence]:
+        """One decoder iteration over the running set (or `seqs` of it), outside the lock (`in_step`: nothing
+        else changes the set meanwhile). Emits deltas of the unfinished sequences and returns the finished
+        ones, which `reap` then retires (a finished request's slot is free before its consumer hears of it)."""
+        seqs = [s for s in (self.state.running if seqs is None else seqs) if s.abort_message is None]
+        finished = []
         for seq, (ids, lps) in zip(seqs, decoder.decode(self.runner, seqs)):
             for tok, lp in zip(ids, lps):
                 seq.output_ids.append(tok)

@@ -165,9 +165,10 @@ class ApiError(Exception):
     """An error the edge answers with `status` and OpenAI's error shape; the message names the field."""
 
     def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 code: int | str | None = None):
+                 code: int | str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+        self.headers = headers
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param,
@@ -193,12 +194,17 @@ def validation_error(exc: ValidationError) -> ApiError:
     return ApiError(400, "; ".join(f"{k}: {v}" for k, v in list(seen.items())[:3]), param=param)
 
 
+def _is_json(content_type: str) -> bool:
+    kind = content_type.split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+
+
 def _no_constants(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-async def read_json(request, max_bytes: int) -> Any:
-    """The request body as JSON; 413 over `max_bytes`, 400 when it is not JSON."""
+async def read_body(request, max_bytes: int) -> bytes:
+    """The request body; 413 over `max_bytes` (declared or streamed)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_bytes:
         raise ApiError(413, f"request body of {declared} bytes is over the limit of {max_bytes} bytes")
@@ -208,9 +214,17 @@ async def read_json(request, max_bytes: int) -> Any:
         if size > max_bytes:
             raise ApiError(413, f"request body is over the limit of {max_bytes} bytes")
         chunks.append(chunk)
-    raw = b"".join(chunks)
+    return b"".join(chunks)
+
+
+async def read_json(request, max_bytes: int) -> Any:
+    """The request body as JSON; 413 over `max_bytes`, 415 unless JSON by content type, 400 when it is not JSON."""
+    raw = await read_body(request, max_bytes)
     if not raw.strip():
         return {}
+    kind = request.headers.get("content-type")
+    if kind is not None and not _is_json(kind):  # a browser form's types are refused (CSRF)
+        raise ApiError(415, f"Content-Type must be application/json, got {kind[:100]!r}", param="content-type")
     try:
         return json.loads(raw, parse_constant=_no_constants)
     except (ValueError, RecursionError) as exc:

@@ -3,13 +3,19 @@
 A stop string or stop regex is checked on the decoded tail after every token, so it is honoured exactly
 even when several tokens arrive in one step (speculative decoding): the caller appends tokens one at a
 time. Output ids keep the token that completed the stop string; the text excludes the stop string
-(SGLang), trimmed at the edge by `server.detok.output_text`. A regex is searched in the decoded last
-`bound + 1` tokens, where `bound` is its longest match in characters (unbounded: the whole output), as
-SGLang 0.5.23's `Req.tail_str` does.
+(SGLang), trimmed at the edge by `server.detok.output_text`.
+
+Cost per token is constant (a request must not stall the engine thread): stop strings are at most
+MAX_STOP_LEN characters, so the tail decoded for them is at most 4 * MAX_STOP_LEN + 2 tokens; regexes run
+on RE2 (linear time, no backtracking) over the last `bound + 1` tokens, where `bound` is the pattern's
+longest match in characters, capped at MAX_REGEX_WINDOW tokens. SGLang 0.5.23 (`Req.tail_str`) searches
+an unbounded pattern over the whole output; here a match must lie within the last MAX_REGEX_WINDOW tokens.
 """
 from __future__ import annotations
 
 import re
+
+import re2
 
 try:
     import re._parser as sre_parse  # Python 3.11+
@@ -18,13 +24,23 @@ except ImportError:  # pragma: no cover
 
 from gleanrl.server.protocol import SamplingParams
 
+MAX_STOPS = 32                # stop strings per request
+MAX_STOP_LEN = 256            # characters of one stop string
+MAX_STOP_REGEX = 8            # stop regexes per request
 MAX_STOP_REGEX_LEN = 256      # bytes of one pattern (SGLang's limit)
+MAX_REGEX_WINDOW = 512        # tokens a stop regex is searched over
 UNBOUNDED = 1 << 30
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a refused pattern is the client's 400, not a line on the server's stderr
 
 
 def regex_max_len(pattern: str) -> int:
-    """An upper bound on the characters a match of `pattern` spans (UNBOUNDED when it has none)."""
-    return min(_max_len(sre_parse.parse(pattern)), UNBOUNDED)
+    """An upper bound on the characters a match of `pattern` spans (UNBOUNDED when it has none, or when
+    Python's parser does not read an RE2-only pattern)."""
+    try:
+        return min(_max_len(sre_parse.parse(pattern)), UNBOUNDED)
+    except (re.error, RecursionError, OverflowError):
+        return UNBOUNDED
 
 
 def _max_len(sub) -> int:
@@ -41,20 +57,36 @@ def _max_len(sub) -> int:
             total += UNBOUNDED if most == sre_parse.MAXREPEAT else most * _max_len(inner)
         elif token != sre_parse.AT:  # AT: zero-width (^, $, \b)
             total += UNBOUNDED
+        total = min(total, UNBOUNDED)
     return total
 
 
-def compile_stop_regex(patterns: list[str]) -> list[re.Pattern]:
-    """Compiled patterns; ValueError naming the field for a bad one."""
+def check_stops(stops: list[str]) -> None:
+    """ValueError naming the field when there are too many stop strings or one is too long."""
+    if len(stops) > MAX_STOPS:
+        raise ValueError(f"sampling_params.stop has {len(stops)} strings, over the limit of {MAX_STOPS}")
+    longest = max(stops, key=len, default="")
+    if len(longest) > MAX_STOP_LEN:
+        raise ValueError(f"sampling_params.stop has a string of {len(longest)} characters, over the limit of "
+                         f"{MAX_STOP_LEN}")
+
+
+def compile_stop_regex(patterns: list[str]) -> list:
+    """Compiled RE2 patterns; ValueError naming the field for a bad one (RE2 has no backreferences
+    and no lookaround)."""
+    if len(patterns) > MAX_STOP_REGEX:
+        raise ValueError(f"sampling_params.stop_regex has {len(patterns)} patterns, over the limit of "
+                         f"{MAX_STOP_REGEX}")
     out = []
     for p in patterns:
         if len(p.encode()) > MAX_STOP_REGEX_LEN:
             raise ValueError(f"sampling_params.stop_regex is {len(p.encode())} bytes, over the "
                              f"{MAX_STOP_REGEX_LEN}-byte limit")
         try:
-            out.append(re.compile(p))
-        except re.error as exc:
-            raise ValueError(f"sampling_params.stop_regex {p!r} is not a valid regex: {exc}") from None
+            out.append(re2.compile(p, options=_RE2_OPTIONS))
+        except (re2.error, TypeError, ValueError) as exc:
+            why = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else exc
+            raise ValueError(f"sampling_params.stop_regex {p!r} is not a valid RE2 regex: {why}") from None
     return out
 
 
@@ -67,13 +99,16 @@ class StopChecker:
         self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else eos_ids)
         self.min_new_stop_ids = set(params.stop_token_ids) | eos_ids  # masked before min_new_tokens (SGLang)
         self.stops = [s for s in params.stop if s]
-        self.regexes = compile_stop_regex(params.stop_regex)
+        check_stops(self.stops)
+        self.patterns = list(params.stop_regex)
+        self.regexes = compile_stop_regex(self.patterns)
         if (self.stops or self.regexes) and tokenizer is None:
             raise ValueError("stop strings and stop_regex need a tokenizer")
         self.tokenizer = tokenizer
         # a stop string of L characters spans at most 4L bytes, hence at most 4L byte-level tokens
         self.window = 4 * max((len(s) for s in self.stops), default=0) + 2
-        self.regex_window = max((regex_max_len(r.pattern) for r in self.regexes), default=0) + 1
+        bound = max((regex_max_len(p) for p in self.patterns), default=0)
+        self.regex_window = min(bound + 1, MAX_REGEX_WINDOW)
         self.context_length = context_length
 
     def check(self, output_ids: list[int], total_len: int) -> dict | None:
@@ -87,9 +122,9 @@ class StopChecker:
                     return {"type": "stop", "matched": s}
         if self.regexes:
             tail = self.tokenizer.decode(output_ids[-self.regex_window:], skip_special_tokens=False)
-            for r in self.regexes:
+            for p, r in zip(self.patterns, self.regexes):
                 if r.search(tail):
-                    return {"type": "stop", "matched": r.pattern}
+                    return {"type": "stop", "matched": p}
         if len(output_ids) >= self.params.max_new_tokens:
             return {"type": "length", "length": self.params.max_new_tokens}
         if total_len >= self.context_length:

@@ -15,15 +15,55 @@ The reported `draft_model_path` stays that checkpoint's, as SGLang keeps `model_
 from __future__ import annotations
 
 import copy
+import math
 import shutil
 import tempfile
 from pathlib import Path
 
 import torch
 
+from gleanrl.server import weights
 from gleanrl.server.model_runner import ModelRunner
 from gleanrl.server.protocol import CheckpointError
 from gleanrl.server.weight_swap import DraftSwap, TargetSwap
+
+
+def expected_shapes(engine, selector: str) -> dict[str, tuple[int, ...]]:
+    """The tensors an update of `selector` may carry, by name, with their shapes (read without loading)."""
+    if selector == "target":
+        sig = engine.swapper.signature
+    else:
+        path = getattr(engine.decoder, "draft_path", None)
+        if not path:
+            raise CheckpointError("selector=draft: no drafter is served, so there is no drafter config to update; "
+                                  "load one with /update_weights_from_disk selector=draft first")
+        sig = weights.checkpoint_signature(path)
+    return {name: tuple(shape) for name, (shape, *_) in sig.items()}
+
+
+def check_shapes(engine, selector: str, names: list[str], shapes: list) -> None:
+    """CheckpointError unless each name is a distinct tensor of `selector`'s model with that shape."""
+    expected = expected_shapes(engine, selector)
+    if len(set(names)) != len(names):
+        raise CheckpointError("names: a tensor is listed twice")
+    for name, shape in zip(names, shapes):
+        if name not in expected:
+            raise CheckpointError(f"tensor {name!r} is not a tensor of the served {selector} model")
+        if tuple(shape) != expected[name]:
+            raise CheckpointError(f"tensor {name} is {list(shape)}, expected {list(expected[name])}")
+
+
+def check_volume(engine, selector: str, names: list[str], shapes: list) -> None:
+    """Before buffers of the listed shapes are allocated: CheckpointError unless the list could be a push of
+    `selector`'s model (no more tensors, nor elements, than it has; no negative sizes)."""
+    expected = expected_shapes(engine, selector)
+    if len(names) > len(expected):
+        raise CheckpointError(f"names: {len(names)} tensors listed; the served {selector} model has {len(expected)}")
+    if any(d < 0 for s in shapes for d in s):
+        raise CheckpointError("shapes: a size is negative")
+    listed, held = sum(math.prod(s) for s in shapes), sum(math.prod(s) for s in expected.values())
+    if listed > held:
+        raise CheckpointError(f"shapes: {listed} elements listed; the served {selector} model has {held}")
 
 
 def check_target(engine, named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -100,13 +100,14 @@ def test_feed_needs_the_admin_key_and_is_off_by_default(tiny_qwen2):
 
 
 def test_policy_weight_updates_are_listed(tiny_qwen2, tiny_qwen2_b, tmp_path):
-    with running_server(tiny_qwen2, harvest_feed=True) as url:
+    admin = {"Authorization": "Bearer adm"}
+    with running_server(tiny_qwen2, harvest_feed=True, admin_api_key="adm") as url:
         def update(**body) -> int:
-            return httpx.post(f"{url}/update_weights_from_disk", json=body, timeout=120).status_code
+            return httpx.post(f"{url}/update_weights_from_disk", json=body, headers=admin, timeout=120).status_code
 
         assert update(model_path=str(tiny_qwen2_b), weight_version="5") == 200
         assert update(model_path=str(tmp_path / "missing"), weight_version="6") == 400
-        updates = httpx.get(f"{url}/harvest_feed", timeout=30).json()["weight_updates"]
+        updates = httpx.get(f"{url}/harvest_feed", headers=admin, timeout=30).json()["weight_updates"]
     assert updates == [{"kind": "disk", "weight_version": "5", "model_path": str(tiny_qwen2_b), "after_seq": 0}]
 
 

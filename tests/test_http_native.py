@@ -160,8 +160,8 @@ def _send_raw(url: str, body: dict) -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
     data = json.dumps(body).encode()
     sock = socket.create_connection((host, int(port)))
-    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (host.encode(), port.encode(), len(data), data))
     return sock
 
 

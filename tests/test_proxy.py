@@ -13,6 +13,8 @@ from gleanrl.server.proxy_parse import per_output
 from tests.proxy_util import running_proxy
 from tests.serving import running_server
 
+PADM = {"Authorization": "Bearer padm"}
+
 ADMIN = {"Authorization": "Bearer adm"}
 USER = {"Authorization": "Bearer user"}
 
@@ -60,26 +62,26 @@ def test_forwards_unchanged_and_keys_pass_through(tiny_qwen2):
 
 
 def test_control_calls_set_load_and_weight_updates(tiny_qwen2, tiny_qwen2_b):
-    with running_server(tiny_qwen2) as up, running_proxy(up) as (px, _app):
+    with running_server(tiny_qwen2) as up, running_proxy(up, admin_api_key="padm") as (px, _app):
         assert httpx.post(f"{px}/pause_generation", json={}, timeout=30).status_code == 200
-        assert httpx.get(f"{px}/harvest_feed", timeout=30).json()["load"]["paused"] is True
+        assert httpx.get(f"{px}/harvest_feed", headers=PADM, timeout=30).json()["load"]["paused"] is True
         httpx.post(f"{px}/continue_generation", json={}, timeout=30).raise_for_status()
         up_ok = httpx.post(f"{px}/update_weights_from_disk", json={"model_path": str(tiny_qwen2_b),
                                                                     "weight_version": "7"}, timeout=120)
         assert up_ok.status_code == 200 and up_ok.json()["success"]
         refused = httpx.post(f"{px}/update_weights_from_disk", json={"model_path": "/nonexistent"}, timeout=30)
         assert refused.status_code == 400  # refused upstream: not listed as an update
-        page = httpx.get(f"{px}/harvest_feed", timeout=30).json()
+        page = httpx.get(f"{px}/harvest_feed", headers=PADM, timeout=30).json()
     assert page["load"]["paused"] is False
     assert page["weight_updates"] == [{"kind": "disk", "weight_version": "7", "model_path": str(tiny_qwen2_b),
                                        "after_seq": 0}]
 
 
 def test_unreachable_upstream_is_a_502_naming_it():
-    with running_proxy("http://127.0.0.1:9") as (px, _app):
+    with running_proxy("http://127.0.0.1:9", admin_api_key="padm") as (px, _app):
         resp = httpx.post(f"{px}/generate", json={"input_ids": [1]}, timeout=30)
         assert resp.status_code == 502 and "127.0.0.1:9" in resp.json()["error"]["message"]
-        assert httpx.get(f"{px}/harvest_feed", timeout=30).json()["load"]["num_running_reqs"] == 0
+        assert httpx.get(f"{px}/harvest_feed", headers=PADM, timeout=30).json()["load"]["num_running_reqs"] == 0
 
 
 def test_prompts_expand_like_sglang_batches():
