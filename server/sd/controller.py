@@ -25,8 +25,8 @@ Estimates (`CostModel`, `Acceptance`):
   source is tried until measured. A drafter swap halves the EAGLE-3 counts: kept, but new measurements
   soon dominate.
 `mode="on"` plays the best plan with a draft wherever one exists, at any batch size (tests); with a fixed
-k, every sequence that can takes the EAGLE-3 chain of k (else its group draft up to k), so the uniforms
-a seeded request draws do not depend on timing.
+k, every sequence that can takes the EAGLE-3 chain of k (min(k, cap)) and, fused or without a chain,
+its group draft up to k as a branch of its own, so the uniforms a seeded request draws do not depend on timing.
 """
 from __future__ import annotations
 
@@ -250,7 +250,7 @@ class Controller:
         if on and cfg.fixed_k:                       # deterministic: a seed reproduces its sample
             caps_k = [min(c, cfg.fixed_k) for c in caps]
             eagle_lens = [c if ok and eagle_on else 0 for c, ok in zip(caps_k, eagle_ok)]
-            group_lens = [0 if e else min(c, len(p)) if group_on else 0
+            group_lens = [min(c, len(p)) if group_on and (cfg.fused or not e) else 0
                           for c, e, p in zip(caps_k, eagle_lens, group_probs)]
             return Plan(group_lens, eagle_lens, plain_rate, plain_rate)
         if not np.isfinite(secs).all():
