@@ -95,6 +95,11 @@ def test_penalised_greedy_identical_with_sd(engines, tiny_tokenizer, extra):
         fused = run_all(engines["fused"], _reqs(tiny_tokenizer, extra, "g"))
         assert [r["ids"] for r in fused] == [a["ids"] for a in plain]
         assert [r["logprobs"] for r in fused] == [pytest.approx(a["logprobs"], abs=1e-4) for a in plain]
+        assert all(r["out"].spec_verify_ct > 0 for r in fused)     # trees verify penalised requests too
+    tops_fused = _tops(engines["fused"], _reqs(tiny_tokenizer, extra, "tg"))
+    for a, b in zip(tops_plain, tops_fused):
+        assert [[t for _, t in row] for row in a] == [[t for _, t in row] for row in b]
+    assert engines["fused"].decoder.accepted_by_source["group"] > 0
 
 
 SAMPLED = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=TOP_K, ignore_eos=True, frequency_penalty=0.9,
