@@ -52,6 +52,8 @@ class SDDecoder:
         self.accept_hist = [0] * (MAX_DEPTH + 2)        # accept_hist[t]: verify passes that emitted t tokens
         self.accepted_by_source = {"group": 0, "eagle": 0}   # accepted draft tokens (bonus not counted)
         self.passes_by_source = {"group": 0, "eagle": 0}     # verify passes that offered the source
+        self.decode_passes = self.decode_rows = self.decode_tokens = 0   # target passes over decoding
+        #   sequences, those sequences summed over the passes, the tokens they emitted
 
     def stats(self) -> dict:
         by_source = {src: (self.accepted_by_source[src] / n if n else 0.0) for src, n in self.passes_by_source.items()}
@@ -86,11 +88,20 @@ class SDDecoder:
             out = self._feed(runner, seqs)
             if self.controller is not None and len(ready) == len(seqs):
                 self.controller.cost.record_pass(len(seqs), 1, time.perf_counter() - t0)
+            self._count_pass(ready, len(ready))
             return [out.get(s, ([], [])) for s in seqs]
         waiting = set(seqs) - set(ready)
         out = self._feed(runner, [s for s in seqs if s in waiting]) if waiting else {}
-        out.update(self._speculate(runner, ready, plan, proposals))
+        spec = self._speculate(runner, ready, plan, proposals)
+        self._count_pass(ready, sum(len(ids) for ids, _ in spec.values()))
+        out.update(spec)
         return [out.get(s, ([], [])) for s in seqs]
+
+    def _count_pass(self, ready: list[Sequence], tokens: int) -> None:
+        if ready:
+            self.decode_passes += 1
+            self.decode_rows += len(ready)
+            self.decode_tokens += tokens
 
     def _plan(self, seqs: list[Sequence]) -> tuple[Plan, list[GroupDraft | None]]:
         caps = [self._cap(s) for s in seqs]
