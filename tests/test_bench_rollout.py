@@ -17,7 +17,7 @@ def test_bench_rollout_json(tiny_qwen2, tmp_path, capsys):
     assert rc == 0
     data = json.loads(out.read_text())
     assert set(data["arms"]) == {"plain", "eagle", "group", "fused"}
-    for arm, r in data["arms"].items():
+    for r in data["arms"].values():
         assert r["rollout_s"] > 0 and r["tok_s"] > 0 and r["target_passes"] > 0
         assert r["accept_length"] == 0.0 or r["accept_length"] >= 1.0   # the controller may keep an arm plain
         assert r["tokens_per_pass"] >= 1.0
