@@ -102,3 +102,14 @@ def test_simulated_rate_is_never_below_plain(alpha, per_token):
     assert tokens / seconds >= 0.97 * plain
     if alpha == 0.9:
         assert tokens / seconds > 2.0 * plain                       # and it drafts where drafting pays
+
+
+def test_a_bucket_measured_only_plain_follows_a_calibrated_curve():
+    """Online plain passes give a new bucket its T = 1 cell only; its SD cells follow the nearest
+    calibrated bucket's shape (not T times plain), so SD can still be chosen there."""
+    cost = CostModel()
+    for t in (1, 4, 16, 33):
+        cost.record_pass(8, t, 1.0 + 0.05 * (t - 1))
+    cost.record_pass(16, 1, 2.0)
+    est = dict(zip(T_GRID, cost.pass_seconds(16)))
+    assert est[1] == 2.0 and est[4] == pytest.approx(2.0 * 1.15) and est[33] == pytest.approx(2.0 * 2.6)

@@ -16,8 +16,9 @@ as the estimates are right, and they are kept right by measuring every pass.
 
 Estimates (`CostModel`, `Acceptance`):
 - target(B, T): seconds of a target pass (verify included) per (B bucket, T cell), an EMA of every
-  measured pass; unmeasured cells interpolate linearly in T within their B bucket (beyond the largest
-  measured T: proportional, pessimistic for SD); `calibrate` times a small grid at start.
+  measured pass; unmeasured cells interpolate linearly in T within their B bucket and, outside its
+  measured range, follow the nearest bucket's curve anchored at its own cells; `calibrate` times a
+  small grid (B 1, 8, 32 x T 1, 4, 16, 33) at start, so every bucket has a curve to follow.
 - drafter(B, k): seconds per drafter step (catch-up counted as one) per B bucket, an EMA, timed at
   each drafter load (`calibrate_drafter`); an unmeasured bucket takes the nearest measured one's.
 - acceptance: decayed counts (tries, accepted) per source and draft depth, for group drafts also per
@@ -67,15 +68,20 @@ class CostModel:
         self.step[b_bucket(b)] = _ema(self.step.get(b_bucket(b)), seconds / (steps + 1))
 
     def pass_seconds(self, b: int) -> np.ndarray:
-        """[len(T_GRID)] estimated target seconds for T in T_GRID at batch b (nan: nothing known)."""
-        cells = self._cells(b)
-        if not cells:
-            return np.full(len(T_GRID), np.nan)
-        ts, secs = np.array(sorted(cells), dtype=float), np.array([cells[t] for t in sorted(cells)])
-        grid = np.array(T_GRID, dtype=float)
-        est = np.interp(grid, ts, secs)
-        above = grid > ts[-1]
-        est[above] = secs[-1] * grid[above] / ts[-1]
+        """[len(T_GRID)] estimated target seconds for T in T_GRID at batch b (nan: nothing known): b's
+        bucket's cells, interpolated; outside their range the nearest other bucket's curve (`calibrate`
+        measured a few) anchored at the nearest own cell; without one, proportional to T above."""
+        own = self.target.get(b_bucket(b), {})
+        others = [x for x in self.target if x != b_bucket(b) and len(self.target[x]) > 1]
+        ref = _curve(self.target[min(others, key=lambda x: abs(np.log2(x / b_bucket(b))))]) if others else None
+        if not own:
+            return ref if ref is not None else np.full(len(T_GRID), np.nan)
+        est, ts, secs = _curve(own), sorted(own), [own[t] for t in sorted(own)]
+        if ref is not None:
+            below, above = _GRID < ts[0], _GRID > ts[-1]
+            i0, i1 = T_GRID.index(ts[0]), T_GRID.index(ts[-1])
+            est[below] = secs[0] * ref[below] / ref[i0]
+            est[above] = secs[-1] * ref[above] / ref[i1]
         return est
 
     def draft_seconds(self, b: int, k: int) -> float:
@@ -84,16 +90,6 @@ class CostModel:
             return self.step[near] * (k + 1)
         known = self.pass_seconds(b)[0]
         return (0.25 * known if np.isfinite(known) else 0.0) * (k + 1)
-
-    def _cells(self, b: int) -> dict[int, float]:
-        """The measured cells of b's bucket, else of the nearest measured bucket (scaled by plain cost)."""
-        bucket = b_bucket(b)
-        if bucket in self.target:
-            return self.target[bucket]
-        if not self.target:
-            return {}
-        near = min(self.target, key=lambda x: abs(np.log2(x) - np.log2(bucket)))
-        return self.target[near]
 
     @torch.inference_mode()
     def calibrate(self, runner, batches: tuple[int, ...] = (1, 8, 32), tokens: tuple[int, ...] = (1, 4, 16, 33),
@@ -132,6 +128,20 @@ class CostModel:
                 drafter.logits(drafter_forward(drafter, ids, hidden, ids, caches, [1] * b))
                 best = min(best, time.perf_counter() - t0)
             self.step[b_bucket(b)] = best
+
+
+_GRID = np.array(T_GRID, dtype=float)
+
+
+def _curve(cells: dict[int, float]) -> np.ndarray:
+    """[len(T_GRID)] one bucket's measured cells interpolated linearly in T, constant below the first,
+    proportional to T above the last (pessimistic for SD)."""
+    ts = np.array(sorted(cells), dtype=float)
+    secs = np.array([cells[t] for t in sorted(cells)])
+    est = np.interp(_GRID, ts, secs)
+    above = _GRID > ts[-1]
+    est[above] = secs[-1] * _GRID[above] / ts[-1]
+    return est
 
 
 @dataclass

@@ -155,10 +155,12 @@ class SDDecoder:
         starts = [s.cache.length for s in seqs]
         if idx:
             sub, ks = [seqs[b] for b in idx], [plan.eagle_lens[b] for b in idx]
+            catch_up = max(self.states[s].pending for s in sub)
             t0 = time.perf_counter()
             d, q = draft_tokens(self.drafter, sub, [self.states[s] for s in sub], ks,
                                 {key: v[idx] for key, v in prm.items()})
-            self.controller.cost.record_draft(len(sub), max(ks), time.perf_counter() - t0)
+            if catch_up <= 8:                          # a long catch-up (after plain steps) is no step cost
+                self.controller.cost.record_draft(len(sub), max(ks), time.perf_counter() - t0)
             for j, b in enumerate(idx):
                 eagle[b], qs[b] = d[j], q[j]
         group = [p.tokens[:n] if p is not None else [] for p, n in zip(proposals, plan.group_lens)]
