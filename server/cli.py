@@ -27,11 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None, help="model name in /v1 (None: the directory's name)")
     p.add_argument("--drafter", default=None, help="EAGLE-3 drafter directory")
     p.add_argument("--sd", choices=["off", "on", "adaptive"], default="adaptive", help="speculative decoding")
-    p.add_argument("--sd-max-batch", type=int, default=8, help="adaptive: EAGLE-3 drafts only while this many requests run")
+    p.add_argument("--sd-max-batch", type=int, default=8,
+                   help="adaptive: EAGLE-3 drafts only while this many requests run")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help="fixed EAGLE-3 draft length (None: chosen per iteration by the cost model)")
     p.add_argument("--sd-sources", default="eagle",
-                   help="draft sources the SD controller may choose per iteration and sequence: eagle (the EAGLE-3 chain), group "
+                   help="draft sources the SD controller may choose per sequence: eagle (the EAGLE-3 chain), group "
                         "(continuations from the same prompt's other running and earlier samples, no model cost), "
                         "fused (both, as two branches verified in one pass); e.g. eagle,group,fused. Lossless "
                         "either way, but with group drafts a seeded sample also depends on the other samples of "
