@@ -81,6 +81,8 @@ class SDDecoder:
             self.groups.sync(seqs, self.target_version())
         if self.drafter is not None:
             self._sync_states(seqs)
+            if not self.controller.cost.target:          # the first drafter of a server started without one
+                self.controller.cost.calibrate(runner)
         ready = [s for s in seqs if s.total_len - s.cache.length == 1]
         plan, proposals = self._plan(ready) if ready and self.controller is not None else (None, [])
         if plan is None or not plan.drafts:

@@ -42,16 +42,18 @@ def build_decoder(cfg: EngineConfig, runner: ModelRunner, target_config: dict,
     """`sd="off"`: plain decoding only (a drafter is refused); otherwise the controller chooses among the
     sources of `sd_sources` (eagle: the EAGLE-3 chain, from when a drafter is served; group: group drafts
     from the start, `target_version` ages their samples; fused: both as two branches). The target pass
-    cost is calibrated here, the drafter's when one is loaded."""
+    cost is calibrated here when a source can draft (else before the first iteration with a drafter),
+    the drafter's when one is loaded."""
     if cfg.sd == "off":
         return SDDecoder(None)
     ctl = Controller(ControllerConfig(mode=cfg.sd, eagle="eagle" in cfg.sd_sources, group="group" in cfg.sd_sources,
                                       fused="fused" in cfg.sd_sources, eagle_max_batch=cfg.sd_max_batch,
                                       group_max_batch=cfg.group_max_batch, fixed_k=cfg.num_draft_tokens))
-    ctl.cost.calibrate(runner)
     groups = GroupDrafts(GroupIndexConfig(max_tokens=cfg.group_max_tokens, keep_versions=cfg.group_keep_versions)) \
         if ctl.config.group else None
     dec = SDDecoder(ctl, groups, target_version)
+    if groups is not None or cfg.drafter_path:
+        ctl.cost.calibrate(runner)
     if cfg.drafter_path:
         dec.set_drafter(load_for_target(cfg.drafter_path, runner, target_config), cfg.drafter_path)
     return dec
