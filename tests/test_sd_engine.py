@@ -29,7 +29,7 @@ def _engine(model, **kw) -> Engine:
 def engines(tiny_qwen2, drafters):
     engs = {"plain": _engine(tiny_qwen2, sd="off")}
     for name, path in drafters.items():
-        engs[name] = _engine(tiny_qwen2, drafter_path=str(path), sd="on")
+        engs[name] = _engine(tiny_qwen2, drafter_path=str(path), sd="on", num_draft_tokens=4)  # a fixed plan
     yield engs
     for e in engs.values():
         e.shutdown()
