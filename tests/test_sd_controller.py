@@ -113,3 +113,16 @@ def test_a_bucket_measured_only_plain_follows_a_calibrated_curve():
     cost.record_pass(16, 1, 2.0)
     est = dict(zip(T_GRID, cost.pass_seconds(16)))
     assert est[1] == 2.0 and est[4] == pytest.approx(2.0 * 1.15) and est[33] == pytest.approx(2.0 * 2.6)
+
+
+def test_real_iterations_replace_and_rescale_calibrated_cells():
+    cost = CostModel()
+    for t in (1, 4, 16):
+        cost.record_pass(8, t, 1.0 + 0.1 * (t - 1), calibrating=True)
+    cost.record_pass(8, 1, 3.0)                                      # overheads: 3x the bare forward
+    est = dict(zip(T_GRID, cost.pass_seconds(8)))
+    assert est[1] == 3.0 and est[4] == pytest.approx(3.0 * 1.3) and est[16] == pytest.approx(3.0 * 2.5)
+    cost.record_pass(8, 4, 10.0)                                     # the first real tree pass replaces
+    assert dict(zip(T_GRID, cost.pass_seconds(8)))[4] == 10.0
+    cost.record_pass(8, 4, 5.0)                                      # then an EMA
+    assert dict(zip(T_GRID, cost.pass_seconds(8)))[4] == pytest.approx(9.0)

@@ -12,13 +12,14 @@ two-branch tree (group first, then EAGLE-3 on the residual) E_group + (1 - a_gro
 Plain decoding is the plan T = 1 (rate B / target(B, 1)). Every iteration plays the plan of highest
 expected rate over T in `T_GRID`, k in `K_GRID` (each sequence taking, within T and k, its own best
 tree), so SD runs only where its expected rate beats plain decoding's: never slower than plain as far
-as the estimates are right, and they are kept right by measuring every pass.
+as the estimates are right, and they are kept right by measuring every iteration.
 
 Estimates (`CostModel`, `Acceptance`):
-- target(B, T): seconds of a target pass (verify included) per (B bucket, T cell), an EMA of every
-  measured pass; unmeasured cells interpolate linearly in T within their B bucket and, outside its
-  measured range, follow the nearest bucket's curve anchored at its own cells; `calibrate` times a
-  small grid (B 1, 8, 32 x T 1, 4, 16, 33) at start, so every bucket has a curve to follow.
+- target(B, T): seconds of a decode iteration but its drafter call (sync, plan, pass, verify,
+  bookkeeping) per (B bucket, T cell), an EMA of every iteration; unmeasured cells interpolate linearly
+  in T within their B bucket and, outside its measured range, follow the nearest bucket's curve
+  anchored at its own cells; `calibrate` times bare forwards on a small grid (B 1, 8, 32 x T 1, 4, 16,
+  33) at start, so every bucket has a curve to follow; real iterations replace (and rescale) them.
 - drafter(B, k): seconds per drafter step (catch-up counted as one) per B bucket, an EMA, timed at
   each drafter load (`calibrate_drafter`); an unmeasured bucket takes the nearest measured one's.
 - acceptance: decayed counts (tries, accepted) per source and draft depth, for group drafts also per
@@ -58,11 +59,28 @@ class CostModel:
     def __init__(self) -> None:
         self.target: dict[int, dict[int, float]] = {}       # B bucket -> T cell -> seconds
         self.step: dict[int, float] = {}                    # B bucket -> drafter seconds per step
+        self._calibrated: set[tuple[int, int]] = set()      # cells holding a bare forward's time
 
-    def record_pass(self, b: int, t: int, seconds: float) -> None:
-        cells = self.target.setdefault(b_bucket(b), {})
+    def record_pass(self, b: int, t: int, seconds: float, calibrating: bool = False) -> None:
+        """A decode iteration of b sequences x t tokens took `seconds`. A calibrated cell (a bare forward)
+        is replaced by its first real iteration; a bucket's first real plain iteration rescales its other
+        calibrated cells by the same ratio (overheads beyond the forward: pessimistic for SD)."""
+        bucket = b_bucket(b)
+        cells = self.target.setdefault(bucket, {})
         cell = T_GRID[min(bisect.bisect_left(T_GRID, t), len(T_GRID) - 1)]
-        cells[cell] = _ema(cells.get(cell), seconds)
+        if calibrating:
+            cells[cell] = seconds
+            self._calibrated.add((bucket, cell))
+        elif (bucket, cell) in self._calibrated:
+            if cell == 1:
+                ratio = seconds / cells[1]
+                for c in cells:
+                    if (bucket, c) in self._calibrated:
+                        cells[c] *= ratio
+            self._calibrated.discard((bucket, cell))
+            cells[cell] = seconds
+        else:
+            cells[cell] = _ema(cells.get(cell), seconds)
 
     def record_draft(self, b: int, steps: int, seconds: float) -> None:
         self.step[b_bucket(b)] = _ema(self.step.get(b_bucket(b)), seconds / (steps + 1))
@@ -109,7 +127,7 @@ class CostModel:
                     t0 = time.perf_counter()
                     runner.forward(ids, pos, caches, [t] * b, last_only=t == 1)
                     best = min(best, time.perf_counter() - t0)
-                self.record_pass(b, t, best)
+                self.record_pass(b, t, best, calibrating=True)
 
     @torch.inference_mode()
     def calibrate_drafter(self, drafter, batches: tuple[int, ...] = (1, 8, 32), repeats: int = 2) -> None:

@@ -8,8 +8,8 @@ call drafts the chains (`draft.py`) and one target pass verifies every tree (`tr
 without a draft rides in it as a bare root). When nothing is worth drafting, or no source is served,
 the iteration is the plain step (`server.decode.forward_fed` + `sample_next`), which with a drafter
 also captures hidden states, so switching SD on costs nothing; prefilling sequences always take it.
-Every pass and drafter call is timed into the controller's cost model and every verified branch into
-its acceptance estimates.
+Every iteration is timed into the controller's cost model (all of it: sync, plan, pass, verify,
+bookkeeping; the drafter call apart) and every verified branch into its acceptance estimates.
 
 Draft states (`draft_state.py`): a state that breaks its invariant (new drafter, flushed or retracted
 cache) is rebuilt by re-feeding the target the last `window` tokens. The scheduler appends the emitted
@@ -77,16 +77,16 @@ class SDDecoder:
 
     @torch.inference_mode()
     def decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
+        if self.drafter is not None and not self.controller.cost.target:   # a first drafter hot-swapped in
+            self.controller.cost.calibrate(runner)
+        t0 = time.perf_counter()                        # the whole iteration is the plan's cost
         if self.groups is not None:
             self.groups.sync(seqs, self.target_version())
         if self.drafter is not None:
             self._sync_states(seqs)
-            if not self.controller.cost.target:          # the first drafter of a server started without one
-                self.controller.cost.calibrate(runner)
         ready = [s for s in seqs if s.total_len - s.cache.length == 1]
         plan, proposals = self._plan(ready) if ready and self.controller is not None else (None, [])
         if plan is None or not plan.drafts:
-            t0 = time.perf_counter()
             out = self._feed(runner, seqs)
             if self.controller is not None and len(ready) == len(seqs):
                 self.controller.cost.record_pass(len(seqs), 1, time.perf_counter() - t0)
@@ -94,7 +94,9 @@ class SDDecoder:
             return [out.get(s, ([], [])) for s in seqs]
         waiting = set(seqs) - set(ready)
         out = self._feed(runner, [s for s in seqs if s in waiting]) if waiting else {}
-        spec = self._speculate(runner, ready, plan, proposals)
+        spec, size, draft_s = self._speculate(runner, ready, plan, proposals)
+        if not waiting:
+            self.controller.cost.record_pass(len(seqs), size, time.perf_counter() - t0 - draft_s)
         self._count_pass(ready, sum(len(ids) for ids, _ in spec.values()))
         out.update(spec)
         return [out.get(s, ([], [])) for s in seqs]
@@ -149,8 +151,10 @@ class SDDecoder:
         return dict(zip(done, sample_next(logits[rows], done)))
 
     def _speculate(self, runner: ModelRunner, seqs: list[Sequence], plan: Plan,
-                   proposals: list[GroupDraft | None]) -> Out:
+                   proposals: list[GroupDraft | None]) -> tuple[Out, int, float]:
+        """Drafts and verifies; returns (outputs, the largest tree, seconds spent drafting)."""
         prm = params_tensors([s.req.params for s in seqs], runner.device)   # on the target's device
+        draft_s = 0.0
         eagle: list[list[int]] = [[] for _ in seqs]
         qs: list[torch.Tensor | None] = [None for _ in seqs]
         idx = [b for b, n in enumerate(plan.eagle_lens) if n]
@@ -161,8 +165,9 @@ class SDDecoder:
             t0 = time.perf_counter()
             d, q = draft_tokens(self.drafter, sub, [self.states[s] for s in sub], ks,
                                 {key: v[idx] for key, v in prm.items()})
+            draft_s = time.perf_counter() - t0
             if catch_up <= 8:                          # a long catch-up (after plain steps) is no step cost
-                self.controller.cost.record_draft(len(sub), max(ks), time.perf_counter() - t0)
+                self.controller.cost.record_draft(len(sub), max(ks), draft_s)
             for j, b in enumerate(idx):
                 eagle[b], qs[b] = d[j], q[j]
         group = [p.tokens[:n] if p is not None else [] for p, n in zip(proposals, plan.group_lens)]
@@ -170,10 +175,7 @@ class SDDecoder:
         branches = [[x for x in (g, e) if x] for g, e in zip(group, eagle)]
         bq = [[qs[b] if name == "eagle" else None for name in srcs[b]] for b in range(len(seqs))]
         capture = self.drafter.config.aux_layer_ids if self.drafter is not None else None
-        t0 = time.perf_counter()
         results, aux = tree_pass(runner, seqs, branches, bq, prm, capture)
-        self.controller.cost.record_pass(len(seqs), max(1 + sum(map(len, br)) for br in branches),
-                                         time.perf_counter() - t0)
         out = {}
         for b, (s, r) in enumerate(zip(seqs, results)):
             if self.drafter is not None:
@@ -184,7 +186,7 @@ class SDDecoder:
             if branches[b]:
                 self._count(s, srcs[b], branches[b], proposals[b], r)
             out[s] = (r.ids, r.logprobs)
-        return out
+        return out, max(1 + sum(map(len, br)) for br in branches), draft_s
 
     def _count(self, s: Sequence, srcs: list[str], branches: list[list[int]], proposal: GroupDraft | None,
                r: TreeResult) -> None:
