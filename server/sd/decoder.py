@@ -25,7 +25,7 @@ import torch
 from gleanrl.server.decode import feed_counts, forward_fed, sample_next
 from gleanrl.server.model_runner import ModelRunner
 from gleanrl.server.sampler import params_tensors
-from gleanrl.server.sd.controller import MAX_DEPTH, Controller, Plan
+from gleanrl.server.sd.controller import MAX_DEPTH, Controller, Plan, b_bucket
 from gleanrl.server.sd.draft import draft_tokens
 from gleanrl.server.sd.draft_state import DraftState
 from gleanrl.server.sd.drafter_forward import new_draft_cache
@@ -35,6 +35,7 @@ from gleanrl.server.sd.tree_pass import TreeResult, tree_pass
 from gleanrl.server.sequence import Emitted, Sequence
 
 Out = dict[Sequence, tuple[list[int], list[float]]]
+IDLE_PROBE = 16
 
 
 class SDDecoder:
@@ -52,6 +53,8 @@ class SDDecoder:
         self.accept_hist = [0] * (MAX_DEPTH + 2)        # accept_hist[t]: verify passes that emitted t tokens
         self.accepted_by_source = {"group": 0, "eagle": 0}   # accepted draft tokens (bonus not counted)
         self.passes_by_source = {"group": 0, "eagle": 0}     # verify passes that offered the source
+        self._group_idle: dict[int, int] = {}           # B bucket -> plans in a row that used no group draft
+        self._iteration = 0
         self.decode_passes = self.decode_rows = self.decode_tokens = 0   # target passes over decoding
         #   sequences, those sequences summed over the passes, the tokens they emitted
 
@@ -110,11 +113,21 @@ class SDDecoder:
     def _plan(self, seqs: list[Sequence]) -> tuple[Plan, list[GroupDraft | None]]:
         caps = [self._cap(s) for s in seqs]
         cfg = self.controller.config
-        propose = self.groups is not None and cfg.group and (cfg.mode == "on" or len(seqs) <= cfg.group_max_batch)
+        propose = self.groups is not None and cfg.group and (cfg.mode == "on" or len(seqs) <= cfg.group_max_batch) \
+            and self._probe(len(seqs))
         proposals = [self.groups.propose(s, c) if propose and c > 0 else None for s, c in zip(seqs, caps)]
         eagle_ok = [self.drafter is not None and c > 0 and self.states[s].pending > 0 for s, c in zip(seqs, caps)]
         plan = self.controller.plan(caps, [d.probs if d is not None else [] for d in proposals], eagle_ok)
+        if propose:
+            bucket = b_bucket(len(seqs))
+            self._group_idle[bucket] = 0 if any(plan.group_lens) else self._group_idle.get(bucket, 0) + 1
         return plan, proposals
+
+    def _probe(self, b: int) -> bool:
+        """Propose group drafts this iteration? Proposing costs Python time in every iteration, so in a
+        bucket where the last IDLE_PROBE plans used none, only every IDLE_PROBE-th iteration proposes."""
+        self._iteration += 1
+        return self._group_idle.get(b_bucket(b), 0) < IDLE_PROBE or self._iteration % IDLE_PROBE == 0
 
     @staticmethod
     def _cap(s: Sequence) -> int:
