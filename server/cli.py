@@ -27,11 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None, help="model name in /v1 (None: the directory's name)")
     p.add_argument("--drafter", default=None, help="EAGLE-3 drafter directory")
     p.add_argument("--sd", choices=["off", "on", "adaptive"], default="adaptive", help="speculative decoding")
-    p.add_argument("--sd-max-batch", type=int, default=8, help="adaptive: SD only while this many requests run")
+    p.add_argument("--sd-max-batch", type=int, default=8,
+                   help="adaptive: EAGLE-3 drafts only while this many requests run")
     p.add_argument("--num-draft-tokens", type=int, default=None,
-                   help="fixed draft length (None: chosen per batch-size bucket)")
+                   help="fixed EAGLE-3 draft length (None: chosen per iteration by the cost model)")
     p.add_argument("--sd-sources", default="eagle",
-                   help="draft sources the SD bandit may choose per iteration: eagle (the EAGLE-3 chain), group "
+                   help="draft sources the SD controller may choose per sequence: eagle (the EAGLE-3 chain), group "
                         "(continuations from the same prompt's other running and earlier samples, no model cost), "
                         "fused (both, as two branches verified in one pass); e.g. eagle,group,fused. Lossless "
                         "either way, but with group drafts a seeded sample also depends on the other samples of "
@@ -80,6 +81,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
+def engine_config(args: argparse.Namespace):
+    """The EngineConfig of `gleanrl serve`'s arguments (`gleanrl bench rollout` builds its arms with it)."""
+    from gleanrl.server.config import EngineConfig
+    return EngineConfig(model_path=str(args.model), device=args.device, dtype=args.dtype,
+                        max_running_requests=args.max_running_requests, context_length=args.context_length,
+                        num_threads=args.threads, drafter_path=args.drafter, sd=args.sd,
+                        sd_max_batch=args.sd_max_batch, num_draft_tokens=args.num_draft_tokens,
+                        sd_sources=tuple(x for x in args.sd_sources.split(",") if x),
+                        group_max_batch=args.group_max_batch, group_max_tokens=args.group_max_tokens,
+                        group_keep_versions=args.group_keep_versions,
+                        swap_timeout_s=args.swap_timeout)
+
+
 def _fail(message: str) -> int:
     print(f"gleanrl serve: error: {message}", file=sys.stderr)
     return 2
@@ -101,15 +115,9 @@ def run(args: argparse.Namespace) -> int:
     if args.drafter and not (Path(args.drafter) / "config.json").is_file():
         return _fail(f"--drafter {args.drafter} is not a drafter directory (no config.json there)")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from gleanrl.server.config import EngineConfig, ServerConfig
+    from gleanrl.server.config import ServerConfig
     try:
-        engine_cfg = EngineConfig(model_path=str(model), device=args.device, dtype=args.dtype,
-                                  max_running_requests=args.max_running_requests, context_length=args.context_length,
-                                  num_threads=args.threads, drafter_path=args.drafter, sd=args.sd,
-                                  sd_max_batch=args.sd_max_batch, num_draft_tokens=args.num_draft_tokens,
-                                  sd_sources=tuple(x for x in args.sd_sources.split(",") if x),
-                                  group_max_batch=args.group_max_batch, group_max_tokens=args.group_max_tokens,
-                                  group_keep_versions=args.group_keep_versions, swap_timeout_s=args.swap_timeout)
+        engine_cfg = engine_config(args)
         server_cfg = ServerConfig(host=args.host, port=args.port, api_key=args.api_key,
                                   admin_api_key=args.admin_api_key, served_model_name=args.served_model_name,
                                   max_request_bytes=args.max_request_bytes, max_n=args.max_n,

@@ -28,10 +28,10 @@ class EngineConfig:
     seed: int = 0
     num_threads: int | None = None         # torch intra-op threads for the engine (None: torch's default)
     drafter_path: str | None = None        # EAGLE-3 drafter directory
-    sd: str = "adaptive"                   # off | on | adaptive (SD only while running <= sd_max_batch)
-    sd_max_batch: int = 8
-    num_draft_tokens: int | None = None    # fixed draft length; None: chosen per batch-size bucket
-    sd_sources: tuple[str, ...] = ("eagle",)  # the SD bandit's sources (server/sd/source_policy): eagle, group,
+    sd: str = "adaptive"                   # off | on | adaptive (the cost-model controller, server/sd/controller)
+    sd_max_batch: int = 8                  # adaptive: EAGLE-3 drafts only while running <= this
+    num_draft_tokens: int | None = None    # fixed EAGLE-3 draft length; None: chosen per iteration
+    sd_sources: tuple[str, ...] = ("eagle",)  # the SD controller's sources: eagle, group,
     #   fused. EAGLE-only keeps a seeded request's samples independent of the other requests
     group_max_batch: int = 64              # group drafts only while running <= this
     group_max_tokens: int = 1 << 19        # output tokens the group index holds (all prompts and versions)

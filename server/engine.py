@@ -1,7 +1,7 @@
 """The embedded engine: token ids in, token ids out (`generate` yields deltas), built by composition.
 
 One `EngineState` (request sets, flags, versions, one lock) is shared by the `Scheduler` (admission,
-KV slots, request lifecycle), the decoder (`PlainDecoder`, or `SpecDecoder` from `server/sd/`), the
+KV slots, request lifecycle), the decoder (`SDDecoder` from `server/sd/`), the
 `WeightSwapper` (typed target/draft swap records) and the `DecodeLoop` (the background thread); outputs
 reach asyncio through the `Outbox`. The tokenizer is loaded here only for stop strings and the HTTP edge.
 Pause modes follow SGLang's `/pause_generation`: `abort` (in-flight requests return at once, aborted,

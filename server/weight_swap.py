@@ -25,7 +25,6 @@ from gleanrl.server.engine_state import EngineState
 from gleanrl.server.model_runner import ModelRunner
 from gleanrl.server.protocol import CheckpointError
 from gleanrl.server.scheduler import Scheduler
-from gleanrl.server.sd.decoder import SpecDecoder
 from gleanrl.server.sd.drafter_load import load_for_target
 
 
@@ -64,7 +63,7 @@ class WeightSwapper:
         return TargetSwap(runner, config, sig, path, version, flush_cache)
 
     def load_draft(self, path: str, version: str | None) -> DraftSwap:
-        if not isinstance(self.decoder, SpecDecoder):
+        if self.cfg.sd == "off":
             raise CheckpointError("this server runs with speculative decoding off (sd 'off'), so it serves no "
                                   "drafter; start it with --sd on or --sd adaptive")
         return DraftSwap(load_for_target(path, self.scheduler.runner, self.config), path, version)

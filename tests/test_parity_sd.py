@@ -13,15 +13,14 @@ from transformers import AutoModelForCausalLM
 
 from engine_util import PROMPTS, run_all
 from gleanrl.server.config import EngineConfig
-from gleanrl.server.decode import PlainDecoder
 from gleanrl.server.engine import Engine
 from gleanrl.server.engine_state import EngineState
 from gleanrl.server.model_runner import ModelRunner
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
 from gleanrl.server.sampler import processed_probs
 from gleanrl.server.scheduler import Scheduler
-from gleanrl.server.sd.decoder import SpecDecoder
-from gleanrl.server.sd.policy import SDPolicy, SDPolicyConfig
+from gleanrl.server.sd.controller import Controller, ControllerConfig
+from gleanrl.server.sd.decoder import SDDecoder
 from gleanrl.server.sequence import Sequence
 from gleanrl.server.stopping import StopChecker
 from sd_util import trained_drafter
@@ -96,6 +95,11 @@ def test_penalised_greedy_identical_with_sd(engines, tiny_tokenizer, extra):
         fused = run_all(engines["fused"], _reqs(tiny_tokenizer, extra, "g"))
         assert [r["ids"] for r in fused] == [a["ids"] for a in plain]
         assert [r["logprobs"] for r in fused] == [pytest.approx(a["logprobs"], abs=1e-4) for a in plain]
+        assert all(r["out"].spec_verify_ct > 0 for r in fused)     # trees verify penalised requests too
+    tops_fused = _tops(engines["fused"], _reqs(tiny_tokenizer, extra, "tg"))
+    for a, b in zip(tops_plain, tops_fused):
+        assert [[t for _, t in row] for row in a] == [[t for _, t in row] for row in b]
+    assert engines["fused"].decoder.accepted_by_source["group"] > 0
 
 
 SAMPLED = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=TOP_K, ignore_eos=True, frequency_penalty=0.9,
@@ -131,7 +135,7 @@ def test_sampled_penalised_sd_follows_the_penalised_target(tiny_qwen2, tiny_toke
     runner = ModelRunner.load(str(tiny_qwen2))
     state = EngineState()
     sched = Scheduler(state, runner, BATCH)
-    spec = SpecDecoder(PlainDecoder(), SDPolicy(SDPolicyConfig(mode="on", fixed_k=3)))
+    spec = SDDecoder(Controller(ControllerConfig(mode="on", group=False, fixed_k=3)))
     spec.set_drafter(load_drafter(drafter, embed_tokens=runner.embed.weight), "d")
     prompt = tiny_tokenizer("The quick brown fox")["input_ids"]
     outputs = []

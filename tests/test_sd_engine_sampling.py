@@ -18,14 +18,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gleanrl.server.decode import PlainDecoder
 from gleanrl.server.engine_state import EngineState
 from gleanrl.server.model_runner import ModelRunner
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
 from gleanrl.server.sampler import processed_probs
 from gleanrl.server.scheduler import Scheduler
-from gleanrl.server.sd.decoder import SpecDecoder
-from gleanrl.server.sd.policy import SDPolicy, SDPolicyConfig
+from gleanrl.server.sd.controller import Controller, ControllerConfig
+from gleanrl.server.sd.decoder import SDDecoder
 from gleanrl.server.sequence import Sequence
 from gleanrl.server.stopping import StopChecker
 from sd_util import trained_drafter
@@ -80,7 +79,7 @@ def test_sampled_sd_step_follows_the_target(tiny_qwen2, tiny_tokenizer, drafter)
     runner = ModelRunner.load(str(tiny_qwen2))
     state = EngineState()
     sched = Scheduler(state, runner, BATCH)
-    spec = SpecDecoder(PlainDecoder(), SDPolicy(SDPolicyConfig(mode="on", fixed_k=3)))
+    spec = SDDecoder(Controller(ControllerConfig(mode="on", group=False, fixed_k=3)))
     spec.set_drafter(load_drafter(drafter, embed_tokens=runner.embed.weight), "d")
     prompt = tiny_tokenizer("The quick brown fox")["input_ids"]
     params = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=TOP_K, ignore_eos=True)

@@ -111,7 +111,31 @@ def test_identical_prompts_share_one_group_and_prompts_differ_by_exact_ids():
 
 
 @pytest.mark.parametrize("kw", [dict(max_tokens=0), dict(keep_versions=0), dict(min_n=0), dict(min_n=3, max_n=2),
-                                dict(max_hits=0), dict(max_candidates=0)])
+                                dict(max_hits=0), dict(max_candidates=0), dict(max_draft=33), dict(min_prob=1.0)])
 def test_config_rejects_bad_values(kw):
     with pytest.raises(ValueError):
         GroupIndexConfig(**kw)
+
+
+def test_draft_length_adapts_to_the_estimate():
+    """Agreeing siblings: a long draft (0.9 a token for 8 of 8: 21 tokens over 0.1; all of max_draft with
+    no threshold); one lone sample: short (2/3 a token); a split vote lowers the estimate where the
+    samples part."""
+    index = GroupIndex(GroupIndexConfig(min_prob=0.1, max_draft=32))
+    key = prompt_key(PROMPT)
+    for _ in range(8):
+        _sample(index, list(range(100, 150)))
+    agreed = index.propose(key, PROMPT)
+    assert agreed.tokens == list(range(100, 121)) and agreed.probs == pytest.approx([9 / 10] * 21)
+    unbounded = GroupIndex(GroupIndexConfig(min_prob=0.0))
+    _sample(unbounded, list(range(100, 150)))
+    assert unbounded.propose(key, PROMPT).tokens == list(range(100, 132))
+    lone = GroupIndex(GroupIndexConfig(min_prob=0.1))
+    _sample(lone, list(range(100, 150)))
+    assert len(lone.propose(key, PROMPT).tokens) == 5                    # (2/3)^5 >= 0.1 > (2/3)^6
+    split = GroupIndex(GroupIndexConfig(min_prob=0.2))
+    for tail in ([5, 6, 7], [5, 6, 7], [5, 8, 9], [5, 8, 9]):
+        _sample(split, [1, 2, 3] + tail)
+    draft = split.propose(key, PROMPT + [1, 2, 3])
+    assert draft.tokens == [5, 8, 9] and draft.probs == pytest.approx([5 / 6, 3 / 6, 3 / 4])   # tie: most recent
+    assert index.propose(key, PROMPT, max_len=4).tokens == [100, 101, 102, 103]

@@ -14,14 +14,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gleanrl.server.decode import PlainDecoder
 from gleanrl.server.model_runner import ModelRunner
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
 from gleanrl.server.sd import branch_verify
-from gleanrl.server.sd.fused_decoder import FusedDecoder
+from gleanrl.server.sd.controller import Controller, ControllerConfig
+from gleanrl.server.sd.decoder import SDDecoder
 from gleanrl.server.sd.group_drafts import GroupDrafts
-from gleanrl.server.sd.policy import SDPolicyConfig
-from gleanrl.server.sd.source_policy import GroupSDConfig, SourcePolicy
 from gleanrl.server.sequence import Sequence
 from gleanrl.server.stopping import StopChecker
 from sd_util import trained_drafter
@@ -38,17 +36,19 @@ def setup(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
     return ModelRunner.load(str(tiny_qwen2)), drafter, prompt, exact
 
 
-def _decoder(runner, drafter, arm: str) -> FusedDecoder:
+def _decoder(runner, drafter, arm: str) -> SDDecoder:
+    """arm group: group drafts of up to 3 tokens; fused: an EAGLE-3 chain of 2 and a group branch of up to 2."""
     from gleanrl.harvest.checkpoint import load_drafter
 
-    group = GroupSDConfig(sources=(arm,), group_choices=(3,), group_len=3)
-    dec = FusedDecoder(PlainDecoder(), SourcePolicy(SDPolicyConfig(mode="on", fixed_k=2), group), GroupDrafts())
+    fused = arm == "fused"
+    ctl = Controller(ControllerConfig(mode="on", eagle=fused, fused=fused, fixed_k=2 if fused else 3))
+    dec = SDDecoder(ctl, GroupDrafts())
     if arm == "fused":
         dec.set_drafter(load_drafter(drafter, embed_tokens=runner.embed.weight), "d")
     return dec
 
 
-def _sample(runner, dec: FusedDecoder, prompt: list[int], n: int) -> list[list[int]]:
+def _sample(runner, dec: SDDecoder, prompt: list[int], n: int) -> list[list[int]]:
     params = SamplingParams(max_new_tokens=NEW, temperature=1.0, top_k=TOP_K, ignore_eos=True)
     outputs = []
     for lo in range(0, n, BATCH):

@@ -1,6 +1,7 @@
-"""SD verification math: greedy cases and a statistical test that sampled SD output follows the target.
+"""SD verification math on chains (one-branch trees of `branch_verify`): greedy cases and a statistical
+test that sampled SD output follows the target.
 
-The statistical test drives `verify_sampled` with a Markov-chain "target" P and a deliberately poor
+The statistical test drives the chain verifier with a Markov-chain "target" P and a deliberately poor
 "drafter" Q (mass concentrated on tokens P finds unlikely, and on tokens P excludes, as top-k/top-p/min-p
 would). Every emitted token is a transition (prev -> next); under exact speculative sampling each
 transition's next token follows P[prev] whatever Q is, and whichever position in the chain it comes from.
@@ -16,9 +17,25 @@ import math
 
 import torch
 
-from gleanrl.server.sd.verify import verify, verify_greedy, verify_sampled
+from gleanrl.server.sd.branch_verify import verify_branches, verify_branches_greedy
 
 V, K, ROWS = 6, 4, 400
+
+
+def verify_sampled(draft_ids, q_probs, p_probs, gens, lens=None):
+    """A chain as a one-branch tree: draft_ids [B, k] ~ q_probs [B, k, V]; p_probs [B, k+1, V]."""
+    b, k = draft_ids.shape
+    lens = torch.full((b,), k) if lens is None else lens
+    _, n_acc, out = verify_branches(draft_ids[:, None], lens[:, None], p_probs[:, 0], p_probs[:, None, 1:], gens,
+                                    q_probs[:, None], torch.zeros(b, 1, dtype=torch.bool))
+    return n_acc, out
+
+
+def verify_greedy(draft_ids, target_ids, lens=None):
+    b, k = draft_ids.shape
+    lens = torch.full((b,), k) if lens is None else lens
+    _, n_acc, out = verify_branches_greedy(draft_ids[:, None], lens[:, None], target_ids[:, 0], target_ids[:, None, 1:])
+    return n_acc, out
 
 
 def _chains(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,23 +126,6 @@ def test_greedy_accepts_leading_matches_and_emits_target_tokens():
     assert n_acc.tolist() == [4, 1, 0, 3]
     emitted = [out[b, : int(n) + 1].tolist() for b, n in enumerate(n_acc)]
     assert emitted == [[5, 6, 7, 8, 9], [5, 6], [5], [1, 2, 3, 4]]
-
-
-def test_mixed_batch_routes_rows_by_temperature():
-    p, q = _chains(seed=2)
-    gens = [torch.Generator().manual_seed(b) for b in range(8)]
-    _, draft_ids, q_probs, p_probs = _draft(p, q, gens)
-    target_ids = p_probs.argmax(-1)
-    greedy = [b % 2 == 0 for b in range(8)]
-    odd = list(range(1, 8, 2))
-    n_acc, out = verify(draft_ids, target_ids, greedy, draft_probs=q_probs[odd], target_probs=p_probs[odd],
-                        generators=[gens[b] for b in odd])
-    n_g, out_g = verify_greedy(draft_ids, target_ids)
-    for b in range(0, 8, 2):
-        assert n_acc[b] == n_g[b] and torch.equal(out[b], out_g[b])
-    for b in odd:  # sampled rows never emit a token outside the target's support
-        n = int(n_acc[b]) + 1
-        assert (p_probs[b, torch.arange(n), out[b, :n]] > 0).all()
 
 
 def test_greedy_padding_is_never_accepted():

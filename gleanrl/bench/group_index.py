@@ -3,7 +3,8 @@
 
 Synthetic GRPO groups: P prompts x n samples of L tokens over a small vocabulary; each sample copies a
 shared per-prompt "reference" continuation with a mutation rate, so siblings agree in stretches and
-diverge elsewhere, like real siblings. Timings are per call, best of --repeats (the CPU may be shared).
+diverge elsewhere, like real siblings. Timings are per call, best of --repeats (the CPU may be shared);
+mean_draft_len is the mean length of the adaptive drafts proposed (`GroupIndexConfig.min_prob`).
 """
 from __future__ import annotations
 
@@ -32,18 +33,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=2000)
     parser.add_argument("--mutate", type=float, default=0.1)
-    parser.add_argument("--max-len", type=int, default=8)
+    parser.add_argument("--max-len", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     rng = random.Random(0)
     groups = _samples(rng, args.prompts, args.n, args.length, args.vocab, args.mutate)
     best_extend = best_propose = float("inf")
-    hits = calls = 0
+    hits = calls = drafted = 0
     for _ in range(args.repeats):
         index = GroupIndex(GroupIndexConfig())
         handles = [[index.start(prompt, "v0") for _ in outs] for prompt, outs in groups]
         t_extend = t_propose = 0.0
-        hits = calls = 0
+        hits = calls = drafted = 0
         for pos in range(args.length):                 # every sample emits one token per iteration
             for (prompt, outs), hs in zip(groups, handles):
                 key = prompt_key(prompt)
@@ -57,9 +58,11 @@ def main(argv: list[str] | None = None) -> int:
                     t_propose += t1 - t0
                     calls += 1
                     hits += draft is not None
+                    drafted += len(draft.tokens) if draft is not None else 0
         best_extend, best_propose = min(best_extend, t_extend / calls), min(best_propose, t_propose / calls)
     print(json.dumps({"propose_us": round(best_propose * 1e6, 2), "extend_us": round(best_extend * 1e6, 2),
-                      "hit_rate": round(hits / calls, 3), "calls": calls, "indexed_tokens": index.tokens}))
+                      "hit_rate": round(hits / calls, 3), "mean_draft_len": round(drafted / max(hits, 1), 2),
+                      "calls": calls, "indexed_tokens": index.tokens}))
     return 0
 
 

@@ -2,15 +2,17 @@
 
 P prompts x n samples, all submitted at once (T = 1, seeded per step as the trainer does), for
 `--steps` consecutive steps with the same policy and the same prompts (an epoch revisiting them), so the
-earlier-sample index fills. One engine serves every arm; between arms only its decoder's policy and
-group index change: `plain` (no SD), `eagle` (the EAGLE-3 drafter, adaptive), `group` (group drafts
-only), `fused` (both, the bandit choosing per iteration among EAGLE-3, group and the two-branch tree).
-`tok_s_by_bucket` is the bandit's measured tokens/s per running-batch bucket and arm: where SD stops
-paying, per source.
-Each arm starts with an empty group index and a fresh bandit. rollout_s is the wall time of all its
-steps, tok_s the tokens produced over it, accept_length the tokens emitted per verify pass (bonus
-included, as SGLang's). Then one greedy step (T = 0) per arm: `identical_greedy` counts SD outputs equal
-token for token to the plain ones (lossless). The CPU may be shared: read the ratios, not the seconds.
+earlier-sample index fills. Each arm is its own engine, configured exactly as `gleanrl serve` with the
+arm's flags (`serve_flags` in the JSON), nothing swapped inside: `plain` (`--sd off`), `eagle`
+(`--drafter D`), `group` (`--sd-sources group`), `fused` (`--drafter D --sd-sources eagle,group,fused`),
+the last three with the serve defaults otherwise (`--sd adaptive`: the cost-model controller).
+`controller` is the arm's measured target pass ms per (running bucket, tokens per sequence), drafter
+step ms and EAGLE-3 acceptance by depth. rollout_s is the wall time of all its steps, tok_s the tokens
+produced over it, accept_length the tokens emitted per verify pass (bonus included, as SGLang's),
+target_passes the decoding target passes, tokens_per_pass the tokens a decoding sequence gets per pass
+(plain: 1.0; machine-independent). Then one greedy step
+(T = 0) per arm on the same engine: `identical_greedy` counts SD outputs equal token for token to the
+plain ones (lossless). The CPU may be shared: read the ratios, not the seconds.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ import sys
 import time
 
 ARMS = ("plain", "eagle", "group", "fused")
-SOURCES = {"eagle": ("eagle",), "group": ("group",), "fused": ("eagle", "group", "fused")}
+SERVE_FLAGS = {"plain": ["--sd", "off"], "eagle": ["--drafter", "D"], "group": ["--sd-sources", "group"],
+               "fused": ["--drafter", "D", "--sd-sources", "eagle,group,fused"]}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,8 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=2, help="consecutive steps over the same prompts")
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument("--sd-max-batch", type=int, default=8, help="EAGLE-3 arms only while running <= this")
-    parser.add_argument("--group-max-batch", type=int, default=64, help="group arms only while running <= this")
+    parser.add_argument("--sd-max-batch", type=int, default=None, help="serve's --sd-max-batch (default: its)")
+    parser.add_argument("--group-max-batch", type=int, default=None, help="serve's --group-max-batch (default: its)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     parser.add_argument("--seed", type=int, default=0)
@@ -55,19 +58,19 @@ def _step(engine, prompts: list[list[int]], n: int, temperature: float, max_new:
     return asyncio.run(main())
 
 
-def _set_arm(engine, arm: str, drafter, args: argparse.Namespace) -> None:
-    """Between runs (the engine is idle): the arm's bandit, an empty group index, the drafter or none."""
-    from gleanrl.server.sd.group_drafts import GroupDrafts
-    from gleanrl.server.sd.policy import SDPolicyConfig
-    from gleanrl.server.sd.source_policy import GroupSDConfig, SourcePolicy
+def _arm_config(arm: str, model: str, drafter: str, args: argparse.Namespace):
+    """The EngineConfig `gleanrl serve --model M` builds with the arm's flags (SERVE_FLAGS)."""
+    from gleanrl.server.cli import add_arguments, engine_config
 
-    dec = engine.decoder
-    mode = "off" if arm == "plain" else "adaptive"
-    dec.policy = SourcePolicy(SDPolicyConfig(mode=mode, max_batch=args.sd_max_batch, seed=args.seed),
-                              GroupSDConfig(sources=SOURCES.get(arm, ("eagle",)), group_max_batch=args.group_max_batch))
-    dec.groups = GroupDrafts() if arm in ("group", "fused") else None
-    dec.drafter = drafter if arm in ("eagle", "fused") else None
-    dec.states.clear()
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    flags = [x if x != "D" else drafter for x in SERVE_FLAGS[arm]]
+    for name, value in (("--sd-max-batch", args.sd_max_batch), ("--group-max-batch", args.group_max_batch)):
+        if value is not None and arm != "plain":
+            flags += [name, str(value)]
+    flags += ["--dtype", args.dtype,
+              "--max-running-requests", str(args.prompts * args.n)]
+    return engine_config(parser.parse_args(["--model", model, *flags])), flags
 
 
 def _default_paths(args: argparse.Namespace) -> tuple[str, str]:
@@ -84,10 +87,28 @@ def _default_paths(args: argparse.Namespace) -> tuple[str, str]:
     return str(policy), str(demo.warm_drafter(policy, warm, task=args.task or DEFAULT_TASK))
 
 
+def _arm(engine, prompts: list[list[int]], args: argparse.Namespace) -> tuple[dict, list[list[int]]]:
+    """The arm's rollout steps (T = 1), then its greedy step; returns (results, greedy outputs)."""
+    dec = engine.decoder
+    t0, tokens = time.perf_counter(), 0
+    for step in range(args.steps):
+        outs = _step(engine, prompts, args.n, 1.0, args.max_new_tokens, 10_007 * step)
+        tokens += sum(map(len, outs))
+    seconds = time.perf_counter() - t0
+    stats = dec.stats()
+    ct = dec.verify_ct
+    r = {"rollout_s": round(seconds, 3), "tok_s": round(tokens / seconds, 1), "tokens": tokens,
+         "accept_length": round(dec.verify_tokens / ct, 2) if ct else 0.0,
+         "verify_passes": ct, "target_passes": dec.decode_passes,
+         "tokens_per_pass": round(dec.decode_tokens / dec.decode_rows, 3) if dec.decode_rows else 0.0,
+         "accepted_by_source": dict(dec.accepted_by_source),
+         "controller": stats["sd_controller"]}
+    return r, _step(engine, prompts, args.n, 0.0, args.max_new_tokens, 0)
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from gleanrl.server.config import EngineConfig
     from gleanrl.server.engine import Engine
     from gleanrl.server.protocol import CheckpointError
     from gleanrl.trainer.generate import encode_prompt
@@ -101,37 +122,29 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     try:
         model, drafter = _default_paths(args)
-        engine = Engine(EngineConfig(model_path=model, drafter_path=drafter, max_running_requests=args.prompts * args.n,
-                                     dtype=args.dtype, seed=args.seed, sd_sources=SOURCES["fused"]))
+        configs = {arm: _arm_config(arm, model, drafter, args) for arm in arms}
         task = load_task(args.task)
-        prompts = [encode_prompt(engine.tokenizer, s) for s in task.prompts("train", args.prompts, args.seed)]
     except (OSError, ValueError, KeyError, ImportError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    engine.start()
-    results, greedy, loaded = {}, {}, engine.decoder.drafter
-    try:
-        for arm in arms:
-            _set_arm(engine, arm, loaded, args)
-            ct0, tok0 = engine.decoder.verify_ct, engine.decoder.verify_tokens
-            by0 = dict(engine.decoder.accepted_by_source)
-            t0, tokens = time.perf_counter(), 0
-            for step in range(args.steps):
-                outs = _step(engine, prompts, args.n, 1.0, args.max_new_tokens, 10_007 * step)
-                tokens += sum(map(len, outs))
-            seconds = time.perf_counter() - t0
-            ct, toks = engine.decoder.verify_ct - ct0, engine.decoder.verify_tokens - tok0
-            results[arm] = {"rollout_s": round(seconds, 3), "tok_s": round(tokens / seconds, 1),
-                            "accept_length": round(toks / ct, 2) if ct else 0.0,
-                            "accepted_by_source": {k: v - by0[k] for k, v in engine.decoder.accepted_by_source.items()},
-                            "tok_s_by_bucket": engine.decoder.policy.measured()}
-            _set_arm(engine, arm, loaded, args)
-            greedy[arm] = _step(engine, prompts, args.n, 0.0, args.max_new_tokens, 0)
-            r = results[arm]
-            print(f"{arm:>6}  rollout {r['rollout_s']:>8.2f} s  {r['tok_s']:>8.1f} tok/s  "
-                  f"accept {r['accept_length']:.2f}", flush=True)
-    finally:
-        engine.shutdown()
+    results, greedy, prompts = {}, {}, None
+    for arm in arms:
+        try:
+            engine = Engine(configs[arm][0])
+        except (OSError, ValueError, CheckpointError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if prompts is None:
+            prompts = [encode_prompt(engine.tokenizer, s) for s in task.prompts("train", args.prompts, args.seed)]
+        engine.start()
+        try:
+            results[arm], greedy[arm] = _arm(engine, prompts, args)
+        finally:
+            engine.shutdown()
+        results[arm]["serve_flags"] = " ".join(configs[arm][1])
+        r = results[arm]
+        print(f"{arm:>6}  rollout {r['rollout_s']:>8.2f} s  {r['tok_s']:>8.1f} tok/s  "
+              f"accept {r['accept_length']:.2f}  passes {r['verify_passes']}", flush=True)
     sd_arms = [a for a in arms if a != "plain"]
     same = sum(x == y for a in sd_arms for x, y in zip(greedy[a], greedy["plain"]))
     summary = {"arms": results, "identical_greedy": f"{same}/{len(sd_arms) * len(greedy['plain'])}",

@@ -1,9 +1,10 @@
 """`gleanrl bench sd`: output tokens/s with speculative decoding against without, in one engine.
 
-One engine serves the drafter; between runs only the SD policy changes (`--sd` mode, default adaptive,
-as served, vs off), so model, prompts, threads and batching are identical. Prompts come from a task
+Two engines, each as `gleanrl serve` builds it: one with the drafter (`--sd` mode, default adaptive:
+the cost-model controller, as served), one with `--sd off`; model, prompts, threads and batching are
+identical, and the runs alternate. Prompts come from a task
 (default the built-in one; the task is imported lazily, as `gleanrl draft train` does) or a JSONL file.
-For each batch size and temperature: one warm-up run per side (the bandit learns its draft lengths),
+For each batch size and temperature: one warm-up run per side (the controller measures its costs),
 then `--repeats` alternating runs of which the best counts (the CPU may be shared). Requests stop at
 EOS as in RL rollouts; tokens/s counts the tokens actually produced. accept_length is the mean tokens
 emitted per verify pass (bonus token included, as SGLang's) over the SD runs; 0 means SD never ran.
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--sd", choices=["on", "adaptive"], default="adaptive")
     parser.add_argument("--sd-max-batch", type=int, default=8)
-    parser.add_argument("--num-draft-tokens", type=int, default=None, help="fixed draft length (default: bandit)")
+    parser.add_argument("--num-draft-tokens", type=int, default=None, help="fixed draft length (default: chosen)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the engine runs")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
@@ -67,47 +68,43 @@ def _run(engine, prompts: list[list[int]], temperature: float, max_new: int,
     return sum(map(len, outputs)) / (time.perf_counter() - start), outputs
 
 
-def _side(engine, policy, prompts, temperature, args, seed) -> tuple[float, list[list[int]]]:
-    engine.decoder.policy = policy
-    return _run(engine, prompts, temperature, args.max_new_tokens, seed)
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from gleanrl.server.config import EngineConfig
     from gleanrl.server.engine import Engine
     from gleanrl.server.protocol import CheckpointError
-    from gleanrl.server.sd.policy import SDPolicy, SDPolicyConfig
 
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
     temps = [float(t) for t in args.temperatures.split(",")]
     try:
         prompts_text = _prompts(args, max(batches))
-        engine = Engine(EngineConfig(model_path=args.model, drafter_path=args.drafter, max_running_requests=64,
-                                     device=args.device, dtype=args.dtype))
+        common = dict(model_path=args.model, max_running_requests=64, device=args.device, dtype=args.dtype)
+        engine = Engine(EngineConfig(**common, drafter_path=args.drafter, sd=args.sd, sd_max_batch=args.sd_max_batch,
+                                     num_draft_tokens=args.num_draft_tokens))
+        plain_engine = Engine(EngineConfig(**common, sd="off"))
     except (OSError, ValueError, KeyError, ImportError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     engine.start()
+    plain_engine.start()
     tok = engine.tokenizer
     prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts_text]
-    sd = SDPolicy(SDPolicyConfig(mode=args.sd, max_batch=args.sd_max_batch, fixed_k=args.num_draft_tokens))
-    off = SDPolicy(SDPolicyConfig(mode="off"))
+    sd, off = engine, plain_engine
     results = []
     try:
         for batch in batches:
             for temp in temps:
                 batch_prompts = prompts[:batch]
-                _side(engine, sd, batch_prompts, temp, args, 0)               # warm-up; the bandit learns
-                _side(engine, off, batch_prompts, temp, args, 0)
+                _run(sd, batch_prompts, temp, args.max_new_tokens, 0)               # warm-up; the controller measures
+                _run(off, batch_prompts, temp, args.max_new_tokens, 0)
                 ct0, tok0 = engine.decoder.verify_ct, engine.decoder.verify_tokens
                 sd_tok_s = plain_tok_s = 0.0
                 identical = 0
                 for r in range(args.repeats):                                   # alternate, keep the best
-                    sd_rate, sd_out = _side(engine, sd, batch_prompts, temp, args, 1000 * r)
-                    plain_rate, plain_out = _side(engine, off, batch_prompts, temp, args, 1000 * r)
+                    sd_rate, sd_out = _run(sd, batch_prompts, temp, args.max_new_tokens, 1000 * r)
+                    plain_rate, plain_out = _run(off, batch_prompts, temp, args.max_new_tokens, 1000 * r)
                     sd_tok_s, plain_tok_s = max(sd_tok_s, sd_rate), max(plain_tok_s, plain_rate)
                     identical += sum(a == b for a, b in zip(sd_out, plain_out))
                 ct, toks = engine.decoder.verify_ct - ct0, engine.decoder.verify_tokens - tok0
@@ -122,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
                       + (f"  identical {r['identical_outputs']}" if temp == 0 else ""), flush=True)
     finally:
         engine.shutdown()
+        plain_engine.shutdown()
     if args.json:
         from gleanrl.harvest.atomic import atomic_file
         with atomic_file(args.json, "w") as f:

@@ -56,7 +56,7 @@ def verify_branches(drafts: torch.Tensor, lens: torch.Tensor, root_probs: torch.
     bsz, m_branches, k = drafts.shape
     rows = torch.arange(bsz, device=drafts.device)
     point = torch.ones(bsz, m_branches, dtype=torch.bool, device=drafts.device) if point is None else point
-    u = torch.stack([torch.rand(m_branches + k, generator=g) for g in generators]).to(drafts.device)  # [B, M+k]
+    u = _uniforms(lens, generators, m_branches + k).to(drafts.device)        # [B, M+k]
     r, branch = root_probs.float(), torch.full((bsz,), -1, dtype=torch.long, device=drafts.device)
     for m in range(m_branches):                                             # the root's tests, in order
         x = drafts[:, m, 0]
@@ -85,6 +85,19 @@ def verify_branches(drafts: torch.Tensor, lens: torch.Tensor, root_probs: torch.
         live = live & ~stop
     out[rows, n_acc] = sample(r, generators)                               # residual or bonus token
     return branch, n_acc, out
+
+
+def _uniforms(lens: torch.Tensor, generators: list[torch.Generator | None], width: int) -> torch.Tensor:
+    """[B, width]: row b draws exactly (its branches + its longest branch) uniforms from its own generator,
+    whatever else is in the batch (so a seeded request's draws depend on its own drafts only); slots
+    0..M-1 serve the root tests, M + j the test at depth j; unused slots are 1 (never read)."""
+    m = lens.shape[1]
+    u = torch.ones(lens.shape[0], width)
+    for b, (row, g) in enumerate(zip(lens.tolist(), generators)):
+        mb, kb = sum(n > 0 for n in row), max(row, default=0)
+        draw = torch.rand(mb + kb, generator=g)
+        u[b, :mb], u[b, m:m + kb] = draw[:mb], draw[mb:]
+    return u
 
 
 def _draft_dist(q: torch.Tensor | None, point: torch.Tensor, m: int, j: int,

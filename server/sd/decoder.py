@@ -1,78 +1,139 @@
-"""The speculative decode iteration: `SpecDecoder.decode`, a drop-in for `PlainDecoder.decode`.
+"""The decode iteration, SD or not: `SDDecoder.decode` (one decoder; plain decoding is an empty draft).
 
-Per iteration: the policy picks the draft length k for the batch; sequences that can speculate (one token
-pending, hidden states ready, room left) get up to k drafted tokens (`draft.py`), one target pass scores
-[last token, d_1..d_k] of all of them with `capture_layers`, and one batched `verify` call accepts a
-prefix plus one corrected/bonus token per sequence. Caches are rolled back with `truncate`; the target's
-hidden states of the accepted positions wait in the `DraftState` for the next catch-up. The others
-(prefill chunks, SD off for this batch size) take a plain step that still captures hidden states, so
-switching SD on costs nothing. A state that breaks its invariant (new drafter, flushed or retracted
+Per iteration: the group index is synced with the running set (`group_drafts.py`), each decode-ready
+sequence (one token pending) gets its group proposal (adaptive length, `group_index.py`), and the
+controller (`controller.py`) picks per sequence what to verify: nothing, a group draft prefix, an
+EAGLE-3 chain, or both as two branches (group first: the fixed verification order). Then one drafter
+call drafts the chains (`draft.py`) and one target pass verifies every tree (`tree_pass.py`; a sequence
+without a draft rides in it as a bare root). When nothing is worth drafting, or no source is served,
+the iteration is the plain step (`server.decode.forward_fed` + `sample_next`), which with a drafter
+also captures hidden states, so switching SD on costs nothing; prefilling sequences always take it.
+Every iteration is timed into the controller's cost model (all of it: sync, plan, pass, verify,
+bookkeeping; the drafter call apart) and every verified branch into its acceptance estimates.
+
+Draft states (`draft_state.py`): a state that breaks its invariant (new drafter, flushed or retracted
 cache) is rebuilt by re-feeding the target the last `window` tokens. The scheduler appends the emitted
 tokens one at a time and stops at EOS, a stop string or `max_new_tokens` exactly.
-
-Penalties, min_new_tokens and logit_bias apply at each verify position with the counts of the output plus
-the drafts before it (`sampler.penalised`): drafts are verified against exactly the distribution plain
-decoding would use there, so SD stays lossless; the drafter's q stays unpenalised, which costs acceptance
-only. SGLang instead repeats one penalty row over the window (`orchestrator.apply(repeat=...)`).
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
-from gleanrl.server.decode import PlainDecoder, feed_counts, forward_fed, sample_next
+from gleanrl.server.decode import feed_counts, forward_fed, sample_next
 from gleanrl.server.model_runner import ModelRunner
-from gleanrl.server.sampler import params_tensors, penalised
+from gleanrl.server.sampler import params_tensors
+from gleanrl.server.sd.controller import MAX_DEPTH, Controller, Plan, b_bucket
 from gleanrl.server.sd.draft import draft_tokens
 from gleanrl.server.sd.draft_state import DraftState
 from gleanrl.server.sd.drafter_forward import new_draft_cache
-from gleanrl.server.sd.policy import SDPolicy
-from gleanrl.server.sd.verify_batch import emitted_extras, emitted_logprobs, verify_batch
+from gleanrl.server.sd.group_drafts import GroupDrafts
+from gleanrl.server.sd.group_index import GroupDraft
+from gleanrl.server.sd.tree_pass import TreeResult, tree_pass
 from gleanrl.server.sequence import Emitted, Sequence
 
 Out = dict[Sequence, tuple[list[int], list[float]]]
+IDLE_PROBE = 16
 
 
-class SpecDecoder:
-    def __init__(self, plain: PlainDecoder, policy: SDPolicy, window: int = 256):
-        self.plain, self.policy, self.window = plain, policy, window
-        self.prefill_chunk = plain.prefill_chunk
+class SDDecoder:
+    def __init__(self, controller: Controller | None, groups: GroupDrafts | None = None,
+                 target_version: Callable[[], str] = lambda: "default", window: int = 256,
+                 prefill_chunk: int = 1024):
+        """controller None: plain decoding only (sd off; no drafter is accepted)."""
+        if prefill_chunk < 1:
+            raise ValueError("prefill_chunk must be >= 1")
+        self.controller, self.groups, self.target_version = controller, groups, target_version
+        self.window, self.prefill_chunk = window, prefill_chunk
         self.drafter, self.draft_path = None, None
         self.states: dict[Sequence, DraftState] = {}
         self.verify_ct = self.verify_tokens = 0
-        self.accept_hist = [0] * 18                 # accept_hist[t]: verify passes that emitted t tokens
+        self.accept_hist = [0] * (MAX_DEPTH + 2)        # accept_hist[t]: verify passes that emitted t tokens
+        self.accepted_by_source = {"group": 0, "eagle": 0}   # accepted draft tokens (bonus not counted)
+        self.passes_by_source = {"group": 0, "eagle": 0}     # verify passes that offered the source
+        self._group_idle: dict[int, int] = {}           # B bucket -> plans in a row that used no group draft
+        self._iteration = 0
+        self.decode_passes = self.decode_rows = self.decode_tokens = 0   # target passes over decoding
+        #   sequences, those sequences summed over the passes, the tokens they emitted
 
     def stats(self) -> dict:
+        by_source = {src: (self.accepted_by_source[src] / n if n else 0.0) for src, n in self.passes_by_source.items()}
         return {"avg_spec_accept_length": self.verify_tokens / self.verify_ct if self.verify_ct else 0.0,
-                "spec_accept_histogram": list(self.accept_hist)}
+                "spec_accept_histogram": list(self.accept_hist),
+                "spec_accepted_tokens_by_source": dict(self.accepted_by_source),
+                "avg_spec_accept_length_by_source": by_source,
+                "group_index": self.groups.stats() if self.groups else None,
+                "sd_controller": self.controller.summary() if self.controller else None}
 
     def set_drafter(self, drafter, path: str | None) -> None:
-        """Between iterations: serve `drafter`; every draft state is rebuilt on the next iteration and
-        the policy's measurements, made with the old drafter, count less (`SDPolicy.decay`)."""
+        """Between iterations: serve `drafter`; every draft state is rebuilt on the next iteration and the
+        EAGLE-3 acceptance estimates, made with the old drafter, count less."""
+        if self.controller is None:
+            raise ValueError("plain decoding (sd off) serves no drafter")
         self.drafter, self.draft_path = drafter, path
         self.states.clear()
-        self.policy.decay()
+        self.controller.drafter_swapped()
+        if drafter is not None:
+            self.controller.cost.calibrate_drafter(drafter)
 
     @torch.inference_mode()
     def decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
-        if self.drafter is None or self.policy.config.mode == "off":
-            return self.plain.decode(runner, seqs)
-        self._sync_states(seqs)
-        use_sd = self.policy.use_sd(len(seqs))
-        k = self.policy.choose_k(len(seqs)) if use_sd else 0
-        ks = {s: self._draft_len(s, k) for s in seqs}
-        ready = [s for s in seqs if ks[s] > 0 and s.total_len - s.cache.length == 1 and self.states[s].pending > 0]
-        t0 = time.perf_counter()
-        out = self._feed(runner, [s for s in seqs if s not in ready]) if len(ready) < len(seqs) else {}
-        if k == 0 and use_sd and len(out) == len(seqs):  # arm 0: a plain decode step
-            self.policy.record(len(seqs), 0, len(out), time.perf_counter() - t0)
-        if ready:
-            t0 = time.perf_counter()
-            spec = self._speculate(runner, ready, [ks[s] for s in ready])
-            self.policy.record(len(seqs), k, sum(len(ids) for ids, _ in spec.values()), time.perf_counter() - t0)
-            out.update(spec)
+        if self.drafter is not None and not self.controller.cost.target:   # a first drafter hot-swapped in
+            self.controller.cost.calibrate(runner)
+        t0 = time.perf_counter()                        # the whole iteration is the plan's cost
+        if self.groups is not None:
+            self.groups.sync(seqs, self.target_version())
+        if self.drafter is not None:
+            self._sync_states(seqs)
+        ready = [s for s in seqs if s.total_len - s.cache.length == 1]
+        plan, proposals = self._plan(ready) if ready and self.controller is not None else (None, [])
+        if plan is None or not plan.drafts:
+            out = self._feed(runner, seqs)
+            if self.controller is not None and len(ready) == len(seqs):
+                self.controller.cost.record_pass(len(seqs), 1, time.perf_counter() - t0)
+            self._count_pass(ready, len(ready))
+            return [out.get(s, ([], [])) for s in seqs]
+        waiting = set(seqs) - set(ready)
+        out = self._feed(runner, [s for s in seqs if s in waiting]) if waiting else {}
+        spec, size, draft_s = self._speculate(runner, ready, plan, proposals)
+        if not waiting:
+            self.controller.cost.record_pass(len(seqs), size, time.perf_counter() - t0 - draft_s)
+        self._count_pass(ready, sum(len(ids) for ids, _ in spec.values()))
+        out.update(spec)
         return [out.get(s, ([], [])) for s in seqs]
+
+    def _count_pass(self, ready: list[Sequence], tokens: int) -> None:
+        if ready:
+            self.decode_passes += 1
+            self.decode_rows += len(ready)
+            self.decode_tokens += tokens
+
+    def _plan(self, seqs: list[Sequence]) -> tuple[Plan, list[GroupDraft | None]]:
+        caps = [self._cap(s) for s in seqs]
+        cfg = self.controller.config
+        propose = self.groups is not None and cfg.group and (cfg.mode == "on" or len(seqs) <= cfg.group_max_batch) \
+            and self._probe(len(seqs))
+        proposals = [self.groups.propose(s, c) if propose and c > 0 else None for s, c in zip(seqs, caps)]
+        eagle_ok = [self.drafter is not None and c > 0 and self.states[s].pending > 0 for s, c in zip(seqs, caps)]
+        plan = self.controller.plan(caps, [d.probs if d is not None else [] for d in proposals], eagle_ok)
+        if propose:
+            bucket = b_bucket(len(seqs))
+            self._group_idle[bucket] = 0 if any(plan.group_lens) else self._group_idle.get(bucket, 0) + 1
+        return plan, proposals
+
+    def _probe(self, b: int) -> bool:
+        """Propose group drafts this iteration? Proposing costs Python time in every iteration, so in a
+        bucket where the last IDLE_PROBE plans used none, only every IDLE_PROBE-th iteration proposes."""
+        self._iteration += 1
+        return self._group_idle.get(b_bucket(b), 0) < IDLE_PROBE or self._iteration % IDLE_PROBE == 0
+
+    @staticmethod
+    def _cap(s: Sequence) -> int:
+        """Emitting n+1 tokens must fit both max_new_tokens and the context length."""
+        left = s.req.params.max_new_tokens - len(s.output_ids)
+        return max(0, min(MAX_DEPTH, left - 1, s.stopper.context_length - s.total_len - 1))
 
     def _sync_states(self, seqs: list[Sequence]) -> None:
         self.states = {s: self.states[s] for s in seqs if s in self.states}
@@ -88,50 +149,74 @@ class SpecDecoder:
     def _new_state(self, start: int) -> DraftState:
         return DraftState(new_draft_cache(self.drafter), start)
 
-    @staticmethod
-    def _draft_len(s: Sequence, k: int) -> int:
-        """Emitting n+1 <= k+1 tokens must fit both max_new_tokens and the context length."""
-        left = s.req.params.max_new_tokens - len(s.output_ids)
-        return max(0, min(k, left - 1, s.stopper.context_length - s.total_len - 1))
-
     def _feed(self, runner: ModelRunner, seqs: list[Sequence]) -> Out:
-        """Plain iteration (prefill chunks or one token) that also captures the target's hidden states."""
+        """The plain step (prefill chunks or one token); with a drafter it captures the hidden states too."""
         fed = [(s, c) for s, c in zip(seqs, feed_counts(seqs, self.prefill_chunk)) if c > 0]
         if not fed:
             return {}
-        logits, aux = forward_fed(runner, fed, capture_layers=self.drafter.config.aux_layer_ids)
-        for (s, _), rows in zip(fed, aux.split([c for _, c in fed])):
-            self.states[s].add(rows)
+        capture = self.drafter.config.aux_layer_ids if self.drafter is not None else None
+        logits, aux = forward_fed(runner, fed, capture_layers=capture)
+        if aux is not None:
+            for (s, _), rows in zip(fed, aux.split([c for _, c in fed])):
+                self.states[s].add(rows)
         rows = [i for i, (s, _) in enumerate(fed) if s.cache.length == s.total_len]
         done = [fed[i][0] for i in rows]
         return dict(zip(done, sample_next(logits[rows], done)))
 
-    def _speculate(self, runner: ModelRunner, seqs: list[Sequence], ks: list[int]) -> Out:
-        states = [self.states[s] for s in seqs]
-        prm = params_tensors([s.req.params for s in seqs], runner.device)  # drafts and verify on the target's device
-        drafts, qs = draft_tokens(self.drafter, seqs, states, ks, prm)
-        starts = [s.cache.length for s in seqs]                                 # T - 1: the last token's position
-        tokens = [t for s, p0, d in zip(seqs, starts, drafts) for t in s.tokens(p0, p0 + 1) + d]
-        positions = [p for p0, d in zip(starts, drafts) for p in range(p0, p0 + len(d) + 1)]
-        lens = [len(d) + 1 for d in drafts]
-        device = runner.device
-        logits, aux = runner.forward(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
-                                     [s.cache for s in seqs], lens, capture_layers=self.drafter.config.aux_layer_ids,
-                                     last_only=False)                            # [N, V], [N, 3*Ht]
-        logits = penalised(logits, seqs, drafts)  # window row j counts d_1..d_j: verify against the penalised p
-        n_acc, out_ids, offsets = verify_batch(logits, seqs, drafts, qs, prm)
-        lps = emitted_logprobs(logits, seqs, n_acc, out_ids, offsets, prm["temperature"])
-        emitted_extras(logits, seqs, n_acc, offsets, prm["temperature"])
+    def _speculate(self, runner: ModelRunner, seqs: list[Sequence], plan: Plan,
+                   proposals: list[GroupDraft | None]) -> tuple[Out, int, float]:
+        """Drafts and verifies; returns (outputs, the largest tree, seconds spent drafting)."""
+        prm = params_tensors([s.req.params for s in seqs], runner.device)   # on the target's device
+        draft_s = 0.0
+        eagle: list[list[int]] = [[] for _ in seqs]
+        qs: list[torch.Tensor | None] = [None for _ in seqs]
+        idx = [b for b, n in enumerate(plan.eagle_lens) if n]
+        starts = [s.cache.length for s in seqs]
+        if idx:
+            sub, ks = [seqs[b] for b in idx], [plan.eagle_lens[b] for b in idx]
+            catch_up = max(self.states[s].pending for s in sub)
+            t0 = time.perf_counter()
+            d, q = draft_tokens(self.drafter, sub, [self.states[s] for s in sub], ks,
+                                {key: v[idx] for key, v in prm.items()})
+            draft_s = time.perf_counter() - t0
+            if catch_up <= 8:                          # a long catch-up (after plain steps) is no step cost
+                self.controller.cost.record_draft(len(sub), max(ks), draft_s)
+            for j, b in enumerate(idx):
+                eagle[b], qs[b] = d[j], q[j]
+        group = [p.tokens[:n] if p is not None else [] for p, n in zip(proposals, plan.group_lens)]
+        srcs = [[name for name, x in (("group", g), ("eagle", e)) if x] for g, e in zip(group, eagle)]
+        branches = [[x for x in (g, e) if x] for g, e in zip(group, eagle)]
+        bq = [[qs[b] if name == "eagle" else None for name in srcs[b]] for b in range(len(seqs))]
+        capture = self.drafter.config.aux_layer_ids if self.drafter is not None else None
+        results, aux = tree_pass(runner, seqs, branches, bq, prm, capture)
         out = {}
-        for b, (s, st) in enumerate(zip(seqs, states)):
-            n, o = int(n_acc[b]), offsets[b]
-            s.cache.truncate(starts[b] + n + 1)                                # keep [.., d_n]; emit bonus next
-            st.cache.truncate(starts[b] - st.start)                            # drop the drafter's own states
-            st.add(aux[o:o + n + 1])
-            s.spec_verify_ct += 1
-            s.spec_correct_drafts += n
-            s.spec_proposed_drafts += len(drafts[b])
-            self.verify_ct, self.verify_tokens = self.verify_ct + 1, self.verify_tokens + n + 1
-            self.accept_hist[min(n + 1, len(self.accept_hist) - 1)] += 1
-            out[s] = (out_ids[b, :n + 1].tolist(), lps[b])
-        return out
+        for b, (s, r) in enumerate(zip(seqs, results)):
+            if self.drafter is not None:
+                st = self.states[s]
+                if eagle[b]:
+                    st.cache.truncate(starts[b] - st.start)                  # drop the drafter's own states
+                st.add(aux[r.rows])
+            if branches[b]:
+                self._count(s, srcs[b], branches[b], proposals[b], r)
+            out[s] = (r.ids, r.logprobs)
+        return out, max(1 + sum(map(len, br)) for br in branches), draft_s
+
+    def _count(self, s: Sequence, srcs: list[str], branches: list[list[int]], proposal: GroupDraft | None,
+               r: TreeResult) -> None:
+        """Statistics and the controller's acceptance estimates: a branch the walk tested (the first, and
+        the next ones while the earlier were rejected at the root) counts its accepted prefix."""
+        s.spec_verify_ct += 1
+        s.spec_correct_drafts += r.accepted
+        s.spec_proposed_drafts += sum(map(len, branches))
+        for m, (name, br) in enumerate(zip(srcs, branches)):
+            self.passes_by_source[name] += 1
+            if r.branch < 0 or m <= r.branch:
+                accepted = r.accepted if m == r.branch else 0
+                self.controller.accept.record(name, len(br), accepted,
+                                              proposal.probs if name == "group" and proposal else None)
+        if r.branch >= 0:
+            name = srcs[r.branch]
+            self.accepted_by_source[name] += r.accepted
+            s.spec_accepted_by_source[name] = s.spec_accepted_by_source.get(name, 0) + r.accepted
+        self.verify_ct, self.verify_tokens = self.verify_ct + 1, self.verify_tokens + r.accepted + 1
+        self.accept_hist[min(r.accepted + 1, len(self.accept_hist) - 1)] += 1

@@ -10,15 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gleanrl.server.config import EngineConfig
-from gleanrl.server.decode import PlainDecoder
 from gleanrl.server.model_runner import ModelRunner
 from gleanrl.server.protocol import CheckpointError
-from gleanrl.server.sd.decoder import SpecDecoder
-from gleanrl.server.sd.fused_decoder import FusedDecoder
+from gleanrl.server.sd.controller import Controller, ControllerConfig
+from gleanrl.server.sd.decoder import SDDecoder
 from gleanrl.server.sd.group_drafts import GroupDrafts
 from gleanrl.server.sd.group_index import GroupIndexConfig
-from gleanrl.server.sd.policy import SDPolicy, SDPolicyConfig
-from gleanrl.server.sd.source_policy import GroupSDConfig, SourcePolicy
 
 
 def load_for_target(path: str, runner: ModelRunner, target_config: dict):
@@ -41,20 +38,22 @@ def load_for_target(path: str, runner: ModelRunner, target_config: dict):
 
 
 def build_decoder(cfg: EngineConfig, runner: ModelRunner, target_config: dict,
-                  target_version: Callable[[], str] = lambda: "default") -> PlainDecoder | SpecDecoder:
-    """`sd="off"`: plain decoding (a drafter is refused); EAGLE-3 as the only source: the SD decoder, which
-    decodes plainly until a drafter is served; with group drafts among the sources: the fused decoder,
-    which drafts from the group index from the start (`target_version` ages its samples)."""
-    plain = PlainDecoder()
+                  target_version: Callable[[], str] = lambda: "default") -> SDDecoder:
+    """`sd="off"`: plain decoding only (a drafter is refused); otherwise the controller chooses among the
+    sources of `sd_sources` (eagle: the EAGLE-3 chain, from when a drafter is served; group: group drafts
+    from the start, `target_version` ages their samples; fused: both as two branches). The target pass
+    cost is calibrated here when a source can draft (else before the first iteration with a drafter),
+    the drafter's when one is loaded."""
     if cfg.sd == "off":
-        return plain
-    sd = SDPolicyConfig(mode=cfg.sd, max_batch=cfg.sd_max_batch, fixed_k=cfg.num_draft_tokens, seed=cfg.seed)
-    if cfg.sd_sources == ("eagle",):
-        spec = SpecDecoder(plain, SDPolicy(sd))
-    else:
-        groups = GroupDrafts(GroupIndexConfig(max_tokens=cfg.group_max_tokens, keep_versions=cfg.group_keep_versions))
-        policy = SourcePolicy(sd, GroupSDConfig(sources=cfg.sd_sources, group_max_batch=cfg.group_max_batch))
-        spec = FusedDecoder(plain, policy, groups, target_version)
+        return SDDecoder(None)
+    ctl = Controller(ControllerConfig(mode=cfg.sd, eagle="eagle" in cfg.sd_sources, group="group" in cfg.sd_sources,
+                                      fused="fused" in cfg.sd_sources, eagle_max_batch=cfg.sd_max_batch,
+                                      group_max_batch=cfg.group_max_batch, fixed_k=cfg.num_draft_tokens))
+    groups = GroupDrafts(GroupIndexConfig(max_tokens=cfg.group_max_tokens, keep_versions=cfg.group_keep_versions)) \
+        if ctl.config.group else None
+    dec = SDDecoder(ctl, groups, target_version)
+    if groups is not None or cfg.drafter_path:
+        ctl.cost.calibrate(runner)
     if cfg.drafter_path:
-        spec.set_drafter(load_for_target(cfg.drafter_path, runner, target_config), cfg.drafter_path)
-    return spec
+        dec.set_drafter(load_for_target(cfg.drafter_path, runner, target_config), cfg.drafter_path)
+    return dec

@@ -5,8 +5,16 @@ earlier steps' samples, have often already written what a sequence is about to w
 by a hash of its exact token ids, so every client gets it without an API change) an n-gram table maps
 the hash of each n-gram (min_n..max_n tokens) of a sample to the positions that follow it, one int each
 (a hash collision only costs a rejected draft). `propose` matches a sequence's last tokens, longest n
-first, and walks the continuations of the matching samples by majority vote; its confidence is the
-matched length and, per drafted token, how many samples agree.
+first, and walks the continuations of the matching samples by majority vote, as suffix decoding does
+(Oliaro et al., arXiv 2411.04975; ArcticInference, vLLM's `suffix` method): each drafted token carries a
+probability estimate from the match counts, and the draft is extended while the estimate stays at or
+above `min_prob`, up to `max_draft` tokens, per sequence (the controller then picks how much of it to
+verify, `server/sd/controller.py`). The estimate: at depth j, of the v candidates that agree with the
+draft so far and reach depth j, c vote for the majority token; its conditional estimate is the rule of
+succession (c + 1) / (v + 2) (one lone sibling: 2/3 a token, all of 7: 8/9), the draft's the product.
+Simplified relative to suffix decoding: a bounded-order n-gram table (matches of min_n..max_n tokens)
+instead of a suffix tree over whole samples, so a long match counts as long as a max_n one; in Python a
+tree costs a node per token and depth, the table one int per token and n.
 
 Bounds (all in `GroupIndexConfig`): the samples of the last `keep_versions` policy versions are kept;
 older finished ones are dropped when a new version is set (running ones when they finish). All samples
@@ -43,6 +51,8 @@ class GroupIndexConfig:
     max_hits: int = 64              # most recent positions kept per n-gram (siblings in lockstep add
                                     # entries with nothing after them yet: room for older samples too)
     max_candidates: int = 16        # continuations a proposal votes over (the most recent useful ones)
+    max_draft: int = 32             # longest draft
+    min_prob: float = 0.1           # the draft stops before its estimate falls below this
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -53,6 +63,10 @@ class GroupIndexConfig:
             raise ValueError("group index n-gram sizes must satisfy 1 <= min_n <= max_n <= 16")
         if self.max_hits < 1 or self.max_candidates < 1:
             raise ValueError("group index max_hits and max_candidates must be >= 1")
+        if not 1 <= self.max_draft <= 32:
+            raise ValueError("group index max_draft must be in [1, 32]")
+        if not 0.0 <= self.min_prob < 1.0:
+            raise ValueError("group index min_prob must be in [0, 1)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +75,7 @@ class GroupDraft:
     match_len: int                  # n of the matched n-gram
     candidates: int                 # samples whose continuation matched
     support: list[int]              # support[j]: samples that agree with tokens[:j + 1]
+    probs: list[float]              # probs[j]: conditional estimate that tokens[j] follows tokens[:j]
 
 
 @dataclass(eq=False, slots=True)
@@ -138,10 +153,12 @@ class GroupIndex:
             if s.version not in self._versions:
                 self._drop(s)
 
-    def propose(self, key: bytes, recent: list[int], max_len: int) -> GroupDraft | None:
+    def propose(self, key: bytes, recent: list[int], max_len: int | None = None) -> GroupDraft | None:
         """recent: the sequence's last tokens (prompt included). The majority continuation after the
-        longest matching n-gram, or None."""
+        longest matching n-gram while its estimate stays >= min_prob, at most max_len (default
+        max_draft) tokens, or None."""
         group, cfg = self.groups.get(key), self.config
+        max_len = cfg.max_draft if max_len is None else min(max_len, cfg.max_draft)
         if group is None or max_len < 1:
             return None
         mask = (1 << _POS_BITS) - 1
@@ -159,7 +176,7 @@ class GroupIndex:
                     if len(conts) == cfg.max_candidates:
                         break
             if conts:
-                return _majority(conts, n, max_len)
+                return _majority(conts, n, max_len, cfg.min_prob)
         return None
 
     def stats(self) -> dict[str, int]:
@@ -202,18 +219,26 @@ class GroupIndex:
                 self._index(fresh, live, 0)
 
 
-def _majority(conts: list[list[int]], n: int, max_len: int) -> GroupDraft:
+def _majority(conts: list[list[int]], n: int, max_len: int, min_prob: float) -> GroupDraft | None:
     """conts: candidate continuations (most recent first). Walk the most common token at each depth
-    (ties: the most recent sample), keeping only the candidates that agree so far."""
-    if len(conts) == 1:
-        return GroupDraft(conts[0], n, 1, [1] * len(conts[0]))
-    candidates, tokens, support = len(conts), [], []
+    (ties: the most recent sample), keeping only the candidates that agree so far, while the product of
+    the conditional estimates (c + 1) / (v + 2) stays >= min_prob."""
+    candidates, tokens, support, probs, joint = len(conts), [], [], [], 1.0
     for j in range(max_len):
-        votes = Counter(c[j] for c in conts if len(c) > j)
-        if not votes:
+        voters = [c for c in conts if len(c) > j]
+        if not voters:
             break
-        tok, count = votes.most_common(1)[0]
+        first = voters[0][j]
+        if all(c[j] == first for c in voters):
+            tok, count = first, len(voters)
+        else:
+            tok, count = Counter(c[j] for c in voters).most_common(1)[0]
+        p = (count + 1) / (len(voters) + 2)
+        if joint * p < min_prob:
+            break
+        joint *= p
         tokens.append(tok)
         support.append(count)
-        conts = [c for c in conts if len(c) > j and c[j] == tok]
-    return GroupDraft(tokens, n, candidates, support)
+        probs.append(p)
+        conts = [c for c in voters if c[j] == tok]
+    return GroupDraft(tokens, n, candidates, support, probs) if tokens else None

@@ -2,9 +2,16 @@
 
 Each sequence's tree (`tree.py`) is fed from its cache length on (the root, its last token, is the one
 token its cache lacks); the pass scores every node, `branch_verify` picks per sequence one branch and
-its accepted prefix, and `keep_path` compacts the cache to exactly that path. Rows whose target
-distribution is needed are gathered into [B, M, k, V] (padding repeats the root row; its lens entry is
-0, so it is never read as a draft).
+its accepted prefix, and `keep_path` compacts the cache to exactly that path. A sequence without
+branches is a bare root: a plain decode step; one branch is a chain. Rows whose target distribution is
+needed are gathered into [B, M, k, V] (padding repeats the root row; its lens entry is 0, so it is
+never read as a draft).
+
+Penalties, min_new_tokens and logit_bias apply at every node with the counts of the output plus the
+branch tokens before it (`sampler.penalised`, one window per branch): each draft is verified against
+exactly the distribution plain decoding would use there, so SD stays lossless; the drafter's q stays
+unpenalised, which costs acceptance only. Returned, top and token-id logprobs of each emitted token come
+from its node's penalised row, as plain decoding's from its step's.
 """
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from gleanrl.server.model_runner import ModelRunner
-from gleanrl.server.sampler import processed_probs, token_logprobs
+from gleanrl.server.sampler import penalised, processed_probs, record_extras, token_logprobs
 from gleanrl.server.sd.branch_verify import verify_branches, verify_branches_greedy
 from gleanrl.server.sd.tree import build_tree, keep_path
 
@@ -45,6 +52,7 @@ def tree_pass(runner: ModelRunner, seqs: list, branches: list[list[list[int]]], 
         [t.size for t in trees], capture_layers=capture_layers, last_only=False,
         tree_masks=masks if any(m is not None for m in masks) else None)                  # [N, V], [N, 3*H]
     base = torch.tensor([t.size for t in trees]).cumsum(0) - torch.tensor([t.size for t in trees])
+    logits = _penalised_tree(logits, seqs, trees, branches, base.tolist())
     bsz = len(seqs)
     drafts = torch.zeros(bsz, m_max, k, dtype=torch.long)
     lens = torch.zeros(bsz, m_max, dtype=torch.long)
@@ -55,17 +63,52 @@ def tree_pass(runner: ModelRunner, seqs: list, branches: list[list[list[int]]], 
             rows[b, m, :len(x) + 1] = base[b] + torch.tensor(t.branch_rows(m))
     drafts, lens, rows = drafts.to(device), lens.to(device), rows.to(device)
     branch, n_acc, out = _verify(logits, rows, drafts, lens, seqs, qs, prm, m_max, k)
+    paths = [t.rows(int(br), int(n)) for t, br, n in zip(trees, branch.tolist(), n_acc.tolist())]
+    glob = [[int(base[b]) + r for r in path] for b, path in enumerate(paths)]
+    ids = [out[b, :len(path)] for b, path in enumerate(paths)]
+    lps = _logprobs(logits, seqs, glob, ids, prm["temperature"])
+    asking = [b for b, s in enumerate(seqs) if s.req.return_logprob and (s.req.top_logprobs_num > 0
+                                                                       or s.req.token_ids_logprob)]
+    if asking:
+        rows_e = [r for b in asking for r in glob[b]]
+        record_extras(logits[rows_e], [seqs[b] for b in asking for _ in glob[b]],
+                      prm["temperature"][[b for b in asking for _ in glob[b]]])
     results = []
-    for b, (s, t) in enumerate(zip(seqs, trees)):
-        br, n = int(branch[b]), int(n_acc[b])
-        path = t.rows(br, n)
+    for b, (s, path) in enumerate(zip(seqs, paths)):
         keep_path(s.cache, starts[b], path)
-        glob = [int(base[b]) + r for r in path]
-        ids = out[b, :n + 1]
-        lps = (token_logprobs(logits[glob], ids, prm["temperature"][b].expand(n + 1).to(device)).tolist()
-               if s.req.return_logprob else [0.0] * (n + 1))
-        results.append(TreeResult(br, n, ids.tolist(), lps, glob))
+        results.append(TreeResult(int(branch[b]), len(path) - 1, ids[b].tolist(), lps[b], glob[b]))
     return results, aux
+
+
+def _penalised_tree(logits: torch.Tensor, seqs: list, trees: list, branches: list[list[list[int]]],
+                    base: list[int]) -> torch.Tensor:
+    """logits [N, V] of the pass -> penalised: each branch is one window [root, its tokens]."""
+    if not any(s.req.params.penalised for s in seqs):
+        return logits
+    rows, wseqs, wdrafts = [], [], []
+    for s, t, br, b0 in zip(seqs, trees, branches, base):
+        for m, d in enumerate(br or [[]]):
+            rows += [b0 + r for r in (t.branch_rows(m) if br else [0])]
+            wseqs.append(s)
+            wdrafts.append(d)
+    idx = torch.tensor(rows, device=logits.device)
+    out = logits.clone()
+    out[idx] = penalised(logits[idx], wseqs, wdrafts)        # a root row repeats per branch, identically
+    return out
+
+
+def _logprobs(logits: torch.Tensor, seqs: list, glob: list[list[int]], ids: list[torch.Tensor],
+              temperature: torch.Tensor) -> list[list[float]]:
+    """SGLang's logprob of every emitted token (0.0 for sequences that did not ask, as the plain step)."""
+    want = [b for b, s in enumerate(seqs) if s.req.return_logprob]
+    lps = [[0.0] * len(g) for g in glob]
+    if want:
+        rows = torch.tensor([r for b in want for r in glob[b]], device=logits.device)
+        temp = torch.cat([temperature[b].expand(len(glob[b])) for b in want]).to(logits.device)
+        flat = token_logprobs(logits[rows], torch.cat([ids[b] for b in want]), temp).tolist()
+        for b in want:
+            lps[b], flat = flat[:len(glob[b])], flat[len(glob[b]):]
+    return lps
 
 
 def _verify(logits, rows, drafts, lens, seqs, qs, prm, m_max: int, k: int):
