@@ -1,5 +1,5 @@
-"""Decoders: one iteration over the running sequences. `PlainDecoder` runs one target forward per
-iteration; the speculative decoder (`server/sd/decoder.py`) has the same interface and falls back to it.
+"""The decoder interface and the plain step's pieces: one iteration over the running sequences. The one
+decoder (`server/sd/decoder.py`) decodes plainly (an empty draft) with `forward_fed` and `sample_next`.
 
 Every running sequence feeds the tokens its KV cache lacks: a new request its prompt (chunked under the
 prefill budget), a decoding one its last sampled token, a flushed or retracted one its whole prefix
@@ -49,23 +49,3 @@ def sample_next(logits: torch.Tensor, seqs: list[Sequence]) -> Emitted:
     """logits [B, V] for B sequences -> one (token, logprob) each (`server.sampler.sample_next`: penalties,
     logit_bias, sampling, returned and top / token-id logprobs)."""
     return sampler.sample_next(logits, seqs)
-
-
-class PlainDecoder:
-    def __init__(self, prefill_chunk: int = 1024):
-        if prefill_chunk < 1:
-            raise ValueError("prefill_chunk must be >= 1")
-        self.prefill_chunk = prefill_chunk
-
-    def decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
-        fed = [(s, c) for s, c in zip(seqs, feed_counts(seqs, self.prefill_chunk)) if c > 0]
-        if not fed:
-            return [([], []) for _ in seqs]
-        logits, _ = forward_fed(runner, fed)
-        done = [i for i, (s, _) in enumerate(fed) if s.cache.length == s.total_len]
-        new = sample_next(logits[done], [fed[i][0] for i in done])
-        by_seq = {id(fed[i][0]): new[j] for j, i in enumerate(done)}
-        return [by_seq.get(id(s), ([], [])) for s in seqs]
-
-    def stats(self) -> dict:
-        return {"avg_spec_accept_length": 0.0, "spec_accept_histogram": []}
