@@ -42,6 +42,7 @@ def test_report_fields(tmp_path):
     assert t["rollout_share"] == pytest.approx(16 / 20) and t["tail_share"] == pytest.approx(9 / 16)
     assert t["idle_used_share"] == pytest.approx(0.75) and t["spec_accept_served"] == pytest.approx(100 / 30)
     assert t["tokens_per_pass"] == pytest.approx(160 / (30 + 160 - 100))
+    assert t["sd_token_share"] == pytest.approx(100 / 160)
     sample = {"messages": [{"role": "user", "content": "double 2 times, keep 3 digits: 001"}], "answer": "4"}
     report = write_report(tmp_path, rows, [[3, 5], [7]], sample, "001\n02:002\n01:004\n\\boxed{004}",
                           {"weight_version": "2", "draft_weight_version": "2"}).read_text()
@@ -54,4 +55,4 @@ def test_report_fields(tmp_path):
     assert "Accepted draft tokens by source: eagle 14%, group 86%." in report
     table = [line for line in report.splitlines() if line.startswith("|")]
     assert len({line.count("|") for line in table}) == 1  # every row has the header's columns
-    assert "| 6.00 | 75% | 3.00 | 50% | 3.00 | 75% | 2.00 | 0.00 | 1.50 | 1 |" in table[2]
+    assert "| 6.00 | 75% | 3.00 | 50% | 3.00 | 75% | 3.00 | 0.00 | 1.50 | 1 |" in table[2]

@@ -45,8 +45,8 @@ class PolicySize:
 
 
 SIZES = {
-    "small": PolicySize(hidden=512, layers=6, heads=8, kv_heads=8, intermediate=1536, train_tokens=560_000,
-                        batch_tokens=2048, lr=2.5e-3, lr_floor=0.02),
+    "small": PolicySize(hidden=512, layers=6, heads=8, kv_heads=8, intermediate=1536, train_tokens=600_000,
+                        batch_tokens=1024, lr=2e-3, lr_floor=0.02),
     "gpu": PolicySize(hidden=1024, layers=12, heads=16, kv_heads=8, intermediate=2816, train_tokens=3_000_000,
                       batch_tokens=4096, lr=1e-3),
     "tiny": PolicySize(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, train_tokens=400_000,
