@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-FORMAT_VERSION = 2  # bump when a built-in task's format or the training recipe changes: it is in the key
+FORMAT_VERSION = 1  # bump when a built-in task's format or the training recipe changes: it is in the key
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,6 @@ class PolicySize:
     train_tokens: int          # SFT tokens (padding included) drawn from the task's "train" split
     batch_tokens: int = 4096   # tokens per optimizer step, padding included
     lr: float = 1e-3
-    lr_floor: float = 0.1      # the cosine schedule ends at lr * lr_floor
     context: int = 2048
     bf16: bool = True          # bf16 autocast: ~2.5x faster on AVX-512 CPUs; off for tiny (no gain)
 
@@ -45,8 +44,8 @@ class PolicySize:
 
 
 SIZES = {
-    "small": PolicySize(hidden=512, layers=6, heads=8, kv_heads=8, intermediate=1536, train_tokens=600_000,
-                        batch_tokens=1024, lr=2e-3, lr_floor=0.02),
+    "small": PolicySize(hidden=512, layers=6, heads=8, kv_heads=8, intermediate=1536, train_tokens=1_500_000,
+                        batch_tokens=2048, lr=1.5e-3),
     "gpu": PolicySize(hidden=1024, layers=12, heads=16, kv_heads=8, intermediate=2816, train_tokens=3_000_000,
                       batch_tokens=4096, lr=1e-3),
     "tiny": PolicySize(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, train_tokens=400_000,

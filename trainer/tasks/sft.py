@@ -74,8 +74,7 @@ def train_policy(out: Path, task, size, seed: int = 0, progress: bool = True, de
     model = build_model(tokenizer, size, seed).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=size.lr, betas=(0.9, 0.98), weight_decay=0.01)
     warmup = max(1, len(batches) // 20)
-    floor = size.lr_floor
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min((i + 1) / warmup, floor + (1 - floor) * 0.5 * (
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min((i + 1) / warmup, 0.1 + 0.9 * 0.5 * (
         1 + math.cos(math.pi * min(1.0, i / len(batches))))))
     bar = tqdm(batches, desc=f"bootstrap {size.hidden}x{size.layers}", unit="step", disable=not progress)
     ema = None
