@@ -41,8 +41,8 @@ class Rollout:
     submitted_at: float | None = None     # time.monotonic()
     first_token_at: float | None = None
     finished_at: float | None = None
-    spec_verify_ct: int = 0
-    spec_accept_length: float = 0.0
+    spec_verify_ct: int = 0               # SGLang's meta_info: SD verify passes
+    spec_accept_token_num: int = 0        # SGLang's meta_info: draft tokens those passes accepted
     spec_accept_by_source: dict[str, int] = field(default_factory=dict)  # gleanrl: accepted drafts per source
 
     @property
@@ -73,7 +73,7 @@ class Rollout:
         self.weight_version = _str_or_none(meta.get("weight_version"))
         self.draft_weight_version = _str_or_none(meta.get("draft_weight_version"))
         self.spec_verify_ct = int(meta.get("spec_verify_ct") or 0)
-        self.spec_accept_length = float(meta.get("spec_accept_length") or 0.0)
+        self.spec_accept_token_num = int(meta.get("spec_accept_token_num") or 0)
         by_source = meta.get("spec_accept_token_num_by_source") or {}
         self.spec_accept_by_source = {str(k): int(v) for k, v in by_source.items()}
         kind = (self.finish_reason or {}).get("type")

@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> dict:
                         harvester.add_rollout(prompt, res["output_ids"], policy, policy_version=step)
                         text = tokenizer.decode(res["output_ids"], skip_special_tokens=True)
                         batch.append((prompt, res["output_ids"], sum(c.isdigit() for c in text) / max(len(text), 1)))
-                        accept.append(res["meta_info"].get("spec_accept_length") or 0.0)
+                        meta = res["meta_info"]  # tokens from verify passes, verify passes (SGLang's counts)
+                        accept.append((meta.get("spec_verify_ct", 0) + meta.get("spec_accept_token_num", 0),
+                                       meta.get("spec_verify_ct", 0)))
                     if pending:  # idle window: until the next rollout finishes
                         harvester.train_while(lambda p=pending: p and not any(f.done() for f in p))
             harvester.maybe_push()  # the tail is done: one more chance before the next step
@@ -115,7 +117,8 @@ def main(argv: list[str] | None = None) -> dict:
             httpx.post(f"{url}/update_weights_from_disk", json={"model_path": str(out / f"policy_v{step + 1}"),
                        "weight_version": str(step + 1)}, timeout=300).raise_for_status()
             row = {"step": step + 1, "reward": sum(r for *_, r in batch) / len(batch),
-                   "server_accept_len": sum(accept) / len(accept), "heldout_accept_len": harvester.score(),
+                   "server_accept_len": sum(t for t, _ in accept) / max(sum(c for _, c in accept), 1),
+                   "heldout_accept_len": harvester.score(),
                    "drafter_version": harvester.version, "idle_train_steps": harvester.idle.steps,
                    "idle_train_s": round(harvester.idle.busy_s, 3)}
             print(json.dumps(row), flush=True)

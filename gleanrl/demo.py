@@ -27,7 +27,7 @@ STEP_COLUMNS = [("step", "step", "{:>4d}"), ("reward_mean", "reward", "{:>6.3f}"
                 ("eval_accuracy", "held-out", "{:>8.3f}"), ("eval_se", "±se", "{:>5.3f}"),
                 ("response_len_p50", "len50", "{:>5.0f}"), ("response_len_p99", "len99", "{:>5.0f}"),
                 ("rollout_s", "rollout_s", "{:>9.2f}"), ("tail_s", "tail_s", "{:>6.2f}"),
-                ("idle_used_s", "idle_s", "{:>6.2f}"), ("spec_accept_length", "accept", "{:>6.2f}"),
+                ("idle_used_s", "idle_s", "{:>6.2f}"), ("spec_accept_length", "tok/vfy", "{:>7.2f}"),
                 ("drafter_version", "dver", "{:>4}"), ("sd_token_share", "sd%", "{:>4.0%}"),
                 ("tokens_per_pass", "tok/pass", "{:>8.2f}"), ("rollout_share", "roll%", "{:>5.0%}")]
 

@@ -1,9 +1,10 @@
 """The demo's `report.md` and its PNG plots, from the metrics rows and the response lengths.
 
 Per step: where the time went (rollouts' share of the step, the tail's share of the rollouts, the share
-of the idle window the drafter used) and what SD did (served acceptance per verify pass, and output
-tokens per target pass: the step's decode-pass speedup, an upper bound on its wall-clock one; the demo
-runs no no-SD arm to time against, `gleanrl bench e2e` does)."""
+of the idle window the drafter used) and what SD did (served acceptance: tokens per verify pass, over
+verify passes only, <= k + 1; and output tokens per target pass, plain passes included: the step's
+decode-pass speedup, an upper bound on its wall-clock one; trainer.metrics.acceptance defines both; the
+demo runs no no-SD arm to time against, `gleanrl bench e2e` does)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -55,6 +56,7 @@ def totals(rows: list[dict]) -> dict:
             "tail_share": ratio(add("tail_s"), add("rollout_s")),
             "idle_used_share": ratio(add("idle_used_s"), add("idle_window_s")),
             "spec_accept_served": ratio(add("spec_tokens"), add("spec_verify_ct")),
+            "sd_token_share": ratio(add("spec_tokens"), add("output_tokens")),
             "tokens_per_pass": ratio(add("output_tokens"), add("target_passes")),
             "accept_by_source": by_source(rows)}
 
@@ -103,10 +105,10 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: 
         ax.set_title("held-out accuracy (± 1 se over prompts)")
 
     def accept(ax):
-        ax.plot(steps, col("spec_accept_length"), marker="o", label="server (rollouts)")
+        ax.plot(steps, col("spec_accept_length"), marker="o", label="served: tokens per verify pass")
         ax.plot(steps, col("heldout_accept_len"), marker="s", label="held-out (serving drafter)")
         ax.plot(steps, col("tokens_per_pass"), "^:", label="tokens per target pass (decode speedup)")
-        ax.set_xlabel("step"), ax.set_ylabel("tokens per verify"), ax.legend(), ax.set_title("acceptance length")
+        ax.set_xlabel("step"), ax.set_ylabel("tokens per pass"), ax.legend(), ax.set_title("acceptance length")
 
     def hist(ax):
         flat = [n for step in lengths for n in step]
@@ -140,13 +142,14 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: 
         f"{max(col('idle_overrun_s') or [0.0]):.2f} s.",
         f"Rollouts took {shares['rollout_share']:.0%} of the step time, the long tail {shares['tail_share']:.0%} of "
         f"the rollouts; the drafter used {shares['idle_used_share']:.0%} of the idle window. Served acceptance "
-        f"{shares['spec_accept_served']:.2f} tokens per verify pass; {shares['tokens_per_pass']:.2f} output tokens "
-        f"per target pass (decode-pass speedup over plain decoding). {source_text(shares['accept_by_source'])}",
+        f"{shares['spec_accept_served']:.2f} tokens per verify pass ({shares['sd_token_share']:.0%} of the output "
+        f"tokens came from verify passes, the rest from plain decoding); {shares['tokens_per_pass']:.2f} output "
+        f"tokens per target pass (decode-pass speedup over plain decoding). {source_text(shares['accept_by_source'])}",
         f"Final reward {last.get('reward_mean', 0):.3f}, accuracy {last.get('accuracy', 0):.2f}; "
-        f"server acceptance length first/last step {col('spec_accept_length')[0] if rows else 0:.2f} / "
+        f"served tokens per verify pass first/last step {col('spec_accept_length')[0] if rows else 0:.2f} / "
         f"{last.get('spec_accept_length', 0):.2f}.", eval_summary(evals), "",
         "| step | reward | acc | held-out acc | len p50 | len p99 | rollout s | rollout share | tail s | tail share | "
-        "idle s | idle used | accept | held-out accept | tokens/pass | drafter | SD share |",
+        "idle s | idle used | tokens/verify | held-out accept | tokens/pass | drafter | SD share |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     held_out = {r["step"]: f"{r['eval_accuracy']:.3f} ± {r.get('eval_se', 0):.3f}" for r in evals}

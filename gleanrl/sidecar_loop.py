@@ -41,7 +41,7 @@ def rollout(rec: dict, tokenizer) -> SimpleNamespace | None:
     prompt = rec["prompt_ids"] if rec.get("prompt_ids") is not None else tokenizer.encode(rec["prompt_text"])
     return SimpleNamespace(prompt_ids=prompt, output_ids=rec["output_ids"],
                            spec_verify_ct=rec.get("spec_verify_ct") or 0,
-                           spec_accept_length=rec.get("spec_accept_length") or 0.0)
+                           spec_accept_token_num=rec.get("spec_accept_token_num") or 0)
 
 
 def load_policy(path: str):
@@ -86,7 +86,7 @@ class Sidecar:
         self.policy = policy
         self.model, self.tokenizer = load_policy(policy.model_path)
         self.hooks.on_step_start(policy.version + 1, self.model)  # the hooks' policy version is step - 1
-        self._served = [0.0, 0]                                  # sum of accept length x verify passes, passes
+        self._served = [0, 0]                                    # tokens from verify passes, verify passes
         self._t0, self._cpu0, self._missed0 = time.monotonic(), cpu_seconds(), self.view.missed
 
     def _end_step(self, partial: bool = False) -> None:
@@ -129,7 +129,7 @@ class Sidecar:
             for rec in page["records"]:
                 if (r := rollout(rec, self.tokenizer)) is not None:
                     self.hooks.on_rollout_finished(r)
-                    self._served[0] += r.spec_accept_length * r.spec_verify_ct
+                    self._served[0] += r.spec_verify_ct + r.spec_accept_token_num  # tokens from verify passes
                     self._served[1] += r.spec_verify_ct
             load = page["load"]
             idle = bool(load.get("paused")) or (load.get("num_running_reqs") or 0) <= self.idle_running

@@ -124,9 +124,9 @@ class HarvestHooks:
             overflow = self._fresh.pop(next(iter(self._fresh))) if len(self._fresh) > self.max_queue else None
         if overflow is not None:  # a step larger than the queue: its oldest wait for the idle window
             self._carry([overflow])
-        n = len(rollout.output_ids)  # tokens that came out of SD verify passes (each yields accept_length)
-        self._tokens[0] += n
-        self._tokens[1] += min(n, round(rollout.spec_verify_ct * rollout.spec_accept_length))
+        n = len(rollout.output_ids)
+        self._tokens[0] += n  # a verify pass emits the drafts it accepted and one token of its own:
+        self._tokens[1] += min(n, rollout.spec_verify_ct + rollout.spec_accept_token_num)
 
     @contextlib.contextmanager
     def update_capture(self) -> Iterator[UpdateCapture]:

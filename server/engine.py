@@ -180,8 +180,15 @@ class Engine:
                 "architectures": sw.config.get("architectures"), "device": self.cfg.device}
 
     def stats(self) -> dict:
+        """`avg_spec_accept_length`: tokens per verify pass over verify passes only (as SGLang's
+        scheduler: accepted drafts + passes over passes); `avg_tokens_per_target_pass`: every output token
+        over every target pass, plain and prefill passes included (each pass emits one token beyond the
+        drafts it accepted)."""
         st = self.state
         with st.cv:
-            return {"num_running_reqs": len(st.running), "num_queue_reqs": len(st.waiting) + len(st.held),
-                    "paused": st.paused is not None, "generation_tokens_total": st.generation_tokens_total,
-                    **self.decoder.stats()}
+            tokens = st.generation_tokens_total
+            stats = {"num_running_reqs": len(st.running), "num_queue_reqs": len(st.waiting) + len(st.held),
+                     "paused": st.paused is not None, "generation_tokens_total": tokens, **self.decoder.stats()}
+        accepted = getattr(self.decoder, "verify_tokens", 0) - getattr(self.decoder, "verify_ct", 0)
+        stats["avg_tokens_per_target_pass"] = tokens / (tokens - accepted) if tokens > accepted else 0.0
+        return stats

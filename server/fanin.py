@@ -95,6 +95,7 @@ class Fanin:
                     self.feed.record(track.req.rid, track.req.input_ids, track.ids, out.weight_version,
                                      out.finish_reason, meta={"spec_verify_ct": out.spec_verify_ct,
                                                               "spec_accept_length": out.spec_accept_length,
+                                                              "spec_accept_token_num": out.spec_accept_token_num,
                                                               "draft_weight_version": out.draft_weight_version})
             yield i
 

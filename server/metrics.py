@@ -15,7 +15,10 @@ class Metrics:
         self.registry = r = CollectorRegistry()
         self.num_running_reqs = Gauge("gleanrl:num_running_reqs", "Requests decoding now", registry=r)
         self.num_queue_reqs = Gauge("gleanrl:num_queue_reqs", "Requests waiting for a slot", registry=r)
-        self.spec_accept_length = Gauge("gleanrl:spec_accept_length", "Mean tokens per SD verify pass", registry=r)
+        self.spec_accept_length = Gauge("gleanrl:spec_accept_length", "Tokens per SD verify pass, over verify "
+                                        "passes only (<= k + 1)", registry=r)
+        self.tokens_per_target_pass = Gauge("gleanrl:tokens_per_target_pass", "Output tokens per target pass, "
+                                            "plain decode passes included (1 without SD)", registry=r)
         self.spec_verify_passes = Gauge("gleanrl:spec_verify_passes", "SD verify passes by tokens emitted (the "
                                         "acceptance histogram)", ["tokens"], registry=r)
         self.spec_accepted_tokens = Gauge("gleanrl:spec_accepted_tokens", "Draft tokens accepted, by draft source "
@@ -44,6 +47,7 @@ class Metrics:
         self.num_running_reqs.set(stats.get("num_running_reqs", 0))
         self.num_queue_reqs.set(stats.get("num_queue_reqs", 0))
         self.spec_accept_length.set(stats.get("avg_spec_accept_length") or 0.0)
+        self.tokens_per_target_pass.set(stats.get("avg_tokens_per_target_pass") or 0.0)
         for source, n in (stats.get("spec_accepted_tokens_by_source") or {}).items():
             self.spec_accepted_tokens.labels(source=source).set(n)
         for source, x in (stats.get("avg_spec_accept_length_by_source") or {}).items():

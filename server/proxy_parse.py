@@ -10,7 +10,7 @@ from gleanrl.server.harvest_feed import HarvestFeed
 
 GENERATE_PATHS = frozenset({"/generate"})
 MAX_BODY_BYTES = 256 * 1024 * 1024  # a larger non-streamed reply is relayed but not recorded
-META_FIELDS = ("spec_verify_ct", "spec_accept_length", "draft_weight_version")
+META_FIELDS = ("spec_verify_ct", "spec_accept_length", "spec_accept_token_num", "draft_weight_version")
 MAX_OUTPUTS = 1024  # prompts x n of one /generate (the server's --max-batch default)
 
 

@@ -16,9 +16,9 @@ from gleanrl.harvest.hooks import HarvestHooks
 from gleanrl.harvest.spool import SpoolConfig
 
 
-def _rollout(prompt, output, version="0", verify_ct=0, accept=0.0):
+def _rollout(prompt, output, version="0", verify_ct=0, accepted=0):
     return SimpleNamespace(prompt_ids=prompt, output_ids=output, weight_version=version,
-                           spec_verify_ct=verify_ct, spec_accept_length=accept)
+                           spec_verify_ct=verify_ct, spec_accept_token_num=accepted)
 
 
 def test_hooks_capture_drop_skip_and_metrics(tiny_qwen2, tmp_path, capsys):
@@ -29,7 +29,7 @@ def test_hooks_capture_drop_skip_and_metrics(tiny_qwen2, tmp_path, capsys):
     hooks = HarvestHooks(h)
     hooks.on_step_start(1, model)
     vocab = model.config.vocab_size
-    hooks.on_rollout_finished(_rollout([5, 6, 7], [8, 9, 10, 11], verify_ct=2, accept=1.5))  # 3 of 4 tokens by SD
+    hooks.on_rollout_finished(_rollout([5, 6, 7], [8, 9, 10, 11], verify_ct=2, accepted=1))  # 3 of 4 tokens by SD
     hooks.on_rollout_finished(_rollout([5, 6], [vocab + 5, 3]))  # an id the policy cannot embed
     hooks.on_rollout_finished(_rollout([7], [12, 13, 14, 15], version=None))  # no version: the step's
     with hooks.idle_window():

@@ -45,7 +45,7 @@ def test_resume_restores_training_state_and_repushes_the_serving_version(tiny_qw
     h.train_while(lambda: True, max_steps=2)  # progress after the push, not pushed yet
     hooks.on_step_start(2, model)
     hooks.on_rollout_finished(SimpleNamespace(prompt_ids=[4, 5], output_ids=[6, 7, 8], spec_verify_ct=0,
-                                              spec_accept_length=0.0))  # carried over to the next window
+                                              spec_accept_token_num=0))  # carried over to the next window
     save_checkpoint(tmp_path / "run", 1, model, None, torch.optim.SGD(model.parameters(), lr=0.1), {}, 2,
                     hooks_state=hooks.state_dict())
     trained, steps = _params(h.drafter), h.steps

@@ -68,27 +68,36 @@ def rollout_metrics(rollouts: list[Rollout], t_start: float, t_end: float, accur
         "rollout_s": rollout_s, "tail_s": tail_seconds(finished),
         "ttft_p50_s": percentile(ttft, 50),
         "tokens_per_s": sum(lens) / rollout_s if rollout_s > 0 else 0.0,
-        "spec_accept_length": _mean([r.spec_accept_length for r in rollouts if r.spec_verify_ct]),
         **sd_stats(rollouts),
     }
 
 
 def sd_stats(rollouts: list[Rollout]) -> dict:
-    """The step's speculative decoding, from the server's per-request stats: verify passes, the tokens
-    they emitted, served acceptance per pass, and output tokens per target pass (1.0 without SD: the
-    step's decode-pass speedup, an upper bound on its wall-clock one)."""
+    """The step's speculative decoding, pooled over its rollouts from SGLang's per-request counts
+    (`spec_verify_ct` verify passes, `spec_accept_token_num` drafts they accepted); see acceptance().
+    `spec_tokens`: output tokens that came from verify passes."""
     verify = sum(r.spec_verify_ct for r in rollouts)
-    by_sd = [min(len(r.output_ids), round(r.spec_verify_ct * r.spec_accept_length)) for r in rollouts]
+    accepted = sum(r.spec_accept_token_num for r in rollouts)
     tokens = sum(len(r.output_ids) for r in rollouts)
-    passes = verify + tokens - sum(by_sd)  # a token not from a verify pass took a plain decode pass
     sources: dict[str, int] = {}  # accepted draft tokens per source, where the server reports them
     for r in rollouts:
         for name, n in r.spec_accept_by_source.items():
             sources[name] = sources.get(name, 0) + n
-    return {"spec_verify_ct": verify, "spec_tokens": sum(by_sd), "output_tokens": tokens, "target_passes": passes,
-            "spec_accept_by_source": sources,
-            "spec_accept_served": sum(by_sd) / verify if verify else 0.0,
-            "tokens_per_pass": tokens / passes if passes else 0.0}
+    return {"spec_verify_ct": verify, "spec_accept_token_num": accepted, "spec_tokens": verify + accepted,
+            "output_tokens": tokens, "target_passes": tokens - accepted, "spec_accept_by_source": sources,
+            **acceptance(verify, accepted, tokens)}
+
+
+def acceptance(verify_passes: int, accepted_drafts: int, output_tokens: int) -> dict:
+    """gleanrl's two SD figures from SGLang's counts. `spec_accept_length`: tokens per verify pass, over
+    verify passes only, (accepted + passes) / passes, in [1, k + 1]. `tokens_per_pass`: output tokens per
+    target pass, plain decode passes (and the prefill's) included: every pass emits one token beyond the
+    drafts it accepted, so passes = tokens - accepted; 1.0 without SD, the decode-pass speedup (an upper
+    bound on the wall-clock one). Not SGLang's per-request `spec_accept_length` (completion tokens /
+    verify passes): with adaptive SD most tokens come from plain passes, and that ratio can exceed k + 1."""
+    passes = output_tokens - accepted_drafts
+    return {"spec_accept_length": (verify_passes + accepted_drafts) / verify_passes if verify_passes else 0.0,
+            "tokens_per_pass": output_tokens / passes if passes > 0 else 0.0}
 
 
 def step_shares(row: dict) -> dict:

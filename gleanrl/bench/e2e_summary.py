@@ -2,7 +2,8 @@
 (`--arms`): a figure whose arms did not run is None, so the keys are always the same.
 
 Step time is rollout + policy update + weight push (what the trainer waits for). Served acceptance is
-the server's (`spec_accept_length`, the mean over the step's rollouts that ran SD); the adaptive-over-
+each step's tokens per verify pass (`spec_accept_length`, over verify passes only: trainer.metrics.acceptance),
+averaged over steps, shown beside output tokens per target pass (`tokens_per_pass`); the adaptive-over-
 stale ratios compare the second half of the steps, once the policy has drifted from what the starting
 drafter was trained on. The `baseline` is the faster of the no-SD arms, `a_no_sd` (gleanrl serve) and
 `a_sglang` (stock SGLang); the `_a` figures and every speedup are against it. `rollout_share_a` is its
@@ -61,6 +62,8 @@ def summarize(runs: dict[str, list[dict]], wall_s: dict[str, float] | None = Non
         "rollout_time": {name: _col(rows, "rollout_s") for name, rows in runs.items()},
         "accept_per_step": {name: _col(rows, "spec_accept_length") for name, rows in runs.items()},
         "accept_len_adaptive": accept(b), "accept_len_stale": accept(c),
+        "tokens_per_pass_adaptive": _mean(_col(b, "tokens_per_pass")),
+        "tokens_per_pass_stale": _mean(_col(c, "tokens_per_pass")),
         "accept_len_adaptive_per_step": _col(b, "spec_accept_length"),
         "accept_len_stale_per_step": _col(c, "spec_accept_length"),
         "accept_ratio": _ratio(accept(b), accept(c)), "accept_ratio_late": _ratio(_late(b), _late(c)),
@@ -93,7 +96,9 @@ def headline(s: dict) -> str:
             f"{f(s['speedup_offdomain'])}x); rollouts {f(s['speedup_rollout'])}x faster (goal >= 3.0x)\n"
             f"rollout share of the no-SD step {f(s['rollout_share_a'], '.0%')} (goal >= 80%), tail share of its "
             f"rollouts {f(s['tail_share_a'], '.0%')}\n"
-            f"served acceptance adaptive {f(s['accept_len_adaptive'])} vs stale {f(s['accept_len_stale'])}; second "
+            f"served tokens per verify pass adaptive {f(s['accept_len_adaptive'])} vs stale "
+            f"{f(s['accept_len_stale'])} (tokens per target pass {f(s['tokens_per_pass_adaptive'])} vs "
+            f"{f(s['tokens_per_pass_stale'])}); second "
             f"half same-domain {f(s['samedomain_accept_ratio'])}x, off-domain {f(s['offdomain_accept_ratio'])}x "
             f"(goal >= 1.4x); cold start per step {[round(x, 2) for x in s['cold_accept_per_step']]}\n"
             f"idle window {s['idle_window_s']:.1f} s: capture {s['idle_capture_s']:.1f} s, drafter training "
