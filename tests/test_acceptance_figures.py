@@ -14,12 +14,12 @@ from engine_util import PROMPTS
 from gleanrl.bench.e2e_summary import summarize
 from gleanrl.clients.rollout import Rollout
 from gleanrl.demo_report import totals
-from gleanrl.server.sd.policy import SDPolicyConfig
+from gleanrl.server.sd.controller import K_GRID
 from gleanrl.trainer.metrics import rollout_metrics
 from sd_util import trained_drafter
 from serving import running_app
 
-K = max(SDPolicyConfig().choices)  # the longest draft adaptive SD may verify
+K = max(K_GRID)  # the longest EAGLE-3 chain adaptive SD may verify (the default sources: EAGLE-3 only)
 SHORT, LONG = 40, 56               # the long requests run SD only once the short ones have finished
 
 
