@@ -33,8 +33,9 @@ class Engine:
     def __init__(self, cfg: EngineConfig):
         from transformers import AutoTokenizer
 
-        threads = cfg.num_threads or torch.get_num_threads()
-        torch.set_num_threads(1)  # the decode thread alone runs with `threads` (server/engine_loop.py)
+        caller_threads = torch.get_num_threads()
+        threads = cfg.num_threads or caller_threads
+        torch.set_num_threads(1)  # load single-threaded: the decode thread alone runs with `threads` (engine_loop)
         self.cfg = cfg
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
         runner = ModelRunner.load(cfg.model_path, device=cfg.device, dtype=cfg.dtype)
@@ -50,6 +51,7 @@ class Engine:
         self._rng = torch.Generator().manual_seed(cfg.seed)  # for requests without a seed
         self._outbox = Outbox()
         self.loop = DecodeLoop(self.state, self.scheduler, self.decoder, self.swapper, self._outbox.flush, threads)
+        torch.set_num_threads(caller_threads)
 
     def _eos_ids(self, runner: ModelRunner) -> set[int]:
         ids: set[int] = set()

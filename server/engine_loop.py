@@ -42,6 +42,7 @@ class DecodeLoop:
             self.thread = threading.Thread(target=self._run, args=(pinned,), name="gleanrl-engine", daemon=True)
             self.thread.start()
             pinned.wait()
+            self.caller_threads = torch.get_num_threads()
             torch.set_num_threads(1)  # every later thread starts single-threaded; this one keeps its count
 
     def stop(self) -> None:
@@ -51,6 +52,7 @@ class DecodeLoop:
         if self.thread is not None:
             self.thread.join()
             self.thread = None
+            torch.set_num_threads(self.caller_threads)  # the process's count as it was before `start`
 
     def _has_work(self) -> bool:
         st = self.state

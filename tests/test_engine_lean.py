@@ -167,3 +167,14 @@ def test_pooled_verify_pass_equals_own_caches(tiny_llama):
     for a, b in zip(pooled_caches, own):
         assert a.length == b.length
         torch.testing.assert_close(a.k[1][:, :a.length], b.k[1][:, :b.length])
+
+
+def test_an_engine_gives_the_callers_thread_count_back(tiny_llama):
+    """Engines one after the other in one process (bench rollout's arms) each get the caller's count."""
+    torch.set_num_threads(2)
+    for _ in range(2):
+        eng = Engine(EngineConfig(model_path=str(tiny_llama)))
+        assert eng.loop.threads == 2 and torch.get_num_threads() == 2
+        eng.start()
+        eng.shutdown()
+    assert torch.get_num_threads() == 2
