@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 import gleanrl.cli
+from gleanrl.bench.sglang_arm import sglang_missing
 from sd_util import random_drafter
 
 
@@ -13,7 +16,8 @@ def test_bench_rollout_json(tiny_qwen2, tmp_path, capsys):
     drafter = random_drafter(tiny_qwen2, tmp_path / "drafter")
     out = tmp_path / "rollout.json"
     rc = gleanrl.cli.main(["bench", "rollout", "--model", str(tiny_qwen2), "--drafter", str(drafter), "--prompts", "2",
-                           "--n", "3", "--steps", "2", "--max-new-tokens", "12", "--json", str(out)])
+                           "--n", "3", "--steps", "2", "--max-new-tokens", "12", "--json", str(out),
+                           "--arms", "plain,eagle,group,fused"])
     assert rc == 0
     data = json.loads(out.read_text())
     assert set(data["arms"]) == {"plain", "eagle", "group", "fused"}
@@ -61,3 +65,16 @@ def test_default_drafter_is_warm_started_on_the_task(tiny_qwen2, tmp_path, monke
     assert model == str(tiny_qwen2) and seen == [(64, 12)]
     assert (tmp_path / "cache" / "drafters").is_dir() and (Path(drafter) / "config.json").is_file()
     assert rollout._default_paths(args) == (model, drafter) and len(seen) == 1  # cached
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(sglang_missing() is not None, reason=str(sglang_missing()))
+def test_bench_rollout_stock_sglang_arm(tiny_qwen2, tmp_path):
+    out = tmp_path / "rollout.json"
+    assert gleanrl.cli.main(["bench", "rollout", "--model", str(tiny_qwen2), "--drafter", "unused", "--prompts", "2",
+                             "--n", "2", "--steps", "1", "--max-new-tokens", "8", "--dtype", "float32",
+                             "--arms", "plain,sglang", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    sg = data["arms"]["sglang"]
+    assert sg["tokens"] > 0 and sg["serve_flags"].startswith("--backend sglang") and not data["skipped"]
+    assert data["over_sglang"]["plain"] == pytest.approx(sg["rollout_s"] / data["arms"]["plain"]["rollout_s"], abs=0.01)

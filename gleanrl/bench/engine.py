@@ -59,7 +59,8 @@ async def _generate(client, ids_list: list[list[int]], params: list[dict]) -> in
     return sum(await asyncio.gather(*[one(i, p) for i, p in zip(ids_list, params)]))
 
 
-def _timed(url: str, ids_list: list[list[int]], params: list[dict]) -> tuple[float, int]:
+def timed_requests(url: str, ids_list: list[list[int]], params: list[dict]) -> tuple[float, int]:
+    """Send all requests to `url`'s /generate at once; (wall seconds, output tokens)."""
     import httpx
 
     async def main():
@@ -76,21 +77,21 @@ def _fixed(n: int) -> dict:
 
 
 def measure_arm(url: str, args: argparse.Namespace, prompts: list[list[int]], buckets: list[int]) -> dict:
-    _timed(url, prompts[:1], [_fixed(8)])  # warm-up
-    single = max(n / t for t, n in (_timed(url, prompts[:1], [_fixed(args.single_tokens)])
+    timed_requests(url, prompts[:1], [_fixed(8)])  # warm-up
+    single = max(n / t for t, n in (timed_requests(url, prompts[:1], [_fixed(args.single_tokens)])
                                     for _ in range(args.repeats)))
     grpo = []
     for step in range(args.steps):
         ids = [p for p in prompts[:args.prompts] for _ in range(args.n)]
         sp = [{"max_new_tokens": args.max_new_tokens, "temperature": 1.0, "sampling_seed": 10_007 * step + i}
               for i in range(len(ids))]
-        t, n = _timed(url, ids, sp)
+        t, n = timed_requests(url, ids, sp)
         grpo.append({"tok_s": round(n / t, 1), "output_tokens": n, "wall_s": round(t, 2)})
     iteration = {}
     for b in buckets:
         ids = [prompts[i % len(prompts)] for i in range(b)]
-        t1 = min(_timed(url, ids, [_fixed(1)] * b)[0] for _ in range(2))
-        tl = _timed(url, ids, [_fixed(args.bucket_tokens)] * b)[0]
+        t1 = min(timed_requests(url, ids, [_fixed(1)] * b)[0] for _ in range(2))
+        tl = timed_requests(url, ids, [_fixed(args.bucket_tokens)] * b)[0]
         iteration[b] = round(max(tl - t1, 0.0) / (args.bucket_tokens - 1) * 1e3, 2)
     return {"single_tok_s": round(single, 1), "grpo": grpo, "iteration_ms": iteration}
 

@@ -5,7 +5,9 @@ P prompts x n samples, all submitted at once (T = 1, seeded per step as the trai
 earlier-sample index fills. Each arm is its own engine, configured exactly as `gleanrl serve` with the
 arm's flags (`serve_flags` in the JSON), nothing swapped inside: `plain` (`--sd off`), `eagle`
 (`--drafter D`), `group` (`--sd-sources group`), `fused` (`--drafter D --sd-sources eagle,group,fused`),
-the last three with the serve defaults otherwise (`--sd adaptive`: the cost-model controller).
+the last three with the serve defaults otherwise (`--sd adaptive`: the cost-model controller); and
+`sglang`: stock SGLang CPU (`gleanrl serve --backend sglang`, skipped with the reason where `.venv-sglang` is
+missing) sent the same steps' requests over HTTP (the other arms run in-process: no HTTP), rollouts only.
 `controller` is the arm's measured target pass ms per (running bucket, tokens per sequence), drafter
 step ms and EAGLE-3 acceptance by depth. rollout_s is the wall time of all its steps, tok_s the tokens
 produced over it, accept_length the tokens emitted per verify pass (bonus included, as SGLang's),
@@ -22,7 +24,7 @@ import json
 import sys
 import time
 
-ARMS = ("plain", "eagle", "group", "fused")
+ARMS = ("plain", "eagle", "group", "fused", "sglang")
 SERVE_FLAGS = {"plain": ["--sd", "off"], "eagle": ["--drafter", "D"], "group": ["--sd-sources", "group"],
                "fused": ["--drafter", "D", "--sd-sources", "eagle,group,fused"]}
 
@@ -106,6 +108,32 @@ def _arm(engine, prompts: list[list[int]], args: argparse.Namespace) -> tuple[di
     return r, _step(engine, prompts, args.n, 0.0, args.max_new_tokens, 0)
 
 
+def _sglang_arm(model: str, prompts: list[list[int]], args: argparse.Namespace) -> dict:
+    """Stock SGLang over HTTP: the same steps (T = 1, the same seeds), timed as the other arms."""
+    import tempfile
+    from pathlib import Path
+
+    from gleanrl.bench.engine import timed_requests
+    from gleanrl.bench.load import ServeProcess
+    from gleanrl.bench.sglang_arm import sglang_serve_args
+
+    count = len(prompts) * args.n
+    flags = [*sglang_serve_args(count, max(map(len, prompts)) + args.max_new_tokens + 8), "--dtype", args.dtype,
+             "--max-running-requests", str(count)]
+    log = Path(tempfile.mkdtemp(prefix="gleanrl-bench-rollout-sglang-")) / "server.log"
+    seconds = tokens = 0
+    with ServeProcess(model, log, threads=args.threads or 1, extra=flags) as srv:
+        timed_requests(srv.url, prompts[:1], [{"max_new_tokens": 8, "temperature": 0.0}])  # warm-up
+        for step in range(args.steps):
+            ids = [p for p in prompts for _ in range(args.n)]
+            sp = [{"max_new_tokens": args.max_new_tokens, "temperature": 1.0, "sampling_seed": 10_007 * step + i}
+                  for i in range(count)]
+            t, n = timed_requests(srv.url, ids, sp)
+            seconds, tokens = seconds + t, tokens + n
+    return {"rollout_s": round(seconds, 3), "tok_s": round(tokens / seconds, 1), "tokens": tokens,
+            "serve_flags": " ".join(flags)}
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -122,13 +150,19 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     try:
         model, drafter = _default_paths(args)
-        configs = {arm: _arm_config(arm, model, drafter, args) for arm in arms}
+        configs = {arm: _arm_config(arm, model, drafter, args) for arm in arms if arm != "sglang"}
         task = load_task(args.task)
     except (OSError, ValueError, KeyError, ImportError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from gleanrl.bench.sglang_arm import sglang_missing
+
+    why = sglang_missing() if "sglang" in arms else None
+    skipped = {"sglang": why} if why else {}
+    if why:
+        print(f"skipping arm sglang: {why}", file=sys.stderr)
     results, greedy, prompts = {}, {}, None
-    for arm in arms:
+    for arm in [a for a in arms if a != "sglang"]:
         try:
             engine = Engine(configs[arm][0])
         except (OSError, ValueError, CheckpointError) as exc:
@@ -145,13 +179,22 @@ def run(args: argparse.Namespace) -> int:
         r = results[arm]
         print(f"{arm:>6}  rollout {r['rollout_s']:>8.2f} s  {r['tok_s']:>8.1f} tok/s  "
               f"accept {r['accept_length']:.2f}  passes {r['verify_passes']}", flush=True)
-    sd_arms = [a for a in arms if a != "plain"]
+    if "sglang" in arms and not skipped:
+        results["sglang"] = _sglang_arm(model, prompts, args)
+        print(f"sglang  rollout {results['sglang']['rollout_s']:>8.2f} s  {results['sglang']['tok_s']:>8.1f} tok/s "
+              "(over HTTP)", flush=True)
+    sd_arms = [a for a in arms if a not in ("plain", "sglang")]
     same = sum(x == y for a in sd_arms for x, y in zip(greedy[a], greedy["plain"]))
     summary = {"arms": results, "identical_greedy": f"{same}/{len(sd_arms) * len(greedy['plain'])}",
                "model": model, "drafter": drafter, "task": args.task, "prompts": args.prompts, "n": args.n,
                "steps": args.steps, "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads()}
     for a in sd_arms:
         summary[f"speedup_{a}"] = round(results["plain"]["rollout_s"] / results[a]["rollout_s"], 2)
+    summary["skipped"] = skipped
+    if "sglang" in results:
+        summary["over_sglang"] = {a: round(results["sglang"]["rollout_s"] / results[a]["rollout_s"], 2)
+                                  for a in results if a != "sglang"}
+        print("over stock SGLang: " + "  ".join(f"{a} {x:.2f}x" for a, x in summary["over_sglang"].items()))
     print("  ".join(f"speedup_{a} {summary[f'speedup_{a}']:.2f}x" for a in sd_arms)
           + f"  identical greedy {summary['identical_greedy']}")
     if args.json:
