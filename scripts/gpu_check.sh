@@ -58,7 +58,7 @@ if ((DRY)); then
   DRAFT_ARGS=(--num-prompts 8 --max-new-tokens 24 --steps 4 --eval-every 2 --gen-batch 8 --batch-size 8 --topk 16
               --heldout 0.25)
   SD_ARGS=(--batches 1,2 --temperatures 0 --max-new-tokens 16 --repeats 1 --dtype float32)
-  ROLLOUT_ARGS=(--prompts 2 --n 2 --steps 1 --max-new-tokens 16 --dtype float32)
+  ROLLOUT_ARGS=(--prompts 2 --n 2 --steps 1 --max-new-tokens 16 --dtype float32 --arms plain,eagle,group,fused)
   E2E_ARGS=(--steps 1 --prompts-per-step 2 --samples-per-prompt 2 --max-new-tokens 16 --dtype float32
             --arms a_no_sd,b_adaptive,c_stale)
   BOX=([install]=30 [tests]=90 [bootstrap]=60 [draft]=40 [sd]=30 [rollout]=30 [e2e]=90)
@@ -67,7 +67,7 @@ else
   DRAFT_ARGS=(--num-prompts 256 --max-new-tokens 256 --steps 300 --eval-every 100 --gen-batch 64 --accept-k 6
               --ttt-length 5)
   SD_ARGS=(--batches 1,16 --temperatures 0,1 --max-new-tokens 256 --repeats 2)
-  ROLLOUT_ARGS=(--steps 1 --dtype bfloat16)
+  ROLLOUT_ARGS=(--steps 1 --dtype bfloat16 --arms plain,eagle,group,fused)
   E2E_ARGS=(--steps 2 --prompts-per-step 4 --samples-per-prompt 4 --max-new-tokens 128 --dtype bfloat16
             --arms a_no_sd,b_adaptive,c_stale)
   BOX=([install]=60 [tests]=100 [bootstrap]=90 [draft]=90 [sd]=90 [rollout]=60 [e2e]=150)
