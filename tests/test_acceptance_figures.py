@@ -20,7 +20,7 @@ from sd_util import trained_drafter
 from serving import running_app
 
 K = max(K_GRID)  # the longest EAGLE-3 chain adaptive SD may verify (the default sources: EAGLE-3 only)
-SHORT, LONG = 40, 56               # the long requests run SD only once the short ones have finished
+SHORT, LONG = 40, 88               # the long requests run SD only once the short ones have finished
 
 
 async def _generate(url: str, prompts: list[list[int]]) -> list[dict]:
@@ -34,7 +34,8 @@ async def _generate(url: str, prompts: list[list[int]]) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def served(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
-    drafter = trained_drafter(tiny_qwen2, tiny_tokenizer, tmp_path_factory.mktemp("accept") / "drafter")
+    drafter = trained_drafter(tiny_qwen2, tiny_tokenizer, tmp_path_factory.mktemp("accept") / "drafter",
+                              new_tokens=LONG + 8)  # covers the positions SD runs at
     prompts = [tiny_tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"] for i in range(10)]
     with running_app(tiny_qwen2, drafter_path=str(drafter), sd="adaptive", sd_max_batch=2,
                      max_running_requests=16) as (url, _):

@@ -72,7 +72,7 @@ def test_bench_e2e_tiny_run(tiny_qwen2, tmp_path, monkeypatch, capsys):
     assert "unknown arm(s) nope" in capsys.readouterr().err
     arms = [a for a in DEFAULT_ARMS if a != "a_sglang"]  # stock SGLang: the sglang-marked test below
     assert gleanrl.cli.main(args + ["--drafter", str(drafter), "--offdomain-drafter", str(other),
-                                    "--arms", ",".join(arms)]) == 0
+                                    "--arms", ",".join(arms), "--sd", "on"]) == 0
     s = json.loads(js.read_text())
     for key in ("speedup_e2e", "accept_len_adaptive", "accept_len_stale", "steps", "reward_a", "reward_b",
                 "reward_gap_ab", "reward_noise_seed", "rollout_share_a", "speedup_rollout", "cold_accept_per_step",

@@ -61,6 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="warm-start drafter of (b) and (c) (default: warm-start one on the regime's task, cached)")
     p.add_argument("--offdomain-drafter", default=None, metavar="DIR",
                    help=f"the off-domain start (default: warm-start one on {OFFDOMAIN_TASK}, cached)")
+    p.add_argument("--sd", default="adaptive", choices=["adaptive", "on"],
+                   help="the drafter arms' SD mode: adaptive (the cost model decides per iteration) or on "
+                        "(draft wherever a plan drafts; e.g. to see SD's cost where adaptive would not draft)")
     p.add_argument("--push-every", type=int, default=10, help="adaptive arms: drafter micro-steps between pushes")
     p.add_argument("--json", default=None, help="write the summary here as JSON")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
@@ -146,8 +149,8 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         drafter0 = drafters.get(start)
         backend = sglang_args(args) if name == "a_sglang" else None
-        with demo.serving(policy, drafter0, out / f"{name}.server.log", dtype=args.dtype, device=args.device,
-                          whole_machine=harvest is None, backend_args=backend) as server:
+        with demo.serving(policy, drafter0, out / f"{name}.server.log", sd=args.sd, dtype=args.dtype,
+                          device=args.device, whole_machine=harvest is None, backend_args=backend) as server:
             hooks, h = NoHooks(), None
             if harvest:
                 h = Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None,
