@@ -13,8 +13,11 @@
 - `d_stale_harvest` (not run by default): as (c), but harvesting and training without ever pushing: what
   harvesting costs the step (`harvest_cost`, d over c minus 1).
 
-Arms that harvest run the server on half of the cores and the harvester on the other half; every other
-arm gives the server the whole machine during rollouts (nothing of the trainer's runs beside them).
+Every arm gives the server the whole machine during rollouts. Arms that harvest train the drafter at
+nice 19 beside it (`--harvest-schedule idle`: only on compute the server leaves, so harvesting cannot
+slow the rollouts below the stale arm's through the scheduler; memory bandwidth is still shared), or
+on half of the cores with the server on the other half (`beside`). The drafter's warm start (the
+same-domain and off-domain arms) is 400 TTT steps on 256 prompts' generations (cached).
 `--quick`: a_no_sd, a_sglang, b_adaptive, c_stale for 6 steps. Figures: `gleanrl.bench.e2e_summary`.
 `--regime` (default long_tail) sets the task's length distribution and the step's shape; every run reports
 `rollout_share_a` (of the baseline arm). Held-out acceptance: each adaptive arm's final
@@ -54,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from gleanrl.trainer.tasks.presets import DEFAULT_REGIME
 
     demo.add_arguments(p)
-    p.set_defaults(out="gleanrl-bench-e2e", regime=DEFAULT_REGIME, steps=None)
+    p.set_defaults(out="gleanrl-bench-e2e", regime=DEFAULT_REGIME, steps=None, warm_prompts=256, warm_steps=400)
     p.add_argument("--arms", default=None,
                    help=f"comma-separated, of: {', '.join(RUNS)} (default: all but d_stale_harvest)")
     p.add_argument("--drafter", default=None, metavar="DIR",
@@ -64,6 +67,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sd", default="adaptive", choices=["adaptive", "on"],
                    help="the drafter arms' SD mode: adaptive (the cost model decides per iteration) or on "
                         "(draft wherever a plan drafts; e.g. to see SD's cost where adaptive would not draft)")
+    p.add_argument("--harvest-schedule", default="idle", choices=["idle", "beside"],
+                   help="harvest arms: idle (the server has every core, as in the no-SD arms; the drafter trains "
+                        "at nice 19, on what the server leaves) or beside (server and drafter training on half "
+                        "the cores each)")
     p.add_argument("--push-every", type=int, default=10, help="adaptive arms: drafter micro-steps between pushes")
     p.add_argument("--json", default=None, help="write the summary here as JSON")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
@@ -149,13 +156,15 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         drafter0 = drafters.get(start)
         backend = sglang_args(args) if name == "a_sglang" else None
+        whole = harvest is None or args.harvest_schedule == "idle"
         with demo.serving(policy, drafter0, out / f"{name}.server.log", sd=args.sd, dtype=args.dtype,
-                          device=args.device, whole_machine=harvest is None, backend_args=backend) as server:
+                          device=args.device, whole_machine=whole, backend_args=backend) as server:
             hooks, h = NoHooks(), None
             if harvest:
                 h = Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None,
                               cfg=HarvestConfig(push_every=args.push_every if harvest == "push" else 0,
-                                                max_holdout=16, seed=args.seed))
+                                                max_holdout=16, seed=args.seed,
+                                                idle_nice=19 if args.harvest_schedule == "idle" else 0))
                 hooks = demo.demo_hooks(h)
             cfg = demo.rl_config(policy, out / name, server.url, args, args.seed + seed_offset)
             train(cfg, task=task, hooks=hooks, log=demo.table_logger(out / name / "metrics.jsonl"))

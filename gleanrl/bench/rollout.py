@@ -32,6 +32,8 @@ SERVE_FLAGS = {"plain": ["--sd", "off"], "eagle": ["--drafter", "D"], "group": [
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="policy directory (default: the task's bootstrap policy)")
     parser.add_argument("--drafter", default=None, help="EAGLE-3 drafter (default: the cached warm start)")
+    parser.add_argument("--warm-prompts", type=int, default=256, help="without --drafter: prompts of the warm start")
+    parser.add_argument("--warm-steps", type=int, default=400, help="without --drafter: TTT steps of the warm start")
     parser.add_argument("--task", default=None, help="task spec (default: the built-in task)")
     parser.add_argument("--prompts", type=int, default=8, help="P: prompts per step")
     parser.add_argument("--n", type=int, default=8, help="samples per prompt")
@@ -85,7 +87,8 @@ def _default_paths(args: argparse.Namespace) -> tuple[str, str]:
     policy = Path(args.model) if args.model else bootstrap_policy(task=args.task, seed=args.seed)
     if args.drafter:
         return str(policy), args.drafter
-    warm = argparse.Namespace(max_new_tokens=args.max_new_tokens, warm_steps=120, warm_prompts=64, seed=args.seed)
+    warm = argparse.Namespace(max_new_tokens=args.max_new_tokens, warm_steps=args.warm_steps,
+                              warm_prompts=args.warm_prompts, seed=args.seed)
     return str(policy), str(demo.warm_drafter(policy, warm, task=args.task or DEFAULT_TASK))
 
 
