@@ -13,11 +13,15 @@ at position i+1. The embedding is the target's (SGLang shares it; we also store 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from gleanrl.harvest.drafter_config import DrafterConfig
+
+Linear = Callable[[torch.Tensor], torch.Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -112,12 +116,19 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool))
         self.register_buffer("inv_freq", rope_inv_freq(c.head_dim, c.rope_theta), persistent=False)
         self.fused: tuple[torch.Tensor, torch.Tensor] | None = None    # (qkv, gate_up) weights when serving
+        self.serving: dict[str, Linear] | None = None                  # the serving matmuls (fuse_for_inference)
 
-    def fuse_for_inference(self) -> Eagle3Drafter:
-        """Serve with one q/k/v and one gate/up matmul (call after the last `.to()`; training unaffected)."""
+    def fuse_for_inference(self, make_linear: Callable[[torch.Tensor], Linear] | None = None) -> Eagle3Drafter:
+        """Serve with one q/k/v and one gate/up matmul (call after the last `.to()`; training unaffected).
+        `make_linear(weight)` builds each serving matmul x -> x @ weight.T (default: `F.linear` over the
+        weight itself; the server passes oneDNN-packed ones, copies that in-place updates do not reach)."""
+        make = make_linear or (lambda w: lambda x: F.linear(x, w))
         layer = self.midlayer
         self.fused = (fuse_linears([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])[0],
                       fuse_linears([layer.mlp.gate_proj, layer.mlp.up_proj])[0])
+        self.serving = {"fc": make(self.fc.weight), "qkv": make(self.fused[0]),
+                        "o": make(layer.self_attn.o_proj.weight), "gate_up": make(self.fused[1]),
+                        "down": make(layer.mlp.down_proj.weight), "lm_head": make(self.lm_head.weight)}
         return self
 
     def share_embedding(self, weight: torch.Tensor) -> None:
@@ -137,15 +148,17 @@ class Eagle3Drafter(nn.Module):
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., n*Ht] target aux states -> fc -> [..., H]; a [..., H] drafter state passes through."""
-        return self.fc(hidden) if hidden.shape[-1] != self.config.hidden_size else hidden
+        if hidden.shape[-1] == self.config.hidden_size:
+            return hidden
+        return self.serving["fc"](hidden) if self.serving else self.fc(hidden)
 
     def qkv(self, input_ids: torch.Tensor, r: torch.Tensor, positions: torch.Tensor):
         """input_ids [...]; r [..., H]; positions [...] -> q [..., nh, d], k, v [..., nkv, d] (roped)."""
         c, layer = self.config, self.midlayer
         x = torch.cat([layer.input_layernorm(self.embed_tokens(input_ids)), layer.hidden_norm(r)], dim=-1)
         nq, nkv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-        if self.fused is not None:
-            qk, v = F.linear(x, self.fused[0]).split([nq + nkv, nkv], dim=-1)
+        if self.serving is not None:
+            qk, v = self.serving["qkv"](x).split([nq + nkv, nkv], dim=-1)
         else:
             qk = torch.cat([layer.self_attn.q_proj(x), layer.self_attn.k_proj(x)], dim=-1)
             v = layer.self_attn.v_proj(x)
@@ -156,17 +169,17 @@ class Eagle3Drafter(nn.Module):
 
     def finish(self, attn: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
         """attn [..., nh, d]; r [..., H] (the projected input) -> pre-norm output h [..., H]."""
-        layer = self.midlayer
-        r1 = layer.self_attn.o_proj(attn.flatten(-2)) + r
-        y = layer.post_attention_layernorm(r1)
-        if self.fused is None:
-            return layer.mlp(y) + r1
-        gate, up = F.linear(y, self.fused[1]).chunk(2, dim=-1)
-        return layer.mlp.down_proj(F.silu(gate) * up) + r1
+        layer, mm = self.midlayer, self.serving
+        if mm is None:
+            r1 = layer.self_attn.o_proj(attn.flatten(-2)) + r
+            return layer.mlp(layer.post_attention_layernorm(r1)) + r1
+        r1 = mm["o"](attn.flatten(-2)) + r
+        gate, up = mm["gate_up"](layer.post_attention_layernorm(r1)).chunk(2, dim=-1)
+        return mm["down"](F.silu(gate) * up) + r1
 
     def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [..., H] pre-norm -> [..., V_draft]."""
-        return self.lm_head(self.norm(h))
+        return (self.serving["lm_head"] if self.serving else self.lm_head)(self.norm(h))
 
     def draft_to_target(self) -> torch.Tensor:
         """[V_draft] target id of each draft id (SGLang's hot_token_id)."""

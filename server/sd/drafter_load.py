@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from gleanrl.server.config import EngineConfig
 from gleanrl.server.model_runner import ModelRunner
+from gleanrl.server.packed_linear import can_pack, linear
 from gleanrl.server.protocol import CheckpointError
 from gleanrl.server.sd.controller import Controller, ControllerConfig
 from gleanrl.server.sd.decoder import SDDecoder
@@ -34,7 +35,9 @@ def load_for_target(path: str, runner: ModelRunner, target_config: dict):
     if not (-1 <= c.aux_layer_ids[0] and c.aux_layer_ids[-1] <= runner.num_layers - 2):
         raise CheckpointError(f"drafter {path} captures layer ids {c.aux_layer_ids}; this engine captures "
                               f"ids -1..{runner.num_layers - 2} of its {runner.num_layers}-layer target")
-    return drafter.to(dtype=runner.dtype).fuse_for_inference()
+    drafter = drafter.to(dtype=runner.dtype)
+    pack = can_pack([p for name, p in drafter.named_parameters() if p.dim() == 2 and "embed" not in name])
+    return drafter.fuse_for_inference(lambda w: linear(w, None, pack))  # oneDNN-packed where bit-identical
 
 
 def build_decoder(cfg: EngineConfig, runner: ModelRunner, target_config: dict,
