@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from gleanrl.server.sd.controller import T_GRID, Controller, ControllerConfig, CostModel, expected_accepted
+from gleanrl.server.sd.controller import PROBE, T_GRID, Controller, ControllerConfig, CostModel, expected_accepted
 
 
 def _costs(ctl: Controller, batches, per_token: float, base: float = 0.01) -> None:
@@ -126,3 +126,21 @@ def test_real_iterations_replace_and_rescale_calibrated_cells():
     assert dict(zip(T_GRID, cost.pass_seconds(8)))[4] == 10.0
     cost.record_pass(8, 4, 5.0)                                      # then an EMA
     assert dict(zip(T_GRID, cost.pass_seconds(8)))[4] == pytest.approx(9.0)
+
+
+def test_a_side_not_played_is_probed_so_its_estimates_do_not_freeze():
+    """One slow plain sample (here 3x) must not keep SD on for good: while drafting wins, every PROBE-th
+    plan is plain, whose measurement then corrects the cell; then plain plays, SD only as a rare probe."""
+    ctl = Controller()
+    _costs(ctl, (1,), per_token=0.05)
+    true_plain = ctl.cost.target[1][1]
+    ctl.cost.target[1][1] = 3 * true_plain                   # a frozen bad sample
+    for _ in range(8):
+        ctl.accept.record("eagle", 1, 0)                     # the drafter is poor: SD wins only on paper
+    plans = [ctl.plan([30], [[]], [True]) for _ in range(PROBE)]
+    assert all(p.drafts for p in plans[:-1]) and not plans[-1].drafts
+    ctl.cost.record_pass(1, 1, true_plain)                   # the probe measures plain ...
+    for _ in range(30):
+        ctl.cost.record_pass(1, 1, true_plain)
+    drafted = sum(ctl.plan([30], [[]], [True]).drafts for _ in range(8 * PROBE))  # ... and it wins now,
+    assert drafted <= 2                                      # but for a probe of close SD every 4 * PROBE

@@ -12,7 +12,9 @@ two-branch tree (group first, then EAGLE-3 on the residual) E_group + (1 - a_gro
 Plain decoding is the plan T = 1 (rate B / target(B, 1)). Every iteration plays the plan of highest
 expected rate over T in `T_GRID`, k in `K_GRID` (each sequence taking, within T and k, its own best
 tree), so SD runs only where its expected rate beats plain decoding's: never slower than plain as far
-as the estimates are right, and they are kept right by measuring every iteration.
+as the estimates are right, and they are kept right by measuring every iteration. Adaptive mode plays
+the losing side now and then (`_plays_draft`): the estimates of a side not played would otherwise
+freeze, e.g. one slow plain iteration kept SD on at batch 1 while it ran at 0.72x.
 
 Estimates (`CostModel`, `Acceptance`):
 - target(B, T): seconds of a decode iteration but its drafter call (sync, plan, pass, verify,
@@ -42,6 +44,7 @@ import torch
 T_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 33)   # tokens per sequence in a pass (1: plain)
 K_GRID = (1, 2, 3, 4, 5, 6, 8)                            # EAGLE-3 chain lengths
 MAX_DEPTH = 32
+PROBE, CLOSE = 16, 0.8                                    # adaptive: how often the side not played is measured
 _PROB_BINS = (0.5, 0.7, 0.85, 0.95)                       # group estimate bins: < .5, .5-.7, ... >= .95
 _DEPTH_BINS = (1, 2, 4, 8, 16)                            # group depth bins: 1, 2, 3-4, 5-8, 9-16, 17-32
 
@@ -262,6 +265,18 @@ class Controller:
     def __init__(self, config: ControllerConfig | None = None):
         self.config = config or ControllerConfig()
         self.cost, self.accept = CostModel(), Acceptance()
+        self._streak: dict[int, tuple[bool, int]] = {}     # B bucket -> (plans drafted, iterations in a row)
+
+    def _plays_draft(self, b: int, drafts: bool, close: bool) -> bool:
+        """Whether this iteration plays the best drafting plan. `drafts`: it beats plain; `close`: it
+        comes within CLOSE of plain. Adaptive mode plays the other side now and then, so that the cells
+        of a side not played stay measured instead of frozen at one bad sample: plain every PROBE-th
+        iteration in a row of drafting (always cheap), a close drafting plan every 4 * PROBE-th of plain."""
+        side, n = self._streak.get(b_bucket(b), (drafts, 0))
+        n = n + 1 if side == drafts else 1
+        probe = n >= (PROBE if drafts else 4 * PROBE if close else 1 << 30)
+        self._streak[b_bucket(b)] = (drafts, 0 if probe else n)
+        return drafts != probe
 
     def plan(self, caps: list[int], group_probs: list[list[float]], eagle_ok: list[bool]) -> Plan:
         """caps[s]: most draft tokens s may verify (max_new_tokens, context); group_probs[s]: the
@@ -293,7 +308,7 @@ class Controller:
         room = np.minimum(caps_a[None], _T[:, None] - 1)                    # [T', B] draft tokens allowed
         rows = np.arange(b)[None]
         g = g_exp[rows, room]                                               # [T', B]
-        best, best_rate = None, -1.0 if cfg.mode == "on" else plain_rate
+        best, best_rate = None, -1.0                 # the best plan that drafts, whatever plain's rate
         for k in [0] + ks:
             e = np.where(elig, e_exp[np.minimum(room, k)], 0.0)             # [T', B]
             f = np.zeros_like(g)
@@ -307,6 +322,9 @@ class Controller:
             ti = int(rates.argmax())
             if value[ti].any() and rates[ti] > best_rate:
                 best_rate, best = float(rates[ti]), (k, room[ti], g[ti], e[ti], f[ti])
+        if best is not None and not on and not self._plays_draft(b, best_rate > plain_rate,
+                                                                 best_rate >= CLOSE * plain_rate):
+            best = None                              # plain: it wins, or it is this iteration's probe
         if best is None:
             return none
         k, room, g, e, f = best
