@@ -8,7 +8,9 @@ in `harvest` imports `trainer`).
   the very policy version that sampled them, at no extra forward. They are spooled in the next window.
 - `idle_window()`: a background thread that, while rollouts are in flight, first spools what the update
   captured and captures queued rollouts, then trains the drafter, one micro-step at a time, pushing a
-  better drafter every `push_every` steps. Leaving the window stops it within one micro-step.
+  better drafter every `push_every` steps; once the spool holds a batch, capture forwards and training
+  steps alternate (a slow, niced window once spent itself on capture alone). Leaving the window stops
+  it within one micro-step.
 
 Which rollouts are captured where: this step's finishers wait for the update's forward; those the
 update skips (zero-advantage groups) join the queue that the idle window captures only if it has time
@@ -57,6 +59,7 @@ CONFIG_FILE = "harvest_config.json"  # in the run's harvest root, next to spool/
 class HarvestHooks:
     def __init__(self, harvester: Harvester, max_queue: int = 512):
         self.h, self.max_queue = harvester, max_queue
+        self._turn = False                                      # the idle window alternates capture and training
         self._queue: collections.deque = collections.deque()   # (prompt_ids, output_ids) for the idle window
         self._fresh: dict[int, Any] = {}  # this step's finishers not captured yet, by id (insertion order)
         self._ready: collections.deque = collections.deque()   # (Sample, version) from the update: to spool
@@ -173,6 +176,9 @@ class HarvestHooks:
 
     def _capture_one(self) -> bool:
         ready = self._ready.popleft() if self._ready else None  # from the update: only the spool write is left
+        self._turn ^= True
+        if ready is None and self._turn and len(self.h.spool) >= self.h.cfg.batch_size:
+            return False  # a warm spool: a capture forward every other micro-step, training in between
         item = None if ready else self._next_capture()
         if ready is None and item is None:
             return False

@@ -66,3 +66,22 @@ def test_hooks_queue_is_bounded(tiny_qwen2, tmp_path):
     m = hooks.step_metrics()
     assert (m["harvest_carried"], m["harvest_dropped"], hooks.dropped) == (3, 2, 2)
     assert [out for _, out in hooks._queue] == [[4], [5], [6]]  # the oldest went
+
+
+def test_a_warm_spool_alternates_capture_and_training(tiny_qwen2, tmp_path):
+    """Once the spool holds a batch, the idle window no longer spends every micro-step on capture
+    forwards of queued rollouts: every other one trains (at nice 19 capture alone filled whole windows)."""
+    save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "d0")
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).eval()
+    h = Harvester(tiny_qwen2, tmp_path / "d0", None, cfg=HarvestConfig(push_every=0, batch_size=2,
+                                                                       spool=SpoolConfig(holdout_every=0)))
+    hooks = HarvestHooks(h)
+    hooks.on_step_start(1, model)
+    for i in range(6):
+        hooks.on_rollout_finished(_rollout([5, 6], [7 + i, 8, 9, 10]))
+    with hooks.update_capture():  # an update that takes none: all six go to the idle queue
+        pass
+    hooks.on_step_start(2, model)
+    done = [hooks._capture_one() for _ in range(6)]
+    assert hooks.captured == 4 and len(h.spool) == 4
+    assert done == [True, True, False, True, False, True]   # cold spool: capture; warm: every other call
