@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-FORMAT_VERSION = 1  # bump when a built-in task's format or the training recipe changes: it is in the key
+FORMAT_VERSION = 2  # bump when a built-in task's format or the training recipe changes: it is in the key
 
 
 @dataclass(frozen=True)
@@ -35,17 +35,22 @@ class PolicySize:
     lr: float = 1e-3
     context: int = 2048
     bf16: bool = True          # bf16 autocast: ~2.5x faster on AVX-512 CPUs; off for tiny (no gain)
+    focus_weight: float = 1.0  # loss weight of the tokens the task's solution_focus names (trainer.tasks.sft)
+    warmup: float = 0.05       # share of the steps with a linear lr warmup
+    final_lr: float = 0.1      # the cosine schedule's last lr, a fraction of lr
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise ValueError("hidden must divide by heads and heads by kv_heads")
         if min(self.layers, self.train_tokens, self.batch_tokens, self.context) < 1 or self.lr <= 0:
             raise ValueError("layers, train_tokens, batch_tokens, context and lr must be positive")
+        if self.focus_weight <= 0 or not 0 <= self.warmup < 1 or not 0 <= self.final_lr <= 1:
+            raise ValueError("focus_weight must be > 0, warmup in [0, 1) and final_lr in [0, 1]")
 
 
 SIZES = {
-    "small": PolicySize(hidden=512, layers=6, heads=8, kv_heads=8, intermediate=1536, train_tokens=1_500_000,
-                        batch_tokens=2048, lr=1.5e-3),
+    "small": PolicySize(hidden=512, layers=6, heads=8, kv_heads=8, intermediate=1536, train_tokens=700_000,
+                        batch_tokens=2048, lr=2e-3, focus_weight=10.0, final_lr=0.05),
     "gpu": PolicySize(hidden=1024, layers=12, heads=16, kv_heads=8, intermediate=2816, train_tokens=3_000_000,
                       batch_tokens=4096, lr=1e-3),
     "tiny": PolicySize(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, train_tokens=400_000,
