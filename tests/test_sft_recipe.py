@@ -88,3 +88,29 @@ def test_sizes_validate_the_recipe_fields():
         PolicySize(hidden=8, layers=1, heads=2, kv_heads=2, intermediate=8, train_tokens=10, focus_weight=0)
     with pytest.raises(ValueError, match="warmup"):
         PolicySize(hidden=8, layers=1, heads=2, kv_heads=2, intermediate=8, train_tokens=10, warmup=1.0)
+
+
+class _Oracle(torch.nn.Module):
+    """Sees the whole input, so it 'predicts' each next token with margin `margin` (0: uniform)."""
+
+    def __init__(self, vocab: int, margin: float):
+        super().__init__()
+        self.vocab, self.margin, self.w = vocab, margin, torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids):
+        from types import SimpleNamespace
+
+        nxt = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, self.vocab).float() * self.margin)
+
+
+def test_reference_accuracy_is_the_probability_of_sampling_the_reference():
+    from gleanrl.trainer.tasks.sft import reference_accuracy
+
+    task, tok = load_task(None), build_char_tokenizer()
+    samples = task.prompts("test", 12, seed=0)
+    sure = reference_accuracy(_Oracle(len(tok), 60.0), tok, task, samples, batch_tokens=256)
+    assert sure["expected"] == pytest.approx(1.0) and sure["greedy"] == 1.0 and sure["n"] == 12
+    flat = reference_accuracy(_Oracle(len(tok), 0.0), tok, task, samples[:1], batch_tokens=256)
+    n_response = len(task.solution(samples[0])) + 1  # and the end-of-turn token
+    assert flat["expected"] == pytest.approx(len(tok) ** -n_response, rel=1e-3, abs=1e-4)
