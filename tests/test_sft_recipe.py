@@ -76,10 +76,24 @@ def test_weighted_loss_is_the_plain_loss_at_weight_one_and_leans_on_the_weighted
 def test_lr_schedule_warms_up_then_decays_to_its_final_fraction():
     total = 200
     lrs = [lr_factor(i, total, warmup=0.05, final=0.05) for i in range(total)]
-    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0, abs=0.01)
     assert all(a <= b for a, b in zip(lrs[:10], lrs[1:10]))
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
-    assert lrs[-1] == pytest.approx(0.05) and math.isclose(max(lrs), 1.0)
+    assert lrs[-1] == pytest.approx(0.05, abs=1e-3) and max(lrs) <= 1.0
+    old = [min((i + 1) / (total // 20), 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, i / total))))
+           for i in range(total)]  # the version-1 recipe's schedule
+    assert [lr_factor(i, total) for i in range(total)] == old
+
+
+def test_a_size_at_the_old_recipe_keeps_its_version_1_cache_key(monkeypatch):
+    import gleanrl.trainer.bootstrap as bootstrap
+
+    old_small = PolicySize(hidden=512, layers=6, heads=8, kv_heads=8, intermediate=1536, train_tokens=1_500_000,
+                           batch_tokens=2048, lr=1.5e-3)
+    monkeypatch.setitem(bootstrap.SIZES, "small", old_small)
+    assert bootstrap.cache_key(None, 0, "small")[1] == "cc935668cbf3"  # the key policies built on main carry
+    monkeypatch.setitem(bootstrap.SIZES, "small", PolicySize(**{**old_small.__dict__, "focus_weight": 2.0}))
+    assert bootstrap.cache_key(None, 0, "small")[1] != "cc935668cbf3"
 
 
 def test_sizes_validate_the_recipe_fields():

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-FORMAT_VERSION = 2  # bump when a built-in task's format or the training recipe changes: it is in the key
+FORMAT_VERSION = 1  # bump when a built-in task's format or the training recipe changes: it is in the key
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,11 @@ SIZES = {
 }
 
 
+# recipe fields added after version 1: left out of the key at these values (the recipe they reproduce),
+# so a policy built before they existed stays cached
+_LATER_DEFAULTS = {"focus_weight": 1.0, "warmup": 0.05, "final_lr": 0.1}
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("GLEANRL_CACHE") or Path.home() / ".cache" / "gleanrl")
 
@@ -72,7 +77,8 @@ def cache_key(task, seed: int, size: str) -> tuple[dict, str]:
     """(the arguments that define a bootstrap, their 12-hex-digit hash)."""
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}: choose one of {sorted(SIZES)}")
-    params = {"version": FORMAT_VERSION, "task": _spec_of(task), "seed": seed, "size": asdict(SIZES[size])}
+    recipe = {k: v for k, v in asdict(SIZES[size]).items() if k not in _LATER_DEFAULTS or v != _LATER_DEFAULTS[k]}
+    params = {"version": FORMAT_VERSION, "task": _spec_of(task), "seed": seed, "size": recipe}
     return params, hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
 
 
