@@ -138,4 +138,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     stats = json.loads((path / "bootstrap.json").read_text())
     print(f"policy: {path} ({stats['parameters'] / 1e6:.1f}M parameters, trained in {stats['seconds']} s)")
+    if "heldout_reference_accuracy" in stats:
+        acc = stats["heldout_reference_accuracy"]
+        print(f"held-out accuracy ({acc['n']} test prompts, from the reference solutions' probabilities): "
+              f"T = 1 {acc['expected']:.3f} ± {acc['expected_se']:.3f}, greedy {acc['greedy']:.3f}")
     return 0

@@ -126,6 +126,20 @@ def lr_factor(step: int, total: int, warmup: float = 0.05, final: float = 0.1) -
     return min((step + 1) / n_warm, final + (1 - final) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total))))
 
 
+def build_model(tokenizer, size, seed: int):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    # Llama, not Qwen2: transformers 5 loads any qwen2 model's tokenizer as Qwen2Tokenizer (byte-level BPE),
+    # which would silently re-tokenize this character-level vocabulary; llama honours tokenizer.json.
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=size.hidden, num_hidden_layers=size.layers,
+        num_attention_heads=size.heads, num_key_value_heads=size.kv_heads, intermediate_size=size.intermediate,
+        max_position_embeddings=size.context, tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
 def train_policy(out: Path, task, size, seed: int = 0, progress: bool = True, device: str = "cpu") -> dict:
     """Train a policy for `task` on `device` and save model + tokenizer to `out`; returns training stats."""
     from tqdm import tqdm
