@@ -83,12 +83,14 @@ def weighted_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Ten
 
 
 @torch.no_grad()
-def reference_accuracy(model, tokenizer, task, samples: list[dict], batch_tokens: int = 4096) -> dict:
+def reference_accuracy(model, tokenizer, task, samples: list[dict], batch_tokens: int = 4096,
+                       per_prompt: bool = False) -> dict:
     """Accuracy without sampling, from one teacher-forced forward over each reference solution:
     `expected` = the mean probability of sampling the reference at T = 1 (exp of minus its summed NLL),
     `greedy` = the share whose every reference token is the argmax (greedy decoding reproduces it). Where
     the reference is the only correct response (doubling: up to leading zeros in the box) `expected` is
-    the T = 1 accuracy's expectation, with no sampling noise; elsewhere it is a lower bound."""
+    the T = 1 accuracy's expectation, with no sampling noise; elsewhere it is a lower bound. `per_prompt`
+    adds each prompt's probability and greedy hit (`probs`, `greedy_hits`, in the samples' order)."""
     was_training = model.training
     model.eval()
     examples = [(tokenizer(s["prompt"], add_special_tokens=False).input_ids,
@@ -103,7 +105,7 @@ def reference_accuracy(model, tokenizer, task, samples: list[dict], batch_tokens
         while end < len(order) and (end + 1 - start) * sum(map(len, examples[order[end]])) <= batch_tokens:
             end += 1
         batch = [(p + r, len(p), []) for p, r in (examples[i] for i in order[start:end])]
-        input_ids, labels, _ = _collate(batch, tokenizer.pad_token_id)
+        input_ids, labels, _ = _collate(batch, tokenizer.pad_token_id or 0)  # right padding: never attended
         logits = model(input_ids=input_ids.to(device)).logits[:, :-1].float()
         labels = labels[:, 1:].to(device)
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
@@ -116,7 +118,9 @@ def reference_accuracy(model, tokenizer, task, samples: list[dict], batch_tokens
     n = max(1, len(samples))
     mean = sum(probs) / n
     se = math.sqrt(sum((x - mean) ** 2 for x in probs) / max(1, n - 1) / n)
-    return {"expected": round(mean, 4), "expected_se": round(se, 4), "greedy": round(sum(greedy) / n, 4), "n": len(samples)}
+    out = {"expected": round(mean, 4), "expected_se": round(se, 4), "greedy": round(sum(greedy) / n, 4),
+           "n": len(samples)}
+    return out | ({"probs": probs, "greedy_hits": greedy} if per_prompt else {})
 
 
 def lr_factor(step: int, total: int, warmup: float = 0.05, final: float = 0.1) -> float:
