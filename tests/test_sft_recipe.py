@@ -88,16 +88,14 @@ def test_lr_schedule_warms_up_then_decays_to_its_final_fraction():
 def test_a_size_at_the_old_recipe_keeps_its_version_1_cache_key(monkeypatch):
     import gleanrl.trainer.bootstrap as bootstrap
 
-    old_small = PolicySize(hidden=512, layers=6, heads=8, kv_heads=8, intermediate=1536, train_tokens=1_500_000,
-                           batch_tokens=2048, lr=1.5e-3)
-    monkeypatch.setitem(bootstrap.SIZES, "small", old_small)
     assert bootstrap.cache_key(None, 0, "small")[1] == "cc935668cbf3"  # the key policies built on main carry
+    old_small = bootstrap.SIZES["small"]
     monkeypatch.setitem(bootstrap.SIZES, "small", PolicySize(**{**old_small.__dict__, "focus_weight": 2.0}))
     assert bootstrap.cache_key(None, 0, "small")[1] != "cc935668cbf3"
 
 
 def test_sizes_validate_the_recipe_fields():
-    assert SIZES["small"].focus_weight > 1
+    assert SIZES["small_fast"].focus_weight > 1 and SIZES["small"].focus_weight == 1
     with pytest.raises(ValueError, match="focus_weight"):
         PolicySize(hidden=8, layers=1, heads=2, kv_heads=2, intermediate=8, train_tokens=10, focus_weight=0)
     with pytest.raises(ValueError, match="warmup"):
