@@ -190,6 +190,29 @@ def rl_config(policy: Path, out: Path, url: str, args: argparse.Namespace, seed:
                        update_cores=machine if cores else [], **evals)
 
 
+def reference_gain(initial: Path, final: Path, task, prompts: list[dict]) -> dict | None:
+    """Held-out accuracy of the initial and final policy from the reference solutions' probabilities
+    (trainer.tasks.sft.reference_accuracy: for the built-in task, the expectation of T = 1 accuracy, with no
+    sampling noise), and their paired gain prompt by prompt; None if the task has no reference solutions."""
+    if not callable(getattr(task, "solution", None)):
+        return None
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gleanrl.trainer.tasks.sft import reference_accuracy
+
+    tokenizer = AutoTokenizer.from_pretrained(initial)
+    probs = []
+    for path in (initial, final):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        probs.append(reference_accuracy(model, tokenizer, task, prompts, per_prompt=True)["probs"])
+    n = len(prompts)
+    diff = [b - a for a, b in zip(*probs)]
+    gain = sum(diff) / n
+    se = (sum((d - gain) ** 2 for d in diff) / max(1, n - 1) / n) ** 0.5
+    return {"n": n, "initial": sum(probs[0]) / n, "final": sum(probs[1]) / n, "gain": gain, "gain_se": se}
+
+
 def fresh_out(out: Path, marker: str, args: argparse.Namespace, subs: tuple[str, ...]) -> bool:
     """Make `out` ready for a new run; False if it holds something that is not ours."""
     if out.exists() and any(out.iterdir()) and not (out / marker).exists():
@@ -230,7 +253,18 @@ def run(args: argparse.Namespace) -> int:
           f"{task.reward(sample, answer):.0f}; "
           f"policy version {info.get('weight_version')}, drafter version {info.get('draft_weight_version')})")
     rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
-    report = write_report(out, rows, hooks.lengths, sample, answer, info)
+    reference = None
+    if args.eval_every and args.eval_prompts:  # the sampled eval's prompts (trainer.generate.make_rollouts)
+        from gleanrl.trainer.checkpoint import list_checkpoints
+        final = list_checkpoints(out / "run")
+        if final:
+            reference = reference_gain(policy, final[-1][1], task, task.prompts("test", args.eval_prompts,
+                                                                                  args.seed * 100_003))
+    if reference:
+        print(f"held-out accuracy from the reference solutions' probabilities ({reference['n']} prompts, T = 1, "
+              f"no sampling noise): {reference['initial']:.3f} -> {reference['final']:.3f}, paired gain "
+              f"{reference['gain']:+.3f} ± {reference['gain_se']:.3f}")
+    report = write_report(out, rows, hooks.lengths, sample, answer, info, reference)
     print(f"report: {report}")
     return 0
 

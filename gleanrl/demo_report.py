@@ -78,8 +78,19 @@ def source_text(sources: dict[str, int]) -> str:
     return f"Accepted draft tokens by source: {shares}."
 
 
+def reference_summary(reference: dict | None) -> str:
+    """The held-out gain measured without sampling (gleanrl.demo.reference_gain)."""
+    if not reference:
+        return ""
+    z = reference["gain"] / reference["gain_se"] if reference["gain_se"] > 0 else float("nan")
+    return (f"Held-out accuracy from the reference solutions' probabilities (the same {reference['n']} prompts; "
+            f"the expectation of T = 1 accuracy, no sampling noise): {reference['initial']:.3f} -> "
+            f"{reference['final']:.3f}, paired gain {reference['gain']:+.3f} ± {reference['gain_se']:.3f} "
+            f"(z = {z:.1f}).")
+
+
 def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: dict, answer: str,
-                 info: dict) -> Path:
+                 info: dict, reference: dict | None = None) -> Path:
     evals = eval_rows(rows)
     rows = [r for r in rows if "reward_mean" in r]  # step 0 holds only the initial policy's evaluation
     steps = [r["step"] for r in rows]
@@ -147,7 +158,7 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: 
         f"tokens per target pass (decode-pass speedup over plain decoding). {source_text(shares['accept_by_source'])}",
         f"Final reward {last.get('reward_mean', 0):.3f}, accuracy {last.get('accuracy', 0):.2f}; "
         f"served tokens per verify pass first/last step {col('spec_accept_length')[0] if rows else 0:.2f} / "
-        f"{last.get('spec_accept_length', 0):.2f}.", eval_summary(evals), "",
+        f"{last.get('spec_accept_length', 0):.2f}.", eval_summary(evals), reference_summary(reference), "",
         "| step | reward | acc | held-out acc | len p50 | len p99 | rollout s | rollout share | tail s | tail share | "
         "idle s | idle used | tokens/verify | held-out accept | tokens/pass | drafter | SD share |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",

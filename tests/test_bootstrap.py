@@ -104,3 +104,15 @@ def test_task_without_solutions_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="solution"):
         bootstrap_policy(tmp_path / "out", task="nosol:T", size="tiny", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_bootstrap_reports_held_out_reference_accuracy_and_measure_reproduces_it(tiny_policy, capsys):
+    from gleanrl.trainer.tasks.measure import main as measure_main
+
+    stats = json.loads((tiny_policy / "bootstrap.json").read_text())
+    acc = stats["heldout_reference_accuracy"]
+    assert acc["n"] == 192 and 0.0 <= acc["expected"] <= 1.0 and 0.0 <= acc["greedy"] <= 1.0
+    assert stats["loss_curve"] and stats["loss_curve"][-1][1] == pytest.approx(stats["final_loss"], abs=0.5)
+    assert measure_main([str(tiny_policy), "--reference", "--n", "192"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["expected"] == pytest.approx(acc["expected"], abs=2e-3) and again["n"] == 192

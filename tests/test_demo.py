@@ -27,6 +27,8 @@ def test_demo_runs_and_writes_report(tiny_qwen2, tmp_path, monkeypatch, capsys):
     for png in ("accuracy.png", "reward.png", "accept_length.png", "lengths.png", "step_time.png"):
         assert (out / png).stat().st_size > 1000 and f"]({png})" in report
     assert report.count("\n| 1 |") == 1 and report.count("\n| 2 |") == 1 and "Held-out accuracy (3 fixed" in report
+    # the same prompts' gain without sampling noise, from the reference solutions' probabilities
+    assert "no sampling noise" in printed and "reference solutions' probabilities (the same 3 prompts" in report
 
     args = json.loads((out / "demo.json").read_text())
     cached = warm_drafter(tiny_qwen2, argparse.Namespace(**args))  # same settings: from the cache, no training

@@ -56,3 +56,11 @@ def test_report_fields(tmp_path):
     table = [line for line in report.splitlines() if line.startswith("|")]
     assert len({line.count("|") for line in table}) == 1  # every row has the header's columns
     assert "| 6.00 | 75% | 3.00 | 50% | 3.00 | 75% | 3.00 | 0.00 | 1.50 | 1 |" in table[2]
+
+
+def test_reference_summary_gives_the_paired_gain_and_its_z():
+    from gleanrl.demo_report import reference_summary
+
+    line = reference_summary({"n": 192, "initial": 0.5, "final": 0.6, "gain": 0.1, "gain_se": 0.05})
+    assert "0.500 -> 0.600" in line and "+0.100 ± 0.050 (z = 2.0)" in line and "192 prompts" in line
+    assert reference_summary(None) == ""

@@ -71,5 +71,11 @@ class Doubling:
             lines.append(f"{remaining:02d}:{value:03d}")
         return "\n".join(lines) + f"\n\\boxed{{{value:03d}}}"
 
+    def solution_focus(self, sample: dict) -> list[tuple[int, int]]:
+        """The characters of `solution(sample)` that carry the hard step, for the bootstrap's SFT
+        (`trainer.tasks.sft`): the first line's counter, k copied from the prompt (k = 0: the choice to
+        box the start at once). Everything after it is a local rule at a fixed offset."""
+        return [(4, 6)] if sample["steps"] else [(4, 5)]
+
     def reward(self, sample: dict, response: str) -> float:
         return 1.0 if answers_match(last_boxed(response), sample["answer"]) else 0.0

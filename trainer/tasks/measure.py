@@ -1,7 +1,8 @@
 """Measure a policy on a task the way the RL loop samples it: response lengths (is the tail long?)
 and accuracy, at temperature 1, with transformers `generate` in length-sorted batches.
 
-    python -m trainer.tasks.measure MODEL_DIR [--task running_sums] [--n 1000] [--json out.json]"""
+    python -m trainer.tasks.measure MODEL_DIR [--task running_sums] [--n 1000] [--json out.json]
+    python -m trainer.tasks.measure MODEL_DIR --reference --n 192   # no sampling: trainer.tasks.sft.reference_accuracy"""
 from __future__ import annotations
 
 import argparse
@@ -77,6 +78,19 @@ def measure_policy(model_dir: str, task=None, n: int = 1000, seed: int = 0, temp
     return report
 
 
+def reference_report(model_dir: str, task=None, n: int = 192, seed: int = 0) -> dict:
+    """`trainer.tasks.sft.reference_accuracy` on `n` test prompts (seed 0, n 192: the demo's held-out set)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gleanrl.trainer.tasks import load_task
+    from gleanrl.trainer.tasks.sft import reference_accuracy
+
+    task = load_task(task)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return reference_accuracy(model, tokenizer, task, task.prompts("test", n, seed))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir")
@@ -88,11 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--json", default=None, help="also write the report here")
+    parser.add_argument("--reference", action="store_true", help="accuracy from the reference solutions' "
+                        "probabilities (one forward each, no sampling; the task needs solution())")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = measure_policy(args.model_dir, args.task, args.n, args.seed, args.temperature, args.max_new_tokens,
-                            args.batch_size)
+    if args.reference:
+        report = reference_report(args.model_dir, args.task, args.n, args.seed)
+    else:
+        report = measure_policy(args.model_dir, args.task, args.n, args.seed, args.temperature, args.max_new_tokens,
+                                args.batch_size)
     print(json.dumps(report, indent=1))
     if args.json:
         with open(args.json, "w") as f:

@@ -1,8 +1,17 @@
 """Supervised fine-tuning from scratch on a task's reference solutions (the bootstrap's training loop).
 
 Examples are bucketed by length into batches of about `batch_tokens` (padding included), so the heavy
-tail of long solutions does not pad every batch. Loss is on the response and its end-of-turn token
-only. bf16 autocast (on CPU about 2.5x faster than float32 here; on CUDA too); master weights stay float32."""
+tail of long solutions does not pad every batch (padding is ~0.1 % of the slots: packing would buy
+nothing). Loss is on the response and its end-of-turn token only. bf16 autocast (on CPU about 2.5x faster
+than float32 here; on CUDA too); master weights stay float32.
+
+Focus: a task may name the characters of a solution that carry the problem's hard step
+(`solution_focus(sample) -> [(start, end), ...]`, character spans of `solution(sample)`; the bootstrap's
+tokenizer is one token per character). Their tokens weigh `size.focus_weight` in the loss instead of 1
+(the loss is the weighted mean over the batch's labelled tokens). For `doubling` that is the first line's
+counter, a copy of k from the prompt: it is 2 tokens of a response that averages ~40, so an unweighted
+loss hardly sees it, and it was every error of the old recipe's policy we looked at (greedy, 4 <= k <= 25:
+31 wrong of 48, all 31 on that line; docs/task-and-bootstrap.md)."""
 from __future__ import annotations
 
 import math
@@ -12,8 +21,9 @@ from pathlib import Path
 import torch
 
 
-def make_batches(task, tokenizer, size, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """[(input_ids [B, T], labels [B, T])] covering about `size.train_tokens`, in a seeded order."""
+def make_batches(task, tokenizer, size, seed: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """[(input_ids [B, T], labels [B, T], loss weights [B, T])] covering about `size.train_tokens`, in a
+    seeded order."""
     if not callable(getattr(task, "solution", None)):
         raise ValueError(f"task {task!r} has no solution(sample) method, which the bootstrap needs for SFT")
     examples, total, chunk = [], 0, 0
@@ -24,7 +34,7 @@ def make_batches(task, tokenizer, size, seed: int) -> list[tuple[torch.Tensor, t
             ids = prompt + response + [tokenizer.eos_token_id]
             if len(ids) > size.context:
                 raise ValueError(f"a training example has {len(ids)} tokens, over the context of {size.context}")
-            examples.append((ids, len(prompt)))
+            examples.append((ids, len(prompt), _focus(task, sample, len(response))))
             total += len(ids)
         chunk += 1
     examples.sort(key=lambda e: len(e[0]))
@@ -33,20 +43,91 @@ def make_batches(task, tokenizer, size, seed: int) -> list[tuple[torch.Tensor, t
         end = start + 1
         while end < len(examples) and (end + 1 - start) * len(examples[end][0]) <= size.batch_tokens:
             end += 1
-        batches.append(_collate(examples[start:end], tokenizer.pad_token_id))
+        batches.append(_collate(examples[start:end], tokenizer.pad_token_id, getattr(size, "focus_weight", 1.0)))
         start = end
     random.Random(seed).shuffle(batches)
     return batches
 
 
-def _collate(examples: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(ids) for ids, _ in examples)
+def _focus(task, sample: dict, n_response: int) -> list[tuple[int, int]]:
+    """The task's focus spans of this solution, checked against the response's token count."""
+    spans = list(task.solution_focus(sample)) if callable(getattr(task, "solution_focus", None)) else []
+    for lo, hi in spans:
+        if not 0 <= lo <= hi <= n_response:
+            raise ValueError(f"solution_focus span {(lo, hi)} is outside the solution's {n_response} tokens")
+    return spans
+
+
+def _collate(examples: list[tuple[list[int], int, list[tuple[int, int]]]], pad_id: int,
+             focus_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    width = max(len(ids) for ids, _, _ in examples)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), width), -100, dtype=torch.long)
-    for row, (ids, n_prompt) in enumerate(examples):
+    weights = torch.zeros((len(examples), width), dtype=torch.float32)
+    for row, (ids, n_prompt, spans) in enumerate(examples):
         input_ids[row, : len(ids)] = torch.tensor(ids)
         labels[row, n_prompt : len(ids)] = torch.tensor(ids[n_prompt:])
-    return input_ids, labels
+        weights[row, n_prompt : len(ids)] = 1.0
+        for lo, hi in spans:
+            weights[row, n_prompt + lo : n_prompt + hi] = focus_weight
+    return input_ids, labels, weights
+
+
+def weighted_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy, weighted per label and averaged over the weights (labels -100 weigh 0)."""
+    logits, labels, weights = logits[:, :-1].float(), labels[:, 1:], weights[:, 1:]
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                            ignore_index=-100, reduction="none")
+    weights = weights.reshape(-1) * (labels.reshape(-1) != -100)
+    return (nll * weights).sum() / weights.sum().clamp_min(1e-9)
+
+
+@torch.no_grad()
+def reference_accuracy(model, tokenizer, task, samples: list[dict], batch_tokens: int = 4096,
+                       per_prompt: bool = False) -> dict:
+    """Accuracy without sampling, from one teacher-forced forward over each reference solution:
+    `expected` = the mean probability of sampling the reference at T = 1 (exp of minus its summed NLL),
+    `greedy` = the share whose every reference token is the argmax (greedy decoding reproduces it). Where
+    the reference is the only correct response (doubling: up to leading zeros in the box) `expected` is
+    the T = 1 accuracy's expectation, with no sampling noise; elsewhere it is a lower bound. `per_prompt`
+    adds each prompt's probability and greedy hit (`probs`, `greedy_hits`, in the samples' order)."""
+    was_training = model.training
+    model.eval()
+    examples = [(tokenizer(s["prompt"], add_special_tokens=False).input_ids,
+                 tokenizer(task.solution(s), add_special_tokens=False).input_ids + [tokenizer.eos_token_id])
+                for s in samples]
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]) + len(examples[i][1]))
+    probs, greedy = [0.0] * len(examples), [0.0] * len(examples)
+    device = next(model.parameters()).device
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and (end + 1 - start) * sum(map(len, examples[order[end]])) <= batch_tokens:
+            end += 1
+        batch = [(p + r, len(p), []) for p, r in (examples[i] for i in order[start:end])]
+        input_ids, labels, _ = _collate(batch, tokenizer.pad_token_id or 0)  # right padding: never attended
+        logits = model(input_ids=input_ids.to(device)).logits[:, :-1].float()
+        labels = labels[:, 1:].to(device)
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
+        hit = (logits.argmax(-1) == labels) | (labels == -100)
+        for row, i in enumerate(order[start:end]):
+            probs[i] = math.exp(-nll[row].sum().item())
+            greedy[i] = float(hit[row].all().item())
+        start = end
+    model.train(was_training)
+    n = max(1, len(samples))
+    mean = sum(probs) / n
+    se = math.sqrt(sum((x - mean) ** 2 for x in probs) / max(1, n - 1) / n)
+    out = {"expected": round(mean, 4), "expected_se": round(se, 4), "greedy": round(sum(greedy) / n, 4),
+           "n": len(samples)}
+    return out | ({"probs": probs, "greedy_hits": greedy} if per_prompt else {})
+
+
+def lr_factor(step: int, total: int, warmup: float = 0.05, final: float = 0.1) -> float:
+    """Linear warmup over the first `warmup` of the steps, under a cosine from 1 at step 0 to `final` at
+    step `total` (warmup 0.05 and final 0.1: the version-1 recipe's schedule, exactly)."""
+    n_warm = max(1, int(total * warmup))
+    return min((step + 1) / n_warm, final + (1 - final) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total))))
 
 
 def build_model(tokenizer, size, seed: int):
@@ -73,14 +154,14 @@ def train_policy(out: Path, task, size, seed: int = 0, progress: bool = True, de
     batches = make_batches(task, tokenizer, size, seed)
     model = build_model(tokenizer, size, seed).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=size.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    warmup = max(1, len(batches) // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min((i + 1) / warmup, 0.1 + 0.9 * 0.5 * (
-        1 + math.cos(math.pi * min(1.0, i / len(batches))))))
+    warmup, final = getattr(size, "warmup", 0.05), getattr(size, "final_lr", 0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: lr_factor(i, len(batches), warmup, final))
     bar = tqdm(batches, desc=f"bootstrap {size.hidden}x{size.layers}", unit="step", disable=not progress)
-    ema = None
-    for input_ids, labels in bar:
+    ema, curve = None, []
+    for step, (input_ids, labels, weights) in enumerate(bar):
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=size.bf16):
-            loss = model(input_ids=input_ids.to(device), labels=labels.to(device)).loss
+            logits = model(input_ids=input_ids.to(device)).logits
+        loss = weighted_loss(logits, labels.to(device), weights.to(device))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -88,10 +169,15 @@ def train_policy(out: Path, task, size, seed: int = 0, progress: bool = True, de
         opt.zero_grad(set_to_none=True)
         ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
         bar.set_postfix(loss=f"{ema:.4f}")
+        if (step + 1) % 25 == 0:
+            curve.append([step + 1, round(ema, 5)])
     model.eval()
+    # the demo's held-out prompts (test split, seed 0, 192): reported, never trained or tuned on
+    heldout = reference_accuracy(model, tokenizer, task, task.prompts("test", 192, 0), size.batch_tokens)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return {"parameters": sum(p.numel() for p in model.parameters()), "steps": len(batches),
-            "train_tokens": int(sum(b[0].numel() for b in batches)), "final_loss": round(ema or 0.0, 5)}
+            "train_tokens": int(sum(b[0].numel() for b in batches)), "final_loss": round(ema or 0.0, 5),
+            "heldout_reference_accuracy": heldout, "loss_curve": curve}
