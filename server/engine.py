@@ -1,4 +1,6 @@
 """The embedded engine: token ids in, token ids out (`generate` yields deltas), built by composition.
+Its public methods are the only door: the HTTP app, the benches and the tests' servers use nothing
+else (`scheduler`, `swapper`, `decoder`, `loop` and `state` are its parts; `tests/test_layers.py`).
 
 One `EngineState` (request sets, flags, versions, one lock) is shared by the `Scheduler` (admission,
 KV slots, request lifecycle), the decoder (`SDDecoder` from `server/sd/`), the
@@ -15,11 +17,13 @@ from collections.abc import AsyncIterator
 
 import torch
 
-from gleanrl.server import weights
+from gleanrl.server import tensor_update, weights
 from gleanrl.server.config import EngineConfig
 from gleanrl.server.engine_bridge import Outbox
 from gleanrl.server.engine_loop import DecodeLoop
 from gleanrl.server.engine_state import PAUSE_MODES, EngineState, PauseMode
+from gleanrl.server.input_logprobs import input_logprobs
+from gleanrl.server.memory_occupation import MemoryOccupation
 from gleanrl.server.model_runner import ModelRunner
 from gleanrl.server.protocol import CheckpointError, GenerateOutput, GenerateRequest
 from gleanrl.server.scheduler import Scheduler
@@ -27,6 +31,8 @@ from gleanrl.server.sd.drafter_load import build_decoder
 from gleanrl.server.sequence import Sequence
 from gleanrl.server.stopping import StopChecker
 from gleanrl.server.weight_swap import WeightSwapper
+
+NamedTensors = list[tuple[str, torch.Tensor]]
 
 
 class Engine:
@@ -46,6 +52,7 @@ class Engine:
         config = weights.read_config(cfg.model_path)
         self.decoder = build_decoder(cfg, runner, config, lambda: self.state.weight_version)
         self.swapper = WeightSwapper(cfg, config, self.state, self.scheduler, self.decoder)
+        self._memory = MemoryOccupation(self.state, self.scheduler, cfg.device)
         if cfg.drafter_path:
             self.state.draft_weight_version = "default"
         self._rng = torch.Generator().manual_seed(cfg.seed)  # for requests without a seed
@@ -133,19 +140,56 @@ class Engine:
         return len(queued) + len(running)
 
     # ---- control ------------------------------------------------------------------------------
-    def update_weights(self, model_path: str, weight_version: str | None = None, selector: str = "target",
-                       flush_cache: bool = True, abort_all_requests: bool = False) -> None:
-        """Load and check in this thread, then swap between iterations (`server/weight_swap.py`); a
-        target swap waits for running requests unless generation is paused or they are aborted."""
-        if selector == "draft":
-            swap = self.swapper.load_draft(model_path, weight_version)
-        elif selector == "target":
-            swap = self.swapper.load_target(model_path, weight_version, flush_cache)
-        else:
+    def update_weights(self, source: str | NamedTensors, weight_version: str | None = None,
+                       selector: str = "target", flush_cache: bool = True, abort_all_requests: bool = False) -> None:
+        """The one entrance for weight updates. `source`: a checkpoint directory (a disk update) or named
+        tensors (a tensor or process-group update: names it leaves out keep their values;
+        `server/tensor_update.py`). Load and check in this thread, then swap between iterations
+        (`server/weight_swap.py`); a target swap waits for running requests unless generation is paused
+        or they are aborted. CheckpointError when refused: the old weights keep serving."""
+        sw = self.swapper
+        if selector not in ("target", "draft"):
             raise CheckpointError(f"selector must be 'target' or 'draft', got {selector!r}")
+        if isinstance(source, str):
+            swap = (sw.load_draft(source, weight_version) if selector == "draft"
+                    else sw.load_target(source, weight_version, flush_cache))
+        elif selector == "draft":
+            swap = tensor_update.draft_swap(sw, source, weight_version)
+        else:
+            staged = tensor_update.check_target(sw, source)
+            swap = tensor_update.target_swap(sw, staged, weight_version, flush_cache)
         if abort_all_requests:
             self.abort(None, "Abort all requests for a weight update")
-        self.swapper.submit(swap, apply_now=self.loop.thread is None)
+        sw.submit(swap, apply_now=self.loop.thread is None)
+
+    def check_tensor_list(self, selector: str, names: list[str], shapes: list) -> None:
+        """Before buffers are allocated: CheckpointError unless the listed tensors could be an update of
+        `selector`'s model (no more tensors nor elements than it holds)."""
+        tensor_update.check_volume(self.swapper, selector, names, shapes)
+
+    def check_tensors(self, selector: str, named: NamedTensors) -> None:
+        """CheckpointError unless each tensor is a distinct tensor of `selector`'s model with its shape
+        (and, for the target, finite): what a staged update is checked with when it arrives."""
+        tensor_update.check_shapes(self.swapper, selector, [n for n, _ in named], [tuple(t.shape) for _, t in named])
+        if selector == "target":
+            tensor_update.check_target(self.swapper, named)
+
+    def release_memory(self, tags: list[str] | None) -> None:
+        """SGLang's /release_memory_occupation (`server/memory_occupation.py`); ValueError when refused."""
+        self._memory.release(tags)
+
+    def resume_memory(self, tags: list[str] | None) -> None:
+        self._memory.resume(tags)
+
+    def released_memory(self) -> set[str]:
+        """The tags released and not resumed yet (generation is refused while any is)."""
+        return set(self._memory.released)
+
+    def prompt_logprobs(self, ids: list[int], start: int, top_k: int = 0,
+                        token_ids: list[int] | None = None) -> dict[str, list]:
+        """Logprobs of the prompt's own tokens (`server/input_logprobs.py`), by the serving weights; runs
+        in the caller's thread with a cache of its own."""
+        return input_logprobs(self.scheduler.runner, ids, start, top_k, token_ids)
 
     def pause(self, mode: PauseMode = "abort") -> int:
         """Stop scheduling iterations (SGLang's modes, module docstring); returns once the iteration in
@@ -180,6 +224,19 @@ class Engine:
                 "context_length": self.context_length, "max_running_requests": self.cfg.max_running_requests,
                 "is_generation": True, "vocab_size": self.scheduler.runner.vocab_size,
                 "architectures": sw.config.get("architectures"), "device": self.cfg.device}
+
+    def used_tokens(self) -> int:
+        """KV tokens of the running set (a snapshot read without the lock: a gauge, not an invariant)."""
+        return sum(s.total_len for s in list(self.state.running))
+
+    def sd_counters(self) -> dict:
+        """The decoder's cumulative counts since start: `verify_ct` verify passes emitting `verify_tokens`,
+        `decode_passes` target passes over `decode_rows` decoding rows emitting `decode_tokens`, and
+        `accepted_by_source` (accepted draft tokens by draft source)."""
+        d = self.decoder
+        names = ("verify_ct", "verify_tokens", "decode_passes", "decode_rows", "decode_tokens")
+        return {n: getattr(d, n, 0) for n in names} | {
+            "accepted_by_source": dict(getattr(d, "accepted_by_source", {}))}
 
     def stats(self) -> dict:
         """`avg_spec_accept_length`: tokens per verify pass over verify passes only (as SGLang's

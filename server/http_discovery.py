@@ -44,11 +44,6 @@ def _model_type(path: str | None) -> str | None:
         return None
 
 
-def _used_tokens(engine) -> int:
-    """KV tokens of the running set (a snapshot read without the engine lock: a gauge, not an invariant)."""
-    return sum(s.total_len for s in list(getattr(getattr(engine, "state", None), "running", [])))
-
-
 @router.get("/server_info")
 @router.get("/get_server_info")
 async def server_info(request: Request):
@@ -66,7 +61,7 @@ async def server_info(request: Request):
 def _load(state) -> dict:
     stats = state.engine.stats()
     running_max, tokens = _capacity(state)
-    used = _used_tokens(state.engine)
+    used = state.engine.used_tokens()
     return {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": stats["num_running_reqs"],
             "num_waiting_reqs": stats["num_queue_reqs"], "num_waiting_uncached_tokens": 0, "num_used_tokens": used,
             "num_total_tokens": used, "num_active_tokens": used, "num_prealloc_ready_tokens": 0,

@@ -18,12 +18,12 @@ from gleanrl.server.http_limits import (
     check_batch,
     check_logprob_volume,
     check_queue,
+    check_serving,
     check_token_ids,
     check_top_logprobs,
     encode,
 )
 from gleanrl.server.http_logprobs import fill_input_logprobs, logprob_fields
-from gleanrl.server.memory_occupation import check_serving
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
 from gleanrl.server.schemas import (
     UNSUPPORTED_GENERATE,

@@ -16,6 +16,14 @@ def check_batch(state, count: int, field: str) -> None:
                             f"{state.server_cfg.max_batch}", param=field)
 
 
+def check_serving(state) -> None:
+    """For the generation routes: a 400 while any memory is released (/release_memory_occupation)."""
+    released = state.engine.released_memory()
+    if released:
+        raise ApiError(400, f"memory is released (tags {sorted(released)}); call /resume_memory_occupation "
+                            "before generating")
+
+
 def check_queue(state, count: int) -> None:
     """503 with Retry-After when `count` more requests would overfill the waiting queue (SGLang's answer
     to `--max-queued-requests`)."""

@@ -19,8 +19,7 @@ from gleanrl.server.http_generate import (
     start_run,
     stream,
 )
-from gleanrl.server.http_limits import check_batch, encode
-from gleanrl.server.memory_occupation import check_serving
+from gleanrl.server.http_limits import check_batch, check_serving, encode
 from gleanrl.server.openai_logprobs import chat_logprobs, completion_logprobs
 from gleanrl.server.schemas import (
     UNSUPPORTED_OPENAI,

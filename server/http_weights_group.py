@@ -13,7 +13,7 @@ import logging
 
 from fastapi import APIRouter, Request
 
-from gleanrl.server import process_group, tensor_update
+from gleanrl.server import process_group
 from gleanrl.server.config import is_loopback
 from gleanrl.server.http_weights_sync import answer, stage_or_apply
 from gleanrl.server.schemas import DestroyGroupIn, DistributedUpdateIn, InitGroupIn, parse
@@ -73,7 +73,7 @@ async def update_weights_from_distributed(request: Request):
     if not len(body.names) == len(body.dtypes) == len(body.shapes):
         return answer(False, "names, dtypes and shapes must have the same length")
     try:
-        tensor_update.check_volume(state.engine, body.selector, body.names, body.shapes)
+        state.engine.check_tensor_list(body.selector, body.names, body.shapes)
         for d in body.dtypes:
             process_group.dtype_of(d)
     except ValueError as exc:

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from gleanrl.server import tensor_payload, tensor_update
-from gleanrl.server.memory_occupation import MemoryOccupation
+from gleanrl.server import tensor_payload
 from gleanrl.server.schemas import BeginWeightUpdateIn, MemoryTagsIn, TensorUpdateIn, parse
 
 log = logging.getLogger(__name__)
@@ -34,11 +33,7 @@ def answer(ok: bool, message: str) -> JSONResponse:
 
 
 def apply(engine, selector: str, named: list, version: str | None, flush_cache: bool, abort: bool) -> None:
-    if selector == "draft":
-        swap = tensor_update.draft_swap(engine, named, version)
-    else:
-        swap = tensor_update.target_swap(engine, tensor_update.check_target(engine, named), version, flush_cache)
-    tensor_update.submit(engine, swap, abort)
+    engine.update_weights(named, version, selector, flush_cache, abort)
 
 
 @router.post("/begin_weight_update")
@@ -71,10 +66,7 @@ async def stage_or_apply(state, named: list, body) -> JSONResponse:
     if session is not None:
         if body.selector != session.selector:
             return answer(False, f"selector {body.selector!r} differs from the open session's {session.selector!r}")
-        tensor_update.check_shapes(state.engine, session.selector, [n for n, _ in named],  # refuse now, not at
-                                   [tuple(t.shape) for _, t in named])                      # the end
-        if session.selector == "target":
-            tensor_update.check_target(state.engine, named)
+        state.engine.check_tensors(session.selector, named)  # refuse now, not at the end
         session.named.update(named)
         session.version = body.weight_version if body.weight_version is not None else session.version
         session.flush_cache, session.abort = body.flush_cache, session.abort or body.abort_all_requests
@@ -104,17 +96,11 @@ async def end_weight_update(request: Request):
     return answer(True, f"Succeeded to update model weights ({len(session.named)} tensors).")
 
 
-def _memory(state) -> MemoryOccupation:
-    if getattr(state, "memory", None) is None:
-        state.memory = MemoryOccupation(state.engine)
-    return state.memory
-
-
 async def _memory_call(request: Request, action: str, done: str):
     state = request.app.state
     body = await parse(request, MemoryTagsIn, state.server_cfg.max_request_bytes)
     try:
-        await asyncio.to_thread(getattr(_memory(state), action), body.tags)
+        await asyncio.to_thread(getattr(state.engine, action), body.tags)
     except ValueError as exc:
         return answer(False, str(exc))
     return answer(True, done)
@@ -123,10 +109,10 @@ async def _memory_call(request: Request, action: str, done: str):
 @router.get("/release_memory_occupation")  # one route per method: each gets its own OpenAPI operation id
 @router.post("/release_memory_occupation")
 async def release_memory_occupation(request: Request):
-    return await _memory_call(request, "release", "Memory released.")
+    return await _memory_call(request, "release_memory", "Memory released.")
 
 
 @router.get("/resume_memory_occupation")
 @router.post("/resume_memory_occupation")
 async def resume_memory_occupation(request: Request):
-    return await _memory_call(request, "resume", "Memory resumed.")
+    return await _memory_call(request, "resume_memory", "Memory resumed.")

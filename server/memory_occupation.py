@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from gleanrl.server.kv_pool import KVPool
-from gleanrl.server.scheduler import SD_MARGIN
-from gleanrl.server.schemas import ApiError
+from gleanrl.server.engine_state import EngineState
+from gleanrl.server.scheduler import Scheduler
 
 TAGS = ("kv_cache", "weights", "cuda_graph")
 
@@ -29,38 +28,28 @@ def _tags(tags: list[str] | None) -> list[str]:
 
 
 class MemoryOccupation:
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, state: EngineState, scheduler: Scheduler, device: str):
+        self.state, self.scheduler, self.device = state, scheduler, device
         self.released: set[str] = set()
 
     def release(self, tags: list[str] | None) -> None:
-        tags, engine = _tags(tags), self.engine
-        if "weights" in tags and engine.cfg.device == "cuda":
+        tags = _tags(tags)
+        if "weights" in tags and self.device == "cuda":
             raise ValueError("tags: releasing 'weights' on CUDA is not implemented by the embedded backend; "
                              "release 'kv_cache' only")
-        st = engine.state
+        st = self.state
         with st.cv:
             if st.running or st.waiting or st.held:
                 raise ValueError("release_memory_occupation should be called only when server is idle.")
             if "kv_cache" in tags:
-                engine.scheduler.pool = None
+                self.scheduler.release_pool()
             self.released |= set(tags)
-        if "kv_cache" in tags and engine.cfg.device == "cuda":
+        if "kv_cache" in tags and self.device == "cuda":
             torch.cuda.empty_cache()
 
     def resume(self, tags: list[str] | None) -> None:
-        tags, engine = _tags(tags), self.engine
-        with engine.state.cv:
+        tags = _tags(tags)
+        with self.state.cv:
             if "kv_cache" in tags and "kv_cache" in self.released:
-                sched = engine.scheduler
-                sched.pool = KVPool.for_runner(sched.runner, sched.max_running, engine.context_length + SD_MARGIN)
+                self.scheduler.restore_pool()
             self.released -= set(tags)
-
-
-
-def check_serving(state) -> None:
-    """For the generation routes (`state`: the app's): a 400 while anything is released."""
-    memory = getattr(state, "memory", None)
-    if memory is not None and memory.released:
-        raise ApiError(400, f"memory is released (tags {sorted(memory.released)}); call /resume_memory_occupation "
-                            "before generating")

@@ -19,7 +19,17 @@ SD_MARGIN = 20  # room past the context length for a verify pass's draft tokens 
 class Scheduler:
     def __init__(self, state: EngineState, runner: ModelRunner, max_running: int, context_length: int | None = None):
         self.state, self.runner, self.max_running = state, runner, max_running
-        self.pool = KVPool.for_runner(runner, max_running, context_length + SD_MARGIN) if context_length else None
+        self.pool_length = context_length + SD_MARGIN if context_length else None
+        self.pool: KVPool | None = None
+        self.restore_pool()
+
+    def release_pool(self) -> None:
+        """Drop the slot pool (its memory goes back); new requests get caches of their own meanwhile."""
+        self.pool = None
+
+    def restore_pool(self) -> None:
+        if self.pool_length:
+            self.pool = KVPool.for_runner(self.runner, self.max_running, self.pool_length)
 
     def admit(self) -> None:
         st = self.state

@@ -25,25 +25,29 @@ import torch
 from gleanrl.server import weights
 from gleanrl.server.model_runner import ModelRunner
 from gleanrl.server.protocol import CheckpointError
-from gleanrl.server.weight_swap import DraftSwap, TargetSwap
+from gleanrl.server.weight_swap import DraftSwap, TargetSwap, WeightSwapper
 
 
-def expected_shapes(engine, selector: str) -> dict[str, tuple[int, ...]]:
+NO_DRAFTER = ("selector=draft: no drafter is served, so there is no drafter config to update; "
+              "load one with /update_weights_from_disk selector=draft first")
+
+
+def _draft_path(swapper: WeightSwapper) -> str:
+    path = getattr(swapper.decoder, "draft_path", None)
+    if not path:
+        raise CheckpointError(NO_DRAFTER)
+    return path
+
+
+def expected_shapes(swapper: WeightSwapper, selector: str) -> dict[str, tuple[int, ...]]:
     """The tensors an update of `selector` may carry, by name, with their shapes (read without loading)."""
-    if selector == "target":
-        sig = engine.swapper.signature
-    else:
-        path = getattr(engine.decoder, "draft_path", None)
-        if not path:
-            raise CheckpointError("selector=draft: no drafter is served, so there is no drafter config to update; "
-                                  "load one with /update_weights_from_disk selector=draft first")
-        sig = weights.checkpoint_signature(path)
+    sig = swapper.signature if selector == "target" else weights.checkpoint_signature(_draft_path(swapper))
     return {name: tuple(shape) for name, (shape, *_) in sig.items()}
 
 
-def check_shapes(engine, selector: str, names: list[str], shapes: list) -> None:
+def check_shapes(swapper: WeightSwapper, selector: str, names: list[str], shapes: list) -> None:
     """CheckpointError unless each name is a distinct tensor of `selector`'s model with that shape."""
-    expected = expected_shapes(engine, selector)
+    expected = expected_shapes(swapper, selector)
     if len(set(names)) != len(names):
         raise CheckpointError("names: a tensor is listed twice")
     for name, shape in zip(names, shapes):
@@ -53,10 +57,10 @@ def check_shapes(engine, selector: str, names: list[str], shapes: list) -> None:
             raise CheckpointError(f"tensor {name} is {list(shape)}, expected {list(expected[name])}")
 
 
-def check_volume(engine, selector: str, names: list[str], shapes: list) -> None:
+def check_volume(swapper: WeightSwapper, selector: str, names: list[str], shapes: list) -> None:
     """Before buffers of the listed shapes are allocated: CheckpointError unless the list could be a push of
     `selector`'s model (no more tensors, nor elements, than it has; no negative sizes)."""
-    expected = expected_shapes(engine, selector)
+    expected = expected_shapes(swapper, selector)
     if len(names) > len(expected):
         raise CheckpointError(f"names: {len(names)} tensors listed; the served {selector} model has {len(expected)}")
     if any(d < 0 for s in shapes for d in s):
@@ -66,9 +70,9 @@ def check_volume(engine, selector: str, names: list[str], shapes: list) -> None:
         raise CheckpointError(f"shapes: {listed} elements listed; the served {selector} model has {held}")
 
 
-def check_target(engine, named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def check_target(swapper: WeightSwapper, named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Validated tensors by name, in the serving dtype; CheckpointError naming the first bad one."""
-    sig, dtype = engine.swapper.signature, engine.scheduler.runner.dtype
+    sig, dtype = swapper.signature, swapper.scheduler.runner.dtype
     out = {}
     for name, t in named:
         if name not in sig:
@@ -81,8 +85,9 @@ def check_target(engine, named: list[tuple[str, torch.Tensor]]) -> dict[str, tor
     return out
 
 
-def target_swap(engine, staged: dict[str, torch.Tensor], version: str | None, flush_cache: bool) -> TargetSwap:
-    runner, swapper = engine.scheduler.runner, engine.swapper
+def target_swap(swapper: WeightSwapper, staged: dict[str, torch.Tensor], version: str | None,
+                flush_cache: bool) -> TargetSwap:
+    runner = swapper.scheduler.runner
     model = copy.deepcopy(runner.model)
     state = model.state_dict()
     missing = [n for n in staged if n not in state]
@@ -95,15 +100,12 @@ def target_swap(engine, staged: dict[str, torch.Tensor], version: str | None, fl
                       version, flush_cache)
 
 
-def draft_swap(engine, named: list[tuple[str, torch.Tensor]], version: str | None) -> DraftSwap:
+def draft_swap(swapper: WeightSwapper, named: list[tuple[str, torch.Tensor]], version: str | None) -> DraftSwap:
     from safetensors.torch import load_file, save_file
 
     from gleanrl.server.sd.drafter_load import load_for_target
 
-    path = getattr(engine.decoder, "draft_path", None)
-    if not path:
-        raise CheckpointError("selector=draft: no drafter is served, so there is no drafter config to update; "
-                              "load one with /update_weights_from_disk selector=draft first")
+    path = _draft_path(swapper)
     src = Path(path)
     base = {k: v for f in sorted(src.glob("*.safetensors")) for k, v in load_file(f).items()}
     for name, t in named:
@@ -118,14 +120,7 @@ def draft_swap(engine, named: list[tuple[str, torch.Tensor]], version: str | Non
             if f.is_file() and f.suffix != ".safetensors":
                 shutil.copy(f, tmp / f.name)
         save_file(base, str(tmp / "model.safetensors"))
-        drafter = load_for_target(str(tmp), engine.scheduler.runner, engine.swapper.config)
+        drafter = load_for_target(str(tmp), swapper.scheduler.runner, swapper.config)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return DraftSwap(drafter, path, version)
-
-
-def submit(engine, swap: TargetSwap | DraftSwap, abort_all_requests: bool) -> None:
-    """As `Engine.update_weights` after its load: abort if asked, then hand over and wait."""
-    if abort_all_requests:
-        engine.abort(None, "Abort all requests for a weight update")
-    engine.swapper.submit(swap, apply_now=engine.loop.thread is None)

@@ -85,3 +85,51 @@ def test_every_package_folder_is_installed():
             rel = init.parent.relative_to(ROOT / folder)
             wanted.add(".".join([name, *rel.parts]))
     assert wanted == set(setup["packages"])
+
+
+# The engine's parts: only the engine's own modules touch them; everything else uses Engine's methods.
+ENGINE_PARTS = {"scheduler", "swapper", "decoder", "loop", "state"}
+ENGINE_PACKAGE = ("server/engine.py", "server/engine_loop.py", "server/engine_state.py")
+CHECKED = (*COMPONENTS, "gleanrl", "examples")
+
+
+def _names_an_engine(node: ast.expr) -> bool:
+    """`engine`, `eng`, `self.engine`, `state.engine`, `request.app.state.engine`..."""
+    if isinstance(node, ast.Name):
+        return node.id in ("engine", "eng") or node.id.endswith("_engine")
+    return isinstance(node, ast.Attribute) and (node.attr == "engine" or node.attr.endswith("_engine"))
+
+
+def side_doors(root: Path) -> list[str]:
+    bad = []
+    for folder in CHECKED:
+        for path in sorted((root / folder).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel in ENGINE_PACKAGE or any(rel.startswith(p.rstrip("/") + "/") for p in ENGINE_PACKAGE):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                private = isinstance(node, ast.Attribute) and (
+                    node.attr in ENGINE_PARTS or node.attr.startswith("_") and not node.attr.startswith("__"))
+                if private and _names_an_engine(node.value):
+                    bad.append(f"{rel}:{node.lineno} touches the engine's .{node.attr}")
+    return bad
+
+
+def test_nothing_outside_the_engine_touches_its_parts():
+    assert side_doors(ROOT) == []
+
+
+def test_side_door_checker_catches_them(tmp_path):
+    (tmp_path / "server").mkdir()
+    (tmp_path / "gleanrl").mkdir()
+    (tmp_path / "server" / "ok.py").write_text("engine.update_weights(p)\nx = engine.cfg.device\n"
+                                               "app.state.engine.info()\n")
+    (tmp_path / "server" / "bad.py").write_text("engine.scheduler.pool = None\n"
+                                                "r = request.app.state.engine.swapper.signature\n")
+    (tmp_path / "gleanrl" / "bad.py").write_text("n = plain_engine.decoder.verify_ct + eng._rng.seed()\n")
+    assert side_doors(tmp_path) == [
+        "server/bad.py:1 touches the engine's .scheduler",
+        "server/bad.py:2 touches the engine's .swapper",
+        "gleanrl/bad.py:1 touches the engine's .decoder",
+        "gleanrl/bad.py:1 touches the engine's ._rng",
+    ]
