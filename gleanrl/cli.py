@@ -9,7 +9,7 @@ import sys
 # name -> (module, one-line help). Nested groups map to a dict of the same shape.
 COMMANDS: dict = {
     "serve": ("gleanrl.server.cli", "serve a policy (and drafter) over SGLang's native API and the OpenAI API"),
-    "proxy": ("gleanrl.server.proxy", "forward to an SGLang-API server unchanged and provide the harvest feed"),
+    "proxy": ("gleanrl.server.proxy.app", "forward to an SGLang-API server unchanged and provide the harvest feed"),
     "harvest": ("gleanrl.harvest_sidecar", "harvest a drafter beside any RL trainer, from the server's feed"),
     "make-tiny-model": ("gleanrl.tiny", "write a tiny random Qwen2/Llama model with a locally trained tokenizer"),
     "bootstrap": ("gleanrl.trainer.bootstrap", "train the built-in task's small policy from scratch (cached)"),

@@ -57,7 +57,7 @@ def test_checker_catches_forbidden_imports(tmp_path):
     for comp in COMPONENTS:
         (tmp_path / comp).mkdir()
     (tmp_path / "server" / "ok.py").write_text("from gleanrl.harvest.drafter import Eagle3Drafter\n"
-                                               "from gleanrl.server.kv import SeqKVCache\nimport torch\n")
+                                               "from gleanrl.server.model.kv import SeqKVCache\nimport torch\n")
     (tmp_path / "clients" / "bad.py").write_text("def f():\n    from gleanrl.trainer.loop import train\n")
     (tmp_path / "harvest" / "bad.py").write_text("import gleanrl.clients.rollout_client\n")
     (tmp_path / "server" / "bad.py").write_text("from gleanrl.harvest.harvester import Harvester\n"
@@ -89,7 +89,7 @@ def test_every_package_folder_is_installed():
 
 # The engine's parts: only the engine's own modules touch them; everything else uses Engine's methods.
 ENGINE_PARTS = {"scheduler", "swapper", "decoder", "loop", "state"}
-ENGINE_PACKAGE = ("server/engine.py", "server/engine_loop.py", "server/engine_state.py")
+ENGINE_PACKAGE = ("server/engine/",)
 CHECKED = (*COMPONENTS, "gleanrl", "examples")
 
 

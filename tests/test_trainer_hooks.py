@@ -45,7 +45,7 @@ def test_train_refuses_hooks_that_lack_one(tiny_qwen2, tmp_path):
         def on_step_start(self, step, model):
             pass
 
-    with pytest.raises(TypeError, match="hooks lack bind_push, .*subclass NoHooks"):
+    with pytest.raises(TypeError, match="hooks lack harvests, load_state_dict, bind_push, .*subclass NoHooks"):
         train(TrainConfig(model=str(tiny_qwen2), out=str(tmp_path)), hooks=Partial())
     assert not any(tmp_path.iterdir())  # refused before anything was written
 

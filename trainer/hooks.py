@@ -71,9 +71,10 @@ class NoHooks:
         return {}
 
 
-def missing_hooks(hooks: object) -> list[str]:
-    """The protocol's members that `hooks` lacks (empty: it implements every hook)."""
-    return [n for n in HOOKS if not hasattr(hooks, n)]
+def missing_hooks(candidate: object) -> list[str]:
+    """The protocol's members that `candidate` lacks (empty: it implements every hook). `train()` checks
+    once, at its start; the loop then calls every hook unconditionally."""
+    return [n for n in HOOKS if not hasattr(candidate, n)]
 
 
 HOOKS = tuple(n for n in vars(NoHooks) if not n.startswith("_"))  # the protocol's members, in call order

@@ -58,7 +58,8 @@ class EmbeddedServer:
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "gleanrl", "serve", "--model", self.model, "--host", "127.0.0.1",
                "--port", str(self.port), "--threads", str(self.threads)]
-        return cmd + (self.sd.args() if self.sd else []) + self.extra_args  # keys go by environment (start), not argv: argv is visible to `ps`
+        # keys go by environment (start), not argv: argv is visible to `ps`
+        return cmd + (self.sd.args() if self.sd else []) + self.extra_args
 
     def start(self) -> None:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
