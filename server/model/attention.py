@@ -1,7 +1,7 @@
 """Batched attention for a decode step: one new token per sequence, all sequences in one kernel call.
 
-`harvest.kv.ragged_attention` loops over sequences in Python, which dominates a decode step of a small
-model at large batch. Here the new K/V are appended to each sequence's cache as before, then the
+`server/model/kv.py`'s `ragged_attention` loops over sequences in Python, which dominates a decode step
+of a small model at large batch. Here the new K/V are appended to each sequence's cache as before, then the
 caches are padded into one [B, L_max] batch (a copy, done in C++) and attended with a length mask.
 """
 from __future__ import annotations
