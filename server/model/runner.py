@@ -11,11 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from gleanrl.harvest.drafter import fuse_linears
-from gleanrl.server.model.attention import decode_attention
-from gleanrl.server.model.kv import SeqKVCache, ragged_attention
-from gleanrl.server.model.kv_pool import DecodePlan, decode_plan, pooled_decode_attention
+from gleanrl.server.model.attention import Plan, advance_caches, attention, plan_attention
+from gleanrl.server.model.kv import SeqKVCache
 from gleanrl.server.model.packed_linear import can_pack, linear
-from gleanrl.server.model.verify_attention import VerifyPlan, verify_attention, verify_plan
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -114,9 +112,7 @@ class ModelRunner:
         x = self.embed(token_ids)                                           # [N, H]
         cos, sin = self.rotary(x, positions[None])                          # [1, N, d]
         rot = rotary_tables(cos[0], sin[0])                                 # [N, 1, d] each
-        plan = decode_plan(caches, seq_lens) if tree_masks is None else None
-        vplan = verify_plan(caches, seq_lens, tree_masks, self.num_heads // self.num_kv_heads, x.device) \
-            if plan is None else None
+        plan = plan_attention(caches, seq_lens, tree_masks, self.num_heads // self.num_kv_heads, x.device)
         capture = {i + 1: None for i in capture_layers or []}
         if any(not 0 <= i < self.num_layers for i in capture):  # streams entering a layer; -1: the embedding
             raise ValueError(f"capture_layers must be in [-1, {self.num_layers - 2}], got {capture_layers}")
@@ -124,11 +120,9 @@ class ModelRunner:
             if i in capture:
                 capture[i] = x
             x = x + self._attention(i, layer, rms_norm(layer.input_layernorm, x), rot, caches, seq_lens, n,
-                                    plan or vplan, tree_masks)
+                                    plan, tree_masks)
             x = x + self._mlp(i, layer, rms_norm(layer.post_attention_layernorm, x))
-        if plan is not None or (vplan is not None and vplan.pool is not None):  # pooled paths wrote K/V in
-            for c, t in zip(caches, seq_lens):                                 # place: advance the caches once
-                c.length += t
+        advance_caches(plan, caches, seq_lens)
         if last_only and n != len(seq_lens):
             ends = torch.tensor(seq_lens, device=x.device).cumsum(0) - 1
             x = x[ends]
@@ -143,7 +137,7 @@ class ModelRunner:
         return self.down[index]((F.silu(gate) if self.silu else layer.mlp.act_fn(gate)) * up)
 
     def _attention(self, index: int, layer: nn.Module, h: torch.Tensor, rot: tuple[torch.Tensor, torch.Tensor],
-                   caches: list[SeqKVCache], seq_lens: list[int], n: int, plan: DecodePlan | VerifyPlan | None,
+                   caches: list[SeqKVCache], seq_lens: list[int], n: int, plan: Plan,
                    tree_masks: list[torch.Tensor | None] | None = None) -> torch.Tensor:
         attn = layer.self_attn
         nh, nkv, d = self.num_heads, self.num_kv_heads, self.head_dim
@@ -154,12 +148,5 @@ class ModelRunner:
             k = apply_rotary(rms_norm(attn.k_norm, qkv[:, nh * d:(nh + nkv) * d].view(n, nkv, d)), *rot)
         else:                                                               # q and k rotated in one go
             q, k = apply_rotary(qkv[:, :(nh + nkv) * d].view(n, nh + nkv, d), *rot).split([nh, nkv], dim=1)
-        if isinstance(plan, DecodePlan):  # a pure decode batch in the slot pool
-            o = pooled_decode_attention(q, k, v, plan, index)
-        elif plan is not None:  # a verify pass: a few tokens per sequence, one kernel for all
-            o = verify_attention(q, k, v, caches, index, seq_lens, plan)
-        elif n == len(caches) > 1 and tree_masks is None:  # a pure decode batch: one kernel for all sequences
-            o = decode_attention(q, k, v, caches, index)
-        else:
-            o = ragged_attention(q, k, v, caches, index, seq_lens, tree_masks)   # [N, nh, d]
+        o = attention(q, k, v, caches, index, seq_lens, plan, tree_masks)   # [N, nh, d]
         return self.o_proj[index](o.reshape(n, nh * d))
