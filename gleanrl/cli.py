@@ -1,14 +1,14 @@
 """The `gleanrl` command: a thin dispatcher. Each subcommand is a module exposing
-`add_arguments(parser)` and `run(args) -> int`; modules are imported only to build their parser. A module
-that parses its own argv instead (`main(argv) -> int`) is named with `ARGV` and gets the rest of the
-command line, `--help` included."""
+`add_arguments(parser)` and `run(args) -> int`; modules are imported only to build their parser.
+A module that parses its own argv instead (`main(argv) -> int`) is named with `ARGV` and gets the
+rest of the command line, `--help` included."""
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
 
-ARGV = "argv"  # third field of a spec: the module's own `main(argv)` parses the rest of the command line
+ARGV = "argv"  # a spec's third field: the module's own `main(argv)` parses the rest of the line
 
 # name -> (module, one-line help[, ARGV]). Nested groups map to a dict of the same shape.
 COMMANDS: dict = {
@@ -19,7 +19,8 @@ COMMANDS: dict = {
     "bootstrap": ("gleanrl.trainer.bootstrap", "train the built-in task's small policy from scratch (cached)"),
     "train": ("gleanrl.trainer.cli", "GRPO training against a rollout server, harvesting a drafter in the long tail"),
     "demo": ("gleanrl.demo", "bootstrap, warm-start a drafter, train with harvest, serve and ask (CPU)"),
-    "measure": ("gleanrl.trainer.tasks.measure", "response lengths and accuracy of a policy on a task, at T=1", ARGV),
+    "measure": ("gleanrl.trainer.tasks.measure",
+                "response lengths and accuracy of a policy on a task, at T=1", ARGV),
     "draft": {
         "init": ("gleanrl.harvest.cli_init", "write a randomly initialised EAGLE-3 drafter for a target"),
         "train": ("gleanrl.draft_train", "warm-start an EAGLE-3 drafter offline from the target's generations"),

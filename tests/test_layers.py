@@ -97,7 +97,8 @@ def _names_an_engine(node: ast.expr) -> bool:
     """`engine`, `eng`, `self.engine`, `state.engine`, `request.app.state.engine`..."""
     if isinstance(node, ast.Name):
         return node.id in ("engine", "eng") or node.id.endswith("_engine")
-    return isinstance(node, ast.Attribute) and (node.attr == "engine" or node.attr.endswith("_engine"))
+    return isinstance(node, ast.Attribute) and (
+        node.attr == "engine" or node.attr.endswith("_engine"))
 
 
 def side_doors(root: Path) -> list[str]:
@@ -105,11 +106,12 @@ def side_doors(root: Path) -> list[str]:
     for folder in CHECKED:
         for path in sorted((root / folder).rglob("*.py")):
             rel = path.relative_to(root).as_posix()
-            if rel in ENGINE_PACKAGE or any(rel.startswith(p.rstrip("/") + "/") for p in ENGINE_PACKAGE):
+            if any(rel.startswith(p) for p in ENGINE_PACKAGE):
                 continue
             for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                attr = getattr(node, "attr", "")
                 private = isinstance(node, ast.Attribute) and (
-                    node.attr in ENGINE_PARTS or node.attr.startswith("_") and not node.attr.startswith("__"))
+                    attr in ENGINE_PARTS or attr.startswith("_") and not attr.startswith("__"))
                 if private and _names_an_engine(node.value):
                     bad.append(f"{rel}:{node.lineno} touches the engine's .{node.attr}")
     return bad
@@ -126,7 +128,8 @@ def test_side_door_checker_catches_them(tmp_path):
                                                "app.state.engine.info()\n")
     (tmp_path / "server" / "bad.py").write_text("engine.scheduler.pool = None\n"
                                                 "r = request.app.state.engine.swapper.signature\n")
-    (tmp_path / "gleanrl" / "bad.py").write_text("n = plain_engine.decoder.verify_ct + eng._rng.seed()\n")
+    (tmp_path / "gleanrl" / "bad.py").write_text(
+        "n = plain_engine.decoder.verify_ct + eng._rng.seed()\n")
     assert side_doors(tmp_path) == [
         "server/bad.py:1 touches the engine's .scheduler",
         "server/bad.py:2 touches the engine's .swapper",

@@ -1,15 +1,15 @@
 """The seam between the RL loop and the harvester: every hook the loop calls, in one typed protocol.
 
 `harvest.hooks.HarvestHooks` implements it (structurally: nothing in `harvest` imports `trainer`);
-`NoHooks` implements every hook as a no-op, so hooks that need only a few subclass it. The loop calls
-each hook unconditionally (no `hasattr`); `train()` refuses an object that lacks one.
+`NoHooks` implements every hook as a no-op, so hooks that need only a few subclass it. The loop
+calls each hook unconditionally (no `hasattr`); `train()` refuses an object that lacks one.
 
 In the order the loop calls them:
 - `harvests`: True when the hooks train a drafter beside the rollouts (the embedded server then gets
   half the cores, and the metrics table shows the harvest columns).
 - `load_state_dict(state)`: on resume, the `state_dict()` saved with the checkpoint resumed from.
-- `bind_push(push)`: once the servers serve the loop's weights; `push(path, version)` sends a drafter
-  to the loop's servers.
+- `bind_push(push)`: once the servers serve the loop's weights; `push(path, version)` sends a
+  drafter to the loop's servers.
 - `on_step_start(step, model)`: before the step's rollouts; `model` is the policy that samples them.
 - `idle_window()`: entered while rollouts are in flight, left before the policy update.
 - `on_rollout_finished(rollout)`: in the event loop as each rollout finishes (keep it short).
@@ -42,7 +42,7 @@ class RolloutHooks(Protocol):
 
 
 class NoHooks:
-    """Every hook, doing nothing: the loop without a harvester, and a base for hooks that need few."""
+    """Every hook, doing nothing: the loop without a harvester, and a base for hooks needing few."""
 
     harvests = False
 
@@ -72,9 +72,10 @@ class NoHooks:
 
 
 def missing_hooks(candidate: object) -> list[str]:
-    """The protocol's members that `candidate` lacks (empty: it implements every hook). `train()` checks
-    once, at its start; the loop then calls every hook unconditionally."""
+    """The protocol's members that `candidate` lacks (empty: it implements every hook). `train()`
+    checks once, at its start; the loop then calls every hook unconditionally."""
     return [n for n in HOOKS if not hasattr(candidate, n)]
 
 
-HOOKS = tuple(n for n in vars(NoHooks) if not n.startswith("_"))  # the protocol's members, in call order
+# the protocol's members, in the order the loop calls them
+HOOKS = tuple(n for n in vars(NoHooks) if not n.startswith("_"))

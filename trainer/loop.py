@@ -56,11 +56,12 @@ from gleanrl.trainer.server_proc import EmbeddedServer, ServeSD
 
 def train(cfg: TrainConfig, task=None, hooks: RolloutHooks | None = None, resume: bool = False,
           log=print) -> dict:
-    """Run `cfg.steps` GRPO steps (continuing from the last checkpoint with `resume`). Returns the last
-    step's metrics row. `hooks` default: a Harvester's (`harvest.hooks.HarvestHooks`) with
+    """Run `cfg.steps` GRPO steps (continuing from the last checkpoint with `resume`). Returns the
+    last step's metrics row. `hooks` default: a Harvester's (`harvest.hooks.HarvestHooks`) with
     `cfg.drafter`, else none."""
     if hooks is not None and (missing := missing_hooks(hooks)):
-        raise TypeError(f"hooks lack {', '.join(missing)} (trainer.hooks.RolloutHooks; subclass NoHooks)")
+        raise TypeError(f"hooks lack {', '.join(missing)} "
+                        "(trainer.hooks.RolloutHooks; subclass NoHooks)")
     torch.set_num_threads(cfg.trainer_threads)
     torch.manual_seed(cfg.seed)
     task = task or _load_task(cfg)
@@ -73,7 +74,8 @@ def train(cfg: TrainConfig, task=None, hooks: RolloutHooks | None = None, resume
     sd = None
     if cfg.drafter and hooks is None:
         from gleanrl.harvest.hooks import HarvestHooks
-        hooks, drafter = HarvestHooks.for_run(cfg.model, cfg.drafter, Path(cfg.out) / "harvest", resume)
+        root = Path(cfg.out) / "harvest"
+        hooks, drafter = HarvestHooks.for_run(cfg.model, cfg.drafter, root, resume)
         sd = ServeSD(str(drafter))  # the embedded server serves the newest pushed drafter
     hooks = NoHooks() if hooks is None else hooks
     if resumed:
@@ -82,10 +84,12 @@ def train(cfg: TrainConfig, task=None, hooks: RolloutHooks | None = None, resume
             hooks.load_state_dict(resumed.hooks_state)
         log(f"resuming after step {resumed.step} from {resumed.path}")
     weights = (str(resumed.path) if resumed else cfg.model, str(resumed.step if resumed else 0))
-    cores = len(all_cores())  # the server has the machine during rollouts, but for a harvester beside it
+    # the server has the machine during rollouts, but for a harvester beside it
+    cores = len(all_cores())
     threads = cfg.server_threads or (max(cores // 2, 1) if hooks.harvests else cores)
-    server = None if cfg.servers else EmbeddedServer(cfg.model, threads, cfg.server_args, cfg.api_key,
-                                                    cfg.admin_api_key, f"{cfg.out}/server.log", sd=sd)
+    server = None if cfg.servers else EmbeddedServer(
+        cfg.model, threads, cfg.server_args, cfg.api_key, cfg.admin_api_key,
+        f"{cfg.out}/server.log", sd=sd)
     try:
         if server:
             server.start()
@@ -97,28 +101,30 @@ def train(cfg: TrainConfig, task=None, hooks: RolloutHooks | None = None, resume
 
 
 async def _loop(run: Run, start: int) -> dict:
-    """The algorithm: rollouts (harvested as they finish), rewards, one policy update, save, push."""
+    """The algorithm: rollouts (harvested as they finish), rewards, one update, save, push."""
     cfg, task, policy, hooks = run.cfg, run.task, run.policy, run.hooks
     row: dict = {}
     async with run.client:
         await run.resync()
         if start == 0 and cfg.eval_every:
-            run.metrics.log({"step": 0, "weight_version": "0", **await run.evaluate(0)}, echo=run.log)
+            row = {"step": 0, "weight_version": "0", **await run.evaluate(0)}
+            run.metrics.log(row, echo=run.log)
         hooks.bind_push(DrafterPush.for_client(run.client))  # drafters go to the same servers
         for step in range(start + 1, cfg.steps + 1):
             rollouts = make_rollouts(cfg, task, policy.tokenizer, step)
             hooks.on_step_start(step, policy.model)
             t0 = time.monotonic()
-            await run.generate(rollouts, sampling_params(cfg), hooks)  # idle window, finished rollouts
+            await run.generate(rollouts, sampling_params(cfg), hooks)  # idle window, finishers
             t1 = time.monotonic()
             score(task, policy.tokenizer, rollouts)
             batch = informative(rollouts) if cfg.kl_coef == 0 else rollouts
-            train_stats = run.update(batch)  # its forward hands hidden states to hooks.update_capture()
+            train_stats = run.update(batch)  # its forward feeds hooks.update_capture()
             rollout_version = run.version
             run.checkpoint(step)  # with hooks.state_dict()
             t2 = time.monotonic()
             await run.push()
-            row = {"step": step, "weight_version": run.version, "rollout_weight_version": rollout_version,
+            row = {"step": step, "weight_version": run.version,
+                   "rollout_weight_version": rollout_version,
                    **rollout_metrics(rollouts, t0, t1, run.correct), "train_s": t2 - t1,
                    "push_s": time.monotonic() - t2, "train_rollouts": len(batch), **train_stats,
                    **hooks.step_metrics()}
@@ -128,12 +134,13 @@ async def _loop(run: Run, start: int) -> dict:
 
 
 class Run:
-    """What one `train()` holds: the servers' client, the policy and the weights the servers must serve
-    (`path`, `version`), the metrics log. Its methods are the loop's steps."""
+    """What one `train()` holds: the servers' client, the policy and the weights the servers must
+    serve (`path`, `version`), the metrics log. Its methods are the loop's steps."""
 
     def __init__(self, cfg: TrainConfig, task, policy: Policy, hooks: RolloutHooks,
                  server: EmbeddedServer | None, weights: tuple[str, str], log=print):
-        self.cfg, self.task, self.policy, self.hooks, self.server, self.log = cfg, task, policy, hooks, server, log
+        self.cfg, self.task, self.policy, self.hooks = cfg, task, policy, hooks
+        self.server, self.log = server, log
         self.client = RolloutClient(cfg.servers or [server.url], cfg.api_key, cfg.admin_api_key,
                                     cfg.request_timeout_s, router=cfg.router)
         self.pusher = PolicyPusher(self.client, cfg.model)
@@ -142,13 +149,15 @@ class Run:
         self.path, self.version = weights
 
     async def resync(self, attempts: int = 3) -> None:
-        """Wait for the server(s) (restarting the embedded one if it died), then make them serve ours."""
+        """Wait for the server(s) (restarting the embedded one if it died), then make them serve
+        our weights."""
         server = self.server
         for attempt in range(attempts):
             if server:  # a kill may land between this check and the health poll: hence the attempts
                 server.ensure_running()
             try:
-                await self.client.wait_healthy(self.cfg.server_wait_s, alive=server.alive if server else None)
+                alive = server.alive if server else None
+                await self.client.wait_healthy(self.cfg.server_wait_s, alive=alive)
                 break
             except RolloutServerError as exc:
                 if server and attempt + 1 < attempts and not server.alive():
@@ -162,14 +171,14 @@ class Run:
     async def generate(self, rollouts: list[Rollout], params: dict, hooks: RolloutHooks,
                        stream: bool | None = None, desc: str = "rollouts") -> None:
         cfg = self.cfg
-        await run_step(self.client, rollouts, params, expected_version=self.version, resync=self.resync,
-                       hooks=hooks, max_attempts=cfg.max_attempts,
+        await run_step(self.client, rollouts, params, expected_version=self.version,
+                       resync=self.resync, hooks=hooks, max_attempts=cfg.max_attempts,
                        stream=cfg.stream if stream is None else stream,
                        stream_interval=cfg.stream_interval, log=self.log, desc=desc)
 
     def update(self, batch: list[Rollout]) -> dict:
-        """One policy update; micro-batches of similar lengths pad far less (the loss does not depend
-        on the order)."""
+        """One policy update; micro-batches of similar lengths pad far less (the loss does not
+        depend on the order)."""
         cfg = self.cfg
         ordered = sorted(batch, key=lambda r: len(r.prompt_ids) + len(r.output_ids))
         with phase_threads(cfg.update_threads or cfg.trainer_threads, cfg.update_cores), \
@@ -203,8 +212,8 @@ class Run:
         for prefix, temperature, samples in passes:
             rollouts = make_rollouts(cfg, self.task, self.policy.tokenizer, 0, split="test",
                                      n=cfg.eval_prompts, samples=samples)
-            await self.generate(rollouts, dict(sampling_params(cfg), temperature=temperature), NoHooks(),
-                                stream=False, desc=prefix)
+            params = dict(sampling_params(cfg), temperature=temperature)
+            await self.generate(rollouts, params, NoHooks(), stream=False, desc=prefix)
             score(self.task, self.policy.tokenizer, rollouts)
             stats = eval_metrics(rollouts, self.correct, self.metrics.first(f"{prefix}_scores"))
             row |= {prefix + k[len("eval"):]: v for k, v in stats.items()}

@@ -45,9 +45,10 @@ class EmbeddedServer:
     """`extra_args` are passed last, so a flag there overrides the same flag from `sd`."""
 
     def __init__(self, model: str, threads: int = 1, extra_args: list[str] | None = None,
-                 api_key: str | None = None, admin_api_key: str | None = None, log_path: str | Path | None = None,
-                 sd: ServeSD | None = None):
-        self.model, self.threads, self.extra_args, self.sd = model, threads, list(extra_args or []), sd
+                 api_key: str | None = None, admin_api_key: str | None = None,
+                 log_path: str | Path | None = None, sd: ServeSD | None = None):
+        self.model, self.threads, self.extra_args = model, threads, list(extra_args or [])
+        self.sd = sd
         self.api_key, self.admin_api_key = api_key, admin_api_key
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -141,12 +141,14 @@ class Engine:
 
     # ---- control ------------------------------------------------------------------------------
     def update_weights(self, source: str | NamedTensors, weight_version: str | None = None,
-                       selector: str = "target", flush_cache: bool = True, abort_all_requests: bool = False) -> None:
-        """The one entrance for weight updates. `source`: a checkpoint directory (a disk update) or named
-        tensors (a tensor or process-group update: names it leaves out keep their values;
-        `server/weights/tensor_update.py`). Load and check in this thread, then swap between iterations
-        (`server/weights/swap.py`); a target swap waits for running requests unless generation is paused
-        or they are aborted. CheckpointError when refused: the old weights keep serving."""
+                       selector: str = "target", flush_cache: bool = True,
+                       abort_all_requests: bool = False) -> None:
+        """The one entrance for weight updates. `source`: a checkpoint directory (a disk update) or
+        named tensors (a tensor or process-group update: names it leaves out keep their values;
+        `server/weights/tensor_update.py`). Load and check in this thread, then swap between
+        iterations (`server/weights/swap.py`); a target swap waits for running requests unless
+        generation is paused or they are aborted. CheckpointError when refused: the old weights keep
+        serving."""
         sw = self.swapper
         if selector not in ("target", "draft"):
             raise CheckpointError(f"selector must be 'target' or 'draft', got {selector!r}")
@@ -163,19 +165,20 @@ class Engine:
         sw.submit(swap, apply_now=self.loop.thread is None)
 
     def check_tensor_list(self, selector: str, names: list[str], shapes: list) -> None:
-        """Before buffers are allocated: CheckpointError unless the listed tensors could be an update of
-        `selector`'s model (no more tensors nor elements than it holds)."""
+        """Before buffers are allocated: CheckpointError unless the listed tensors could be an update
+        of `selector`'s model (no more tensors nor elements than it holds)."""
         tensor_update.check_volume(self.swapper, selector, names, shapes)
 
     def check_tensors(self, selector: str, named: NamedTensors) -> None:
-        """CheckpointError unless each tensor is a distinct tensor of `selector`'s model with its shape
-        (and, for the target, finite): what a staged update is checked with when it arrives."""
-        tensor_update.check_shapes(self.swapper, selector, [n for n, _ in named], [tuple(t.shape) for _, t in named])
+        """CheckpointError unless each tensor is a distinct tensor of `selector`'s model with its
+        shape (and, for the target, finite): what a staged update is checked with when it arrives."""
+        shapes = [tuple(t.shape) for _, t in named]
+        tensor_update.check_shapes(self.swapper, selector, [n for n, _ in named], shapes)
         if selector == "target":
             tensor_update.check_target(self.swapper, named)
 
     def release_memory(self, tags: list[str] | None) -> None:
-        """SGLang's /release_memory_occupation (`server/engine/memory.py`); ValueError when refused."""
+        """SGLang's /release_memory_occupation (`server/engine/memory.py`); ValueError if refused."""
         self._memory.release(tags)
 
     def resume_memory(self, tags: list[str] | None) -> None:
@@ -187,8 +190,8 @@ class Engine:
 
     def prompt_logprobs(self, ids: list[int], start: int, top_k: int = 0,
                         token_ids: list[int] | None = None) -> dict[str, list]:
-        """Logprobs of the prompt's own tokens (`server/engine/input_logprobs.py`), by the serving weights; runs
-        in the caller's thread with a cache of its own."""
+        """Logprobs of the prompt's own tokens (`server/engine/input_logprobs.py`), by the serving
+        weights; runs in the caller's thread with a cache of its own."""
         return input_logprobs(self.scheduler.runner, ids, start, top_k, token_ids)
 
     def pause(self, mode: PauseMode = "abort") -> int:
@@ -226,13 +229,13 @@ class Engine:
                 "architectures": sw.config.get("architectures"), "device": self.cfg.device}
 
     def used_tokens(self) -> int:
-        """KV tokens of the running set (a snapshot read without the lock: a gauge, not an invariant)."""
+        """KV tokens of the running set (a snapshot read without the lock: a gauge)."""
         return sum(s.total_len for s in list(self.state.running))
 
     def sd_counters(self) -> dict:
-        """The decoder's cumulative counts since start: `verify_ct` verify passes emitting `verify_tokens`,
-        `decode_passes` target passes over `decode_rows` decoding rows emitting `decode_tokens`, and
-        `accepted_by_source` (accepted draft tokens by draft source)."""
+        """The decoder's cumulative counts since start: `verify_ct` verify passes emitting
+        `verify_tokens`, `decode_passes` target passes over `decode_rows` decoding rows emitting
+        `decode_tokens`, and `accepted_by_source` (accepted draft tokens by draft source)."""
         d = self.decoder
         names = ("verify_ct", "verify_tokens", "decode_passes", "decode_rows", "decode_tokens")
         return {n: getattr(d, n, 0) for n in names} | {

@@ -24,7 +24,7 @@ class Scheduler:
         self.restore_pool()
 
     def release_pool(self) -> None:
-        """Drop the slot pool (its memory goes back); new requests get caches of their own meanwhile."""
+        """Drop the slot pool (its memory goes back); new requests get caches of their own."""
         self.pool = None
 
     def restore_pool(self) -> None:

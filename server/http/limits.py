@@ -17,11 +17,11 @@ def check_batch(state, count: int, field: str) -> None:
 
 
 def check_serving(state) -> None:
-    """For the generation routes: a 400 while any memory is released (/release_memory_occupation)."""
+    """For the generation routes: a 400 while any memory is released."""
     released = state.engine.released_memory()
     if released:
-        raise ApiError(400, f"memory is released (tags {sorted(released)}); call /resume_memory_occupation "
-                            "before generating")
+        raise ApiError(400, f"memory is released (tags {sorted(released)}); call "
+                            "/resume_memory_occupation before generating")
 
 
 def check_queue(state, count: int) -> None:

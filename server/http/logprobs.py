@@ -47,6 +47,7 @@ async def fill_input_logprobs(engine, tracks: list[Track]) -> None:
             continue
         key = (tuple(req.input_ids), req.logprob_start_len, req.top_logprobs_num, tuple(req.token_ids_logprob or ()))
         if key not in done:
-            done[key] = await asyncio.to_thread(engine.prompt_logprobs, req.input_ids, req.logprob_start_len,
-                                                req.top_logprobs_num, req.token_ids_logprob)
+            done[key] = await asyncio.to_thread(engine.prompt_logprobs, req.input_ids,
+                                                req.logprob_start_len, req.top_logprobs_num,
+                                                req.token_ids_logprob)
         t.input_logprobs = done[key]

@@ -40,7 +40,10 @@ def _draft_path(swapper: WeightSwapper) -> str:
 
 def expected_shapes(swapper: WeightSwapper, selector: str) -> dict[str, tuple[int, ...]]:
     """The tensors an update of `selector` may carry, by name, with their shapes (read without loading)."""
-    sig = swapper.signature if selector == "target" else checkpoint.checkpoint_signature(_draft_path(swapper))
+    if selector == "target":
+        sig = swapper.signature
+    else:
+        sig = checkpoint.checkpoint_signature(_draft_path(swapper))
     return {name: tuple(shape) for name, (shape, *_) in sig.items()}
 
 
@@ -69,7 +72,8 @@ def check_volume(swapper: WeightSwapper, selector: str, names: list[str], shapes
         raise CheckpointError(f"shapes: {listed} elements listed; the served {selector} model has {held}")
 
 
-def check_target(swapper: WeightSwapper, named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def check_target(swapper: WeightSwapper,
+                 named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Validated tensors by name, in the serving dtype; CheckpointError naming the first bad one."""
     sig, dtype = swapper.signature, swapper.scheduler.runner.dtype
     out = {}
@@ -99,7 +103,8 @@ def target_swap(swapper: WeightSwapper, staged: dict[str, torch.Tensor], version
                       version, flush_cache)
 
 
-def draft_swap(swapper: WeightSwapper, named: list[tuple[str, torch.Tensor]], version: str | None) -> DraftSwap:
+def draft_swap(swapper: WeightSwapper, named: list[tuple[str, torch.Tensor]],
+               version: str | None) -> DraftSwap:
     from safetensors.torch import load_file, save_file
 
     from gleanrl.server.sd.drafter_load import load_for_target
