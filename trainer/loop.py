@@ -107,8 +107,8 @@ async def _loop(run: Run, start: int) -> dict:
     async with run.client:
         await run.resync()
         if start == 0 and cfg.eval_every:
-            row = {"step": 0, "weight_version": "0", **await run.evaluate(0)}
-            run.metrics.log(row, echo=run.log)
+            first = {"step": 0, "weight_version": "0", **await run.evaluate(0)}
+            run.metrics.log(first, echo=run.log)
         hooks.bind_push(DrafterPush.for_client(run.client))  # drafters go to the same servers
         for step in range(start + 1, cfg.steps + 1):
             rollouts = make_rollouts(cfg, task, policy.tokenizer, step)
