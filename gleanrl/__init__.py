@@ -23,6 +23,8 @@ _API = {
     "DrafterPush": "gleanrl.clients.weight_sync",
     "load_task": "gleanrl.trainer.tasks",
     "train": "gleanrl.trainer.loop",
+    "RolloutHooks": "gleanrl.trainer.hooks",
+    "NoHooks": "gleanrl.trainer.hooks",
     "TrainConfig": "gleanrl.trainer.config",
 }
 __all__ = sorted(_API)

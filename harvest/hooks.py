@@ -1,5 +1,5 @@
-"""The Harvester behind gleanrl's trainer hooks (`trainer.generate.RolloutHooks`, duck-typed: nothing
-in `harvest` imports `trainer`).
+"""The Harvester behind gleanrl's trainer hooks: every hook of `trainer.hooks.RolloutHooks`, implemented
+structurally (nothing in `harvest` imports `trainer`; `tests/test_harvester_hooks.py` checks the match).
 
 - `on_step_start(step, model)`: the trainer's current policy captures this step's rollouts.
 - `on_rollout_finished(rollout)`: runs in the trainer's event loop, so it only records the rollout.
@@ -57,6 +57,8 @@ CONFIG_FILE = "harvest_config.json"  # in the run's harvest root, next to spool/
 
 
 class HarvestHooks:
+    harvests = True  # the trainer gives the embedded server half the cores, and shows harvest columns
+
     def __init__(self, harvester: Harvester, max_queue: int = 512):
         self.h, self.max_queue = harvester, max_queue
         self._turn = False                                      # the idle window alternates capture and training

@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
             return _fail("--harvest-feed is the embedded backend's: in front of stock SGLang run "
                          "`gleanrl proxy --upstream URL --port P`, which provides the same feed")
         try:
-            from gleanrl.server.sglang_launch import launch  # lazy: needs the optional sglang install
+            from gleanrl.server.sglang.launch import launch  # lazy: needs the optional sglang install
         except ImportError as exc:
             return _fail(f"--backend sglang is not available here ({exc})")
         return int(launch(args) or 0)
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"cannot load the model from {model}: {type(exc).__name__}: {exc}".splitlines()[0])
     import uvicorn
 
-    from gleanrl.server.app import build_app
+    from gleanrl.server.http.app import build_app
     app = build_app(engine, server_cfg, engine_cfg)
     logging.info("serving %s on http://%s:%d (auth: %s)", model, args.host, args.port,
                  "api key" if args.api_key else "none")

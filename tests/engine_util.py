@@ -6,7 +6,7 @@ import itertools
 
 import torch
 
-from gleanrl.server.fanin import Track
+from gleanrl.server.http.fanin import Track
 from gleanrl.server.protocol import GenerateOutput, GenerateRequest, SamplingParams
 
 _rids = itertools.count()

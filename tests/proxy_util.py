@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from gleanrl.server.proxy import build_proxy
+from gleanrl.server.proxy.app import build_proxy
 
 
 @contextmanager

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 import httpx
 import uvicorn
 
-from gleanrl.server.app import build_app
 from gleanrl.server.config import EngineConfig, ServerConfig
+from gleanrl.server.http.app import build_app
 
 _SERVER_FIELDS = {f.name for f in dataclasses.fields(ServerConfig)}
 

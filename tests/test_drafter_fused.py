@@ -33,7 +33,7 @@ def test_fused_forward_equals_unfused(tiny_qwen2):
 
 def test_packed_bf16_serving_drafter_is_bit_identical(tiny_qwen2):
     """The server's drafter matmuls (oneDNN-packed where that gives the same bits) change no draft."""
-    from gleanrl.server.packed_linear import can_pack, linear
+    from gleanrl.server.model.packed_linear import can_pack, linear
 
     plain = init_drafter(tiny_qwen2, seed=5).eval().to(torch.bfloat16)
     if not can_pack([plain.fc.weight]):

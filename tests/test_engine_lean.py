@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM, LogitsProcessor
 from engine_util import PROMPTS, hf_greedy, req, run_all
 from gleanrl.server.config import EngineConfig
 from gleanrl.server.engine import Engine
-from gleanrl.server.kv_pool import KVPool, decode_plan
-from gleanrl.server.model_runner import ModelRunner
+from gleanrl.server.model.kv_pool import KVPool, decode_plan
+from gleanrl.server.model.runner import ModelRunner
 
 
 def _batch(tok, b: int) -> tuple[list[list[int]], list[int]]:
@@ -104,7 +104,7 @@ def test_pool_stays_compact_and_moved_caches_keep_their_kv(tiny_llama):
 
 
 def test_only_the_decode_thread_runs_intra_op_threads(tiny_llama):
-    """libgomp throttles every team once a process has more OpenMP threads than CPUs (server/engine_loop.py):
+    """libgomp throttles every team once a process has more OpenMP threads than CPUs (server/engine/loop.py):
     the decode thread keeps the engine's thread count, a weight update on another thread loads with one."""
     import threading
 
@@ -138,7 +138,7 @@ def test_only_the_decode_thread_runs_intra_op_threads(tiny_llama):
 def test_pooled_verify_pass_equals_own_caches(tiny_llama):
     """A verify pass (a few tokens a sequence, a tree mask on one) over pooled caches writes in place and
     attends over a view of the pool; the logits and the caches equal those of per-sequence caches."""
-    from gleanrl.server.sd.verify_attention import verify_plan
+    from gleanrl.server.model.verify_attention import verify_plan
 
     runner = ModelRunner.load(str(tiny_llama))
     pool = KVPool.for_runner(runner, slots=3, capacity=64)

@@ -9,8 +9,8 @@ from transformers import AutoModelForCausalLM
 from engine_util import hf_greedy, req, run_all
 from gleanrl.server.config import EngineConfig
 from gleanrl.server.engine import Engine
-from gleanrl.server.kv_pool import KVPool, decode_plan
-from gleanrl.server.model_runner import ModelRunner
+from gleanrl.server.model.kv_pool import KVPool, decode_plan
+from gleanrl.server.model.runner import ModelRunner
 
 
 @pytest.mark.parametrize("arch", ["tiny_qwen2", "tiny_qwen3"])

@@ -57,7 +57,7 @@ def test_checker_catches_forbidden_imports(tmp_path):
     for comp in COMPONENTS:
         (tmp_path / comp).mkdir()
     (tmp_path / "server" / "ok.py").write_text("from gleanrl.harvest.drafter import Eagle3Drafter\n"
-                                               "from gleanrl.server.kv import SeqKVCache\nimport torch\n")
+                                               "from gleanrl.server.model.kv import SeqKVCache\nimport torch\n")
     (tmp_path / "clients" / "bad.py").write_text("def f():\n    from gleanrl.trainer.loop import train\n")
     (tmp_path / "harvest" / "bad.py").write_text("import gleanrl.clients.rollout_client\n")
     (tmp_path / "server" / "bad.py").write_text("from gleanrl.harvest.harvester import Harvester\n"
@@ -85,3 +85,54 @@ def test_every_package_folder_is_installed():
             rel = init.parent.relative_to(ROOT / folder)
             wanted.add(".".join([name, *rel.parts]))
     assert wanted == set(setup["packages"])
+
+
+# The engine's parts: only the engine's own modules touch them; everything else uses Engine's methods.
+ENGINE_PARTS = {"scheduler", "swapper", "decoder", "loop", "state"}
+ENGINE_PACKAGE = ("server/engine/",)
+CHECKED = (*COMPONENTS, "gleanrl", "examples")
+
+
+def _names_an_engine(node: ast.expr) -> bool:
+    """`engine`, `eng`, `self.engine`, `state.engine`, `request.app.state.engine`..."""
+    if isinstance(node, ast.Name):
+        return node.id in ("engine", "eng") or node.id.endswith("_engine")
+    return isinstance(node, ast.Attribute) and (
+        node.attr == "engine" or node.attr.endswith("_engine"))
+
+
+def side_doors(root: Path) -> list[str]:
+    bad = []
+    for folder in CHECKED:
+        for path in sorted((root / folder).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if any(rel.startswith(p) for p in ENGINE_PACKAGE):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                attr = getattr(node, "attr", "")
+                private = isinstance(node, ast.Attribute) and (
+                    attr in ENGINE_PARTS or attr.startswith("_") and not attr.startswith("__"))
+                if private and _names_an_engine(node.value):
+                    bad.append(f"{rel}:{node.lineno} touches the engine's .{node.attr}")
+    return bad
+
+
+def test_nothing_outside_the_engine_touches_its_parts():
+    assert side_doors(ROOT) == []
+
+
+def test_side_door_checker_catches_them(tmp_path):
+    (tmp_path / "server").mkdir()
+    (tmp_path / "gleanrl").mkdir()
+    (tmp_path / "server" / "ok.py").write_text("engine.update_weights(p)\nx = engine.cfg.device\n"
+                                               "app.state.engine.info()\n")
+    (tmp_path / "server" / "bad.py").write_text("engine.scheduler.pool = None\n"
+                                                "r = request.app.state.engine.swapper.signature\n")
+    (tmp_path / "gleanrl" / "bad.py").write_text(
+        "n = plain_engine.decoder.verify_ct + eng._rng.seed()\n")
+    assert side_doors(tmp_path) == [
+        "server/bad.py:1 touches the engine's .scheduler",
+        "server/bad.py:2 touches the engine's .swapper",
+        "gleanrl/bad.py:1 touches the engine's .decoder",
+        "gleanrl/bad.py:1 touches the engine's ._rng",
+    ]

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import torch
 
-from gleanrl.server.penalties import penalise_rows, window_counts
+from gleanrl.server.engine.penalties import penalise_rows, window_counts
 from gleanrl.server.protocol import SamplingParams
 from serving import running_app
 

@@ -14,15 +14,15 @@ from transformers import AutoModelForCausalLM
 from engine_util import PROMPTS, run_all
 from gleanrl.server.config import EngineConfig
 from gleanrl.server.engine import Engine
-from gleanrl.server.engine_state import EngineState
-from gleanrl.server.model_runner import ModelRunner
+from gleanrl.server.engine.sampler import processed_probs
+from gleanrl.server.engine.scheduler import Scheduler
+from gleanrl.server.engine.sequence import Sequence
+from gleanrl.server.engine.state import EngineState
+from gleanrl.server.engine.stopping import StopChecker
+from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
-from gleanrl.server.sampler import processed_probs
-from gleanrl.server.scheduler import Scheduler
 from gleanrl.server.sd.controller import Controller, ControllerConfig
 from gleanrl.server.sd.decoder import SDDecoder
-from gleanrl.server.sequence import Sequence
-from gleanrl.server.stopping import StopChecker
 from sd_util import trained_drafter
 from test_parity_sampling import reference_penalties
 from test_sd_engine_sampling import _chi2

@@ -24,7 +24,7 @@ TRAINER = """
 import sys, torch, torch.distributed as dist
 from pathlib import Path
 from safetensors.torch import load_file
-from gleanrl.server.process_group import init_custom_process_group
+from gleanrl.server.weights.process_group import init_custom_process_group
 port, flat = sys.argv[1], sys.argv[3] == "flat"
 pushes = [sorted(kv for f in sorted(Path(p).glob("*.safetensors")) for kv in load_file(f).items())
           for p in sys.argv[2].split(",")]

@@ -7,9 +7,9 @@ import json
 
 import httpx
 
-from gleanrl.server.harvest_feed import HarvestFeed
-from gleanrl.server.proxy import _note_control
-from gleanrl.server.proxy_parse import per_output
+from gleanrl.server.http.harvest_feed import HarvestFeed
+from gleanrl.server.proxy.app import _note_control
+from gleanrl.server.proxy.parse import per_output
 from tests.proxy_util import running_proxy
 from tests.serving import running_server
 

@@ -9,7 +9,7 @@ import json
 import httpx
 
 from gleanrl.clients.transport import sse_lines
-from gleanrl.server.http_generate import sse
+from gleanrl.server.http.generate import sse
 
 ODD = "a\u2028b\u2029c\x85d\x0be\x0cf\x1cg\x1dh\x1ei\rj\nk"
 

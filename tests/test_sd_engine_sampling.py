@@ -18,15 +18,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gleanrl.server.engine_state import EngineState
-from gleanrl.server.model_runner import ModelRunner
+from gleanrl.server.engine.sampler import processed_probs
+from gleanrl.server.engine.scheduler import Scheduler
+from gleanrl.server.engine.sequence import Sequence
+from gleanrl.server.engine.state import EngineState
+from gleanrl.server.engine.stopping import StopChecker
+from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
-from gleanrl.server.sampler import processed_probs
-from gleanrl.server.scheduler import Scheduler
 from gleanrl.server.sd.controller import Controller, ControllerConfig
 from gleanrl.server.sd.decoder import SDDecoder
-from gleanrl.server.sequence import Sequence
-from gleanrl.server.stopping import StopChecker
 from sd_util import trained_drafter
 
 N, BATCH, TOP_K = 4000, 100, 8

@@ -14,14 +14,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gleanrl.server.model_runner import ModelRunner
+from gleanrl.server.engine.sequence import Sequence
+from gleanrl.server.engine.stopping import StopChecker
+from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
 from gleanrl.server.sd import branch_verify
 from gleanrl.server.sd.controller import Controller, ControllerConfig
 from gleanrl.server.sd.decoder import SDDecoder
 from gleanrl.server.sd.group_drafts import GroupDrafts
-from gleanrl.server.sequence import Sequence
-from gleanrl.server.stopping import StopChecker
 from sd_util import trained_drafter
 from test_sd_engine_sampling import TOP_K, _chi2, _marginals
 

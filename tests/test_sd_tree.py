@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gleanrl.server.model_runner import ModelRunner
+from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.sd.tree import build_tree, keep_path
 
 

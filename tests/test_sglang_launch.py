@@ -12,8 +12,8 @@ import time
 import httpx
 import pytest
 
-from gleanrl.server import sglang_launch
-from gleanrl.server.sglang_launch import SGLangLaunchError, build_command, launch, redact, start
+from gleanrl.server.sglang import launch as sglang_launch
+from gleanrl.server.sglang.launch import SGLangLaunchError, build_command, launch, redact, start
 
 FAKE_SGLANG = textwrap.dedent("""
     import http.server, os, sys

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from gleanrl.clients.rollout_client import RolloutClient
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.generate import encode_prompt
+from gleanrl.trainer.hooks import NoHooks
 from gleanrl.trainer.loop import train
 from gleanrl.trainer.server_proc import EmbeddedServer
 
@@ -32,7 +33,7 @@ class Crash(RuntimeError):
     pass
 
 
-class CrashAtStep:
+class CrashAtStep(NoHooks):
     """Hooks that kill the run in the middle of step `step`'s rollouts (a simulated crash)."""
 
     def __init__(self, step: int):

@@ -9,11 +9,12 @@ import signal
 import threading
 
 from gleanrl.trainer import loop, server_proc
+from gleanrl.trainer.hooks import NoHooks
 from gleanrl.trainer.loop import train
 from test_train import ToyTask, _cfg
 
 
-class KillServerMidStep:
+class KillServerMidStep(NoHooks):
     """Hooks whose first idle window (rollouts in flight) kills the embedded server after `delay_s`."""
 
     def __init__(self, delay_s: float):
@@ -63,7 +64,7 @@ def test_server_killed_mid_step_is_restarted_and_rollouts_resubmitted(tiny_qwen2
     assert rows[0]["logprob_mismatch"] < 1e-3
 
 
-class PushForeignWeights:
+class PushForeignWeights(NoHooks):
     """Hooks that, as step `step` starts, make the server serve other weights under another version
     (as if someone else pushed), before the step's rollouts are submitted."""
 

@@ -4,9 +4,7 @@ other weight_version out of training."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Protocol
 
 from tqdm import tqdm
 
@@ -14,29 +12,7 @@ from gleanrl.clients.rollout import Rollout, RolloutStatus, run_rollout
 from gleanrl.clients.rollout_client import RolloutClient
 from gleanrl.clients.transport import RolloutServerError
 from gleanrl.trainer.config import TrainConfig
-
-
-class RolloutHooks(Protocol):
-    """Where the harvester plugs in. `on_rollout_finished` runs in the event loop as each rollout
-    finishes (keep it short: enqueue heavy work); `idle_window()` is entered while rollouts are in
-    flight and left before the policy update (e.g. `harvest.idle.IdleWindow`). Optional, looked up with
-    hasattr by the loop: `bind_push(fn)` once the server is synced (`fn(path, version)` pushes a drafter
-    to the loop's servers), and `step_metrics() -> dict` merged into each step's metrics row."""
-
-    def on_step_start(self, step: int, model) -> None: ...
-    def on_rollout_finished(self, rollout: Rollout) -> None: ...
-    def idle_window(self) -> contextlib.AbstractContextManager: ...
-
-
-class NoHooks:
-    def on_step_start(self, step: int, model) -> None:
-        pass
-
-    def on_rollout_finished(self, rollout: Rollout) -> None:
-        pass
-
-    def idle_window(self) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
+from gleanrl.trainer.hooks import RolloutHooks
 
 
 async def run_step(client: RolloutClient, rollouts: list[Rollout], params: dict, *, expected_version: str,

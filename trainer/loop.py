@@ -34,7 +34,6 @@ Simplified relative to the literature (DeepSeekMath GRPO, DAPO, slime) and why:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from pathlib import Path
 
@@ -46,66 +45,119 @@ from gleanrl.clients.transport import RolloutServerError
 from gleanrl.clients.weight_sync import DrafterPush
 from gleanrl.trainer.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from gleanrl.trainer.config import TrainConfig, write_resolved
-from gleanrl.trainer.generate import NoHooks, RolloutHooks, make_rollouts, run_step, sampling_params
+from gleanrl.trainer.generate import make_rollouts, run_step, sampling_params
+from gleanrl.trainer.hooks import NoHooks, RolloutHooks, missing_hooks
 from gleanrl.trainer.metrics import MetricsLog, eval_metrics, rollout_metrics, step_shares
 from gleanrl.trainer.phases import all_cores, phase_threads
 from gleanrl.trainer.policy import Policy
 from gleanrl.trainer.policy_push import PolicyPusher
-from gleanrl.trainer.server_proc import EmbeddedServer
+from gleanrl.trainer.server_proc import EmbeddedServer, ServeSD
 
 
 def train(cfg: TrainConfig, task=None, hooks: RolloutHooks | None = None, resume: bool = False,
           log=print) -> dict:
-    """Run `cfg.steps` GRPO steps (continuing from the last checkpoint with `resume`). Returns the last
-    step's metrics row."""
+    """Run `cfg.steps` GRPO steps (continuing from the last checkpoint with `resume`). Returns the
+    last step's metrics row. `hooks` default: a Harvester's (`harvest.hooks.HarvestHooks`) with
+    `cfg.drafter`, else none."""
+    if hooks is not None and (missing := missing_hooks(hooks)):
+        raise TypeError(f"hooks lack {', '.join(missing)} "
+                        "(trainer.hooks.RolloutHooks; subclass NoHooks)")
     torch.set_num_threads(cfg.trainer_threads)
     torch.manual_seed(cfg.seed)
     task = task or _load_task(cfg)
     resumed = load_latest(cfg.out) if resume else None
     if not resume and list_checkpoints(cfg.out):
-        raise ValueError(f"{cfg.out} already holds step checkpoints: pass --resume to continue, or use another --out")
+        raise ValueError(f"{cfg.out} already holds step checkpoints: pass --resume to continue, "
+                         "or use another --out")
     write_resolved(cfg, cfg.out)
     policy = Policy(cfg, str(resumed.path) if resumed else cfg.model)
-    if resumed:
-        policy.optimizer.load_state_dict(resumed.optimizer_state)
-        log(f"resuming after step {resumed.step} from {resumed.path}")
-    start = resumed.step if resumed else 0
-    weights = (str(resumed.path) if resumed else cfg.model, str(start))
-    server_args = list(cfg.server_args)
+    sd = None
     if cfg.drafter and hooks is None:
         from gleanrl.harvest.hooks import HarvestHooks
-        hooks, drafter = HarvestHooks.for_run(cfg.model, cfg.drafter, Path(cfg.out) / "harvest", resume)
-        if "--drafter" not in server_args:  # the embedded server serves the newest pushed drafter
-            server_args += ["--drafter", str(drafter)] + ([] if "--sd" in server_args else ["--sd", "adaptive"])
-    if resumed and resumed.hooks_state is not None and hasattr(hooks, "load_state_dict"):
-        hooks.load_state_dict(resumed.hooks_state)  # e.g. the Harvester's drafter in training, optimizer, version
-    cores = len(all_cores())  # the server has the machine during rollouts, but for a harvester beside it
-    harvest = hooks is not None and not isinstance(hooks, NoHooks)
-    threads = cfg.server_threads or (max(cores // 2, 1) if harvest else cores)
-    server = None if cfg.servers else EmbeddedServer(cfg.model, threads, server_args,
-                                                    cfg.api_key, cfg.admin_api_key, f"{cfg.out}/server.log")
+        root = Path(cfg.out) / "harvest"
+        hooks, drafter = HarvestHooks.for_run(cfg.model, cfg.drafter, root, resume)
+        sd = ServeSD(str(drafter))  # the embedded server serves the newest pushed drafter
+    hooks = NoHooks() if hooks is None else hooks
+    if resumed:
+        policy.optimizer.load_state_dict(resumed.optimizer_state)
+        if resumed.hooks_state is not None:  # e.g. the Harvester's drafter in training, its version
+            hooks.load_state_dict(resumed.hooks_state)
+        log(f"resuming after step {resumed.step} from {resumed.path}")
+    weights = (str(resumed.path) if resumed else cfg.model, str(resumed.step if resumed else 0))
+    # the server has the machine during rollouts, but for a harvester beside it
+    cores = len(all_cores())
+    threads = cfg.server_threads or (max(cores // 2, 1) if hooks.harvests else cores)
+    server = None if cfg.servers else EmbeddedServer(
+        cfg.model, threads, cfg.server_args, cfg.api_key, cfg.admin_api_key,
+        f"{cfg.out}/server.log", sd=sd)
     try:
         if server:
             server.start()
-        return asyncio.run(_loop(cfg, task, policy, hooks or NoHooks(), server, start, weights, log))
+        run = Run(cfg, task, policy, hooks, server, weights, log)
+        return asyncio.run(_loop(run, resumed.step if resumed else 0))
     finally:
         if server:
             server.stop()
 
 
-async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: tuple[str, str], log) -> dict:
-    client = RolloutClient(cfg.servers or [server.url], cfg.api_key, cfg.admin_api_key, cfg.request_timeout_s,
-                           router=cfg.router)
-    pusher = PolicyPusher(client, cfg.model)
-    metrics = MetricsLog(cfg.out, resume_step=start if start else None, harvest=hasattr(hooks, "step_metrics"))
-    state = {"path": weights[0], "version": weights[1]}
+async def _loop(run: Run, start: int) -> dict:
+    """The algorithm: rollouts (harvested as they finish), rewards, one update, save, push."""
+    cfg, task, policy, hooks = run.cfg, run.task, run.policy, run.hooks
+    row: dict = {}
+    async with run.client:
+        await run.resync()
+        if start == 0 and cfg.eval_every:
+            first = {"step": 0, "weight_version": "0", **await run.evaluate(0)}
+            run.metrics.log(first, echo=run.log)
+        hooks.bind_push(DrafterPush.for_client(run.client))  # drafters go to the same servers
+        for step in range(start + 1, cfg.steps + 1):
+            rollouts = make_rollouts(cfg, task, policy.tokenizer, step)
+            hooks.on_step_start(step, policy.model)
+            t0 = time.monotonic()
+            await run.generate(rollouts, sampling_params(cfg), hooks)  # idle window, finishers
+            t1 = time.monotonic()
+            score(task, policy.tokenizer, rollouts)
+            batch = informative(rollouts) if cfg.kl_coef == 0 else rollouts
+            train_stats = run.update(batch)  # its forward feeds hooks.update_capture()
+            rollout_version = run.version
+            run.checkpoint(step)  # with hooks.state_dict()
+            t2 = time.monotonic()
+            await run.push()
+            row = {"step": step, "weight_version": run.version,
+                   "rollout_weight_version": rollout_version,
+                   **rollout_metrics(rollouts, t0, t1, run.correct), "train_s": t2 - t1,
+                   "push_s": time.monotonic() - t2, "train_rollouts": len(batch), **train_stats,
+                   **hooks.step_metrics()}
+            row |= step_shares(row) | await run.evaluate(step)
+            run.metrics.log(row, echo=run.log)
+    return row
 
-    async def resync(attempts: int = 3) -> None:  # wait for the server(s), then make them serve our weights
+
+class Run:
+    """What one `train()` holds: the servers' client, the policy and the weights the servers must
+    serve (`path`, `version`), the metrics log. Its methods are the loop's steps."""
+
+    def __init__(self, cfg: TrainConfig, task, policy: Policy, hooks: RolloutHooks,
+                 server: EmbeddedServer | None, weights: tuple[str, str], log=print):
+        self.cfg, self.task, self.policy, self.hooks = cfg, task, policy, hooks
+        self.server, self.log = server, log
+        self.client = RolloutClient(cfg.servers or [server.url], cfg.api_key, cfg.admin_api_key,
+                                    cfg.request_timeout_s, router=cfg.router)
+        self.pusher = PolicyPusher(self.client, cfg.model)
+        start = int(weights[1])
+        self.metrics = MetricsLog(cfg.out, resume_step=start or None, harvest=hooks.harvests)
+        self.path, self.version = weights
+
+    async def resync(self, attempts: int = 3) -> None:
+        """Wait for the server(s) (restarting the embedded one if it died), then make them serve
+        our weights."""
+        server = self.server
         for attempt in range(attempts):
             if server:  # a kill may land between this check and the health poll: hence the attempts
                 server.ensure_running()
             try:
-                await client.wait_healthy(cfg.server_wait_s, alive=server.alive if server else None)
+                alive = server.alive if server else None
+                await self.client.wait_healthy(self.cfg.server_wait_s, alive=alive)
                 break
             except RolloutServerError as exc:
                 if server and attempt + 1 < attempts and not server.alive():
@@ -114,64 +166,63 @@ async def _loop(cfg, task, policy: Policy, hooks, server, start: int, weights: t
                     exc.message += f"; the end of {server.log_path}:\n{server.log_tail()}"
                     exc.args = (f"{exc.url}: {exc.message}",)
                 raise
-        await pusher.push(state["path"], state["version"])
+        await self.pusher.push(self.path, self.version)
 
-    async def evaluate(step: int) -> dict:  # the same held-out prompts and seeds every time: paired evals
+    async def generate(self, rollouts: list[Rollout], params: dict, hooks: RolloutHooks,
+                       stream: bool | None = None, desc: str = "rollouts") -> None:
+        cfg = self.cfg
+        await run_step(self.client, rollouts, params, expected_version=self.version,
+                       resync=self.resync, hooks=hooks, max_attempts=cfg.max_attempts,
+                       stream=cfg.stream if stream is None else stream,
+                       stream_interval=cfg.stream_interval, log=self.log, desc=desc)
+
+    def update(self, batch: list[Rollout]) -> dict:
+        """One policy update; micro-batches of similar lengths pad far less (the loss does not
+        depend on the order)."""
+        cfg = self.cfg
+        ordered = sorted(batch, key=lambda r: len(r.prompt_ids) + len(r.output_ids))
+        with phase_threads(cfg.update_threads or cfg.trainer_threads, cfg.update_cores), \
+                self.hooks.update_capture() as cap:
+            return self.policy.train_step(ordered, capture=cap)
+
+    def checkpoint(self, step: int) -> None:
+        """Save step `step` atomically; from now on it is what the servers must serve."""
+        cfg, policy = self.cfg, self.policy
+        path = save_checkpoint(cfg.out, step, policy.model, policy.tokenizer, policy.optimizer,
+                               cfg.to_dict(), cfg.keep_last, hooks_state=self.hooks.state_dict())
+        self.path, self.version = str(path), str(step)
+
+    async def push(self) -> None:
+        try:
+            await self.pusher.push(self.path, self.version)  # a checkpoint that does not fit: fatal
+        except RolloutServerError as exc:  # the next step's resync retries; the checkpoint is safe
+            self.log(f"warning: weight push of step {self.version} failed ({exc}); "
+                     "will retry before the next step")
+            await self.resync()
+
+    async def evaluate(self, step: int) -> dict:
+        """Held-out accuracy: the same prompts and seeds every time (paired evals)."""
+        cfg = self.cfg
         if not cfg.eval_every or (step % cfg.eval_every and step != cfg.steps):
             return {}
-        t0 = time.monotonic()
-        row = {}
-        for prefix, temperature, samples in [("eval", cfg.eval_temperature, cfg.eval_samples)] + (
-                [("eval_greedy", 0.0, 1)] if cfg.eval_greedy and cfg.eval_temperature > 0 else []):
-            rollouts = make_rollouts(cfg, task, policy.tokenizer, 0, split="test", n=cfg.eval_prompts, samples=samples)
-            await run_step(client, rollouts, dict(sampling_params(cfg), temperature=temperature),
-                           expected_version=state["version"], resync=resync, hooks=NoHooks(),
-                           max_attempts=cfg.max_attempts, stream=False, log=log, desc=prefix)
-            score(task, policy.tokenizer, rollouts)
-            stats = eval_metrics(rollouts, lambda r: _correct(task, r), metrics.first(f"{prefix}_scores"))
+        t0, row = time.monotonic(), {}
+        passes = [("eval", cfg.eval_temperature, cfg.eval_samples)]
+        if cfg.eval_greedy and cfg.eval_temperature > 0:
+            passes.append(("eval_greedy", 0.0, 1))
+        for prefix, temperature, samples in passes:
+            rollouts = make_rollouts(cfg, self.task, self.policy.tokenizer, 0, split="test",
+                                     n=cfg.eval_prompts, samples=samples)
+            params = dict(sampling_params(cfg), temperature=temperature)
+            await self.generate(rollouts, params, NoHooks(), stream=False, desc=prefix)
+            score(self.task, self.policy.tokenizer, rollouts)
+            stats = eval_metrics(rollouts, self.correct, self.metrics.first(f"{prefix}_scores"))
             row |= {prefix + k[len("eval"):]: v for k, v in stats.items()}
         return row | {"eval_temperature": cfg.eval_temperature, "eval_s": time.monotonic() - t0}
 
-    row: dict = {}
-    async with client:
-        await resync()
-        if start == 0 and cfg.eval_every:
-            metrics.log({"step": 0, "weight_version": "0", **await evaluate(0)}, echo=log)
-        if hasattr(hooks, "bind_push"):  # harvest.hooks.HarvestHooks: push drafters to the same servers
-            hooks.bind_push(DrafterPush.for_client(client))
-        for step in range(start + 1, cfg.steps + 1):
-            rollouts = make_rollouts(cfg, task, policy.tokenizer, step)
-            hooks.on_step_start(step, policy.model)
-            t0 = time.monotonic()
-            await run_step(client, rollouts, sampling_params(cfg), expected_version=state["version"],
-                           resync=resync, hooks=hooks, max_attempts=cfg.max_attempts, stream=cfg.stream,
-                           stream_interval=cfg.stream_interval, log=log)
-            t1 = time.monotonic()
-            score(task, policy.tokenizer, rollouts)
-            batch = informative(rollouts) if cfg.kl_coef == 0 else rollouts
-            # micro-batches of similar lengths pad far less (the loss does not depend on the order)
-            ordered = sorted(batch, key=lambda r: len(r.prompt_ids) + len(r.output_ids))
-            capture = hooks.update_capture() if hasattr(hooks, "update_capture") else contextlib.nullcontext()
-            with phase_threads(cfg.update_threads or cfg.trainer_threads, cfg.update_cores), capture as cap:
-                train_stats = policy.train_step(ordered, capture=cap)
-            path = save_checkpoint(cfg.out, step, policy.model, policy.tokenizer, policy.optimizer,
-                                   cfg.to_dict(), cfg.keep_last,
-                                   hooks_state=hooks.state_dict() if hasattr(hooks, "state_dict") else None)
-            t2 = time.monotonic()
-            rollout_version = state["version"]
-            state.update(path=str(path), version=str(step))
-            try:
-                await pusher.push(state["path"], state["version"])  # a checkpoint that does not fit: fatal
-            except RolloutServerError as exc:  # the next step's resync retries; the checkpoint is safe
-                log(f"warning: weight push of step {step} failed ({exc}); will retry before the next step")
-                await resync()
-            row = {"step": step, "weight_version": state["version"], "rollout_weight_version": rollout_version,
-                   **rollout_metrics(rollouts, t0, t1, lambda r: _correct(task, r)),
-                   "train_s": t2 - t1, "push_s": time.monotonic() - t2, "train_rollouts": len(batch), **train_stats,
-                   **(hooks.step_metrics() if hasattr(hooks, "step_metrics") else {})}
-            row |= step_shares(row) | await evaluate(step)
-            metrics.log(row, echo=log)
-    return row
+    def correct(self, r: Rollout) -> float:
+        if hasattr(self.task, "correct"):
+            return float(self.task.correct(r.sample, r.response))
+        return float((r.reward or 0.0) >= 1.0)
 
 
 def score(task, tokenizer, rollouts: list[Rollout]) -> None:
@@ -186,12 +237,6 @@ def informative(rollouts: list[Rollout]) -> list[Rollout]:
     for r in rollouts:
         rewards.setdefault(r.group_id, set()).add(float(r.reward))
     return [r for r in rollouts if len(rewards[r.group_id]) > 1]
-
-
-def _correct(task, r: Rollout) -> float:
-    if hasattr(task, "correct"):
-        return float(task.correct(r.sample, r.response))
-    return float((r.reward or 0.0) >= 1.0)
 
 
 def _load_task(cfg: TrainConfig):

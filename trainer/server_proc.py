@@ -8,7 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+SD_MODES = ("off", "on", "adaptive")  # `gleanrl serve --sd`
 
 
 def _die_with_parent() -> None:
@@ -24,10 +27,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True, slots=True)
+class ServeSD:
+    """The embedded server's speculative decoding: the drafter it serves and its `--sd` mode."""
+    drafter: str
+    mode: str = "adaptive"
+
+    def __post_init__(self) -> None:
+        if self.mode not in SD_MODES:
+            raise ValueError(f"sd mode must be one of {', '.join(SD_MODES)}, got {self.mode!r}")
+
+    def args(self) -> list[str]:
+        return ["--drafter", str(self.drafter), "--sd", self.mode]
+
+
 class EmbeddedServer:
+    """`extra_args` are passed last, so a flag there overrides the same flag from `sd`."""
+
     def __init__(self, model: str, threads: int = 1, extra_args: list[str] | None = None,
-                 api_key: str | None = None, admin_api_key: str | None = None, log_path: str | Path | None = None):
+                 api_key: str | None = None, admin_api_key: str | None = None,
+                 log_path: str | Path | None = None, sd: ServeSD | None = None):
         self.model, self.threads, self.extra_args = model, threads, list(extra_args or [])
+        self.sd = sd
         self.api_key, self.admin_api_key = api_key, admin_api_key
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -38,7 +59,8 @@ class EmbeddedServer:
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "gleanrl", "serve", "--model", self.model, "--host", "127.0.0.1",
                "--port", str(self.port), "--threads", str(self.threads)]
-        return cmd + self.extra_args  # keys go by environment (start), not argv: argv is visible to `ps`
+        # keys go by environment (start), not argv: argv is visible to `ps`
+        return cmd + (self.sd.args() if self.sd else []) + self.extra_args
 
     def start(self) -> None:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL

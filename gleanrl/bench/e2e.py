@@ -121,7 +121,7 @@ def heldout(h, start: Path, policy: Path) -> dict:
 def run(args: argparse.Namespace) -> int:
     from gleanrl.harvest.harvester import HarvestConfig, Harvester
     from gleanrl.trainer.bootstrap import bootstrap_policy
-    from gleanrl.trainer.generate import NoHooks
+    from gleanrl.trainer.hooks import NoHooks
     from gleanrl.trainer.loop import train
 
     out = Path(args.out)

@@ -101,8 +101,8 @@ def forward_ms(model: str, dtype: str, threads: int, prompts: list[list[int]], b
     """Median decode-forward time of B sequences in one slot pool, each at its prompt plus `context_extra`."""
     import torch
 
-    from gleanrl.server.kv_pool import KVPool
-    from gleanrl.server.model_runner import ModelRunner
+    from gleanrl.server.model.kv_pool import KVPool
+    from gleanrl.server.model.runner import ModelRunner
 
     torch.set_num_threads(threads)
     runner, out = ModelRunner.load(model, dtype=dtype), {}

@@ -1,4 +1,4 @@
-"""Micro-benchmark of the group index (`python -m gleanrl.bench.group_index`): the per-call cost of
+"""`gleanrl bench group-index`: micro-benchmark of the group index, the per-call cost of
 `propose` and of `extend` with one token, as the engine calls them every decode iteration.
 
 Synthetic GRPO groups: P prompts x n samples of L tokens over a small vocabulary; each sample copies a
@@ -26,8 +26,7 @@ def _samples(rng: random.Random, prompts: int, n: int, length: int, vocab: int, 
     return groups
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--length", type=int, default=2048)
@@ -35,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mutate", type=float, default=0.1)
     parser.add_argument("--max-len", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     rng = random.Random(0)
     groups = _samples(rng, args.prompts, args.n, args.length, args.vocab, args.mutate)
     best_extend = best_propose = float("inf")
@@ -64,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
                       "hit_rate": round(hits / calls, 3), "mean_draft_len": round(drafted / max(hits, 1), 2),
                       "calls": calls, "indexed_tokens": index.tokens}))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -94,19 +94,18 @@ def _default_paths(args: argparse.Namespace) -> tuple[str, str]:
 
 def _arm(engine, prompts: list[list[int]], args: argparse.Namespace) -> tuple[dict, list[list[int]]]:
     """The arm's rollout steps (T = 1), then its greedy step; returns (results, greedy outputs)."""
-    dec = engine.decoder
     t0, tokens = time.perf_counter(), 0
     for step in range(args.steps):
         outs = _step(engine, prompts, args.n, 1.0, args.max_new_tokens, 10_007 * step)
         tokens += sum(map(len, outs))
     seconds = time.perf_counter() - t0
-    stats = dec.stats()
-    ct = dec.verify_ct
+    stats, dec = engine.stats(), engine.sd_counters()
+    ct = dec["verify_ct"]
     r = {"rollout_s": round(seconds, 3), "tok_s": round(tokens / seconds, 1), "tokens": tokens,
-         "accept_length": round(dec.verify_tokens / ct, 2) if ct else 0.0,
-         "verify_passes": ct, "target_passes": dec.decode_passes,
-         "tokens_per_pass": round(dec.decode_tokens / dec.decode_rows, 3) if dec.decode_rows else 0.0,
-         "accepted_by_source": dict(dec.accepted_by_source),
+         "accept_length": round(dec["verify_tokens"] / ct, 2) if ct else 0.0,
+         "verify_passes": ct, "target_passes": dec["decode_passes"],
+         "tokens_per_pass": round(dec["decode_tokens"] / dec["decode_rows"], 3) if dec["decode_rows"] else 0.0,
+         "accepted_by_source": dec["accepted_by_source"],
          "controller": stats["sd_controller"]}
     return r, _step(engine, prompts, args.n, 0.0, args.max_new_tokens, 0)
 

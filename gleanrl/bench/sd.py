@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                 batch_prompts = prompts[:batch]
                 _run(sd, batch_prompts, temp, args.max_new_tokens, 0)               # warm-up; the controller measures
                 _run(off, batch_prompts, temp, args.max_new_tokens, 0)
-                ct0, tok0 = engine.decoder.verify_ct, engine.decoder.verify_tokens
+                before = engine.sd_counters()
                 sd_tok_s = plain_tok_s = 0.0
                 identical = 0
                 for r in range(args.repeats):                                   # alternate, keep the best
@@ -107,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
                     plain_rate, plain_out = _run(off, batch_prompts, temp, args.max_new_tokens, 1000 * r)
                     sd_tok_s, plain_tok_s = max(sd_tok_s, sd_rate), max(plain_tok_s, plain_rate)
                     identical += sum(a == b for a, b in zip(sd_out, plain_out))
-                ct, toks = engine.decoder.verify_ct - ct0, engine.decoder.verify_tokens - tok0
+                after = engine.sd_counters()
+                ct, toks = (after[k] - before[k] for k in ("verify_ct", "verify_tokens"))
                 results.append({"batch": batch, "temperature": temp, "sd_tok_s": round(sd_tok_s, 1),
                                 "plain_tok_s": round(plain_tok_s, 1), "speedup": round(sd_tok_s / plain_tok_s, 2),
                                 "accept_length": round(toks / ct, 2) if ct else 0.0})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def sglang_missing() -> str | None:
     """None where stock SGLang can be launched, else why not (the arm is then skipped with this reason)."""
-    from gleanrl.server.sglang_launch import SGLangLaunchError, sglang_python
+    from gleanrl.server.sglang.launch import SGLangLaunchError, sglang_python
     try:
         sglang_python()
     except SGLangLaunchError as exc:

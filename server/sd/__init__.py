@@ -8,8 +8,8 @@ verify every sequence's tree (root + branches) in one target pass with one verif
 docstring) and compact the caches to the accepted path. Sources: `draft.py` (the EAGLE-3 drafter's
 chain; `drafter_forward.py`, `draft_state.py`, `drafter_load.py`) and group drafts (`group_index.py`:
 per prompt, the running and earlier samples' outputs, adaptive-length drafts from match counts;
-`group_drafts.py` keeps it in step with the running set). `verify_attention.py`: one batched attention
-kernel per layer for verify passes.
+`group_drafts.py` keeps it in step with the running set). `server/model/verify_attention.py`: the batched
+attention of verify passes, one kernel per layer.
 
 Simplified relative to TLT (arXiv 2511.16665, code mit-han-lab/fastrl), and why:
 - Chain drafts, no top-k token tree (a tree has at most two branches: group and EAGLE-3). A chain

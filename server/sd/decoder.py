@@ -22,9 +22,10 @@ from collections.abc import Callable
 
 import torch
 
-from gleanrl.server.decode import feed_counts, forward_fed, sample_next
-from gleanrl.server.model_runner import ModelRunner
-from gleanrl.server.sampler import params_tensors
+from gleanrl.server.engine.decode import feed_counts, forward_fed, sample_next
+from gleanrl.server.engine.sampler import params_tensors
+from gleanrl.server.engine.sequence import Emitted, Sequence
+from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.sd.controller import MAX_DEPTH, Controller, Plan, b_bucket
 from gleanrl.server.sd.draft import draft_tokens
 from gleanrl.server.sd.draft_state import DraftState
@@ -32,7 +33,6 @@ from gleanrl.server.sd.drafter_forward import new_draft_cache
 from gleanrl.server.sd.group_drafts import GroupDrafts
 from gleanrl.server.sd.group_index import GroupDraft
 from gleanrl.server.sd.tree_pass import TreeResult, tree_pass
-from gleanrl.server.sequence import Emitted, Sequence
 
 Out = dict[Sequence, tuple[list[int], list[float]]]
 IDLE_PROBE = 16

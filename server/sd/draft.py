@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from gleanrl.server.sampler import processed_probs, sample
+from gleanrl.server.engine.sampler import processed_probs, sample
 from gleanrl.server.sd.drafter_forward import drafter_forward
 
 

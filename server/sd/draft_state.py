@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gleanrl.server.kv import SeqKVCache
+from gleanrl.server.model.kv import SeqKVCache
 
 
 @dataclass(eq=False)

@@ -2,14 +2,14 @@
 
 The drafter model (`gleanrl.harvest.drafter`) holds the weights and the per-token math (`project`,
 `qkv`, `finish`); training attends over whole windows, serving attends over a ragged batch with a
-cache per sequence, which is the server's own KV machinery (`gleanrl.server.kv`).
+cache per sequence, which is the server's own KV machinery (`gleanrl.server.model.kv`).
 """
 from __future__ import annotations
 
 import torch
 
 from gleanrl.harvest.drafter import Eagle3Drafter
-from gleanrl.server.kv import SeqKVCache, ragged_attention
+from gleanrl.server.model.kv import SeqKVCache, ragged_attention
 
 
 def new_draft_cache(drafter: Eagle3Drafter, capacity: int = 64) -> SeqKVCache:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gleanrl.server.config import EngineConfig
-from gleanrl.server.model_runner import ModelRunner
-from gleanrl.server.packed_linear import can_pack, linear
+from gleanrl.server.model.packed_linear import can_pack, linear
+from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import CheckpointError
 from gleanrl.server.sd.controller import Controller, ControllerConfig
 from gleanrl.server.sd.decoder import SDDecoder

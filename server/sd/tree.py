@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gleanrl.server.kv import SeqKVCache
+from gleanrl.server.model.kv import SeqKVCache
 
 
 @dataclass(frozen=True, slots=True)

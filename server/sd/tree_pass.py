@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gleanrl.server.model_runner import ModelRunner
-from gleanrl.server.sampler import penalised, processed_probs, record_extras, token_logprobs
+from gleanrl.server.engine.sampler import penalised, processed_probs, record_extras, token_logprobs
+from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.sd.branch_verify import verify_branches, verify_branches_greedy
 from gleanrl.server.sd.tree import build_tree, keep_path
 

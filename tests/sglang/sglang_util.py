@@ -53,7 +53,7 @@ class SGLangServer:
     def __init__(self, model: Path, **kw):
         import pytest
 
-        from gleanrl.server.sglang_launch import start
+        from gleanrl.server.sglang.launch import start
         if not available():
             pytest.skip(SKIP_REASON)
         os.environ["GLEANRL_SGLANG_PYTHON"] = str(VENV / "bin" / "python")

@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from gleanrl.server.sglang_launch import build_command
+from gleanrl.server.sglang.launch import build_command
 from sglang_util import run_in_sglang
 from test_compose import COMPOSE, interpolate
 

@@ -1,8 +1,8 @@
 """Measure a policy on a task the way the RL loop samples it: response lengths (is the tail long?)
 and accuracy, at temperature 1, with transformers `generate` in length-sorted batches.
 
-    python -m trainer.tasks.measure MODEL_DIR [--task running_sums] [--n 1000] [--json out.json]
-    python -m trainer.tasks.measure MODEL_DIR --reference --n 192   # no sampling: trainer.tasks.sft.reference_accuracy"""
+    gleanrl measure MODEL_DIR [--task running_sums] [--n 1000] [--json out.json]
+    gleanrl measure MODEL_DIR --reference --n 192   # no sampling: trainer.tasks.sft.reference_accuracy"""
 from __future__ import annotations
 
 import argparse

@@ -1,0 +1,256 @@
+"""The embedded engine: token ids in, token ids out (`generate` yields deltas), built by composition.
+Its public methods are the only door: the HTTP app, the benches and the tests' servers use nothing
+else (`scheduler`, `swapper`, `decoder`, `loop` and `state` are its parts; `tests/test_layers.py`).
+
+One `EngineState` (request sets, flags, versions, one lock) is shared by the `Scheduler` (admission,
+KV slots, request lifecycle), the decoder (`SDDecoder` from `server/sd/`), the
+`WeightSwapper` (typed target/draft swap records) and the `DecodeLoop` (the background thread); outputs
+reach asyncio through the `Outbox`. The tokenizer is loaded here only for stop strings and the HTTP edge.
+Pause modes follow SGLang's `/pause_generation`: `abort` (in-flight requests return at once, aborted,
+with their partial output), `retract` (back to the queue without their KV; rebuilt after `resume`),
+`in_place` (held as they are). Requests that arrive while paused wait in the queue.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import torch
+
+from gleanrl.server.config import EngineConfig
+from gleanrl.server.engine.bridge import Outbox
+from gleanrl.server.engine.input_logprobs import input_logprobs
+from gleanrl.server.engine.loop import DecodeLoop
+from gleanrl.server.engine.memory import MemoryOccupation
+from gleanrl.server.engine.scheduler import Scheduler
+from gleanrl.server.engine.sequence import Sequence
+from gleanrl.server.engine.state import PAUSE_MODES, EngineState, PauseMode
+from gleanrl.server.engine.stopping import StopChecker
+from gleanrl.server.model.runner import ModelRunner
+from gleanrl.server.protocol import CheckpointError, GenerateOutput, GenerateRequest
+from gleanrl.server.sd.drafter_load import build_decoder
+from gleanrl.server.weights import checkpoint, tensor_update
+from gleanrl.server.weights.swap import WeightSwapper
+
+NamedTensors = list[tuple[str, torch.Tensor]]
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig):
+        from transformers import AutoTokenizer
+
+        caller_threads = torch.get_num_threads()
+        threads = cfg.num_threads or caller_threads
+        torch.set_num_threads(1)  # load single-threaded: the decode thread alone runs with `threads` (engine_loop)
+        self.cfg = cfg
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+        runner = ModelRunner.load(cfg.model_path, device=cfg.device, dtype=cfg.dtype)
+        self.context_length = cfg.context_length or int(getattr(runner.config, "max_position_embeddings", 4096))
+        self.eos_ids = self._eos_ids(runner)
+        self.state = EngineState()
+        self.scheduler = Scheduler(self.state, runner, cfg.max_running_requests, context_length=self.context_length)
+        config = checkpoint.read_config(cfg.model_path)
+        self.decoder = build_decoder(cfg, runner, config, lambda: self.state.weight_version)
+        self.swapper = WeightSwapper(cfg, config, self.state, self.scheduler, self.decoder)
+        self._memory = MemoryOccupation(self.state, self.scheduler, cfg.device)
+        if cfg.drafter_path:
+            self.state.draft_weight_version = "default"
+        self._rng = torch.Generator().manual_seed(cfg.seed)  # for requests without a seed
+        self._outbox = Outbox()
+        self.loop = DecodeLoop(self.state, self.scheduler, self.decoder, self.swapper, self._outbox.flush, threads)
+        torch.set_num_threads(caller_threads)
+
+    def _eos_ids(self, runner: ModelRunner) -> set[int]:
+        ids: set[int] = set()
+        gen = getattr(runner.model, "generation_config", None)
+        for src in (runner.config.eos_token_id, getattr(gen, "eos_token_id", None), self.tokenizer.eos_token_id):
+            ids |= set(src) if isinstance(src, (list, tuple)) else ({src} if src is not None else set())
+        return ids
+
+    def start(self) -> None:
+        self.loop.start()
+
+    def shutdown(self) -> None:
+        self.loop.stop()
+        with self.state.cv:
+            if self.state.swap is not None:  # an update racing the shutdown: finish it so its caller returns
+                self.swapper.apply()
+        self.abort(None, "Server shutdown")
+
+    # ---- requests -----------------------------------------------------------------------------
+    def _validate(self, req: GenerateRequest) -> None:
+        ids, vocab = req.input_ids, self.scheduler.runner.vocab_size
+        if not ids:
+            raise ValueError("input_ids must not be empty")
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+            raise ValueError(f"input_ids must be token ids in [0, {vocab})")
+        if len(ids) >= self.context_length:
+            raise ValueError(f"The input ({len(ids)} tokens) is longer than the model's context length "
+                             f"({self.context_length} tokens).")
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateOutput]:
+        self._validate(req)
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+
+        def emit(out: GenerateOutput) -> None:
+            self._outbox.put(loop, queue, out)
+
+        seed = req.params.seed
+        gen = torch.Generator().manual_seed(seed) if seed is not None else self._rng
+        seq = Sequence(req, emit, StopChecker(req.params, self.eos_ids, self.context_length, self.tokenizer), gen)
+        st = self.state
+        with st.cv:
+            if req.rid in st.rids:
+                raise ValueError(f"rid {req.rid!r} is already running")
+            if st.stopping:
+                self.scheduler.emit(seq, "Server shutdown")
+            elif req.params.max_new_tokens == 0:
+                seq.finish_reason = {"type": "length", "length": 0}
+                self.scheduler.emit(seq)
+            else:
+                st.rids.add(req.rid)
+                (st.held if self.swapper.draining() else st.waiting).append(seq)
+                st.cv.notify_all()
+        self._outbox.flush()
+        finished = False
+        try:
+            while not finished:
+                out = await queue.get()
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self.abort(req.rid)
+
+    def abort(self, rid: str | None = None, message: str = "Abort requested") -> int:
+        """Abort one request (or all): queued ones at once, running ones at the next iteration boundary."""
+        st = self.state
+        with st.cv:
+            queued = [s for q in (st.waiting, st.held) for s in q if rid is None or s.req.rid == rid]
+            for s in queued:
+                (st.waiting if s in st.waiting else st.held).remove(s)
+                self.scheduler.finish(s, message)
+            running = [s for s in st.running if (rid is None or s.req.rid == rid) and s.abort_message is None]
+            for s in running:
+                s.abort_message = message
+            if not st.in_step:
+                self.scheduler.reap()
+            st.cv.notify_all()
+        self._outbox.flush()
+        return len(queued) + len(running)
+
+    # ---- control ------------------------------------------------------------------------------
+    def update_weights(self, source: str | NamedTensors, weight_version: str | None = None,
+                       selector: str = "target", flush_cache: bool = True,
+                       abort_all_requests: bool = False) -> None:
+        """The one entrance for weight updates. `source`: a checkpoint directory (a disk update) or
+        named tensors (a tensor or process-group update: names it leaves out keep their values;
+        `server/weights/tensor_update.py`). Load and check in this thread, then swap between
+        iterations (`server/weights/swap.py`); a target swap waits for running requests unless
+        generation is paused or they are aborted. CheckpointError when refused: the old weights keep
+        serving."""
+        sw = self.swapper
+        if selector not in ("target", "draft"):
+            raise CheckpointError(f"selector must be 'target' or 'draft', got {selector!r}")
+        if isinstance(source, str):
+            swap = (sw.load_draft(source, weight_version) if selector == "draft"
+                    else sw.load_target(source, weight_version, flush_cache))
+        elif selector == "draft":
+            swap = tensor_update.draft_swap(sw, source, weight_version)
+        else:
+            staged = tensor_update.check_target(sw, source)
+            swap = tensor_update.target_swap(sw, staged, weight_version, flush_cache)
+        if abort_all_requests:
+            self.abort(None, "Abort all requests for a weight update")
+        sw.submit(swap, apply_now=self.loop.thread is None)
+
+    def check_tensor_list(self, selector: str, names: list[str], shapes: list) -> None:
+        """Before buffers are allocated: CheckpointError unless the listed tensors could be an update
+        of `selector`'s model (no more tensors nor elements than it holds)."""
+        tensor_update.check_volume(self.swapper, selector, names, shapes)
+
+    def check_tensors(self, selector: str, named: NamedTensors) -> None:
+        """CheckpointError unless each tensor is a distinct tensor of `selector`'s model with its
+        shape (and, for the target, finite): what a staged update is checked with when it arrives."""
+        shapes = [tuple(t.shape) for _, t in named]
+        tensor_update.check_shapes(self.swapper, selector, [n for n, _ in named], shapes)
+        if selector == "target":
+            tensor_update.check_target(self.swapper, named)
+
+    def release_memory(self, tags: list[str] | None) -> None:
+        """SGLang's /release_memory_occupation (`server/engine/memory.py`); ValueError if refused."""
+        self._memory.release(tags)
+
+    def resume_memory(self, tags: list[str] | None) -> None:
+        self._memory.resume(tags)
+
+    def released_memory(self) -> set[str]:
+        """The tags released and not resumed yet (generation is refused while any is)."""
+        return set(self._memory.released)
+
+    def prompt_logprobs(self, ids: list[int], start: int, top_k: int = 0,
+                        token_ids: list[int] | None = None) -> dict[str, list]:
+        """Logprobs of the prompt's own tokens (`server/engine/input_logprobs.py`), by the serving
+        weights; runs in the caller's thread with a cache of its own."""
+        return input_logprobs(self.scheduler.runner, ids, start, top_k, token_ids)
+
+    def pause(self, mode: PauseMode = "abort") -> int:
+        """Stop scheduling iterations (SGLang's modes, module docstring); returns once the iteration in
+        flight is done, with the number of requests aborted or retracted."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+        st = self.state
+        with st.cv:
+            st.paused = mode
+            st.cv.wait_for(lambda: not st.in_step)
+            retracted = self.scheduler.retract() if mode == "retract" else 0
+        return self.abort(None, "Abort by pause_generation") if mode == "abort" else retracted
+
+    def resume(self) -> None:
+        with self.state.cv:
+            self.state.paused = None
+            self.state.cv.notify_all()
+
+    def flush_cache(self) -> bool:
+        """As SGLang: succeeds only when no request is running, nor waiting unless generation is paused
+        (retracted requests rebuild their KV anyway; there is no prefix cache here to drop)."""
+        st = self.state
+        with st.cv:
+            return not st.running and (st.paused is not None or not st.waiting)
+
+    def info(self) -> dict:
+        sw = self.swapper
+        return {"model_path": sw.model_path, "tokenizer_path": self.cfg.model_path,
+                "weight_version": self.state.weight_version,
+                "draft_model_path": getattr(self.decoder, "draft_path", None),
+                "draft_weight_version": self.state.draft_weight_version,
+                "context_length": self.context_length, "max_running_requests": self.cfg.max_running_requests,
+                "is_generation": True, "vocab_size": self.scheduler.runner.vocab_size,
+                "architectures": sw.config.get("architectures"), "device": self.cfg.device}
+
+    def used_tokens(self) -> int:
+        """KV tokens of the running set (a snapshot read without the lock: a gauge)."""
+        return sum(s.total_len for s in list(self.state.running))
+
+    def sd_counters(self) -> dict:
+        """The decoder's cumulative counts since start: `verify_ct` verify passes emitting
+        `verify_tokens`, `decode_passes` target passes over `decode_rows` decoding rows emitting
+        `decode_tokens`, and `accepted_by_source` (accepted draft tokens by draft source)."""
+        d = self.decoder
+        names = ("verify_ct", "verify_tokens", "decode_passes", "decode_rows", "decode_tokens")
+        return {n: getattr(d, n, 0) for n in names} | {
+            "accepted_by_source": dict(getattr(d, "accepted_by_source", {}))}
+
+    def stats(self) -> dict:
+        """`avg_spec_accept_length`: tokens per verify pass over verify passes only (as SGLang's
+        scheduler: accepted drafts + passes over passes); `avg_tokens_per_target_pass`: every output token
+        over every target pass, plain and prefill passes included (each pass emits one token beyond the
+        drafts it accepted)."""
+        st = self.state
+        with st.cv:
+            tokens = st.generation_tokens_total
+            stats = {"num_running_reqs": len(st.running), "num_queue_reqs": len(st.waiting) + len(st.held),
+                     "paused": st.paused is not None, "generation_tokens_total": tokens, **self.decoder.stats()}
+        accepted = getattr(self.decoder, "verify_tokens", 0) - getattr(self.decoder, "verify_ct", 0)
+        stats["avg_tokens_per_target_pass"] = tokens / (tokens - accepted) if tokens > accepted else 0.0
+        return stats

@@ -1,0 +1,149 @@
+"""Run the engine requests of one HTTP request (a batch, or n samples per prompt) and merge their output
+streams. Keeps each request's cumulative state, feeds the edge metrics, and aborts whatever is still
+running when the HTTP side goes away (disconnect, error, cancellation)."""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from gleanrl.server.http.schemas import ApiError
+from gleanrl.server.protocol import GenerateOutput, GenerateRequest
+
+
+@dataclass
+class Track:
+    """Cumulative state of one engine request."""
+    req: GenerateRequest
+    created: float = field(default_factory=time.perf_counter)
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list = field(default_factory=list)        # per output token, when asked
+    token_ids_logprobs: list = field(default_factory=list)  # per output token, when asked
+    input_logprobs: dict | None = None                      # server.input_logprobs, when asked
+    last: GenerateOutput | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    detok: object | None = None       # the edge's incremental decoder (server.detok)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_at is not None
+
+    @property
+    def finish_reason(self) -> dict | None:
+        return self.last.finish_reason if self.last and self.finished else None
+
+
+class Fanin:
+    def __init__(self, engine, reqs: list[GenerateRequest], metrics, active: dict[str, list[str]],
+                 groups: dict[str, list[str]] | None = None, feed=None):
+        """`active` maps every running rid (and each user rid of an n > 1 group) to its engine rids;
+        /abort_request reads it. `feed` (`server.harvest_feed.HarvestFeed`, or None) records each finished one."""
+        self.engine, self.metrics, self.active, self.feed = engine, metrics, active, feed
+        self.tracks = [Track(r) for r in reqs]
+        names = {r.rid: [r.rid] for r in reqs} | (groups or {})
+        busy = [k for k in names if k in active]
+        if busy or len(names) < len(reqs):
+            raise ApiError(400, f"rid: a request with id {(busy or ['(duplicate)'])[0]!r} is already running",
+                           param="rid")
+        active.update(names)
+        self.keys = list(names)
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.tasks = [asyncio.create_task(self._pump(i, r)) for i, r in enumerate(reqs)]
+
+    async def _pump(self, i: int, req: GenerateRequest) -> None:
+        try:
+            async for out in self.engine.generate(req):
+                self.queue.put_nowait((i, out))
+                if out.finished:
+                    return
+            self.queue.put_nowait((i, None))
+        except Exception as exc:  # handed to the consumer, which decides 400 or 500
+            self.queue.put_nowait((i, exc))
+
+    async def events(self):
+        """Yields the index of each track as it is updated, until all have finished."""
+        pending = len(self.tracks)
+        while pending:
+            i, out = await self.queue.get()
+            track = self.tracks[i]
+            if isinstance(out, ValueError):
+                raise ApiError(400, str(out))
+            if isinstance(out, BaseException):
+                raise out
+            now = time.perf_counter()
+            if out is None:  # the engine's stream ended without a final update
+                out = GenerateOutput(rid=track.req.rid, new_ids=[], new_logprobs=[], finished=True,
+                                     finish_reason={"type": "abort", "message": "engine stream ended"})
+            track.ids += out.new_ids
+            track.logprobs += out.new_logprobs
+            track.top_logprobs += out.new_top_logprobs
+            track.token_ids_logprobs += out.new_token_ids_logprobs
+            track.last = out
+            if out.new_ids:
+                self.metrics.generation_tokens.inc(len(out.new_ids))
+                if track.first_token_at is None:
+                    track.first_token_at = now
+                    self.metrics.first_token(now - track.created)
+            if out.finished:
+                track.finished_at = now
+                pending -= 1
+                self.metrics.finished(out.prompt_tokens or len(track.req.input_ids),
+                                      (out.finish_reason or {}).get("type", "abort"), now - track.created)
+                if self.feed is not None:
+                    self.feed.record(track.req.rid, track.req.input_ids, track.ids, out.weight_version,
+                                     out.finish_reason, meta={"spec_verify_ct": out.spec_verify_ct,
+                                                              "spec_accept_length": out.spec_accept_length,
+                                                              "spec_accept_token_num": out.spec_accept_token_num,
+                                                              "draft_weight_version": out.draft_weight_version})
+            yield i
+
+    async def drain(self) -> list[Track]:
+        async for _ in self.events():
+            pass
+        return self.tracks
+
+    def close(self) -> None:
+        """Idempotent: abort unfinished requests in the engine and forget the rids."""
+        for track, task in zip(self.tracks, self.tasks):
+            task.cancel()
+            if not track.finished:
+                self.engine.abort(track.req.rid)
+        for key in self.keys:
+            self.active.pop(key, None)
+        self.keys = []
+
+
+class Disconnected(Exception):
+    """The client went away before the answer was ready."""
+
+
+async def wait_disconnect(request) -> None:
+    """Returns when the client has gone (call only after the body was read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(awaitable, request):
+    """The result of `awaitable`, or `Disconnected` if the client goes first (the awaitable is cancelled)."""
+    work = asyncio.ensure_future(awaitable)
+    gone = asyncio.ensure_future(wait_disconnect(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            raise Disconnected
+        return work.result()
+    finally:
+        gone.cancel()
+        work.cancel()
+
+
+async def collect(run: Fanin, request) -> list[Track] | None:
+    """Drain `run` unless the client disconnects first (then abort it and return None)."""
+    try:
+        return await unless_disconnected(run.drain(), request)
+    except Disconnected:
+        return None
+    finally:
+        run.close()

@@ -1,0 +1,1 @@
+"""`gleanrl proxy`: a relay before stock SGLang that records the harvest feed."""

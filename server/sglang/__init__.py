@@ -1,0 +1,1 @@
+"""`gleanrl serve --backend sglang`: stock SGLang's flags and process."""

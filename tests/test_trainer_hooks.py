@@ -1,0 +1,61 @@
+"""The trainer–harvest seam: one typed protocol declares every hook the loop calls, `NoHooks` and
+`HarvestHooks` implement all of them with the same parameters, the loop looks none up with
+`hasattr`, and the embedded server's SD settings travel as typed config, not as edited argv."""
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+from gleanrl.harvest.hooks import HarvestHooks
+from gleanrl.trainer.config import TrainConfig
+from gleanrl.trainer.hooks import HOOKS, NoHooks, RolloutHooks, missing_hooks
+from gleanrl.trainer.loop import train
+from gleanrl.trainer.server_proc import EmbeddedServer, ServeSD
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_protocol_declares_every_hook_no_hooks_implements():
+    declared = {n for n in vars(RolloutHooks) if not n.startswith("_")}
+    declared |= set(RolloutHooks.__annotations__)
+    assert declared == set(HOOKS)
+    assert isinstance(NoHooks(), RolloutHooks) and missing_hooks(NoHooks()) == []
+
+
+@pytest.mark.parametrize("name", [n for n in HOOKS if n != "harvests"])
+def test_harvest_hooks_implement_each_hook_with_the_same_parameters(name):
+    def params(cls):
+        return list(inspect.signature(getattr(cls, name)).parameters)
+    assert params(HarvestHooks) == params(NoHooks)
+    assert HarvestHooks.harvests is True and NoHooks.harvests is False
+
+
+def test_the_trainer_looks_up_no_hook_by_name():
+    for path in sorted((ROOT / "trainer").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("hasattr", "getattr"):
+                named = getattr(node.args[0], "id", None)
+                assert named != "hooks", f"{path}:{node.lineno}"
+
+
+def test_train_refuses_hooks_that_lack_one(tiny_qwen2, tmp_path):
+    class Partial:
+        def on_step_start(self, step, model):
+            pass
+
+    with pytest.raises(TypeError, match="hooks lack harvests, load_state_dict, .*subclass NoHooks"):
+        train(TrainConfig(model=str(tiny_qwen2), out=str(tmp_path)), hooks=Partial())
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_serve_sd_is_typed_and_extra_flags_still_win():
+    with pytest.raises(ValueError, match="sd mode"):
+        ServeSD("d", mode="fast")
+    cmd = EmbeddedServer("m", sd=ServeSD("/d")).command()
+    assert cmd[cmd.index("--drafter") + 1] == "/d" and cmd[cmd.index("--sd") + 1] == "adaptive"
+    cmd = EmbeddedServer("m", extra_args=["--sd", "on"], sd=ServeSD("/d")).command()
+    assert cmd[-2:] == ["--sd", "on"]  # argparse keeps the last: the user's flag
+    assert "--drafter" not in EmbeddedServer("m").command()
