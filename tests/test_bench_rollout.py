@@ -60,9 +60,11 @@ def test_default_drafter_is_warm_started_on_the_task(tiny_qwen2, tmp_path, monke
 
     monkeypatch.setenv("GLEANRL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(draft_train, "warm_start", fake_warm_start)
-    args = argparse.Namespace(model=str(tiny_qwen2), drafter=None, task="running_sums", max_new_tokens=12, seed=0)
+    parser = argparse.ArgumentParser()
+    rollout.add_arguments(parser)
+    args = parser.parse_args(["--model", str(tiny_qwen2), "--task", "running_sums", "--max-new-tokens", "12"])
     model, drafter = rollout._default_paths(args)
-    assert model == str(tiny_qwen2) and seen == [(64, 12)]
+    assert model == str(tiny_qwen2) and seen == [(256, 12)]     # --warm-prompts' default
     assert (tmp_path / "cache" / "drafters").is_dir() and (Path(drafter) / "config.json").is_file()
     assert rollout._default_paths(args) == (model, drafter) and len(seen) == 1  # cached
 
