@@ -20,7 +20,7 @@ from pathlib import Path
 from gleanrl.server.sglang.process import SGLangLaunchError, SGLangProcess
 
 __all__ = ["SGLangLaunchError", "SGLangProcess", "build_command", "launch", "redact", "start"]
-_REPO = Path(__file__).resolve().parent.parent
+_REPO = Path(__file__).resolve().parents[2]   # server/sglang/launch.py -> the checkout
 _SECRET_FLAGS = ("--api-key", "--admin-api-key")
 
 
