@@ -130,7 +130,8 @@ def test_stats_by_source_in_meta_info_server_info_and_metrics(tiny_qwen2, prompt
 
     from serving import running_app
 
-    with running_app(tiny_qwen2, sd="on", sd_sources=("group",)) as (url, _):
+    # a fixed draft length: the plan, so the count of accepted tokens, does not depend on measured timings
+    with running_app(tiny_qwen2, sd="on", sd_sources=("group",), num_draft_tokens=8) as (url, _):
         body = {"input_ids": prompts[0],
                 "sampling_params": {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}}
         httpx.post(f"{url}/generate", json=body, timeout=60).raise_for_status()       # an earlier sample
