@@ -26,7 +26,7 @@ COMMANDS: dict = {
         "train": ("gleanrl.draft_train", "warm-start an EAGLE-3 drafter offline from the target's generations"),
     },
     "bench": {
-        "engine": ("gleanrl.bench.engine", "embedded engine vs transformers generate (tokens/s)"),
+        "engine": ("gleanrl.bench.engine", "gleanrl serve vs stock SGLang CPU over HTTP; ms per decode iteration"),
         "sd": ("gleanrl.bench.sd", "speculative decoding vs plain decoding in the embedded engine"),
         "rollout": ("gleanrl.bench.rollout", "GRPO rollouts: plain / EAGLE-3 / group drafts / fused, side by side"),
         "e2e": ("gleanrl.bench.e2e", "end-to-end RL steps: no SD vs adaptive, stale, cold and off-domain drafters"),

@@ -55,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-prompts", type=int, default=64, help="prompts the drafter is warm-started on")
     p.add_argument("--warm-steps", type=int, default=120, help="TTT steps of the warm start (online training "
                    "improves it during RL; `gleanrl draft train` makes a strong one)")
+    p.add_argument("--update-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="the policy update's compute: float32, or bf16 autocast (fp32 master weights and "
+                        "logits; 3-4x faster on CPUs with AVX-512 BF16; the demo's RL recipe is measured in fp32)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -187,7 +190,7 @@ def rl_config(policy: Path, out: Path, url: str, args: argparse.Namespace, seed:
                        prompts_per_step=args.prompts_per_step, samples_per_prompt=args.samples_per_prompt,
                        max_new_tokens=args.max_new_tokens, lr=args.lr, negative_weight=args.negative_weight, seed=seed,
                        trainer_threads=len(cores[1]) if cores else 1, update_threads=len(machine),
-                       update_cores=machine if cores else [], **evals)
+                       update_cores=machine if cores else [], update_dtype=args.update_dtype, **evals)
 
 
 def reference_gain(initial: Path, final: Path, task, prompts: list[dict]) -> dict | None:

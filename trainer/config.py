@@ -43,6 +43,8 @@ class TrainConfig:
     trainer_threads: int = 1
     update_threads: int = 0                  # torch threads of the policy update (0: trainer_threads)
     update_cores: list[int] = field(default_factory=list)  # CPU affinity of the update (empty: unchanged)
+    update_dtype: str = "float32"            # "bfloat16": the update's forward in bf16 autocast (fp32 master
+                                             # weights and logits); 3-4x faster on CPUs with AVX-512 BF16
     server_threads: int = 0                  # embedded server's torch threads (0: every core, half with harvest)
     server_args: list[str] = field(default_factory=list)   # extra `gleanrl serve` flags (embedded)
     api_key: str | None = None
@@ -78,6 +80,7 @@ class TrainConfig:
             ("weight_decay", self.weight_decay >= 0, "must be >= 0"),
             ("request_timeout_s", self.request_timeout_s > 0, "must be > 0"),
             ("server_wait_s", self.server_wait_s > 0, "must be > 0"),
+            ("update_dtype", self.update_dtype in ("float32", "bfloat16"), "must be float32 or bfloat16"),
         ]
         for name, ok, why in checks:
             if not ok:

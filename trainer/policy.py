@@ -2,7 +2,11 @@
 
 The update's forward runs the policy over every rollout it trains on; given an `UpdateCapture` it also
 hands the harvester those rollouts' aux hidden states (forward pre-hooks on the drafter's 3 layers only,
-detached, copied out row by row before the backward frees the graph) and soft labels: no second pass."""
+detached, copied out row by row before the backward frees the graph) and soft labels: no second pass.
+
+`update_dtype = "bfloat16"` runs the decoder layers of every forward in bf16 autocast (mixed precision,
+as RL frameworks train on GPUs) while the master weights, AdamW's state, the lm_head and the logits stay
+float32, so the logprobs of the PPO ratio keep full precision."""
 from __future__ import annotations
 
 import contextlib
@@ -30,6 +34,7 @@ class Policy:
         if cfg.kl_coef > 0:  # the frozen reference is always the initial policy
             self.ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).eval()
             self.ref.requires_grad_(False)
+        self.bf16 = cfg.update_dtype == "bfloat16"
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas,
                                            weight_decay=cfg.weight_decay)
 
@@ -54,8 +59,16 @@ class Policy:
             old[i, :n] = torch.tensor(r.rollout_logprobs)
         return {"ids": ids, "attn": attn, "targets": targets, "mask": mask, "old": old, "starts": starts}
 
+    def _logits(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[B, L, V] float32 logits; with bf16 the layers run in autocast, the lm_head in float32."""
+        if not self.bf16:
+            return model(input_ids=b["ids"], attention_mask=b["attn"]).logits
+        with torch.autocast(model.device.type, dtype=torch.bfloat16):
+            hidden = model.base_model(input_ids=b["ids"], attention_mask=b["attn"]).last_hidden_state
+        return model.get_output_embeddings()(hidden.float())
+
     def _logprobs(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self._response_logprobs(model(input_ids=b["ids"], attention_mask=b["attn"]).logits, b)
+        return self._response_logprobs(self._logits(model, b), b)
 
     def _response_logprobs(self, logits: torch.Tensor, b: dict[str, torch.Tensor]) -> torch.Tensor:
         """logits [B, L, V] -> log p of each response token [B, T]."""
@@ -73,7 +86,7 @@ class Policy:
         want = [j for j, r in enumerate(rows) if capture is not None and capture.wants(r)]
         hooks = aux_hooks(self.model, capture.layer_ids) if want else contextlib.nullcontext({})
         with hooks as grabbed:
-            logits = self.model(input_ids=b["ids"], attention_mask=b["attn"]).logits
+            logits = self._logits(self.model, b)
         if not want:
             return logits, 0.0
         t0 = time.perf_counter()

@@ -57,7 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from gleanrl.trainer.tasks.presets import DEFAULT_REGIME
 
     demo.add_arguments(p)
-    p.set_defaults(out="gleanrl-bench-e2e", regime=DEFAULT_REGIME, steps=None, warm_prompts=256, warm_steps=400)
+    # every arm's update in bf16 autocast: the fastest no-SD step a user can run here is the baseline
+    p.set_defaults(out="gleanrl-bench-e2e", regime=DEFAULT_REGIME, steps=None, warm_prompts=256, warm_steps=400,
+                   update_dtype="bfloat16")
     p.add_argument("--arms", default=None,
                    help=f"comma-separated, of: {', '.join(RUNS)} (default: all but d_stale_harvest)")
     p.add_argument("--drafter", default=None, metavar="DIR",
