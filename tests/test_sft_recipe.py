@@ -95,7 +95,7 @@ def test_a_size_at_the_old_recipe_keeps_its_version_1_cache_key(monkeypatch):
 
 
 def test_sizes_validate_the_recipe_fields():
-    assert SIZES["small_fast"].focus_weight > 1 and SIZES["small"].focus_weight == 1
+    assert SIZES["small"].focus_weight == 1
     with pytest.raises(ValueError, match="focus_weight"):
         PolicySize(hidden=8, layers=1, heads=2, kv_heads=2, intermediate=8, train_tokens=10, focus_weight=0)
     with pytest.raises(ValueError, match="warmup"):

@@ -4,8 +4,7 @@ architecture, safetensors, character-level tokenizer with a ChatML chat template
 
 Deterministic for a seed (on a given machine and thread count) and cached: the output directory
 carries `bootstrap.json` with a key over every argument, and a second call with the same key returns
-at once. Sizes: "small" is the demo/benchmark policy ("small_fast": a candidate faster recipe for it), "tiny"
-builds in seconds for tests, "gpu" is sized for
+at once. Sizes: "small" is the demo/benchmark policy, "tiny" builds in seconds for tests, "gpu" is sized for
 a GPU (`--device cuda`; scripts/gpu_check.sh). The device is not in the key, as the machine is not."""
 from __future__ import annotations
 
@@ -52,10 +51,6 @@ class PolicySize:
 SIZES = {
     "small": PolicySize(hidden=512, layers=6, heads=8, kv_heads=8, intermediate=1536, train_tokens=1_500_000,
                         batch_tokens=2048, lr=1.5e-3),
-    # issue 23's candidate faster recipe for `small` (same shape; 371 steps instead of 822, the loss leaning
-    # on the task's hard tokens): not measured to the end yet, so not the default (docs/task-and-bootstrap.md)
-    "small_fast": PolicySize(hidden=512, layers=6, heads=8, kv_heads=8, intermediate=1536, train_tokens=700_000,
-                             batch_tokens=2048, lr=2e-3, focus_weight=10.0, final_lr=0.05),
     "gpu": PolicySize(hidden=1024, layers=12, heads=16, kv_heads=8, intermediate=2816, train_tokens=3_000_000,
                       batch_tokens=4096, lr=1e-3),
     "tiny": PolicySize(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, train_tokens=400_000,
