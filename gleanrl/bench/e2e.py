@@ -57,7 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from gleanrl.trainer.tasks.presets import DEFAULT_REGIME
 
     demo.add_arguments(p)
-    p.set_defaults(out="gleanrl-bench-e2e", regime=DEFAULT_REGIME, steps=None, warm_prompts=256, warm_steps=400)
+    # the regime's step shape and the RL settings its figures were measured with (docs/e2e.md), not the demo's
+    # RL recipe (docs/rl-gain.md): a speed benchmark, whose step shape sets the rollouts it times
+    p.set_defaults(out="gleanrl-bench-e2e", regime=DEFAULT_REGIME, steps=None, warm_prompts=256, warm_steps=400,
+                   prompts_per_step=None, samples_per_prompt=None, lr=2e-4, negative_weight=0.1)
     p.add_argument("--arms", default=None,
                    help=f"comma-separated, of: {', '.join(RUNS)} (default: all but d_stale_harvest)")
     p.add_argument("--drafter", default=None, metavar="DIR",
