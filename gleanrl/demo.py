@@ -10,7 +10,9 @@ CPU affinity: the server inherits the first half at spawn. The policy update, wh
 server waits, takes every core (`update_threads`, `update_cores`).
 
 `--regime` (trainer.tasks.presets): the task's length distribution and the step's shape; its values
-fill --max-new-tokens, --prompts-per-step and --samples-per-prompt unless they are given.
+fill --max-new-tokens, --prompts-per-step and --samples-per-prompt unless they are given. The demo gives
+the step's shape itself: its RL recipe (docs/rl-gain.md, issue 23) is 16 prompts x 4 samples a step (the
+regime's 8 x 8 rollouts over twice the prompts), lr 1e-4, negative_weight 1 (plain GRPO advantages).
 """
 from __future__ import annotations
 
@@ -40,12 +42,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--regime", default=DEMO_REGIME, choices=sorted(REGIMES),
                    help="the task's length distribution and the step's shape (trainer.tasks.presets)")
     p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--prompts-per-step", type=int, default=None, help="None: the regime's")
-    p.add_argument("--samples-per-prompt", type=int, default=None, help="None: the regime's")
+    p.add_argument("--prompts-per-step", type=int, default=16,
+                   help="prompts per step (None: the regime's; 16 x 4 is the demo's RL recipe, docs/rl-gain.md)")
+    p.add_argument("--samples-per-prompt", type=int, default=4, help="GRPO group size (None: the regime's)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="None: the regime's")
-    p.add_argument("--lr", type=float, default=2e-4, help="policy learning rate")
-    p.add_argument("--negative-weight", type=float, default=0.1,
-                   help="weight of negative advantages (< 1: lean on reinforcing successes; sharpens faster)")
+    p.add_argument("--lr", type=float, default=1e-4, help="policy learning rate (2e-4 hurt on 3 of 5 runs: "
+                   "docs/rl-gain.md)")
+    p.add_argument("--negative-weight", type=float, default=1.0,
+                   help="weight of negative advantages (1: plain GRPO, zero-sum per group; < 1 leans on reinforcing "
+                        "successes)")
     p.add_argument("--eval-every", type=int, default=6,
                    help="held-out accuracy at step 0, every N steps and the last step (0: off)")
     p.add_argument("--eval-prompts", type=int, default=192, help="fixed held-out test prompts per evaluation")

@@ -27,7 +27,7 @@ FLAGS = {
     "--micro-batch-size": ("micro_batch_size", int, "sequences per forward/backward"),
     "--kl-coef": ("kl_coef", float, "k3 KL to the initial policy (0: off)"),
     "--negative-weight": ("negative_weight", float, "weight of negative advantages (< 1 leans on reinforcing "
-                                                    "successes; the demo uses 0.1)"),
+                                                    "successes; the demo uses 1)"),
     "--eval-every": ("eval_every", int, "accuracy on held-out prompts every N steps (0: off)"),
     "--eval-prompts": ("eval_prompts", int, "held-out prompts per evaluation"),
     "--eval-samples": ("eval_samples", int, "samples per held-out prompt"),

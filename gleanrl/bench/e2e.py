@@ -57,8 +57,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from gleanrl.trainer.tasks.presets import DEFAULT_REGIME
 
     demo.add_arguments(p)
-    # every arm's update in bf16 autocast: the fastest no-SD step a user can run here is the baseline
+    # the regime's step shape and the RL settings its figures were measured with (docs/e2e.md), not the demo's
+    # RL recipe (docs/rl-gain.md): a speed benchmark, whose step shape sets the rollouts it times; every arm's
+    # update in bf16 autocast: the fastest no-SD step a user can run here is the baseline
     p.set_defaults(out="gleanrl-bench-e2e", regime=DEFAULT_REGIME, steps=None, warm_prompts=256, warm_steps=400,
+                   prompts_per_step=None, samples_per_prompt=None, lr=2e-4, negative_weight=0.1,
                    update_dtype="bfloat16")
     p.add_argument("--arms", default=None,
                    help=f"comma-separated, of: {', '.join(RUNS)} (default: all but d_stale_harvest)")
