@@ -1,5 +1,5 @@
-"""The one record for a rollout, filled by the client from SGLang's /generate response (`run_rollout`);
-it flows on to the rewards, the loss and the harvester."""
+"""The one record for a rollout, filled by the client from SGLang's /generate response
+(`run_rollout`); it flows on to the rewards, the loss and the harvester."""
 from __future__ import annotations
 
 import enum
@@ -30,7 +30,8 @@ class Rollout:
     seed: int | None = None               # sampling seed sent to the server
     status: RolloutStatus = RolloutStatus.PENDING
     output_ids: list[int] = field(default_factory=list)
-    rollout_logprobs: list[float] = field(default_factory=list)   # server's log p of each output token
+    # server's log p of each output token
+    rollout_logprobs: list[float] = field(default_factory=list)
     finish_reason: dict | None = None
     weight_version: str | None = None
     draft_weight_version: str | None = None
@@ -43,7 +44,8 @@ class Rollout:
     finished_at: float | None = None
     spec_verify_ct: int = 0               # SGLang's meta_info: SD verify passes
     spec_accept_token_num: int = 0        # SGLang's meta_info: draft tokens those passes accepted
-    spec_accept_by_source: dict[str, int] = field(default_factory=dict)  # gleanrl: accepted drafts per source
+    # gleanrl: accepted drafts per source
+    spec_accept_by_source: dict[str, int] = field(default_factory=dict)
 
     @property
     def prompt(self) -> str:
@@ -128,7 +130,8 @@ async def _stream(client: RolloutClient, r: Rollout, sp: dict, rid: str) -> None
         ids = new_ids if len(new_ids) == n else ids + new_ids
         lps = new_lps if len(new_lps) == n else lps + new_lps
         last = chunk
-    r.apply(dict(last, output_ids=ids, meta_info=dict(last.get("meta_info", {}), output_token_logprobs=lps)))
+    r.apply(dict(last, output_ids=ids,
+                 meta_info=dict(last.get("meta_info", {}), output_token_logprobs=lps)))
 
 
 def _str_or_none(value) -> str | None:

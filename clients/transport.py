@@ -1,5 +1,5 @@
-"""The one transport to rollout servers (gleanrl's embedded server or stock SGLang): async httpx, one
-request helper that raises `RolloutServerError` with the server's status and message, connection
+"""The one transport to rollout servers (gleanrl's embedded server or stock SGLang): async httpx,
+one request helper that raises `RolloutServerError` with the server's status and message, connection
 errors retried with exponential backoff (a request the server received is never sent twice), SSE
 streaming, and `run_blocking` for the few callers outside an event loop.
 """
@@ -19,8 +19,9 @@ T = TypeVar("T")
 
 
 class RolloutServerError(RuntimeError):
-    """The server answered with an error (`status` is its HTTP status, `message` its words), or nothing
-    was answered (`status` 0): it could not be reached, or the client refused to send the request."""
+    """The server answered with an error (`status` is its HTTP status, `message` its words), or
+    nothing was answered (`status` 0): it could not be reached, or the client refused to send
+    the request."""
 
     def __init__(self, url: str, status: int, message: str):
         self.url, self.status, self.message = url, status, message
@@ -40,9 +41,9 @@ async def sse_lines(resp: httpx.Response) -> AsyncIterator[str]:
 
 
 def run_blocking(make: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine to completion from synchronous code (e.g. the harvester's idle-window thread).
-    Hazard: a sync callback inside a running event loop cannot start another loop in its thread, so
-    there the coroutine runs in a helper thread while this one blocks."""
+    """Run a coroutine to completion from synchronous code (e.g. the harvester's idle-window
+    thread). Hazard: a sync callback inside a running event loop cannot start another loop in its
+    thread, so there the coroutine runs in a helper thread while this one blocks."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -80,7 +81,8 @@ class Transport:
     def http(self) -> httpx.AsyncClient:
         if self._http is None:
             timeout = httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s)
-            self._http = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None))
+            self._http = httpx.AsyncClient(timeout=timeout,
+                                           limits=httpx.Limits(max_connections=None))
         return self._http
 
     async def aclose(self) -> None:
@@ -95,33 +97,37 @@ class Transport:
         await self.aclose()
 
     def headers(self, admin: bool) -> dict[str, str]:
-        key = (self.admin_api_key or self.api_key) if admin else self.api_key  # SGLang: admin falls back
+        # SGLang: admin falls back
+        key = (self.admin_api_key or self.api_key) if admin else self.api_key
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def pick_url(self) -> str:
         return self.router or min(self.urls, key=lambda u: self._inflight[u])
 
-    async def request(self, method: str, path: str, url: str | None = None, payload: dict | None = None,
-                      admin: bool = False) -> Any:
+    async def request(self, method: str, path: str, url: str | None = None,
+                      payload: dict | None = None, admin: bool = False) -> Any:
         url = url or self.urls[0]
         for attempt in range(self.retries + 1):
             try:
-                resp = await self.http.request(method, url + path, json=payload, headers=self.headers(admin))
+                resp = await self.http.request(method, url + path, json=payload,
+                                               headers=self.headers(admin))
                 break
             except _RETRYABLE as exc:
                 await self._backoff(url, attempt, exc)
         return _decode(url, resp)
 
-    async def request_all(self, method: str, path: str, payload: dict | None = None, admin: bool = False,
-                          urls: list[str] | None = None) -> list:
+    async def request_all(self, method: str, path: str, payload: dict | None = None,
+                          admin: bool = False, urls: list[str] | None = None) -> list:
         urls = self.urls if urls is None else urls
-        return list(await asyncio.gather(*(self.request(method, path, u, payload, admin) for u in urls)))
+        return list(await asyncio.gather(*(self.request(method, path, u, payload, admin)
+                                           for u in urls)))
 
     async def stream(self, path: str, url: str, payload: dict) -> AsyncIterator[dict]:
         """POST and yield each SSE `data:` chunk until `[DONE]`; an `error` chunk raises."""
         for attempt in range(self.retries + 1):
             try:
-                async with self.http.stream("POST", url + path, json=payload, headers=self.headers(False)) as resp:
+                async with self.http.stream("POST", url + path, json=payload,
+                                            headers=self.headers(False)) as resp:
                     if resp.status_code >= 400:
                         await resp.aread()
                         _decode(url, resp)
@@ -141,7 +147,8 @@ class Transport:
 
     async def _backoff(self, url: str, attempt: int, exc: Exception) -> None:
         if attempt == self.retries:
-            raise RolloutServerError(url, 0, f"cannot reach the rollout server after {self.retries + 1} "
+            raise RolloutServerError(url, 0,
+                                     f"cannot reach the rollout server after {self.retries + 1} "
                                              f"attempts ({type(exc).__name__})") from None
         await asyncio.sleep(self.backoff_s * 2 ** attempt)
 
@@ -158,8 +165,8 @@ def _message(body: Any) -> str:
 
 
 def _decode(url: str, resp: httpx.Response) -> Any:
-    """The body; an HTTP error, or SGLang's `{"success": false}` answer whatever its status (a refused
-    update must never read as done), raises with the server's own message."""
+    """The body; an HTTP error, or SGLang's `{"success": false}` answer whatever its status (a
+    refused update must never read as done), raises with the server's own message."""
     try:
         body = resp.json()
     except ValueError:

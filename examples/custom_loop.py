@@ -3,8 +3,8 @@
 Each step: sample a group of rollouts from an embedded rollout server concurrently; as each one
 finishes, hand it to the Harvester; while the others are still running, let the Harvester train the
 drafter (it pushes a better one to the server mid-step with `selector: "draft"`); then one REINFORCE
-update of the policy (reward: share of digits in the answer, baseline: the step's mean reward), saved
-atomically and pushed to the server as the next weight version.
+update of the policy (reward: share of digits in the answer, baseline: the step's mean reward),
+saved atomically and pushed to the server as the next weight version.
 
     python examples/custom_loop.py --out /tmp/custom_loop [--model DIR] [--steps 3]
 
@@ -31,8 +31,9 @@ from gleanrl.trainer.server_proc import EmbeddedServer
 
 
 def generate(url: str, prompt_ids: list[int], seed: int, max_new_tokens: int) -> dict:
-    body = {"input_ids": prompt_ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 1.0,
-                                                         "sampling_seed": seed}}
+    body = {"input_ids": prompt_ids,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 1.0,
+                                "sampling_seed": seed}}
     resp = httpx.post(f"{url}/generate", json=body, timeout=300)
     resp.raise_for_status()
     return resp.json()
@@ -46,12 +47,14 @@ def wait_healthy(server: EmbeddedServer, timeout_s: float = 180.0) -> None:
 
 
 def reinforce_step(policy, optimizer, batch: list[tuple[list[int], list[int], float]]) -> None:
-    """One policy-gradient step: log p(response | prompt) weighted by reward minus the mean reward."""
+    """One policy-gradient step: log p(response | prompt) weighted by reward minus the
+    mean reward."""
     baseline = sum(r for _, _, r in batch) / len(batch)
     optimizer.zero_grad()
     for prompt, output, reward in batch:
         ids = torch.tensor([prompt + output])
-        logp = torch.log_softmax(policy(input_ids=ids).logits[0, :-1].float(), -1)          # [L-1, V]
+        # [L-1, V]
+        logp = torch.log_softmax(policy(input_ids=ids).logits[0, :-1].float(), -1)
         token_logp = logp[len(prompt) - 1:].gather(1, ids[0, len(prompt):, None]).sum()
         (-(reward - baseline) * token_logp / len(batch)).backward()
     optimizer.step()
@@ -78,7 +81,8 @@ def main(argv: list[str] | None = None) -> dict:
     save_drafter(init_drafter(args.model, seed=0), out / "drafter_init")
 
     summary: dict = {"steps": []}
-    server = EmbeddedServer(args.model, threads=1, extra_args=["--drafter", str(out / "drafter_init"), "--sd", "on"],
+    server = EmbeddedServer(args.model, threads=1,
+                            extra_args=["--drafter", str(out / "drafter_init"), "--sd", "on"],
                             log_path=out / "server.log")
     with server:
         wait_healthy(server)
@@ -86,26 +90,33 @@ def main(argv: list[str] | None = None) -> dict:
         harvester = Harvester(policy, out / "drafter_init", out / "spool", push=DrafterPush([url]),
                               cfg=HarvestConfig(push_every=10, spool=SpoolConfig(holdout_every=4)))
         for step in range(args.steps):
-            texts = [tokenizer.apply_chat_template([{"role": "user", "content": f"what is {i} + {step}?"}],
+            texts = [tokenizer.apply_chat_template([{"role": "user",
+                                                     "content": f"what is {i} + {step}?"}],
                                                    add_generation_prompt=True, tokenize=False)
                      for i in range(args.rollouts)]
             prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
             batch, accept = [], []
             policy.eval()
             with ThreadPoolExecutor(args.rollouts) as pool:
-                # a random tiny model rarely stops by itself: give the last two rollouts a 4x budget,
-                # the long tail whose wait the Harvester gleans
-                budget = [args.max_new_tokens * (4 if i >= len(prompts) - 2 else 1) for i in range(len(prompts))]
-                pending = {pool.submit(generate, url, p, 1000 * step + i, budget[i]): p for i, p in enumerate(prompts)}
+                # a random tiny model rarely stops by itself: give the last two rollouts a 4x
+                # budget, the long tail whose wait the Harvester gleans
+                budget = [args.max_new_tokens * (4 if i >= len(prompts) - 2 else 1)
+                          for i in range(len(prompts))]
+                pending = {pool.submit(generate, url, p, 1000 * step + i, budget[i]): p
+                           for i, p in enumerate(prompts)}
                 while pending:
                     for fut in [f for f in pending if f.done()]:
                         prompt, res = pending.pop(fut), fut.result()
-                        harvester.add_rollout(prompt, res["output_ids"], policy, policy_version=step)
+                        harvester.add_rollout(prompt, res["output_ids"], policy,
+                                              policy_version=step)
                         text = tokenizer.decode(res["output_ids"], skip_special_tokens=True)
-                        batch.append((prompt, res["output_ids"], sum(c.isdigit() for c in text) / max(len(text), 1)))
-                        meta = res["meta_info"]  # tokens from verify passes, verify passes (SGLang's counts)
-                        accept.append((meta.get("spec_verify_ct", 0) + meta.get("spec_accept_token_num", 0),
-                                       meta.get("spec_verify_ct", 0)))
+                        batch.append((prompt, res["output_ids"],
+                                      sum(c.isdigit() for c in text) / max(len(text), 1)))
+                        # tokens from verify passes, verify passes (SGLang's counts)
+                        meta = res["meta_info"]
+                        accept.append(
+                            (meta.get("spec_verify_ct", 0) + meta.get("spec_accept_token_num", 0),
+                             meta.get("spec_verify_ct", 0)))
                     if pending:  # idle window: until the next rollout finishes
                         harvester.train_while(lambda p=pending: p and not any(f.done() for f in p))
             harvester.maybe_push()  # the tail is done: one more chance before the next step
@@ -114,7 +125,8 @@ def main(argv: list[str] | None = None) -> dict:
             with atomic_dir(out / f"policy_v{step + 1}") as tmp:
                 policy.save_pretrained(tmp)
                 tokenizer.save_pretrained(tmp)
-            httpx.post(f"{url}/update_weights_from_disk", json={"model_path": str(out / f"policy_v{step + 1}"),
+            httpx.post(f"{url}/update_weights_from_disk",
+                       json={"model_path": str(out / f"policy_v{step + 1}"),
                        "weight_version": str(step + 1)}, timeout=300).raise_for_status()
             row = {"step": step + 1, "reward": sum(r for *_, r in batch) / len(batch),
                    "server_accept_len": sum(t for t, _ in accept) / max(sum(c for _, c in accept), 1),
@@ -124,7 +136,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(json.dumps(row), flush=True)
             summary["steps"].append(row)
         summary["model_info"] = httpx.get(f"{url}/model_info", timeout=30).json()
-    print(json.dumps({"model_info": summary["model_info"], "pushes": harvester.history}), flush=True)
+    print(json.dumps({"model_info": summary["model_info"], "pushes": harvester.history}),
+          flush=True)
     return summary
 
 

@@ -1,6 +1,6 @@
-"""gleanrl: faster RL training of reasoning LLMs. An EAGLE-3 drafter is trained in the long tail of each
-step on harvested hidden states and hot-swapped into the rollout server, so rollouts decode faster with
-lossless speculative decoding; the same server then serves the final policy and drafter.
+"""gleanrl: faster RL training of reasoning LLMs. An EAGLE-3 drafter is trained in the long tail of
+each step on harvested hidden states and hot-swapped into the rollout server, so rollouts decode
+faster with lossless speculative decoding; the same server then serves the final policy and drafter.
 
 The public API is imported lazily, so `import gleanrl.clients` does not load torch:
 

@@ -1,18 +1,20 @@
-"""`gleanrl demo`: the whole story on one CPU machine. Bootstrap the built-in task's policy (cached),
-warm-start a drafter (cached), start the embedded server with adaptive SD, run GRPO while the Harvester
-trains the drafter in each step's long tail and hot-swaps it, then ask the final policy and drafter one
-question through the official `openai` client, and write `OUT/report.md` with plots.
+"""`gleanrl demo`: the whole story on one CPU machine. Bootstrap the built-in task's policy
+(cached), warm-start a drafter (cached), start the embedded server with adaptive SD, run GRPO while
+the Harvester trains the drafter in each step's long tail and hot-swaps it, then ask the final
+policy and drafter one question through the official `openai` client, and write
+`OUT/report.md` with plots.
 
 Cores: the server runs on the first half of this process's cores and the trainer (capture, drafter
-training) on the other half, each with one torch thread per core, the way a GPU cluster gives rollout
-and training their own devices, so the trainer's compute really is idle while rollouts run. Done with
-CPU affinity: the server inherits the first half at spawn. The policy update, which runs while the
-server waits, takes every core (`update_threads`, `update_cores`).
+training) on the other half, each with one torch thread per core, the way a GPU cluster gives
+rollout and training their own devices, so the trainer's compute really is idle while rollouts run.
+Done with CPU affinity: the server inherits the first half at spawn. The policy update, which runs
+while the server waits, takes every core (`update_threads`, `update_cores`).
 
 `--regime` (trainer.tasks.presets): the task's length distribution and the step's shape; its values
-fill --max-new-tokens, --prompts-per-step and --samples-per-prompt unless they are given. The demo gives
-the step's shape itself: its RL recipe (docs/rl-gain.md, issue 23) is 16 prompts x 4 samples a step (the
-regime's 8 x 8 rollouts over twice the prompts), lr 1e-4, negative_weight 1 (plain GRPO advantages).
+fill --max-new-tokens, --prompts-per-step and --samples-per-prompt unless they are given. The demo
+gives the step's shape itself: its RL recipe (docs/rl-gain.md, issue 23) is 16 prompts x 4 samples a
+step (the regime's 8 x 8 rollouts over twice the prompts), lr 1e-4, negative_weight 1 (plain
+GRPO advantages).
 """
 from __future__ import annotations
 
@@ -25,11 +27,13 @@ import shutil
 import sys
 from pathlib import Path
 
-STEP_COLUMNS = [("step", "step", "{:>4d}"), ("reward_mean", "reward", "{:>6.3f}"), ("accuracy", "acc", "{:>5.2f}"),
-                ("eval_accuracy", "held-out", "{:>8.3f}"), ("eval_se", "±se", "{:>5.3f}"),
-                ("response_len_p50", "len50", "{:>5.0f}"), ("response_len_p99", "len99", "{:>5.0f}"),
+STEP_COLUMNS = [("step", "step", "{:>4d}"), ("reward_mean", "reward", "{:>6.3f}"),
+                ("accuracy", "acc", "{:>5.2f}"), ("eval_accuracy", "held-out", "{:>8.3f}"),
+                ("eval_se", "±se", "{:>5.3f}"), ("response_len_p50", "len50", "{:>5.0f}"),
+                ("response_len_p99", "len99", "{:>5.0f}"),
                 ("rollout_s", "rollout_s", "{:>9.2f}"), ("tail_s", "tail_s", "{:>6.2f}"),
-                ("idle_used_s", "idle_s", "{:>6.2f}"), ("spec_accept_length", "tok/vfy", "{:>7.2f}"),
+                ("idle_used_s", "idle_s", "{:>6.2f}"),
+                ("spec_accept_length", "tok/vfy", "{:>7.2f}"),
                 ("drafter_version", "dver", "{:>4}"), ("sd_token_share", "sd%", "{:>4.0%}"),
                 ("tokens_per_pass", "tok/pass", "{:>8.2f}"), ("rollout_share", "roll%", "{:>5.0%}")]
 
@@ -40,29 +44,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", default="small", help="bootstrap policy size")
     from gleanrl.trainer.tasks.presets import DEMO_REGIME, REGIMES
     p.add_argument("--regime", default=DEMO_REGIME, choices=sorted(REGIMES),
-                   help="the task's length distribution and the step's shape (trainer.tasks.presets)")
+                   help="the task's length distribution and the step's shape "
+                        "(trainer.tasks.presets)")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--prompts-per-step", type=int, default=16,
-                   help="prompts per step (None: the regime's; 16 x 4 is the demo's RL recipe, docs/rl-gain.md)")
-    p.add_argument("--samples-per-prompt", type=int, default=4, help="GRPO group size (None: the regime's)")
+                   help="prompts per step (None: the regime's; 16 x 4 is the demo's RL recipe, "
+                        "docs/rl-gain.md)")
+    p.add_argument("--samples-per-prompt", type=int, default=4,
+                   help="GRPO group size (None: the regime's)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="None: the regime's")
-    p.add_argument("--lr", type=float, default=1e-4, help="policy learning rate (2e-4 hurt on 3 of 5 runs: "
-                   "docs/rl-gain.md)")
+    p.add_argument("--lr", type=float, default=1e-4,
+                   help="policy learning rate (2e-4 hurt on 3 of 5 runs: " "docs/rl-gain.md)")
     p.add_argument("--negative-weight", type=float, default=1.0,
-                   help="weight of negative advantages (1: plain GRPO, zero-sum per group; < 1 leans on reinforcing "
-                        "successes)")
+                   help="weight of negative advantages (1: plain GRPO, zero-sum per group; < 1 "
+                        "leans on reinforcing successes)")
     p.add_argument("--eval-every", type=int, default=6,
                    help="held-out accuracy at step 0, every N steps and the last step (0: off)")
-    p.add_argument("--eval-prompts", type=int, default=192, help="fixed held-out test prompts per evaluation")
-    p.add_argument("--eval-samples", type=int, default=1, help="samples per held-out prompt (at T = 1)")
+    p.add_argument("--eval-prompts", type=int, default=192,
+                   help="fixed held-out test prompts per evaluation")
+    p.add_argument("--eval-samples", type=int, default=1,
+                   help="samples per held-out prompt (at T = 1)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
-                   help="the rollout server's dtype (bfloat16: faster rollouts on CPUs with AVX-512 BF16)")
-    p.add_argument("--warm-prompts", type=int, default=64, help="prompts the drafter is warm-started on")
-    p.add_argument("--warm-steps", type=int, default=120, help="TTT steps of the warm start (online training "
+                   help="the rollout server's dtype (bfloat16: faster rollouts on CPUs "
+                        "with AVX-512 BF16)")
+    p.add_argument("--warm-prompts", type=int, default=64,
+                   help="prompts the drafter is warm-started on")
+    p.add_argument("--warm-steps", type=int, default=120,
+                   help="TTT steps of the warm start (online training "
                    "improves it during RL; `gleanrl draft train` makes a strong one)")
     p.add_argument("--update-dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="the policy update's compute: float32, or bf16 autocast (fp32 master weights and "
-                        "logits; 3-4x faster on CPUs with AVX-512 BF16; the demo's RL recipe is measured in fp32)")
+                   help="the policy update's compute: float32, or bf16 autocast (fp32 "
+                        "master weights and logits; 3-4x faster on CPUs with AVX-512 BF16; the "
+                        "demo's RL recipe is measured in fp32)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -95,16 +108,19 @@ def warm_drafter(policy: Path, args: argparse.Namespace, task: str | None = None
 
     task = task or regime(args.regime).task
     weights = sorted(policy.glob("*.safetensors"))
-    ident = [str(policy.resolve())] + [f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}" for w in weights]
+    ident = [str(policy.resolve())] + [f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}"
+                                       for w in weights]
     cfg = WarmStartConfig(max_new_tokens=args.max_new_tokens, steps=args.warm_steps, seed=args.seed)
-    key = hashlib.sha256(json.dumps([ident, task, args.warm_prompts, repr(cfg)]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([ident, task, args.warm_prompts,
+                                     repr(cfg)]).encode()).hexdigest()[:12]
     out = cache_root() / "drafters" / f"{policy.name}-{key}"
     if not (out / "config.json").exists():
-        prompts = [s["prompt"] for s in load_task(task).prompts("warm", args.warm_prompts, args.seed)]
+        prompts = [s["prompt"]
+                   for s in load_task(task).prompts("warm", args.warm_prompts, args.seed)]
         drafter, history = warm_start(policy, prompts, cfg)
         save_drafter(drafter, out)
-        print(f"warm-started drafter ({task}): held-out acceptance {history[0]['accept_length']:.2f} -> "
-              f"{history[-1]['accept_length']:.2f}")
+        print(f"warm-started drafter ({task}): held-out "
+              f"acceptance {history[0]['accept_length']:.2f} -> {history[-1]['accept_length']:.2f}")
     return out
 
 
@@ -129,7 +145,8 @@ def demo_hooks(harvester):
 
 
 def table_logger(metrics_path: Path):
-    """The trainer's `log`: its warnings pass, and each new metrics row prints as the demo's table line."""
+    """The trainer's `log`: its warnings pass, and each new metrics row prints as the
+    demo's table line."""
     seen = [0]
 
     def log(*parts) -> None:
@@ -153,15 +170,17 @@ def ask(url: str, question: list[dict], max_tokens: int) -> str:
     from openai import OpenAI
     client = OpenAI(base_url=f"{url}/v1", api_key="demo")
     model = client.models.list().data[0].id
-    reply = client.chat.completions.create(model=model, messages=question, max_tokens=max_tokens, temperature=0)
+    reply = client.chat.completions.create(model=model, messages=question, max_tokens=max_tokens,
+                                           temperature=0)
     return reply.choices[0].message.content or ""
 
 
 @contextlib.contextmanager
-def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adaptive", dtype: str = "auto",
-            device: str = "cpu", whole_machine: bool = False, backend_args: list[str] | None = None):
-    """An embedded server on the first half of the cores (this process keeps the other half), or on every
-    core with `whole_machine` (nothing of the trainer's runs beside the rollouts: no harvest).
+def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adaptive",
+            dtype: str = "auto", device: str = "cpu", whole_machine: bool = False,
+            backend_args: list[str] | None = None):
+    """An embedded server on the first half of the cores (this process keeps the other half), or on
+    every core with `whole_machine` (nothing of the trainer's runs beside the rollouts: no harvest).
     `backend_args` replace the SD flags (e.g. `--backend sglang`)."""
     from gleanrl.trainer.server_proc import EmbeddedServer
 
@@ -183,25 +202,30 @@ def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adapt
         yield server
 
 
-def rl_config(policy: Path, out: Path, url: str, args: argparse.Namespace, seed: int, evaluate: bool = False):
+def rl_config(policy: Path, out: Path, url: str, args: argparse.Namespace, seed: int,
+              evaluate: bool = False):
     """The demo's GRPO settings; `evaluate`: held-out accuracy at T = 1 on fixed prompts (the demo's
     evidence that RL helps; the e2e bench leaves it off to time steps alone)."""
     from gleanrl.trainer.config import TrainConfig
     from gleanrl.trainer.phases import all_cores
     cores, machine = split_cores(), sorted(all_cores())
-    evals = dict(eval_every=args.eval_every, eval_prompts=args.eval_prompts, eval_samples=args.eval_samples,
-                 eval_temperature=1.0) if evaluate else {}
+    evals = dict(eval_every=args.eval_every, eval_prompts=args.eval_prompts,
+                 eval_samples=args.eval_samples, eval_temperature=1.0) if evaluate else {}
     return TrainConfig(model=str(policy), out=str(out), servers=[url], steps=args.steps,
-                       prompts_per_step=args.prompts_per_step, samples_per_prompt=args.samples_per_prompt,
-                       max_new_tokens=args.max_new_tokens, lr=args.lr, negative_weight=args.negative_weight, seed=seed,
+                       prompts_per_step=args.prompts_per_step,
+                       samples_per_prompt=args.samples_per_prompt,
+                       max_new_tokens=args.max_new_tokens, lr=args.lr,
+                       negative_weight=args.negative_weight, seed=seed,
                        trainer_threads=len(cores[1]) if cores else 1, update_threads=len(machine),
-                       update_cores=machine if cores else [], update_dtype=args.update_dtype, **evals)
+                       update_cores=machine if cores else [],
+                       update_dtype=args.update_dtype, **evals)
 
 
 def reference_gain(initial: Path, final: Path, task, prompts: list[dict]) -> dict | None:
     """Held-out accuracy of the initial and final policy from the reference solutions' probabilities
-    (trainer.tasks.sft.reference_accuracy: for the built-in task, the expectation of T = 1 accuracy, with no
-    sampling noise), and their paired gain prompt by prompt; None if the task has no reference solutions."""
+    (trainer.tasks.sft.reference_accuracy: for the built-in task, the expectation of T = 1 accuracy,
+    with no sampling noise), and their paired gain prompt by prompt; None if the task has no
+    reference solutions."""
     if not callable(getattr(task, "solution", None)):
         return None
     import torch
@@ -218,7 +242,8 @@ def reference_gain(initial: Path, final: Path, task, prompts: list[dict]) -> dic
     diff = [b - a for a, b in zip(*probs)]
     gain = sum(diff) / n
     se = (sum((d - gain) ** 2 for d in diff) / max(1, n - 1) / n) ** 0.5
-    return {"n": n, "initial": sum(probs[0]) / n, "final": sum(probs[1]) / n, "gain": gain, "gain_se": se}
+    return {"n": n, "initial": sum(probs[0]) / n, "final": sum(probs[1]) / n, "gain": gain,
+            "gain_se": se}
 
 
 def fresh_out(out: Path, marker: str, args: argparse.Namespace, subs: tuple[str, ...]) -> bool:
@@ -228,7 +253,8 @@ def fresh_out(out: Path, marker: str, args: argparse.Namespace, subs: tuple[str,
     for sub in subs:
         shutil.rmtree(out / sub, ignore_errors=True) if (out / sub).is_dir() else (out / sub).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    (out / marker).write_text(json.dumps({k: v for k, v in vars(args).items() if not k.startswith("_")}))
+    (out / marker).write_text(json.dumps({k: v for k, v in vars(args).items()
+                                          if not k.startswith("_")}))
     return True
 
 
@@ -243,7 +269,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     task = apply_regime(args)
     if not fresh_out(out, "demo.json", args, ("run", "harvest", "report.md")):
-        print(f"gleanrl demo: {out} is not empty and not a demo output; choose another --out", file=sys.stderr)
+        print(f"gleanrl demo: {out} is not empty and not a demo output; choose another --out",
+              file=sys.stderr)
         return 2
     policy = Path(args.model) if args.model else bootstrap_policy(size=args.size, seed=args.seed)
     drafter0 = warm_drafter(policy, args)
@@ -251,27 +278,32 @@ def run(args: argparse.Namespace) -> int:
         harvester = Harvester(policy, drafter0, out / "harvest" / "spool", push=None,
                               cfg=HarvestConfig(push_every=10, max_holdout=16, seed=args.seed))
         hooks = demo_hooks(harvester)
-        train(rl_config(policy, out / "run", server.url, args, args.seed, evaluate=True), task=task, hooks=hooks,
-              log=table_logger(out / "run" / "metrics.jsonl"))
+        train(rl_config(policy, out / "run", server.url, args, args.seed, evaluate=True), task=task,
+              hooks=hooks, log=table_logger(out / "run" / "metrics.jsonl"))
         tests = task.prompts("test", 64, args.seed)
-        sample = next((s for s in tests if 1 <= s.get("steps", 1) <= 5), tests[0])  # a problem that reads quickly
+        # a problem that reads quickly
+        sample = next((s for s in tests if 1 <= s.get("steps", 1) <= 5), tests[0])
         answer = ask(server.url, sample["messages"], args.max_new_tokens)
         info = httpx.get(f"{server.url}/model_info", timeout=30).json()
     print(f"\nQ: {sample['messages'][-1]['content']}\nA: {answer}\n(expected {sample.get('answer')}, reward "
           f"{task.reward(sample, answer):.0f}; "
-          f"policy version {info.get('weight_version')}, drafter version {info.get('draft_weight_version')})")
+          f"policy version {info.get('weight_version')}, drafter "
+          f"version {info.get('draft_weight_version')})")
     rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     reference = None
-    if args.eval_every and args.eval_prompts:  # the sampled eval's prompts (trainer.generate.make_rollouts)
+    if args.eval_every and args.eval_prompts:
+        # the sampled eval's prompts (trainer.generate.make_rollouts)
         from gleanrl.trainer.checkpoint import list_checkpoints
         final = list_checkpoints(out / "run")
         if final:
-            reference = reference_gain(policy, final[-1][1], task, task.prompts("test", args.eval_prompts,
-                                                                                  args.seed * 100_003))
+            reference = reference_gain(policy, final[-1][1], task,
+                                       task.prompts("test", args.eval_prompts,
+                                                      args.seed * 100_003))
     if reference:
-        print(f"held-out accuracy from the reference solutions' probabilities ({reference['n']} prompts, T = 1, "
-              f"no sampling noise): {reference['initial']:.3f} -> {reference['final']:.3f}, paired gain "
-              f"{reference['gain']:+.3f} ± {reference['gain_se']:.3f}")
+        print(f"held-out accuracy from the reference solutions' probabilities ({reference['n']} "
+              f"prompts, T = 1, no sampling noise): {reference['initial']:.3f} "
+              f"-> {reference['final']:.3f}, paired gain {reference['gain']:+.3f} "
+              f"± {reference['gain_se']:.3f}")
     report = write_report(out, rows, hooks.lengths, sample, answer, info, reference)
     print(f"report: {report}")
     return 0

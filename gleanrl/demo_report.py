@@ -1,10 +1,10 @@
 """The demo's `report.md` and its PNG plots, from the metrics rows and the response lengths.
 
-Per step: where the time went (rollouts' share of the step, the tail's share of the rollouts, the share
-of the idle window the drafter used) and what SD did (served acceptance: tokens per verify pass, over
-verify passes only, <= k + 1; and output tokens per target pass, plain passes included: the step's
-decode-pass speedup, an upper bound on its wall-clock one; trainer.metrics.acceptance defines both; the
-demo runs no no-SD arm to time against, `gleanrl bench e2e` does)."""
+Per step: where the time went (rollouts' share of the step, the tail's share of the rollouts, the
+share of the idle window the drafter used) and what SD did (served acceptance: tokens per verify
+pass, over verify passes only, <= k + 1; and output tokens per target pass, plain passes included:
+the step's decode-pass speedup, an upper bound on its wall-clock one; trainer.metrics.acceptance
+defines both; the demo runs no no-SD arm to time against, `gleanrl bench e2e` does)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,7 +30,8 @@ def eval_rows(rows: list[dict], prefix: str = "eval") -> list[dict]:
 
 
 def eval_summary(rows: list[dict]) -> str:
-    """One sentence: held-out accuracy first -> last eval with standard errors, and the paired gain."""
+    """One sentence: held-out accuracy first -> last eval with standard errors, and the
+    paired gain."""
     evals = eval_rows(rows)
     if not evals:
         return "No held-out evaluation (eval_every 0)."
@@ -49,7 +50,8 @@ def eval_summary(rows: list[dict]) -> str:
 
 
 def totals(rows: list[dict]) -> dict:
-    """The run's shares and SD figures, pooled over its steps (time- and pass-weighted, not step means)."""
+    """The run's shares and SD figures, pooled over its steps (time- and pass-weighted, not
+    step means)."""
     add = lambda key: sum(float(r.get(key) or 0.0) for r in rows)  # noqa: E731
     ratio = lambda x, y: x / y if y > 0 else 0.0  # noqa: E731
     return {"rollout_share": ratio(add("rollout_s"), add("step_s")),
@@ -92,7 +94,8 @@ def reference_summary(reference: dict | None) -> str:
 def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: dict, answer: str,
                  info: dict, reference: dict | None = None) -> Path:
     evals = eval_rows(rows)
-    rows = [r for r in rows if "reward_mean" in r]  # step 0 holds only the initial policy's evaluation
+    # step 0 holds only the initial policy's evaluation
+    rows = [r for r in rows if "reward_mean" in r]
     steps = [r["step"] for r in rows]
     col = lambda key: [float(r.get(key) or 0.0) for r in rows]  # noqa: E731
 
@@ -103,22 +106,27 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: 
 
     def accuracy(ax):
         temperature = evals[0].get("eval_temperature", 0) if evals else 0
-        for prefix, label in (("eval", f"held-out, T = {temperature:g}"), ("eval_greedy", "held-out, greedy")):
+        for prefix, label in (("eval", f"held-out, T = {temperature:g}"),
+                              ("eval_greedy", "held-out, greedy")):
             pts = eval_rows(evals, prefix)
             if pts:
                 gain = pts[-1].get(f"{prefix}_gain")
                 label += f" ({pts[-1].get(f'{prefix}_prompts')} prompts" + (
-                    f"; paired gain {gain:+.3f} ± {pts[-1][f'{prefix}_gain_se']:.3f})" if gain is not None else ")")
+                    f"; paired gain {gain:+.3f} ± {pts[-1][f'{prefix}_gain_se']:.3f})"
+                    if gain is not None else ")")
                 ax.errorbar([r["step"] for r in pts], [r[f"{prefix}_accuracy"] for r in pts],
-                            yerr=[r.get(f"{prefix}_se", 0) for r in pts], marker="o", capsize=3, label=label)
+                            yerr=[r.get(f"{prefix}_se", 0) for r in pts], marker="o", capsize=3,
+                            label=label)
         ax.plot(steps, col("accuracy"), ".:", color="gray", label="training batch")
         ax.set_xlabel("step"), ax.set_ylabel("accuracy"), ax.legend(fontsize=7)
         ax.set_title("held-out accuracy (± 1 se over prompts)")
 
     def accept(ax):
-        ax.plot(steps, col("spec_accept_length"), marker="o", label="served: tokens per verify pass")
+        ax.plot(steps, col("spec_accept_length"), marker="o",
+                label="served: tokens per verify pass")
         ax.plot(steps, col("heldout_accept_len"), marker="s", label="held-out (serving drafter)")
-        ax.plot(steps, col("tokens_per_pass"), "^:", label="tokens per target pass (decode speedup)")
+        ax.plot(steps, col("tokens_per_pass"), "^:",
+                label="tokens per target pass (decode speedup)")
         ax.set_xlabel("step"), ax.set_ylabel("tokens per pass"), ax.legend(), ax.set_title("acceptance length")
 
     def hist(ax):
@@ -129,8 +137,8 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: 
 
     def breakdown(ax):
         tail, rollout = col("tail_s"), col("rollout_s")
-        parts = {"rollouts (before tail)": [r - t for r, t in zip(rollout, tail)], "long tail": tail,
-                 "policy update": col("train_s"), "weight push": col("push_s")}
+        parts = {"rollouts (before tail)": [r - t for r, t in zip(rollout, tail)],
+                 "long tail": tail, "policy update": col("train_s"), "weight push": col("push_s")}
         bottom = [0.0] * len(steps)
         for name, values in parts.items():
             ax.bar(steps, values, bottom=bottom, label=name)
@@ -138,8 +146,8 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: 
         ax.plot(steps, col("idle_used_s"), "k.--", label="drafter training (in idle time)")
         ax.set_xlabel("step"), ax.set_ylabel("seconds"), ax.legend(fontsize=7), ax.set_title("step time")
 
-    plots = [("accuracy", accuracy), ("reward", reward), ("accept_length", accept), ("lengths", hist),
-             ("step_time", breakdown)]
+    plots = [("accuracy", accuracy), ("reward", reward), ("accept_length", accept),
+             ("lengths", hist), ("step_time", breakdown)]
     pngs = [_plot(out / f"{name}.png", fn) for name, fn in plots]
     last = rows[-1] if rows else {}
     total = sum(col("rollout_s")) + sum(col("train_s")) + sum(col("push_s"))
@@ -158,7 +166,8 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: 
         f"tokens per target pass (decode-pass speedup over plain decoding). {source_text(shares['accept_by_source'])}",
         f"Final reward {last.get('reward_mean', 0):.3f}, accuracy {last.get('accuracy', 0):.2f}; "
         f"served tokens per verify pass first/last step {col('spec_accept_length')[0] if rows else 0:.2f} / "
-        f"{last.get('spec_accept_length', 0):.2f}.", eval_summary(evals), reference_summary(reference), "",
+        f"{last.get('spec_accept_length', 0):.2f}.", eval_summary(evals),
+        reference_summary(reference), "",
         "| step | reward | acc | held-out acc | len p50 | len p99 | rollout s | rollout share | tail s | tail share | "
         "idle s | idle used | tokens/verify | held-out accept | tokens/pass | drafter | SD share |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -167,16 +176,18 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: 
     if 0 in held_out:
         lines.append(f"| 0 | | | {held_out[0]} |" + " |" * 13)
     for r in rows:
-        lines.append(f"| {r['step']} | {r.get('reward_mean', 0):.3f} | {r.get('accuracy', 0):.2f} | "
-                     f"{held_out.get(r['step'], '')} | "
+        lines.append(f"| {r['step']} | {r.get('reward_mean', 0):.3f} "
+                     f"| {r.get('accuracy', 0):.2f} | {held_out.get(r['step'], '')} | "
                      f"{r.get('response_len_p50', 0):.0f} | {r.get('response_len_p99', 0):.0f} | "
-                     f"{r.get('rollout_s', 0):.2f} | {r.get('rollout_share', 0):.0%} | {r.get('tail_s', 0):.2f} | "
-                     f"{r.get('tail_share', 0):.0%} | {r.get('idle_used_s', 0):.2f} | "
-                     f"{r.get('idle_used_share', 0):.0%} | "
-                     f"{r.get('spec_accept_length', 0):.2f} | {r.get('heldout_accept_len') or 0:.2f} | "
-                     f"{r.get('tokens_per_pass', 0):.2f} | {r.get('drafter_version', 0)} | "
-                     f"{r.get('sd_token_share', 0):.0%} |")
-    lines += ["", *[f"![{p[:-4]}]({p})" for p in pngs], "", "## One question, through the OpenAI API", "",
+                     f"{r.get('rollout_s', 0):.2f} | {r.get('rollout_share', 0):.0%} "
+                     f"| {r.get('tail_s', 0):.2f} | {r.get('tail_share', 0):.0%} "
+                     f"| {r.get('idle_used_s', 0):.2f} | {r.get('idle_used_share', 0):.0%} | "
+                     f"{r.get('spec_accept_length', 0):.2f} "
+                     f"| {r.get('heldout_accept_len') or 0:.2f} "
+                     f"| {r.get('tokens_per_pass', 0):.2f} | {r.get('drafter_version', 0)} "
+                     f"| {r.get('sd_token_share', 0):.0%} |")
+    lines += ["", *[f"![{p[:-4]}]({p})" for p in pngs], "",
+              "## One question, through the OpenAI API", "",
               f"Q: `{sample['messages'][-1]['content']}` (greedy; expected `{sample.get('answer')}`)", "", "A:", "",
               "```", answer, "```", ""]
     path = out / "report.md"

@@ -1,17 +1,20 @@
-"""`gleanrl harvest`: the harvest beside an RL trainer that is not gleanrl's, with no code in its loop.
+"""`gleanrl harvest`: the harvest beside an RL trainer that is not gleanrl's, with no
+code in its loop.
 
 It reads the rollout server's feed of finished requests (`gleanrl serve --harvest-feed`, or `gleanrl
 proxy` in front of stock SGLang), follows the server's policy (`sidecar_server`), and runs the same
-harvester as `gleanrl train --drafter` (`harvest.hooks.HarvestHooks` over `harvest.harvester.Harvester`):
-each finished rollout is captured by its own copy of the policy into the spool; the drafter trains in the
-server's idle windows (at most `--idle-running` requests running, or paused while the trainer updates),
-a better drafter is pushed with `selector: "draft"`; spool, versions and settings live under OUT as under
-`gleanrl train`'s OUT/harvest, and `--resume` continues them. A "step" here is one policy version.
+harvester as `gleanrl train --drafter` (`harvest.hooks.HarvestHooks` over
+`harvest.harvester.Harvester`): each finished rollout is captured by its own copy of the policy into
+the spool; the drafter trains in the server's idle windows (at most `--idle-running` requests
+running, or paused while the trainer updates), a better drafter is pushed with `selector: "draft"`;
+spool, versions and settings live under OUT as under `gleanrl train`'s OUT/harvest, and `--resume`
+continues them. A "step" here is one policy version.
 
-State (`OUT/sidecar_state.pt`: the harvester's, the feed cursor, the policy versions seen) is written
-atomically at each policy version, every `--save-every-s` and on SIGINT/SIGTERM, between idle windows.
-After a kill -9, `--resume` re-reads the feed from the saved cursor: rollouts captured after that save
-may be captured twice (the spool is bounded; a duplicate sample only weighs a little more).
+State (`OUT/sidecar_state.pt`: the harvester's, the feed cursor, the policy versions seen) is
+written atomically at each policy version, every `--save-every-s` and on SIGINT/SIGTERM, between
+idle windows. After a kill -9, `--resume` re-reads the feed from the saved cursor: rollouts captured
+after that save may be captured twice (the spool is bounded; a duplicate sample only weighs
+a little more).
 """
 from __future__ import annotations
 
@@ -29,30 +32,43 @@ def add_arguments(p) -> None:
     import os
 
     from gleanrl.trainer.cli import HARVEST_FLAGS
-    p.add_argument("--server", required=True, help="the rollout server (or `gleanrl proxy`) with its harvest feed")
+    p.add_argument("--server", required=True,
+                   help="the rollout server (or `gleanrl proxy`) with its harvest feed")
     p.add_argument("--admin-api-key", default=os.environ.get("GLEANRL_ADMIN_API_KEY"),
-                   help="the server's admin key: reads the feed, pushes drafters (or env GLEANRL_ADMIN_API_KEY)")
+                   help="the server's admin key: reads the feed, pushes drafters (or env "
+                        "GLEANRL_ADMIN_API_KEY)")
     p.add_argument("--api-key", default=os.environ.get("GLEANRL_API_KEY"),
                    help="the server's API key, where it has one (or env GLEANRL_API_KEY)")
-    p.add_argument("--out", required=True, help="spool, drafter versions, settings, metrics.jsonl, state")
+    p.add_argument("--out", required=True,
+                   help="spool, drafter versions, settings, metrics.jsonl, state")
     init = p.add_mutually_exclusive_group(required=True)
-    init.add_argument("--drafter", metavar="INIT", help="EAGLE-3 drafter to start from (the one the server serves)")
-    init.add_argument("--cold", action="store_true", help="start from a random drafter (written to OUT/drafter_init)")
-    p.add_argument("--resume", action="store_true", help="continue OUT's spool, drafter versions and feed cursor")
+    init.add_argument("--drafter", metavar="INIT",
+                      help="EAGLE-3 drafter to start from (the one the server serves)")
+    init.add_argument("--cold", action="store_true",
+                      help="start from a random drafter (written to OUT/drafter_init)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue OUT's spool, drafter versions and feed cursor")
     p.add_argument("--idle-running", type=int, default=4,
-                   help="train while at most this many requests run on the server (or it is paused)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads for capture and drafter training")
-    p.add_argument("--save-every-s", type=float, default=60.0, help="state saved at least this often")
-    p.add_argument("--poll-s", type=float, default=0.5, help="long-poll of the feed while nothing happens")
+                   help="train while at most this many requests run on the server "
+                        "(or it is paused)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads for capture and drafter training")
+    p.add_argument("--save-every-s", type=float, default=60.0,
+                   help="state saved at least this often")
+    p.add_argument("--poll-s", type=float, default=0.5,
+                   help="long-poll of the feed while nothing happens")
     group = p.add_argument_group("harvest (kept by --resume)")
     for flag, (name, typ, help_text) in HARVEST_FLAGS.items():
-        choices = {"accept_mode": ["sampled", "greedy"], "aux_dtype": ["float32", "bfloat16", "float16"]}.get(name)
-        group.add_argument(flag, dest=f"_harvest:{name}", type=typ, default=argparse.SUPPRESS, choices=choices,
+        choices = {"accept_mode": ["sampled", "greedy"],
+                   "aux_dtype": ["float32", "bfloat16", "float16"]}.get(name)
+        group.add_argument(flag, dest=f"_harvest:{name}", type=typ, default=argparse.SUPPRESS,
+                           choices=choices,
                            metavar=None if choices else {int: "N", float: "X"}[typ], help=help_text)
 
 
 def write_settings(out: Path, args, resume: bool) -> None:
-    """OUT/harvest_config.json as `gleanrl train` writes it: the resumed run's settings, then the flags."""
+    """OUT/harvest_config.json as `gleanrl train` writes it: the resumed run's settings,
+    then the flags."""
     from gleanrl.harvest.harvester import HarvestConfig
     from gleanrl.harvest.hooks import read_config, write_config
     from gleanrl.harvest.spool import SpoolConfig
@@ -75,7 +91,8 @@ def run(args) -> int:
         return _fail("--idle-running, --poll-s must be >= 0, --threads >= 1, --save-every-s > 0")
     if (out / STATE_FILE).exists() and not args.resume:
         return _fail(f"{out} holds an earlier sidecar run: pass --resume, or use another --out")
-    stop = threading.Event()  # from here on SIGINT/SIGTERM stop cleanly, also while the policy loads
+    # from here on SIGINT/SIGTERM stop cleanly, also while the policy loads
+    stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     torch.set_num_threads(args.threads)
@@ -86,7 +103,8 @@ def run(args) -> int:
         sidecar = Sidecar(view, out, args.drafter, args.cold, args.resume, args.idle_running,
                           args.save_every_s, args.poll_s)
     except (ValueError, FollowError, OSError, httpx.HTTPError) as exc:
-        return _fail(f"{type(exc).__name__}: {exc}" if isinstance(exc, httpx.HTTPError) else str(exc))
+        return _fail(f"{type(exc).__name__}: {exc}" if isinstance(exc, httpx.HTTPError)
+                     else str(exc))
     try:
         sidecar.run(stop)
     except FollowError as exc:

@@ -19,9 +19,10 @@ from gleanrl.sidecar_server import Policy, ServerView
 from gleanrl.trainer.metrics import MetricsLog
 
 STATE_FILE = "sidecar_state.pt"
-COLUMNS = [("step", "pver", 4, "{:d}"), ("weight_version", "wver", 6, "{}"), ("harvested", "caught", 6, "{:d}"),
-           ("drafter_steps", "dsteps", 6, "{:d}"), ("drafter_version", "dver", 4, "{}"),
-           ("drafter_pushes", "push", 4, "{:d}"), ("heldout_accept_len", "ho_acc", 6, "{:.2f}"),
+COLUMNS = [("step", "pver", 4, "{:d}"), ("weight_version", "wver", 6, "{}"),
+           ("harvested", "caught", 6, "{:d}"), ("drafter_steps", "dsteps", 6, "{:d}"),
+           ("drafter_version", "dver", 4, "{}"), ("drafter_pushes", "push", 4, "{:d}"),
+           ("heldout_accept_len", "ho_acc", 6, "{:.2f}"),
            ("served_accept_len", "served", 6, "{:.2f}"), ("idle_used_s", "idle_s", 6, "{:.1f}"),
            ("feed_missed", "missed", 6, "{:d}"), ("cpu_share", "cpu", 4, "{:.0%}")]
 PROGRESS_S = 10.0
@@ -55,11 +56,13 @@ class Sidecar:
         self.view, self.out, self.idle_running, self.save_every_s, self.poll_s = view, out, idle_running, \
             save_every_s, poll_s
         self.echo = echo
-        if resume:  # what a kill -9 left half-written: the state file's, a drafter version's temporaries
+        if resume:
+            # what a kill -9 left half-written: the state file's, a drafter version's temporaries
             for directory in (out, out / "drafter_versions"):
                 if directory.is_dir():
                     remove_stale_temporaries(directory)
-        state = torch.load(out / STATE_FILE, weights_only=False) if resume and (out / STATE_FILE).exists() else None
+        state = torch.load(out / STATE_FILE,
+                           weights_only=False) if resume and (out / STATE_FILE).exists() else None
         if state is not None:
             view.load_state_dict(state["view"])
         self.policy = view.policy()
@@ -72,28 +75,35 @@ class Sidecar:
         self.hooks, serving = HarvestHooks.for_run(self.policy.model_path, drafter, out, resume)
         if state is not None:
             self.hooks.load_state_dict(state["hooks"])
-        # drafters go to the server (or proxy) read from; after a resume the serving version is pushed again
-        self.hooks.bind_push(DrafterPush([view.url], api_key=view.api_key, admin_api_key=view.admin_api_key))
+        # drafters go to the server (or proxy) read from; after a resume the serving version
+        # is pushed again
+        self.hooks.bind_push(DrafterPush([view.url], api_key=view.api_key,
+                                         admin_api_key=view.admin_api_key))
         self.metrics = MetricsLog(out, resume_step=self.policy.version - 1 if state else None)
         self.metrics.columns = COLUMNS
         self.window = None
         self._errors_seen = len(self.hooks.h.history)
         echo(f"gleanrl harvest: {view.url}, policy {self.policy.model_path} (weight_version "
-             f"{self.policy.weight_version}), drafter {serving}{' (resumed)' if state else ''}", file=sys.stderr)
+             f"{self.policy.weight_version}), drafter {serving}{' (resumed)' if state else ''}",
+             file=sys.stderr)
         self._start_step(self.policy)
 
     def _start_step(self, policy: Policy) -> None:
         self.policy = policy
         self.model, self.tokenizer = load_policy(policy.model_path)
-        self.hooks.on_step_start(policy.version + 1, self.model)  # the hooks' policy version is step - 1
-        self._served = [0, 0]                                    # tokens from verify passes, verify passes
+        # the hooks' policy version is step - 1
+        self.hooks.on_step_start(policy.version + 1, self.model)
+        # tokens from verify passes, verify passes
+        self._served = [0, 0]
         self._t0, self._cpu0, self._missed0 = time.monotonic(), cpu_seconds(), self.view.missed
 
     def _end_step(self, partial: bool = False) -> None:
         wall, cpu = time.monotonic() - self._t0, cpu_seconds() - self._cpu0
-        row = {"step": self.policy.version, "weight_version": self.policy.weight_version, **self.hooks.step_metrics(),
+        row = {"step": self.policy.version, "weight_version": self.policy.weight_version,
+               **self.hooks.step_metrics(),
                "served_accept_len": self._served[0] / self._served[1] if self._served[1] else None,
-               "feed_missed": self.view.missed - self._missed0, "wall_s": wall, "cpu_share": cpu / max(wall, 1e-9)}
+               "feed_missed": self.view.missed - self._missed0, "wall_s": wall,
+               "cpu_share": cpu / max(wall, 1e-9)}
         self.metrics.log(row | ({"partial": True} if partial else {}),
                          echo=lambda line: self.echo(line, file=sys.stderr))
 
@@ -104,7 +114,8 @@ class Sidecar:
 
     def save(self) -> None:
         self._close_window()  # the harvester's state is taken between windows
-        state = {"hooks": self.hooks.state_dict(), "view": self.view.state_dict(), "step": self.policy.version}
+        state = {"hooks": self.hooks.state_dict(), "view": self.view.state_dict(),
+                 "step": self.policy.version}
         with atomic_file(self.out / STATE_FILE) as f:
             torch.save(state, f)
         self._saved_at = time.monotonic()
@@ -116,12 +127,15 @@ class Sidecar:
             try:
                 page = self.view.read(wait_s=0.0 if self.window else self.poll_s)
                 policy = self.view.policy()
-            except httpx.TransportError as exc:  # a restarting server: wait for it, training stops meanwhile
+            except httpx.TransportError as exc:
+                # a restarting server: wait for it, training stops meanwhile
                 self._close_window()
-                self.echo(f"gleanrl harvest: warning: {self.view.url} unreachable ({exc}); retrying", file=sys.stderr)
+                self.echo(f"gleanrl harvest: warning: {self.view.url} unreachable "
+                          f"({exc}); retrying", file=sys.stderr)
                 stop.wait(UNREACHABLE_WAIT_S)
                 continue
-            if (policy.model_path, policy.weight_version) != (self.policy.model_path, self.policy.weight_version):
+            if (policy.model_path, policy.weight_version) != (self.policy.model_path,
+                                                              self.policy.weight_version):
                 self._close_window()
                 self._end_step()
                 self._start_step(policy)
@@ -129,10 +143,12 @@ class Sidecar:
             for rec in page["records"]:
                 if (r := rollout(rec, self.tokenizer)) is not None:
                     self.hooks.on_rollout_finished(r)
-                    self._served[0] += r.spec_verify_ct + r.spec_accept_token_num  # tokens from verify passes
+                    # tokens from verify passes
+                    self._served[0] += r.spec_verify_ct + r.spec_accept_token_num
                     self._served[1] += r.spec_verify_ct
             load = page["load"]
-            idle = bool(load.get("paused")) or (load.get("num_running_reqs") or 0) <= self.idle_running
+            idle = bool(load.get("paused")) or (load.get("num_running_reqs")
+                                                or 0) <= self.idle_running
             if idle and self.window is None:
                 self.window = self.hooks.idle_window()
                 self.window.open()
@@ -148,20 +164,24 @@ class Sidecar:
                 stop.wait(TRAIN_POLL_S)
 
     def _warn_push_errors(self) -> None:
-        """A refused push leaves the server on its drafter and training goes on (as in `gleanrl train`)."""
+        """A refused push leaves the server on its drafter and training goes on (as in
+        `gleanrl train`)."""
         for entry in self.hooks.h.history[self._errors_seen:]:
             if entry.get("error"):
-                self.echo(f"gleanrl harvest: warning: push refused: {entry['error']}", file=sys.stderr)
+                self.echo(f"gleanrl harvest: warning: push refused: {entry['error']}",
+                          file=sys.stderr)
         self._errors_seen = len(self.hooks.h.history)
 
     def _progress(self, page: dict) -> None:
         h = self.hooks.h
         self.echo(f"[harvest] policy v{self.policy.version} | feed {page['next_cursor']} read, "
-                  f"{self.view.missed} missed | captured {self.hooks.captured} | drafter steps {h.steps}, "
-                  f"v{h.version} | {'training' if self.window else 'waiting (server busy)'}", file=sys.stderr)
+                  f"{self.view.missed} missed | captured {self.hooks.captured} | drafter "
+                  f"steps {h.steps}, v{h.version} "
+                  f"| {'training' if self.window else 'waiting (server busy)'}", file=sys.stderr)
 
     def shutdown(self) -> None:
-        """Close the window (within one micro-step), log the step so far, save: nothing half-written."""
+        """Close the window (within one micro-step), log the step so far, save: nothing
+        half-written."""
         self._close_window()
         self._end_step(partial=True)
         self.save()

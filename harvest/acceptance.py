@@ -2,15 +2,16 @@
 
 From every start slot i whose next token i+2 is learnable, simulate a k-step greedy draft chain and
 accept drafted tokens while they equal the target's own tokens in the sample (token i+2, i+3, ...).
-Until the first mismatch the drafted tokens *are* the sample's tokens, so feeding the sample's tokens in
-the TTT unroll gives the same chain for all starts in one pass. Accept length counts the bonus token, as
-SGLang's `spec_accept_length` does: 1 + accepted drafts, in [1, k+1]. For greedy samples this is exactly
-the acceptance of greedy SD; for sampled ones it is the greedy-chain proxy.
+Until the first mismatch the drafted tokens *are* the sample's tokens, so feeding the sample's
+tokens in the TTT unroll gives the same chain for all starts in one pass. Accept length counts the
+bonus token, as SGLang's `spec_accept_length` does: 1 + accepted drafts, in [1, k+1]. For greedy
+samples this is exactly the acceptance of greedy SD; for sampled ones it is the greedy-chain proxy.
 
-`mode="sampled"`: the expected accept length of speculative sampling at temperature 1 with the drafter's
-softmax q against the target's soft labels p (renormalised over the captured top-k): step s is accepted
-with probability sum_x min(p, q) = 1 - TV(p, q), so length = 1 + sum_s prod_{j<=s} alpha_j, along the
-sample's own context. Smoother than the greedy chain, so better for comparing two drafters.
+`mode="sampled"`: the expected accept length of speculative sampling at temperature 1 with the
+drafter's softmax q against the target's soft labels p (renormalised over the captured top-k): step
+s is accepted with probability sum_x min(p, q) = 1 - TV(p, q), so length = 1 + sum_s prod_{j<=s}
+alpha_j, along the sample's own context. Smoother than the greedy chain, so better for
+comparing two drafters.
 """
 from __future__ import annotations
 
@@ -31,13 +32,15 @@ def accept_lengths(logits: list[torch.Tensor], ids: torch.Tensor, starts: torch.
     length = torch.ones_like(ids, dtype=torch.float32)
     for s, lg in enumerate(logits):
         drafted = draft_to_target[lg.argmax(-1)]                       # [B,T] target ids
-        actual = F.pad(ids[:, s + 2:], (0, s + 2), value=-1)             # token i+s+2, -1 past the end
+        # token i+s+2, -1 past the end
+        actual = F.pad(ids[:, s + 2:], (0, s + 2), value=-1)
         run = run & (drafted == actual)
         length = length + run.float()
     return length[starts]
 
 
-def expected_accept_lengths(logits: list[torch.Tensor], labels: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+def expected_accept_lengths(logits: list[torch.Tensor], labels: torch.Tensor,
+                            starts: torch.Tensor) -> torch.Tensor:
     """logits: k steps [B,T,Vd]; labels [B,T,Vd] (row j: target distribution predicting token j+1);
     starts [B,T] bool -> expected accept lengths of speculative sampling [n_starts]."""
     run = torch.ones(labels.shape[:2], device=labels.device)
@@ -52,8 +55,8 @@ def expected_accept_lengths(logits: list[torch.Tensor], labels: torch.Tensor, st
 @torch.no_grad()
 def acceptance_sums(drafter: Eagle3Drafter, samples: list[Any], k: int = 4, batch_size: int = 8,
                     mode: str = "greedy") -> list[tuple[float, int]]:
-    """Per sample: (sum of accept lengths over its start slots, number of start slots), so that scores
-    of a fixed drafter can be cached per sample and pooled with others."""
+    """Per sample: (sum of accept lengths over its start slots, number of start slots), so that
+    scores of a fixed drafter can be cached per sample and pooled with others."""
     if mode not in ("greedy", "sampled"):
         raise ValueError(f"mode must be 'greedy' or 'sampled', got {mode!r}")
     was_training = drafter.training
@@ -64,9 +67,10 @@ def acceptance_sums(drafter: Eagle3Drafter, samples: list[Any], k: int = 4, batc
         logits = ttt_unroll(drafter, b["ids"], b["aux"], b["valid"], k)
         ids = b["ids"].masked_fill(~b["valid"], -2)
         starts = F.pad((b["valid"] & b["loss_mask"])[:, 2:], (0, 2))
-        lengths = (accept_lengths(logits, ids, starts, drafter.draft_to_target()) if mode == "greedy"
-                   else expected_accept_lengths(logits, b["labels"], starts))
-        rows = torch.arange(ids.shape[0]).unsqueeze(1).expand_as(ids)[starts.cpu()]   # [n_starts] sample of each
+        lengths = (accept_lengths(logits, ids, starts, drafter.draft_to_target())
+                   if mode == "greedy" else expected_accept_lengths(logits, b["labels"], starts))
+        # [n_starts] sample of each
+        rows = torch.arange(ids.shape[0]).unsqueeze(1).expand_as(ids)[starts.cpu()]
         sums = torch.zeros(ids.shape[0]).index_add_(0, rows, lengths.float().cpu())
         counts = torch.bincount(rows, minlength=ids.shape[0])
         out += [(float(s), int(c)) for s, c in zip(sums, counts)]
@@ -77,7 +81,8 @@ def acceptance_sums(drafter: Eagle3Drafter, samples: list[Any], k: int = 4, batc
 def acceptance_length(drafter: Eagle3Drafter, samples: list[Any], k: int = 4, batch_size: int = 8,
                       mode: str = "greedy") -> float:
     """Mean accept length (1 + accepted drafts of a k-step chain) over all start slots of `samples`;
-    mode "greedy" (chain along the sample's tokens) or "sampled" (expected, speculative sampling)."""
+    mode "greedy" (chain along the sample's tokens) or "sampled" (expected,
+    speculative sampling)."""
     if not samples:
         raise ValueError("acceptance_length needs at least one held-out sample")
     sums = acceptance_sums(drafter, samples, k, batch_size, mode)

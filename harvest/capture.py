@@ -1,7 +1,8 @@
-"""Capture a target's aux hidden states and next-token distributions, in the drafter's training layout.
+"""Capture a target's aux hidden states and next-token distributions, in the drafter's
+training layout.
 
-Forward pre-hooks on the target's decoder layers a+1, b+1, c+1 record the residual stream entering them
-(SGLang's capture for `eagle_aux_hidden_state_layer_ids` = [a, b, c], transformers'
+Forward pre-hooks on the target's decoder layers a+1, b+1, c+1 record the residual stream entering
+them (SGLang's capture for `eagle_aux_hidden_state_layer_ids` = [a, b, c], transformers'
 `output_hidden_states[a+1]`...), concatenated in ascending layer order -> `aux_hidden` [T, n*H].
 Soft labels: the target's softmax at temperature 1, top-k (ids sorted by probability, probs not
 renormalised; row j predicts token j+1).
@@ -37,8 +38,9 @@ class Sample:
 
 @dataclass
 class UpdateCapture:
-    """The harvester's request to a policy update that runs the policy over rollouts anyway: capture the
-    rollouts it `wants` from that forward (`aux_hooks` + `samples_from`) and `put` each Sample."""
+    """The harvester's request to a policy update that runs the policy over rollouts anyway: capture
+    the rollouts it `wants` from that forward (`aux_hooks` + `samples_from`) and `put`
+    each Sample."""
     layer_ids: list[int]
     topk: int | None
     aux_dtype: torch.dtype | None
@@ -55,7 +57,8 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return layers
 
 
-def _pad(input_ids: torch.Tensor | list, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def _pad(input_ids: torch.Tensor | list,
+         pad_id: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2:
         return input_ids, torch.ones_like(input_ids), [input_ids.shape[1]] * input_ids.shape[0]
     seqs = [torch.as_tensor(s, dtype=torch.long) for s in input_ids]
@@ -88,7 +91,8 @@ def aux_hooks(model: torch.nn.Module, layer_ids: list[int]) -> Iterator[dict[int
             grabbed[a] = (args[0] if args else kwargs["hidden_states"]).detach()
         return hook
 
-    handles = [layers[a + 1].register_forward_pre_hook(hook_for(a), with_kwargs=True) for a in layer_ids]
+    handles = [layers[a + 1].register_forward_pre_hook(hook_for(a), with_kwargs=True)
+               for a in layer_ids]
     try:
         yield grabbed
     finally:
@@ -97,17 +101,20 @@ def aux_hooks(model: torch.nn.Module, layer_ids: list[int]) -> Iterator[dict[int
 
 
 @torch.no_grad()
-def samples_from(grabbed: dict[int, torch.Tensor], logits: torch.Tensor, ids: torch.Tensor, rows: list[int],
-                 lens: list[int], prompt_lens: list[int] | None, topk: int | None, policy_version: int | None,
-                 aux_dtype: torch.dtype | None = None) -> list[Sample]:
-    """Samples of batch rows `rows` (right-padded, `lens[i]` tokens each) from one forward's aux hidden
-    states [B, L, H] per layer and logits [B, L, V]. Row by row: at most one row's soft labels at a time."""
+def samples_from(grabbed: dict[int, torch.Tensor], logits: torch.Tensor, ids: torch.Tensor,
+                 rows: list[int], lens: list[int], prompt_lens: list[int] | None, topk: int | None,
+                 policy_version: int | None, aux_dtype: torch.dtype | None = None) -> list[Sample]:
+    """Samples of batch rows `rows` (right-padded, `lens[i]` tokens each) from one forward's aux
+    hidden states [B, L, H] per layer and logits [B, L, V]. Row by row: at most one row's soft
+    labels at a time."""
     out = []
     for i, (b, n) in enumerate(zip(rows, lens)):
-        aux = torch.cat([grabbed[a][b, :n] for a in sorted(grabbed)], dim=-1).cpu()       # [T, n*H], a copy
+        # [T, n*H], a copy
+        aux = torch.cat([grabbed[a][b, :n] for a in sorted(grabbed)], dim=-1).cpu()
         aux = aux.to(aux_dtype) if aux_dtype is not None else aux
         probs = torch.softmax(logits[b, :n].detach().float(), dim=-1).cpu()               # [T, V]
-        top_p, top_i = probs.topk(probs.shape[-1] if topk is None else min(topk, probs.shape[-1]), dim=-1)
+        top_p, top_i = probs.topk(probs.shape[-1] if topk is None
+                                  else min(topk, probs.shape[-1]), dim=-1)
         loss_mask = torch.ones(n, dtype=torch.bool)
         if prompt_lens is not None:
             loss_mask[: prompt_lens[i]] = False
@@ -116,16 +123,19 @@ def samples_from(grabbed: dict[int, torch.Tensor], logits: torch.Tensor, ids: to
 
 
 @torch.no_grad()
-def capture(model: torch.nn.Module, input_ids: torch.Tensor | list, layer_ids: list[int], topk: int | None = 64,
-            prompt_lens: list[int] | None = None, policy_version: int | None = None,
-            aux_dtype: torch.dtype | None = None, bf16: bool = False) -> list[Sample]:
+def capture(model: torch.nn.Module, input_ids: torch.Tensor | list, layer_ids: list[int],
+            topk: int | None = 64, prompt_lens: list[int] | None = None,
+            policy_version: int | None = None, aux_dtype: torch.dtype | None = None,
+            bf16: bool = False) -> list[Sample]:
     """input_ids: [B, T] or a list of 1-D sequences (right-padded here). `prompt_lens[b]`: tokens of
-    sequence b not to learn (loss_mask False). topk None: the whole distribution. `bf16`: the forward
-    under bf16 autocast (hidden states as a bf16 server computes them). -> one Sample each."""
+    sequence b not to learn (loss_mask False). topk None: the whole distribution. `bf16`: the
+    forward under bf16 autocast (hidden states as a bf16 server computes them). -> one
+    Sample each."""
     device = next(model.parameters()).device
     ids, mask, lens = _pad(input_ids, 0)
     with aux_hooks(model, layer_ids) as grabbed:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
-    return samples_from(grabbed, logits, ids, list(range(len(lens))), lens, prompt_lens, topk, policy_version,
-                        aux_dtype)
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                           use_cache=False).logits
+    return samples_from(grabbed, logits, ids, list(range(len(lens))), lens, prompt_lens, topk,
+                        policy_version, aux_dtype)

@@ -6,22 +6,22 @@ while you wait on the rest, let it push a better drafter to the rollout server.
     h.train_while(lambda: rollouts_in_flight)                              # idle window, preemptible
     h.maybe_push()                                                         # new version or None
 
-`push(path, version)` sends a drafter checkpoint to the rollout server(s) and raises when it is refused
-or cannot be sent (`gleanrl.clients.weight_sync.DrafterPush`, or any callable; None keeps checkpoints
-only). Nothing in `harvest` knows a server: the trainer or the caller hands the function in. A push that
-raises leaves the serving version as it was; inside training it is recorded in `history` and training
-goes on (RL must not stop for it).
+`push(path, version)` sends a drafter checkpoint to the rollout server(s) and raises when it is
+refused or cannot be sent (`gleanrl.clients.weight_sync.DrafterPush`, or any callable; None keeps
+checkpoints only). Nothing in `harvest` knows a server: the trainer or the caller hands the function
+in. A push that raises leaves the serving version as it was; inside training it is recorded in
+`history` and training goes on (RL must not stop for it).
 
 A candidate is pushed only if its expected acceptance length on held-out harvested samples of the
-newest policy versions beats the serving drafter's on the same samples (speculative sampling at T=1 by
-default, `accept_mode`); versions increase by one per push. Samples are trained on and scored in windows
-of `max_tokens`: attention cost grows with the square of the length, and a long-tail rollout in a batch
-would otherwise make one micro-step take seconds, leaving the idle window almost no steps.
-Pushed drafters go to `versions_dir/v000007` (EAGLE-3 format, atomic; a refused one is removed), and a
-new Harvester over the same directories serves the newest of them and trains on the spool on disk.
-`state_dict()` / `load_state_dict()` carry the drafter in training (which continues from the serving
-weights, never from scratch), its optimizer, counters and sampling RNG; gleanrl's trainer saves them in
-every step checkpoint, so `--resume` continues where that checkpoint left off.
+newest policy versions beats the serving drafter's on the same samples (speculative sampling at T=1
+by default, `accept_mode`); versions increase by one per push. Samples are trained on and scored in
+windows of `max_tokens`: attention cost grows with the square of the length, and a long-tail rollout
+in a batch would otherwise make one micro-step take seconds, leaving the idle window almost no
+steps. Pushed drafters go to `versions_dir/v000007` (EAGLE-3 format, atomic; a refused one is
+removed), and a new Harvester over the same directories serves the newest of them and trains on the
+spool on disk. `state_dict()` / `load_state_dict()` carry the drafter in training (which continues
+from the serving weights, never from scratch), its optimizer, counters and sampling RNG; gleanrl's
+trainer saves them in every step checkpoint, so `--resume` continues where that checkpoint left off.
 """
 from __future__ import annotations
 
@@ -51,25 +51,36 @@ PushFn = Callable[[str, int], None]
 class HarvestConfig:
     topk: int = 32                       # soft-label width kept per token
     batch_size: int = 4                  # samples per micro-step
-    lr: float = 3e-4                     # continual from the serving weights: 1e-3 first dips below a good warm start
+    lr: float = 3e-4                     # continual from the serving weights: 1e-3 first dips below
+                                         # a good warm start
     ttt_length: int = 4                  # unrolled draft steps, in training and in scoring
-    max_tokens: int = 128                # window of each sample trained on and scored (0: whole samples)
-    accept_mode: str = "sampled"         # held-out score: "sampled" (rollouts at T=1) or "greedy" (T=0)
-    bf16: bool | None = None             # bf16 autocast in capture and training (None: where it pays)
-    idle_nice: int = 0                   # CPU priority of the idle-window thread (19: only unwanted compute)
-    push_every: int = 25                 # micro-steps between score-and-push attempts in a window; 0: never
-    min_gain: float = 0.0                # acceptance length the candidate must gain over the serving drafter
+    max_tokens: int = 128                # window of each sample trained on and scored
+                                         # (0: whole samples)
+    accept_mode: str = "sampled"         # held-out score: "sampled" (rollouts at T=1)
+                                         # or "greedy" (T=0)
+    bf16: bool | None = None             # bf16 autocast in capture and training
+                                         # (None: where it pays)
+    idle_nice: int = 0                   # CPU priority of the idle-window thread (19: only
+                                         # unwanted compute)
+    push_every: int = 25                 # micro-steps between score-and-push attempts in a
+                                         # window; 0: never
+    min_gain: float = 0.0                # acceptance length the candidate must gain over the
+                                         # serving drafter
     max_holdout: int = 32                # held-out samples scored per attempt (newest first)
-    holdout_versions: int = 2            # ...from this many newest policy versions (1: the current one only)
+    holdout_versions: int = 2            # ...from this many newest policy versions (1: the
+                                         # current one only)
     keep_versions: int = 3               # pushed checkpoints kept on disk
-    aux_dtype: str = "float32"           # spool storage of aux hidden states: float32 | bfloat16 | float16
-    mid_step_capture: bool = False       # capture early finishers in the idle window (else: from the update)
+    aux_dtype: str = "float32"           # spool storage of aux hidden states: float32 |
+                                         # bfloat16 | float16
+    mid_step_capture: bool = False       # capture early finishers in the idle window (else:
+                                         # from the update)
     seed: int = 0
     versions_dir: str | None = None      # default: <spool_dir>/../drafter_versions
     spool: SpoolConfig = field(default_factory=SpoolConfig)
 
     def __post_init__(self) -> None:
-        for name in ("topk", "batch_size", "ttt_length", "max_holdout", "holdout_versions", "keep_versions"):
+        for name in ("topk", "batch_size", "ttt_length", "max_holdout", "holdout_versions",
+                     "keep_versions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0 or self.push_every < 0 or self.min_gain < 0:
@@ -81,17 +92,20 @@ class HarvestConfig:
         if self.accept_mode not in ("sampled", "greedy"):
             raise ValueError(f"accept_mode must be 'sampled' or 'greedy', got {self.accept_mode!r}")
         if self.aux_dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"aux_dtype must be float32, bfloat16 or float16, got {self.aux_dtype!r}")
+            raise ValueError("aux_dtype must be float32, bfloat16 or float16, "
+                             f"got {self.aux_dtype!r}")
 
 
 class Harvester:
-    def __init__(self, target: str | Path | torch.nn.Module, drafter_dir: str | Path, spool_dir: str | Path | None,
-                 push: PushFn | None = None, cfg: HarvestConfig | None = None):
+    def __init__(self, target: str | Path | torch.nn.Module, drafter_dir: str | Path,
+                 spool_dir: str | Path | None, push: PushFn | None = None,
+                 cfg: HarvestConfig | None = None):
         if push is not None and not callable(push):
-            raise TypeError(f"push must be fn(path, version) or None, got {push!r}; for server URLs pass "
-                            "gleanrl.clients.weight_sync.DrafterPush(urls)")
+            raise TypeError(f"push must be fn(path, version) or None, got {push!r}; for "
+                            "server URLs pass gleanrl.clients.weight_sync.DrafterPush(urls)")
         self.cfg = cfg or HarvestConfig()
-        self._target = target  # a model, or its directory (loaded on first use: the trainer passes its own)
+        # a model, or its directory (loaded on first use: the trainer passes its own)
+        self._target = target
         if not isinstance(target, torch.nn.Module) and not (Path(target) / "config.json").is_file():
             raise ValueError(f"{target} is not a model directory (no config.json)")
         self.spool = Spool(spool_dir, self.cfg.spool)
@@ -101,7 +115,8 @@ class Harvester:
         fit = target.config if isinstance(target, torch.nn.Module) else Path(target)
         self.drafter = load_drafter(start, target_config=fit)
         self.serving = copy.deepcopy(self.drafter)
-        self._serving_scores: dict[int, tuple[float, int]] = {}  # spool seq -> the serving drafter's score
+        # spool seq -> the serving drafter's score
+        self._serving_scores: dict[int, tuple[float, int]] = {}
         self.optimizer = make_optimizer(self.drafter, lr=self.cfg.lr)
         self.layer_ids = list(self.drafter.config.aux_layer_ids)
         self._bf16 = bf16_fast(self.drafter.fc.weight.device) if self.cfg.bf16 is None else self.cfg.bf16
@@ -109,30 +124,35 @@ class Harvester:
         self._lock = threading.RLock()  # drafter, optimizer and serving copy
         self._gen = torch.Generator().manual_seed(self.cfg.seed)
         self.steps, self.last_metrics, self.idle = 0, {}, IdleReport()
-        self._since_push, self._closing = 0, threading.Event()  # set while an idle window is closing
-        self.history: list[dict] = []  # one row per push attempt: version, candidate, serving, pushed
+        # set while an idle window is closing
+        self._since_push, self._closing = 0, threading.Event()
+        # one row per push attempt: version, candidate, serving, pushed
+        self.history: list[dict] = []
 
     @property
     def target(self) -> torch.nn.Module:
         if not isinstance(self._target, torch.nn.Module):
             from transformers import AutoModelForCausalLM
-            self._target = AutoModelForCausalLM.from_pretrained(self._target, dtype=torch.float32).eval()
+            self._target = AutoModelForCausalLM.from_pretrained(self._target,
+                                                                dtype=torch.float32).eval()
         return self._target
 
     def _latest_pushed(self) -> tuple[int, Path] | None:
-        found = [(int(m[1]), p) for p in self.versions_dir.glob("v*") if (m := _VERSION_DIR.match(p.name))]
+        found = [(int(m[1]), p) for p in self.versions_dir.glob("v*")
+                 if (m := _VERSION_DIR.match(p.name))]
         return max(found) if found else None
 
     # -- harvest ---------------------------------------------------------------------------------
-    def add_rollout(self, prompt_ids: list[int], output_ids: list[int], policy_model: torch.nn.Module | None = None,
-                    policy_version: int = 0) -> None:
+    def add_rollout(self, prompt_ids: list[int], output_ids: list[int],
+                    policy_model: torch.nn.Module | None = None, policy_version: int = 0) -> None:
         """Capture one finished rollout with `policy_model` (default: the target) and spool it.
         Only the output tokens are learned; the prompt gives context."""
         if not output_ids:
             return
         model = policy_model if policy_model is not None else self.target
-        [sample] = capture(model, [list(prompt_ids) + list(output_ids)], self.layer_ids, self.cfg.topk,
-                           prompt_lens=[len(prompt_ids)], policy_version=int(policy_version),
+        [sample] = capture(model, [list(prompt_ids) + list(output_ids)], self.layer_ids,
+                           self.cfg.topk, prompt_lens=[len(prompt_ids)],
+                           policy_version=int(policy_version),
                            aux_dtype=getattr(torch, self.cfg.aux_dtype), bf16=self._bf16)
         self.spool.add(sample.tensors(), int(policy_version))
 
@@ -140,13 +160,15 @@ class Harvester:
         """Spool a sample captured elsewhere (e.g. from the policy update's forward)."""
         width = sample.aux_hidden.shape[-1]
         if width != len(self.layer_ids) * self.drafter.config.target_hidden_size:
-            raise ValueError(f"aux_hidden has width {width}; the drafter takes {len(self.layer_ids)} layers of "
-                             f"{self.drafter.config.target_hidden_size}")
+            raise ValueError(f"aux_hidden has width {width}; the drafter "
+                             f"takes {len(self.layer_ids)} layers "
+                             f"of {self.drafter.config.target_hidden_size}")
         self.spool.add(sample.tensors(), int(policy_version))
 
     # -- train -----------------------------------------------------------------------------------
     def train_micro_step(self) -> dict | None:
-        """One optimizer step on a recency-weighted batch from the spool; None if the spool is empty."""
+        """One optimizer step on a recency-weighted batch from the spool; None if the
+        spool is empty."""
         batch = self.spool.sample(self.cfg.batch_size, self._gen)
         if not batch:
             return None
@@ -157,17 +179,21 @@ class Harvester:
             self.steps += 1
         self._since_push += 1
         if self.cfg.push_every and self._since_push >= self.cfg.push_every and not self._closing.is_set():
-            self._since_push = 0  # a push is not started once the window is closing: it waits for the next
+            # a push is not started once the window is closing: it waits for the next
+            self._since_push = 0
             try:
                 if self.maybe_push(stop=self._closing.is_set) is None and self._closing.is_set():
-                    self._since_push = self.cfg.push_every  # abandoned as the window closed: retry in the next
-            except Exception as exc:  # whatever the push function raises: the server keeps the old drafter
+                    # abandoned as the window closed: retry in the next
+                    self._since_push = self.cfg.push_every
+            except Exception as exc:
+                # whatever the push function raises: the server keeps the old drafter
                 self.history.append({"version": self.version, "pushed": False,
                                      "error": f"{type(exc).__name__}: {exc}"})
         return self.last_metrics
 
     def train_while(self, waiting: Waiting, max_steps: int | None = None) -> IdleReport:
-        """Train in this thread while `waiting` is open (a callable returning True, or a set Event)."""
+        """Train in this thread while `waiting` is open (a callable returning True, or
+        a set Event)."""
         self._closing.clear()
         report = run_window(self._idle_step, waiting, max_steps)
         self.idle = self.idle.merge(report)
@@ -190,15 +216,16 @@ class Harvester:
     def score(self, drafter: torch.nn.Module | None = None, policy_version: int | None = None,
               stop: Callable[[], bool] | None = None) -> float | None:
         """Expected acceptance length (`accept_mode`) on the fixed windows of held-out samples of
-        `policy_version` (default: the newest `holdout_versions` versions, at most `max_holdout` newest
-        samples); None if there are none, or if `stop()` turned true (checked every 4 samples). The
-        serving drafter's per-sample scores are cached until a push."""
+        `policy_version` (default: the newest `holdout_versions` versions, at most `max_holdout`
+        newest samples); None if there are none, or if `stop()` turned true (checked every 4
+        samples). The serving drafter's per-sample scores are cached until a push."""
         return self._score(drafter, self._held(policy_version), stop)
 
     def _held(self, policy_version: int | None = None) -> list:
         return self.spool.holdout(policy_version, self.cfg.holdout_versions)[-self.cfg.max_holdout:]
 
-    def _score(self, drafter: torch.nn.Module | None, held: list, stop: Callable[[], bool] | None) -> float | None:
+    def _score(self, drafter: torch.nn.Module | None, held: list,
+               stop: Callable[[], bool] | None) -> float | None:
         if not held:
             return None
         with self._lock:
@@ -216,27 +243,30 @@ class Harvester:
         return sum(s for s, _ in pooled) / max(sum(c for _, c in pooled), 1)
 
     def maybe_push(self, stop: Callable[[], bool] | None = None) -> int | None:
-        """Push the trained drafter if it beats the serving one on held-out data; the new version or None.
-        `stop()` turning true before the push starts abandons the attempt (a closing idle window)."""
+        """Push the trained drafter if it beats the serving one on held-out data; the new version or
+        None. `stop()` turning true before the push starts abandons the attempt (a closing
+        idle window)."""
         with self._lock:
             held = self._held()  # both on the same samples, whatever is harvested meanwhile
             candidate, serving = self._score(self.drafter, held, stop), self._score(self.serving, held, stop)
             if stop is not None and stop():
                 return None
             if candidate is None or candidate <= serving + self.cfg.min_gain:
-                self.history.append({"version": self.version, "candidate": candidate, "serving": serving,
-                                     "pushed": False})
+                self.history.append({"version": self.version, "candidate": candidate,
+                                     "serving": serving, "pushed": False})
                 return None
             version = self.version + 1
             path = save_drafter(self.drafter, self.versions_dir / f"v{version:06d}")
             try:
                 self.push_checkpoint(str(path), version)
-            except BaseException:  # version and serving copy stay; no unpushed version is left to resume from
+            except BaseException:
+                # version and serving copy stay; no unpushed version is left to resume from
                 shutil.rmtree(path, ignore_errors=True)
                 raise
             self.version, self.serving = version, copy.deepcopy(self.drafter)
             self._serving_scores = {}
-            self.history.append({"version": version, "candidate": candidate, "serving": serving, "pushed": True})
+            self.history.append({"version": version, "candidate": candidate, "serving": serving,
+                                 "pushed": True})
         self._prune()
         return version
 
@@ -245,21 +275,27 @@ class Harvester:
         if self.push is None:
             return
         result = self.push(path, version)
-        if inspect.isawaitable(result):  # the idle-window thread cannot await the caller's event loop
+        if inspect.isawaitable(result):
+            # the idle-window thread cannot await the caller's event loop
             result.close()
-            raise TypeError("push returned an awaitable: pass a blocking fn(path, version) such as DrafterPush")
+            raise TypeError("push returned an awaitable: pass a blocking fn(path, version) such "
+                            "as DrafterPush")
 
     # -- resume ----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """What a resume needs beyond the spool and the pushed versions on disk (call between windows)."""
+        """What a resume needs beyond the spool and the pushed versions on disk (call
+        between windows)."""
         with self._lock:
-            return {"drafter": {k: v.detach().clone() for k, v in self.drafter.state_dict().items()},
-                    "optimizer": copy.deepcopy(self.optimizer.state_dict()), "version": self.version,
-                    "steps": self.steps, "since_push": self._since_push, "rng": self._gen.get_state()}
+            return {"drafter": {k: v.detach().clone()
+                                for k, v in self.drafter.state_dict().items()},
+                    "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                    "version": self.version, "steps": self.steps, "since_push": self._since_push,
+                    "rng": self._gen.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from `state_dict()`. The serving drafter stays the newest pushed version on disk, which
-        may be newer than `state` (pushed after it was saved): version numbers never repeat."""
+        """Continue from `state_dict()`. The serving drafter stays the newest pushed version on
+        disk, which may be newer than `state` (pushed after it was saved): version numbers
+        never repeat."""
         with self._lock:
             self.drafter.load_state_dict(state["drafter"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -268,7 +304,8 @@ class Harvester:
             self._gen.set_state(state["rng"])
 
     def _prune(self) -> None:
-        found = sorted((int(m[1]), p) for p in self.versions_dir.glob("v*") if (m := _VERSION_DIR.match(p.name)))
+        found = sorted((int(m[1]), p) for p in self.versions_dir.glob("v*")
+                       if (m := _VERSION_DIR.match(p.name)))
         for _, path in found[:-self.cfg.keep_versions]:
             shutil.rmtree(path, ignore_errors=True)
 

@@ -1,36 +1,39 @@
-"""The Harvester behind gleanrl's trainer hooks: every hook of `trainer.hooks.RolloutHooks`, implemented
-structurally (nothing in `harvest` imports `trainer`; `tests/test_harvester_hooks.py` checks the match).
+"""The Harvester behind gleanrl's trainer hooks: every hook of `trainer.hooks.RolloutHooks`,
+implemented structurally (nothing in `harvest` imports `trainer`; `tests/test_harvester_hooks.py`
+checks the match).
 
 - `on_step_start(step, model)`: the trainer's current policy captures this step's rollouts.
 - `on_rollout_finished(rollout)`: runs in the trainer's event loop, so it only records the rollout.
-- `update_capture()`: around the policy update, which runs the policy over every rollout it trains on
-  anyway: the update's forward hands over their aux hidden states and soft labels (`UpdateCapture`), by
-  the very policy version that sampled them, at no extra forward. They are spooled in the next window.
-- `idle_window()`: a background thread that, while rollouts are in flight, first spools what the update
-  captured and captures queued rollouts, then trains the drafter, one micro-step at a time, pushing a
-  better drafter every `push_every` steps; once the spool holds a batch, capture forwards and training
-  steps alternate (a slow, niced window once spent itself on capture alone). Leaving the window stops
-  it within one micro-step.
+- `update_capture()`: around the policy update, which runs the policy over every rollout it trains
+  on anyway: the update's forward hands over their aux hidden states and soft labels
+  (`UpdateCapture`), by the very policy version that sampled them, at no extra forward. They are
+  spooled in the next window.
+- `idle_window()`: a background thread that, while rollouts are in flight, first spools what the
+  update captured and captures queued rollouts, then trains the drafter, one micro-step at a time,
+  pushing a better drafter every `push_every` steps; once the spool holds a batch, capture forwards
+  and training steps alternate (a slow, niced window once spent itself on capture alone). Leaving
+  the window stops it within one micro-step.
 
 Which rollouts are captured where: this step's finishers wait for the update's forward; those the
-update skips (zero-advantage groups) join the queue that the idle window captures only if it has time
-(bounded, `max_queue`, oldest dropped and counted), by the policy then current, recorded with its
-version (hidden states from the policy the drafter must serve next; the tokens one version older, as
-EAGLE's own training data is never on-policy). Mid-step harvest of early finishers (so the drafter can
-learn this step's outputs within its own tail) is `HarvestConfig.mid_step_capture`, and is on anyway
-while the spool holds fewer than `batch_size` samples (a cold spool has nothing else to train on) and
-until a first `update_capture()` (a caller without one, such as the harvest sidecar, captures mid-step).
-Hazard: the update's forward is float32, the idle window's capture uses bf16 autocast where it pays.
+update skips (zero-advantage groups) join the queue that the idle window captures only if it has
+time (bounded, `max_queue`, oldest dropped and counted), by the policy then current, recorded with
+its version (hidden states from the policy the drafter must serve next; the tokens one version
+older, as EAGLE's own training data is never on-policy). Mid-step harvest of early finishers (so the
+drafter can learn this step's outputs within its own tail) is `HarvestConfig.mid_step_capture`, and
+is on anyway while the spool holds fewer than `batch_size` samples (a cold spool has nothing else to
+train on) and until a first `update_capture()` (a caller without one, such as the harvest sidecar,
+captures mid-step). Hazard: the update's forward is float32, the idle window's capture uses bf16
+autocast where it pays.
 
-Resume: `state_dict()` (the Harvester's, plus the queue and the not yet spooled captures as tokens) is
-saved with every trainer checkpoint; after `load_state_dict()` the serving drafter version is pushed
-again to the trainer's servers (`bind_push`), so a server that never got it (a crash between writing
-it and pushing it) serves what the run resumes with.
+Resume: `state_dict()` (the Harvester's, plus the queue and the not yet spooled captures as tokens)
+is saved with every trainer checkpoint; after `load_state_dict()` the serving drafter version is
+pushed again to the trainer's servers (`bind_push`), so a server that never got it (a crash between
+writing it and pushing it) serves what the run resumes with.
 
-Cores on one CPU machine: give the server and the trainer their own cores, as a GPU cluster gives them
-their own devices, so that drafter training really uses idle trainer compute, e.g. on 2 cores
-`taskset -c 0 gleanrl serve --threads 1 ...` and `taskset -c 1 gleanrl train --trainer-threads 1 ...`
-(`gleanrl demo` and `bench e2e` do this with CPU affinity).
+Cores on one CPU machine: give the server and the trainer their own cores, as a GPU cluster gives
+them their own devices, so that drafter training really uses idle trainer compute, e.g. on 2 cores
+`taskset -c 0 gleanrl serve --threads 1 ...` and `taskset -c 1 gleanrl train --trainer-threads 1
+...` (`gleanrl demo` and `bench e2e` do this with CPU affinity).
 """
 from __future__ import annotations
 
@@ -53,56 +56,71 @@ from gleanrl.harvest.harvester import HarvestConfig, Harvester
 from gleanrl.harvest.idle import IdleWindow
 from gleanrl.harvest.spool import SpoolConfig
 
-CONFIG_FILE = "harvest_config.json"  # in the run's harvest root, next to spool/ and drafter_versions/
+# in the run's harvest root, next to spool/ and drafter_versions/
+CONFIG_FILE = "harvest_config.json"
 
 
 class HarvestHooks:
-    harvests = True  # the trainer gives the embedded server half the cores, and shows harvest columns
+    # the trainer gives the embedded server half the cores, and shows harvest columns
+    harvests = True
 
     def __init__(self, harvester: Harvester, max_queue: int = 512):
         self.h, self.max_queue = harvester, max_queue
-        self._turn = False                                      # the idle window alternates capture and training
-        self._queue: collections.deque = collections.deque()   # (prompt_ids, output_ids) for the idle window
-        self._fresh: dict[int, Any] = {}  # this step's finishers not captured yet, by id (insertion order)
-        self._ready: collections.deque = collections.deque()   # (Sample, version) from the update: to spool
+        self._turn = False                                      # the idle window alternates
+                                                                # capture and training
+        self._queue: collections.deque = collections.deque()   # (prompt_ids, output_ids) for
+                                                               # the idle window
+        # this step's finishers not captured yet, by id (insertion order)
+        self._fresh: dict[int, Any] = {}
+        self._ready: collections.deque = collections.deque()   # (Sample, version) from the
+                                                               # update: to spool
         self._lock = threading.Lock()     # _fresh: the event loop adds, the idle thread may take
         self.update_captured = 0
-        self._updates_capture = False     # set by the first update_capture(): the update takes the fresh
+        self._updates_capture = False     # set by the first update_capture(): the update
+                                          # takes the fresh
         self._model: Any = None
         self._version = 0
         self._windows: list[IdleWindow] = []
         self._tokens = [0, 0]
-        self._start = (0, 0, harvester.version, 0, 0, 0)  # counters at the step's start (on_step_start)
+        # counters at the step's start (on_step_start)
+        self._start = (0, 0, harvester.version, 0, 0, 0)
         self.captured = self.dropped = self.errors = 0
-        self.capture_s = 0.0  # idle time spent capturing (the rest of the used idle time trains the drafter)
+        # idle time spent capturing (the rest of the used idle time trains the drafter)
+        self.capture_s = 0.0
         self._capture_s0 = 0.0
         self._repush = False
 
     @classmethod
-    def for_run(cls, model: str, drafter: str, root: Path, resume: bool) -> tuple[HarvestHooks, Path]:
-        """Hooks over `root` (spool, drafter versions: kept by a resumed run) and the drafter to serve:
-        the newest pushed version, else `drafter`. Drafters go to the loop's servers (`bind_push`).
-        Settings: `root/harvest_config.json` (`write_config`; `gleanrl train` writes it from its flags)."""
+    def for_run(cls, model: str, drafter: str, root: Path,
+                resume: bool) -> tuple[HarvestHooks, Path]:
+        """Hooks over `root` (spool, drafter versions: kept by a resumed run) and the drafter to
+        serve: the newest pushed version, else `drafter`. Drafters go to the loop's servers
+        (`bind_push`). Settings: `root/harvest_config.json` (`write_config`; `gleanrl train` writes
+        it from its flags)."""
         if not resume and any((root / "drafter_versions").glob("v*")):
-            raise ValueError(f"{root} holds drafter versions of an earlier run: pass --resume, or use another --out")
+            raise ValueError(f"{root} holds drafter versions of an earlier run: pass --resume, or "
+                             "use another --out")
         h = Harvester(model, drafter, root / "spool", cfg=read_config(root))
         return cls(h), (h.versions_dir / f"v{h.version:06d}" if h.version else Path(drafter))
 
     def bind_push(self, push: Callable[[str, int], None]) -> None:
-        """Push drafters with the trainer's `push(path, version)` (to its servers) unless the Harvester
-        already has one; after a resume, push the serving version again."""
+        """Push drafters with the trainer's `push(path, version)` (to its servers) unless the
+        Harvester already has one; after a resume, push the serving version again."""
         if self.h.push is None:
             self.h.push = push
         path = self.h.versions_dir / f"v{self.h.version:06d}"
         if self._repush and self.h.version and path.is_dir():
             try:
                 self.h.push_checkpoint(str(path), self.h.version)
-            except Exception as exc:  # whatever the push raises: the next push replaces it; RL must not stop
-                print(f"warning: re-pushing drafter v{self.h.version} after resume failed: {exc}", file=sys.stderr)
+            except Exception as exc:
+                # whatever the push raises: the next push replaces it; RL must not stop
+                print(f"warning: re-pushing drafter v{self.h.version} after resume failed: {exc}",
+                      file=sys.stderr)
         self._repush = False
 
     def state_dict(self) -> dict:
-        ready = [(s.input_ids[~s.loss_mask].tolist(), s.input_ids[s.loss_mask].tolist()) for s, _ in self._ready]
+        ready = [(s.input_ids[~s.loss_mask].tolist(), s.input_ids[s.loss_mask].tolist())
+                 for s, _ in self._ready]
         fresh = [(list(r.prompt_ids), list(r.output_ids)) for r in self._fresh.values()]
         queue = [list(map(list, q)) for q in [*ready, *fresh, *self._queue]]
         return {"harvester": self.h.state_dict(), "queue": queue,
@@ -115,19 +133,22 @@ class HarvestHooks:
         self._repush = True
 
     def on_step_start(self, step: int, model: Any) -> None:
-        self._model, self._version = model, step - 1  # the policy that samples step N is version N-1
+        # the policy that samples step N is version N-1
+        self._model, self._version = model, step - 1
         self._carry_fresh()  # a loop without update_capture(): the idle window captures them
         self._windows = []
         self._tokens = [0, 0]  # this step's output tokens: all, from SD
-        self._start = (self.captured, self.h.steps, self.h.version, len(self.h.history), self.dropped,
-                       self.update_captured)
+        self._start = (self.captured, self.h.steps, self.h.version, len(self.h.history),
+                       self.dropped, self.update_captured)
         self._capture_s0 = self.capture_s
 
     def on_rollout_finished(self, rollout: Any) -> None:
         with self._lock:
-            self._fresh[id(rollout)] = rollout  # the object is kept: its id stays unique while it waits
+            # the object is kept: its id stays unique while it waits
+            self._fresh[id(rollout)] = rollout
             overflow = self._fresh.pop(next(iter(self._fresh))) if len(self._fresh) > self.max_queue else None
-        if overflow is not None:  # a step larger than the queue: its oldest wait for the idle window
+        if overflow is not None:
+            # a step larger than the queue: its oldest wait for the idle window
             self._carry([overflow])
         n = len(rollout.output_ids)
         self._tokens[0] += n  # a verify pass emits the drafts it accepted and one token of its own:
@@ -135,7 +156,8 @@ class HarvestHooks:
 
     @contextlib.contextmanager
     def update_capture(self) -> Iterator[UpdateCapture]:
-        """Open around the policy update; on leaving, what it did not capture joins the idle queue."""
+        """Open around the policy update; on leaving, what it did not capture joins
+        the idle queue."""
         def wants(rollout: Any) -> bool:
             with self._lock:
                 return self._fresh.pop(id(rollout), None) is not None
@@ -146,8 +168,8 @@ class HarvestHooks:
 
         self._updates_capture = True
         try:
-            yield UpdateCapture(self.h.layer_ids, self.h.cfg.topk, getattr(torch, self.h.cfg.aux_dtype),
-                                self._version, wants, put)
+            yield UpdateCapture(self.h.layer_ids, self.h.cfg.topk,
+                                getattr(torch, self.h.cfg.aux_dtype), self._version, wants, put)
         finally:
             self._carry_fresh()
 
@@ -164,8 +186,9 @@ class HarvestHooks:
             self.dropped += 1
 
     def _mid_step(self) -> bool:
-        """Capture this step's finishers in the idle window: asked for, or no update will take them (none
-        has so far: e.g. the harvest sidecar, or step 1), or the spool is too cold to train on."""
+        """Capture this step's finishers in the idle window: asked for, or no update will take them
+        (none has so far: e.g. the harvest sidecar, or step 1), or the spool is too cold
+        to train on."""
         cfg = self.h.cfg
         return cfg.mid_step_capture or not self._updates_capture or len(self.h.spool) < cfg.batch_size
 
@@ -177,10 +200,12 @@ class HarvestHooks:
         return self._queue.popleft() if self._queue else None
 
     def _capture_one(self) -> bool:
-        ready = self._ready.popleft() if self._ready else None  # from the update: only the spool write is left
+        # from the update: only the spool write is left
+        ready = self._ready.popleft() if self._ready else None
         self._turn ^= True
         if ready is None and self._turn and len(self.h.spool) >= self.h.cfg.batch_size:
-            return False  # a warm spool: a capture forward every other micro-step, training in between
+            # a warm spool: a capture forward every other micro-step, training in between
+            return False
         item = None if ready else self._next_capture()
         if ready is None and item is None:
             return False
@@ -191,9 +216,11 @@ class HarvestHooks:
             else:
                 self.h.add_rollout(*item, self._model, self._version)
             self.captured += 1
-        except Exception as exc:  # one bad rollout (e.g. longer than the policy's context) must not stop RL
+        except Exception as exc:
+            # one bad rollout (e.g. longer than the policy's context) must not stop RL
             if not self.errors:
-                print(f"warning: harvest skipped a rollout: {type(exc).__name__}: {exc}", file=sys.stderr)
+                print(f"warning: harvest skipped a rollout: {type(exc).__name__}: {exc}",
+                      file=sys.stderr)
             self.errors += 1
         self.capture_s += time.perf_counter() - t0
         return True
@@ -214,14 +241,16 @@ class HarvestHooks:
                 "idle_capture_s": capture_s, "idle_train_s": max(used - capture_s, 0.0),
                 "idle_overrun_s": max((r.overrun_s for r in reports), default=0.0),
                 "drafter_steps": self.h.steps - steps0, "harvested": self.captured - captured0,
-                "update_captured": self.update_captured - update0, "harvest_carried": len(self._queue),
-                "harvest_pending": len(self._ready),  # captured by the update: spooled in the next window
+                "update_captured": self.update_captured - update0,
+                # captured by the update: spooled in the next window
+                "harvest_carried": len(self._queue), "harvest_pending": len(self._ready),
                 "harvest_dropped": self.dropped - dropped0,
                 "harvest_errors": self.errors, "drafter_version": self.h.version,
                 "drafter_pushes": self.h.version - version0, "drafter_push_attempts": len(attempts),
                 "candidate_accept_len": attempts[-1].get("candidate") if attempts else None,
                 "heldout_accept_len": serving,
-                "spool_tokens": self.h.spool.mem_tokens, "sd_token_share": self._tokens[1] / max(self._tokens[0], 1)}
+                "spool_tokens": self.h.spool.mem_tokens,
+                "sd_token_share": self._tokens[1] / max(self._tokens[0], 1)}
 
 
 def write_config(root: Path, cfg: HarvestConfig) -> Path:

@@ -1,4 +1,5 @@
-"""Idle-window runner: micro-steps of drafter training that run only while the RL step waits on rollouts.
+"""Idle-window runner: micro-steps of drafter training that run only while the RL step
+waits on rollouts.
 
 `waiting` says whether the window is still open: a callable returning True while rollouts are in
 flight, or a `threading.Event` that is set while they are. It is checked before every micro-step, so
@@ -11,13 +12,13 @@ The policy update never waits on more than that. Two ways to run a window:
   the caller's rollout I/O keeps going while the drafter trains.
 
 `nice` (Linux: per thread) lowers the background thread's CPU priority, so that it uses only compute
-nobody else wants. Where cores are shared (other jobs, the trainer's own event loop), a drafter thread
-at normal priority can push them onto the rollout server's core and slow the rollouts it waits on; at
-nice 19 it also starves whenever another job wants its core. Nice cannot help with what cores share in
-hardware: on this 2-vCPU machine, drafter training on the other
-core still slows the server's memory-bound decoding (measured: 32 rollouts 4.5-5.3 s alone, 6.6-7.7 s
-with drafter training beside them at nice 19, as a thread or as a separate process; 7-8 s -> 12 s
-before at normal priority, on a busier machine).
+nobody else wants. Where cores are shared (other jobs, the trainer's own event loop), a drafter
+thread at normal priority can push them onto the rollout server's core and slow the rollouts it
+waits on; at nice 19 it also starves whenever another job wants its core. Nice cannot help with what
+cores share in hardware: on this 2-vCPU machine, drafter training on the other core still slows the
+server's memory-bound decoding (measured: 32 rollouts 4.5-5.3 s alone, 6.6-7.7 s with drafter
+training beside them at nice 19, as a thread or as a separate process; 7-8 s -> 12 s before at
+normal priority, on a busier machine).
 """
 from __future__ import annotations
 
@@ -46,9 +47,11 @@ def _is_open(waiting: Waiting) -> bool:
     return waiting.is_set() if isinstance(waiting, threading.Event) else bool(waiting())
 
 
-def run_window(step: Callable[[], object], waiting: Waiting, max_steps: int | None = None) -> IdleReport:
+def run_window(step: Callable[[], object], waiting: Waiting,
+               max_steps: int | None = None) -> IdleReport:
     """Call `step()` while `waiting` stays open (and until `max_steps` steps did work). A step that
-    returns False had nothing to do (e.g. an empty spool): it counts neither as a step nor as busy time."""
+    returns False had nothing to do (e.g. an empty spool): it counts neither as a step nor
+    as busy time."""
     report, start = IdleReport(), time.perf_counter()
     while (max_steps is None or report.steps < max_steps) and _is_open(waiting):
         t0 = time.perf_counter()
@@ -66,8 +69,8 @@ def run_window(step: Callable[[], object], waiting: Waiting, max_steps: int | No
 class IdleWindow:
     """Background-thread idle window. `close()` returns the report after at most one micro-step."""
 
-    def __init__(self, step: Callable[[], object], max_steps: int | None = None, name: str = "gleanrl-idle",
-                 nice: int = 0):
+    def __init__(self, step: Callable[[], object], max_steps: int | None = None,
+                 name: str = "gleanrl-idle", nice: int = 0):
         self._open = threading.Event()
         self._open.set()
         self._step, self._max_steps = step, max_steps
@@ -98,7 +101,8 @@ class IdleWindow:
         self._thread.join()
         self._report.overrun_s = max(0.0, time.perf_counter() - self._closed_at)
         if self._error is not None:
-            raise RuntimeError(f"drafter training failed in the idle window: {self._error}") from self._error
+            raise RuntimeError("drafter training failed in the idle "
+                               f"window: {self._error}") from self._error
         return self._report
 
     @property

@@ -1,11 +1,12 @@
 """Bounded, versioned spool of harvested drafter-training samples.
 
-A sample is one finished rollout's capture: a dict of tensors whose first dimension is the token axis
-(`input_ids` [T], `aux_hidden` [T, 3H], soft labels [T, k], ...) and the policy version that produced it.
-Each sample is its own safetensors shard, written atomically, so eviction and `--resume` work per sample.
-Memory holds the newest samples within its token/byte limits; disk holds the newest within its own;
-the oldest go first. Every `holdout_every`-th sample is held out for scoring drafters, never trained on.
-Training draws weight a sample by `version_decay ** (newest_version - its_version)`.
+A sample is one finished rollout's capture: a dict of tensors whose first dimension is the token
+axis (`input_ids` [T], `aux_hidden` [T, 3H], soft labels [T, k], ...) and the policy version that
+produced it. Each sample is its own safetensors shard, written atomically, so eviction and
+`--resume` work per sample. Memory holds the newest samples within its token/byte limits; disk holds
+the newest within its own; the oldest go first. Every `holdout_every`-th sample is held out for
+scoring drafters, never trained on. Training draws weight a sample by `version_decay **
+(newest_version - its_version)`.
 """
 from __future__ import annotations
 
@@ -55,11 +56,13 @@ class SpoolItem:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
-    def window(self, max_tokens: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-        """At most `max_tokens` consecutive tokens of every tensor (all of them if 0 or the sample fits),
-        from a random start, or a fixed one per sample (seeded by `seq`) without `generator`. The start
-        leaves at least half a window of response (loss_mask) tokens when the response is that long.
-        Training cost grows with the square of the length: long-tail rollouts are learned in windows."""
+    def window(self, max_tokens: int,
+               generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """At most `max_tokens` consecutive tokens of every tensor (all of them if 0 or the sample
+        fits), from a random start, or a fixed one per sample (seeded by `seq`) without `generator`.
+        The start leaves at least half a window of response (loss_mask) tokens when the response is
+        that long. Training cost grows with the square of the length: long-tail rollouts are
+        learned in windows."""
         T = self.tokens
         if not max_tokens or T <= max_tokens:
             return self.tensors
@@ -79,9 +82,11 @@ class Spool:
         self.dir = Path(directory) if directory is not None else None
         self._lock = threading.Lock()
         self._mem: OrderedDict[int, SpoolItem] = OrderedDict()
-        self._disk: OrderedDict[int, tuple[Path, int, int]] = OrderedDict()  # seq -> (path, tokens, bytes)
+        # seq -> (path, tokens, bytes)
+        self._disk: OrderedDict[int, tuple[Path, int, int]] = OrderedDict()
         self._next_seq = 0
-        self._mem_tokens = self._mem_bytes = self._disk_tokens = self._disk_bytes = 0  # running totals
+        # running totals
+        self._mem_tokens = self._mem_bytes = self._disk_tokens = self._disk_bytes = 0
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._reload()
@@ -93,7 +98,8 @@ class Spool:
         T = tensors["input_ids"].shape[0]
         for name, t in tensors.items():
             if t.dim() == 0 or t.shape[0] != T:
-                raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}; its first dim must be {T} tokens")
+                raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}; its first dim "
+                                 f"must be {T} tokens")
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
         with self._lock:
             seq = self._next_seq
@@ -131,7 +137,8 @@ class Spool:
         self._disk_tokens, self._disk_bytes = self._disk_tokens + tokens, self._disk_bytes + size
 
     def _reload(self) -> None:
-        """Resume: index every shard on disk, keep the newest within the disk limits, load the newest into memory."""
+        """Resume: index every shard on disk, keep the newest within the disk limits, load the
+        newest into memory."""
         remove_stale_temporaries(self.dir)  # shards a killed process was writing
         for path in sorted(self.dir.glob("[0-9]*.safetensors")):  # zero-padded names sort by seq
             with safe_open(path, "pt") as f:
@@ -143,9 +150,11 @@ class Spool:
         for seq, (path, tokens, _) in reversed(self._disk.items()):
             with safe_open(path, "pt") as f:
                 meta = f.metadata() or {}
-            item = SpoolItem(seq, int(meta.get("policy_version", 0)), meta.get("holdout") == "1", load_file(path))
+            item = SpoolItem(seq, int(meta.get("policy_version", 0)), meta.get("holdout") == "1",
+                             load_file(path))
             budget_tokens, budget_bytes = budget_tokens + tokens, budget_bytes + item.nbytes
-            if newest and (budget_tokens > self.cfg.max_mem_tokens or budget_bytes > self.cfg.max_mem_bytes):
+            if newest and (budget_tokens > self.cfg.max_mem_tokens
+                           or budget_bytes > self.cfg.max_mem_bytes):
                 break
             newest.append(item)
         self._mem = OrderedDict((it.seq, it) for it in reversed(newest))
@@ -153,18 +162,21 @@ class Spool:
 
     # -- reading ---------------------------------------------------------------------------------
     def sample(self, n: int, generator: torch.Generator | None = None) -> list[SpoolItem]:
-        """`n` training samples drawn with replacement, favouring recent policy versions; [] if none."""
+        """`n` training samples drawn with replacement, favouring recent policy
+        versions; [] if none."""
         with self._lock:
             items = [it for it in self._mem.values() if not it.holdout]
         if not items or n < 1:
             return []
         newest = max(it.policy_version for it in items)
-        weights = torch.tensor([self.cfg.version_decay ** (newest - it.policy_version) for it in items])
+        weights = torch.tensor([self.cfg.version_decay ** (newest - it.policy_version)
+                                for it in items])
         picks = torch.multinomial(weights, n, replacement=True, generator=generator)
         return [items[i] for i in picks.tolist()]
 
     def holdout(self, policy_version: int | None = None, versions: int = 1) -> list[SpoolItem]:
-        """Held-out samples of `policy_version`, or else of the `versions` newest versions that have any."""
+        """Held-out samples of `policy_version`, or else of the `versions` newest versions
+        that have any."""
         with self._lock:
             held = [it for it in self._mem.values() if it.holdout]
         if policy_version is not None:

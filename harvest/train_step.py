@@ -1,17 +1,18 @@
 """EAGLE-3 training-time test (TTT): the drafter is unrolled `length` steps on its own outputs and
 every step is scored against the target's soft labels, step s weighted by decay**s (SpecForge: 0.8).
 
-Unroll, for every start position i of a sequence at once (alignment as in `harvest.drafter`):
-step s feeds token_{i+s+1} with the previous step's pre-norm output (step 0: fc(aux_i)) at rope position
-i+s, and predicts token_{i+s+2}; its label is the target's next-token distribution at position i+s+1.
-Attention at step s sees the true slots 0..i (step-0 keys, causal) plus its own chain's keys of steps
-1..s at position i — exactly what the drafter sees when SGLang or our engine drafts s+1 tokens after
-slot i (tested against the cached chain). SpecForge's unroll shifts rope the same way but its mask
-update also hides step-0 keys i-s+1..i from step s; we follow inference so training and serving agree.
+Unroll, for every start position i of a sequence at once (alignment as in `harvest.drafter`): step s
+feeds token_{i+s+1} with the previous step's pre-norm output (step 0: fc(aux_i)) at rope position
+i+s, and predicts token_{i+s+2}; its label is the target's next-token distribution at position
+i+s+1. Attention at step s sees the true slots 0..i (step-0 keys, causal) plus its own chain's keys
+of steps 1..s at position i — exactly what the drafter sees when SGLang or our engine drafts s+1
+tokens after slot i (tested against the cached chain). SpecForge's unroll shifts rope the same way
+but its mask update also hides step-0 keys i-s+1..i from step s; we follow inference so training
+and serving agree.
 
-A batch is a list of samples (dicts of tensors, as the spool stores them): `input_ids` [T], `aux_hidden`
-[T, n*Ht], soft labels `topk_ids`/`topk_probs` [T, k] or `target_probs` [T, V], optional `loss_mask` [T]
-(True where token j is to be learned, e.g. response tokens).
+A batch is a list of samples (dicts of tensors, as the spool stores them): `input_ids` [T],
+`aux_hidden` [T, n*Ht], soft labels `topk_ids`/`topk_probs` [T, k] or `target_probs` [T, V],
+optional `loss_mask` [T] (True where token j is to be learned, e.g. response tokens).
 """
 from __future__ import annotations
 
@@ -29,14 +30,16 @@ def _get(sample: Any, key: str) -> Any:
 
 
 def draft_labels(sample: Any, drafter: Eagle3Drafter) -> torch.Tensor:
-    """Soft labels over the draft vocabulary [T, V_draft], renormalised (rows with no mass are zero)."""
+    """Soft labels over the draft vocabulary [T, V_draft], renormalised (rows with no
+    mass are zero)."""
     d2t = drafter.draft_to_target().cpu()
     dense = _get(sample, "target_probs")
     if dense is None:
         ids, probs = _get(sample, "topk_ids").long(), _get(sample, "topk_probs").float()
         t2d = torch.full((drafter.config.vocab_size,), -1, dtype=torch.long)
         t2d[d2t] = torch.arange(d2t.shape[0])
-        slot = t2d[ids]                                                   # [T, k], -1 outside draft vocab
+        # [T, k], -1 outside draft vocab
+        slot = t2d[ids]
         out = torch.zeros(ids.shape[0], d2t.shape[0] + 1)
         out.scatter_add_(1, torch.where(slot < 0, d2t.shape[0], slot), probs)
         p = out[:, :-1]
@@ -46,12 +49,15 @@ def draft_labels(sample: Any, drafter: Eagle3Drafter) -> torch.Tensor:
 
 
 def collate(batch: list[Any], drafter: Eagle3Drafter) -> dict[str, torch.Tensor]:
-    """Right-pad a list of samples: ids [B,T], aux [B,T,n*Ht], labels [B,T,Vd], valid/loss_mask [B,T]."""
+    """Right-pad a list of samples: ids [B,T], aux [B,T,n*Ht], labels [B,T,Vd],
+    valid/loss_mask [B,T]."""
     device, dtype = drafter.fc.weight.device, drafter.fc.weight.dtype
     B, T = len(batch), max(int(_get(s, "input_ids").shape[0]) for s in batch)
-    out = {"ids": torch.zeros(B, T, dtype=torch.long), "aux": torch.zeros(B, T, drafter.fc.in_features),
+    out = {"ids": torch.zeros(B, T, dtype=torch.long),
+           "aux": torch.zeros(B, T, drafter.fc.in_features),
            "labels": torch.zeros(B, T, drafter.config.draft_vocab_size),
-           "valid": torch.zeros(B, T, dtype=torch.bool), "loss_mask": torch.zeros(B, T, dtype=torch.bool)}
+           "valid": torch.zeros(B, T, dtype=torch.bool),
+           "loss_mask": torch.zeros(B, T, dtype=torch.bool)}
     for b, s in enumerate(batch):
         n = int(_get(s, "input_ids").shape[0])
         out["ids"][b, :n] = _get(s, "input_ids")
@@ -66,16 +72,18 @@ def collate(batch: list[Any], drafter: Eagle3Drafter) -> dict[str, torch.Tensor]
 
 def chain_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, ks: list[torch.Tensor],
                     vs: list[torch.Tensor], key_valid: torch.Tensor) -> torch.Tensor:
-    """q [B,T,nh,d]; k0, v0 [B,T,nkv,d] step-0 keys (causal); ks, vs: s tensors [B,T,nkv,d], each seen
-    only by the query at its own position; key_valid [B,T]. -> [B,T,nh,d]."""
+    """q [B,T,nh,d]; k0, v0 [B,T,nkv,d] step-0 keys (causal); ks, vs: s tensors [B,T,nkv,d], each
+    seen only by the query at its own position; key_valid [B,T]. -> [B,T,nh,d]."""
     rep = q.shape[2] // k0.shape[2]
     k0, v0 = k0.repeat_interleave(rep, 2), v0.repeat_interleave(rep, 2)
     scale = q.shape[-1] ** -0.5
     s0 = torch.einsum("bind,bjnd->bnij", q, k0) * scale                       # [B,nh,T,T]
     T = q.shape[1]
-    allowed = torch.ones(T, T, dtype=torch.bool, device=q.device).tril() & key_valid[:, None, None, :]
+    allowed = torch.ones(T, T, dtype=torch.bool,
+                         device=q.device).tril() & key_valid[:, None, None, :]
     s0 = s0.masked_fill(~allowed, float("-inf"))
-    diag = [((q * k.repeat_interleave(rep, 2)).sum(-1) * scale).transpose(1, 2)[..., None] for k in ks]
+    diag = [((q * k.repeat_interleave(rep, 2)).sum(-1) * scale).transpose(1, 2)[..., None]
+            for k in ks]
     p = torch.softmax(torch.cat([s0, *diag], dim=-1).float(), dim=-1).to(q.dtype)  # [B,nh,T,T+s]
     out = torch.einsum("bnij,bjnd->bind", p[..., :T], v0)
     for j, v in enumerate(vs):
@@ -85,8 +93,8 @@ def chain_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, ks: lis
 
 def ttt_unroll(drafter: Eagle3Drafter, ids: torch.Tensor, aux: torch.Tensor, valid: torch.Tensor,
                length: int) -> list[torch.Tensor]:
-    """ids [B,T]; aux [B,T,n*Ht]; valid [B,T] -> `length` draft logits [B,T,Vd]; step s at position i
-    predicts token i+s+2."""
+    """ids [B,T]; aux [B,T,n*Ht]; valid [B,T] -> `length` draft logits [B,T,Vd]; step s at position
+    i predicts token i+s+2."""
     B, T = ids.shape
     r = drafter.project(aux)
     pos = torch.arange(T, device=ids.device).expand(B, T)
@@ -104,10 +112,11 @@ def ttt_unroll(drafter: Eagle3Drafter, ids: torch.Tensor, aux: torch.Tensor, val
     return logits
 
 
-def ttt_loss(logits: list[torch.Tensor], labels: torch.Tensor, valid: torch.Tensor, loss_mask: torch.Tensor,
-             decay: float = 0.8) -> tuple[torch.Tensor, dict[str, float]]:
+def ttt_loss(logits: list[torch.Tensor], labels: torch.Tensor, valid: torch.Tensor,
+             loss_mask: torch.Tensor, decay: float = 0.8) -> tuple[torch.Tensor, dict[str, float]]:
     """logits: per step [B,T,Vd]; labels [B,T,Vd] (row j: target distribution at j, predicting j+1).
-    Step s at i is scored iff token i+s+2 exists and is in the loss mask. Returns (loss, metrics)."""
+    Step s at i is scored iff token i+s+2 exists and is in the loss mask. Returns
+    (loss, metrics)."""
     learn = valid & loss_mask
     denom = learn[:, 2:].sum().clamp_min(1)
     total, metrics = logits[0].new_zeros(()), {}
@@ -137,12 +146,14 @@ def bf16_fast(device: str | torch.device = "cpu") -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def length_batches(lengths: list[int], max_tokens: int, max_seqs: int, generator: torch.Generator) -> list[list[int]]:
+def length_batches(lengths: list[int], max_tokens: int, max_seqs: int,
+                   generator: torch.Generator) -> list[list[int]]:
     """Indices grouped into batches of similar length, each at most `max_tokens` padded tokens (one
     longer sequence goes alone) and `max_seqs` sequences, in random order: long-tailed lengths waste
     little padding."""
     order = sorted(
-        range(len(lengths)), key=lambda i: (lengths[i], int(torch.randint(1 << 30, (1,), generator=generator)))
+        range(len(lengths)),
+        key=lambda i: (lengths[i], int(torch.randint(1 << 30, (1,), generator=generator)))
     )
     batches, cur = [], []
     for i in order:  # ascending: the newest member is the longest
@@ -154,12 +165,15 @@ def length_batches(lengths: list[int], max_tokens: int, max_seqs: int, generator
     return [batches[j] for j in torch.randperm(len(batches), generator=generator).tolist()]
 
 
-def make_optimizer(drafter: Eagle3Drafter, lr: float = 1e-3, weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    return torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+def make_optimizer(drafter: Eagle3Drafter, lr: float = 1e-3,
+                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    return torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=lr,
+                             weight_decay=weight_decay)
 
 
-def train_step(drafter: Eagle3Drafter, optimizer: torch.optim.Optimizer, batch: list[Any], length: int = 4,
-               decay: float = 0.8, max_grad_norm: float = 1.0, bf16: bool = False) -> dict[str, float]:
+def train_step(drafter: Eagle3Drafter, optimizer: torch.optim.Optimizer, batch: list[Any],
+               length: int = 4, decay: float = 0.8, max_grad_norm: float = 1.0,
+               bf16: bool = False) -> dict[str, float]:
     """One optimizer step of TTT on a list of samples. Returns loss, per-step loss_s/acc_s, tokens.
     `bf16`: autocast the matmuls to bfloat16 (master weights and the loss stay float32; ~2.5x faster
     on CPUs with AVX-512 BF16, see `bf16_fast()`)."""
@@ -170,7 +184,8 @@ def train_step(drafter: Eagle3Drafter, optimizer: torch.optim.Optimizer, batch: 
     loss, metrics = ttt_loss(logits, b["labels"], b["valid"], b["loss_mask"], decay)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_([p for p in drafter.parameters() if p.requires_grad], max_grad_norm)
+    torch.nn.utils.clip_grad_norm_([p for p in drafter.parameters() if p.requires_grad],
+                                   max_grad_norm)
     optimizer.step()
     drafter.eval()
     metrics["tokens"] = int(b["valid"].sum())

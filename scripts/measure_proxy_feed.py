@@ -1,6 +1,6 @@
-"""Measure (1) the latency `gleanrl proxy` adds per request and (2) the embedded server's speed with the
-harvest feed off vs on. Servers run as `gleanrl serve` subprocesses (1 torch thread each) on a tiny random
-Qwen2; requests alternate between the arms so that a busy machine slows both alike.
+"""Measure (1) the latency `gleanrl proxy` adds per request and (2) the embedded server's speed with
+the harvest feed off vs on. Servers run as `gleanrl serve` subprocesses (1 torch thread each) on a
+tiny random Qwen2; requests alternate between the arms so that a busy machine slows both alike.
 
     .venv/bin/python scripts/measure_proxy_feed.py [--requests 60] [--rounds 6]
 """
@@ -28,8 +28,9 @@ def free_port() -> int:
 
 def start(args: list[str], python: str = sys.executable) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([python, "-m", "gleanrl", *args, "--port", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd="/")
+    proc = subprocess.Popen([python, "-m", "gleanrl", *args, "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd="/")
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -42,7 +43,8 @@ def start(args: list[str], python: str = sys.executable) -> tuple[subprocess.Pop
 
 
 def cpu_s(proc: subprocess.Popen) -> float:
-    """User + system CPU seconds of a process (Linux): robust to a shared machine, unlike wall time."""
+    """User + system CPU seconds of a process (Linux): robust to a shared machine,
+    unlike wall time."""
     fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -55,8 +57,9 @@ def latency(http: httpx.Client, url: str, path: str, body: dict | None) -> float
 
 
 async def throughput(url: str, n: int = 16, tokens: int = 64) -> float:
-    body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": tokens, "temperature": 0.0,
-                                                         "ignore_eos": True}}
+    body = {"input_ids": [5, 6, 7],
+            "sampling_params": {"max_new_tokens": tokens, "temperature": 0.0,
+                                 "ignore_eos": True}}
     async with httpx.AsyncClient(timeout=300) as http:
         t0 = time.perf_counter()
         await asyncio.gather(*[http.post(f"{url}/generate", json=body) for _ in range(n)])
@@ -68,15 +71,18 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=60)
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--baseline-python", default=None,
-                   help="also a server from another install (e.g. /work/main/.venv/bin/python: code without the feed)")
+                   help="also a server from another install (e.g. /work/main/.venv/bin/python: "
+                        "code without the feed)")
     a = p.parse_args()
     from gleanrl.tiny import make_tiny_model
     model = make_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
-    serve = ["serve", "--model", str(model), "--threads", "1", "--sd", "off", "--log-level", "warning"]
+    serve = ["serve", "--model", str(model), "--threads", "1", "--sd", "off", "--log-level",
+             "warning"]
     procs = []
     try:
         off, url_off = start(serve)
-        on, url_on = start(serve + ["--harvest-feed", "--admin-api-key", "measure"])  # the feed needs a key
+        # the feed needs a key
+        on, url_on = start(serve + ["--harvest-feed", "--admin-api-key", "measure"])
         proxy, url_px = start(["proxy", "--upstream", url_off, "--admin-api-key", "measure"])
         procs += [off, on, proxy]
         arms = {"feed off": (off, url_off), "feed on": (on, url_on)}
@@ -96,9 +102,10 @@ def main() -> None:
                     relayed.append(latency(http, url_px, path, body))
                 added = [r - d for r, d in zip(relayed, direct)]
                 print(f"{name:20s} direct p50 {statistics.median(direct):7.2f} ms  via proxy p50 "
-                      f"{statistics.median(relayed):7.2f} ms  added p50 {statistics.median(added):6.2f} ms "
-                      f"(mean {statistics.mean(added):6.2f} ms, n={a.requests}); proxy CPU "
-                      f"{(cpu_s(proxy) - c0) / a.requests * 1000:.2f} ms/request")
+                      f"{statistics.median(relayed):7.2f} ms  added "
+                      f"p50 {statistics.median(added):6.2f} ms (mean {statistics.mean(added):6.2f} "
+                      f"ms, n={a.requests}); proxy "
+                      f"CPU {(cpu_s(proxy) - c0) / a.requests * 1000:.2f} ms/request")
         speeds: dict[str, list[float]] = {k: [] for k in arms}
         cpu = {k: 0.0 for k in arms}
         for _ in range(a.rounds):
@@ -111,7 +118,8 @@ def main() -> None:
             f"{k} {statistics.median(v):.0f} tok/s ({statistics.median(v) / ref:.3f}x feed off)"
             for k, v in speeds.items()))
         tokens = a.rounds * 16 * 64
-        print("server CPU per generated token: " + ", ".join(f"{k} {cpu[k] / tokens * 1000:.3f} ms" for k in arms))
+        print("server CPU per generated token: " + ", ".join(f"{k} {cpu[k] / tokens * 1000:.3f} ms"
+                                                             for k in arms))
     finally:
         for proc in procs:
             proc.terminate()

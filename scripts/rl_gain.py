@@ -3,17 +3,17 @@
     python scripts/rl_gain.py POLICY RUN_DIR [RUN_DIR ...]                   # dev set and batch reward
     python scripts/rl_gain.py POLICY RUN_DIR ... --heldout [--blind --json F]  # and the held-out figures
 
-Per run (its seed from RUN_DIR/config.resolved.json, its last checkpoint weight_vN, against POLICY, the
-run's initial policy):
-- dev: the reference paired gain (trainer.tasks.sft.reference_accuracy: teacher-forced P(reference solution)
-  at T = 1) on `--dev-prompts` problems of the task's `train` split (seed `--dev-seed`, a stream the RL
-  steps do not draw: they use seed * 100_003 + step), prompt by prompt, and by number of doublings k. What
-  recipes are chosen on: never the `test` split.
+Per run (its seed from RUN_DIR/config.resolved.json, its last checkpoint weight_vN, against POLICY,
+the run's initial policy):
+- dev: the reference paired gain (trainer.tasks.sft.reference_accuracy: teacher-forced P(reference
+  solution) at T = 1) on `--dev-prompts` problems of the task's `train` split (seed `--dev-seed`, a
+  stream the RL steps do not draw: they use seed * 100_003 + step), prompt by prompt, and by number
+  of doublings k. What recipes are chosen on: never the `test` split.
 - batch: the mean training-batch reward over the run's steps, and over its second half.
-- with --heldout: the sampled held-out paired gain of the run's own eval (metrics.jsonl: eval_gain at the
-  last eval, its test prompts at T = 1) and the reference paired gain on the same test prompts (seed * 100_003,
-  as `gleanrl demo` computes it). `--blind` writes them to --json but prints only the dev figures: choose a
-  recipe first, then look.
+- with --heldout: the sampled held-out paired gain of the run's own eval (metrics.jsonl: eval_gain
+  at the last eval, its test prompts at T = 1) and the reference paired gain on the same test
+  prompts (seed * 100_003, as `gleanrl demo` computes it). `--blind` writes them to --json but
+  prints only the dev figures: choose a recipe first, then look.
 """
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def paired(a: list[float], b: list[float]) -> dict:
     diff = [y - x for x, y in zip(a, b)]
     n = len(diff)
     if n < 2:
-        return {"n": n, "initial": math.nan, "final": math.nan, "gain": math.nan, "se": math.nan, "z": math.nan}
+        return {"n": n, "initial": math.nan, "final": math.nan, "gain": math.nan, "se": math.nan,
+                "z": math.nan}
     gain = sum(diff) / n
     se = math.sqrt(sum((d - gain) ** 2 for d in diff) / (n - 1) / n)
     return {"n": n, "initial": sum(a) / n, "final": sum(b) / n, "gain": gain, "se": se,
@@ -47,12 +48,14 @@ def main() -> None:
     p.add_argument("policy", help="the runs' initial policy")
     p.add_argument("runs", nargs="+")
     p.add_argument("--heldout", action="store_true", help="also the held-out (test split) figures")
-    p.add_argument("--blind", action="store_true", help="with --heldout: into --json only, not printed")
+    p.add_argument("--blind", action="store_true",
+                   help="with --heldout: into --json only, not printed")
     p.add_argument("--dev-prompts", type=int, default=512)
     p.add_argument("--dev-seed", type=int, default=777_777_777)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None, help="append one JSON line per run here")
-    p.add_argument("--cache", default=None, help="a JSON file caching the initial policy's probabilities")
+    p.add_argument("--cache", default=None,
+                   help="a JSON file caching the initial policy's probabilities")
     args = p.parse_args()
 
     import torch
@@ -77,7 +80,8 @@ def main() -> None:
         if name not in memo:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
             with torch.no_grad():
-                memo[name] = reference_accuracy(model, tokenizer, task, samples, per_prompt=True)["probs"]
+                memo[name] = reference_accuracy(model, tokenizer, task, samples,
+                                                per_prompt=True)["probs"]
         if initial and args.cache:
             disk[name] = memo[name]
             Path(args.cache).write_text(json.dumps(disk))
@@ -87,7 +91,8 @@ def main() -> None:
     for run in map(Path, args.runs):
         cfg = json.loads((run / "config.resolved.json").read_text())
         step, final = list_checkpoints(run)[-1]
-        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+                if line.strip()]
         rewards = [r["reward_mean"] for r in rows if r["step"] > 0 and "reward_mean" in r]
         half = rewards[len(rewards) // 2:]
         a = probs(args.policy, dev, ["dev", args.dev_seed])
@@ -97,13 +102,15 @@ def main() -> None:
                "shape": f"{cfg['prompts_per_step']}x{cfg['samples_per_prompt']}",
                "batch_reward": sum(rewards) / max(1, len(rewards)),
                "batch_reward_2nd_half": sum(half) / max(1, len(half)), "dev": paired(a, b),
-               "dev_by_k": {name: paired(*zip(*[(x, y) for x, y, s in zip(a, b, dev) if lo <= s["steps"] <= hi]))
+               "dev_by_k": {name: paired(*zip(*[(x, y) for x, y, s in zip(a, b, dev)
+                                                if lo <= s["steps"] <= hi]))
                             if any(lo <= s["steps"] <= hi for s in dev) else paired([], [])
                             for name, (lo, hi) in BUCKETS.items()}}
         line = (f"{run}: seed {cfg['seed']} step {step} {out['shape']} lr {cfg['lr']:g} "
                 f"nw {cfg['negative_weight']:g} kl {cfg['kl_coef']:g} | batch reward {out['batch_reward']:.3f} "
                 f"(2nd half {out['batch_reward_2nd_half']:.3f}) | {show('dev reference', out['dev'])} | by k: "
-                + ", ".join(f"{k} {v['gain']:+.3f}±{v['se']:.3f}" for k, v in out["dev_by_k"].items()))
+                + ", ".join(f"{k} {v['gain']:+.3f}±{v['se']:.3f}"
+                            for k, v in out["dev_by_k"].items()))
         if args.heldout:
             evals = [r for r in rows if "eval_accuracy" in r]
             n = evals[0]["eval_prompts"]
@@ -113,7 +120,8 @@ def main() -> None:
             last = [r for r in evals if "eval_gain" in r][-1]
             se = last["eval_gain_se"]
             sampled = {"n": n, "initial": evals[0]["eval_accuracy"], "final": last["eval_accuracy"],
-                       "gain": last["eval_gain"], "se": se, "z": last["eval_gain"] / se if se else math.nan}
+                       "gain": last["eval_gain"], "se": se,
+                       "z": last["eval_gain"] / se if se else math.nan}
             out |= {"heldout_sampled": sampled, "heldout_reference": reference}
             if not args.blind:
                 line += f"\n    {show('held-out sampled', sampled, 3)} | {show('held-out reference', reference)}"

@@ -1,5 +1,6 @@
-"""`gleanrl serve`: the embedded engine behind SGLang's native API and the OpenAI API, or stock SGLang
-(`--backend sglang`, GPU). User mistakes end in a one-line error and exit status 2, never a traceback."""
+"""`gleanrl serve`: the embedded engine behind SGLang's native API and the OpenAI API, or stock
+SGLang (`--backend sglang`, GPU). User mistakes end in a one-line error and exit status 2, never
+a traceback."""
 from __future__ import annotations
 
 import argparse
@@ -16,34 +17,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=30000, help="port to listen on")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the engine runs")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                   help="auto: float32 on cpu, bfloat16 on cuda. On CPUs with AVX-512 BF16 (or AMX), bfloat16 "
-                        "decodes ~1.5-2x faster and makes speculative decoding pay (verify is memory-bound)")
-    p.add_argument("--max-running-requests", type=int, default=32, help="requests decoding at once; the rest queue")
-    p.add_argument("--context-length", type=int, default=None, help="None: the model's max_position_embeddings")
+                   help="auto: float32 on cpu, bfloat16 on cuda. On CPUs with AVX-512 BF16 (or "
+                        "AMX), bfloat16 decodes ~1.5-2x faster and makes speculative decoding pay "
+                        "(verify is memory-bound)")
+    p.add_argument("--max-running-requests", type=int, default=32,
+                   help="requests decoding at once; the rest queue")
+    p.add_argument("--context-length", type=int, default=None,
+                   help="None: the model's max_position_embeddings")
     p.add_argument("--api-key", default=os.environ.get("GLEANRL_API_KEY"),
-                   help="Bearer key for every route but /health (or env GLEANRL_API_KEY: not visible in ps)")
+                   help="Bearer key for every route but /health (or env GLEANRL_API_KEY: not "
+                        "visible in ps)")
     p.add_argument("--admin-api-key", default=os.environ.get("GLEANRL_ADMIN_API_KEY"),
-                   help="Bearer key for weight updates, pause/continue, flush (or env GLEANRL_ADMIN_API_KEY)")
-    p.add_argument("--served-model-name", default=None, help="model name in /v1 (None: the directory's name)")
+                   help="Bearer key for weight updates, pause/continue, flush (or env "
+                        "GLEANRL_ADMIN_API_KEY)")
+    p.add_argument("--served-model-name", default=None,
+                   help="model name in /v1 (None: the directory's name)")
     p.add_argument("--drafter", default=None, help="EAGLE-3 drafter directory")
-    p.add_argument("--sd", choices=["off", "on", "adaptive"], default="adaptive", help="speculative decoding")
+    p.add_argument("--sd", choices=["off", "on", "adaptive"], default="adaptive",
+                   help="speculative decoding")
     p.add_argument("--sd-max-batch", type=int, default=8,
                    help="adaptive: EAGLE-3 drafts only while this many requests run")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help="fixed EAGLE-3 draft length (None: chosen per iteration by the cost model)")
     p.add_argument("--sd-sources", default="eagle",
-                   help="draft sources the SD controller may choose per sequence: eagle (the EAGLE-3 chain), group "
-                        "(continuations from the same prompt's other running and earlier samples, no model cost), "
-                        "fused (both, as two branches verified in one pass); e.g. eagle,group,fused. Lossless "
-                        "either way, but with group drafts a seeded sample also depends on the other samples of "
+                   help="draft sources the SD controller may choose per sequence: eagle (the "
+                        "EAGLE-3 chain), group (continuations from the same prompt's other running "
+                        "and earlier samples, no model cost), fused (both, as two branches "
+                        "verified in one pass); e.g. eagle,group,fused. Lossless either way, but "
+                        "with group drafts a seeded sample also depends on the other samples of "
                         "its prompt, so seeded runs no longer repeat exactly")
-    p.add_argument("--group-max-batch", type=int, default=64, help="group drafts only while this many requests run")
+    p.add_argument("--group-max-batch", type=int, default=64,
+                   help="group drafts only while this many requests run")
     p.add_argument("--group-max-tokens", type=int, default=1 << 19,
-                   help="output tokens the group index holds over all prompts and versions (memory: 170-340 "
-                        "bytes a token; the oldest finished samples go first, then the oldest running ones)")
+                   help="output tokens the group index holds over all prompts and versions "
+                        "(memory: 170-340 bytes a token; the oldest finished samples go first, "
+                        "then the oldest running ones)")
     p.add_argument("--group-keep-versions", type=int, default=2,
-                   help="policy versions (weight_version) whose samples the group index keeps; older finished "
-                        "samples age out when a new target version is loaded")
+                   help="policy versions (weight_version) whose samples the group index keeps; "
+                        "older finished samples age out when a new target version is loaded")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads for the engine (None: torch's default)")
     p.add_argument("--backend", choices=["embedded", "sglang"], default="embedded",
@@ -54,42 +65,57 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     g.add_argument("--sglang-arg", action="append", default=[], metavar="ARG",
                    help="extra argument passed to sglang.launch_server (repeatable)")
-    p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="request bodies over this: 413")
-    p.add_argument("--max-n", type=int, default=64, help="largest n (samples per prompt) a request may ask for")
+    p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024,
+                   help="request bodies over this: 413")
+    p.add_argument("--max-n", type=int, default=64,
+                   help="largest n (samples per prompt) a request may ask for")
     p.add_argument("--max-new-tokens-cap", type=int, default=None,
-                   help="largest max_new_tokens a request may ask for (default: only the context length limits it)")
-    p.add_argument("--max-batch", type=int, default=1024, help="most sequences (prompts x n) one request may start")
+                   help="largest max_new_tokens a request may ask for (default: only the context "
+                        "length limits it)")
+    p.add_argument("--max-batch", type=int, default=1024,
+                   help="most sequences (prompts x n) one request may start")
     p.add_argument("--harvest-feed", action="store_true",
-                   help="gleanrl extension: keep a bounded feed of finished requests at GET /harvest_feed (admin key) "
-                        "for `gleanrl harvest` beside a trainer that is not gleanrl's")
+                   help="gleanrl extension: keep a bounded feed of finished requests at GET "
+                        "/harvest_feed (admin key) for `gleanrl harvest` beside a trainer that "
+                        "is not gleanrl's")
     p.add_argument("--harvest-feed-records", type=int, default=4096,
-                   help="finished requests the feed holds; the oldest are dropped (and counted) beyond it")
+                   help="finished requests the feed holds; the oldest are dropped (and "
+                        "counted) beyond it")
     p.add_argument("--max-queued-requests", type=int, default=8192,
-                   help="requests waiting for a slot; beyond it /generate and /v1 answer 503 with Retry-After")
-    p.add_argument("--max-top-logprobs-num", type=int, default=64, help="largest top_logprobs_num a request may ask")
-    p.add_argument("--max-token-ids-logprob", type=int, default=1024, help="most ids in token_ids_logprob")
+                   help="requests waiting for a slot; beyond it /generate and /v1 answer 503 "
+                        "with Retry-After")
+    p.add_argument("--max-top-logprobs-num", type=int, default=64,
+                   help="largest top_logprobs_num a request may ask")
+    p.add_argument("--max-token-ids-logprob", type=int, default=1024,
+                   help="most ids in token_ids_logprob")
     p.add_argument("--max-logprob-pairs", type=int, default=1 << 22,
-                   help="(logprob, id) pairs the logprob options of one request may hold (positions x options)")
+                   help="(logprob, id) pairs the logprob options of one request may hold "
+                        "(positions x options)")
     p.add_argument("--swap-timeout", type=float, default=600.0,
-                   help="seconds a target weight update waits for running requests before it is refused")
+                   help="seconds a target weight update waits for running requests "
+                        "before it is refused")
     p.add_argument("--dist-allow", action="append", default=[], metavar="HOST",
-                   help="a process-group master_address /init_weights_update_group may join besides loopback "
-                        "(repeatable)")
+                   help="a process-group master_address /init_weights_update_group may join "
+                        "besides loopback (repeatable)")
     p.add_argument("--local-tensor-handles", action="store_true",
-                   help="/update_weights_from_tensor may carry fd / shared-memory handles (a trainer on this host, "
-                        "as SGLang's same-host path); off: tensors by value only")
+                   help="/update_weights_from_tensor may carry fd / shared-memory handles (a "
+                        "trainer on this host, as SGLang's same-host path); off: "
+                        "tensors by value only")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
 def engine_config(args: argparse.Namespace):
-    """The EngineConfig of `gleanrl serve`'s arguments (`gleanrl bench rollout` builds its arms with it)."""
+    """The EngineConfig of `gleanrl serve`'s arguments (`gleanrl bench rollout` builds its
+    arms with it)."""
     from gleanrl.server.config import EngineConfig
     return EngineConfig(model_path=str(args.model), device=args.device, dtype=args.dtype,
-                        max_running_requests=args.max_running_requests, context_length=args.context_length,
-                        num_threads=args.threads, drafter_path=args.drafter, sd=args.sd,
-                        sd_max_batch=args.sd_max_batch, num_draft_tokens=args.num_draft_tokens,
+                        max_running_requests=args.max_running_requests,
+                        context_length=args.context_length, num_threads=args.threads,
+                        drafter_path=args.drafter, sd=args.sd, sd_max_batch=args.sd_max_batch,
+                        num_draft_tokens=args.num_draft_tokens,
                         sd_sources=tuple(x for x in args.sd_sources.split(",") if x),
-                        group_max_batch=args.group_max_batch, group_max_tokens=args.group_max_tokens,
+                        group_max_batch=args.group_max_batch,
+                        group_max_tokens=args.group_max_tokens,
                         group_keep_versions=args.group_keep_versions,
                         swap_timeout_s=args.swap_timeout)
 
@@ -105,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
             return _fail("--harvest-feed is the embedded backend's: in front of stock SGLang run "
                          "`gleanrl proxy --upstream URL --port P`, which provides the same feed")
         try:
-            from gleanrl.server.sglang.launch import launch  # lazy: needs the optional sglang install
+            # lazy: needs the optional sglang install
+            from gleanrl.server.sglang.launch import launch
         except ImportError as exc:
             return _fail(f"--backend sglang is not available here ({exc})")
         return int(launch(args) or 0)
@@ -114,31 +141,38 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"{model} is not a model directory (no config.json there)")
     if args.drafter and not (Path(args.drafter) / "config.json").is_file():
         return _fail(f"--drafter {args.drafter} is not a drafter directory (no config.json there)")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from gleanrl.server.config import ServerConfig
     try:
         engine_cfg = engine_config(args)
         server_cfg = ServerConfig(host=args.host, port=args.port, api_key=args.api_key,
-                                  admin_api_key=args.admin_api_key, served_model_name=args.served_model_name,
+                                  admin_api_key=args.admin_api_key,
+                                  served_model_name=args.served_model_name,
                                   max_request_bytes=args.max_request_bytes, max_n=args.max_n,
-                                  max_new_tokens_cap=args.max_new_tokens_cap, max_batch=args.max_batch,
-                                  harvest_feed=args.harvest_feed, harvest_feed_records=args.harvest_feed_records,
+                                  max_new_tokens_cap=args.max_new_tokens_cap,
+                                  max_batch=args.max_batch, harvest_feed=args.harvest_feed,
+                                  harvest_feed_records=args.harvest_feed_records,
                                   max_queued_requests=args.max_queued_requests,
                                   max_top_logprobs_num=args.max_top_logprobs_num,
                                   max_token_ids_logprob=args.max_token_ids_logprob,
-                                  max_logprob_pairs=args.max_logprob_pairs, dist_allow=tuple(args.dist_allow),
+                                  max_logprob_pairs=args.max_logprob_pairs,
+                                  dist_allow=tuple(args.dist_allow),
                                   local_tensor_handles=args.local_tensor_handles)
     except ValueError as exc:
         return _fail(str(exc))
-    ignored = [f for f in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+    ignored = [f for f in ("speculative_num_steps", "speculative_eagle_topk",
+                           "speculative_num_draft_tokens")
                if getattr(args, f) is not None] + (["sglang_arg"] if args.sglang_arg else [])
     if ignored:
-        logging.warning("ignored with --backend embedded: %s", ", ".join("--" + f.replace("_", "-") for f in ignored))
+        logging.warning("ignored with --backend embedded: %s",
+                        ", ".join("--" + f.replace("_", "-") for f in ignored))
     try:
         from gleanrl.server.engine import Engine
         engine = Engine(engine_cfg)
     except Exception as exc:  # unloadable model: one line, no traceback
-        return _fail(f"cannot load the model from {model}: {type(exc).__name__}: {exc}".splitlines()[0])
+        return _fail(
+            f"cannot load the model from {model}: {type(exc).__name__}: {exc}".splitlines()[0])
     import uvicorn
 
     from gleanrl.server.http.app import build_app
@@ -146,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
     logging.info("serving %s on http://%s:%d (auth: %s)", model, args.host, args.port,
                  "api key" if args.api_key else "none")
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    timeout_graceful_shutdown=10)
     except OSError as exc:  # e.g. the port is taken
         return _fail(f"cannot listen on {args.host}:{args.port}: {exc}")
     return 0

@@ -22,27 +22,33 @@ def is_loopback(host: str) -> bool:
 class EngineConfig:
     model_path: str
     device: str = "cpu"                    # cpu | cuda
-    dtype: str = "auto"                    # auto (float32 on cpu, bfloat16 on cuda) | float32 | bfloat16 | float16
+    dtype: str = "auto"                    # auto (float32 on cpu, bfloat16 on cuda) | float32 |
+                                           # bfloat16 | float16
     max_running_requests: int = 32         # requests decoding at once; the rest wait in the queue
     context_length: int | None = None      # None: the model's max_position_embeddings
     seed: int = 0
-    num_threads: int | None = None         # torch intra-op threads for the engine (None: torch's default)
+    num_threads: int | None = None         # torch intra-op threads for the engine (None:
+                                           # torch's default)
     drafter_path: str | None = None        # EAGLE-3 drafter directory
-    sd: str = "adaptive"                   # off | on | adaptive (the cost-model controller, server/sd/controller)
+    sd: str = "adaptive"                   # off | on | adaptive (the cost-model controller,
+                                           # server/sd/controller)
     sd_max_batch: int = 8                  # adaptive: EAGLE-3 drafts only while running <= this
     num_draft_tokens: int | None = None    # fixed EAGLE-3 draft length; None: chosen per iteration
     sd_sources: tuple[str, ...] = ("eagle",)  # the SD controller's sources: eagle, group,
     #   fused. EAGLE-only keeps a seeded request's samples independent of the other requests
     group_max_batch: int = 64              # group drafts only while running <= this
-    group_max_tokens: int = 1 << 19        # output tokens the group index holds (all prompts and versions)
+    group_max_tokens: int = 1 << 19        # output tokens the group index holds (all
+                                           # prompts and versions)
     group_keep_versions: int = 2           # policy versions whose samples the group index keeps
-    swap_timeout_s: float = 600.0          # a target swap waits this long for running requests, then is refused
+    swap_timeout_s: float = 600.0          # a target swap waits this long for running requests,
+                                           # then is refused
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+            raise ValueError("dtype must be auto, float32, bfloat16 or float16, "
+                             f"got {self.dtype!r}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
         if self.context_length is not None and self.context_length < 2:
@@ -55,8 +61,10 @@ class EngineConfig:
             raise ValueError("sd_max_batch must be >= 1")
         if self.num_draft_tokens is not None and not 1 <= self.num_draft_tokens <= 16:
             raise ValueError("num_draft_tokens must be in [1, 16]")
-        if not self.sd_sources or any(s not in ("eagle", "group", "fused") for s in self.sd_sources):
-            raise ValueError(f"sd_sources must be a non-empty subset of eagle, group, fused; got {self.sd_sources}")
+        if not self.sd_sources or any(s not in ("eagle", "group", "fused")
+                                      for s in self.sd_sources):
+            raise ValueError("sd_sources must be a non-empty subset of eagle, group, fused; "
+                             f"got {self.sd_sources}")
         for name in ("group_max_batch", "group_max_tokens", "group_keep_versions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
@@ -70,32 +78,44 @@ class ServerConfig:
     port: int = 30000
     api_key: str | None = None             # guards everything but /health
     admin_api_key: str | None = None       # guards weight updates, pause/continue and flush
-    served_model_name: str | None = None   # the name in /v1/models (default: the model directory's name)
+    served_model_name: str | None = None   # the name in /v1/models (default: the model
+                                           # directory's name)
     max_request_bytes: int = 8 * 1024 * 1024
     max_n: int = 64
-    max_new_tokens_cap: int | None = None  # None: only the context length limits max_new_tokens (SGLang)
-    max_batch: int = 1024                  # engine requests (prompts x n) one HTTP request may start
-    harvest_feed: bool = False             # gleanrl extension: GET /harvest_feed (admin key), server.harvest_feed
-    harvest_feed_records: int = 4096       # finished requests the feed holds (oldest dropped and counted)
-    max_queued_requests: int = 8192        # engine requests waiting for a slot; beyond: 503 with Retry-After
-    max_top_logprobs_num: int = 64         # top_logprobs_num (and OpenAI's logprobs / top_logprobs) per request
+    max_new_tokens_cap: int | None = None  # None: only the context length limits
+                                           # max_new_tokens (SGLang)
+    max_batch: int = 1024                  # engine requests (prompts x n) one HTTP
+                                           # request may start
+    harvest_feed: bool = False             # gleanrl extension: GET /harvest_feed (admin key),
+                                           # server.harvest_feed
+    harvest_feed_records: int = 4096       # finished requests the feed holds (oldest
+                                           # dropped and counted)
+    max_queued_requests: int = 8192        # engine requests waiting for a slot; beyond: 503
+                                           # with Retry-After
+    max_top_logprobs_num: int = 64         # top_logprobs_num (and OpenAI's logprobs /
+                                           # top_logprobs) per request
     max_token_ids_logprob: int = 1024      # ids in token_ids_logprob
-    max_logprob_pairs: int = 1 << 22       # (logprob, id) pairs the logprob options of one request may hold
-    dist_allow: tuple[str, ...] = ()       # process-group master addresses allowed beside loopback ones
-    local_tensor_handles: bool = False     # tensor updates may carry fd / shared-memory handles (trainer on this host)
+    max_logprob_pairs: int = 1 << 22       # (logprob, id) pairs the logprob options of one
+                                           # request may hold
+    dist_allow: tuple[str, ...] = ()       # process-group master addresses allowed
+                                           # beside loopback ones
+    local_tensor_handles: bool = False     # tensor updates may carry fd / shared-memory handles
+                                           # (trainer on this host)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("max_request_bytes", "max_n", "max_new_tokens_cap", "max_batch", "harvest_feed_records",
-                     "max_queued_requests", "max_token_ids_logprob", "max_logprob_pairs"):
+        for name in ("max_request_bytes", "max_n", "max_new_tokens_cap", "max_batch",
+                     "harvest_feed_records", "max_queued_requests", "max_token_ids_logprob",
+                     "max_logprob_pairs"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.max_top_logprobs_num < 0:
             raise ValueError("max_top_logprobs_num must be >= 0")
         if not is_loopback(self.host) and not self.admin_api_key:
-            raise ValueError(f"binding {self.host} (not a loopback address) needs --admin-api-key: without one, "
-                             "anyone who reaches the port can replace the weights")
+            raise ValueError(f"binding {self.host} (not a loopback address) needs "
+                             "--admin-api-key: without one, anyone who reaches the port can "
+                             "replace the weights")
         if self.harvest_feed and not (self.admin_api_key or self.api_key):
-            raise ValueError("--harvest-feed needs --admin-api-key (or --api-key): the feed holds every prompt "
-                             "and completion")
+            raise ValueError("--harvest-feed needs --admin-api-key (or --api-key): the feed "
+                             "holds every prompt and completion")

@@ -25,35 +25,40 @@ class SamplingParams:
     # logits processing before temperature (SGLang's penaltylib): counts are over output tokens only
     frequency_penalty: float = 0.0    # in [-2, 2]: logit -= penalty * count(token)
     presence_penalty: float = 0.0     # in [-2, 2]: logit -= penalty if the token occurred
-    repetition_penalty: float = 1.0   # in (0, 2]: an occurred token's logit / penalty (x penalty if < 0)
-    min_new_tokens: int = 0           # EOS and stop token ids are masked until this many tokens exist
+    repetition_penalty: float = 1.0   # in (0, 2]: an occurred token's logit / penalty (x
+                                      # penalty if < 0)
+    min_new_tokens: int = 0           # EOS and stop token ids are masked until this
+                                      # many tokens exist
     logit_bias: dict[int, float] = field(default_factory=dict)
     stop_regex: list[str] = field(default_factory=list)
 
     @property
     def penalised(self) -> bool:
         """Whether the logits depend on the output so far (penalties, min_new_tokens) or a bias."""
-        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0
-                    or self.min_new_tokens or self.logit_bias)
+        return bool(self.frequency_penalty or self.presence_penalty
+                    or self.repetition_penalty != 1.0 or self.min_new_tokens or self.logit_bias)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if isinstance(self.stop_regex, str):
             self.stop_regex = [self.stop_regex]
-        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
+        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
+                     "repetition_penalty"):
             if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"sampling_params.{name} must be a finite number, got {getattr(self, name)!r}")
+                raise ValueError(f"sampling_params.{name} must be a finite number, "
+                                 f"got {getattr(self, name)!r}")
         if 0 < self.temperature < MIN_TEMPERATURE:
             self.temperature = 0.0
         bad_bias = next((v for v in self.logit_bias.values() if not abs(v) <= MAX_LOGIT_BIAS), None)
         if bad_bias is not None:
-            raise ValueError(f"sampling_params.logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
-                             f"got {bad_bias!r}")
+            raise ValueError("sampling_params.logit_bias values must be in "
+                             f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bad_bias!r}")
         checks = [
             ("max_new_tokens", isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 0,
              "must be an integer >= 0"),
-            ("temperature", 0 <= self.temperature <= MAX_TEMPERATURE, f"must be in [0, {MAX_TEMPERATURE:g}]"),
+            ("temperature", 0 <= self.temperature <= MAX_TEMPERATURE,
+             f"must be in [0, {MAX_TEMPERATURE:g}]"),
             ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
             ("top_k", isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 0),
              "must be -1 (off) or >= 0"),
@@ -63,7 +68,8 @@ class SamplingParams:
             ("presence_penalty", -2 <= self.presence_penalty <= 2, "must be in [-2, 2]"),
             ("repetition_penalty", MIN_TEMPERATURE <= self.repetition_penalty <= 2,
              f"must be in [{MIN_TEMPERATURE:g}, 2] (1.0 = no penalty)"),
-            ("min_new_tokens", isinstance(self.min_new_tokens, int) and 0 <= self.min_new_tokens <= self.max_new_tokens,
+            ("min_new_tokens", isinstance(self.min_new_tokens, int)
+             and 0 <= self.min_new_tokens <= self.max_new_tokens,
              f"must be in [0, max_new_tokens({self.max_new_tokens})]"),
         ]
         for name, ok, why in checks:
@@ -85,28 +91,31 @@ class GenerateRequest:
         if self.logprob_start_len < -1:
             raise ValueError(f"logprob_start_len must be >= -1, got {self.logprob_start_len}")
         if self.logprob_start_len > len(self.input_ids):
-            raise ValueError(f"logprob_start_len={self.logprob_start_len} is higher than the number of input "
-                             f"tokens {len(self.input_ids)}. Please use a smaller logprob_start_len.")
+            raise ValueError(f"logprob_start_len={self.logprob_start_len} is higher than the "
+                             f"number of input tokens {len(self.input_ids)}. Please use a smaller "
+                             "logprob_start_len.")
         if self.top_logprobs_num < 0:
             raise ValueError(f"top_logprobs_num must be >= 0, got {self.top_logprobs_num}")
 
 
 @dataclass(slots=True)
 class GenerateOutput:
-    """One update for a request. The engine emits deltas (`new_ids`, `new_logprobs` since the previous
-    update); the last update has `finished=True` and `finish_reason` set (SGLang's shape:
-    {"type": "stop", "matched": token_id | "string"} | {"type": "length", "length": n} |
-    {"type": "abort", "message": ...})."""
+    """One update for a request. The engine emits deltas (`new_ids`, `new_logprobs` since the
+    previous update); the last update has `finished=True` and `finish_reason` set (SGLang's shape:
+    {"type": "stop", "matched": token_id | "string"} | {"type": "length", "length": n} | {"type":
+    "abort", "message": ...})."""
     rid: str
     new_ids: list[int]
-    new_logprobs: list[float]          # log p of each new token under the target's distribution (see engine)
+    new_logprobs: list[float]          # log p of each new token under the target's
+                                       # distribution (see engine)
     finished: bool = False
     finish_reason: dict | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0         # total so far
     weight_version: str = "default"
     draft_weight_version: str | None = None
-    weight_versions: list[dict] | None = None  # final update: [{"version", "start", "end"}] over output tokens
+    # final update: [{"version", "start", "end"}] over output tokens
+    weight_versions: list[dict] | None = None
     spec_verify_ct: int = 0            # target verify passes (0 without SD)
     spec_accept_token_num: int = 0     # draft tokens accepted by them (no bonus token)
     spec_draft_token_num: int = 0      # draft tokens they verified
@@ -114,25 +123,28 @@ class GenerateOutput:
     # per new token, when asked (top_logprobs_num, token_ids_logprob): [(logprob, token_id), ...]
     new_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     new_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
-    spec_accept_token_num_by_source: dict[str, int] | None = None  # gleanrl: accepted drafts by source
+    # gleanrl: accepted drafts by source
+    spec_accept_token_num_by_source: dict[str, int] | None = None
 
     @property
     def spec_accept_length(self) -> float:
         return self.completion_tokens / self.spec_verify_ct if self.spec_verify_ct else 0.0
 
     def meta_info(self) -> dict:
-        """The engine's part of SGLang's `meta_info` (versions and SD stats, SGLang's names). As SGLang
-        0.5.23's tokenizer manager: `spec_accept_length` = completion tokens / verify passes (the
-        prefill's token included), `spec_accept_rate` = accepted / verified draft tokens; slime's
-        `Sample.SpecInfo` reads `spec_accept_token_num` and `spec_draft_token_num` (SGLang <= 0.5.9's
-        names of 0.5.23's `spec_num_correct_drafts` and `spec_num_proposed_drafts`)."""
+        """The engine's part of SGLang's `meta_info` (versions and SD stats, SGLang's names). As
+        SGLang 0.5.23's tokenizer manager: `spec_accept_length` = completion tokens / verify passes
+        (the prefill's token included), `spec_accept_rate` = accepted / verified draft tokens;
+        slime's `Sample.SpecInfo` reads `spec_accept_token_num` and `spec_draft_token_num` (SGLang
+        <= 0.5.9's names of 0.5.23's `spec_num_correct_drafts` and `spec_num_proposed_drafts`)."""
         ct, drafts = self.spec_verify_ct, self.spec_draft_token_num
-        info = {"weight_version": self.weight_version, "draft_weight_version": self.draft_weight_version,
+        info = {"weight_version": self.weight_version,
+                "draft_weight_version": self.draft_weight_version,
                 "num_retractions": self.num_retractions,
                 "spec_verify_ct": ct, "spec_accept_length": self.spec_accept_length,
                 "spec_accept_rate": self.spec_accept_token_num / drafts if drafts else 0.0,
                 "spec_accept_token_num": self.spec_accept_token_num, "spec_draft_token_num": drafts,
-                "spec_num_correct_drafts": self.spec_accept_token_num, "spec_num_proposed_drafts": drafts}
+                "spec_num_correct_drafts": self.spec_accept_token_num,
+                "spec_num_proposed_drafts": drafts}
         if self.weight_versions is not None:
             info["weight_versions"] = self.weight_versions
         if self.spec_accept_token_num_by_source:
@@ -141,4 +153,5 @@ class GenerateOutput:
 
 
 class CheckpointError(ValueError):
-    """A weight update was refused; the message says why. The engine keeps serving what it served."""
+    """A weight update was refused; the message says why. The engine keeps serving
+    what it served."""

@@ -18,7 +18,8 @@ def tiny_tokenizer():
 
 def _tiny(tmp_path_factory, tiny_tokenizer, arch: str, **kw):
     from gleanrl.tiny import make_tiny_model
-    return make_tiny_model(tmp_path_factory.mktemp(f"tiny_{arch}"), arch=arch, tokenizer=tiny_tokenizer, **kw)
+    return make_tiny_model(tmp_path_factory.mktemp(f"tiny_{arch}"), arch=arch,
+                           tokenizer=tiny_tokenizer, **kw)
 
 
 @pytest.fixture(scope="session")
@@ -44,14 +45,15 @@ def tiny_qwen3(tmp_path_factory, tiny_tokenizer):
 
 @pytest.fixture(scope="module")
 def tok(tiny_qwen2):
-    """The server's tokenizer for `tiny_qwen2` (AutoTokenizer on the model directory; it may split text
-    differently from the in-memory `tiny_tokenizer` fixture)."""
+    """The server's tokenizer for `tiny_qwen2` (AutoTokenizer on the model directory; it may split
+    text differently from the in-memory `tiny_tokenizer` fixture)."""
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(tiny_qwen2)
 
 
 @pytest.fixture(scope="module")
 def hf(tiny_qwen2):
-    """`tiny_qwen2` loaded by transformers in float32, the reference the server is compared against."""
+    """`tiny_qwen2` loaded by transformers in float32, the reference the server is
+    compared against."""
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).eval()

@@ -1,4 +1,5 @@
-"""Helpers for the engine tests: run requests through a real Engine and compare with transformers."""
+"""Helpers for the engine tests: run requests through a real Engine and compare with
+transformers."""
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +15,8 @@ _rids = itertools.count()
 
 def req(ids: list[int], **params) -> GenerateRequest:
     params.setdefault("temperature", 0.0)
-    return GenerateRequest(rid=f"r{next(_rids)}", input_ids=list(ids), params=SamplingParams(**params),
-                           return_logprob=True)
+    return GenerateRequest(rid=f"r{next(_rids)}", input_ids=list(ids),
+                           params=SamplingParams(**params), return_logprob=True)
 
 
 async def collect(engine, request: GenerateRequest, order: list | None = None) -> dict:
@@ -38,7 +39,8 @@ def run_all(engine, requests: list[GenerateRequest], order: list | None = None) 
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     """transformers `generate`, greedy, exactly n new tokens (EOS ignored)."""
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False)
     return out[0, len(ids):].tolist()
 
 
@@ -47,7 +49,8 @@ PROMPTS = ["Hello, world!", "The quick brown fox", "def add(a, b):", "Question: 
 
 
 def finished_track(ids: list[int], matched: int | str) -> Track:
-    """The edge's state of a request that produced `ids` and stopped on `matched` (for `server.detok`)."""
+    """The edge's state of a request that produced `ids` and stopped on `matched` (for
+    `server.detok`)."""
     track = Track(GenerateRequest(rid="r", input_ids=[1], params=SamplingParams()))
     track.ids = list(ids)
     track.last = GenerateOutput(rid="r", new_ids=[], new_logprobs=[], finished=True,

@@ -1,7 +1,8 @@
-"""An RL loop that is not gleanrl's: written from slime's HTTP calls to SGLang (`/generate` with `input_ids`
-and `return_logprob`, one request per sample; weight sync as pause -> flush -> update_weights_from_disk
-with `weight_version` -> continue). It knows nothing of gleanrl: only httpx, torch and transformers
-(tests/test_harvest_sidecar.py checks its imports). REINFORCE with a group-mean baseline on a toy reward."""
+"""An RL loop that is not gleanrl's: written from slime's HTTP calls to SGLang (`/generate` with
+`input_ids` and `return_logprob`, one request per sample; weight sync as pause -> flush ->
+update_weights_from_disk with `weight_version` -> continue). It knows nothing of gleanrl: only
+httpx, torch and transformers (tests/test_harvest_sidecar.py checks its imports). REINFORCE with a
+group-mean baseline on a toy reward."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -26,14 +27,16 @@ def generate(url: str, ids: list[int], max_new_tokens: int, headers: dict) -> di
 
 def update_weights(url: str, path: Path, version: int, headers: dict) -> None:
     for route, body in (("/pause_generation", {}), ("/flush_cache", None),
-                        ("/update_weights_from_disk", {"model_path": str(path), "weight_version": str(version)}),
+                        ("/update_weights_from_disk",
+                         {"model_path": str(path), "weight_version": str(version)}),
                         ("/continue_generation", {})):
         resp = httpx.post(f"{url}{route}", json=body, headers=headers, timeout=300)
         resp.raise_for_status()
 
 
 def train(url: str, policy: Path, out: Path, steps: int, prompts: int = 2, samples: int = 4,
-          max_new_tokens: int = 48, headers: dict | None = None, lr: float = 1e-3, on_step=None) -> list[list[dict]]:
+          max_new_tokens: int = 48, headers: dict | None = None, lr: float = 1e-3,
+          on_step=None) -> list[list[dict]]:
     """Returns every step's responses (SGLang's /generate JSON, with meta_info)."""
     headers = headers or {}
     tok = AutoTokenizer.from_pretrained(policy)
@@ -42,7 +45,8 @@ def train(url: str, policy: Path, out: Path, steps: int, prompts: int = 2, sampl
     history = []
     with ThreadPoolExecutor(max_workers=prompts * samples) as pool:
         for step in range(steps):
-            batch = [tok.encode(f"count from {step + i}:") for i in range(prompts) for _ in range(samples)]
+            batch = [tok.encode(f"count from {step + i}:") for i in range(prompts)
+                     for _ in range(samples)]
             outs = list(pool.map(lambda ids: generate(url, ids, max_new_tokens, headers), batch))
             rewards = torch.tensor([reward(o["text"]) for o in outs]).view(prompts, samples)
             adv = (rewards - rewards.mean(dim=1, keepdim=True)).flatten()

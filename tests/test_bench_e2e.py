@@ -1,5 +1,5 @@
-"""`gleanrl bench e2e`: the summary's arithmetic on known rows (all arms and a subset), and one tiny run
-of every default arm (keys present and consistent; no timing asserts)."""
+"""`gleanrl bench e2e`: the summary's arithmetic on known rows (all arms and a subset), and one tiny
+run of every default arm (keys present and consistent; no timing asserts)."""
 from __future__ import annotations
 
 import json
@@ -14,19 +14,25 @@ from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
 
 
-def _rows(step_s: list[float], accept: list[float] | float, rewards: list[float], overrun: float = 0.0) -> list[dict]:
+def _rows(step_s: list[float], accept: list[float] | float, rewards: list[float],
+          overrun: float = 0.0) -> list[dict]:
     accept = accept if isinstance(accept, list) else [accept] * len(step_s)
-    return [{"step": i + 1, "rollout_s": s - 1.0, "train_s": 0.75, "push_s": 0.25, "spec_accept_length": acc,
-             "reward_mean": r, "accuracy": r / 2, "idle_overrun_s": overrun, "drafter_version": i, "tail_s": 1.0}
+    return [{"step": i + 1, "rollout_s": s - 1.0, "train_s": 0.75, "push_s": 0.25,
+             "spec_accept_length": acc, "reward_mean": r, "accuracy": r / 2,
+             "idle_overrun_s": overrun, "drafter_version": i, "tail_s": 1.0}
             for i, (s, acc, r) in enumerate(zip(step_s, accept, rewards))]
 
 
 def test_summary_arithmetic():
-    runs = {"a_no_sd": _rows([4, 4], 0.0, [0.1, 0.3]), "b_adaptive": _rows([2, 2], 3.0, [0.2, 0.3], overrun=0.04),
-            "c_stale": _rows([3, 3], 2.0, [0.1, 0.2]), "d_stale_harvest": _rows([3.3, 3.3], 2.0, [0.1, 0.2]),
-            "cold_adaptive": _rows([3, 2], [1.0, 3.0], [0.1, 0.3]), "cold_stale": _rows([4, 4], 1.0, [0.1, 0.3]),
+    runs = {"a_no_sd": _rows([4, 4], 0.0, [0.1, 0.3]),
+            "b_adaptive": _rows([2, 2], 3.0, [0.2, 0.3], overrun=0.04),
+            "c_stale": _rows([3, 3], 2.0, [0.1, 0.2]),
+            "d_stale_harvest": _rows([3.3, 3.3], 2.0, [0.1, 0.2]),
+            "cold_adaptive": _rows([3, 2], [1.0, 3.0], [0.1, 0.3]),
+            "cold_stale": _rows([4, 4], 1.0, [0.1, 0.3]),
             "offdomain_adaptive": _rows([3, 2], [1.5, 3.5], [0.1, 0.3]),
-            "offdomain_stale": _rows([3, 3], [1.5, 2.5], [0.1, 0.3]), "a_no_sd_seed2": _rows([4, 4], 0.0, [0.3, 0.4]),
+            "offdomain_stale": _rows([3, 3], [1.5, 2.5], [0.1, 0.3]),
+            "a_no_sd_seed2": _rows([4, 4], 0.0, [0.3, 0.4]),
             "a_sglang": _rows([5, 5], 0.0, [0.1, 0.2])}
     assert set(runs) == set(RUNS)
     s = summarize(runs, {name: 10.0 for name in runs})
@@ -43,7 +49,8 @@ def test_summary_arithmetic():
     assert s["reward_gap_ab"] == pytest.approx(0.05) and s["reward_noise_seed"] == pytest.approx(0.15)
     assert s["reward_a"] == [0.1, 0.3] and s["reward_b"] == [0.2, 0.3] and s["drafter_version"] == 1
 
-    faster = summarize(runs | {"a_sglang": _rows([3, 3], 0.0, [0.1, 0.2])})  # the faster no-SD arm is the baseline
+    # the faster no-SD arm is the baseline
+    faster = summarize(runs | {"a_sglang": _rows([3, 3], 0.0, [0.1, 0.2])})
     assert faster["baseline"] == "a_sglang" and faster["speedup_e2e"] == pytest.approx(6 / 4)
     assert faster["rollout_share_a"] == pytest.approx(4 / 6) and faster["reward_noise_seed"] == s["reward_noise_seed"]
 
@@ -65,40 +72,51 @@ def test_bench_e2e_tiny_run(tiny_qwen2, tmp_path, monkeypatch, capsys):
     drafter = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
     other = save_drafter(init_drafter(tiny_qwen2, seed=1), tmp_path / "drafter_other")
     out, js = tmp_path / "bench", tmp_path / "bench.json"
-    args = ["bench", "e2e", "--out", str(out), "--json", str(js), "--model", str(tiny_qwen2), "--steps", "1",
-            "--prompts-per-step", "2", "--samples-per-prompt", "2", "--max-new-tokens", "16", "--dtype", "float32"]
-    assert gleanrl.cli.main(args + ["--drafter", str(tmp_path / "none"), "--offdomain-drafter", str(other)]) == 2
+    args = ["bench", "e2e", "--out", str(out), "--json", str(js), "--model", str(tiny_qwen2),
+            "--steps", "1", "--prompts-per-step", "2", "--samples-per-prompt", "2",
+            "--max-new-tokens", "16", "--dtype", "float32"]
+    assert gleanrl.cli.main(args + ["--drafter", str(tmp_path / "none"), "--offdomain-drafter",
+                                    str(other)]) == 2
     assert gleanrl.cli.main(args + ["--arms", "a_no_sd,nope"]) == 2
     assert "unknown arm(s) nope" in capsys.readouterr().err
-    arms = [a for a in DEFAULT_ARMS if a != "a_sglang"]  # stock SGLang: the sglang-marked test below
+    # stock SGLang: the sglang-marked test below
+    arms = [a for a in DEFAULT_ARMS if a != "a_sglang"]
     assert gleanrl.cli.main(args + ["--drafter", str(drafter), "--offdomain-drafter", str(other),
                                     "--arms", ",".join(arms), "--sd", "on"]) == 0
     s = json.loads(js.read_text())
-    for key in ("speedup_e2e", "accept_len_adaptive", "accept_len_stale", "steps", "reward_a", "reward_b",
-                "reward_gap_ab", "reward_noise_seed", "rollout_share_a", "speedup_rollout", "cold_accept_per_step",
-                "offdomain_accept_ratio", "samedomain_accept_ratio", "heldout_accept_adaptive", "heldout_accept_stale",
+    for key in ("speedup_e2e", "accept_len_adaptive", "accept_len_stale", "steps", "reward_a",
+                "reward_b", "reward_gap_ab", "reward_noise_seed", "rollout_share_a",
+                "speedup_rollout", "cold_accept_per_step", "offdomain_accept_ratio",
+                "samedomain_accept_ratio", "heldout_accept_adaptive", "heldout_accept_stale",
                 "accept_ratio_late", "idle_train_s"):
         assert key in s
     assert s["steps"] == 1 and s["speedup_e2e"] > 0 and len(s["reward_a_seed2"]) == 1 and s["regime"] == "long_tail"
-    assert set(s["wall_s"]) == set(arms) == set(s["arms"]) and all(v > 0 for v in s["wall_s"].values())
+    assert set(s["wall_s"]) == set(arms) == set(s["arms"]) and all(v > 0
+                                                                   for v in s["wall_s"].values())
     assert 0 < s["rollout_share_a"] < 1 and len(s["cold_accept_per_step"]) == 1
-    assert s["accept_len_adaptive"] >= 1.0 and s["accept_len_stale"] >= 1.0  # SD ran in both drafter arms
-    assert s["samedomain_accept_ratio"] == pytest.approx(s["accept_len_adaptive"] / s["accept_len_stale"])
+    # SD ran in both drafter arms
+    assert s["accept_len_adaptive"] >= 1.0 and s["accept_len_stale"] >= 1.0
+    assert s["samedomain_accept_ratio"] == pytest.approx(s["accept_len_adaptive"]
+                                                         / s["accept_len_stale"])
     assert set(s["heldout_accept"]) == {"b_adaptive", "cold_adaptive", "offdomain_adaptive"}
-    assert all((out / name / "metrics.jsonl").exists() for name in arms) and s["baseline"] == "a_no_sd"
-    assert not (out / "d_stale_harvest").exists() and (out / "cold_drafter0" / "config.json").exists()
+    assert all((out / name / "metrics.jsonl").exists()
+               for name in arms) and s["baseline"] == "a_no_sd"
+    assert not (out / "d_stale_harvest").exists() and (out / "cold_drafter0"
+                                                       / "config.json").exists()
     assert not (tmp_path / "cache" / "drafters").exists()  # the given drafters, no warm start
 
 
 @pytest.mark.sglang
 @pytest.mark.skipif(sglang_missing() is not None, reason=str(sglang_missing()))
 def test_bench_e2e_quick_with_stock_sglang(tiny_qwen2, tmp_path, monkeypatch):
-    """`--quick`'s no-SD arms, one step each: the GRPO loop against stock SGLang CPU; the faster is the baseline."""
+    """`--quick`'s no-SD arms, one step each: the GRPO loop against stock SGLang CPU; the faster is
+    the baseline."""
     monkeypatch.setenv("GLEANRL_CACHE", str(tmp_path / "cache"))
     out, js = tmp_path / "bench", tmp_path / "bench.json"
-    assert gleanrl.cli.main(["bench", "e2e", "--quick", "--arms", "a_no_sd,a_sglang", "--steps", "1", "--out", str(out),
-                             "--json", str(js), "--model", str(tiny_qwen2), "--prompts-per-step", "2",
-                             "--samples-per-prompt", "2", "--max-new-tokens", "16", "--dtype", "float32"]) == 0
+    assert gleanrl.cli.main(["bench", "e2e", "--quick", "--arms", "a_no_sd,a_sglang", "--steps",
+                             "1", "--out", str(out), "--json", str(js), "--model", str(tiny_qwen2),
+                             "--prompts-per-step", "2", "--samples-per-prompt", "2",
+                             "--max-new-tokens", "16", "--dtype", "float32"]) == 0
     s = json.loads(js.read_text())
     assert s["arms"] == ["a_no_sd", "a_sglang"] and len(s["step_time_sglang"]) == 1
     assert s["baseline"] == min(("a_no_sd", "a_sglang"), key=lambda n: sum(s["step_time"][n]))

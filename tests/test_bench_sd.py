@@ -1,5 +1,6 @@
-"""`gleanrl bench sd` runs end to end on a tiny model and a random drafter and writes the documented JSON;
-at temperature 0 every SD output equals the plain one (a random drafter: most drafts are rejected)."""
+"""`gleanrl bench sd` runs end to end on a tiny model and a random drafter and writes the documented
+JSON; at temperature 0 every SD output equals the plain one (a random drafter: most drafts
+are rejected)."""
 from __future__ import annotations
 
 import json
@@ -40,7 +41,8 @@ def test_bench_sd_json(tiny_qwen2, tmp_path, capsys):
     )
     assert rc == 0
     data = json.loads(out.read_text())
-    assert [(r["batch"], r["temperature"]) for r in data["results"]] == [(1, 0.0), (1, 1.0), (3, 0.0), (3, 1.0)]
+    assert [(r["batch"], r["temperature"])
+            for r in data["results"]] == [(1, 0.0), (1, 1.0), (3, 0.0), (3, 1.0)]
     for r in data["results"]:
         assert r["sd_tok_s"] > 0 and r["plain_tok_s"] > 0 and 1.0 <= r["accept_length"] <= 4.0
         assert abs(r["speedup"] - r["sd_tok_s"] / r["plain_tok_s"]) < 0.01 + 0.01 * r["speedup"]
@@ -50,5 +52,6 @@ def test_bench_sd_json(tiny_qwen2, tmp_path, capsys):
 
 
 def test_bench_sd_missing_drafter(tiny_qwen2, tmp_path, capsys):
-    assert gleanrl.cli.main(["bench", "sd", "--model", str(tiny_qwen2), "--drafter", str(tmp_path / "nope")]) == 2
+    assert gleanrl.cli.main(["bench", "sd", "--model", str(tiny_qwen2), "--drafter",
+                             str(tmp_path / "nope")]) == 2
     assert "error" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""Capture: aux hidden states equal transformers' output_hidden_states at the chosen layers; soft labels."""
+"""Capture: aux hidden states equal transformers' output_hidden_states at the chosen layers;
+soft labels."""
 from __future__ import annotations
 
 import pytest
@@ -21,12 +22,14 @@ def test_capture_equals_output_hidden_states(target, layer_ids):
     for seq, s in zip(seqs, samples):
         with torch.no_grad():
             out = target(input_ids=seq[None], output_hidden_states=True)
-        want = torch.cat([out.hidden_states[a + 1][0] for a in layer_ids], dim=-1)   # entering layer a+1
+        # entering layer a+1
+        want = torch.cat([out.hidden_states[a + 1][0] for a in layer_ids], dim=-1)
         assert s.aux_hidden.shape == (len(seq), 3 * target.config.hidden_size)
         torch.testing.assert_close(s.aux_hidden, want, atol=1e-5, rtol=1e-4)
         probs = torch.softmax(out.logits[0], -1)
         top_p, top_i = probs.topk(8, -1)
-        assert torch.equal(s.topk_ids, top_i)                                   # row j predicts token j+1
+        # row j predicts token j+1
+        assert torch.equal(s.topk_ids, top_i)
         torch.testing.assert_close(s.topk_probs, top_p)
         assert torch.equal(s.input_ids, seq) and s.policy_version == 7
     assert samples[0].loss_mask.tolist() == [False] * 3 + [True] * 6

@@ -93,7 +93,8 @@ def test_sharded_checkpoint_with_missing_shard(tiny_qwen2, tmp_path):
     names = sorted(state)
     shard = _copy(tiny_qwen2, tmp_path / "sharded")
     (shard / "model.safetensors").unlink()
-    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    halves = {"model-00001-of-00002.safetensors": names[::2],
+              "model-00002-of-00002.safetensors": names[1::2]}
     for file, keys in halves.items():
         save_file({k: state[k] for k in keys}, shard / file, metadata={"format": "pt"})
     index = {"metadata": {}, "weight_map": {k: f for f, keys in halves.items() for k in keys}}

@@ -40,14 +40,16 @@ def test_generate_stream_and_status_endpoints(url, tiny_qwen2):
     assert len(body["output_ids"]) == 6
     lps = body["meta_info"]["output_token_logprobs"]
     assert [t for _, t, _ in lps] == body["output_ids"] and all(lp <= 0 for lp, _, _ in lps)
-    assert len(chunks) >= 2 and chunks[-1]["output_ids"] == body["output_ids"]  # seeded: same sample
+    # seeded: same sample
+    assert len(chunks) >= 2 and chunks[-1]["output_ids"] == body["output_ids"]
     r = Rollout(group_id=0, index=0, sample={"prompt": "x"}, prompt_ids=PROMPT)
     r.apply(body)
     assert r.status == RolloutStatus.TRUNCATED and r.rollout_logprobs == [lp for lp, _, _ in lps]
     assert r.weight_version == str(body["meta_info"]["weight_version"])
 
 
-def test_weight_update_sets_version_and_refusal_carries_the_message(url, tiny_qwen2, tiny_qwen2_b, tmp_path):
+def test_weight_update_sets_version_and_refusal_carries_the_message(url, tiny_qwen2, tiny_qwen2_b,
+                                                                    tmp_path):
     async def go():
         async with RolloutClient([url]) as c:
             await c.update_weights_from_disk(str(tiny_qwen2_b), weight_version="7")
@@ -86,9 +88,12 @@ def test_api_keys(tiny_qwen2):
 def test_several_urls_spread_generation_and_update_all(tiny_qwen2, url):
     async def go(u2):
         async with RolloutClient([url, u2]) as c:
-            before = [(await c.server_info(u))["internal_states"][0]["generation_tokens_total"] for u in c.urls]
-            await asyncio.gather(*(c.generate(PROMPT, {"max_new_tokens": 3, "ignore_eos": True}) for _ in range(4)))
-            after = [(await c.server_info(u))["internal_states"][0]["generation_tokens_total"] for u in c.urls]
+            before = [(await c.server_info(u))["internal_states"][0]["generation_tokens_total"]
+                      for u in c.urls]
+            await asyncio.gather(*(c.generate(PROMPT, {"max_new_tokens": 3, "ignore_eos": True})
+                                   for _ in range(4)))
+            after = [(await c.server_info(u))["internal_states"][0]["generation_tokens_total"]
+                     for u in c.urls]
             await c.update_weights_from_disk(str(tiny_qwen2), weight_version="42")
             versions = [(await c.model_info(u))["weight_version"] for u in c.urls]
             return before, after, versions
@@ -102,7 +107,8 @@ def test_unreachable_server_is_a_clear_error_not_a_hang():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again when the block ends: nothing listens there
-    client = RolloutClient([f"http://127.0.0.1:{port}"], retries=2, backoff_s=0.01, connect_timeout_s=1)
+    client = RolloutClient([f"http://127.0.0.1:{port}"], retries=2, backoff_s=0.01,
+                           connect_timeout_s=1)
     t0 = time.monotonic()
     with pytest.raises(RolloutServerError) as err:
         _run(client.generate(PROMPT, {"max_new_tokens": 2}))
@@ -116,8 +122,10 @@ def test_unreachable_server_is_a_clear_error_not_a_hang():
 def test_train_cli_reports_an_unreachable_server(tiny_qwen2, tmp_path, capsys, monkeypatch):
     import gleanrl.cli
     from test_train import ToyTask
-    monkeypatch.setattr("gleanrl.trainer.loop._load_task", lambda cfg: ToyTask())  # the task is not the point here
-    rc = gleanrl.cli.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"), "--server",
+    # the task is not the point here
+    monkeypatch.setattr("gleanrl.trainer.loop._load_task", lambda cfg: ToyTask())
+    rc = gleanrl.cli.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"),
+                           "--server",
                        "http://127.0.0.1:9", "--server-wait-s", "1", "--steps", "1"])
     err = capsys.readouterr().err
     assert rc == 1 and "rollout server" in err and "Traceback" not in err
@@ -167,11 +175,13 @@ def test_incremental_stream_chunks_are_concatenated():
     import httpx
 
     from gleanrl.clients.rollout import run_rollout
-    chunks = [{"output_ids": [4], "meta_info": {"completion_tokens": 1, "output_token_logprobs": [[-0.5, 4, None]],
-                                                "finish_reason": None, "weight_version": "3"}},
-              {"output_ids": [6], "meta_info": {"completion_tokens": 2, "output_token_logprobs": [[-0.25, 6, None]],
-                                                "finish_reason": {"type": "stop", "matched": 2},
-                                                "weight_version": "3"}}]
+    chunks = [{"output_ids": [4],
+               "meta_info": {"completion_tokens": 1, "output_token_logprobs": [[-0.5, 4, None]],
+                             "finish_reason": None, "weight_version": "3"}},
+              {"output_ids": [6],
+               "meta_info": {"completion_tokens": 2, "output_token_logprobs": [[-0.25, 6, None]],
+                             "finish_reason": {"type": "stop", "matched": 2},
+                             "weight_version": "3"}}]
     body = "".join(f"data: {_json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
     client = _mock_client(lambda request: httpx.Response(200, text=body))
     r = Rollout(group_id=0, index=0, sample={}, prompt_ids=PROMPT, rid="x")
@@ -184,12 +194,15 @@ def test_train_cli_config_errors_are_clear(tiny_qwen2, tmp_path, capsys):
     import gleanrl.cli
     cfg = tmp_path / "c.toml"
     cfg.write_text('steps = 3\nlearning_rate = 0.1\n')
-    rc = gleanrl.cli.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"), "--config", str(cfg)])
+    rc = gleanrl.cli.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"),
+                           "--config", str(cfg)])
     assert rc == 2 and "unknown config keys: learning_rate" in capsys.readouterr().err
-    rc = gleanrl.cli.main(["train", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    rc = gleanrl.cli.main(["train", "--model", str(tmp_path / "nope"), "--out",
+                           str(tmp_path / "o")])
     assert rc == 2 and "Hugging Face model directory" in capsys.readouterr().err
     cfg.write_text('steps = 0\n')
-    rc = gleanrl.cli.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"), "--config", str(cfg)])
+    rc = gleanrl.cli.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"),
+                           "--config", str(cfg)])
     assert rc == 2 and "steps must be an integer >= 1" in capsys.readouterr().err
 
 

@@ -1,7 +1,8 @@
-"""docker-compose.yml checked without a Docker engine: the structure Compose needs (services, profiles,
-volumes, health-gated dependencies, shared paths) and every gleanrl command in it parsed by gleanrl's own
-CLI parser. SGLang's command is parsed by SGLang's own parser in tests/sglang/test_compose_sglang.py;
-with the optional `compose-spec` package (the Rust compose_spec parser) the whole file is validated too."""
+"""docker-compose.yml checked without a Docker engine: the structure Compose needs (services,
+profiles, volumes, health-gated dependencies, shared paths) and every gleanrl command in it parsed
+by gleanrl's own CLI parser. SGLang's command is parsed by SGLang's own parser in
+tests/sglang/test_compose_sglang.py; with the optional `compose-spec` package (the Rust compose_spec
+parser) the whole file is validated too."""
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,8 @@ def interpolate(text: str, env: dict[str, str]) -> str:
 
 
 def load(env: dict[str, str] | None = None) -> dict:
-    return yaml.safe_load(interpolate(COMPOSE.read_text(), {"GLEANRL_ADMIN_API_KEY": "k", **(env or {})}))
+    return yaml.safe_load(interpolate(COMPOSE.read_text(),
+                                      {"GLEANRL_ADMIN_API_KEY": "k", **(env or {})}))
 
 
 def gleanrl_parser() -> argparse.ArgumentParser:
@@ -52,7 +54,8 @@ def test_services_profiles_and_images():
     assert rollout["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     for svc in (cpu, trainer):
         assert (
-            svc["image"] == "gleanrl:latest" and (ROOT / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
+            svc["image"] == "gleanrl:latest"
+            and (ROOT / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
         )
     assert load({"SGLANG_IMAGE": "mirror/sglang:x"})["services"]["rollout"]["image"] == "mirror/sglang:x"
     with pytest.raises(ValueError, match="GLEANRL_ADMIN_API_KEY"):
@@ -100,11 +103,14 @@ def test_gleanrl_commands_parse_with_gleanrl_cli():
     train = parser.parse_args(c["services"]["trainer"]["command"])
     assert train.servers == ["http://rollout-server:30000"] and train.resume
     with pytest.raises(SystemExit):
-        parser.parse_args(["serve", "--no-such-flag"])               # the parser does reject unknown flags
+        # the parser does reject unknown flags
+        parser.parse_args(["serve", "--no-such-flag"])
 
 
 def test_compose_spec_parser_accepts_the_file():
-    compose_spec = pytest.importorskip("compose_spec", reason="optional: pip install compose-spec for a full "
+    compose_spec = pytest.importorskip("compose_spec",
+                                       reason="optional: pip install compose-spec for a full "
                                                               "Compose-spec validation")
     text = interpolate(COMPOSE.read_text(), {**os.environ, "GLEANRL_ADMIN_API_KEY": "k"})
-    assert compose_spec.PyCompose.from_yaml(text).service_names() == ["rollout", "rollout-cpu", "trainer"]
+    assert compose_spec.PyCompose.from_yaml(text).service_names() == ["rollout", "rollout-cpu",
+                                                                      "trainer"]

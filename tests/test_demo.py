@@ -1,6 +1,6 @@
 """`gleanrl demo` end to end at tiny sizes: warm start, embedded server with adaptive SD, GRPO with
-harvest, one question through the openai client, report.md with its plots; the warm-started drafter is
-cached."""
+harvest, one question through the openai client, report.md with its plots; the warm-started
+drafter is cached."""
 from __future__ import annotations
 
 import argparse
@@ -13,15 +13,16 @@ from gleanrl.demo import warm_drafter
 def test_demo_runs_and_writes_report(tiny_qwen2, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GLEANRL_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "demo"
-    argv = ["demo", "--out", str(out), "--model", str(tiny_qwen2), "--steps", "2", "--prompts-per-step", "2",
-            "--samples-per-prompt", "3", "--max-new-tokens", "24", "--warm-prompts", "4", "--warm-steps", "3",
-            "--eval-prompts", "3"]
+    argv = ["demo", "--out", str(out), "--model", str(tiny_qwen2), "--steps", "2",
+            "--prompts-per-step", "2", "--samples-per-prompt", "3", "--max-new-tokens", "24",
+            "--warm-prompts", "4", "--warm-steps", "3", "--eval-prompts", "3"]
     assert gleanrl.cli.main(argv) == 0
     printed = capsys.readouterr().out
     assert "\nQ: " in printed and "\nA: " in printed and "warm-started drafter" in printed
     rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the initial policy's held-out accuracy
-    assert [r["step"] for r in rows if "eval_accuracy" in r] == [0, 2] and rows[0]["eval_temperature"] == 1.0
+    assert [r["step"] for r in rows
+            if "eval_accuracy" in r] == [0, 2] and rows[0]["eval_temperature"] == 1.0
     assert all("idle_used_s" in r and "sd_token_share" in r for r in rows[1:])
     report = (out / "report.md").read_text()
     for png in ("accuracy.png", "reward.png", "accept_length.png", "lengths.png", "step_time.png"):
@@ -31,7 +32,8 @@ def test_demo_runs_and_writes_report(tiny_qwen2, tmp_path, monkeypatch, capsys):
     assert "no sampling noise" in printed and "reference solutions' probabilities (the same 3 prompts" in report
 
     args = json.loads((out / "demo.json").read_text())
-    cached = warm_drafter(tiny_qwen2, argparse.Namespace(**args))  # same settings: from the cache, no training
+    # same settings: from the cache, no training
+    cached = warm_drafter(tiny_qwen2, argparse.Namespace(**args))
     assert (cached / "config.json").exists() and "warm-started" not in capsys.readouterr().out
 
 

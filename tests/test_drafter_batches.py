@@ -1,4 +1,5 @@
-"""Length-bucketed drafter training batches: every sample once per epoch, within the token budget."""
+"""Length-bucketed drafter training batches: every sample once per epoch, within the
+token budget."""
 import torch
 
 from gleanrl.harvest.train_step import length_batches
@@ -6,7 +7,8 @@ from gleanrl.harvest.train_step import length_batches
 
 def test_length_batches_cover_each_index_once_within_budget():
     lengths = [5, 300, 40, 41, 39, 800, 7, 8, 120, 60] * 3
-    batches = length_batches(lengths, max_tokens=256, max_seqs=4, generator=torch.Generator().manual_seed(0))
+    batches = length_batches(lengths, max_tokens=256, max_seqs=4,
+                             generator=torch.Generator().manual_seed(0))
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for b in batches:
         longest = max(lengths[i] for i in b)

@@ -15,24 +15,28 @@ def test_fused_forward_equals_unfused(tiny_qwen2):
     fused = copy.deepcopy(plain).fuse_for_inference()
     H3 = plain.fc.in_features
     gen = torch.Generator().manual_seed(0)
-    ids, aux = torch.randint(0, plain.config.vocab_size, (7,), generator=gen), torch.randn(7, H3, generator=gen)
+    ids, aux = torch.randint(0, plain.config.vocab_size, (7,),
+                             generator=gen), torch.randn(7, H3, generator=gen)
     with torch.no_grad():
         outs = []
         for d in (plain, fused):
             cache = new_draft_cache(d)
             h = drafter_forward(d, ids[:5], aux[:5], torch.arange(5), [cache], [5])  # catch-up
-            h2 = drafter_forward(d, ids[5:6], h[-1:], torch.tensor([5]), [cache], [1])  # one draft step
+            # one draft step
+            h2 = drafter_forward(d, ids[5:6], h[-1:], torch.tensor([5]), [cache], [1])
             outs.append((h, h2, d.logits(h2)))
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     # the fused weights are the modules' weights: an in-place update reaches both
     with torch.no_grad():
         fused.midlayer.mlp.up_proj.weight.mul_(2)
-        assert torch.equal(fused.fused[1][plain.config.intermediate_size:], fused.midlayer.mlp.up_proj.weight)
+        assert torch.equal(fused.fused[1][plain.config.intermediate_size:],
+                           fused.midlayer.mlp.up_proj.weight)
 
 
 def test_packed_bf16_serving_drafter_is_bit_identical(tiny_qwen2):
-    """The server's drafter matmuls (oneDNN-packed where that gives the same bits) change no draft."""
+    """The server's drafter matmuls (oneDNN-packed where that gives the same bits)
+    change no draft."""
     from gleanrl.server.model.packed_linear import can_pack, linear
 
     plain = init_drafter(tiny_qwen2, seed=5).eval().to(torch.bfloat16)
@@ -42,7 +46,8 @@ def test_packed_bf16_serving_drafter_is_bit_identical(tiny_qwen2):
     packed = copy.deepcopy(plain).fuse_for_inference(lambda w: linear(w, None, True))
     H3 = plain.fc.in_features
     gen = torch.Generator().manual_seed(1)
-    ids, aux = torch.randint(0, plain.config.vocab_size, (6,), generator=gen), torch.randn(6, H3, generator=gen)
+    ids, aux = torch.randint(0, plain.config.vocab_size, (6,),
+                             generator=gen), torch.randn(6, H3, generator=gen)
     outs = []
     with torch.no_grad():
         for d in (unpacked, packed):

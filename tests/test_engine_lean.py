@@ -1,9 +1,10 @@
-"""The lean decode step (compact slot pool, no-gather decode view, fused norms and rotary, packed bf16
-linears) against transformers: greedy identity at batch 1, 8 and 64 with mixed prompt and output lengths
-(sequences finish mid-batch, so slots move), stop strings and penalties; and the pool's compaction.
-In bfloat16 only batch 1 is compared: bf16 matmuls round differently at different batch sizes (oneDNN picks
-other kernels), so a batched greedy decode may flip a near-tie there, in transformers as in SGLang; the
-main branch before the lean step differed from transformers at batch 8 in the same place."""
+"""The lean decode step (compact slot pool, no-gather decode view, fused norms and rotary, packed
+bf16 linears) against transformers: greedy identity at batch 1, 8 and 64 with mixed prompt and
+output lengths (sequences finish mid-batch, so slots move), stop strings and penalties; and the
+pool's compaction. In bfloat16 only batch 1 is compared: bf16 matmuls round differently at different
+batch sizes (oneDNN picks other kernels), so a batched greedy decode may flip a near-tie there, in
+transformers as in SGLang; the main branch before the lean step differed from transformers at batch
+8 in the same place."""
 from __future__ import annotations
 
 import pytest
@@ -37,7 +38,8 @@ def served(tiny_llama):
 
 def _check_greedy(eng, hf, b: int) -> None:
     prompts, lengths = _batch(eng.tokenizer, b)
-    res = run_all(eng, [req(p, max_new_tokens=n, ignore_eos=True) for p, n in zip(prompts, lengths)])
+    res = run_all(eng,
+                  [req(p, max_new_tokens=n, ignore_eos=True) for p, n in zip(prompts, lengths)])
     for p, n, r in zip(prompts, lengths, res):
         assert r["ids"] == hf_greedy(hf, p, n)
     assert eng.scheduler.pool is not None and not eng.scheduler.pool.owner  # every slot came back
@@ -57,14 +59,16 @@ def test_bf16_greedy_equals_transformers_at_batch_1(tiny_llama):
 
 
 class OutputFrequencyPenalty(LogitsProcessor):
-    """SGLang's frequency penalty: counts over output tokens only (transformers' own counts the prompt)."""
+    """SGLang's frequency penalty: counts over output tokens only (transformers' own counts
+    the prompt)."""
 
     def __init__(self, prompt_len: int, penalty: float):
         self.prompt_len, self.penalty = prompt_len, penalty
 
     def __call__(self, input_ids, scores):
         counts = torch.zeros_like(scores).scatter_add_(
-            -1, input_ids[:, self.prompt_len:], torch.ones_like(input_ids[:, self.prompt_len:], dtype=scores.dtype))
+            -1, input_ids[:, self.prompt_len:],
+            torch.ones_like(input_ids[:, self.prompt_len:], dtype=scores.dtype))
         return scores - self.penalty * counts
 
 
@@ -73,13 +77,16 @@ def test_penalties_and_stop_strings_in_a_batch(served):
     tok = eng.tokenizer
     prompts, lengths = _batch(tok, 16)
     plain = [hf_greedy(hf, p, 20) for p in prompts]
-    stops = [tok.decode(ids[4:6]) for ids in plain]  # text the greedy output produces, so it must stop there
+    # text the greedy output produces, so it must stop there
+    stops = [tok.decode(ids[4:6]) for ids in plain]
     reqs = [req(p, max_new_tokens=20, ignore_eos=True, frequency_penalty=0.7) if i % 2 else
-            req(p, max_new_tokens=20, ignore_eos=True, stop=[stops[i]]) for i, p in enumerate(prompts)]
+            req(p, max_new_tokens=20, ignore_eos=True, stop=[stops[i]])
+            for i, p in enumerate(prompts)]
     for i, (p, r) in enumerate(zip(prompts, run_all(eng, reqs))):
         if i % 2:
             with torch.no_grad():
-                want = hf.generate(torch.tensor([p]), max_new_tokens=20, min_new_tokens=20, do_sample=False,
+                want = hf.generate(torch.tensor([p]), max_new_tokens=20, min_new_tokens=20,
+                                   do_sample=False,
                                    logits_processor=[OutputFrequencyPenalty(len(p), 0.7)])[0, len(p):].tolist()
             assert r["ids"] == want
         else:
@@ -104,8 +111,9 @@ def test_pool_stays_compact_and_moved_caches_keep_their_kv(tiny_llama):
 
 
 def test_only_the_decode_thread_runs_intra_op_threads(tiny_llama):
-    """libgomp throttles every team once a process has more OpenMP threads than CPUs (server/engine/loop.py):
-    the decode thread keeps the engine's thread count, a weight update on another thread loads with one."""
+    """libgomp throttles every team once a process has more OpenMP threads than CPUs
+    (server/engine/loop.py): the decode thread keeps the engine's thread count, a weight update on
+    another thread loads with one."""
     import threading
 
     eng = Engine(EngineConfig(model_path=str(tiny_llama), num_threads=2))
@@ -136,32 +144,36 @@ def test_only_the_decode_thread_runs_intra_op_threads(tiny_llama):
 
 
 def test_pooled_verify_pass_equals_own_caches(tiny_llama):
-    """A verify pass (a few tokens a sequence, a tree mask on one) over pooled caches writes in place and
-    attends over a view of the pool; the logits and the caches equal those of per-sequence caches."""
+    """A verify pass (a few tokens a sequence, a tree mask on one) over pooled caches writes in
+    place and attends over a view of the pool; the logits and the caches equal those of
+    per-sequence caches."""
     from gleanrl.server.model.verify_attention import verify_plan
 
     runner = ModelRunner.load(str(tiny_llama))
     pool = KVPool.for_runner(runner, slots=3, capacity=64)
-    pooled_caches, own = [pool.acquire() for _ in range(3)], [runner.new_cache(capacity=4) for _ in range(3)]
+    pooled_caches, own = [pool.acquire() for _ in range(3)], [runner.new_cache(capacity=4)
+                                                              for _ in range(3)]
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, runner.vocab_size, (n,), generator=g) for n in (7, 12, 9)]
     for caches in (pooled_caches, own):
         for c, p in zip(caches, prompts):
             runner.forward(p, torch.arange(len(p)), [c], [len(p)])
     lens = [3, 2, 4]
-    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)  # two branches
+    # two branches
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
     masks = [None, None, tree]
     tokens = torch.randint(0, runner.vocab_size, (sum(lens),), generator=g)
     positions = torch.cat([torch.arange(len(p), len(p) + t) for p, t in zip(prompts, lens)])
     order = [2, 0, 1]  # a batch not in slot order
-    assert verify_plan([pooled_caches[i] for i in order], [lens[i] for i in order], [masks[i] for i in order], 1,
-                       torch.device("cpu")).pool is pool
+    assert verify_plan([pooled_caches[i] for i in order], [lens[i] for i in order],
+                       [masks[i] for i in order], 1, torch.device("cpu")).pool is pool
     out = {}
     for name, caches in (("pooled", pooled_caches), ("own", own)):
         segs = torch.tensor(lens).cumsum(0)
         pick = torch.cat([torch.arange(int(segs[i]) - lens[i], int(segs[i])) for i in order])
-        logits, _ = runner.forward(tokens[pick], positions[pick], [caches[i] for i in order], [lens[i] for i in order],
-                                   last_only=False, tree_masks=[masks[i] for i in order])
+        logits, _ = runner.forward(tokens[pick], positions[pick], [caches[i] for i in order],
+                                   [lens[i] for i in order], last_only=False,
+                                   tree_masks=[masks[i] for i in order])
         out[name] = logits
     torch.testing.assert_close(out["pooled"], out["own"], atol=1e-5, rtol=1e-5)
     for a, b in zip(pooled_caches, own):
@@ -170,7 +182,8 @@ def test_pooled_verify_pass_equals_own_caches(tiny_llama):
 
 
 def test_an_engine_gives_the_callers_thread_count_back(tiny_llama):
-    """Engines one after the other in one process (bench rollout's arms) each get the caller's count."""
+    """Engines one after the other in one process (bench rollout's arms) each get the
+    caller's count."""
     torch.set_num_threads(2)
     for _ in range(2):
         eng = Engine(EngineConfig(model_path=str(tiny_llama)))

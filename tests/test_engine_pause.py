@@ -1,7 +1,7 @@
-"""SGLang's pause modes and update lock in the engine: `abort` ends in-flight requests with their partial
-output, `retract` requeues them and rebuilds their KV, `in_place` holds them; a target update without a
-pause waits for running requests (later ones wait for it), and one under a pause says per segment which
-version produced which tokens."""
+"""SGLang's pause modes and update lock in the engine: `abort` ends in-flight requests with their
+partial output, `retract` requeues them and rebuilds their KV, `in_place` holds them; a target
+update without a pause waits for running requests (later ones wait for it), and one under a pause
+says per segment which version produced which tokens."""
 from __future__ import annotations
 
 import asyncio
@@ -54,7 +54,8 @@ def test_abort_mode_returns_partial_output_at_once_and_holds_new_requests(engine
         later = asyncio.create_task(collect(engine, req(ids, max_new_tokens=4, ignore_eos=True)))
         while engine.stats()["num_queue_reqs"] == 0:
             await asyncio.sleep(0.002)
-        held = not later.done() and engine.flush_cache()  # queued behind the pause, as SGLang's tokenizer side
+        # queued behind the pause, as SGLang's tokenizer side
+        held = not later.done() and engine.flush_cache()
         engine.resume()
         return count, aborted, flushed, held, await later
 
@@ -106,7 +107,8 @@ def test_target_update_waits_for_running_requests(engine, reference, tiny_qwen2_
 
     async def main():
         task = await _started(engine, ids)
-        update = asyncio.create_task(asyncio.to_thread(engine.update_weights, str(tiny_qwen2_b), "v2"))
+        update = asyncio.create_task(asyncio.to_thread(engine.update_weights,
+                                                       str(tiny_qwen2_b), "v2"))
         while engine.state.swap is None:
             await asyncio.sleep(0.002)
         later = asyncio.create_task(collect(engine, req(ids, max_new_tokens=8, ignore_eos=True)))
@@ -125,21 +127,24 @@ def test_target_update_waits_for_running_requests(engine, reference, tiny_qwen2_
     assert later["ids"] == hf_greedy(model_b, ids, 8) and later["out"].weight_version == "v2"
 
 
-def test_update_under_retract_rebuilds_under_new_weights_and_reports_segments(engine, reference, tiny_qwen2_b):
+def test_update_under_retract_rebuilds_under_new_weights_and_reports_segments(
+        engine, reference, tiny_qwen2_b):
     ids, ref = reference
 
     async def main():
         task = await _started(engine, ids)
         await asyncio.to_thread(engine.pause, "retract")
         k = len(engine.state.waiting[0].output_ids)
-        await asyncio.to_thread(engine.update_weights, str(tiny_qwen2_b), "v2")  # lands at once: paused
+        # lands at once: paused
+        await asyncio.to_thread(engine.update_weights, str(tiny_qwen2_b), "v2")
         engine.resume()
         return k, await task
 
     k, res = asyncio.run(main())
     model_b = AutoModelForCausalLM.from_pretrained(tiny_qwen2_b).eval()
     assert res["ids"][:k] == ref[:k] and len(res["ids"]) == LONG
-    # transformers as the reference over a short stretch: a near-tie late in a long one may flip the argmax
+    # transformers as the reference over a short stretch: a near-tie late in a long one may
+    # flip the argmax
     assert res["ids"][k:k + 24] == hf_greedy(model_b, ids + ref[:k], 24)
     assert res["out"].weight_versions == [{"version": "default", "start": 0, "end": k},
                                           {"version": "v2", "start": k, "end": LONG}]
@@ -150,8 +155,10 @@ def test_abort_all_requests_lets_the_update_through_at_once(engine, reference, t
     ids, _ = reference
 
     async def main():
-        task = await _started(engine, ids, n=1000)  # ~1000 tokens outlast loading a tiny target by far
-        await asyncio.to_thread(engine.update_weights, str(tiny_qwen2_b), "v2", abort_all_requests=True)
+        # ~1000 tokens outlast loading a tiny target by far
+        task = await _started(engine, ids, n=1000)
+        await asyncio.to_thread(engine.update_weights, str(tiny_qwen2_b), "v2",
+                                abort_all_requests=True)
         return await asyncio.wait_for(task, 30)
 
     res = asyncio.run(main())

@@ -23,11 +23,14 @@ def test_ragged_forward_and_capture_match_transformers(arch, request):
     with torch.no_grad():
         ref = hf(ids, output_hidden_states=True)
     pool = KVPool.for_runner(runner, slots=4, capacity=64)
-    for buf in pool.k + pool.v:  # what uninitialised memory may hold: masked positions must not leak it
+    for buf in pool.k + pool.v:
+        # what uninitialised memory may hold: masked positions must not leak it
         buf.fill_(float("nan"))
-    caches = [runner.new_cache(capacity=2), pool.acquire(), pool.acquire()]  # own (growing) and pooled
+    # own (growing) and pooled
+    caches = [runner.new_cache(capacity=2), pool.acquire(), pool.acquire()]
     layers = [-1, 1, 2]  # -1: the embedding output (the stream entering layer 0)
-    for chunk in ([5, 9, 8], [6, 2, 1], [0, 1, 1], [1, 0, 0]):  # ragged prefill, mixed, pooled decode, own
+    for chunk in ([5, 9, 8], [6, 2, 1], [0, 1, 1], [1, 0, 0]):
+        # ragged prefill, mixed, pooled decode, own
         live = [b for b in range(3) if chunk[b] > 0]
         starts = [caches[b].length for b in live]
         tok = torch.cat([ids[b, s:s + chunk[b]] for b, s in zip(live, starts)])
@@ -44,15 +47,18 @@ def test_ragged_forward_and_capture_match_transformers(arch, request):
         torch.testing.assert_close(aux, want_aux, atol=1e-4, rtol=1e-4)
     assert [c.length for c in caches] == [12, 12, 10]
     with pytest.raises(ValueError, match="capture_layers"):
-        runner.forward(ids[0, :2], torch.arange(2), [runner.new_cache()], [2], capture_layers=[0, 1, 3])
+        runner.forward(ids[0, :2], torch.arange(2), [runner.new_cache()], [2],
+                       capture_layers=[0, 1, 3])
 
 
 def test_chunked_prefill_equals_transformers(tiny_llama):
     eng = Engine(EngineConfig(model_path=str(tiny_llama)))
-    eng.scheduler.prefill_chunk = 7  # prompts of ~40 tokens prefill over several iterations, beside decodes
+    # prompts of ~40 tokens prefill over several iterations, beside decodes
+    eng.scheduler.prefill_chunk = 7
     eng.start()
     try:
-        prompts = [eng.tokenizer("The quick brown fox jumps over the lazy dog. " * k)["input_ids"] for k in (1, 3, 4)]
+        prompts = [eng.tokenizer("The quick brown fox jumps over the lazy dog. " * k)["input_ids"]
+                   for k in (1, 3, 4)]
         res = run_all(eng, [req(p, max_new_tokens=10, ignore_eos=True) for p in prompts])
         model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
         for p, r in zip(prompts, res):

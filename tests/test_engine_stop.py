@@ -13,7 +13,8 @@ from gleanrl.server.http.detok import output_text
 
 @pytest.fixture(scope="module")
 def engine(tiny_qwen2):
-    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), max_running_requests=2, context_length=64))
+    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), max_running_requests=2,
+                              context_length=64))
     eng.start()
     yield eng
     eng.shutdown()
@@ -50,14 +51,18 @@ def test_stop_string_excluded_from_text(engine):
     tok = engine.tokenizer
     ids, full = _greedy(engine, "def add(a, b):")
     text = tok.decode(full, skip_special_tokens=False)
-    start = next(i for i in range(len(text) // 3, len(text) - 2)  # a plain-ASCII stop string mid-output
+    # a plain-ASCII stop string mid-output
+    start = next(i for i in range(len(text) // 3, len(text) - 2)
                  if all(c.isascii() and c not in "<|>" for c in text[i:i + 2]))
     stop = text[start:start + 2]
-    r = run_all(engine, [req(ids, max_new_tokens=40, ignore_eos=True, stop=[stop, "NEVER-SEEN"])])[0]
+    r = run_all(engine,
+                [req(ids, max_new_tokens=40, ignore_eos=True, stop=[stop, "NEVER-SEEN"])])[0]
     assert r["finish_reason"] == {"type": "stop", "matched": stop}
     assert r["ids"] == full[:len(r["ids"])]
-    assert stop in tok.decode(r["ids"]) and stop not in tok.decode(r["ids"][:-1])  # ids keep the last token
-    assert output_text(tok, finished_track(r["ids"], stop), skip_special_tokens=False) == text[:text.find(stop)]
+    # ids keep the last token
+    assert stop in tok.decode(r["ids"]) and stop not in tok.decode(r["ids"][:-1])
+    assert output_text(tok, finished_track(r["ids"], stop),
+                       skip_special_tokens=False) == text[:text.find(stop)]
 
 
 def test_max_new_tokens_and_context_length(engine):
@@ -73,7 +78,8 @@ def test_max_new_tokens_and_context_length(engine):
 def test_abort_frees_slot_and_queue_moves(engine):
     ids = engine.tokenizer("Hello")["input_ids"]
     engine.pause("in_place")  # keep both long requests running and the third waiting while we look
-    long_a, long_b = req(ids, max_new_tokens=50, ignore_eos=True), req(ids, max_new_tokens=50, ignore_eos=True)
+    long_a, long_b = req(ids, max_new_tokens=50, ignore_eos=True), req(ids, max_new_tokens=50,
+                                                                       ignore_eos=True)
     short = req(ids, max_new_tokens=5, ignore_eos=True)
 
     before = engine.stats()["generation_tokens_total"]
@@ -119,7 +125,8 @@ def test_abort_all(engine):
     ids = engine.tokenizer("Hello")["input_ids"]
 
     async def main():
-        tasks = [asyncio.create_task(collect(engine, req(ids, max_new_tokens=60, ignore_eos=True))) for _ in range(4)]
+        tasks = [asyncio.create_task(collect(engine, req(ids, max_new_tokens=60, ignore_eos=True)))
+                 for _ in range(4)]
         while engine.stats()["num_running_reqs"] < 2:
             await asyncio.sleep(0.005)
         engine.pause("in_place")

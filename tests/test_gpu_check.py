@@ -1,5 +1,6 @@
-"""scripts/gpu_check.sh: its CPU dry run runs every phase of the GPU check with tiny sizes and reports each
-ok in summary.json, so the script cannot rot where CI has no GPU; a spent budget skips phases, saying so."""
+"""scripts/gpu_check.sh: its CPU dry run runs every phase of the GPU check with tiny sizes and
+reports each ok in summary.json, so the script cannot rot where CI has no GPU; a spent budget skips
+phases, saying so."""
 from __future__ import annotations
 
 import json
@@ -14,8 +15,9 @@ PHASES = ["install", "tests", "bootstrap", "draft", "sd", "rollout", "e2e"]
 
 
 def _run(tmp_path: Path, *args: str, timeout: int) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--python", sys.executable,
-                           "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), *args],
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--python",
+                           sys.executable, "--out", str(tmp_path / "out"), "--work",
+                           str(tmp_path / "work"), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     summary = tmp_path / "out" / "summary.json"
     assert summary.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -25,8 +27,10 @@ def _run(tmp_path: Path, *args: str, timeout: int) -> tuple[subprocess.Completed
 @pytest.mark.slow
 def test_dry_run_every_phase_ok(tmp_path):
     from gleanrl.trainer.bootstrap import bootstrap_policy
-    bootstrap_policy(size="tiny", progress=False)  # cached, as the sglang tests share it: the phase finds it
-    proc, s = _run(tmp_path, "--dry-run", "--budget", "360", timeout=480)  # a busy CI machine must not flip it
+    # cached, as the sglang tests share it: the phase finds it
+    bootstrap_policy(size="tiny", progress=False)
+    # a busy CI machine must not flip it
+    proc, s = _run(tmp_path, "--dry-run", "--budget", "360", timeout=480)
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert list(s["phases"]) == PHASES, log[-3000:]
     for name, phase in s["phases"].items():
@@ -39,14 +43,16 @@ def test_dry_run_every_phase_ok(tmp_path):
     assert all(r["identical_outputs"] == f"{r['batch']}/{r['batch']}" for r in sd["results"])
     assert s["results"]["e2e"]["steps"] == 1
     out = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert out == ["e2e.json", "gpu_check.log", "rollout.json", "sd.json", "summary.json", "tests.xml"]
+    assert out == ["e2e.json", "gpu_check.log", "rollout.json", "sd.json", "summary.json",
+                   "tests.xml"]
 
 
 def test_spent_budget_skips_phases_and_fails(tmp_path):
     proc, s = _run(tmp_path, "--dry-run", "--budget", "5", timeout=60)
     assert proc.returncode == 1 and not s["ok"]
     assert s["phases"]["install"]["status"] == "skipped" and "budget" in s["phases"]["install"]["detail"]
-    assert all(p["status"] == "skipped" for p in s["phases"].values()) and list(s["phases"]) == PHASES
+    assert all(p["status"] == "skipped"
+               for p in s["phases"].values()) and list(s["phases"]) == PHASES
 
 
 @pytest.mark.parametrize("args, message", [(["--gpus", "2"], "unknown option --gpus"),

@@ -1,5 +1,5 @@
-"""`gleanrl train` harvest flags: validated, refused without --drafter, stored in OUT/harvest so that
-the loop's HarvestHooks use them and `--resume` keeps them unless flags change them."""
+"""`gleanrl train` harvest flags: validated, refused without --drafter, stored in OUT/harvest so
+that the loop's HarvestHooks use them and `--resume` keeps them unless flags change them."""
 from __future__ import annotations
 
 import argparse

@@ -1,7 +1,7 @@
-"""A small end-to-end run: GRPO on a tiny policy against a real server serving a drafter with SD, the
-Harvester training in each step's idle window. The drafter's expected acceptance on held-out harvested
-rollouts rises over the drafter it started from, better versions are pushed mid-run and served, and
-training continued from the serving weights."""
+"""A small end-to-end run: GRPO on a tiny policy against a real server serving a drafter with SD,
+the Harvester training in each step's idle window. The drafter's expected acceptance on held-out
+harvested rollouts rises over the drafter it started from, better versions are pushed mid-run and
+served, and training continued from the serving weights."""
 from __future__ import annotations
 
 import httpx
@@ -30,10 +30,11 @@ def test_online_drafter_beats_its_start_and_is_pushed(tiny_qwen2, tmp_path):
     save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
     with running_server(tiny_qwen2, drafter_path=str(tmp_path / "drafter0"), sd="on") as url:
         h = Harvester(tiny_qwen2, tmp_path / "drafter0", tmp_path / "spool", push=None,
-                      cfg=HarvestConfig(push_every=3, lr=3e-3, topk=16, max_tokens=48, max_holdout=8,
-                                        spool=SpoolConfig(holdout_every=4)))
+                      cfg=HarvestConfig(push_every=3, lr=3e-3, topk=16, max_tokens=48,
+                                        max_holdout=8, spool=SpoolConfig(holdout_every=4)))
         cfg = TrainConfig(model=str(tiny_qwen2), out=str(tmp_path / "run"), servers=[url], steps=3,
-                          prompts_per_step=2, samples_per_prompt=4, max_new_tokens=96, lr=1e-3, seed=0)
+                          prompts_per_step=2, samples_per_prompt=4, max_new_tokens=96,
+                          lr=1e-3, seed=0)
         train(cfg, task=CountTask(), hooks=HarvestHooks(h), log=lambda *a: None)
         info = httpx.get(f"{url}/model_info", timeout=30).json()
     assert h.steps >= 6, f"only {h.steps} drafter micro-steps in the idle windows"

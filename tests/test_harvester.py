@@ -1,5 +1,6 @@
-"""Harvester end to end on a tiny target: harvesting raises the drafter's held-out acceptance, pushes
-are gated on beating the serving drafter, versions are monotonic, and a new Harvester resumes."""
+"""Harvester end to end on a tiny target: harvesting raises the drafter's held-out acceptance,
+pushes are gated on beating the serving drafter, versions are monotonic, and a new
+Harvester resumes."""
 from __future__ import annotations
 
 import threading
@@ -23,22 +24,23 @@ def setup(tiny_qwen2, tmp_path_factory):
     rollouts = []
     for _ in range(64):
         prompt = torch.randint(3, target.config.vocab_size, (6,), generator=gen)
-        out = target.generate(prompt[None], attention_mask=torch.ones(1, 6, dtype=torch.long), max_new_tokens=24,
-                              do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = target.generate(prompt[None], attention_mask=torch.ones(1, 6, dtype=torch.long),
+                              max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
         rollouts.append((prompt.tolist(), out[0, 6:].tolist()))
     return root, target, rollouts
 
 
 def _cfg(**kw) -> HarvestConfig:
-    return HarvestConfig(batch_size=4, lr=3e-3, push_every=0, topk=8, accept_mode="greedy",  # greedy rollouts
+    # greedy rollouts
+    return HarvestConfig(batch_size=4, lr=3e-3, push_every=0, topk=8, accept_mode="greedy",
                          spool=SpoolConfig(holdout_every=4), **kw)
 
 
 def test_acceptance_rises_push_gated_versions_monotonic_and_resume(setup, tmp_path):
     root, target, rollouts = setup
     pushed: list[tuple[str, int]] = []
-    h = Harvester(target, root / "init_drafter", tmp_path / "spool", push=lambda p, v: pushed.append((p, v)),
-                  cfg=_cfg())
+    h = Harvester(target, root / "init_drafter", tmp_path / "spool",
+                  push=lambda p, v: pushed.append((p, v)), cfg=_cfg())
     assert h.maybe_push() is None and h.score() is None  # nothing harvested: nothing to judge
     for prompt, out in rollouts:
         h.add_rollout(prompt, out, target, policy_version=0)
@@ -115,22 +117,26 @@ def test_clear_errors_for_bad_inputs(setup, tmp_path):
         Harvester(target, tmp_path / "no_drafter", None)
     with pytest.raises(ValueError, match="batch_size"):
         HarvestConfig(batch_size=0)
-    with pytest.raises(TypeError, match="DrafterPush"):  # a URL is the clients' business, not harvest's
+    with pytest.raises(TypeError, match="DrafterPush"):
+        # a URL is the clients' business, not harvest's
         Harvester(target, root / "init_drafter", None, push="http://127.0.0.1:30000")
 
 
 def test_push_attempt_abandoned_when_the_window_closes(setup, tmp_path):
     root, target, rollouts = setup
     pushed: list[int] = []
-    h = Harvester(target, root / "init_drafter", None, push=lambda p, v: pushed.append(v), cfg=_cfg())
+    h = Harvester(target, root / "init_drafter", None, push=lambda p, v: pushed.append(v),
+                  cfg=_cfg())
     for prompt, out in rollouts[:16]:
         h.add_rollout(prompt, out, target)
     h.train_while(lambda: True, max_steps=30)
     calls = []
-    assert h.maybe_push(stop=lambda: calls.append(1) or len(calls) > 1) is None  # closed while scoring
+    # closed while scoring
+    assert h.maybe_push(stop=lambda: calls.append(1) or len(calls) > 1) is None
     assert h.history == [] and h.version == 0 and pushed == []
     assert h.maybe_push(stop=lambda: False) == 1 and pushed == [1]
     h.cfg.push_every = 1
-    h._closing.set()  # a micro-step that ends as the window closes starts no attempt and keeps it due
+    # a micro-step that ends as the window closes starts no attempt and keeps it due
+    h._closing.set()
     h.train_micro_step()
     assert len(h.history) == 1 and h._since_push >= 1

@@ -13,14 +13,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_custom_loop_example_runs(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "custom_loop.py"), "--out", str(tmp_path),
-                           "--steps", "2", "--rollouts", "8", "--max-new-tokens", "48"],
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "custom_loop.py"), "--out",
+                           str(tmp_path), "--steps", "2", "--rollouts", "8",
+                           "--max-new-tokens", "48"],
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     rows, final = lines[:-1], lines[-1]
     assert [r["step"] for r in rows] == [1, 2]
-    # cumulative: the drafter trained inside idle windows (a quick step-1 tail may end before the spool fills)
+    # cumulative: the drafter trained inside idle windows (a quick step-1 tail may end before
+    # the spool fills)
     assert rows[-1]["idle_train_steps"] > 0
     info, pushes = final["model_info"], final["pushes"]
     assert info["weight_version"] == "2"

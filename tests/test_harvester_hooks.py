@@ -1,6 +1,6 @@
-"""HarvestHooks without a server: captures happen in the idle window at the capturing policy's version
-(mid-step while the spool is cold), the tail carries over to the next window, a bad rollout is skipped,
-the queue is bounded, and the step's figures add up."""
+"""HarvestHooks without a server: captures happen in the idle window at the capturing policy's
+version (mid-step while the spool is cold), the tail carries over to the next window, a bad rollout
+is skipped, the queue is bounded, and the step's figures add up."""
 from __future__ import annotations
 
 import time
@@ -29,9 +29,11 @@ def test_hooks_capture_drop_skip_and_metrics(tiny_qwen2, tmp_path, capsys):
     hooks = HarvestHooks(h)
     hooks.on_step_start(1, model)
     vocab = model.config.vocab_size
-    hooks.on_rollout_finished(_rollout([5, 6, 7], [8, 9, 10, 11], verify_ct=2, accepted=1))  # 3 of 4 tokens by SD
+    # 3 of 4 tokens by SD
+    hooks.on_rollout_finished(_rollout([5, 6, 7], [8, 9, 10, 11], verify_ct=2, accepted=1))
     hooks.on_rollout_finished(_rollout([5, 6], [vocab + 5, 3]))  # an id the policy cannot embed
-    hooks.on_rollout_finished(_rollout([7], [12, 13, 14, 15], version=None))  # no version: the step's
+    # no version: the step's
+    hooks.on_rollout_finished(_rollout([7], [12, 13, 14, 15], version=None))
     with hooks.idle_window():
         deadline = time.monotonic() + 30
         while (hooks.captured + hooks.errors < 3 or h.steps < 2) and time.monotonic() < deadline:
@@ -43,8 +45,10 @@ def test_hooks_capture_drop_skip_and_metrics(tiny_qwen2, tmp_path, capsys):
     assert m["sd_token_share"] == 3 / 10 and m["drafter_steps"] == h.steps >= 2
     assert m["idle_used_s"] <= m["idle_window_s"]
 
-    hooks.on_rollout_finished(_rollout([1, 2], [3, 4, 5]))  # the tail: finishes as the window closes
-    hooks.on_step_start(2, model)  # an update without update_capture(): the tail is captured by version 1
+    # the tail: finishes as the window closes
+    hooks.on_rollout_finished(_rollout([1, 2], [3, 4, 5]))
+    # an update without update_capture(): the tail is captured by version 1
+    hooks.on_step_start(2, model)
     assert hooks.step_metrics()["harvest_carried"] == 1
     with hooks.idle_window():
         deadline = time.monotonic() + 30
@@ -70,7 +74,8 @@ def test_hooks_queue_is_bounded(tiny_qwen2, tmp_path):
 
 def test_a_warm_spool_alternates_capture_and_training(tiny_qwen2, tmp_path):
     """Once the spool holds a batch, the idle window no longer spends every micro-step on capture
-    forwards of queued rollouts: every other one trains (at nice 19 capture alone filled whole windows)."""
+    forwards of queued rollouts: every other one trains (at nice 19 capture alone filled
+    whole windows)."""
     save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "d0")
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).eval()
     h = Harvester(tiny_qwen2, tmp_path / "d0", None, cfg=HarvestConfig(push_every=0, batch_size=2,
@@ -84,4 +89,5 @@ def test_a_warm_spool_alternates_capture_and_training(tiny_qwen2, tmp_path):
     hooks.on_step_start(2, model)
     done = [hooks._capture_one() for _ in range(6)]
     assert hooks.captured == 4 and len(h.spool) == 4
-    assert done == [True, True, False, True, False, True]   # cold spool: capture; warm: every other call
+    assert done == [True, True, False, True, False, True]   # cold spool: capture; warm:
+                                                            # every other call

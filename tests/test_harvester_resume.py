@@ -1,6 +1,7 @@
-"""Resume of the harvester with the trainer checkpoint: the drafter in training (ahead of the serving
-one), its optimizer and RNG come back from the step checkpoint, so training continues exactly as without
-the crash; a version written but never pushed is served and pushed again, and numbers never repeat."""
+"""Resume of the harvester with the trainer checkpoint: the drafter in training (ahead of the
+serving one), its optimizer and RNG come back from the step checkpoint, so training continues
+exactly as without the crash; a version written but never pushed is served and pushed again, and
+numbers never repeat."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -21,7 +22,8 @@ def _params(drafter) -> dict[str, torch.Tensor]:
 
 
 def _always_better(h) -> None:
-    """The candidate beats the serving drafter whatever it is (the gate itself is tested elsewhere)."""
+    """The candidate beats the serving drafter whatever it is (the gate itself is
+    tested elsewhere)."""
     h._score = lambda drafter, held, stop=None: 1.0 if drafter is h.serving else 2.0
 
 
@@ -44,12 +46,15 @@ def test_resume_restores_training_state_and_repushes_the_serving_version(tiny_qw
     assert h.maybe_push() == 1 and pushed == [1]
     h.train_while(lambda: True, max_steps=2)  # progress after the push, not pushed yet
     hooks.on_step_start(2, model)
-    hooks.on_rollout_finished(SimpleNamespace(prompt_ids=[4, 5], output_ids=[6, 7, 8], spec_verify_ct=0,
-                                              spec_accept_token_num=0))  # carried over to the next window
-    save_checkpoint(tmp_path / "run", 1, model, None, torch.optim.SGD(model.parameters(), lr=0.1), {}, 2,
+    hooks.on_rollout_finished(SimpleNamespace(prompt_ids=[4, 5], output_ids=[6, 7, 8],
+                                              # carried over to the next window
+                                              spec_verify_ct=0, spec_accept_token_num=0))
+    save_checkpoint(tmp_path / "run", 1, model, None,
+                    torch.optim.SGD(model.parameters(), lr=0.1), {}, 2,
                     hooks_state=hooks.state_dict())
     trained, steps = _params(h.drafter), h.steps
-    save_drafter(h.drafter, root / "drafter_versions" / "v000002")  # the crash: written, never pushed
+    # the crash: written, never pushed
+    save_drafter(h.drafter, root / "drafter_versions" / "v000002")
     h.train_while(lambda: True, max_steps=1)  # what the run would have done next
     expected = _params(h.drafter)
 
@@ -66,15 +71,18 @@ def test_resume_restores_training_state_and_repushes_the_serving_version(tiny_qw
     again.bind_push(lambda path, version: pytest.fail("the Harvester's own push is kept"))
     again.bind_push(lambda path, version: pytest.fail("the Harvester's own push is kept"))
     assert repushed == [(str(serve), 2)]  # once, right after the resume
-    again.h.train_while(lambda: True, max_steps=1)  # same batch, same optimizer moments: same weights
-    assert all(torch.allclose(v, expected[k], atol=1e-6) for k, v in _params(again.h.drafter).items())
+    # same batch, same optimizer moments: same weights
+    again.h.train_while(lambda: True, max_steps=1)
+    assert all(torch.allclose(v, expected[k], atol=1e-6)
+               for k, v in _params(again.h.drafter).items())
     _always_better(again.h)
     assert again.h.maybe_push() == 3 and repushed[-1][1] == 3  # 2 is never reused
 
 
 def test_refused_push_leaves_no_version_behind(tiny_qwen2, tmp_path):
     drafter0 = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
-    hooks, _ = HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest", resume=False)
+    hooks, _ = HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest",
+                                    resume=False)
 
     def refuse(path, version):
         raise RuntimeError("no")
@@ -84,5 +92,6 @@ def test_refused_push_leaves_no_version_behind(tiny_qwen2, tmp_path):
     with pytest.raises(RuntimeError, match="no"):
         hooks.h.maybe_push()
     assert not any((tmp_path / "harvest" / "drafter_versions").glob("v*")) and hooks.h.version == 0
-    resumed, serve = HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest", resume=False)
+    resumed, serve = HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest",
+                                          resume=False)
     assert serve == drafter0 and resumed.h.version == 0

@@ -1,11 +1,12 @@
 """Issue 22: no single request can stop, stall or poison the server. Every hostile class
-(`tests/hostile_cases.py`) is sent to a real server on a loopback port, with no key set (the default),
-while a benign client streams greedy requests: each hostile request gets its clear 4xx/503 or is served
-within bounds, the benign client sees no error and the same tokens, its p99 latency stays within 2x of
-its baseline (measured alone, in the same test, right before; the best of 3 paired rounds, so load from
-other jobs on the machine does not decide), `/health` answers in < 1 s throughout, and the same weights
-serve after. Then the engine-side guarantees: a request that fails inside the engine aborts alone, a swap
-that fails is undone, a drain is bounded; and the proxy's limits."""
+(`tests/hostile_cases.py`) is sent to a real server on a loopback port, with no key set (the
+default), while a benign client streams greedy requests: each hostile request gets its clear 4xx/503
+or is served within bounds, the benign client sees no error and the same tokens, its p99 latency
+stays within 2x of its baseline (measured alone, in the same test, right before; the best of 3
+paired rounds, so load from other jobs on the machine does not decide), `/health` answers in < 1 s
+throughout, and the same weights serve after. Then the engine-side guarantees: a request that fails
+inside the engine aborts alone, a swap that fails is undone, a drain is bounded; and the
+proxy's limits."""
 from __future__ import annotations
 
 import json
@@ -24,7 +25,8 @@ ROUND_REQUESTS = 30
 
 
 class Benign(threading.Thread):
-    """Streams BENIGN requests back to back; records latencies and anything but the reference answer."""
+    """Streams BENIGN requests back to back; records latencies and anything but the
+    reference answer."""
 
     def __init__(self, url: str, reference: list[int], count: int):
         super().__init__(daemon=True)
@@ -81,8 +83,10 @@ def _baseline(url: str, reference: list[int]) -> float:
 
 
 def _hostile_round(url: str, reference: list[int], vocab: int) -> tuple[float, float, list[str]]:
-    """Every hostile case once while the benign client streams; returns (benign p99, worst /health, wrong)."""
-    benign, health, wrong, hostile = Benign(url, reference, ROUND_REQUESTS), Health(url), [], cases(vocab)
+    """Every hostile case once while the benign client streams; returns (benign p99, worst
+    /health, wrong)."""
+    benign, health, wrong, hostile = Benign(url, reference,
+                                            ROUND_REQUESTS), Health(url), [], cases(vocab)
     health.start()
     benign.start()
     with httpx.Client(timeout=120) as http:
@@ -105,8 +109,10 @@ def test_hostile_requests_do_not_stop_stall_or_poison_the_server(tiny_qwen2):
         prompt = app.state.tokenizer.encode("Once upon a time")
         before = greedy_ids(url, prompt, 12)
         reference = greedy_ids(url, app.state.tokenizer.encode(BENIGN["text"]), 8)["output_ids"]
-        with httpx.Client(timeout=120) as http:  # warm every path first: first-call costs are not load
-            wrong = [f"{name}: {why}" for name, send, check in cases(vocab) if (why := check(send(http, url)))]
+        with httpx.Client(timeout=120) as http:
+            # warm every path first: first-call costs are not load
+            wrong = [f"{name}: {why}" for name, send, check in cases(vocab)
+                     if (why := check(send(http, url)))]
         assert not wrong, wrong
         ratios = []
         for _ in range(3):
@@ -120,7 +126,8 @@ def test_hostile_requests_do_not_stop_stall_or_poison_the_server(tiny_qwen2):
         print(f"hostile: benign p99 / baseline p99 per round {[round(r, 2) for r in ratios]}, "
               f"worst /health {worst_health * 1000:.0f} ms")
         assert min(ratios) <= 2.0, f"benign p99 / baseline p99 in each round: {ratios}"
-        assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 0 == server_stats(url)["num_queue_reqs"])
+        assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 0
+                          == server_stats(url)["num_queue_reqs"])
         after = greedy_ids(url, prompt, 12)
         assert after["output_ids"] == before["output_ids"]
         assert after["meta_info"]["weight_version"] == before["meta_info"]["weight_version"]
@@ -149,9 +156,11 @@ def test_a_request_failing_inside_the_engine_aborts_alone(served, tok):
     good = threading.Thread(target=lambda: results.append(greedy_ids(url, ids, 400)))
     try:
         good.start()
-        assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 1)  # then the poison joins its batch
+        # then the poison joins its batch
+        assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 1)
         bad = httpx.post(f"{url}/generate", json={"input_ids": ids, "rid": "poison",
-                                                  "sampling_params": {"max_new_tokens": 40}}, timeout=120).json()
+                                                  "sampling_params": {"max_new_tokens": 40}},
+                         timeout=120).json()
         good.join()
     finally:
         engine.scheduler.step = original
@@ -189,13 +198,16 @@ def test_a_drain_that_does_not_end_is_refused_in_bounded_time(tiny_qwen2, tiny_q
     with running_app(tiny_qwen2, swap_timeout_s=0.3) as (url, app):
         ids = tok.encode("Once upon a time")
         long = threading.Thread(target=lambda: httpx.post(
-            f"{url}/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 1000 - len(ids),
-                                                                           "ignore_eos": True}}, timeout=600))
+            f"{url}/generate",
+            json={"input_ids": ids, "sampling_params": {"max_new_tokens": 1000 - len(ids),
+                                                        "ignore_eos": True}}, timeout=600))
         long.start()
         assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 1)
-        r = httpx.post(f"{url}/update_weights_from_disk", json={"model_path": str(tiny_qwen2_b)}, timeout=120)
+        r = httpx.post(f"{url}/update_weights_from_disk", json={"model_path": str(tiny_qwen2_b)},
+                       timeout=120)
         assert r.status_code == 400 and "withdrawn" in r.json()["message"]
-        assert greedy_ids(url, ids, 4)["meta_info"]["weight_version"] == "default"  # held requests run again
+        # held requests run again
+        assert greedy_ids(url, ids, 4)["meta_info"]["weight_version"] == "default"
         app.state.engine.abort(None)
         long.join()
 
@@ -206,11 +218,13 @@ def test_the_proxy_bounds_bodies_and_outputs_and_keys_its_feed(served):
     with running_proxy(url, max_request_bytes=4096, max_outputs=16) as (px, _app):
         big = httpx.post(f"{px}/generate", json={"text": "x" * 8000}, timeout=30)
         assert big.status_code == 413
-        many = httpx.post(f"{px}/generate", json={"text": "a", "sampling_params": {"n": 10**9}}, timeout=30)
+        many = httpx.post(f"{px}/generate", json={"text": "a", "sampling_params": {"n": 10**9}},
+                          timeout=30)
         assert many.status_code == 400 and "sampling_params.n" in many.json()["error"]["message"]
         feed = httpx.get(f"{px}/harvest_feed", timeout=30)
         assert feed.status_code == 404 and "--admin-api-key" in feed.json()["error"]["message"]
-        assert httpx.post(f"{px}/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 2}},
+        assert httpx.post(f"{px}/generate",
+                          json={"text": "a", "sampling_params": {"max_new_tokens": 2}},
                           timeout=60).status_code == 200
 
 

@@ -1,4 +1,5 @@
-"""`gleanrl serve`: clear one-line errors with exit status 2, and a real served model over the CLI."""
+"""`gleanrl serve`: clear one-line errors with exit status 2, and a real served model
+over the CLI."""
 from __future__ import annotations
 
 import os
@@ -72,7 +73,8 @@ def test_serve_command_answers_and_keeps_the_key_out_of_the_logs(tiny_qwen2, tmp
             f"{url}/generate",
             headers=headers,
             timeout=60,
-            json={"text": "hi", "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}},
+            json={"text": "hi",
+                  "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}},
         )
         assert r.json()["meta_info"]["completion_tokens"] == 3
         assert httpx.post(f"{url}/generate", json={"text": "hi"}).status_code == 401

@@ -59,7 +59,8 @@ def test_stop_string_as_str_or_list_is_trimmed_from_text_not_ids(url, tok):
     stop = full["text"][3:6]
     assert len(stop.strip()) >= 2
     for value in (stop, [stop, ""]):
-        out = gen(url, text=PROMPTS[1], sampling_params={"max_new_tokens": 12, "temperature": 0, "stop": value})
+        out = gen(url, text=PROMPTS[1],
+                  sampling_params={"max_new_tokens": 12, "temperature": 0, "stop": value})
         assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
         assert out["text"] == full["text"][: full["text"].find(stop)]
         assert stop in tok.decode(out["output_ids"])
@@ -73,10 +74,13 @@ def test_batch_input_ids_and_n_expand_prompt_major(url, hf, tok):
         assert out["output_ids"] == hf_greedy(hf, batch[k // 2], 6)
         assert "output_token_logprobs" not in out["meta_info"]
     assert [o["meta_info"]["id"] for o in outs] == ["a-0", "a-1", "b-0", "b-1"]
-    single_n = gen(url, text=PROMPTS[2], sampling_params={"max_new_tokens": 5, "n": 3, "sampling_seed": 7})
+    single_n = gen(url, text=PROMPTS[2],
+                   sampling_params={"max_new_tokens": 5, "n": 3, "sampling_seed": 7})
     assert isinstance(single_n, list) and len(single_n) == 3
-    again = gen(url, text=PROMPTS[2], sampling_params={"max_new_tokens": 5, "n": 3, "sampling_seed": 7})
-    assert [o["output_ids"] for o in again] == [o["output_ids"] for o in single_n]  # seed + i per sample
+    again = gen(url, text=PROMPTS[2],
+                sampling_params={"max_new_tokens": 5, "n": 3, "sampling_seed": 7})
+    # seed + i per sample
+    assert [o["output_ids"] for o in again] == [o["output_ids"] for o in single_n]
 
 
 def _sse(url, body, headers=None):
@@ -106,7 +110,8 @@ def test_stream_chunks_are_cumulative_and_end_like_non_stream(url):
     assert {c["index"] for c in batch} == {0, 1}
     sparse = _sse(url, {**body, "stream": True, "sampling_params": greedy(10, stream_interval=4)})
     sizes = [len(c["output_ids"]) for c in sparse]
-    assert 2 <= len(sizes) <= 3 and sizes[-1] == 10 and all(n >= 4 * (k + 1) for k, n in enumerate(sizes[:-1]))
+    assert 2 <= len(sizes) <= 3 and sizes[-1] == 10 and all(n >= 4 * (k + 1)
+                                                            for k, n in enumerate(sizes[:-1]))
     assert sparse[-1]["text"] == plain["text"]
 
 
@@ -120,7 +125,8 @@ def test_sixteen_mixed_lengths_concurrent_correct_and_short_first(url, hf, tok):
         order.append(i)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
-    httpx.post(f"{url}/pause_generation", json={"mode": "in_place"})  # all 16 are in before the first step
+    # all 16 are in before the first step
+    httpx.post(f"{url}/pause_generation", json={"mode": "in_place"})
     try:
         for t in threads:
             t.start()
@@ -145,7 +151,8 @@ def test_abort_by_rid_ends_the_stream_with_abort(url):
     t = threading.Thread(target=consume)
     t.start()
     assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 1)
-    httpx.post(f"{url}/pause_generation", json={"mode": "in_place"})  # keeps it mid-way until the abort lands
+    # keeps it mid-way until the abort lands
+    httpx.post(f"{url}/pause_generation", json={"mode": "in_place"})
     try:
         assert httpx.post(f"{url}/abort_request", json={"rid": "to-abort"}).status_code == 200
         t.join(60)
@@ -185,7 +192,8 @@ def test_disconnect_of_a_running_request_frees_the_slot_even_while_paused(url, s
 def test_pause_holds_requests_and_continue_releases_them(url):
     assert httpx.post(f"{url}/pause_generation", json={"mode": "in_place"}).json()["status"] == "ok"
     box = {}
-    t = threading.Thread(target=lambda: box.update(out=gen(url, text=PROMPTS[0], sampling_params=greedy(4))))
+    t = threading.Thread(target=lambda: box.update(out=gen(url, text=PROMPTS[0],
+                                                           sampling_params=greedy(4))))
     t.start()
     assert wait_until(lambda: server_stats(url)["num_queue_reqs"] == 1)
     assert "out" not in box and server_stats(url)["paused"] is True
@@ -199,7 +207,8 @@ def test_disconnect_while_queued_behind_a_pause_drops_the_request(url):
     try:
         for stream in (True, False):
             with pytest.raises(httpx.ReadTimeout):
-                httpx.post(f"{url}/generate", json={"text": PROMPTS[1], "stream": stream, "sampling_params": greedy(5)},
+                httpx.post(f"{url}/generate", json={"text": PROMPTS[1], "stream": stream,
+                                                    "sampling_params": greedy(5)},
                            timeout=httpx.Timeout(60, read=0.5))
             assert wait_until(lambda: server_stats(url)["num_queue_reqs"] == 0)
     finally:
@@ -218,8 +227,9 @@ def test_info_health_flush_and_metrics(url):
     assert httpx.get(f"{url}/health_generate", timeout=60).status_code == 200
     assert httpx.post(f"{url}/flush_cache").status_code == 200
     text = httpx.get(f"{url}/metrics").text
-    for name in ("gleanrl:num_running_reqs", "gleanrl:num_queue_reqs", "gleanrl:generation_tokens_total",
-                 "gleanrl:time_to_first_token_seconds_bucket", "gleanrl:e2e_request_latency_seconds_count"):
+    for name in ("gleanrl:num_running_reqs", "gleanrl:num_queue_reqs",
+                 "gleanrl:generation_tokens_total", "gleanrl:time_to_first_token_seconds_bucket",
+                 "gleanrl:e2e_request_latency_seconds_count"):
         assert name in text, name
     tokens = next(float(line.split()[-1]) for line in text.splitlines()
                   if line.startswith("gleanrl:generation_tokens_total"))

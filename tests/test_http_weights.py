@@ -1,5 +1,5 @@
-"""Weight updates over HTTP: outputs become the new model's greedy outputs and carry the new version;
-a request held in place while the update lands says which tokens each version produced."""
+"""Weight updates over HTTP: outputs become the new model's greedy outputs and carry the new
+version; a request held in place while the update lands says which tokens each version produced."""
 from __future__ import annotations
 
 import threading
@@ -24,7 +24,8 @@ def test_update_weights_from_disk_switches_outputs_and_version(tiny_qwen2, tiny_
     with running_server(tiny_qwen2) as url:
         def gen(n=8):
             r = httpx.post(f"{url}/generate", timeout=120,
-                           json={"input_ids": ids, "sampling_params": {"max_new_tokens": n, **GREEDY}})
+                           json={"input_ids": ids,
+                                 "sampling_params": {"max_new_tokens": n, **GREEDY}})
             assert r.status_code == 200, r.text
             return r.json()
 
@@ -46,7 +47,8 @@ def test_update_weights_from_disk_switches_outputs_and_version(tiny_qwen2, tiny_
         info = httpx.get(f"{url}/model_info").json()
         assert info["weight_version"] == "v2" and info["model_path"] == str(tiny_qwen2_b)
         t.join(120)
-        assert long["out"]["meta_info"]["finish_reason"]["type"] == "length"  # the update did not drop it
+        # the update did not drop it
+        assert long["out"]["meta_info"]["finish_reason"]["type"] == "length"
         meta = long["out"]["meta_info"]
         assert meta["weight_version"] == "v2"
         spans = meta["weight_versions"]  # SGLang 0.5.23: which version produced which output tokens

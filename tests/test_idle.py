@@ -86,4 +86,5 @@ def test_window_thread_runs_at_the_given_nice():
     IdleWindow(step, max_steps=1, nice=7).open().close()
     IdleWindow(step, max_steps=1).open().close()
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    assert seen[1] == base and (seen[0] == 7 or base > 7)  # absolute; raising it back may be refused
+    # absolute; raising it back may be refused
+    assert seen[1] == base and (seen[0] == 7 or base > 7)

@@ -1,6 +1,7 @@
-"""`gleanrl train --drafter DIR`: harvest from the trainer itself (embedded server serving the drafter
-with adaptive SD, HarvestHooks over OUT/harvest), harvest columns in the terminal table, and --resume
-keeping the spool and drafter versions (the server then serves the newest pushed drafter)."""
+"""`gleanrl train --drafter DIR`: harvest from the trainer itself (embedded server serving the
+drafter with adaptive SD, HarvestHooks over OUT/harvest), harvest columns in the terminal table, and
+--resume keeping the spool and drafter versions (the server then serves the newest
+pushed drafter)."""
 from __future__ import annotations
 
 import json
@@ -35,7 +36,8 @@ def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, cap
     drafter0 = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
     commands: list[list[str]] = []
     command = loop.EmbeddedServer.command
-    monkeypatch.setattr(loop.EmbeddedServer, "command", lambda self: commands.append(command(self)) or commands[-1])
+    monkeypatch.setattr(loop.EmbeddedServer, "command",
+                        lambda self: commands.append(command(self)) or commands[-1])
     out = tmp_path / "run"
     base = ["train", "--model", str(tiny_qwen2), "--out", str(out), "--drafter", str(drafter0),
             "--prompts-per-step", "2", "--samples-per-prompt", "2", "--max-new-tokens", "24"]
@@ -50,11 +52,13 @@ def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, cap
     last = rows[-1]
     assert last["harvested"] + last["harvest_carried"] + last["harvest_errors"] + last["harvest_pending"] == 4
 
-    assert gleanrl.cli.main(base + ["--steps", "1"]) == 2               # a fresh run over the same --out: refused
+    # a fresh run over the same --out: refused
+    assert gleanrl.cli.main(base + ["--steps", "1"]) == 2
     assert gleanrl.cli.main(base + ["--steps", "2", "--resume"]) == 0
     version = rows[-1]["drafter_version"]
     cmd = commands[-1]
-    assert cmd[cmd.index("--drafter") + 1] == (str(out / "harvest" / "drafter_versions" / f"v{version:06d}")
+    assert cmd[cmd.index("--drafter") + 1] == (str(out / "harvest" / "drafter_versions"
+                                                   / f"v{version:06d}")
                                                if version else str(drafter0))
     assert spool_files <= {p.name for p in (out / "harvest" / "spool").rglob("*") if p.is_file()}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -64,8 +68,10 @@ def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, cap
 def test_fresh_run_refuses_drafter_versions_of_an_earlier_one(tiny_qwen2, tmp_path):
     from gleanrl.harvest.hooks import HarvestHooks
     drafter0 = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
-    save_drafter(init_drafter(tiny_qwen2, seed=1), tmp_path / "harvest" / "drafter_versions" / "v000002")
+    save_drafter(init_drafter(tiny_qwen2, seed=1),
+                 tmp_path / "harvest" / "drafter_versions" / "v000002")
     with pytest.raises(ValueError, match="pass --resume"):
         HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest", resume=False)
-    hooks, serve = HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest", resume=True)
+    hooks, serve = HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest",
+                                        resume=True)
     assert hooks.h.version == 2 and serve == tmp_path / "harvest" / "drafter_versions" / "v000002"

@@ -1,6 +1,7 @@
 """The one-way import rule of DESIGN.md (Layout), checked on the source with the AST, lazy imports
-(inside functions) included: top layer -> anything; trainer -> clients, harvest; server -> the harvest
-modules that define the drafter and its checkpoint format; harvest and clients -> nothing of the project."""
+(inside functions) included: top layer -> anything; trainer -> clients, harvest; server -> the
+harvest modules that define the drafter and its checkpoint format; harvest and clients -> nothing of
+the project."""
 from __future__ import annotations
 
 import ast
@@ -57,8 +58,10 @@ def test_checker_catches_forbidden_imports(tmp_path):
     for comp in COMPONENTS:
         (tmp_path / comp).mkdir()
     (tmp_path / "server" / "ok.py").write_text("from gleanrl.harvest.drafter import Eagle3Drafter\n"
-                                               "from gleanrl.server.model.kv import SeqKVCache\nimport torch\n")
-    (tmp_path / "clients" / "bad.py").write_text("def f():\n    from gleanrl.trainer.loop import train\n")
+                                               "from gleanrl.server.model.kv import "
+                                               "SeqKVCache\nimport torch\n")
+    (tmp_path / "clients"
+     / "bad.py").write_text("def f():\n    from gleanrl.trainer.loop import train\n")
     (tmp_path / "harvest" / "bad.py").write_text("import gleanrl.clients.rollout_client\n")
     (tmp_path / "server" / "bad.py").write_text("from gleanrl.harvest.harvester import Harvester\n"
                                                 "from gleanrl import bench\nimport trainer.tasks\n")
@@ -73,8 +76,8 @@ def test_checker_catches_forbidden_imports(tmp_path):
 
 
 def test_every_package_folder_is_installed():
-    """pyproject lists the packages (package-dir maps the top-level folders into gleanrl): a new subfolder
-    that is not listed would be missing from a non-editable install."""
+    """pyproject lists the packages (package-dir maps the top-level folders into gleanrl): a new
+    subfolder that is not listed would be missing from a non-editable install."""
     import tomllib
 
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
@@ -87,7 +90,8 @@ def test_every_package_folder_is_installed():
     assert wanted == set(setup["packages"])
 
 
-# The engine's parts: only the engine's own modules touch them; everything else uses Engine's methods.
+# The engine's parts: only the engine's own modules touch them; everything else uses
+# Engine's methods.
 ENGINE_PARTS = {"scheduler", "swapper", "decoder", "loop", "state"}
 ENGINE_PACKAGE = ("server/engine/",)
 CHECKED = (*COMPONENTS, "gleanrl", "examples")

@@ -1,6 +1,7 @@
-"""Discovery routes as SGLang 0.5.23 shapes them (issue 13, item 6): /server_info and /get_server_info with
-the parallel sizes, memory saver and capacity fields slime and sglang-router read; /get_model_info;
-/get_load and /v1/loads (include sections, dp_rank filter, Prometheus format, bad section 400)."""
+"""Discovery routes as SGLang 0.5.23 shapes them (issue 13, item 6): /server_info and
+/get_server_info with the parallel sizes, memory saver and capacity fields slime and sglang-router
+read; /get_model_info; /get_load and /v1/loads (include sections, dp_rank filter, Prometheus format,
+bad section 400)."""
 from __future__ import annotations
 
 import httpx

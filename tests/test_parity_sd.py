@@ -1,8 +1,9 @@
-"""Penalties, min_new_tokens and logit_bias with speculative decoding on (issue 13, item 3): greedy output,
-logprobs and top logprobs identical to plain decoding with a trained drafter (so drafts are accepted and
-the window's per-position counts matter), and sampled SD distributed exactly as the penalised target:
-tokens 2 and 3 come from verify passes and their exact marginals are computed with transformers and a
-plain reading of SGLang's penalties (chi-square as in test_sd_engine_sampling.py)."""
+"""Penalties, min_new_tokens and logit_bias with speculative decoding on (issue 13, item 3): greedy
+output, logprobs and top logprobs identical to plain decoding with a trained drafter (so drafts are
+accepted and the window's per-position counts matter), and sampled SD distributed exactly as the
+penalised target: tokens 2 and 3 come from verify passes and their exact marginals are computed with
+transformers and a plain reading of SGLang's penalties (chi-square as in
+test_sd_engine_sampling.py)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -29,7 +30,8 @@ from test_sd_engine_sampling import _chi2
 
 NEW, N, BATCH, TOP_K = 32, 4000, 100, 8
 PENALISED = [dict(repetition_penalty=1.3), dict(frequency_penalty=0.6, presence_penalty=0.3),
-             dict(presence_penalty=-0.5, logit_bias={11: 1.5}), dict(min_new_tokens=NEW // 2, logit_bias={"eos": 8.0})]
+             dict(presence_penalty=-0.5, logit_bias={11: 1.5}),
+             dict(min_new_tokens=NEW // 2, logit_bias={"eos": 8.0})]
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +42,10 @@ def drafter(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
 @pytest.fixture(scope="module")
 def engines(tiny_qwen2, drafter):
     engs = {"plain": Engine(EngineConfig(model_path=str(tiny_qwen2), sd="off")),
-            "sd": Engine(EngineConfig(model_path=str(tiny_qwen2), drafter_path=str(drafter), sd="on")),
-            "fused": Engine(EngineConfig(model_path=str(tiny_qwen2), drafter_path=str(drafter), sd="on",
+            "sd": Engine(EngineConfig(model_path=str(tiny_qwen2),
+                                      drafter_path=str(drafter), sd="on")),
+            "fused": Engine(EngineConfig(model_path=str(tiny_qwen2),
+                                         drafter_path=str(drafter), sd="on",
                                          sd_sources=("eagle", "group", "fused")))}
     for e in engs.values():
         e.start()
@@ -51,12 +55,14 @@ def engines(tiny_qwen2, drafter):
 
 
 def _reqs(tok, extra: dict, tag: str) -> list[GenerateRequest]:
-    """With min_new_tokens, a strong bias on EOS: masked until then, it ends each request right after."""
+    """With min_new_tokens, a strong bias on EOS: masked until then, it ends each request
+    right after."""
     if "min_new_tokens" in extra:
         extra = {**extra, "logit_bias": {tok.eos_token_id: extra["logit_bias"]["eos"]}}
     eos = {"ignore_eos": True} if "min_new_tokens" not in extra else {}
     params = SamplingParams(max_new_tokens=NEW, temperature=0.0, **eos, **extra)
-    return [GenerateRequest(f"{tag}{i}", tok(p)["input_ids"], params, return_logprob=True, top_logprobs_num=2)
+    return [GenerateRequest(f"{tag}{i}", tok(p)["input_ids"], params, return_logprob=True,
+                            top_logprobs_num=2)
             for i, p in enumerate(PROMPTS[:4])]
 
 
@@ -78,32 +84,39 @@ def test_penalised_greedy_identical_with_sd(engines, tiny_tokenizer, extra):
     plain = run_all(engines["plain"], _reqs(tiny_tokenizer, extra, "p"))
     sd = run_all(engines["sd"], _reqs(tiny_tokenizer, extra, "s"))
     free = run_all(engines["plain"], _reqs(tiny_tokenizer, {}, "f"))
-    assert any(a["ids"] != f["ids"] for a, f in zip(plain, free))  # the processing changes the output
+    # the processing changes the output
+    assert any(a["ids"] != f["ids"] for a, f in zip(plain, free))
     if "min_new_tokens" in extra:
-        assert all(len(a["ids"]) == NEW // 2 + 1 and a["finish_reason"]["type"] == "stop" for a in plain)
+        assert all(len(a["ids"]) == NEW // 2 + 1 and a["finish_reason"]["type"] == "stop"
+                   for a in plain)
     for a, b in zip(plain, sd):
         assert b["ids"] == a["ids"] and b["finish_reason"] == a["finish_reason"]
         assert b["logprobs"] == pytest.approx(a["logprobs"], abs=1e-4)
         assert b["out"].spec_verify_ct > 0
-    assert sum(r["out"].spec_accept_token_num for r in sd) >= 4  # drafts were accepted: window rows j >= 1 used
+    # drafts were accepted: window rows j >= 1 used
+    assert sum(r["out"].spec_accept_token_num for r in sd) >= 4
     tops_plain, tops_sd = _tops(engines["plain"], _reqs(tiny_tokenizer, extra, "tp")), \
         _tops(engines["sd"], _reqs(tiny_tokenizer, extra, "ts"))
     for a, b in zip(tops_plain, tops_sd):
         assert len(a) == len(b) == NEW or "min_new_tokens" in extra
         assert [[t for _, t in row] for row in a] == [[t for _, t in row] for row in b]
-    for _ in range(2):  # group drafts: siblings and earlier samples of the same prompts are in the index by now
+    for _ in range(2):
+        # group drafts: siblings and earlier samples of the same prompts are in the index by now
         fused = run_all(engines["fused"], _reqs(tiny_tokenizer, extra, "g"))
         assert [r["ids"] for r in fused] == [a["ids"] for a in plain]
-        assert [r["logprobs"] for r in fused] == [pytest.approx(a["logprobs"], abs=1e-4) for a in plain]
-        assert all(r["out"].spec_verify_ct > 0 for r in fused)     # trees verify penalised requests too
+        assert [r["logprobs"] for r in fused] == [pytest.approx(a["logprobs"], abs=1e-4)
+                                                  for a in plain]
+        # trees verify penalised requests too
+        assert all(r["out"].spec_verify_ct > 0 for r in fused)
     tops_fused = _tops(engines["fused"], _reqs(tiny_tokenizer, extra, "tg"))
     for a, b in zip(tops_plain, tops_fused):
         assert [[t for _, t in row] for row in a] == [[t for _, t in row] for row in b]
     assert engines["fused"].decoder.accepted_by_source["group"] > 0
 
 
-SAMPLED = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=TOP_K, ignore_eos=True, frequency_penalty=0.9,
-                         presence_penalty=0.6, repetition_penalty=1.2, logit_bias={11: 0.8})
+SAMPLED = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=TOP_K, ignore_eos=True,
+                         frequency_penalty=0.9, presence_penalty=0.6, repetition_penalty=1.2,
+                         logit_bias={11: 0.8})
 
 
 def _probs(model, prompt: list[int], out: list[int]) -> torch.Tensor:
@@ -141,8 +154,9 @@ def test_sampled_penalised_sd_follows_the_penalised_target(tiny_qwen2, tiny_toke
     outputs = []
     for lo in range(0, N, BATCH):
         for i in range(lo, lo + BATCH):
-            state.waiting.append(Sequence(GenerateRequest(f"r{i}", prompt, SAMPLED), lambda out: None,
-                                          StopChecker(SAMPLED, set(), 1024), torch.Generator().manual_seed(i)))
+            state.waiting.append(Sequence(GenerateRequest(f"r{i}", prompt, SAMPLED),
+                                          lambda out: None, StopChecker(SAMPLED, set(), 1024),
+                                          torch.Generator().manual_seed(i)))
         sched.admit()
         while state.running:
             done = sched.step(spec)

@@ -10,7 +10,8 @@ import torch
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.phases import all_cores, phase_threads
 
-pinning = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
+pinning = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"),
+                             reason="no CPU affinity on this OS")
 
 
 def test_threads_applied_and_restored():
@@ -35,7 +36,8 @@ def test_cores_applied_and_restored():
     with phase_threads(1, one):
         assert os.sched_getaffinity(0) == one
     assert os.sched_getaffinity(0) == before
-    os.sched_setaffinity(0, one)  # pinned as the demo pins the trainer: the update gets the whole machine
+    # pinned as the demo pins the trainer: the update gets the whole machine
+    os.sched_setaffinity(0, one)
     try:
         with phase_threads(len(machine), machine):
             assert os.sched_getaffinity(0) == machine and torch.get_num_threads() == len(machine)
@@ -45,7 +47,8 @@ def test_cores_applied_and_restored():
 
 
 def test_config_checks_update_settings(tiny_qwen2, tmp_path):
-    cfg = TrainConfig(model=str(tiny_qwen2), out=str(tmp_path), update_threads=2, update_cores=(0, 1))
+    cfg = TrainConfig(model=str(tiny_qwen2), out=str(tmp_path), update_threads=2,
+                      update_cores=(0, 1))
     assert cfg.update_cores == [0, 1]
     with pytest.raises(ValueError, match="update_threads"):
         TrainConfig(model=str(tiny_qwen2), out=str(tmp_path), update_threads=-1)

@@ -1,7 +1,7 @@
-"""Corrupt input on the control plane: a dozen kinds of bad checkpoint pushed with both selectors. Each
-is a 4xx with the reason, the old weights keep serving (same greedy output) and neither version
-changes. Extends test_http_errors / test_sd_engine_swap (missing, truncated, wider, other arch) with the
-kinds they do not cover."""
+"""Corrupt input on the control plane: a dozen kinds of bad checkpoint pushed with both selectors.
+Each is a 4xx with the reason, the old weights keep serving (same greedy output) and neither version
+changes. Extends test_http_errors / test_sd_engine_swap (missing, truncated, wider, other arch) with
+the kinds they do not cover."""
 from __future__ import annotations
 
 import json
@@ -33,14 +33,17 @@ def _weights(d: Path) -> Path:
 
 def _rewrite(d: Path, fn) -> Path:
     w = _weights(d)
-    save_file({k: fn(k, v) for k, v in load_file(str(w)).items()}, str(w), metadata={"format": "pt"})
+    save_file({k: fn(k, v) for k, v in load_file(str(w)).items()}, str(w),
+              metadata={"format": "pt"})
     return d
 
 
-def bad_checkpoints(good: Path, other_target: Path, root: Path, bad_dtype=torch.float16) -> dict[str, Path | str]:
+def bad_checkpoints(good: Path, other_target: Path, root: Path,
+                    bad_dtype=torch.float16) -> dict[str, Path | str]:
     """kind -> a directory (or path string) that must be refused in place of `good`."""
     root.mkdir()
-    bad: dict[str, Path | str] = {"missing dir": root / "nope", "path traversal": f"{root}/../../../../../../etc",
+    bad: dict[str, Path | str] = {"missing dir": root / "nope",
+                                  "path traversal": f"{root}/../../../../../../etc",
                                   "a file, not a dir": str(_weights(good))}
     (root / "empty").mkdir()
     bad["empty dir"] = root / "empty"
@@ -54,17 +57,21 @@ def bad_checkpoints(good: Path, other_target: Path, root: Path, bad_dtype=torch.
     bad["truncated safetensors"], bad["garbage safetensors"] = root / "truncated", d
     floats = lambda fn: lambda k, v: fn(v) if v.is_floating_point() else v  # noqa: E731
     bad["wrong dtype"] = _rewrite(_copy(good, root / "dtype"), floats(lambda v: v.to(bad_dtype)))
-    first = next(k for k, v in load_file(str(_weights(good))).items() if v.dim() == 2 and "embed" not in k)
-    bad["wrong shape"] = _rewrite(_copy(good, root / "shape"), lambda k, v: v[:-1] if k == first else v)
+    first = next(k for k, v in load_file(str(_weights(good))).items()
+                 if v.dim() == 2 and "embed" not in k)
+    bad["wrong shape"] = _rewrite(_copy(good, root / "shape"),
+                                  lambda k, v: v[:-1] if k == first else v)
     bad["missing tensor"] = _rewrite(_copy(good, root / "missing_t"), lambda k, v: v)
     w = load_file(str(_weights(bad["missing tensor"])))
     save_file({k: v for k, v in w.items() if k != first}, str(_weights(bad["missing tensor"])),
               metadata={"format": "pt"})
-    bad["NaN weights"] = _rewrite(_copy(good, root / "nan"), floats(lambda v: torch.full_like(v, float("nan"))))
+    bad["NaN weights"] = _rewrite(_copy(good, root / "nan"),
+                                  floats(lambda v: torch.full_like(v, float("nan"))))
     d = _copy(good, root / "badjson")
     (d / "config.json").write_text("{ not json")
     bad["malformed config.json"] = d
-    d = _copy(good, root / "dangling")  # unreadable weights: root reads any mode, so a dangling link
+    # unreadable weights: root reads any mode, so a dangling link
+    d = _copy(good, root / "dangling")
     _weights(d).unlink()
     (d / _weights(good).name).symlink_to(root / "does-not-exist.safetensors")
     bad["unreadable weights"] = d
@@ -84,7 +91,8 @@ def setup(tiny_qwen2, tiny_llama, tiny_tokenizer, tmp_path_factory):
     foreign_drafter = save_drafter(init_drafter(narrow), root / "foreign_drafter")
     return {"drafter": drafter,
             "target": bad_checkpoints(Path(tiny_qwen2), tiny_llama, root / "t"),
-            # a float16/bfloat16 drafter is cast to the target's dtype on purpose (SpecForge saves bf16)
+            # a float16/bfloat16 drafter is cast to the target's dtype on purpose
+            # (SpecForge saves bf16)
             "draft": bad_checkpoints(drafter, foreign_drafter, root / "d", torch.int32)
             | {"target model as drafter": tiny_qwen2}}
 
@@ -105,7 +113,8 @@ def test_bad_checkpoints_are_refused_with_reason_and_nothing_changes(tiny_qwen2,
         for selector in ("target", "draft"):
             for kind, path in setup[selector].items():
                 r = httpx.post(f"{url}/update_weights_from_disk", headers=admin, timeout=60,
-                               json={"model_path": str(path), "selector": selector, "weight_version": "evil"})
+                               json={"model_path": str(path), "selector": selector,
+                                     "weight_version": "evil"})
                 assert 400 <= r.status_code < 500, (selector, kind, r.status_code, r.text)
                 body = r.json()
                 assert body["success"] is False and len(body["message"]) > 10, (selector, kind, body)
@@ -121,7 +130,8 @@ def test_bad_checkpoints_are_refused_with_reason_and_nothing_changes(tiny_qwen2,
         assert (meta["weight_version"], meta["draft_weight_version"]) == ("default", "default")
         good = httpx.post(f"{url}/update_weights_from_disk", headers=admin, timeout=60,
                           json={"model_path": str(tiny_qwen2), "weight_version": "v1"})
-        assert good.status_code == 200 and generate()["meta_info"]["weight_version"] == "v1"  # still updatable
+        # still updatable
+        assert good.status_code == 200 and generate()["meta_info"]["weight_version"] == "v1"
 
 
 def test_bad_checkpoint_kinds_are_distinct(setup):

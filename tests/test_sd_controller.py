@@ -1,6 +1,7 @@
-"""The cost-model controller: plain decoding where drafting does not pay, per-sequence drafts where it
-does, estimates kept across drafter swaps, and, in a simulated engine with known costs and acceptances,
-a realised rate never below plain decoding's (tokens per second of simulated time, no wall clock)."""
+"""The cost-model controller: plain decoding where drafting does not pay, per-sequence drafts where
+it does, estimates kept across drafter swaps, and, in a simulated engine with known costs and
+acceptances, a realised rate never below plain decoding's (tokens per second of simulated time, no
+wall clock)."""
 from __future__ import annotations
 
 import random
@@ -12,7 +13,8 @@ from gleanrl.server.sd.controller import PROBE, T_GRID, Controller, ControllerCo
 
 
 def _costs(ctl: Controller, batches, per_token: float, base: float = 0.01) -> None:
-    """A target pass of B sequences x T tokens costs base * B^0.3 * (1 + per_token * (B * T - 1))."""
+    """A target pass of B sequences x T tokens costs base * B^0.3 * (1 + per_token *
+    (B * T - 1))."""
     for b in batches:
         for t in (1, 4, 16, 33):
             ctl.cost.record_pass(b, t, base * b ** 0.3 * (1 + per_token * (b * t - 1)))
@@ -38,7 +40,8 @@ def test_plain_where_verifying_is_expensive_drafts_where_it_is_cheap():
     _costs(cheap, (4,), per_token=0.01)
     _costs(dear, (4,), per_token=2.0)
     plan = cheap.plan([20] * 4, probs, [False] * 4)
-    assert plan.drafts and all(n > 4 for n in plan.group_lens) and plan.expected_rate > plan.plain_rate
+    assert plan.drafts and all(n > 4
+                               for n in plan.group_lens) and plan.expected_rate > plan.plain_rate
     assert not dear.plan([20] * 4, probs, [False] * 4).drafts
 
 
@@ -46,7 +49,8 @@ def test_drafts_are_chosen_per_sequence():
     ctl = Controller()
     _costs(ctl, (4,), per_token=0.02)
     plan = ctl.plan([20, 20, 0, 20], [[0.97] * 12, [], [0.97] * 12, [0.3, 0.3]], [False] * 4)
-    assert plan.group_lens[0] > 0 and plan.group_lens[1] == 0 and plan.group_lens[2] == 0  # no draft / no room
+    # no draft / no room
+    assert plan.group_lens[0] > 0 and plan.group_lens[1] == 0 and plan.group_lens[2] == 0
     assert plan.group_lens[3] <= 2
 
 
@@ -71,9 +75,10 @@ def test_fixed_length_in_mode_on_is_deterministic():
 
 @pytest.mark.parametrize("alpha,per_token", [(0.9, 0.01), (0.6, 0.05), (0.3, 0.2), (0.1, 0.5)])
 def test_simulated_rate_is_never_below_plain(alpha, per_token):
-    """A simulated engine: true pass cost as `_costs`, true conditional acceptance `alpha` for every draft
-    token (EAGLE-3 and group alike). The controller learns acceptance from the verified branches; its
-    realised tokens per simulated second stays >= plain decoding's (0.97 slack for the learning)."""
+    """A simulated engine: true pass cost as `_costs`, true conditional acceptance `alpha` for every
+    draft token (EAGLE-3 and group alike). The controller learns acceptance from the verified
+    branches; its realised tokens per simulated second stays >= plain decoding's (0.97 slack for
+    the learning)."""
     rng, ctl = random.Random(0), Controller()
     b = 8
     _costs(ctl, (b,), per_token)
@@ -101,7 +106,8 @@ def test_simulated_rate_is_never_below_plain(alpha, per_token):
     plain = b / true.cost.pass_seconds(b)[0]
     assert tokens / seconds >= 0.97 * plain
     if alpha == 0.9:
-        assert tokens / seconds > 2.0 * plain                       # and it drafts where drafting pays
+        # and it drafts where drafting pays
+        assert tokens / seconds > 2.0 * plain
 
 
 def test_a_bucket_measured_only_plain_follows_a_calibrated_curve():
@@ -119,28 +125,34 @@ def test_real_iterations_replace_and_rescale_calibrated_cells():
     cost = CostModel()
     for t in (1, 4, 16):
         cost.record_pass(8, t, 1.0 + 0.1 * (t - 1), calibrating=True)
-    cost.record_pass(8, 1, 3.0)                                      # overheads: 3x the bare forward
+    # overheads: 3x the bare forward
+    cost.record_pass(8, 1, 3.0)
     est = dict(zip(T_GRID, cost.pass_seconds(8)))
     assert est[1] == 3.0 and est[4] == pytest.approx(3.0 * 1.3) and est[16] == pytest.approx(3.0 * 2.5)
-    cost.record_pass(8, 4, 10.0)                                     # the first real tree pass replaces
+    # the first real tree pass replaces
+    cost.record_pass(8, 4, 10.0)
     assert dict(zip(T_GRID, cost.pass_seconds(8)))[4] == 10.0
     cost.record_pass(8, 4, 5.0)                                      # then an EMA
     assert dict(zip(T_GRID, cost.pass_seconds(8)))[4] == pytest.approx(9.0)
 
 
 def test_a_side_not_played_is_probed_so_its_estimates_do_not_freeze():
-    """One slow plain sample (here 3x) must not keep SD on for good: while drafting wins, every PROBE-th
-    plan is plain, whose measurement then corrects the cell; then plain plays, SD only as a rare probe."""
+    """One slow plain sample (here 3x) must not keep SD on for good: while drafting wins, every
+    PROBE-th plan is plain, whose measurement then corrects the cell; then plain plays, SD only as
+    a rare probe."""
     ctl = Controller()
     _costs(ctl, (1,), per_token=0.05)
     true_plain = ctl.cost.target[1][1]
     ctl.cost.target[1][1] = 3 * true_plain                   # a frozen bad sample
     for _ in range(8):
-        ctl.accept.record("eagle", 1, 0)                     # the drafter is poor: SD wins only on paper
+        ctl.accept.record("eagle", 1, 0)                     # the drafter is poor: SD
+                                                             # wins only on paper
     plans = [ctl.plan([30], [[]], [True]) for _ in range(PROBE)]
     assert all(p.drafts for p in plans[:-1]) and not plans[-1].drafts
     ctl.cost.record_pass(1, 1, true_plain)                   # the probe measures plain ...
     for _ in range(30):
         ctl.cost.record_pass(1, 1, true_plain)
-    drafted = sum(ctl.plan([30], [[]], [True]).drafts for _ in range(8 * PROBE))  # ... and it wins now,
-    assert drafted <= 2                                      # but for a probe of close SD every 4 * PROBE
+    # ... and it wins now,
+    drafted = sum(ctl.plan([30], [[]], [True]).drafts for _ in range(8 * PROBE))
+    assert drafted <= 2                                      # but for a probe of close SD
+                                                             # every 4 * PROBE

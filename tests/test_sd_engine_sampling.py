@@ -1,13 +1,14 @@
 """Sampled SD through the real decode step follows the target's distribution.
 
-`test_speculative.py` checks the acceptance rule in isolation; this checks its wiring in the engine's
-SD step (draft distributions q stored for the right tokens, target p taken at the right verify
-positions, caches rolled back): 4,000 sequences, temperature 1 with top-k 8, drafted by a trained
-drafter (so both acceptances and residual draws occur). Token 1 comes from prefill; tokens 2 and 3
-come from SD verify passes (first and second verify position, or a bonus token). Their exact marginals
-are sums over the target's processed distributions of every prefix, computed with transformers. Pearson's
-chi-square against them, with cells of expected count < 5 pooled into one, must stay under its
-1 - 1e-6 quantile (Wilson-Hilferty), so a correct step fails with probability ~1e-6.
+`test_speculative.py` checks the acceptance rule in isolation; this checks its wiring in the
+engine's SD step (draft distributions q stored for the right tokens, target p taken at the right
+verify positions, caches rolled back): 4,000 sequences, temperature 1 with top-k 8, drafted by a
+trained drafter (so both acceptances and residual draws occur). Token 1 comes from prefill; tokens 2
+and 3 come from SD verify passes (first and second verify position, or a bonus token). Their exact
+marginals are sums over the target's processed distributions of every prefix, computed with
+transformers. Pearson's chi-square against them, with cells of expected count < 5 pooled into one,
+must stay under its 1 - 1e-6 quantile (Wilson-Hilferty), so a correct step fails with
+probability ~1e-6.
 """
 from __future__ import annotations
 
@@ -86,8 +87,9 @@ def test_sampled_sd_step_follows_the_target(tiny_qwen2, tiny_tokenizer, drafter)
     outputs = []
     for lo in range(0, N, BATCH):
         for i in range(lo, lo + BATCH):
-            state.waiting.append(Sequence(GenerateRequest(f"r{i}", prompt, params), lambda out: None,
-                                          StopChecker(params, set(), 1024), torch.Generator().manual_seed(i)))
+            state.waiting.append(Sequence(GenerateRequest(f"r{i}", prompt, params),
+                                          lambda out: None, StopChecker(params, set(), 1024),
+                                          torch.Generator().manual_seed(i)))
         sched.admit()
         while state.running:
             done = sched.step(spec)

@@ -1,5 +1,6 @@
-"""Drafter hot-swap: mid-stream (output unchanged, version changes, acceptance follows the new drafter),
-the first drafter on a server started without one, and refused drafters (the old one keeps serving)."""
+"""Drafter hot-swap: mid-stream (output unchanged, version changes, acceptance follows the new
+drafter), the first drafter on a server started without one, and refused drafters (the old one
+keeps serving)."""
 from __future__ import annotations
 
 import asyncio
@@ -34,7 +35,8 @@ def drafters(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
     shutil.copytree(random, bad / "corrupt")
     weights = bad / "corrupt" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    return {"random": random, "trained": trained_drafter(tiny_qwen2, tiny_tokenizer, d / "trained", new_tokens=NEW),
+    return {"random": random,
+            "trained": trained_drafter(tiny_qwen2, tiny_tokenizer, d / "trained", new_tokens=NEW),
             "bad": {p.name: p for p in bad.iterdir()} | {"missing": d / "nope"}}
 
 
@@ -49,8 +51,8 @@ def plain(tiny_qwen2):
 
 def test_swap_mid_stream_keeps_output_and_changes_version(tiny_qwen2, drafters, plain):
     prompts, ref = plain
-    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), drafter_path=str(drafters["random"]), sd="on",
-                              num_draft_tokens=4))
+    eng = Engine(EngineConfig(model_path=str(tiny_qwen2),
+                              drafter_path=str(drafters["random"]), sd="on", num_draft_tokens=4))
     eng.start()
 
     async def stream():
@@ -58,7 +60,8 @@ def test_swap_mid_stream_keeps_output_and_changes_version(tiny_qwen2, drafters, 
         async for out in eng.generate(req(prompts[0], max_new_tokens=NEW, ignore_eos=True)):
             ids += out.new_ids
             versions.append((len(ids), out.draft_weight_version, out.spec_verify_ct))
-            if not swapped and len(ids) >= 8:  # pause so that the swap lands mid-stream, deterministically
+            if not swapped and len(ids) >= 8:
+                # pause so that the swap lands mid-stream, deterministically
                 await loop.run_in_executor(None, eng.pause, "in_place")
                 await loop.run_in_executor(None, lambda: eng.update_weights(
                     str(drafters["trained"]), weight_version="d2", selector="draft"))
@@ -94,7 +97,8 @@ def test_first_drafter_on_a_server_started_without_one(tiny_qwen2, drafters, pla
         eng.shutdown()
     assert before["out"].spec_verify_ct == 0 and before["out"].draft_weight_version is None
     assert [r["ids"] for r in after] == [r["ids"] for r in ref]
-    assert all(r["out"].spec_verify_ct > 0 and r["out"].draft_weight_version == "default" for r in after)
+    assert all(r["out"].spec_verify_ct > 0 and r["out"].draft_weight_version == "default"
+               for r in after)
 
 
 def test_mismatched_or_broken_drafters_are_refused_over_http(tiny_qwen2, drafters, plain):
@@ -102,7 +106,8 @@ def test_mismatched_or_broken_drafters_are_refused_over_http(tiny_qwen2, drafter
     with running_app(tiny_qwen2, drafter_path=str(drafters["random"]), sd="on") as (url, app):
         for name, path in drafters["bad"].items():
             r = httpx.post(f"{url}/update_weights_from_disk", timeout=60,
-                           json={"model_path": str(path), "selector": "draft", "weight_version": name})
+                           json={"model_path": str(path), "selector": "draft",
+                                 "weight_version": name})
             assert r.status_code == 400 and r.json()["success"] is False, name
             assert "drafter" in r.json()["message"], r.json()["message"]
         info = httpx.get(f"{url}/model_info", timeout=10).json()
@@ -113,13 +118,17 @@ def test_mismatched_or_broken_drafters_are_refused_over_http(tiny_qwen2, drafter
         assert out["output_ids"] == ref[2]["ids"]
         meta = out["meta_info"]
         assert meta["spec_verify_ct"] > 0 and meta["draft_weight_version"] == "default"
-        assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"] / meta["spec_verify_ct"])
-        assert 0 <= meta["spec_accept_token_num"] <= meta["spec_draft_token_num"]  # slime's Sample.SpecInfo
-        assert meta["spec_accept_rate"] == pytest.approx(meta["spec_accept_token_num"] / meta["spec_draft_token_num"])
+        assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"]
+                                                           / meta["spec_verify_ct"])
+        # slime's Sample.SpecInfo
+        assert 0 <= meta["spec_accept_token_num"] <= meta["spec_draft_token_num"]
+        assert meta["spec_accept_rate"] == pytest.approx(meta["spec_accept_token_num"]
+                                                         / meta["spec_draft_token_num"])
         stats = httpx.get(f"{url}/server_info", timeout=10).json()["internal_states"][0]
         assert stats["avg_spec_accept_length"] >= 1.0
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
-        assert 'gleanrl:spec_verify_passes{tokens="1"}' in metrics  # the random drafter's rejections
+        # the random drafter's rejections
+        assert 'gleanrl:spec_verify_passes{tokens="1"}' in metrics
 
 
 def test_engine_refuses_with_checkpoint_error(tiny_qwen2, drafters):
@@ -132,13 +141,16 @@ def test_engine_refuses_with_checkpoint_error(tiny_qwen2, drafters):
 
 
 def test_draft_swap_lands_mid_request_without_waiting(tiny_qwen2, drafters, plain):
-    """Unlike a target update, a drafter swap does not wait for running requests (SD is lossless)."""
+    """Unlike a target update, a drafter swap does not wait for running requests (SD
+    is lossless)."""
     prompts, _ = plain
-    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), drafter_path=str(drafters["random"]), sd="on"))
+    eng = Engine(EngineConfig(model_path=str(tiny_qwen2),
+                              drafter_path=str(drafters["random"]), sd="on"))
     eng.start()
 
     async def main():
-        task = asyncio.create_task(collect(eng, req(prompts[0], max_new_tokens=400, ignore_eos=True)))
+        task = asyncio.create_task(collect(eng,
+                                           req(prompts[0], max_new_tokens=400, ignore_eos=True)))
         while eng.stats()["generation_tokens_total"] < 5:
             await asyncio.sleep(0.002)
         await asyncio.to_thread(eng.update_weights, str(drafters["trained"]), "d2", "draft")

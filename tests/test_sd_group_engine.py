@@ -1,6 +1,7 @@
-"""Group drafts in the embedded engine: greedy output identical to plain decoding at batch 1, 8 and 64
-with identical prompts among the batch, sampled siblings that diverge from the greedy ones, earlier
-samples of the same prompts, and a drafter swap mid-stream; stops exact inside accepted group drafts."""
+"""Group drafts in the embedded engine: greedy output identical to plain decoding at batch 1, 8 and
+64 with identical prompts among the batch, sampled siblings that diverge from the greedy ones,
+earlier samples of the same prompts, and a drafter swap mid-stream; stops exact inside accepted
+group drafts."""
 from __future__ import annotations
 
 import asyncio
@@ -30,7 +31,8 @@ def drafter(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
 @pytest.fixture(scope="module")
 def engines(tiny_qwen2, drafter):
     engs = {"plain": _engine(tiny_qwen2, sd="off"),
-            "group": _engine(tiny_qwen2, sd="on", sd_sources=("group",)),    # on: no plain arm, SD at any batch
+            # on: no plain arm, SD at any batch
+            "group": _engine(tiny_qwen2, sd="on", sd_sources=("group",)),
             "fused": _engine(tiny_qwen2, sd="on", drafter_path=str(drafter), sd_sources=ALL)}
     yield engs
     for e in engs.values():
@@ -48,8 +50,9 @@ def reference(engines, prompts):
 
 
 def _batch(prompts, batch: int):
-    """Greedy requests over a few prompts (identical prompts among them) plus sampled siblings of the
-    same prompts, whose outputs diverge and still feed the group index. Returns (requests, greedy rows)."""
+    """Greedy requests over a few prompts (identical prompts among them) plus sampled siblings of
+    the same prompts, whose outputs diverge and still feed the group index. Returns (requests,
+    greedy rows)."""
     reqs, greedy = [], []
     for i in range(batch):
         p = i % len(prompts)
@@ -57,7 +60,8 @@ def _batch(prompts, batch: int):
             greedy.append((len(reqs), p))
             reqs.append(req(prompts[p], max_new_tokens=NEW, ignore_eos=True))
         else:
-            reqs.append(req(prompts[p], max_new_tokens=NEW, ignore_eos=True, temperature=1.0, seed=i))
+            reqs.append(req(prompts[p], max_new_tokens=NEW, ignore_eos=True,
+                            temperature=1.0, seed=i))
     return reqs, greedy
 
 
@@ -66,7 +70,8 @@ def _batch(prompts, batch: int):
 def test_greedy_identical_with_group_drafts(engines, prompts, reference, engine, batch):
     eng = engines[engine]
     before = dict(eng.decoder.accepted_by_source)
-    for _ in range(2):                                   # the second round drafts from the first's samples
+    for _ in range(2):                                   # the second round drafts from the
+                                                         # first's samples
         reqs, greedy = _batch(prompts, batch)
         res = run_all(eng, reqs)
         for row, p in greedy:
@@ -76,7 +81,8 @@ def test_greedy_identical_with_group_drafts(engines, prompts, reference, engine,
     assert eng.decoder.accepted_by_source["group"] > before["group"], "no group draft was accepted"
 
 
-def test_greedy_identical_across_a_drafter_swap_mid_stream(tiny_qwen2, drafter, prompts, reference, tmp_path):
+def test_greedy_identical_across_a_drafter_swap_mid_stream(tiny_qwen2, drafter, prompts, reference,
+                                                           tmp_path):
     from sd_util import random_drafter
 
     other = random_drafter(tiny_qwen2, tmp_path / "random")
@@ -93,8 +99,9 @@ def test_greedy_identical_across_a_drafter_swap_mid_stream(tiny_qwen2, drafter, 
                 if not swapped and len(ids) >= 10:
                     swapped = True
                     await loop.run_in_executor(None, eng.pause, "in_place")
-                    await loop.run_in_executor(None, lambda: eng.update_weights(str(drafter), weight_version="d2",
-                                                                               selector="draft"))
+                    await loop.run_in_executor(
+                        None, lambda: eng.update_weights(str(drafter), weight_version="d2",
+                                                        selector="draft"))
                     eng.resume()
             return ids, out
         return await asyncio.gather(*[one(i % len(prompts)) for i in range(8)])
@@ -109,15 +116,17 @@ def test_greedy_identical_across_a_drafter_swap_mid_stream(tiny_qwen2, drafter, 
 
 
 def test_stops_are_exact_inside_group_drafts(engines, prompts, reference):
-    """A finished sibling's output is the group draft; stop ids, stop strings and max_new_tokens that fall
-    inside it cut the accepted draft exactly where plain decoding stops."""
+    """A finished sibling's output is the group draft; stop ids, stop strings and max_new_tokens
+    that fall inside it cut the accepted draft exactly where plain decoding stops."""
     tok, inside = engines["plain"].tokenizer, 0
     for p, ref in zip(prompts, reference):
         out = ref["ids"]
-        for params in (dict(stop_token_ids=[out[17]]), dict(stop=[tok.decode(out[21:23])]), dict(max_new_tokens=19)):
+        for params in (dict(stop_token_ids=[out[17]]), dict(stop=[tok.decode(out[21:23])]),
+                       dict(max_new_tokens=19)):
             params = dict(dict(max_new_tokens=NEW, ignore_eos=True), **params)
             want = run_all(engines["plain"], [req(p, **params)])[0]
-            run_all(engines["group"], [req(p, max_new_tokens=NEW, ignore_eos=True)])  # a sibling, finished
+            # a sibling, finished
+            run_all(engines["group"], [req(p, max_new_tokens=NEW, ignore_eos=True)])
             got = run_all(engines["group"], [req(p, **params)])[0]
             assert got["ids"] == want["ids"] and got["finish_reason"] == want["finish_reason"]
             assert len(want["ids"]) < NEW
@@ -130,11 +139,13 @@ def test_stats_by_source_in_meta_info_server_info_and_metrics(tiny_qwen2, prompt
 
     from serving import running_app
 
-    # a fixed draft length: the plan, so the count of accepted tokens, does not depend on measured timings
+    # a fixed draft length: the plan, so the count of accepted tokens, does not depend on
+    # measured timings
     with running_app(tiny_qwen2, sd="on", sd_sources=("group",), num_draft_tokens=8) as (url, _):
         body = {"input_ids": prompts[0],
                 "sampling_params": {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}}
-        httpx.post(f"{url}/generate", json=body, timeout=60).raise_for_status()       # an earlier sample
+        # an earlier sample
+        httpx.post(f"{url}/generate", json=body, timeout=60).raise_for_status()
         meta = httpx.post(f"{url}/generate", json=body, timeout=60).json()["meta_info"]
         info = httpx.get(f"{url}/server_info", timeout=10).json()["internal_states"][0]
         metrics = httpx.get(f"{url}/metrics", timeout=10).text

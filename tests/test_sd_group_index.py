@@ -1,4 +1,5 @@
-"""The group index: sibling and earlier samples of the same prompt propose continuations; bounds and ageing."""
+"""The group index: sibling and earlier samples of the same prompt propose continuations;
+bounds and ageing."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,8 @@ from gleanrl.server.sd.group_index import GroupIndex, GroupIndexConfig, prompt_k
 PROMPT = [7, 8, 9, 10]
 
 
-def _sample(index: GroupIndex, tokens: list[int], version: str = "v0", prompt: list[int] = PROMPT, done=True):
+def _sample(index: GroupIndex, tokens: list[int], version: str = "v0", prompt: list[int] = PROMPT,
+            done=True):
     s = index.start(prompt, version)
     index.extend(s, tokens)
     if done:
@@ -43,7 +45,8 @@ def test_longest_ngram_wins_and_short_matches_fall_back():
     key = prompt_key(PROMPT)
     assert index.propose(key, [0, 1, 2, 3], max_len=1).tokens == [50]     # 3-gram [1, 2, 3]
     draft = index.propose(key, [0, 5, 2, 3], max_len=1)                    # only the 2-gram [2, 3]
-    assert draft.match_len == 2 and draft.tokens == [60]                   # the most recent position
+    # the most recent position
+    assert draft.match_len == 2 and draft.tokens == [60]
     assert index.propose(key, [0, 5, 6, 3], max_len=4) is None             # below min_n
 
 
@@ -53,21 +56,25 @@ def test_other_prompts_and_the_own_position_propose_nothing():
     assert index.propose(prompt_key([7, 8, 9, 11]), PROMPT + [1, 2], max_len=4) is None
     assert index.propose(prompt_key(PROMPT), PROMPT + [1, 2, 3], max_len=4) is None   # its own end
     index.extend(s, [4])
-    assert index.propose(prompt_key(PROMPT), PROMPT + [1, 2, 3], max_len=4).tokens == [4]   # grows live
+    # grows live
+    assert index.propose(prompt_key(PROMPT), PROMPT + [1, 2, 3], max_len=4).tokens == [4]
 
 
 def test_token_bound_drops_oldest_finished_first_then_running():
     index = GroupIndex(GroupIndexConfig(max_tokens=10))
     old = _sample(index, [1, 2, 3, 4])
     run = _sample(index, [20, 21, 22, 23], done=False)
-    third = _sample(index, [30, 31, 32, 33])                               # 12 tokens > 10: `old` goes
+    # 12 tokens > 10: `old` goes
+    third = _sample(index, [30, 31, 32, 33])
     key = prompt_key(PROMPT)
     assert not old.alive and run.alive and third.alive and index.tokens == 8
     assert index.propose(key, PROMPT + [1, 2], max_len=2) is None
-    index.extend(run, [24, 25, 26])                                        # 11: the finished `third` goes
+    # 11: the finished `third` goes
+    index.extend(run, [24, 25, 26])
     assert run.alive and not third.alive and index.tokens == 7
     assert index.propose(key, PROMPT + [20, 21], max_len=2).tokens == [22, 23]
-    _sample(index, [40, 41, 42, 43], done=False)                           # 11, none finished: oldest running
+    # 11, none finished: oldest running
+    _sample(index, [40, 41, 42, 43], done=False)
     assert not run.alive and index.tokens == 4 and index.stats()["samples"] == 1
 
 
@@ -92,7 +99,8 @@ def test_samples_age_out_by_policy_version():
     assert index.propose(prompt_key(PROMPT), PROMPT + [1, 2], max_len=1).tokens == [4]
     running = _sample(index, [1, 2, 5], version="v2", done=False)
     index.set_version("v3")
-    index.set_version("v4")                                                # running samples stay until done
+    # running samples stay until done
+    index.set_version("v4")
     assert not s1.alive and running.alive
     index.finish(running)
     assert index.groups == {} and index.tokens == 0
@@ -100,8 +108,10 @@ def test_samples_age_out_by_policy_version():
 
 def test_siblings_in_lockstep_do_not_crowd_out_earlier_samples():
     index = GroupIndex(GroupIndexConfig(max_candidates=4))
-    _sample(index, [1, 2, 3, 4])                                           # an earlier, finished sample
-    for _ in range(40):                                                    # siblings at the same position
+    # an earlier, finished sample
+    _sample(index, [1, 2, 3, 4])
+    for _ in range(40):
+        # siblings at the same position
         _sample(index, [1, 2], done=False)
     assert index.propose(prompt_key(PROMPT), PROMPT + [1, 2], max_len=2).tokens == [3, 4]
 
@@ -110,17 +120,18 @@ def test_identical_prompts_share_one_group_and_prompts_differ_by_exact_ids():
     assert prompt_key([1, 2, 3]) == prompt_key([1, 2, 3]) != prompt_key([1, 2, 3, 0]) != prompt_key([3, 2, 1])
 
 
-@pytest.mark.parametrize("kw", [dict(max_tokens=0), dict(keep_versions=0), dict(min_n=0), dict(min_n=3, max_n=2),
-                                dict(max_hits=0), dict(max_candidates=0), dict(max_draft=33), dict(min_prob=1.0)])
+@pytest.mark.parametrize("kw", [dict(max_tokens=0), dict(keep_versions=0), dict(min_n=0),
+                                dict(min_n=3, max_n=2), dict(max_hits=0), dict(max_candidates=0),
+                                dict(max_draft=33), dict(min_prob=1.0)])
 def test_config_rejects_bad_values(kw):
     with pytest.raises(ValueError):
         GroupIndexConfig(**kw)
 
 
 def test_draft_length_adapts_to_the_estimate():
-    """Agreeing siblings: a long draft (0.9 a token for 8 of 8: 21 tokens over 0.1; all of max_draft with
-    no threshold); one lone sample: short (2/3 a token); a split vote lowers the estimate where the
-    samples part."""
+    """Agreeing siblings: a long draft (0.9 a token for 8 of 8: 21 tokens over 0.1; all of max_draft
+    with no threshold); one lone sample: short (2/3 a token); a split vote lowers the estimate where
+    the samples part."""
     index = GroupIndex(GroupIndexConfig(min_prob=0.1, max_draft=32))
     key = prompt_key(PROMPT)
     for _ in range(8):
@@ -137,5 +148,6 @@ def test_draft_length_adapts_to_the_estimate():
     for tail in ([5, 6, 7], [5, 6, 7], [5, 8, 9], [5, 8, 9]):
         _sample(split, [1, 2, 3] + tail)
     draft = split.propose(key, PROMPT + [1, 2, 3])
-    assert draft.tokens == [5, 8, 9] and draft.probs == pytest.approx([5 / 6, 3 / 6, 3 / 4])   # tie: most recent
+    # tie: most recent
+    assert draft.tokens == [5, 8, 9] and draft.probs == pytest.approx([5 / 6, 3 / 6, 3 / 4])
     assert index.propose(key, PROMPT, max_len=4).tokens == [100, 101, 102, 103]

@@ -1,12 +1,12 @@
 """Sampled SD with group drafts through the real decoder follows the target's distribution.
 
-Many siblings of one prompt are in flight (batches of 100, T = 1, top-k 8), and every finished batch's
-samples stay in the group index, so the later batches verify majority continuations of their siblings
-as point-mass drafts (arm `group`) or together with a trained EAGLE-3 chain as a two-branch tree (arm
-`fused`). Token 1 comes from prefill; tokens 2 and 3 come from verify passes. Their exact marginals are
-computed with transformers; Pearson's chi-square against them (cells of expected count < 5 pooled) must
-stay under its 1 - 1e-6 quantile. The negative control breaks the point-mass rejection rule (a rejected
-draft token stays in the residual) and the same statistic must reject it.
+Many siblings of one prompt are in flight (batches of 100, T = 1, top-k 8), and every finished
+batch's samples stay in the group index, so the later batches verify majority continuations of their
+siblings as point-mass drafts (arm `group`) or together with a trained EAGLE-3 chain as a two-branch
+tree (arm `fused`). Token 1 comes from prefill; tokens 2 and 3 come from verify passes. Their exact
+marginals are computed with transformers; Pearson's chi-square against them (cells of expected count
+< 5 pooled) must stay under its 1 - 1e-6 quantile. The negative control breaks the point-mass
+rejection rule (a rejected draft token stays in the residual) and the same statistic must reject it.
 """
 from __future__ import annotations
 
@@ -30,18 +30,21 @@ BATCH, NEW = 100, 4
 
 @pytest.fixture(scope="module")
 def setup(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
-    drafter = trained_drafter(tiny_qwen2, tiny_tokenizer, tmp_path_factory.mktemp("gdist") / "drafter")
+    drafter = trained_drafter(tiny_qwen2, tiny_tokenizer,
+                              tmp_path_factory.mktemp("gdist") / "drafter")
     prompt = tiny_tokenizer("The quick brown fox")["input_ids"]
     exact = _marginals(AutoModelForCausalLM.from_pretrained(tiny_qwen2).eval(), prompt)
     return ModelRunner.load(str(tiny_qwen2)), drafter, prompt, exact
 
 
 def _decoder(runner, drafter, arm: str) -> SDDecoder:
-    """arm group: group drafts of up to 3 tokens; fused: an EAGLE-3 chain of 2 and a group branch of up to 2."""
+    """arm group: group drafts of up to 3 tokens; fused: an EAGLE-3 chain of 2 and a group
+    branch of up to 2."""
     from gleanrl.harvest.checkpoint import load_drafter
 
     fused = arm == "fused"
-    ctl = Controller(ControllerConfig(mode="on", eagle=fused, fused=fused, fixed_k=2 if fused else 3))
+    ctl = Controller(ControllerConfig(mode="on", eagle=fused, fused=fused,
+                                      fixed_k=2 if fused else 3))
     dec = SDDecoder(ctl, GroupDrafts())
     if arm == "fused":
         dec.set_drafter(load_drafter(drafter, embed_tokens=runner.embed.weight), "d")
@@ -52,7 +55,8 @@ def _sample(runner, dec: SDDecoder, prompt: list[int], n: int) -> list[list[int]
     params = SamplingParams(max_new_tokens=NEW, temperature=1.0, top_k=TOP_K, ignore_eos=True)
     outputs = []
     for lo in range(0, n, BATCH):
-        seqs = [Sequence(GenerateRequest(f"r{i}", prompt, params), lambda out: None, StopChecker(params, set(), 1024),
+        seqs = [Sequence(GenerateRequest(f"r{i}", prompt, params), lambda out: None,
+                         StopChecker(params, set(), 1024),
                          torch.Generator().manual_seed(i)) for i in range(lo, lo + BATCH)]
         for s in seqs:
             s.cache = runner.new_cache()
@@ -70,7 +74,8 @@ def _sample(runner, dec: SDDecoder, prompt: list[int], n: int) -> list[list[int]
 def _stats(outputs, exact) -> list[tuple[float, float]]:
     from collections import Counter
 
-    return [_chi2(Counter(o[pos] for o in outputs), m, len(outputs)) for pos, m in ((1, exact[0]), (2, exact[1]))]
+    return [_chi2(Counter(o[pos] for o in outputs), m, len(outputs))
+            for pos, m in ((1, exact[0]), (2, exact[1]))]
 
 
 @pytest.mark.parametrize("arm", ["group", "fused"])
@@ -96,4 +101,5 @@ def test_broken_rejection_rule_is_detected(setup, monkeypatch):
     monkeypatch.setattr(branch_verify, "_test", keep_rejected_token)
     runner, drafter, prompt, exact = setup
     outputs = _sample(runner, _decoder(runner, drafter, "group"), prompt, 4000)
-    assert any(stat > threshold for stat, threshold in _stats(outputs, exact)), "no power against a broken rule"
+    assert any(stat > threshold
+               for stat, threshold in _stats(outputs, exact)), "no power against a broken rule"

@@ -1,6 +1,6 @@
-"""The batched tree pass on the tiny target: with any two branches per sequence (right, partly right,
-wrong, empty, same first token) greedy decoding emits exactly the plain greedy continuation, and the
-caches stay exactly those of plain decoding."""
+"""The batched tree pass on the tiny target: with any two branches per sequence (right, partly
+right, wrong, empty, same first token) greedy decoding emits exactly the plain greedy continuation,
+and the caches stay exactly those of plain decoding."""
 from __future__ import annotations
 
 import random
@@ -20,8 +20,8 @@ class _Seq:
     cache: object
     output_ids: list[int] = field(default_factory=list)
     req: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(
-        params=SimpleNamespace(temperature=0.0, top_k=-1, top_p=1.0, min_p=0.0, penalised=False), return_logprob=True,
-        top_logprobs_num=0, token_ids_logprob=None))
+        params=SimpleNamespace(temperature=0.0, top_k=-1, top_p=1.0, min_p=0.0, penalised=False),
+        return_logprob=True, top_logprobs_num=0, token_ids_logprob=None))
     generator: torch.Generator | None = None
 
     def tokens(self, start, end):
@@ -33,7 +33,8 @@ def _greedy(runner: ModelRunner, prompt: list[int], n: int) -> list[int]:
     logits, _ = runner.forward(torch.tensor(ids), torch.arange(len(ids)), [cache], [len(ids)])
     for _ in range(n):
         ids.append(int(logits[0].argmax()))
-        logits, _ = runner.forward(torch.tensor(ids[-1:]), torch.tensor([len(ids) - 1]), [cache], [1])
+        logits, _ = runner.forward(torch.tensor(ids[-1:]), torch.tensor([len(ids) - 1]),
+                                   [cache], [1])
     return ids[len(prompt):]
 
 
@@ -47,12 +48,16 @@ def _branches(rng: random.Random, truth: list[int], vocab: int) -> list[list[int
 def test_greedy_tree_passes_emit_the_plain_continuation(tiny_qwen2):
     runner = ModelRunner.load(str(tiny_qwen2))
     rng, n_new = random.Random(0), 24
-    prompts = [[rng.randrange(runner.vocab_size) for _ in range(rng.randint(3, 9))] for _ in range(5)]
-    prompts.append(list(prompts[0]))                                              # identical prompts
+    prompts = [[rng.randrange(runner.vocab_size) for _ in range(rng.randint(3, 9))]
+               for _ in range(5)]
+    # identical prompts
+    prompts.append(list(prompts[0]))
     want = [_greedy(runner, p, n_new + 8) for p in prompts]
     seqs = [_Seq(p, runner.new_cache(capacity=4)) for p in prompts]
-    for s in seqs:                                                                # prefill all but the last
-        runner.forward(torch.tensor(s.prompt[:-1]), torch.arange(len(s.prompt) - 1), [s.cache], [len(s.prompt) - 1])
+    for s in seqs:
+        # prefill all but the last
+        runner.forward(torch.tensor(s.prompt[:-1]), torch.arange(len(s.prompt) - 1), [s.cache],
+                       [len(s.prompt) - 1])
     accepted = 0
     while any(len(s.output_ids) < n_new for s in seqs):
         live = [s for s in seqs if len(s.output_ids) < n_new]
@@ -66,6 +71,7 @@ def test_greedy_tree_passes_emit_the_plain_continuation(tiny_qwen2):
             s.output_ids += r.ids
             accepted += r.accepted
             assert s.cache.length == len(s.prompt) + len(s.output_ids) - 1
-    assert accepted > 20                                                          # the drafts were used
+    # the drafts were used
+    assert accepted > 20
     for s, w in zip(seqs, want):
         assert s.output_ids == w[:len(s.output_ids)]

@@ -1,5 +1,5 @@
-"""`gleanrl serve --backend sglang` without SGLang: the command it builds, and start/fail/stop behaviour
-against a stand-in interpreter (a real SGLang start is in tests/sglang/)."""
+"""`gleanrl serve --backend sglang` without SGLang: the command it builds, and start/fail/stop
+behaviour against a stand-in interpreter (a real SGLang start is in tests/sglang/)."""
 from __future__ import annotations
 
 import argparse
@@ -33,8 +33,9 @@ FAKE_SGLANG = textwrap.dedent("""
 
 
 def _args(**kw) -> argparse.Namespace:
-    base = dict(model="/models/policy", drafter=None, host="127.0.0.1", port=30000, api_key=None, admin_api_key=None,
-                device="cuda", dtype="auto", context_length=None, max_running_requests=32, speculative_num_steps=None,
+    base = dict(model="/models/policy", drafter=None, host="127.0.0.1", port=30000, api_key=None,
+                admin_api_key=None, device="cuda", dtype="auto", context_length=None,
+                max_running_requests=32, speculative_num_steps=None,
                 speculative_eagle_topk=None, speculative_num_draft_tokens=None, sglang_arg=[])
     return argparse.Namespace(**{**base, **kw})
 
@@ -57,9 +58,11 @@ def fake_sglang(tmp_path, monkeypatch):
 
 
 def test_command_for_gpu_with_drafter_and_passthrough():
-    cmd = build_command(_args(drafter="/models/drafter", speculative_num_steps=3, speculative_eagle_topk=1,
-                              speculative_num_draft_tokens=4, api_key="k1", admin_api_key="k2", context_length=2048,
-                              sglang_arg=["--mem-fraction-static", "0.7", "--tp-size=2"]), python="py")
+    cmd = build_command(_args(drafter="/models/drafter", speculative_num_steps=3,
+                              speculative_eagle_topk=1, speculative_num_draft_tokens=4,
+                              api_key="k1", admin_api_key="k2", context_length=2048,
+                              sglang_arg=["--mem-fraction-static", "0.7", "--tp-size=2"]),
+                        python="py")
     assert cmd[:3] == ["py", "-m", "sglang.launch_server"]
     pairs = dict(zip(cmd[3::2], cmd[4::2]))
     assert pairs["--model-path"] == "/models/policy" and pairs["--device"] == "cuda" and pairs["--dtype"] == "auto"
@@ -108,10 +111,12 @@ def test_failed_start_shows_sglangs_error(fake_sglang, monkeypatch, capsys):
 
 def test_start_waits_for_health_and_stop_ends_the_group(fake_sglang):
     port = _free_port()
-    proc, url = start(_args(model=str(fake_sglang), port=port, api_key="secret"), echo=False, timeout_s=60)
+    proc, url = start(_args(model=str(fake_sglang), port=port, api_key="secret"), echo=False,
+                      timeout_s=60)
     try:
         assert url == f"http://127.0.0.1:{port}" and httpx.get(f"{url}/health").status_code == 200
-        deadline = time.monotonic() + 30  # the reader thread may not have read the line when /health answers
+        # the reader thread may not have read the line when /health answers
+        deadline = time.monotonic() + 30
         while "fired up" not in proc.output() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert "--api-key" in proc.cmd and "fired up" in proc.output()

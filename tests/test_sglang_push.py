@@ -25,11 +25,13 @@ def fake_client(log: list, spec: str | None = None, embedded: bool = False, fail
     def handle(request: httpx.Request) -> httpx.Response:
         log.append((request.url.host, request.url.path, json.loads(request.content or b"{}")))
         if request.url.path == "/model_info":
-            return httpx.Response(200, json={"model_path": "/p", **({"draft_model_path": None} if embedded else {})})
+            return httpx.Response(200, json={"model_path": "/p",
+                                             **({"draft_model_path": None} if embedded else {})})
         if request.url.path == "/server_info":
             return httpx.Response(200, json={"speculative_algorithm": spec})
         if request.url.path == fail:  # SGLang answers a refused update with success false (and 400)
-            return httpx.Response(400, json={"success": False, "message": "shape mismatch for fc.weight"})
+            return httpx.Response(400, json={"success": False,
+                                             "message": "shape mismatch for fc.weight"})
         return httpx.Response(200, json={"success": True, "message": "Success"})
     client = RolloutClient(list(urls), admin_api_key="adm", backoff_s=0.0)
     client._http = httpx.AsyncClient(transport=httpx.MockTransport(handle))
@@ -38,7 +40,8 @@ def fake_client(log: list, spec: str | None = None, embedded: bool = False, fail
 
 @pytest.fixture
 def ckpt(tmp_path):
-    save_file({"fc.weight": torch.ones(2, 3), "norm.weight": torch.arange(3.0)}, tmp_path / "model.safetensors")
+    save_file({"fc.weight": torch.ones(2, 3), "norm.weight": torch.arange(3.0)},
+              tmp_path / "model.safetensors")
     return str(tmp_path)
 
 
@@ -49,7 +52,8 @@ def _posts(log: list) -> list[tuple[str, dict]]:
 def test_probe_tells_the_kinds_apart():
     log: list = []
     assert asyncio.run(probe(fake_client(log, embedded=True), "http://sglang")).embedded
-    assert [p for _, p, _ in log] == ["/model_info"]          # the embedded server needs no second look
+    assert [p for _, p, _ in log] == ["/model_info"]          # the embedded server needs
+                                                              # no second look
     kind = asyncio.run(probe(fake_client([], spec="EAGLE3"), "http://sglang"))
     assert not kind.embedded and kind.drafter and kind.model_path == "/p"
     assert not asyncio.run(probe(fake_client([], spec=None), "http://sglang")).drafter
@@ -58,7 +62,8 @@ def test_probe_tells_the_kinds_apart():
 def test_routes_by_server_kind():
     embedded, sd, plain = (ServerKind("u", True, False, None), ServerKind("u", False, True, None),
                            ServerKind("u", False, False, None))
-    assert [policy_route(k) for k in (embedded, sd, plain)] == [Route.DISK, Route.TARGET_SESSION, Route.DISK]
+    assert [policy_route(k) for k in (embedded, sd, plain)] == [Route.DISK, Route.TARGET_SESSION,
+                                                                Route.DISK]
     assert [drafter_route(k) for k in (embedded, sd)] == [Route.DRAFT_DISK, Route.DRAFT_SESSION]
     with pytest.raises(RolloutServerError, match="serves no EAGLE drafter") as err:
         drafter_route(plain)
@@ -68,13 +73,16 @@ def test_routes_by_server_kind():
 def test_drafter_session_ends_even_when_the_update_fails(ckpt):
     log: list = []
     with pytest.raises(RolloutServerError, match="shape mismatch for fc.weight") as err:
-        asyncio.run(push_drafter(fake_client(log, spec="EAGLE3", fail="/update_weights_from_tensor"), ckpt, 3))
+        asyncio.run(push_drafter(fake_client(log, spec="EAGLE3",
+                                             fail="/update_weights_from_tensor"), ckpt, 3))
     assert err.value.status == 400
     posts = _posts(log)
-    assert [p for p, _ in posts] == ["/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update"]
+    assert [p for p, _ in posts] == ["/begin_weight_update", "/update_weights_from_tensor",
+                                     "/end_weight_update"]
     begin, update = posts[0][1], posts[1][1]
     assert begin == {"selector": "draft"} and update["selector"] == "draft" and update["flush_cache"] is False
-    assert "weight_version" not in update                           # SGLang keeps one version: the policy's
+    # SGLang keeps one version: the policy's
+    assert "weight_version" not in update
     sent = pickle.loads(base64.b64decode(update["serialized_named_tensors"][0]))
     assert [n for n, _ in sent] == ["fc.weight", "norm.weight"] and torch.equal(sent[1][1], torch.arange(3.0))
 
@@ -91,14 +99,17 @@ def test_embedded_server_gets_a_draft_disk_load(ckpt):
     log: list = []
     routes = asyncio.run(push_drafter(fake_client(log, embedded=True), ckpt, 4))
     assert routes == {"http://sglang": Route.DRAFT_DISK}
-    assert _posts(log) == [("/update_weights_from_disk", disk_body(ckpt, "4", False, selector="draft"))]
+    assert _posts(log) == [("/update_weights_from_disk",
+                            disk_body(ckpt, "4", False, selector="draft"))]
 
 
 def test_policy_routes_send_the_builders_bodies(ckpt):
     log: list = []
-    assert asyncio.run(push_policy(fake_client(log, spec=None), ckpt, "7")) == {"http://sglang": Route.DISK}
+    assert asyncio.run(push_policy(fake_client(log, spec=None),
+                                   ckpt, "7")) == {"http://sglang": Route.DISK}
     assert _posts(log) == [("/update_weights_from_disk", disk_body(ckpt, "7"))]
-    assert "selector" not in _posts(log)[0][1]                       # stock SGLang would ignore it anyway
+    # stock SGLang would ignore it anyway
+    assert "selector" not in _posts(log)[0][1]
     log.clear()
     asyncio.run(push_policy(fake_client(log, spec="EAGLE3"), ckpt, "8"))
     (_, begin), (_, update), _ = _posts(log)
@@ -120,7 +131,8 @@ def test_run_blocking_works_inside_a_running_loop():
         return 42
 
     async def caller() -> int:
-        return run_blocking(answer)  # a sync callback inside async code (e.g. the harvester's re-push)
+        # a sync callback inside async code (e.g. the harvester's re-push)
+        return run_blocking(answer)
     assert run_blocking(answer) == 42 and asyncio.run(caller()) == 42
 
 

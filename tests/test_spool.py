@@ -1,4 +1,5 @@
-"""Spool: bounds in tokens and bytes, oldest evicted first, atomic shards, resume, recency-weighted sampling."""
+"""Spool: bounds in tokens and bytes, oldest evicted first, atomic shards, resume,
+recency-weighted sampling."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,8 @@ from gleanrl.harvest.spool import Spool, SpoolConfig
 
 
 def _sample(tokens: int, width: int = 6, fill: float = 0.0) -> dict[str, torch.Tensor]:
-    return {"input_ids": torch.arange(tokens), "aux_hidden": torch.full((tokens, width), float(fill))}
+    return {"input_ids": torch.arange(tokens),
+            "aux_hidden": torch.full((tokens, width), float(fill))}
 
 
 def test_memory_bounds_evict_oldest_first():
@@ -23,7 +25,8 @@ def test_memory_bounds_evict_oldest_first():
 def test_byte_bound_on_memory_and_disk(tmp_path):
     one = _sample(10)
     per_sample = sum(t.numel() * t.element_size() for t in one.values())
-    cfg = SpoolConfig(max_mem_bytes=3 * per_sample, max_disk_bytes=5 * per_sample + 5 * 200, holdout_every=0)
+    cfg = SpoolConfig(max_mem_bytes=3 * per_sample, max_disk_bytes=5 * per_sample + 5 * 200,
+                      holdout_every=0)
     spool = Spool(tmp_path, cfg)
     for i in range(10):
         spool.add(_sample(10, fill=i), policy_version=0)
@@ -82,7 +85,8 @@ def test_sampling_favours_recent_versions():
         for _ in range(4):
             spool.add(_sample(3), policy_version=v)
     counts = torch.bincount(torch.tensor([it.policy_version for it in
-                                          spool.sample(4000, torch.Generator().manual_seed(0))]), minlength=3)
+                                          spool.sample(4000, torch.Generator().manual_seed(0))]),
+                            minlength=3)
     # expected shares 1/21, 4/21, 16/21
     assert counts[2] > 3 * counts[1] > 9 * counts[0] > 0
 
@@ -115,7 +119,8 @@ def test_running_totals_match_contents(tmp_path):
 def test_holdout_spans_the_newest_versions():
     spool = Spool(None, SpoolConfig(holdout_every=2))
     for i in range(12):
-        spool.add(_sample(3), policy_version=i // 4)  # held out: seq 0, 2 (v0), 4, 6 (v1), 8, 10 (v2)
+        # held out: seq 0, 2 (v0), 4, 6 (v1), 8, 10 (v2)
+        spool.add(_sample(3), policy_version=i // 4)
     assert [it.seq for it in spool.holdout()] == [8, 10]
     assert [it.seq for it in spool.holdout(versions=2)] == [4, 6, 8, 10]
     assert [it.seq for it in spool.holdout(policy_version=0, versions=3)] == [0, 2]

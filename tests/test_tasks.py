@@ -65,7 +65,8 @@ def test_prompts_are_deterministic_and_formatted_with_the_chat_template(task):
     assert a != task.prompts("test", 20, seed=1)
     tokenizer = build_char_tokenizer()
     for sample in a:
-        assert sample["prompt"] == tokenizer.apply_chat_template(sample["messages"], add_generation_prompt=True,
+        assert sample["prompt"] == tokenizer.apply_chat_template(sample["messages"],
+                                                                 add_generation_prompt=True,
                                                                  tokenize=False)
         assert sample["prompt"] == chatml(sample["messages"][0]["content"])
 
@@ -74,7 +75,8 @@ def test_prompts_are_deterministic_and_formatted_with_the_chat_template(task):
 def test_reference_lengths_are_long_tailed_and_fit_the_context(task):
     tokenizer = build_char_tokenizer()
     samples = task.prompts("test", 2000, seed=0)
-    lengths = [len(tokenizer(task.solution(s), add_special_tokens=False).input_ids) + 1 for s in samples]
+    lengths = [len(tokenizer(task.solution(s), add_special_tokens=False).input_ids) + 1
+               for s in samples]
     stats = length_stats(lengths)
     assert stats["p99_over_median"] >= 5
     assert stats["top5_share"] >= 0.25
@@ -104,7 +106,8 @@ def test_char_tokenizer_round_trips_text_and_special_tokens():
     ("\\boxed{x^2+1}", "x^2 + 1", 1.0),
     ("\\boxed{13}", "12", 0.0),
     ("I do not know", "12", 0.0),
-    ("\\boxed{12", "12", 1.0),                          # unclosed box: falls back to the last number
+    ("\\boxed{12", "12", 1.0),                          # unclosed box: falls back to
+                                                        # the last number
 ])
 def test_math_reward(response, reference, expected):
     assert math_reward(response, reference) == expected
@@ -154,7 +157,8 @@ def test_jsonl_errors_are_clear(tmp_path):
 
 def test_jsonl_train_and_test_files(tmp_path):
     for split, answer in (("train", 1), ("test", 2)):
-        (tmp_path / f"{split}.jsonl").write_text(json.dumps({"prompt": split, "answer": answer}) + "\n")
+        (tmp_path / f"{split}.jsonl").write_text(json.dumps({"prompt": split,
+                                                             "answer": answer}) + "\n")
     task = load_task(f"jsonl:train={tmp_path / 'train.jsonl'},test={tmp_path / 'test.jsonl'}")
     assert task.prompts("test", 1, 0)[0]["answer"] == "2"
     assert task.prompts("train", 3, 0)[0]["answer"] == "1"

@@ -1,5 +1,5 @@
-"""GRPO end to end against a real embedded rollout server on a loopback port, with a tiny policy and a
-toy task defined here (rewards with variance inside each group)."""
+"""GRPO end to end against a real embedded rollout server on a loopback port, with a tiny policy and
+a toy task defined here (rewards with variance inside each group)."""
 from __future__ import annotations
 
 import asyncio
@@ -97,13 +97,15 @@ def test_two_steps_change_weights_and_server_version(tiny_qwen2, server, tmp_pat
             assert info["weight_version"] == "2"
             from transformers import AutoModelForCausalLM, AutoTokenizer
             tok = AutoTokenizer.from_pretrained(tiny_qwen2)
-            model = AutoModelForCausalLM.from_pretrained(out / "weight_v2", dtype=torch.float32).eval()
+            model = AutoModelForCausalLM.from_pretrained(out / "weight_v2",
+                                                         dtype=torch.float32).eval()
             for text in ("what is 3 + 4?", "hello"):
                 ids = encode_prompt(tok, {"prompt": text})
                 body = await client.generate(ids, {"max_new_tokens": 8, "temperature": 0})
                 with torch.no_grad():
                     ref = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
-                                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+                                         eos_token_id=tok.eos_token_id,
+                                         pad_token_id=tok.pad_token_id)
                 assert body["output_ids"] == ref[0, len(ids):].tolist()
     asyncio.run(check_server())
 
@@ -115,11 +117,13 @@ def test_resume_after_crash_equals_uninterrupted_run(tiny_qwen2, server, tmp_pat
     with pytest.raises(Crash):
         train(crashed, task=ToyTask(), hooks=CrashAtStep(2), log=quiet)
     assert (tmp_path / "b" / "weight_v1").is_dir() and not (tmp_path / "b" / "weight_v2").exists()
-    with pytest.raises(ValueError, match="--resume"):  # a fresh run must not mix with old checkpoints
+    with pytest.raises(ValueError, match="--resume"):
+        # a fresh run must not mix with old checkpoints
         train(crashed, task=ToyTask(), log=quiet)
     row = train(crashed, task=ToyTask(), resume=True, log=quiet)
     assert row["step"] == 2
     a, b = _weights(tmp_path / "a" / "weight_v2"), _weights(tmp_path / "b" / "weight_v2")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    rows = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line)["step"]
+            for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert rows == [1, 2]

@@ -15,7 +15,8 @@ from test_train import ToyTask, _cfg
 
 
 class KillServerMidStep(NoHooks):
-    """Hooks whose first idle window (rollouts in flight) kills the embedded server after `delay_s`."""
+    """Hooks whose first idle window (rollouts in flight) kills the embedded server
+    after `delay_s`."""
 
     def __init__(self, delay_s: float):
         self.delay_s, self.fired = delay_s, False
@@ -32,7 +33,8 @@ class KillServerMidStep(NoHooks):
         timer = None
         if not self.fired:
             self.fired = True
-            timer = threading.Timer(self.delay_s, lambda: os.kill(SERVERS[-1].proc.pid, signal.SIGKILL))
+            timer = threading.Timer(self.delay_s,
+                                    lambda: os.kill(SERVERS[-1].proc.pid, signal.SIGKILL))
             timer.start()
         try:
             yield
@@ -44,7 +46,8 @@ class KillServerMidStep(NoHooks):
 SERVERS: list = []
 
 
-def test_server_killed_mid_step_is_restarted_and_rollouts_resubmitted(tiny_qwen2, tmp_path, monkeypatch):
+def test_server_killed_mid_step_is_restarted_and_rollouts_resubmitted(tiny_qwen2, tmp_path,
+                                                                      monkeypatch):
     class Tracked(server_proc.EmbeddedServer):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
@@ -76,7 +79,8 @@ class PushForeignWeights(NoHooks):
         if step == self.step:
             import httpx
             body = {"model_path": self.model_dir, "weight_version": "99"}
-            assert httpx.post(f"{self.url}/update_weights_from_disk", json=body, timeout=60).status_code == 200
+            assert httpx.post(f"{self.url}/update_weights_from_disk", json=body,
+                              timeout=60).status_code == 200
 
     def on_rollout_finished(self, rollout):
         self.finished.append(rollout.weight_version)
@@ -85,7 +89,8 @@ class PushForeignWeights(NoHooks):
         return contextlib.nullcontext()
 
 
-def test_rollouts_of_a_foreign_weight_version_are_discarded_and_resampled(tiny_qwen2, tiny_qwen2_b, tmp_path):
+def test_rollouts_of_a_foreign_weight_version_are_discarded_and_resampled(
+        tiny_qwen2, tiny_qwen2_b, tmp_path):
     from serving import running_server
     logs: list[str] = []
     with running_server(tiny_qwen2) as url:
@@ -94,4 +99,5 @@ def test_rollouts_of_a_foreign_weight_version_are_discarded_and_resampled(tiny_q
                     log=lambda *a: logs.append(" ".join(map(str, a))))
     assert row["step"] == 2 and row["rollout_weight_version"] == "1"
     assert any("weight_version 99" in line and "discarded" in line for line in logs), logs
-    assert hooks.finished and set(hooks.finished) == {"0", "1"}  # nothing of version 99 reached training
+    # nothing of version 99 reached training
+    assert hooks.finished and set(hooks.finished) == {"0", "1"}

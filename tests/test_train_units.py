@@ -60,11 +60,13 @@ def test_rollout_record_from_a_native_response():
     r = Rollout(group_id=1, index=0, sample={"prompt": "p"}, prompt_ids=[1, 2])
     assert r.status == RolloutStatus.PENDING and r.prompt == "p"
     r.apply({"text": "ab", "output_ids": [5, 6], "meta_info": {
-        "finish_reason": {"type": "stop", "matched": 6}, "weight_version": 4, "draft_weight_version": "2",
-        "output_token_logprobs": [[-0.1, 5, None], [-0.2, 6, None]], "spec_verify_ct": 1, "spec_accept_length": 2.0}})
+        "finish_reason": {"type": "stop", "matched": 6}, "weight_version": 4,
+        "draft_weight_version": "2", "output_token_logprobs": [[-0.1, 5, None], [-0.2, 6, None]],
+        "spec_verify_ct": 1, "spec_accept_length": 2.0}})
     assert (r.status, r.weight_version, r.draft_weight_version, r.rollout_logprobs) == \
         (RolloutStatus.FINISHED, "4", "2", [-0.1, -0.2])
-    r.apply({"output_ids": [5], "meta_info": {"finish_reason": {"type": "abort", "message": "restart"}}})
+    r.apply({"output_ids": [5],
+             "meta_info": {"finish_reason": {"type": "abort", "message": "restart"}}})
     assert r.status == RolloutStatus.ABORTED and r.error == "restart"
     r.apply({"output_ids": [5, 6], "meta_info": {"finish_reason": {"type": "length", "length": 2},
                                                   "output_token_logprobs": [[-0.1, 5, None]]}})

@@ -23,8 +23,8 @@ def _rollouts() -> list[Rollout]:
     out = []
     for i, (p, o, reward) in enumerate([(4, 9, 1.0), (6, 3, 0.0), (3, 12, 0.0), (5, 7, 1.0)]):
         prompt = torch.randint(5, 300, (p,), generator=g).tolist()
-        r = Rollout(group_id=i // 2, index=i % 2, sample={}, prompt_ids=prompt, status=RolloutStatus.FINISHED,
-                    reward=reward)
+        r = Rollout(group_id=i // 2, index=i % 2, sample={}, prompt_ids=prompt,
+                    status=RolloutStatus.FINISHED, reward=reward)
         r.output_ids = torch.randint(5, 300, (o,), generator=g).tolist()
         r.rollout_logprobs = [-1.0] * o
         out.append(r)
@@ -33,22 +33,27 @@ def _rollouts() -> list[Rollout]:
 
 @pytest.mark.parametrize("aux_dtype", [torch.float32, torch.bfloat16])
 def test_update_forward_equals_a_capture_pass(tiny_qwen2, tmp_path, aux_dtype):
-    policy = Policy(TrainConfig(model=str(tiny_qwen2), out=str(tmp_path), micro_batch_size=3), str(tiny_qwen2))
+    policy = Policy(TrainConfig(model=str(tiny_qwen2), out=str(tmp_path), micro_batch_size=3),
+                    str(tiny_qwen2))
     rollouts, layer_ids = _rollouts(), [0, 1, 2]
     skipped = rollouts[1]
     want = capture(policy.model, [r.prompt_ids + r.output_ids for r in rollouts], layer_ids, topk=8,
-                   prompt_lens=[len(r.prompt_ids) for r in rollouts], policy_version=4, aux_dtype=aux_dtype)
+                   prompt_lens=[len(r.prompt_ids) for r in rollouts], policy_version=4,
+                   aux_dtype=aux_dtype)
     got: dict[int, object] = {}
     cap = UpdateCapture(layer_ids, 8, aux_dtype, 4, wants=lambda r: r is not skipped,
                         put=lambda r, s: got.setdefault(rollouts.index(r), s))
     before = [p.detach().clone() for p in policy.model.parameters()]
     stats = policy.train_step(rollouts, capture=cap)
-    assert any(not torch.equal(a, b) for a, b in zip(before, policy.model.parameters()))  # it did update
-    assert sorted(got) == [0, 2, 3] and stats["update_capture_s"] > 0                # two micro-batches, padded
+    # it did update
+    assert any(not torch.equal(a, b) for a, b in zip(before, policy.model.parameters()))
+    # two micro-batches, padded
+    assert sorted(got) == [0, 2, 3] and stats["update_capture_s"] > 0
     for i, s in got.items():
         ref = want[i]
         assert s.aux_hidden.dtype == aux_dtype and s.aux_hidden.shape == ref.aux_hidden.shape
-        torch.testing.assert_close(s.aux_hidden.float(), ref.aux_hidden.float(), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(s.aux_hidden.float(), ref.aux_hidden.float(), atol=1e-5,
+                                   rtol=1e-4)
         assert torch.equal(s.input_ids, ref.input_ids) and torch.equal(s.loss_mask, ref.loss_mask)
         assert torch.equal(s.topk_ids, ref.topk_ids) and s.policy_version == 4
         torch.testing.assert_close(s.topk_probs, ref.topk_probs, atol=1e-5, rtol=1e-4)
@@ -66,7 +71,8 @@ def test_hooks_take_the_update_states_and_queue_the_rest(tiny_qwen2, tmp_path):
     for r in rollouts:
         hooks.on_rollout_finished(r)
     with hooks.update_capture() as cap:
-        policy.train_step(rollouts[:3], capture=cap)  # the update skips the last one (say, zero advantage)
+        # the update skips the last one (say, zero advantage)
+        policy.train_step(rollouts[:3], capture=cap)
     m = hooks.step_metrics()
     assert (m["update_captured"], m["harvest_carried"]) == (3, 1)
     assert len(hooks.state_dict()["queue"]) == 4  # a resume recaptures what was not spooled yet
@@ -75,20 +81,23 @@ def test_hooks_take_the_update_states_and_queue_the_rest(tiny_qwen2, tmp_path):
         deadline = time.monotonic() + 30
         while hooks.captured < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
-        hooks.on_rollout_finished(rollouts[0])  # step 4's finisher: left for step 4's update, not captured now
+        # step 4's finisher: left for step 4's update, not captured now
+        hooks.on_rollout_finished(rollouts[0])
         deadline = time.monotonic() + 0.5
         while h.steps < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
     assert hooks.captured == 4 and len(hooks._fresh) == 1
     items = sorted(h.spool._mem.values(), key=lambda it: it.seq)
-    assert [it.policy_version for it in items] == [2, 2, 2, 3]  # sampled by v2, the skipped one by v3
+    # sampled by v2, the skipped one by v3
+    assert [it.policy_version for it in items] == [2, 2, 2, 3]
     assert items[0].tensors["aux_hidden"].dtype == torch.bfloat16
     assert hooks.step_metrics()["harvest_carried"] == 0
 
 
 def test_mid_step_capture_leaves_the_update_nothing_to_take(tiny_qwen2, tmp_path):
     save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "d0")
-    h = Harvester(tiny_qwen2, tmp_path / "d0", None, cfg=HarvestConfig(push_every=0, mid_step_capture=True))
+    h = Harvester(tiny_qwen2, tmp_path / "d0", None,
+                  cfg=HarvestConfig(push_every=0, mid_step_capture=True))
     hooks = HarvestHooks(h)
     policy = Policy(TrainConfig(model=str(tiny_qwen2), out=str(tmp_path / "run")), str(tiny_qwen2))
     rollouts = _rollouts()
@@ -106,8 +115,10 @@ def test_mid_step_capture_leaves_the_update_nothing_to_take(tiny_qwen2, tmp_path
 
 def test_an_update_without_advantage_skips_the_forward_not_the_step(tiny_qwen2, tmp_path):
     """No informative group: the optimizer steps on zero gradients, exactly like a full update over
-    all-zero advantages (AdamW's momentum still moves the weights), but without running the policy."""
-    policies = [Policy(TrainConfig(model=str(tiny_qwen2), out=str(tmp_path / f"p{i}")), str(tiny_qwen2))
+    all-zero advantages (AdamW's momentum still moves the weights), but without
+    running the policy."""
+    policies = [Policy(TrainConfig(model=str(tiny_qwen2), out=str(tmp_path / f"p{i}")),
+                       str(tiny_qwen2))
                 for i in range(2)]
     rollouts = _rollouts()
     for p in policies:
@@ -121,6 +132,7 @@ def test_an_update_without_advantage_skips_the_forward_not_the_step(tiny_qwen2, 
     before = [q.detach().clone() for q in policies[1].model.parameters()]
     stats = policies[1].train_step([])
     assert forwards == [] and stats["train_tokens"] == 0 and stats["grad_norm"] == 0.0
-    assert any(not torch.equal(a, b) for a, b in zip(before, policies[1].model.parameters()))  # momentum moved
+    # momentum moved
+    assert any(not torch.equal(a, b) for a, b in zip(before, policies[1].model.parameters()))
     for a, b in zip(policies[0].model.parameters(), policies[1].model.parameters()):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=0)

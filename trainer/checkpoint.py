@@ -1,9 +1,9 @@
-"""Atomic step checkpoints. Step N lives in `OUT/weight_v{N}/`: a Hugging Face directory (safetensors,
-config, tokenizer) that the rollout server loads with `update_weights_from_disk`, plus
-`trainer_state.pt` (optimizer, step, RNG states), `train_config.json` and, when the loop's hooks keep
-state (the Harvester: the drafter in training, its optimizer, its version), `hooks_state.pt`. The whole
-directory appears by one rename, so a directory that exists is complete and its policy and drafter
-states belong together; `--resume` takes the highest N."""
+"""Atomic step checkpoints. Step N lives in `OUT/weight_v{N}/`: a Hugging Face directory
+(safetensors, config, tokenizer) that the rollout server loads with `update_weights_from_disk`, plus
+`trainer_state.pt` (optimizer, step, RNG states), `train_config.json` and, when the loop's hooks
+keep state (the Harvester: the drafter in training, its optimizer, its version), `hooks_state.pt`.
+The whole directory appears by one rename, so a directory that exists is complete and its policy and
+drafter states belong together; `--resume` takes the highest N."""
 from __future__ import annotations
 
 import json
@@ -38,7 +38,8 @@ def list_checkpoints(out: str | Path) -> list[tuple[int, Path]]:
     out = Path(out)
     if not out.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in out.iterdir() if (m := _NAME.match(p.name)) and p.is_dir()]
+    found = [(int(m.group(1)), p) for p in out.iterdir()
+             if (m := _NAME.match(p.name)) and p.is_dir()]
     return sorted(found)
 
 
@@ -60,7 +61,8 @@ def save_checkpoint(out: str | Path, step: int, model, tokenizer, optimizer, con
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state()}, tmp / STATE_FILE)
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state()},
+                   tmp / STATE_FILE)
         (tmp / "train_config.json").write_text(json.dumps(config, indent=2))
         if hooks_state is not None:
             torch.save(hooks_state, tmp / HOOKS_FILE)
@@ -80,8 +82,10 @@ def load_latest(out: str | Path) -> Resumed | None:
             continue
         state = torch.load(state_file, weights_only=False)
         if state.get("step") != step:
-            raise ValueError(f"{state_file}: step {state.get('step')} does not match the directory name")
+            raise ValueError(f"{state_file}: step {state.get('step')} does not match the "
+                             "directory name")
         set_rng_state(state["rng"])
-        hooks = torch.load(path / HOOKS_FILE, weights_only=False) if (path / HOOKS_FILE).is_file() else None
+        hooks = torch.load(path / HOOKS_FILE,
+                           weights_only=False) if (path / HOOKS_FILE).is_file() else None
         return Resumed(step=step, path=path, optimizer_state=state["optimizer"], hooks_state=hooks)
     return None

@@ -1,11 +1,12 @@
-"""`gleanrl train`: GRPO against an embedded rollout server (default) or running ones (`--server`, and
-`--router` for generation through sglang-router), with harvest on when given `--drafter`.
+"""`gleanrl train`: GRPO against an embedded rollout server (default) or running ones (`--server`,
+and `--router` for generation through sglang-router), with harvest on when given `--drafter`.
 
-Cores: the embedded server runs with `--server-threads` torch threads (default: every core, or half of them
-with harvest, whose drafter trains beside the rollouts) and the trainer with `--trainer-threads` (default 1).
+Cores: the embedded server runs with `--server-threads` torch threads (default: every core, or half
+of them with harvest, whose drafter trains beside the rollouts) and the trainer with
+`--trainer-threads` (default 1).
 
-Harvest settings (`HarvestConfig`, flags of the "harvest" group) are stored in OUT/harvest/harvest_config.json,
-so `--resume` keeps them unless flags change them."""
+Harvest settings (`HarvestConfig`, flags of the "harvest" group) are stored in
+OUT/harvest/harvest_config.json, so `--resume` keeps them unless flags change them."""
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,8 @@ FLAGS = {
     "--lr": ("lr", float, "AdamW learning rate"),
     "--micro-batch-size": ("micro_batch_size", int, "sequences per forward/backward"),
     "--kl-coef": ("kl_coef", float, "k3 KL to the initial policy (0: off)"),
-    "--negative-weight": ("negative_weight", float, "weight of negative advantages (< 1 leans on reinforcing "
+    "--negative-weight": ("negative_weight", float,
+                          "weight of negative advantages (< 1 leans on reinforcing "
                                                     "successes; the demo uses 1)"),
     "--eval-every": ("eval_every", int, "accuracy on held-out prompts every N steps (0: off)"),
     "--eval-prompts": ("eval_prompts", int, "held-out prompts per evaluation"),
@@ -35,88 +37,114 @@ FLAGS = {
     "--keep-last": ("keep_last", int, "step checkpoints kept"),
     "--seed": ("seed", int, "seed"),
     "--trainer-threads": ("trainer_threads", int, "torch threads of the trainer"),
-    "--update-threads": ("update_threads", int, "torch threads of the policy update, which runs while the server "
+    "--update-threads": ("update_threads", int,
+                         "torch threads of the policy update, which runs while the server "
                                                 "waits (0: --trainer-threads)"),
-    "--update-dtype": ("update_dtype", str, "the policy update's compute dtype: float32, or bfloat16 autocast "
+    "--update-dtype": ("update_dtype", str,
+                       "the policy update's compute dtype: float32, or bfloat16 autocast "
                                             "(fp32 master weights, optimizer and logits; 3-4x faster on "
                                             "CPUs with AVX-512 BF16)"),
-    "--server-threads": ("server_threads", int, "torch threads of the embedded server (0: every core, half with "
+    "--server-threads": ("server_threads", int,
+                         "torch threads of the embedded server (0: every core, half with "
                                                 "--drafter)"),
     "--api-key": ("api_key", str, "the rollout server's API key"),
-    "--admin-api-key": ("admin_api_key", str, "the rollout server's admin API key (weight updates)"),
+    "--admin-api-key": ("admin_api_key", str,
+                        "the rollout server's admin API key (weight updates)"),
     "--server-wait-s": ("server_wait_s", float, "how long to wait for a dead or restarting server"),
 }
 
 
 # flag -> (HarvestConfig field, "spool." for SpoolConfig's, type, help). Only with --drafter.
 HARVEST_FLAGS = {
-    "--push-every": ("push_every", int, "drafter micro-steps between score-and-push attempts (0: never push)"),
-    "--min-gain": ("min_gain", float, "held-out acceptance length a new drafter must gain over the serving one"),
-    "--accept-mode": ("accept_mode", str, "held-out score: expected acceptance of speculative sampling "
+    "--push-every": ("push_every", int,
+                     "drafter micro-steps between score-and-push attempts (0: never push)"),
+    "--min-gain": ("min_gain", float,
+                   "held-out acceptance length a new drafter must gain over the serving one"),
+    "--accept-mode": ("accept_mode", str,
+                      "held-out score: expected acceptance of speculative sampling "
                                           "('sampled', rollouts at T=1) or the greedy chain ('greedy')"),
     "--max-holdout": ("max_holdout", int, "held-out samples (newest) scored per push attempt"),
     "--holdout-versions": ("holdout_versions", int, "...from this many newest policy versions"),
-    "--holdout-every": ("spool.holdout_every", int, "every N-th harvested rollout is held out (0: none)"),
-    "--drafter-lr": ("lr", float, "drafter AdamW learning rate (training continues from the serving weights)"),
+    "--holdout-every": ("spool.holdout_every", int,
+                        "every N-th harvested rollout is held out (0: none)"),
+    "--drafter-lr": ("lr", float,
+                     "drafter AdamW learning rate (training continues from the serving weights)"),
     "--drafter-batch-size": ("batch_size", int, "harvested samples per drafter micro-step"),
-    "--drafter-max-tokens": ("max_tokens", int, "window of each sample trained on and scored (0: whole samples; "
+    "--drafter-max-tokens": ("max_tokens", int,
+                             "window of each sample trained on and scored (0: whole samples; "
                                                 "cost grows with its square)"),
     "--drafter-topk": ("topk", int, "soft-label width kept per harvested token"),
     "--keep-versions": ("keep_versions", int, "pushed drafter versions kept on disk"),
-    "--spool-mem-tokens": ("spool.max_mem_tokens", int, "harvested tokens kept in memory (oldest evicted)"),
-    "--spool-disk-tokens": ("spool.max_disk_tokens", int, "harvested tokens kept on disk (oldest evicted)"),
-    "--spool-disk-bytes": ("spool.max_disk_bytes", int, "spool bytes kept on disk (oldest evicted)"),
-    "--version-decay": ("spool.version_decay", float, "sampling weight per policy version behind the newest "
+    "--spool-mem-tokens": ("spool.max_mem_tokens", int,
+                           "harvested tokens kept in memory (oldest evicted)"),
+    "--spool-disk-tokens": ("spool.max_disk_tokens", int,
+                            "harvested tokens kept on disk (oldest evicted)"),
+    "--spool-disk-bytes": ("spool.max_disk_bytes", int,
+                           "spool bytes kept on disk (oldest evicted)"),
+    "--version-decay": ("spool.version_decay", float,
+                        "sampling weight per policy version behind the newest "
                                                       "(1: uniform)"),
-    "--idle-nice": ("idle_nice", int, "CPU priority (nice 0-19) of the drafter's idle-window thread; 19: it uses "
+    "--idle-nice": ("idle_nice", int,
+                    "CPU priority (nice 0-19) of the drafter's idle-window thread; 19: it uses "
                                       "only compute nobody else wants, and starves on a busy machine"),
-    "--aux-dtype": ("aux_dtype", str, "spool storage of hidden states: float32, bfloat16 or float16"),
+    "--aux-dtype": ("aux_dtype", str,
+                    "spool storage of hidden states: float32, bfloat16 or float16"),
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=argparse.SUPPRESS, help="initial policy (Hugging Face directory)")
+    parser.add_argument("--model", default=argparse.SUPPRESS,
+                        help="initial policy (Hugging Face directory)")
     parser.add_argument("--out", default=argparse.SUPPRESS,
-                        help="output directory: checkpoints weight_v{N}, metrics.jsonl, resolved config")
+                        help="output directory: checkpoints weight_v{N}, metrics.jsonl, "
+                             "resolved config")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--task", default=argparse.SUPPRESS,
-                        help="built-in task name, jsonl:PATH or module:object (default: the built-in task)")
-    source.add_argument("--data", default=argparse.SUPPRESS, help="JSONL prompt file instead of a task")
+                        help="built-in task name, jsonl:PATH or module:object (default: the "
+                             "built-in task)")
+    source.add_argument("--data", default=argparse.SUPPRESS,
+                        help="JSONL prompt file instead of a task")
     parser.add_argument("--server", action="append", dest="servers", metavar="URL",
                         default=argparse.SUPPRESS,
-                        help="a running rollout server (repeat for several); default: start an embedded one")
+                        help="a running rollout server (repeat for several); default: start "
+                             "an embedded one")
     parser.add_argument("--router", default=argparse.SUPPRESS, metavar="URL",
-                        help="send generation through this router (sglang-router); weight updates still go "
-                             "to every --server worker")
+                        help="send generation through this router (sglang-router); weight "
+                             "updates still go to every --server worker")
     parser.add_argument("--drafter", default=argparse.SUPPRESS, metavar="DIR",
-                        help="EAGLE-3 drafter: harvest on (hidden states of finished rollouts train it while the "
-                             "step waits on its tail; better versions are pushed to the servers); the embedded "
-                             "server serves it with --sd adaptive; state in OUT/harvest")
+                        help="EAGLE-3 drafter: harvest on (hidden states of finished rollouts "
+                             "train it while the step waits on its tail; better versions are "
+                             "pushed to the servers); the embedded server serves it with --sd "
+                             "adaptive; state in OUT/harvest")
     parser.add_argument("--resume", action="store_true",
-                        help="continue from the last complete checkpoint in --out (and its harvest spool and "
-                             "drafter versions)")
+                        help="continue from the last complete checkpoint in --out (and its "
+                             "harvest spool and drafter versions)")
     parser.add_argument("--config", help="TOML/YAML file of TrainConfig fields; flags override it")
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    for flag, (dest, typ, help_text) in FLAGS.items():  # not given: absent, so the file's value stands
+    for flag, (dest, typ, help_text) in FLAGS.items():
+        # not given: absent, so the file's value stands
         parser.add_argument(flag, dest=dest, type=typ, default=argparse.SUPPRESS,
                             choices=["float32", "bfloat16"] if dest == "update_dtype" else None,
                             help=f"{help_text} (default: {defaults[dest]})")
-    parser.add_argument("--eval-greedy", dest="eval_greedy", action="store_true", default=argparse.SUPPRESS,
+    parser.add_argument("--eval-greedy", dest="eval_greedy", action="store_true",
+                        default=argparse.SUPPRESS,
                         help="also evaluate greedily (eval_greedy_* keys)")
     from gleanrl.harvest.harvester import HarvestConfig
     group = parser.add_argument_group("harvest (with --drafter; kept by --resume)")
     hdefaults = dataclasses.asdict(HarvestConfig())
     for flag, (field, typ, help_text) in HARVEST_FLAGS.items():
         default = hdefaults["spool"][field[6:]] if field.startswith("spool.") else hdefaults[field]
-        choices = {"accept_mode": ["sampled", "greedy"], "aux_dtype": ["float32", "bfloat16", "float16"]}.get(field)
-        group.add_argument(flag, dest=f"_harvest:{field}", type=typ, default=argparse.SUPPRESS, choices=choices,
+        choices = {"accept_mode": ["sampled", "greedy"],
+                   "aux_dtype": ["float32", "bfloat16", "float16"]}.get(field)
+        group.add_argument(flag, dest=f"_harvest:{field}", type=typ, default=argparse.SUPPRESS,
+                           choices=choices,
                            metavar=None if choices else {int: "N", float: "X"}[typ],
                            help=f"{help_text} (default: {default})")
 
 
 def harvest_settings(cfg: TrainConfig, args: argparse.Namespace) -> None:
-    """Write OUT/harvest/harvest_config.json: the resumed run's settings (or the defaults), then the flags
-    given. Raises ValueError for flags without --drafter and for invalid values."""
+    """Write OUT/harvest/harvest_config.json: the resumed run's settings (or the defaults), then the
+    flags given. Raises ValueError for flags without --drafter and for invalid values."""
     from gleanrl.harvest.harvester import HarvestConfig
     from gleanrl.harvest.hooks import read_config, write_config
     from gleanrl.trainer.checkpoint import list_checkpoints
@@ -157,6 +185,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"gleanrl train: {exc}", file=sys.stderr)
         return 2
     if row:
-        print(f"done: step {row['step']}, reward {row['reward_mean']:.3f}, accuracy {row['accuracy']:.3f}; "
-              f"checkpoints and metrics.jsonl in {cfg.out}")
+        print(f"done: step {row['step']}, reward {row['reward_mean']:.3f}, "
+              f"accuracy {row['accuracy']:.3f}; checkpoints and metrics.jsonl in {cfg.out}")
     return 0

@@ -14,15 +14,19 @@ class TrainConfig:
     out: str                                 # checkpoints, metrics.jsonl, config.resolved.json
     task: str | None = None                  # built-in task spec; None: the default task
     data: str | None = None                  # a JSONL prompt file instead of a task
-    servers: list[str] = field(default_factory=list)   # running rollout servers; empty: start an embedded one
-    router: str | None = None                # generation through this URL (sglang-router); weights to `servers`
-    drafter: str | None = None               # EAGLE-3 drafter directory: harvest on (trained in the tail, pushed)
+    servers: list[str] = field(default_factory=list)   # running rollout servers; empty: start
+                                                       # an embedded one
+    router: str | None = None                # generation through this URL (sglang-router);
+                                             # weights to `servers`
+    drafter: str | None = None               # EAGLE-3 drafter directory: harvest on (trained in
+                                             # the tail, pushed)
     steps: int = 20
     prompts_per_step: int = 8
     samples_per_prompt: int = 4              # GRPO group size
     max_new_tokens: int = 64
     temperature: float = 1.0
-    top_p: float = 1.0                       # < 1: nucleus sampling; logprobs stay of the full softmax
+    top_p: float = 1.0                       # < 1: nucleus sampling; logprobs stay of
+                                             # the full softmax
     lr: float = 1e-4
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
@@ -30,22 +34,31 @@ class TrainConfig:
     micro_batch_size: int = 8                # sequences per forward/backward
     clip_low: float = 0.2
     clip_high: float = 0.2
-    kl_coef: float = 0.0                     # > 0 keeps a frozen reference copy of the initial policy
+    kl_coef: float = 0.0                     # > 0 keeps a frozen reference copy of
+                                             # the initial policy
     scale_advantages: bool = True            # divide by the group std (GRPO) or not (Dr. GRPO)
-    negative_weight: float = 1.0             # weight of negative advantages (< 1: favour reinforcing successes)
-    eval_every: int = 0                      # held-out accuracy at step 0, every N steps and the last (0: off)
+    negative_weight: float = 1.0             # weight of negative advantages (< 1: favour
+                                             # reinforcing successes)
+    eval_every: int = 0                      # held-out accuracy at step 0, every N steps and
+                                             # the last (0: off)
     eval_prompts: int = 64
-    eval_samples: int = 1                    # per prompt; > 1 only makes sense with eval_temperature > 0
+    eval_samples: int = 1                    # per prompt; > 1 only makes sense with
+                                             # eval_temperature > 0
     eval_temperature: float = 0.0            # 0: greedy
-    eval_greedy: bool = False                # with eval_temperature > 0: also a greedy pass (eval_greedy_*)
+    eval_greedy: bool = False                # with eval_temperature > 0: also a greedy pass
+                                             # (eval_greedy_*)
     keep_last: int = 2                       # step checkpoints kept on disk
     seed: int = 0
     trainer_threads: int = 1
-    update_threads: int = 0                  # torch threads of the policy update (0: trainer_threads)
-    update_cores: list[int] = field(default_factory=list)  # CPU affinity of the update (empty: unchanged)
-    update_dtype: str = "float32"            # "bfloat16": the update's forward in bf16 autocast (fp32 master
-                                             # weights and logits); 3-4x faster on CPUs with AVX-512 BF16
-    server_threads: int = 0                  # embedded server's torch threads (0: every core, half with harvest)
+    update_threads: int = 0                  # torch threads of the policy update (0:
+                                             # trainer_threads)
+    # CPU affinity of the update (empty: unchanged)
+    update_cores: list[int] = field(default_factory=list)
+    update_dtype: str = "float32"            # "bfloat16": the update's forward in bf16 autocast
+                                             # (fp32 master weights and logits); 3-4x faster on CPUs
+                                             # with AVX-512 BF16
+    server_threads: int = 0                  # embedded server's torch threads (0: every core,
+                                             # half with harvest)
     server_args: list[str] = field(default_factory=list)   # extra `gleanrl serve` flags (embedded)
     api_key: str | None = None
     admin_api_key: str | None = None
@@ -53,21 +66,23 @@ class TrainConfig:
     server_wait_s: float = 120.0             # how long to wait for a dead/restarting server
     max_attempts: int = 3                    # submissions per rollout before it counts as failed
     stream: bool = True                      # stream /generate to time the first token
-    stream_interval: int = 8                 # tokens per streamed chunk (first-token time is that coarse)
+    stream_interval: int = 8                 # tokens per streamed chunk (first-token time
+                                             # is that coarse)
 
     def __post_init__(self) -> None:
         if isinstance(self.servers, str):
             self.servers = [self.servers]
         self.betas = tuple(self.betas)
-        positive = ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "micro_batch_size",
-                    "keep_last", "eval_prompts", "eval_samples", "trainer_threads", "max_attempts",
-                    "stream_interval")
+        positive = ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens",
+                    "micro_batch_size", "keep_last", "eval_prompts", "eval_samples",
+                    "trainer_threads", "max_attempts", "stream_interval")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         checks = [
-            ("server_threads", isinstance(self.server_threads, int) and self.server_threads >= 0, "must be >= 0"),
+            ("server_threads", isinstance(self.server_threads, int) and self.server_threads >= 0,
+             "must be >= 0"),
             ("temperature", self.temperature > 0, "must be > 0 (GRPO needs sampled rollouts)"),
             ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
             ("eval_temperature", self.eval_temperature >= 0, "must be >= 0"),
@@ -80,13 +95,15 @@ class TrainConfig:
             ("weight_decay", self.weight_decay >= 0, "must be >= 0"),
             ("request_timeout_s", self.request_timeout_s > 0, "must be > 0"),
             ("server_wait_s", self.server_wait_s > 0, "must be > 0"),
-            ("update_dtype", self.update_dtype in ("float32", "bfloat16"), "must be float32 or bfloat16"),
+            ("update_dtype", self.update_dtype in ("float32", "bfloat16"),
+             "must be float32 or bfloat16"),
         ]
         for name, ok, why in checks:
             if not ok:
                 raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
         if not (Path(self.model) / "config.json").is_file():
-            raise ValueError(f"model must be a Hugging Face model directory (with config.json), got {self.model!r}")
+            raise ValueError("model must be a Hugging Face model directory (with config.json), "
+                             f"got {self.model!r}")
         if not isinstance(self.update_threads, int) or self.update_threads < 0:
             raise ValueError(f"update_threads must be an integer >= 0 (0: trainer_threads), "
                              f"got {self.update_threads!r}")
@@ -96,15 +113,18 @@ class TrainConfig:
         if not isinstance(self.eval_every, int) or self.eval_every < 0:
             raise ValueError(f"eval_every must be an integer >= 0, got {self.eval_every!r}")
         if self.drafter is not None and not (Path(self.drafter) / "config.json").is_file():
-            raise ValueError(f"drafter must be an EAGLE-3 drafter directory (with config.json), got {self.drafter!r}")
+            raise ValueError("drafter must be an EAGLE-3 drafter directory (with config.json), "
+                             f"got {self.drafter!r}")
         if self.router is not None and not self.servers:
-            raise ValueError("router needs the worker URLs too (--server URL per worker): weight updates "
-                             "go to every worker, the router only forwards generation")
+            raise ValueError("router needs the worker URLs too (--server URL per worker): "
+                             "weight updates go to every worker, the router only "
+                             "forwards generation")
         if self.task and self.data:
             raise ValueError("give either task or data, not both")
 
     def to_dict(self) -> dict:
-        """The fields as written to config.resolved.json and every checkpoint: keys are never written."""
+        """The fields as written to config.resolved.json and every checkpoint: keys are
+        never written."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return out | {k: "<redacted>" for k in ("api_key", "admin_api_key") if out[k]}
 
@@ -134,7 +154,8 @@ def build_config(file_values: dict, flag_values: dict) -> TrainConfig:
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(file_values) - known)
     if unknown:
-        raise ValueError(f"unknown config keys: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        raise ValueError(f"unknown config keys: {', '.join(unknown)} "
+                         f"(known: {', '.join(sorted(known))})")
     values = dict(file_values)
     values.update({k: v for k, v in flag_values.items() if v is not None and k in known})
     for required in ("model", "out"):

@@ -15,39 +15,49 @@ from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.hooks import RolloutHooks
 
 
-async def run_step(client: RolloutClient, rollouts: list[Rollout], params: dict, *, expected_version: str,
-                   resync: Callable[[], Awaitable[None]], hooks: RolloutHooks, max_attempts: int,
-                   stream: bool = True, stream_interval: int = 8, log=print, desc: str = "rollouts") -> None:
+async def run_step(client: RolloutClient, rollouts: list[Rollout], params: dict, *,
+                   expected_version: str, resync: Callable[[], Awaitable[None]],
+                   hooks: RolloutHooks, max_attempts: int, stream: bool = True,
+                   stream_interval: int = 8, log=print, desc: str = "rollouts") -> None:
     """Run every rollout to completion (finished or truncated, sampled by `expected_version`).
-    `resync()` waits for the server and re-pushes the current weights; it runs before re-submitting."""
+    `resync()` waits for the server and re-pushes the current weights; it runs before
+    re-submitting."""
     pending = list(rollouts)
     bar = tqdm(total=len(rollouts), desc=desc, unit="req", leave=False, dynamic_ncols=True)
     try:
         while pending:
             with hooks.idle_window():
-                tasks = [asyncio.create_task(run_rollout(client, r, params, stream, stream_interval)) for r in pending]
+                tasks = [asyncio.create_task(run_rollout(client, r, params, stream,
+                                                         stream_interval)) for r in pending]
                 for fut in asyncio.as_completed(tasks):
                     r = await fut
                     if r.done and r.weight_version in (expected_version, None):
                         bar.update(1)
                         hooks.on_rollout_finished(r)
-            redo = [r for r in pending if not (r.done and r.weight_version in (expected_version, None))]
+            redo = [r for r in pending
+                    if not (r.done and r.weight_version in (expected_version, None))]
             if not redo:
                 if any(r.weight_version is None for r in rollouts):
-                    log(f"warning: the server reports no weight_version; trusting it holds {expected_version}")
+                    log("warning: the server reports no weight_version; trusting it "
+                        f"holds {expected_version}")
                 return
             bad = [r for r in redo if r.status == RolloutStatus.FAILED]
             if bad:  # the server refused the request: re-submitting will not help
-                raise RolloutServerError(client.urls[0], 400, f"rollout {bad[0].rid} failed: {bad[0].error}")
+                raise RolloutServerError(client.urls[0], 400,
+                                         f"rollout {bad[0].rid} failed: {bad[0].error}")
             stale = [r for r in redo if r.done]
             if stale:
-                log(f"warning: {len(stale)} rollout(s) sampled by weight_version {stale[0].weight_version}, "
-                    f"expected {expected_version}: discarded and re-submitted")
+                log(f"warning: {len(stale)} rollout(s) sampled by "
+                    f"weight_version {stale[0].weight_version}, expected {expected_version}: "
+                    "discarded and re-submitted")
             exhausted = [r for r in redo if r.attempts >= max_attempts]
             if exhausted:
-                raise RolloutServerError(client.urls[0], 0, f"{len(exhausted)} rollout(s) still unfinished after "
-                                                            f"{max_attempts} attempts (last: {exhausted[0].error})")
-            log(f"warning: {len(redo)} rollout(s) lost ({redo[0].error}); re-syncing the server and re-submitting")
+                raise RolloutServerError(client.urls[0], 0,
+                                         f"{len(exhausted)} rollout(s) still unfinished after "
+                                                            f"{max_attempts} attempts "
+                                                            f"(last: {exhausted[0].error})")
+            log(f"warning: {len(redo)} rollout(s) lost ({redo[0].error}); re-syncing the server "
+                "and re-submitting")
             await resync()
             for r in redo:
                 r.reset()
@@ -57,11 +67,12 @@ async def run_step(client: RolloutClient, rollouts: list[Rollout], params: dict,
 
 
 def sampling_params(cfg: TrainConfig) -> dict:
-    return {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p}
+    return {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
+            "top_p": cfg.top_p}
 
 
-def make_rollouts(cfg: TrainConfig, task, tokenizer, step: int, split: str = "train", n: int | None = None,
-                  samples: int | None = None) -> list[Rollout]:
+def make_rollouts(cfg: TrainConfig, task, tokenizer, step: int, split: str = "train",
+                  n: int | None = None, samples: int | None = None) -> list[Rollout]:
     """`samples_per_prompt` pending rollouts for each of the step's prompts; seeds make the step
     reproducible (the server samples each seeded request from its own generator)."""
     prompts = task.prompts(split, n or cfg.prompts_per_step, seed=cfg.seed * 100_003 + step)
@@ -71,7 +82,8 @@ def make_rollouts(cfg: TrainConfig, task, tokenizer, step: int, split: str = "tr
         for i in range(samples or cfg.samples_per_prompt):
             seed = (cfg.seed * 1_000_003 + step * 10_007 + g * 101 + i) % 2**31
             rid = f"{split}{step}-g{g}-i{i}-{seed}"
-            out.append(Rollout(group_id=g, index=i, sample=sample, prompt_ids=ids, rid=rid, seed=seed))
+            out.append(Rollout(group_id=g, index=i, sample=sample, prompt_ids=ids, rid=rid,
+                               seed=seed))
     return out
 
 

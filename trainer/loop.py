@@ -8,32 +8,33 @@
         save weight_v{step} atomically ; push it with update_weights_from_disk(weight_version=step)
 
 Simplified relative to the literature (DeepSeekMath GRPO, DAPO, slime) and why:
-- One policy update per step (no PPO epochs over minibatches): the rollouts are exactly on-policy, so
-  the importance ratio only absorbs the numerical mismatch between the server and the trainer (which
-  we report as `logprob_mismatch`); clipping stays as the safety net it is in slime.
+- One policy update per step (no PPO epochs over minibatches): the rollouts are exactly on-policy,
+  so the importance ratio only absorbs the numerical mismatch between the server and the trainer
+  (which we report as `logprob_mismatch`); clipping stays as the safety net it is in slime.
 - The old-policy logprobs are the server's rollout logprobs, not a trainer recomputation: saves a
   forward pass and makes engine bugs visible in the mismatch metric instead of hiding them.
 - Token-level normalisation (DAPO) over the step's informative groups: a group whose rewards are all
   equal has advantage 0, so without KL it is left out of the update (DAPO's dynamic-sampling filter,
-  without its re-sampling); it would only cost a forward/backward and dilute the normalisation. A step
-  with no informative group runs the optimizer on zero gradients (AdamW's momentum moves the weights
-  exactly as an update on all-zero advantages would) without any forward or backward. No
-  length penalty; KL to the initial policy off by default (rule-based rewards need no reward-model guard).
-- `negative_weight` < 1 scales down negative advantages (PSR); the demo keeps it at 1, plain GRPO. Over a
-  group the advantages then sum to zero, so the tokens its successes and failures share cancel and the
-  update is their difference; at < 1 every success's tokens are pushed up on top of it. On the demo's
-  small SFT policy what decides first is the step size: at lr 2e-4 (Adam moves every weight by about lr
-  a step, whatever the gradient's noise) 12 steps made it worse in 4 of 5 runs; at lr 1e-4 with 16
-  prompts x 4 samples a step, plain GRPO raised held-out T=1 accuracy on each of 5 seeds
-  (docs/rl-gain.md, issue 23).
+  without its re-sampling); it would only cost a forward/backward and dilute the normalisation. A
+  step with no informative group runs the optimizer on zero gradients (AdamW's momentum moves the
+  weights exactly as an update on all-zero advantages would) without any forward or backward. No
+  length penalty; KL to the initial policy off by default (rule-based rewards need no
+  reward-model guard).
+- `negative_weight` < 1 scales down negative advantages (PSR); the demo keeps it at 1, plain GRPO.
+  Over a group the advantages then sum to zero, so the tokens its successes and failures share
+  cancel and the update is their difference; at < 1 every success's tokens are pushed up on top of
+  it. On the demo's small SFT policy what decides first is the step size: at lr 2e-4 (Adam moves
+  every weight by about lr a step, whatever the gradient's noise) 12 steps made it worse in 4 of 5
+  runs; at lr 1e-4 with 16 prompts x 4 samples a step, plain GRPO raised held-out T=1 accuracy on
+  each of 5 seeds (docs/rl-gain.md, issue 23).
 - Synchronous: step N+1's rollouts start after the push of step N's weights, so every rollout is
   sampled by exactly the version the trainer holds; the long tail is what the harvester gleans. The
   phases never overlap, so the update may take every core while the server waits (`update_threads`,
   `update_cores`: `trainer.phases`), and its forward hands the harvester the hidden states of the
   rollouts it trains on (`hooks.update_capture()`), instead of a second pass in the idle window.
 - Weight sync from the checkpoint written each step (`trainer.policy_push`, `clients.weight_sync`):
-  checked against the serving model first, then `update_weights_from_disk`, or a `selector: "target"`
-  tensor session for stock SGLang running EAGLE-3; no NCCL broadcast.
+  checked against the serving model first, then `update_weights_from_disk`, or a
+  `selector: "target"` tensor session for stock SGLang running EAGLE-3; no NCCL broadcast.
 """
 from __future__ import annotations
 

@@ -9,11 +9,12 @@ from pathlib import Path
 from gleanrl.clients.rollout import Rollout
 
 COLUMNS = [  # (key, header, width, format); a key missing from a row prints blank
-    ("step", "step", 4, "{:d}"), ("reward_mean", "reward", 6, "{:.3f}"), ("accuracy", "acc", 5, "{:.2f}"),
-    ("eval_accuracy", "eval", 5, "{:.3f}"), ("eval_se", "±se", 5, "{:.3f}"),
-    ("response_len_p50", "len50", 5, "{:.0f}"),
+    ("step", "step", 4, "{:d}"), ("reward_mean", "reward", 6, "{:.3f}"),
+    ("accuracy", "acc", 5, "{:.2f}"), ("eval_accuracy", "eval", 5, "{:.3f}"),
+    ("eval_se", "±se", 5, "{:.3f}"), ("response_len_p50", "len50", 5, "{:.0f}"),
     ("response_len_p99", "len99", 5, "{:.0f}"), ("rollout_s", "rollout_s", 9, "{:.2f}"),
-    ("tail_s", "tail_s", 6, "{:.2f}"), ("train_s", "train_s", 7, "{:.2f}"), ("rollout_share", "roll%", 5, "{:.0%}"),
+    ("tail_s", "tail_s", 6, "{:.2f}"), ("train_s", "train_s", 7, "{:.2f}"),
+    ("rollout_share", "roll%", 5, "{:.0%}"),
     ("tokens_per_s", "tok/s", 6, "{:.0f}"), ("tokens_per_pass", "tok/pass", 8, "{:.2f}"),
     ("logprob_mismatch", "lp_mism", 7, "{:.1e}"), ("weight_version", "ver", 4, "{}"),
 ]
@@ -27,7 +28,8 @@ HARVEST_COLUMNS = [  # from HarvestHooks.step_metrics and the rollouts, shown wh
 
 
 def format_row(row: dict, columns: list = COLUMNS) -> str:
-    return "  ".join((fmt.format(row[k]) if row.get(k) is not None else "").rjust(w) for k, _, w, fmt in columns)
+    return "  ".join((fmt.format(row[k]) if row.get(k) is not None else "").rjust(w)
+                     for k, _, w, fmt in columns)
 
 
 def format_header(columns: list = COLUMNS) -> str:
@@ -56,7 +58,8 @@ def tail_seconds(finish_times: list[float]) -> float:
 def rollout_metrics(rollouts: list[Rollout], t_start: float, t_end: float, accuracy_of) -> dict:
     lens = [len(r.output_ids) for r in rollouts]
     finished = [r.finished_at for r in rollouts if r.finished_at is not None]
-    ttft = [r.first_token_at - r.submitted_at for r in rollouts if r.first_token_at and r.submitted_at]
+    ttft = [r.first_token_at - r.submitted_at for r in rollouts
+            if r.first_token_at and r.submitted_at]
     rollout_s = t_end - t_start
     rewards = [float(r.reward) for r in rollouts if r.reward is not None]
     return {
@@ -64,7 +67,8 @@ def rollout_metrics(rollouts: list[Rollout], t_start: float, t_end: float, accur
         "accuracy": sum(accuracy_of(r) for r in rollouts) / len(rollouts) if rollouts else 0.0,
         "response_len_mean": sum(lens) / len(lens) if lens else 0.0,
         "response_len_p50": percentile(lens, 50), "response_len_p99": percentile(lens, 99),
-        "truncated_frac": sum(r.status.value == "truncated" for r in rollouts) / max(len(rollouts), 1),
+        "truncated_frac": sum(r.status.value == "truncated"
+                              for r in rollouts) / max(len(rollouts), 1),
         "rollout_s": rollout_s, "tail_s": tail_seconds(finished),
         "ttft_p50_s": percentile(ttft, 50),
         "tokens_per_s": sum(lens) / rollout_s if rollout_s > 0 else 0.0,
@@ -74,8 +78,8 @@ def rollout_metrics(rollouts: list[Rollout], t_start: float, t_end: float, accur
 
 def sd_stats(rollouts: list[Rollout]) -> dict:
     """The step's speculative decoding, pooled over its rollouts from SGLang's per-request counts
-    (`spec_verify_ct` verify passes, `spec_accept_token_num` drafts they accepted); see acceptance().
-    `spec_tokens`: output tokens that came from verify passes."""
+    (`spec_verify_ct` verify passes, `spec_accept_token_num` drafts they accepted); see
+    acceptance(). `spec_tokens`: output tokens that came from verify passes."""
     verify = sum(r.spec_verify_ct for r in rollouts)
     accepted = sum(r.spec_accept_token_num for r in rollouts)
     tokens = sum(len(r.output_ids) for r in rollouts)
@@ -83,26 +87,30 @@ def sd_stats(rollouts: list[Rollout]) -> dict:
     for r in rollouts:
         for name, n in r.spec_accept_by_source.items():
             sources[name] = sources.get(name, 0) + n
-    return {"spec_verify_ct": verify, "spec_accept_token_num": accepted, "spec_tokens": verify + accepted,
-            "output_tokens": tokens, "target_passes": tokens - accepted, "spec_accept_by_source": sources,
+    return {"spec_verify_ct": verify, "spec_accept_token_num": accepted,
+            "spec_tokens": verify + accepted, "output_tokens": tokens,
+            "target_passes": tokens - accepted, "spec_accept_by_source": sources,
             **acceptance(verify, accepted, tokens)}
 
 
 def acceptance(verify_passes: int, accepted_drafts: int, output_tokens: int) -> dict:
-    """gleanrl's two SD figures from SGLang's counts. `spec_accept_length`: tokens per verify pass, over
-    verify passes only, (accepted + passes) / passes, in [1, k + 1]. `tokens_per_pass`: output tokens per
-    target pass, plain decode passes (and the prefill's) included: every pass emits one token beyond the
-    drafts it accepted, so passes = tokens - accepted; 1.0 without SD, the decode-pass speedup (an upper
-    bound on the wall-clock one). Not SGLang's per-request `spec_accept_length` (completion tokens /
-    verify passes): with adaptive SD most tokens come from plain passes, and that ratio can exceed k + 1."""
+    """gleanrl's two SD figures from SGLang's counts. `spec_accept_length`: tokens per verify pass,
+    over verify passes only, (accepted + passes) / passes, in [1, k + 1]. `tokens_per_pass`: output
+    tokens per target pass, plain decode passes (and the prefill's) included: every pass emits one
+    token beyond the drafts it accepted, so passes = tokens - accepted; 1.0 without SD, the
+    decode-pass speedup (an upper bound on the wall-clock one). Not SGLang's per-request
+    `spec_accept_length` (completion tokens / verify passes): with adaptive SD most tokens come from
+    plain passes, and that ratio can exceed k + 1."""
     passes = output_tokens - accepted_drafts
-    return {"spec_accept_length": (verify_passes + accepted_drafts) / verify_passes if verify_passes else 0.0,
+    return {"spec_accept_length": (verify_passes + accepted_drafts) / verify_passes
+            if verify_passes else 0.0,
             "tokens_per_pass": output_tokens / passes if passes > 0 else 0.0}
 
 
 def step_shares(row: dict) -> dict:
-    """Where a step's time went: its rollouts' share of the step (rollout + update + push), the tail's
-    share of the rollouts, and the share of the idle window the drafter used (with harvest)."""
+    """Where a step's time went: its rollouts' share of the step (rollout + update + push), the
+    tail's share of the rollouts, and the share of the idle window the drafter used
+    (with harvest)."""
     step_s = row["rollout_s"] + row["train_s"] + row["push_s"]
     out = {"step_s": step_s, "rollout_share": row["rollout_s"] / step_s if step_s > 0 else 0.0,
            "tail_share": row["tail_s"] / row["rollout_s"] if row["rollout_s"] > 0 else 0.0}
@@ -114,14 +122,16 @@ def step_shares(row: dict) -> dict:
 def eval_metrics(rollouts: list[Rollout], correct_of, baseline: list[float] | None = None) -> dict:
     """Held-out accuracy with its standard error over prompts (samples of one prompt are not
     independent: se = std of the per-prompt means / sqrt(prompts)). `eval_scores` are the per-prompt
-    means in prompt order; with the `baseline` scores of an earlier eval on the same prompts and seeds,
-    the paired gain and its se (`eval_gain`, `eval_gain_se`): far tighter than comparing two accuracies."""
+    means in prompt order; with the `baseline` scores of an earlier eval on the same prompts and
+    seeds, the paired gain and its se (`eval_gain`, `eval_gain_se`): far tighter than comparing
+    two accuracies."""
     groups: dict[int, list[float]] = {}
     for r in rollouts:
         groups.setdefault(r.group_id, []).append(correct_of(r))
     scores = [sum(v) / len(v) for _, v in sorted(groups.items())]
     acc, se = mean_se(scores)
-    row = {"eval_accuracy": acc, "eval_se": se, "eval_prompts": len(scores), "eval_rollouts": len(rollouts),
+    row = {"eval_accuracy": acc, "eval_se": se, "eval_prompts": len(scores),
+           "eval_rollouts": len(rollouts),
            "eval_len_mean": _mean([len(r.output_ids) for r in rollouts]), "eval_scores": scores}
     if baseline is not None and len(baseline) == len(scores):
         row["eval_gain"], row["eval_gain_se"] = mean_se([s - b for s, b in zip(scores, baseline)])
@@ -142,7 +152,8 @@ def _mean(values: list[float]) -> float:
 
 
 class MetricsLog:
-    """Appends rows to `OUT/metrics.jsonl` (each row flushed and fsynced) and prints a table line."""
+    """Appends rows to `OUT/metrics.jsonl` (each row flushed and fsynced) and prints
+    a table line."""
 
     def __init__(self, out: str | Path, resume_step: int | None = None, harvest: bool = False):
         self.path = Path(out) / "metrics.jsonl"
@@ -151,7 +162,8 @@ class MetricsLog:
         self._printed_header = False
         if self.path.exists():  # drop rows of steps lost to a crash (or everything on a fresh run)
             keep = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and resume_step is not None and json.loads(line)["step"] <= resume_step]
+                    if line.strip() and resume_step is not None
+                    and json.loads(line)["step"] <= resume_step]
             self.path.write_text("".join(line + "\n" for line in keep))
 
     def first(self, key: str):

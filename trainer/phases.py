@@ -1,7 +1,8 @@
-"""Thread settings per phase of a synchronous RL step: the phases never overlap, so each may use the whole
-machine. The policy update runs while the rollout server waits: it can take every core (the demo pins
-the server to half of them and the trainer to the other half; `phase_threads(n, all_cores())` lifts the
-trainer's pin for the update alone), then the rollout phase gets its settings back.
+"""Thread settings per phase of a synchronous RL step: the phases never overlap, so each may use the
+whole machine. The policy update runs while the rollout server waits: it can take every core (the
+demo pins the server to half of them and the trainer to the other half;
+`phase_threads(n, all_cores())` lifts the trainer's pin for the update alone), then the rollout
+phase gets its settings back.
 
 Hazard: OpenMP worker threads started inside a phase keep that phase's affinity; after it they only
 sleep (torch runs the restored number of threads), so they take no compute from the server."""
@@ -19,7 +20,9 @@ def all_cores() -> set[int]:
     if not hasattr(os, "sched_getaffinity"):
         return set(range(os.cpu_count() or 1))
     saved = os.sched_getaffinity(0)
-    try:  # the kernel narrows a wider request to the cpuset: ask for everything, read what was granted
+    try:
+        # the kernel narrows a wider request to the cpuset:
+        # ask for everything, read what was granted
         os.sched_setaffinity(0, range(os.cpu_count() or 1))
         return set(os.sched_getaffinity(0))
     finally:

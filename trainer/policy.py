@@ -1,12 +1,13 @@
 """The trainer's copy of the policy: micro-batched logprobs and one GRPO update per RL step.
 
-The update's forward runs the policy over every rollout it trains on; given an `UpdateCapture` it also
-hands the harvester those rollouts' aux hidden states (forward pre-hooks on the drafter's 3 layers only,
-detached, copied out row by row before the backward frees the graph) and soft labels: no second pass.
+The update's forward runs the policy over every rollout it trains on; given an `UpdateCapture` it
+also hands the harvester those rollouts' aux hidden states (forward pre-hooks on the drafter's 3
+layers only, detached, copied out row by row before the backward frees the graph) and soft labels:
+no second pass.
 
-`update_dtype = "bfloat16"` runs the decoder layers of every forward in bf16 autocast (mixed precision,
-as RL frameworks train on GPUs) while the master weights, AdamW's state, the lm_head and the logits stay
-float32, so the logprobs of the PPO ratio keep full precision."""
+`update_dtype = "bfloat16"` runs the decoder layers of every forward in bf16 autocast (mixed
+precision, as RL frameworks train on GPUs) while the master weights, AdamW's state, the lm_head and
+the logits stay float32, so the logprobs of the PPO ratio keep full precision."""
 from __future__ import annotations
 
 import contextlib
@@ -57,14 +58,17 @@ class Policy:
             targets[i, :n] = torch.tensor(r.output_ids)
             mask[i, :n] = 1
             old[i, :n] = torch.tensor(r.rollout_logprobs)
-        return {"ids": ids, "attn": attn, "targets": targets, "mask": mask, "old": old, "starts": starts}
+        return {"ids": ids, "attn": attn, "targets": targets, "mask": mask, "old": old,
+                "starts": starts}
 
     def _logits(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
-        """[B, L, V] float32 logits; with bf16 the layers run in autocast, the lm_head in float32."""
+        """[B, L, V] float32 logits; with bf16 the layers run in autocast, the
+        lm_head in float32."""
         if not self.bf16:
             return model(input_ids=b["ids"], attention_mask=b["attn"]).logits
         with torch.autocast(model.device.type, dtype=torch.bfloat16):
-            hidden = model.base_model(input_ids=b["ids"], attention_mask=b["attn"]).last_hidden_state
+            hidden = model.base_model(input_ids=b["ids"],
+                                      attention_mask=b["attn"]).last_hidden_state
         return model.get_output_embeddings()(hidden.float())
 
     def _logprobs(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -81,8 +85,8 @@ class Policy:
 
     def _captured_forward(self, b: dict[str, torch.Tensor], rows: list[Rollout],
                           capture: UpdateCapture | None) -> tuple[torch.Tensor, float]:
-        """The policy's logits [B, L, V], and the seconds spent capturing the rollouts `capture` wants
-        from this forward."""
+        """The policy's logits [B, L, V], and the seconds spent capturing the rollouts `capture`
+        wants from this forward."""
         want = [j for j, r in enumerate(rows) if capture is not None and capture.wants(r)]
         hooks = aux_hooks(self.model, capture.layer_ids) if want else contextlib.nullcontext({})
         with hooks as grabbed:
@@ -91,7 +95,8 @@ class Policy:
             return logits, 0.0
         t0 = time.perf_counter()
         lens = [len(rows[j].prompt_ids) + len(rows[j].output_ids) for j in want]
-        samples = samples_from(grabbed, logits, b["ids"], want, lens, [len(rows[j].prompt_ids) for j in want],
+        samples = samples_from(grabbed, logits, b["ids"], want, lens,
+                               [len(rows[j].prompt_ids) for j in want],
                                capture.topk, capture.policy_version, capture.aux_dtype)
         grabbed.clear()  # the graph holds its own references until backward; ours go now
         for j, sample in zip(want, samples):
@@ -99,14 +104,16 @@ class Policy:
         return logits, time.perf_counter() - t0
 
     def train_step(self, rollouts: list[Rollout], capture: UpdateCapture | None = None) -> dict:
-        """One AdamW step on the step's rollouts, micro-batched; token-level normalisation. With `capture`,
-        the harvester gets the hidden states of the rollouts it wants from this very forward."""
+        """One AdamW step on the step's rollouts, micro-batched; token-level normalisation. With
+        `capture`, the harvester gets the hidden states of the rollouts it wants from this
+        very forward."""
         cfg = self.cfg
         if not any(r.output_ids for r in rollouts):
             return self._zero_step()
         rewards = torch.tensor([float(r.reward) for r in rollouts])
         groups = torch.tensor([r.group_id for r in rollouts])
-        adv = group_advantages(rewards, groups, scale=cfg.scale_advantages, negative_weight=cfg.negative_weight)
+        adv = group_advantages(rewards, groups, scale=cfg.scale_advantages,
+                               negative_weight=cfg.negative_weight)
         num_tokens = max(sum(len(r.output_ids) for r in rollouts), 1)
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
@@ -126,8 +133,8 @@ class Policy:
                 with torch.no_grad():
                     ref_logp = self._logprobs(self.ref, b)
             mask = b["mask"]
-            loss, stats = policy_loss(logp, b["old"], chunk_adv, mask, num_tokens, cfg.clip_low, cfg.clip_high,
-                                      ref_logp, cfg.kl_coef)
+            loss, stats = policy_loss(logp, b["old"], chunk_adv, mask, num_tokens, cfg.clip_low,
+                                      cfg.clip_high, ref_logp, cfg.kl_coef)
             loss.backward()
             loss_total += loss.item()
             stats.update(logprob_mismatch(logp, b["old"], mask))
@@ -146,12 +153,13 @@ class Policy:
         }
 
     def _zero_step(self) -> dict:
-        """The optimizer step of an update whose every advantage is 0 (its gradient is exactly zero), with
-        no forward or backward: AdamW's momentum and weight decay still move the weights as they would."""
+        """The optimizer step of an update whose every advantage is 0 (its gradient is exactly
+        zero), with no forward or backward: AdamW's momentum and weight decay still move the weights
+        as they would."""
         for p in self.model.parameters():
             p.grad = torch.zeros_like(p)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        keys = ("loss", "grad_norm", "adv_abs_mean", "clip_frac", "kl", "logprob_mismatch", "logprob_mismatch_max",
-                "update_capture_s")
+        keys = ("loss", "grad_norm", "adv_abs_mean", "clip_frac", "kl", "logprob_mismatch",
+                "logprob_mismatch_max", "update_capture_s")
         return {k: 0.0 for k in keys} | {"train_tokens": 0}

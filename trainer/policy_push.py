@@ -3,8 +3,8 @@ server's serving model before anything is sent, then sent by the route that is s
 kind (`clients.weight_sync`).
 
 The reference for the check is the serving model's directory (`/model_info` `model_path`) when it is
-readable here, else the trainer's initial `--model`. Stock SGLang applies what it is given: a truncated
-file kills the whole server, another architecture's weights load and answer success.
+readable here, else the trainer's initial `--model`. Stock SGLang applies what it is given: a
+truncated file kills the whole server, another architecture's weights load and answer success.
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from gleanrl.harvest.checkpoint_check import CheckpointMismatch, check_policy_ch
 
 
 def serving_reference(model_path: str | None, fallback: str | Path) -> Path:
-    """The serving model's directory if readable here (same host or shared volume), else `fallback`."""
+    """The serving model's directory if readable here (same host or shared volume),
+    else `fallback`."""
     if model_path and (Path(model_path) / "config.json").is_file():
         return Path(model_path)
     return Path(fallback)
@@ -25,14 +26,17 @@ def serving_reference(model_path: str | None, fallback: str | Path) -> Path:
 class PolicyPusher:
     def __init__(self, client: RolloutClient, initial_model: str | Path):
         self.client, self.initial_model = client, Path(initial_model)
-        self.routes: dict[str, Route] = {}  # the last push's route per worker URL (for logs and tests)
+        # the last push's route per worker URL (for logs and tests)
+        self.routes: dict[str, Route] = {}
 
     async def push(self, path: str, version: str) -> None:
         """Raises CheckpointMismatch (nothing sent) or RolloutServerError."""
         kinds = await probe_all(self.client)
         for kind in kinds:
             try:
-                check_policy_checkpoint(path, serving_reference(kind.model_path, self.initial_model))
+                check_policy_checkpoint(path,
+                                        serving_reference(kind.model_path, self.initial_model))
             except CheckpointMismatch as exc:
-                raise CheckpointMismatch(f"refusing to push the policy to {kind.url}: {exc}") from None
+                raise CheckpointMismatch("refusing to push the policy "
+                                         f"to {kind.url}: {exc}") from None
         self.routes = await push_policy(self.client, path, version, kinds)

@@ -57,8 +57,8 @@ class EmbeddedServer:
         self.restarts = 0
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "gleanrl", "serve", "--model", self.model, "--host", "127.0.0.1",
-               "--port", str(self.port), "--threads", str(self.threads)]
+        cmd = [sys.executable, "-m", "gleanrl", "serve", "--model", self.model, "--host",
+               "127.0.0.1", "--port", str(self.port), "--threads", str(self.threads)]
         # keys go by environment (start), not argv: argv is visible to `ps`
         return cmd + (self.sd.args() if self.sd else []) + self.extra_args
 
@@ -66,7 +66,8 @@ class EmbeddedServer:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
         keys = {"GLEANRL_API_KEY": self.api_key, "GLEANRL_ADMIN_API_KEY": self.admin_api_key}
-        for name, key in keys.items():  # exactly the trainer's keys, not ones inherited from the shell
+        for name, key in keys.items():
+            # exactly the trainer's keys, not ones inherited from the shell
             env.pop(name, None) if key is None else env.__setitem__(name, key)
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True, preexec_fn=_die_with_parent)

@@ -1,26 +1,29 @@
-"""`gleanrl bench e2e`: end-to-end RL, same task, seeds and steps, run side by side (`--arms` a subset):
+"""`gleanrl bench e2e`: end-to-end RL, same task, seeds and steps, run side by side
+(`--arms` a subset):
 
 - `a_no_sd`: no SD: the same synchronous step, the rollout server and the update each on every core;
-- `a_sglang`: as (a) with stock SGLang CPU as the rollout server (`.venv-sglang`; skipped, with the reason,
-  where it is not installed). Every speedup is against the faster of (a) and this arm (`baseline`);
-- `b_adaptive`: adaptive SD with harvest and mid-step hot-swap, from a drafter warm-started on this task;
-  `c_stale`: the same start, frozen;
-- `cold_adaptive` / `cold_stale`: from a randomly initialised drafter (grown during RL only / frozen);
+- `a_sglang`: as (a) with stock SGLang CPU as the rollout server (`.venv-sglang`; skipped, with the
+  reason, where it is not installed). Every speedup is against the faster of (a) and this
+  arm (`baseline`);
+- `b_adaptive`: adaptive SD with harvest and mid-step hot-swap, from a drafter warm-started on this
+  task; `c_stale`: the same start, frozen;
+- `cold_adaptive` / `cold_stale`: from a randomly initialised drafter (grown during RL
+  only / frozen);
 - `offdomain_adaptive` / `offdomain_stale`: warm-started on another task (`running_sums`), as an
   off-the-shelf drafter would be;
 - `a_no_sd_seed2`: (a) with another seed, whose distance from (a) is the run-to-run noise that the
   reward curves of (a) and (b) must agree within (SD is lossless);
-- `d_stale_harvest` (not run by default): as (c), but harvesting and training without ever pushing: what
-  harvesting costs the step (`harvest_cost`, d over c minus 1).
+- `d_stale_harvest` (not run by default): as (c), but harvesting and training without ever pushing:
+  what harvesting costs the step (`harvest_cost`, d over c minus 1).
 
 Every arm gives the server the whole machine during rollouts. Arms that harvest train the drafter at
-nice 19 beside it (`--harvest-schedule idle`: only on compute the server leaves, so harvesting cannot
-slow the rollouts below the stale arm's through the scheduler; memory bandwidth is still shared), or
-on half of the cores with the server on the other half (`beside`). The drafter's warm start (the
-same-domain and off-domain arms) is 400 TTT steps on 256 prompts' generations (cached).
+nice 19 beside it (`--harvest-schedule idle`: only on compute the server leaves, so harvesting
+cannot slow the rollouts below the stale arm's through the scheduler; memory bandwidth is still
+shared), or on half of the cores with the server on the other half (`beside`). The drafter's warm
+start (the same-domain and off-domain arms) is 400 TTT steps on 256 prompts' generations (cached).
 `--quick`: a_no_sd, a_sglang, b_adaptive, c_stale for 6 steps. Figures: `gleanrl.bench.e2e_summary`.
-`--regime` (default long_tail) sets the task's length distribution and the step's shape; every run reports
-`rollout_share_a` (of the baseline arm). Held-out acceptance: each adaptive arm's final
+`--regime` (default long_tail) sets the task's length distribution and the step's shape; every run
+reports `rollout_share_a` (of the baseline arm). Held-out acceptance: each adaptive arm's final
 serving drafter against its start on that arm's newest harvested rollouts, at the same draft length.
 The server runs with `--dtype` (default bfloat16, which makes SD pay on CPUs with AVX-512 BF16).
 """
@@ -36,7 +39,8 @@ from gleanrl import demo
 from gleanrl.bench.e2e_summary import headline, summarize
 from gleanrl.bench.sglang_arm import sglang_missing, sglang_serve_args
 
-RUNS = {  # name -> (the drafter's start: None (no SD) | "same" | "cold" | "offdomain", harvest, seed offset)
+# name -> (the drafter's start: None (no SD) | "same" | "cold" | "offdomain", harvest, seed offset)
+RUNS = {
     "a_no_sd": (None, None, 0),
     "a_sglang": (None, None, 0),
     "b_adaptive": ("same", "push", 0),
@@ -57,43 +61,52 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from gleanrl.trainer.tasks.presets import DEFAULT_REGIME
 
     demo.add_arguments(p)
-    # the regime's step shape and the RL settings its figures were measured with (docs/e2e.md), not the demo's
-    # RL recipe (docs/rl-gain.md): a speed benchmark, whose step shape sets the rollouts it times; every arm's
-    # update in bf16 autocast: the fastest no-SD step a user can run here is the baseline
-    p.set_defaults(out="gleanrl-bench-e2e", regime=DEFAULT_REGIME, steps=None, warm_prompts=256, warm_steps=400,
-                   prompts_per_step=None, samples_per_prompt=None, lr=2e-4, negative_weight=0.1,
-                   update_dtype="bfloat16")
+    # the regime's step shape and the RL settings its figures were measured with (docs/e2e.md), not
+    # the demo's RL recipe (docs/rl-gain.md): a speed benchmark, whose step shape sets the rollouts
+    # it times; every arm's update in bf16 autocast: the fastest no-SD step a user can run here
+    # is the baseline
+    p.set_defaults(out="gleanrl-bench-e2e", regime=DEFAULT_REGIME, steps=None, warm_prompts=256,
+                   warm_steps=400, prompts_per_step=None, samples_per_prompt=None, lr=2e-4,
+                   negative_weight=0.1, update_dtype="bfloat16")
     p.add_argument("--arms", default=None,
-                   help=f"comma-separated, of: {', '.join(RUNS)} (default: all but d_stale_harvest)")
+                   help=f"comma-separated, of: {', '.join(RUNS)} (default: all but "
+                        "d_stale_harvest)")
     p.add_argument("--drafter", default=None, metavar="DIR",
-                   help="warm-start drafter of (b) and (c) (default: warm-start one on the regime's task, cached)")
+                   help="warm-start drafter of (b) and (c) (default: warm-start one on the "
+                        "regime's task, cached)")
     p.add_argument("--offdomain-drafter", default=None, metavar="DIR",
-                   help=f"the off-domain start (default: warm-start one on {OFFDOMAIN_TASK}, cached)")
+                   help="the off-domain start (default: warm-start one "
+                        f"on {OFFDOMAIN_TASK}, cached)")
     p.add_argument("--sd", default="adaptive", choices=["adaptive", "on"],
-                   help="the drafter arms' SD mode: adaptive (the cost model decides per iteration) or on "
-                        "(draft wherever a plan drafts; e.g. to see SD's cost where adaptive would not draft)")
+                   help="the drafter arms' SD mode: adaptive (the cost model decides per "
+                        "iteration) or on (draft wherever a plan drafts; e.g. to see SD's cost "
+                        "where adaptive would not draft)")
     p.add_argument("--harvest-schedule", default="idle", choices=["idle", "beside"],
-                   help="harvest arms: idle (the server has every core, as in the no-SD arms; the drafter trains "
-                        "at nice 19, on what the server leaves) or beside (server and drafter training on half "
-                        "the cores each)")
-    p.add_argument("--push-every", type=int, default=10, help="adaptive arms: drafter micro-steps between pushes")
+                   help="harvest arms: idle (the server has every core, as in the no-SD arms; the "
+                        "drafter trains at nice 19, on what the server leaves) or beside (server "
+                        "and drafter training on half the cores each)")
+    p.add_argument("--push-every", type=int, default=10,
+                   help="adaptive arms: drafter micro-steps between pushes")
     p.add_argument("--json", default=None, help="write the summary here as JSON")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where the rollout server runs (the trainer runs on CPU)")
     p.add_argument("--quick", action="store_true",
-                   help=f"arms {','.join(QUICK_ARMS)} for {QUICK_STEPS} steps (unless --arms / --steps say otherwise)")
+                   help=f"arms {','.join(QUICK_ARMS)} for {QUICK_STEPS} steps (unless --arms / "
+                        "--steps say otherwise)")
 
 
 def parse_arms(text: str) -> list[str]:
     arms = [a.strip() for a in text.split(",") if a.strip()]
     unknown = [a for a in arms if a not in RUNS]
     if unknown or not arms:
-        raise ValueError(f"unknown arm(s) {', '.join(unknown) or '(none given)'}: choose from {', '.join(RUNS)}")
+        raise ValueError(f"unknown arm(s) {', '.join(unknown) or '(none given)'}: choose "
+                         f"from {', '.join(RUNS)}")
     return [name for name in RUNS if name in arms]  # the fixed order: a first, then each start
 
 
 def starts(policy: Path, args: argparse.Namespace, arms: list[str]) -> dict[str, Path]:
-    """The drafter starts the chosen arms need (warm starts are cached; the cold one is written here)."""
+    """The drafter starts the chosen arms need (warm starts are cached; the cold one is
+    written here)."""
     from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.harvest.cli_init import init_drafter
 
@@ -105,22 +118,27 @@ def starts(policy: Path, args: argparse.Namespace, arms: list[str]) -> dict[str,
         out["offdomain"] = (Path(args.offdomain_drafter) if args.offdomain_drafter
                             else demo.warm_drafter(policy, args, task=OFFDOMAIN_TASK))
     if "cold" in needed:
-        out["cold"] = save_drafter(init_drafter(policy, seed=args.seed), Path(args.out) / "cold_drafter0")
+        out["cold"] = save_drafter(init_drafter(policy, seed=args.seed),
+                                   Path(args.out) / "cold_drafter0")
     for name, path in out.items():
         if not (path / "config.json").is_file():
-            raise ValueError(f"the {name} drafter {path} is not a drafter directory (no config.json)")
+            raise ValueError(f"the {name} drafter {path} is not a drafter directory "
+                             "(no config.json)")
     return out
 
 
 def sglang_args(args: argparse.Namespace) -> list[str]:
     """Stock SGLang with a KV pool for every rollout of a step at its longest."""
-    return sglang_serve_args(args.prompts_per_step * args.samples_per_prompt, args.max_new_tokens + 512)
+    return sglang_serve_args(args.prompts_per_step * args.samples_per_prompt,
+                             args.max_new_tokens + 512)
 
 
 def heldout(h, start: Path, policy: Path) -> dict:
-    """The arm's final serving drafter and its start on its newest held-out rollouts (same draft length)."""
+    """The arm's final serving drafter and its start on its newest held-out rollouts (same
+    draft length)."""
     from gleanrl.harvest.checkpoint import load_drafter
-    return {"serving": h.score(h.serving) or 0.0, "start": h.score(load_drafter(start, target_config=policy)) or 0.0}
+    return {"serving": h.score(h.serving) or 0.0,
+            "start": h.score(load_drafter(start, target_config=policy)) or 0.0}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"gleanrl bench e2e: {exc}", file=sys.stderr)
         return 2
     if not demo.fresh_out(out, "bench_e2e.json", args, (*RUNS, "cold_drafter0")):
-        print(f"gleanrl bench e2e: {out} is not empty and not a bench output; choose another --out", file=sys.stderr)
+        print(f"gleanrl bench e2e: {out} is not empty and not a bench output; choose another --out",
+              file=sys.stderr)
         return 2
     policy = Path(args.model) if args.model else bootstrap_policy(size=args.size, seed=args.seed)
     try:
@@ -157,30 +176,36 @@ def run(args: argparse.Namespace) -> int:
         start, harvest, seed_offset = RUNS[name]
         done = sum(wall.values())
         eta = f", about {done / i * (len(arms) - i) / 60:.0f} min left" if i else ""
-        print(f"\n== {name} (arm {i + 1} of {len(arms)}, {done / 60:.1f} min so far{eta})", flush=True)
+        print(f"\n== {name} (arm {i + 1} of {len(arms)}, {done / 60:.1f} min so far{eta})",
+              flush=True)
         t0 = time.monotonic()
         drafter0 = drafters.get(start)
         backend = sglang_args(args) if name == "a_sglang" else None
         whole = harvest is None or args.harvest_schedule == "idle"
-        with demo.serving(policy, drafter0, out / f"{name}.server.log", sd=args.sd, dtype=args.dtype,
-                          device=args.device, whole_machine=whole, backend_args=backend) as server:
+        with demo.serving(policy, drafter0, out / f"{name}.server.log", sd=args.sd,
+                          dtype=args.dtype, device=args.device, whole_machine=whole,
+                          backend_args=backend) as server:
             hooks, h = NoHooks(), None
             if harvest:
                 h = Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None,
-                              cfg=HarvestConfig(push_every=args.push_every if harvest == "push" else 0,
-                                                max_holdout=16, seed=args.seed,
-                                                idle_nice=19 if args.harvest_schedule == "idle" else 0))
+                              cfg=HarvestConfig(push_every=args.push_every
+                                                if harvest == "push" else 0, max_holdout=16,
+                                                seed=args.seed, idle_nice=19
+                                                if args.harvest_schedule == "idle" else 0))
                 hooks = demo.demo_hooks(h)
             cfg = demo.rl_config(policy, out / name, server.url, args, args.seed + seed_offset)
             train(cfg, task=task, hooks=hooks, log=demo.table_logger(out / name / "metrics.jsonl"))
         wall[name] = time.monotonic() - t0
-        runs[name] = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+        runs[name] = [json.loads(line)
+                      for line in (out / name / "metrics.jsonl").read_text().splitlines()]
         if h is not None and harvest == "push":
             held[name] = heldout(h, drafter0, policy)
     summary = summarize(runs, wall) | {"regime": args.regime, "heldout_accept": held}
     same = held.get("b_adaptive", {})
-    summary |= {"heldout_accept_adaptive": same.get("serving"), "heldout_accept_stale": same.get("start")}
-    print("\n" + headline(summary) + "\nheld-out expected acceptance (k=4, newest policy versions), serving vs start: "
+    summary |= {"heldout_accept_adaptive": same.get("serving"),
+                "heldout_accept_stale": same.get("start")}
+    print("\n" + headline(summary)
+          + "\nheld-out expected acceptance (k=4, newest policy versions), serving vs start: "
           + ", ".join(f"{k} {v['serving']:.2f} vs {v['start']:.2f}" for k, v in held.items()))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))

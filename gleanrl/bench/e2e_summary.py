@@ -1,13 +1,14 @@
 """`gleanrl bench e2e`'s summary, from each arm's metrics rows. Any subset of arms may have run
 (`--arms`): a figure whose arms did not run is None, so the keys are always the same.
 
-Step time is rollout + policy update + weight push (what the trainer waits for). Served acceptance is
-each step's tokens per verify pass (`spec_accept_length`, over verify passes only: trainer.metrics.acceptance),
-averaged over steps, shown beside output tokens per target pass (`tokens_per_pass`); the adaptive-over-
-stale ratios compare the second half of the steps, once the policy has drifted from what the starting
-drafter was trained on. The `baseline` is the faster of the no-SD arms, `a_no_sd` (gleanrl serve) and
-`a_sglang` (stock SGLang); the `_a` figures and every speedup are against it. `rollout_share_a` is its
-rollout time over its step time: the share SD can speed up at all, so the bound on `speedup_e2e`."""
+Step time is rollout + policy update + weight push (what the trainer waits for). Served acceptance
+is each step's tokens per verify pass (`spec_accept_length`, over verify passes only:
+trainer.metrics.acceptance), averaged over steps, shown beside output tokens per target pass
+(`tokens_per_pass`); the adaptive-over- stale ratios compare the second half of the steps, once the
+policy has drifted from what the starting drafter was trained on. The `baseline` is the faster of
+the no-SD arms, `a_no_sd` (gleanrl serve) and `a_sglang` (stock SGLang); the `_a` figures and every
+speedup are against it. `rollout_share_a` is its rollout time over its step time: the share SD can
+speed up at all, so the bound on `speedup_e2e`."""
 from __future__ import annotations
 
 
@@ -34,13 +35,14 @@ def _late(rows: list[dict]) -> float | None:
 
 
 def _gap(x: list[dict], y: list[dict]) -> float | None:
-    return _mean([abs(p - q) for p, q in zip(_col(x, "reward_mean"), _col(y, "reward_mean"))]) if x and y else None
+    return _mean([abs(p - q) for p, q in zip(_col(x, "reward_mean"),
+                                             _col(y, "reward_mean"))]) if x and y else None
 
 
 def summarize(runs: dict[str, list[dict]], wall_s: dict[str, float] | None = None) -> dict:
     arm = lambda name: runs.get(name) or []  # noqa: E731
-    baseline = min((n for n in ("a_no_sd", "a_sglang") if runs.get(n)), key=lambda n: sum(step_times(runs[n])),
-                   default=None)
+    baseline = min((n for n in ("a_no_sd", "a_sglang") if runs.get(n)),
+                   key=lambda n: sum(step_times(runs[n])), default=None)
     a = arm(baseline) if baseline else []
     b, c, a2, d = arm("b_adaptive"), arm("c_stale"), arm("a_no_sd_seed2"), arm("d_stale_harvest")
     cold, cold_stale = arm("cold_adaptive"), arm("cold_stale")
@@ -49,13 +51,15 @@ def summarize(runs: dict[str, list[dict]], wall_s: dict[str, float] | None = Non
     rollout = lambda rows: sum(_col(rows, "rollout_s")) if rows else None  # noqa: E731
     accept = lambda rows: _mean(_col(rows, "spec_accept_length"))  # noqa: E731
     return {
-        "steps": max((len(rows) for rows in runs.values()), default=0), "arms": sorted(runs), "baseline": baseline,
-        "step_time_sglang": step_times(arm("a_sglang")),
+        "steps": max((len(rows) for rows in runs.values()), default=0), "arms": sorted(runs),
+        "baseline": baseline, "step_time_sglang": step_times(arm("a_sglang")),
         "wall_s": dict(wall_s or {}),
         "speedup_e2e": _ratio(total(a), total(b)), "speedup_stale": _ratio(total(a), total(c)),
-        "speedup_cold": _ratio(total(a), total(cold)), "speedup_offdomain": _ratio(total(a), total(off)),
+        "speedup_cold": _ratio(total(a), total(cold)),
+        "speedup_offdomain": _ratio(total(a), total(off)),
         "speedup_rollout": _ratio(rollout(a), rollout(b)),
-        "rollout_share_a": _ratio(rollout(a), total(a)), "rollout_share_b": _ratio(rollout(b), total(b)),
+        "rollout_share_a": _ratio(rollout(a), total(a)),
+        "rollout_share_b": _ratio(rollout(b), total(b)),
         "tail_share_a": _ratio(sum(_col(a, "tail_s")), rollout(a)),
         "step_time_a": step_times(a), "step_time_b": step_times(b), "step_time_c": step_times(c),
         "step_time": {name: step_times(rows) for name, rows in runs.items()},
@@ -66,7 +70,8 @@ def summarize(runs: dict[str, list[dict]], wall_s: dict[str, float] | None = Non
         "tokens_per_pass_stale": _mean(_col(c, "tokens_per_pass")),
         "accept_len_adaptive_per_step": _col(b, "spec_accept_length"),
         "accept_len_stale_per_step": _col(c, "spec_accept_length"),
-        "accept_ratio": _ratio(accept(b), accept(c)), "accept_ratio_late": _ratio(_late(b), _late(c)),
+        "accept_ratio": _ratio(accept(b), accept(c)),
+        "accept_ratio_late": _ratio(_late(b), _late(c)),
         "samedomain_accept_ratio": _ratio(_late(b), _late(c)),
         "offdomain_accept_ratio": _ratio(_late(off), _late(off_stale)),
         "cold_accept_per_step": _col(cold, "spec_accept_length"),
@@ -75,8 +80,10 @@ def summarize(runs: dict[str, list[dict]], wall_s: dict[str, float] | None = Non
         "rollout_time_c": _col(c, "rollout_s"), "rollout_time_d": _col(d, "rollout_s"),
         "drafter_overhead": _ratio(sum(_col(b, "idle_overrun_s")), total(b)),
         "idle_window_s": sum(_col(b, "idle_window_s")), "idle_used_s": sum(_col(b, "idle_used_s")),
-        "idle_capture_s": sum(_col(b, "idle_capture_s")), "idle_train_s": sum(_col(b, "idle_train_s")),
-        "update_capture_s": sum(_col(b, "update_capture_s")), "update_captured": int(sum(_col(b, "update_captured"))),
+        "idle_capture_s": sum(_col(b, "idle_capture_s")),
+        "idle_train_s": sum(_col(b, "idle_train_s")),
+        "update_capture_s": sum(_col(b, "update_capture_s")),
+        "update_captured": int(sum(_col(b, "update_captured"))),
         "drafter_steps": int(sum(_col(b, "drafter_steps"))),
         "drafter_version": int(b[-1].get("drafter_version", 0)) if b else 0,
         "reward_a": _col(a, "reward_mean"), "reward_b": _col(b, "reward_mean"),

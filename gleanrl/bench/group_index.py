@@ -1,10 +1,11 @@
 """`gleanrl bench group-index`: micro-benchmark of the group index, the per-call cost of
 `propose` and of `extend` with one token, as the engine calls them every decode iteration.
 
-Synthetic GRPO groups: P prompts x n samples of L tokens over a small vocabulary; each sample copies a
-shared per-prompt "reference" continuation with a mutation rate, so siblings agree in stretches and
-diverge elsewhere, like real siblings. Timings are per call, best of --repeats (the CPU may be shared);
-mean_draft_len is the mean length of the adaptive drafts proposed (`GroupIndexConfig.min_prob`).
+Synthetic GRPO groups: P prompts x n samples of L tokens over a small vocabulary; each sample copies
+a shared per-prompt "reference" continuation with a mutation rate, so siblings agree in stretches
+and diverge elsewhere, like real siblings. Timings are per call, best of --repeats (the CPU may be
+shared); mean_draft_len is the mean length of the adaptive drafts proposed
+(`GroupIndexConfig.min_prob`).
 """
 from __future__ import annotations
 
@@ -60,9 +61,11 @@ def run(args: argparse.Namespace) -> int:
                     calls += 1
                     hits += draft is not None
                     drafted += len(draft.tokens) if draft is not None else 0
-        best_extend, best_propose = min(best_extend, t_extend / calls), min(best_propose, t_propose / calls)
-    print(json.dumps({"propose_us": round(best_propose * 1e6, 2), "extend_us": round(best_extend * 1e6, 2),
-                      "hit_rate": round(hits / calls, 3), "mean_draft_len": round(drafted / max(hits, 1), 2),
+        best_extend, best_propose = min(best_extend, t_extend / calls), min(
+            best_propose, t_propose / calls)
+    print(json.dumps({"propose_us": round(best_propose * 1e6, 2),
+                      "extend_us": round(best_extend * 1e6, 2), "hit_rate": round(hits / calls, 3),
+                      "mean_draft_len": round(drafted / max(hits, 1), 2),
                       "calls": calls, "indexed_tokens": index.tokens}))
     return 0
 

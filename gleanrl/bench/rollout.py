@@ -1,20 +1,21 @@
-"""`gleanrl bench rollout`: GRPO steps' rollouts as the trainer sends them, in four SD arms side by side.
+"""`gleanrl bench rollout`: GRPO steps' rollouts as the trainer sends them, in four SD
+arms side by side.
 
 P prompts x n samples, all submitted at once (T = 1, seeded per step as the trainer does), for
-`--steps` consecutive steps with the same policy and the same prompts (an epoch revisiting them), so the
-earlier-sample index fills. Each arm is its own engine, configured exactly as `gleanrl serve` with the
-arm's flags (`serve_flags` in the JSON), nothing swapped inside: `plain` (`--sd off`), `eagle`
-(`--drafter D`), `group` (`--sd-sources group`), `fused` (`--drafter D --sd-sources eagle,group,fused`),
-the last three with the serve defaults otherwise (`--sd adaptive`: the cost-model controller); and
-`sglang`: stock SGLang CPU (`gleanrl serve --backend sglang`, skipped with the reason where `.venv-sglang` is
-missing) sent the same steps' requests over HTTP (the other arms run in-process: no HTTP), rollouts only.
-`controller` is the arm's measured target pass ms per (running bucket, tokens per sequence), drafter
-step ms and EAGLE-3 acceptance by depth. rollout_s is the wall time of all its steps, tok_s the tokens
-produced over it, accept_length the tokens emitted per verify pass (bonus included, as SGLang's),
-target_passes the decoding target passes, tokens_per_pass the tokens a decoding sequence gets per pass
-(plain: 1.0; machine-independent). Then one greedy step
-(T = 0) per arm on the same engine: `identical_greedy` counts SD outputs equal token for token to the
-plain ones (lossless). The CPU may be shared: read the ratios, not the seconds.
+`--steps` consecutive steps with the same policy and the same prompts (an epoch revisiting them), so
+the earlier-sample index fills. Each arm is its own engine, configured exactly as `gleanrl serve`
+with the arm's flags (`serve_flags` in the JSON), nothing swapped inside: `plain` (`--sd off`),
+`eagle` (`--drafter D`), `group` (`--sd-sources group`), `fused` (`--drafter D --sd-sources
+eagle,group,fused`), the last three with the serve defaults otherwise (`--sd adaptive`: the
+cost-model controller); and `sglang`: stock SGLang CPU (`gleanrl serve --backend sglang`, skipped
+with the reason where `.venv-sglang` is missing) sent the same steps' requests over HTTP (the other
+arms run in-process: no HTTP), rollouts only. `controller` is the arm's measured target pass ms per
+(running bucket, tokens per sequence), drafter step ms and EAGLE-3 acceptance by depth. rollout_s is
+the wall time of all its steps, tok_s the tokens produced over it, accept_length the tokens emitted
+per verify pass (bonus included, as SGLang's), target_passes the decoding target passes,
+tokens_per_pass the tokens a decoding sequence gets per pass (plain: 1.0; machine-independent). Then
+one greedy step (T = 0) per arm on the same engine: `identical_greedy` counts SD outputs equal token
+for token to the plain ones (lossless). The CPU may be shared: read the ratios, not the seconds.
 """
 from __future__ import annotations
 
@@ -25,35 +26,45 @@ import sys
 import time
 
 ARMS = ("plain", "eagle", "group", "fused", "sglang")
-SERVE_FLAGS = {"plain": ["--sd", "off"], "eagle": ["--drafter", "D"], "group": ["--sd-sources", "group"],
+SERVE_FLAGS = {"plain": ["--sd", "off"], "eagle": ["--drafter", "D"],
+               "group": ["--sd-sources", "group"],
                "fused": ["--drafter", "D", "--sd-sources", "eagle,group,fused"]}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="policy directory (default: the task's bootstrap policy)")
-    parser.add_argument("--drafter", default=None, help="EAGLE-3 drafter (default: the cached warm start)")
-    parser.add_argument("--warm-prompts", type=int, default=256, help="without --drafter: prompts of the warm start")
-    parser.add_argument("--warm-steps", type=int, default=400, help="without --drafter: TTT steps of the warm start")
+    parser.add_argument("--model", default=None,
+                        help="policy directory (default: the task's bootstrap policy)")
+    parser.add_argument("--drafter", default=None,
+                        help="EAGLE-3 drafter (default: the cached warm start)")
+    parser.add_argument("--warm-prompts", type=int, default=256,
+                        help="without --drafter: prompts of the warm start")
+    parser.add_argument("--warm-steps", type=int, default=400,
+                        help="without --drafter: TTT steps of the warm start")
     parser.add_argument("--task", default=None, help="task spec (default: the built-in task)")
     parser.add_argument("--prompts", type=int, default=8, help="P: prompts per step")
     parser.add_argument("--n", type=int, default=8, help="samples per prompt")
-    parser.add_argument("--steps", type=int, default=2, help="consecutive steps over the same prompts")
+    parser.add_argument("--steps", type=int, default=2,
+                        help="consecutive steps over the same prompts")
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument("--sd-max-batch", type=int, default=None, help="serve's --sd-max-batch (default: its)")
-    parser.add_argument("--group-max-batch", type=int, default=None, help="serve's --group-max-batch (default: its)")
+    parser.add_argument("--sd-max-batch", type=int, default=None,
+                        help="serve's --sd-max-batch (default: its)")
+    parser.add_argument("--group-max-batch", type=int, default=None,
+                        help="serve's --group-max-batch (default: its)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the results here")
 
 
-def _step(engine, prompts: list[list[int]], n: int, temperature: float, max_new: int, seed: int) -> list[list[int]]:
+def _step(engine, prompts: list[list[int]], n: int, temperature: float, max_new: int,
+          seed: int) -> list[list[int]]:
     from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
     async def one(i: int) -> list[int]:
         params = SamplingParams(max_new_tokens=max_new, temperature=temperature, seed=seed + i)
-        req = GenerateRequest(rid=f"bench-rollout-{time.monotonic_ns()}-{i}", input_ids=prompts[i // n], params=params)
+        req = GenerateRequest(rid=f"bench-rollout-{time.monotonic_ns()}-{i}",
+                              input_ids=prompts[i // n], params=params)
         return [t async for out in engine.generate(req) for t in out.new_ids]
 
     async def main() -> list[list[int]]:
@@ -69,7 +80,8 @@ def _arm_config(arm: str, model: str, drafter: str, args: argparse.Namespace):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     flags = [x if x != "D" else drafter for x in SERVE_FLAGS[arm]]
-    for name, value in (("--sd-max-batch", args.sd_max_batch), ("--group-max-batch", args.group_max_batch)):
+    for name, value in (("--sd-max-batch", args.sd_max_batch),
+                        ("--group-max-batch", args.group_max_batch)):
         if value is not None and arm != "plain":
             flags += [name, str(value)]
     flags += ["--dtype", args.dtype,
@@ -92,7 +104,8 @@ def _default_paths(args: argparse.Namespace) -> tuple[str, str]:
     return str(policy), str(demo.warm_drafter(policy, warm, task=args.task or DEFAULT_TASK))
 
 
-def _arm(engine, prompts: list[list[int]], args: argparse.Namespace) -> tuple[dict, list[list[int]]]:
+def _arm(engine, prompts: list[list[int]],
+         args: argparse.Namespace) -> tuple[dict, list[list[int]]]:
     """The arm's rollout steps (T = 1), then its greedy step; returns (results, greedy outputs)."""
     t0, tokens = time.perf_counter(), 0
     for step in range(args.steps):
@@ -104,8 +117,8 @@ def _arm(engine, prompts: list[list[int]], args: argparse.Namespace) -> tuple[di
     r = {"rollout_s": round(seconds, 3), "tok_s": round(tokens / seconds, 1), "tokens": tokens,
          "accept_length": round(dec["verify_tokens"] / ct, 2) if ct else 0.0,
          "verify_passes": ct, "target_passes": dec["decode_passes"],
-         "tokens_per_pass": round(dec["decode_tokens"] / dec["decode_rows"], 3) if dec["decode_rows"] else 0.0,
-         "accepted_by_source": dec["accepted_by_source"],
+         "tokens_per_pass": round(dec["decode_tokens"] / dec["decode_rows"], 3)
+         if dec["decode_rows"] else 0.0, "accepted_by_source": dec["accepted_by_source"],
          "controller": stats["sd_controller"]}
     return r, _step(engine, prompts, args.n, 0.0, args.max_new_tokens, 0)
 
@@ -120,15 +133,16 @@ def _sglang_arm(model: str, prompts: list[list[int]], args: argparse.Namespace) 
     from gleanrl.bench.sglang_arm import sglang_serve_args
 
     count = len(prompts) * args.n
-    flags = [*sglang_serve_args(count, max(map(len, prompts)) + args.max_new_tokens + 8), "--dtype", args.dtype,
-             "--max-running-requests", str(count)]
+    flags = [*sglang_serve_args(count, max(map(len, prompts)) + args.max_new_tokens + 8), "--dtype",
+             args.dtype, "--max-running-requests", str(count)]
     log = Path(tempfile.mkdtemp(prefix="gleanrl-bench-rollout-sglang-")) / "server.log"
     seconds = tokens = 0
     with ServeProcess(model, log, threads=args.threads or 1, extra=flags) as srv:
         timed_requests(srv.url, prompts[:1], [{"max_new_tokens": 8, "temperature": 0.0}])  # warm-up
         for step in range(args.steps):
             ids = [p for p in prompts for _ in range(args.n)]
-            sp = [{"max_new_tokens": args.max_new_tokens, "temperature": 1.0, "sampling_seed": 10_007 * step + i}
+            sp = [{"max_new_tokens": args.max_new_tokens, "temperature": 1.0,
+                   "sampling_seed": 10_007 * step + i}
                   for i in range(count)]
             t, n = timed_requests(srv.url, ids, sp)
             seconds, tokens = seconds + t, tokens + n
@@ -171,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         if prompts is None:
-            prompts = [encode_prompt(engine.tokenizer, s) for s in task.prompts("train", args.prompts, args.seed)]
+            prompts = [encode_prompt(engine.tokenizer, s)
+                       for s in task.prompts("train", args.prompts, args.seed)]
         engine.start()
         try:
             results[arm], greedy[arm] = _arm(engine, prompts, args)
@@ -183,20 +198,23 @@ def run(args: argparse.Namespace) -> int:
               f"accept {r['accept_length']:.2f}  passes {r['verify_passes']}", flush=True)
     if "sglang" in arms and not skipped:
         results["sglang"] = _sglang_arm(model, prompts, args)
-        print(f"sglang  rollout {results['sglang']['rollout_s']:>8.2f} s  {results['sglang']['tok_s']:>8.1f} tok/s "
-              "(over HTTP)", flush=True)
+        print(f"sglang  rollout {results['sglang']['rollout_s']:>8.2f} "
+              f"s  {results['sglang']['tok_s']:>8.1f} tok/s (over HTTP)", flush=True)
     sd_arms = [a for a in arms if a not in ("plain", "sglang")]
     same = sum(x == y for a in sd_arms for x, y in zip(greedy[a], greedy["plain"]))
     summary = {"arms": results, "identical_greedy": f"{same}/{len(sd_arms) * len(greedy['plain'])}",
-               "model": model, "drafter": drafter, "task": args.task, "prompts": args.prompts, "n": args.n,
-               "steps": args.steps, "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads()}
+               "model": model, "drafter": drafter, "task": args.task, "prompts": args.prompts,
+               "n": args.n, "steps": args.steps, "max_new_tokens": args.max_new_tokens,
+               "threads": torch.get_num_threads()}
     for a in sd_arms:
         summary[f"speedup_{a}"] = round(results["plain"]["rollout_s"] / results[a]["rollout_s"], 2)
     summary["skipped"] = skipped
     if "sglang" in results:
-        summary["over_sglang"] = {a: round(results["sglang"]["rollout_s"] / results[a]["rollout_s"], 2)
-                                  for a in results if a != "sglang"}
-        print("over stock SGLang: " + "  ".join(f"{a} {x:.2f}x" for a, x in summary["over_sglang"].items()))
+        summary["over_sglang"] = {
+            a: round(results["sglang"]["rollout_s"] / results[a]["rollout_s"], 2)
+            for a in results if a != "sglang"}
+        print("over stock SGLang: " + "  ".join(f"{a} {x:.2f}x"
+                                                for a, x in summary["over_sglang"].items()))
     print("  ".join(f"speedup_{a} {summary[f'speedup_{a}']:.2f}x" for a in sd_arms)
           + f"  identical greedy {summary['identical_greedy']}")
     if args.json:

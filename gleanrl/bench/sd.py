@@ -2,13 +2,13 @@
 
 Two engines, each as `gleanrl serve` builds it: one with the drafter (`--sd` mode, default adaptive:
 the cost-model controller, as served), one with `--sd off`; model, prompts, threads and batching are
-identical, and the runs alternate. Prompts come from a task
-(default the built-in one; the task is imported lazily, as `gleanrl draft train` does) or a JSONL file.
-For each batch size and temperature: one warm-up run per side (the controller measures its costs),
-then `--repeats` alternating runs of which the best counts (the CPU may be shared). Requests stop at
-EOS as in RL rollouts; tokens/s counts the tokens actually produced. accept_length is the mean tokens
-emitted per verify pass (bonus token included, as SGLang's) over the SD runs; 0 means SD never ran.
-At temperature 0 it also counts the requests whose SD output equals the plain output token for token.
+identical, and the runs alternate. Prompts come from a task (default the built-in one; the task is
+imported lazily, as `gleanrl draft train` does) or a JSONL file. For each batch size and
+temperature: one warm-up run per side (the controller measures its costs), then `--repeats`
+alternating runs of which the best counts (the CPU may be shared). Requests stop at EOS as in RL
+rollouts; tokens/s counts the tokens actually produced. accept_length is the mean tokens emitted per
+verify pass (bonus token included, as SGLang's) over the SD runs; 0 means SD never ran. At
+temperature 0 it also counts the requests whose SD output equals the plain output token for token.
 """
 from __future__ import annotations
 
@@ -23,19 +23,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="target model directory")
     parser.add_argument("--drafter", required=True, help="EAGLE-3 drafter directory")
     parser.add_argument("--json", default=None, help="write the results here")
-    parser.add_argument("--task", default=None, help="task whose test prompts are used (default: the built-in task)")
-    parser.add_argument("--prompts", default=None, help="JSONL file of {\"prompt\": text} instead of --task")
+    parser.add_argument("--task", default=None,
+                        help="task whose test prompts are used (default: the built-in task)")
+    parser.add_argument("--prompts", default=None,
+                        help="JSONL file of {\"prompt\": text} instead of --task")
     parser.add_argument("--batches", default="1,4,16")
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--sd", choices=["on", "adaptive"], default="adaptive")
     parser.add_argument("--sd-max-batch", type=int, default=8)
-    parser.add_argument("--num-draft-tokens", type=int, default=None, help="fixed draft length (default: chosen)")
+    parser.add_argument("--num-draft-tokens", type=int, default=None,
+                        help="fixed draft length (default: chosen)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the engine runs")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the engine runs")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                        help="weights of target and drafter (auto: float32 on CPU, bfloat16 on CUDA; bfloat16 is "
-                             "memory-bound and fast on CPUs with AVX-512 BF16, as on GPUs)")
+                        help="weights of target and drafter (auto: float32 on CPU, bfloat16 on "
+                             "CUDA; bfloat16 is memory-bound and fast on CPUs with AVX-512 "
+                             "BF16, as on GPUs)")
     parser.add_argument("--repeats", type=int, default=3)
 
 
@@ -57,7 +62,8 @@ def _run(engine, prompts: list[list[int]], temperature: float, max_new: int,
 
     async def one(i: int) -> list[int]:
         params = SamplingParams(max_new_tokens=max_new, temperature=temperature, seed=seed + i)
-        req = GenerateRequest(rid=f"bench-sd-{time.monotonic_ns()}-{i}", input_ids=prompts[i], params=params)
+        req = GenerateRequest(rid=f"bench-sd-{time.monotonic_ns()}-{i}", input_ids=prompts[i],
+                              params=params)
         return [t async for out in engine.generate(req) for t in out.new_ids]
 
     async def main() -> list[list[int]]:
@@ -80,8 +86,10 @@ def run(args: argparse.Namespace) -> int:
     temps = [float(t) for t in args.temperatures.split(",")]
     try:
         prompts_text = _prompts(args, max(batches))
-        common = dict(model_path=args.model, max_running_requests=64, device=args.device, dtype=args.dtype)
-        engine = Engine(EngineConfig(**common, drafter_path=args.drafter, sd=args.sd, sd_max_batch=args.sd_max_batch,
+        common = dict(model_path=args.model, max_running_requests=64, device=args.device,
+                      dtype=args.dtype)
+        engine = Engine(EngineConfig(**common, drafter_path=args.drafter, sd=args.sd,
+                                     sd_max_batch=args.sd_max_batch,
                                      num_draft_tokens=args.num_draft_tokens))
         plain_engine = Engine(EngineConfig(**common, sd="off"))
     except (OSError, ValueError, KeyError, ImportError, CheckpointError) as exc:
@@ -97,34 +105,39 @@ def run(args: argparse.Namespace) -> int:
         for batch in batches:
             for temp in temps:
                 batch_prompts = prompts[:batch]
-                _run(sd, batch_prompts, temp, args.max_new_tokens, 0)               # warm-up; the controller measures
+                # warm-up; the controller measures
+                _run(sd, batch_prompts, temp, args.max_new_tokens, 0)
                 _run(off, batch_prompts, temp, args.max_new_tokens, 0)
                 before = engine.sd_counters()
                 sd_tok_s = plain_tok_s = 0.0
                 identical = 0
-                for r in range(args.repeats):                                   # alternate, keep the best
+                for r in range(args.repeats):
+                    # alternate, keep the best
                     sd_rate, sd_out = _run(sd, batch_prompts, temp, args.max_new_tokens, 1000 * r)
-                    plain_rate, plain_out = _run(off, batch_prompts, temp, args.max_new_tokens, 1000 * r)
+                    plain_rate, plain_out = _run(off, batch_prompts, temp,
+                                                 args.max_new_tokens, 1000 * r)
                     sd_tok_s, plain_tok_s = max(sd_tok_s, sd_rate), max(plain_tok_s, plain_rate)
                     identical += sum(a == b for a, b in zip(sd_out, plain_out))
                 after = engine.sd_counters()
                 ct, toks = (after[k] - before[k] for k in ("verify_ct", "verify_tokens"))
                 results.append({"batch": batch, "temperature": temp, "sd_tok_s": round(sd_tok_s, 1),
-                                "plain_tok_s": round(plain_tok_s, 1), "speedup": round(sd_tok_s / plain_tok_s, 2),
+                                "plain_tok_s": round(plain_tok_s, 1),
+                                "speedup": round(sd_tok_s / plain_tok_s, 2),
                                 "accept_length": round(toks / ct, 2) if ct else 0.0})
                 r = results[-1]
                 if temp == 0:  # lossless: greedy outputs with and without SD are the same tokens
                     r["identical_outputs"] = f"{identical}/{batch * args.repeats}"
-                print(f"batch {batch:>3} T={temp:<4} SD {r['sd_tok_s']:>8.1f} tok/s  plain {r['plain_tok_s']:>8.1f}"
-                      f" tok/s  {r['speedup']:.2f}x  accept {r['accept_length']:.2f}"
-                      + (f"  identical {r['identical_outputs']}" if temp == 0 else ""), flush=True)
+                print(f"batch {batch:>3} T={temp:<4} SD {r['sd_tok_s']:>8.1f} tok/s  "
+                      f"plain {r['plain_tok_s']:>8.1f} tok/s  {r['speedup']:.2f}x  "
+                      f"accept {r['accept_length']:.2f}" + (f"  identical {r['identical_outputs']}"
+                                                            if temp == 0 else ""), flush=True)
     finally:
         engine.shutdown()
         plain_engine.shutdown()
     if args.json:
         from gleanrl.harvest.atomic import atomic_file
         with atomic_file(args.json, "w") as f:
-            json.dump({"model": args.model, "drafter": args.drafter, "sd": args.sd, "threads": args.threads,
-                       "device": args.device, "dtype": args.dtype,
+            json.dump({"model": args.model, "drafter": args.drafter, "sd": args.sd,
+                       "threads": args.threads, "device": args.device, "dtype": args.dtype,
                        "max_new_tokens": args.max_new_tokens, "results": results}, f, indent=2)
     return 0

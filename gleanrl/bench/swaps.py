@@ -2,13 +2,13 @@
 
 Two targets A and B (same shapes, other weights) and two drafters; the server runs SD. Reference
 outputs of every prompt under A and under B are taken first, with nothing else running. Then clients
-stream greedy requests while a swapper pushes `--swaps` updates (target, draft, target, ...; each with
-a fresh version). Every response must carry one `weight_version` and one `draft_weight_version` that
-were pushed, and equal the reference of its target version. SD is lossless, so draft swaps mid-request
-change nothing; a target swap waits for the running requests (SGLang's update lock), so a response whose
-streamed versions change (a "straddler", expected 0) can only come from an update under a pause: its
-tokens streamed under the old version must equal the old reference's prefix. Any non-200 or mismatch is
-an error (exit 1)."""
+stream greedy requests while a swapper pushes `--swaps` updates (target, draft, target, ...; each
+with a fresh version). Every response must carry one `weight_version` and one `draft_weight_version`
+that were pushed, and equal the reference of its target version. SD is lossless, so draft swaps
+mid-request change nothing; a target swap waits for the running requests (SGLang's update lock), so
+a response whose streamed versions change (a "straddler", expected 0) can only come from an update
+under a pause: its tokens streamed under the old version must equal the old reference's prefix. Any
+non-200 or mismatch is an error (exit 1)."""
 from __future__ import annotations
 
 import argparse
@@ -23,12 +23,13 @@ import httpx
 
 from gleanrl.bench.load import ServeProcess, verdict
 
-PROMPTS = ["The quick brown fox", "Once upon a time", "1 + 1 =", "In the beginning", "alpha beta gamma",
-           "Weights and measures", "Rollouts finish at", "Speculative decoding"]
+PROMPTS = ["The quick brown fox", "Once upon a time", "1 + 1 =", "In the beginning",
+           "alpha beta gamma", "Weights and measures", "Rollouts finish at", "Speculative decoding"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--swaps", type=int, default=100, help="weight updates, alternating target and draft")
+    p.add_argument("--swaps", type=int, default=100,
+                   help="weight updates, alternating target and draft")
     p.add_argument("--clients", type=int, default=8, help="concurrent streaming clients")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
@@ -46,9 +47,11 @@ def make_models(root: Path) -> dict[str, Path]:
             "D2": save_drafter(init_drafter(a, seed=1), root / "D2")}
 
 
-async def _stream(client: httpx.AsyncClient, prompt: str, max_new: int) -> list[tuple[list[int], str, str]]:
-    body = {"text": prompt, "stream": True, "sampling_params": {"max_new_tokens": max_new, "temperature": 0,
-                                                                 "ignore_eos": True, "stream_interval": 1}}
+async def _stream(client: httpx.AsyncClient, prompt: str,
+                  max_new: int) -> list[tuple[list[int], str, str]]:
+    body = {"text": prompt, "stream": True,
+            "sampling_params": {"max_new_tokens": max_new, "temperature": 0,
+                                 "ignore_eos": True, "stream_interval": 1}}
     chunks = []
     async with client.stream("POST", "/generate", json=body) as r:
         if r.status_code != 200:
@@ -64,14 +67,15 @@ async def _stream(client: httpx.AsyncClient, prompt: str, max_new: int) -> list[
 
 
 async def _push(client: httpx.AsyncClient, path: Path, selector: str, version: str) -> None:
-    r = await client.post("/update_weights_from_disk", json={"model_path": str(path), "selector": selector,
-                                                             "weight_version": version})
+    r = await client.post("/update_weights_from_disk",
+                          json={"model_path": str(path), "selector": selector,
+                                "weight_version": version})
     if r.status_code != 200:
         raise RuntimeError(f"{selector} swap to {version}: {r.status_code} {r.text[:200]}")
 
 
-async def swaps_under_load(url: str, models: dict[str, Path], swaps: int, clients: int, max_new: int,
-                           seed: int = 0) -> dict:
+async def swaps_under_load(url: str, models: dict[str, Path], swaps: int, clients: int,
+                           max_new: int, seed: int = 0) -> dict:
     rng = random.Random(seed)
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         refs: dict[str, dict[str, list[int]]] = {}
@@ -91,11 +95,13 @@ async def swaps_under_load(url: str, models: dict[str, Path], swaps: int, client
                     await asyncio.sleep(rng.uniform(0.3, 1.2))  # most requests see no target swap
                     if i % 2 == 0:
                         name = "B" if (i // 2) % 2 == 0 else "A"
-                        target_of[f"t{i}"] = name  # registered before the push: responses may carry it at once
+                        # registered before the push: responses may carry it at once
+                        target_of[f"t{i}"] = name
                         await _push(client, models[name], "target", f"t{i}")
                     else:
                         drafts.add(f"d{i}")
-                        await _push(client, models["D2" if (i // 2) % 2 == 0 else "D1"], "draft", f"d{i}")
+                        await _push(client, models["D2" if (i // 2) % 2 == 0 else "D1"],
+                                    "draft", f"d{i}")
                     s["swaps"] += 1
             except Exception as exc:  # noqa: BLE001
                 s["errors"] += 1
@@ -113,12 +119,14 @@ async def swaps_under_load(url: str, models: dict[str, Path], swaps: int, client
             first = chunks[0][1]
             if all(c[1] == version for c in chunks):
                 if out != refs[target_of[version]][prompt]:
-                    raise RuntimeError(f"{prompt!r} under {version} ({target_of[version]}) differs from its reference")
+                    raise RuntimeError(f"{prompt!r} under {version} ({target_of[version]}) differs "
+                                       "from its reference")
                 return
             s["straddlers"] += 1
             old = [c[0] for c in chunks if c[1] == first][-1]
             if out[:len(old)] != refs[target_of[first]][prompt][:len(old)]:
-                raise RuntimeError(f"{prompt!r}: tokens streamed under {first} differ from its reference")
+                raise RuntimeError(f"{prompt!r}: tokens streamed under {first} differ "
+                                   "from its reference")
 
         async def worker(i: int) -> None:
             wrng = random.Random(seed * 100 + i)
@@ -137,18 +145,20 @@ async def swaps_under_load(url: str, models: dict[str, Path], swaps: int, client
 
 def run(args: argparse.Namespace) -> int:
     if args.swaps < 1 or args.clients < 1 or args.max_new_tokens < 1:
-        print("gleanrl bench swaps: --swaps, --clients and --max-new-tokens must be positive", file=sys.stderr)
+        print("gleanrl bench swaps: --swaps, --clients and --max-new-tokens must be positive",
+              file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         models = make_models(Path(tmp))
         extra = ["--drafter", str(models["D1"]), "--sd", "on", "--num-draft-tokens", "3"]
         with ServeProcess(str(models["A"]), Path(tmp) / "server.log", extra=extra) as server:
-            s = asyncio.run(swaps_under_load(server.url, models, args.swaps, args.clients, args.max_new_tokens,
-                                             args.seed))
-    print(f"swaps: {s['swaps']} of {args.swaps} (alternating target/draft) under {args.clients} streaming clients: "
-          f"{s['responses']} greedy responses, {s['responses'] - s['straddlers']} equal to their version's reference "
-          f"token for token, {s['straddlers']} straddled a target swap (old-version prefix checked); "
-          f"{s['draft_changes_mid_request']} saw a draft swap mid-request ({s['draft_only_mid_request']} of them no "
-          f"target swap, checked token for token); "
+            s = asyncio.run(swaps_under_load(server.url, models, args.swaps, args.clients,
+                                             args.max_new_tokens, args.seed))
+    print(f"swaps: {s['swaps']} of {args.swaps} (alternating target/draft) under {args.clients} "
+          f"streaming clients: {s['responses']} greedy "
+          f"responses, {s['responses'] - s['straddlers']} equal to their version's reference token "
+          f"for token, {s['straddlers']} straddled a target swap (old-version prefix "
+          f"checked); {s['draft_changes_mid_request']} saw a draft swap mid-request "
+          f"({s['draft_only_mid_request']} of them no target swap, checked token for token); "
           f"{s['errors']} errors")
     return verdict(s, s["errors"] == 0 and s["swaps"] == args.swaps, args.json)

@@ -1,14 +1,15 @@
-"""The embedded engine: token ids in, token ids out (`generate` yields deltas), built by composition.
-Its public methods are the only door: the HTTP app, the benches and the tests' servers use nothing
-else (`scheduler`, `swapper`, `decoder`, `loop` and `state` are its parts; `tests/test_layers.py`).
+"""The embedded engine: token ids in, token ids out (`generate` yields deltas), built by
+composition. Its public methods are the only door: the HTTP app, the benches and the tests' servers
+use nothing else (`scheduler`, `swapper`, `decoder`, `loop` and `state` are its parts;
+`tests/test_layers.py`).
 
 One `EngineState` (request sets, flags, versions, one lock) is shared by the `Scheduler` (admission,
-KV slots, request lifecycle), the decoder (`SDDecoder` from `server/sd/`), the
-`WeightSwapper` (typed target/draft swap records) and the `DecodeLoop` (the background thread); outputs
-reach asyncio through the `Outbox`. The tokenizer is loaded here only for stop strings and the HTTP edge.
-Pause modes follow SGLang's `/pause_generation`: `abort` (in-flight requests return at once, aborted,
-with their partial output), `retract` (back to the queue without their KV; rebuilt after `resume`),
-`in_place` (held as they are). Requests that arrive while paused wait in the queue.
+KV slots, request lifecycle), the decoder (`SDDecoder` from `server/sd/`), the `WeightSwapper`
+(typed target/draft swap records) and the `DecodeLoop` (the background thread); outputs reach
+asyncio through the `Outbox`. The tokenizer is loaded here only for stop strings and the HTTP edge.
+Pause modes follow SGLang's `/pause_generation`: `abort` (in-flight requests return at once,
+aborted, with their partial output), `retract` (back to the queue without their KV; rebuilt after
+`resume`), `in_place` (held as they are). Requests that arrive while paused wait in the queue.
 """
 from __future__ import annotations
 
@@ -41,14 +42,17 @@ class Engine:
 
         caller_threads = torch.get_num_threads()
         threads = cfg.num_threads or caller_threads
-        torch.set_num_threads(1)  # load single-threaded: the decode thread alone runs with `threads` (engine_loop)
+        # load single-threaded: the decode thread alone runs with `threads` (engine_loop)
+        torch.set_num_threads(1)
         self.cfg = cfg
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
         runner = ModelRunner.load(cfg.model_path, device=cfg.device, dtype=cfg.dtype)
-        self.context_length = cfg.context_length or int(getattr(runner.config, "max_position_embeddings", 4096))
+        self.context_length = cfg.context_length or int(getattr(runner.config,
+                                                                "max_position_embeddings", 4096))
         self.eos_ids = self._eos_ids(runner)
         self.state = EngineState()
-        self.scheduler = Scheduler(self.state, runner, cfg.max_running_requests, context_length=self.context_length)
+        self.scheduler = Scheduler(self.state, runner, cfg.max_running_requests,
+                                   context_length=self.context_length)
         config = checkpoint.read_config(cfg.model_path)
         self.decoder = build_decoder(cfg, runner, config, lambda: self.state.weight_version)
         self.swapper = WeightSwapper(cfg, config, self.state, self.scheduler, self.decoder)
@@ -57,14 +61,17 @@ class Engine:
             self.state.draft_weight_version = "default"
         self._rng = torch.Generator().manual_seed(cfg.seed)  # for requests without a seed
         self._outbox = Outbox()
-        self.loop = DecodeLoop(self.state, self.scheduler, self.decoder, self.swapper, self._outbox.flush, threads)
+        self.loop = DecodeLoop(self.state, self.scheduler, self.decoder, self.swapper,
+                               self._outbox.flush, threads)
         torch.set_num_threads(caller_threads)
 
     def _eos_ids(self, runner: ModelRunner) -> set[int]:
         ids: set[int] = set()
         gen = getattr(runner.model, "generation_config", None)
-        for src in (runner.config.eos_token_id, getattr(gen, "eos_token_id", None), self.tokenizer.eos_token_id):
-            ids |= set(src) if isinstance(src, (list, tuple)) else ({src} if src is not None else set())
+        for src in (runner.config.eos_token_id, getattr(gen, "eos_token_id", None),
+                    self.tokenizer.eos_token_id):
+            ids |= set(src) if isinstance(src, (list, tuple)) else ({src} if src is not None
+                                                                    else set())
         return ids
 
     def start(self) -> None:
@@ -73,7 +80,8 @@ class Engine:
     def shutdown(self) -> None:
         self.loop.stop()
         with self.state.cv:
-            if self.state.swap is not None:  # an update racing the shutdown: finish it so its caller returns
+            if self.state.swap is not None:
+                # an update racing the shutdown: finish it so its caller returns
                 self.swapper.apply()
         self.abort(None, "Server shutdown")
 
@@ -85,8 +93,8 @@ class Engine:
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
             raise ValueError(f"input_ids must be token ids in [0, {vocab})")
         if len(ids) >= self.context_length:
-            raise ValueError(f"The input ({len(ids)} tokens) is longer than the model's context length "
-                             f"({self.context_length} tokens).")
+            raise ValueError(f"The input ({len(ids)} tokens) is longer than the model's "
+                             f"context length ({self.context_length} tokens).")
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateOutput]:
         self._validate(req)
@@ -97,7 +105,8 @@ class Engine:
 
         seed = req.params.seed
         gen = torch.Generator().manual_seed(seed) if seed is not None else self._rng
-        seq = Sequence(req, emit, StopChecker(req.params, self.eos_ids, self.context_length, self.tokenizer), gen)
+        seq = Sequence(req, emit, StopChecker(req.params, self.eos_ids, self.context_length,
+                                              self.tokenizer), gen)
         st = self.state
         with st.cv:
             if req.rid in st.rids:
@@ -123,14 +132,17 @@ class Engine:
                 self.abort(req.rid)
 
     def abort(self, rid: str | None = None, message: str = "Abort requested") -> int:
-        """Abort one request (or all): queued ones at once, running ones at the next iteration boundary."""
+        """Abort one request (or all): queued ones at once, running ones at the next
+        iteration boundary."""
         st = self.state
         with st.cv:
-            queued = [s for q in (st.waiting, st.held) for s in q if rid is None or s.req.rid == rid]
+            queued = [s for q in (st.waiting, st.held) for s in q
+                      if rid is None or s.req.rid == rid]
             for s in queued:
                 (st.waiting if s in st.waiting else st.held).remove(s)
                 self.scheduler.finish(s, message)
-            running = [s for s in st.running if (rid is None or s.req.rid == rid) and s.abort_message is None]
+            running = [s for s in st.running
+                       if (rid is None or s.req.rid == rid) and s.abort_message is None]
             for s in running:
                 s.abort_message = message
             if not st.in_step:
@@ -165,20 +177,22 @@ class Engine:
         sw.submit(swap, apply_now=self.loop.thread is None)
 
     def check_tensor_list(self, selector: str, names: list[str], shapes: list) -> None:
-        """Before buffers are allocated: CheckpointError unless the listed tensors could be an update
-        of `selector`'s model (no more tensors nor elements than it holds)."""
+        """Before buffers are allocated: CheckpointError unless the listed tensors could be an
+        update of `selector`'s model (no more tensors nor elements than it holds)."""
         tensor_update.check_volume(self.swapper, selector, names, shapes)
 
     def check_tensors(self, selector: str, named: NamedTensors) -> None:
         """CheckpointError unless each tensor is a distinct tensor of `selector`'s model with its
-        shape (and, for the target, finite): what a staged update is checked with when it arrives."""
+        shape (and, for the target, finite): what a staged update is checked with
+        when it arrives."""
         shapes = [tuple(t.shape) for _, t in named]
         tensor_update.check_shapes(self.swapper, selector, [n for n, _ in named], shapes)
         if selector == "target":
             tensor_update.check_target(self.swapper, named)
 
     def release_memory(self, tags: list[str] | None) -> None:
-        """SGLang's /release_memory_occupation (`server/engine/memory.py`); ValueError if refused."""
+        """SGLang's /release_memory_occupation (`server/engine/memory.py`);
+        ValueError if refused."""
         self._memory.release(tags)
 
     def resume_memory(self, tags: list[str] | None) -> None:
@@ -195,8 +209,8 @@ class Engine:
         return input_logprobs(self.scheduler.runner, ids, start, top_k, token_ids)
 
     def pause(self, mode: PauseMode = "abort") -> int:
-        """Stop scheduling iterations (SGLang's modes, module docstring); returns once the iteration in
-        flight is done, with the number of requests aborted or retracted."""
+        """Stop scheduling iterations (SGLang's modes, module docstring); returns once the iteration
+        in flight is done, with the number of requests aborted or retracted."""
         if mode not in PAUSE_MODES:
             raise ValueError(f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
         st = self.state
@@ -212,8 +226,9 @@ class Engine:
             self.state.cv.notify_all()
 
     def flush_cache(self) -> bool:
-        """As SGLang: succeeds only when no request is running, nor waiting unless generation is paused
-        (retracted requests rebuild their KV anyway; there is no prefix cache here to drop)."""
+        """As SGLang: succeeds only when no request is running, nor waiting unless generation is
+        paused (retracted requests rebuild their KV anyway; there is no prefix cache
+        here to drop)."""
         st = self.state
         with st.cv:
             return not st.running and (st.paused is not None or not st.waiting)
@@ -224,7 +239,8 @@ class Engine:
                 "weight_version": self.state.weight_version,
                 "draft_model_path": getattr(self.decoder, "draft_path", None),
                 "draft_weight_version": self.state.draft_weight_version,
-                "context_length": self.context_length, "max_running_requests": self.cfg.max_running_requests,
+                "context_length": self.context_length,
+                "max_running_requests": self.cfg.max_running_requests,
                 "is_generation": True, "vocab_size": self.scheduler.runner.vocab_size,
                 "architectures": sw.config.get("architectures"), "device": self.cfg.device}
 
@@ -243,14 +259,16 @@ class Engine:
 
     def stats(self) -> dict:
         """`avg_spec_accept_length`: tokens per verify pass over verify passes only (as SGLang's
-        scheduler: accepted drafts + passes over passes); `avg_tokens_per_target_pass`: every output token
-        over every target pass, plain and prefill passes included (each pass emits one token beyond the
-        drafts it accepted)."""
+        scheduler: accepted drafts + passes over passes); `avg_tokens_per_target_pass`: every output
+        token over every target pass, plain and prefill passes included (each pass emits one token
+        beyond the drafts it accepted)."""
         st = self.state
         with st.cv:
             tokens = st.generation_tokens_total
-            stats = {"num_running_reqs": len(st.running), "num_queue_reqs": len(st.waiting) + len(st.held),
-                     "paused": st.paused is not None, "generation_tokens_total": tokens, **self.decoder.stats()}
+            stats = {"num_running_reqs": len(st.running),
+                     "num_queue_reqs": len(st.waiting) + len(st.held),
+                     "paused": st.paused is not None, "generation_tokens_total": tokens,
+                     **self.decoder.stats()}
         accepted = getattr(self.decoder, "verify_tokens", 0) - getattr(self.decoder, "verify_ct", 0)
         stats["avg_tokens_per_target_pass"] = tokens / (tokens - accepted) if tokens > accepted else 0.0
         return stats

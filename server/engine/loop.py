@@ -1,14 +1,16 @@
 """The engine's decode thread: apply a due weight swap, admit waiting requests, run one iteration,
-retire the finished and aborted ones, deliver outputs. Everything but the forward runs under the state's
-lock; the forward runs with `state.in_step` set, so callers that change the running set wait for it.
+retire the finished and aborted ones, deliver outputs. Everything but the forward runs under the
+state's lock; the forward runs with `state.in_step` set, so callers that change the running
+set wait for it.
 
-Hazard: libgomp (torch's OpenMP) throttles its workers' spinning to almost nothing once the process has
-more OpenMP threads than CPUs, e.g. a second thread team after the model was loaded on another thread, or
-a weight update loaded on an HTTP worker thread; every small kernel of a decode step then waits for a
-futex wake-up (on 2 cores the server's forward took 1.7x its time alone, and 270 tok/s fell to 131-186
-after a weight update). So this thread alone runs with the engine's intra-op threads: it pins its own
-count when it starts (torch reads the process-wide count into a thread's OpenMP settings on the thread's
-first use), then every other thread of the process runs torch single-threaded (no second team).
+Hazard: libgomp (torch's OpenMP) throttles its workers' spinning to almost nothing once the process
+has more OpenMP threads than CPUs, e.g. a second thread team after the model was loaded on another
+thread, or a weight update loaded on an HTTP worker thread; every small kernel of a decode step then
+waits for a futex wake-up (on 2 cores the server's forward took 1.7x its time alone, and 270 tok/s
+fell to 131-186 after a weight update). So this thread alone runs with the engine's intra-op
+threads: it pins its own count when it starts (torch reads the process-wide count into a thread's
+OpenMP settings on the thread's first use), then every other thread of the process runs torch
+single-threaded (no second team).
 """
 from __future__ import annotations
 
@@ -26,12 +28,13 @@ from gleanrl.server.engine.state import EngineState
 from gleanrl.server.weights.swap import WeightSwapper
 
 log = logging.getLogger(__name__)
-FLUSH_INTERVAL_S = 0.02  # streamed updates reach the event loop at most this late (first/last: at once)
+# streamed updates reach the event loop at most this late (first/last: at once)
+FLUSH_INTERVAL_S = 0.02
 
 
 class DecodeLoop:
-    def __init__(self, state: EngineState, scheduler: Scheduler, decoder: Decoder, swapper: WeightSwapper,
-                 flush: Callable[[], None], threads: int = 1):
+    def __init__(self, state: EngineState, scheduler: Scheduler, decoder: Decoder,
+                 swapper: WeightSwapper, flush: Callable[[], None], threads: int = 1):
         self.state, self.scheduler, self.decoder, self.swapper, self.flush = state, scheduler, decoder, swapper, flush
         self.threads = threads
         self.thread: threading.Thread | None = None
@@ -39,11 +42,13 @@ class DecodeLoop:
     def start(self) -> None:
         if self.thread is None:
             pinned = threading.Event()
-            self.thread = threading.Thread(target=self._run, args=(pinned,), name="gleanrl-engine", daemon=True)
+            self.thread = threading.Thread(target=self._run, args=(pinned,), name="gleanrl-engine",
+                                           daemon=True)
             self.thread.start()
             pinned.wait()
             self.caller_threads = torch.get_num_threads()
-            torch.set_num_threads(1)  # every later thread starts single-threaded; this one keeps its count
+            # every later thread starts single-threaded; this one keeps its count
+            torch.set_num_threads(1)
 
     def stop(self) -> None:
         with self.state.cv:
@@ -52,7 +57,8 @@ class DecodeLoop:
         if self.thread is not None:
             self.thread.join()
             self.thread = None
-            torch.set_num_threads(self.caller_threads)  # the process's count as it was before `start`
+            # the process's count as it was before `start`
+            torch.set_num_threads(self.caller_threads)
 
     def _has_work(self) -> bool:
         st = self.state
@@ -87,16 +93,17 @@ class DecodeLoop:
                     st.in_step = False
                     self.scheduler.reap(finished)
                     st.cv.notify_all()
-                # coalesce updates (server/engine/bridge.py), but deliver first tokens and ends at once
+                # coalesce updates (server/engine/bridge.py), but deliver first tokens
+                # and ends at once
                 if finished or st.urgent or time.monotonic() - last_flush >= FLUSH_INTERVAL_S:
                     st.urgent = False
                     self.flush()
                     last_flush = time.monotonic()
 
     def _isolate(self) -> list[Sequence]:
-        """After a failed step (outside the lock, `in_step` set): rebuild the running requests' caches (the
-        step may have advanced some), then step each alone until it emits; one that fails is aborted with
-        the error, the others carry on. Returns the finished ones."""
+        """After a failed step (outside the lock, `in_step` set): rebuild the running requests'
+        caches (the step may have advanced some), then step each alone until it emits; one that
+        fails is aborted with the error, the others carry on. Returns the finished ones."""
         st, finished = self.state, []
         try:
             with st.cv:

@@ -1,4 +1,5 @@
-"""One request inside the engine: its prompt, the tokens sampled so far, its KV cache and its counters.
+"""One request inside the engine: its prompt, the tokens sampled so far, its KV cache
+and its counters.
 
 The target KV cache covers a prefix of `prompt + output_ids`; the decoders feed whatever it lacks
 (`total_len - cache.length` tokens), so a new request, a request whose cache was flushed by a weight
@@ -31,13 +32,17 @@ class Sequence:
     finish_reason: dict | None = None
     abort_message: str | None = None     # set by another thread: drop at the next chance
     spec_verify_ct: int = 0              # SD verify passes
-    spec_correct_drafts: int = 0         # draft tokens those passes accepted (the bonus token not counted)
+    spec_correct_drafts: int = 0         # draft tokens those passes accepted (the bonus
+                                         # token not counted)
     spec_proposed_drafts: int = 0        # draft tokens those passes verified
     retractions: int = 0                 # times put back in the queue by a retract pause
-    spec_accepted_by_source: dict[str, int] = field(default_factory=dict)  # accepted drafts: group / eagle
-    version_events: list[tuple[str, int]] = field(default_factory=list)  # (old version, outputs under it)
+    # accepted drafts: group / eagle
+    spec_accepted_by_source: dict[str, int] = field(default_factory=dict)
+    # (old version, outputs under it)
+    version_events: list[tuple[str, int]] = field(default_factory=list)
     counts: object | None = None         # server.penalties.OutputCounts, for penalised requests
-    token_extras: list = field(default_factory=list)  # per output position: (top, token-id) logprobs, if asked
+    # per output position: (top, token-id) logprobs, if asked
+    token_extras: list = field(default_factory=list)
 
     @property
     def total_len(self) -> int:
@@ -49,8 +54,9 @@ class Sequence:
             self.output_ids[max(start - len(prompt), 0):max(end - len(prompt), 0)]
 
     def weight_versions(self, current: str) -> list[dict]:
-        """SGLang 0.5.23's per-segment versions (`compute_weight_version_spans`): which weight version
-        produced output tokens [start, end); one span unless a target update landed mid-request."""
+        """SGLang 0.5.23's per-segment versions (`compute_weight_version_spans`): which weight
+        version produced output tokens [start, end); one span unless a target update landed
+        mid-request."""
         n, spans = len(self.output_ids), []
         for version, end in [*self.version_events, (current, n)]:
             end = min(end, n)
@@ -59,5 +65,6 @@ class Sequence:
             if spans and version == spans[-1]["version"]:
                 spans[-1]["end"] = end
                 continue
-            spans.append({"version": version, "start": spans[-1]["end"] if spans else 0, "end": end})
+            spans.append({"version": version, "start": spans[-1]["end"] if spans else 0,
+                          "end": end})
         return spans

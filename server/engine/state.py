@@ -1,8 +1,8 @@
 """The engine's one shared state: the request sets, the control flags and the versions.
 
-Invariant: every field is read and written under `cv` (one lock for the decode thread and all callers);
-only the forward itself runs outside it, with `in_step` set. A sequence is in exactly one of `held`,
-`waiting`, `running`, or none once finished; `rids` names those of all three.
+Invariant: every field is read and written under `cv` (one lock for the decode thread and all
+callers); only the forward itself runs outside it, with `in_step` set. A sequence is in exactly one
+of `held`, `waiting`, `running`, or none once finished; `rids` names those of all three.
 """
 from __future__ import annotations
 

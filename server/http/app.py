@@ -1,5 +1,6 @@
-"""The FastAPI app: native SGLang routes, OpenAI routes, auth, metrics and error shapes around one engine.
-The lifespan starts the engine's decode thread and shuts it down (aborting what still runs)."""
+"""The FastAPI app: native SGLang routes, OpenAI routes, auth, metrics and error shapes around one
+engine. The lifespan starts the engine's decode thread and shuts it down (aborting what
+still runs)."""
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,8 @@ def _version() -> str:
 
 
 def build_app(engine, server_cfg: ServerConfig, engine_cfg: EngineConfig | None = None) -> FastAPI:
-    """`engine` follows `server.engine.Engine` (generate, abort, update_weights, pause, resume, flush_cache,
-    info, stats, start, shutdown, tokenizer, context_length)."""
+    """`engine` follows `server.engine.Engine` (generate, abort, update_weights, pause, resume,
+    flush_cache, info, stats, start, shutdown, tokenizer, context_length)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -48,16 +49,21 @@ def build_app(engine, server_cfg: ServerConfig, engine_cfg: EngineConfig | None 
 
     app = FastAPI(title="gleanrl rollout server", lifespan=lifespan, docs_url=None, redoc_url=None)
     info = engine.info()
-    engine_args = dataclasses.asdict(engine_cfg) if engine_cfg else {"model_path": info.get("model_path")}
-    server_args = {k: v for k, v in dataclasses.asdict(server_cfg).items() if k not in SECRET_FIELDS}
+    engine_args = dataclasses.asdict(engine_cfg) if engine_cfg else {
+        "model_path": info.get("model_path")}
+    server_args = {k: v for k, v in dataclasses.asdict(server_cfg).items()
+                   if k not in SECRET_FIELDS}
     app.state.__dict__.update(
-        engine=engine, server_cfg=server_cfg, metrics=Metrics(), active={}, weights_lock=asyncio.Lock(),
-        tokenizer=engine.tokenizer, context_length=engine.context_length,
-        vocab_size=int(info.get("vocab_size") or len(engine.tokenizer)), closing=False, version=_version(),
-        engine_args=engine_args, server_args=server_args,
-        served_model_name=server_cfg.served_model_name or Path(str(info.get("model_path", "model"))).name,
-        feed=HarvestFeed(FeedConfig(max_records=server_cfg.harvest_feed_records)) if server_cfg.harvest_feed else None,
-        feed_load=lambda: {k: engine.stats().get(k) for k in ("num_running_reqs", "num_queue_reqs", "paused")})
+        engine=engine, server_cfg=server_cfg, metrics=Metrics(), active={},
+        weights_lock=asyncio.Lock(), tokenizer=engine.tokenizer,
+        context_length=engine.context_length,
+        vocab_size=int(info.get("vocab_size") or len(engine.tokenizer)), closing=False,
+        version=_version(), engine_args=engine_args, server_args=server_args,
+        served_model_name=server_cfg.served_model_name
+        or Path(str(info.get("model_path", "model"))).name,
+        feed=HarvestFeed(FeedConfig(max_records=server_cfg.harvest_feed_records))
+        if server_cfg.harvest_feed else None, feed_load=lambda: {
+            k: engine.stats().get(k) for k in ("num_running_reqs", "num_queue_reqs", "paused")})
     app.include_router(native.router)
     app.include_router(openai.router)
     app.include_router(feed.router)
@@ -65,7 +71,8 @@ def build_app(engine, server_cfg: ServerConfig, engine_cfg: EngineConfig | None 
     app.openapi = lambda: app.openapi_schema or describe_bodies(base_openapi())  # type: ignore[method-assign]
     if app.state.feed is not None:  # inside auth: only authorised updates reach it
         app.add_middleware(FeedUpdatesMiddleware, feed=app.state.feed)
-    app.add_middleware(AuthMiddleware, api_key=server_cfg.api_key, admin_api_key=server_cfg.admin_api_key)
+    app.add_middleware(AuthMiddleware, api_key=server_cfg.api_key,
+                       admin_api_key=server_cfg.admin_api_key)
     app.add_middleware(BrowserGuard, bound_loopback=is_loopback(server_cfg.host))  # outermost
 
     @app.exception_handler(ApiError)
@@ -80,12 +87,14 @@ def build_app(engine, server_cfg: ServerConfig, engine_cfg: EngineConfig | None 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(ApiError(exc.status_code, str(exc.detail), kind=kind).body(), status_code=exc.status_code)
+        return JSONResponse(ApiError(exc.status_code, str(exc.detail), kind=kind).body(),
+                            status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception):
         log.exception("internal error on %s", request.url.path)
-        return JSONResponse(ApiError(500, f"internal server error: {type(exc).__name__}", kind="server_error").body(),
+        return JSONResponse(ApiError(500, f"internal server error: {type(exc).__name__}",
+                                     kind="server_error").body(),
                             status_code=500)
 
     return app

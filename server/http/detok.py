@@ -9,8 +9,8 @@ REPLACEMENT = "\ufffd"  # what a decode of an incomplete UTF-8 sequence ends wit
 
 
 class Detokenizer:
-    """Decodes the window ids[surr:] against ids[surr:read] and appends the difference once it no longer
-    ends in an incomplete character; the final call appends whatever is left."""
+    """Decodes the window ids[surr:] against ids[surr:read] and appends the difference once it no
+    longer ends in an incomplete character; the final call appends whatever is left."""
 
     def __init__(self, tokenizer, skip_special_tokens: bool):
         self.tok, self.skip = tokenizer, skip_special_tokens
@@ -26,7 +26,8 @@ class Detokenizer:
         return self.text
 
 
-def output_text(tokenizer, track: Track, skip_special_tokens: bool = True, no_stop_trim: bool = False) -> str:
+def output_text(tokenizer, track: Track, skip_special_tokens: bool = True,
+                no_stop_trim: bool = False) -> str:
     """Decoded output as SGLang returns it: a matched stop token or stop string is cut from the text
     (not from `output_ids`) unless `no_stop_trim`."""
     if track.detok is None:

@@ -1,6 +1,6 @@
-"""Run the engine requests of one HTTP request (a batch, or n samples per prompt) and merge their output
-streams. Keeps each request's cumulative state, feeds the edge metrics, and aborts whatever is still
-running when the HTTP side goes away (disconnect, error, cancellation)."""
+"""Run the engine requests of one HTTP request (a batch, or n samples per prompt) and merge their
+output streams. Keeps each request's cumulative state, feeds the edge metrics, and aborts whatever
+is still running when the HTTP side goes away (disconnect, error, cancellation)."""
 from __future__ import annotations
 
 import asyncio
@@ -39,13 +39,15 @@ class Fanin:
     def __init__(self, engine, reqs: list[GenerateRequest], metrics, active: dict[str, list[str]],
                  groups: dict[str, list[str]] | None = None, feed=None):
         """`active` maps every running rid (and each user rid of an n > 1 group) to its engine rids;
-        /abort_request reads it. `feed` (`server.harvest_feed.HarvestFeed`, or None) records each finished one."""
+        /abort_request reads it. `feed` (`server.harvest_feed.HarvestFeed`, or None) records each
+        finished one."""
         self.engine, self.metrics, self.active, self.feed = engine, metrics, active, feed
         self.tracks = [Track(r) for r in reqs]
         names = {r.rid: [r.rid] for r in reqs} | (groups or {})
         busy = [k for k in names if k in active]
         if busy or len(names) < len(reqs):
-            raise ApiError(400, f"rid: a request with id {(busy or ['(duplicate)'])[0]!r} is already running",
+            raise ApiError(400, f"rid: a request with id {(busy or ['(duplicate)'])[0]!r} is "
+                                "already running",
                            param="rid")
         active.update(names)
         self.keys = list(names)
@@ -75,7 +77,8 @@ class Fanin:
             now = time.perf_counter()
             if out is None:  # the engine's stream ended without a final update
                 out = GenerateOutput(rid=track.req.rid, new_ids=[], new_logprobs=[], finished=True,
-                                     finish_reason={"type": "abort", "message": "engine stream ended"})
+                                     finish_reason={"type": "abort",
+                                                    "message": "engine stream ended"})
             track.ids += out.new_ids
             track.logprobs += out.new_logprobs
             track.top_logprobs += out.new_top_logprobs
@@ -90,13 +93,15 @@ class Fanin:
                 track.finished_at = now
                 pending -= 1
                 self.metrics.finished(out.prompt_tokens or len(track.req.input_ids),
-                                      (out.finish_reason or {}).get("type", "abort"), now - track.created)
+                                      (out.finish_reason or {}).get("type", "abort"),
+                                      now - track.created)
                 if self.feed is not None:
-                    self.feed.record(track.req.rid, track.req.input_ids, track.ids, out.weight_version,
-                                     out.finish_reason, meta={"spec_verify_ct": out.spec_verify_ct,
-                                                              "spec_accept_length": out.spec_accept_length,
-                                                              "spec_accept_token_num": out.spec_accept_token_num,
-                                                              "draft_weight_version": out.draft_weight_version})
+                    self.feed.record(track.req.rid, track.req.input_ids, track.ids,
+                                     out.weight_version, out.finish_reason,
+                                     meta={"spec_verify_ct": out.spec_verify_ct,
+                                           "spec_accept_length": out.spec_accept_length,
+                                           "spec_accept_token_num": out.spec_accept_token_num,
+                                           "draft_weight_version": out.draft_weight_version})
             yield i
 
     async def drain(self) -> list[Track]:
@@ -126,7 +131,8 @@ async def wait_disconnect(request) -> None:
 
 
 async def unless_disconnected(awaitable, request):
-    """The result of `awaitable`, or `Disconnected` if the client goes first (the awaitable is cancelled)."""
+    """The result of `awaitable`, or `Disconnected` if the client goes first (the awaitable
+    is cancelled)."""
     work = asyncio.ensure_future(awaitable)
     gone = asyncio.ensure_future(wait_disconnect(request))
     try:

@@ -1,7 +1,8 @@
 """`GET /harvest_feed?cursor=N&limit=M&wait_s=S`: finished requests from the harvest feed (gleanrl
-extension, `gleanrl serve --harvest-feed` or `gleanrl proxy`; admin key). Long-polls up to `wait_s` for a
-record past the cursor. Also reports the server's load (`running`, `queued`, `paused`), which the sidecar
-reads to train only in the server's idle windows. With the feed off: 404 saying how to turn it on."""
+extension, `gleanrl serve --harvest-feed` or `gleanrl proxy`; admin key). Long-polls up to `wait_s`
+for a record past the cursor. Also reports the server's load (`running`, `queued`, `paused`), which
+the sidecar reads to train only in the server's idle windows. With the feed off: 404 saying how
+to turn it on."""
 from __future__ import annotations
 
 import asyncio
@@ -34,11 +35,13 @@ async def harvest_feed(request: Request):
     state = request.app.state
     feed = getattr(state, "feed", None)
     if feed is None:
-        raise ApiError(404, "the harvest feed is off: start the server with `gleanrl serve --harvest-feed` "
-                            "(or put `gleanrl proxy` in front of it)", kind="not_found_error")
+        raise ApiError(404, "the harvest feed is off: start the server with `gleanrl serve "
+                            "--harvest-feed` (or put `gleanrl proxy` in front of it)",
+                       kind="not_found_error")
     unknown = sorted(set(request.query_params) - {"cursor", "limit", "wait_s"})
     if unknown:
-        raise ApiError(400, f"{unknown[0]}: not a parameter of /harvest_feed (cursor, limit, wait_s)", param=unknown[0])
+        raise ApiError(400, f"{unknown[0]}: not a parameter of /harvest_feed (cursor, "
+                            "limit, wait_s)", param=unknown[0])
     cursor, limit = _int(request, "cursor", 0, 0), _int(request, "limit", None, 1)
     try:
         wait_s = min(max(float(request.query_params.get("wait_s", 0)), 0.0), MAX_WAIT_S)
@@ -46,5 +49,6 @@ async def harvest_feed(request: Request):
         raise ApiError(400, "wait_s must be a number of seconds", param="wait_s") from None
     deadline = time.monotonic() + wait_s
     while feed.next_seq <= cursor and time.monotonic() < deadline:
-        await asyncio.sleep(POLL_S)  # recording stays a plain append: readers poll, writers never wait
+        # recording stays a plain append: readers poll, writers never wait
+        await asyncio.sleep(POLL_S)
     return {**feed.read(cursor, limit), "load": state.feed_load()}

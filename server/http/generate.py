@@ -1,7 +1,8 @@
-"""SGLang's native /generate on the embedded engine: text or input_ids, single or batch, n samples per
-prompt, logprobs, SSE streaming with cumulative chunks. Fields and shapes follow SGLang's
-`managers/io_struct.py` (GenerateReqInput) and `tokenizer_manager.py`; gleanrl adds `draft_weight_version`
-and `spec_accept_length` to meta_info. Also the request-building helpers the OpenAI routes share."""
+"""SGLang's native /generate on the embedded engine: text or input_ids, single or batch, n samples
+per prompt, logprobs, SSE streaming with cumulative chunks. Fields and shapes follow SGLang's
+`managers/io_struct.py` (GenerateReqInput) and `tokenizer_manager.py`; gleanrl adds
+`draft_weight_version` and `spec_accept_length` to meta_info. Also the request-building helpers the
+OpenAI routes share."""
 from __future__ import annotations
 
 import asyncio
@@ -40,8 +41,8 @@ router = APIRouter()
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-# json leaves these raw with ensure_ascii=False, and clients that split lines like str.splitlines (httpx's
-# aiter_lines) would cut a data line in two (a tiny random model emits them): escape them.
+# json leaves these raw with ensure_ascii=False, and clients that split lines like str.splitlines
+# (httpx's aiter_lines) would cut a data line in two (a tiny random model emits them): escape them.
 _LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
 
 
@@ -54,10 +55,11 @@ def check_prompt(state, ids: list[int], field: str) -> list[int]:
         raise ApiError(400, f"{field}: the prompt is empty", param=field)
     bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
     if bad is not None:
-        raise ApiError(400, f"{field}: token id {bad} is outside the vocabulary [0, {state.vocab_size})", param=field)
+        raise ApiError(400, f"{field}: token id {bad} is outside the vocabulary "
+                            f"[0, {state.vocab_size})", param=field)
     if len(ids) >= state.context_length:
-        raise ApiError(400, f"{field}: the input ({len(ids)} tokens) is longer than the model's context length "
-                            f"({state.context_length} tokens)", param=field)
+        raise ApiError(400, f"{field}: the input ({len(ids)} tokens) is longer than the model's "
+                            f"context length ({state.context_length} tokens)", param=field)
     return ids
 
 
@@ -66,14 +68,17 @@ def sampling(state, sp: dict, field: str = "sampling_params") -> SamplingParams:
     cfg = state.server_cfg
     refuse_unsupported(sp, UNSUPPORTED_SAMPLING, f"{field}.")
     cap = cfg.max_new_tokens_cap
-    n, max_new = sp.get("n", 1), sp.get("max_new_tokens", 128 if cap is None else min(128, cap))  # default fits
+    # default fits
+    n, max_new = sp.get("n", 1), sp.get("max_new_tokens", 128 if cap is None else min(128, cap))
     if n > cfg.max_n:
         raise ApiError(400, f"{field}.n must be <= {cfg.max_n}, got {n}", param=f"{field}.n")
     if cap is not None and max_new > cap:
-        raise ApiError(400, f"{field}.max_new_tokens must be <= {cap}, got {max_new}", param=f"{field}.max_new_tokens")
+        raise ApiError(400, f"{field}.max_new_tokens must be <= {cap}, got {max_new}",
+                       param=f"{field}.max_new_tokens")
     seed = sp.get("sampling_seed") if sp.get("sampling_seed") is not None else sp.get("seed")
     if seed is not None and not 0 <= seed < 2**63 - cfg.max_n:
-        raise ApiError(400, f"{field}.sampling_seed must be in [0, 2^63), got {seed}", param=f"{field}.sampling_seed")
+        raise ApiError(400, f"{field}.sampling_seed must be in [0, 2^63), got {seed}",
+                       param=f"{field}.sampling_seed")
     stop = sp.get("stop") or []
     stop = [stop] if isinstance(stop, str) else [s for s in stop if s]
     stop_regex = sp.get("stop_regex") or []
@@ -82,12 +87,14 @@ def sampling(state, sp: dict, field: str = "sampling_params") -> SamplingParams:
     top_k = -1 if top_k >= state.vocab_size else top_k  # keeping the whole vocabulary is no top-k
     try:
         params = SamplingParams(
-            max_new_tokens=max_new, temperature=float(sp.get("temperature", 1.0)), top_p=float(sp.get("top_p", 1.0)),
-            top_k=top_k, min_p=float(sp.get("min_p", 0.0)), stop=stop,
-            stop_token_ids=list(sp.get("stop_token_ids") or []), ignore_eos=sp.get("ignore_eos", False), n=n,
+            max_new_tokens=max_new, temperature=float(sp.get("temperature", 1.0)),
+            top_p=float(sp.get("top_p", 1.0)), top_k=top_k, min_p=float(sp.get("min_p", 0.0)),
+            stop=stop, stop_token_ids=list(sp.get("stop_token_ids") or []),
+            ignore_eos=sp.get("ignore_eos", False), n=n,
             seed=seed, frequency_penalty=float(sp.get("frequency_penalty") or 0.0),
             presence_penalty=float(sp.get("presence_penalty") or 0.0),
-            repetition_penalty=float(sp.get("repetition_penalty", 1.0)), min_new_tokens=sp.get("min_new_tokens", 0),
+            repetition_penalty=float(sp.get("repetition_penalty", 1.0)),
+            min_new_tokens=sp.get("min_new_tokens", 0),
             logit_bias=_logit_bias(state, sp.get("logit_bias"), field), stop_regex=stop_regex)
         check_stops(params.stop)
         compile_stop_regex(params.stop_regex)
@@ -102,28 +109,32 @@ def _logit_bias(state, bias: dict | None, field: str) -> dict[int, float]:
     out = {}
     for key, value in (bias or {}).items():
         if not key.strip().lstrip("-").isdigit() or not 0 <= int(key) < state.vocab_size:
-            raise ApiError(400, f"{field}.logit_bias must has keys in [0, {state.vocab_size - 1}], got {key}.",
+            raise ApiError(400, f"{field}.logit_bias must has keys in "
+                                f"[0, {state.vocab_size - 1}], got {key}.",
                            param=f"{field}.logit_bias")
         out[int(key)] = float(value)
     return out
 
 
 def check_length(state, ids: list[int], params: SamplingParams, field: str) -> None:
-    """An explicit max_new_tokens that does not fit the context after the prompt: SGLang's 400 (not clamped)."""
+    """An explicit max_new_tokens that does not fit the context after the prompt: SGLang's 400
+    (not clamped)."""
     total = len(ids) + params.max_new_tokens
     if total > state.context_length:
         raise ApiError(400, f"Requested token count exceeds the model's maximum context length of "
-                            f"{state.context_length} tokens. You requested a total of {total} tokens: {len(ids)} "
-                            f"tokens from the input messages and {params.max_new_tokens} tokens for the completion. "
-                            "Please reduce the number of tokens in the input messages or the completion to fit "
+                            f"{state.context_length} tokens. You requested a total of {total} "
+                            f"tokens: {len(ids)} tokens from the input messages "
+                            f"and {params.max_new_tokens} tokens for the completion. Please reduce "
+                            "the number of tokens in the input messages or the completion to fit "
                             "within the limit.", param=field)
 
 
 def expand(prompts: list[list[int]], params: list[SamplingParams], rids: list[str | None],
            logprob: list[bool],
            options: list[dict] | None = None) -> tuple[list[GenerateRequest], dict[str, list[str]]]:
-    """n > 1 becomes n engine requests per prompt, prompt-major, with seed + j; returns the requests and
-    the user rid -> engine rids groups. `options`: per prompt, GenerateRequest's logprob fields."""
+    """n > 1 becomes n engine requests per prompt, prompt-major, with seed + j; returns the requests
+    and the user rid -> engine rids groups. `options`: per prompt, GenerateRequest's
+    logprob fields."""
     reqs, groups = [], {}
     for i, (ids, p, rid, lp) in enumerate(zip(prompts, params, rids, logprob)):
         base = rid or uuid.uuid4().hex
@@ -141,13 +152,14 @@ def expand(prompts: list[list[int]], params: list[SamplingParams], rids: list[st
 
 
 def _options(state, body: GenerateIn, count: int) -> list[dict]:
-    """Per prompt: SGLang's logprob fields (each a value for all prompts, or a list with one per prompt),
-    within the server's limits."""
+    """Per prompt: SGLang's logprob fields (each a value for all prompts, or a list with one per
+    prompt), within the server's limits."""
     ids = body.token_ids_logprob
     nested = bool(ids) and isinstance(ids[0], list)
     per_ids = ids if nested else [ids] * count
     if len(per_ids) != count:
-        raise ApiError(400, f"token_ids_logprob: expected {count} entries (one per prompt), got {len(per_ids)}",
+        raise ApiError(400, f"token_ids_logprob: expected {count} entries (one per prompt), "
+                            f"got {len(per_ids)}",
                        param="token_ids_logprob")
     for i, one in enumerate(per_ids if nested else per_ids[:1]):
         check_token_ids(state, one, _name("token_ids_logprob", i, nested))
@@ -162,7 +174,8 @@ def _options(state, body: GenerateIn, count: int) -> list[dict]:
 def _listify(value, count: int, field: str) -> list:
     if isinstance(value, list):
         if len(value) != count:
-            raise ApiError(400, f"{field}: expected {count} entries (one per prompt), got {len(value)}", param=field)
+            raise ApiError(400, f"{field}: expected {count} entries (one per prompt), "
+                                f"got {len(value)}", param=field)
         return value
     return [value] * count
 
@@ -172,7 +185,8 @@ def meta_info(track: Track, tok=None, text_in_logprobs: bool = False) -> dict:
     info = {"id": req.rid, "finish_reason": track.finish_reason,
             "prompt_tokens": (last.prompt_tokens if last else 0) or len(req.input_ids),
             "completion_tokens": len(track.ids), "cached_tokens": 0,
-            **(last.meta_info() if last else {"weight_version": None, "draft_weight_version": None})}
+            **(last.meta_info() if last
+               else {"weight_version": None, "draft_weight_version": None})}
     if req.return_logprob:
         info.update(logprob_fields(track, tok, text_in_logprobs))
     if track.finished:
@@ -213,7 +227,8 @@ async def _prompts(state, body: GenerateIn) -> tuple[list[list[int]], bool]:
 
 
 async def start_run(state, reqs: list[GenerateRequest], groups) -> Fanin:
-    """Submit the requests and fill the prompt logprobs they asked for; nothing is left running on error."""
+    """Submit the requests and fill the prompt logprobs they asked for; nothing is left
+    running on error."""
     check_logprob_volume(state, reqs)
     check_queue(state, len(reqs))
     run = Fanin(state.engine, reqs, state.metrics, state.active, groups, feed=state.feed)
@@ -236,7 +251,8 @@ async def generate(request: Request):
     field = "text" if body.text is not None else "input_ids"
     check_batch(state, count, field)
     sps = _listify(body.sampling_params or SamplingIn(), count, "sampling_params")
-    names = [_name("sampling_params", i, isinstance(body.sampling_params, list)) for i in range(len(sps))]
+    names = [_name("sampling_params", i, isinstance(body.sampling_params, list))
+             for i in range(len(sps))]
     dumps = [sp.model_dump(exclude_unset=True) for sp in sps]
     params = [sampling(state, d, name) for d, name in zip(dumps, names)]
     check_batch(state, sum(p.n for p in params), field)
@@ -245,7 +261,8 @@ async def generate(request: Request):
     if isinstance(body.rid, str) and batch:
         raise ApiError(400, "rid: batch input needs a list of rids", param="rid")
     for i, (ids, p, d) in enumerate(zip(prompts, params, dumps)):
-        if "max_new_tokens" in d:  # SGLang checks an explicit one; the default is clamped by the context
+        if "max_new_tokens" in d:
+            # SGLang checks an explicit one; the default is clamped by the context
             check_length(state, ids, p, _name(field, i, batch))
     reqs, groups = expand(prompts, params, _listify(body.rid, len(prompts), "rid"),
                           _listify(body.return_logprob, len(prompts), "return_logprob"), options)
@@ -262,8 +279,8 @@ async def generate(request: Request):
     sent = [0] * len(reqs)
 
     def chunks(i: int) -> list[dict]:
-        """Chunks are cumulative, so `stream_interval` (SGLang's field) bounds the O(n^2) bytes of a long
-        stream: a chunk every `stream_interval` tokens, and always the final one."""
+        """Chunks are cumulative, so `stream_interval` (SGLang's field) bounds the O(n^2) bytes of a
+        long stream: a chunk every `stream_interval` tokens, and always the final one."""
         track, sp = run.tracks[i], per_req_sp[i]
         if not track.finished and len(track.ids) - sent[i] < (sp.stream_interval or 1):
             return []
@@ -275,8 +292,9 @@ async def generate(request: Request):
 
 async def stream(run: Fanin, request: Request, chunks, tail=lambda: []) -> Response:
     """SSE: `chunks(i)` gives the objects to send after track i was updated, `tail()` those before
-    [DONE]. 400 if the engine refuses before the first update. A client that goes away (noticed here even
-    while no chunk is due, e.g. paused) ends the body, whose `finally` aborts the engine requests."""
+    [DONE]. 400 if the engine refuses before the first update. A client that goes away (noticed here
+    even while no chunk is due, e.g. paused) ends the body, whose `finally` aborts the
+    engine requests."""
     events = run.events()
     try:  # waiting for the first update (queued, paused) also ends when the client goes
         first = await unless_disconnected(anext(events), request)
@@ -288,7 +306,8 @@ async def stream(run: Fanin, request: Request, chunks, tail=lambda: []) -> Respo
         raise
 
     async def body():
-        gone = asyncio.ensure_future(wait_disconnect(request))  # also while no chunk is due (paused)
+        # also while no chunk is due (paused)
+        gone = asyncio.ensure_future(wait_disconnect(request))
         try:
             i = first
             while True:

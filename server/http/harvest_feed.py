@@ -1,13 +1,14 @@
-"""The harvest feed (gleanrl extension, off by default): a bounded buffer of finished requests that a
-harvest sidecar (`gleanrl harvest`) reads with a cursor, so a trainer that is not gleanrl's needs no code
-for harvest. `gleanrl serve --harvest-feed` fills it from the HTTP edge; `gleanrl proxy` from what it sees.
+"""The harvest feed (gleanrl extension, off by default): a bounded buffer of finished requests that
+a harvest sidecar (`gleanrl harvest`) reads with a cursor, so a trainer that is not gleanrl's needs
+no code for harvest. `gleanrl serve --harvest-feed` fills it from the HTTP edge; `gleanrl proxy`
+from what it sees.
 
-Recording never blocks generation: an append under a lock held for O(1) work. The buffer is bounded in
-records and in tokens; what overflows is the oldest, dropped and counted, never queued without bound.
-Each record gets a sequence number (`seq`, monotonic); a reader asks for `seq >= cursor` and learns how
-many it missed (`missed`) when the buffer moved past its cursor; `feed_id` changes with the buffer (a
-restarted server). Weight updates the feed cannot be followed through (tensor, process group: seen by
-the proxy) are listed in `weight_updates`, so the sidecar can refuse them by name.
+Recording never blocks generation: an append under a lock held for O(1) work. The buffer is bounded
+in records and in tokens; what overflows is the oldest, dropped and counted, never queued without
+bound. Each record gets a sequence number (`seq`, monotonic); a reader asks for `seq >= cursor` and
+learns how many it missed (`missed`) when the buffer moved past its cursor; `feed_id` changes with
+the buffer (a restarted server). Weight updates the feed cannot be followed through (tensor, process
+group: seen by the proxy) are listed in `weight_updates`, so the sidecar can refuse them by name.
 """
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ UPDATE_KINDS = {"/update_weights_from_disk": "disk", "/update_weights_from_tenso
 
 
 def group_key(prompt_ids: list[int]) -> str:
-    """The group (GRPO siblings, earlier steps' samples) of a prompt: a hash of its exact token ids, the
-    bytes the group-drafts index hashes (`prompt_key` on branch groupdraft: blake2b-128 of int64 ids), in hex."""
+    """The group (GRPO siblings, earlier steps' samples) of a prompt: a hash of its exact token ids,
+    the bytes the group-drafts index hashes (`prompt_key` on branch groupdraft: blake2b-128 of int64
+    ids), in hex."""
     return hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=16).hexdigest()
 
 
@@ -36,7 +38,8 @@ class FeedConfig:
     max_records: int = 4096
     max_tokens: int = 4_000_000          # prompt + output tokens held
     max_read: int = 512                  # records per read
-    max_read_tokens: int = 1_000_000     # tokens per read (at least one record): bounds one response
+    max_read_tokens: int = 1_000_000     # tokens per read (at least one record):
+                                         # bounds one response
 
     def __post_init__(self) -> None:
         for name in ("max_records", "max_tokens", "max_read", "max_read_tokens"):
@@ -53,11 +56,14 @@ class HarvestFeed:
         self.next_seq = 0
         self.dropped = 0
         self._updates: collections.deque[dict] = collections.deque(maxlen=64)
-        self.feed_id = uuid.uuid4().hex  # a new buffer (restarted server): a reader's old cursor means nothing
+        # a new buffer (restarted server): a reader's old cursor means nothing
+        self.feed_id = uuid.uuid4().hex
 
     def record(self, rid: str, prompt_ids: list[int] | None, output_ids: list[int], weight_version,
-               finish_reason: dict | None, prompt_text: str | None = None, meta: dict | None = None) -> None:
-        """One finished request. `prompt_text` stands in for ids a proxy never saw (text prompts)."""
+               finish_reason: dict | None, prompt_text: str | None = None,
+               meta: dict | None = None) -> None:
+        """One finished request. `prompt_text` stands in for ids a proxy never saw
+        (text prompts)."""
         rec = {"rid": rid, "prompt_ids": list(prompt_ids) if prompt_ids is not None else None,
                "prompt_text": prompt_text, "output_ids": list(output_ids),
                "group_key": group_key(prompt_ids) if prompt_ids is not None else None,
@@ -78,18 +84,21 @@ class HarvestFeed:
     def note_weight_update(self, kind: str, weight_version, model_path: str | None = None) -> None:
         with self._lock:
             self._updates.append({"kind": kind, "weight_version": None if weight_version is None
-                                  else str(weight_version), "model_path": model_path, "after_seq": self.next_seq})
+                                  else str(weight_version), "model_path": model_path,
+                                  "after_seq": self.next_seq})
 
     def note_relayed_update(self, route: str, body: bytes, reply: bytes) -> None:
-        """A weight-update call that succeeded (HTTP 200): listed if it changed the policy (`selector` absent
-        or "target"; drafter pushes leave the policy) and the reply does not say `success: false`."""
+        """A weight-update call that succeeded (HTTP 200): listed if it changed the policy
+        (`selector` absent or "target"; drafter pushes leave the policy) and the reply does not say
+        `success: false`."""
         try:
             req, answer = json.loads(body or b"{}"), json.loads(reply or b"{}")
         except ValueError:
             return
         ok = not isinstance(answer, dict) or answer.get("success", True) is not False
         if ok and route in UPDATE_KINDS and isinstance(req, dict) and req.get("selector") != "draft":
-            self.note_weight_update(UPDATE_KINDS[route], req.get("weight_version"), req.get("model_path"))
+            self.note_weight_update(UPDATE_KINDS[route], req.get("weight_version"),
+                                    req.get("model_path"))
 
     def read(self, cursor: int, limit: int | None = None) -> dict:
         """Records with seq >= cursor (at most `limit`), the cursor to pass next, and counts."""
@@ -106,15 +115,16 @@ class HarvestFeed:
                     break
                 out.append(rec)
             next_cursor = out[-1]["seq"] + 1 if out else max(cursor, oldest)
-            return {"feed_id": self.feed_id, "head": self.next_seq, "records": out, "next_cursor": next_cursor,
-                    "missed": max(oldest - cursor, 0),
+            return {"feed_id": self.feed_id, "head": self.next_seq, "records": out,
+                    "next_cursor": next_cursor, "missed": max(oldest - cursor, 0),
                     "dropped": self.dropped, "buffered": len(self._records), "tokens": self._tokens,
                     "weight_updates": list(self._updates)}
 
 
 class FeedUpdatesMiddleware:
-    """ASGI: lists the app's successful policy weight updates in `feed`, whichever route module serves
-    them (pure ASGI: the request body is passed on as it comes, the reply is copied on its way out)."""
+    """ASGI: lists the app's successful policy weight updates in `feed`, whichever route module
+    serves them (pure ASGI: the request body is passed on as it comes, the reply is copied on
+    its way out)."""
 
     def __init__(self, app, feed: HarvestFeed):
         self.app, self.feed = app, feed

@@ -1,5 +1,6 @@
-"""What one request may cost, checked at the edge before any work (docs/reliability.md lists each limit):
-sequences per request, the waiting queue, logprob options, and tokenizing off the event loop."""
+"""What one request may cost, checked at the edge before any work (docs/reliability.md lists each
+limit): sequences per request, the waiting queue, logprob options, and tokenizing off
+the event loop."""
 from __future__ import annotations
 
 import asyncio
@@ -10,9 +11,11 @@ RETRY_AFTER_S = 1
 
 
 def check_batch(state, count: int, field: str) -> None:
-    """One HTTP request may start at most `max_batch` engine requests (prompts x n): bounds memory."""
+    """One HTTP request may start at most `max_batch` engine requests (prompts x n):
+    bounds memory."""
     if count > state.server_cfg.max_batch:
-        raise ApiError(400, f"{field}: {count} sequences (prompts x n) in one request; the limit is "
+        raise ApiError(400,
+                       f"{field}: {count} sequences (prompts x n) in one request; the limit is "
                             f"{state.server_cfg.max_batch}", param=field)
 
 
@@ -25,14 +28,14 @@ def check_serving(state) -> None:
 
 
 def check_queue(state, count: int) -> None:
-    """503 with Retry-After when `count` more requests would overfill the waiting queue (SGLang's answer
-    to `--max-queued-requests`)."""
+    """503 with Retry-After when `count` more requests would overfill the waiting queue (SGLang's
+    answer to `--max-queued-requests`)."""
     limit = state.server_cfg.max_queued_requests
     queued = state.engine.stats().get("num_queue_reqs") or 0
     if queued + count > limit:
-        raise ApiError(503, f"The request queue is full: {queued} requests wait and this one adds {count} "
-                            f"(limit {limit}); retry later", kind="server_overloaded",
-                       headers={"Retry-After": str(RETRY_AFTER_S)})
+        raise ApiError(503, f"The request queue is full: {queued} requests wait and this "
+                            f"one adds {count} (limit {limit}); retry later",
+                       kind="server_overloaded", headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def check_token_ids(state, ids: list[int] | None, field: str) -> None:
@@ -44,7 +47,8 @@ def check_token_ids(state, ids: list[int] | None, field: str) -> None:
         raise ApiError(400, f"{field}: {len(ids)} ids, over the limit of {limit}", param=field)
     bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
     if bad is not None:
-        raise ApiError(400, f"{field}: token id {bad} is outside the vocabulary [0, {state.vocab_size})", param=field)
+        raise ApiError(400, f"{field}: token id {bad} is outside the vocabulary "
+                            f"[0, {state.vocab_size})", param=field)
 
 
 def check_top_logprobs(state, k: int, field: str) -> None:
@@ -54,23 +58,26 @@ def check_top_logprobs(state, k: int, field: str) -> None:
 
 
 def check_logprob_volume(state, reqs) -> None:
-    """The (logprob, id) pairs the engine requests of one HTTP request would hold: per position of the
-    prompt they score and of their output, top_logprobs_num + len(token_ids_logprob)."""
+    """The (logprob, id) pairs the engine requests of one HTTP request would hold: per position of
+    the prompt they score and of their output, top_logprobs_num + len(token_ids_logprob)."""
     total = 0
     for r in reqs:
         if not r.return_logprob:
             continue
         per_position = r.top_logprobs_num + len(r.token_ids_logprob or ())
-        scored = (len(r.input_ids) - r.logprob_start_len if r.logprob_start_len >= 0 else 0) + r.params.max_new_tokens
+        scored = (len(r.input_ids) - r.logprob_start_len
+                  if r.logprob_start_len >= 0 else 0) + r.params.max_new_tokens
         total += per_position * scored
     limit = state.server_cfg.max_logprob_pairs
     if total > limit:
-        raise ApiError(400, f"top_logprobs_num: the logprobs asked for would hold {total} (logprob, id) pairs "
-                            f"(positions x (top_logprobs_num + len(token_ids_logprob))), over the limit of {limit}",
+        raise ApiError(400, f"top_logprobs_num: the logprobs asked for would hold {total} "
+                            "(logprob, id) pairs (positions x (top_logprobs_num + "
+                            f"len(token_ids_logprob))), over the limit of {limit}",
                        param="top_logprobs_num")
 
 
 async def encode(state, texts: list[str], **kwargs) -> list[list[int]]:
-    """Token ids of each text, tokenized in a worker thread (a large body must not block the event loop)."""
+    """Token ids of each text, tokenized in a worker thread (a large body must not block the
+    event loop)."""
     tok = state.tokenizer
     return await asyncio.to_thread(lambda: [tok.encode(t, **kwargs) for t in texts])

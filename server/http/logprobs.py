@@ -1,5 +1,5 @@
-"""SGLang's logprob fields of `meta_info` (`tokenizer_manager.add_logprob_to_meta_info`): each entry a
-triple [logprob, token_id, text], the text only with `return_text_in_logprobs` (else null);
+"""SGLang's logprob fields of `meta_info` (`tokenizer_manager.add_logprob_to_meta_info`): each entry
+a triple [logprob, token_id, text], the text only with `return_text_in_logprobs` (else null);
 `input_token_logprobs` / `output_token_logprobs` with `return_logprob`; `input_top_logprobs` /
 `output_top_logprobs` (one list of triples per position, best first) with `top_logprobs_num` > 0;
 `input_token_ids_logprobs` / `output_token_ids_logprobs` with `token_ids_logprob`."""
@@ -23,7 +23,8 @@ def logprob_fields(track: Track, tok, text: bool) -> dict:
     req = track.req
     inp = track.input_logprobs or {"token": [], "top": [], "ids": []}
     tops, picked = track.top_logprobs, track.token_ids_logprobs
-    if req.params.max_new_tokens == 0 and "next_top" in inp:  # SGLang scores the position after the prompt
+    if req.params.max_new_tokens == 0 and "next_top" in inp:
+        # SGLang scores the position after the prompt
         tops, picked = [inp["next_top"]], [inp["next_ids"]]
     out = {"input_token_logprobs": _triples(inp["token"], tok, text),
            "output_token_logprobs": _triples(list(zip(track.logprobs, track.ids)), tok, text),
@@ -45,7 +46,8 @@ async def fill_input_logprobs(engine, tracks: list[Track]) -> None:
         req = t.req
         if not req.return_logprob or req.logprob_start_len < 0:
             continue
-        key = (tuple(req.input_ids), req.logprob_start_len, req.top_logprobs_num, tuple(req.token_ids_logprob or ()))
+        key = (tuple(req.input_ids), req.logprob_start_len, req.top_logprobs_num,
+               tuple(req.token_ids_logprob or ()))
         if key not in done:
             done[key] = await asyncio.to_thread(engine.prompt_logprobs, req.input_ids,
                                                 req.logprob_start_len, req.top_logprobs_num,

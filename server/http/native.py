@@ -1,6 +1,7 @@
-"""SGLang's native control API: weight updates, model/server info, health, cache flush, pause/continue,
-abort and Prometheus metrics (plus /generate from `generate`). Paths and response shapes follow
-SGLang's `entrypoints/http_server.py`; `selector` on weight updates is gleanrl's extension."""
+"""SGLang's native control API: weight updates, model/server info, health, cache flush,
+pause/continue, abort and Prometheus metrics (plus /generate from `generate`). Paths and response
+shapes follow SGLang's `entrypoints/http_server.py`; `selector` on weight updates is
+gleanrl's extension."""
 from __future__ import annotations
 
 import asyncio
@@ -31,13 +32,16 @@ async def update_weights_from_disk(request: Request):
     body = await parse(request, UpdateWeightsIn, state.server_cfg.max_request_bytes)
     async with state.weights_lock:
         try:
-            await asyncio.to_thread(state.engine.update_weights, body.model_path, weight_version=body.weight_version,
-                                    selector=body.selector, flush_cache=body.flush_cache,
+            await asyncio.to_thread(state.engine.update_weights, body.model_path,
+                                    weight_version=body.weight_version, selector=body.selector,
+                                    flush_cache=body.flush_cache,
                                     abort_all_requests=body.abort_all_requests)
-        except Exception as exc:  # CheckpointError, or anything a bad checkpoint raises: refuse, keep serving
+        except Exception as exc:
+            # CheckpointError, or anything a bad checkpoint raises: refuse, keep serving
             log.warning("weight update from %s refused: %s", body.model_path, exc)
             message = str(exc) or type(exc).__name__
-            return JSONResponse({"success": False, "message": message, "num_paused_requests": 0}, status_code=400)
+            return JSONResponse({"success": False, "message": message, "num_paused_requests": 0},
+                                status_code=400)
     message = "Succeeded to update model weights."
     if body.weight_version is not None:
         message += f" Weight version updated to {body.weight_version}."
@@ -51,7 +55,8 @@ async def health(request: Request):
 
 @router.get("/health_generate")
 async def health_generate(request: Request):
-    """Generates one token unless requests are already running (then they prove the engine is alive)."""
+    """Generates one token unless requests are already running (then they prove the
+    engine is alive)."""
     state = request.app.state
     if state.closing:
         return Response(status_code=503)
@@ -88,7 +93,8 @@ async def pause_generation(request: Request):
     body = await read_json(request, state.server_cfg.max_request_bytes)
     mode = body.get("mode", "abort") if isinstance(body, dict) else None
     if mode not in PAUSE_MODES:
-        raise ApiError(400, f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}", param="mode")
+        raise ApiError(400, f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}",
+                       param="mode")
     await asyncio.to_thread(state.engine.pause, mode)
     return {"message": "Generation paused successfully.", "status": "ok"}
 
@@ -101,12 +107,14 @@ async def continue_generation(request: Request):
 
 @router.post("/abort_request")
 async def abort_request(request: Request):
-    """{"rid": ..., "abort_all": false}; abort_all needs the admin key. An n > 1 rid aborts all n."""
+    """{"rid": ..., "abort_all": false}; abort_all needs the admin key. An n > 1 rid
+    aborts all n."""
     state = request.app.state
     body = await parse(request, AbortIn, state.server_cfg.max_request_bytes)
     if body.abort_all:
         if not check_admin(request):
-            raise ApiError(401, "Unauthorized: abort_all needs the admin API key", kind="authentication_error")
+            raise ApiError(401, "Unauthorized: abort_all needs the admin API key",
+                           kind="authentication_error")
         state.engine.abort(None)
     else:
         for rid in state.active.get(body.rid, [body.rid]):
@@ -117,4 +125,5 @@ async def abort_request(request: Request):
 @router.get("/metrics")
 async def metrics(request: Request):
     state = request.app.state
-    return Response(state.metrics.render(state.engine.stats()), media_type=state.metrics.content_type)
+    return Response(state.metrics.render(state.engine.stats()),
+                    media_type=state.metrics.content_type)

@@ -1,6 +1,6 @@
-"""OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions (streaming and not), with
-usage, finish_reason (plus SGLang's `matched_stop`), logprobs of the sampled tokens, and errors in
-OpenAI's shape. Chat prompts go through the tokenizer's chat template."""
+"""OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions (streaming and not),
+with usage, finish_reason (plus SGLang's `matched_stop`), logprobs of the sampled tokens, and errors
+in OpenAI's shape. Chat prompts go through the tokenizer's chat template."""
 from __future__ import annotations
 
 import asyncio
@@ -52,19 +52,24 @@ async def model(model: str, request: Request):
 
 
 def _check_model(state, name: str | None) -> None:
-    if name not in (None, "default", state.served_model_name, state.engine.info().get("model_path")):
-        raise ApiError(404, f"The model '{name}' does not exist", param="model", code="model_not_found")
+    if name not in (None, "default", state.served_model_name,
+                    state.engine.info().get("model_path")):
+        raise ApiError(404, f"The model '{name}' does not exist", param="model",
+                       code="model_not_found")
 
 
 def _params(state, body: OpenAISampling, max_tokens: int | None):
-    sp = {"max_new_tokens": max_tokens, "n": body.n, "stop": [body.stop] if isinstance(body.stop, str) else body.stop,
+    sp = {"max_new_tokens": max_tokens, "n": body.n,
+          "stop": [body.stop] if isinstance(body.stop, str) else body.stop,
           "temperature": 1.0 if body.temperature is None else body.temperature,
-          "top_p": 1.0 if body.top_p is None else body.top_p, "top_k": body.top_k, "min_p": body.min_p,
-          "ignore_eos": body.ignore_eos, "stop_token_ids": body.stop_token_ids, "seed": body.seed,
-          "frequency_penalty": body.frequency_penalty, "presence_penalty": body.presence_penalty,
+          "top_p": 1.0 if body.top_p is None else body.top_p, "top_k": body.top_k,
+          "min_p": body.min_p, "ignore_eos": body.ignore_eos, "stop_token_ids": body.stop_token_ids,
+          "seed": body.seed, "frequency_penalty": body.frequency_penalty,
+          "presence_penalty": body.presence_penalty,
           "repetition_penalty": body.repetition_penalty, "min_new_tokens": body.min_tokens,
           "logit_bias": body.logit_bias, "stop_regex": body.stop_regex}
-    extra = {k: v for k, v in (body.model_extra or {}).items() if (k, v) != ("response_format", {"type": "text"})}
+    extra = {k: v for k, v in (body.model_extra or {}).items()
+             if (k, v) != ("response_format", {"type": "text"})}
     refuse_unsupported(extra, UNSUPPORTED_OPENAI)
     try:
         return sampling(state, sp, field="")
@@ -83,30 +88,34 @@ def _finish(track: Track) -> tuple[str | None, int | str | None]:
 def _usage(tracks: list[Track], n: int) -> dict:
     prompt = sum(len(t.req.input_ids) for t in tracks[::n])
     completion = sum(len(t.ids) for t in tracks)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
 
 
-async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]], params, logprob: bool,
-                 kind: str, render, options: dict | None = None):
+async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]], params,
+                 logprob: bool, kind: str, render, options: dict | None = None):
     """Shared by both endpoints: run, then answer as one JSON object or as an SSE stream of chunks.
     `options`: GenerateRequest's logprob fields (top_logprobs_num, logprob_start_len)."""
     state = request.app.state
     check_serving(state)
-    if body.max_tokens is not None or getattr(body, "max_completion_tokens", None) is not None or kind != "chat":
+    if body.max_tokens is not None or getattr(body, "max_completion_tokens",
+                                              None) is not None or kind != "chat":
         for ids in prompts:  # an explicit limit that does not fit: SGLang's 400
             check_length(state, ids, params, "prompt" if kind != "chat" else "messages")
-    rids = [body.rid] if len(prompts) == 1 else [None] * len(prompts)  # SGLang's rid extension: one prompt only
+    # SGLang's rid extension: one prompt only
+    rids = [body.rid] if len(prompts) == 1 else [None] * len(prompts)
     reqs, groups = expand(prompts, [params] * len(prompts), rids, [logprob] * len(prompts),
                           [options or {}] * len(prompts))
     run = await start_run(state, reqs, groups)
-    head = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
-            "model": body.model or state.served_model_name}
+    head = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
+            "created": int(time.time()), "model": body.model or state.served_model_name}
     if not body.stream:
         tracks = await collect(run, request)
         if tracks is None:
             return None
         return {**head, "object": "chat.completion" if kind == "chat" else "text_completion",
-                "choices": [render(i, t, None) for i, t in enumerate(tracks)], "usage": _usage(tracks, params.n)}
+                "choices": [render(i, t, None) for i, t in enumerate(tracks)],
+                "usage": _usage(tracks, params.n)}
     deltas = [Delta(params.stop) for _ in reqs]
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
     started: set[int] = set()
@@ -115,8 +124,9 @@ async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]
         track, out = run.tracks[i], []
         if kind == "chat" and i not in started:
             started.add(i)
-            out.append({**head, "object": obj, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                            "logprobs": None, "finish_reason": None}]})
+            out.append({**head, "object": obj,
+                        "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                     "logprobs": None, "finish_reason": None}]})
         choice = render(i, track, deltas[i])
         if choice is not None:
             out.append({**head, "object": obj, "choices": [choice]})
@@ -140,13 +150,15 @@ async def completions(request: Request):
         raw = [raw]
     if not raw:
         raise ApiError(400, "prompt: must not be empty", param="prompt")
-    params = _params(state, body, 16 if body.max_tokens is None else body.max_tokens)  # OpenAI's default
+    # OpenAI's default
+    params = _params(state, body, 16 if body.max_tokens is None else body.max_tokens)
     check_batch(state, len(raw) * params.n, "prompt")
     texts = iter(await encode(state, [p for p in raw if isinstance(p, str)]))
     prompts = [check_prompt(state, next(texts) if isinstance(p, str) else p, "prompt") for p in raw]
     tok = state.tokenizer
     k = body.logprobs or 0
-    reported = [0] * (len(prompts) * params.n)  # output tokens whose logprobs a stream chunk carried
+    # output tokens whose logprobs a stream chunk carried
+    reported = [0] * (len(prompts) * params.n)
     echoed: set[int] = set()
 
     def render(i: int, track: Track, delta: Delta | None) -> dict | None:
@@ -156,19 +168,23 @@ async def completions(request: Request):
             text = delta(text, track.finished)
             if not text and reason is None:
                 return None
-        first = delta is None or i not in echoed  # a stream echoes the prompt in its first chunk (SGLang)
+        # a stream echoes the prompt in its first chunk (SGLang)
+        first = delta is None or i not in echoed
         echoed.add(i)
         if body.echo and first:
             p = raw[i // params.n]
             text = (p if isinstance(p, str) else tok.decode(p)) + text
         logprobs = None
         if body.logprobs is not None:
-            logprobs = completion_logprobs(tok, track, k, echo=body.echo and first, start=reported[i])
+            logprobs = completion_logprobs(tok, track, k, echo=body.echo and first,
+                                           start=reported[i])
             reported[i] = len(track.ids) if delta is not None else 0
-        return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason, "matched_stop": matched}
+        return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason,
+                "matched_stop": matched}
 
     options = {"top_logprobs_num": k, "logprob_start_len": 0 if body.echo and k else -1}
-    return await _serve(request, body, prompts, params, body.logprobs is not None, "completion", render, options)
+    return await _serve(request, body, prompts, params, body.logprobs is not None, "completion",
+                        render, options)
 
 
 async def _chat_prompt(state, body: ChatIn) -> list[int]:
@@ -182,10 +198,11 @@ async def _chat_prompt(state, body: ChatIn) -> list[int]:
             content = "".join(str(part.get("text", "")) for part in content)
         messages.append({"role": m.role, "content": content or ""})
     try:  # in a worker thread: a large body must not block the event loop
-        text = await asyncio.to_thread(state.tokenizer.apply_chat_template, messages, tokenize=False,
-                                       add_generation_prompt=True)
+        text = await asyncio.to_thread(state.tokenizer.apply_chat_template, messages,
+                                       tokenize=False, add_generation_prompt=True)
     except Exception as exc:  # no template, or the template rejects these messages
-        raise ApiError(400, f"messages: the chat template failed: {exc}", param="messages") from None
+        raise ApiError(400, f"messages: the chat template failed: {exc}",
+                       param="messages") from None
     (ids,) = await encode(state, [text], add_special_tokens=False)
     return check_prompt(state, ids, "messages")
 
@@ -199,7 +216,8 @@ async def chat_completions(request: Request):
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if limit is None:
         cap = state.server_cfg.max_new_tokens_cap
-        limit = state.context_length - len(prompt) if cap is None else min(state.context_length - len(prompt), cap)
+        limit = state.context_length - len(prompt) if cap is None else min(
+            state.context_length - len(prompt), cap)
     params = _params(state, body, limit)
     tok = state.tokenizer
     k = (body.top_logprobs or 0) if body.logprobs else 0
@@ -210,8 +228,8 @@ async def chat_completions(request: Request):
         reason, matched = _finish(track)
         if delta is None:
             logprobs = chat_logprobs(tok, track, k) if body.logprobs else None
-            return {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                    "finish_reason": reason, "matched_stop": matched}
+            return {"index": i, "message": {"role": "assistant", "content": text},
+                    "logprobs": logprobs, "finish_reason": reason, "matched_stop": matched}
         text = delta(text, track.finished)
         if not text and reason is None:
             return None
@@ -221,5 +239,7 @@ async def chat_completions(request: Request):
                 "finish_reason": reason, "matched_stop": matched}
 
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
-        raise ApiError(400, f"top_logprobs must be in [0, 20], got {body.top_logprobs}", param="top_logprobs")
-    return await _serve(request, body, [prompt], params, body.logprobs, "chat", render, {"top_logprobs_num": k})
+        raise ApiError(400, f"top_logprobs must be in [0, 20], got {body.top_logprobs}",
+                       param="top_logprobs")
+    return await _serve(request, body, [prompt], params, body.logprobs, "chat", render,
+                        {"top_logprobs_num": k})

@@ -8,20 +8,24 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
-Number = StrictFloat                                   # ints are accepted, strings and bools are not
+Number = StrictFloat                                   # ints are accepted, strings
+                                                       # and bools are not
 Stop = StrictStr | list[StrictStr] | None
 M = TypeVar("M", bound=BaseModel)
 
-# SGLang fields the embedded engine does not implement: accepted only unset (None, "", False, [], {}),
-# otherwise a 400 naming the field (never accepted and ignored).
+# SGLang fields the embedded engine does not implement: accepted only unset (None, "", False, [],
+# {}), otherwise a 400 naming the field (never accepted and ignored).
 UNSUPPORTED_SAMPLING = ("json_schema", "regex", "ebnf", "structural_tag")
-UNSUPPORTED_OPENAI = ("tools", "functions", "response_format", "json_schema", "regex", "ebnf", "structural_tag",
-                      "lora_path", "return_hidden_states", "custom_logit_processor", "audio", "prediction")
-UNSUPPORTED_GENERATE = ("input_embeds", "image_data", "video_data", "audio_data", "lora_path", "lora_id",
-                        "custom_logit_processor", "return_hidden_states", "session_params", "return_routed_experts",
+UNSUPPORTED_OPENAI = ("tools", "functions", "response_format", "json_schema", "regex", "ebnf",
+                      "structural_tag", "lora_path", "return_hidden_states",
+                      "custom_logit_processor", "audio", "prediction")
+UNSUPPORTED_GENERATE = ("input_embeds", "image_data", "video_data", "audio_data", "lora_path",
+                        "lora_id", "custom_logit_processor", "return_hidden_states",
+                        "session_params", "return_routed_experts",
                         "return_entropy", "return_sampling_mask", "return_flat_raw_top_logprobs",
-                        "return_flat_raw_output_top_logprobs", "max_thinking_tokens", "return_indexer_topk",
-                        "multi_item_delimiter_indices", "token_indices_to_pool", "positional_embed_overrides",
+                        "return_flat_raw_output_top_logprobs", "max_thinking_tokens",
+                        "return_indexer_topk", "multi_item_delimiter_indices",
+                        "token_indices_to_pool", "positional_embed_overrides",
                         "watermark", "return_bytes", "require_reasoning")
 
 
@@ -52,11 +56,13 @@ class SamplingIn(BaseModel):
     structural_tag: Any = None
     logit_bias: dict[StrictStr, Number] | None = None
     stop_regex: Stop = None
-    custom_params: dict[StrictStr, Any] | None = None   # accepted; no custom logit processor reads it
+    custom_params: dict[StrictStr, Any] | None = None   # accepted; no custom logit
+                                                        # processor reads it
 
 
 class GenerateIn(BaseModel):
-    model_config = ConfigDict(extra="allow")   # extras: checked against UNSUPPORTED_GENERATE, others ignored
+    model_config = ConfigDict(extra="allow")   # extras: checked against UNSUPPORTED_GENERATE,
+                                               # others ignored
     text: StrictStr | list[StrictStr] | None = None
     input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
     sampling_params: SamplingIn | list[SamplingIn] | None = None
@@ -70,7 +76,8 @@ class GenerateIn(BaseModel):
 
 
 def refuse_unsupported(values: dict, names: tuple[str, ...], prefix: str = "") -> None:
-    """A 400 naming the first field of `names` that is set in `values` (unset: None, "", False, [], {})."""
+    """A 400 naming the first field of `names` that is set in `values` (unset: None, "",
+    False, [], {})."""
     for name in names:
         if values.get(name) not in (None, "", False, [], {}):
             field = f"{prefix}{name}"
@@ -114,8 +121,10 @@ class StreamOptions(BaseModel):
 
 
 class OpenAISampling(BaseModel):
-    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's, plus SGLang's extras)."""
-    model_config = ConfigDict(extra="allow")   # extras: checked against UNSUPPORTED_OPENAI, others ignored
+    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's, plus
+    SGLang's extras)."""
+    model_config = ConfigDict(extra="allow")   # extras: checked against UNSUPPORTED_OPENAI,
+                                               # others ignored
     model: StrictStr | None = None             # omitted or "default": the served model (SGLang)
     max_tokens: StrictInt | None = None
     temperature: Number | None = None
@@ -162,10 +171,12 @@ class ChatIn(OpenAISampling):
 
 
 class ApiError(Exception):
-    """An error the edge answers with `status` and OpenAI's error shape; the message names the field."""
+    """An error the edge answers with `status` and OpenAI's error shape; the message
+    names the field."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 code: int | str | None = None, headers: dict[str, str] | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = "invalid_request_error", code: int | str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
         self.headers = headers
@@ -179,8 +190,10 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
 def _loc(loc: tuple) -> str:
-    """('sampling_params', 'SamplingIn', 'temperature') -> 'sampling_params.temperature' (drops union tags)."""
-    keep = [str(p) for p in loc if isinstance(p, int) or (p.isidentifier() and p.islower() and p not in _TYPE_TAGS)]
+    """('sampling_params', 'SamplingIn', 'temperature') -> 'sampling_params.temperature' (drops
+    union tags)."""
+    keep = [str(p) for p in loc
+            if isinstance(p, int) or (p.isidentifier() and p.islower() and p not in _TYPE_TAGS)]
     return ".".join(keep) or "body"
 
 
@@ -196,7 +209,8 @@ def validation_error(exc: ValidationError) -> ApiError:
 
 def _is_json(content_type: str) -> bool:
     kind = content_type.split(";", 1)[0].strip().lower()
-    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+    return kind == "application/json" or (kind.startswith("application/")
+                                          and kind.endswith("+json"))
 
 
 def _no_constants(name: str):
@@ -207,7 +221,8 @@ async def read_body(request, max_bytes: int) -> bytes:
     """The request body; 413 over `max_bytes` (declared or streamed)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_bytes:
-        raise ApiError(413, f"request body of {declared} bytes is over the limit of {max_bytes} bytes")
+        raise ApiError(413,
+                       f"request body of {declared} bytes is over the limit of {max_bytes} bytes")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -218,13 +233,15 @@ async def read_body(request, max_bytes: int) -> bytes:
 
 
 async def read_json(request, max_bytes: int) -> Any:
-    """The request body as JSON; 413 over `max_bytes`, 415 unless JSON by content type, 400 when it is not JSON."""
+    """The request body as JSON; 413 over `max_bytes`, 415 unless JSON by content type, 400 when it
+    is not JSON."""
     raw = await read_body(request, max_bytes)
     if not raw.strip():
         return {}
     kind = request.headers.get("content-type")
     if kind is not None and not _is_json(kind):  # a browser form's types are refused (CSRF)
-        raise ApiError(415, f"Content-Type must be application/json, got {kind[:100]!r}", param="content-type")
+        raise ApiError(415, f"Content-Type must be application/json, got {kind[:100]!r}",
+                       param="content-type")
     try:
         return json.loads(raw, parse_constant=_no_constants)
     except (ValueError, RecursionError) as exc:
@@ -242,14 +259,16 @@ async def parse(request, model: type[M], max_bytes: int) -> M:
 
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
-    "/generate": GenerateIn, "/update_weights_from_disk": UpdateWeightsIn, "/abort_request": AbortIn,
-    "/update_weights_from_tensor": TensorUpdateIn, "/begin_weight_update": BeginWeightUpdateIn,
+    "/generate": GenerateIn, "/update_weights_from_disk": UpdateWeightsIn,
+    "/abort_request": AbortIn, "/update_weights_from_tensor": TensorUpdateIn,
+    "/begin_weight_update": BeginWeightUpdateIn,
     "/v1/completions": CompletionIn, "/v1/chat/completions": ChatIn}
 
 
 def describe_bodies(schema: dict) -> dict:
-    """Add the JSON request bodies to FastAPI's OpenAPI document (the routes parse their bodies themselves,
-    for 413 and field-naming 400s, so FastAPI does not see them); clients and fuzzers read them here."""
+    """Add the JSON request bodies to FastAPI's OpenAPI document (the routes parse their bodies
+    themselves, for 413 and field-naming 400s, so FastAPI does not see them); clients and fuzzers
+    read them here."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     for path, model in REQUEST_BODIES.items():
         body = model.model_json_schema(ref_template="#/components/schemas/{model}")

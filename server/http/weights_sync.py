@@ -1,8 +1,9 @@
-"""SGLang's in-memory weight sync on the embedded engine: /update_weights_from_tensor (by-value pickles,
-same-host ForkingPickler handles, `load_format: "flattened_bucket"`; `server/weights/tensor_payload.py`), inside
-an optional /begin_weight_update ... /end_weight_update session that stages the calls and applies them
-as one atomic swap (`server/weights/tensor_update.py`); the process-group pushes (`http_weights_group.py`) stage
-into the same session; memory release/resume (`server/engine/memory.py`)."""
+"""SGLang's in-memory weight sync on the embedded engine: /update_weights_from_tensor (by-value
+pickles, same-host ForkingPickler handles, `load_format: "flattened_bucket"`;
+`server/weights/tensor_payload.py`), inside an optional /begin_weight_update ... /end_weight_update
+session that stages the calls and applies them as one atomic swap
+(`server/weights/tensor_update.py`); the process-group pushes (`http_weights_group.py`) stage into
+the same session; memory release/resume (`server/engine/memory.py`)."""
 from __future__ import annotations
 
 import asyncio
@@ -22,7 +23,8 @@ router = APIRouter()
 @dataclass
 class Session:
     selector: str
-    named: dict = field(default_factory=dict)  # by name: a tensor sent twice is staged once (bounded by the model)
+    # by name: a tensor sent twice is staged once (bounded by the model)
+    named: dict = field(default_factory=dict)
     version: str | None = None
     flush_cache: bool = True
     abort: bool = False
@@ -32,7 +34,8 @@ def answer(ok: bool, message: str) -> JSONResponse:
     return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
 
 
-def apply(engine, selector: str, named: list, version: str | None, flush_cache: bool, abort: bool) -> None:
+def apply(engine, selector: str, named: list, version: str | None, flush_cache: bool,
+          abort: bool) -> None:
     engine.update_weights(named, version, selector, flush_cache, abort)
 
 
@@ -41,7 +44,8 @@ async def begin_weight_update(request: Request):
     state = request.app.state
     body = await parse(request, BeginWeightUpdateIn, state.server_cfg.max_request_bytes)
     if getattr(state, "weight_session", None) is not None:
-        return answer(False, "a weight-update session is already open; send /end_weight_update first")
+        return answer(False,
+                      "a weight-update session is already open; send /end_weight_update first")
     state.weight_session = Session(body.selector)
     return answer(True, f"Weight update session opened for {body.selector}.")
 
@@ -51,29 +55,32 @@ async def update_weights_from_tensor(request: Request):
     state = request.app.state
     body = await parse(request, TensorUpdateIn, state.server_cfg.max_request_bytes)
     try:
-        named = await asyncio.to_thread(tensor_payload.decode, body.serialized_named_tensors, body.load_format,
-                                        state.server_cfg.local_tensor_handles)
+        named = await asyncio.to_thread(tensor_payload.decode, body.serialized_named_tensors,
+                                        body.load_format, state.server_cfg.local_tensor_handles)
         return await stage_or_apply(state, named, body)
-    except ValueError as exc:  # CheckpointError is a ValueError: refused, the old weights keep serving
+    except ValueError as exc:
+        # CheckpointError is a ValueError: refused, the old weights keep serving
         log.warning("tensor weight update refused: %s", exc)
         return answer(False, str(exc))
 
 
 async def stage_or_apply(state, named: list, body) -> JSONResponse:
-    """Inside a session: check and stage `named`; else apply it now. `body` carries selector, weight_version,
-    flush_cache and abort_all_requests. ValueError (CheckpointError) when refused."""
+    """Inside a session: check and stage `named`; else apply it now. `body` carries selector,
+    weight_version, flush_cache and abort_all_requests. ValueError (CheckpointError)
+    when refused."""
     session: Session | None = getattr(state, "weight_session", None)
     if session is not None:
         if body.selector != session.selector:
-            return answer(False, f"selector {body.selector!r} differs from the open session's {session.selector!r}")
+            return answer(False, f"selector {body.selector!r} differs from the open "
+                                 f"session's {session.selector!r}")
         state.engine.check_tensors(session.selector, named)  # refuse now, not at the end
         session.named.update(named)
         session.version = body.weight_version if body.weight_version is not None else session.version
         session.flush_cache, session.abort = body.flush_cache, session.abort or body.abort_all_requests
         return answer(True, f"Staged {len(named)} tensors; /end_weight_update applies them.")
     async with state.weights_lock:
-        await asyncio.to_thread(apply, state.engine, body.selector, named, body.weight_version, body.flush_cache,
-                                body.abort_all_requests)
+        await asyncio.to_thread(apply, state.engine, body.selector, named, body.weight_version,
+                                body.flush_cache, body.abort_all_requests)
     return answer(True, "Succeeded to update model weights.")
 
 
@@ -88,7 +95,8 @@ async def end_weight_update(request: Request):
         return answer(True, "Weight update session closed; nothing was staged.")
     try:
         async with state.weights_lock:
-            await asyncio.to_thread(apply, state.engine, session.selector, list(session.named.items()), session.version,
+            await asyncio.to_thread(apply, state.engine, session.selector,
+                                    list(session.named.items()), session.version,
                                     session.flush_cache, session.abort)
     except ValueError as exc:
         log.warning("staged tensor weight update refused: %s", exc)
@@ -106,7 +114,8 @@ async def _memory_call(request: Request, action: str, done: str):
     return answer(True, done)
 
 
-@router.get("/release_memory_occupation")  # one route per method: each gets its own OpenAPI operation id
+# one route per method: each gets its own OpenAPI operation id
+@router.get("/release_memory_occupation")
 @router.post("/release_memory_occupation")
 async def release_memory_occupation(request: Request):
     return await _memory_call(request, "release_memory", "Memory released.")

@@ -1,5 +1,6 @@
 """The model's one attention interface: `plan_attention` once per forward picks the kernel,
-`attention` runs it for one layer, `advance_caches` after the last layer; the runner names no kernel.
+`attention` runs it for one layer, `advance_caches` after the last layer; the runner
+names no kernel.
 
 Kernels: the slot pool's decode batch (`kv_pool.pooled_decode_attention`, K/V written in place),
 verify passes of a few tokens per sequence (`verify_attention`), a padded decode batch for caches
@@ -10,7 +11,8 @@ Padded decode attention: one new token per sequence, all sequences in one kernel
 
 `server/model/kv.py`'s `ragged_attention` loops over sequences in Python, which dominates a decode
 step of a small model at large batch. Here the new K/V are appended to each sequence's cache as
-before, then the caches are padded into one [B, L_max] batch (a copy, done in C++) and attended with a length mask.
+before, then the caches are padded into one [B, L_max] batch (a copy, done in C++) and attended
+with a length mask.
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ Plan = DecodePlan | VerifyPlan | None
 
 
 def plan_attention(caches: list[SeqKVCache], seq_lens: list[int],
-                   tree_masks: list[torch.Tensor | None] | None, group: int, device: torch.device) -> Plan:
+                   tree_masks: list[torch.Tensor | None] | None, group: int,
+                   device: torch.device) -> Plan:
     """Once per forward: the pooled decode plan (one token each, no trees), else a verify plan where
     one applies, else None (padded decode or ragged attention, decided per call)."""
     plan = decode_plan(caches, seq_lens) if tree_masks is None else None
@@ -48,7 +51,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caches: list[Se
 
 
 def advance_caches(plan: Plan, caches: list[SeqKVCache], seq_lens: list[int]) -> None:
-    """After the last layer: the pooled kernels wrote K/V in place; their caches advance once here."""
+    """After the last layer: the pooled kernels wrote K/V in place; their caches
+    advance once here."""
     if isinstance(plan, DecodePlan) or (isinstance(plan, VerifyPlan) and plan.pool is not None):
         for c, t in zip(caches, seq_lens):
             c.length += t
@@ -70,7 +74,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caches: 
     vp = pad_sequence(values, batch_first=True).transpose(1, 2)
     mask = None
     if min(lens) != max(lens):
-        mask = (torch.arange(max(lens), device=q.device)[None] < torch.tensor(lens, device=q.device)[:, None])
+        mask = (torch.arange(max(lens), device=q.device)[None]
+                < torch.tensor(lens, device=q.device)[:, None])
         mask = mask[:, None, None, :]                                       # [B, 1, 1, L_max]
-    qg = q.view(b, n_kv, n_heads // n_kv, d)      # query heads sharing a KV head: head h uses h // group
+    qg = q.view(b, n_kv, n_heads // n_kv, d)      # query heads sharing a KV head: head h
+                                                  # uses h // group
     return F.scaled_dot_product_attention(qg, kp, vp, attn_mask=mask).reshape(b, n_heads, d)

@@ -15,7 +15,8 @@ class SeqKVCache:
 
     def __init__(self, num_layers: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu", capacity: int = 64):
-        self.length = 0  # tokens whose K/V are valid (same for every layer once a forward completes)
+        # tokens whose K/V are valid (same for every layer once a forward completes)
+        self.length = 0
         self._shape = (n_kv_heads, capacity, head_dim)
         self.k = [torch.empty(self._shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.empty(self._shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -31,9 +32,11 @@ class SeqKVCache:
             grown[:, :cap] = old
             buf[layer] = grown
 
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v: [n_kv_heads, t, head_dim] for the t new tokens. Returns all keys/values [n_kv, L+t, d].
-        `length` advances only after the last layer, so every layer appends at the same offset."""
+    def append(self, layer: int, k: torch.Tensor,
+               v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v: [n_kv_heads, t, head_dim] for the t new tokens. Returns all keys/values [n_kv, L+t,
+        d]. `length` advances only after the last layer, so every layer appends at the
+        same offset."""
         t = k.shape[1]
         self._reserve(layer, self.length + t)
         self.k[layer][:, self.length:self.length + t] = k
@@ -51,11 +54,12 @@ class SeqKVCache:
 
 
 def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caches: list[SeqKVCache],
-                     layer: int, seq_lens: list[int], masks: list[torch.Tensor | None] | None = None) -> torch.Tensor:
-    """q: [N, n_heads, d]; k, v: [N, n_kv_heads, d] for the N new tokens of all sequences.
-    Appends k, v to each sequence's cache and returns the attention output [N, n_heads, d].
-    masks[i] [t_i, t_i] (True: may attend), when given, replaces the causal mask among sequence i's new
-    tokens (a draft tree); they all see the whole cache before them."""
+                     layer: int, seq_lens: list[int],
+                     masks: list[torch.Tensor | None] | None = None) -> torch.Tensor:
+    """q: [N, n_heads, d]; k, v: [N, n_kv_heads, d] for the N new tokens of all sequences. Appends
+    k, v to each sequence's cache and returns the attention output [N, n_heads, d]. masks[i] [t_i,
+    t_i] (True: may attend), when given, replaces the causal mask among sequence i's new tokens (a
+    draft tree); they all see the whole cache before them."""
     n_heads, n_kv = q.shape[1], k.shape[1]
     group, d = n_heads // n_kv, q.shape[2]
     out = torch.empty_like(q)
@@ -63,16 +67,22 @@ def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caches: 
     for i, (cache, t) in enumerate(zip(caches, seq_lens)):
         end = start + t
         past = cache.length
-        keys, values = cache.append(layer, k[start:end].transpose(0, 1), v[start:end].transpose(0, 1))
+        keys, values = cache.append(layer, k[start:end].transpose(0, 1),
+                                    v[start:end].transpose(0, 1))
         # grouped-query attention without copying K/V: the `group` query heads sharing one KV head
-        # are folded into the query-length dim, [n_kv, group * t, d] (head h uses KV head h // group)
+        # are folded into the query-length dim, [n_kv, group * t, d] (head h uses KV
+        # head h // group)
         qs = q[start:end].transpose(0, 1).reshape(n_kv, group * t, d)
-        mask, causal = None, t > 1 and past == 0 and group == 1 and (masks is None or masks[i] is None)
+        mask, causal = None, t > 1 and past == 0 and group == 1 and (masks is None
+                                                                     or masks[i] is None)
         if masks is not None and masks[i] is not None:
-            mask = torch.cat([torch.ones(t, past, dtype=torch.bool, device=q.device), masks[i]], 1).repeat(group, 1)
+            mask = torch.cat([torch.ones(t, past, dtype=torch.bool, device=q.device),
+                              masks[i]], 1).repeat(group, 1)
         elif t > 1 and not causal:  # query j (absolute past + j) sees keys 0..past + j
-            mask = torch.ones(t, past + t, dtype=torch.bool, device=q.device).tril(diagonal=past).repeat(group, 1)
-        # 4-D inputs: with 3-D ones and a mask, SDPA falls back to its math path (7x slower for a prefill)
+            mask = torch.ones(t, past + t, dtype=torch.bool,
+                              device=q.device).tril(diagonal=past).repeat(group, 1)
+        # 4-D inputs: with 3-D ones and a mask, SDPA falls back to its math path (7x
+        # slower for a prefill)
         o = F.scaled_dot_product_attention(qs[None], keys[None], values[None], is_causal=causal,
                                            attn_mask=None if mask is None else mask[None, None])
         out[start:end] = o.reshape(n_heads, t, d).transpose(0, 1)

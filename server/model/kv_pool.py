@@ -1,18 +1,21 @@
-"""A slot pool for the running sequences' KV caches: per layer one buffer [slots, n_kv, capacity, d].
+"""A slot pool for the running sequences' KV caches: per layer one buffer [slots,
+n_kv, capacity, d].
 
 Each pooled `SeqKVCache` holds views of its slot, so everything written for `SeqKVCache` (ragged
-prefill, SD verify and rollback by `truncate`) works unchanged. What the pool adds is the fast path of
-a pure decode batch: all new K/V go in with one indexed write per layer and the keys are read with one
-gather, instead of a Python loop over sequences. The gathered keys and values include positions past
-a sequence's length (masked out); they must be finite, so a slot is zeroed on first use (stale values of
-an earlier occupant are finite and harmless). A cache that outgrows its slot (SeqKVCache reallocates
-on growth) silently leaves the pool; `decode_plan` notices and takes the ragged path for that batch.
+prefill, SD verify and rollback by `truncate`) works unchanged. What the pool adds is the fast path
+of a pure decode batch: all new K/V go in with one indexed write per layer and the keys are read
+with one gather, instead of a Python loop over sequences. The gathered keys and values include
+positions past a sequence's length (masked out); they must be finite, so a slot is zeroed on first
+use (stale values of an earlier occupant are finite and harmless). A cache that outgrows its slot
+(SeqKVCache reallocates on growth) silently leaves the pool; `decode_plan` notices and takes the
+ragged path for that batch.
 
-The occupied slots are kept compact, 0..n-1: a new sequence takes the lowest free slot, and a released
-slot below the highest occupied one takes that one's cache (a copy of its valid K/V, once per finished
-sequence). A decode batch of every pooled sequence then attends over a view of the buffers' first n slots,
-with no gather of the keys and values at all. The caches' views are retargeted on a move, so nothing may
-hold a cache's `k`/`v` lists across iterations; moves happen between iterations (under the state's lock).
+The occupied slots are kept compact, 0..n-1: a new sequence takes the lowest free slot, and a
+released slot below the highest occupied one takes that one's cache (a copy of its valid K/V, once
+per finished sequence). A decode batch of every pooled sequence then attends over a view of the
+buffers' first n slots, with no gather of the keys and values at all. The caches' views are
+retargeted on a move, so nothing may hold a cache's `k`/`v` lists across iterations; moves happen
+between iterations (under the state's lock).
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ class KVPool:
         shape = (slots, n_kv, capacity, head_dim)
         self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.capacity, self.free = capacity, list(range(slots))   # a heap: the lowest free slot first
+        # a heap: the lowest free slot first
+        self.capacity, self.free = capacity, list(range(slots))
         self.owner: dict[int, SeqKVCache] = {}
         self.zeroed: set[int] = set()
         self.dims = (num_layers, n_kv, head_dim, dtype)
@@ -45,14 +49,15 @@ class KVPool:
         capacity = min(capacity, POOL_BYTES // (slots * per_token))
         if capacity < 64:
             return None
-        return cls(runner.num_layers, runner.num_kv_heads, runner.head_dim, runner.dtype, runner.device,
-                   slots, capacity)
+        return cls(runner.num_layers, runner.num_kv_heads, runner.head_dim, runner.dtype,
+                   runner.device, slots, capacity)
 
     def acquire(self) -> SeqKVCache | None:
         if not self.free:
             return None
         slot = heapq.heappop(self.free)
-        if slot not in self.zeroed:  # masked positions are read too (0 * NaN is NaN): no garbage allowed
+        if slot not in self.zeroed:
+            # masked positions are read too (0 * NaN is NaN): no garbage allowed
             for buf in self.k + self.v:
                 buf[slot].zero_()
             self.zeroed.add(slot)
@@ -91,15 +96,19 @@ class DecodePlan:
     pool: KVPool
     slots: torch.Tensor        # [B]
     positions: torch.Tensor    # [B] where each new token's K/V go
-    mask: torch.Tensor | None  # [B, 1, 1, L_max] (in slot order when `base` is set) or None: lengths equal
+    mask: torch.Tensor | None  # [B, 1, 1, L_max] (in slot order when `base` is set) or
+                               # None: lengths equal
     max_len: int
-    base: int | None           # the slots are base..base+B-1: attend over a view of the buffers, no gather
-    order: torch.Tensor | None  # [B] the batch row of slot base + j (None: the batch is in slot order)
+    base: int | None           # the slots are base..base+B-1: attend over a view of the
+                               # buffers, no gather
+    order: torch.Tensor | None  # [B] the batch row of slot base + j (None: the batch
+                                # is in slot order)
     back: torch.Tensor | None   # [B] the slot-order position of batch row i
 
 
 def pooled(caches: list[SeqKVCache], seq_lens: list[int]) -> KVPool | None:
-    """The pool all of `caches` live in, with room for their `seq_lens` new tokens; None if any is not."""
+    """The pool all of `caches` live in, with room for their `seq_lens` new tokens; None
+    if any is not."""
     pool = getattr(caches[0], "pool", None) if caches else None
     if pool is None or any(getattr(c, "pool", None) is not pool or c.k[0].shape[1] != pool.capacity
                            or c.length + t > pool.capacity for c, t in zip(caches, seq_lens)):
@@ -113,7 +122,8 @@ def contiguous_base(slots: list[int]) -> int | None:
 
 
 def decode_plan(caches: list[SeqKVCache], seq_lens: list[int]) -> DecodePlan | None:
-    """The pooled fast path applies to a batch of sequences with one new token each, all in one pool."""
+    """The pooled fast path applies to a batch of sequences with one new token each, all
+    in one pool."""
     if not caches or len(seq_lens) != len(caches) or any(t != 1 for t in seq_lens):
         return None
     pool = pooled(caches, seq_lens)
@@ -133,7 +143,8 @@ def decode_plan(caches: list[SeqKVCache], seq_lens: list[int]) -> DecodePlan | N
     if min(lens) != max(lens):
         mask = torch.arange(max(lens), device=device)[None] < torch.tensor(lens, device=device)[:, None]
         mask = mask[:, None, None, :]
-    return DecodePlan(pool, torch.tensor(slots, device=device), torch.tensor([c.length for c in caches], device=device),
+    return DecodePlan(pool, torch.tensor(slots, device=device),
+                      torch.tensor([c.length for c in caches], device=device),
                       mask, max(lens), base, order, back)
 
 
@@ -153,6 +164,7 @@ def pooled_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
     else:
         keys = kbuf[:, :, :plan.max_len].index_select(0, plan.slots)
         values = vbuf[:, :, :plan.max_len].index_select(0, plan.slots)
-    qg = q.view(b, n_kv, n_heads // n_kv, d)      # query heads sharing a KV head: head h uses h // group
+    qg = q.view(b, n_kv, n_heads // n_kv, d)      # query heads sharing a KV head: head h
+                                                  # uses h // group
     o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=plan.mask).reshape(b, n_heads, d)
     return o if plan.back is None else o.index_select(0, plan.back)

@@ -1,11 +1,12 @@
 """`F.linear` with the weight pre-packed by oneDNN, where that gives the same bits faster.
 
-On a CPU with AVX-512 BF16 / AMX, torch's bf16 `linear` re-lays the weight out for oneDNN on every call;
-pre-packed (as inductor's freezing pass does) a decode step's small-batch matmuls take about half the time
-(measured on this project's 2-core machine: 27 vs 64 us for 512 -> 1536 at batch 1, 46 vs 77 us at 32).
-The results are bit-identical to `F.linear` (checked once per process on a probe; packing is skipped if
-not), so greedy outputs and logprobs do not change. fp32 is left to MKL: packing it is neither faster at
-batch 1 nor bit-identical. The packed copy doubles the weights' memory, hence the size cap.
+On a CPU with AVX-512 BF16 / AMX, torch's bf16 `linear` re-lays the weight out for oneDNN on every
+call; pre-packed (as inductor's freezing pass does) a decode step's small-batch matmuls take about
+half the time (measured on this project's 2-core machine: 27 vs 64 us for 512 -> 1536 at batch 1, 46
+vs 77 us at 32). The results are bit-identical to `F.linear` (checked once per process on a probe;
+packing is skipped if not), so greedy outputs and logprobs do not change. fp32 is left to MKL:
+packing it is neither faster at batch 1 nor bit-identical. The packed copy doubles the weights'
+memory, hence the size cap.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def _packing_is_identical() -> bool:
             w = torch.randn(96, 64, generator=g).bfloat16()
             x = torch.randn(3, 64, generator=g).bfloat16()
             packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-            _identical = torch.equal(torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
+            _identical = torch.equal(torch.ops.mkldnn._linear_pointwise(x, packed, None,
+                                                                        "none", [], ""),
                                      F.linear(x, w))
         except (AttributeError, RuntimeError):
             _identical = False
@@ -37,10 +39,12 @@ def can_pack(weights: list[torch.Tensor]) -> bool:
     """Whether `linear` would pack these weights (bf16 on the CPU, oneDNN there, within the cap)."""
     return (all(w.device.type == "cpu" and w.dtype == torch.bfloat16 for w in weights)
             and torch.backends.mkldnn.is_available()
-            and sum(w.numel() * w.element_size() for w in weights) <= PACK_MAX_BYTES and _packing_is_identical())
+            and sum(w.numel() * w.element_size() for w in weights) <= PACK_MAX_BYTES
+            and _packing_is_identical())
 
 
-def linear(weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+def linear(weight: torch.Tensor, bias: torch.Tensor | None,
+           pack: bool) -> Callable[[torch.Tensor], torch.Tensor]:
     """x [N, in] -> x @ weight.T + bias [N, out]."""
     if not pack:
         return lambda x: F.linear(x, weight, bias)

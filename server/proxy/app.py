@@ -1,20 +1,21 @@
-"""`gleanrl proxy --upstream URL --port P`: in front of any SGLang-API server (stock SGLang on GPUs, or
-gleanrl's), forwards every request and response unchanged (body bytes, status, headers, SSE streams as
-they come; API keys pass through to the upstream, which checks them), and provides the harvest feed
-(`GET /harvest_feed`, guarded by the proxy's own `--admin-api-key`; without that key there is no feed)
-from what it sees:
+"""`gleanrl proxy --upstream URL --port P`: in front of any SGLang-API server (stock SGLang on GPUs,
+or gleanrl's), forwards every request and response unchanged (body bytes, status, headers, SSE
+streams as they come; API keys pass through to the upstream, which checks them), and provides the
+harvest feed (`GET /harvest_feed`, guarded by the proxy's own `--admin-api-key`; without that key
+there is no feed) from what it sees:
 
-- each finished `/generate` (plain or streaming, single, batch, n > 1) with `input_ids`; a text prompt
-  is recorded as `prompt_text` (the upstream never returns its token ids; the sidecar tokenizes it);
-  the OpenAI routes pass through unrecorded;
+- each finished `/generate` (plain or streaming, single, batch, n > 1) with `input_ids`; a text
+  prompt is recorded as `prompt_text` (the upstream never returns its token ids; the sidecar
+  tokenizes it); the OpenAI routes pass through unrecorded;
 - the load: `/generate` requests in flight, and paused between `/pause_generation` and
   `/continue_generation`;
-- policy weight updates it relays (`selector` absent or "target"; drafter pushes are not listed): disk ones
-  (the sidecar follows `model_path`), tensor and process-group ones (listed, so the sidecar can refuse
-  them by name: it cannot read those weights).
+- policy weight updates it relays (`selector` absent or "target"; drafter pushes are not listed):
+  disk ones (the sidecar follows `model_path`), tensor and process-group ones (listed, so the
+  sidecar can refuse them by name: it cannot read those weights).
 
-Bounds: request bodies over `max_request_bytes` get 413, a /generate asking for more than `max_outputs`
-outputs (prompts x n) gets 400, a browser page's requests get 403 (`server/http/origin.py`).
+Bounds: request bodies over `max_request_bytes` get 413, a /generate asking for more than
+`max_outputs` outputs (prompts x n) gets 400, a browser page's requests get 403
+(`server/http/origin.py`).
 """
 from __future__ import annotations
 
@@ -33,13 +34,13 @@ from gleanrl.server.http.origin import BrowserGuard
 from gleanrl.server.http.schemas import ApiError, read_body
 from gleanrl.server.proxy.parse import MAX_OUTPUTS, Recorder, TooMany
 
-HOP_HEADERS = frozenset({"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te",
-                         "upgrade", "proxy-connection", "trailer"})
+HOP_HEADERS = frozenset({"host", "content-length", "connection", "keep-alive",
+                         "transfer-encoding", "te", "upgrade", "proxy-connection", "trailer"})
 
 
 def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedConfig | None = None,
-                timeout_s: float = 3600.0, max_request_bytes: int = 8 * 1024 * 1024, max_outputs: int = MAX_OUTPUTS,
-                host: str = "127.0.0.1") -> FastAPI:
+                timeout_s: float = 3600.0, max_request_bytes: int = 8 * 1024 * 1024,
+                max_outputs: int = MAX_OUTPUTS, host: str = "127.0.0.1") -> FastAPI:
     upstream = upstream.rstrip("/")
 
     @asynccontextmanager
@@ -47,21 +48,25 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
         yield
         await app.state.http.aclose()
 
-    app = FastAPI(title="gleanrl proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="gleanrl proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
     load = {"num_running_reqs": 0, "num_queue_reqs": None, "paused": False}
-    feed = HarvestFeed(feed_cfg) if admin_api_key else None  # it holds every prompt and completion: keyed only
+    # it holds every prompt and completion: keyed only
+    feed = HarvestFeed(feed_cfg) if admin_api_key else None
     app.state.__dict__.update(feed=feed, feed_load=lambda: dict(load), upstream=upstream)
-    app.state.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30.0), limits=httpx.Limits(
-        max_connections=None, max_keepalive_connections=256))
+    app.state.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30.0),
+                                       limits=httpx.Limits(
+                                           max_connections=None, max_keepalive_connections=256))
 
     @app.middleware("http")
     async def guard_feed(request: Request, call_next):
         if request.url.path == "/harvest_feed" and feed is None:
-            return JSONResponse(ApiError(404, "the proxy's harvest feed is off: it needs --admin-api-key (the feed "
-                                              "holds every prompt and completion)", kind="not_found_error").body(),
+            return JSONResponse(ApiError(404, "the proxy's harvest feed is off: it needs "
+                                              "--admin-api-key (the feed holds every prompt "
+                                              "and completion)", kind="not_found_error").body(),
                                 status_code=404)
-        if request.url.path == "/harvest_feed" and not allowed(request.headers.get("authorization"), None,
-                                                               admin_api_key, True):
+        if request.url.path == "/harvest_feed" and not allowed(
+                request.headers.get("authorization"), None, admin_api_key, True):
             return Response(unauthorized_body(), status_code=401, media_type="application/json",
                             headers={"www-authenticate": "Bearer"})
         return await call_next(request)
@@ -69,7 +74,8 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
     app.include_router(http_feed.router)
     app.add_middleware(BrowserGuard, bound_loopback=is_loopback(host))
 
-    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])
+    @app.api_route("/{path:path}",
+                   methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])
     async def forward(request: Request, path: str):
         route = "/" + path
         try:
@@ -78,19 +84,26 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
         except ApiError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
         except TooMany as exc:
-            return JSONResponse(ApiError(400, str(exc), param="sampling_params.n").body(), status_code=400)
+            return JSONResponse(ApiError(400, str(exc), param="sampling_params.n").body(),
+                                status_code=400)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_HEADERS]
         url = httpx.URL(upstream + route, query=request.url.query.encode())
-        load["num_running_reqs"] += recorder is not None  # from now: a non-streamed reply has no headers before it ends
+        # from now: a non-streamed reply has no headers before it ends
+        load["num_running_reqs"] += recorder is not None
         try:
-            resp = await app.state.http.send(app.state.http.build_request(request.method, url, headers=headers,
-                                                                          content=body), stream=True)
+            resp = await app.state.http.send(
+                app.state.http.build_request(request.method, url, headers=headers,
+                                             content=body), stream=True)
         except httpx.HTTPError as exc:
             load["num_running_reqs"] -= recorder is not None
-            return JSONResponse({"error": {"message": f"gleanrl proxy: upstream {upstream} unreachable: {exc}",
-                                           "type": "server_error", "param": None, "code": 502}}, status_code=502)
-        out_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers.multi_items()
-                       if k.lower() not in HOP_HEADERS - {"content-length"}]  # repeated ones (set-cookie) kept
+            return JSONResponse({"error": {"message": f"gleanrl proxy: upstream {upstream} "
+                                                      f"unreachable: {exc}",
+                                           "type": "server_error", "param": None, "code": 502}},
+                                status_code=502)
+        out_headers = [(k.encode("latin-1"), v.encode("latin-1"))
+                       # repeated ones (set-cookie) kept
+                       for k, v in resp.headers.multi_items()
+                       if k.lower() not in HOP_HEADERS - {"content-length"}]
         if recorder is None:
             data = await resp.aread()
             await resp.aclose()
@@ -100,7 +113,8 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
 
         released = []
 
-        def release() -> None:  # once: at the body's end, or when a body never iterated is collected
+        def release() -> None:
+            # once: at the body's end, or when a body never iterated is collected
             if not released:
                 released.append(True)
                 load["num_running_reqs"] -= 1
@@ -117,14 +131,17 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
                 await resp.aclose()
 
         body_iter = relay()
-        weakref.finalize(body_iter, release)  # a client gone before the first chunk never starts the body
-        return _with_headers(StreamingResponse(body_iter, status_code=resp.status_code), out_headers)
+        # a client gone before the first chunk never starts the body
+        weakref.finalize(body_iter, release)
+        return _with_headers(StreamingResponse(body_iter, status_code=resp.status_code),
+                             out_headers)
 
     return app
 
 
 def _with_headers(response: Response, headers: list[tuple[bytes, bytes]]) -> Response:
-    response.raw_headers = headers  # exactly the upstream's (Starlette would add its own content-type)
+    # exactly the upstream's (Starlette would add its own content-type)
+    response.raw_headers = headers
     return response
 
 
@@ -139,15 +156,19 @@ def _note_control(route: str, body: bytes, reply: bytes, load: dict, feed: Harve
 
 def add_arguments(p) -> None:
     import os
-    p.add_argument("--upstream", required=True, help="the rollout server to forward to, e.g. http://127.0.0.1:30000")
+    p.add_argument("--upstream", required=True,
+                   help="the rollout server to forward to, e.g. http://127.0.0.1:30000")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=30001, help="port to listen on")
     p.add_argument("--admin-api-key", default=os.environ.get("GLEANRL_ADMIN_API_KEY"),
-                   help="Bearer key for the proxy's /harvest_feed (or env GLEANRL_ADMIN_API_KEY); every other "
-                        "path passes its keys through to the upstream, which checks them")
+                   help="Bearer key for the proxy's /harvest_feed (or env "
+                        "GLEANRL_ADMIN_API_KEY); every other path passes its keys through to the "
+                        "upstream, which checks them")
     p.add_argument("--harvest-feed-records", type=int, default=4096,
-                   help="finished requests the feed holds; the oldest are dropped (and counted) beyond it")
-    p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="request bodies over this: 413")
+                   help="finished requests the feed holds; the oldest are dropped (and "
+                        "counted) beyond it")
+    p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024,
+                   help="request bodies over this: 413")
     p.add_argument("--max-batch", type=int, default=MAX_OUTPUTS,
                    help="most outputs (prompts x n) one /generate may ask for; more: 400")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
@@ -158,20 +179,26 @@ def run(args) -> int:
 
     import uvicorn
     if not args.upstream.startswith(("http://", "https://")):
-        print(f"gleanrl proxy: error: --upstream must be an http(s) URL, got {args.upstream!r}", file=sys.stderr)
+        print(f"gleanrl proxy: error: --upstream must be an http(s) URL, got {args.upstream!r}",
+              file=sys.stderr)
         return 2
     try:
-        app = build_proxy(args.upstream, args.admin_api_key, FeedConfig(max_records=args.harvest_feed_records),
-                          max_request_bytes=args.max_request_bytes, max_outputs=args.max_batch, host=args.host)
+        app = build_proxy(args.upstream, args.admin_api_key,
+                          FeedConfig(max_records=args.harvest_feed_records),
+                          max_request_bytes=args.max_request_bytes, max_outputs=args.max_batch,
+                          host=args.host)
     except ValueError as exc:
         print(f"gleanrl proxy: error: {exc}", file=sys.stderr)
         return 2
     feed = "harvest feed at /harvest_feed" if args.admin_api_key else "no harvest feed: it needs --admin-api-key"
-    print(f"gleanrl proxy: http://{args.host}:{args.port} -> {args.upstream} ({feed})", file=sys.stderr)
+    print(f"gleanrl proxy: http://{args.host}:{args.port} -> {args.upstream} ({feed})",
+          file=sys.stderr)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10,
-                    server_header=False, date_header=False)  # the upstream's are relayed
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    # the upstream's are relayed
+                    timeout_graceful_shutdown=10, server_header=False, date_header=False)
     except OSError as exc:
-        print(f"gleanrl proxy: error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        print(f"gleanrl proxy: error: cannot listen on {args.host}:{args.port}: {exc}",
+              file=sys.stderr)
         return 2
     return 0

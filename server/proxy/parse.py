@@ -1,7 +1,8 @@
-"""What the proxy records from one relayed `/generate`: the request's prompts expanded to one per output
-(prompt-major, n per prompt, as SGLang orders a batch), and the outputs read from the relayed bytes
-(one JSON body, or SSE chunks with `index`; `output_ids` cumulative or incremental, both handled).
-Parsing never touches what is relayed: a body it cannot read is forwarded and simply not recorded."""
+"""What the proxy records from one relayed `/generate`: the request's prompts expanded to one per
+output (prompt-major, n per prompt, as SGLang orders a batch), and the outputs read from the relayed
+bytes (one JSON body, or SSE chunks with `index`; `output_ids` cumulative or incremental, both
+handled). Parsing never touches what is relayed: a body it cannot read is forwarded and simply
+not recorded."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,8 @@ from gleanrl.server.http.harvest_feed import HarvestFeed
 
 GENERATE_PATHS = frozenset({"/generate"})
 MAX_BODY_BYTES = 256 * 1024 * 1024  # a larger non-streamed reply is relayed but not recorded
-META_FIELDS = ("spec_verify_ct", "spec_accept_length", "spec_accept_token_num", "draft_weight_version")
+META_FIELDS = ("spec_verify_ct", "spec_accept_length", "spec_accept_token_num",
+               "draft_weight_version")
 MAX_OUTPUTS = 1024  # prompts x n of one /generate (the server's --max-batch default)
 
 
@@ -28,17 +30,19 @@ class TooMany(Exception):
     """A /generate body asks for more outputs than the proxy relays (its 400)."""
 
 
-def per_output(req: dict, max_outputs: int = MAX_OUTPUTS) -> list[tuple[list[int] | None, str | None]] | None:
+def per_output(req: dict,
+               max_outputs: int = MAX_OUTPUTS) -> list[tuple[list[int] | None, str | None]] | None:
     prompts = _prompts(req)
     if prompts is None:
         return None
     sp = req.get("sampling_params") or {}
-    each = [(s or {}).get("n", 1) for s in sp] if isinstance(sp, list) else [sp.get("n", 1)] * len(prompts)
+    each = [(s or {}).get("n", 1)
+            for s in sp] if isinstance(sp, list) else [sp.get("n", 1)] * len(prompts)
     ns = [int(n or 1) for n in each]
     total = sum(ns[:len(prompts)])
     if total > max_outputs:  # counted before the list is built
-        raise TooMany(f"sampling_params.n: {total} outputs (prompts x n) in one request; the proxy's limit is "
-                      f"{max_outputs}")
+        raise TooMany(f"sampling_params.n: {total} outputs (prompts x n) in one request; the "
+                      f"proxy's limit is {max_outputs}")
     return [p for p, n in zip(prompts, ns) for _ in range(n)]
 
 

@@ -7,30 +7,32 @@ Its expected rate is
 
     rate = sum_s (1 + E[accepted_s]) / (target(B, T) + [k > 0] * drafter(B_e, k)),
 
-where E[accepted] of a chain with conditional acceptances a_1.. a_l is sum_j prod_{i<=j} a_i and of a
-two-branch tree (group first, then EAGLE-3 on the residual) E_group + (1 - a_group,1) * E_eagle.
+where E[accepted] of a chain with conditional acceptances a_1.. a_l is sum_j prod_{i<=j} a_i and of
+a two-branch tree (group first, then EAGLE-3 on the residual) E_group + (1 - a_group,1) * E_eagle.
 Plain decoding is the plan T = 1 (rate B / target(B, 1)). Every iteration plays the plan of highest
 expected rate over T in `T_GRID`, k in `K_GRID` (each sequence taking, within T and k, its own best
-tree), so SD runs only where its expected rate beats plain decoding's: never slower than plain as far
-as the estimates are right, and they are kept right by measuring every iteration. Adaptive mode plays
-the losing side now and then (`_plays_draft`): the estimates of a side not played would otherwise
-freeze, e.g. one slow plain iteration kept SD on at batch 1 while it ran at 0.72x.
+tree), so SD runs only where its expected rate beats plain decoding's: never slower than plain as
+far as the estimates are right, and they are kept right by measuring every iteration. Adaptive mode
+plays the losing side now and then (`_plays_draft`): the estimates of a side not played would
+otherwise freeze, e.g. one slow plain iteration kept SD on at batch 1 while it ran at 0.72x.
 
 Estimates (`CostModel`, `Acceptance`):
 - target(B, T): seconds of a decode iteration but its drafter call (sync, plan, pass, verify,
-  bookkeeping) per (B bucket, T cell), an EMA of every iteration; unmeasured cells interpolate linearly
-  in T within their B bucket and, outside its measured range, follow the nearest bucket's curve
-  anchored at its own cells; `calibrate` times bare forwards on a small grid (B 1, 8, 32 x T 1, 4, 16,
-  33) at start, so every bucket has a curve to follow; real iterations replace (and rescale) them.
+  bookkeeping) per (B bucket, T cell), an EMA of every iteration; unmeasured cells interpolate
+  linearly in T within their B bucket and, outside its measured range, follow the nearest bucket's
+  curve anchored at its own cells; `calibrate` times bare forwards on a small grid (B 1, 8, 32 x T
+  1, 4, 16, 33) at start, so every bucket has a curve to follow; real iterations replace
+  (and rescale) them.
 - drafter(B, k): seconds per drafter step (catch-up counted as one) per B bucket, an EMA, timed at
   each drafter load (`calibrate_drafter`); an unmeasured bucket takes the nearest measured one's.
 - acceptance: decayed counts (tries, accepted) per source and draft depth, for group drafts also per
-  bin of the index's own estimate; priors (the index's estimate, 0.7 for EAGLE-3) weigh 2 tries, so a
-  source is tried until measured. A drafter swap halves the EAGLE-3 counts: kept, but new measurements
-  soon dominate.
-`mode="on"` plays the best plan with a draft wherever one exists, at any batch size (tests); with a fixed
-k, every sequence that can takes the EAGLE-3 chain of k (min(k, cap)) and, fused or without a chain,
-its group draft up to k as a branch of its own, so the uniforms a seeded request draws do not depend on timing.
+  bin of the index's own estimate; priors (the index's estimate, 0.7 for EAGLE-3) weigh 2 tries, so
+  a source is tried until measured. A drafter swap halves the EAGLE-3 counts: kept, but new
+  measurements soon dominate.
+`mode="on"` plays the best plan with a draft wherever one exists, at any batch size (tests); with a
+fixed k, every sequence that can takes the EAGLE-3 chain of k (min(k, cap)) and, fused or without a
+chain, its group draft up to k as a branch of its own, so the uniforms a seeded request draws do not
+depend on timing.
 """
 from __future__ import annotations
 
@@ -44,9 +46,12 @@ import torch
 T_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 33)   # tokens per sequence in a pass (1: plain)
 K_GRID = (1, 2, 3, 4, 5, 6, 8)                            # EAGLE-3 chain lengths
 MAX_DEPTH = 32
-PROBE, CLOSE = 16, 0.8                                    # adaptive: how often the side not played is measured
-_PROB_BINS = (0.5, 0.7, 0.85, 0.95)                       # group estimate bins: < .5, .5-.7, ... >= .95
-_DEPTH_BINS = (1, 2, 4, 8, 16)                            # group depth bins: 1, 2, 3-4, 5-8, 9-16, 17-32
+PROBE, CLOSE = 16, 0.8                                    # adaptive: how often the side not
+                                                          # played is measured
+_PROB_BINS = (0.5, 0.7, 0.85, 0.95)                       # group estimate bins: < .5,
+                                                          # .5-.7, ... >= .95
+_DEPTH_BINS = (1, 2, 4, 8, 16)                            # group depth bins: 1, 2, 3-4,
+                                                          # 5-8, 9-16, 17-32
 
 
 def b_bucket(b: int) -> int:
@@ -65,9 +70,10 @@ class CostModel:
         self._calibrated: set[tuple[int, int]] = set()      # cells holding a bare forward's time
 
     def record_pass(self, b: int, t: int, seconds: float, calibrating: bool = False) -> None:
-        """A decode iteration of b sequences x t tokens took `seconds`. A calibrated cell (a bare forward)
-        is replaced by its first real iteration; a bucket's first real plain iteration rescales its other
-        calibrated cells by the same ratio (overheads beyond the forward: pessimistic for SD)."""
+        """A decode iteration of b sequences x t tokens took `seconds`. A calibrated cell (a bare
+        forward) is replaced by its first real iteration; a bucket's first real plain iteration
+        rescales its other calibrated cells by the same ratio (overheads beyond the forward:
+        pessimistic for SD)."""
         bucket = b_bucket(b)
         cells = self.target.setdefault(bucket, {})
         cell = T_GRID[min(bisect.bisect_left(T_GRID, t), len(T_GRID) - 1)]
@@ -89,9 +95,10 @@ class CostModel:
         self.step[b_bucket(b)] = _ema(self.step.get(b_bucket(b)), seconds / (steps + 1))
 
     def pass_seconds(self, b: int) -> np.ndarray:
-        """[len(T_GRID)] estimated target seconds for T in T_GRID at batch b (nan: nothing known): b's
-        bucket's cells, interpolated; outside their range the nearest other bucket's curve (`calibrate`
-        measured a few) anchored at the nearest own cell; without one, proportional to T above."""
+        """[len(T_GRID)] estimated target seconds for T in T_GRID at batch b (nan: nothing known):
+        b's bucket's cells, interpolated; outside their range the nearest other bucket's curve
+        (`calibrate` measured a few) anchored at the nearest own cell; without one,
+        proportional to T above."""
         own = self.target.get(b_bucket(b), {})
         others = [x for x in self.target if x != b_bucket(b) and len(self.target[x]) > 1]
         ref = _curve(self.target[min(others, key=lambda x: abs(np.log2(x / b_bucket(b))))]) if others else None
@@ -113,7 +120,8 @@ class CostModel:
         return (0.25 * known if np.isfinite(known) else 0.0) * (k + 1)
 
     @torch.inference_mode()
-    def calibrate(self, runner, batches: tuple[int, ...] = (1, 8, 32), tokens: tuple[int, ...] = (1, 4, 16, 33),
+    def calibrate(self, runner, batches: tuple[int, ...] = (1, 8, 32),
+                  tokens: tuple[int, ...] = (1, 4, 16, 33),
                   context: int = 32, repeats: int = 2) -> None:
         """Time target passes of B sequences x T tokens over fresh caches of `context` tokens."""
         device = runner.device
@@ -133,7 +141,8 @@ class CostModel:
                 self.record_pass(b, t, best, calibrating=True)
 
     @torch.inference_mode()
-    def calibrate_drafter(self, drafter, batches: tuple[int, ...] = (1, 8, 32), repeats: int = 2) -> None:
+    def calibrate_drafter(self, drafter, batches: tuple[int, ...] = (1, 8, 32),
+                          repeats: int = 2) -> None:
         """Time one drafter step (forward + logits) for B sequences; replaces the step estimates."""
         from gleanrl.server.sd.drafter_forward import drafter_forward, new_draft_cache
 
@@ -155,8 +164,8 @@ _GRID = np.array(T_GRID, dtype=float)
 
 
 def _curve(cells: dict[int, float]) -> np.ndarray:
-    """[len(T_GRID)] one bucket's measured cells interpolated linearly in T, constant below the first,
-    proportional to T above the last (pessimistic for SD)."""
+    """[len(T_GRID)] one bucket's measured cells interpolated linearly in T, constant below the
+    first, proportional to T above the last (pessimistic for SD)."""
     ts = np.array(sorted(cells), dtype=float)
     secs = np.array([cells[t] for t in sorted(cells)])
     est = np.interp(_GRID, ts, secs)
@@ -179,7 +188,8 @@ class _Counts:
 
 
 class Acceptance:
-    """Conditional acceptance per draft depth: EAGLE-3 by depth, group drafts by (depth bin, estimate bin)."""
+    """Conditional acceptance per draft depth: EAGLE-3 by depth, group drafts by (depth bin,
+    estimate bin)."""
 
     def __init__(self, decay: float = 0.995):
         self.decay = decay
@@ -196,7 +206,8 @@ class Acceptance:
         """[depth bins, estimate bins] conditional acceptance of group draft tokens."""
         return self.group.rate(self._group_prior)
 
-    def record(self, source: str, n_tried: int, n_accepted: int, probs: list[float] | None = None) -> None:
+    def record(self, source: str, n_tried: int, n_accepted: int,
+               probs: list[float] | None = None) -> None:
         """A branch of n_tried tokens whose first n_accepted were accepted (tokens after the first
         rejection were not tested)."""
         tested = min(n_accepted + 1, n_tried)
@@ -213,7 +224,8 @@ class Acceptance:
         self.eagle.accepted *= 0.5
 
 
-_DEPTH_IDX = np.searchsorted(_DEPTH_BINS, np.arange(1, MAX_DEPTH + 1), side="left")   # [32] depth bin
+# [32] depth bin
+_DEPTH_IDX = np.searchsorted(_DEPTH_BINS, np.arange(1, MAX_DEPTH + 1), side="left")
 
 
 def _group_bins(probs: list[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -230,7 +242,8 @@ def expected_accepted(rates: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True, slots=True)
 class Plan:
     group_lens: list[int]           # per sequence: group draft tokens to verify (0: none)
-    eagle_lens: list[int]           # per sequence: EAGLE-3 chain tokens to draft and verify (0: none)
+    eagle_lens: list[int]           # per sequence: EAGLE-3 chain tokens to draft and
+                                    # verify (0: none)
     expected_rate: float            # tokens per second the plan expects
     plain_rate: float               # and plain decoding
 
@@ -265,13 +278,15 @@ class Controller:
     def __init__(self, config: ControllerConfig | None = None):
         self.config = config or ControllerConfig()
         self.cost, self.accept = CostModel(), Acceptance()
-        self._streak: dict[int, tuple[bool, int]] = {}     # B bucket -> (plans drafted, iterations in a row)
+        self._streak: dict[int, tuple[bool, int]] = {}     # B bucket -> (plans drafted,
+                                                           # iterations in a row)
 
     def _plays_draft(self, b: int, drafts: bool, close: bool) -> bool:
-        """Whether this iteration plays the best drafting plan. `drafts`: it beats plain; `close`: it
-        comes within CLOSE of plain. Adaptive mode plays the other side now and then, so that the cells
-        of a side not played stay measured instead of frozen at one bad sample: plain every PROBE-th
-        iteration in a row of drafting (always cheap), a close drafting plan every 4 * PROBE-th of plain."""
+        """Whether this iteration plays the best drafting plan. `drafts`: it beats plain; `close`:
+        it comes within CLOSE of plain. Adaptive mode plays the other side now and then, so that the
+        cells of a side not played stay measured instead of frozen at one bad sample: plain every
+        PROBE-th iteration in a row of drafting (always cheap), a close drafting plan every 4 *
+        PROBE-th of plain."""
         side, n = self._streak.get(b_bucket(b), (drafts, 0))
         n = n + 1 if side == drafts else 1
         probe = n >= (PROBE if drafts else 4 * PROBE if close else 1 << 30)
@@ -305,44 +320,52 @@ class Controller:
         e_exp = expected_accepted(self.accept.eagle_rates())                # [33]
         elig = np.array(eagle_ok) & eagle_on                                # [B]
         ks = ([cfg.fixed_k] if cfg.fixed_k else list(K_GRID)) if eagle_on else []
-        room = np.minimum(caps_a[None], _T[:, None] - 1)                    # [T', B] draft tokens allowed
+        # [T', B] draft tokens allowed
+        room = np.minimum(caps_a[None], _T[:, None] - 1)
         rows = np.arange(b)[None]
         g = g_exp[rows, room]                                               # [T', B]
-        best, best_rate = None, -1.0                 # the best plan that drafts, whatever plain's rate
+        best, best_rate = None, -1.0                 # the best plan that drafts,
+                                                     # whatever plain's rate
         for k in [0] + ks:
             e = np.where(elig, e_exp[np.minimum(room, k)], 0.0)             # [T', B]
             f = np.zeros_like(g)
             if k and cfg.fused and group_on:
                 f_room = np.maximum(room - k, 0)
-                f = np.where(elig & (f_room > 0), g_exp[rows, f_room] + (1 - g_first) * e_exp[k], 0.0)
+                f = np.where(elig & (f_room > 0),
+                             g_exp[rows, f_room] + (1 - g_first) * e_exp[k], 0.0)
             value = np.maximum(np.maximum(g, e if cfg.eagle else 0.0), f)   # [T', B]
             if not value.any():
                 continue
-            rates = (b + value.sum(1)) / (secs[1:] + (self.cost.draft_seconds(int(elig.sum()), k) if k else 0.0))
+            rates = (b + value.sum(1)) / (secs[1:] + (self.cost.draft_seconds(int(elig.sum()), k)
+                                                      if k else 0.0))
             ti = int(rates.argmax())
             if value[ti].any() and rates[ti] > best_rate:
                 best_rate, best = float(rates[ti]), (k, room[ti], g[ti], e[ti], f[ti])
         if best is not None and not on and not self._plays_draft(b, best_rate > plain_rate,
                                                                  best_rate >= CLOSE * plain_rate):
-            best = None                              # plain: it wins, or it is this iteration's probe
+            best = None                              # plain: it wins, or it is this
+                                                     # iteration's probe
         if best is None:
             return none
         k, room, g, e, f = best
         use_f = (f > 0) & (f >= g) & (f >= e)
         use_e = ~use_f & (e > 0) & (e > g)
         use_g = ~use_f & ~use_e & (g > 0)
-        group_lens = np.where(use_f, np.minimum(room - k, glen), np.where(use_g, np.minimum(room, glen), 0))
+        group_lens = np.where(use_f, np.minimum(room - k, glen),
+                              np.where(use_g, np.minimum(room, glen), 0))
         eagle_lens = np.where(use_f, k, np.where(use_e, np.minimum(room, k), 0))
         return Plan(group_lens.tolist(), eagle_lens.tolist(), best_rate, plain_rate)
 
-    def _group_expected(self, group_probs: list[list[float]], lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Expected accepted tokens [B, 33] of each group draft's first 0..32 tokens (flat beyond its
-        usable length lens[s]), and its first token's acceptance [B]."""
+    def _group_expected(self, group_probs: list[list[float]],
+                        lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Expected accepted tokens [B, 33] of each group draft's first 0..32 tokens (flat beyond
+        its usable length lens[s]), and its first token's acceptance [B]."""
         b = len(group_probs)
         probs = np.zeros((b, MAX_DEPTH))
         for s, p in enumerate(group_probs):
             probs[s, :min(len(p), MAX_DEPTH)] = p[:MAX_DEPTH]
-        rates = self.accept.group_table()[_DEPTH_IDX[None], np.searchsorted(_PROB_BINS, probs, side="right")]
+        rates = self.accept.group_table()[_DEPTH_IDX[None],
+                                          np.searchsorted(_PROB_BINS, probs, side="right")]
         rates = np.where(np.arange(MAX_DEPTH)[None] < lens[:, None], rates, 0.0)      # [B, 32]
         return expected_accepted(rates), rates[:, 0]
 
@@ -350,9 +373,10 @@ class Controller:
         self.accept.drafter_swapped()
 
     def summary(self) -> dict:
-        """Measured target pass seconds per (B bucket, T) and drafter seconds per step, in ms; EAGLE-3's
-        acceptance by depth."""
+        """Measured target pass seconds per (B bucket, T) and drafter seconds per step, in ms;
+        EAGLE-3's acceptance by depth."""
         return {"target_ms": {b: {t: round(1e3 * s, 2) for t, s in sorted(c.items())}
                               for b, c in sorted(self.cost.target.items())},
-                "drafter_step_ms": {b: round(1e3 * s, 2) for b, s in sorted(self.cost.step.items())},
+                "drafter_step_ms": {b: round(1e3 * s, 2)
+                                    for b, s in sorted(self.cost.step.items())},
                 "eagle_accept": [round(float(x), 3) for x in self.accept.eagle_rates()[:8]]}

@@ -1,19 +1,21 @@
-"""The decode iteration, SD or not: `SDDecoder.decode` (one decoder; plain decoding is an empty draft).
+"""The decode iteration, SD or not: `SDDecoder.decode` (one decoder; plain decoding is
+an empty draft).
 
 Per iteration: the group index is synced with the running set (`group_drafts.py`), each decode-ready
 sequence (one token pending) gets its group proposal (adaptive length, `group_index.py`), and the
 controller (`controller.py`) picks per sequence what to verify: nothing, a group draft prefix, an
 EAGLE-3 chain, or both as two branches (group first: the fixed verification order). Then one drafter
-call drafts the chains (`draft.py`) and one target pass verifies every tree (`tree_pass.py`; a sequence
-without a draft rides in it as a bare root). When nothing is worth drafting, or no source is served,
-the iteration is the plain step (`server.decode.forward_fed` + `sample_next`), which with a drafter
-also captures hidden states, so switching SD on costs nothing; prefilling sequences always take it.
-Every iteration is timed into the controller's cost model (all of it: sync, plan, pass, verify,
-bookkeeping; the drafter call apart) and every verified branch into its acceptance estimates.
+call drafts the chains (`draft.py`) and one target pass verifies every tree (`tree_pass.py`; a
+sequence without a draft rides in it as a bare root). When nothing is worth drafting, or no source
+is served, the iteration is the plain step (`server.decode.forward_fed` + `sample_next`), which with
+a drafter also captures hidden states, so switching SD on costs nothing; prefilling sequences always
+take it. Every iteration is timed into the controller's cost model (all of it: sync, plan, pass,
+verify, bookkeeping; the drafter call apart) and every verified branch into its
+acceptance estimates.
 
-Draft states (`draft_state.py`): a state that breaks its invariant (new drafter, flushed or retracted
-cache) is rebuilt by re-feeding the target the last `window` tokens. The scheduler appends the emitted
-tokens one at a time and stops at EOS, a stop string or `max_new_tokens` exactly.
+Draft states (`draft_state.py`): a state that breaks its invariant (new drafter, flushed or
+retracted cache) is rebuilt by re-feeding the target the last `window` tokens. The scheduler appends
+the emitted tokens one at a time and stops at EOS, a stop string or `max_new_tokens` exactly.
 """
 from __future__ import annotations
 
@@ -50,26 +52,31 @@ class SDDecoder:
         self.drafter, self.draft_path = None, None
         self.states: dict[Sequence, DraftState] = {}
         self.verify_ct = self.verify_tokens = 0
-        self.accept_hist = [0] * (MAX_DEPTH + 2)        # accept_hist[t]: verify passes that emitted t tokens
-        self.accepted_by_source = {"group": 0, "eagle": 0}   # accepted draft tokens (bonus not counted)
+        self.accept_hist = [0] * (MAX_DEPTH + 2)        # accept_hist[t]: verify passes that
+                                                        # emitted t tokens
+        self.accepted_by_source = {"group": 0, "eagle": 0}   # accepted draft tokens
+                                                             # (bonus not counted)
         self.passes_by_source = {"group": 0, "eagle": 0}     # verify passes that offered the source
-        self._group_idle: dict[int, int] = {}           # B bucket -> plans in a row that used no group draft
+        self._group_idle: dict[int, int] = {}           # B bucket -> plans in a row that
+                                                        # used no group draft
         self._iteration = 0
-        self.decode_passes = self.decode_rows = self.decode_tokens = 0   # target passes over decoding
+        # target passes over decoding
+        self.decode_passes = self.decode_rows = self.decode_tokens = 0
         #   sequences, those sequences summed over the passes, the tokens they emitted
 
     def stats(self) -> dict:
-        by_source = {src: (self.accepted_by_source[src] / n if n else 0.0) for src, n in self.passes_by_source.items()}
-        return {"avg_spec_accept_length": self.verify_tokens / self.verify_ct if self.verify_ct else 0.0,
-                "spec_accept_histogram": list(self.accept_hist),
+        by_source = {src: (self.accepted_by_source[src] / n if n else 0.0)
+                     for src, n in self.passes_by_source.items()}
+        return {"avg_spec_accept_length": self.verify_tokens / self.verify_ct
+                if self.verify_ct else 0.0, "spec_accept_histogram": list(self.accept_hist),
                 "spec_accepted_tokens_by_source": dict(self.accepted_by_source),
                 "avg_spec_accept_length_by_source": by_source,
                 "group_index": self.groups.stats() if self.groups else None,
                 "sd_controller": self.controller.summary() if self.controller else None}
 
     def set_drafter(self, drafter, path: str | None) -> None:
-        """Between iterations: serve `drafter`; every draft state is rebuilt on the next iteration and the
-        EAGLE-3 acceptance estimates, made with the old drafter, count less."""
+        """Between iterations: serve `drafter`; every draft state is rebuilt on the next iteration
+        and the EAGLE-3 acceptance estimates, made with the old drafter, count less."""
         if self.controller is None:
             raise ValueError("plain decoding (sd off) serves no drafter")
         self.drafter, self.draft_path = drafter, path
@@ -80,7 +87,8 @@ class SDDecoder:
 
     @torch.inference_mode()
     def decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
-        if self.drafter is not None and not self.controller.cost.target:   # a first drafter hot-swapped in
+        if self.drafter is not None and not self.controller.cost.target:
+            # a first drafter hot-swapped in
             self.controller.cost.calibrate(runner)
         t0 = time.perf_counter()                        # the whole iteration is the plan's cost
         if self.groups is not None:
@@ -115,17 +123,21 @@ class SDDecoder:
         cfg = self.controller.config
         propose = self.groups is not None and cfg.group and (cfg.mode == "on" or len(seqs) <= cfg.group_max_batch) \
             and self._probe(len(seqs))
-        proposals = [self.groups.propose(s, c) if propose and c > 0 else None for s, c in zip(seqs, caps)]
-        eagle_ok = [self.drafter is not None and c > 0 and self.states[s].pending > 0 for s, c in zip(seqs, caps)]
-        plan = self.controller.plan(caps, [d.probs if d is not None else [] for d in proposals], eagle_ok)
+        proposals = [self.groups.propose(s, c) if propose and c > 0 else None
+                     for s, c in zip(seqs, caps)]
+        eagle_ok = [self.drafter is not None and c > 0 and self.states[s].pending > 0
+                    for s, c in zip(seqs, caps)]
+        plan = self.controller.plan(caps,
+                                    [d.probs if d is not None else [] for d in proposals], eagle_ok)
         if propose:
             bucket = b_bucket(len(seqs))
             self._group_idle[bucket] = 0 if any(plan.group_lens) else self._group_idle.get(bucket, 0) + 1
         return plan, proposals
 
     def _probe(self, b: int) -> bool:
-        """Propose group drafts this iteration? Proposing costs Python time in every iteration, so in a
-        bucket where the last IDLE_PROBE plans used none, only every IDLE_PROBE-th iteration proposes."""
+        """Propose group drafts this iteration? Proposing costs Python time in every iteration, so
+        in a bucket where the last IDLE_PROBE plans used none, only every IDLE_PROBE-th
+        iteration proposes."""
         self._iteration += 1
         return self._group_idle.get(b_bucket(b), 0) < IDLE_PROBE or self._iteration % IDLE_PROBE == 0
 
@@ -139,10 +151,12 @@ class SDDecoder:
         self.states = {s: self.states[s] for s in seqs if s in self.states}
         for s in seqs:
             st, length = self.states.get(s), s.cache.length
-            if st is None or st.covered != length:      # re-feed a recent window to capture its states
+            if st is None or st.covered != length:      # re-feed a recent window to
+                                                        # capture its states
                 s.cache.truncate(max(length - self.window, 0))
                 self.states[s] = self._new_state(s.cache.length)
-            elif st.pending > self.window + 64:          # a long stretch without SD: keep a recent window
+            elif st.pending > self.window + 64:          # a long stretch without SD: keep
+                                                         # a recent window
                 self.states[s] = self._new_state(st.covered - self.window)
                 self.states[s].add(st.take()[-self.window:])
 
@@ -150,7 +164,8 @@ class SDDecoder:
         return DraftState(new_draft_cache(self.drafter), start)
 
     def _feed(self, runner: ModelRunner, seqs: list[Sequence]) -> Out:
-        """The plain step (prefill chunks or one token); with a drafter it captures the hidden states too."""
+        """The plain step (prefill chunks or one token); with a drafter it captures the
+        hidden states too."""
         fed = [(s, c) for s, c in zip(seqs, feed_counts(seqs, self.prefill_chunk)) if c > 0]
         if not fed:
             return {}
@@ -179,12 +194,14 @@ class SDDecoder:
             d, q = draft_tokens(self.drafter, sub, [self.states[s] for s in sub], ks,
                                 {key: v[idx] for key, v in prm.items()})
             draft_s = time.perf_counter() - t0
-            if catch_up <= 8:                          # a long catch-up (after plain steps) is no step cost
+            if catch_up <= 8:                          # a long catch-up (after plain steps)
+                                                       # is no step cost
                 self.controller.cost.record_draft(len(sub), max(ks), draft_s)
             for j, b in enumerate(idx):
                 eagle[b], qs[b] = d[j], q[j]
         group = [p.tokens[:n] if p is not None else [] for p, n in zip(proposals, plan.group_lens)]
-        srcs = [[name for name, x in (("group", g), ("eagle", e)) if x] for g, e in zip(group, eagle)]
+        srcs = [[name for name, x in (("group", g), ("eagle", e)) if x]
+                for g, e in zip(group, eagle)]
         branches = [[x for x in (g, e) if x] for g, e in zip(group, eagle)]
         bq = [[qs[b] if name == "eagle" else None for name in srcs[b]] for b in range(len(seqs))]
         capture = self.drafter.config.aux_layer_ids if self.drafter is not None else None
@@ -194,17 +211,19 @@ class SDDecoder:
             if self.drafter is not None:
                 st = self.states[s]
                 if eagle[b]:
-                    st.cache.truncate(starts[b] - st.start)                  # drop the drafter's own states
+                    # drop the drafter's own states
+                    st.cache.truncate(starts[b] - st.start)
                 st.add(aux[r.rows])
             if branches[b]:
                 self._count(s, srcs[b], branches[b], proposals[b], r)
             out[s] = (r.ids, r.logprobs)
         return out, max(1 + sum(map(len, br)) for br in branches), draft_s
 
-    def _count(self, s: Sequence, srcs: list[str], branches: list[list[int]], proposal: GroupDraft | None,
-               r: TreeResult) -> None:
-        """Statistics and the controller's acceptance estimates: a branch the walk tested (the first, and
-        the next ones while the earlier were rejected at the root) counts its accepted prefix."""
+    def _count(self, s: Sequence, srcs: list[str], branches: list[list[int]],
+               proposal: GroupDraft | None, r: TreeResult) -> None:
+        """Statistics and the controller's acceptance estimates: a branch the walk tested (the
+        first, and the next ones while the earlier were rejected at the root) counts its
+        accepted prefix."""
         s.spec_verify_ct += 1
         s.spec_correct_drafts += r.accepted
         s.spec_proposed_drafts += sum(map(len, branches))
@@ -213,7 +232,8 @@ class SDDecoder:
             if r.branch < 0 or m <= r.branch:
                 accepted = r.accepted if m == r.branch else 0
                 self.controller.accept.record(name, len(br), accepted,
-                                              proposal.probs if name == "group" and proposal else None)
+                                              proposal.probs if name == "group" and proposal
+                                              else None)
         if r.branch >= 0:
             name = srcs[r.branch]
             self.accepted_by_source[name] += r.accepted

@@ -1,8 +1,8 @@
 """Per sequence: the drafter's own KV cache and the target hidden states it has not consumed yet.
 
 Invariant (kept by `server/sd/decoder.py`): the target cache ends one token short of the sequence's
-prefix, and the state holds target aux hidden states for exactly the positions [next_pos, cache.length)
-of the target cache (EAGLE-3 pairs h_i with token i+1 at position i).
+prefix, and the state holds target aux hidden states for exactly the positions [next_pos,
+cache.length) of the target cache (EAGLE-3 pairs h_i with token i+1 at position i).
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ class DraftState:
     cache: SeqKVCache                 # the drafter's KV for positions [start, next_pos)
     start: int
     chunks: list[torch.Tensor] = field(default_factory=list)  # target aux states [*, 3*Ht] for
-    pending: int = 0                  # positions [next_pos, next_pos + pending), not yet fed to the drafter
+    pending: int = 0                  # positions [next_pos, next_pos + pending), not yet
+                                      # fed to the drafter
 
     @property
     def next_pos(self) -> int:

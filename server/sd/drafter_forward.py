@@ -18,7 +18,8 @@ def new_draft_cache(drafter: Eagle3Drafter, capacity: int = 64) -> SeqKVCache:
 
 
 def drafter_forward(drafter: Eagle3Drafter, input_ids: torch.Tensor, hidden: torch.Tensor,
-                    positions: torch.Tensor, caches: list[SeqKVCache], seq_lens: list[int]) -> torch.Tensor:
+                    positions: torch.Tensor, caches: list[SeqKVCache],
+                    seq_lens: list[int]) -> torch.Tensor:
     """Ragged batch of N tokens: input_ids [N], hidden [N, n*Ht] or [N, H], positions [N]
     -> pre-norm h [N, H]. Appends each token's K/V to its sequence's cache."""
     r = drafter.project(hidden)

@@ -1,9 +1,11 @@
-"""The engine's side of the group index: keeps it in step with the running sequences and proposes drafts.
+"""The engine's side of the group index: keeps it in step with the running sequences and
+proposes drafts.
 
-`sync` runs at the start of every decode iteration: a new sequence starts a sample of its prompt, every
-sequence's output tokens emitted since the last iteration are indexed, and a sequence that left the
-running set (finished, aborted) finishes its sample, whose tokens stay for its siblings and later steps.
-A retracted or flushed sequence keeps its output ids, so its sample continues unchanged.
+`sync` runs at the start of every decode iteration: a new sequence starts a sample of its prompt,
+every sequence's output tokens emitted since the last iteration are indexed, and a sequence that
+left the running set (finished, aborted) finishes its sample, whose tokens stay for its siblings and
+later steps. A retracted or flushed sequence keeps its output ids, so its sample
+continues unchanged.
 """
 from __future__ import annotations
 
@@ -22,18 +24,21 @@ class _Entry:
 class GroupDrafts:
     def __init__(self, config: GroupIndexConfig | None = None):
         self.index = GroupIndex(config)
-        self._entries: dict[object, _Entry] = {}    # Sequence -> entry (Sequence hashes by identity)
+        self._entries: dict[object, _Entry] = {}    # Sequence -> entry (Sequence
+                                                    # hashes by identity)
 
     def sync(self, seqs: list, version: str) -> None:
         live = set(seqs)
-        for s in [s for s in self._entries if s not in live]:       # its last tokens, then it finishes
+        for s in [s for s in self._entries if s not in live]:
+            # its last tokens, then it finishes
             self._extend(s, self._entries[s])
             self.index.finish(self._entries.pop(s).sample)
         self.index.set_version(version)
         for s in seqs:
             e = self._entries.get(s)
             if e is None:
-                e = self._entries[s] = _Entry(self.index.start(s.req.input_ids, version), prompt_key(s.req.input_ids))
+                e = self._entries[s] = _Entry(self.index.start(s.req.input_ids, version),
+                                              prompt_key(s.req.input_ids))
             self._extend(s, e)
 
     def _extend(self, s, e: _Entry) -> None:
@@ -42,7 +47,8 @@ class GroupDrafts:
             e.indexed = len(s.output_ids)
 
     def propose(self, s, max_len: int) -> GroupDraft | None:
-        """The continuation of s's last tokens (its prompt's tail included) by its group, up to max_len."""
+        """The continuation of s's last tokens (its prompt's tail included) by its group,
+        up to max_len."""
         e = self._entries.get(s)
         if e is None or max_len < 1:
             return None

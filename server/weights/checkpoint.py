@@ -29,7 +29,8 @@ def read_config(model_dir: str | Path) -> dict:
 
 
 def checkpoint_signature(model_dir: str | Path) -> Signature:
-    """Names, shapes and dtypes of all tensors in the directory's safetensors files (headers only)."""
+    """Names, shapes and dtypes of all tensors in the directory's safetensors files
+    (headers only)."""
     from safetensors import safe_open
 
     files = sorted(Path(model_dir).glob("*.safetensors"))
@@ -40,7 +41,8 @@ def checkpoint_signature(model_dir: str | Path) -> Signature:
         try:
             wanted = set(json.loads(index.read_text())["weight_map"].values())
         except (OSError, ValueError, KeyError) as exc:
-            raise CheckpointError(f"{model_dir}: unreadable model.safetensors.index.json ({exc})") from None
+            raise CheckpointError(f"{model_dir}: unreadable "
+                                  f"model.safetensors.index.json ({exc})") from None
         missing = wanted - {f.name for f in files}
         if missing:
             raise CheckpointError(f"{model_dir}: shards missing: {sorted(missing)}")
@@ -51,28 +53,33 @@ def checkpoint_signature(model_dir: str | Path) -> Signature:
                 for name in fh.keys():
                     sl = fh.get_slice(name)
                     sig[name] = (tuple(sl.get_shape()), str(sl.get_dtype()))
-        except Exception as exc:  # safetensors raises its own error type for truncated/corrupt files
+        except Exception as exc:
+            # safetensors raises its own error type for truncated/corrupt files
             raise CheckpointError(f"{f}: corrupt or truncated safetensors file ({exc})") from None
     return sig
 
 
-def compare(model_dir: str, config: dict, sig: Signature, ref_config: dict, ref_sig: Signature) -> None:
+def compare(model_dir: str, config: dict, sig: Signature, ref_config: dict,
+            ref_sig: Signature) -> None:
     """Raise CheckpointError unless (config, sig) matches the serving checkpoint's."""
     for key in ("architectures", "model_type"):
         if config.get(key) != ref_config.get(key):
-            raise CheckpointError(f"{model_dir}: {key} {config.get(key)!r} differs from the serving "
-                                  f"model's {ref_config.get(key)!r}")
+            raise CheckpointError(f"{model_dir}: {key} {config.get(key)!r} differs "
+                                  f"from the serving model's {ref_config.get(key)!r}")
     missing, extra = sorted(set(ref_sig) - set(sig)), sorted(set(sig) - set(ref_sig))
     if missing or extra:
-        raise CheckpointError(f"{model_dir}: tensor names differ (missing {missing[:5]}, unexpected {extra[:5]})")
+        raise CheckpointError(f"{model_dir}: tensor names differ (missing {missing[:5]}, "
+                              f"unexpected {extra[:5]})")
     for name, (shape, dtype) in ref_sig.items():
         if sig[name] != (shape, dtype):
-            raise CheckpointError(f"{model_dir}: tensor {name} is {list(sig[name][0])} {sig[name][1]}, "
+            raise CheckpointError(f"{model_dir}: tensor {name} "
+                                  f"is {list(sig[name][0])} {sig[name][1]}, "
                                   f"expected {list(shape)} {dtype}")
 
 
 def load_checked(model_dir: str, ref_config: dict, ref_sig: Signature, device: str, dtype: str):
-    """Validate `model_dir` against the serving checkpoint, then load it; returns (runner, config, sig)."""
+    """Validate `model_dir` against the serving checkpoint, then load it; returns (runner,
+    config, sig)."""
     from gleanrl.server.model.runner import ModelRunner
 
     config = read_config(model_dir)
@@ -81,8 +88,10 @@ def load_checked(model_dir: str, ref_config: dict, ref_sig: Signature, device: s
     try:
         runner = ModelRunner.load(model_dir, device=device, dtype=dtype)
     except Exception as exc:  # anything transformers raises on a bad directory
-        raise CheckpointError(f"{model_dir}: could not load ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(f"{model_dir}: could not load "
+                              f"({type(exc).__name__}: {exc})") from None
     for name, param in runner.model.named_parameters():  # corrupt data behind an intact header
         if not bool(param.isfinite().all()):
-            raise CheckpointError(f"{model_dir}: tensor {name} holds NaN or infinite values (corrupt file?)")
+            raise CheckpointError(f"{model_dir}: tensor {name} holds NaN or infinite values "
+                                  "(corrupt file?)")
     return runner, config, sig

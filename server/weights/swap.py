@@ -1,17 +1,17 @@
 """Weight swaps: typed records that travel from the caller's thread to the decode thread.
 
-A caller loads and checks the new target or drafter in its own thread (the serving model keeps decoding
-meanwhile), then hands the record over in `state.swap`; the decode thread applies it between two
-iterations (`apply`, under the lock) and sets `done`. A target swap made while generation is not
-paused drains first, as SGLang's update lock: the admitted requests finish, later ones are held, so
-no response mixes versions. Under a pause (SGLang applies at once) the swap lands under the paused
-requests: with `flush_cache` their KV is rebuilt from their prefixes under the new weights, and each
-records where its version changed (`Sequence.version_events` -> `weight_versions`). A drafter swap
-never waits: SD is lossless, so it changes speed only.
+A caller loads and checks the new target or drafter in its own thread (the serving model keeps
+decoding meanwhile), then hands the record over in `state.swap`; the decode thread applies it
+between two iterations (`apply`, under the lock) and sets `done`. A target swap made while
+generation is not paused drains first, as SGLang's update lock: the admitted requests finish, later
+ones are held, so no response mixes versions. Under a pause (SGLang applies at once) the swap lands
+under the paused requests: with `flush_cache` their KV is rebuilt from their prefixes under the new
+weights, and each records where its version changed (`Sequence.version_events` ->
+`weight_versions`). A drafter swap never waits: SD is lossless, so it changes speed only.
 
-A swap that fails while applied (e.g. the cache rebuild runs out of memory) is undone: the old weights
-keep serving, the decode thread lives on, and the caller gets the error. A drain waits at most
-`cfg.swap_timeout_s`; then the swap is withdrawn and refused, and the held requests run.
+A swap that fails while applied (e.g. the cache rebuild runs out of memory) is undone: the old
+weights keep serving, the decode thread lives on, and the caller gets the error. A drain waits at
+most `cfg.swap_timeout_s`; then the swap is withdrawn and refused, and the held requests run.
 """
 from __future__ import annotations
 
@@ -53,25 +53,27 @@ class DraftSwap:
 class WeightSwapper:
     """Owns the serving target checkpoint's identity (path, config, tensor signature)."""
 
-    def __init__(self, cfg: EngineConfig, config: dict, state: EngineState, scheduler: Scheduler, decoder: Decoder):
+    def __init__(self, cfg: EngineConfig, config: dict, state: EngineState, scheduler: Scheduler,
+                 decoder: Decoder):
         self.cfg, self.state, self.scheduler, self.decoder = cfg, state, scheduler, decoder
         self.model_path, self.config = cfg.model_path, config
         self.signature = checkpoint.checkpoint_signature(cfg.model_path)
 
     def load_target(self, path: str, version: str | None, flush_cache: bool) -> TargetSwap:
-        runner, config, sig = checkpoint.load_checked(path, self.config, self.signature, self.cfg.device,
-                                                      self.cfg.dtype)
+        runner, config, sig = checkpoint.load_checked(path, self.config, self.signature,
+                                                      self.cfg.device, self.cfg.dtype)
         return TargetSwap(runner, config, sig, path, version, flush_cache)
 
     def load_draft(self, path: str, version: str | None) -> DraftSwap:
         if self.cfg.sd == "off":
-            raise CheckpointError("this server runs with speculative decoding off (sd 'off'), so it serves no "
-                                  "drafter; start it with --sd on or --sd adaptive")
+            raise CheckpointError("this server runs with speculative decoding off (sd 'off'), "
+                                  "so it serves no drafter; start it with --sd on or --sd adaptive")
         return DraftSwap(load_for_target(path, self.scheduler.runner, self.config), path, version)
 
     def submit(self, swap: TargetSwap | DraftSwap, apply_now: bool) -> None:
-        """Hand `swap` to the decode thread (or apply it here when there is none) and wait until applied;
-        CheckpointError when it failed or its drain timed out (the old weights keep serving either way)."""
+        """Hand `swap` to the decode thread (or apply it here when there is none) and wait until
+        applied; CheckpointError when it failed or its drain timed out (the old weights keep serving
+        either way)."""
         st = self.state
         with st.cv:
             if st.swap is not None:
@@ -88,26 +90,31 @@ class WeightSwapper:
                     st.swap = None
                     self._release_held()
                     st.cv.notify_all()
-                    raise CheckpointError(f"the weight update waited {self.cfg.swap_timeout_s:g} s for running "
-                                          "requests to finish and was withdrawn; pause generation or pass "
-                                          "abort_all_requests")
+                    raise CheckpointError(f"the weight update waited {self.cfg.swap_timeout_s:g} "
+                                          "s for running requests to finish and was withdrawn; "
+                                          "pause generation or pass abort_all_requests")
             swap.done.wait()
         if swap.error is not None:
-            raise CheckpointError(f"the weight update failed while being applied and was undone (the old weights "
-                                  f"keep serving): {type(swap.error).__name__}: {swap.error}")
+            raise CheckpointError("the weight update failed while being applied and was undone "
+                                  "(the old weights keep "
+                                  f"serving): {type(swap.error).__name__}: {swap.error}")
 
     def draining(self) -> bool:
-        """Under the lock: a target swap waits for the admitted requests (new ones are held meanwhile)."""
+        """Under the lock: a target swap waits for the admitted requests (new ones are
+        held meanwhile)."""
         return isinstance(self.state.swap, TargetSwap) and self.state.swap.drain
 
     def ready(self) -> bool:
-        """Under the lock: the pending swap may be applied now. A draining one once nothing admitted is
-        left, or once generation was paused after all (it then lands under the paused requests)."""
+        """Under the lock: the pending swap may be applied now. A draining one once nothing admitted
+        is left, or once generation was paused after all (it then lands under the
+        paused requests)."""
         st = self.state
-        return st.swap is not None and (not self.draining() or st.paused is not None or not (st.running or st.waiting))
+        return st.swap is not None and (not self.draining() or st.paused is not None
+                                        or not (st.running or st.waiting))
 
     def apply(self) -> None:
-        """Under the lock, between iterations. Never raises: a failure is undone and left in `swap.error`."""
+        """Under the lock, between iterations. Never raises: a failure is undone and left in
+        `swap.error`."""
         st = self.state
         swap, st.swap = st.swap, None
         try:
@@ -147,7 +154,8 @@ class WeightSwapper:
         self.model_path, self.config, self.signature = swap.path, swap.config, swap.signature
 
     def _rebuild_or_abort(self) -> None:
-        """After a failed rebuild: give the running requests fresh caches, or abort them if even that fails."""
+        """After a failed rebuild: give the running requests fresh caches, or abort them if
+        even that fails."""
         try:
             self.scheduler.rebuild_caches()
         except Exception as exc:

@@ -1,16 +1,18 @@
-"""Weight updates from named tensors (SGLang's /update_weights_from_tensor), atomic and validated like
-disk updates, for the target or the drafter (`selector`).
+"""Weight updates from named tensors (SGLang's /update_weights_from_tensor), atomic and validated
+like disk updates, for the target or the drafter (`selector`).
 
-Target: every tensor must name a tensor of the serving checkpoint with its shape and finite values; it is
-cast to the serving dtype. A copy of the serving model takes the tensors and becomes a new runner, which
-the engine swaps in like a disk update (same drain / pause semantics, `weight_version`, `flush_cache`):
-a refused update changes nothing. Names the update does not carry keep their current values, so a
-bucketed push may send a subset per call; inside a `/begin_weight_update` ... `/end_weight_update`
-session the calls are staged and applied together at the end (one swap, one copy of the model).
+Target: every tensor must name a tensor of the serving checkpoint with its shape and finite values;
+it is cast to the serving dtype. A copy of the serving model takes the tensors and becomes a new
+runner, which the engine swaps in like a disk update (same drain / pause semantics,
+`weight_version`, `flush_cache`): a refused update changes nothing. Names the update does not carry
+keep their current values, so a bucketed push may send a subset per call; inside a
+`/begin_weight_update` ... `/end_weight_update` session the calls are staged and applied together at
+the end (one swap, one copy of the model).
 
 Draft: the tensors overlay the served drafter's checkpoint (its config and files give the rest); the
 result is written to a temporary directory and loaded with the same checks as a disk drafter update.
-The reported `draft_model_path` stays that checkpoint's, as SGLang keeps `model_path` on tensor updates.
+The reported `draft_model_path` stays that checkpoint's, as SGLang keeps `model_path` on
+tensor updates.
 """
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ def _draft_path(swapper: WeightSwapper) -> str:
 
 
 def expected_shapes(swapper: WeightSwapper, selector: str) -> dict[str, tuple[int, ...]]:
-    """The tensors an update of `selector` may carry, by name, with their shapes (read without loading)."""
+    """The tensors an update of `selector` may carry, by name, with their shapes (read
+    without loading)."""
     if selector == "target":
         sig = swapper.signature
     else:
@@ -48,7 +51,8 @@ def expected_shapes(swapper: WeightSwapper, selector: str) -> dict[str, tuple[in
 
 
 def check_shapes(swapper: WeightSwapper, selector: str, names: list[str], shapes: list) -> None:
-    """CheckpointError unless each name is a distinct tensor of `selector`'s model with that shape."""
+    """CheckpointError unless each name is a distinct tensor of `selector`'s model
+    with that shape."""
     expected = expected_shapes(swapper, selector)
     if len(set(names)) != len(names):
         raise CheckpointError("names: a tensor is listed twice")
@@ -56,20 +60,23 @@ def check_shapes(swapper: WeightSwapper, selector: str, names: list[str], shapes
         if name not in expected:
             raise CheckpointError(f"tensor {name!r} is not a tensor of the served {selector} model")
         if tuple(shape) != expected[name]:
-            raise CheckpointError(f"tensor {name} is {list(shape)}, expected {list(expected[name])}")
+            raise CheckpointError(f"tensor {name} is {list(shape)}, "
+                                  f"expected {list(expected[name])}")
 
 
 def check_volume(swapper: WeightSwapper, selector: str, names: list[str], shapes: list) -> None:
-    """Before buffers of the listed shapes are allocated: CheckpointError unless the list could be a push of
-    `selector`'s model (no more tensors, nor elements, than it has; no negative sizes)."""
+    """Before buffers of the listed shapes are allocated: CheckpointError unless the list could be a
+    push of `selector`'s model (no more tensors, nor elements, than it has; no negative sizes)."""
     expected = expected_shapes(swapper, selector)
     if len(names) > len(expected):
-        raise CheckpointError(f"names: {len(names)} tensors listed; the served {selector} model has {len(expected)}")
+        raise CheckpointError(f"names: {len(names)} tensors listed; the served {selector} model "
+                              f"has {len(expected)}")
     if any(d < 0 for s in shapes for d in s):
         raise CheckpointError("shapes: a size is negative")
     listed, held = sum(math.prod(s) for s in shapes), sum(math.prod(s) for s in expected.values())
     if listed > held:
-        raise CheckpointError(f"shapes: {listed} elements listed; the served {selector} model has {held}")
+        raise CheckpointError(f"shapes: {listed} elements listed; the served {selector} "
+                              f"model has {held}")
 
 
 def check_target(swapper: WeightSwapper,
@@ -81,7 +88,8 @@ def check_target(swapper: WeightSwapper,
         if name not in sig:
             raise CheckpointError(f"tensor {name!r} is not a tensor of the serving model")
         if tuple(t.shape) != tuple(sig[name][0]):
-            raise CheckpointError(f"tensor {name} is {list(t.shape)}, expected {list(sig[name][0])}")
+            raise CheckpointError(f"tensor {name} is {list(t.shape)}, "
+                                  f"expected {list(sig[name][0])}")
         if t.is_floating_point() and not bool(t.isfinite().all()):
             raise CheckpointError(f"tensor {name} holds NaN or infinite values")
         out[name] = t.to(dtype)
@@ -99,8 +107,8 @@ def target_swap(swapper: WeightSwapper, staged: dict[str, torch.Tensor], version
     with torch.no_grad():
         for name, t in staged.items():
             state[name].copy_(t.to(state[name].device))
-    return TargetSwap(ModelRunner(model, str(runner.device)), swapper.config, swapper.signature, swapper.model_path,
-                      version, flush_cache)
+    return TargetSwap(ModelRunner(model, str(runner.device)), swapper.config, swapper.signature,
+                      swapper.model_path, version, flush_cache)
 
 
 def draft_swap(swapper: WeightSwapper, named: list[tuple[str, torch.Tensor]],
@@ -116,7 +124,8 @@ def draft_swap(swapper: WeightSwapper, named: list[tuple[str, torch.Tensor]],
         if name not in base:
             raise CheckpointError(f"tensor {name!r} is not a tensor of the served drafter")
         if tuple(t.shape) != tuple(base[name].shape):
-            raise CheckpointError(f"tensor {name} is {list(t.shape)}, expected {list(base[name].shape)}")
+            raise CheckpointError(f"tensor {name} is {list(t.shape)}, "
+                                  f"expected {list(base[name].shape)}")
         base[name] = t.to(base[name].dtype).contiguous()
     tmp = Path(tempfile.mkdtemp(prefix="gleanrl-draft-"))
     try:

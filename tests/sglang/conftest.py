@@ -36,7 +36,8 @@ def sglang_tokenizer(sglang_model):
 
 @pytest.fixture(scope="session")
 def sglang_model_b(sglang_model, tmp_path_factory) -> Path:
-    """A policy checkpoint as the trainer writes one (`save_pretrained`): same layout, other weights."""
+    """A policy checkpoint as the trainer writes one (`save_pretrained`): same layout,
+    other weights."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(sglang_model, dtype=torch.float32)
@@ -52,15 +53,16 @@ def sglang_model_b(sglang_model, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def other_arch_model(sglang_model, tmp_path_factory) -> Path:
-    """A checkpoint of the other architecture (Qwen2 <-> Llama: q/k/v biases or not) with the serving
-    policy's shapes."""
+    """A checkpoint of the other architecture (Qwen2 <-> Llama: q/k/v biases or not) with the
+    serving policy's shapes."""
     import json
 
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
     c = json.loads((sglang_model / "config.json").read_text())
-    keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-            "intermediate_size", "max_position_embeddings", "eos_token_id", "pad_token_id")
+    keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "intermediate_size", "max_position_embeddings", "eos_token_id",
+            "pad_token_id")
     other = Qwen2Config if c["model_type"] == "llama" else LlamaConfig
     torch.manual_seed(2)
     model = AutoModelForCausalLM.from_config(other(**{k: c[k] for k in keys}), dtype=torch.float32)
@@ -78,9 +80,11 @@ def sglang_server(sglang_model):
 
 @pytest.fixture
 def restore_weights(sglang_server):
-    """Tests that push other weights into the shared server put the original ones back afterwards."""
+    """Tests that push other weights into the shared server put the original ones
+    back afterwards."""
     yield sglang_server
     if sglang_server.alive():
-        resp = sglang_server.post("/update_weights_from_disk", {"model_path": str(sglang_server.model),
-                                                                "weight_version": "default"})
+        resp = sglang_server.post("/update_weights_from_disk",
+                                  {"model_path": str(sglang_server.model),
+                                   "weight_version": "default"})
         assert resp.status_code == 200, resp.text

@@ -28,27 +28,31 @@ def free_port() -> int:
 
 
 def sglang_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(VENV / "shim"), "GLEANRL_SGLANG_PYTHON": str(VENV / "bin" / "python")}
+    return {**os.environ, "PYTHONPATH": str(VENV / "shim"),
+            "GLEANRL_SGLANG_PYTHON": str(VENV / "bin" / "python")}
 
 
 def run_in_sglang(script: str, *args: str, timeout: float = 300):
     """Run `script` with SGLang's interpreter; it prints one JSON value on its last stdout line."""
-    proc = subprocess.run([str(VENV / "bin" / "python"), "-c", script, *args], env=sglang_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run([str(VENV / "bin" / "python"), "-c", script, *args], env=sglang_env(),
+                          capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise AssertionError(f"SGLang-side script failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise AssertionError("SGLang-side script failed "
+                             f"({proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def serve_args(model: Path, port: int, **kw) -> argparse.Namespace:
-    base = dict(model=str(model), drafter=None, host="127.0.0.1", port=port, api_key=None, admin_api_key=None,
-                device="cpu", dtype="auto", context_length=None, max_running_requests=8, speculative_num_steps=None,
+    base = dict(model=str(model), drafter=None, host="127.0.0.1", port=port, api_key=None,
+                admin_api_key=None, device="cpu", dtype="auto", context_length=None,
+                max_running_requests=8, speculative_num_steps=None,
                 speculative_eagle_topk=None, speculative_num_draft_tokens=None, sglang_arg=[])
     return argparse.Namespace(**{**base, **kw})
 
 
 class SGLangServer:
-    """A real SGLang server started through gleanrl's own launcher (`server.sglang_launch.start`)."""
+    """A real SGLang server started through gleanrl's own launcher
+    (`server.sglang_launch.start`)."""
 
     def __init__(self, model: Path, **kw):
         import pytest
@@ -59,9 +63,11 @@ class SGLangServer:
         os.environ["GLEANRL_SGLANG_PYTHON"] = str(VENV / "bin" / "python")
         self.model = Path(model)
         t0 = time.monotonic()
-        self.process, self.url = start(serve_args(self.model, free_port(), **kw), echo=False, timeout_s=600)
+        self.process, self.url = start(serve_args(self.model, free_port(), **kw), echo=False,
+                                       timeout_s=600)
         self.start_s = time.monotonic() - t0
-        print(f"\n[sglang] server for {self.model.name} healthy after {self.start_s:.1f}s at {self.url}")
+        print(f"\n[sglang] server for {self.model.name} healthy "
+              f"after {self.start_s:.1f}s at {self.url}")
 
     def alive(self) -> bool:
         return self.process.proc.poll() is None

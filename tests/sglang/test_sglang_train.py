@@ -1,5 +1,6 @@
-"""`gleanrl train --server URL` runs two GRPO steps end to end against real SGLang (SD off): rollouts from
-SGLang's /generate, policy updates pushed back through its /update_weights_from_disk."""
+"""`gleanrl train --server URL` runs two GRPO steps end to end against real SGLang (SD off):
+rollouts from SGLang's /generate, policy updates pushed back through its
+/update_weights_from_disk."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,8 @@ pytestmark = pytest.mark.sglang
 
 def test_two_grpo_steps_against_sglang(restore_weights, tmp_path, sglang_tokenizer):
     server, out = restore_weights, tmp_path / "run"
-    rc = gleanrl.cli.main(["train", "--model", str(server.model), "--out", str(out), "--server", server.url,
+    rc = gleanrl.cli.main(["train", "--model", str(server.model), "--out", str(out), "--server",
+                           server.url,
                        "--steps", "2", "--prompts-per-step", "2", "--samples-per-prompt", "4",
                        "--max-new-tokens", "24", "--seed", "0", "--eval-every", "0"])
     assert rc == 0

@@ -16,10 +16,13 @@ from gleanrl.trainer.tasks.jsonl import JsonlTask, TaskError
 from gleanrl.trainer.tasks.running_sums import RunningSums
 
 DEFAULT_TASK = "doubling"
-BUILTIN = {"doubling": Doubling, "running_sums": RunningSums,  # the long tail: trainer.tasks.presets
-           "doubling_long_tail": functools.partial(Doubling, tail_share=0.125, tail_min=80, name="doubling_long_tail")}
+# the long tail: trainer.tasks.presets
+BUILTIN = {"doubling": Doubling, "running_sums": RunningSums,
+           "doubling_long_tail": functools.partial(Doubling, tail_share=0.125, tail_min=80,
+                                                   name="doubling_long_tail")}
 
-__all__ = ["Task", "TaskError", "load_task", "accuracy", "JsonlTask", "Doubling", "RunningSums", "DEFAULT_TASK"]
+__all__ = ["Task", "TaskError", "load_task", "accuracy", "JsonlTask", "Doubling", "RunningSums",
+           "DEFAULT_TASK"]
 
 
 @runtime_checkable
@@ -41,7 +44,8 @@ def load_task(spec: str | Task | None = None) -> Task:
         return parse_jsonl_spec(spec)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise TaskError(f"unknown task {spec!r}: use one of {sorted(BUILTIN)}, jsonl:PATH or module:object")
+        raise TaskError(f"unknown task {spec!r}: use one of {sorted(BUILTIN)}, jsonl:PATH "
+                        "or module:object")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -56,7 +60,8 @@ def load_task(spec: str | Task | None = None) -> Task:
 
 def _checked(task, spec: str) -> Task:
     if not isinstance(task, Task):
-        raise TaskError(f"{spec} is not a task: it needs prompts(split, n, seed) and reward(sample, response)")
+        raise TaskError(f"{spec} is not a task: it needs prompts(split, n, seed) and "
+                        "reward(sample, response)")
     return task
 
 

@@ -19,7 +19,8 @@ def chatml(user: str) -> str:
 
 
 def build_char_tokenizer():
-    """PreTrainedTokenizerFast: specials first (ids 0..3), then one id per character; eos = <|im_end|>."""
+    """PreTrainedTokenizerFast: specials first (ids 0..3), then one id per character; eos
+    = <|im_end|>."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -27,9 +28,10 @@ def build_char_tokenizer():
     for ch in CHARS:
         vocab[ch] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"(?m)."), behavior="isolated")  # every char alone
+    # every char alone
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"(?m)."), behavior="isolated")
     tok.decoder = decoders.Fuse()  # join pieces without spaces
     tok.add_special_tokens(SPECIAL_TOKENS)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   unk_token="<|unk|>", bos_token=None, chat_template=CHAT_TEMPLATE,
-                                   clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", unk_token="<|unk|>", bos_token=None,
+                                   chat_template=CHAT_TEMPLATE, clean_up_tokenization_spaces=False)

@@ -1,4 +1,5 @@
-"""The default built-in task: double a number k times, keeping the last three digits (2^k * x mod 1000).
+"""The default built-in task: double a number k times, keeping the last three digits
+(2^k * x mod 1000).
 
     prompt (user turn):  double 4 times, keep 3 digits: 347
     solution:            347
@@ -8,16 +9,17 @@
                          01:552
                          \\boxed{552}
 
-Each line is `remaining:value`, fixed width, so every step is a local rule (decrement a counter, double
-a 3-digit number: digit j of the result is 2*d_j mod 10 plus a carry when d_(j+1) >= 5) that a small
-model learns by SFT in minutes. The number of doublings k is drawn from a truncated power law
-(P(k) ~ (k+1)^-alpha, 0 <= k <= max_steps; k = 0 is a plain copy), so most solutions are short and a
-few are very long, like chains of thought in RL rollouts; every step is a chance to err, so longer problems are harder.
-`tail_share` > 0 (the long-tail preset, `trainer.tasks.presets`) draws that share of each batch of
-problems from the tail, k uniform in [tail_min, max_steps] (stochastic rounding of the count, so a
-batch of 8 at 1/8 holds one on average and exactly one most of the time): reasoning-length responses
-in most steps, as in reasoning RL; the format is unchanged, so the same policy answers it.
-The reward is exact: the last \\boxed{} must equal the result (leading zeros allowed)."""
+Each line is `remaining:value`, fixed width, so every step is a local rule (decrement a counter,
+double a 3-digit number: digit j of the result is 2*d_j mod 10 plus a carry when d_(j+1) >= 5) that
+a small model learns by SFT in minutes. The number of doublings k is drawn from a truncated power
+law (P(k) ~ (k+1)^-alpha, 0 <= k <= max_steps; k = 0 is a plain copy), so most solutions are short
+and a few are very long, like chains of thought in RL rollouts; every step is a chance to err, so
+longer problems are harder. `tail_share` > 0 (the long-tail preset, `trainer.tasks.presets`) draws
+that share of each batch of problems from the tail, k uniform in [tail_min, max_steps] (stochastic
+rounding of the count, so a batch of 8 at 1/8 holds one on average and exactly one most of the
+time): reasoning-length responses in most steps, as in reasoning RL; the format is unchanged, so the
+same policy answers it. The reward is exact: the last \\boxed{} must equal the result (leading
+zeros allowed)."""
 from __future__ import annotations
 
 import random
@@ -43,22 +45,26 @@ class Doubling:
         if not 0 <= self.tail_share <= 1:
             raise ValueError(f"tail_share must be in [0, 1], got {self.tail_share}")
         if self.tail_share > 0 and not 0 <= self.tail_min <= self.max_steps:
-            raise ValueError(f"tail_min must be in [0, max_steps={self.max_steps}], got {self.tail_min}")
+            raise ValueError(f"tail_min must be in [0, max_steps={self.max_steps}], "
+                             f"got {self.tail_min}")
 
     def sample(self, rng: random.Random, tail: bool = False) -> dict:
         ks = range(self.max_steps + 1)
         k = rng.randint(self.tail_min, self.max_steps) if tail else rng.choices(
             ks, weights=[(i + 1) ** -self.alpha for i in ks])[0]
         start = rng.randint(0, 999)
-        question = f"double {k} times, keep 3 digits: {start:03d}"  # the start last: a fixed-offset copy
+        # the start last: a fixed-offset copy
+        question = f"double {k} times, keep 3 digits: {start:03d}"
         return {"prompt": chatml(question), "messages": [{"role": "user", "content": question}],
                 "start": start, "steps": k, "answer": str(start * 2 ** k % 1000)}
 
     def prompts(self, split: str, n: int, seed: int) -> list[dict]:
-        """`n` problems, the same for the same (split, seed); splits draw from independent streams."""
+        """`n` problems, the same for the same (split, seed); splits draw from
+        independent streams."""
         rng = random.Random(f"{self.name}/{split}/{seed}")
         tail: set[int] = set()
-        if self.tail_share > 0:  # no draw otherwise: the default task's problems stay what they were
+        if self.tail_share > 0:
+            # no draw otherwise: the default task's problems stay what they were
             whole, frac = divmod(n * self.tail_share, 1)
             tail = set(rng.sample(range(n), min(n, int(whole) + (rng.random() < frac))))
         return [self.sample(rng, i in tail) for i in range(n)]
@@ -73,8 +79,8 @@ class Doubling:
 
     def solution_focus(self, sample: dict) -> list[tuple[int, int]]:
         """The characters of `solution(sample)` that carry the hard step, for the bootstrap's SFT
-        (`trainer.tasks.sft`): the first line's counter, k copied from the prompt (k = 0: the choice to
-        box the start at once). Everything after it is a local rule at a fixed offset."""
+        (`trainer.tasks.sft`): the first line's counter, k copied from the prompt (k = 0: the choice
+        to box the start at once). Everything after it is a local rule at a fixed offset."""
         return [(4, 6)] if sample["steps"] else [(4, 5)]
 
     def reward(self, sample: dict, response: str) -> float:

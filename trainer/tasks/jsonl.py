@@ -1,6 +1,6 @@
-"""Tasks from JSONL files of `{"prompt": ..., "answer": ...}` records (GSM8K/MATH-style), scored with the
-math-answer reward. `prompt` is sent to `/generate` verbatim, so write it already formatted with your
-model's chat template. A bad line is reported with its line number and skipped."""
+"""Tasks from JSONL files of `{"prompt": ..., "answer": ...}` records (GSM8K/MATH-style), scored
+with the math-answer reward. `prompt` is sent to `/generate` verbatim, so write it already formatted
+with your model's chat template. A bad line is reported with its line number and skipped."""
 from __future__ import annotations
 
 import json
@@ -35,7 +35,8 @@ def read_records(path: str | Path) -> tuple[list[dict], list[str]]:
                 errors.append(f"{path}:{lineno}: expected an object, got {type(rec).__name__}")
             elif not isinstance(rec.get("prompt"), str) or not rec["prompt"]:
                 errors.append(f"{path}:{lineno}: missing or empty string field 'prompt'")
-            elif not isinstance(rec.get("answer"), (str, int, float)) or isinstance(rec.get("answer"), bool):
+            elif not isinstance(rec.get("answer"),
+                                (str, int, float)) or isinstance(rec.get("answer"), bool):
                 errors.append(f"{path}:{lineno}: missing field 'answer' (a string or a number)")
             else:
                 records.append({**rec, "answer": str(rec["answer"]), "line": lineno})
@@ -44,7 +45,8 @@ def read_records(path: str | Path) -> tuple[list[dict], list[str]]:
 
 @dataclass
 class JsonlTask:
-    """`splits` maps a split name to its file; a split without its own file uses the "train" file."""
+    """`splits` maps a split name to its file; a split without its own file uses the
+    "train" file."""
     splits: dict[str, str]
     name: str = "jsonl"
     _cache: dict = field(default_factory=dict, repr=False)
@@ -79,7 +81,8 @@ class JsonlTask:
 
 
 def parse_jsonl_spec(spec: str) -> JsonlTask:
-    """`jsonl:PATH` (one file for every split) or `jsonl:train=PATH,test=PATH`; a bare `*.jsonl` path too."""
+    """`jsonl:PATH` (one file for every split) or `jsonl:train=PATH,test=PATH`; a bare
+    `*.jsonl` path too."""
     body = spec.removeprefix("jsonl:")
     if "=" not in body:
         return JsonlTask({"train": body})

@@ -19,16 +19,20 @@ def length_stats(lengths: list[int]) -> dict:
     pct = lambda q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
     top = xs[len(xs) - max(1, len(xs) // 20):]
     median = statistics.median(xs)
-    return {"median": median, "p90": pct(0.90), "p99": pct(0.99), "max": xs[-1], "mean": round(sum(xs) / len(xs), 1),
-            "p99_over_median": round(pct(0.99) / max(median, 1), 2), "top5_share": round(sum(top) / sum(xs), 3)}
+    return {"median": median, "p90": pct(0.90), "p99": pct(0.99), "max": xs[-1],
+            "mean": round(sum(xs) / len(xs), 1),
+            "p99_over_median": round(pct(0.99) / max(median, 1), 2),
+            "top5_share": round(sum(top) / sum(xs), 3)}
 
 
 @torch.no_grad()
-def sample_responses(model, tokenizer, prompts: list[str], temperature: float = 1.0, max_new_tokens: int = 1024,
-                     batch_size: int = 64, seed: int = 0, progress: bool = True,
+def sample_responses(model, tokenizer, prompts: list[str], temperature: float = 1.0,
+                     max_new_tokens: int = 1024, batch_size: int = 64, seed: int = 0,
+                     progress: bool = True,
                      expected_lengths: list[int] | None = None) -> list[tuple[str, int]]:
-    """(response text, response tokens incl. the end-of-turn token) per prompt, in the prompts' order.
-    Batches group prompts of similar `expected_lengths` (default: prompt length) to waste less padding."""
+    """(response text, response tokens incl. the end-of-turn token) per prompt, in the prompts'
+    order. Batches group prompts of similar `expected_lengths` (default: prompt length) to waste
+    less padding."""
     from tqdm import tqdm
 
     torch.manual_seed(seed)
@@ -39,9 +43,11 @@ def sample_responses(model, tokenizer, prompts: list[str], temperature: float = 
     eos = tokenizer.eos_token_id
     for start in tqdm(range(0, len(order), batch_size), desc="sampling", disable=not progress):
         idx = order[start:start + batch_size]
-        enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True,
+                        add_special_tokens=False)
         gen = model.generate(**enc, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
-                             max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+                             max_new_tokens=max_new_tokens, eos_token_id=eos,
+                             pad_token_id=tokenizer.pad_token_id)
         for row, i in enumerate(idx):
             ids = gen[row, enc.input_ids.shape[1]:].tolist()
             n = ids.index(eos) + 1 if eos in ids else len(ids)
@@ -49,8 +55,9 @@ def sample_responses(model, tokenizer, prompts: list[str], temperature: float = 
     return out
 
 
-def measure_policy(model_dir: str, task=None, n: int = 1000, seed: int = 0, temperature: float = 1.0,
-                   max_new_tokens: int = 1024, batch_size: int = 64, progress: bool = True) -> dict:
+def measure_policy(model_dir: str, task=None, n: int = 1000, seed: int = 0,
+                   temperature: float = 1.0, max_new_tokens: int = 1024, batch_size: int = 64,
+                   progress: bool = True) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gleanrl.trainer.tasks import load_task
@@ -61,11 +68,12 @@ def measure_policy(model_dir: str, task=None, n: int = 1000, seed: int = 0, temp
     samples = task.prompts("test", n, seed)
     solution = getattr(task, "solution", None)
     expected = [len(solution(s)) for s in samples] if callable(solution) else None
-    results = sample_responses(model, tokenizer, [s["prompt"] for s in samples], temperature, max_new_tokens,
-                               batch_size, seed, progress, expected)
+    results = sample_responses(model, tokenizer, [s["prompt"] for s in samples], temperature,
+                               max_new_tokens, batch_size, seed, progress, expected)
     rewards = [task.reward(s, text) for s, (text, _) in zip(samples, results)]
     lengths = [length for _, length in results]
-    report = {"n": n, "temperature": temperature, "accuracy": round(sum(r >= 1 for r in rewards) / n, 3),
+    report = {"n": n, "temperature": temperature,
+              "accuracy": round(sum(r >= 1 for r in rewards) / n, 3),
               "truncated": sum(length >= max_new_tokens for length in lengths),
               "parameters": sum(p.numel() for p in model.parameters()), **length_stats(lengths)}
     if callable(solution):  # accuracy by reference length: longer problems should be harder
@@ -74,12 +82,14 @@ def measure_policy(model_dir: str, task=None, n: int = 1000, seed: int = 0, temp
             size = len(solution(s))
             name = "<=32" if size <= 32 else "33-128" if size <= 128 else ">128"
             buckets.setdefault(name, []).append(float(r >= 1))
-        report["accuracy_by_reference_chars"] = {k: (len(v), round(sum(v) / len(v), 3)) for k, v in buckets.items()}
+        report["accuracy_by_reference_chars"] = {k: (len(v), round(sum(v) / len(v), 3))
+                                                 for k, v in buckets.items()}
     return report
 
 
 def reference_report(model_dir: str, task=None, n: int = 192, seed: int = 0) -> dict:
-    """`trainer.tasks.sft.reference_accuracy` on `n` test prompts (seed 0, n 192: the demo's held-out set)."""
+    """`trainer.tasks.sft.reference_accuracy` on `n` test prompts (seed 0, n 192: the demo's
+    held-out set)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gleanrl.trainer.tasks import load_task
@@ -100,9 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's choice)")
     parser.add_argument("--json", default=None, help="also write the report here")
-    parser.add_argument("--reference", action="store_true", help="accuracy from the reference solutions' "
+    parser.add_argument("--reference", action="store_true",
+                        help="accuracy from the reference solutions' "
                         "probabilities (one forward each, no sampling; the task needs solution())")
     args = parser.parse_args(argv)
     if args.threads:
@@ -110,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.reference:
         report = reference_report(args.model_dir, args.task, args.n, args.seed)
     else:
-        report = measure_policy(args.model_dir, args.task, args.n, args.seed, args.temperature, args.max_new_tokens,
-                                args.batch_size)
+        report = measure_policy(args.model_dir, args.task, args.n, args.seed, args.temperature,
+                                args.max_new_tokens, args.batch_size)
     print(json.dumps(report, indent=1))
     if args.json:
         with open(args.json, "w") as f:

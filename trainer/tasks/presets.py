@@ -1,14 +1,14 @@
-"""Named regimes for the built-in task: its length distribution and the step's shape (what `gleanrl demo`
-and `gleanrl bench e2e` run with `--regime`).
+"""Named regimes for the built-in task: its length distribution and the step's shape (what
+`gleanrl demo` and `gleanrl bench e2e` run with `--regime`).
 
-- `long_tail` (the default of `gleanrl bench e2e`): one prompt in eight (on average) is a 80-99-doubling
-  problem, a 560-700 token response, the rest follow the usual power law. Most of a step's rollouts finish early, a few
-  decode one token at a time for the rest of the rollout phase, while the policy update's cost grows
-  with the step's total tokens (and a long group whose samples all fail has no advantage and is left
-  out): the aim is rollouts taking most of a no-SD step, as in reasoning RL (TLT reports ~85 %,
-  FastGRPO 91-98 %), with nothing slowed down to get there. Not yet measured on the demo policy. The
-  format is the default task's (k <= 99, which the default bootstrap is trained on), so the default
-  bootstrap policy answers it without a new bootstrap.
+- `long_tail` (the default of `gleanrl bench e2e`): one prompt in eight (on average) is a
+  80-99-doubling problem, a 560-700 token response, the rest follow the usual power law. Most of a
+  step's rollouts finish early, a few decode one token at a time for the rest of the rollout phase,
+  while the policy update's cost grows with the step's total tokens (and a long group whose samples
+  all fail has no advantage and is left out): the aim is rollouts taking most of a no-SD step, as in
+  reasoning RL (TLT reports ~85 %, FastGRPO 91-98 %), with nothing slowed down to get there. Not yet
+  measured on the demo policy. The format is the default task's (k <= 99, which the default
+  bootstrap is trained on), so the default bootstrap policy answers it without a new bootstrap.
 - `short` (the default of `gleanrl demo`, whose wall time is measured in this regime; long_tail is
   opt-in there until its demo time is measured): power law alone, 512-token cap, where rollouts were
   ~52 % of a no-SD step.
@@ -31,7 +31,8 @@ class Regime:
 
 
 REGIMES = {
-    "long_tail": Regime(task="doubling_long_tail", max_new_tokens=768, prompts_per_step=8, samples_per_prompt=8),
+    "long_tail": Regime(task="doubling_long_tail", max_new_tokens=768, prompts_per_step=8,
+                        samples_per_prompt=8),
     "short": Regime(task="doubling", max_new_tokens=512, prompts_per_step=8, samples_per_prompt=8),
 }
 DEFAULT_REGIME = "long_tail"   # bench e2e

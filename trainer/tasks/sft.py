@@ -1,17 +1,19 @@
-"""Supervised fine-tuning from scratch on a task's reference solutions (the bootstrap's training loop).
+"""Supervised fine-tuning from scratch on a task's reference solutions (the bootstrap's
+training loop).
 
-Examples are bucketed by length into batches of about `batch_tokens` (padding included), so the heavy
-tail of long solutions does not pad every batch (padding is ~0.1 % of the slots: packing would buy
-nothing). Loss is on the response and its end-of-turn token only. bf16 autocast (on CPU about 2.5x faster
-than float32 here; on CUDA too); master weights stay float32.
+Examples are bucketed by length into batches of about `batch_tokens` (padding included), so the
+heavy tail of long solutions does not pad every batch (padding is ~0.1 % of the slots: packing would
+buy nothing). Loss is on the response and its end-of-turn token only. bf16 autocast (on CPU about
+2.5x faster than float32 here; on CUDA too); master weights stay float32.
 
 Focus: a task may name the characters of a solution that carry the problem's hard step
-(`solution_focus(sample) -> [(start, end), ...]`, character spans of `solution(sample)`; the bootstrap's
-tokenizer is one token per character). Their tokens weigh `size.focus_weight` in the loss instead of 1
-(the loss is the weighted mean over the batch's labelled tokens). For `doubling` that is the first line's
-counter, a copy of k from the prompt: it is 2 tokens of a response that averages ~40, so an unweighted
-loss hardly sees it, and it was every error of the old recipe's policy we looked at (greedy, 4 <= k <= 25:
-31 wrong of 48, all 31 on that line; docs/task-and-bootstrap.md)."""
+(`solution_focus(sample) -> [(start, end), ...]`, character spans of `solution(sample)`; the
+bootstrap's tokenizer is one token per character). Their tokens weigh `size.focus_weight` in the
+loss instead of 1 (the loss is the weighted mean over the batch's labelled tokens). For `doubling`
+that is the first line's counter, a copy of k from the prompt: it is 2 tokens of a response that
+averages ~40, so an unweighted loss hardly sees it, and it was every error of the old recipe's
+policy we looked at (greedy, 4 <= k <= 25: 31 wrong of 48, all 31 on that line;
+docs/task-and-bootstrap.md)."""
 from __future__ import annotations
 
 import math
@@ -21,11 +23,13 @@ from pathlib import Path
 import torch
 
 
-def make_batches(task, tokenizer, size, seed: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """[(input_ids [B, T], labels [B, T], loss weights [B, T])] covering about `size.train_tokens`, in a
-    seeded order."""
+def make_batches(task, tokenizer, size,
+                 seed: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """[(input_ids [B, T], labels [B, T], loss weights [B, T])] covering about `size.train_tokens`,
+    in a seeded order."""
     if not callable(getattr(task, "solution", None)):
-        raise ValueError(f"task {task!r} has no solution(sample) method, which the bootstrap needs for SFT")
+        raise ValueError(f"task {task!r} has no solution(sample) method, which the "
+                         "bootstrap needs for SFT")
     examples, total, chunk = [], 0, 0
     while total < size.train_tokens:
         for sample in task.prompts("train", 1000, seed * 1000 + chunk):
@@ -33,7 +37,8 @@ def make_batches(task, tokenizer, size, seed: int) -> list[tuple[torch.Tensor, t
             response = tokenizer(task.solution(sample), add_special_tokens=False).input_ids
             ids = prompt + response + [tokenizer.eos_token_id]
             if len(ids) > size.context:
-                raise ValueError(f"a training example has {len(ids)} tokens, over the context of {size.context}")
+                raise ValueError(f"a training example has {len(ids)} tokens, over the context "
+                                 f"of {size.context}")
             examples.append((ids, len(prompt), _focus(task, sample, len(response))))
             total += len(ids)
         chunk += 1
@@ -43,7 +48,8 @@ def make_batches(task, tokenizer, size, seed: int) -> list[tuple[torch.Tensor, t
         end = start + 1
         while end < len(examples) and (end + 1 - start) * len(examples[end][0]) <= size.batch_tokens:
             end += 1
-        batches.append(_collate(examples[start:end], tokenizer.pad_token_id, getattr(size, "focus_weight", 1.0)))
+        batches.append(_collate(examples[start:end], tokenizer.pad_token_id,
+                                getattr(size, "focus_weight", 1.0)))
         start = end
     random.Random(seed).shuffle(batches)
     return batches
@@ -51,10 +57,12 @@ def make_batches(task, tokenizer, size, seed: int) -> list[tuple[torch.Tensor, t
 
 def _focus(task, sample: dict, n_response: int) -> list[tuple[int, int]]:
     """The task's focus spans of this solution, checked against the response's token count."""
-    spans = list(task.solution_focus(sample)) if callable(getattr(task, "solution_focus", None)) else []
+    spans = list(task.solution_focus(sample)) if callable(
+        getattr(task, "solution_focus", None)) else []
     for lo, hi in spans:
         if not 0 <= lo <= hi <= n_response:
-            raise ValueError(f"solution_focus span {(lo, hi)} is outside the solution's {n_response} tokens")
+            raise ValueError(f"solution_focus span {(lo, hi)} is outside the "
+                             f"solution's {n_response} tokens")
     return spans
 
 
@@ -73,11 +81,13 @@ def _collate(examples: list[tuple[list[int], int, list[tuple[int, int]]]], pad_i
     return input_ids, labels, weights
 
 
-def weighted_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy, weighted per label and averaged over the weights (labels -100 weigh 0)."""
+def weighted_loss(logits: torch.Tensor, labels: torch.Tensor,
+                  weights: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy, weighted per label and averaged over the weights (labels
+    -100 weigh 0)."""
     logits, labels, weights = logits[:, :-1].float(), labels[:, 1:], weights[:, 1:]
-    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                                            ignore_index=-100, reduction="none")
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                            labels.reshape(-1), ignore_index=-100, reduction="none")
     weights = weights.reshape(-1) * (labels.reshape(-1) != -100)
     return (nll * weights).sum() / weights.sum().clamp_min(1e-9)
 
@@ -86,15 +96,17 @@ def weighted_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Ten
 def reference_accuracy(model, tokenizer, task, samples: list[dict], batch_tokens: int = 4096,
                        per_prompt: bool = False) -> dict:
     """Accuracy without sampling, from one teacher-forced forward over each reference solution:
-    `expected` = the mean probability of sampling the reference at T = 1 (exp of minus its summed NLL),
-    `greedy` = the share whose every reference token is the argmax (greedy decoding reproduces it). Where
-    the reference is the only correct response (doubling: up to leading zeros in the box) `expected` is
-    the T = 1 accuracy's expectation, with no sampling noise; elsewhere it is a lower bound. `per_prompt`
-    adds each prompt's probability and greedy hit (`probs`, `greedy_hits`, in the samples' order)."""
+    `expected` = the mean probability of sampling the reference at T = 1 (exp of minus its summed
+    NLL), `greedy` = the share whose every reference token is the argmax (greedy decoding reproduces
+    it). Where the reference is the only correct response (doubling: up to leading zeros in the box)
+    `expected` is the T = 1 accuracy's expectation, with no sampling noise; elsewhere it is a lower
+    bound. `per_prompt` adds each prompt's probability and greedy hit (`probs`, `greedy_hits`, in
+    the samples' order)."""
     was_training = model.training
     model.eval()
     examples = [(tokenizer(s["prompt"], add_special_tokens=False).input_ids,
-                 tokenizer(task.solution(s), add_special_tokens=False).input_ids + [tokenizer.eos_token_id])
+                 tokenizer(task.solution(s),
+                           add_special_tokens=False).input_ids + [tokenizer.eos_token_id])
                 for s in samples]
     order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]) + len(examples[i][1]))
     probs, greedy = [0.0] * len(examples), [0.0] * len(examples)
@@ -105,10 +117,12 @@ def reference_accuracy(model, tokenizer, task, samples: list[dict], batch_tokens
         while end < len(order) and (end + 1 - start) * sum(map(len, examples[order[end]])) <= batch_tokens:
             end += 1
         batch = [(p + r, len(p), []) for p, r in (examples[i] for i in order[start:end])]
-        input_ids, labels, _ = _collate(batch, tokenizer.pad_token_id or 0)  # right padding: never attended
+        # right padding: never attended
+        input_ids, labels, _ = _collate(batch, tokenizer.pad_token_id or 0)
         logits = model(input_ids=input_ids.to(device)).logits[:, :-1].float()
         labels = labels[:, 1:].to(device)
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100,
+                                                reduction="none")
         hit = (logits.argmax(-1) == labels) | (labels == -100)
         for row, i in enumerate(order[start:end]):
             probs[i] = math.exp(-nll[row].sum().item())
@@ -118,34 +132,40 @@ def reference_accuracy(model, tokenizer, task, samples: list[dict], batch_tokens
     n = max(1, len(samples))
     mean = sum(probs) / n
     se = math.sqrt(sum((x - mean) ** 2 for x in probs) / max(1, n - 1) / n)
-    out = {"expected": round(mean, 4), "expected_se": round(se, 4), "greedy": round(sum(greedy) / n, 4),
-           "n": len(samples)}
+    out = {"expected": round(mean, 4), "expected_se": round(se, 4),
+           "greedy": round(sum(greedy) / n, 4), "n": len(samples)}
     return out | ({"probs": probs, "greedy_hits": greedy} if per_prompt else {})
 
 
 def lr_factor(step: int, total: int, warmup: float = 0.05, final: float = 0.1) -> float:
-    """Linear warmup over the first `warmup` of the steps, under a cosine from 1 at step 0 to `final` at
-    step `total` (warmup 0.05 and final 0.1: the version-1 recipe's schedule, exactly)."""
+    """Linear warmup over the first `warmup` of the steps, under a cosine from 1 at step 0 to
+    `final` at step `total` (warmup 0.05 and final 0.1: the version-1 recipe's
+    schedule, exactly)."""
     n_warm = max(1, int(total * warmup))
-    return min((step + 1) / n_warm, final + (1 - final) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total))))
+    return min((step + 1) / n_warm,
+               final + (1 - final) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total))))
 
 
 def build_model(tokenizer, size, seed: int):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    # Llama, not Qwen2: transformers 5 loads any qwen2 model's tokenizer as Qwen2Tokenizer (byte-level BPE),
-    # which would silently re-tokenize this character-level vocabulary; llama honours tokenizer.json.
+    # Llama, not Qwen2: transformers 5 loads any qwen2 model's tokenizer as Qwen2Tokenizer
+    # (byte-level BPE), which would silently re-tokenize this character-level vocabulary; llama
+    # honours tokenizer.json.
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=size.hidden, num_hidden_layers=size.layers,
-        num_attention_heads=size.heads, num_key_value_heads=size.kv_heads, intermediate_size=size.intermediate,
-        max_position_embeddings=size.context, tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
+        num_attention_heads=size.heads, num_key_value_heads=size.kv_heads,
+        intermediate_size=size.intermediate, max_position_embeddings=size.context,
+        tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
-def train_policy(out: Path, task, size, seed: int = 0, progress: bool = True, device: str = "cpu") -> dict:
-    """Train a policy for `task` on `device` and save model + tokenizer to `out`; returns training stats."""
+def train_policy(out: Path, task, size, seed: int = 0, progress: bool = True,
+                 device: str = "cpu") -> dict:
+    """Train a policy for `task` on `device` and save model + tokenizer to `out`; returns
+    training stats."""
     from tqdm import tqdm
 
     from gleanrl.trainer.tasks.chartok import build_char_tokenizer
@@ -155,8 +175,10 @@ def train_policy(out: Path, task, size, seed: int = 0, progress: bool = True, de
     model = build_model(tokenizer, size, seed).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=size.lr, betas=(0.9, 0.98), weight_decay=0.01)
     warmup, final = getattr(size, "warmup", 0.05), getattr(size, "final_lr", 0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: lr_factor(i, len(batches), warmup, final))
-    bar = tqdm(batches, desc=f"bootstrap {size.hidden}x{size.layers}", unit="step", disable=not progress)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt,
+                                              lambda i: lr_factor(i, len(batches), warmup, final))
+    bar = tqdm(batches, desc=f"bootstrap {size.hidden}x{size.layers}", unit="step",
+               disable=not progress)
     ema, curve = None, []
     for step, (input_ids, labels, weights) in enumerate(bar):
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=size.bf16):
@@ -173,11 +195,13 @@ def train_policy(out: Path, task, size, seed: int = 0, progress: bool = True, de
             curve.append([step + 1, round(ema, 5)])
     model.eval()
     # the demo's held-out prompts (test split, seed 0, 192): reported, never trained or tuned on
-    heldout = reference_accuracy(model, tokenizer, task, task.prompts("test", 192, 0), size.batch_tokens)
+    heldout = reference_accuracy(model, tokenizer, task, task.prompts("test", 192, 0),
+                                 size.batch_tokens)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return {"parameters": sum(p.numel() for p in model.parameters()), "steps": len(batches),
-            "train_tokens": int(sum(b[0].numel() for b in batches)), "final_loss": round(ema or 0.0, 5),
-            "heldout_reference_accuracy": heldout, "loss_curve": curve}
+            "train_tokens": int(sum(b[0].numel() for b in batches)),
+            "final_loss": round(ema or 0.0, 5), "heldout_reference_accuracy": heldout,
+            "loss_curve": curve}
