@@ -231,6 +231,7 @@ def reference_gain(initial: Path, final: Path, task, prompts: list[dict]) -> dic
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from gleanrl.trainer.metrics import mean_se
     from gleanrl.trainer.tasks.sft import reference_accuracy
 
     tokenizer = AutoTokenizer.from_pretrained(initial)
@@ -239,9 +240,7 @@ def reference_gain(initial: Path, final: Path, task, prompts: list[dict]) -> dic
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         probs.append(reference_accuracy(model, tokenizer, task, prompts, per_prompt=True)["probs"])
     n = len(prompts)
-    diff = [b - a for a, b in zip(*probs)]
-    gain = sum(diff) / n
-    se = (sum((d - gain) ** 2 for d in diff) / max(1, n - 1) / n) ** 0.5
+    gain, se = mean_se([b - a for a, b in zip(*probs)])
     return {"n": n, "initial": sum(probs[0]) / n, "final": sum(probs[1]) / n, "gain": gain,
             "gain_se": se}
 

@@ -27,15 +27,21 @@ BUCKETS = {"k<=3": (0, 3), "4<=k<=17": (4, 17), "k>17": (18, 99)}
 
 def paired(a: list[float], b: list[float]) -> dict:
     """Mean of b - a prompt by prompt, its se over prompts and z."""
-    diff = [y - x for x, y in zip(a, b)]
-    n = len(diff)
+    from gleanrl.trainer.metrics import mean_se
+
+    n = len(a)
     if n < 2:
         return {"n": n, "initial": math.nan, "final": math.nan, "gain": math.nan, "se": math.nan,
                 "z": math.nan}
-    gain = sum(diff) / n
-    se = math.sqrt(sum((d - gain) ** 2 for d in diff) / (n - 1) / n)
+    gain, se = mean_se([y - x for x, y in zip(a, b)])
     return {"n": n, "initial": sum(a) / n, "final": sum(b) / n, "gain": gain, "se": se,
             "z": gain / se if se else math.nan}
+
+
+def by_k(a: list[float], b: list[float], samples: list[dict], lo: int, hi: int):
+    """The entries of a and b whose problem has lo <= k <= hi doublings."""
+    keep = [i for i, s in enumerate(samples) if lo <= s["steps"] <= hi]
+    return [a[i] for i in keep], [b[i] for i in keep]
 
 
 def show(name: str, g: dict, digits: int = 4) -> str:
@@ -102,9 +108,7 @@ def main() -> None:
                "shape": f"{cfg['prompts_per_step']}x{cfg['samples_per_prompt']}",
                "batch_reward": sum(rewards) / max(1, len(rewards)),
                "batch_reward_2nd_half": sum(half) / max(1, len(half)), "dev": paired(a, b),
-               "dev_by_k": {name: paired(*zip(*[(x, y) for x, y, s in zip(a, b, dev)
-                                                if lo <= s["steps"] <= hi]))
-                            if any(lo <= s["steps"] <= hi for s in dev) else paired([], [])
+               "dev_by_k": {name: paired(*by_k(a, b, dev, lo, hi))
                             for name, (lo, hi) in BUCKETS.items()}}
         line = (f"{run}: seed {cfg['seed']} step {step} {out['shape']} lr {cfg['lr']:g} "
                 f"nw {cfg['negative_weight']:g} kl {cfg['kl_coef']:g} | batch reward {out['batch_reward']:.3f} "

@@ -100,8 +100,8 @@ def measure_arm(url: str, args: argparse.Namespace, prompts: list[list[int]],
     iteration = {}
     for b in buckets:
         ids = [prompts[i % len(prompts)] for i in range(b)]
-        t1 = min(timed_requests(url, ids, [_fixed(1)] * b)[0] for _ in range(2))
-        tl = min(timed_requests(url, ids, [_fixed(args.bucket_tokens)] * b)[0] for _ in range(2))
+        t1, tl = (min(timed_requests(url, ids, [_fixed(n)] * b)[0] for _ in range(2))  # best of 2
+                  for n in (1, args.bucket_tokens))
         iteration[b] = round(max(tl - t1, 0.0) / (args.bucket_tokens - 1) * 1e3, 2)
     return {"single_tok_s": round(single, 1), "grpo": grpo, "iteration_ms": iteration}
 

@@ -116,9 +116,9 @@ class GroupIndex:
         self.config = config or GroupIndexConfig()
         self.groups: dict[bytes, _Group] = {}
         self.tokens = 0                                      # output tokens of live samples
-        # eviction order: finished first,
+        # eviction order: finished first, then running, oldest first
         self._finished: OrderedDict[Sample, None] = OrderedDict()
-        self._running: OrderedDict[Sample, None] = OrderedDict()    # then running, oldest first
+        self._running: OrderedDict[Sample, None] = OrderedDict()
         self._versions: list[str] = []
         self._live: dict[int, Sample] = {}                   # uid -> live sample
         self._uids = itertools.count()
