@@ -12,9 +12,14 @@ checkpoints only). Nothing in `harvest` knows a server: the trainer or the calle
 in. A push that raises leaves the serving version as it was; inside training it is recorded in
 `history` and training goes on (RL must not stop for it).
 
-A candidate is pushed only if its expected acceptance length on held-out harvested samples of the
-newest policy versions beats the serving drafter's on the same samples (speculative sampling at T=1
-by default, `accept_mode`); versions increase by one per push. Samples are trained on and scored in
+A candidate is pushed only if its expected acceptance length on held-out prompts of the newest
+policy versions (prompts never trained on: the spool holds out by prompt) beats the serving
+drafter's on the same samples significantly: a paired test clustered by prompt whose lower bound
+clears `min_gain` (`harvest.push_rule`), with at least `min_holdout_prompts` prompts and
+`min_holdout_samples` samples. At most one push a step: a candidate that wins inside the step's idle
+window waits for the step boundary (`new_step()`, or a `maybe_push()` between steps), unless its
+lower bound clears `mid_step_gain`, a margin that pays for a swap while rollouts run. Versions
+increase by one per push. Samples are trained on and scored in
 windows of `max_tokens`: attention cost grows with the square of the length, and a long-tail rollout
 in a batch would otherwise make one micro-step take seconds, leaving the idle window almost no
 steps. Pushed drafters go to `versions_dir/v000007` (EAGLE-3 format, atomic; a refused one is
@@ -40,6 +45,7 @@ from gleanrl.harvest.acceptance import acceptance_sums
 from gleanrl.harvest.capture import Sample, capture
 from gleanrl.harvest.checkpoint import load_drafter, save_drafter
 from gleanrl.harvest.idle import IdleReport, IdleWindow, Waiting, run_window
+from gleanrl.harvest.push_rule import Verdict, paired_verdict
 from gleanrl.harvest.spool import Spool, SpoolConfig
 from gleanrl.harvest.train_step import bf16_fast, make_optimizer, train_step
 
@@ -64,10 +70,15 @@ class HarvestConfig:
                                          # unwanted compute)
     push_every: int = 25                 # micro-steps between score-and-push attempts in a
                                          # window; 0: never
-    min_gain: float = 0.0                # acceptance length the candidate must gain over the
-                                         # serving drafter
-    max_holdout: int = 32                # held-out samples scored per attempt (newest first)
-    holdout_versions: int = 2            # ...from this many newest policy versions (1: the
+    min_gain: float = 0.02               # tokens per verify pass the gain's lower bound must
+                                         # clear (harvest.push_rule)
+    mid_step_gain: float = 0.3           # ...to push inside a step (a swap while rollouts run);
+                                         # else at the step boundary
+    confidence_z: float = 2.0            # the lower bound: gain - t(z, prompts - 1) * se
+    min_holdout_prompts: int = 4         # held-out prompts a push attempt needs
+    min_holdout_samples: int = 8         # held-out samples a push attempt needs
+    max_holdout: int = 48                # held-out samples scored per attempt (newest first)
+    holdout_versions: int = 4            # ...from this many newest policy versions (1: the
                                          # current one only)
     keep_versions: int = 3               # pushed checkpoints kept on disk
     aux_dtype: str = "float32"           # spool storage of aux hidden states: float32 |
@@ -80,11 +91,17 @@ class HarvestConfig:
 
     def __post_init__(self) -> None:
         for name in ("topk", "batch_size", "ttt_length", "max_holdout", "holdout_versions",
-                     "keep_versions"):
+                     "keep_versions", "min_holdout_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0 or self.push_every < 0 or self.min_gain < 0:
-            raise ValueError("lr must be > 0, push_every and min_gain >= 0")
+        if self.lr <= 0 or self.push_every < 0 or self.min_gain < 0 or self.confidence_z < 0:
+            raise ValueError("lr must be > 0, push_every, min_gain and confidence_z >= 0")
+        if self.mid_step_gain < self.min_gain:
+            raise ValueError(f"mid_step_gain must be >= min_gain ({self.min_gain}), "
+                             f"got {self.mid_step_gain}")
+        if self.min_holdout_prompts < 2:
+            raise ValueError("min_holdout_prompts must be >= 2 (a standard error needs two), "
+                             f"got {self.min_holdout_prompts}")
         if not 0 <= self.idle_nice <= 19:
             raise ValueError(f"idle_nice must be in [0, 19], got {self.idle_nice}")
         if self.max_tokens < 0 or self.max_tokens in (1, 2):
@@ -126,8 +143,11 @@ class Harvester:
         self.steps, self.last_metrics, self.idle = 0, {}, IdleReport()
         # set while an idle window is closing
         self._since_push, self._closing = 0, threading.Event()
-        # one row per push attempt: version, candidate, serving, pushed
+        # one row per push attempt: version, the verdict's figures, when, pushed
         self.history: list[dict] = []
+        # a candidate that won inside a step: (its weights, verdict), pushed at the boundary
+        self._pending: tuple[dict, Verdict] | None = None
+        self._pushed_this_step = False
 
     @property
     def target(self) -> torch.nn.Module:
@@ -182,7 +202,8 @@ class Harvester:
             # a push is not started once the window is closing: it waits for the next
             self._since_push = 0
             try:
-                if self.maybe_push(stop=self._closing.is_set) is None and self._closing.is_set():
+                if self.maybe_push(stop=self._closing.is_set,
+                                   boundary=False) is None and self._closing.is_set():
                     # abandoned as the window closed: retry in the next
                     self._since_push = self.cfg.push_every
             except Exception as exc:
@@ -226,6 +247,14 @@ class Harvester:
 
     def _score(self, drafter: torch.nn.Module | None, held: list,
                stop: Callable[[], bool] | None) -> float | None:
+        sums = self._sums(drafter, held, stop)
+        if sums is None:
+            return None
+        return sum(s for s, _ in sums) / max(sum(c for _, c in sums), 1)
+
+    def _sums(self, drafter: torch.nn.Module | None, held: list,
+              stop: Callable[[], bool] | None) -> list[tuple[float, int]] | None:
+        """Per held-out sample (sum of accept lengths, slots); None if none, or stopped."""
         if not held:
             return None
         with self._lock:
@@ -239,34 +268,66 @@ class Harvester:
                 sums = acceptance_sums(drafter, [it.window(self.cfg.max_tokens) for it in chunk],
                                        k=self.cfg.ttt_length, mode=self.cfg.accept_mode)
                 cache.update({it.seq: s for it, s in zip(chunk, sums)})
-            pooled = [cache[it.seq] for it in held]
-        return sum(s for s, _ in pooled) / max(sum(c for _, c in pooled), 1)
+            return [cache[it.seq] for it in held]
 
-    def maybe_push(self, stop: Callable[[], bool] | None = None) -> int | None:
-        """Push the trained drafter if it beats the serving one on held-out data; the new version or
-        None. `stop()` turning true before the push starts abandons the attempt (a closing
-        idle window)."""
+    def maybe_push(self, stop: Callable[[], bool] | None = None,
+                   boundary: bool = True) -> int | None:
+        """Score the trained drafter against the serving one on the same held-out samples and push
+        it if it wins significantly (`harvest.push_rule`); the new version or None. `boundary`:
+        called between steps (a caller's loop; it starts a new step's push budget), else inside a
+        step (the idle window): one push a step, and a winner below `mid_step_gain` waits for
+        `new_step()`. `stop()` turning true before the push starts abandons the attempt."""
         with self._lock:
+            if boundary:
+                self._pushed_this_step, self._pending = False, None
+            elif self._pushed_this_step:
+                return None
             held = self._held()  # both on the same samples, whatever is harvested meanwhile
-            candidate, serving = self._score(self.drafter, held, stop), self._score(self.serving, held, stop)
-            if stop is not None and stop():
+            candidate = self._sums(self.drafter, held, stop)
+            serving = self._sums(self.serving, held, stop)
+            if stop is not None and stop() or candidate is None or serving is None:
                 return None
-            if candidate is None or candidate <= serving + self.cfg.min_gain:
-                self.history.append({"version": self.version, "candidate": candidate,
-                                     "serving": serving, "pushed": False})
+            verdict = paired_verdict(candidate, serving, [it.prompt for it in held],
+                                     self.cfg.confidence_z)
+            cfg = self.cfg
+            row = {"version": self.version, "when": "boundary" if boundary else "mid_step",
+                   **(verdict.row() if verdict else {})}
+            if verdict is None or verdict.prompts < cfg.min_holdout_prompts \
+                    or verdict.samples < cfg.min_holdout_samples or verdict.lower <= cfg.min_gain:
+                self.history.append(row | {"pushed": False})
                 return None
-            version = self.version + 1
-            path = save_drafter(self.drafter, self.versions_dir / f"v{version:06d}")
-            try:
-                self.push_checkpoint(str(path), version)
-            except BaseException:
-                # version and serving copy stay; no unpushed version is left to resume from
-                shutil.rmtree(path, ignore_errors=True)
-                raise
-            self.version, self.serving = version, copy.deepcopy(self.drafter)
-            self._serving_scores = {}
-            self.history.append({"version": version, "candidate": candidate, "serving": serving,
-                                 "pushed": True})
+            if not boundary and verdict.lower <= cfg.mid_step_gain:
+                if self._pending is None or verdict.lower > self._pending[1].lower:
+                    self._pending = (copy.deepcopy(self.drafter.state_dict()), verdict)
+                self.history.append(row | {"pushed": False, "pending": True})
+                return None
+            return self._push(self.drafter, row)
+
+    def new_step(self) -> int | None:
+        """The step boundary: push the best candidate that won inside the last step (no rescoring;
+        it won on held-out data already); the new version or None. Starts the step's push
+        budget."""
+        with self._lock:
+            pending, self._pending, self._pushed_this_step = self._pending, None, False
+            if pending is None:
+                return None
+            drafter = copy.deepcopy(self.serving)
+            drafter.load_state_dict(pending[0])
+            return self._push(drafter, {"version": self.version, "when": "boundary",
+                                        **pending[1].row()})
+
+    def _push(self, drafter: torch.nn.Module, row: dict) -> int:
+        version = self.version + 1
+        path = save_drafter(drafter, self.versions_dir / f"v{version:06d}")
+        try:
+            self.push_checkpoint(str(path), version)
+        except BaseException:
+            # version and serving copy stay; no unpushed version is left to resume from
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        self.version, self.serving = version, copy.deepcopy(drafter)
+        self._serving_scores, self._pushed_this_step = {}, True
+        self.history.append(row | {"version": version, "pushed": True})
         self._prune()
         return version
 

@@ -53,7 +53,7 @@ import torch
 from gleanrl.harvest.atomic import atomic_file
 from gleanrl.harvest.capture import Sample, UpdateCapture
 from gleanrl.harvest.harvester import HarvestConfig, Harvester
-from gleanrl.harvest.idle import IdleWindow
+from gleanrl.harvest.idle import IdleWindow, busy_step
 from gleanrl.harvest.spool import SpoolConfig
 
 # in the run's harvest root, next to spool/ and drafter_versions/
@@ -118,6 +118,10 @@ class HarvestHooks:
                       file=sys.stderr)
         self._repush = False
 
+    def scheduling_probe(self) -> IdleWindow:
+        """The harvester's kind of compute at its priority (`idle_nice`), for the start-up check."""
+        return IdleWindow(busy_step(), nice=self.h.cfg.idle_nice, name="gleanrl-probe")
+
     def state_dict(self) -> dict:
         ready = [(s.input_ids[~s.loss_mask].tolist(), s.input_ids[s.loss_mask].tolist())
                  for s, _ in self._ready]
@@ -141,6 +145,12 @@ class HarvestHooks:
         self._start = (self.captured, self.h.steps, self.h.version, len(self.h.history),
                        self.dropped, self.update_captured)
         self._capture_s0 = self.capture_s
+        # the boundary (counted in this step): no rollout runs, so a swap costs nothing
+        try:
+            self.h.new_step()
+        except Exception as exc:  # whatever the push raises: the server keeps its drafter
+            self.h.history.append({"version": self.h.version, "pushed": False,
+                                   "error": f"{type(exc).__name__}: {exc}"})
 
     def on_rollout_finished(self, rollout: Any) -> None:
         with self._lock:
@@ -248,6 +258,9 @@ class HarvestHooks:
                 "harvest_errors": self.errors, "drafter_version": self.h.version,
                 "drafter_pushes": self.h.version - version0, "drafter_push_attempts": len(attempts),
                 "candidate_accept_len": attempts[-1].get("candidate") if attempts else None,
+                # each push's measured paired gain (tokens per verify pass) and its lower bound
+                "push_gains": [(round(a["gain"], 4), round(a["gain_lower"], 4))
+                               for a in attempts if a.get("pushed")],
                 "heldout_accept_len": serving,
                 "spool_tokens": self.h.spool.mem_tokens,
                 "sd_token_share": self._tokens[1] / max(self._tokens[0], 1)}

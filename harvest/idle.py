@@ -114,3 +114,20 @@ class IdleWindow:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def busy_step(size: int = 384, chain: int = 8) -> Callable[[], bool]:
+    """A micro-step of the drafter's kind of compute (dense float32 matmuls on the process's torch
+    threads) for `IdleWindow`: what a scheduling check runs beside the rollouts."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(size, size, generator=gen), torch.randn(size, size, generator=gen) / size
+
+    def step() -> bool:
+        x = a
+        for _ in range(chain):
+            x = x @ b
+        return True
+
+    return step

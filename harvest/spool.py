@@ -4,12 +4,17 @@ A sample is one finished rollout's capture: a dict of tensors whose first dimens
 axis (`input_ids` [T], `aux_hidden` [T, 3H], soft labels [T, k], ...) and the policy version that
 produced it. Each sample is its own safetensors shard, written atomically, so eviction and
 `--resume` work per sample. Memory holds the newest samples within its token/byte limits; disk holds
-the newest within its own; the oldest go first. Every `holdout_every`-th sample is held out for
-scoring drafters, never trained on. Training draws weight a sample by `version_decay **
-(newest_version - its_version)`.
+the newest within its own; the oldest go first. Samples are held out for scoring drafters, never
+trained on, by prompt: one prompt in `holdout_every` (by a hash of its token ids) is held out with
+every sample of it, now and in later steps. Held out by arrival, a GRPO sibling of a trained sample
+(on a deterministic task often the very same text) would be scored, and a drafter that memorised
+the training samples would win. `SpoolItem.prompt` is that hash: the cluster a paired test of two
+drafters groups by. Training draws weight a sample by `version_decay ** (newest_version -
+its_version)`.
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -29,7 +34,7 @@ class SpoolConfig:
     max_disk_tokens: int = 2_000_000
     max_disk_bytes: int = 4 << 30
     version_decay: float = 0.5       # weight per policy version behind the newest; 1.0 = uniform
-    holdout_every: int = 8           # every n-th sample is held out; 0 = none
+    holdout_every: int = 8           # one prompt in n is held out, all its samples; 0 = none
 
     def __post_init__(self) -> None:
         for name in ("max_mem_tokens", "max_mem_bytes", "max_disk_tokens", "max_disk_bytes"):
@@ -47,6 +52,7 @@ class SpoolItem:
     policy_version: int
     holdout: bool
     tensors: dict[str, torch.Tensor]
+    prompt: int = 0                   # hash of the prompt's token ids (prompt_key)
 
     @property
     def tokens(self) -> int:
@@ -72,6 +78,15 @@ class SpoolItem:
         gen = generator or torch.Generator().manual_seed(self.seq)
         start = int(torch.randint(lo, hi + 1, (), generator=gen))
         return {k: v[start:start + max_tokens] for k, v in self.tensors.items()}
+
+
+def prompt_key(tensors: dict[str, torch.Tensor]) -> int:
+    """A stable 63-bit hash of the sample's prompt tokens (those outside `loss_mask`; all of them
+    without one): the same prompt gives the same key in every step and process."""
+    ids, mask = tensors["input_ids"], tensors.get("loss_mask")
+    prompt = ids[~mask.bool()] if mask is not None else ids
+    digest = hashlib.blake2b(prompt.to(torch.int64).numpy().tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 class Spool:
@@ -104,11 +119,13 @@ class Spool:
         with self._lock:
             seq = self._next_seq
             self._next_seq += 1
-            holdout = self.cfg.holdout_every > 0 and seq % self.cfg.holdout_every == 0
-            item = SpoolItem(seq, int(policy_version), holdout, tensors)
+            key = prompt_key(tensors)
+            holdout = self.cfg.holdout_every > 0 and key % self.cfg.holdout_every == 0
+            item = SpoolItem(seq, int(policy_version), holdout, tensors, key)
             if self.dir is not None:
                 path = self.dir / f"{seq:010d}.safetensors"
-                meta = {"policy_version": str(item.policy_version), "holdout": str(int(holdout))}
+                meta = {"policy_version": str(item.policy_version), "holdout": str(int(holdout)),
+                        "prompt": str(key)}
                 with atomic_file(path) as f:
                     f.write(save(tensors, metadata=meta))
                 self._index_disk(seq, path, item.tokens)
@@ -150,8 +167,10 @@ class Spool:
         for seq, (path, tokens, _) in reversed(self._disk.items()):
             with safe_open(path, "pt") as f:
                 meta = f.metadata() or {}
+            tensors = load_file(path)
+            key = int(meta["prompt"]) if "prompt" in meta else prompt_key(tensors)
             item = SpoolItem(seq, int(meta.get("policy_version", 0)), meta.get("holdout") == "1",
-                             load_file(path))
+                             tensors, key)
             budget_tokens, budget_bytes = budget_tokens + tokens, budget_bytes + item.nbytes
             if newest and (budget_tokens > self.cfg.max_mem_tokens
                            or budget_bytes > self.cfg.max_mem_bytes):

@@ -32,8 +32,8 @@ def setup(tiny_qwen2, tmp_path_factory):
 
 def _cfg(**kw) -> HarvestConfig:
     # greedy rollouts
-    return HarvestConfig(batch_size=4, lr=3e-3, push_every=0, topk=8, accept_mode="greedy",
-                         spool=SpoolConfig(holdout_every=4), **kw)
+    return HarvestConfig(**{"batch_size": 4, "lr": 3e-3, "push_every": 0, "topk": 8,
+                            "accept_mode": "greedy", "spool": SpoolConfig(holdout_every=4)} | kw)
 
 
 def test_acceptance_rises_push_gated_versions_monotonic_and_resume(setup, tmp_path):
@@ -74,8 +74,11 @@ def test_refused_push_keeps_serving_version(setup, tmp_path):
     def refuse(path, version):
         raise RuntimeError("server says no")
 
-    h = Harvester(target, root / "init_drafter", tmp_path / "spool", push=refuse, cfg=_cfg())
-    for prompt, out in rollouts[:8]:
+    # no margin, no confidence: every attempt that gains pushes at once, and is refused
+    h = Harvester(target, root / "init_drafter", tmp_path / "spool", push=refuse,
+                  cfg=_cfg(min_gain=0.0, mid_step_gain=0.0, confidence_z=0.0,
+                           min_holdout_prompts=2, min_holdout_samples=2))
+    for prompt, out in rollouts[:24]:
         h.add_rollout(prompt, out, policy_version=3)
     h.train_while(lambda: True, max_steps=30)
     with pytest.raises(RuntimeError, match="says no"):
@@ -126,7 +129,7 @@ def test_push_attempt_abandoned_when_the_window_closes(setup, tmp_path):
     root, target, rollouts = setup
     pushed: list[int] = []
     h = Harvester(target, root / "init_drafter", None, push=lambda p, v: pushed.append(v),
-                  cfg=_cfg())
+                  cfg=_cfg(confidence_z=0.0, min_holdout_prompts=2, min_holdout_samples=2))
     for prompt, out in rollouts[:16]:
         h.add_rollout(prompt, out, target)
     h.train_while(lambda: True, max_steps=30)
@@ -140,3 +143,66 @@ def test_push_attempt_abandoned_when_the_window_closes(setup, tmp_path):
     h._closing.set()
     h.train_micro_step()
     assert len(h.history) == 1 and h._since_push >= 1
+
+
+def _grouped(setup, prompts: int, group: int):
+    """GRPO-shaped rollouts: `group` identical greedy samples of each prompt."""
+    _, _, rollouts = setup
+    return [r for r in rollouts[:prompts] for _ in range(group)]
+
+
+def test_holdout_is_by_prompt_so_siblings_of_trained_samples_are_never_scored(setup, tmp_path):
+    root, target, _ = setup
+    h = Harvester(target, root / "init_drafter", None, cfg=_cfg())
+    for prompt, out in _grouped(setup, 32, 4):
+        h.add_rollout(prompt, out, target)
+    items = list(h.spool._mem.values())
+    held = {it.prompt for it in items if it.holdout}
+    trained = {it.prompt for it in items if not it.holdout}
+    assert held and trained and not held & trained
+    # every sample of a held-out prompt is held out: whole groups
+    assert all(sum(it.prompt == key for it in items) == 4 for key in held)
+
+
+def test_one_push_a_step_and_a_mid_step_winner_waits_for_the_boundary(setup, tmp_path):
+    root, target, rollouts = setup
+    pushed: list[int] = []
+    cfg = _cfg(push_every=5, min_holdout_prompts=2, min_holdout_samples=2, mid_step_gain=100.0)
+    h = Harvester(target, root / "init_drafter", None, push=lambda p, v: pushed.append(v),
+                  cfg=cfg)
+    for prompt, out in rollouts:
+        h.add_rollout(prompt, out, target)
+    h.train_while(lambda: True, max_steps=40)  # inside a step: winners below the margin wait
+    waiting = [a for a in h.history if a.get("pending")]
+    assert pushed == [] and waiting and all(a["gain_lower"] > cfg.min_gain for a in waiting)
+    assert h.new_step() == 1 and pushed == [1]  # the boundary pushes the best of them
+    assert h.history[-1]["when"] == "boundary" and h.history[-1]["pushed"]
+    assert h.new_step() is None  # nothing waits any more
+
+    # any gain now pushes at once, but once a step: 12 attempts, one push
+    h.cfg.mid_step_gain = h.cfg.min_gain = h.cfg.confidence_z = 0.0
+    attempts = len(h.history)
+    h.train_while(lambda: True, max_steps=60)
+    assert pushed == [1, 2]
+    after = h.history[attempts:]
+    assert [a["version"] for a in after if a.get("pushed")] == [2] and after[-1]["pushed"]
+
+
+def test_no_push_without_a_significant_paired_gain(setup, tmp_path):
+    root, target, _ = setup
+    pushed: list[int] = []
+    h = Harvester(target, root / "init_drafter", None, push=lambda p, v: pushed.append(v),
+                  cfg=_cfg(min_holdout_prompts=2, min_holdout_samples=2))
+    for prompt, out in _grouped(setup, 48, 2):
+        h.add_rollout(prompt, out, target)
+    with torch.no_grad():  # a candidate that differs from the serving drafter by noise alone
+        for p in h.drafter.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 1e-4)
+    assert h.maybe_push() is None and pushed == []
+    row = h.history[-1]
+    assert not row["pushed"] and row["gain_lower"] <= h.cfg.min_gain
+    assert row["prompts"] == len({it.prompt for it in h._held()})
+    # too few held-out prompts: no push, however large the gain
+    h.cfg.min_holdout_prompts = row["prompts"] + 1
+    h.train_while(lambda: True, max_steps=50)
+    assert h.maybe_push() is None and pushed == []

@@ -8,8 +8,9 @@ import torch
 from gleanrl.harvest.spool import Spool, SpoolConfig
 
 
-def _sample(tokens: int, width: int = 6, fill: float = 0.0) -> dict[str, torch.Tensor]:
-    return {"input_ids": torch.arange(tokens),
+def _sample(tokens: int, width: int = 6, fill: float = 0.0,
+            prompt: int = 0) -> dict[str, torch.Tensor]:
+    return {"input_ids": torch.arange(tokens) + 1000 * prompt,
             "aux_hidden": torch.full((tokens, width), float(fill))}
 
 
@@ -49,7 +50,7 @@ def test_disk_token_bound_and_no_temp_files(tmp_path):
 def test_resume_keeps_spool(tmp_path):
     spool = Spool(tmp_path, SpoolConfig(holdout_every=3))
     for i in range(7):
-        spool.add(_sample(5 + i, fill=float(i)), policy_version=i // 2)
+        spool.add(_sample(5, fill=float(i), prompt=i), policy_version=i // 2)
     before = {it.seq: it for it in spool._mem.values()}
     resumed = Spool(tmp_path, SpoolConfig(holdout_every=3))
     assert len(resumed) == len(spool) == 7 and resumed.newest_version == 3
@@ -58,7 +59,10 @@ def test_resume_keeps_spool(tmp_path):
         for name, t in item.tensors.items():
             assert torch.equal(t, before[seq].tensors[name])
     assert resumed.add(_sample(4), policy_version=4).seq == 7  # numbering continues
-    assert [it.seq for it in resumed.holdout(policy_version=0)] == [0]
+    assert [it.seq for it in resumed.holdout(policy_version=0)] == \
+        [it.seq for it in spool.holdout(policy_version=0)]
+    assert [it.prompt for it in resumed._mem.values()][:7] == \
+        [it.prompt for it in before.values()]
 
 
 def test_resume_respects_memory_limit(tmp_path):
@@ -71,10 +75,14 @@ def test_resume_respects_memory_limit(tmp_path):
 
 def test_holdout_split_is_never_sampled():
     spool = Spool(None, SpoolConfig(holdout_every=4))
-    for i in range(12):
-        spool.add(_sample(3), policy_version=i // 6)
+    for i in range(48):  # 24 prompts, 2 samples each, policy versions 0 and 1
+        spool.add(_sample(3, prompt=i // 2), policy_version=i // 24)
+    items = list(spool._mem.values())
+    held_prompts = {it.prompt for it in items if it.holdout}
+    assert held_prompts and held_prompts == {it.prompt for it in items if it.prompt % 4 == 0}
+    assert all(it.holdout == (it.prompt in held_prompts) for it in items)  # whole groups
     held = spool.holdout()
-    assert [it.seq for it in held] == [8] and all(it.policy_version == 1 for it in held)
+    assert held and all(it.policy_version == 1 and it.holdout for it in held)
     drawn = spool.sample(300, torch.Generator().manual_seed(1))
     assert not any(it.holdout for it in drawn)
 
@@ -118,9 +126,9 @@ def test_running_totals_match_contents(tmp_path):
 
 def test_holdout_spans_the_newest_versions():
     spool = Spool(None, SpoolConfig(holdout_every=2))
-    for i in range(12):
-        # held out: seq 0, 2 (v0), 4, 6 (v1), 8, 10 (v2)
-        spool.add(_sample(3), policy_version=i // 4)
-    assert [it.seq for it in spool.holdout()] == [8, 10]
-    assert [it.seq for it in spool.holdout(versions=2)] == [4, 6, 8, 10]
-    assert [it.seq for it in spool.holdout(policy_version=0, versions=3)] == [0, 2]
+    for i in range(12):  # one held-out prompt (4) per version: seq 0, 4 (v0), 8 (v1), 12 (v2)
+        spool.add(_sample(3, prompt=4 if i % 4 == 0 else 1), policy_version=i // 4)
+    spool.add(_sample(3, prompt=4), policy_version=2)
+    assert [it.seq for it in spool.holdout()] == [8, 12]
+    assert [it.seq for it in spool.holdout(versions=2)] == [4, 8, 12]
+    assert [it.seq for it in spool.holdout(policy_version=0, versions=3)] == [0]

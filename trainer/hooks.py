@@ -10,6 +10,9 @@ In the order the loop calls them:
 - `load_state_dict(state)`: on resume, the `state_dict()` saved with the checkpoint resumed from.
 - `bind_push(push)`: once the servers serve the loop's weights; `push(path, version)` sends a
   drafter to the loop's servers.
+- `scheduling_probe()`: with `harvests`, once at the start: a context in which the harvester's kind
+  of compute runs at its priority, so the loop can time the server with and without it
+  (`trainer.sched_check`).
 - `on_step_start(step, model)`: before the step's rollouts; `model` is the policy that samples them.
 - `idle_window()`: entered while rollouts are in flight, left before the policy update.
 - `on_rollout_finished(rollout)`: in the event loop as each rollout finishes (keep it short).
@@ -33,6 +36,7 @@ class RolloutHooks(Protocol):
 
     def load_state_dict(self, state: dict) -> None: ...
     def bind_push(self, push: Callable[[str, int], None]) -> None: ...
+    def scheduling_probe(self) -> contextlib.AbstractContextManager: ...
     def on_step_start(self, step: int, model: Any) -> None: ...
     def idle_window(self) -> contextlib.AbstractContextManager: ...
     def on_rollout_finished(self, rollout: Rollout) -> None: ...
@@ -51,6 +55,9 @@ class NoHooks:
 
     def bind_push(self, push: Callable[[str, int], None]) -> None:
         pass
+
+    def scheduling_probe(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
 
     def on_step_start(self, step: int, model: Any) -> None:
         pass

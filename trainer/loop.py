@@ -115,6 +115,7 @@ async def _loop(run: Run, start: int) -> dict:
             first = {"step": 0, "weight_version": "0", **await run.evaluate(0)}
             run.metrics.log(first, echo=run.log)
         hooks.bind_push(DrafterPush.for_client(run.client))  # drafters go to the same servers
+        sched = await run.check_scheduling() if hooks.harvests and start == 0 else {}
         for step in range(start + 1, cfg.steps + 1):
             rollouts = make_rollouts(cfg, task, policy.tokenizer, step)
             hooks.on_step_start(step, policy.model)
@@ -132,7 +133,7 @@ async def _loop(run: Run, start: int) -> dict:
                    "rollout_weight_version": rollout_version,
                    **rollout_metrics(rollouts, t0, t1, run.correct), "train_s": t2 - t1,
                    "push_s": time.monotonic() - t2, "train_rollouts": len(batch), **train_stats,
-                   **hooks.step_metrics()}
+                   **hooks.step_metrics(), **(sched if step == start + 1 else {})}
             row |= step_shares(row) | await run.evaluate(step)
             run.metrics.log(row, echo=run.log)
     return row
@@ -172,6 +173,13 @@ class Run:
                     exc.args = (f"{exc.url}: {exc.message}",)
                 raise
         await self.pusher.push(self.path, self.version)
+
+    async def check_scheduling(self) -> dict:
+        """The server's decode alone and beside the harvester's compute (trainer.sched_check)."""
+        from gleanrl.trainer.sched_check import check_scheduling
+
+        prompt = make_rollouts(self.cfg, self.task, self.policy.tokenizer, 1)[0].prompt_ids
+        return await check_scheduling(self.client, prompt, self.hooks.scheduling_probe, self.log)
 
     async def generate(self, rollouts: list[Rollout], params: dict, hooks: RolloutHooks,
                        stream: bool | None = None, desc: str = "rollouts") -> None:

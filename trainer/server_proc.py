@@ -1,5 +1,6 @@
 """The embedded rollout server the trainer starts when no `--server` is given: `gleanrl serve` as a
-subprocess on a free loopback port, restarted if it dies. On 2 cores the server gets `--threads 1`
+subprocess on a free loopback port, restarted if it dies, in the trainer's session (so that nice
+ranks the harvester below it). On 2 cores the server gets `--threads 1`
 and the trainer `torch.set_num_threads(1)`; rollouts and training alternate, so neither starves."""
 from __future__ import annotations
 
@@ -69,8 +70,12 @@ class EmbeddedServer:
         for name, key in keys.items():
             # exactly the trainer's keys, not ones inherited from the shell
             env.pop(name, None) if key is None else env.__setitem__(name, key)
+        # its own process group (a terminal's Ctrl-C reaches the trainer, which stops it), but
+        # the trainer's session: with autogroup scheduling (Linux's default on desktops and
+        # these VMs) a new session is a new scheduling group, where `nice` of the harvester's
+        # thread no longer ranks it below the server's threads (docs/e2e.md, "Scheduling")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     process_group=0, preexec_fn=_die_with_parent)
         if log is not subprocess.DEVNULL:
             log.close()
 

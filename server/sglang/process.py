@@ -18,14 +18,16 @@ class SGLangLaunchError(RuntimeError):
 
 
 class SGLangProcess:
-    """A running SGLang server: its own process group, the tail of its output kept for errors."""
+    """A running SGLang server: its own process group (in the caller's session, so that a
+    harvester's nice ranks below it under autogroup scheduling), the tail of its output kept for
+    errors."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], echo: bool = True,
                  tail_lines: int = 60):
         self.cmd, self.tail = cmd, collections.deque(maxlen=tail_lines)
         self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, text=True, errors="replace")
+                                     process_group=0, text=True, errors="replace")
         self._reader = threading.Thread(target=self._pump, args=(echo,), daemon=True)
         self._reader.start()
 

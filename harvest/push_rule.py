@@ -1,0 +1,64 @@
+"""When a trained drafter replaces the serving one: a paired test on held-out prompts.
+
+Both drafters are scored on the same held-out samples (never trained on, whole prompts: the spool
+holds out by prompt), each sample giving (sum of accept lengths, start slots). Samples of one prompt
+are not independent (GRPO siblings, the same prompt in later steps), so the test clusters by prompt:
+with D_c the candidate's minus the serving drafter's summed accept lengths over prompt c and N_c its
+slots, the gain in tokens per verify pass is the ratio estimate G = sum D_c / sum N_c, and its
+standard error the cluster-robust (linearised) one,
+
+    se^2 = C / (C - 1) * sum_c (D_c - G N_c)^2 / (sum_c N_c)^2          (C prompts).
+
+A push needs at least `min_prompts` prompts and `min_samples` samples, and the one-sided lower
+bound G - t se above `margin` (t: Student's quantile for C - 1 degrees of freedom at the confidence
+of z, so few prompts ask for more evidence).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    gain: float          # tokens per verify pass, candidate minus serving
+    se: float            # cluster-robust standard error of the gain
+    lower: float         # gain - t * se
+    prompts: int
+    samples: int
+    candidate: float     # pooled accept lengths
+    serving: float
+
+    def row(self) -> dict:
+        return {"candidate": self.candidate, "serving": self.serving, "gain": self.gain,
+                "gain_se": self.se, "gain_lower": self.lower, "prompts": self.prompts,
+                "samples": self.samples}
+
+
+def t_quantile(z: float, df: int) -> float:
+    """Student's t quantile at the normal quantile z (Cornish-Fisher expansion to 1/df^2)."""
+    if df < 1:
+        return math.inf
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def paired_verdict(candidate: list[tuple[float, int]], serving: list[tuple[float, int]],
+                   prompts: list[int], z: float = 2.0) -> Verdict | None:
+    """Per held-out sample: the two drafters' (sum, count) and its prompt; None without slots."""
+    clusters: dict[int, list[float]] = {}
+    for (c, n), (s, _), key in zip(candidate, serving, prompts, strict=True):
+        acc = clusters.setdefault(key, [0.0, 0.0, 0.0])
+        acc[0] += c - s
+        acc[1] += n
+        acc[2] += s
+    total = sum(n for _, n, _ in clusters.values())
+    if not total:
+        return None
+    gain = sum(d for d, _, _ in clusters.values()) / total
+    k = len(clusters)
+    var = (k / (k - 1) * sum((d - gain * n) ** 2 for d, n, _ in clusters.values()) / total ** 2
+           if k > 1 else math.inf)
+    se = math.sqrt(var)
+    serve = sum(s for _, _, s in clusters.values()) / total
+    return Verdict(gain, se, gain - t_quantile(z, k - 1) * se, k, len(candidate), serve + gain,
+                   serve)

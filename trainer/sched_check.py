@@ -1,0 +1,61 @@
+"""The start-up check that the harvest costs the rollouts nothing: the rollout server's decode time
+with and without the harvester's kind of compute running beside it (`hooks.scheduling_probe()`: a
+busy thread at the idle window's priority), said in the log and returned for the metrics.
+
+Why it is needed on a CPU machine: an OpenMP team (the server's forward) waits at every kernel's
+barrier for its slowest worker, so a harvester thread that takes one of its cores for a slice slows
+the whole forward, and `nice` ranks threads only inside one scheduling group: under autogroup
+scheduling (`/proc/sys/kernel/sched_autogroup_enabled`) every session is a group of equal weight,
+so a nice-19 harvester in another session than the server's competes with it at full weight
+(measured on 2 cores: a forward at 8 running 15 -> 130 ms). So the trainer starts its embedded
+server in the trainer's own session (`trainer.server_proc`); a server started elsewhere may not be.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+from gleanrl.clients.rollout_client import RolloutClient
+
+SLOWDOWN_WARN = 1.10  # the ratio above which the log warns
+
+
+async def _decode_s(client: RolloutClient, prompt_ids: list[int], running: int,
+                    tokens: int) -> float:
+    """Wall seconds of `running` concurrent greedy requests of `tokens` tokens each."""
+    import asyncio
+
+    params = {"max_new_tokens": tokens, "temperature": 0.0, "ignore_eos": True}
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client.generate(prompt_ids, params) for _ in range(running)))
+    return time.perf_counter() - t0
+
+
+async def check_scheduling(client: RolloutClient, prompt_ids: list[int],
+                           probe: Callable[[], AbstractContextManager], log=print,
+                           running: int = 4, tokens: int = 48, repeats: int = 2) -> dict:
+    """The best of `repeats` timings alone and beside `probe()`; -> figures for the metrics."""
+    await _decode_s(client, prompt_ids, running, 4)  # warm-up
+    alone = min([await _decode_s(client, prompt_ids, running, tokens) for _ in range(repeats)])
+    with probe():
+        beside = min([await _decode_s(client, prompt_ids, running, tokens)
+                      for _ in range(repeats)])
+    ratio = beside / alone
+    verdict = "ok" if ratio <= SLOWDOWN_WARN else "WARNING: the harvester slows the rollouts"
+    log(f"scheduling check: {running} x {tokens} tokens decode in {alone * 1e3:.0f} ms alone, "
+        f"{beside * 1e3:.0f} ms beside the harvester's compute ({ratio:.2f}x): {verdict}"
+        + ("" if ratio <= SLOWDOWN_WARN else
+           f" (autogroup {_autogroup()}: start the server in this process's session, or give "
+           "the harvester its own cores)"))
+    return {"sched_alone_s": alone, "sched_beside_s": beside, "sched_slowdown": ratio}
+
+
+def _autogroup() -> str:
+    try:
+        enabled = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+        return ("on, this process in " + Path("/proc/self/autogroup").read_text().split()[0]
+                if enabled else "off")
+    except OSError:
+        return "unknown"
