@@ -13,7 +13,8 @@ there is no feed) from what it sees:
   disk ones (the sidecar follows `model_path`), tensor and process-group ones (listed, so the
   sidecar can refuse them by name: it cannot read those weights).
 
-Bounds: request bodies over `max_request_bytes` get 413, a /generate asking for more than
+Bounds: request bodies over `max_request_bytes` get 413 before they are read
+(`server/http/body_limit.py`), a large body is parsed off the event loop, a /generate asking for more than
 `max_outputs` outputs (prompts x n) gets 400, a browser page's requests get 403
 (`server/http/origin.py`).
 """
@@ -29,9 +30,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from gleanrl.server.config import is_loopback
 from gleanrl.server.http import feed as http_feed
 from gleanrl.server.http.auth import allowed, unauthorized_body
+from gleanrl.server.http.body_limit import BodyLimit
 from gleanrl.server.http.harvest_feed import FeedConfig, HarvestFeed
 from gleanrl.server.http.origin import BrowserGuard
-from gleanrl.server.http.schemas import ApiError, read_body
+from gleanrl.server.http.schemas import ApiError, off_loop, read_body
 from gleanrl.server.proxy.parse import MAX_OUTPUTS, Recorder, TooMany
 
 HOP_HEADERS = frozenset({"host", "content-length", "connection", "keep-alive",
@@ -73,6 +75,8 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
 
     app.include_router(http_feed.router)
     app.add_middleware(BrowserGuard, bound_loopback=is_loopback(host))
+    # outermost: an oversize body is refused before any layer reads it
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
 
     @app.api_route("/{path:path}",
                    methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])
@@ -80,9 +84,10 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
         route = "/" + path
         try:
             body = await read_body(request, max_request_bytes)
-            recorder = Recorder.for_request(route, request.method, body, feed, max_outputs)
+            recorder = await off_loop(Recorder.for_request, len(body), route, request.method,
+                                      body, feed, max_outputs)
         except ApiError as exc:
-            return JSONResponse(exc.body(), status_code=exc.status)
+            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
         except TooMany as exc:
             return JSONResponse(ApiError(400, str(exc), param="sampling_params.n").body(),
                                 status_code=400)
