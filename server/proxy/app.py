@@ -26,6 +26,7 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 
 from gleanrl.server.config import is_loopback
 from gleanrl.server.http import feed as http_feed
@@ -60,19 +61,7 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
                                        limits=httpx.Limits(
                                            max_connections=None, max_keepalive_connections=256))
 
-    @app.middleware("http")
-    async def guard_feed(request: Request, call_next):
-        if request.url.path == "/harvest_feed" and feed is None:
-            return JSONResponse(ApiError(404, "the proxy's harvest feed is off: it needs "
-                                              "--admin-api-key (the feed holds every prompt "
-                                              "and completion)", kind="not_found_error").body(),
-                                status_code=404)
-        if request.url.path == "/harvest_feed" and not allowed(
-                request.headers.get("authorization"), None, admin_api_key, True):
-            return Response(unauthorized_body(), status_code=401, media_type="application/json",
-                            headers={"www-authenticate": "Bearer"})
-        return await call_next(request)
-
+    app.add_middleware(FeedGuard, feed_on=feed is not None, admin_api_key=admin_api_key)
     app.include_router(http_feed.router)
     app.add_middleware(BrowserGuard, bound_loopback=is_loopback(host))
     # outermost: an oversize body is refused before any layer reads it
@@ -142,6 +131,32 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
                              out_headers)
 
     return app
+
+
+class FeedGuard:
+    """`/harvest_feed`: 404 when the feed is off, 401 without the admin key. Pure ASGI (a
+    BaseHTTPMiddleware would wrap `receive` in a task group, and an error raised from it, such as
+    a body over the limit, would reach the route as an exception group)."""
+
+    def __init__(self, app, feed_on: bool, admin_api_key: str | None):
+        self.app, self.feed_on, self.admin_api_key = app, feed_on, admin_api_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] != "/harvest_feed":
+            return await self.app(scope, receive, send)
+        if not self.feed_on:
+            response = JSONResponse(ApiError(404, "the proxy's harvest feed is off: it needs "
+                                                  "--admin-api-key (the feed holds every prompt "
+                                                  "and completion)",
+                                             kind="not_found_error").body(), status_code=404)
+        elif not allowed(Headers(scope=scope).get("authorization"), None, self.admin_api_key,
+                         True):
+            response = Response(unauthorized_body(), status_code=401,
+                                media_type="application/json",
+                                headers={"www-authenticate": "Bearer"})
+        else:
+            return await self.app(scope, receive, send)
+        await response(scope, receive, send)
 
 
 def _with_headers(response: Response, headers: list[tuple[bytes, bytes]]) -> Response:
