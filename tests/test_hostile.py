@@ -3,9 +3,9 @@
 default), while a benign client streams greedy requests: each hostile request gets its clear 4xx/503
 or is served within bounds, the benign client sees no error and the same tokens, `/health` answers
 200 throughout, and the same weights serve after (its p99 against its baseline and the worst
-`/health` are printed; `gleanrl bench load --hostile` measures them on a quiet machine). Then the engine-side guarantees: a request that fails
-inside the engine aborts alone, a swap that fails is undone, a drain is bounded; and the
-proxy's limits."""
+`/health` are printed; `gleanrl bench load --hostile` measures them on a quiet machine). Then the
+engine-side guarantees: a request that fails inside the engine aborts alone, a swap that fails is
+undone, a drain is bounded; and the proxy's limits."""
 from __future__ import annotations
 
 import json
