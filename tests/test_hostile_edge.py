@@ -168,3 +168,19 @@ def test_a_refused_tensor_update_does_not_stall_a_running_stream(tiny_qwen2):
     # an update that paused, locked or swapped the engine before refusing would stall the stream
     # once each; noise from other jobs stalls a few at most
     assert _stalls(loaded) <= _stalls(baseline) + len(answers) // 2
+
+
+def test_bench_load_hostile_smoke(tiny_qwen2, tmp_path):
+    """`gleanrl bench load --hostile`'s measurement at 1 s per phase: the figures exist, and the
+    verdicts that are not about time hold (no benign error, every hostile request refused, the same
+    weights after)."""
+    from gleanrl.bench.hostile import measure
+    from gleanrl.bench.load import ServeProcess
+    with ServeProcess(tiny_qwen2, tmp_path / "server.log") as server, \
+            running_proxy(server.url) as (px, _):
+        s = measure(server.url, px, str(tiny_qwen2), phase_s=1.0, pids=(server.pid,))
+    assert s["benign_error_count"] == 0, s["benign_errors"]
+    assert not s["hostile_not_refused"] and s["weights_unchanged"]
+    assert s["phases"]["baseline"]["requests"] > 0 and s["slowest_kind"] in s["phases"]
+    assert all(row["hostile_answers"] for name, row in s["phases"].items()
+               if not name.startswith("baseline"))
