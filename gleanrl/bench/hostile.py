@@ -157,9 +157,13 @@ def measure(server: str, proxy: str, model_dir: str, phase_s: float,
     phases, tallies = [], {}
     for name in ["baseline", *hostile, "mix", "baseline after"]:
         t0, cpu0 = time.monotonic(), sum(map(cpu_s, pids))
-        sends = list(hostile.values()) if name == "mix" else [hostile[name]] if name in hostile else []
+        if name == "mix":
+            sends = list(hostile.values())
+        else:
+            sends = [hostile[name]] if name in hostile else []
         tally: dict = {}
-        threads = [threading.Thread(target=_hostile, args=(sends, t0 + phase_s, tally))] if sends else []
+        threads = [threading.Thread(target=_hostile, args=(sends, t0 + phase_s, tally))
+                   for _ in sends[:1]]  # one hostile client, none in the baselines
         for t in threads:
             t.start()
         time.sleep(max(0.0, t0 + phase_s - time.monotonic()))

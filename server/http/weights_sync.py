@@ -65,9 +65,9 @@ async def update_weights_from_tensor(request: Request):
 
 
 async def stage_or_apply(state, named: list, body) -> JSONResponse:
-    """Check `named` completely; then, inside a session, stage it, else apply it now. `body` carries selector,
-    weight_version, flush_cache and abort_all_requests. ValueError (CheckpointError)
-    when refused."""
+    """Check `named` completely; then, inside a session, stage it, else apply it now. `body`
+    carries selector, weight_version, flush_cache and abort_all_requests. ValueError
+    (CheckpointError) when refused."""
     session: Session | None = getattr(state, "weight_session", None)
     if session is not None and body.selector != session.selector:
         return answer(False, f"selector {body.selector!r} differs from the open "

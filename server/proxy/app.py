@@ -14,8 +14,8 @@ there is no feed) from what it sees:
   sidecar can refuse them by name: it cannot read those weights).
 
 Bounds: request bodies over `max_request_bytes` get 413 before they are read
-(`server/http/body_limit.py`), a large body is parsed off the event loop, a /generate asking for more than
-`max_outputs` outputs (prompts x n) gets 400, a browser page's requests get 403
+(`server/http/body_limit.py`), a large body is parsed off the event loop, a /generate asking for
+more than `max_outputs` outputs (prompts x n) gets 400, a browser page's requests get 403
 (`server/http/origin.py`).
 """
 from __future__ import annotations
