@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -145,7 +144,8 @@ def test_resume_after_kill_9_continues_spool_versions_and_cursor(policy, drafter
         pushed = lambda: any((out / "drafter_versions").glob("v*"))  # noqa: E731
         slime_like_loop.train(url, policy, tmp_path / "loop", steps=20, headers=ADMIN,
                               on_step=lambda step, outs: not (pushed() and step >= 2))
-        time.sleep(1.5)  # past a --save-every-s 1 save
+        # kill -9 only once a save holds what the resume is checked against (a read position)
+        assert wait_until(lambda: _saved(out)["view"]["cursor"] > 0, timeout=60)
         proc.kill()
         proc.communicate(timeout=60)
         state = torch.load(out / "sidecar_state.pt", weights_only=False)
@@ -195,3 +195,8 @@ def test_refuses_what_it_cannot_follow(policy, drafter0, tmp_path):
         tensor = harvest(px, "c")
     assert tensor.returncode == 2 and "update_weights_from_tensor" in tensor.stderr, tensor.stderr
     assert "cannot follow" in tensor.stderr and "Traceback" not in tensor.stderr
+
+
+def _saved(out) -> dict:
+    """The sidecar's last save (written atomically, so never half a file)."""
+    return torch.load(out / "sidecar_state.pt", weights_only=False)

@@ -83,8 +83,9 @@ def test_hooks_take_the_update_states_and_queue_the_rest(tiny_qwen2, tmp_path):
             time.sleep(0.01)
         # step 4's finisher: left for step 4's update, not captured now
         hooks.on_rollout_finished(rollouts[0])
-        deadline = time.monotonic() + 0.5
-        while h.steps < 3 and time.monotonic() < deadline:
+        # two micro-steps after it arrived: chances the window had to take it
+        steps0, deadline = h.steps, time.monotonic() + 30
+        while h.steps < steps0 + 2 and time.monotonic() < deadline:
             time.sleep(0.01)
     assert hooks.captured == 4 and len(hooks._fresh) == 1
     items = sorted(h.spool._mem.values(), key=lambda it: it.seq)

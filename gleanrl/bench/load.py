@@ -88,6 +88,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads of the started server")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the summary here")
+    p.add_argument("--hostile", action="store_true",
+                   help="instead: one benign client's latency under hostile and careless "
+                        "requests to the server and a proxy, kind by kind "
+                        "(gleanrl/bench/hostile.py)")
+    p.add_argument("--phase-s", type=float, default=10.0,
+                   help="--hostile: seconds per phase (baseline, each kind, the mix)")
+    p.add_argument("--p99-bound", type=float, default=2.0,
+                   help="--hostile: the mix's benign p99 may be at most this x the baseline's")
 
 
 async def _one(client: httpx.AsyncClient, kind: str, rng: random.Random, max_new: int,
@@ -186,6 +194,13 @@ async def load(url: str, clients: int, duration: float, max_new: int = 64, seed:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.hostile:
+        if args.url or args.phase_s <= 0:
+            print("gleanrl bench load: --hostile starts its own server and proxy (no --url) "
+                  "and needs a positive --phase-s", file=sys.stderr)
+            return 2
+        from gleanrl.bench import hostile
+        return hostile.run(args)
     if args.clients < 1 or args.duration <= 0 or args.max_new_tokens < 1:
         print("gleanrl bench load: --clients, --duration and --max-new-tokens must be positive",
               file=sys.stderr)

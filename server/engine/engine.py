@@ -167,11 +167,14 @@ class Engine:
         if isinstance(source, str):
             swap = (sw.load_draft(source, weight_version) if selector == "draft"
                     else sw.load_target(source, weight_version, flush_cache))
-        elif selector == "draft":
-            swap = tensor_update.draft_swap(sw, source, weight_version)
         else:
-            staged = tensor_update.check_target(sw, source)
-            swap = tensor_update.target_swap(sw, staged, weight_version, flush_cache)
+            # names, shapes and dtypes before anything reads the data or copies a model
+            tensor_update.check_named(sw, selector, source)
+            if selector == "draft":
+                swap = tensor_update.draft_swap(sw, source, weight_version)
+            else:
+                staged = tensor_update.check_target(sw, source)
+                swap = tensor_update.target_swap(sw, staged, weight_version, flush_cache)
         if abort_all_requests:
             self.abort(None, "Abort all requests for a weight update")
         sw.submit(swap, apply_now=self.loop.thread is None)
@@ -183,10 +186,9 @@ class Engine:
 
     def check_tensors(self, selector: str, named: NamedTensors) -> None:
         """CheckpointError unless each tensor is a distinct tensor of `selector`'s model with its
-        shape (and, for the target, finite): what a staged update is checked with
-        when it arrives."""
-        shapes = [tuple(t.shape) for _, t in named]
-        tensor_update.check_shapes(self.swapper, selector, [n for n, _ in named], shapes)
+        shape and dtype kind (and, for the target, finite): what every tensor update is checked
+        with when it arrives, before it waits for or touches the engine."""
+        tensor_update.check_named(self.swapper, selector, named)
         if selector == "target":
             tensor_update.check_target(self.swapper, named)
 

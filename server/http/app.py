@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 from gleanrl.server.config import EngineConfig, ServerConfig, is_loopback
 from gleanrl.server.http import feed, native, openai
 from gleanrl.server.http.auth import AuthMiddleware
+from gleanrl.server.http.body_limit import BodyLimit
 from gleanrl.server.http.harvest_feed import FeedConfig, FeedUpdatesMiddleware, HarvestFeed
 from gleanrl.server.http.metrics import Metrics
 from gleanrl.server.http.origin import BrowserGuard
@@ -73,7 +74,9 @@ def build_app(engine, server_cfg: ServerConfig, engine_cfg: EngineConfig | None 
         app.add_middleware(FeedUpdatesMiddleware, feed=app.state.feed)
     app.add_middleware(AuthMiddleware, api_key=server_cfg.api_key,
                        admin_api_key=server_cfg.admin_api_key)
-    app.add_middleware(BrowserGuard, bound_loopback=is_loopback(server_cfg.host))  # outermost
+    app.add_middleware(BrowserGuard, bound_loopback=is_loopback(server_cfg.host))
+    # outermost: an oversize body is refused before any layer reads it
+    app.add_middleware(BodyLimit, max_bytes=server_cfg.max_request_bytes)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):

@@ -3,6 +3,7 @@ SGLang's `GenerateReqInput`, `UpdateWeightFromDiskReqInput`, `AbortReq` and its 
 Types are checked here; value ranges are checked by `server.protocol.SamplingParams`."""
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, Literal, TypeVar
 
@@ -12,6 +13,7 @@ Number = StrictFloat                                   # ints are accepted, stri
                                                        # and bools are not
 Stop = StrictStr | list[StrictStr] | None
 M = TypeVar("M", bound=BaseModel)
+OFF_LOOP_BYTES = 64 * 1024  # bodies larger than this are parsed in a worker thread
 
 # SGLang fields the embedded engine does not implement: accepted only unset (None, "", False, [],
 # {}), otherwise a 400 naming the field (never accepted and ignored).
@@ -217,45 +219,69 @@ def _no_constants(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+def too_large(max_bytes: int, declared: int | None = None) -> ApiError:
+    """The 413 of a body over `max_bytes`; `Connection: close` (server/http/body_limit.py)."""
+    size = f" of {declared} bytes" if declared is not None else ""
+    return ApiError(413, f"request body{size} is over the limit of {max_bytes} bytes "
+                         "(--max-request-bytes)", param="body", headers={"Connection": "close"})
+
+
 async def read_body(request, max_bytes: int) -> bytes:
-    """The request body; 413 over `max_bytes` (declared or streamed)."""
+    """The request body; 413 over `max_bytes` (declared or streamed; `BodyLimit` refuses first)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_bytes:
-        raise ApiError(413,
-                       f"request body of {declared} bytes is over the limit of {max_bytes} bytes")
+        raise too_large(max_bytes, int(declared))
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > max_bytes:
-            raise ApiError(413, f"request body is over the limit of {max_bytes} bytes")
+            raise too_large(max_bytes)
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-async def read_json(request, max_bytes: int) -> Any:
-    """The request body as JSON; 413 over `max_bytes`, 415 unless JSON by content type, 400 when it
-    is not JSON."""
-    raw = await read_body(request, max_bytes)
-    if not raw.strip():
-        return {}
-    kind = request.headers.get("content-type")
-    if kind is not None and not _is_json(kind):  # a browser form's types are refused (CSRF)
-        raise ApiError(415, f"Content-Type must be application/json, got {kind[:100]!r}",
-                       param="content-type")
+async def off_loop(fn, size: int, *args):
+    """`fn(*args)`, in a worker thread when its input is over OFF_LOOP_BYTES: parsing a large
+    body on the event loop would stall every stream it serves."""
+    return await asyncio.to_thread(fn, *args) if size > OFF_LOOP_BYTES else fn(*args)
+
+
+def _loads(raw: bytes) -> Any:
     try:
         return json.loads(raw, parse_constant=_no_constants)
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, f"malformed JSON body: {str(exc)[:200]}", param="body") from None
 
 
-async def parse(request, model: type[M], max_bytes: int) -> M:
-    data = await read_json(request, max_bytes)
-    if not isinstance(data, dict):
-        raise ApiError(400, "the JSON body must be an object", param="body")
+async def read_json(request, max_bytes: int) -> Any:
+    """The request body as JSON; 413 over `max_bytes`, 415 unless JSON by content type, 400 when it
+    is not JSON."""
+    return await _json(request, await read_body(request, max_bytes))
+
+
+async def _json(request, raw: bytes) -> Any:
+    if not raw.strip():
+        return {}
+    kind = request.headers.get("content-type")
+    if kind is not None and not _is_json(kind):  # a browser form's types are refused (CSRF)
+        raise ApiError(415, f"Content-Type must be application/json, got {kind[:100]!r}",
+                       param="content-type")
+    return await off_loop(_loads, len(raw), raw)
+
+
+def _validate(model: type[M], data: dict) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc) from None
+
+
+async def parse(request, model: type[M], max_bytes: int) -> M:
+    raw = await read_body(request, max_bytes)
+    data = await _json(request, raw)
+    if not isinstance(data, dict):
+        raise ApiError(400, "the JSON body must be an object", param="body")
+    return await off_loop(_validate, len(raw), model, data)
 
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {

@@ -65,15 +65,17 @@ async def update_weights_from_tensor(request: Request):
 
 
 async def stage_or_apply(state, named: list, body) -> JSONResponse:
-    """Inside a session: check and stage `named`; else apply it now. `body` carries selector,
-    weight_version, flush_cache and abort_all_requests. ValueError (CheckpointError)
-    when refused."""
+    """Check `named` completely; then, inside a session, stage it, else apply it now. `body`
+    carries selector, weight_version, flush_cache and abort_all_requests. ValueError
+    (CheckpointError) when refused."""
     session: Session | None = getattr(state, "weight_session", None)
+    if session is not None and body.selector != session.selector:
+        return answer(False, f"selector {body.selector!r} differs from the open "
+                             f"session's {session.selector!r}")
+    # every check before the weights lock and the engine, off the event loop: a refused update
+    # costs running requests nothing (and a staged one is refused now, not at the end)
+    await asyncio.to_thread(state.engine.check_tensors, body.selector, named)
     if session is not None:
-        if body.selector != session.selector:
-            return answer(False, f"selector {body.selector!r} differs from the open "
-                                 f"session's {session.selector!r}")
-        state.engine.check_tensors(session.selector, named)  # refuse now, not at the end
         session.named.update(named)
         session.version = body.weight_version if body.weight_version is not None else session.version
         session.flush_cache, session.abort = body.flush_cache, session.abort or body.abort_all_requests

@@ -13,8 +13,9 @@ there is no feed) from what it sees:
   disk ones (the sidecar follows `model_path`), tensor and process-group ones (listed, so the
   sidecar can refuse them by name: it cannot read those weights).
 
-Bounds: request bodies over `max_request_bytes` get 413, a /generate asking for more than
-`max_outputs` outputs (prompts x n) gets 400, a browser page's requests get 403
+Bounds: request bodies over `max_request_bytes` get 413 before they are read
+(`server/http/body_limit.py`), a large body is parsed off the event loop, a /generate asking for
+more than `max_outputs` outputs (prompts x n) gets 400, a browser page's requests get 403
 (`server/http/origin.py`).
 """
 from __future__ import annotations
@@ -25,13 +26,15 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 
 from gleanrl.server.config import is_loopback
 from gleanrl.server.http import feed as http_feed
 from gleanrl.server.http.auth import allowed, unauthorized_body
+from gleanrl.server.http.body_limit import BodyLimit
 from gleanrl.server.http.harvest_feed import FeedConfig, HarvestFeed
 from gleanrl.server.http.origin import BrowserGuard
-from gleanrl.server.http.schemas import ApiError, read_body
+from gleanrl.server.http.schemas import ApiError, off_loop, read_body
 from gleanrl.server.proxy.parse import MAX_OUTPUTS, Recorder, TooMany
 
 HOP_HEADERS = frozenset({"host", "content-length", "connection", "keep-alive",
@@ -58,21 +61,11 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
                                        limits=httpx.Limits(
                                            max_connections=None, max_keepalive_connections=256))
 
-    @app.middleware("http")
-    async def guard_feed(request: Request, call_next):
-        if request.url.path == "/harvest_feed" and feed is None:
-            return JSONResponse(ApiError(404, "the proxy's harvest feed is off: it needs "
-                                              "--admin-api-key (the feed holds every prompt "
-                                              "and completion)", kind="not_found_error").body(),
-                                status_code=404)
-        if request.url.path == "/harvest_feed" and not allowed(
-                request.headers.get("authorization"), None, admin_api_key, True):
-            return Response(unauthorized_body(), status_code=401, media_type="application/json",
-                            headers={"www-authenticate": "Bearer"})
-        return await call_next(request)
-
+    app.add_middleware(FeedGuard, feed_on=feed is not None, admin_api_key=admin_api_key)
     app.include_router(http_feed.router)
     app.add_middleware(BrowserGuard, bound_loopback=is_loopback(host))
+    # outermost: an oversize body is refused before any layer reads it
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
 
     @app.api_route("/{path:path}",
                    methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])
@@ -80,9 +73,10 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
         route = "/" + path
         try:
             body = await read_body(request, max_request_bytes)
-            recorder = Recorder.for_request(route, request.method, body, feed, max_outputs)
+            recorder = await off_loop(Recorder.for_request, len(body), route, request.method,
+                                      body, feed, max_outputs)
         except ApiError as exc:
-            return JSONResponse(exc.body(), status_code=exc.status)
+            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
         except TooMany as exc:
             return JSONResponse(ApiError(400, str(exc), param="sampling_params.n").body(),
                                 status_code=400)
@@ -137,6 +131,32 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
                              out_headers)
 
     return app
+
+
+class FeedGuard:
+    """`/harvest_feed`: 404 when the feed is off, 401 without the admin key. Pure ASGI (a
+    BaseHTTPMiddleware would wrap `receive` in a task group, and an error raised from it, such as
+    a body over the limit, would reach the route as an exception group)."""
+
+    def __init__(self, app, feed_on: bool, admin_api_key: str | None):
+        self.app, self.feed_on, self.admin_api_key = app, feed_on, admin_api_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] != "/harvest_feed":
+            return await self.app(scope, receive, send)
+        if not self.feed_on:
+            response = JSONResponse(ApiError(404, "the proxy's harvest feed is off: it needs "
+                                                  "--admin-api-key (the feed holds every prompt "
+                                                  "and completion)",
+                                             kind="not_found_error").body(), status_code=404)
+        elif not allowed(Headers(scope=scope).get("authorization"), None, self.admin_api_key,
+                         True):
+            response = Response(unauthorized_body(), status_code=401,
+                                media_type="application/json",
+                                headers={"www-authenticate": "Bearer"})
+        else:
+            return await self.app(scope, receive, send)
+        await response(scope, receive, send)
 
 
 def _with_headers(response: Response, headers: list[tuple[bytes, bytes]]) -> Response:

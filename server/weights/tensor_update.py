@@ -40,40 +40,49 @@ def _draft_path(swapper: WeightSwapper) -> str:
     return path
 
 
-def expected_shapes(swapper: WeightSwapper, selector: str) -> dict[str, tuple[int, ...]]:
-    """The tensors an update of `selector` may carry, by name, with their shapes (read
-    without loading)."""
+def expected(swapper: WeightSwapper, selector: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The tensors an update of `selector` may carry, by name: (shape, safetensors dtype), read
+    from the headers without loading."""
     if selector == "target":
         sig = swapper.signature
     else:
         sig = checkpoint.checkpoint_signature(_draft_path(swapper))
-    return {name: tuple(shape) for name, (shape, *_) in sig.items()}
+    return {name: (tuple(shape), dtype) for name, (shape, dtype, *_) in sig.items()}
 
 
-def check_shapes(swapper: WeightSwapper, selector: str, names: list[str], shapes: list) -> None:
-    """CheckpointError unless each name is a distinct tensor of `selector`'s model
-    with that shape."""
-    expected = expected_shapes(swapper, selector)
-    if len(set(names)) != len(names):
+def _floating(safetensors_dtype: str) -> bool:
+    return safetensors_dtype.startswith(("F", "BF"))  # F16, F32, F64, BF16, F8_*
+
+
+def check_named(swapper: WeightSwapper, selector: str,
+                named: list[tuple[str, torch.Tensor]]) -> None:
+    """CheckpointError unless each name is a distinct tensor of `selector`'s model with its shape
+    and dtype kind (floating or not: an integer tensor is never cast into a float weight, nor the
+    reverse). Metadata only: the cheap checks, run before anything reads the data."""
+    want = expected(swapper, selector)
+    if len({n for n, _ in named}) != len(named):
         raise CheckpointError("names: a tensor is listed twice")
-    for name, shape in zip(names, shapes):
-        if name not in expected:
+    for name, t in named:
+        if name not in want:
             raise CheckpointError(f"tensor {name!r} is not a tensor of the served {selector} model")
-        if tuple(shape) != expected[name]:
-            raise CheckpointError(f"tensor {name} is {list(shape)}, "
-                                  f"expected {list(expected[name])}")
+        shape, dtype = want[name]
+        if tuple(t.shape) != shape:
+            raise CheckpointError(f"tensor {name} is {list(t.shape)}, expected {list(shape)}")
+        if t.dtype.is_floating_point != _floating(dtype) or t.dtype.is_complex:
+            raise CheckpointError(f"tensor {name} is {str(t.dtype).removeprefix('torch.')}, "
+                                  f"expected {dtype}")
 
 
 def check_volume(swapper: WeightSwapper, selector: str, names: list[str], shapes: list) -> None:
     """Before buffers of the listed shapes are allocated: CheckpointError unless the list could be a
     push of `selector`'s model (no more tensors, nor elements, than it has; no negative sizes)."""
-    expected = expected_shapes(swapper, selector)
-    if len(names) > len(expected):
+    want = expected(swapper, selector)
+    if len(names) > len(want):
         raise CheckpointError(f"names: {len(names)} tensors listed; the served {selector} model "
-                              f"has {len(expected)}")
+                              f"has {len(want)}")
     if any(d < 0 for s in shapes for d in s):
         raise CheckpointError("shapes: a size is negative")
-    listed, held = sum(math.prod(s) for s in shapes), sum(math.prod(s) for s in expected.values())
+    listed, held = sum(math.prod(s) for s in shapes), sum(math.prod(s) for s, _ in want.values())
     if listed > held:
         raise CheckpointError(f"shapes: {listed} elements listed; the served {selector} "
                               f"model has {held}")
@@ -81,15 +90,11 @@ def check_volume(swapper: WeightSwapper, selector: str, names: list[str], shapes
 
 def check_target(swapper: WeightSwapper,
                  named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Validated tensors by name, in the serving dtype; CheckpointError naming the first bad one."""
-    sig, dtype = swapper.signature, swapper.scheduler.runner.dtype
+    """Tensors that passed `check_named`, by name, in the serving dtype; CheckpointError naming the
+    first that holds NaN or infinite values."""
+    dtype = swapper.scheduler.runner.dtype
     out = {}
     for name, t in named:
-        if name not in sig:
-            raise CheckpointError(f"tensor {name!r} is not a tensor of the serving model")
-        if tuple(t.shape) != tuple(sig[name][0]):
-            raise CheckpointError(f"tensor {name} is {list(t.shape)}, "
-                                  f"expected {list(sig[name][0])}")
         if t.is_floating_point() and not bool(t.isfinite().all()):
             raise CheckpointError(f"tensor {name} holds NaN or infinite values")
         out[name] = t.to(dtype)
@@ -120,12 +125,7 @@ def draft_swap(swapper: WeightSwapper, named: list[tuple[str, torch.Tensor]],
     path = _draft_path(swapper)
     src = Path(path)
     base = {k: v for f in sorted(src.glob("*.safetensors")) for k, v in load_file(f).items()}
-    for name, t in named:
-        if name not in base:
-            raise CheckpointError(f"tensor {name!r} is not a tensor of the served drafter")
-        if tuple(t.shape) != tuple(base[name].shape):
-            raise CheckpointError(f"tensor {name} is {list(t.shape)}, "
-                                  f"expected {list(base[name].shape)}")
+    for name, t in named:  # names and shapes passed `check_named`
         base[name] = t.to(base[name].dtype).contiguous()
     tmp = Path(tempfile.mkdtemp(prefix="gleanrl-draft-"))
     try:

@@ -63,10 +63,13 @@ def test_proxy_relays_sglang_and_feeds_the_sidecar(restore_weights, sglang_model
         followed = wait_until(lambda: '"weight_version": "default"' in _read(out / "metrics.jsonl"),
                               timeout=240)
         refused = wait_until(lambda: "push refused" in _read(logfile), timeout=240)
+        # stop only once the state asserted below is reached: every shard is one harvested record
+        harvested = wait_until(lambda: len(list((out / "spool").rglob("*.safetensors"))) >= 10,
+                               timeout=240)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
         log = _read(logfile)
-    assert followed and refused, log
+    assert followed and refused and harvested, log
     assert proc.returncode == 0, log
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["weight_version"] for r in rows] == ["default", "7"], log  # followed the disk update
