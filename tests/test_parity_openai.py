@@ -98,8 +98,8 @@ def test_penalties_and_logit_bias_pass_through(client, tok):
 
 @pytest.mark.parametrize("extra,field",
                          [({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-                          ({"response_format": {"type": "json_object"}}, "response_format"),
-                          ({"extra_body": {"regex": "a+"}}, "regex"),
+                          ({"tool_choice": "required"}, "tool_choice"),
+                          ({"extra_body": {"structural_tag": "{}"}}, "structural_tag"),
                           ({"extra_body": {"lora_path": "x"}}, "lora_path"),
                           ({"max_tokens": 300}, "maximum context length")])
 def test_refused_by_name(client, extra, field):
