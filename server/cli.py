@@ -11,6 +11,7 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from gleanrl.server.http.reasoning import PARSERS
     p.add_argument("--model", "--model-path", dest="model", required=True,
                    help="Hugging Face model directory (safetensors, tokenizer, chat template)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -101,6 +102,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="/update_weights_from_tensor may carry fd / shared-memory handles (a "
                         "trainer on this host, as SGLang's same-host path); off: "
                         "tensors by value only")
+    p.add_argument("--reasoning-parser", default=None,
+                   choices=sorted(PARSERS),
+                   help="separate <think>...</think> into reasoning_content on the chat route "
+                        "(SGLang's names)")
+    p.add_argument("--constrained-json-disable-any-whitespace", action="store_true",
+                   help="json_schema output without free whitespace (SGLang's flag)")
+    p.add_argument("--constrained-json-max-whitespace-cnt", type=int, default=None,
+                   help="most whitespace characters in a row in json_schema output (SGLang's flag)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -158,7 +167,12 @@ def run(args: argparse.Namespace) -> int:
                                   max_token_ids_logprob=args.max_token_ids_logprob,
                                   max_logprob_pairs=args.max_logprob_pairs,
                                   dist_allow=tuple(args.dist_allow),
-                                  local_tensor_handles=args.local_tensor_handles)
+                                  local_tensor_handles=args.local_tensor_handles,
+                                  reasoning_parser=args.reasoning_parser,
+                                  constrained_json_disable_any_whitespace=(
+                                      args.constrained_json_disable_any_whitespace),
+                                  constrained_json_max_whitespace_cnt=(
+                                      args.constrained_json_max_whitespace_cnt))
     except ValueError as exc:
         return _fail(str(exc))
     ignored = [f for f in ("speculative_num_steps", "speculative_eagle_topk",

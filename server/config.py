@@ -101,6 +101,9 @@ class ServerConfig:
                                            # beside loopback ones
     local_tensor_handles: bool = False     # tensor updates may carry fd / shared-memory handles
                                            # (trainer on this host)
+    reasoning_parser: str | None = None    # `<think>` apart on the chat route (server.http.reasoning)
+    constrained_json_disable_any_whitespace: bool = False   # SGLang's flags for json_schema
+    constrained_json_max_whitespace_cnt: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -112,6 +115,10 @@ class ServerConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.max_top_logprobs_num < 0:
             raise ValueError("max_top_logprobs_num must be >= 0")
+        from gleanrl.server.http.reasoning import PARSERS
+        if self.reasoning_parser is not None and self.reasoning_parser not in PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(PARSERS)}, "
+                             f"got {self.reasoning_parser!r}")
         if not is_loopback(self.host) and not self.admin_api_key:
             raise ValueError(f"binding {self.host} (not a loopback address) needs "
                              "--admin-api-key: without one, anyone who reaches the port can "

@@ -31,12 +31,19 @@ class SamplingParams:
                                       # many tokens exist
     logit_bias: dict[int, float] = field(default_factory=dict)
     stop_regex: list[str] = field(default_factory=list)
+    grammar: object | None = None     # an xgrammar CompiledGrammar (json_schema, regex, ebnf),
+                                      # compiled at the edge; masks the logits (server.grammar)
 
     @property
     def penalised(self) -> bool:
         """Whether the logits depend on the output so far (penalties, min_new_tokens) or a bias."""
         return bool(self.frequency_penalty or self.presence_penalty
                     or self.repetition_penalty != 1.0 or self.min_new_tokens or self.logit_bias)
+
+    @property
+    def logits_processed(self) -> bool:
+        """Penalised, biased or masked by a grammar: the logits are not the model's alone."""
+        return self.penalised or self.grammar is not None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

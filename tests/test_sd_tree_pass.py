@@ -20,7 +20,8 @@ class _Seq:
     cache: object
     output_ids: list[int] = field(default_factory=list)
     req: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(
-        params=SimpleNamespace(temperature=0.0, top_k=-1, top_p=1.0, min_p=0.0, penalised=False),
+        params=SimpleNamespace(temperature=0.0, top_k=-1, top_p=1.0, min_p=0.0, penalised=False,
+                                logits_processed=False),
         return_logprob=True, top_logprobs_num=0, token_ids_logprob=None))
     generator: torch.Generator | None = None
 

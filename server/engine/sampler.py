@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from gleanrl.server.engine.grammar import mask_rows
 from gleanrl.server.engine.penalties import OutputCounts, penalise_rows, window_counts
 from gleanrl.server.protocol import SamplingParams
 
@@ -83,10 +84,11 @@ def penalised(logits: torch.Tensor, seqs: list,
               drafts: list[list[int]] | None = None) -> torch.Tensor:
     """logits [N, V] of `seqs` (one row each, or with `drafts` one window of len(d) + 1 rows each)
     after each sequence's penalties and logit_bias; unchanged when no sequence has any. Rows of a
-    window count the drafts before them (`server.penalties.window_counts`)."""
-    if not any(s.req.params.penalised for s in seqs):
-        return logits
+    window count the drafts before them (`server.penalties.window_counts`). Then each grammar's
+    mask, row j of a window after its drafts[:j] (`server.grammar.mask_rows`)."""
     drafts = drafts if drafts is not None else [[] for _ in seqs]
+    if not any(s.req.params.penalised for s in seqs):
+        return mask_rows(logits, seqs, drafts)
     params, counts, lens, stops = [], [], [], []
     for s, d in zip(seqs, drafts):
         if s.counts is None:
@@ -96,7 +98,7 @@ def penalised(logits: torch.Tensor, seqs: list,
         counts += list(rows)
         lens += range(len(s.output_ids), len(s.output_ids) + rows.shape[0])
         stops += [s.stopper.min_new_stop_ids] * rows.shape[0]
-    return penalise_rows(logits, params, counts, lens, stops)
+    return mask_rows(penalise_rows(logits, params, counts, lens, stops), seqs, drafts)
 
 
 def logprob_extras(logprobs: torch.Tensor, top_k: int,

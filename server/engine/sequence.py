@@ -41,6 +41,7 @@ class Sequence:
     # (old version, outputs under it)
     version_events: list[tuple[str, int]] = field(default_factory=list)
     counts: object | None = None         # server.penalties.OutputCounts, for penalised requests
+    grammar: object | None = None        # server.grammar.GrammarState, for constrained requests
     # per output position: (top, token-id) logprobs, if asked
     token_extras: list = field(default_factory=list)
 

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from gleanrl.server.config import EngineConfig, ServerConfig, is_loopback
-from gleanrl.server.http import feed, native, openai
+from gleanrl.server.http import feed, native, openai, tokenize
 from gleanrl.server.http.auth import AuthMiddleware
 from gleanrl.server.http.body_limit import BodyLimit
 from gleanrl.server.http.harvest_feed import FeedConfig, FeedUpdatesMiddleware, HarvestFeed
@@ -59,6 +59,7 @@ def build_app(engine, server_cfg: ServerConfig, engine_cfg: EngineConfig | None 
         weights_lock=asyncio.Lock(), tokenizer=engine.tokenizer,
         context_length=engine.context_length,
         vocab_size=int(info.get("vocab_size") or len(engine.tokenizer)), closing=False,
+        stop_token_ids=sorted(getattr(engine, "eos_ids", None) or []) or None,
         version=_version(), engine_args=engine_args, server_args=server_args,
         served_model_name=server_cfg.served_model_name
         or Path(str(info.get("model_path", "model"))).name,
@@ -68,6 +69,7 @@ def build_app(engine, server_cfg: ServerConfig, engine_cfg: EngineConfig | None 
     app.include_router(native.router)
     app.include_router(openai.router)
     app.include_router(feed.router)
+    app.include_router(tokenize.router)
     base_openapi = app.openapi
     app.openapi = lambda: app.openapi_schema or describe_bodies(base_openapi())  # type: ignore[method-assign]
     if app.state.feed is not None:  # inside auth: only authorised updates reach it

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from gleanrl.server.engine.stopping import check_stops, compile_stop_regex
 from gleanrl.server.http.detok import output_text
 from gleanrl.server.http.fanin import Disconnected, Fanin, Track, collect, unless_disconnected, wait_disconnect
+from gleanrl.server.http.grammar import compile_grammar, grammar_source
 from gleanrl.server.http.limits import (
     check_batch,
     check_logprob_volume,
@@ -102,6 +103,13 @@ def sampling(state, sp: dict, field: str = "sampling_params") -> SamplingParams:
     except ValueError as exc:
         msg = str(exc).replace("sampling_params.", f"{field}.", 1)
         raise ApiError(400, msg, param=msg.split(" ", 1)[0]) from None
+
+
+async def with_grammar(state, params: SamplingParams, spec) -> SamplingParams:
+    """`params` with the compiled grammar of `spec` (`grammar.grammar_source`'s), if any."""
+    if spec is None:
+        return params
+    return dataclasses.replace(params, grammar=await compile_grammar(state, spec))
 
 
 def _logit_bias(state, bias: dict | None, field: str) -> dict[int, float]:
@@ -255,6 +263,7 @@ async def generate(request: Request):
              for i in range(len(sps))]
     dumps = [sp.model_dump(exclude_unset=True) for sp in sps]
     params = [sampling(state, d, name) for d, name in zip(dumps, names)]
+    specs = [grammar_source(d, f"{name}.") for d, name in zip(dumps, names)]
     check_batch(state, sum(p.n for p in params), field)
     options = _options(state, body, count)
     prompts, batch = await _prompts(state, body)
@@ -264,6 +273,7 @@ async def generate(request: Request):
         if "max_new_tokens" in d:
             # SGLang checks an explicit one; the default is clamped by the context
             check_length(state, ids, p, _name(field, i, batch))
+    params = [await with_grammar(state, p, spec) for p, spec in zip(params, specs)]
     reqs, groups = expand(prompts, params, _listify(body.rid, len(prompts), "rid"),
                           _listify(body.return_logprob, len(prompts), "return_logprob"), options)
     per_req_sp = [sp for sp, p in zip(sps, params) for _ in range(p.n)]

@@ -18,15 +18,19 @@ from gleanrl.server.http.generate import (
     sampling,
     start_run,
     stream,
+    with_grammar,
 )
-from gleanrl.server.http.limits import check_batch, check_serving, encode
+from gleanrl.server.http.grammar import grammar_source, response_format_source
+from gleanrl.server.http.limits import check_batch, check_serving, check_top_logprobs, encode
 from gleanrl.server.http.openai_logprobs import chat_logprobs, completion_logprobs
+from gleanrl.server.http.reasoning import THINK, ReasoningParser, check_parser
 from gleanrl.server.http.schemas import (
     UNSUPPORTED_OPENAI,
     ApiError,
     ChatIn,
     CompletionIn,
     OpenAISampling,
+    SeparateReasoningIn,
     parse,
     refuse_unsupported,
 )
@@ -52,6 +56,8 @@ async def model(model: str, request: Request):
 
 
 def _check_model(state, name: str | None) -> None:
+    """/v1/models/{model}: the served name only (SGLang). The generation routes take any `model`
+    (clients send their own names; SGLang serves them) and echo it in the reply."""
     if name not in (None, "default", state.served_model_name,
                     state.engine.info().get("model_path")):
         raise ApiError(404, f"The model '{name}' does not exist", param="model",
@@ -68,11 +74,15 @@ def _params(state, body: OpenAISampling, max_tokens: int | None):
           "presence_penalty": body.presence_penalty,
           "repetition_penalty": body.repetition_penalty, "min_new_tokens": body.min_tokens,
           "logit_bias": body.logit_bias, "stop_regex": body.stop_regex}
-    extra = {k: v for k, v in (body.model_extra or {}).items()
-             if (k, v) != ("response_format", {"type": "text"})}
+    extra = body.model_extra or {}
     refuse_unsupported(extra, UNSUPPORTED_OPENAI)
+    spec = grammar_source(extra)
+    fmt = response_format_source(extra.get("response_format"))
+    if spec and fmt:
+        raise ApiError(400, f"{spec[2]}: response_format already constrains the output",
+                       param=spec[2])
     try:
-        return sampling(state, sp, field="")
+        return sampling(state, sp, field=""), spec or fmt
     except ApiError as exc:  # name OpenAI's fields, not SGLang's
         for name in ("message", "param"):
             text = (getattr(exc, name) or "").lstrip(".").replace("max_new_tokens", "max_tokens")
@@ -92,12 +102,13 @@ def _usage(tracks: list[Track], n: int) -> dict:
             "total_tokens": prompt + completion}
 
 
-async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]], params,
+async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]], params, spec,
                  logprob: bool, kind: str, render, options: dict | None = None):
     """Shared by both endpoints: run, then answer as one JSON object or as an SSE stream of chunks.
     `options`: GenerateRequest's logprob fields (top_logprobs_num, logprob_start_len)."""
     state = request.app.state
     check_serving(state)
+    params = await with_grammar(state, params, spec)
     if body.max_tokens is not None or getattr(body, "max_completion_tokens",
                                               None) is not None or kind != "chat":
         for ids in prompts:  # an explicit limit that does not fit: SGLang's 400
@@ -144,14 +155,15 @@ async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]
 async def completions(request: Request):
     state = request.app.state
     body = await parse(request, CompletionIn, state.server_cfg.max_request_bytes)
-    _check_model(state, body.model)
+    if body.logprobs is not None:
+        check_top_logprobs(state, body.logprobs, "logprobs")
     raw = body.prompt
     if isinstance(raw, str) or (raw and isinstance(raw[0], int)):
         raw = [raw]
     if not raw:
         raise ApiError(400, "prompt: must not be empty", param="prompt")
     # OpenAI's default
-    params = _params(state, body, 16 if body.max_tokens is None else body.max_tokens)
+    params, spec = _params(state, body, 16 if body.max_tokens is None else body.max_tokens)
     check_batch(state, len(raw) * params.n, "prompt")
     texts = iter(await encode(state, [p for p in raw if isinstance(p, str)]))
     prompts = [check_prompt(state, next(texts) if isinstance(p, str) else p, "prompt") for p in raw]
@@ -183,13 +195,14 @@ async def completions(request: Request):
                 "matched_stop": matched}
 
     options = {"top_logprobs_num": k, "logprob_start_len": 0 if body.echo and k else -1}
-    return await _serve(request, body, prompts, params, body.logprobs is not None, "completion",
-                        render, options)
+    return await _serve(request, body, prompts, params, spec, body.logprobs is not None,
+                        "completion", render, options)
 
 
-async def _chat_prompt(state, body: ChatIn) -> list[int]:
+def _messages(raw: list) -> list[dict]:
+    """Pydantic chat messages -> the template's dicts (text parts joined)."""
     messages = []
-    for k, m in enumerate(body.messages):
+    for k, m in enumerate(raw):
         content = m.content
         if isinstance(content, list):
             if any(part.get("type") != "text" for part in content):
@@ -197,49 +210,99 @@ async def _chat_prompt(state, body: ChatIn) -> list[int]:
                 raise ApiError(400, f"{field}: only text parts are supported", param=field)
             content = "".join(str(part.get("text", "")) for part in content)
         messages.append({"role": m.role, "content": content or ""})
-    try:  # in a worker thread: a large body must not block the event loop
-        text = await asyncio.to_thread(state.tokenizer.apply_chat_template, messages,
-                                       tokenize=False, add_generation_prompt=True)
+    return messages
+
+
+async def chat_text(state, raw: list, template_kwargs: dict | None = None,
+                    add_generation_prompt: bool = True) -> str:
+    """The chat template over the messages (in a worker thread: a large body must not block the
+    event loop); 400 when there is no template or it rejects the messages."""
+    messages = _messages(raw)
+    try:
+        return await asyncio.to_thread(state.tokenizer.apply_chat_template, messages,
+                                       tokenize=False, add_generation_prompt=add_generation_prompt,
+                                       **(template_kwargs or {}))
     except Exception as exc:  # no template, or the template rejects these messages
         raise ApiError(400, f"messages: the chat template failed: {exc}",
                        param="messages") from None
+
+
+async def _chat_prompt(state, body: ChatIn) -> tuple[list[int], str]:
+    text = await chat_text(state, body.messages, body.chat_template_kwargs)
     (ids,) = await encode(state, [text], add_special_tokens=False)
-    return check_prompt(state, ids, "messages")
+    return check_prompt(state, ids, "messages"), text
+
+
+@router.post("/separate_reasoning")
+async def separate_reasoning(request: Request):
+    """SGLang's native route: `text` split by the parser the body names."""
+    state = request.app.state
+    body = await parse(request, SeparateReasoningIn, state.server_cfg.max_request_bytes)
+    check_parser(body.reasoning_parser)
+    reasoning, text = ReasoningParser(body.reasoning_parser).split(body.text)
+    out = {"reasoning_text": reasoning, "text": text}
+    if body.return_blocks:
+        blocks = ([{"type": "reasoning", "text": reasoning}] if reasoning else []) + [
+            {"type": "text", "text": text}]
+        out.update(reasoning_blocks=[reasoning] if reasoning else [], text_blocks=[text],
+                   blocks=blocks)
+    return out
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
     state = request.app.state
     body = await parse(request, ChatIn, state.server_cfg.max_request_bytes)
-    _check_model(state, body.model)
-    prompt = await _chat_prompt(state, body)
+    prompt, text = await _chat_prompt(state, body)
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if limit is None:
         cap = state.server_cfg.max_new_tokens_cap
         limit = state.context_length - len(prompt) if cap is None else min(
             state.context_length - len(prompt), cap)
-    params = _params(state, body, limit)
+    params, spec = _params(state, body, limit)
     tok = state.tokenizer
     k = (body.top_logprobs or 0) if body.logprobs else 0
     reported = [0] * params.n
+    name = state.server_cfg.reasoning_parser if body.separate_reasoning else None
+    opened = text.rstrip().endswith(THINK)     # the template opened the block (SGLang's force)
+    parsers = [ReasoningParser(name, opened) for _ in range(params.n)] if name else None
+    held = [""] * params.n                     # stream_reasoning off: reasoning held to its end
+
+    def split(i: int, text: str, finished: bool) -> tuple[str, str]:
+        """A streamed delta -> (reasoning, content) to send now."""
+        if parsers is None:
+            return "", text
+        reasoning, content = parsers[i].feed(text)
+        if finished:
+            rest = parsers[i].finish()
+            reasoning, content = reasoning + rest[0], content + rest[1]
+        if not body.stream_reasoning:
+            held[i] += reasoning
+            reasoning = ""
+            if finished or not parsers[i].in_reasoning:
+                reasoning, held[i] = held[i], ""
+        return reasoning, content
 
     def render(i: int, track: Track, delta: Delta | None) -> dict | None:
         text = output_text(tok, track, body.skip_special_tokens, body.no_stop_trim)
         reason, matched = _finish(track)
         if delta is None:
+            reasoning, text = parsers[i].split(text) if parsers else ("", text)
             logprobs = chat_logprobs(tok, track, k) if body.logprobs else None
-            return {"index": i, "message": {"role": "assistant", "content": text},
+            return {"index": i, "message": {"role": "assistant", "content": text,
+                                            "reasoning_content": reasoning or None},
                     "logprobs": logprobs, "finish_reason": reason, "matched_stop": matched}
-        text = delta(text, track.finished)
-        if not text and reason is None:
+        reasoning, text = split(i, delta(text, track.finished), track.finished)
+        if not text and not reasoning and reason is None:
             return None
         logprobs = chat_logprobs(tok, track, k, start=reported[i]) if body.logprobs else None
         reported[i] = len(track.ids)
-        return {"index": i, "delta": {"content": text} if text else {}, "logprobs": logprobs,
-                "finish_reason": reason, "matched_stop": matched}
+        out = {"reasoning_content": reasoning} if reasoning else {}
+        return {"index": i, "delta": {**out, **({"content": text} if text else {})},
+                "logprobs": logprobs, "finish_reason": reason, "matched_stop": matched}
 
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
         raise ApiError(400, f"top_logprobs must be in [0, 20], got {body.top_logprobs}",
                        param="top_logprobs")
-    return await _serve(request, body, [prompt], params, body.logprobs, "chat", render,
+    return await _serve(request, body, [prompt], params, spec, body.logprobs, "chat", render,
                         {"top_logprobs_num": k})

@@ -17,8 +17,8 @@ OFF_LOOP_BYTES = 64 * 1024  # bodies larger than this are parsed in a worker thr
 
 # SGLang fields the embedded engine does not implement: accepted only unset (None, "", False, [],
 # {}), otherwise a 400 naming the field (never accepted and ignored).
-UNSUPPORTED_SAMPLING = ("json_schema", "regex", "ebnf", "structural_tag")
-UNSUPPORTED_OPENAI = ("tools", "functions", "response_format", "json_schema", "regex", "ebnf",
+UNSUPPORTED_SAMPLING = ("structural_tag",)
+UNSUPPORTED_OPENAI = ("tools", "functions", "tool_choice", "parallel_tool_calls",
                       "structural_tag", "lora_path", "return_hidden_states",
                       "custom_logit_processor", "audio", "prediction")
 UNSUPPORTED_GENERATE = ("input_embeds", "image_data", "video_data", "audio_data", "lora_path",
@@ -127,7 +127,7 @@ class OpenAISampling(BaseModel):
     SGLang's extras)."""
     model_config = ConfigDict(extra="allow")   # extras: checked against UNSUPPORTED_OPENAI,
                                                # others ignored
-    model: StrictStr | None = None             # omitted or "default": the served model (SGLang)
+    model: StrictStr | None = None             # any name: the served model, echoed (SGLang)
     max_tokens: StrictInt | None = None
     temperature: Number | None = None
     top_p: Number | None = None
@@ -156,7 +156,7 @@ class OpenAISampling(BaseModel):
 class CompletionIn(OpenAISampling):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
     echo: StrictBool = False
-    logprobs: StrictInt | None = Field(default=None, ge=0, le=5)
+    logprobs: StrictInt | None = None          # up to --max-top-logprobs-num (SGLang: no limit)
 
 
 class ChatMessage(BaseModel):
@@ -167,9 +167,39 @@ class ChatMessage(BaseModel):
 
 class ChatIn(OpenAISampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    chat_template_kwargs: dict[StrictStr, Any] | None = None
+    separate_reasoning: StrictBool = True      # with --reasoning-parser (SGLang's fields)
+    stream_reasoning: StrictBool = True
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
+
+
+class SeparateReasoningIn(BaseModel):
+    """SGLang's SeparateReasoningReqInput."""
+    model_config = ConfigDict(extra="ignore")
+    text: StrictStr
+    reasoning_parser: StrictStr
+    return_blocks: StrictBool = False
+
+
+class TokenizeIn(BaseModel):
+    """SGLang's TokenizeRequest: exactly one of `prompt` and `messages`."""
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr | None = None
+    prompt: StrictStr | list[StrictStr] | None = None
+    messages: list[ChatMessage] | None = None
+    chat_template_kwargs: dict[StrictStr, Any] | None = None
+    add_special_tokens: StrictBool = True
+    add_generation_prompt: StrictBool | None = None
+
+
+class DetokenizeIn(BaseModel):
+    """SGLang's DetokenizeRequest."""
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr | None = None
+    tokens: list[StrictInt] | list[list[StrictInt]]
+    skip_special_tokens: StrictBool = True
 
 
 class ApiError(Exception):
@@ -288,7 +318,9 @@ REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "/generate": GenerateIn, "/update_weights_from_disk": UpdateWeightsIn,
     "/abort_request": AbortIn, "/update_weights_from_tensor": TensorUpdateIn,
     "/begin_weight_update": BeginWeightUpdateIn,
-    "/v1/completions": CompletionIn, "/v1/chat/completions": ChatIn}
+    "/v1/completions": CompletionIn, "/v1/chat/completions": ChatIn,
+    "/tokenize": TokenizeIn, "/v1/tokenize": TokenizeIn, "/detokenize": DetokenizeIn,
+    "/v1/detokenize": DetokenizeIn, "/separate_reasoning": SeparateReasoningIn}
 
 
 def describe_bodies(schema: dict) -> dict:

@@ -12,7 +12,8 @@ Penalties, min_new_tokens and logit_bias apply at every node with the counts of 
 branch tokens before it (`sampler.penalised`, one window per branch): each draft is verified against
 exactly the distribution plain decoding would use there, so SD stays lossless; the drafter's q stays
 unpenalised, which costs acceptance only. Returned, top and token-id logprobs of each emitted token
-come from its node's penalised row, as plain decoding's from its step's.
+come from its node's penalised row, as plain decoding's from its step's. A grammar's mask is applied
+the same way (`server.grammar`): a draft it forbids has probability 0 at its node, never accepted.
 """
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def tree_pass(runner: ModelRunner, seqs: list, branches: list[list[list[int]]],
 def _penalised_tree(logits: torch.Tensor, seqs: list, trees: list, branches: list[list[list[int]]],
                     base: list[int]) -> torch.Tensor:
     """logits [N, V] of the pass -> penalised: each branch is one window [root, its tokens]."""
-    if not any(s.req.params.penalised for s in seqs):
+    if not any(s.req.params.logits_processed for s in seqs):
         return logits
     rows, wseqs, wdrafts = [], [], []
     for s, t, br, b0 in zip(seqs, trees, branches, base):

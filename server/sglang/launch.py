@@ -69,7 +69,8 @@ def build_command(args: argparse.Namespace, python: str = "python") -> list[str]
            args.host, "--port", str(args.port), "--device", device, "--dtype", dtype]
     optional = [("--context-length", args.context_length),
                 ("--max-running-requests", args.max_running_requests),
-                ("--api-key", args.api_key), ("--admin-api-key", args.admin_api_key)]
+                ("--api-key", args.api_key), ("--admin-api-key", args.admin_api_key),
+                ("--reasoning-parser", getattr(args, "reasoning_parser", None))]
     if args.drafter:
         optional += [("--speculative-algorithm", "EAGLE3"),
                      ("--speculative-draft-model-path", str(args.drafter)),

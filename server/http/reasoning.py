@@ -1,0 +1,99 @@
+"""Reasoning parsers: a reasoning model's `<think>…</think>` apart from its answer, as SGLang 0.5.23's
+`parser/reasoning_parser.py` (`BaseReasoningFormatDetector`) separates them, one-shot and streamed.
+
+Names as SGLang's `--reasoning-parser`: `deepseek-r1` (reasoning until `</think>`, the opening tag
+optional: R1 starts inside it), `qwen3` (reasoning only inside `<think>`, or from the start when the
+chat template opened the tag itself; a `<tool_call>` closes it), `qwen3-thinking` (always reasoning
+first), and SGLang's other names for the same two detectors. Streaming holds back a trailing piece
+that may be the start of a tag, so a tag split across deltas never leaks into either field."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+THINK, END = "<think>", "</think>"
+
+
+@dataclass(frozen=True, slots=True)
+class Style:
+    force: bool                 # reasoning from the first token, without the opening tag
+    tool_start: str | None      # a tag that ends reasoning without </think>
+
+
+R1, QWEN3, QWEN3_THINKING = Style(True, None), Style(False, "<tool_call>"), Style(True, "<tool_call>")
+# SGLang's names for these two detectors (its DetectorMap)
+PARSERS = {"deepseek-r1": R1, "step3": R1, "step3p5": R1, "gigachat35": R1,
+           "qwen3": QWEN3, "dots": QWEN3, "nanbeige": QWEN3, "interns1": QWEN3,
+           "qwen3-thinking": QWEN3_THINKING, "minimax": QWEN3_THINKING}
+
+
+def check_parser(name: str, field: str = "reasoning_parser") -> Style:
+    style = PARSERS.get(name.lower()) if isinstance(name, str) else None
+    if style is None:
+        from gleanrl.server.http.schemas import ApiError
+        raise ApiError(400, f"{field}: unsupported reasoning parser {name!r}; supported: "
+                            f"{', '.join(PARSERS)}", param=field)
+    return style
+
+
+def _partial(text: str, tag: str) -> int:
+    """Length of the longest tail of `text` that is a strict prefix of `tag`."""
+    for i in range(min(len(text), len(tag) - 1), 0, -1):
+        if tag.startswith(text[-i:]):
+            return i
+    return 0
+
+
+class ReasoningParser:
+    def __init__(self, name: str, template_opened: bool = False):
+        """`template_opened`: the chat template ended the prompt with `<think>` (the model starts
+        inside the block, as SGLang's `force_reasoning` from its template detection)."""
+        self.style = check_parser(name)
+        self.in_reasoning = self.style.force or template_opened
+        self.buffer, self.stripped = "", False
+
+    def _tool_at(self, text: str) -> int:
+        return text.find(self.style.tool_start) if self.style.tool_start else -1
+
+    def split(self, text: str) -> tuple[str, str]:
+        """The whole output -> (reasoning, content), as SGLang's `detect_and_parse`."""
+        if not (self.in_reasoning or THINK in text):
+            return "", text
+        while text.startswith(THINK):
+            text = text[len(THINK):]
+        if END in text:
+            reasoning, _, content = text.partition(END)
+            return reasoning, content
+        tool = self._tool_at(text)
+        if tool >= 0:
+            return text[:tool], text[tool:]
+        return text, ""                               # cut off before </think>
+
+    def feed(self, delta: str) -> tuple[str, str]:
+        """A streamed delta -> (reasoning, content) to send now (SGLang's
+        `parse_streaming_increment` with stream_reasoning on)."""
+        text = self.buffer + delta
+        tags = [THINK, END] + ([self.style.tool_start] if self.style.tool_start else [])
+        if any(t.startswith(text) and t != text for t in tags):
+            self.buffer = text
+            return "", ""
+        if not self.stripped and THINK in text:
+            text, self.stripped, self.in_reasoning = text.replace(THINK, "", 1), True, True
+        if not self.in_reasoning:
+            self.buffer = ""
+            return "", text
+        if END in text:
+            self.buffer, self.in_reasoning = "", False
+            reasoning, _, content = text.partition(END)
+            return reasoning, content
+        tool = self._tool_at(text)
+        if tool >= 0:
+            self.buffer, self.in_reasoning = "", False
+            return text[:tool], text[tool:]
+        hold = max(_partial(text, t) for t in tags)
+        self.buffer = text[len(text) - hold:] if hold else ""
+        return text[:len(text) - hold], ""
+
+    def finish(self) -> tuple[str, str]:
+        """The stream ended: what was held back, in the field it belongs to."""
+        rest, self.buffer = self.buffer, ""
+        return (rest, "") if self.in_reasoning else ("", rest)
