@@ -60,6 +60,35 @@ def test_summary_arithmetic():
     assert part["speedup_cold"] == pytest.approx(8 / 5) and part["arms"] == ["a_no_sd", "cold_adaptive"]
 
 
+def test_running_histogram_pushes_and_the_modelled_ceiling():
+    from gleanrl.bench.e2e import parse_speedups
+    from gleanrl.trainer.metrics import running_seconds
+
+    # 3 requests: 0-4 s, 0-4 s, 0-10 s -> 4 s at 3 running ("4"), 6 s at 1 running
+    hist = running_seconds([(0.0, 4.0), (0.0, 4.0), (0.0, 10.0)])
+    assert hist["4"] == pytest.approx(4.0) and hist["1"] == pytest.approx(6.0)
+    assert sum(hist.values()) == pytest.approx(10.0)
+    a = _rows([12, 12], 0.0, [0.1, 0.2])  # rollouts 11 s of each 12 s step
+    for row in a:
+        row["running_s"] = {"1": 6.0, "4": 5.0}
+    b = _rows([10, 10], 2.0, [0.1, 0.2])
+    for i, row in enumerate(b):
+        row["drafter_pushes"], row["push_gains"] = i, [(0.3, 0.1)] * i
+    s = summarize({"a_no_sd": a, "b_adaptive": b})
+    assert s["running_hist_s"] == {"1": 12.0, "4": 10.0}
+    assert s["share_le2_running"] == pytest.approx(12 / 22)
+    # bucket 1 halves (2 tokens per verify pass), bucket 4 stays: 22 s of rollouts -> 16 s
+    assert s["ceiling_rollout"] == pytest.approx(22 / 16)
+    share = 22 / 24
+    assert s["ceiling_e2e"] == pytest.approx(1 / ((1 - share) + share / (22 / 16)))
+    assert s["pushes_per_step"]["b_adaptive"] == pytest.approx(0.5)
+    assert s["push_gains"]["b_adaptive"] == [(0.3, 0.1)]
+    measured = summarize({"a_no_sd": a, "b_adaptive": b}, sd_speedups=parse_speedups("1:3,4:1.25"))
+    assert measured["ceiling_rollout"] == pytest.approx(22 / (12 / 3 + 10 / 1.25))
+    with pytest.raises(ValueError, match="BUCKET:SPEEDUP"):
+        parse_speedups("3:2")
+
+
 def test_arms_parsed_in_order_and_refused_by_name():
     assert parse_arms("c_stale, a_no_sd") == ["a_no_sd", "c_stale"]
     with pytest.raises(ValueError, match="unknown arm.*warm"):
@@ -88,8 +117,11 @@ def test_bench_e2e_tiny_run(tiny_qwen2, tmp_path, monkeypatch, capsys):
                 "reward_b", "reward_gap_ab", "reward_noise_seed", "rollout_share_a",
                 "speedup_rollout", "cold_accept_per_step", "offdomain_accept_ratio",
                 "samedomain_accept_ratio", "heldout_accept_adaptive", "heldout_accept_stale",
-                "accept_ratio_late", "idle_train_s"):
+                "accept_ratio_late", "idle_train_s", "ceiling_e2e", "ceiling_rollout",
+                "pushes_per_step", "running_hist_s", "share_le2_running", "model", "drafter"):
         assert key in s
+    assert s["model"] == str(tiny_qwen2) and s["drafter"] == str(drafter)
+    assert sum(s["running_hist_s"].values()) > 0 and set(s["pushes_per_step"]) == set(arms)
     assert s["steps"] == 1 and s["speedup_e2e"] > 0 and len(s["reward_a_seed2"]) == 1 and s["regime"] == "long_tail"
     assert set(s["wall_s"]) == set(arms) == set(s["arms"]) and all(v > 0
                                                                    for v in s["wall_s"].values())

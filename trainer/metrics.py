@@ -55,6 +55,25 @@ def tail_seconds(finish_times: list[float]) -> float:
     return ordered[-1] - ordered[max(k, 1) - 1]
 
 
+# running-count buckets of `running_seconds`: upper bounds (SD's cost per token changes with them)
+RUNNING_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def running_seconds(intervals: list[tuple[float, float]]) -> dict[str, float]:
+    """Time-weighted histogram of how many requests ran at once: seconds spent with 1, 2, 3-4, 5-8
+    ... running, from each request's (submitted, finished) times. Keys are the buckets' upper
+    bounds ("1", "2", "4", ..., "inf")."""
+    events = sorted([(t0, 1) for t0, _ in intervals] + [(t1, -1) for _, t1 in intervals])
+    out = {str(b): 0.0 for b in (*RUNNING_BUCKETS, "inf")}
+    running, last = 0, None
+    for t, delta in events:
+        if running and last is not None:
+            bucket = next((b for b in RUNNING_BUCKETS if running <= b), "inf")
+            out[str(bucket)] += t - last
+        running, last = running + delta, t
+    return out
+
+
 def rollout_metrics(rollouts: list[Rollout], t_start: float, t_end: float, accuracy_of) -> dict:
     lens = [len(r.output_ids) for r in rollouts]
     finished = [r.finished_at for r in rollouts if r.finished_at is not None]
@@ -70,6 +89,9 @@ def rollout_metrics(rollouts: list[Rollout], t_start: float, t_end: float, accur
         "truncated_frac": sum(r.status.value == "truncated"
                               for r in rollouts) / max(len(rollouts), 1),
         "rollout_s": rollout_s, "tail_s": tail_seconds(finished),
+        "running_s": running_seconds([(r.submitted_at, r.finished_at) for r in rollouts
+                                      if r.submitted_at is not None
+                                      and r.finished_at is not None]),
         "ttft_p50_s": percentile(ttft, 50),
         "tokens_per_s": sum(lens) / rollout_s if rollout_s > 0 else 0.0,
         **sd_stats(rollouts),

@@ -88,11 +88,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--push-every", type=int, default=10,
                    help="adaptive arms: drafter micro-steps between pushes")
     p.add_argument("--json", default=None, help="write the summary here as JSON")
+    p.add_argument("--sd-speedups", default=None, metavar="R:X,...",
+                   help="measured SD speedup per running-count bucket (e.g. '1:2.1,2:1.7,4:1.1', "
+                        "from `gleanrl bench sd --batches 1,2,4`) for the modelled ceiling "
+                        "(default: served tokens per verify pass at <= 2 running, 1 above)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where the rollout server runs (the trainer runs on CPU)")
     p.add_argument("--quick", action="store_true",
                    help=f"arms {','.join(QUICK_ARMS)} for {QUICK_STEPS} steps (unless --arms / "
                         "--steps say otherwise)")
+
+
+def parse_speedups(text: str | None) -> dict[str, float] | None:
+    """'1:2.1,2:1.7' -> {"1": 2.1, "2": 1.7} (running-count bucket -> SD speedup)."""
+    if not text:
+        return None
+    from gleanrl.trainer.metrics import RUNNING_BUCKETS
+    out = {}
+    for part in text.split(","):
+        bucket, _, value = part.partition(":")
+        if bucket.strip() not in {str(b) for b in RUNNING_BUCKETS} or not value:
+            raise ValueError(f"--sd-speedups: {part!r} is not BUCKET:SPEEDUP with BUCKET one of "
+                             f"{', '.join(map(str, RUNNING_BUCKETS))}")
+        out[bucket.strip()] = float(value)
+    return out
 
 
 def parse_arms(text: str) -> list[str]:
@@ -152,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
     args.steps = args.steps or (QUICK_STEPS if args.quick else FULL_STEPS)
     try:
         arms = parse_arms(args.arms)
+        parse_speedups(args.sd_speedups)
         if "a_sglang" in arms and (why := sglang_missing()):
             print(f"skipping arm a_sglang: {why}", file=sys.stderr)
             arms.remove("a_sglang")
@@ -200,7 +220,9 @@ def run(args: argparse.Namespace) -> int:
                       for line in (out / name / "metrics.jsonl").read_text().splitlines()]
         if h is not None and harvest == "push":
             held[name] = heldout(h, drafter0, policy)
-    summary = summarize(runs, wall) | {"regime": args.regime, "heldout_accept": held}
+    summary = summarize(runs, wall, parse_speedups(args.sd_speedups)) | {
+        "regime": args.regime, "heldout_accept": held, "model": str(policy),
+        "drafter": str(drafters["same"]) if "same" in drafters else None}
     same = held.get("b_adaptive", {})
     summary |= {"heldout_accept_adaptive": same.get("serving"),
                 "heldout_accept_stale": same.get("start")}

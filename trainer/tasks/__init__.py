@@ -19,7 +19,9 @@ DEFAULT_TASK = "doubling"
 # the long tail: trainer.tasks.presets
 BUILTIN = {"doubling": Doubling, "running_sums": RunningSums,
            "doubling_long_tail": functools.partial(Doubling, tail_share=0.125, tail_min=80,
-                                                   name="doubling_long_tail")}
+                                                   name="doubling_long_tail"),
+           "doubling_reasoning_tail": functools.partial(Doubling, tail_share=1 / 32, tail_min=80,
+                                                        name="doubling_reasoning_tail")}
 
 __all__ = ["Task", "TaskError", "load_task", "accuracy", "JsonlTask", "Doubling", "RunningSums",
            "DEFAULT_TASK"]

@@ -9,6 +9,12 @@
   reasoning RL (TLT reports ~85 %, FastGRPO 91-98 %), with nothing slowed down to get there. Not yet
   measured on the demo policy. The format is the default task's (k <= 99, which the default
   bootstrap is trained on), so the default bootstrap policy answers it without a new bootstrap.
+- `reasoning_tail`: the tail of reasoning RL, where a few single responses run far past the rest
+  (TLT's premise), so that for most of the tail 1-2 sequences decode: the regime where SD pays on
+  this CPU (its ridge is ~15 rows a forward; 1-2 running here behave like a GPU's tens). One prompt
+  in 32 (on average) is an 80-99-doubling problem, and groups are pairs: the built-in task's
+  response length is set by its prompt, so siblings run in lockstep, and per-sample variation
+  within a group is modelled by small groups. 32 prompts x 2 samples.
 - `short` (the default of `gleanrl demo`, whose wall time is measured in this regime; long_tail is
   opt-in there until its demo time is measured): power law alone, 512-token cap, where rollouts were
   ~52 % of a no-SD step.
@@ -33,6 +39,8 @@ class Regime:
 REGIMES = {
     "long_tail": Regime(task="doubling_long_tail", max_new_tokens=768, prompts_per_step=8,
                         samples_per_prompt=8),
+    "reasoning_tail": Regime(task="doubling_reasoning_tail", max_new_tokens=768,
+                             prompts_per_step=32, samples_per_prompt=2),
     "short": Regime(task="doubling", max_new_tokens=512, prompts_per_step=8, samples_per_prompt=8),
 }
 DEFAULT_REGIME = "long_tail"   # bench e2e
