@@ -13,8 +13,10 @@ take it. Every iteration is timed into the controller's cost model (all of it: s
 verify, bookkeeping; the drafter call apart) and every verified branch into its
 acceptance estimates.
 
-Draft states (`draft_state.py`): a state that breaks its invariant (new drafter, flushed or
-retracted cache) is rebuilt by re-feeding the target the last `window` tokens. The scheduler appends
+Draft states (`draft_state.py`): a state that breaks its invariant (flushed or retracted cache, a
+drafter that reads other target layers) is rebuilt by re-feeding the target the last `window`
+tokens; a new drafter that reads the same layers keeps the target's states and rebuilds its own
+cache from them at its next catch-up. The scheduler appends
 the emitted tokens one at a time and stops at EOS, a stop string or `max_new_tokens` exactly.
 """
 from __future__ import annotations
@@ -75,14 +77,22 @@ class SDDecoder:
                 "sd_controller": self.controller.summary() if self.controller else None}
 
     def set_drafter(self, drafter, path: str | None) -> None:
-        """Between iterations: serve `drafter`; every draft state is rebuilt on the next iteration
-        and the EAGLE-3 acceptance estimates, made with the old drafter, count less."""
+        """Between iterations: serve `drafter`. What stays valid is kept: the target's caches and
+        the aux hidden states the drafter reads (same aux layers), from which each sequence's new
+        drafter cache is rebuilt at its next catch-up, with no target forward; the drafter step
+        costs when the new drafter has the old one's shape; the EAGLE-3 acceptance estimates as
+        a prior that counts less. Otherwise states are rebuilt by re-feeding the target."""
         if self.controller is None:
             raise ValueError("plain decoding (sd off) serves no drafter")
-        self.drafter, self.draft_path = drafter, path
-        self.states.clear()
+        old, self.drafter, self.draft_path = self.drafter, drafter, path
+        if drafter is not None and old is not None and _same_inputs(old, drafter):
+            self.states = {s: st.rebased(new_draft_cache(drafter))
+                           for s, st in self.states.items()}
+        else:
+            self.states.clear()
         self.controller.drafter_swapped()
-        if drafter is not None:
+        if drafter is not None and (old is None or not self.controller.cost.step
+                                    or _shape(old) != _shape(drafter)):
             self.controller.cost.calibrate_drafter(drafter)
 
     @torch.inference_mode()
@@ -161,7 +171,7 @@ class SDDecoder:
                 self.states[s].add(st.take()[-self.window:])
 
     def _new_state(self, start: int) -> DraftState:
-        return DraftState(new_draft_cache(self.drafter), start)
+        return DraftState(new_draft_cache(self.drafter), start, keep=self.window)
 
     def _feed(self, runner: ModelRunner, seqs: list[Sequence]) -> Out:
         """The plain step (prefill chunks or one token); with a drafter it captures the
@@ -240,3 +250,14 @@ class SDDecoder:
             s.spec_accepted_by_source[name] = s.spec_accepted_by_source.get(name, 0) + r.accepted
         self.verify_ct, self.verify_tokens = self.verify_ct + 1, self.verify_tokens + r.accepted + 1
         self.accept_hist[min(r.accepted + 1, len(self.accept_hist) - 1)] += 1
+
+
+def _same_inputs(a, b) -> bool:
+    """Two drafters read the same target hidden states."""
+    return list(a.config.aux_layer_ids) == list(b.config.aux_layer_ids) \
+        and a.fc.weight.shape[1] == b.fc.weight.shape[1] and a.fc.weight.dtype == b.fc.weight.dtype
+
+
+def _shape(drafter) -> tuple:
+    """What a drafter step's cost depends on."""
+    return tuple((n, tuple(p.shape), p.dtype) for n, p in drafter.named_parameters())
