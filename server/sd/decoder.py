@@ -115,10 +115,13 @@ class SDDecoder:
             return [out.get(s, ([], [])) for s in seqs]
         waiting = set(seqs) - set(ready)
         out = self._feed(runner, [s for s in seqs if s in waiting]) if waiting else {}
-        spec, size, draft_s = self._speculate(runner, ready, plan, proposals)
+        spec, rows, draft_s = self._speculate(runner, ready, plan, proposals)
+        tokens = sum(len(ids) for ids, _ in spec.values())
         if not waiting:
-            self.controller.cost.record_pass(len(seqs), size, time.perf_counter() - t0 - draft_s)
-        self._count_pass(ready, sum(len(ids) for ids, _ in spec.values()))
+            seconds = time.perf_counter() - t0
+            self.controller.cost.record_pass(len(seqs), rows / len(seqs), seconds - draft_s)
+            self.controller.record_iteration(len(seqs), plan, tokens, seconds)
+        self._count_pass(ready, tokens)
         out.update(spec)
         return [out.get(s, ([], [])) for s in seqs]
 
@@ -137,8 +140,9 @@ class SDDecoder:
                      for s, c in zip(seqs, caps)]
         eagle_ok = [self.drafter is not None and c > 0 and self.states[s].pending > 0
                     for s, c in zip(seqs, caps)]
-        plan = self.controller.plan(caps,
-                                    [d.probs if d is not None else [] for d in proposals], eagle_ok)
+        self.controller.accept.keep_only(seqs)
+        plan = self.controller.plan(caps, [d.probs if d is not None else [] for d in proposals],
+                                    eagle_ok, seqs)
         if propose:
             bucket = b_bucket(len(seqs))
             self._group_idle[bucket] = 0 if any(plan.group_lens) else self._group_idle.get(bucket, 0) + 1
@@ -190,7 +194,7 @@ class SDDecoder:
 
     def _speculate(self, runner: ModelRunner, seqs: list[Sequence], plan: Plan,
                    proposals: list[GroupDraft | None]) -> tuple[Out, int, float]:
-        """Drafts and verifies; returns (outputs, the largest tree, seconds spent drafting)."""
+        """Drafts and verifies; returns (outputs, the rows verified, seconds spent drafting)."""
         prm = params_tensors([s.req.params for s in seqs], runner.device)   # on the target's device
         draft_s = 0.0
         eagle: list[list[int]] = [[] for _ in seqs]
@@ -227,7 +231,7 @@ class SDDecoder:
             if branches[b]:
                 self._count(s, srcs[b], branches[b], proposals[b], r)
             out[s] = (r.ids, r.logprobs)
-        return out, max(1 + sum(map(len, br)) for br in branches), draft_s
+        return out, sum(1 + sum(map(len, br)) for br in branches), draft_s
 
     def _count(self, s: Sequence, srcs: list[str], branches: list[list[int]],
                proposal: GroupDraft | None, r: TreeResult) -> None:
@@ -243,7 +247,7 @@ class SDDecoder:
                 accepted = r.accepted if m == r.branch else 0
                 self.controller.accept.record(name, len(br), accepted,
                                               proposal.probs if name == "group" and proposal
-                                              else None)
+                                              else None, key=s)
         if r.branch >= 0:
             name = srcs[r.branch]
             self.accepted_by_source[name] += r.accepted
