@@ -14,6 +14,7 @@ from gleanrl.server.sd.controller import Controller, ControllerConfig, CostModel
 
 EXPLORE, MIN_SAMPLES, PROBE, REPROBE, T_GRID = (ctl_mod.EXPLORE, ctl_mod.MIN_SAMPLES, ctl_mod.PROBE,
                                                 ctl_mod.REPROBE, ctl_mod.T_GRID)
+REPLAN = ctl_mod.REPLAN
 
 
 def _costs(ctl: Controller, batches, per_token: float, base: float = 0.01) -> None:
@@ -106,7 +107,7 @@ def test_unmeasured_drafting_is_explored_rarely_and_a_losing_cell_is_refused():
         ctl.record_iteration(1, plan, 1, 1.25 / plan.plain_rate)
     losing = ctl.cells.key(1, plan)
     played = [ctl.cells.key(1, p) for p in (ctl.plan([20], [[]], [True])
-                                             for _ in range(2 * REPROBE)) if p.drafts]
+                                             for _ in range(2 * REPROBE * REPLAN)) if p.drafts]
     assert 1 <= played.count(losing) <= 2
 
 

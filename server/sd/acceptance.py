@@ -40,6 +40,7 @@ class Acceptance:
 
     def __init__(self, decay: float = 0.995):
         self.decay = decay
+        self.version = 0                                  # counts the records
         self.eagle = _Counts(np.zeros(MAX_DEPTH), np.zeros(MAX_DEPTH))
         self.by_seq: dict[object, _Counts] = {}          # sequence -> its EAGLE-3 counts
         shape = (len(_DEPTH_BINS) + 1, len(_PROB_BINS) + 1)
@@ -84,6 +85,7 @@ class Acceptance:
         """A branch of n_tried tokens whose first n_accepted were accepted (tokens after the first
         rejection were not tested); `key`: the sequence, for its own EAGLE-3 counts."""
         tested = min(n_accepted + 1, n_tried)
+        self.version += 1
         if source == "eagle":
             own = None
             if key is not None:
@@ -118,6 +120,7 @@ class Acceptance:
 
     def drafter_swapped(self) -> None:
         """The old drafter's evidence stays as a prior that weighs half."""
+        self.version += 1
         for c in (self.eagle, *self.by_seq.values()):
             c.tries *= 0.5
             c.accepted *= 0.5

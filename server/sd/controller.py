@@ -61,6 +61,8 @@ MIN_SAMPLES, PAY = 3, 1.0                                 # a cell pays: measure
                                                           # realised rate > PAY x plain's
 PROBE, CLOSE = 16, 0.8                                    # adaptive: how often the side not
                                                           # played is measured
+REPLAN = 4                                                # a plain stretch with unchanged
+                                                          # inputs re-plans every REPLAN-th
 EXPLORE, REPROBE = 8, 64                                  # plain plans between explorations;
                                                           # refusals of a losing cell per retry
 
@@ -151,6 +153,8 @@ class Controller:
         self.cost, self.accept, self.cells = CostModel(), Acceptance(), Cells()
         self._streak: dict[int, tuple[bool, int]] = {}     # B bucket -> (plans drafted,
                                                            # iterations in a row)
+        self._quiet: dict[int, tuple | None] = {}          # B bucket -> ((b, evidence
+                                                           # version), plain plans since)
 
     def _in_a_row(self, b: int, drafts: bool) -> int:
         """Counts this bucket's plans in a row on one side; returns the count."""
@@ -193,9 +197,19 @@ class Controller:
                 np.array(eagle_ok) & eagle_on, keys, secs, plain_rate)
         if on:                                       # draft wherever a draft exists
             return self._best(*args, explore=True, force=True) or none
-        best = self._best(*args, explore=False)
-        if best is not None and best.expected_rate > plain_rate \
-                and self.cells.allowed(self.cells.key(b, best)):
+        quiet = self._quiet.get(b_bucket(b))
+        if quiet is not None and quiet[0] == (b, self.accept.version) and quiet[1] % REPLAN \
+                and not group_on:
+            best = None                              # the same inputs did not play a moment
+                                                     # ago
+        else:
+            best = self._best(*args, explore=False)
+        plays = best is not None and best.expected_rate > plain_rate \
+            and self.cells.allowed(self.cells.key(b, best))
+        same = quiet is not None and quiet[0] == (b, self.accept.version)
+        self._quiet[b_bucket(b)] = None if plays else ((b, self.accept.version),
+                                                       quiet[1] + 1 if same else 1)
+        if plays:
             if self._in_a_row(b, True) < PROBE:
                 return best
             self._reset(b)
@@ -204,16 +218,15 @@ class Controller:
         if n < EXPLORE and not any(c[0] == b_bucket(b) and self.cells.pays(c)
                                    for c in self.cells.cells):
             return none
+        if n >= EXPLORE:
+            self._reset(b)                           # the next look EXPLORE plans on
         opt = self._best(*args, explore=True)
         if opt is None or opt.expected_rate < CLOSE * plain_rate:
             return none
         key = self.cells.key(b, opt)
         if opt.expected_rate > plain_rate and self.cells.pays(key):
             return opt
-        if n >= EXPLORE and not self.cells.loses(key):
-            self._reset(b)
-            return opt
-        return none
+        return opt if n >= EXPLORE and not self.cells.loses(key) else none
 
     def _best(self, caps: np.ndarray, group_probs: list[list[float]] | None, elig: np.ndarray,
               keys: list | None, secs: np.ndarray, plain_rate: float, explore: bool,
@@ -239,48 +252,51 @@ class Controller:
                                   self.accept.eagle_rates(explore)[None].repeat(b, 0))
         ks = ([cfg.fixed_k] if cfg.fixed_k else list(K_GRID)) if elig.any() and cfg.eagle else []
         if explore and not force:                  # cheap: one depth past what is measured
-            ks = [k for k in ks if k <= self.accept.measured_depths() + 1]
-
-        def cost(n_rows: float) -> float:                   # a target pass of n_rows rows
-            return float(np.interp(n_rows / b, GRID, secs))
-
-        best: Plan | None = None
-        for k in [0] + ks:
-            val, use, kind = g_val.copy(), g_use.copy(), np.zeros((b, MAX_DEPTH + 1), dtype=int)
-            if k:
-                e_use = np.minimum(ls, k).repeat(b, 0)
-                e_val = np.where(elig[:, None], e_exp[rows[:, None], e_use], 0.0)
-                better = e_val > val
-                val, use, kind = np.where(better, e_val, val), np.where(better, e_use, use), \
-                    np.where(better, 1, kind)
-                if cfg.fused and group_probs is not None:
-                    f_g = np.minimum(np.maximum(ls - k, 0), glen[:, None])  # [B, 33]
-                    f_val = np.where(elig[:, None] & (f_g > 0), g_exp[rows[:, None], f_g]
-                                     + (1 - g_first[:, None]) * e_exp[:, k:k + 1], 0.0)
-                    better = f_val > val
-                    val, use, kind = np.where(better, f_val, val), np.where(better, k + f_g, use), \
-                        np.where(better, 2, kind)
-            val, use = np.where(fits, val, 0.0), np.where(fits, use, 0)
-            if not val.any():
-                continue
-            draft_s = self.cost.draft_seconds(int(elig.sum()), k) if k else 0.0
-            rate, n = plain_rate, b
-            for _ in range(3):
-                price = rate * (cost(n + b) - cost(n)) / b                   # per row
-                score = val - price * use
-                if force:
-                    score = np.where(use > 0, score, -np.inf)
-                pick = score.argmax(1)
-                if force:
-                    pick = np.where(np.isfinite(score[rows, pick]), pick, 0)
-                v, u, kd = val[rows, pick], use[rows, pick], kind[rows, pick]
-                if not u.any():
-                    break
-                n = b + int(u.sum())
-                rate = (b + float(v.sum())) / (cost(n) + (draft_s if (kd > 0).any() else 0.0))
-                if best is None or rate > best.expected_rate:
-                    eagle_lens = np.where(kd == 1, u, np.where(kd == 2, k, 0))
-                    best = Plan((u - eagle_lens).tolist(), eagle_lens.tolist(), rate, plain_rate)
+            deepest = self.accept.measured_depths() + 1
+            ks = [k for k in ks if k <= deepest]
+        # every chain length at once: [K, B, 33] over (k, sequence, draft tokens l)
+        kk = np.array([0] + ks)[:, None, None]                              # [K, 1, 1]
+        r3, on3 = rows[None, :, None], elig[None, :, None] & (kk > 0)
+        e_use = np.minimum(ls[None], kk)                                    # [K, 1, 33]
+        e_val = np.where(on3, e_exp[r3, e_use], 0.0)                        # [K, B, 33]
+        val = np.maximum(g_val[None], e_val)
+        use = np.where(e_val > g_val[None], e_use, g_use[None])
+        kind = (e_val > g_val[None]).astype(int)                            # 0 group, 1 chain
+        if cfg.fused and group_probs is not None and ks:
+            f_g = np.minimum(np.maximum(ls[None] - kk, 0), glen[None, :, None])   # [K, B, 33]
+            f_val = np.where(on3 & (f_g > 0), g_exp[r3, f_g] + (1 - g_first[None, :, None])
+                             * e_exp[rows[None], kk[:, :, 0]][:, :, None], 0.0)
+            better = f_val > val
+            val, use, kind = np.where(better, f_val, val), np.where(better, kk + f_g, use), \
+                np.where(better, 2, kind)
+        val, use = np.where(fits[None], val, 0.0), np.where(fits[None], use, 0)
+        if force:
+            val = np.where(use > 0, val, -np.inf)
+        step = self.cost.draft_seconds(int(elig.sum()), 0) if ks else 0.0
+        draft_s = step * (kk[:, 0, 0] + 1) * (kk[:, 0, 0] > 0)              # [K]
+        # target seconds of a pass of b + j rows, j = 0 .. 33 b
+        cost = np.interp((b + np.arange(33 * b + 1)) / b, GRID, secs)
+        rate, n = np.full(len(kk), plain_rate), np.zeros(len(kk), dtype=int)   # n: draft rows
+        k_idx = np.arange(len(kk))[:, None]
+        kind = np.broadcast_to(kind, val.shape)
+        best, best_rate = None, -1.0
+        for _ in range(3):                         # Dinkelbach's iteration, every k at once
+            price = rate * (cost[np.minimum(n + b, 33 * b)] - cost[n]) / b  # [K] per row
+            pick = (val - price[:, None, None] * use).argmax(2)            # [K, B]
+            at = (k_idx, rows[None], pick)
+            v, u, kd = val[at], use[at], kind[at]                           # [K, B] each
+            n = u.sum(1)
+            chain = ((kd > 0) & (u > 0)).any(1)
+            new = np.where(u.any(1), (b + np.where(np.isfinite(v), v, 0).sum(1))
+                           / (cost[np.minimum(n, 33 * b)] + np.where(chain, draft_s, 0.0)), -1.0)
+            i = int(new.argmax())
+            if new[i] > best_rate:
+                k = int(kk[i, 0, 0])
+                eagle_lens = np.where(kd[i] == 1, u[i], np.where(kd[i] == 2, k, 0))
+                best_rate = float(new[i])
+                best = Plan((u[i] - eagle_lens).tolist(), eagle_lens.tolist(), best_rate,
+                            plain_rate)
+            rate = np.where(new > 0, new, rate)
         return best
 
     def drafter_swapped(self) -> None:
