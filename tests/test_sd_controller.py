@@ -108,7 +108,7 @@ def test_unmeasured_drafting_is_explored_rarely_and_a_losing_cell_is_refused():
     losing = ctl.cells.key(1, plan)
     played = [ctl.cells.key(1, p) for p in (ctl.plan([20], [[]], [True])
                                              for _ in range(2 * REPROBE * REPLAN)) if p.drafts]
-    assert 1 <= played.count(losing) <= 2
+    assert 1 <= played.count(losing) <= 2 * REPLAN   # at most one retry per REPROBE plans
 
 
 def test_fixed_length_in_mode_on_is_deterministic():

@@ -49,8 +49,8 @@ class Acceptance:
 
     def eagle_rates(self, explore: bool = False) -> np.ndarray:
         """[MAX_DEPTH] pooled conditional acceptance of the EAGLE-3 chain's token j + 1: measured
-        counts over a prior of weight 1 that is 0 at depth 1 (unmeasured: not worth drafting) and
-        DEEPER x the estimate of the depth before it deeper down (a chain grows one measured depth
+        counts over a prior of weight 1: DEEPER x the estimate of the depth before it where that
+        one is measured, else 0 (unmeasured: not worth drafting; a chain grows one measured depth
         at a time); `explore`: the optimistic prior (0.7 of weight 2), for exploration only."""
         if explore:
             return self.eagle.rate(np.full(MAX_DEPTH, EXPLORE_PRIOR))
@@ -58,7 +58,7 @@ class Acceptance:
         tries, accepted = self.eagle.tries.tolist(), self.eagle.accepted.tolist()
         for j in range(MAX_DEPTH):   # depth j's prior: depth j - 1's estimate, discounted
             rates[j] = (accepted[j] + prior) / (tries[j] + 1.0)
-            prior = DEEPER * rates[j]
+            prior = DEEPER * rates[j] if tries[j] >= 0.5 else 0.0
         return rates
 
     def measured_depths(self) -> int:

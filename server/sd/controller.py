@@ -166,6 +166,21 @@ class Controller:
     def _reset(self, b: int) -> None:
         self._streak[b_bucket(b)] = (False, 0)
 
+    def _still_quiet(self, b: int) -> bool:
+        """Plain without planning: the last plan at this b, with the same acceptance evidence,
+        played plain, this is not a REPLAN-th such plan, no exploration is due and no cell of the
+        bucket pays (the estimates it would use barely moved)."""
+        bucket, quiet = b_bucket(b), self._quiet.get(b_bucket(b))
+        if quiet is None or quiet[0] != (b, self.accept.version) or not quiet[1] % REPLAN:
+            return False
+        side, n = self._streak.get(bucket, (True, 0))
+        if side or n + 1 >= EXPLORE or any(c[0] == bucket and self.cells.pays(c)
+                                           for c in self.cells.cells):
+            return False
+        self._quiet[bucket] = (quiet[0], quiet[1] + 1)
+        self._in_a_row(b, False)
+        return True
+
     def plan(self, caps: list[int], group_probs: list[list[float]], eagle_ok: list[bool],
              keys: list | None = None) -> Plan:
         """caps[s]: most draft tokens s may verify (max_new_tokens, context); group_probs[s]: the
@@ -177,14 +192,16 @@ class Controller:
         otherwise the best plan by exploring estimates plays when its cell measured to pay, or, every
         EXPLORE-th plain plan in a row, when it comes within CLOSE of plain (cheap exploration)."""
         cfg, b = self.config, len(caps)
-        secs = self.cost.pass_seconds(b)                                    # [len(T_GRID)]
-        plain_rate = b / secs[0] if b and np.isfinite(secs[0]) and secs[0] > 0 else 0.0
-        none = Plan([0] * b, [0] * b, plain_rate, plain_rate)
         on = cfg.mode == "on"
         group_on = cfg.group and (on or b <= cfg.group_max_batch) and any(group_probs)
         eagle_on = cfg.eagle and (on or b <= cfg.eagle_max_batch) and any(eagle_ok)
         if b == 0 or not (group_on or eagle_on):
-            return none
+            return Plan([0] * b, [0] * b, 0.0, 0.0)
+        if not on and not group_on and self._still_quiet(b):
+            return Plan([0] * b, [0] * b, 0.0, 0.0)  # no estimates needed
+        secs = self.cost.pass_seconds(b)                                    # [len(T_GRID)]
+        plain_rate = b / secs[0] if np.isfinite(secs[0]) and secs[0] > 0 else 0.0
+        none = Plan([0] * b, [0] * b, plain_rate, plain_rate)
         if on and cfg.fixed_k:                       # deterministic: a seed reproduces its sample
             caps_k = [min(c, cfg.fixed_k) for c in caps]
             eagle_lens = [c if ok and eagle_on else 0 for c, ok in zip(caps_k, eagle_ok)]
@@ -197,15 +214,10 @@ class Controller:
                 np.array(eagle_ok) & eagle_on, keys, secs, plain_rate)
         if on:                                       # draft wherever a draft exists
             return self._best(*args, explore=True, force=True) or none
-        quiet = self._quiet.get(b_bucket(b))
-        if quiet is not None and quiet[0] == (b, self.accept.version) and quiet[1] % REPLAN \
-                and not group_on:
-            best = None                              # the same inputs did not play a moment
-                                                     # ago
-        else:
-            best = self._best(*args, explore=False)
+        best = self._best(*args, explore=False)
         plays = best is not None and best.expected_rate > plain_rate \
             and self.cells.allowed(self.cells.key(b, best))
+        quiet = self._quiet.get(b_bucket(b))
         same = quiet is not None and quiet[0] == (b, self.accept.version)
         self._quiet[b_bucket(b)] = None if plays else ((b, self.accept.version),
                                                        quiet[1] + 1 if same else 1)
@@ -238,32 +250,33 @@ class Controller:
         for their rows takes none. `force`: every sequence that can drafts at least one token."""
         cfg, b = self.config, len(caps)
         rows = np.arange(b)
-        ls = np.arange(MAX_DEPTH + 1)[None]                                  # [1, 33]
-        fits = ls <= caps[:, None]                                          # [B, 33]
+        ks = ([cfg.fixed_k] if cfg.fixed_k else list(K_GRID)) if elig.any() and cfg.eagle else []
+        if not force:                              # no deeper than one past what is measured
+            deepest = self.accept.measured_depths() + 1
+            ks = [k for k in ks if k <= deepest]
         if group_probs is not None:
             glen = np.minimum(np.array([len(p) for p in group_probs]), caps)
             g_exp, g_first = self.accept.group_expected(group_probs, glen)        # [B, 33], [B]
         else:
             glen, g_exp, g_first = np.zeros(b, dtype=int), np.zeros((b, MAX_DEPTH + 1)), np.zeros(b)
-        g_use = np.minimum(ls, glen[:, None])                               # [B, 33]
+        # l = 0 .. longest usable tree (L + 1 <= 33 columns)
+        ls = np.arange(1 + min(int(caps.max()), (max(ks) if ks else 0) + int(glen.max())))[None]
+        fits = ls <= caps[:, None]                                          # [B, L + 1]
+        g_use = np.minimum(ls, glen[:, None])                               # [B, L + 1]
         g_val = g_exp[rows[:, None], g_use]
         keys = keys if keys is not None else []
         e_exp = expected_accepted(self.accept.seq_eagle_rates(keys, explore) if keys else
                                   self.accept.eagle_rates(explore)[None].repeat(b, 0))
-        ks = ([cfg.fixed_k] if cfg.fixed_k else list(K_GRID)) if elig.any() and cfg.eagle else []
-        if explore and not force:                  # cheap: one depth past what is measured
-            deepest = self.accept.measured_depths() + 1
-            ks = [k for k in ks if k <= deepest]
-        # every chain length at once: [K, B, 33] over (k, sequence, draft tokens l)
+        # every chain length at once: [K, B, L + 1] over (k, sequence, draft tokens l)
         kk = np.array([0] + ks)[:, None, None]                              # [K, 1, 1]
         r3, on3 = rows[None, :, None], elig[None, :, None] & (kk > 0)
-        e_use = np.minimum(ls[None], kk)                                    # [K, 1, 33]
-        e_val = np.where(on3, e_exp[r3, e_use], 0.0)                        # [K, B, 33]
+        e_use = np.minimum(ls[None], kk)                                    # [K, 1, L + 1]
+        e_val = np.where(on3, e_exp[r3, e_use], 0.0)                        # [K, B, L + 1]
         val = np.maximum(g_val[None], e_val)
         use = np.where(e_val > g_val[None], e_use, g_use[None])
         kind = (e_val > g_val[None]).astype(int)                            # 0 group, 1 chain
         if cfg.fused and group_probs is not None and ks:
-            f_g = np.minimum(np.maximum(ls[None] - kk, 0), glen[None, :, None])   # [K, B, 33]
+            f_g = np.minimum(np.maximum(ls[None] - kk, 0), glen[None, :, None])   # [K, B, L+1]
             f_val = np.where(on3 & (f_g > 0), g_exp[r3, f_g] + (1 - g_first[None, :, None])
                              * e_exp[rows[None], kk[:, :, 0]][:, :, None], 0.0)
             better = f_val > val

@@ -65,6 +65,9 @@ class SDDecoder:
         # target passes over decoding
         self.decode_passes = self.decode_rows = self.decode_tokens = 0
         #   sequences, those sequences summed over the passes, the tokens they emitted
+        self.iterations = 0                             # decode calls, and their wall time:
+        self.iteration_s = self.forward_s = self.drafter_s = 0.0    # whole, target forwards,
+                                                                    # drafter calls
 
     def stats(self) -> dict:
         by_source = {src: (self.accepted_by_source[src] / n if n else 0.0)
@@ -95,8 +98,17 @@ class SDDecoder:
                                     or _shape(old) != _shape(drafter)):
             self.controller.cost.calibrate_drafter(drafter)
 
-    @torch.inference_mode()
     def decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
+        t0, f0 = time.perf_counter(), getattr(runner, "forward_seconds", 0.0)
+        try:
+            return self._decode(runner, seqs)
+        finally:
+            self.iterations += 1
+            self.iteration_s += time.perf_counter() - t0
+            self.forward_s += getattr(runner, "forward_seconds", 0.0) - f0
+
+    @torch.inference_mode()
+    def _decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
         if self.drafter is not None and not self.controller.cost.target:
             # a first drafter hot-swapped in
             self.controller.cost.calibrate(runner)
@@ -208,6 +220,7 @@ class SDDecoder:
             d, q = draft_tokens(self.drafter, sub, [self.states[s] for s in sub], ks,
                                 {key: v[idx] for key, v in prm.items()})
             draft_s = time.perf_counter() - t0
+            self.drafter_s += draft_s
             if catch_up <= 8:                          # a long catch-up (after plain steps)
                                                        # is no step cost
                 self.controller.cost.record_draft(len(sub), max(ks), draft_s)
