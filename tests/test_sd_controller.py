@@ -14,7 +14,6 @@ from gleanrl.server.sd.controller import Controller, ControllerConfig, CostModel
 
 EXPLORE, MIN_SAMPLES, PROBE, REPROBE, T_GRID = (ctl_mod.EXPLORE, ctl_mod.MIN_SAMPLES, ctl_mod.PROBE,
                                                 ctl_mod.REPROBE, ctl_mod.T_GRID)
-REPLAN = ctl_mod.REPLAN
 
 
 def _costs(ctl: Controller, batches, per_token: float, base: float = 0.01) -> None:
@@ -107,8 +106,8 @@ def test_unmeasured_drafting_is_explored_rarely_and_a_losing_cell_is_refused():
         ctl.record_iteration(1, plan, 1, 1.25 / plan.plain_rate)
     losing = ctl.cells.key(1, plan)
     played = [ctl.cells.key(1, p) for p in (ctl.plan([20], [[]], [True])
-                                             for _ in range(2 * REPROBE * REPLAN)) if p.drafts]
-    assert 1 <= played.count(losing) <= 2 * REPLAN   # at most one retry per REPROBE plans
+                                             for _ in range(2 * REPROBE * EXPLORE)) if p.drafts]
+    assert 1 <= played.count(losing) <= 2 * EXPLORE  # at most one retry per REPROBE plans
 
 
 def test_fixed_length_in_mode_on_is_deterministic():

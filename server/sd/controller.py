@@ -61,8 +61,6 @@ MIN_SAMPLES, PAY = 3, 1.0                                 # a cell pays: measure
                                                           # realised rate > PAY x plain's
 PROBE, CLOSE = 16, 0.8                                    # adaptive: how often the side not
                                                           # played is measured
-REPLAN = 4                                                # a plain stretch with unchanged
-                                                          # inputs re-plans every REPLAN-th
 EXPLORE, REPROBE = 8, 64                                  # plain plans between explorations;
                                                           # refusals of a losing cell per retry
 
@@ -153,8 +151,8 @@ class Controller:
         self.cost, self.accept, self.cells = CostModel(), Acceptance(), Cells()
         self._streak: dict[int, tuple[bool, int]] = {}     # B bucket -> (plans drafted,
                                                            # iterations in a row)
-        self._quiet: dict[int, tuple | None] = {}          # B bucket -> ((b, evidence
-                                                           # version), plain plans since)
+        self._quiet: dict[int, int | None] = {}            # B bucket -> the evidence version
+                                                           # its last plan played plain on
 
     def _in_a_row(self, b: int, drafts: bool) -> int:
         """Counts this bucket's plans in a row on one side; returns the count."""
@@ -166,18 +164,18 @@ class Controller:
     def _reset(self, b: int) -> None:
         self._streak[b_bucket(b)] = (False, 0)
 
-    def _still_quiet(self, b: int) -> bool:
-        """Plain without planning: the last plan at this b, with the same acceptance evidence,
-        played plain, this is not a REPLAN-th such plan, no exploration is due and no cell of the
-        bucket pays (the estimates it would use barely moved)."""
-        bucket, quiet = b_bucket(b), self._quiet.get(b_bucket(b))
-        if quiet is None or quiet[0] != (b, self.accept.version) or not quiet[1] % REPLAN:
+    def still_quiet(self, b: int) -> bool:
+        """Plain without planning (counted as a plain plan; the decoder asks before it gathers a
+        plan's inputs): the last plan in this bucket played plain on the same acceptance evidence,
+        no exploration is due and no cell of the bucket pays, so the estimates it would use
+        barely moved. A plain stretch re-plans every EXPLORE-th plan."""
+        bucket = b_bucket(b)
+        if self._quiet.get(bucket) != self.accept.version:
             return False
         side, n = self._streak.get(bucket, (True, 0))
         if side or n + 1 >= EXPLORE or any(c[0] == bucket and self.cells.pays(c)
                                            for c in self.cells.cells):
             return False
-        self._quiet[bucket] = (quiet[0], quiet[1] + 1)
         self._in_a_row(b, False)
         return True
 
@@ -197,7 +195,7 @@ class Controller:
         eagle_on = cfg.eagle and (on or b <= cfg.eagle_max_batch) and any(eagle_ok)
         if b == 0 or not (group_on or eagle_on):
             return Plan([0] * b, [0] * b, 0.0, 0.0)
-        if not on and not group_on and self._still_quiet(b):
+        if not on and not group_on and self.still_quiet(b):
             return Plan([0] * b, [0] * b, 0.0, 0.0)  # no estimates needed
         secs = self.cost.pass_seconds(b)                                    # [len(T_GRID)]
         plain_rate = b / secs[0] if np.isfinite(secs[0]) and secs[0] > 0 else 0.0
@@ -217,10 +215,7 @@ class Controller:
         best = self._best(*args, explore=False)
         plays = best is not None and best.expected_rate > plain_rate \
             and self.cells.allowed(self.cells.key(b, best))
-        quiet = self._quiet.get(b_bucket(b))
-        same = quiet is not None and quiet[0] == (b, self.accept.version)
-        self._quiet[b_bucket(b)] = None if plays else ((b, self.accept.version),
-                                                       quiet[1] + 1 if same else 1)
+        self._quiet[b_bucket(b)] = None if plays else self.accept.version
         if plays:
             if self._in_a_row(b, True) < PROBE:
                 return best

@@ -144,10 +144,12 @@ class SDDecoder:
             self.decode_tokens += tokens
 
     def _plan(self, seqs: list[Sequence]) -> tuple[Plan, list[GroupDraft | None]]:
-        caps = [self._cap(s) for s in seqs]
         cfg = self.controller.config
         propose = self.groups is not None and cfg.group and (cfg.mode == "on" or len(seqs) <= cfg.group_max_batch) \
             and self._probe(len(seqs))
+        if not propose and cfg.mode != "on" and self.controller.still_quiet(len(seqs)):
+            return Plan([0] * len(seqs), [0] * len(seqs), 0.0, 0.0), []   # nothing to plan
+        caps = [self._cap(s) for s in seqs]
         proposals = [self.groups.propose(s, c) if propose and c > 0 else None
                      for s, c in zip(seqs, caps)]
         eagle_ok = [self.drafter is not None and c > 0 and self.states[s].pending > 0
