@@ -67,7 +67,8 @@ class Acceptance:
         return int(unmeasured[0]) if unmeasured.size else MAX_DEPTH
 
     def seq_eagle_rates(self, keys: list, explore: bool = False) -> np.ndarray:
-        """[B, MAX_DEPTH] each sequence's own counts shrunk to the pooled rates (weight SEQ_PRIOR)."""
+        """[B, MAX_DEPTH] each sequence's own counts shrunk to the pooled rates (of weight
+        SEQ_PRIOR)."""
         pooled = self.eagle_rates(explore)
         out = np.tile(pooled, (len(keys), 1))
         for i, key in enumerate(keys):

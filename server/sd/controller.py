@@ -187,8 +187,9 @@ class Controller:
 
         Adaptive: the best plan by pessimistic estimates plays when it beats plain and its cell has
         not measured to lose (every PROBE-th in a row plain instead, to keep plain measured);
-        otherwise the best plan by exploring estimates plays when its cell measured to pay, or, every
-        EXPLORE-th plain plan in a row, when it comes within CLOSE of plain (cheap exploration)."""
+        otherwise the best plan by exploring estimates plays when its cell measured to pay, or,
+        every EXPLORE-th plain plan in a row, when it comes within CLOSE of plain (cheap
+        exploration)."""
         cfg, b = self.config, len(caps)
         on = cfg.mode == "on"
         group_on = cfg.group and (on or b <= cfg.group_max_batch) and any(group_probs)
@@ -242,7 +243,8 @@ class Controller:
         tree and length: for each chain length k, Dinkelbach's iteration on the rate
         (B + sum_s V_s(l_s)) / (target(B + sum_s l_s rows) + drafter(k)): each sequence takes the
         l_s maximising V_s(l) - rate * (seconds per row) * l, so a sequence whose drafts do not pay
-        for their rows takes none. `force`: every sequence that can drafts at least one token."""
+        for their rows takes none. `force` (mode on): every sequence that can takes its most
+        valuable tree within k, whatever its rows cost."""
         cfg, b = self.config, len(caps)
         rows = np.arange(b)
         ks = ([cfg.fixed_k] if cfg.fixed_k else list(K_GRID)) if elig.any() and cfg.eagle else []
@@ -290,6 +292,8 @@ class Controller:
         best, best_rate = None, -1.0
         for _ in range(3):                         # Dinkelbach's iteration, every k at once
             price = rate * (cost[np.minimum(n + b, 33 * b)] - cost[n]) / b  # [K] per row
+            if force:                                # mode on: each its most valuable tree
+                price[:] = 0.0
             pick = (val - price[:, None, None] * use).argmax(2)            # [K, B]
             at = (k_idx, rows[None], pick)
             v, u, kd = val[at], use[at], kind[at]                           # [K, B] each

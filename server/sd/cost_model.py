@@ -30,10 +30,10 @@ class CostModel:
 
     def record_pass(self, b: int, t: float, seconds: float, calibrating: bool = False) -> None:
         """A decode iteration of b sequences x t tokens (rows per sequence) took `seconds`; a t
-        between cells is recorded at the nearest, scaled along the current curve. A calibrated cell (a bare
-        forward) is replaced by its first real iteration; a bucket's first real plain iteration
-        rescales its other calibrated cells by the same ratio (overheads beyond the forward:
-        pessimistic for SD)."""
+        between cells is recorded at the nearest, scaled along the current curve. A calibrated
+        cell (a bare forward) is replaced by its first real iteration; a bucket's first real plain
+        iteration rescales its other calibrated cells by the same ratio (overheads beyond the
+        forward: pessimistic for SD)."""
         bucket = b_bucket(b)
         i = min(bisect.bisect_left(T_GRID, t), len(T_GRID) - 1)
         if i and t - T_GRID[i - 1] < T_GRID[i] - t:

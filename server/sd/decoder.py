@@ -62,6 +62,7 @@ class SDDecoder:
         self._group_idle: dict[int, int] = {}           # B bucket -> plans in a row that
                                                         # used no group draft
         self._iteration = 0
+        self._rebuilt = False                           # this iteration rebuilt a drafter cache
         # target passes over decoding
         self.decode_passes = self.decode_rows = self.decode_tokens = 0
         #   sequences, those sequences summed over the passes, the tokens they emitted
@@ -132,7 +133,8 @@ class SDDecoder:
         if not waiting:
             seconds = time.perf_counter() - t0
             self.controller.cost.record_pass(len(seqs), rows / len(seqs), seconds - draft_s)
-            self.controller.record_iteration(len(seqs), plan, tokens, seconds)
+            if not self._rebuilt:              # a swap's one-off rebuild is no cell's cost
+                self.controller.record_iteration(len(seqs), plan, tokens, seconds)
         self._count_pass(ready, tokens)
         out.update(spec)
         return [out.get(s, ([], [])) for s in seqs]
@@ -210,7 +212,7 @@ class SDDecoder:
                    proposals: list[GroupDraft | None]) -> tuple[Out, int, float]:
         """Drafts and verifies; returns (outputs, the rows verified, seconds spent drafting)."""
         prm = params_tensors([s.req.params for s in seqs], runner.device)   # on the target's device
-        draft_s = 0.0
+        draft_s, self._rebuilt = 0.0, False
         eagle: list[list[int]] = [[] for _ in seqs]
         qs: list[torch.Tensor | None] = [None for _ in seqs]
         idx = [b for b, n in enumerate(plan.eagle_lens) if n]
@@ -218,6 +220,9 @@ class SDDecoder:
         if idx:
             sub, ks = [seqs[b] for b in idx], [plan.eagle_lens[b] for b in idx]
             catch_up = max(self.states[s].pending for s in sub)
+            self._rebuilt = any(self.states[s].rebuilt for s in sub)
+            for s in sub:
+                self.states[s].rebuilt = False
             t0 = time.perf_counter()
             d, q = draft_tokens(self.drafter, sub, [self.states[s] for s in sub], ks,
                                 {key: v[idx] for key, v in prm.items()})

@@ -25,6 +25,7 @@ class DraftState:
     keep: int = 256                   # consumed states kept for a drafter swap
     seen: list[torch.Tensor] = field(default_factory=list)    # consumed states [*, 3*Ht] for
     seen_rows: int = 0                # positions [next_pos - seen_rows, next_pos)
+    rebuilt: bool = False             # a new drafter's cache is to be rebuilt (a swap's cost)
 
     @property
     def next_pos(self) -> int:
@@ -53,7 +54,7 @@ class DraftState:
         and the pending ones, at most `keep` of them, all pending (the next catch-up feeds them).
         Valid only while `seen` ends at next_pos (between iterations)."""
         rows = self.seen + self.chunks
-        new = DraftState(cache, self.covered, keep=self.keep)
+        new = DraftState(cache, self.covered, keep=self.keep, rebuilt=True)
         if rows:
             kept = torch.cat(rows)[-self.keep:]
             new.start -= kept.shape[0]
