@@ -46,6 +46,11 @@ def test_bench_sd_json(tiny_qwen2, tmp_path, capsys):
     for r in data["results"]:
         assert r["sd_tok_s"] > 0 and r["plain_tok_s"] > 0 and 1.0 <= r["accept_length"] <= 4.0
         assert abs(r["speedup"] - r["sd_tok_s"] / r["plain_tok_s"]) < 0.01 + 0.01 * r["speedup"]
+        for arm, it in r["per_iteration"].items():
+            assert it["iteration_ms"] >= it["forward_ms"] > 0 and it["drafter_ms"] >= 0, arm
+            assert abs(it["overhead_ms"] - (it["iteration_ms"] - it["forward_ms"]
+                                            - it["drafter_ms"])) < 0.01, arm
+        assert r["per_iteration"]["sd"]["drafter_ms"] > 0
         if r["temperature"] == 0:
             assert r["identical_outputs"] == f"{r['batch']}/{r['batch']}"
     assert "identical" in capsys.readouterr().out

@@ -191,3 +191,20 @@ def test_an_engine_gives_the_callers_thread_count_back(tiny_llama):
         eng.start()
         eng.shutdown()
     assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_one_query_attention_in_bf16_is_the_attention(masked):
+    """One query per sequence in bf16 takes a doubled query (SDPA's fast case): the output is the
+    attention of that query, as in float32, and what a pooled decode batch returns."""
+    from gleanrl.server.model.kv import sdpa
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(s, generator=g) for s in ((3, 4, 1, 16), (3, 4, 40, 16), (3, 4, 40, 16)))
+    mask = (torch.arange(40)[None] < torch.tensor([40, 25, 7])[:, None])[:, None, None]
+    mask = mask if masked else None
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out = sdpa(*(x.bfloat16() for x in (q, k, v)), attn_mask=mask)
+    assert out.shape == ref.shape and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    assert torch.equal(sdpa(q, k, v, attn_mask=mask), ref)  # float32: SDPA's own one-query call

@@ -9,7 +9,11 @@ import random
 import numpy as np
 import pytest
 
-from gleanrl.server.sd.controller import PROBE, T_GRID, Controller, ControllerConfig, CostModel, expected_accepted
+from gleanrl.server.sd import controller as ctl_mod
+from gleanrl.server.sd.controller import Controller, ControllerConfig, CostModel, expected_accepted
+
+EXPLORE, MIN_SAMPLES, PROBE, REPROBE, T_GRID = (ctl_mod.EXPLORE, ctl_mod.MIN_SAMPLES, ctl_mod.PROBE,
+                                                ctl_mod.REPROBE, ctl_mod.T_GRID)
 
 
 def _costs(ctl: Controller, batches, per_token: float, base: float = 0.01) -> None:
@@ -55,16 +59,55 @@ def test_drafts_are_chosen_per_sequence():
 
 
 def test_eagle_acceptance_is_measured_and_kept_across_a_swap():
+    """No optimistic prior: an unmeasured drafter is not drafted with; measured good, it is; a swap
+    keeps the evidence as a prior that weighs half."""
     ctl = Controller(ControllerConfig(group=False))
     _costs(ctl, (1,), per_token=0.02)
-    assert ctl.plan([20], [[]], [True]).eagle_lens[0] > 0            # the prior (0.7) pays
-    for _ in range(200):
+    assert not ctl.plan([20], [[]], [True]).drafts                   # unknown: not worth it
+    for _ in range(40):
+        ctl.accept.record("eagle", 4, 4)                              # a good drafter
+    assert ctl.plan([20], [[]], [True]).eagle_lens[0] > 0
+    for _ in range(400):
         ctl.accept.record("eagle", 4, 0)                              # the drafter is useless
     assert not ctl.plan([20], [[]], [True]).drafts
     before = ctl.accept.eagle.tries[0]
     ctl.drafter_swapped()
     assert ctl.accept.eagle.tries[0] == pytest.approx(before / 2)   # kept, weighing less
     assert not ctl.plan([20], [[]], [True]).drafts
+
+
+def test_each_sequence_gets_its_own_draft_length_or_none():
+    """Two sequences in one batch: the one whose drafts are accepted drafts long, the one whose
+    drafts are rejected drafts nothing, in the same plan."""
+    ctl = Controller(ControllerConfig(group=False))
+    _costs(ctl, (2,), per_token=0.05)
+    good, bad = object(), object()
+    for _ in range(30):
+        ctl.accept.record("eagle", 6, 6, key=good)
+        ctl.accept.record("eagle", 6, 0, key=bad)
+    plan = ctl.plan([20, 20], [[], []], [True, True], [good, bad])
+    assert plan.eagle_lens[0] >= 4 and plan.eagle_lens[1] == 0
+    assert plan.expected_rate > plan.plain_rate
+
+
+def test_unmeasured_drafting_is_explored_rarely_and_a_losing_cell_is_refused():
+    """With nothing measured the controller plays plain but explores a drafting plan once every
+    EXPLORE plans; a cell whose realised rate lost to plain is refused afterwards even though its
+    estimates say it pays, but for a re-try every REPROBE-th refusal."""
+    ctl = Controller(ControllerConfig(group=False))
+    _costs(ctl, (1,), per_token=0.02)
+    plans = [ctl.plan([20], [[]], [True]) for _ in range(EXPLORE)]
+    assert [p.drafts for p in plans] == [False] * (EXPLORE - 1) + [True]
+    for _ in range(40):
+        ctl.accept.record("eagle", 4, 4)                              # estimates: SD pays
+    plan = ctl.plan([20], [[]], [True])
+    assert plan.drafts
+    for _ in range(MIN_SAMPLES):                                      # ... but it measured 0.8x
+        ctl.record_iteration(1, plan, 1, 1.25 / plan.plain_rate)
+    losing = ctl.cells.key(1, plan)
+    played = [ctl.cells.key(1, p) for p in (ctl.plan([20], [[]], [True])
+                                             for _ in range(2 * REPROBE * EXPLORE)) if p.drafts]
+    assert 1 <= played.count(losing) <= 2 * EXPLORE  # at most one retry per REPROBE plans
 
 
 def test_fixed_length_in_mode_on_is_deterministic():
@@ -139,20 +182,24 @@ def test_real_iterations_replace_and_rescale_calibrated_cells():
 def test_a_side_not_played_is_probed_so_its_estimates_do_not_freeze():
     """One slow plain sample (here 3x) must not keep SD on for good: while drafting wins, every
     PROBE-th plan is plain, whose measurement then corrects the cell; then plain plays, SD only as
-    a rare probe."""
+    a rare exploration."""
     ctl = Controller()
     _costs(ctl, (1,), per_token=0.05)
     true_plain = ctl.cost.target[1][1]
     ctl.cost.target[1][1] = 3 * true_plain                   # a frozen bad sample
-    for _ in range(8):
-        ctl.accept.record("eagle", 1, 0)                     # the drafter is poor: SD
-                                                             # wins only on paper
+    for _ in range(6):
+        ctl.accept.record("eagle", 1, 1)                     # the drafter is poor (0.2): SD
+    for _ in range(24):                                      # wins only on paper
+        ctl.accept.record("eagle", 1, 0)
     plans = [ctl.plan([30], [[]], [True]) for _ in range(PROBE)]
     assert all(p.drafts for p in plans[:-1]) and not plans[-1].drafts
     ctl.cost.record_pass(1, 1, true_plain)                   # the probe measures plain ...
     for _ in range(30):
         ctl.cost.record_pass(1, 1, true_plain)
-    # ... and it wins now,
-    drafted = sum(ctl.plan([30], [[]], [True]).drafts for _ in range(8 * PROBE))
-    assert drafted <= 2                                      # but for a probe of close SD
-                                                             # every 4 * PROBE
+    # ... and it wins now, but for an exploration every EXPLORE plans
+    plans = [ctl.plan([30], [[]], [True]) for _ in range(8 * PROBE)]
+    assert sum(p.drafts for p in plans) <= 8 * PROBE // EXPLORE
+    explored = next(p for p in plans if p.drafts)
+    for _ in range(MIN_SAMPLES):                             # which measures SD to lose
+        ctl.record_iteration(1, explored, 1, 1.1 / explored.plain_rate)
+    assert sum(ctl.plan([30], [[]], [True]).drafts for _ in range(8 * PROBE)) <= 2

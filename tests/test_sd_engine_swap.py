@@ -162,3 +162,48 @@ def test_draft_swap_lands_mid_request_without_waiting(tiny_qwen2, drafters, plai
     finally:
         eng.shutdown()
     assert not done_at_swap and res["ids"] == ref["ids"] and res["out"].draft_weight_version == "d2"
+
+
+def test_a_drafter_swap_keeps_the_targets_states(tiny_qwen2, drafters, plain):
+    """A new drafter that reads the same target layers re-feeds nothing through the target: every
+    target forward after the swap feeds at most one verify tree a sequence; the drafter's step
+    costs and acceptance evidence are kept; output unchanged."""
+    prompts, ref = plain
+    eng = Engine(EngineConfig(model_path=str(tiny_qwen2),
+                              drafter_path=str(drafters["random"]), sd="on", num_draft_tokens=4))
+    fed: list[int] = []
+    runner = eng.scheduler.runner
+    forward = runner.forward
+
+    def counting(token_ids, *args, **kwargs):
+        fed.append(int(token_ids.shape[0]))
+        return forward(token_ids, *args, **kwargs)
+
+    runner.forward = counting
+    eng.start()
+
+    async def stream():
+        loop, ids, swapped, at = asyncio.get_running_loop(), [], False, None
+        async for out in eng.generate(req(prompts[0], max_new_tokens=NEW, ignore_eos=True)):
+            ids += out.new_ids
+            if not swapped and len(ids) >= 16:
+                await loop.run_in_executor(None, eng.pause, "in_place")
+                before = (dict(eng.decoder.controller.cost.step),
+                          eng.decoder.controller.accept.eagle.tries.sum())
+                at = len(fed)
+                await loop.run_in_executor(None, lambda: eng.update_weights(
+                    str(drafters["trained"]), weight_version="d2", selector="draft"))
+                after = (dict(eng.decoder.controller.cost.step),
+                         eng.decoder.controller.accept.eagle.tries.sum())
+                eng.resume()
+                swapped = True
+        return ids, at, before, after
+
+    try:
+        ids, at, before, after = asyncio.run(stream())
+    finally:
+        eng.shutdown()
+    assert ids == ref[0]["ids"]
+    assert at is not None and len(fed) > at + 2
+    assert max(fed[at:]) <= 1 + 4 * 2      # a tree of two branches of <= 4, never a re-feed
+    assert after[0] == before[0] and 0 < after[1] < before[1]   # costs kept, evidence decayed

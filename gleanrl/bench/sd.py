@@ -9,6 +9,9 @@ alternating runs of which the best counts (the CPU may be shared). Requests stop
 rollouts; tokens/s counts the tokens actually produced. accept_length is the mean tokens emitted per
 verify pass (bonus token included, as SGLang's) over the SD runs; 0 means SD never ran. At
 temperature 0 it also counts the requests whose SD output equals the plain output token for token.
+`per_iteration` splits each arm's decode iteration (ms, over the measured runs) into target
+forwards, drafter calls and the overhead outside them (planning, bookkeeping, verification,
+sampling), from the engines' own counters (`Engine.sd_counters`).
 """
 from __future__ import annotations
 
@@ -74,6 +77,17 @@ def _run(engine, prompts: list[list[int]], temperature: float, max_new: int,
     return sum(map(len, outputs)) / (time.perf_counter() - start), outputs
 
 
+def _breakdown(before: dict, after: dict) -> dict[str, float]:
+    """ms per decode iteration between two `Engine.sd_counters()`: the whole iteration, its target
+    forwards, its drafter calls, and the overhead outside them (planning, drafting bookkeeping,
+    verification, sampling, state updates)."""
+    n = max(after["iterations"] - before["iterations"], 1)
+    ms = {k: 1e3 * (after[f"{k}_s"] - before[f"{k}_s"]) / n
+          for k in ("iteration", "forward", "drafter")}
+    ms["overhead"] = ms["iteration"] - ms["forward"] - ms["drafter"]
+    return {f"{k}_ms": round(v, 3) for k, v in ms.items()}
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -109,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
                 _run(sd, batch_prompts, temp, args.max_new_tokens, 0)
                 _run(off, batch_prompts, temp, args.max_new_tokens, 0)
                 before = engine.sd_counters()
+                plain_before = off.sd_counters()
                 sd_tok_s = plain_tok_s = 0.0
                 identical = 0
                 for r in range(args.repeats):
@@ -123,7 +138,10 @@ def run(args: argparse.Namespace) -> int:
                 results.append({"batch": batch, "temperature": temp, "sd_tok_s": round(sd_tok_s, 1),
                                 "plain_tok_s": round(plain_tok_s, 1),
                                 "speedup": round(sd_tok_s / plain_tok_s, 2),
-                                "accept_length": round(toks / ct, 2) if ct else 0.0})
+                                "accept_length": round(toks / ct, 2) if ct else 0.0,
+                                "per_iteration": {
+                                    "sd": _breakdown(before, after),
+                                    "plain": _breakdown(plain_before, off.sd_counters())}})
                 r = results[-1]
                 if temp == 0:  # lossless: greedy outputs with and without SD are the same tokens
                     r["identical_outputs"] = f"{identical}/{batch * args.repeats}"
@@ -131,6 +149,10 @@ def run(args: argparse.Namespace) -> int:
                       f"plain {r['plain_tok_s']:>8.1f} tok/s  {r['speedup']:.2f}x  "
                       f"accept {r['accept_length']:.2f}" + (f"  identical {r['identical_outputs']}"
                                                             if temp == 0 else ""), flush=True)
+                it = r["per_iteration"]
+                print("    ms per iteration (forward / drafter / overhead): " + "  ".join(
+                    f"{arm} {x['iteration_ms']:.2f} ({x['forward_ms']:.2f} / {x['drafter_ms']:.2f} "
+                    f"/ {x['overhead_ms']:.2f})" for arm, x in it.items()), flush=True)
     finally:
         engine.shutdown()
         plain_engine.shutdown()

@@ -253,9 +253,12 @@ class Engine:
     def sd_counters(self) -> dict:
         """The decoder's cumulative counts since start: `verify_ct` verify passes emitting
         `verify_tokens`, `decode_passes` target passes over `decode_rows` decoding rows emitting
-        `decode_tokens`, and `accepted_by_source` (accepted draft tokens by draft source)."""
+        `decode_tokens`, `accepted_by_source` (accepted draft tokens by draft source), and
+        `iterations` decode iterations taking `iteration_s` seconds, of which `forward_s` in
+        target forwards and `drafter_s` in drafter calls."""
         d = self.decoder
-        names = ("verify_ct", "verify_tokens", "decode_passes", "decode_rows", "decode_tokens")
+        names = ("verify_ct", "verify_tokens", "decode_passes", "decode_rows", "decode_tokens",
+                 "iterations", "iteration_s", "forward_s", "drafter_s")
         return {n: getattr(d, n, 0) for n in names} | {
             "accepted_by_source": dict(getattr(d, "accepted_by_source", {}))}
 

@@ -17,10 +17,9 @@ with a length mask.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from gleanrl.server.model.kv import SeqKVCache, ragged_attention
+from gleanrl.server.model.kv import SeqKVCache, ragged_attention, sdpa
 from gleanrl.server.model.kv_pool import DecodePlan, decode_plan, pooled_decode_attention
 from gleanrl.server.model.verify_attention import VerifyPlan, verify_attention, verify_plan
 
@@ -79,4 +78,4 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caches: 
         mask = mask[:, None, None, :]                                       # [B, 1, 1, L_max]
     qg = q.view(b, n_kv, n_heads // n_kv, d)      # query heads sharing a KV head: head h
                                                   # uses h // group
-    return F.scaled_dot_product_attention(qg, kp, vp, attn_mask=mask).reshape(b, n_heads, d)
+    return sdpa(qg, kp, vp, attn_mask=mask).reshape(b, n_heads, d)

@@ -10,6 +10,20 @@ import torch
 import torch.nn.functional as F
 
 
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+         is_causal: bool = False) -> torch.Tensor:
+    """`F.scaled_dot_product_attention` over 4-D inputs [B, heads, q_len, d]. With one query row in
+    bf16/fp16 on CPU the query is doubled and one row kept: SDPA's CPU flash kernel is 2-3x slower
+    for one query than for two in reduced precision (docs/engine.md, "One query per sequence"); a
+    row's output does not depend on the other rows: the same attention, rounded as SDPA rounds
+    a two-row call."""
+    if (q.shape[-2] == 1 and not is_causal and q.device.type == "cpu"
+            and q.dtype in (torch.bfloat16, torch.float16)):
+        o = F.scaled_dot_product_attention(torch.cat((q, q), -2), k, v, attn_mask=attn_mask)
+        return o[..., :1, :]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
 class SeqKVCache:
     """Keys and values of one sequence for every layer: buffers [n_kv_heads, capacity, head_dim]."""
 
@@ -83,8 +97,8 @@ def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caches: 
                               device=q.device).tril(diagonal=past).repeat(group, 1)
         # 4-D inputs: with 3-D ones and a mask, SDPA falls back to its math path (7x
         # slower for a prefill)
-        o = F.scaled_dot_product_attention(qs[None], keys[None], values[None], is_causal=causal,
-                                           attn_mask=None if mask is None else mask[None, None])
+        o = sdpa(qs[None], keys[None], values[None], is_causal=causal,
+                 attn_mask=None if mask is None else mask[None, None])
         out[start:end] = o.reshape(n_heads, t, d).transpose(0, 1)
         start = end
     return out

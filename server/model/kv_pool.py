@@ -23,9 +23,8 @@ import heapq
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from gleanrl.server.model.kv import SeqKVCache
+from gleanrl.server.model.kv import SeqKVCache, sdpa
 
 POOL_BYTES = 1 << 30  # allocated lazily by the OS; a slot is touched (zeroed) when first used
 
@@ -166,5 +165,5 @@ def pooled_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
         values = vbuf[:, :, :plan.max_len].index_select(0, plan.slots)
     qg = q.view(b, n_kv, n_heads // n_kv, d)      # query heads sharing a KV head: head h
                                                   # uses h // group
-    o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=plan.mask).reshape(b, n_heads, d)
+    o = sdpa(qg, keys, values, attn_mask=plan.mask).reshape(b, n_heads, d)
     return o if plan.back is None else o.index_select(0, plan.back)

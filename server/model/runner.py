@@ -7,6 +7,8 @@ MLP). Sliding-window attention is not implemented (none of these models use it b
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -98,6 +100,7 @@ class ModelRunner:
                      for m, gu in zip(mlps, gate_up)]
         self.logits = linear(self.lm_head.weight, self.lm_head.bias, pack)
         self.silu = getattr(cfg, "hidden_act", None) == "silu"
+        self.forward_seconds = 0.0        # wall time inside `forward`, cumulative (a bench reads it)
 
     @classmethod
     def load(cls, model_path: str, device: str = "cpu", dtype: str = "auto") -> ModelRunner:
@@ -123,6 +126,7 @@ class ModelRunner:
         a+1, b+1, c+1 (= transformers' `output_hidden_states[a+1]`, ...) concatenated. `tree_masks`:
         per sequence None or a mask [t, t] among its new tokens (a draft tree,
         `gleanrl.server.sd.tree`)."""
+        t0 = time.perf_counter()
         n = token_ids.shape[0]
         x = self.embed(token_ids)                                           # [N, H]
         cos, sin = self.rotary(x, positions[None])                          # [1, N, d]
@@ -147,7 +151,9 @@ class ModelRunner:
         logits = self.logits(rms_norm(self.norm, x))
         aux = torch.cat([capture[i + 1]
                          for i in capture_layers], dim=-1) if capture_layers else None
-        return logits.float(), aux
+        logits = logits.float()
+        self.forward_seconds += time.perf_counter() - t0
+        return logits, aux
 
     def _mlp(self, index: int, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
         if self.gate_up[index] is None:

@@ -1,34 +1,44 @@
 """Which drafts to verify this iteration: the cost-model controller.
 
-Rule. With B decode-ready sequences, a plan verifies for sequence s a draft tree (nothing, the group
-draft's first l_s tokens, the EAGLE-3 chain of k tokens, or both as two branches) in one target pass
-of at most T tokens per sequence, after one drafter call of k steps when any sequence uses EAGLE-3.
-Its expected rate is
+Rule. With B decode-ready sequences, a plan verifies for each sequence s its own draft tree
+(nothing, the group draft's first tokens, an EAGLE-3 chain of up to k tokens, or both as two
+branches) of l_s draft tokens, in one target pass of N = B + sum_s l_s rows, after one drafter call
+of k steps when any sequence takes a chain. Its expected rate is
 
-    rate = sum_s (1 + E[accepted_s]) / (target(B, T) + [k > 0] * drafter(B_e, k)),
+    rate = (B + sum_s E[accepted_s]) / (target(B, N / B) + [any chain] * drafter(B_e, k)),
 
 where E[accepted] of a chain with conditional acceptances a_1.. a_l is sum_j prod_{i<=j} a_i and of
 a two-branch tree (group first, then EAGLE-3 on the residual) E_group + (1 - a_group,1) * E_eagle.
-Plain decoding is the plan T = 1 (rate B / target(B, 1)). Every iteration plays the plan of highest
-expected rate over T in `T_GRID`, k in `K_GRID` (each sequence taking, within T and k, its own best
-tree), so SD runs only where its expected rate beats plain decoding's: never slower than plain as
-far as the estimates are right, and they are kept right by measuring every iteration. Adaptive mode
-plays the losing side now and then (`_plays_draft`): the estimates of a side not played would
-otherwise freeze, e.g. one slow plain iteration kept SD on at batch 1 while it ran at 0.72x.
+For each k in `K_GRID` (and 0: group drafts only) the per-sequence lengths come from Dinkelbach's
+iteration on that ratio: each sequence takes the l_s maximising E[accepted_s(l)] - rate * (target
+seconds per row) * l, so a sequence whose drafts do not pay for their rows takes none, one that is
+accepted often takes a long one. Plain decoding is N = B (rate B / target(B, 1)).
+
+Adaptive mode plays SD only where it measured to pay (`plan`): the best plan by pessimistic
+estimates plays when it beats plain and its cell (running bucket, source, depth bucket; `Cells`)
+has not measured to lose, in realised tokens per second of whole iterations (drafter call and
+catch-up included) against plain's; every PROBE-th such plan in a row is plain instead, so plain
+stays measured. Otherwise plain plays, but for the best plan by exploring estimates when its cell
+measured to pay, and every EXPLORE-th plain plan in a row when that plan comes within CLOSE of
+plain and its cell has not measured to lose (cheap exploration: a chain at most one depth past the
+measured ones). A losing cell is re-tried every REPROBE-th time it is refused.
 
 Estimates (`CostModel`, `Acceptance`):
-- target(B, T): seconds of a decode iteration but its drafter call (sync, plan, pass, verify,
-  bookkeeping) per (B bucket, T cell), an EMA of every iteration; unmeasured cells interpolate
-  linearly in T within their B bucket and, outside its measured range, follow the nearest bucket's
+- target(B, t): seconds of a decode iteration but its drafter call (sync, plan, pass, verify,
+  bookkeeping) per (B bucket, rows per sequence t in `T_GRID`), an EMA of every iteration (a t
+  between cells recorded at the nearest, scaled along the curve); unmeasured cells interpolate
+  linearly in t within their B bucket and, outside its measured range, follow the nearest bucket's
   curve anchored at its own cells; `calibrate` times bare forwards on a small grid (B 1, 8, 32 x T
-  1, 4, 16, 33) at start, so every bucket has a curve to follow; real iterations replace
-  (and rescale) them.
+  1, 4, 16, 33) at start, so every bucket has a curve to follow; real iterations replace (and
+  rescale) them, and the realised cells, not the model, decide where SD plays.
 - drafter(B, k): seconds per drafter step (catch-up counted as one) per B bucket, an EMA, timed at
-  each drafter load (`calibrate_drafter`); an unmeasured bucket takes the nearest measured one's.
-- acceptance: decayed counts (tries, accepted) per source and draft depth, for group drafts also per
-  bin of the index's own estimate; priors (the index's estimate, 0.7 for EAGLE-3) weigh 2 tries, so
-  a source is tried until measured. A drafter swap halves the EAGLE-3 counts: kept, but new
-  measurements soon dominate.
+  the first drafter load (`calibrate_drafter`; kept across swaps of a drafter of the same shape);
+  an unmeasured bucket takes the nearest measured one's.
+- acceptance: decayed counts (tries, accepted) per draft depth, EAGLE-3 pooled and per sequence
+  (shrunk to the pooled rate), group drafts per (depth bin, bin of the index's own estimate) with
+  the index's estimate as prior. EAGLE-3 has no optimistic prior: an unmeasured first depth counts
+  as rejected, a deeper one starts from DEEPER x the depth before it. A drafter swap halves the
+  EAGLE-3 counts and re-opens its cells: kept as a prior, soon dominated by new measurements.
 `mode="on"` plays the best plan with a draft wherever one exists, at any batch size (tests); with a
 fixed k, every sequence that can takes the EAGLE-3 chain of k (min(k, cap)) and, fused or without a
 chain, its group draft up to k as a branch of its own, so the uniforms a seeded request draws do not
@@ -36,207 +46,23 @@ depend on timing.
 """
 from __future__ import annotations
 
-import bisect
-import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-T_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 33)   # tokens per sequence in a pass (1: plain)
+from gleanrl.server.sd.acceptance import MAX_DEPTH, Acceptance, expected_accepted
+from gleanrl.server.sd.cost_model import GRID, T_GRID, CostModel, b_bucket, ema
+
+__all__ = ["MAX_DEPTH", "T_GRID", "Controller", "ControllerConfig", "CostModel", "Plan",
+           "b_bucket", "expected_accepted"]
+
 K_GRID = (1, 2, 3, 4, 5, 6, 8)                            # EAGLE-3 chain lengths
-MAX_DEPTH = 32
+MIN_SAMPLES, PAY = 3, 1.0                                 # a cell pays: measured this often,
+                                                          # realised rate > PAY x plain's
 PROBE, CLOSE = 16, 0.8                                    # adaptive: how often the side not
                                                           # played is measured
-_PROB_BINS = (0.5, 0.7, 0.85, 0.95)                       # group estimate bins: < .5,
-                                                          # .5-.7, ... >= .95
-_DEPTH_BINS = (1, 2, 4, 8, 16)                            # group depth bins: 1, 2, 3-4,
-                                                          # 5-8, 9-16, 17-32
-
-
-def b_bucket(b: int) -> int:
-    """Running-batch bucket: the next power of two."""
-    return 1 << max(b - 1, 0).bit_length()
-
-
-def _ema(old: float | None, new: float, alpha: float = 0.2) -> float:
-    return new if old is None else old + alpha * (new - old)
-
-
-class CostModel:
-    def __init__(self) -> None:
-        self.target: dict[int, dict[int, float]] = {}       # B bucket -> T cell -> seconds
-        self.step: dict[int, float] = {}                    # B bucket -> drafter seconds per step
-        self._calibrated: set[tuple[int, int]] = set()      # cells holding a bare forward's time
-
-    def record_pass(self, b: int, t: int, seconds: float, calibrating: bool = False) -> None:
-        """A decode iteration of b sequences x t tokens took `seconds`. A calibrated cell (a bare
-        forward) is replaced by its first real iteration; a bucket's first real plain iteration
-        rescales its other calibrated cells by the same ratio (overheads beyond the forward:
-        pessimistic for SD)."""
-        bucket = b_bucket(b)
-        cells = self.target.setdefault(bucket, {})
-        cell = T_GRID[min(bisect.bisect_left(T_GRID, t), len(T_GRID) - 1)]
-        if calibrating:
-            cells[cell] = seconds
-            self._calibrated.add((bucket, cell))
-        elif (bucket, cell) in self._calibrated:
-            if cell == 1:
-                ratio = seconds / cells[1]
-                for c in cells:
-                    if (bucket, c) in self._calibrated:
-                        cells[c] *= ratio
-            self._calibrated.discard((bucket, cell))
-            cells[cell] = seconds
-        else:
-            cells[cell] = _ema(cells.get(cell), seconds)
-
-    def record_draft(self, b: int, steps: int, seconds: float) -> None:
-        self.step[b_bucket(b)] = _ema(self.step.get(b_bucket(b)), seconds / (steps + 1))
-
-    def pass_seconds(self, b: int) -> np.ndarray:
-        """[len(T_GRID)] estimated target seconds for T in T_GRID at batch b (nan: nothing known):
-        b's bucket's cells, interpolated; outside their range the nearest other bucket's curve
-        (`calibrate` measured a few) anchored at the nearest own cell; without one,
-        proportional to T above."""
-        own = self.target.get(b_bucket(b), {})
-        others = [x for x in self.target if x != b_bucket(b) and len(self.target[x]) > 1]
-        ref = _curve(self.target[min(others, key=lambda x: abs(np.log2(x / b_bucket(b))))]) if others else None
-        if not own:
-            return ref if ref is not None else np.full(len(T_GRID), np.nan)
-        est, ts, secs = _curve(own), sorted(own), [own[t] for t in sorted(own)]
-        if ref is not None:
-            below, above = _GRID < ts[0], _GRID > ts[-1]
-            i0, i1 = T_GRID.index(ts[0]), T_GRID.index(ts[-1])
-            est[below] = secs[0] * ref[below] / ref[i0]
-            est[above] = secs[-1] * ref[above] / ref[i1]
-        return est
-
-    def draft_seconds(self, b: int, k: int) -> float:
-        if self.step:
-            near = min(self.step, key=lambda x: abs(np.log2(x) - np.log2(b_bucket(b))))
-            return self.step[near] * (k + 1)
-        known = self.pass_seconds(b)[0]
-        return (0.25 * known if np.isfinite(known) else 0.0) * (k + 1)
-
-    @torch.inference_mode()
-    def calibrate(self, runner, batches: tuple[int, ...] = (1, 8, 32),
-                  tokens: tuple[int, ...] = (1, 4, 16, 33),
-                  context: int = 32, repeats: int = 2) -> None:
-        """Time target passes of B sequences x T tokens over fresh caches of `context` tokens."""
-        device = runner.device
-        for b in batches:
-            for t in tokens:
-                best = float("inf")
-                for _ in range(repeats + 1):                    # the first run warms up
-                    caches = [runner.new_cache(context + t + 1) for _ in range(b)]
-                    ids = torch.zeros(b * context, dtype=torch.long, device=device)
-                    pos = torch.arange(context, device=device).repeat(b)
-                    runner.forward(ids, pos, caches, [context] * b)
-                    ids = torch.zeros(b * t, dtype=torch.long, device=device)
-                    pos = torch.arange(context, context + t, device=device).repeat(b)
-                    t0 = time.perf_counter()
-                    runner.forward(ids, pos, caches, [t] * b, last_only=t == 1)
-                    best = min(best, time.perf_counter() - t0)
-                self.record_pass(b, t, best, calibrating=True)
-
-    @torch.inference_mode()
-    def calibrate_drafter(self, drafter, batches: tuple[int, ...] = (1, 8, 32),
-                          repeats: int = 2) -> None:
-        """Time one drafter step (forward + logits) for B sequences; replaces the step estimates."""
-        from gleanrl.server.sd.drafter_forward import drafter_forward, new_draft_cache
-
-        w = drafter.fc.weight
-        self.step = {}
-        for b in batches:
-            best = float("inf")
-            for _ in range(repeats + 1):
-                caches = [new_draft_cache(drafter) for _ in range(b)]
-                ids = torch.zeros(b, dtype=torch.long, device=w.device)
-                hidden = torch.zeros(b, w.shape[1], dtype=w.dtype, device=w.device)
-                t0 = time.perf_counter()
-                drafter.logits(drafter_forward(drafter, ids, hidden, ids, caches, [1] * b))
-                best = min(best, time.perf_counter() - t0)
-            self.step[b_bucket(b)] = best
-
-
-_GRID = np.array(T_GRID, dtype=float)
-
-
-def _curve(cells: dict[int, float]) -> np.ndarray:
-    """[len(T_GRID)] one bucket's measured cells interpolated linearly in T, constant below the
-    first, proportional to T above the last (pessimistic for SD)."""
-    ts = np.array(sorted(cells), dtype=float)
-    secs = np.array([cells[t] for t in sorted(cells)])
-    est = np.interp(_GRID, ts, secs)
-    above = _GRID > ts[-1]
-    est[above] = secs[-1] * _GRID[above] / ts[-1]
-    return est
-
-
-@dataclass
-class _Counts:
-    tries: np.ndarray
-    accepted: np.ndarray
-
-    def rate(self, prior: np.ndarray, weight: float = 2.0) -> np.ndarray:
-        return (self.accepted + weight * prior) / (self.tries + weight)
-
-    def add(self, index: tuple, accepted: bool, decay: float) -> None:
-        self.tries[index] = self.tries[index] * decay + 1
-        self.accepted[index] = self.accepted[index] * decay + accepted
-
-
-class Acceptance:
-    """Conditional acceptance per draft depth: EAGLE-3 by depth, group drafts by (depth bin,
-    estimate bin)."""
-
-    def __init__(self, decay: float = 0.995):
-        self.decay = decay
-        self.eagle = _Counts(np.zeros(MAX_DEPTH), np.zeros(MAX_DEPTH))
-        shape = (len(_DEPTH_BINS) + 1, len(_PROB_BINS) + 1)
-        self.group = _Counts(np.zeros(shape), np.zeros(shape))
-        self._group_prior = np.array([[0.4, 0.6, 0.78, 0.9, 0.97]] * shape[0])
-
-    def eagle_rates(self, eagle_prior: float = 0.7) -> np.ndarray:
-        """[MAX_DEPTH] conditional acceptance of the EAGLE-3 chain's token j + 1."""
-        return self.eagle.rate(np.full(MAX_DEPTH, eagle_prior))
-
-    def group_table(self) -> np.ndarray:
-        """[depth bins, estimate bins] conditional acceptance of group draft tokens."""
-        return self.group.rate(self._group_prior)
-
-    def record(self, source: str, n_tried: int, n_accepted: int,
-               probs: list[float] | None = None) -> None:
-        """A branch of n_tried tokens whose first n_accepted were accepted (tokens after the first
-        rejection were not tested)."""
-        tested = min(n_accepted + 1, n_tried)
-        if source == "eagle":
-            for j in range(tested):
-                self.eagle.add((j,), j < n_accepted, self.decay)
-        else:
-            d, p = _group_bins(probs[:tested])
-            for j in range(tested):
-                self.group.add((d[j], p[j]), j < n_accepted, self.decay)
-
-    def drafter_swapped(self) -> None:
-        self.eagle.tries *= 0.5
-        self.eagle.accepted *= 0.5
-
-
-# [32] depth bin
-_DEPTH_IDX = np.searchsorted(_DEPTH_BINS, np.arange(1, MAX_DEPTH + 1), side="left")
-
-
-def _group_bins(probs: list[float]) -> tuple[np.ndarray, np.ndarray]:
-    return _DEPTH_IDX[:len(probs)], np.searchsorted(_PROB_BINS, probs, side="right")
-
-
-def expected_accepted(rates: np.ndarray) -> np.ndarray:
-    """rates [..., L] conditional acceptances -> [..., L + 1]: expected accepted tokens of the first
-    0..L tokens of the chain."""
-    cum = np.cumsum(np.cumprod(rates, axis=-1), axis=-1)
-    return np.concatenate([np.zeros(rates.shape[:-1] + (1,)), cum], axis=-1)
+EXPLORE, REPROBE = 8, 64                                  # plain plans between explorations;
+                                                          # refusals of a losing cell per retry
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,40 +97,110 @@ class ControllerConfig:
             raise ValueError("fixed draft length must be in [1, 16]")
 
 
-_T = np.array(T_GRID[1:])                                   # [T'] the plans that draft
+class Cells:
+    """Realised speed of SD per cell (running bucket, source, depth bucket): output tokens per
+    second of whole iterations (drafter call and catch-up included) over plain decoding's rate at
+    the same batch, an EMA. SD plays in a cell measured to pay, or one measured fewer than
+    MIN_SAMPLES times; a cell measured to lose is refused but re-tried every REPROBE-th refusal."""
+
+    def __init__(self) -> None:
+        self.cells: dict[tuple, list] = {}                 # key -> [samples, ratio, refusals]
+
+    @staticmethod
+    def key(b: int, plan: Plan) -> tuple:
+        if any(plan.eagle_lens):
+            return b_bucket(b), "eagle", b_bucket(max(plan.eagle_lens))
+        return b_bucket(b), "group", b_bucket(max(plan.group_lens))
+
+    def record(self, b: int, plan: Plan, tokens: int, seconds: float) -> None:
+        if plan.plain_rate <= 0 or seconds <= 0 or not plan.drafts:
+            return
+        c = self.cells.setdefault(self.key(b, plan), [0, None, 0])
+        c[0] += 1
+        c[1] = ema(c[1], tokens / seconds / plan.plain_rate, max(0.2, 1 / c[0]))
+
+    def pays(self, key: tuple) -> bool:
+        c = self.cells.get(key)
+        return c is not None and c[0] >= MIN_SAMPLES and c[1] > PAY
+
+    def loses(self, key: tuple) -> bool:
+        c = self.cells.get(key)
+        return c is not None and c[0] >= MIN_SAMPLES and c[1] <= PAY
+
+    def allowed(self, key: tuple) -> bool:
+        """May a plan of this cell play now (counts a refusal when not)?"""
+        c = self.cells.get(key)
+        if c is None or c[0] < MIN_SAMPLES or c[1] > PAY:
+            return True
+        c[2] += 1
+        if c[2] >= REPROBE:
+            c[2] = 0
+            return True
+        return False
+
+    def drafter_swapped(self) -> None:
+        """EAGLE-3 cells keep their figure as a prior, re-measured from the next play on."""
+        for key, c in self.cells.items():
+            if key[1] == "eagle":
+                c[0] = min(c[0], MIN_SAMPLES - 1)
 
 
 class Controller:
     def __init__(self, config: ControllerConfig | None = None):
         self.config = config or ControllerConfig()
-        self.cost, self.accept = CostModel(), Acceptance()
+        self.cost, self.accept, self.cells = CostModel(), Acceptance(), Cells()
         self._streak: dict[int, tuple[bool, int]] = {}     # B bucket -> (plans drafted,
                                                            # iterations in a row)
+        self._quiet: dict[int, int | None] = {}            # B bucket -> the evidence version
+                                                           # its last plan played plain on
 
-    def _plays_draft(self, b: int, drafts: bool, close: bool) -> bool:
-        """Whether this iteration plays the best drafting plan. `drafts`: it beats plain; `close`:
-        it comes within CLOSE of plain. Adaptive mode plays the other side now and then, so that the
-        cells of a side not played stay measured instead of frozen at one bad sample: plain every
-        PROBE-th iteration in a row of drafting (always cheap), a close drafting plan every 4 *
-        PROBE-th of plain."""
+    def _in_a_row(self, b: int, drafts: bool) -> int:
+        """Counts this bucket's plans in a row on one side; returns the count."""
         side, n = self._streak.get(b_bucket(b), (drafts, 0))
         n = n + 1 if side == drafts else 1
-        probe = n >= (PROBE if drafts else 4 * PROBE if close else 1 << 30)
-        self._streak[b_bucket(b)] = (drafts, 0 if probe else n)
-        return drafts != probe
+        self._streak[b_bucket(b)] = (drafts, n)
+        return n
 
-    def plan(self, caps: list[int], group_probs: list[list[float]], eagle_ok: list[bool]) -> Plan:
+    def _reset(self, b: int) -> None:
+        self._streak[b_bucket(b)] = (False, 0)
+
+    def still_quiet(self, b: int) -> bool:
+        """Plain without planning (counted as a plain plan; the decoder asks before it gathers a
+        plan's inputs): the last plan in this bucket played plain on the same acceptance evidence,
+        no exploration is due and no cell of the bucket pays, so the estimates it would use
+        barely moved. A plain stretch re-plans every EXPLORE-th plan."""
+        bucket = b_bucket(b)
+        if self._quiet.get(bucket) != self.accept.version:
+            return False
+        side, n = self._streak.get(bucket, (True, 0))
+        if side or n + 1 >= EXPLORE or any(c[0] == bucket and self.cells.pays(c)
+                                           for c in self.cells.cells):
+            return False
+        self._in_a_row(b, False)
+        return True
+
+    def plan(self, caps: list[int], group_probs: list[list[float]], eagle_ok: list[bool],
+             keys: list | None = None) -> Plan:
         """caps[s]: most draft tokens s may verify (max_new_tokens, context); group_probs[s]: the
-        estimates of s's group draft (empty: none); eagle_ok[s]: s can take an EAGLE-3 chain."""
+        estimates of s's group draft (empty: none); eagle_ok[s]: s can take an EAGLE-3 chain;
+        keys[s]: s itself, for its own acceptance estimates (None: pooled only).
+
+        Adaptive: the best plan by pessimistic estimates plays when it beats plain and its cell has
+        not measured to lose (every PROBE-th in a row plain instead, to keep plain measured);
+        otherwise the best plan by exploring estimates plays when its cell measured to pay, or,
+        every EXPLORE-th plain plan in a row, when it comes within CLOSE of plain (cheap
+        exploration)."""
         cfg, b = self.config, len(caps)
-        secs = self.cost.pass_seconds(b)                                    # [len(T_GRID)]
-        plain_rate = b / secs[0] if b and np.isfinite(secs[0]) and secs[0] > 0 else 0.0
-        none = Plan([0] * b, [0] * b, plain_rate, plain_rate)
         on = cfg.mode == "on"
         group_on = cfg.group and (on or b <= cfg.group_max_batch) and any(group_probs)
         eagle_on = cfg.eagle and (on or b <= cfg.eagle_max_batch) and any(eagle_ok)
         if b == 0 or not (group_on or eagle_on):
-            return none
+            return Plan([0] * b, [0] * b, 0.0, 0.0)
+        if not on and not group_on and self.still_quiet(b):
+            return Plan([0] * b, [0] * b, 0.0, 0.0)  # no estimates needed
+        secs = self.cost.pass_seconds(b)                                    # [len(T_GRID)]
+        plain_rate = b / secs[0] if np.isfinite(secs[0]) and secs[0] > 0 else 0.0
+        none = Plan([0] * b, [0] * b, plain_rate, plain_rate)
         if on and cfg.fixed_k:                       # deterministic: a seed reproduces its sample
             caps_k = [min(c, cfg.fixed_k) for c in caps]
             eagle_lens = [c if ok and eagle_on else 0 for c, ok in zip(caps_k, eagle_ok)]
@@ -313,64 +209,115 @@ class Controller:
             return Plan(group_lens, eagle_lens, plain_rate, plain_rate)
         if not np.isfinite(secs).all():
             return none
-        caps_a = np.minimum(np.array(caps), MAX_DEPTH)                      # [B]
-        glen = np.array([len(p) for p in group_probs]) if group_on else np.zeros(b, dtype=int)
-        g_exp, g_first = self._group_expected(group_probs, np.minimum(glen, caps_a)) if group_on else \
-            (np.zeros((b, MAX_DEPTH + 1)), np.zeros(b))                    # [B, 33], [B]
-        e_exp = expected_accepted(self.accept.eagle_rates())                # [33]
-        elig = np.array(eagle_ok) & eagle_on                                # [B]
-        ks = ([cfg.fixed_k] if cfg.fixed_k else list(K_GRID)) if eagle_on else []
-        # [T', B] draft tokens allowed
-        room = np.minimum(caps_a[None], _T[:, None] - 1)
-        rows = np.arange(b)[None]
-        g = g_exp[rows, room]                                               # [T', B]
-        best, best_rate = None, -1.0                 # the best plan that drafts,
-                                                     # whatever plain's rate
-        for k in [0] + ks:
-            e = np.where(elig, e_exp[np.minimum(room, k)], 0.0)             # [T', B]
-            f = np.zeros_like(g)
-            if k and cfg.fused and group_on:
-                f_room = np.maximum(room - k, 0)
-                f = np.where(elig & (f_room > 0),
-                             g_exp[rows, f_room] + (1 - g_first) * e_exp[k], 0.0)
-            value = np.maximum(np.maximum(g, e if cfg.eagle else 0.0), f)   # [T', B]
-            if not value.any():
-                continue
-            rates = (b + value.sum(1)) / (secs[1:] + (self.cost.draft_seconds(int(elig.sum()), k)
-                                                      if k else 0.0))
-            ti = int(rates.argmax())
-            if value[ti].any() and rates[ti] > best_rate:
-                best_rate, best = float(rates[ti]), (k, room[ti], g[ti], e[ti], f[ti])
-        if best is not None and not on and not self._plays_draft(b, best_rate > plain_rate,
-                                                                 best_rate >= CLOSE * plain_rate):
-            best = None                              # plain: it wins, or it is this
-                                                     # iteration's probe
-        if best is None:
+        args = (np.minimum(np.array(caps), MAX_DEPTH), group_probs if group_on else None,
+                np.array(eagle_ok) & eagle_on, keys, secs, plain_rate)
+        if on:                                       # draft wherever a draft exists
+            return self._best(*args, explore=True, force=True) or none
+        best = self._best(*args, explore=False)
+        plays = best is not None and best.expected_rate > plain_rate \
+            and self.cells.allowed(self.cells.key(b, best))
+        self._quiet[b_bucket(b)] = None if plays else self.accept.version
+        if plays:
+            if self._in_a_row(b, True) < PROBE:
+                return best
+            self._reset(b)
+            return none                              # the plain probe
+        n = self._in_a_row(b, False)
+        if n < EXPLORE and not any(c[0] == b_bucket(b) and self.cells.pays(c)
+                                   for c in self.cells.cells):
             return none
-        k, room, g, e, f = best
-        use_f = (f > 0) & (f >= g) & (f >= e)
-        use_e = ~use_f & (e > 0) & (e > g)
-        use_g = ~use_f & ~use_e & (g > 0)
-        group_lens = np.where(use_f, np.minimum(room - k, glen),
-                              np.where(use_g, np.minimum(room, glen), 0))
-        eagle_lens = np.where(use_f, k, np.where(use_e, np.minimum(room, k), 0))
-        return Plan(group_lens.tolist(), eagle_lens.tolist(), best_rate, plain_rate)
+        if n >= EXPLORE:
+            self._reset(b)                           # the next look EXPLORE plans on
+        opt = self._best(*args, explore=True)
+        if opt is None or opt.expected_rate < CLOSE * plain_rate:
+            return none
+        key = self.cells.key(b, opt)
+        if opt.expected_rate > plain_rate and self.cells.pays(key):
+            return opt
+        return opt if n >= EXPLORE and not self.cells.loses(key) else none
 
-    def _group_expected(self, group_probs: list[list[float]],
-                        lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Expected accepted tokens [B, 33] of each group draft's first 0..32 tokens (flat beyond
-        its usable length lens[s]), and its first token's acceptance [B]."""
-        b = len(group_probs)
-        probs = np.zeros((b, MAX_DEPTH))
-        for s, p in enumerate(group_probs):
-            probs[s, :min(len(p), MAX_DEPTH)] = p[:MAX_DEPTH]
-        rates = self.accept.group_table()[_DEPTH_IDX[None],
-                                          np.searchsorted(_PROB_BINS, probs, side="right")]
-        rates = np.where(np.arange(MAX_DEPTH)[None] < lens[:, None], rates, 0.0)      # [B, 32]
-        return expected_accepted(rates), rates[:, 0]
+    def _best(self, caps: np.ndarray, group_probs: list[list[float]] | None, elig: np.ndarray,
+              keys: list | None, secs: np.ndarray, plain_rate: float, explore: bool,
+              force: bool = False) -> Plan | None:
+        """The plan of highest expected rate that drafts (None: none does), each sequence its own
+        tree and length: for each chain length k, Dinkelbach's iteration on the rate
+        (B + sum_s V_s(l_s)) / (target(B + sum_s l_s rows) + drafter(k)): each sequence takes the
+        l_s maximising V_s(l) - rate * (seconds per row) * l, so a sequence whose drafts do not pay
+        for their rows takes none. `force` (mode on): every sequence that can takes its most
+        valuable tree within k, whatever its rows cost."""
+        cfg, b = self.config, len(caps)
+        rows = np.arange(b)
+        ks = ([cfg.fixed_k] if cfg.fixed_k else list(K_GRID)) if elig.any() and cfg.eagle else []
+        if not force:                              # no deeper than one past what is measured
+            deepest = self.accept.measured_depths() + 1
+            ks = [k for k in ks if k <= deepest]
+        if group_probs is not None:
+            glen = np.minimum(np.array([len(p) for p in group_probs]), caps)
+            g_exp, g_first = self.accept.group_expected(group_probs, glen)        # [B, 33], [B]
+        else:
+            glen, g_exp, g_first = np.zeros(b, dtype=int), np.zeros((b, MAX_DEPTH + 1)), np.zeros(b)
+        # l = 0 .. longest usable tree (L + 1 <= 33 columns)
+        ls = np.arange(1 + min(int(caps.max()), (max(ks) if ks else 0) + int(glen.max())))[None]
+        fits = ls <= caps[:, None]                                          # [B, L + 1]
+        g_use = np.minimum(ls, glen[:, None])                               # [B, L + 1]
+        g_val = g_exp[rows[:, None], g_use]
+        keys = keys if keys is not None else []
+        e_exp = expected_accepted(self.accept.seq_eagle_rates(keys, explore) if keys else
+                                  self.accept.eagle_rates(explore)[None].repeat(b, 0))
+        # every chain length at once: [K, B, L + 1] over (k, sequence, draft tokens l)
+        kk = np.array([0] + ks)[:, None, None]                              # [K, 1, 1]
+        r3, on3 = rows[None, :, None], elig[None, :, None] & (kk > 0)
+        e_use = np.minimum(ls[None], kk)                                    # [K, 1, L + 1]
+        e_val = np.where(on3, e_exp[r3, e_use], 0.0)                        # [K, B, L + 1]
+        val = np.maximum(g_val[None], e_val)
+        use = np.where(e_val > g_val[None], e_use, g_use[None])
+        kind = (e_val > g_val[None]).astype(int)                            # 0 group, 1 chain
+        if cfg.fused and group_probs is not None and ks:
+            f_g = np.minimum(np.maximum(ls[None] - kk, 0), glen[None, :, None])   # [K, B, L+1]
+            f_val = np.where(on3 & (f_g > 0), g_exp[r3, f_g] + (1 - g_first[None, :, None])
+                             * e_exp[rows[None], kk[:, :, 0]][:, :, None], 0.0)
+            better = f_val > val
+            val, use, kind = np.where(better, f_val, val), np.where(better, kk + f_g, use), \
+                np.where(better, 2, kind)
+        val, use = np.where(fits[None], val, 0.0), np.where(fits[None], use, 0)
+        if force:
+            val = np.where(use > 0, val, -np.inf)
+        step = self.cost.draft_seconds(int(elig.sum()), 0) if ks else 0.0
+        draft_s = step * (kk[:, 0, 0] + 1) * (kk[:, 0, 0] > 0)              # [K]
+        # target seconds of a pass of b + j rows, j = 0 .. 33 b
+        cost = np.interp((b + np.arange(33 * b + 1)) / b, GRID, secs)
+        rate, n = np.full(len(kk), plain_rate), np.zeros(len(kk), dtype=int)   # n: draft rows
+        k_idx = np.arange(len(kk))[:, None]
+        kind = np.broadcast_to(kind, val.shape)
+        best, best_rate = None, -1.0
+        for _ in range(3):                         # Dinkelbach's iteration, every k at once
+            price = rate * (cost[np.minimum(n + b, 33 * b)] - cost[n]) / b  # [K] per row
+            if force:                                # mode on: each its most valuable tree
+                price[:] = 0.0
+            pick = (val - price[:, None, None] * use).argmax(2)            # [K, B]
+            at = (k_idx, rows[None], pick)
+            v, u, kd = val[at], use[at], kind[at]                           # [K, B] each
+            n = u.sum(1)
+            chain = ((kd > 0) & (u > 0)).any(1)
+            new = np.where(u.any(1), (b + np.where(np.isfinite(v), v, 0).sum(1))
+                           / (cost[np.minimum(n, 33 * b)] + np.where(chain, draft_s, 0.0)), -1.0)
+            i = int(new.argmax())
+            if new[i] > best_rate:
+                k = int(kk[i, 0, 0])
+                eagle_lens = np.where(kd[i] == 1, u[i], np.where(kd[i] == 2, k, 0))
+                best_rate = float(new[i])
+                best = Plan((u[i] - eagle_lens).tolist(), eagle_lens.tolist(), best_rate,
+                            plain_rate)
+            rate = np.where(new > 0, new, rate)
+        return best
 
     def drafter_swapped(self) -> None:
         self.accept.drafter_swapped()
+        self.cells.drafter_swapped()
+
+    def record_iteration(self, b: int, plan: Plan, tokens: int, seconds: float) -> None:
+        """A whole SD iteration of b ready sequences (drafter call included) emitted `tokens`."""
+        self.cells.record(b, plan, tokens, seconds)
 
     def summary(self) -> dict:
         """Measured target pass seconds per (B bucket, T) and drafter seconds per step, in ms;
@@ -379,4 +326,6 @@ class Controller:
                               for b, c in sorted(self.cost.target.items())},
                 "drafter_step_ms": {b: round(1e3 * s, 2)
                                     for b, s in sorted(self.cost.step.items())},
-                "eagle_accept": [round(float(x), 3) for x in self.accept.eagle_rates()[:8]]}
+                "eagle_accept": [round(float(x), 3) for x in self.accept.eagle_rates()[:8]],
+                "cells": {"/".join(map(str, k)): {"samples": c[0], "speedup": round(c[1], 3)}
+                          for k, c in sorted(self.cells.cells.items())}}

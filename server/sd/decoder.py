@@ -13,8 +13,10 @@ take it. Every iteration is timed into the controller's cost model (all of it: s
 verify, bookkeeping; the drafter call apart) and every verified branch into its
 acceptance estimates.
 
-Draft states (`draft_state.py`): a state that breaks its invariant (new drafter, flushed or
-retracted cache) is rebuilt by re-feeding the target the last `window` tokens. The scheduler appends
+Draft states (`draft_state.py`): a state that breaks its invariant (flushed or retracted cache, a
+drafter that reads other target layers) is rebuilt by re-feeding the target the last `window`
+tokens; a new drafter that reads the same layers keeps the target's states and rebuilds its own
+cache from them at its next catch-up. The scheduler appends
 the emitted tokens one at a time and stops at EOS, a stop string or `max_new_tokens` exactly.
 """
 from __future__ import annotations
@@ -60,9 +62,13 @@ class SDDecoder:
         self._group_idle: dict[int, int] = {}           # B bucket -> plans in a row that
                                                         # used no group draft
         self._iteration = 0
+        self._rebuilt = False                           # this iteration rebuilt a drafter cache
         # target passes over decoding
         self.decode_passes = self.decode_rows = self.decode_tokens = 0
         #   sequences, those sequences summed over the passes, the tokens they emitted
+        self.iterations = 0                             # decode calls, and their wall time:
+        self.iteration_s = self.forward_s = self.drafter_s = 0.0    # whole, target forwards,
+                                                                    # drafter calls
 
     def stats(self) -> dict:
         by_source = {src: (self.accepted_by_source[src] / n if n else 0.0)
@@ -75,18 +81,35 @@ class SDDecoder:
                 "sd_controller": self.controller.summary() if self.controller else None}
 
     def set_drafter(self, drafter, path: str | None) -> None:
-        """Between iterations: serve `drafter`; every draft state is rebuilt on the next iteration
-        and the EAGLE-3 acceptance estimates, made with the old drafter, count less."""
+        """Between iterations: serve `drafter`. What stays valid is kept: the target's caches and
+        the aux hidden states the drafter reads (same aux layers), from which each sequence's new
+        drafter cache is rebuilt at its next catch-up, with no target forward; the drafter step
+        costs when the new drafter has the old one's shape; the EAGLE-3 acceptance estimates as
+        a prior that counts less. Otherwise states are rebuilt by re-feeding the target."""
         if self.controller is None:
             raise ValueError("plain decoding (sd off) serves no drafter")
-        self.drafter, self.draft_path = drafter, path
-        self.states.clear()
+        old, self.drafter, self.draft_path = self.drafter, drafter, path
+        if drafter is not None and old is not None and _same_inputs(old, drafter):
+            self.states = {s: st.rebased(new_draft_cache(drafter))
+                           for s, st in self.states.items()}
+        else:
+            self.states.clear()
         self.controller.drafter_swapped()
-        if drafter is not None:
+        if drafter is not None and (old is None or not self.controller.cost.step
+                                    or _shape(old) != _shape(drafter)):
             self.controller.cost.calibrate_drafter(drafter)
 
-    @torch.inference_mode()
     def decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
+        t0, f0 = time.perf_counter(), getattr(runner, "forward_seconds", 0.0)
+        try:
+            return self._decode(runner, seqs)
+        finally:
+            self.iterations += 1
+            self.iteration_s += time.perf_counter() - t0
+            self.forward_s += getattr(runner, "forward_seconds", 0.0) - f0
+
+    @torch.inference_mode()
+    def _decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
         if self.drafter is not None and not self.controller.cost.target:
             # a first drafter hot-swapped in
             self.controller.cost.calibrate(runner)
@@ -105,10 +128,14 @@ class SDDecoder:
             return [out.get(s, ([], [])) for s in seqs]
         waiting = set(seqs) - set(ready)
         out = self._feed(runner, [s for s in seqs if s in waiting]) if waiting else {}
-        spec, size, draft_s = self._speculate(runner, ready, plan, proposals)
+        spec, rows, draft_s = self._speculate(runner, ready, plan, proposals)
+        tokens = sum(len(ids) for ids, _ in spec.values())
         if not waiting:
-            self.controller.cost.record_pass(len(seqs), size, time.perf_counter() - t0 - draft_s)
-        self._count_pass(ready, sum(len(ids) for ids, _ in spec.values()))
+            seconds = time.perf_counter() - t0
+            self.controller.cost.record_pass(len(seqs), rows / len(seqs), seconds - draft_s)
+            if not self._rebuilt:              # a swap's one-off rebuild is no cell's cost
+                self.controller.record_iteration(len(seqs), plan, tokens, seconds)
+        self._count_pass(ready, tokens)
         out.update(spec)
         return [out.get(s, ([], [])) for s in seqs]
 
@@ -119,16 +146,19 @@ class SDDecoder:
             self.decode_tokens += tokens
 
     def _plan(self, seqs: list[Sequence]) -> tuple[Plan, list[GroupDraft | None]]:
-        caps = [self._cap(s) for s in seqs]
         cfg = self.controller.config
         propose = self.groups is not None and cfg.group and (cfg.mode == "on" or len(seqs) <= cfg.group_max_batch) \
             and self._probe(len(seqs))
+        if not propose and cfg.mode != "on" and self.controller.still_quiet(len(seqs)):
+            return Plan([0] * len(seqs), [0] * len(seqs), 0.0, 0.0), []   # nothing to plan
+        caps = [self._cap(s) for s in seqs]
         proposals = [self.groups.propose(s, c) if propose and c > 0 else None
                      for s, c in zip(seqs, caps)]
         eagle_ok = [self.drafter is not None and c > 0 and self.states[s].pending > 0
                     for s, c in zip(seqs, caps)]
-        plan = self.controller.plan(caps,
-                                    [d.probs if d is not None else [] for d in proposals], eagle_ok)
+        self.controller.accept.keep_only(seqs)
+        plan = self.controller.plan(caps, [d.probs if d is not None else [] for d in proposals],
+                                    eagle_ok, seqs)
         if propose:
             bucket = b_bucket(len(seqs))
             self._group_idle[bucket] = 0 if any(plan.group_lens) else self._group_idle.get(bucket, 0) + 1
@@ -161,7 +191,7 @@ class SDDecoder:
                 self.states[s].add(st.take()[-self.window:])
 
     def _new_state(self, start: int) -> DraftState:
-        return DraftState(new_draft_cache(self.drafter), start)
+        return DraftState(new_draft_cache(self.drafter), start, keep=self.window)
 
     def _feed(self, runner: ModelRunner, seqs: list[Sequence]) -> Out:
         """The plain step (prefill chunks or one token); with a drafter it captures the
@@ -180,9 +210,9 @@ class SDDecoder:
 
     def _speculate(self, runner: ModelRunner, seqs: list[Sequence], plan: Plan,
                    proposals: list[GroupDraft | None]) -> tuple[Out, int, float]:
-        """Drafts and verifies; returns (outputs, the largest tree, seconds spent drafting)."""
+        """Drafts and verifies; returns (outputs, the rows verified, seconds spent drafting)."""
         prm = params_tensors([s.req.params for s in seqs], runner.device)   # on the target's device
-        draft_s = 0.0
+        draft_s, self._rebuilt = 0.0, False
         eagle: list[list[int]] = [[] for _ in seqs]
         qs: list[torch.Tensor | None] = [None for _ in seqs]
         idx = [b for b, n in enumerate(plan.eagle_lens) if n]
@@ -190,10 +220,14 @@ class SDDecoder:
         if idx:
             sub, ks = [seqs[b] for b in idx], [plan.eagle_lens[b] for b in idx]
             catch_up = max(self.states[s].pending for s in sub)
+            self._rebuilt = any(self.states[s].rebuilt for s in sub)
+            for s in sub:
+                self.states[s].rebuilt = False
             t0 = time.perf_counter()
             d, q = draft_tokens(self.drafter, sub, [self.states[s] for s in sub], ks,
                                 {key: v[idx] for key, v in prm.items()})
             draft_s = time.perf_counter() - t0
+            self.drafter_s += draft_s
             if catch_up <= 8:                          # a long catch-up (after plain steps)
                                                        # is no step cost
                 self.controller.cost.record_draft(len(sub), max(ks), draft_s)
@@ -217,7 +251,7 @@ class SDDecoder:
             if branches[b]:
                 self._count(s, srcs[b], branches[b], proposals[b], r)
             out[s] = (r.ids, r.logprobs)
-        return out, max(1 + sum(map(len, br)) for br in branches), draft_s
+        return out, sum(1 + sum(map(len, br)) for br in branches), draft_s
 
     def _count(self, s: Sequence, srcs: list[str], branches: list[list[int]],
                proposal: GroupDraft | None, r: TreeResult) -> None:
@@ -233,10 +267,21 @@ class SDDecoder:
                 accepted = r.accepted if m == r.branch else 0
                 self.controller.accept.record(name, len(br), accepted,
                                               proposal.probs if name == "group" and proposal
-                                              else None)
+                                              else None, key=s)
         if r.branch >= 0:
             name = srcs[r.branch]
             self.accepted_by_source[name] += r.accepted
             s.spec_accepted_by_source[name] = s.spec_accepted_by_source.get(name, 0) + r.accepted
         self.verify_ct, self.verify_tokens = self.verify_ct + 1, self.verify_tokens + r.accepted + 1
         self.accept_hist[min(r.accepted + 1, len(self.accept_hist) - 1)] += 1
+
+
+def _same_inputs(a, b) -> bool:
+    """Two drafters read the same target hidden states."""
+    return list(a.config.aux_layer_ids) == list(b.config.aux_layer_ids) \
+        and a.fc.weight.shape[1] == b.fc.weight.shape[1] and a.fc.weight.dtype == b.fc.weight.dtype
+
+
+def _shape(drafter) -> tuple:
+    """What a drafter step's cost depends on."""
+    return tuple((n, tuple(p.shape), p.dtype) for n, p in drafter.named_parameters())

@@ -2,13 +2,15 @@
 
 The drafter model (`gleanrl.harvest.drafter`) holds the weights and the per-token math (`project`,
 `qkv`, `finish`); training attends over whole windows, serving attends over a ragged batch with a
-cache per sequence, which is the server's own KV machinery (`gleanrl.server.model.kv`).
+cache per sequence, which is the server's own KV machinery (`gleanrl.server.model.kv`; a drafter
+step of one token per sequence attends in one padded kernel, `model.attention.decode_attention`).
 """
 from __future__ import annotations
 
 import torch
 
 from gleanrl.harvest.drafter import Eagle3Drafter
+from gleanrl.server.model.attention import decode_attention
 from gleanrl.server.model.kv import SeqKVCache, ragged_attention
 
 
@@ -24,4 +26,8 @@ def drafter_forward(drafter: Eagle3Drafter, input_ids: torch.Tensor, hidden: tor
     -> pre-norm h [N, H]. Appends each token's K/V to its sequence's cache."""
     r = drafter.project(hidden)
     q, k, v = drafter.qkv(input_ids, r, positions)
-    return drafter.finish(ragged_attention(q, k, v, caches, 0, seq_lens), r)
+    if len(caches) > 1 and len(seq_lens) == q.shape[0]:   # one token each: one padded kernel
+        o = decode_attention(q, k, v, caches, 0)
+    else:
+        o = ragged_attention(q, k, v, caches, 0, seq_lens)
+    return drafter.finish(o, r)
