@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from serving import running_server
+from serving import running_server, server_stats
 
 # Qwen 2.5's tool layout, shortened: the tools in a system turn, calls as <tool_call> JSON,
 # tool answers in a user turn
@@ -49,7 +49,9 @@ def urls(model):
     with ExitStack() as stack:
         yield {name: stack.enter_context(running_server(model, tool_call_parser=name, **common))
                for name in ("qwen25", "llama3")} | {
-            "none": stack.enter_context(running_server(model, **common))}
+            "none": stack.enter_context(running_server(model, **common)),
+            "sd": stack.enter_context(running_server(model, tool_call_parser="qwen25", sd="on",
+                                                     sd_sources=("group",), **common))}
 
 
 def _client(url: str) -> openai.OpenAI:
@@ -126,6 +128,26 @@ def test_required_sampled_calls_are_valid(urls):
                                          temperature=1, max_tokens=200)
     assert all(c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1
                for c in one.choices)
+
+
+def test_sd_forced_calls_equal_plain_decoding(urls):
+    """Group drafts (the prompt's earlier samples) verified under the tool grammar: greedy calls
+    identical to plain decoding's, streamed and not, sampled ones valid."""
+    ask = {"model": "m", "messages": MSGS, "tools": TOOLS, "tool_choice": "required",
+           "temperature": 0, "max_tokens": 150}
+
+    def calls(url: str, **kw) -> list:
+        out = _client(url).chat.completions.create(**{**ask, **kw}).choices
+        return [[(c.function.name, c.function.arguments) for c in o.message.tool_calls or []]
+                for o in out]
+    want = calls(urls["qwen25"])
+    assert want[0] and calls(urls["sd"]) == want and calls(urls["sd"]) == want
+    assert server_stats(urls["sd"])["spec_accepted_tokens_by_source"]["group"] > 0
+    _, streamed, _ = _streamed(_client(urls["sd"]), **ask)
+    assert [(c["name"], c["arguments"]) for c in streamed] == want[0]
+    for sample in calls(urls["sd"], temperature=1, n=4, seed=7, parallel_tool_calls=False):
+        ((name, args),) = sample
+        assert set(json.loads(args)) == ({"city"} if name == "get_weather" else {"a"})
 
 
 def test_template_renders_tools_and_history(urls, model):
