@@ -1,6 +1,8 @@
 """OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions (streaming and not),
 with usage, finish_reason (plus SGLang's `matched_stop`), logprobs of the sampled tokens, and errors
-in OpenAI's shape. Chat prompts go through the tokenizer's chat template."""
+in OpenAI's shape. Chat prompts go through the tokenizer's chat template (with the request's tools,
+`server.http.tools`); the reply's text is split into reasoning (`server.http.reasoning`), content and
+tool calls (`server.http.tool_parser`), in the reply and in streamed deltas."""
 from __future__ import annotations
 
 import asyncio
@@ -265,7 +267,9 @@ async def chat_completions(request: Request):
     extra = body.model_extra or {}
     constrained = bool(grammar_source(extra) or response_format_source(
         extra.get("response_format")))
-    tools = plan_tools(body, state.server_cfg.tool_call_parser, constrained, state.server_cfg)
+    # the tools' schemas are checked by xgrammar: off the event loop
+    tools = await asyncio.to_thread(plan_tools, body, state.server_cfg.tool_call_parser,
+                                    constrained, state.server_cfg)
     prompt, text = await _chat_prompt(state, body, tools)
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if limit is None:
