@@ -103,6 +103,12 @@ def test_named_tool_call_round_trip(urls, parser):
         max_tokens=20, extra_body=ANSWER).choices[0]
     assert final.finish_reason == "stop" and final.message.tool_calls is None
     assert final.message.content in ("It is sunny.", "It is rainy.")
+    # the same round trip streamed: the streamed call goes back as the history
+    (streamed,) = calls
+    history = MSGS + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": streamed["id"], "type": "function",
+         "function": {"name": streamed["name"], "arguments": streamed["arguments"]}}]},
+        {"role": "tool", "tool_call_id": streamed["id"], "content": "sunny, 21 C"}]
     content, calls, reason = _streamed(client, model="m", messages=history, tools=TOOLS,
                                        tool_choice="none", temperature=0, max_tokens=20,
                                        extra_body=ANSWER)
@@ -177,6 +183,13 @@ def test_auto_without_a_call_is_content(urls):
         extra_body={"ignore_eos": True}).choices[0]
     assert out.message.tool_calls is None and out.message.content
     assert out.finish_reason == "length"
+    # another grammar holds the output: it is not parsed for calls (SGLang)
+    out = _client(urls["qwen25"]).chat.completions.create(
+        model="m", messages=MSGS, tools=TOOLS, temperature=0, max_tokens=60,
+        extra_body={"regex": r'<tool_call>\n\{"name": "add", "arguments": \{\}\}'}).choices[0]
+    assert out.message.tool_calls is None
+    assert out.message.content == '<tool_call>\n{"name": "add", "arguments": {}}'
+
 
 
 BAD = [({"tools": {"type": "function"}}, "tools"),
