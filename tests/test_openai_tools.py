@@ -1,6 +1,6 @@
 """Tool calls on the chat route (issue 32) through the official `openai` client on real servers:
-`tools` in the chat template, `tool_choice` required / named forced by a grammar (a tiny random model
-never calls a tool by itself), `tool_calls` in the reply and in streamed deltas, and the round trip
+`tools` in the chat template, `tool_choice` required / named forced by a grammar (a tiny random
+model never calls a tool by itself), `tool_calls` in the reply and in streamed deltas, and the round trip
 request -> tool_calls -> a `tool` message -> the final answer; bad tool fields refused by name."""
 from __future__ import annotations
 
@@ -189,7 +189,6 @@ def test_auto_without_a_call_is_content(urls):
         extra_body={"regex": r'<tool_call>\n\{"name": "add", "arguments": \{\}\}'}).choices[0]
     assert out.message.tool_calls is None
     assert out.message.content == '<tool_call>\n{"name": "add", "arguments": {}}'
-
 
 
 BAD = [({"tools": {"type": "function"}}, "tools"),

@@ -1,5 +1,5 @@
-"""The tool-call parsers (`server.http.tool_parser`): each format, one-shot and streamed, the streamed
-result equal to the one-shot one at every cut point (two cuts anywhere, and character by
+"""The tool-call parsers (`server.http.tool_parser`): each format, one-shot and streamed, the
+streamed result equal to the one-shot one at every cut point (two cuts anywhere, and character by
 character), calls to unknown functions dropped, `max_calls`, and the grammar that forces the calls
 accepts what the parser reads."""
 from __future__ import annotations
@@ -22,6 +22,7 @@ CASES = {
         "a <tool_ca",
         '<tool_call>\n{"name": "add", "arguments": 5}\n</tool_call>\n\n',
         '<tool_call>\n{"name": "add", "arguments": {"a": 1}\n</tool_call>',
+        '<tool_call>{"arguments": {}, "name": ["add"]}</tool_call>',      # not a name: dropped
     ],
     "hermes": [
         '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>',
@@ -79,6 +80,7 @@ def test_what_each_format_reads():
     assert _whole("qwen25", CASES["qwen25"][4]) == ("", [["add", '{"a": 1']])   # cut off
     assert _whole("qwen25", CASES["qwen25"][5]) == ("a <tool_ca", [])
     assert _whole("qwen25", CASES["qwen25"][6]) == ("", [["add", "5"]])
+    assert _whole("qwen25", CASES["qwen25"][8]) == ("", [])
     assert _whole("hermes", CASES["hermes"][1]) == (
         "text", [["get_weather", '{"city": "Rome"}'], ["add", "{}"]])
     assert _whole("llama3", CASES["llama3"][0]) == (

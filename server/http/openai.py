@@ -1,8 +1,8 @@
 """OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions (streaming and not),
 with usage, finish_reason (plus SGLang's `matched_stop`), logprobs of the sampled tokens, and errors
 in OpenAI's shape. Chat prompts go through the tokenizer's chat template (with the request's tools,
-`server.http.tools`); the reply's text is split into reasoning (`server.http.reasoning`), content and
-tool calls (`server.http.tool_parser`), in the reply and in streamed deltas."""
+`server.http.tools`); the reply's text is split into reasoning (`server.http.reasoning`), content
+and tool calls (`server.http.tool_parser`), in the reply and in streamed deltas."""
 from __future__ import annotations
 
 import asyncio

@@ -6,12 +6,12 @@
 - `llama3`: `<|python_tag|>{"name": …, "parameters": …}` (or `"arguments"`), or a bare JSON object
   that opens the output; several calls are separated by `;`.
 
-One parser for both paths: the reply is the streamed deltas merged (`parse`), so a streamed reply
-and a whole one are the same whatever the chunking. Differences from SGLang, on purpose: `arguments`
-is the JSON text the model wrote (valid JSON; SGLang re-serialises it), streamed as it arrives; text
-outside the calls is `content` in both paths (SGLang's whole-reply path keeps only the text before the
-first call); whitespace between or after calls is dropped. As SGLang: a call to a function not in
-`tools` is dropped; a call cut off by the length limit keeps what was written."""
+One parser for both paths: the reply is the streamed deltas merged (`parse_calls`), so a streamed
+reply and a whole one are the same whatever the chunking. Differences from SGLang, on purpose:
+`arguments` is the JSON text the model wrote (valid JSON; SGLang re-serialises it), streamed as it
+arrives; text outside the calls is `content` in both paths (SGLang's whole-reply path keeps only the
+text before the first call); whitespace between or after calls is dropped. As SGLang: a call to a
+function not in `tools` is dropped; a call cut off by the length limit keeps what was written."""
 from __future__ import annotations
 
 import json
@@ -56,25 +56,51 @@ class CallDelta:
         return {"index": self.index, **head, "function": fn}
 
 
-def json_end(text: str, start: int) -> int | None:
-    """End of the JSON object or array that starts at text[start] (after whitespace), None while
-    it is still open (or when no object starts there)."""
-    depth, in_str, esc = 0, False, False
-    for i in range(start, len(text)):
-        c = text[i]
-        if in_str:
-            esc, in_str = (False, True) if esc else (c == "\\", c != '"')
-        elif c == '"':
-            in_str = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        elif depth == 0 and not c.isspace():
-            return None                        # a scalar: read when the call ends
-    return None
+class JsonEnd:
+    """Where the JSON object or array starting at `start` (after whitespace) ends, read as the
+    text grows: each character is scanned once, so a long streamed call costs linear time."""
+
+    def __init__(self, start: int = 0):
+        self.i, self.depth, self.in_str, self.esc = start, 0, False, False
+        self.end: int | None = None
+        self.scalar = False                    # not an object or array: never ends here
+
+    def __call__(self, text: str) -> int | None:
+        if self.end is not None or self.scalar:
+            return self.end
+        for i in range(self.i, len(text)):
+            c = text[i]
+            if self.in_str:
+                self.esc, self.in_str = (False, True) if self.esc else (c == "\\", c != '"')
+            elif c == '"':
+                self.in_str = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.end = i + 1
+                    return self.end
+            elif self.depth == 0 and not c.isspace():
+                self.scalar = True             # read when the call ends
+                return None
+        self.i = len(text)
+        return None
+
+
+def json_end(text: str, start: int = 0) -> int | None:
+    return JsonEnd(start)(text)
+
+
+@dataclass(slots=True)
+class _Call:
+    """The open call: its body is the parser's buffer."""
+    outer: JsonEnd                     # the call's object (formats without an end tag)
+    index: int | None = None           # None: not streamed (unknown function, or not name-first)
+    args: JsonEnd | None = None        # the arguments' value, once the name-first head is read
+    args_at: int | None = None
+    sent: int = 0                      # the arguments' characters streamed
+    searched: int = 0                  # the body searched for the end tag up to here
 
 
 def _partial(text: str, tag: str) -> int:
@@ -94,10 +120,10 @@ class ToolCallParser:
         self.calls, self.held = 0, ""
         self.started = False         # anything but whitespace seen (a bare call opens the output)
         self.after_call = False      # only whitespace since the last call closed
-        self.call: list | None = None  # the open call: [index or None (dropped), args at, sent]
+        self.call: _Call | None = None
 
     def _open(self, body: str) -> None:
-        self.call, self.buffer, self.started, self.held = [None, None, 0], body, True, ""
+        self.call, self.buffer, self.started, self.held = _Call(JsonEnd()), body, True, ""
 
     def _text(self, text: str) -> str:
         """Text outside calls; once a call was made, trailing whitespace is held until more
@@ -146,34 +172,36 @@ class ToolCallParser:
     def _read_call(self, out: list[CallDelta]) -> bool:
         """Advance the open call; True when it closed (the buffer then holds what follows)."""
         body, call, fmt = self.buffer, self.call, self.fmt
-        if call[1] is None and (m := _HEAD.match(body)) and body[m.end():][:1] in ("{", "["):
-            call[1] = m.end()
+        if call.args_at is None and (m := _HEAD.match(body)) and body[m.end():][:1] in ("{", "["):
+            call.args_at, call.args = m.end(), JsonEnd(m.end())
             if self._known(m.group(1)):
-                call[0] = self.calls - 1
-                out.append(CallDelta(call[0], _call_id(), m.group(1), ""))
+                call.index = self.calls - 1
+                out.append(CallDelta(call.index, _call_id(), m.group(1), ""))
         if fmt.end is None:
-            close = rest = json_end(body, 0)
+            close = rest = call.outer(body)
         else:
-            pos = body.find(fmt.end)
+            pos = body.find(fmt.end, call.searched)
+            call.searched = max(call.searched, len(body) - len(fmt.end) + 1)
             close, rest = (pos, pos + len(fmt.end)) if pos >= 0 else (None, None)
-        if call[0] is not None:                    # stream the arguments' text as it comes
-            stop = json_end(body, call[1])
+        if call.index is not None:                 # stream the arguments' text as it comes
+            stop = call.args(body)
             if stop is None:
                 stop = close if close is not None else len(body) - (
                     _partial(body, fmt.end) if fmt.end else 0)
-            piece = body[call[1] + call[2]:stop]
+            piece = body[call.args_at + call.sent:stop]
             if piece:
-                call[2] += len(piece)
-                out.append(CallDelta(call[0], None, None, piece))
+                call.sent += len(piece)
+                out.append(CallDelta(call.index, None, None, piece))
         if close is None:
             return False
-        if call[1] is None:                        # not name-first: read the whole object
+        if call.args_at is None:                   # not name-first: read the whole object
             self._whole(body[:close], out)
         self.call, self.buffer, self.after_call = None, body[rest:], True
         return True
 
     def _known(self, name) -> bool:
-        if name not in self.tools or (self.max_calls is not None and self.calls >= self.max_calls):
+        if not isinstance(name, str) or name not in self.tools or (
+                self.max_calls is not None and self.calls >= self.max_calls):
             return False
         self.calls += 1
         return True
@@ -195,9 +223,9 @@ class ToolCallParser:
         out: list[CallDelta] = []
         if self.call is not None:
             call, body = self.call, self.buffer
-            piece = body[call[1] + call[2]:json_end(body, call[1] or 0)] if call[1] else ""
-            if call[0] is not None and piece:
-                out.append(CallDelta(call[0], None, None, piece))
+            if call.index is not None and (piece := body[call.args_at + call.sent:
+                                                         call.args(body)]):
+                out.append(CallDelta(call.index, None, None, piece))
             self.call, self.buffer = None, ""
             return "", out
         text = self._text(self.buffer)

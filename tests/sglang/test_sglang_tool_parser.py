@@ -20,7 +20,8 @@ TEXTS = {
                '</tool_call>',
                '<tool_call>\n{"arguments": {"x": 1}, "name": "add"}\n</tool_call>'],
     "hermes": ['<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>',
-               'text <tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>'],
+               'text <tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}'
+               '</tool_call>'],
     "llama3": ['{"name": "add", "parameters": {"a": 1}}',
                '<|python_tag|>{"name": "add", "arguments": {"a": 2}}',
                '{"name": "add", "parameters": {"a": 1}};{"name": "get_weather", "parameters": '
