@@ -51,7 +51,9 @@ def urls(model):
                for name in ("qwen25", "llama3")} | {
             "none": stack.enter_context(running_server(model, **common)),
             "sd": stack.enter_context(running_server(model, tool_call_parser="qwen25", sd="on",
-                                                     sd_sources=("group",), **common))}
+                                                     sd_sources=("group",), **common)),
+            "r1": stack.enter_context(running_server(model, tool_call_parser="qwen25",
+                                                     reasoning_parser="deepseek-r1", **common))}
 
 
 def _client(url: str) -> openai.OpenAI:
@@ -154,6 +156,18 @@ def test_sd_forced_calls_equal_plain_decoding(urls):
     for sample in calls(urls["sd"], temperature=1, n=4, seed=7, parallel_tool_calls=False):
         ((name, args),) = sample
         assert set(json.loads(args)) == ({"city"} if name == "get_weather" else {"a"})
+
+
+def test_a_reasoning_model_reasons_before_the_forced_call(urls):
+    """With a reasoning parser whose model starts inside the reasoning (deepseek-r1), the grammar
+    lets it reason up to </think> before the calls: a random model cut off by the length limit
+    has reasoned and called nothing."""
+    out = _client(urls["r1"]).chat.completions.create(
+        model="m", messages=MSGS, tools=TOOLS, tool_choice="required", temperature=0,
+        max_tokens=12).choices[0]
+    assert out.finish_reason == "length" and out.message.tool_calls is None
+    assert out.message.reasoning_content and not out.message.content
+    assert not out.message.reasoning_content.startswith("<tool_call>")   # not forced yet
 
 
 def test_template_renders_tools_and_history(urls, model):

@@ -97,26 +97,38 @@ def test_json_end():
 
 @pytest.mark.parametrize("parser", sorted(FORMATS))
 def test_forcing_grammar_accepts_what_the_parser_reads(parser, tiny_tokenizer):
-    """The structural tag `tools._grammar` builds for tool_choice required accepts two calls in
-    the parser's format (and nothing before them), and the parser reads them back."""
-    import xgrammar as xgr
-
+    """The structural tag `tools.forcing_grammar` builds for tool_choice required accepts two calls
+    in the parser's format (and nothing before them), and the parser reads them back."""
     from gleanrl.server.config import ServerConfig
-    from gleanrl.server.http.tools import _grammar
+    from gleanrl.server.http.tools import ToolPlan, forcing_grammar
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     tools = [{"type": "function", "function": {"name": "add", "parameters": schema}}]
-    _, source, _ = _grammar(parser, tools, None, ServerConfig())
-    tok = tiny_tokenizer
-    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok),
-                                              stop_token_ids=[tok.eos_token_id])
-    compiled = xgr.GrammarCompiler(info, max_threads=1).compile_structural_tag(source)
+    plan = ToolPlan(tools, ["add"], parser, True, None)
+    _, source, _ = forcing_grammar(plan, ServerConfig())
     fmt = FORMATS[parser]
     one = fmt.begin.format(name="add") + '{"a": 1}' + fmt.close
     text = one + fmt.separator + one.replace("1", "2")
-
-    def accepts(s: str) -> bool:
-        matcher = xgr.GrammarMatcher(compiled)
-        return all(matcher.accept_token(t) for t in tok.encode(s, add_special_tokens=False)) \
-            and matcher.accept_token(tok.eos_token_id)
+    accepts = _acceptor(tiny_tokenizer, source)
     assert accepts(text) and not accepts("x" + text)
     assert [json.loads(a) for _, a in _whole(parser, text)[1]] == [{"a": 1}, {"a": 2}]
+    # a reasoning model reasons first: to </think> (the output starts inside the reasoning), or
+    # in an optional <think> block
+    forced = _acceptor(tiny_tokenizer, forcing_grammar(plan, ServerConfig(), "forced")[1])
+    assert forced("Let me see.</think>\n\n" + one) and not forced(one)
+    optional = _acceptor(tiny_tokenizer, forcing_grammar(plan, ServerConfig(), "optional")[1])
+    assert optional("<think>Let me see.</think>\n" + one) and optional(one)
+    assert not optional("Let me see.</think>" + one)
+
+
+def _acceptor(tok, source: str):
+    """Whether the structural tag `source` accepts a text and then the end of the output."""
+    import xgrammar as xgr
+    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok),
+                                              stop_token_ids=[tok.eos_token_id])
+    compiled = xgr.GrammarCompiler(info, max_threads=1).compile_structural_tag(source)
+
+    def accepts(text: str) -> bool:
+        matcher = xgr.GrammarMatcher(compiled)
+        return all(matcher.accept_token(t) for t in tok.encode(text, add_special_tokens=False)) \
+            and matcher.accept_token(tok.eos_token_id)
+    return accepts

@@ -38,7 +38,7 @@ from gleanrl.server.http.schemas import (
     refuse_unsupported,
 )
 from gleanrl.server.http.tool_parser import ToolCallParser, parse_calls
-from gleanrl.server.http.tools import ToolPlan, history, plan_tools
+from gleanrl.server.http.tools import ToolPlan, forcing_grammar, history, plan_tools
 
 router = APIRouter()
 
@@ -277,7 +277,12 @@ async def chat_completions(request: Request):
         limit = state.context_length - len(prompt) if cap is None else min(
             state.context_length - len(prompt), cap)
     params, spec = _params(state, body, limit)
-    spec = spec or tools.grammar
+    opened = text.rstrip().endswith(THINK)     # the template opened the block (SGLang's force)
+    if tools.forced:       # a reasoning model reasons first, then the grammar holds the calls
+        thinker = state.server_cfg.reasoning_parser
+        reasoning = None if thinker is None else (
+            "forced" if ReasoningParser(thinker, opened).in_reasoning else "optional")
+        spec = forcing_grammar(tools, state.server_cfg, reasoning)
     tok = state.tokenizer
     # tool-call markup may be special tokens: kept for the parser (SGLang)
     skip_special = body.skip_special_tokens and tools.parser is None
@@ -287,7 +292,6 @@ async def chat_completions(request: Request):
     k = (body.top_logprobs or 0) if body.logprobs else 0
     reported = [0] * params.n
     name = state.server_cfg.reasoning_parser if body.separate_reasoning else None
-    opened = text.rstrip().endswith(THINK)     # the template opened the block (SGLang's force)
     parsers = [ReasoningParser(name, opened) for _ in range(params.n)] if name else None
     held = [""] * params.n                     # stream_reasoning off: reasoning held to its end
 

@@ -23,7 +23,7 @@ class ToolPlan:
     template_tools: list[dict] | None     # for apply_chat_template(tools=...)
     names: list[str]                      # the functions the parser may return
     parser: str | None                    # the --tool-call-parser that reads the output, if any
-    grammar: tuple[str, str, str] | None  # (kind, source, field) for compile_grammar
+    forced: bool                          # tool_choice required / named: `grammar` holds it
     max_calls: int | None                 # 1 when parallel_tool_calls is false
 
 
@@ -87,7 +87,7 @@ def plan_tools(body, parser: str | None, constrained: bool, cfg) -> ToolPlan:
     if parallel is not None and not isinstance(parallel, bool):
         raise _bad("parallel_tool_calls", "must be a boolean")
     if choice == "none" or not tools:
-        return ToolPlan(None, [], None, None, None)
+        return ToolPlan(None, [], None, False, None)
     forced = choice not in ("auto", "none")
     if forced and parser is None:
         raise _bad("tool_choice", "required or a named tool needs the server started with "
@@ -98,14 +98,16 @@ def plan_tools(body, parser: str | None, constrained: bool, cfg) -> ToolPlan:
     if choice not in ("auto", "required"):
         tools, names = [t for t in tools if t["function"]["name"] == choice], [choice]
     max_calls = 1 if parallel is False else None
-    grammar = _grammar(parser, tools, max_calls, cfg) if forced else None
-    return ToolPlan(tools, names, None if constrained else parser, grammar, max_calls)
+    return ToolPlan(tools, names, None if constrained else parser, forced, max_calls)
 
 
-def _grammar(parser: str, tools: list[dict], max_calls: int | None, cfg) -> tuple[str, str, str]:
-    """xgrammar's structural tag: one or more calls in the parser's format (one only without
-    parallel_tool_calls), each with arguments valid for its function's schema."""
-    fmt = FORMATS[parser]
+def forcing_grammar(plan: ToolPlan, cfg, reasoning: str | None = None) -> tuple[str, str, str]:
+    """xgrammar's structural tag for a forced choice: one or more calls in the parser's format
+    (one only without parallel_tool_calls), each with arguments valid for its function's schema.
+    `reasoning` (a reasoning model, `--reasoning-parser`): "forced" when the output starts inside
+    the reasoning (it ends at </think>), "optional" when it may open with a <think> block; the
+    calls follow it (SGLang applies the grammar after the reasoning likewise)."""
+    fmt, tools, max_calls = FORMATS[plan.parser], plan.template_tools, plan.max_calls
     spaces = cfg.constrained_json_max_whitespace_cnt or (
         1 if cfg.constrained_json_disable_any_whitespace else None)
     tags = []
@@ -116,9 +118,15 @@ def _grammar(parser: str, tools: list[dict], max_calls: int | None, cfg) -> tupl
                    **({"max_whitespace_cnt": spaces} if spaces else {})}
         tags.append({"type": "tag", "begin": fmt.begin.format(name=fn["name"]),
                      "content": content, "end": fmt.close})
-    tag = {"type": "structural_tag",
-           "format": {"type": "tags_with_separator", "tags": tags, "separator": fmt.separator,
-                      "at_least_one": True, "stop_after_first": max_calls == 1}}
+    calls = {"type": "tags_with_separator", "tags": tags, "separator": fmt.separator,
+             "at_least_one": True, "stop_after_first": max_calls == 1}
+    if reasoning is not None:
+        think = {"type": "tag", "begin": "" if reasoning == "forced" else "<think>",
+                 "content": {"type": "any_text"}, "end": "</think>"}
+        then = {"type": "sequence", "elements": [think, {"type": "regex", "pattern": r"\s*"},
+                                                  calls]}
+        calls = then if reasoning == "forced" else {"type": "or", "elements": [then, calls]}
+    tag = {"type": "structural_tag", "format": calls}
     source = json.dumps(tag)
     if len(source) > 4 * MAX_GRAMMAR_BYTES:
         raise _bad("tools", f"the tools' grammar holds {len(source)} bytes, over the limit of "
