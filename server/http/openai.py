@@ -216,8 +216,8 @@ def _messages(raw: list) -> list[dict]:
                 field = f"messages.{k}.content"
                 raise ApiError(400, f"{field}: only text parts are supported", param=field)
             content = "".join(str(part.get("text", "")) for part in content)
-        extra = {k: v for k in ("tool_calls", "tool_call_id", "name")
-                 if (v := getattr(m, k, None)) is not None}
+        extra = {key: v for key in ("tool_calls", "tool_call_id", "name")
+                 if (v := getattr(m, key, None)) is not None}
         messages.append({"role": m.role, "content": content or "", **extra})
     return history(messages)
 

@@ -6,8 +6,10 @@ As SGLang 0.5.23's serving_chat: the template gets the tools unless tool_choice 
 choice: that function only); the output is parsed by `--tool-call-parser` unless tool_choice is none
 or another grammar (response_format, regex, ebnf) holds the output; required / named is a grammar
 in the parser's own format (SGLang's structural tag from the detector's `structure_info`) with at
-least one call. Unlike SGLang: the arguments follow the function's `parameters` schema (SGLang only
-with `strict`; vLLM always), and the output is the calls alone (SGLang lets text follow them)."""
+least one call, after the reasoning of a reasoning model. Unlike SGLang: the arguments follow the
+function's `parameters` schema (SGLang only with `strict`; vLLM always), and the output is the calls
+alone (SGLang lets text follow them). Legacy `functions` / `function_call` are refused by name (as
+SGLang, which has no such fields either)."""
 from __future__ import annotations
 
 import json
@@ -23,7 +25,7 @@ class ToolPlan:
     template_tools: list[dict] | None     # for apply_chat_template(tools=...)
     names: list[str]                      # the functions the parser may return
     parser: str | None                    # the --tool-call-parser that reads the output, if any
-    forced: bool                          # tool_choice required / named: `grammar` holds it
+    forced: bool                          # tool_choice required / named (`forcing_grammar`)
     max_calls: int | None                 # 1 when parallel_tool_calls is false
 
 
