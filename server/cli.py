@@ -12,6 +12,7 @@ from pathlib import Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from gleanrl.server.http.reasoning import PARSERS
+    from gleanrl.server.http.tool_parser import FORMATS
     p.add_argument("--model", "--model-path", dest="model", required=True,
                    help="Hugging Face model directory (safetensors, tokenizer, chat template)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -106,6 +107,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    choices=sorted(PARSERS),
                    help="separate <think>...</think> into reasoning_content on the chat route "
                         "(SGLang's names)")
+    p.add_argument("--tool-call-parser", default=None, choices=sorted(FORMATS),
+                   help="parse tool calls into tool_calls on the chat route (SGLang's names: "
+                        "qwen25 / qwen and hermes <tool_call> JSON, llama3 JSON)")
     p.add_argument("--constrained-json-disable-any-whitespace", action="store_true",
                    help="json_schema output without free whitespace (SGLang's flag)")
     p.add_argument("--constrained-json-max-whitespace-cnt", type=int, default=None,
@@ -169,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
                                   dist_allow=tuple(args.dist_allow),
                                   local_tensor_handles=args.local_tensor_handles,
                                   reasoning_parser=args.reasoning_parser,
+                                  tool_call_parser=args.tool_call_parser,
                                   constrained_json_disable_any_whitespace=(
                                       args.constrained_json_disable_any_whitespace),
                                   constrained_json_max_whitespace_cnt=(

@@ -102,6 +102,7 @@ class ServerConfig:
     local_tensor_handles: bool = False     # tensor updates may carry fd / shared-memory handles
                                            # (trainer on this host)
     reasoning_parser: str | None = None    # `<think>` apart on the chat route (server.http.reasoning)
+    tool_call_parser: str | None = None    # tool_calls on the chat route (server.http.tool_parser)
     constrained_json_disable_any_whitespace: bool = False   # SGLang's flags for json_schema
     constrained_json_max_whitespace_cnt: int | None = None
 
@@ -119,6 +120,10 @@ class ServerConfig:
         if self.reasoning_parser is not None and self.reasoning_parser not in PARSERS:
             raise ValueError(f"reasoning_parser must be one of {', '.join(PARSERS)}, "
                              f"got {self.reasoning_parser!r}")
+        from gleanrl.server.http.tool_parser import FORMATS
+        if self.tool_call_parser is not None and self.tool_call_parser not in FORMATS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(FORMATS)}, "
+                             f"got {self.tool_call_parser!r}")
         if not is_loopback(self.host) and not self.admin_api_key:
             raise ValueError(f"binding {self.host} (not a loopback address) needs "
                              "--admin-api-key: without one, anyone who reaches the port can "

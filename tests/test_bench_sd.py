@@ -60,3 +60,26 @@ def test_bench_sd_missing_drafter(tiny_qwen2, tmp_path, capsys):
     assert gleanrl.cli.main(["bench", "sd", "--model", str(tiny_qwen2), "--drafter",
                              str(tmp_path / "nope")]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_bench_sd_with_a_json_schema(tiny_qwen2, tmp_path, capsys):
+    """`--json-schema`: every cell also runs under the schema's grammar, SD and plain both masked
+    (greedy outputs identical), with the grammar's cost per token reported."""
+    drafter = random_drafter(tiny_qwen2, tmp_path / "drafter")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    out = tmp_path / "bench.json"
+    rc = gleanrl.cli.main(["bench", "sd", "--model", str(tiny_qwen2), "--drafter", str(drafter),
+                           "--prompts", str(prompts), "--json", str(out), "--batches", "2",
+                           "--temperatures", "0", "--max-new-tokens", "10", "--repeats", "1",
+                           "--sd", "on", "--num-draft-tokens", "3",
+                           "--json-schema", json.dumps(schema)])
+    assert rc == 0
+    (r,) = json.loads(out.read_text())["results"]
+    g = r["grammar"]
+    assert g["sd_tok_s"] > 0 and g["plain_tok_s"] > 0 and g["identical_outputs"] == "2/2"
+    assert g["ms_per_token"] > 0 and "overhead_ms_per_token" in g
+    assert "ms/token" in capsys.readouterr().out
+    assert gleanrl.cli.main(["bench", "sd", "--model", str(tiny_qwen2), "--drafter", str(drafter),
+                             "--json-schema", '{"type": "nope"}']) == 2

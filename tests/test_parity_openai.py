@@ -97,8 +97,8 @@ def test_penalties_and_logit_bias_pass_through(client, tok):
 
 
 @pytest.mark.parametrize("extra,field",
-                         [({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-                          ({"tool_choice": "required"}, "tool_choice"),
+                         [({"extra_body": {"functions": [{"name": "f"}]}}, "functions"),
+                          ({"tool_choice": "required"}, "tool_choice"),   # without tools
                           ({"extra_body": {"structural_tag": "{}"}}, "structural_tag"),
                           ({"extra_body": {"lora_path": "x"}}, "lora_path"),
                           ({"max_tokens": 300}, "maximum context length")])

@@ -61,6 +61,7 @@ def test_command_for_gpu_with_drafter_and_passthrough():
     cmd = build_command(_args(drafter="/models/drafter", speculative_num_steps=3,
                               speculative_eagle_topk=1, speculative_num_draft_tokens=4,
                               api_key="k1", admin_api_key="k2", context_length=2048,
+                              tool_call_parser="qwen25", reasoning_parser="qwen3",
                               sglang_arg=["--mem-fraction-static", "0.7", "--tp-size=2"]),
                         python="py")
     assert cmd[:3] == ["py", "-m", "sglang.launch_server"]
@@ -73,6 +74,7 @@ def test_command_for_gpu_with_drafter_and_passthrough():
         pairs["--speculative-num-draft-tokens"],
     ) == ("3", "1", "4")
     assert pairs["--api-key"] == "k1" and pairs["--admin-api-key"] == "k2" and pairs["--context-length"] == "2048"
+    assert pairs["--tool-call-parser"] == "qwen25" and pairs["--reasoning-parser"] == "qwen3"
     assert cmd[-3:] == ["--mem-fraction-static", "0.7", "--tp-size=2"]
     assert "--max-total-tokens" not in cmd and "--skip-server-warmup" not in cmd
     shown = redact(cmd)

@@ -12,6 +12,12 @@ temperature 0 it also counts the requests whose SD output equals the plain outpu
 `per_iteration` splits each arm's decode iteration (ms, over the measured runs) into target
 forwards, drafter calls and the overhead outside them (planning, bookkeeping, verification,
 sampling), from the engines' own counters (`Engine.sd_counters`).
+
+With `--json-schema` each cell also runs both sides with that schema's xgrammar mask (as a
+`json_schema` request gets it) and reports, under `grammar`: tokens/s SD against plain, both masked,
+the greedy outputs compared, and the grammar's cost per output token in ms: `ms_per_token`, the
+matcher's own work (the next-token mask and the accept) replayed over the plain outputs, and
+`overhead_ms_per_token`, plain decoding's time per token with the mask minus without.
 """
 from __future__ import annotations
 
@@ -45,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "CUDA; bfloat16 is memory-bound and fast on CPUs with AVX-512 "
                              "BF16, as on GPUs)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json-schema", default=None,
+                        help="also run every cell under this JSON schema's grammar (a schema as "
+                             "JSON text, a file holding one, or 'any' for any JSON)")
 
 
 def _prompts(args: argparse.Namespace, n: int) -> list[str]:
@@ -59,12 +68,42 @@ def _prompts(args: argparse.Namespace, n: int) -> list[str]:
     return [texts[i % len(texts)] for i in range(n)]
 
 
+def _compile_schema(engine, schema: str):
+    """The CompiledGrammar of `schema` over the engine's tokenizer, as the server compiles it."""
+    import os
+
+    import xgrammar as xgr
+    if schema != "any" and os.path.isfile(schema):
+        with open(schema) as f:
+            schema = f.read()
+    info = xgr.TokenizerInfo.from_huggingface(engine.tokenizer,
+                                              vocab_size=engine.info()["vocab_size"],
+                                              stop_token_ids=sorted(engine.eos_ids) or None)
+    compiler = xgr.GrammarCompiler(info, max_threads=1)
+    return (compiler.compile_builtin_json_grammar() if schema == "any"
+            else compiler.compile_json_schema(schema))
+
+
+def _matcher_ms_per_token(grammar, outputs: list[list[int]], vocab: int) -> float:
+    """The grammar's own work per output token: the next-token mask, then the accept."""
+    from gleanrl.server.engine.grammar import GrammarState
+    tokens, start = 0, time.perf_counter()
+    for out in outputs:
+        state = GrammarState(grammar)
+        for j in range(len(out)):
+            state.window_masks([], vocab)
+            state.sync(out[:j + 1])
+        tokens += len(out)
+    return 1000 * (time.perf_counter() - start) / max(tokens, 1)
+
+
 def _run(engine, prompts: list[list[int]], temperature: float, max_new: int,
-         seed: int) -> tuple[float, list[list[int]]]:
+         seed: int, grammar=None) -> tuple[float, list[list[int]]]:
     from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
     async def one(i: int) -> list[int]:
-        params = SamplingParams(max_new_tokens=max_new, temperature=temperature, seed=seed + i)
+        params = SamplingParams(max_new_tokens=max_new, temperature=temperature, seed=seed + i,
+                                grammar=grammar)
         req = GenerateRequest(rid=f"bench-sd-{time.monotonic_ns()}-{i}", input_ids=prompts[i],
                               params=params)
         return [t async for out in engine.generate(req) for t in out.new_ids]
@@ -88,6 +127,40 @@ def _breakdown(before: dict, after: dict) -> dict[str, float]:
     return {f"{k}_ms": round(v, 3) for k, v in ms.items()}
 
 
+def _cell(sd, off, prompts, temp: float, args, grammar=None) -> dict:
+    """One batch and temperature: warm-up, then alternating runs (the best counts)."""
+    _run(sd, prompts, temp, args.max_new_tokens, 0, grammar)       # the controller measures
+    _run(off, prompts, temp, args.max_new_tokens, 0, grammar)
+    before, plain_before = sd.sd_counters(), off.sd_counters()
+    sd_tok_s = plain_tok_s = 0.0
+    identical, plain_outputs = 0, []
+    for r in range(args.repeats):
+        sd_rate, sd_out = _run(sd, prompts, temp, args.max_new_tokens, 1000 * r, grammar)
+        plain_rate, plain_out = _run(off, prompts, temp, args.max_new_tokens, 1000 * r, grammar)
+        sd_tok_s, plain_tok_s = max(sd_tok_s, sd_rate), max(plain_tok_s, plain_rate)
+        identical += sum(a == b for a, b in zip(sd_out, plain_out))
+        plain_outputs += plain_out
+    after = sd.sd_counters()
+    ct, toks = (after[k] - before[k] for k in ("verify_ct", "verify_tokens"))
+    out = {"sd_tok_s": round(sd_tok_s, 1), "plain_tok_s": round(plain_tok_s, 1),
+           "speedup": round(sd_tok_s / plain_tok_s, 2),
+           "accept_length": round(toks / ct, 2) if ct else 0.0,
+           "per_iteration": {"sd": _breakdown(before, after),
+                             "plain": _breakdown(plain_before, off.sd_counters())}}
+    if temp == 0:  # lossless: greedy outputs with and without SD are the same tokens
+        out["identical_outputs"] = f"{identical}/{len(prompts) * args.repeats}"
+    if grammar is not None:
+        vocab = off.info()["vocab_size"]
+        out["ms_per_token"] = round(_matcher_ms_per_token(grammar, plain_outputs, vocab), 4)
+    return out
+
+
+def _line(r: dict) -> str:
+    return (f"SD {r['sd_tok_s']:>8.1f} tok/s  plain {r['plain_tok_s']:>8.1f} tok/s  "
+            f"{r['speedup']:.2f}x  accept {r['accept_length']:.2f}"
+            + (f"  identical {r['identical_outputs']}" if "identical_outputs" in r else ""))
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -106,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
                                      sd_max_batch=args.sd_max_batch,
                                      num_draft_tokens=args.num_draft_tokens))
         plain_engine = Engine(EngineConfig(**common, sd="off"))
-    except (OSError, ValueError, KeyError, ImportError, CheckpointError) as exc:
+        grammar = _compile_schema(plain_engine, args.json_schema) if args.json_schema else None
+    except (OSError, ValueError, KeyError, ImportError, CheckpointError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     engine.start()
@@ -118,41 +192,20 @@ def run(args: argparse.Namespace) -> int:
     try:
         for batch in batches:
             for temp in temps:
-                batch_prompts = prompts[:batch]
-                # warm-up; the controller measures
-                _run(sd, batch_prompts, temp, args.max_new_tokens, 0)
-                _run(off, batch_prompts, temp, args.max_new_tokens, 0)
-                before = engine.sd_counters()
-                plain_before = off.sd_counters()
-                sd_tok_s = plain_tok_s = 0.0
-                identical = 0
-                for r in range(args.repeats):
-                    # alternate, keep the best
-                    sd_rate, sd_out = _run(sd, batch_prompts, temp, args.max_new_tokens, 1000 * r)
-                    plain_rate, plain_out = _run(off, batch_prompts, temp,
-                                                 args.max_new_tokens, 1000 * r)
-                    sd_tok_s, plain_tok_s = max(sd_tok_s, sd_rate), max(plain_tok_s, plain_rate)
-                    identical += sum(a == b for a, b in zip(sd_out, plain_out))
-                after = engine.sd_counters()
-                ct, toks = (after[k] - before[k] for k in ("verify_ct", "verify_tokens"))
-                results.append({"batch": batch, "temperature": temp, "sd_tok_s": round(sd_tok_s, 1),
-                                "plain_tok_s": round(plain_tok_s, 1),
-                                "speedup": round(sd_tok_s / plain_tok_s, 2),
-                                "accept_length": round(toks / ct, 2) if ct else 0.0,
-                                "per_iteration": {
-                                    "sd": _breakdown(before, after),
-                                    "plain": _breakdown(plain_before, off.sd_counters())}})
-                r = results[-1]
-                if temp == 0:  # lossless: greedy outputs with and without SD are the same tokens
-                    r["identical_outputs"] = f"{identical}/{batch * args.repeats}"
-                print(f"batch {batch:>3} T={temp:<4} SD {r['sd_tok_s']:>8.1f} tok/s  "
-                      f"plain {r['plain_tok_s']:>8.1f} tok/s  {r['speedup']:.2f}x  "
-                      f"accept {r['accept_length']:.2f}" + (f"  identical {r['identical_outputs']}"
-                                                            if temp == 0 else ""), flush=True)
-                it = r["per_iteration"]
+                r = {"batch": batch, "temperature": temp,
+                     **_cell(sd, off, prompts[:batch], temp, args)}
+                print(f"batch {batch:>3} T={temp:<4} {_line(r)}", flush=True)
                 print("    ms per iteration (forward / drafter / overhead): " + "  ".join(
                     f"{arm} {x['iteration_ms']:.2f} ({x['forward_ms']:.2f} / {x['drafter_ms']:.2f} "
-                    f"/ {x['overhead_ms']:.2f})" for arm, x in it.items()), flush=True)
+                    f"/ {x['overhead_ms']:.2f})" for arm, x in r["per_iteration"].items()),
+                    flush=True)
+                if grammar is not None:
+                    g = r["grammar"] = _cell(sd, off, prompts[:batch], temp, args, grammar)
+                    g["overhead_ms_per_token"] = round(
+                        1000 / g["plain_tok_s"] - 1000 / r["plain_tok_s"], 4)
+                    print(f"  with grammar  {_line(g)}  grammar {g['ms_per_token']:.3f} ms/token"
+                          f" (plain overhead {g['overhead_ms_per_token']:.3f})", flush=True)
+                results.append(r)
     finally:
         engine.shutdown()
         plain_engine.shutdown()
@@ -161,5 +214,6 @@ def run(args: argparse.Namespace) -> int:
         with atomic_file(args.json, "w") as f:
             json.dump({"model": args.model, "drafter": args.drafter, "sd": args.sd,
                        "threads": args.threads, "device": args.device, "dtype": args.dtype,
-                       "max_new_tokens": args.max_new_tokens, "results": results}, f, indent=2)
+                       "max_new_tokens": args.max_new_tokens, "json_schema": args.json_schema,
+                       "results": results}, f, indent=2)
     return 0

@@ -41,6 +41,8 @@ def _compile(compiler, kind: str, source: str, cfg):
                     max_whitespace_cnt=cfg.constrained_json_max_whitespace_cnt))
     if kind == "regex":
         return compiler.compile_regex(source)
+    if kind == "structural_tag":                 # tool_choice required / named (http.tools)
+        return compiler.compile_structural_tag(source)
     return compiler.compile_grammar(source)
 
 

@@ -1,6 +1,8 @@
 """OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions (streaming and not),
 with usage, finish_reason (plus SGLang's `matched_stop`), logprobs of the sampled tokens, and errors
-in OpenAI's shape. Chat prompts go through the tokenizer's chat template."""
+in OpenAI's shape. Chat prompts go through the tokenizer's chat template (with the request's tools,
+`server.http.tools`); the reply's text is split into reasoning (`server.http.reasoning`), content
+and tool calls (`server.http.tool_parser`), in the reply and in streamed deltas."""
 from __future__ import annotations
 
 import asyncio
@@ -25,6 +27,7 @@ from gleanrl.server.http.limits import check_batch, check_serving, check_top_log
 from gleanrl.server.http.openai_logprobs import chat_logprobs, completion_logprobs
 from gleanrl.server.http.reasoning import THINK, ReasoningParser, check_parser
 from gleanrl.server.http.schemas import (
+    TOOL_FIELDS,
     UNSUPPORTED_OPENAI,
     ApiError,
     ChatIn,
@@ -34,6 +37,8 @@ from gleanrl.server.http.schemas import (
     parse,
     refuse_unsupported,
 )
+from gleanrl.server.http.tool_parser import ToolCallParser, parse_calls
+from gleanrl.server.http.tools import ToolPlan, forcing_grammar, history, plan_tools
 
 router = APIRouter()
 
@@ -155,6 +160,7 @@ async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]
 async def completions(request: Request):
     state = request.app.state
     body = await parse(request, CompletionIn, state.server_cfg.max_request_bytes)
+    refuse_unsupported(body.model_extra or {}, TOOL_FIELDS)   # the chat route's (SGLang)
     if body.logprobs is not None:
         check_top_logprobs(state, body.logprobs, "logprobs")
     raw = body.prompt
@@ -200,7 +206,8 @@ async def completions(request: Request):
 
 
 def _messages(raw: list) -> list[dict]:
-    """Pydantic chat messages -> the template's dicts (text parts joined)."""
+    """Pydantic chat messages -> the template's dicts (text parts joined; tool calls and tool
+    answers kept)."""
     messages = []
     for k, m in enumerate(raw):
         content = m.content
@@ -209,26 +216,30 @@ def _messages(raw: list) -> list[dict]:
                 field = f"messages.{k}.content"
                 raise ApiError(400, f"{field}: only text parts are supported", param=field)
             content = "".join(str(part.get("text", "")) for part in content)
-        messages.append({"role": m.role, "content": content or ""})
-    return messages
+        extra = {key: v for key in ("tool_calls", "tool_call_id", "name")
+                 if (v := getattr(m, key, None)) is not None}
+        messages.append({"role": m.role, "content": content or "", **extra})
+    return history(messages)
 
 
 async def chat_text(state, raw: list, template_kwargs: dict | None = None,
-                    add_generation_prompt: bool = True) -> str:
-    """The chat template over the messages (in a worker thread: a large body must not block the
-    event loop); 400 when there is no template or it rejects the messages."""
+                    add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+    """The chat template over the messages and tools (in a worker thread: a large body must not
+    block the event loop); 400 when there is no template or it rejects the messages."""
     messages = _messages(raw)
+    kwargs = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
     try:
         return await asyncio.to_thread(state.tokenizer.apply_chat_template, messages,
                                        tokenize=False, add_generation_prompt=add_generation_prompt,
-                                       **(template_kwargs or {}))
+                                       **kwargs)
     except Exception as exc:  # no template, or the template rejects these messages
         raise ApiError(400, f"messages: the chat template failed: {exc}",
                        param="messages") from None
 
 
-async def _chat_prompt(state, body: ChatIn) -> tuple[list[int], str]:
-    text = await chat_text(state, body.messages, body.chat_template_kwargs)
+async def _chat_prompt(state, body: ChatIn, tools: ToolPlan) -> tuple[list[int], str]:
+    text = await chat_text(state, body.messages, body.chat_template_kwargs,
+                           tools=tools.template_tools)
     (ids,) = await encode(state, [text], add_special_tokens=False)
     return check_prompt(state, ids, "messages"), text
 
@@ -253,18 +264,34 @@ async def separate_reasoning(request: Request):
 async def chat_completions(request: Request):
     state = request.app.state
     body = await parse(request, ChatIn, state.server_cfg.max_request_bytes)
-    prompt, text = await _chat_prompt(state, body)
+    extra = body.model_extra or {}
+    constrained = bool(grammar_source(extra) or response_format_source(
+        extra.get("response_format")))
+    # the tools' schemas are checked by xgrammar: off the event loop
+    tools = await asyncio.to_thread(plan_tools, body, state.server_cfg.tool_call_parser,
+                                    constrained, state.server_cfg)
+    prompt, text = await _chat_prompt(state, body, tools)
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if limit is None:
         cap = state.server_cfg.max_new_tokens_cap
         limit = state.context_length - len(prompt) if cap is None else min(
             state.context_length - len(prompt), cap)
     params, spec = _params(state, body, limit)
+    opened = text.rstrip().endswith(THINK)     # the template opened the block (SGLang's force)
+    if tools.forced:       # a reasoning model reasons first, then the grammar holds the calls
+        thinker = state.server_cfg.reasoning_parser
+        reasoning = None if thinker is None else (
+            "forced" if ReasoningParser(thinker, opened).in_reasoning else "optional")
+        spec = forcing_grammar(tools, state.server_cfg, reasoning)
     tok = state.tokenizer
+    # tool-call markup may be special tokens: kept for the parser (SGLang)
+    skip_special = body.skip_special_tokens and tools.parser is None
+    callers = [ToolCallParser(tools.parser, tools.names, tools.max_calls)
+               for _ in range(params.n)] if tools.parser else None
+    called = [False] * params.n
     k = (body.top_logprobs or 0) if body.logprobs else 0
     reported = [0] * params.n
     name = state.server_cfg.reasoning_parser if body.separate_reasoning else None
-    opened = text.rstrip().endswith(THINK)     # the template opened the block (SGLang's force)
     parsers = [ReasoningParser(name, opened) for _ in range(params.n)] if name else None
     held = [""] * params.n                     # stream_reasoning off: reasoning held to its end
 
@@ -283,23 +310,45 @@ async def chat_completions(request: Request):
                 reasoning, held[i] = held[i], ""
         return reasoning, content
 
+    def calls(i: int, text: str, finished: bool) -> tuple[str, list[dict]]:
+        """Streamed content -> (content, tool_calls deltas) to send now."""
+        if callers is None:
+            return text, []
+        text, deltas = callers[i].feed(text)
+        if finished:
+            rest, more = callers[i].finish()
+            text, deltas = text + rest, deltas + more
+        called[i] = called[i] or bool(deltas)
+        return text, [d.as_dict() for d in deltas]
+
+    def finish(reason, matched, made_calls: bool):
+        """A natural stop after tool calls is finish_reason tool_calls (SGLang)."""
+        return ("tool_calls", None) if made_calls and reason == "stop" else (reason, matched)
+
     def render(i: int, track: Track, delta: Delta | None) -> dict | None:
-        text = output_text(tok, track, body.skip_special_tokens, body.no_stop_trim)
+        text = output_text(tok, track, skip_special, body.no_stop_trim)
         reason, matched = _finish(track)
         if delta is None:
             reasoning, text = parsers[i].split(text) if parsers else ("", text)
+            text, tool_calls = parse_calls(callers[i], text) if callers else (text, [])
+            reason, matched = finish(reason, matched, bool(tool_calls))
             logprobs = chat_logprobs(tok, track, k) if body.logprobs else None
-            return {"index": i, "message": {"role": "assistant", "content": text,
-                                            "reasoning_content": reasoning or None},
-                    "logprobs": logprobs, "finish_reason": reason, "matched_stop": matched}
+            message = {"role": "assistant", "content": text or (None if tool_calls else ""),
+                       "reasoning_content": reasoning or None, "tool_calls": tool_calls or None}
+            return {"index": i, "message": message, "logprobs": logprobs,
+                    "finish_reason": reason, "matched_stop": matched}
         reasoning, text = split(i, delta(text, track.finished), track.finished)
-        if not text and not reasoning and reason is None:
+        text, tool_calls = calls(i, text, track.finished)
+        if not text and not reasoning and not tool_calls and reason is None:
             return None
+        reason, matched = finish(reason, matched, called[i])
         logprobs = chat_logprobs(tok, track, k, start=reported[i]) if body.logprobs else None
         reported[i] = len(track.ids)
         out = {"reasoning_content": reasoning} if reasoning else {}
-        return {"index": i, "delta": {**out, **({"content": text} if text else {})},
-                "logprobs": logprobs, "finish_reason": reason, "matched_stop": matched}
+        out.update({"content": text} if text else {})
+        out.update({"tool_calls": tool_calls} if tool_calls else {})
+        return {"index": i, "delta": out, "logprobs": logprobs, "finish_reason": reason,
+                "matched_stop": matched}
 
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
         raise ApiError(400, f"top_logprobs must be in [0, 20], got {body.top_logprobs}",

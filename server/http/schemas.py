@@ -18,9 +18,9 @@ OFF_LOOP_BYTES = 64 * 1024  # bodies larger than this are parsed in a worker thr
 # SGLang fields the embedded engine does not implement: accepted only unset (None, "", False, [],
 # {}), otherwise a 400 naming the field (never accepted and ignored).
 UNSUPPORTED_SAMPLING = ("structural_tag",)
-UNSUPPORTED_OPENAI = ("tools", "functions", "tool_choice", "parallel_tool_calls",
-                      "structural_tag", "lora_path", "return_hidden_states",
-                      "custom_logit_processor", "audio", "prediction")
+UNSUPPORTED_OPENAI = ("functions", "function_call", "structural_tag", "lora_path",
+                      "return_hidden_states", "custom_logit_processor", "audio", "prediction")
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")   # the chat route's only
 UNSUPPORTED_GENERATE = ("input_embeds", "image_data", "video_data", "audio_data", "lora_path",
                         "lora_id", "custom_logit_processor", "return_hidden_states",
                         "session_params", "return_routed_experts",
@@ -163,6 +163,9 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: StrictStr
     content: StrictStr | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None     # an assistant's calls (history)
+    tool_call_id: StrictStr | None = None              # a tool message's answer to one
+    name: StrictStr | None = None
 
 
 class ChatIn(OpenAISampling):

@@ -70,7 +70,8 @@ def build_command(args: argparse.Namespace, python: str = "python") -> list[str]
     optional = [("--context-length", args.context_length),
                 ("--max-running-requests", args.max_running_requests),
                 ("--api-key", args.api_key), ("--admin-api-key", args.admin_api_key),
-                ("--reasoning-parser", getattr(args, "reasoning_parser", None))]
+                ("--reasoning-parser", getattr(args, "reasoning_parser", None)),
+                ("--tool-call-parser", getattr(args, "tool_call_parser", None))]
     if args.drafter:
         optional += [("--speculative-algorithm", "EAGLE3"),
                      ("--speculative-draft-model-path", str(args.drafter)),
