@@ -1,8 +1,10 @@
 """`gleanrl demo`: the whole story on one CPU machine. Bootstrap the built-in task's policy
 (cached), warm-start a drafter (cached), start the embedded server with adaptive SD, run GRPO while
 the Harvester trains the drafter in each step's long tail and hot-swaps it, then ask the final
-policy and drafter one question through the official `openai` client, and write
-`OUT/report.md` with plots.
+policy and drafter three held-out questions (short to long, greedy) through the official `openai`
+client, and write
+`OUT/report.md` with plots. The policy is the one shipped with the project (`gleanrl.shipped`,
+checked before use); `--from-scratch` bootstraps it instead.
 
 Cores: the server runs on the first half of this process's cores and the trainer (capture, drafter
 training) on the other half, each with one torch thread per core, the way a GPU cluster gives
@@ -40,8 +42,12 @@ STEP_COLUMNS = [("step", "step", "{:>4d}"), ("reward_mean", "reward", "{:>6.3f}"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="gleanrl-demo", help="report, metrics, checkpoints and logs")
-    p.add_argument("--model", default=None, help="policy directory instead of the bootstrap policy")
-    p.add_argument("--size", default="small", help="bootstrap policy size")
+    p.add_argument("--model", default=None,
+                   help="policy directory instead of the shipped demo policy (gleanrl.shipped)")
+    p.add_argument("--from-scratch", action="store_true",
+                   help="bootstrap the policy (cached; --size, --seed) instead of the shipped one, "
+                        "which is `gleanrl bootstrap --size small --seed 0`")
+    p.add_argument("--size", default="small", help="bootstrap policy size (with --from-scratch)")
     from gleanrl.trainer.tasks.presets import DEMO_REGIME, REGIMES
     p.add_argument("--regime", default=DEMO_REGIME, choices=sorted(REGIMES),
                    help="the task's length distribution and the step's shape "
@@ -97,15 +103,40 @@ def apply_regime(args: argparse.Namespace):
     return load_task(r.task)
 
 
+def warm_settings(args: argparse.Namespace, task: str | None = None) -> dict:
+    """What a warm start depends on besides the policy (the shipped drafter records it)."""
+    from gleanrl.trainer.tasks.presets import regime
+
+    return {"task": task or regime(args.regime).task, "prompts": args.warm_prompts,
+            "steps": args.warm_steps, "max_new_tokens": args.max_new_tokens, "seed": args.seed}
+
+
+def policy_of(args: argparse.Namespace) -> Path:
+    """--model, else the shipped policy (checked), else with --from-scratch a bootstrap (cached)."""
+    from gleanrl.shipped import shipped_policy
+    from gleanrl.trainer.bootstrap import bootstrap_policy
+
+    if args.model:
+        return Path(args.model)
+    return bootstrap_policy(size=args.size, seed=args.seed) if args.from_scratch \
+        else shipped_policy()
+
+
 def warm_drafter(policy: Path, args: argparse.Namespace, task: str | None = None) -> Path:
     """A drafter warm-started on the policy's own generations for `task`'s prompts (default: the
-    regime's task), cached by policy, task and settings."""
+    regime's task), cached by policy, task and settings; the shipped one for the shipped policy
+    and the settings it was made with."""
     from gleanrl.draft_train import WarmStartConfig, warm_start
     from gleanrl.harvest.checkpoint import save_drafter
+    from gleanrl.shipped import DRAFTER, POLICY, shipped_drafter
     from gleanrl.trainer.bootstrap import cache_root
     from gleanrl.trainer.tasks import load_task
     from gleanrl.trainer.tasks.presets import regime
 
+    made = DRAFTER / "warm_start.json"
+    if policy.resolve() == POLICY.resolve() and made.is_file() \
+            and json.loads(made.read_text()) == warm_settings(args, task):
+        return shipped_drafter()
     task = task or regime(args.regime).task
     weights = sorted(policy.glob("*.safetensors"))
     ident = [str(policy.resolve())] + [f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}"
@@ -164,6 +195,15 @@ def table_logger(metrics_path: Path):
             seen[0] += 1
 
     return log
+
+
+def closing_questions(task, seed: int, lengths=((1, 2), (3, 6), (7, 12))) -> list[dict]:
+    """One held-out (test split) problem per band of lengths (doubling: its k), short to long; the
+    first test problems where the task has no lengths."""
+    tests = task.prompts("test", 256, seed)
+    picked = [next((s for s in tests if lo <= s.get("steps", -1) <= hi), None)
+              for lo, hi in lengths]
+    return [s for s in picked if s is not None] or tests[:len(lengths)]
 
 
 def ask(url: str, question: list[dict], max_tokens: int) -> str:
@@ -262,7 +302,6 @@ def run(args: argparse.Namespace) -> int:
 
     from gleanrl.demo_report import write_report
     from gleanrl.harvest.harvester import HarvestConfig, Harvester
-    from gleanrl.trainer.bootstrap import bootstrap_policy
     from gleanrl.trainer.loop import train
 
     out = Path(args.out)
@@ -271,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gleanrl demo: {out} is not empty and not a demo output; choose another --out",
               file=sys.stderr)
         return 2
-    policy = Path(args.model) if args.model else bootstrap_policy(size=args.size, seed=args.seed)
+    policy = policy_of(args)
     drafter0 = warm_drafter(policy, args)
     with serving(policy, drafter0, out / "server.log", dtype=args.dtype) as server:
         harvester = Harvester(policy, drafter0, out / "harvest" / "spool", push=None,
@@ -279,15 +318,15 @@ def run(args: argparse.Namespace) -> int:
         hooks = demo_hooks(harvester)
         train(rl_config(policy, out / "run", server.url, args, args.seed, evaluate=True), task=task,
               hooks=hooks, log=table_logger(out / "run" / "metrics.jsonl"))
-        tests = task.prompts("test", 64, args.seed)
-        # a problem that reads quickly
-        sample = next((s for s in tests if 1 <= s.get("steps", 1) <= 5), tests[0])
-        answer = ask(server.url, sample["messages"], args.max_new_tokens)
+        closing = [{"question": q["messages"][-1]["content"], "expected": q.get("answer"),
+                    "answer": (a := ask(server.url, q["messages"], args.max_new_tokens)),
+                    "correct": bool(task.reward(q, a))} for q in closing_questions(task, args.seed)]
         info = httpx.get(f"{server.url}/model_info", timeout=30).json()
-    print(f"\nQ: {sample['messages'][-1]['content']}\nA: {answer}\n(expected {sample.get('answer')}, reward "
-          f"{task.reward(sample, answer):.0f}; "
-          f"policy version {info.get('weight_version')}, drafter "
-          f"version {info.get('draft_weight_version')})")
+    print(f"\nclosing questions (greedy, policy version {info.get('weight_version')}, drafter "
+          f"version {info.get('draft_weight_version')}):")
+    for c in closing:
+        print(f"Q: {c['question']}\nA: {c['answer']}\n   expected {c['expected']}: "
+              f"{'right' if c['correct'] else 'WRONG'}")
     rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     reference = None
     if args.eval_every and args.eval_prompts:
@@ -303,7 +342,10 @@ def run(args: argparse.Namespace) -> int:
               f"prompts, T = 1, no sampling noise): {reference['initial']:.3f} "
               f"-> {reference['final']:.3f}, paired gain {reference['gain']:+.3f} "
               f"± {reference['gain_se']:.3f}")
-    report = write_report(out, rows, hooks.lengths, sample, answer, info, reference)
+    record = json.loads((out / "demo.json").read_text())
+    (out / "demo.json").write_text(json.dumps(record | {"policy": str(policy),
+                                                        "closing": closing}, indent=1))
+    report = write_report(out, rows, hooks.lengths, closing, info, reference)
     print(f"report: {report}")
     return 0
 

@@ -91,7 +91,7 @@ def reference_summary(reference: dict | None) -> str:
             f"(z = {z:.1f}).")
 
 
-def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: dict, answer: str,
+def write_report(out: Path, rows: list[dict], lengths: list[list[int]], closing: list[dict],
                  info: dict, reference: dict | None = None) -> Path:
     evals = eval_rows(rows)
     # step 0 holds only the initial policy's evaluation
@@ -187,9 +187,11 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], sample: 
                      f"| {r.get('tokens_per_pass', 0):.2f} | {r.get('drafter_version', 0)} "
                      f"| {r.get('sd_token_share', 0):.0%} |")
     lines += ["", *[f"![{p[:-4]}]({p})" for p in pngs], "",
-              "## One question, through the OpenAI API", "",
-              f"Q: `{sample['messages'][-1]['content']}` (greedy; expected `{sample.get('answer')}`)", "", "A:", "",
-              "```", answer, "```", ""]
+              "## Held-out questions, through the OpenAI API (greedy)", "",
+              f"{sum(c['correct'] for c in closing)} of {len(closing)} right.", ""]
+    for c in closing:
+        lines += [f"Q: `{c['question']}` (expected `{c['expected']}`: "
+                  f"{'right' if c['correct'] else 'wrong'})", "", "```", c["answer"], "```", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path

@@ -1,5 +1,5 @@
 """`gleanrl demo` end to end at tiny sizes: warm start, embedded server with adaptive SD, GRPO with
-harvest, one question through the openai client, report.md with its plots; the warm-started
+harvest, three held-out questions through the openai client, report.md with its plots; the warm-started
 drafter is cached."""
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ def test_demo_runs_and_writes_report(tiny_qwen2, tmp_path, monkeypatch, capsys):
     assert gleanrl.cli.main(argv) == 0
     printed = capsys.readouterr().out
     assert "\nQ: " in printed and "\nA: " in printed and "warm-started drafter" in printed
+    closing = json.loads((out / "demo.json").read_text())["closing"]
+    assert len(closing) == 3 and all(set(c) == {"question", "expected", "answer", "correct"}
+                                     for c in closing)
+    assert [int(c["question"].split()[1]) for c in closing] == sorted(
+        int(c["question"].split()[1]) for c in closing)  # short to long
+    assert "Held-out questions, through the OpenAI API" in (out / "report.md").read_text()
     rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the initial policy's held-out accuracy
     assert [r["step"] for r in rows
@@ -41,3 +47,17 @@ def test_demo_refuses_a_foreign_out_dir(tmp_path, capsys):
     (tmp_path / "precious.txt").write_text("keep me")
     assert gleanrl.cli.main(["demo", "--out", str(tmp_path)]) == 2
     assert "not a demo output" in capsys.readouterr().err and (tmp_path / "precious.txt").exists()
+
+
+def test_from_scratch_bootstraps_and_the_default_is_the_shipped_policy(monkeypatch, tmp_path):
+    from gleanrl import demo, shipped
+    from gleanrl.trainer import bootstrap
+
+    built = []
+    monkeypatch.setattr(bootstrap, "bootstrap_policy",
+                        lambda size, seed: built.append((size, seed)) or tmp_path)
+    monkeypatch.setattr(shipped, "shipped_policy", lambda: shipped.POLICY)
+    args = argparse.Namespace(model=None, from_scratch=True, size="tiny", seed=3)
+    assert demo.policy_of(args) == tmp_path and built == [("tiny", 3)]
+    args.from_scratch = False
+    assert demo.policy_of(args) == shipped.POLICY and len(built) == 1

@@ -48,17 +48,19 @@ def test_report_fields(tmp_path):
     assert t["idle_used_share"] == pytest.approx(0.75) and t["spec_accept_served"] == pytest.approx(100 / 30)
     assert t["tokens_per_pass"] == pytest.approx(160 / (30 + 160 - 100))
     assert t["sd_token_share"] == pytest.approx(100 / 160)
-    sample = {"messages": [{"role": "user", "content": "double 2 times, keep 3 digits: 001"}],
-              "answer": "4"}
-    report = write_report(tmp_path, rows, [[3, 5], [7]], sample,
-                          "001\n02:002\n01:004\n\\boxed{004}",
+    closing = [{"question": "double 2 times, keep 3 digits: 001", "expected": "4",
+                "answer": "001\n02:002\n01:004\n\\boxed{004}", "correct": True},
+               {"question": "double 0 times, keep 3 digits: 123", "expected": "123",
+                "answer": "\\boxed{124}", "correct": False}]
+    report = write_report(tmp_path, rows, [[3, 5], [7]], closing,
                           {"weight_version": "2", "draft_weight_version": "2"}).read_text()
+    assert "1 of 2 right" in report and "expected `123`: wrong" in report
     assert "Rollouts took 80% of the step time, the long tail 56% of the rollouts" in report
     assert "the drafter used 75% of the idle window" in report and "3.33 tokens per verify pass" in report
     assert "1.78 output tokens per target pass" in report and "expected `4`" in report
     assert "no acceptance by source" in report
     rows[0]["spec_accept_by_source"], rows[1]["spec_accept_by_source"] = {"group": 3, "eagle": 1}, {"group": 3}
-    report = write_report(tmp_path, rows, [[3]], sample, "", {}).read_text()
+    report = write_report(tmp_path, rows, [[3]], closing, {}).read_text()
     assert "Accepted draft tokens by source: eagle 14%, group 86%." in report
     table = [line for line in report.splitlines() if line.startswith("|")]
     assert len({line.count("|") for line in table}) == 1  # every row has the header's columns

@@ -79,7 +79,7 @@ def test_eval_runs_at_step_0_every_n_and_the_last_step(tiny_qwen2, tmp_path):
         assert "eval_gain_se" in r and "eval_greedy_gain" in r
 
     report = write_report(tmp_path, rows, [[3, 4]],
-                          {"messages": [{"role": "user", "content": "q"}]}, "a", {})
+                          [{"question": "q", "expected": "b", "answer": "a", "correct": False}], {})
     text = report.read_text()
     assert (tmp_path / "accuracy.png").stat().st_size > 1000 and "](accuracy.png)" in text
     assert eval_summary(rows) in text and f"{evals[-1]['eval_accuracy']:.3f} ± {evals[-1]['eval_se']:.3f}" in text

@@ -42,6 +42,8 @@ class PolicySize:
                                # (trainer.tasks.sft)
     warmup: float = 0.05       # share of the steps with a linear lr warmup
     final_lr: float = 0.1      # the cosine schedule's last lr, a fraction of lr
+    polish_steps: int = 0      # a last phase at the final lr with the focus tokens weighted
+    polish_focus_weight: float = 1.0   # ...this much (trainer.tasks.sft.polish_policy)
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads or self.heads % self.kv_heads:
@@ -64,7 +66,8 @@ SIZES = {
 
 # recipe fields added after version 1: left out of the key at these values (the recipe they
 # reproduce), so a policy built before they existed stays cached
-_LATER_DEFAULTS = {"focus_weight": 1.0, "warmup": 0.05, "final_lr": 0.1}
+_LATER_DEFAULTS = {"focus_weight": 1.0, "warmup": 0.05, "final_lr": 0.1, "polish_steps": 0,
+                   "polish_focus_weight": 1.0}
 
 
 def cache_root() -> Path:

@@ -162,7 +162,6 @@ def heldout(h, start: Path, policy: Path) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from gleanrl.harvest.harvester import HarvestConfig, Harvester
-    from gleanrl.trainer.bootstrap import bootstrap_policy
     from gleanrl.trainer.hooks import NoHooks
     from gleanrl.trainer.loop import train
 
@@ -183,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gleanrl bench e2e: {out} is not empty and not a bench output; choose another --out",
               file=sys.stderr)
         return 2
-    policy = Path(args.model) if args.model else bootstrap_policy(size=args.size, seed=args.seed)
+    policy = demo.policy_of(args)
     try:
         drafters = starts(policy, args, arms)
     except ValueError as exc:

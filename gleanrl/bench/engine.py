@@ -36,7 +36,7 @@ BUCKETS = (1, 4, 8, 16, 32, 64)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
-                        help="policy directory (default: the built-in task's bootstrap policy)")
+                        help="policy directory (default: the shipped demo policy, gleanrl.shipped)")
     parser.add_argument("--arms", default="gleanrl,sglang", help="comma-separated: gleanrl, sglang")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     parser.add_argument("--threads", type=int, default=2,
@@ -152,8 +152,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     model = args.model
     if model is None:
-        from gleanrl.trainer.bootstrap import bootstrap_policy
-        model = str(bootstrap_policy())
+        from gleanrl.shipped import shipped_policy
+        model = str(shipped_policy())
     if not Path(model, "config.json").exists():
         print(f"error: {model} is not a Hugging Face model directory (no config.json)",
               file=sys.stderr)

@@ -29,8 +29,10 @@ import time
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="target model directory")
-    parser.add_argument("--drafter", required=True, help="EAGLE-3 drafter directory")
+    parser.add_argument("--model", default=None,
+                        help="target model directory (default: the shipped demo policy)")
+    parser.add_argument("--drafter", default=None,
+                        help="EAGLE-3 drafter directory (default: the shipped warm start)")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--task", default=None,
                         help="task whose test prompts are used (default: the built-in task)")
@@ -169,6 +171,10 @@ def run(args: argparse.Namespace) -> int:
     from gleanrl.server.protocol import CheckpointError
 
     torch.set_num_threads(args.threads)
+    if args.model is None or args.drafter is None:
+        from gleanrl.shipped import shipped_drafter, shipped_policy
+        args.model = args.model or str(shipped_policy())
+        args.drafter = args.drafter or str(shipped_drafter())
     batches = [int(b) for b in args.batches.split(",")]
     temps = [float(t) for t in args.temperatures.split(",")]
     try:

@@ -25,7 +25,12 @@ def _compiler(state):
     """One xgrammar compiler per app (its cache shared by requests), over the server's tokenizer
     and the model's vocabulary size."""
     if getattr(state, "grammar_compiler", None) is None:
-        import xgrammar as xgr
+        try:
+            import xgrammar as xgr
+        except ImportError:  # an optional extra: refused by name, never ignored
+            raise ApiError(400, "structured output (json_schema, regex, ebnf, response_format, "
+                           "tool_choice) needs xgrammar: pip install 'gleanrl[grammar]' (or "
+                           "scripts/setup.sh)", param="xgrammar") from None
         info = xgr.TokenizerInfo.from_huggingface(state.tokenizer, vocab_size=state.vocab_size,
                                                   stop_token_ids=state.stop_token_ids)
         state.grammar_compiler = xgr.GrammarCompiler(info, max_threads=1,

@@ -166,8 +166,6 @@ def train_policy(out: Path, task, size, seed: int = 0, progress: bool = True,
                  device: str = "cpu") -> dict:
     """Train a policy for `task` on `device` and save model + tokenizer to `out`; returns
     training stats."""
-    from tqdm import tqdm
-
     from gleanrl.trainer.tasks.chartok import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
@@ -177,8 +175,33 @@ def train_policy(out: Path, task, size, seed: int = 0, progress: bool = True,
     warmup, final = getattr(size, "warmup", 0.05), getattr(size, "final_lr", 0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt,
                                               lambda i: lr_factor(i, len(batches), warmup, final))
-    bar = tqdm(batches, desc=f"bootstrap {size.hidden}x{size.layers}", unit="step",
-               disable=not progress)
+    ema, curve = _fit(model, opt, sched, batches, size, device,
+                      desc=f"bootstrap {size.hidden}x{size.layers}", progress=progress)
+    if size.polish_steps:
+        model, polish = polish_policy(model, task, tokenizer, size, seed, device, progress)
+        curve += [[len(batches) + step, loss] for step, loss in polish]
+        ema = polish[-1][1] if polish else ema
+    model.eval()
+    # the demo's held-out prompts (test split, seed 0, 192): reported, never trained or tuned on
+    heldout = reference_accuracy(model, tokenizer, task, task.prompts("test", 192, 0),
+                                 size.batch_tokens)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return {"parameters": sum(p.numel() for p in model.parameters()),
+            "steps": len(batches) + size.polish_steps,
+            "train_tokens": int(sum(b[0].numel() for b in batches)),
+            "final_loss": round(ema or 0.0, 5), "heldout_reference_accuracy": heldout,
+            "loss_curve": curve}
+
+
+def _fit(model, opt, sched, batches, size, device: str, desc: str,
+         progress: bool) -> tuple[float | None, list[list]]:
+    """One pass of weighted-loss SFT over `batches`; -> (the loss's EMA, [[step, ema], ...])."""
+    from tqdm import tqdm
+
+    bar = tqdm(batches, desc=desc, unit="step", disable=not progress)
     ema, curve = None, []
     for step, (input_ids, labels, weights) in enumerate(bar):
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=size.bf16):
@@ -193,15 +216,27 @@ def train_policy(out: Path, task, size, seed: int = 0, progress: bool = True,
         bar.set_postfix(loss=f"{ema:.4f}")
         if (step + 1) % 25 == 0:
             curve.append([step + 1, round(ema, 5)])
-    model.eval()
-    # the demo's held-out prompts (test split, seed 0, 192): reported, never trained or tuned on
-    heldout = reference_accuracy(model, tokenizer, task, task.prompts("test", 192, 0),
-                                 size.batch_tokens)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return {"parameters": sum(p.numel() for p in model.parameters()), "steps": len(batches),
-            "train_tokens": int(sum(b[0].numel() for b in batches)),
-            "final_loss": round(ema or 0.0, 5), "heldout_reference_accuracy": heldout,
-            "loss_curve": curve}
+    return ema, curve
+
+
+def polish_policy(model, task, tokenizer, size, seed: int, device: str = "cpu",
+                  progress: bool = True):
+    """The recipe's last phase: `size.polish_steps` more steps on fresh problems at the schedule's
+    final lr, with the task's focus tokens weighted `size.polish_focus_weight`. The main phase's
+    loss is dominated by the local doubling rule, so its last errors sit on the 2 tokens the loss
+    hardly sees (doubling: the first line's counter, a copy of k from the prompt); weighting them
+    in a short low-lr phase, after the rule is learned, targets those errors without the unstable
+    start a weighted loss from scratch had (`small_fast`, docs/task-and-bootstrap.md).
+    -> (the model, [[step, ema], ...])."""
+    import dataclasses
+
+    polish = dataclasses.replace(size, focus_weight=size.polish_focus_weight,
+                                 train_tokens=size.polish_steps * size.batch_tokens)
+    batches = make_batches(task, tokenizer, polish, seed + 1)[:size.polish_steps]
+    lr = size.lr * getattr(size, "final_lr", 0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
+    model.train()
+    _, curve = _fit(model, opt, sched, batches, polish, device,
+                    desc=f"polish (focus x{size.polish_focus_weight:g})", progress=progress)
+    return model, curve

@@ -1,0 +1,58 @@
+"""The demo policy and drafter shipped with the project (gleanrl.shipped): the weights are the ones
+hashed, the config is the recipe's, the recipe key is today's, a quick held-out figure clears its
+floor; an altered file is refused. The last phase of the recipe (the focus polish) at tiny size."""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import pytest
+import torch
+
+from gleanrl import shipped
+from gleanrl.harvest.checkpoint import load_drafter
+
+
+def test_the_shipped_policy_and_drafter_load_and_check():
+    policy = shipped.shipped_policy(sanity=False)
+    accuracy = shipped.quick_heldout(policy)
+    assert accuracy >= shipped.SANITY_FLOOR, accuracy
+    drafter = load_drafter(shipped.shipped_drafter(), target_config=policy)
+    assert drafter.config.target_hidden_size == 512
+    size = (policy / "model.safetensors").stat().st_size + \
+        (shipped.DRAFTER / "model.safetensors").stat().st_size
+    assert size < 60e6  # bf16, no optimizer state
+
+
+def test_an_altered_shipped_file_is_refused(tmp_path, monkeypatch):
+    copy = tmp_path / shipped.POLICY.name
+    shutil.copytree(shipped.POLICY, copy)
+    sums = tmp_path / "SHA256SUMS"
+    shutil.copy(shipped.SUMS, sums)
+    monkeypatch.setattr(shipped, "POLICY", copy)
+    monkeypatch.setattr(shipped, "SUMS", sums)
+    assert shipped.shipped_policy(sanity=False) == copy
+    with open(copy / "model.safetensors", "r+b") as f:
+        f.seek(-2, 2)
+        f.write(b"\x00\x01")
+    with pytest.raises(shipped.ShippedError, match="sha256"):
+        shipped.shipped_policy(sanity=False)
+    sums.write_text("")
+    with pytest.raises(shipped.ShippedError, match="missing"):
+        shipped.shipped_policy(sanity=False)
+
+
+def test_polish_phase_weights_the_focus_and_moves_the_weights():
+    from gleanrl.trainer.bootstrap import SIZES
+    from gleanrl.trainer.tasks import load_task
+    from gleanrl.trainer.tasks.chartok import build_char_tokenizer
+    from gleanrl.trainer.tasks.sft import build_model, polish_policy
+
+    size = dataclasses.replace(SIZES["tiny"], polish_steps=3, polish_focus_weight=5.0)
+    tokenizer = build_char_tokenizer()
+    model = build_model(tokenizer, size, seed=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model, curve = polish_policy(model, load_task("doubling"), tokenizer, size, seed=0,
+                                 progress=False)
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert curve == []  # 3 steps: no 25-step point
