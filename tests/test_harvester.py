@@ -167,7 +167,9 @@ def test_holdout_is_by_prompt_so_siblings_of_trained_samples_are_never_scored(se
 def test_one_push_a_step_and_a_mid_step_winner_waits_for_the_boundary(setup, tmp_path):
     root, target, rollouts = setup
     pushed: list[int] = []
-    cfg = _cfg(push_every=5, min_holdout_prompts=2, min_holdout_samples=2, mid_step_gain=100.0)
+    # its own versions_dir: the module's root holds the versions earlier tests pushed
+    cfg = _cfg(push_every=5, min_holdout_prompts=2, min_holdout_samples=2, mid_step_gain=100.0,
+               versions_dir=str(tmp_path / "drafter_versions"))
     h = Harvester(target, root / "init_drafter", None, push=lambda p, v: pushed.append(v),
                   cfg=cfg)
     for prompt, out in rollouts:

@@ -22,9 +22,12 @@ def _params(drafter) -> dict[str, torch.Tensor]:
 
 
 def _always_better(h) -> None:
-    """The candidate beats the serving drafter whatever it is (the gate itself is
-    tested elsewhere)."""
-    h._score = lambda drafter, held, stop=None: 1.0 if drafter is h.serving else 2.0
+    """The candidate beats the serving drafter whatever it is, on enough held-out prompts for the
+    paired test (harvest.push_rule; the gate itself is tested elsewhere)."""
+    held = [SimpleNamespace(prompt=i % 4) for i in range(8)]
+    h._held = lambda policy_version=None: held
+    h._sums = lambda drafter, held, stop=None: [(1.0 if drafter is h.serving else 2.0, 1)] * len(
+        held)
 
 
 def test_resume_restores_training_state_and_repushes_the_serving_version(tiny_qwen2, tmp_path):
