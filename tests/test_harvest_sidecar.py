@@ -25,7 +25,9 @@ from tests.serving import running_server, wait_until
 
 ADMIN = {"Authorization": "Bearer adm"}
 FAST = ["--push-every", "3", "--drafter-lr", "3e-3", "--drafter-topk", "16",
-        "--drafter-max-tokens", "48", "--max-holdout", "8", "--holdout-every", "4",
+        "--drafter-max-tokens", "48", "--max-holdout", "8", "--holdout-every", "2",
+        "--min-holdout-prompts", "2", "--min-holdout-samples", "2", "--confidence-z", "0",
+        "--mid-step-gain", "0.02",
         "--save-every-s", "1", "--poll-s", "0.2", "--idle-running", "8"]
 
 

@@ -47,7 +47,9 @@ def test_proxy_relays_sglang_and_feeds_the_sidecar(restore_weights, sglang_model
         out = tmp_path / "harvest"
         cmd = [sys.executable, "-m", "gleanrl", "harvest", "--server", px, "--admin-api-key", "adm",
                "--out", str(out), "--cold", "--push-every", "2", "--drafter-topk", "16",
-               "--drafter-max-tokens", "32", "--holdout-every", "2", "--save-every-s", "1",
+               "--drafter-max-tokens", "32", "--holdout-every", "2",
+               "--min-holdout-prompts", "2", "--min-holdout-samples", "2", "--confidence-z", "0",
+               "--mid-step-gain", "0.02", "--save-every-s", "1",
                "--poll-s", "0.2", "--idle-running", "8"]
         logfile = tmp_path / "sidecar.log"
         proc = subprocess.Popen(cmd, stdout=logfile.open("w"), stderr=subprocess.STDOUT, text=True)
