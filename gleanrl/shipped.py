@@ -3,8 +3,9 @@ newcomer's demo and every bench use the same model on every machine and day, wit
 minutes of CPU a bootstrap takes.
 
 The policy is `gleanrl bootstrap --size small --seed 0` (the recipe in `trainer.bootstrap.SIZES`,
-its key in `bootstrap.json` beside the weights), stored in bf16 (what the rollout server serves;
-the trainer's master weights start from it in float32); the drafter is the demo's warm start on it
+its key in `bootstrap.json` beside the weights), stored in float32 (the trainer's checkpoints are
+float32, and a policy push must match the serving model's dtypes; a bf16 file failed the demo's
+first push); the drafter is the demo's warm start on it
 (`gleanrl.demo.warm_drafter`, its settings in `warm_start.json`). Both are checked before use:
 the weights' sha256 against `shipped/SHA256SUMS`, the config against the recipe's shape, and (policy)
 a quick held-out figure: the reference-solution accuracy on 32 test prompts must clear a floor far

@@ -2,7 +2,8 @@
 
     python scripts/ship_policy.py POLICY_DIR     # e.g. the output of `gleanrl bootstrap --size small`
 
-The policy is stored in bf16 with its bootstrap.json (which must carry today's recipe key for size
+The policy is stored in float32 (as the trainer's checkpoints are) with its bootstrap.json (which
+must carry today's recipe key for size
 small, seed 0), the drafter is the demo's default warm start on it, and SHA256SUMS lists both
 weights files. Run from the repository root; commit what it writes."""
 from __future__ import annotations
@@ -32,7 +33,7 @@ def main() -> int:
         return 2
     from transformers import AutoModelForCausalLM, AutoTokenizer
     shutil.rmtree(POLICY, ignore_errors=True)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)  # pushes must match
     model.save_pretrained(POLICY, safe_serialization=True)
     AutoTokenizer.from_pretrained(src).save_pretrained(POLICY)
     shutil.copy(src / "bootstrap.json", POLICY / "bootstrap.json")

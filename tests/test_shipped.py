@@ -21,7 +21,7 @@ def test_the_shipped_policy_and_drafter_load_and_check():
     assert drafter.config.target_hidden_size == 512
     size = (policy / "model.safetensors").stat().st_size + \
         (shipped.DRAFTER / "model.safetensors").stat().st_size
-    assert size < 60e6  # bf16, no optimizer state
+    assert size < 100e6  # fp32 policy (the trainer checkpoints fp32), bf16 drafter, no optimizer state
 
 
 def test_an_altered_shipped_file_is_refused(tmp_path, monkeypatch):
