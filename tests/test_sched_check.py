@@ -59,3 +59,17 @@ def test_busy_step_window_really_computes():
     full = IdleWindow(busy_step(size=64), max_steps=3)
     full._run()  # in this thread: runs to max_steps
     assert full.report.steps == 3 and full.report.busy_s > 0
+
+
+def test_the_warning_names_the_autogroup_and_survives_a_blank_proc_file(tmp_path):
+    from gleanrl.trainer.sched_check import _autogroup
+
+    enabled, group = tmp_path / "enabled", tmp_path / "group"
+    enabled.write_text("1\n")
+    group.write_text("/autogroup-7 nice 0\n")
+    assert _autogroup(enabled, group) == "on, this process in /autogroup-7"
+    group.write_text("")  # what a container showed CI
+    assert _autogroup(enabled, group) == "unknown"
+    enabled.write_text("0\n")
+    assert _autogroup(enabled, group) == "off"
+    assert _autogroup(tmp_path / "missing", group) == "unknown"

@@ -95,11 +95,18 @@ def test_lr_schedule_warms_up_then_decays_to_its_final_fraction():
 def test_a_size_at_the_old_recipe_keeps_its_version_1_cache_key(monkeypatch):
     import gleanrl.trainer.bootstrap as bootstrap
 
-    # the key policies built on main carry
-    assert bootstrap.cache_key(None, 0, "small")[1] == "cc935668cbf3"
-    old_small = bootstrap.SIZES["small"]
+    current = bootstrap.SIZES["small"]
+    # the key the shipped policy carries (gleanrl/shipped/*/bootstrap.json)
+    assert bootstrap.cache_key(None, 0, "small")[1] == "c20b4d97e2d2"
+    # with the later fields at their defaults (no polish phase), the key policies built before them
+    # carry
     monkeypatch.setitem(bootstrap.SIZES, "small",
-                        PolicySize(**{**old_small.__dict__, "focus_weight": 2.0}))
+                        PolicySize(**{**current.__dict__, "polish_steps": 0,
+                                      "polish_focus_weight": 1.0}))
+    assert bootstrap.cache_key(None, 0, "small")[1] == "cc935668cbf3"
+    monkeypatch.setitem(bootstrap.SIZES, "small",
+                        PolicySize(**{**current.__dict__, "polish_steps": 0,
+                                      "polish_focus_weight": 1.0, "focus_weight": 2.0}))
     assert bootstrap.cache_key(None, 0, "small")[1] != "cc935668cbf3"
 
 

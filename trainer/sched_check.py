@@ -52,10 +52,15 @@ async def check_scheduling(client: RolloutClient, prompt_ids: list[int],
     return {"sched_alone_s": alone, "sched_beside_s": beside, "sched_slowdown": ratio}
 
 
-def _autogroup() -> str:
+def _autogroup(enabled_file: str = "/proc/sys/kernel/sched_autogroup_enabled",
+               group_file: str = "/proc/self/autogroup") -> str:
+    """'on, this process in /autogroup-N', 'off' or 'unknown' (a container may hide or blank
+    either file)."""
     try:
-        enabled = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
-        return ("on, this process in " + Path("/proc/self/autogroup").read_text().split()[0]
-                if enabled else "off")
+        enabled = Path(enabled_file).read_text().strip()
+        group = Path(group_file).read_text().split()
     except OSError:
         return "unknown"
+    if enabled == "0":
+        return "off"
+    return f"on, this process in {group[0]}" if enabled == "1" and group else "unknown"
