@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--drafter {args.drafter} is not a drafter directory (no config.json there)")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from gleanrl.server.config import ServerConfig
+    from gleanrl.server.http.config import ServerConfig
     try:
         engine_cfg = engine_config(args)
         server_cfg = ServerConfig(host=args.host, port=args.port, api_key=args.api_key,

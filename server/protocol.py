@@ -32,7 +32,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     stop_regex: list[str] = field(default_factory=list)
     grammar: object | None = None     # an xgrammar CompiledGrammar (json_schema, regex, ebnf),
-                                      # compiled at the edge; masks the logits (server.grammar)
+                                      # compiled at the edge; masks the logits (sampling/grammar)
 
     @property
     def penalised(self) -> bool:

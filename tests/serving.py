@@ -17,8 +17,9 @@ from contextlib import contextmanager
 import httpx
 import uvicorn
 
-from gleanrl.server.config import EngineConfig, ServerConfig
+from gleanrl.server.config import EngineConfig
 from gleanrl.server.http.app import build_app
+from gleanrl.server.http.config import ServerConfig
 
 _SERVER_FIELDS = {f.name for f in dataclasses.fields(ServerConfig)}
 

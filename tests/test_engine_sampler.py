@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from gleanrl.server.engine.sampler import processed_probs, sample, token_logprobs
+from gleanrl.server.sampling.sampler import processed_probs, sample, token_logprobs
 
 
 def _params(b, t=1.0, k=0, p=1.0, m=0.0):

@@ -98,7 +98,7 @@ def test_logprob_mismatch():
 
 
 def test_token_logprobs_agree_with_the_server_convention():
-    from gleanrl.server.engine.sampler import token_logprobs as server_logprobs
+    from gleanrl.server.sampling.sampler import token_logprobs as server_logprobs
     torch.manual_seed(0)
     logits = torch.randn(3, 5, 11)
     ids = torch.randint(0, 11, (3, 5))

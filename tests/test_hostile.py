@@ -222,7 +222,7 @@ def test_the_proxy_bounds_bodies_and_outputs_and_keys_its_feed(served):
 
 
 def test_non_loopback_bind_and_keyless_feed_are_refused():
-    from gleanrl.server.config import ServerConfig
+    from gleanrl.server.http.config import ServerConfig
     with pytest.raises(ValueError, match="admin-api-key"):
         ServerConfig(host="0.0.0.0")
     with pytest.raises(ValueError, match="harvest-feed"):

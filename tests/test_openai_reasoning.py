@@ -68,6 +68,6 @@ def test_separate_reasoning_route(url):
 
 
 def test_unknown_parser_refused_at_startup():
-    from gleanrl.server.config import ServerConfig
+    from gleanrl.server.http.config import ServerConfig
     with pytest.raises(ValueError, match="reasoning_parser"):
         ServerConfig(reasoning_parser="nope")

@@ -244,6 +244,6 @@ def test_forced_choice_needs_a_parser_and_completions_refuse_tools(urls):
 
 
 def test_unknown_parser_refused_at_startup():
-    from gleanrl.server.config import ServerConfig
+    from gleanrl.server.http.config import ServerConfig
     with pytest.raises(ValueError, match="tool_call_parser"):
         ServerConfig(tool_call_parser="nope")

@@ -10,8 +10,8 @@ import httpx
 import pytest
 import torch
 
-from gleanrl.server.engine.penalties import penalise_rows, window_counts
 from gleanrl.server.protocol import SamplingParams
+from gleanrl.server.sampling.penalties import penalise_rows, window_counts
 from serving import running_app
 
 

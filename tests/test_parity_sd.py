@@ -14,16 +14,16 @@ from transformers import AutoModelForCausalLM
 
 from engine_util import PROMPTS, run_all
 from gleanrl.server.config import EngineConfig
+from gleanrl.server.decode.decoder import SDDecoder
 from gleanrl.server.engine import Engine
-from gleanrl.server.engine.sampler import processed_probs
 from gleanrl.server.engine.scheduler import Scheduler
-from gleanrl.server.engine.sequence import Sequence
 from gleanrl.server.engine.state import EngineState
-from gleanrl.server.engine.stopping import StopChecker
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
+from gleanrl.server.sampling.sampler import processed_probs
+from gleanrl.server.sampling.sequence import Sequence
+from gleanrl.server.sampling.stopping import StopChecker
 from gleanrl.server.sd.controller import Controller, ControllerConfig
-from gleanrl.server.sd.decoder import SDDecoder
 from sd_util import trained_drafter
 from test_parity_sampling import reference_penalties
 from test_sd_engine_sampling import _chi2
@@ -111,7 +111,7 @@ def test_penalised_greedy_identical_with_sd(engines, tiny_tokenizer, extra):
     tops_fused = _tops(engines["fused"], _reqs(tiny_tokenizer, extra, "tg"))
     for a, b in zip(tops_plain, tops_fused):
         assert [[t for _, t in row] for row in a] == [[t for _, t in row] for row in b]
-    assert engines["fused"].decoder.accepted_by_source["group"] > 0
+    assert engines["fused"].decoder.counters.accepted_by_source["group"] > 0
 
 
 SAMPLED = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=TOP_K, ignore_eos=True,
@@ -162,7 +162,7 @@ def test_sampled_penalised_sd_follows_the_penalised_target(tiny_qwen2, tiny_toke
             done = sched.step(spec)
             outputs += [s.output_ids for s in done]
             sched.reap(done)
-    assert len(outputs) == N and spec.verify_ct > 0
+    assert len(outputs) == N and spec.counters.verify_ct > 0
     assert 1.2 < spec.stats()["avg_spec_accept_length"] < 3.8  # both accepts and rejections happen
     m2, m3 = _marginals(AutoModelForCausalLM.from_pretrained(tiny_qwen2).eval(), prompt)
     for pos, exact in ((1, m2), (2, m3)):

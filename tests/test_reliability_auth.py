@@ -87,7 +87,7 @@ def test_binds_to_loopback_by_default():
     import argparse
 
     from gleanrl.server import cli
-    from gleanrl.server.config import ServerConfig
+    from gleanrl.server.http.config import ServerConfig
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     args = parser.parse_args(["--model", "m"])

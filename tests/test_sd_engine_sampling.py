@@ -19,15 +19,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gleanrl.server.engine.sampler import processed_probs
+from gleanrl.server.decode.decoder import SDDecoder
 from gleanrl.server.engine.scheduler import Scheduler
-from gleanrl.server.engine.sequence import Sequence
 from gleanrl.server.engine.state import EngineState
-from gleanrl.server.engine.stopping import StopChecker
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
+from gleanrl.server.sampling.sampler import processed_probs
+from gleanrl.server.sampling.sequence import Sequence
+from gleanrl.server.sampling.stopping import StopChecker
 from gleanrl.server.sd.controller import Controller, ControllerConfig
-from gleanrl.server.sd.decoder import SDDecoder
 from sd_util import trained_drafter
 
 N, BATCH, TOP_K = 4000, 100, 8
@@ -97,7 +97,7 @@ def test_sampled_sd_step_follows_the_target(tiny_qwen2, tiny_tokenizer, drafter)
             sched.reap(done)
     assert len(outputs) == N and all(len(o) == 4 for o in outputs)
     accept = spec.stats()["avg_spec_accept_length"]
-    assert spec.verify_ct > 0 and 1.2 < accept < 3.8  # both accepts and rejections happen
+    assert spec.counters.verify_ct > 0 and 1.2 < accept < 3.8  # both accepts and rejections happen
     m2, m3 = _marginals(AutoModelForCausalLM.from_pretrained(tiny_qwen2).eval(), prompt)
     for pos, exact in ((1, m2), (2, m3)):
         stat, threshold = _chi2(Counter(o[pos] for o in outputs), exact, N)

@@ -11,16 +11,16 @@ import torch
 import xgrammar as xgr
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from gleanrl.server.engine.grammar import _unpack
-from gleanrl.server.engine.sampler import processed_probs
+from gleanrl.server.decode.decoder import SDDecoder
 from gleanrl.server.engine.scheduler import Scheduler
-from gleanrl.server.engine.sequence import Sequence
 from gleanrl.server.engine.state import EngineState
-from gleanrl.server.engine.stopping import StopChecker
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
+from gleanrl.server.sampling.grammar import _unpack
+from gleanrl.server.sampling.sampler import processed_probs
+from gleanrl.server.sampling.sequence import Sequence
+from gleanrl.server.sampling.stopping import StopChecker
 from gleanrl.server.sd.controller import Controller, ControllerConfig
-from gleanrl.server.sd.decoder import SDDecoder
 from sd_util import trained_drafter
 from test_sd_engine_sampling import _chi2
 
@@ -89,7 +89,7 @@ def test_sampled_sd_with_a_grammar_follows_plain_with_the_mask(tiny_qwen2, tiny_
             accepted += sum(s.spec_correct_drafts for s in done)
             sched.reap(done)
     assert len(outputs) == N and all(len(o) == 4 for o in outputs)
-    assert spec.verify_ct > 0 and 0 < accepted < proposed   # accepts and rejections both happen
+    assert spec.counters.verify_ct > 0 and 0 < accepted < proposed   # accepts and rejections
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2).eval()
     m2, m3 = _marginals(model, compiled, prompt, vocab)
     for pos, exact in ((1, m2), (2, m3)):

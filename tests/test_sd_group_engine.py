@@ -69,7 +69,7 @@ def _batch(prompts, batch: int):
 @pytest.mark.parametrize("batch", [1, 8, 64])
 def test_greedy_identical_with_group_drafts(engines, prompts, reference, engine, batch):
     eng = engines[engine]
-    before = dict(eng.decoder.accepted_by_source)
+    before = dict(eng.decoder.counters.accepted_by_source)
     for _ in range(2):                                   # the second round drafts from the
                                                          # first's samples
         reqs, greedy = _batch(prompts, batch)
@@ -78,7 +78,7 @@ def test_greedy_identical_with_group_drafts(engines, prompts, reference, engine,
             assert res[row]["ids"] == reference[p]["ids"]
             assert res[row]["logprobs"] == pytest.approx(reference[p]["logprobs"], abs=1e-4)
         assert all(len(r["ids"]) == NEW for r in res)
-    assert eng.decoder.accepted_by_source["group"] > before["group"], "no group draft was accepted"
+    assert eng.decoder.counters.accepted_by_source["group"] > before["group"], "none accepted"
 
 
 def test_greedy_identical_across_a_drafter_swap_mid_stream(tiny_qwen2, drafter, prompts, reference,

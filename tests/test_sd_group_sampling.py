@@ -14,13 +14,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gleanrl.server.engine.sequence import Sequence
-from gleanrl.server.engine.stopping import StopChecker
+from gleanrl.server.decode.decoder import SDDecoder
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
+from gleanrl.server.sampling.sequence import Sequence
+from gleanrl.server.sampling.stopping import StopChecker
 from gleanrl.server.sd import branch_verify
 from gleanrl.server.sd.controller import Controller, ControllerConfig
-from gleanrl.server.sd.decoder import SDDecoder
 from gleanrl.server.sd.group_drafts import GroupDrafts
 from sd_util import trained_drafter
 from test_sd_engine_sampling import TOP_K, _chi2, _marginals
@@ -84,9 +84,10 @@ def test_sampled_group_drafts_follow_the_target(setup, arm):
     dec = _decoder(runner, drafter, arm)
     outputs = _sample(runner, dec, prompt, 4000)
     assert len(outputs) == 4000 and all(len(o) == NEW for o in outputs)
-    assert dec.accepted_by_source["group"] > 500, "group drafts were rarely accepted: the test would be weak"
+    accepted = dec.counters.accepted_by_source
+    assert accepted["group"] > 500, "group drafts were rarely accepted: the test would be weak"
     if arm == "fused":
-        assert dec.accepted_by_source["eagle"] > 500, "the EAGLE-3 branch was rarely accepted"
+        assert accepted["eagle"] > 500, "the EAGLE-3 branch was rarely accepted"
     for pos, (stat, threshold) in zip((2, 3), _stats(outputs, exact)):
         assert stat < threshold, f"token {pos}: chi-square {stat:.1f} >= {threshold:.1f}"
 

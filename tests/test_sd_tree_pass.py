@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import torch
 
-from gleanrl.server.engine.sampler import params_tensors
 from gleanrl.server.model.runner import ModelRunner
+from gleanrl.server.sampling.sampler import params_tensors
 from gleanrl.server.sd.tree_pass import tree_pass
 
 

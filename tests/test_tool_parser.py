@@ -99,7 +99,7 @@ def test_json_end():
 def test_forcing_grammar_accepts_what_the_parser_reads(parser, tiny_tokenizer):
     """The structural tag `tools.forcing_grammar` builds for tool_choice required accepts two calls
     in the parser's format (and nothing before them), and the parser reads them back."""
-    from gleanrl.server.config import ServerConfig
+    from gleanrl.server.http.config import ServerConfig
     from gleanrl.server.http.tools import ToolPlan, forcing_grammar
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     tools = [{"type": "function", "function": {"name": "add", "parameters": schema}}]

@@ -23,7 +23,7 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale: bool
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor,
                    temperature: float = 1.0) -> torch.Tensor:
-    """log p(target) under the logprob convention of SGLang 0.5.23 (see server/engine/sampler.py):
+    """log p(target) under the logprob convention of SGLang 0.5.23 (see server/sampling/sampler.py):
     log_softmax(logits / temperature), before top-k / top-p / min-p; raw logits for greedy (T = 0).
     logits: [B, T, V], targets: [B, T] -> [B, T]."""
     logits = logits.float()

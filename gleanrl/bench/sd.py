@@ -88,7 +88,7 @@ def _compile_schema(engine, schema: str):
 
 def _matcher_ms_per_token(grammar, outputs: list[list[int]], vocab: int) -> float:
     """The grammar's own work per output token: the next-token mask, then the accept."""
-    from gleanrl.server.engine.grammar import GrammarState
+    from gleanrl.server.sampling.grammar import GrammarState
     tokens, start = 0, time.perf_counter()
     for out in outputs:
         state = GrammarState(grammar)

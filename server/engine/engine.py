@@ -1,12 +1,13 @@
 """The embedded engine: token ids in, token ids out (`generate` yields deltas), built by
 composition. Its public methods are the only door: the HTTP app, the benches and the tests' servers
-use nothing else (`scheduler`, `swapper`, `decoder`, `loop` and `state` are its parts;
-`tests/test_layers.py`).
+use nothing else (`scheduler`, `swapper`, `decoder`, `loop` and `state` are its parts, and no
+module outside `server/engine/` imports their modules: `tests/test_layers.py`).
 
 One `EngineState` (request sets, flags, versions, one lock) is shared by the `Scheduler` (admission,
-KV slots, request lifecycle), the decoder (`SDDecoder` from `server/sd/`), the `WeightSwapper`
-(typed target/draft swap records) and the `DecodeLoop` (the background thread); outputs reach
-asyncio through the `Outbox`. The tokenizer is loaded here only for stop strings and the HTTP edge.
+KV slots, request lifecycle), the decoder (`server/decode/`), the `WeightSwapper`
+(the only code that installs new weights) and the `DecodeLoop` (the background thread);
+outputs reach asyncio through the `Outbox`. The tokenizer is loaded here only for stop strings
+and the HTTP edge.
 Pause modes follow SGLang's `/pause_generation`: `abort` (in-flight requests return at once,
 aborted, with their partial output), `retract` (back to the queue without their KV; rebuilt after
 `resume`), `in_place` (held as they are). Requests that arrive while paused wait in the queue.
@@ -14,26 +15,26 @@ aborted, with their partial output), `retract` (back to the queue without their 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 
 import torch
 
 from gleanrl.server.config import EngineConfig
+from gleanrl.server.decode.decoder import build_decoder
 from gleanrl.server.engine.bridge import Outbox
-from gleanrl.server.engine.input_logprobs import input_logprobs
 from gleanrl.server.engine.loop import DecodeLoop
 from gleanrl.server.engine.memory import MemoryOccupation
 from gleanrl.server.engine.scheduler import Scheduler
-from gleanrl.server.engine.sequence import Sequence
 from gleanrl.server.engine.state import PAUSE_MODES, EngineState, PauseMode
-from gleanrl.server.engine.stopping import StopChecker
+from gleanrl.server.engine.swap import WeightSwapper
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import CheckpointError, GenerateOutput, GenerateRequest
-from gleanrl.server.sd.drafter_load import build_decoder
+from gleanrl.server.sampling.input_logprobs import input_logprobs
+from gleanrl.server.sampling.sequence import Sequence
+from gleanrl.server.sampling.stopping import StopChecker
 from gleanrl.server.weights import checkpoint, tensor_update
-from gleanrl.server.weights.swap import WeightSwapper
-
-NamedTensors = list[tuple[str, torch.Tensor]]
+from gleanrl.server.weights.tensor_update import NamedTensors
 
 
 class Engine:
@@ -158,7 +159,7 @@ class Engine:
         """The one entrance for weight updates. `source`: a checkpoint directory (a disk update) or
         named tensors (a tensor or process-group update: names it leaves out keep their values;
         `server/weights/tensor_update.py`). Load and check in this thread, then swap between
-        iterations (`server/weights/swap.py`); a target swap waits for running requests unless
+        iterations (`server/engine/swap.py`); a target swap waits for running requests unless
         generation is paused or they are aborted. CheckpointError when refused: the old weights keep
         serving."""
         sw = self.swapper
@@ -168,13 +169,7 @@ class Engine:
             swap = (sw.load_draft(source, weight_version) if selector == "draft"
                     else sw.load_target(source, weight_version, flush_cache))
         else:
-            # names, shapes and dtypes before anything reads the data or copies a model
-            tensor_update.check_named(sw, selector, source)
-            if selector == "draft":
-                swap = tensor_update.draft_swap(sw, source, weight_version)
-            else:
-                staged = tensor_update.check_target(sw, source)
-                swap = tensor_update.target_swap(sw, staged, weight_version, flush_cache)
+            swap = sw.load_tensors(selector, source, weight_version, flush_cache)
         if abort_all_requests:
             self.abort(None, "Abort all requests for a weight update")
         sw.submit(swap, apply_now=self.loop.thread is None)
@@ -182,15 +177,15 @@ class Engine:
     def check_tensor_list(self, selector: str, names: list[str], shapes: list) -> None:
         """Before buffers are allocated: CheckpointError unless the listed tensors could be an
         update of `selector`'s model (no more tensors nor elements than it holds)."""
-        tensor_update.check_volume(self.swapper, selector, names, shapes)
+        tensor_update.check_volume(self.swapper.expected(selector), selector, names, shapes)
 
     def check_tensors(self, selector: str, named: NamedTensors) -> None:
         """CheckpointError unless each tensor is a distinct tensor of `selector`'s model with its
         shape and dtype kind (and, for the target, finite): what every tensor update is checked
         with when it arrives, before it waits for or touches the engine."""
-        tensor_update.check_named(self.swapper, selector, named)
+        tensor_update.check_named(self.swapper.expected(selector), selector, named)
         if selector == "target":
-            tensor_update.check_target(self.swapper, named)
+            tensor_update.check_target(named, self.scheduler.runner.dtype)
 
     def release_memory(self, tags: list[str] | None) -> None:
         """SGLang's /release_memory_occupation (`server/engine/memory.py`);
@@ -206,7 +201,7 @@ class Engine:
 
     def prompt_logprobs(self, ids: list[int], start: int, top_k: int = 0,
                         token_ids: list[int] | None = None) -> dict[str, list]:
-        """Logprobs of the prompt's own tokens (`server/engine/input_logprobs.py`), by the serving
+        """Logprobs of the prompt's own tokens (`server/sampling/input_logprobs.py`), by the serving
         weights; runs in the caller's thread with a cache of its own."""
         return input_logprobs(self.scheduler.runner, ids, start, top_k, token_ids)
 
@@ -239,7 +234,7 @@ class Engine:
         sw = self.swapper
         return {"model_path": sw.model_path, "tokenizer_path": self.cfg.model_path,
                 "weight_version": self.state.weight_version,
-                "draft_model_path": getattr(self.decoder, "draft_path", None),
+                "draft_model_path": self.decoder.draft_path,
                 "draft_weight_version": self.state.draft_weight_version,
                 "context_length": self.context_length,
                 "max_running_requests": self.cfg.max_running_requests,
@@ -256,11 +251,7 @@ class Engine:
         `decode_tokens`, `accepted_by_source` (accepted draft tokens by draft source), and
         `iterations` decode iterations taking `iteration_s` seconds, of which `forward_s` in
         target forwards and `drafter_s` in drafter calls."""
-        d = self.decoder
-        names = ("verify_ct", "verify_tokens", "decode_passes", "decode_rows", "decode_tokens",
-                 "iterations", "iteration_s", "forward_s", "drafter_s")
-        return {n: getattr(d, n, 0) for n in names} | {
-            "accepted_by_source": dict(getattr(d, "accepted_by_source", {}))}
+        return dataclasses.asdict(self.decoder.counters)
 
     def stats(self) -> dict:
         """`avg_spec_accept_length`: tokens per verify pass over verify passes only (as SGLang's
@@ -274,6 +265,6 @@ class Engine:
                      "num_queue_reqs": len(st.waiting) + len(st.held),
                      "paused": st.paused is not None, "generation_tokens_total": tokens,
                      **self.decoder.stats()}
-        accepted = getattr(self.decoder, "verify_tokens", 0) - getattr(self.decoder, "verify_ct", 0)
+        accepted = self.decoder.counters.verify_tokens - self.decoder.counters.verify_ct
         stats["avg_tokens_per_target_pass"] = tokens / (tokens - accepted) if tokens > accepted else 0.0
         return stats

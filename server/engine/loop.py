@@ -21,11 +21,11 @@ from collections.abc import Callable
 
 import torch
 
-from gleanrl.server.engine.decode import Decoder
+from gleanrl.server.decode.decoder import Decoder
 from gleanrl.server.engine.scheduler import Scheduler
-from gleanrl.server.engine.sequence import Sequence
 from gleanrl.server.engine.state import EngineState
-from gleanrl.server.weights.swap import WeightSwapper
+from gleanrl.server.engine.swap import WeightSwapper
+from gleanrl.server.sampling.sequence import Sequence
 
 log = logging.getLogger(__name__)
 # streamed updates reach the event loop at most this late (first/last: at once)

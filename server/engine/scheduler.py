@@ -7,13 +7,13 @@ the state's lock.
 """
 from __future__ import annotations
 
-from gleanrl.server.engine.decode import Decoder
-from gleanrl.server.engine.sequence import Sequence
+from gleanrl.server.decode.decoder import Decoder
 from gleanrl.server.engine.state import EngineState
 from gleanrl.server.model.kv import SeqKVCache
 from gleanrl.server.model.kv_pool import KVPool
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import GenerateOutput
+from gleanrl.server.sampling.sequence import Sequence
 
 SD_MARGIN = 20  # room past the context length for a verify pass's draft tokens (k <= 16)
 

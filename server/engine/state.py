@@ -1,4 +1,5 @@
-"""The engine's one shared state: the request sets, the control flags and the versions.
+"""The engine's one shared state: the request sets, the control flags and the versions; the swap
+records handed to the decode thread through it (`swap.py` makes and applies them).
 
 Invariant: every field is read and written under `cv` (one lock for the decode thread and all
 callers); only the forward itself runs outside it, with `in_step` set. A sequence is in exactly one
@@ -9,15 +10,36 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from gleanrl.server.engine.sequence import Sequence
-
-if TYPE_CHECKING:
-    from gleanrl.server.weights.swap import DraftSwap, TargetSwap
+from gleanrl.server.model.runner import ModelRunner
+from gleanrl.server.sampling.sequence import Sequence
+from gleanrl.server.weights.checkpoint import Signature
 
 PauseMode = Literal["abort", "retract", "in_place"]
 PAUSE_MODES: tuple[PauseMode, ...] = ("abort", "retract", "in_place")
+
+
+@dataclass(eq=False)
+class TargetSwap:
+    runner: ModelRunner
+    config: dict
+    signature: Signature
+    path: str
+    version: str | None                # None keeps the current version (SGLang)
+    flush_cache: bool
+    drain: bool = True                 # wait for the admitted requests; set when handed over
+    done: threading.Event = field(default_factory=threading.Event)
+    error: Exception | None = None     # set when applying failed (undone)
+
+
+@dataclass(eq=False)
+class DraftSwap:
+    drafter: object                    # a fused `gleanrl.harvest.drafter.Eagle3Drafter`
+    path: str
+    version: str | None
+    done: threading.Event = field(default_factory=threading.Event)
+    error: Exception | None = None
 
 
 @dataclass(eq=False)

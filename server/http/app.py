@@ -15,10 +15,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from gleanrl.server.config import EngineConfig, ServerConfig, is_loopback
+from gleanrl.server.config import EngineConfig, is_loopback
 from gleanrl.server.http import feed, native, openai, tokenize
 from gleanrl.server.http.auth import AuthMiddleware
 from gleanrl.server.http.body_limit import BodyLimit
+from gleanrl.server.http.config import ServerConfig
 from gleanrl.server.http.harvest_feed import FeedConfig, FeedUpdatesMiddleware, HarvestFeed
 from gleanrl.server.http.metrics import Metrics
 from gleanrl.server.http.origin import BrowserGuard

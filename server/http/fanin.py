@@ -24,7 +24,7 @@ class Track:
     last: GenerateOutput | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
-    detok: object | None = None       # the edge's incremental decoder (server.detok)
+    detok: object | None = None       # the edge's incremental decoder (server.http.detok)
 
     @property
     def finished(self) -> bool:
@@ -39,7 +39,7 @@ class Fanin:
     def __init__(self, engine, reqs: list[GenerateRequest], metrics, active: dict[str, list[str]],
                  groups: dict[str, list[str]] | None = None, feed=None):
         """`active` maps every running rid (and each user rid of an n > 1 group) to its engine rids;
-        /abort_request reads it. `feed` (`server.harvest_feed.HarvestFeed`, or None) records each
+        /abort_request reads it. `feed` (`harvest_feed.HarvestFeed`, or None) records each
         finished one."""
         self.engine, self.metrics, self.active, self.feed = engine, metrics, active, feed
         self.tracks = [Track(r) for r in reqs]

@@ -13,7 +13,6 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from gleanrl.server.engine.stopping import check_stops, compile_stop_regex
 from gleanrl.server.http.detok import output_text
 from gleanrl.server.http.fanin import Disconnected, Fanin, Track, collect, unless_disconnected, wait_disconnect
 from gleanrl.server.http.grammar import compile_grammar, grammar_source
@@ -37,6 +36,7 @@ from gleanrl.server.http.schemas import (
     refuse_unsupported,
 )
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
+from gleanrl.server.sampling.stopping import check_stops, compile_stop_regex
 
 router = APIRouter()
 SSE_DONE = b"data: [DONE]\n\n"

@@ -11,7 +11,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from gleanrl.server.engine.state import PAUSE_MODES
+from gleanrl.server.engine import PAUSE_MODES
 from gleanrl.server.http import discovery, generate, weights_group, weights_sync
 from gleanrl.server.http.auth import check_admin
 from gleanrl.server.http.schemas import AbortIn, ApiError, UpdateWeightsIn, parse, read_json

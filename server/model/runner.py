@@ -13,10 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gleanrl.harvest.drafter import fuse_linears
 from gleanrl.server.model.attention import Plan, advance_caches, attention, plan_attention
 from gleanrl.server.model.kv import SeqKVCache
-from gleanrl.server.model.packed_linear import can_pack, linear
+from gleanrl.server.model.packed_linear import can_pack, fuse_linears, linear
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -52,14 +51,14 @@ def check_supported(model: nn.Module) -> None:
     cfg, inner = model.config, getattr(model, "model", None)
     name = (getattr(cfg, "architectures", None) or [type(model).__name__])[0]
     parts = ("embed_tokens", "layers", "norm", "rotary_emb")
-    if inner is None or not all(hasattr(inner, p)
-                                for p in parts) or not hasattr(model, "lm_head") or not all(
-                                        hasattr(layer.self_attn, p) for layer in inner.layers
-                                        for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
+    projections = ("q_proj", "k_proj", "v_proj", "o_proj")
+    if (inner is None or not all(hasattr(inner, p) for p in parts)
+            or not hasattr(model, "lm_head")
+            or not all(hasattr(layer.self_attn, p) for layer in inner.layers for p in projections)):
         raise ValueError(f"{name} is not supported by the embedded engine (Llama, Qwen2 and "
                          "Qwen3-style models are)")
-    if getattr(cfg, "use_sliding_window",
-               False) or "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
+    if (getattr(cfg, "use_sliding_window", False)
+            or "sliding_attention" in (getattr(cfg, "layer_types", None) or [])):
         raise ValueError(f"{name} with sliding-window attention is not supported by the "
                          "embedded engine")
 
@@ -83,8 +82,7 @@ class ModelRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.hidden_size = cfg.hidden_size
         self.vocab_size = cfg.vocab_size
-        attns, mlps = [layer.self_attn for layer in self.layers], [layer.mlp
-                                                                   for layer in self.layers]
+        attns, mlps = [la.self_attn for la in self.layers], [la.mlp for la in self.layers]
         qkv = [fuse_linears([a.q_proj, a.k_proj, a.v_proj]) for a in attns]
         gate_up = [fuse_linears([m.gate_proj, m.up_proj]) if hasattr(m, "gate_proj") else None
                    for m in mlps]
@@ -117,9 +115,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, caches: list[SeqKVCache],
                 seq_lens: list[int], capture_layers: list[int] | None = None,
-                last_only: bool = True,
-                tree_masks: list[torch.Tensor | None]
-                | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                last_only: bool = True, tree_masks: list[torch.Tensor | None] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """token_ids, positions: [N] (the new tokens of all sequences, concatenated);
         returns logits [B, V] for each sequence's last new token (or [N, V] if not `last_only`) and,
         with `capture_layers=[a, b, c]`, aux hidden [N, 3*H]: the residual stream entering layers

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from gleanrl.server.engine.sampler import sample
+from gleanrl.server.sampling.sampler import sample
 
 
 def _test(r: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None, u: torch.Tensor,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from gleanrl.server.engine.sampler import processed_probs, sample
+from gleanrl.server.sampling.sampler import processed_probs, sample
 from gleanrl.server.sd.drafter_forward import drafter_forward
 
 

@@ -1,6 +1,6 @@
 """Per sequence: the drafter's own KV cache and the target hidden states it has not consumed yet.
 
-Invariant (kept by `server/sd/decoder.py`): the target cache ends one token short of the sequence's
+Invariant (kept by `decode/decoder.py`): the target cache ends one token short of the sequence's
 prefix, and the state holds target aux hidden states for exactly the positions [next_pos,
 cache.length) of the target cache (EAGLE-3 pairs h_i with token i+1 at position i). It also keeps
 the last `keep` to 2 * `keep` states the drafter has consumed (`seen`, the positions just before

@@ -13,7 +13,7 @@ branch tokens before it (`sampler.penalised`, one window per branch): each draft
 exactly the distribution plain decoding would use there, so SD stays lossless; the drafter's q stays
 unpenalised, which costs acceptance only. Returned, top and token-id logprobs of each emitted token
 come from its node's penalised row, as plain decoding's from its step's. A grammar's mask is applied
-the same way (`server.grammar`): a draft it forbids has probability 0 at its node, never accepted.
+the same way (`sampling.grammar`): a draft it forbids has probability 0 at its node, never accepted.
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gleanrl.server.engine.sampler import penalised, processed_probs, record_extras, token_logprobs
 from gleanrl.server.model.runner import ModelRunner
+from gleanrl.server.sampling.sampler import (penalised, processed_probs, record_extras,
+                                              token_logprobs)
 from gleanrl.server.sd.branch_verify import verify_branches, verify_branches_greedy
 from gleanrl.server.sd.tree import build_tree, keep_path
 
@@ -39,8 +40,8 @@ class TreeResult:
 @torch.inference_mode()
 def tree_pass(runner: ModelRunner, seqs: list, branches: list[list[list[int]]],
               qs: list[list[torch.Tensor | None]], prm: dict[str, torch.Tensor],
-              capture_layers: list[int]
-              | None = None ) -> tuple[list[TreeResult], torch.Tensor | None]:
+              capture_layers: list[int] | None = None
+              ) -> tuple[list[TreeResult], torch.Tensor | None]:
     """branches[b][m]: branch m's tokens for seqs[b] (m fixes the verification order); qs[b][m]: its
     draft distributions [len, V] (EAGLE, sampled requests) or None (a point-mass draft). prm:
     params_tensors of seqs. Returns per sequence a TreeResult, and the aux hidden states [N, 3*H]
@@ -51,11 +52,10 @@ def tree_pass(runner: ModelRunner, seqs: list, branches: list[list[list[int]]],
     starts = [s.cache.length for s in seqs]
     trees = [build_tree(s.tokens(p0, p0 + 1)[0], p0, b) for s, p0, b in zip(seqs, starts, branches)]
     masks = [t.mask(device) if len(b) > 1 else None for t, b in zip(trees, branches)]
-    logits, aux = runner.forward(
+    logits, aux = runner.forward(                                   # [N, V], [N, 3*H]
         torch.tensor([x for t in trees for x in t.tokens], device=device),
         torch.tensor([p for t in trees for p in t.positions], device=device),
         [s.cache for s in seqs], [t.size for t in trees], capture_layers=capture_layers,
-        # [N, V], [N, 3*H]
         last_only=False, tree_masks=masks if any(m is not None for m in masks) else None)
     base = torch.tensor([t.size for t in trees]).cumsum(0) - torch.tensor([t.size for t in trees])
     logits = _penalised_tree(logits, seqs, trees, branches, base.tolist())
@@ -134,8 +134,8 @@ def _verify(logits, rows, drafts, lens, seqs, qs, prm, m_max: int, k: int):
     pick = {key: v[sampled].repeat_interleave(m_max * (k + 1)).to(logits.device)
             for key, v in prm.items()}
     p = processed_probs(logits[rows[idx].reshape(-1)], pick["temperature"], pick["top_k"],
-                        # [S, M, k+1, V]
-                        pick["top_p"], pick["min_p"]).view(len(sampled), m_max, k + 1, -1)
+                        pick["top_p"], pick["min_p"])
+    p = p.view(len(sampled), m_max, k + 1, -1)                          # [S, M, k+1, V]
     point = torch.tensor([[qs[b][m] is None if m < len(qs[b]) else True for m in range(m_max)]
                           for b in sampled])
     draft_q = None

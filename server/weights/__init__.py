@@ -1,2 +1,2 @@
-"""Checkpoints and weight updates: loading and checking, the swap records, tensor and
-process-group payloads."""
+"""Loaders and validators of weights: target checkpoints, drafters, named tensors and their payloads
+and process groups. They return runners, drafters or checked tensors; the engine installs them."""

@@ -1,5 +1,6 @@
 """Weight updates from named tensors (SGLang's /update_weights_from_tensor), atomic and validated
-like disk updates, for the target or the drafter (`selector`).
+like disk updates, for the target or the drafter (`selector`): the checks, and the runner or drafter
+they become (the engine swaps it in, `server/engine/swap.py`).
 
 Target: every tensor must name a tensor of the serving checkpoint with its shape and finite values;
 it is cast to the serving dtype. A copy of the serving model takes the tensors and becomes a new
@@ -26,40 +27,21 @@ import torch
 
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import CheckpointError
-from gleanrl.server.weights import checkpoint
-from gleanrl.server.weights.swap import DraftSwap, TargetSwap, WeightSwapper
+from gleanrl.server.weights.checkpoint import Signature
+from gleanrl.server.weights.drafter import load_for_target
 
-NO_DRAFTER = ("selector=draft: no drafter is served, so there is no drafter config to update; "
-              "load one with /update_weights_from_disk selector=draft first")
-
-
-def _draft_path(swapper: WeightSwapper) -> str:
-    path = getattr(swapper.decoder, "draft_path", None)
-    if not path:
-        raise CheckpointError(NO_DRAFTER)
-    return path
-
-
-def expected(swapper: WeightSwapper, selector: str) -> dict[str, tuple[tuple[int, ...], str]]:
-    """The tensors an update of `selector` may carry, by name: (shape, safetensors dtype), read
-    from the headers without loading."""
-    if selector == "target":
-        sig = swapper.signature
-    else:
-        sig = checkpoint.checkpoint_signature(_draft_path(swapper))
-    return {name: (tuple(shape), dtype) for name, (shape, dtype, *_) in sig.items()}
+NamedTensors = list[tuple[str, torch.Tensor]]
 
 
 def _floating(safetensors_dtype: str) -> bool:
     return safetensors_dtype.startswith(("F", "BF"))  # F16, F32, F64, BF16, F8_*
 
 
-def check_named(swapper: WeightSwapper, selector: str,
-                named: list[tuple[str, torch.Tensor]]) -> None:
-    """CheckpointError unless each name is a distinct tensor of `selector`'s model with its shape
-    and dtype kind (floating or not: an integer tensor is never cast into a float weight, nor the
-    reverse). Metadata only: the cheap checks, run before anything reads the data."""
-    want = expected(swapper, selector)
+def check_named(want: Signature, selector: str, named: NamedTensors) -> None:
+    """CheckpointError unless each name is a distinct tensor of `want` (the signature of
+    `selector`'s model) with its shape and dtype kind (floating or not: an integer tensor is never
+    cast into a float weight, nor the reverse). Metadata only: the cheap checks, run before anything
+    reads the data."""
     if len({n for n, _ in named}) != len(named):
         raise CheckpointError("names: a tensor is listed twice")
     for name, t in named:
@@ -73,10 +55,9 @@ def check_named(swapper: WeightSwapper, selector: str,
                                   f"expected {dtype}")
 
 
-def check_volume(swapper: WeightSwapper, selector: str, names: list[str], shapes: list) -> None:
+def check_volume(want: Signature, selector: str, names: list[str], shapes: list) -> None:
     """Before buffers of the listed shapes are allocated: CheckpointError unless the list could be a
     push of `selector`'s model (no more tensors, nor elements, than it has; no negative sizes)."""
-    want = expected(swapper, selector)
     if len(names) > len(want):
         raise CheckpointError(f"names: {len(names)} tensors listed; the served {selector} model "
                               f"has {len(want)}")
@@ -88,11 +69,9 @@ def check_volume(swapper: WeightSwapper, selector: str, names: list[str], shapes
                               f"model has {held}")
 
 
-def check_target(swapper: WeightSwapper,
-                 named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Tensors that passed `check_named`, by name, in the serving dtype; CheckpointError naming the
-    first that holds NaN or infinite values."""
-    dtype = swapper.scheduler.runner.dtype
+def check_target(named: NamedTensors, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Tensors that passed `check_named`, by name, in the serving `dtype`; CheckpointError naming
+    the first that holds NaN or infinite values."""
     out = {}
     for name, t in named:
         if t.is_floating_point() and not bool(t.isfinite().all()):
@@ -101,9 +80,8 @@ def check_target(swapper: WeightSwapper,
     return out
 
 
-def target_swap(swapper: WeightSwapper, staged: dict[str, torch.Tensor], version: str | None,
-                flush_cache: bool) -> TargetSwap:
-    runner = swapper.scheduler.runner
+def target_runner(runner: ModelRunner, staged: dict[str, torch.Tensor]) -> ModelRunner:
+    """A copy of the serving `runner`'s model with the `staged` tensors, as a new runner."""
     model = copy.deepcopy(runner.model)
     state = model.state_dict()
     missing = [n for n in staged if n not in state]
@@ -112,20 +90,17 @@ def target_swap(swapper: WeightSwapper, staged: dict[str, torch.Tensor], version
     with torch.no_grad():
         for name, t in staged.items():
             state[name].copy_(t.to(state[name].device))
-    return TargetSwap(ModelRunner(model, str(runner.device)), swapper.config, swapper.signature,
-                      swapper.model_path, version, flush_cache)
+    return ModelRunner(model, str(runner.device))
 
 
-def draft_swap(swapper: WeightSwapper, named: list[tuple[str, torch.Tensor]],
-               version: str | None) -> DraftSwap:
+def overlay_drafter(path: str, named: NamedTensors, runner: ModelRunner, target_config: dict):
+    """The drafter at `path` with the `named` tensors (checked by `check_named`), loaded for the
+    serving target."""
     from safetensors.torch import load_file, save_file
 
-    from gleanrl.server.sd.drafter_load import load_for_target
-
-    path = _draft_path(swapper)
     src = Path(path)
     base = {k: v for f in sorted(src.glob("*.safetensors")) for k, v in load_file(f).items()}
-    for name, t in named:  # names and shapes passed `check_named`
+    for name, t in named:
         base[name] = t.to(base[name].dtype).contiguous()
     tmp = Path(tempfile.mkdtemp(prefix="gleanrl-draft-"))
     try:
@@ -133,7 +108,6 @@ def draft_swap(swapper: WeightSwapper, named: list[tuple[str, torch.Tensor]],
             if f.is_file() and f.suffix != ".safetensors":
                 shutil.copy(f, tmp / f.name)
         save_file(base, str(tmp / "model.safetensors"))
-        drafter = load_for_target(str(tmp), swapper.scheduler.runner, swapper.config)
+        return load_for_target(str(tmp), runner, target_config)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return DraftSwap(drafter, path, version)

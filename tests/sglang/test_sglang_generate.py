@@ -93,10 +93,10 @@ def test_sampled_logprobs_are_temperature_scaled_not_top_p_renormalised(sglang_s
 
 @pytest.mark.parametrize("T,top_p", [(0.7, 1.0), (1.5, 0.5)])
 def test_trainer_convention_matches_sglang(sglang_server, sglang_tokenizer, T, top_p):
-    """server/engine/sampler.py's token_logprobs (used by the embedded server and the trainer)
+    """server/sampling/sampler.py's token_logprobs (used by the embedded server and the trainer)
     equals SGLang's logprob, including with a small top-p nucleus, which an older SGLang
     renormalised over."""
-    from gleanrl.server.engine.sampler import token_logprobs
+    from gleanrl.server.sampling.sampler import token_logprobs
     theirs, logits, ids = _sampled(sglang_server, sglang_tokenizer, T, top_p)
     n = len(ids)
     ours = token_logprobs(logits, ids, torch.full((n,), T), torch.full((n,), top_p))

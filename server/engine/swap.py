@@ -1,13 +1,13 @@
-"""Weight swaps: typed records that travel from the caller's thread to the decode thread.
-
-A caller loads and checks the new target or drafter in its own thread (the serving model keeps
-decoding meanwhile), then hands the record over in `state.swap`; the decode thread applies it
-between two iterations (`apply`, under the lock) and sets `done`. A target swap made while
-generation is not paused drains first, as SGLang's update lock: the admitted requests finish, later
-ones are held, so no response mixes versions. Under a pause (SGLang applies at once) the swap lands
-under the paused requests: with `flush_cache` their KV is rebuilt from their prefixes under the new
-weights, and each records where its version changed (`Sequence.version_events` ->
-`weight_versions`). A drafter swap never waits: SD is lossless, so it changes speed only.
+"""Weight swaps, applied by the engine alone: `weights/` loads and checks a new target or drafter
+in the caller's thread (the serving model keeps decoding meanwhile); the swapper wraps it in a
+typed record (`state.TargetSwap` / `DraftSwap`) and hands it over in `state.swap`; the decode
+thread applies it between two iterations (`apply`, under the lock) and sets `done`. A target swap
+made while generation is not paused drains first, as SGLang's update lock: the admitted requests
+finish, later ones are held, so no response mixes versions. Under a pause (SGLang applies at once)
+the swap lands under the paused requests: with `flush_cache` their KV is rebuilt from their
+prefixes under the new weights, and each records where its version changed
+(`Sequence.version_events` -> `weight_versions`). A drafter swap never waits: SD is lossless, so
+it changes speed only.
 
 A swap that fails while applied (e.g. the cache rebuild runs out of memory) is undone: the old
 weights keep serving, the decode thread lives on, and the caller gets the error. A drain waits at
@@ -15,39 +15,16 @@ most `cfg.swap_timeout_s`; then the swap is withdrawn and refused, and the held 
 """
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, field
-
 from gleanrl.server.config import EngineConfig
-from gleanrl.server.engine.decode import Decoder
+from gleanrl.server.decode.decoder import Decoder
 from gleanrl.server.engine.scheduler import Scheduler
-from gleanrl.server.engine.state import EngineState
-from gleanrl.server.model.runner import ModelRunner
+from gleanrl.server.engine.state import DraftSwap, EngineState, TargetSwap
 from gleanrl.server.protocol import CheckpointError
-from gleanrl.server.sd.drafter_load import load_for_target
-from gleanrl.server.weights import checkpoint
+from gleanrl.server.weights import checkpoint, tensor_update
+from gleanrl.server.weights.drafter import load_for_target
 
-
-@dataclass(eq=False)
-class TargetSwap:
-    runner: ModelRunner
-    config: dict
-    signature: checkpoint.Signature
-    path: str
-    version: str | None                # None keeps the current version (SGLang)
-    flush_cache: bool
-    drain: bool = True                 # wait for the admitted requests; set when handed over
-    done: threading.Event = field(default_factory=threading.Event)
-    error: Exception | None = None     # set when applying failed (undone)
-
-
-@dataclass(eq=False)
-class DraftSwap:
-    drafter: object                    # a fused `gleanrl.harvest.drafter.Eagle3Drafter`
-    path: str
-    version: str | None
-    done: threading.Event = field(default_factory=threading.Event)
-    error: Exception | None = None
+NO_DRAFTER = ("selector=draft: no drafter is served, so there is no drafter config to update; "
+              "load one with /update_weights_from_disk selector=draft first")
 
 
 class WeightSwapper:
@@ -69,6 +46,28 @@ class WeightSwapper:
             raise CheckpointError("this server runs with speculative decoding off (sd 'off'), "
                                   "so it serves no drafter; start it with --sd on or --sd adaptive")
         return DraftSwap(load_for_target(path, self.scheduler.runner, self.config), path, version)
+
+    def expected(self, selector: str) -> checkpoint.Signature:
+        """The tensors an update of `selector` may carry (read from the headers, not loaded)."""
+        if selector == "target":
+            return self.signature
+        if not self.decoder.draft_path:
+            raise CheckpointError(NO_DRAFTER)
+        return checkpoint.checkpoint_signature(self.decoder.draft_path)
+
+    def load_tensors(self, selector: str, named: tensor_update.NamedTensors, version: str | None,
+                     flush_cache: bool) -> TargetSwap | DraftSwap:
+        """Named tensors as a swap of `selector` (`weights/tensor_update.py`): names, shapes and
+        dtypes first, before anything reads the data or copies a model."""
+        tensor_update.check_named(self.expected(selector), selector, named)
+        runner = self.scheduler.runner
+        if selector == "draft":
+            path = self.decoder.draft_path
+            drafter = tensor_update.overlay_drafter(path, named, runner, self.config)
+            return DraftSwap(drafter, path, version)
+        staged = tensor_update.check_target(named, runner.dtype)
+        return TargetSwap(tensor_update.target_runner(runner, staged), self.config, self.signature,
+                          self.model_path, version, flush_cache)
 
     def submit(self, swap: TargetSwap | DraftSwap, apply_now: bool) -> None:
         """Hand `swap` to the decode thread (or apply it here when there is none) and wait until

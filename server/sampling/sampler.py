@@ -7,16 +7,16 @@ Logprob convention (SGLang 0.5.23's default sampler, `SGLANG_RETURN_ORIGINAL_LOG
 taken BEFORE top-k, top-p and min-p (those shape the sampling distribution, not the returned
 logprob). Older SGLang renormalised over the top-p nucleus; 0.5.23 does not. The trainer must
 compute the same. The logits are those after the request's penalties and `logit_bias`
-(`server.penalties`), as SGLang applies them to the logits before its sampler. `output_top_logprobs`
+(`penalties.py`), as SGLang applies them to the logits before its sampler. `output_top_logprobs`
 and `output_token_ids_logprobs` come from the same distribution.
 """
 from __future__ import annotations
 
 import torch
 
-from gleanrl.server.engine.grammar import mask_rows
-from gleanrl.server.engine.penalties import OutputCounts, penalise_rows, window_counts
 from gleanrl.server.protocol import SamplingParams
+from gleanrl.server.sampling.grammar import mask_rows
+from gleanrl.server.sampling.penalties import OutputCounts, penalise_rows, window_counts
 
 Pairs = list[tuple[float, int]]  # (logprob, token id), as SGLang's logprob triples without the text
 
@@ -84,8 +84,8 @@ def penalised(logits: torch.Tensor, seqs: list,
               drafts: list[list[int]] | None = None) -> torch.Tensor:
     """logits [N, V] of `seqs` (one row each, or with `drafts` one window of len(d) + 1 rows each)
     after each sequence's penalties and logit_bias; unchanged when no sequence has any. Rows of a
-    window count the drafts before them (`server.penalties.window_counts`). Then each grammar's
-    mask, row j of a window after its drafts[:j] (`server.grammar.mask_rows`)."""
+    window count the drafts before them (`penalties.window_counts`). Then each grammar's
+    mask, row j of a window after its drafts[:j] (`grammar.mask_rows`)."""
     drafts = drafts if drafts is not None else [[] for _ in seqs]
     if not any(s.req.params.penalised for s in seqs):
         return mask_rows(logits, seqs, drafts)

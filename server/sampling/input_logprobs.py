@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from gleanrl.server.engine.sampler import logprob_extras
+from gleanrl.server.sampling.sampler import logprob_extras
 
 CHUNK = 512
 

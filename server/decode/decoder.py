@@ -1,19 +1,25 @@
-"""The decode iteration, SD or not: `SDDecoder.decode` (one decoder; plain decoding is
-an empty draft).
+"""The decode step: one iteration over the running sequences, SD or not. `Decoder` is what the
+engine's scheduler calls (`decode`) and reads back (`counters`, `stats`, `draft_path`);
+`SDDecoder` is the one decoder (plain decoding is an empty draft), `build_decoder` the one an
+engine starts with.
 
-Per iteration: the group index is synced with the running set (`group_drafts.py`), each decode-ready
-sequence (one token pending) gets its group proposal (adaptive length, `group_index.py`), and the
-controller (`controller.py`) picks per sequence what to verify: nothing, a group draft prefix, an
-EAGLE-3 chain, or both as two branches (group first: the fixed verification order). Then one drafter
-call drafts the chains (`draft.py`) and one target pass verifies every tree (`tree_pass.py`; a
-sequence without a draft rides in it as a bare root). When nothing is worth drafting, or no source
-is served, the iteration is the plain step (`server.decode.forward_fed` + `sample_next`), which with
-a drafter also captures hidden states, so switching SD on costs nothing; prefilling sequences always
-take it. Every iteration is timed into the controller's cost model (all of it: sync, plan, pass,
-verify, bookkeeping; the drafter call apart) and every verified branch into its
-acceptance estimates.
+Every running sequence feeds the tokens its KV cache lacks (`feed_counts`): a new request its
+prompt (chunked under the prefill budget), a decoding one its last sampled token, a flushed or
+retracted one its whole prefix again. So prefill and decode share one forward (`forward_fed`).
 
-Draft states (`draft_state.py`): a state that breaks its invariant (flushed or retracted cache, a
+Per iteration: the group index is synced with the running set (`sd/group_drafts.py`), each
+decode-ready sequence (one token pending) gets its group proposal (adaptive length,
+`sd/group_index.py`), and the controller (`sd/controller.py`) picks per sequence what to verify:
+nothing, a group draft prefix, an EAGLE-3 chain, or both as two branches (group first: the fixed
+verification order). Then one drafter call drafts the chains (`sd/draft.py`) and one target pass
+verifies every tree (`sd/tree_pass.py`; a sequence without a draft rides in it as a bare root). When
+nothing is worth drafting, or no source is served, the iteration is the plain step (`forward_fed` +
+`sampler.sample_next`), which with a drafter also captures hidden states, so switching SD on costs
+nothing; prefilling sequences always take it. Every iteration is timed into the controller's cost
+model (all of it: sync, plan, pass, verify, bookkeeping; the drafter call apart) and every verified
+branch into its acceptance estimates.
+
+Draft states (`sd/draft_state.py`): a state that breaks its invariant (flushed or retracted cache, a
 drafter that reads other target layers) is rebuilt by re-feeding the target the last `window`
 tokens; a new drafter that reads the same layers keeps the target's states and rebuilds its own
 cache from them at its next catch-up. The scheduler appends
@@ -23,23 +29,104 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from gleanrl.server.engine.decode import feed_counts, forward_fed, sample_next
-from gleanrl.server.engine.sampler import params_tensors
-from gleanrl.server.engine.sequence import Emitted, Sequence
+from gleanrl.server.config import EngineConfig
 from gleanrl.server.model.runner import ModelRunner
-from gleanrl.server.sd.controller import MAX_DEPTH, Controller, Plan, b_bucket
+from gleanrl.server.sampling.sampler import params_tensors, sample_next
+from gleanrl.server.sampling.sequence import Emitted, Sequence
+from gleanrl.server.sd.controller import MAX_DEPTH, Controller, ControllerConfig, Plan, b_bucket
 from gleanrl.server.sd.draft import draft_tokens
 from gleanrl.server.sd.draft_state import DraftState
 from gleanrl.server.sd.drafter_forward import new_draft_cache
 from gleanrl.server.sd.group_drafts import GroupDrafts
-from gleanrl.server.sd.group_index import GroupDraft
+from gleanrl.server.sd.group_index import GroupDraft, GroupIndexConfig
 from gleanrl.server.sd.tree_pass import TreeResult, tree_pass
+from gleanrl.server.weights.drafter import load_for_target
 
 Out = dict[Sequence, tuple[list[int], list[float]]]
 IDLE_PROBE = 16
+
+
+@dataclass
+class DecodeCounters:
+    """Cumulative since start (`Engine.sd_counters`)."""
+    verify_ct: int = 0                   # verify passes
+    verify_tokens: int = 0               # tokens they emitted
+    decode_passes: int = 0               # target passes over decoding sequences,
+    decode_rows: int = 0                 # those sequences summed over the passes,
+    decode_tokens: int = 0               # the tokens they emitted
+    iterations: int = 0                  # decode calls, and their wall time: whole,
+    iteration_s: float = 0.0
+    forward_s: float = 0.0               # in target forwards,
+    drafter_s: float = 0.0               # in drafter calls
+    # accepted draft tokens by source (the bonus token not counted)
+    accepted_by_source: dict[str, int] = field(default_factory=lambda: {"group": 0, "eagle": 0})
+
+
+class Decoder(Protocol):
+    counters: DecodeCounters
+    draft_path: str | None               # the served drafter's checkpoint (None: none served)
+
+    def decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
+        """New tokens for each of `seqs` (none for a sequence still mid-prefill); caches advance."""
+
+    def stats(self) -> dict: ...
+
+    def set_drafter(self, drafter, path: str | None) -> None: ...
+
+
+def feed_counts(seqs: list[Sequence], budget: int) -> list[int]:
+    """Tokens each sequence feeds this iteration: one to decode, or a prefill chunk while `budget`
+    (prompt tokens per iteration, shared in order) lasts."""
+    counts = []
+    for s in seqs:
+        pending = s.total_len - s.cache.length
+        count = pending if pending <= 1 else min(pending, max(budget, 0))
+        budget -= count
+        counts.append(count)
+    return counts
+
+
+def forward_fed(runner: ModelRunner, fed: list[tuple[Sequence, int]],
+                capture_layers: list[int] | None = None):
+    """One ragged forward over (sequence, count) pairs from their cache lengths on; returns the last
+    row's logits [B, V] and, with `capture_layers`, aux hidden states [N, 3*H]."""
+    tokens = [t for s, c in fed for t in s.tokens(s.cache.length, s.cache.length + c)]
+    positions = [p for s, c in fed for p in range(s.cache.length, s.cache.length + c)]
+    device = runner.device
+    return runner.forward(torch.tensor(tokens, device=device),
+                          torch.tensor(positions, device=device), [s.cache for s, _ in fed],
+                          [c for _, c in fed], capture_layers=capture_layers)
+
+
+def build_decoder(cfg: EngineConfig, runner: ModelRunner, target_config: dict,
+                  target_version: Callable[[], str] = lambda: "default") -> SDDecoder:
+    """`sd="off"`: plain decoding only (a drafter is refused); otherwise the controller chooses
+    among the sources of `sd_sources` (eagle: the EAGLE-3 chain, from when a drafter is served;
+    group: group drafts from the start, `target_version` ages their samples; fused: both as two
+    branches). The target pass cost is calibrated here when a source can draft (else before the
+    first iteration with a drafter), the drafter's when one is loaded."""
+    if cfg.sd == "off":
+        return SDDecoder(None)
+    ctl = Controller(ControllerConfig(mode=cfg.sd, eagle="eagle" in cfg.sd_sources,
+                                      group="group" in cfg.sd_sources,
+                                      fused="fused" in cfg.sd_sources,
+                                      eagle_max_batch=cfg.sd_max_batch,
+                                      group_max_batch=cfg.group_max_batch,
+                                      fixed_k=cfg.num_draft_tokens))
+    groups = GroupDrafts(GroupIndexConfig(max_tokens=cfg.group_max_tokens,
+                                          keep_versions=cfg.group_keep_versions)) \
+        if ctl.config.group else None
+    dec = SDDecoder(ctl, groups, target_version)
+    if groups is not None or cfg.drafter_path:
+        ctl.cost.calibrate(runner)
+    if cfg.drafter_path:
+        dec.set_drafter(load_for_target(cfg.drafter_path, runner, target_config), cfg.drafter_path)
+    return dec
 
 
 class SDDecoder:
@@ -53,29 +140,22 @@ class SDDecoder:
         self.window, self.prefill_chunk = window, prefill_chunk
         self.drafter, self.draft_path = None, None
         self.states: dict[Sequence, DraftState] = {}
-        self.verify_ct = self.verify_tokens = 0
+        self.counters = DecodeCounters()
         self.accept_hist = [0] * (MAX_DEPTH + 2)        # accept_hist[t]: verify passes that
                                                         # emitted t tokens
-        self.accepted_by_source = {"group": 0, "eagle": 0}   # accepted draft tokens
-                                                             # (bonus not counted)
         self.passes_by_source = {"group": 0, "eagle": 0}     # verify passes that offered the source
         self._group_idle: dict[int, int] = {}           # B bucket -> plans in a row that
                                                         # used no group draft
         self._iteration = 0
         self._rebuilt = False                           # this iteration rebuilt a drafter cache
-        # target passes over decoding
-        self.decode_passes = self.decode_rows = self.decode_tokens = 0
-        #   sequences, those sequences summed over the passes, the tokens they emitted
-        self.iterations = 0                             # decode calls, and their wall time:
-        self.iteration_s = self.forward_s = self.drafter_s = 0.0    # whole, target forwards,
-                                                                    # drafter calls
 
     def stats(self) -> dict:
-        by_source = {src: (self.accepted_by_source[src] / n if n else 0.0)
+        c = self.counters
+        by_source = {src: (c.accepted_by_source[src] / n if n else 0.0)
                      for src, n in self.passes_by_source.items()}
-        return {"avg_spec_accept_length": self.verify_tokens / self.verify_ct
-                if self.verify_ct else 0.0, "spec_accept_histogram": list(self.accept_hist),
-                "spec_accepted_tokens_by_source": dict(self.accepted_by_source),
+        return {"avg_spec_accept_length": c.verify_tokens / c.verify_ct
+                if c.verify_ct else 0.0, "spec_accept_histogram": list(self.accept_hist),
+                "spec_accepted_tokens_by_source": dict(c.accepted_by_source),
                 "avg_spec_accept_length_by_source": by_source,
                 "group_index": self.groups.stats() if self.groups else None,
                 "sd_controller": self.controller.summary() if self.controller else None}
@@ -104,9 +184,9 @@ class SDDecoder:
         try:
             return self._decode(runner, seqs)
         finally:
-            self.iterations += 1
-            self.iteration_s += time.perf_counter() - t0
-            self.forward_s += getattr(runner, "forward_seconds", 0.0) - f0
+            self.counters.iterations += 1
+            self.counters.iteration_s += time.perf_counter() - t0
+            self.counters.forward_s += getattr(runner, "forward_seconds", 0.0) - f0
 
     @torch.inference_mode()
     def _decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
@@ -141,9 +221,9 @@ class SDDecoder:
 
     def _count_pass(self, ready: list[Sequence], tokens: int) -> None:
         if ready:
-            self.decode_passes += 1
-            self.decode_rows += len(ready)
-            self.decode_tokens += tokens
+            self.counters.decode_passes += 1
+            self.counters.decode_rows += len(ready)
+            self.counters.decode_tokens += tokens
 
     def _plan(self, seqs: list[Sequence]) -> tuple[Plan, list[GroupDraft | None]]:
         cfg = self.controller.config
@@ -227,7 +307,7 @@ class SDDecoder:
             d, q = draft_tokens(self.drafter, sub, [self.states[s] for s in sub], ks,
                                 {key: v[idx] for key, v in prm.items()})
             draft_s = time.perf_counter() - t0
-            self.drafter_s += draft_s
+            self.counters.drafter_s += draft_s
             if catch_up <= 8:                          # a long catch-up (after plain steps)
                                                        # is no step cost
                 self.controller.cost.record_draft(len(sub), max(ks), draft_s)
@@ -270,9 +350,10 @@ class SDDecoder:
                                               else None, key=s)
         if r.branch >= 0:
             name = srcs[r.branch]
-            self.accepted_by_source[name] += r.accepted
+            self.counters.accepted_by_source[name] += r.accepted
             s.spec_accepted_by_source[name] = s.spec_accepted_by_source.get(name, 0) + r.accepted
-        self.verify_ct, self.verify_tokens = self.verify_ct + 1, self.verify_tokens + r.accepted + 1
+        self.counters.verify_ct += 1
+        self.counters.verify_tokens += r.accepted + 1
         self.accept_hist[min(r.accepted + 1, len(self.accept_hist) - 1)] += 1
 
 

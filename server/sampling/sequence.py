@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gleanrl.server.engine.stopping import StopChecker
 from gleanrl.server.model.kv import SeqKVCache
 from gleanrl.server.protocol import GenerateOutput, GenerateRequest
+from gleanrl.server.sampling.stopping import StopChecker
 
 Emitted = list[tuple[list[int], list[float]]]  # per sequence: new token ids and their logprobs
 
@@ -40,8 +40,8 @@ class Sequence:
     spec_accepted_by_source: dict[str, int] = field(default_factory=dict)
     # (old version, outputs under it)
     version_events: list[tuple[str, int]] = field(default_factory=list)
-    counts: object | None = None         # server.penalties.OutputCounts, for penalised requests
-    grammar: object | None = None        # server.grammar.GrammarState, for constrained requests
+    counts: object | None = None         # sampling.penalties.OutputCounts, for penalised requests
+    grammar: object | None = None        # sampling.grammar.GrammarState, for constrained requests
     # per output position: (top, token-id) logprobs, if asked
     token_extras: list = field(default_factory=list)
 
