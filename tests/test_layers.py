@@ -90,53 +90,148 @@ def test_every_package_folder_is_installed():
     assert wanted == set(setup["packages"])
 
 
-# The engine's parts: only the engine's own modules touch them; everything else uses
-# Engine's methods.
-ENGINE_PARTS = {"scheduler", "swapper", "decoder", "loop", "state"}
-ENGINE_PACKAGE = ("server/engine/",)
-CHECKED = (*COMPONENTS, "gleanrl", "examples")
+# Inside the server: packages (and top-level modules) in layer order, lowest first. An import from one
+# to another must go down; inside one, the module graph must have no cycle (docs/structure.md).
+SERVER_LAYERS = ("protocol", "config", "model", "weights", "sampling", "sd", "decode", "engine",
+                 "http", "proxy", "sglang", "cli")
+# The engine's package is its door (`Engine`, `PAUSE_MODES`); its other modules are its parts.
+ENGINE = "server.engine"
+OUTSIDE_ENGINE = ("server", "gleanrl", "examples", "scripts", "tests")
 
 
-def _names_an_engine(node: ast.expr) -> bool:
-    """`engine`, `eng`, `self.engine`, `state.engine`, `request.app.state.engine`..."""
-    if isinstance(node, ast.Name):
-        return node.id in ("engine", "eng") or node.id.endswith("_engine")
-    return isinstance(node, ast.Attribute) and (
-        node.attr == "engine" or node.attr.endswith("_engine"))
+def _module_name(root: Path, path: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def side_doors(root: Path) -> list[str]:
+def _imported(node: ast.AST, module: str, is_package: bool) -> list[list[str]]:
+    """Per name an import statement binds, the dotted names it may be, most specific first, by
+    folder (`gleanrl.server.engine` is `server.engine`): `from pkg import x` is `pkg.x` if that is a
+    module, else `pkg`."""
+    if isinstance(node, ast.Import):
+        return [[alias.name] for alias in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:
+        package = module.split(".")[:len(module.split(".")) - node.level + is_package]
+        base = ".".join(package + ([base] if base else []))
+    return [[f"{base}.{alias.name}", base] for alias in node.names]
+
+
+def _by_folder(name: str) -> str:
+    head, _, rest = name.partition(".")
+    return rest if head == "gleanrl" and rest.split(".")[0] in COMPONENTS else name
+
+
+def import_graph(root: Path, folders: tuple[str, ...]) -> dict[str, set[str]]:
+    """Module -> the modules of `root` it imports (lazy and TYPE_CHECKING imports included); a name
+    that is not a module resolves to the longest module prefix (`from pkg import Name` -> pkg)."""
+    files = {_module_name(root, p): p for f in folders for p in sorted((root / f).rglob("*.py"))}
+    graph = {}
+    for mod, path in files.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            for names in _imported(node, mod, path.name == "__init__.py"):
+                names = [_by_folder(n) for n in names]
+                name = next((n for n in names if n in files), names[-1])
+                while name and name not in files:
+                    name = name.rpartition(".")[0]
+                if name and name != mod:
+                    targets.add(name)
+        graph[mod] = targets
+    return graph
+
+
+def _layer(mod: str) -> str | None:
+    parts = mod.split(".")
+    return parts[1] if parts[0] == "server" and len(parts) > 1 else None
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    rank = {name: i for i, name in enumerate(SERVER_LAYERS)}
     bad = []
-    for folder in CHECKED:
-        for path in sorted((root / folder).rglob("*.py")):
-            rel = path.relative_to(root).as_posix()
-            if any(rel.startswith(p) for p in ENGINE_PACKAGE):
-                continue
-            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-                attr = getattr(node, "attr", "")
-                private = isinstance(node, ast.Attribute) and (
-                    attr in ENGINE_PARTS or attr.startswith("_") and not attr.startswith("__"))
-                if private and _names_an_engine(node.value):
-                    bad.append(f"{rel}:{node.lineno} touches the engine's .{node.attr}")
+    for mod, targets in sorted(graph.items()):
+        for t in sorted(targets):
+            a, b = _layer(mod), _layer(t)
+            if a and b and a != b and not (a in rank and b in rank and rank[b] < rank[a]):
+                bad.append(f"{mod} imports {t} ({a} -> {b} runs up the layers)")
     return bad
 
 
-def test_nothing_outside_the_engine_touches_its_parts():
-    assert side_doors(ROOT) == []
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected part that has one (depth-first, colours)."""
+    found, colour, stack = [], {}, []
+
+    def visit(mod: str) -> None:
+        colour[mod] = "grey"
+        stack.append(mod)
+        for t in sorted(graph.get(mod, ())):
+            if colour.get(t) == "grey":
+                found.append(stack[stack.index(t):] + [t])
+            elif t not in colour:
+                visit(t)
+        stack.pop()
+        colour[mod] = "black"
+
+    for mod in sorted(graph):
+        if mod not in colour:
+            visit(mod)
+    return found
 
 
-def test_side_door_checker_catches_them(tmp_path):
-    (tmp_path / "server").mkdir()
-    (tmp_path / "gleanrl").mkdir()
-    (tmp_path / "server" / "ok.py").write_text("engine.update_weights(p)\nx = engine.cfg.device\n"
-                                               "app.state.engine.info()\n")
-    (tmp_path / "server" / "bad.py").write_text("engine.scheduler.pool = None\n"
-                                                "r = request.app.state.engine.swapper.signature\n")
-    (tmp_path / "gleanrl" / "bad.py").write_text(
-        "n = plain_engine.decoder.verify_ct + eng._rng.seed()\n")
-    assert side_doors(tmp_path) == [
-        "server/bad.py:1 touches the engine's .scheduler",
-        "server/bad.py:2 touches the engine's .swapper",
-        "gleanrl/bad.py:1 touches the engine's .decoder",
-        "gleanrl/bad.py:1 touches the engine's ._rng",
+def engine_part_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Modules outside server/engine/ that import one of its modules but the package (the test
+    files themselves aside: they may test a part alone; their helpers may not)."""
+    return [f"{mod} imports {t}" for mod, targets in sorted(graph.items())
+            if not (mod == ENGINE or mod.startswith(ENGINE + "."))
+            and not mod.rpartition(".")[2].startswith("test_")
+            for t in sorted(targets) if t.startswith(ENGINE + ".")]
+
+
+def test_server_layers_import_down_and_without_cycles():
+    graph = import_graph(ROOT, ("server",))
+    assert len(graph) > 50 and sum(map(len, graph.values())) > 100   # the graph was read
+    assert layer_violations(graph) == []
+    assert cycles(graph) == []
+    assert {_layer(m) for m in graph} - {None} == set(SERVER_LAYERS)  # every package has a place
+
+
+def test_nothing_outside_the_engine_imports_its_parts():
+    assert engine_part_imports(import_graph(ROOT, OUTSIDE_ENGINE)) == []
+
+
+def test_layer_checks_catch_planted_imports(tmp_path):
+    files = {
+        "server/__init__.py": "",
+        "server/engine/__init__.py": "from gleanrl.server.engine.engine import Engine\n",
+        "server/engine/engine.py": "from gleanrl.server.engine.state import EngineState\n",
+        "server/engine/scheduler.py": "",
+        "server/engine/state.py": "from gleanrl.server.sampling.sequence import Sequence\n",
+        "server/sampling/__init__.py": "",
+        "server/sampling/sequence.py": "def f():\n    from gleanrl.server.engine import state\n",
+        "server/model/__init__.py": "",
+        "server/model/a.py": "from . import b\n",
+        "server/model/b.py": "import gleanrl.server.model.a\n",
+        "server/http/app.py": "from gleanrl.server.engine import Engine\n",
+        "server/http/native.py": "from gleanrl.server.engine.state import EngineState\n",
+        "gleanrl/bench.py": "from gleanrl.server.engine import scheduler\n",
+        "tests/helper.py": "from gleanrl.server.engine.engine import Engine\n",
+        "tests/test_x.py": "from gleanrl.server.engine.state import EngineState\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = import_graph(tmp_path, ("server",))
+    assert layer_violations(graph) == [
+        "server.sampling.sequence imports server.engine.state (sampling -> engine runs up the "
+        "layers)"]
+    assert sorted(map(tuple, cycles(graph))) == [
+        ("server.engine.state", "server.sampling.sequence", "server.engine.state"),
+        ("server.model.a", "server.model.b", "server.model.a")]
+    assert engine_part_imports(import_graph(tmp_path, ("server", "gleanrl", "tests"))) == [
+        "gleanrl.bench imports server.engine.scheduler",
+        "server.http.native imports server.engine.state",
+        "server.sampling.sequence imports server.engine.state",
+        "tests.helper imports server.engine.engine",
     ]
