@@ -43,7 +43,7 @@ class Engine:
 
         caller_threads = torch.get_num_threads()
         threads = cfg.num_threads or caller_threads
-        # load single-threaded: the decode thread alone runs with `threads` (engine_loop)
+        # load single-threaded: the decode thread alone runs with `threads` (`loop.py`)
         torch.set_num_threads(1)
         self.cfg = cfg
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)

@@ -1,6 +1,6 @@
 """Structured output at the edge: SGLang's `json_schema` / `regex` / `ebnf` sampling parameters and
 OpenAI's `response_format` compiled by xgrammar (the library SGLang uses) into the `CompiledGrammar`
-the engine masks with (`server.engine.grammar`).
+the engine masks with (`server.sampling.grammar`).
 
 Bounded before any work: one grammar per request, its source at most `MAX_GRAMMAR_BYTES`; compiles run
 one at a time on their own thread (never on the event loop or the decode thread), each within

@@ -2,7 +2,7 @@
 pickles, same-host ForkingPickler handles, `load_format: "flattened_bucket"`;
 `server/weights/tensor_payload.py`), inside an optional /begin_weight_update ... /end_weight_update
 session that stages the calls and applies them as one atomic swap
-(`server/weights/tensor_update.py`); the process-group pushes (`http_weights_group.py`) stage into
+(`server/weights/tensor_update.py`); the process-group pushes (`weights_group.py`) stage into
 the same session; memory release/resume (`server/engine/memory.py`)."""
 from __future__ import annotations
 

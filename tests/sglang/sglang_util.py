@@ -52,7 +52,7 @@ def serve_args(model: Path, port: int, **kw) -> argparse.Namespace:
 
 class SGLangServer:
     """A real SGLang server started through gleanrl's own launcher
-    (`server.sglang_launch.start`)."""
+    (`server.sglang.launch.start`)."""
 
     def __init__(self, model: Path, **kw):
         import pytest
