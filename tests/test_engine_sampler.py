@@ -53,8 +53,8 @@ def test_sample_seeded_and_distributed():
 def test_token_logprobs_convention():
     logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1], [0.5, 0.25, 0.15, 0.1]]))
     ids = torch.tensor([1, 1])
-    temperature, top_p = torch.tensor([0.0, 0.5]), torch.tensor([0.1, 0.7])
-    lp = token_logprobs(logits, ids, temperature, top_p)
+    temperature = torch.tensor([0.0, 0.5])
+    lp = token_logprobs(logits, ids, temperature)   # whatever top-p the request had
     # temperature applies, top-p does not (SGLang 0.5.23)
     hot = torch.softmax(logits[1] / 0.5, -1)[1]
     assert torch.allclose(lp, torch.stack([torch.log(torch.tensor(0.25)), hot.log()]))

@@ -71,10 +71,10 @@ def sample(probs: torch.Tensor, generators: list[torch.Generator | None]) -> tor
     return out.to(device)
 
 
-def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: torch.Tensor,
-                   top_p: torch.Tensor | None = None) -> torch.Tensor:
-    """logits [B, V], ids [B] -> log p(ids) [B] with SGLang's convention (module docstring). `top_p`
-    is ignored (SGLang's returned logprob is taken before top-p); kept for existing callers."""
+def token_logprobs(logits: torch.Tensor, ids: torch.Tensor,
+                   temperature: torch.Tensor) -> torch.Tensor:
+    """logits [B, V], ids [B] -> log p(ids) [B] with SGLang's convention (module docstring: taken
+    before top-k, top-p and min-p)."""
     t = torch.where(temperature <= 0, torch.ones_like(temperature), temperature)
     logprobs = torch.log_softmax(logits.float() / t[:, None], dim=-1).gather(-1, ids[:, None])[:, 0]
     return logprobs.clamp(min=torch.finfo(logprobs.dtype).min)

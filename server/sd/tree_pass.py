@@ -22,8 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from gleanrl.server.model.runner import ModelRunner
-from gleanrl.server.sampling.sampler import (penalised, processed_probs, record_extras,
-                                              token_logprobs)
+from gleanrl.server.sampling import sampler
 from gleanrl.server.sd.branch_verify import verify_branches, verify_branches_greedy
 from gleanrl.server.sd.tree import build_tree, keep_path
 
@@ -78,8 +77,8 @@ def tree_pass(runner: ModelRunner, seqs: list, branches: list[list[list[int]]],
                                                                        or s.req.token_ids_logprob)]
     if asking:
         rows_e = [r for b in asking for r in glob[b]]
-        record_extras(logits[rows_e], [seqs[b] for b in asking for _ in glob[b]],
-                      prm["temperature"][[b for b in asking for _ in glob[b]]])
+        sampler.record_extras(logits[rows_e], [seqs[b] for b in asking for _ in glob[b]],
+                              prm["temperature"][[b for b in asking for _ in glob[b]]])
     results = []
     for b, (s, path) in enumerate(zip(seqs, paths)):
         keep_path(s.cache, starts[b], path)
@@ -100,7 +99,7 @@ def _penalised_tree(logits: torch.Tensor, seqs: list, trees: list, branches: lis
             wdrafts.append(d)
     idx = torch.tensor(rows, device=logits.device)
     out = logits.clone()
-    out[idx] = penalised(logits[idx], wseqs, wdrafts)        # a root row repeats per
+    out[idx] = sampler.penalised(logits[idx], wseqs, wdrafts)        # a root row repeats per
                                                              # branch, identically
     return out
 
@@ -114,7 +113,8 @@ def _logprobs(logits: torch.Tensor, seqs: list, glob: list[list[int]], ids: list
     if want:
         rows = torch.tensor([r for b in want for r in glob[b]], device=logits.device)
         temp = torch.cat([temperature[b].expand(len(glob[b])) for b in want]).to(logits.device)
-        flat = token_logprobs(logits[rows], torch.cat([ids[b] for b in want]), temp).tolist()
+        picked = torch.cat([ids[b] for b in want])
+        flat = sampler.token_logprobs(logits[rows], picked, temp).tolist()
         for b in want:
             lps[b], flat = flat[:len(glob[b])], flat[len(glob[b]):]
     return lps
@@ -133,8 +133,8 @@ def _verify(logits, rows, drafts, lens, seqs, qs, prm, m_max: int, k: int):
     idx = torch.tensor(sampled, device=drafts.device)
     pick = {key: v[sampled].repeat_interleave(m_max * (k + 1)).to(logits.device)
             for key, v in prm.items()}
-    p = processed_probs(logits[rows[idx].reshape(-1)], pick["temperature"], pick["top_k"],
-                        pick["top_p"], pick["min_p"])
+    p = sampler.processed_probs(logits[rows[idx].reshape(-1)], pick["temperature"],
+                                pick["top_k"], pick["top_p"], pick["min_p"])
     p = p.view(len(sampled), m_max, k + 1, -1)                          # [S, M, k+1, V]
     point = torch.tensor([[qs[b][m] is None if m < len(qs[b]) else True for m in range(m_max)]
                           for b in sampled])

@@ -99,7 +99,7 @@ def test_trainer_convention_matches_sglang(sglang_server, sglang_tokenizer, T, t
     from gleanrl.server.sampling.sampler import token_logprobs
     theirs, logits, ids = _sampled(sglang_server, sglang_tokenizer, T, top_p)
     n = len(ids)
-    ours = token_logprobs(logits, ids, torch.full((n,), T), torch.full((n,), top_p))
+    ours = token_logprobs(logits, ids, torch.full((n,), T))
     assert (theirs - ours).abs().max() < ATOL
     if top_p < 1:   # the nucleus-renormalised value would differ: the test can tell the
                     # conventions apart
