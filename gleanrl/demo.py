@@ -70,18 +70,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fixed held-out test prompts per evaluation")
     p.add_argument("--eval-samples", type=int, default=1,
                    help="samples per held-out prompt (at T = 1)")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
-                   help="the rollout server's dtype (bfloat16: faster rollouts on CPUs "
-                        "with AVX-512 BF16)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="the rollout server's dtype (auto: bfloat16 on CPUs with native bf16, "
+                        "AVX-512 BF16 or AMX, where it is faster; float32 elsewhere, where bf16 "
+                        "matmuls are emulated)")
     p.add_argument("--warm-prompts", type=int, default=64,
                    help="prompts the drafter is warm-started on")
     p.add_argument("--warm-steps", type=int, default=120,
                    help="TTT steps of the warm start (online training "
                    "improves it during RL; `gleanrl draft train` makes a strong one)")
-    p.add_argument("--update-dtype", default="float32", choices=["float32", "bfloat16"],
+    p.add_argument("--update-dtype", default="float32", choices=["auto", "float32", "bfloat16"],
                    help="the policy update's compute: float32, or bf16 autocast (fp32 "
                         "master weights and logits; 3-4x faster on CPUs with AVX-512 BF16; the "
-                        "demo's RL recipe is measured in fp32)")
+                        "demo's RL recipe is measured in fp32); auto: as --dtype's")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -302,9 +303,11 @@ def run(args: argparse.Namespace) -> int:
 
     from gleanrl.demo_report import write_report
     from gleanrl.harvest.harvester import HarvestConfig, Harvester
+    from gleanrl.server.model.runner import fastest_cpu_dtype
     from gleanrl.trainer.loop import train
 
     out = Path(args.out)
+    args.dtype, args.update_dtype = fastest_cpu_dtype(args.dtype), fastest_cpu_dtype(args.update_dtype)
     task = apply_regime(args)
     if not fresh_out(out, "demo.json", args, ("run", "harvest", "report.md")):
         print(f"gleanrl demo: {out} is not empty and not a demo output; choose another --out",
