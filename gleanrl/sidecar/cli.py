@@ -2,7 +2,7 @@
 code in its loop.
 
 It reads the rollout server's feed of finished requests (`gleanrl serve --harvest-feed`, or `gleanrl
-proxy` in front of stock SGLang), follows the server's policy (`sidecar_server`), and runs the same
+proxy` in front of stock SGLang), follows the server's policy (`server_view`), and runs the same
 harvester as `gleanrl train --drafter` (`harvest.hooks.HarvestHooks` over
 `harvest.harvester.Harvester`): each finished rollout is captured by its own copy of the policy into
 the spool; the drafter trains in the server's idle windows (at most `--idle-running` requests
@@ -84,8 +84,8 @@ def write_settings(out: Path, args, resume: bool) -> None:
 def run(args) -> int:
     import httpx
 
-    from gleanrl.sidecar_loop import STATE_FILE
-    from gleanrl.sidecar_server import FollowError, ServerView
+    from gleanrl.sidecar.loop import STATE_FILE
+    from gleanrl.sidecar.server_view import FollowError, ServerView
     out = Path(args.out)
     if args.idle_running < 0 or args.threads < 1 or args.save_every_s <= 0 or args.poll_s < 0:
         return _fail("--idle-running, --poll-s must be >= 0, --threads >= 1, --save-every-s > 0")
@@ -99,7 +99,7 @@ def run(args) -> int:
     view = ServerView(args.server, admin_api_key=args.admin_api_key, api_key=args.api_key)
     try:
         write_settings(out, args, args.resume)
-        from gleanrl.sidecar_loop import Sidecar
+        from gleanrl.sidecar.loop import Sidecar
         sidecar = Sidecar(view, out, args.drafter, args.cold, args.resume, args.idle_running,
                           args.save_every_s, args.poll_s)
     except (ValueError, FollowError, OSError, httpx.HTTPError) as exc:

@@ -1,4 +1,4 @@
-"""The sidecar's loop (see `harvest_sidecar`): read the feed, follow the policy, open an idle window
+"""The sidecar's loop (see `sidecar.cli`): read the feed, follow the policy, open an idle window
 while the server is idle and close it when it gets busy; one metrics row per policy version."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from gleanrl.clients.weight_sync import DrafterPush
 from gleanrl.harvest.atomic import atomic_file, remove_stale_temporaries
 from gleanrl.harvest.hooks import HarvestHooks
-from gleanrl.sidecar_server import Policy, ServerView
+from gleanrl.sidecar.server_view import Policy, ServerView
 from gleanrl.trainer.metrics import MetricsLog
 
 STATE_FILE = "sidecar_state.pt"
