@@ -17,11 +17,11 @@ optional `loss_mask` [T] (True where token j is to be learned, e.g. response tok
 from __future__ import annotations
 
 import functools
+
 import torch
 import torch.nn.functional as F
 
 from gleanrl.harvest.drafter import Eagle3Drafter
-
 
 Tensors = dict[str, torch.Tensor]  # one sample, as the spool stores it (`Sample.tensors()`)
 
