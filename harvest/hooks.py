@@ -285,3 +285,13 @@ def read_config(root: Path) -> HarvestConfig:
         return HarvestConfig(**values | {"spool": SpoolConfig(**values.get("spool", {}))})
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: not valid harvest settings ({exc})") from None
+
+
+def update_config(root: Path, given: dict, resume: bool) -> Path:
+    """Store the resumed run's settings (else the defaults) with `given` over them (by field name;
+    "spool.NAME" for the spool's)."""
+    values = dataclasses.asdict(read_config(root) if resume else HarvestConfig())
+    for key, value in given.items():
+        table, name = (values["spool"], key[6:]) if key.startswith("spool.") else (values, key)
+        table[name] = value
+    return write_config(root, HarvestConfig(**values | {"spool": SpoolConfig(**values["spool"])}))

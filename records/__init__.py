@@ -54,29 +54,23 @@ def drafter_versions(versions_dir: Path) -> list[tuple[int, Path]]:
 
 class Task:
     """The plug-in the RL loop trains on (`trainer.tasks.load_task`): subclass it and define
-    `prompts` and `reward`; the other methods have defaults."""
+    `prompts` (records holding "prompt", the text sent to /generate, and what `reward` needs) and
+    `reward` (1.0 = correct); the other methods have defaults."""
 
     def prompts(self, split: str, n: int, seed: int) -> list[dict]:
-        """n records of `split` ("train", "test"), each with "prompt" (the exact text sent to
-        /generate) and whatever `reward` needs."""
         raise NotImplementedError
 
     def reward(self, sample: dict, response: str) -> float:
-        """1.0 = correct."""
         raise NotImplementedError
 
     def correct(self, sample: dict, response: str, reward: float) -> bool:
-        """Counted as correct by the eval metrics."""
-        return reward >= 1.0
+        return reward >= 1.0  # what the eval metrics count as correct
 
     def solution(self, sample: dict) -> str | None:
-        """The reference solution (the bootstrap's SFT, `gleanrl measure`); None: the task has
-        none."""
-        return None
+        return None  # the reference solution (bootstrap's SFT, `gleanrl measure`); None: none
 
     def solution_focus(self, sample: dict) -> list[tuple[int, int]]:
-        """Character spans of `solution(sample)` that SFT weighs by `focus_weight`."""
-        return []
+        return []  # character spans of `solution(sample)` that SFT weighs by `focus_weight`
 
 
 def _str_or_none(value) -> str | None:

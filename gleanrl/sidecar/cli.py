@@ -18,8 +18,6 @@ a little more).
 """
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import signal
 import sys
 import threading
@@ -31,7 +29,7 @@ import torch
 def add_arguments(p) -> None:
     import os
 
-    from gleanrl.trainer.cli import HARVEST_FLAGS
+    from gleanrl.trainer.cli import add_harvest_flags
     p.add_argument("--server", required=True,
                    help="the rollout server (or `gleanrl proxy`) with its harvest feed")
     p.add_argument("--admin-api-key", default=os.environ.get("GLEANRL_ADMIN_API_KEY"),
@@ -57,28 +55,15 @@ def add_arguments(p) -> None:
                    help="state saved at least this often")
     p.add_argument("--poll-s", type=float, default=0.5,
                    help="long-poll of the feed while nothing happens")
-    group = p.add_argument_group("harvest (kept by --resume)")
-    for flag, (name, typ, help_text) in HARVEST_FLAGS.items():
-        choices = {"accept_mode": ["sampled", "greedy"],
-                   "aux_dtype": ["float32", "bfloat16", "float16"]}.get(name)
-        group.add_argument(flag, dest=f"_harvest:{name}", type=typ, default=argparse.SUPPRESS,
-                           choices=choices,
-                           metavar=None if choices else {int: "N", float: "X"}[typ], help=help_text)
+    add_harvest_flags(p.add_argument_group("harvest (kept by --resume)"))
 
 
 def write_settings(out: Path, args, resume: bool) -> None:
     """OUT/harvest_config.json as `gleanrl train` writes it: the resumed run's settings,
     then the flags."""
-    from gleanrl.harvest.harvester import HarvestConfig
-    from gleanrl.harvest.hooks import read_config, write_config
-    from gleanrl.harvest.spool import SpoolConfig
-    values = dataclasses.asdict(read_config(out) if resume else HarvestConfig())
-    for key, value in vars(args).items():
-        if key.startswith("_harvest:"):
-            name = key.split(":", 1)[1]
-            table, name = (values["spool"], name[6:]) if name.startswith("spool.") else (values, name)
-            table[name] = value
-    write_config(out, HarvestConfig(**values | {"spool": SpoolConfig(**values["spool"])}))
+    from gleanrl.harvest.hooks import update_config
+    update_config(out, {k.split(":", 1)[1]: v for k, v in vars(args).items()
+                        if k.startswith("_harvest:")}, resume)
 
 
 def run(args) -> int:
