@@ -142,7 +142,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_harvest_flags(group) -> None:
-    """HARVEST_FLAGS, stored as `_harvest:FIELD` when given (`gleanrl train`, `gleanrl harvest`)."""
+    """HARVEST_FLAGS, each stored as `_harvest:FIELD` when given (train and harvest)."""
     from gleanrl.harvest.harvester import HarvestConfig
     hdefaults = dataclasses.asdict(HarvestConfig())
     for flag, (field, typ, help_text) in HARVEST_FLAGS.items():
