@@ -270,7 +270,7 @@ def reference_gain(initial: Path, final: Path, task, prompts: list[dict]) -> dic
     (trainer.tasks.sft.reference_accuracy: for the built-in task, the expectation of T = 1 accuracy,
     with no sampling noise), and their paired gain prompt by prompt; None if the task has no
     reference solutions."""
-    if not callable(getattr(task, "solution", None)):
+    if any(task.solution(p) is None for p in prompts):
         return None
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
