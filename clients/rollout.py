@@ -1,5 +1,6 @@
 """The one record for a rollout, filled by the client from SGLang's /generate response
-(`run_rollout`); it flows on to the rewards, the loss and the harvester."""
+(`run_rollout`); it flows on to the rewards, the loss and the harvester (a
+`records.FinishedRollout`)."""
 from __future__ import annotations
 
 import enum
@@ -10,6 +11,7 @@ import httpx
 
 from gleanrl.clients.rollout_client import RolloutClient
 from gleanrl.clients.transport import RolloutServerError
+from gleanrl.records import FinishedRollout
 
 
 class RolloutStatus(str, enum.Enum):
@@ -20,21 +22,17 @@ class RolloutStatus(str, enum.Enum):
     FAILED = "failed"          # the request errored; `error` says why
 
 
-@dataclass(slots=True)
-class Rollout:
+@dataclass(slots=True, kw_only=True)
+class Rollout(FinishedRollout):
     group_id: int                         # rollouts of one prompt share a group (GRPO baseline)
     index: int                            # position within the group
     sample: dict                          # the task's prompt record ("prompt" text, answer, ...)
-    prompt_ids: list[int]
     rid: str = ""
     seed: int | None = None               # sampling seed sent to the server
     status: RolloutStatus = RolloutStatus.PENDING
-    output_ids: list[int] = field(default_factory=list)
     # server's log p of each output token
     rollout_logprobs: list[float] = field(default_factory=list)
     finish_reason: dict | None = None
-    weight_version: str | None = None
-    draft_weight_version: str | None = None
     response: str = ""
     reward: float | None = None
     error: str | None = None
@@ -42,10 +40,6 @@ class Rollout:
     submitted_at: float | None = None     # time.monotonic()
     first_token_at: float | None = None
     finished_at: float | None = None
-    spec_verify_ct: int = 0               # SGLang's meta_info: SD verify passes
-    spec_accept_token_num: int = 0        # SGLang's meta_info: draft tokens those passes accepted
-    # gleanrl: accepted drafts per source
-    spec_accept_by_source: dict[str, int] = field(default_factory=dict)
 
     @property
     def prompt(self) -> str:
@@ -72,12 +66,7 @@ class Rollout:
             self.output_ids = [int(lp[1]) for lp in lps]
         self.response = body.get("text", "")
         self.finish_reason = meta.get("finish_reason")
-        self.weight_version = _str_or_none(meta.get("weight_version"))
-        self.draft_weight_version = _str_or_none(meta.get("draft_weight_version"))
-        self.spec_verify_ct = int(meta.get("spec_verify_ct") or 0)
-        self.spec_accept_token_num = int(meta.get("spec_accept_token_num") or 0)
-        by_source = meta.get("spec_accept_token_num_by_source") or {}
-        self.spec_accept_by_source = {str(k): int(v) for k, v in by_source.items()}
+        self.read_meta(meta)
         kind = (self.finish_reason or {}).get("type")
         if kind == "stop":
             self.status = RolloutStatus.FINISHED
@@ -132,7 +121,3 @@ async def _stream(client: RolloutClient, r: Rollout, sp: dict, rid: str) -> None
         last = chunk
     r.apply(dict(last, output_ids=ids,
                  meta_info=dict(last.get("meta_info", {}), output_token_logprobs=lps)))
-
-
-def _str_or_none(value) -> str | None:
-    return None if value is None else str(value)

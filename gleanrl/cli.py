@@ -16,7 +16,7 @@ COMMANDS: dict = {
               "serve a policy (and drafter) over SGLang's native API and the OpenAI API"),
     "proxy": ("gleanrl.server.proxy.app",
               "forward to an SGLang-API server unchanged and provide the harvest feed"),
-    "harvest": ("gleanrl.harvest_sidecar",
+    "harvest": ("gleanrl.sidecar.cli",
                 "harvest a drafter beside any RL trainer, from the server's feed"),
     "make-tiny-model": ("gleanrl.tiny",
                         "write a tiny random Qwen2/Llama model with a locally trained tokenizer"),

@@ -131,14 +131,14 @@ def warm_start(model_dir: str | Path, prompts: list[str], cfg: WarmStartConfig,
                else init_drafter(model_dir, cfg.seed, layer_ids)).to(device)
     bf16 = use_bf16(cfg, device)
     seqs = generate(model_dir, tokenizer, prompts, cfg, device)
-    samples: list[Sample] = []
+    captured: list[Sample] = []
     # similar lengths per capture batch: little padding
     seqs = sorted(seqs, key=lambda s: len(s[0]))
     for lo in tqdm(range(0, len(seqs), cfg.gen_batch), desc="capture", unit="batch"):
         part = seqs[lo:lo + cfg.gen_batch]
-        samples += capture(model, [s for s, _ in part], drafter.config.aux_layer_ids, cfg.topk,
-                           [p for _, p in part], bf16=bf16)
-    samples = [s for s in samples if s.loss_mask.sum() >= 2]  # a response of >= 2 tokens to draft
+        captured += capture(model, [s for s, _ in part], drafter.config.aux_layer_ids, cfg.topk,
+                            [p for _, p in part], bf16=bf16)
+    samples = [s.tensors() for s in captured if s.loss_mask.sum() >= 2]  # >= 2 tokens to draft
     n_held = max(1, round(cfg.heldout * len(samples)))
     if len(samples) < n_held + 1:
         raise ValueError(f"only {len(samples)} usable generations; give more prompts or a larger "
@@ -155,7 +155,7 @@ def warm_start(model_dir: str | Path, prompts: list[str], cfg: WarmStartConfig,
     opt = make_optimizer(drafter, cfg.lr)
     decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1 - 0.9 * min(i / cfg.steps, 1))
     gen = torch.Generator().manual_seed(cfg.seed)
-    lengths, queue = [int(s.input_ids.shape[0]) for s in train], []
+    lengths, queue = [int(s["input_ids"].shape[0]) for s in train], []
     bar = tqdm(range(1, cfg.steps + 1), desc="train drafter", unit="step")
     for step in bar:
         if not queue:  # a new epoch: batches of similar lengths, in random order

@@ -15,13 +15,11 @@ comparing two drafters.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
 from gleanrl.harvest.drafter import Eagle3Drafter
-from gleanrl.harvest.train_step import collate, ttt_unroll
+from gleanrl.harvest.train_step import Tensors, collate, ttt_unroll
 
 
 def accept_lengths(logits: list[torch.Tensor], ids: torch.Tensor, starts: torch.Tensor,
@@ -53,7 +51,7 @@ def expected_accept_lengths(logits: list[torch.Tensor], labels: torch.Tensor,
 
 
 @torch.no_grad()
-def acceptance_sums(drafter: Eagle3Drafter, samples: list[Any], k: int = 4, batch_size: int = 8,
+def acceptance_sums(drafter: Eagle3Drafter, samples: list[Tensors], k: int = 4, batch_size: int = 8,
                     mode: str = "greedy") -> list[tuple[float, int]]:
     """Per sample: (sum of accept lengths over its start slots, number of start slots), so that
     scores of a fixed drafter can be cached per sample and pooled with others."""
@@ -78,8 +76,8 @@ def acceptance_sums(drafter: Eagle3Drafter, samples: list[Any], k: int = 4, batc
     return out
 
 
-def acceptance_length(drafter: Eagle3Drafter, samples: list[Any], k: int = 4, batch_size: int = 8,
-                      mode: str = "greedy") -> float:
+def acceptance_length(drafter: Eagle3Drafter, samples: list[Tensors], k: int = 4,
+                      batch_size: int = 8, mode: str = "greedy") -> float:
     """Mean accept length (1 + accepted drafts of a k-step chain) over all start slots of `samples`;
     mode "greedy" (chain along the sample's tokens) or "sampled" (expected,
     speculative sampling)."""

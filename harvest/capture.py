@@ -30,11 +30,6 @@ class Sample:
         """The tensors alone (what the spool stores)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "policy_version"}
 
-    @classmethod
-    def from_tensors(cls, d: dict[str, torch.Tensor], policy_version: int | None = None) -> Sample:
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name != "policy_version"},
-                   policy_version=policy_version)
-
 
 @dataclass
 class UpdateCapture:

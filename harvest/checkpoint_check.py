@@ -159,16 +159,3 @@ def check_policy_checkpoint(candidate: str | Path, serving: str | Path) -> dict[
                                  "into the target")
     return _check_fit(candidate, serving, new_cfg, ref_cfg, ("architectures", "model_type"),
                       "the serving model")
-
-
-def check_drafter_checkpoint(candidate: str | Path,
-                             serving_drafter: str | Path) -> dict[str, TensorSpec]:
-    """Refuse a drafter that is not an EAGLE-3 checkpoint laid out like the serving drafter."""
-    new_cfg, ref_cfg = read_config(candidate), read_config(serving_drafter)
-    if not any(a in EAGLE3_ARCHS for a in new_cfg.get("architectures") or []):
-        raise CheckpointMismatch(
-            f"{candidate}: architectures {new_cfg.get('architectures')!r} is not an EAGLE-3 drafter"
-        )
-    keys = ("architectures", "hidden_size", "target_hidden_size", "draft_vocab_size", "vocab_size",
-            "eagle_config")
-    return _check_fit(candidate, serving_drafter, new_cfg, ref_cfg, keys, "the serving drafter")

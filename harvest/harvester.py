@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import re
 import shutil
 import threading
 from collections.abc import Callable
@@ -48,8 +47,8 @@ from gleanrl.harvest.idle import IdleReport, IdleWindow, Waiting, run_window
 from gleanrl.harvest.push_rule import Verdict, paired_verdict
 from gleanrl.harvest.spool import Spool, SpoolConfig
 from gleanrl.harvest.train_step import bf16_fast, make_optimizer, train_step
+from gleanrl.records import drafter_dir, drafter_versions
 
-_VERSION_DIR = re.compile(r"^v(\d+)$")
 PushFn = Callable[[str, int], None]
 
 
@@ -158,9 +157,8 @@ class Harvester:
         return self._target
 
     def _latest_pushed(self) -> tuple[int, Path] | None:
-        found = [(int(m[1]), p) for p in self.versions_dir.glob("v*")
-                 if (m := _VERSION_DIR.match(p.name))]
-        return max(found) if found else None
+        found = drafter_versions(self.versions_dir)
+        return found[-1] if found else None
 
     # -- harvest ---------------------------------------------------------------------------------
     def add_rollout(self, prompt_ids: list[int], output_ids: list[int],
@@ -318,7 +316,7 @@ class Harvester:
 
     def _push(self, drafter: torch.nn.Module, row: dict) -> int:
         version = self.version + 1
-        path = save_drafter(drafter, self.versions_dir / f"v{version:06d}")
+        path = save_drafter(drafter, drafter_dir(self.versions_dir, version))
         try:
             self.push_checkpoint(str(path), version)
         except BaseException:
@@ -365,9 +363,7 @@ class Harvester:
             self._gen.set_state(state["rng"])
 
     def _prune(self) -> None:
-        found = sorted((int(m[1]), p) for p in self.versions_dir.glob("v*")
-                       if (m := _VERSION_DIR.match(p.name)))
-        for _, path in found[:-self.cfg.keep_versions]:
+        for _, path in drafter_versions(self.versions_dir)[:-self.cfg.keep_versions]:
             shutil.rmtree(path, ignore_errors=True)
 
 

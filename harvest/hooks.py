@@ -46,7 +46,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -55,6 +54,7 @@ from gleanrl.harvest.capture import Sample, UpdateCapture
 from gleanrl.harvest.harvester import HarvestConfig, Harvester
 from gleanrl.harvest.idle import IdleWindow, busy_step
 from gleanrl.harvest.spool import SpoolConfig
+from gleanrl.records import FinishedRollout, drafter_dir
 
 # in the run's harvest root, next to spool/ and drafter_versions/
 CONFIG_FILE = "harvest_config.json"
@@ -71,14 +71,14 @@ class HarvestHooks:
         self._queue: collections.deque = collections.deque()   # (prompt_ids, output_ids) for
                                                                # the idle window
         # this step's finishers not captured yet, by id (insertion order)
-        self._fresh: dict[int, Any] = {}
+        self._fresh: dict[int, FinishedRollout] = {}
         self._ready: collections.deque = collections.deque()   # (Sample, version) from the
                                                                # update: to spool
         self._lock = threading.Lock()     # _fresh: the event loop adds, the idle thread may take
         self.update_captured = 0
         self._updates_capture = False     # set by the first update_capture(): the update
                                           # takes the fresh
-        self._model: Any = None
+        self._model: torch.nn.Module | None = None
         self._version = 0
         self._windows: list[IdleWindow] = []
         self._tokens = [0, 0]
@@ -101,14 +101,14 @@ class HarvestHooks:
             raise ValueError(f"{root} holds drafter versions of an earlier run: pass --resume, or "
                              "use another --out")
         h = Harvester(model, drafter, root / "spool", cfg=read_config(root))
-        return cls(h), (h.versions_dir / f"v{h.version:06d}" if h.version else Path(drafter))
+        return cls(h), (drafter_dir(h.versions_dir, h.version) if h.version else Path(drafter))
 
     def bind_push(self, push: Callable[[str, int], None]) -> None:
         """Push drafters with the trainer's `push(path, version)` (to its servers) unless the
         Harvester already has one; after a resume, push the serving version again."""
         if self.h.push is None:
             self.h.push = push
-        path = self.h.versions_dir / f"v{self.h.version:06d}"
+        path = drafter_dir(self.h.versions_dir, self.h.version)
         if self._repush and self.h.version and path.is_dir():
             try:
                 self.h.push_checkpoint(str(path), self.h.version)
@@ -136,7 +136,7 @@ class HarvestHooks:
         self.captured, self.dropped, self.errors = state["counts"]
         self._repush = True
 
-    def on_step_start(self, step: int, model: Any) -> None:
+    def on_step_start(self, step: int, model: torch.nn.Module) -> None:
         # the policy that samples step N is version N-1
         self._model, self._version = model, step - 1
         self._carry_fresh()  # a loop without update_capture(): the idle window captures them
@@ -152,7 +152,7 @@ class HarvestHooks:
             self.h.history.append({"version": self.h.version, "pushed": False,
                                    "error": f"{type(exc).__name__}: {exc}"})
 
-    def on_rollout_finished(self, rollout: Any) -> None:
+    def on_rollout_finished(self, rollout: FinishedRollout) -> None:
         with self._lock:
             # the object is kept: its id stays unique while it waits
             self._fresh[id(rollout)] = rollout
@@ -161,18 +161,18 @@ class HarvestHooks:
             # a step larger than the queue: its oldest wait for the idle window
             self._carry([overflow])
         n = len(rollout.output_ids)
-        self._tokens[0] += n  # a verify pass emits the drafts it accepted and one token of its own:
-        self._tokens[1] += min(n, rollout.spec_verify_ct + rollout.spec_accept_token_num)
+        self._tokens[0] += n
+        self._tokens[1] += min(n, rollout.sd_tokens)
 
     @contextlib.contextmanager
     def update_capture(self) -> Iterator[UpdateCapture]:
         """Open around the policy update; on leaving, what it did not capture joins
         the idle queue."""
-        def wants(rollout: Any) -> bool:
+        def wants(rollout: FinishedRollout) -> bool:
             with self._lock:
                 return self._fresh.pop(id(rollout), None) is not None
 
-        def put(rollout: Any, sample: Sample) -> None:
+        def put(rollout: FinishedRollout, sample: Sample) -> None:
             self._ready.append((sample, self._version))
             self.update_captured += 1
 
@@ -188,7 +188,7 @@ class HarvestHooks:
             fresh, self._fresh = list(self._fresh.values()), {}
         self._carry(fresh)
 
-    def _carry(self, rollouts: list[Any]) -> None:
+    def _carry(self, rollouts: list[FinishedRollout]) -> None:
         for r in rollouts:
             self._queue.append((list(r.prompt_ids), list(r.output_ids)))
         while len(self._queue) > self.max_queue:
@@ -252,7 +252,8 @@ class HarvestHooks:
                 "idle_overrun_s": max((r.overrun_s for r in reports), default=0.0),
                 "drafter_steps": self.h.steps - steps0, "harvested": self.captured - captured0,
                 "update_captured": self.update_captured - update0,
-                # captured by the update: spooled in the next window
+                # carried: queued for the idle window; pending: captured by the update, spooled
+                # in the next window
                 "harvest_carried": len(self._queue), "harvest_pending": len(self._ready),
                 "harvest_dropped": self.dropped - dropped0,
                 "harvest_errors": self.errors, "drafter_version": self.h.version,
@@ -284,3 +285,13 @@ def read_config(root: Path) -> HarvestConfig:
         return HarvestConfig(**values | {"spool": SpoolConfig(**values.get("spool", {}))})
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: not valid harvest settings ({exc})") from None
+
+
+def update_config(root: Path, given: dict, resume: bool) -> Path:
+    """Store the resumed run's settings (else the defaults) with `given` over them (by field name;
+    "spool.NAME" for the spool's)."""
+    values = dataclasses.asdict(read_config(root) if resume else HarvestConfig())
+    for key, value in given.items():
+        table, name = (values["spool"], key[6:]) if key.startswith("spool.") else (values, key)
+        table[name] = value
+    return write_config(root, HarvestConfig(**values | {"spool": SpoolConfig(**values["spool"])}))

@@ -17,25 +17,22 @@ optional `loss_mask` [T] (True where token j is to be learned, e.g. response tok
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from gleanrl.harvest.drafter import Eagle3Drafter
 
-
-def _get(sample: Any, key: str) -> Any:
-    return sample.get(key) if isinstance(sample, dict) else getattr(sample, key, None)
+Tensors = dict[str, torch.Tensor]  # one sample, as the spool stores it (`Sample.tensors()`)
 
 
-def draft_labels(sample: Any, drafter: Eagle3Drafter) -> torch.Tensor:
+def draft_labels(sample: Tensors, drafter: Eagle3Drafter) -> torch.Tensor:
     """Soft labels over the draft vocabulary [T, V_draft], renormalised (rows with no
     mass are zero)."""
     d2t = drafter.draft_to_target().cpu()
-    dense = _get(sample, "target_probs")
+    dense = sample.get("target_probs")
     if dense is None:
-        ids, probs = _get(sample, "topk_ids").long(), _get(sample, "topk_probs").float()
+        ids, probs = sample["topk_ids"].long(), sample["topk_probs"].float()
         t2d = torch.full((drafter.config.vocab_size,), -1, dtype=torch.long)
         t2d[d2t] = torch.arange(d2t.shape[0])
         # [T, k], -1 outside draft vocab
@@ -48,23 +45,23 @@ def draft_labels(sample: Any, drafter: Eagle3Drafter) -> torch.Tensor:
     return p / p.sum(-1, keepdim=True).clamp_min(1e-12)
 
 
-def collate(batch: list[Any], drafter: Eagle3Drafter) -> dict[str, torch.Tensor]:
+def collate(batch: list[Tensors], drafter: Eagle3Drafter) -> dict[str, torch.Tensor]:
     """Right-pad a list of samples: ids [B,T], aux [B,T,n*Ht], labels [B,T,Vd],
     valid/loss_mask [B,T]."""
     device, dtype = drafter.fc.weight.device, drafter.fc.weight.dtype
-    B, T = len(batch), max(int(_get(s, "input_ids").shape[0]) for s in batch)
+    B, T = len(batch), max(int(s["input_ids"].shape[0]) for s in batch)
     out = {"ids": torch.zeros(B, T, dtype=torch.long),
            "aux": torch.zeros(B, T, drafter.fc.in_features),
            "labels": torch.zeros(B, T, drafter.config.draft_vocab_size),
            "valid": torch.zeros(B, T, dtype=torch.bool),
            "loss_mask": torch.zeros(B, T, dtype=torch.bool)}
     for b, s in enumerate(batch):
-        n = int(_get(s, "input_ids").shape[0])
-        out["ids"][b, :n] = _get(s, "input_ids")
-        out["aux"][b, :n] = _get(s, "aux_hidden").float()
+        n = int(s["input_ids"].shape[0])
+        out["ids"][b, :n] = s["input_ids"]
+        out["aux"][b, :n] = s["aux_hidden"].float()
         out["labels"][b, :n] = draft_labels(s, drafter)
         out["valid"][b, :n] = True
-        mask = _get(s, "loss_mask")
+        mask = s.get("loss_mask")
         out["loss_mask"][b, :n] = True if mask is None else mask.bool()
     out["aux"] = out["aux"].to(dtype)
     return {k: v.to(device) for k, v in out.items()}
@@ -171,7 +168,7 @@ def make_optimizer(drafter: Eagle3Drafter, lr: float = 1e-3,
                              weight_decay=weight_decay)
 
 
-def train_step(drafter: Eagle3Drafter, optimizer: torch.optim.Optimizer, batch: list[Any],
+def train_step(drafter: Eagle3Drafter, optimizer: torch.optim.Optimizer, batch: list[Tensors],
                length: int = 4, decay: float = 0.8, max_grad_norm: float = 1.0,
                bf16: bool = False) -> dict[str, float]:
     """One optimizer step of TTT on a list of samples. Returns loss, per-step loss_s/acc_s, tokens.

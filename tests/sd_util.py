@@ -33,5 +33,5 @@ def trained_drafter(model_path: Path, tokenizer, out: Path, new_tokens: int = 48
     optimizer = make_optimizer(drafter, lr=3e-3)
     torch.manual_seed(0)
     for _ in range(steps):
-        train_step(drafter, optimizer, samples, length=4)
+        train_step(drafter, optimizer, [s.tensors() for s in samples], length=4)
     return save_drafter(drafter, out)

@@ -68,7 +68,7 @@ def test_reported_figures_stay_within_k_plus_1(served):
     prompts, bodies, info, metrics = served
     rollouts = []
     for i, (ids, body) in enumerate(zip(prompts, bodies)):
-        rollouts.append(r := Rollout(i, 0, {}, ids))
+        rollouts.append(r := Rollout(ids, group_id=i, index=0, sample={}))
         r.apply(body)
     row = rollout_metrics(rollouts, 0.0, 1.0, lambda r: 0.0)
     assert row["spec_verify_ct"] > 0 and row["spec_tokens"] < row["output_tokens"]

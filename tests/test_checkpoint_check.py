@@ -10,7 +10,6 @@ from safetensors.torch import save_file
 
 from gleanrl.harvest.checkpoint_check import (
     CheckpointMismatch,
-    check_drafter_checkpoint,
     check_policy_checkpoint,
     read_safetensors_header,
     read_tensor_specs,
@@ -105,7 +104,7 @@ def test_sharded_checkpoint_with_missing_shard(tiny_qwen2, tmp_path):
         check_policy_checkpoint(shard, tiny_qwen2)
 
 
-def test_drafter_is_never_a_policy_and_policy_never_a_drafter(tiny_qwen2, tmp_path):
+def test_a_drafter_is_never_a_policy(tiny_qwen2, tmp_path):
     from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.harvest.drafter import Eagle3Drafter
     from gleanrl.harvest.drafter_config import DrafterConfig
@@ -113,6 +112,3 @@ def test_drafter_is_never_a_policy_and_policy_never_a_drafter(tiny_qwen2, tmp_pa
     drafter = save_drafter(Eagle3Drafter(DrafterConfig.for_target(cfg)), tmp_path / "drafter")
     with pytest.raises(CheckpointMismatch, match="EAGLE-3 drafter"):
         check_policy_checkpoint(drafter, tiny_qwen2)
-    with pytest.raises(CheckpointMismatch, match="not an EAGLE-3 drafter"):
-        check_drafter_checkpoint(tiny_qwen2, drafter)
-    assert "fc.weight" in check_drafter_checkpoint(drafter, drafter)

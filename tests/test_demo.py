@@ -15,7 +15,7 @@ def test_demo_runs_and_writes_report(tiny_qwen2, tmp_path, monkeypatch, capsys):
     out = tmp_path / "demo"
     argv = ["demo", "--out", str(out), "--model", str(tiny_qwen2), "--steps", "2",
             "--prompts-per-step", "2", "--samples-per-prompt", "3", "--max-new-tokens", "24",
-            "--warm-prompts", "4", "--warm-steps", "3", "--eval-prompts", "3"]
+            "--warm-prompts", "4", "--warm-steps", "3", "--eval-prompts", "3", "--eval-every", "6"]
     assert gleanrl.cli.main(argv) == 0
     printed = capsys.readouterr().out
     assert "\nQ: " in printed and "\nA: " in printed and "warm-started drafter" in printed

@@ -23,9 +23,9 @@ def _row(step: int, rollout_s: float, tail_s: float, verify: int, sd_tokens: int
 def test_sd_stats_and_shares():
     """3 verify passes accepting 5 drafts emit 8 of a's 10 tokens; SGLang's spec_accept_length (10
     / 3) is read from meta_info by no figure."""
-    a = Rollout(0, 0, {}, [1], output_ids=list(range(10)))
+    a = Rollout([1], group_id=0, index=0, sample={}, output_ids=list(range(10)))
     # plain
-    b = Rollout(0, 1, {}, [1], output_ids=list(range(4)))
+    b = Rollout([1], group_id=0, index=1, sample={}, output_ids=list(range(4)))
     a.apply({"output_ids": a.output_ids, "meta_info": {
         "finish_reason": {"type": "stop"},
         "output_token_logprobs": [[-1.0, t, None] for t in a.output_ids], "spec_verify_ct": 3,

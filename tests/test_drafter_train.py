@@ -25,7 +25,7 @@ def greedy_samples(target):
     prompts = torch.randint(0, 300, (24, 4))
     out = target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
                           max_new_tokens=40, pad_token_id=0, eos_token_id=None)
-    return capture(target, out, [0, 1, 2], topk=None, prompt_lens=[4] * 24)
+    return [s.tensors() for s in capture(target, out, [0, 1, 2], topk=None, prompt_lens=[4] * 24)]
 
 
 def test_unroll_equals_sequential_cached_drafting(tiny_qwen2):
@@ -87,7 +87,8 @@ def test_alignment_labels_predict_token_i_plus_s_plus_2(tiny_qwen2):
 def test_topk_and_dense_labels_agree(greedy_samples, tiny_qwen2):
     d = init_drafter(tiny_qwen2)
     s = greedy_samples[0]
-    dense = torch.zeros(len(s.input_ids), d.config.vocab_size).scatter(1, s.topk_ids, s.topk_probs)
+    dense = torch.zeros(len(s["input_ids"]), d.config.vocab_size).scatter(1, s["topk_ids"],
+                                                                         s["topk_probs"])
     torch.testing.assert_close(draft_labels(s, d), draft_labels({"target_probs": dense}, d))
 
 

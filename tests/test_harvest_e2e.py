@@ -12,12 +12,13 @@ from gleanrl.harvest.cli_init import init_drafter
 from gleanrl.harvest.harvester import HarvestConfig, Harvester
 from gleanrl.harvest.hooks import HarvestHooks
 from gleanrl.harvest.spool import SpoolConfig
+from gleanrl.records import Task
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.loop import train
 from tests.serving import running_server
 
 
-class CountTask:
+class CountTask(Task):
     def prompts(self, split: str, n: int, seed: int) -> list[dict]:
         return [{"prompt": f"count from {seed % 5 + i}:"} for i in range(n)]
 

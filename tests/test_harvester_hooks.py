@@ -4,7 +4,6 @@ is skipped, the queue is bounded, and the step's figures add up."""
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -14,11 +13,12 @@ from gleanrl.harvest.cli_init import init_drafter
 from gleanrl.harvest.harvester import HarvestConfig, Harvester
 from gleanrl.harvest.hooks import HarvestHooks
 from gleanrl.harvest.spool import SpoolConfig
+from gleanrl.records import FinishedRollout
 
 
 def _rollout(prompt, output, version="0", verify_ct=0, accepted=0):
-    return SimpleNamespace(prompt_ids=prompt, output_ids=output, weight_version=version,
-                           spec_verify_ct=verify_ct, spec_accept_token_num=accepted)
+    return FinishedRollout(prompt, output, weight_version=version, spec_verify_ct=verify_ct,
+                           spec_accept_token_num=accepted)
 
 
 def test_hooks_capture_drop_skip_and_metrics(tiny_qwen2, tmp_path, capsys):

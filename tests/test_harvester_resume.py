@@ -14,6 +14,7 @@ from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
 from gleanrl.harvest.harvester import HarvestConfig
 from gleanrl.harvest.hooks import HarvestHooks
+from gleanrl.records import FinishedRollout
 from gleanrl.trainer.checkpoint import load_latest, save_checkpoint
 
 
@@ -49,9 +50,7 @@ def test_resume_restores_training_state_and_repushes_the_serving_version(tiny_qw
     assert h.maybe_push() == 1 and pushed == [1]
     h.train_while(lambda: True, max_steps=2)  # progress after the push, not pushed yet
     hooks.on_step_start(2, model)
-    hooks.on_rollout_finished(SimpleNamespace(prompt_ids=[4, 5], output_ids=[6, 7, 8],
-                                              # carried over to the next window
-                                              spec_verify_ct=0, spec_accept_token_num=0))
+    hooks.on_rollout_finished(FinishedRollout([4, 5], [6, 7, 8]))  # carried to the next window
     save_checkpoint(tmp_path / "run", 1, model, None,
                     torch.optim.SGD(model.parameters(), lr=0.1), {}, 2,
                     hooks_state=hooks.state_dict())

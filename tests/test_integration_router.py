@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gleanrl.clients.rollout_client import RolloutClient
+from gleanrl.records import Task
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.loop import train
 from tests.serving import running_server
@@ -73,7 +74,7 @@ def running_router(workers: list[str]):
         sock.close()
 
 
-class LetterTask:
+class LetterTask(Task):
     def prompts(self, split: str, n: int, seed: int) -> list[dict]:
         return [{"prompt": f"say {chr(97 + (seed + i) % 26)}"} for i in range(n)]
 

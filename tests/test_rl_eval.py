@@ -11,13 +11,14 @@ import pytest
 
 from gleanrl.clients.rollout import Rollout
 from gleanrl.demo_report import eval_summary, write_report
+from gleanrl.records import Task
 from gleanrl.trainer.loop import informative, train
 from gleanrl.trainer.metrics import eval_metrics, mean_se
 from serving import running_server
 from test_train import _cfg
 
 
-class DigitTask:
+class DigitTask(Task):
     """Correct when the response holds a digit: a random tiny model gets some right, some wrong."""
 
     def prompts(self, split: str, n: int, seed: int) -> list[dict]:

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from gleanrl.records import Task
 from gleanrl.trainer.bootstrap import SIZES, PolicySize
 from gleanrl.trainer.tasks import load_task
 from gleanrl.trainer.tasks.chartok import build_char_tokenizer
@@ -43,7 +44,7 @@ def test_batches_weigh_focus_tokens_and_nothing_outside_the_response():
 
 
 def test_a_task_without_focus_weighs_every_label_one_and_bad_spans_are_refused():
-    class Plain:
+    class Plain(Task):
         def prompts(self, split, n, seed):
             return [{"prompt": "q"}] * n
 

@@ -166,7 +166,9 @@ def test_jsonl_train_and_test_files(tmp_path):
 
 def test_load_user_task_by_dotted_path(tmp_path, monkeypatch):
     (tmp_path / "my_tasks.py").write_text(textwrap.dedent("""
-        class Echo:
+        from gleanrl.records import Task
+
+        class Echo(Task):
             def prompts(self, split, n, seed):
                 return [{"prompt": f"say {i}", "answer": str(i)} for i in range(n)]
             def reward(self, sample, response):

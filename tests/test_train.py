@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from gleanrl.clients.rollout_client import RolloutClient
+from gleanrl.records import Task
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.generate import encode_prompt
 from gleanrl.trainer.hooks import NoHooks
@@ -18,7 +19,7 @@ from gleanrl.trainer.loop import train
 from gleanrl.trainer.server_proc import EmbeddedServer
 
 
-class ToyTask:
+class ToyTask(Task):
     """Reward: the share of response characters that are digits (a random tiny model emits some)."""
 
     def prompts(self, split: str, n: int, seed: int) -> list[dict]:

@@ -138,8 +138,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-greedy", dest="eval_greedy", action="store_true",
                         default=argparse.SUPPRESS,
                         help="also evaluate greedily (eval_greedy_* keys)")
+    add_harvest_flags(parser.add_argument_group("harvest (with --drafter; kept by --resume)"))
+
+
+def add_harvest_flags(group) -> None:
+    """HARVEST_FLAGS, each stored as `_harvest:FIELD` when given (train and harvest)."""
     from gleanrl.harvest.harvester import HarvestConfig
-    group = parser.add_argument_group("harvest (with --drafter; kept by --resume)")
     hdefaults = dataclasses.asdict(HarvestConfig())
     for flag, (field, typ, help_text) in HARVEST_FLAGS.items():
         default = hdefaults["spool"][field[6:]] if field.startswith("spool.") else hdefaults[field]
@@ -154,8 +158,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def harvest_settings(cfg: TrainConfig, args: argparse.Namespace) -> None:
     """Write OUT/harvest/harvest_config.json: the resumed run's settings (or the defaults), then the
     flags given. Raises ValueError for flags without --drafter and for invalid values."""
-    from gleanrl.harvest.harvester import HarvestConfig
-    from gleanrl.harvest.hooks import read_config, write_config
+    from gleanrl.harvest.hooks import update_config
     from gleanrl.trainer.checkpoint import list_checkpoints
     given = {k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("_harvest:")}
     if not cfg.drafter:
@@ -166,12 +169,7 @@ def harvest_settings(cfg: TrainConfig, args: argparse.Namespace) -> None:
     root = Path(cfg.out) / "harvest"
     if not args.resume and list_checkpoints(cfg.out):
         return  # train() refuses a fresh run over an earlier one: leave that run's settings alone
-    values = dataclasses.asdict(read_config(root) if args.resume else HarvestConfig())
-    for field, value in given.items():
-        table, name = (values["spool"], field[6:]) if field.startswith("spool.") else (values, field)
-        table[name] = value
-    from gleanrl.harvest.spool import SpoolConfig
-    write_config(root, HarvestConfig(**values | {"spool": SpoolConfig(**values["spool"])}))
+    update_config(root, given, args.resume)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from tqdm import tqdm
 from gleanrl.clients.rollout import Rollout, RolloutStatus, run_rollout
 from gleanrl.clients.rollout_client import RolloutClient
 from gleanrl.clients.transport import RolloutServerError
+from gleanrl.records import Task
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.hooks import RolloutHooks
 
@@ -71,7 +72,7 @@ def sampling_params(cfg: TrainConfig) -> dict:
             "top_p": cfg.top_p}
 
 
-def make_rollouts(cfg: TrainConfig, task, tokenizer, step: int, split: str = "train",
+def make_rollouts(cfg: TrainConfig, task: Task, tokenizer, step: int, split: str = "train",
                   n: int | None = None, samples: int | None = None) -> list[Rollout]:
     """`samples_per_prompt` pending rollouts for each of the step's prompts; seeds make the step
     reproducible (the server samples each seeded request from its own generator)."""

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
+
+import torch
 
 from gleanrl.clients.rollout import Rollout
 
@@ -37,7 +39,7 @@ class RolloutHooks(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
     def bind_push(self, push: Callable[[str, int], None]) -> None: ...
     def scheduling_probe(self) -> contextlib.AbstractContextManager: ...
-    def on_step_start(self, step: int, model: Any) -> None: ...
+    def on_step_start(self, step: int, model: torch.nn.Module) -> None: ...
     def idle_window(self) -> contextlib.AbstractContextManager: ...
     def on_rollout_finished(self, rollout: Rollout) -> None: ...
     def update_capture(self) -> contextlib.AbstractContextManager: ...
@@ -59,7 +61,7 @@ class NoHooks:
     def scheduling_probe(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    def on_step_start(self, step: int, model: Any) -> None:
+    def on_step_start(self, step: int, model: torch.nn.Module) -> None:
         pass
 
     def idle_window(self) -> contextlib.AbstractContextManager:

@@ -48,6 +48,7 @@ from gleanrl.clients.rollout import Rollout
 from gleanrl.clients.rollout_client import RolloutClient
 from gleanrl.clients.transport import RolloutServerError
 from gleanrl.clients.weight_sync import DrafterPush
+from gleanrl.records import Task
 from gleanrl.trainer.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from gleanrl.trainer.config import TrainConfig, write_resolved
 from gleanrl.trainer.generate import make_rollouts, run_step, sampling_params
@@ -59,8 +60,8 @@ from gleanrl.trainer.policy_push import PolicyPusher
 from gleanrl.trainer.server_proc import EmbeddedServer, ServeSD
 
 
-def train(cfg: TrainConfig, task=None, hooks: RolloutHooks | None = None, resume: bool = False,
-          log=print) -> dict:
+def train(cfg: TrainConfig, task: Task | None = None, hooks: RolloutHooks | None = None,
+          resume: bool = False, log=print) -> dict:
     """Run `cfg.steps` GRPO steps (continuing from the last checkpoint with `resume`). Returns the
     last step's metrics row. `hooks` default: a Harvester's (`harvest.hooks.HarvestHooks`) with
     `cfg.drafter`, else none."""
@@ -143,7 +144,7 @@ class Run:
     """What one `train()` holds: the servers' client, the policy and the weights the servers must
     serve (`path`, `version`), the metrics log. Its methods are the loop's steps."""
 
-    def __init__(self, cfg: TrainConfig, task, policy: Policy, hooks: RolloutHooks,
+    def __init__(self, cfg: TrainConfig, task: Task, policy: Policy, hooks: RolloutHooks,
                  server: EmbeddedServer | None, weights: tuple[str, str], log=print):
         self.cfg, self.task, self.policy, self.hooks = cfg, task, policy, hooks
         self.server, self.log = server, log
@@ -233,12 +234,10 @@ class Run:
         return row | {"eval_temperature": cfg.eval_temperature, "eval_s": time.monotonic() - t0}
 
     def correct(self, r: Rollout) -> float:
-        if hasattr(self.task, "correct"):
-            return float(self.task.correct(r.sample, r.response))
-        return float((r.reward or 0.0) >= 1.0)
+        return float(self.task.correct(r.sample, r.response, r.reward or 0.0))
 
 
-def score(task, tokenizer, rollouts: list[Rollout]) -> None:
+def score(task: Task, tokenizer, rollouts: list[Rollout]) -> None:
     for r in rollouts:  # decode here: streamed `text` may be a delta
         r.response = tokenizer.decode(r.output_ids, skip_special_tokens=True)
         r.reward = float(task.reward(r.sample, r.response))
@@ -252,6 +251,6 @@ def informative(rollouts: list[Rollout]) -> list[Rollout]:
     return [r for r in rollouts if len(rewards[r.group_id]) > 1]
 
 
-def _load_task(cfg: TrainConfig):
+def _load_task(cfg: TrainConfig) -> Task:
     from gleanrl.trainer.tasks import load_task
     return load_task(cfg.data or cfg.task)

@@ -107,7 +107,7 @@ def sd_stats(rollouts: list[Rollout]) -> dict:
     tokens = sum(len(r.output_ids) for r in rollouts)
     sources: dict[str, int] = {}  # accepted draft tokens per source, where the server reports them
     for r in rollouts:
-        for name, n in r.spec_accept_by_source.items():
+        for name, n in r.spec_accept_token_num_by_source.items():
             sources[name] = sources.get(name, 0) + n
     return {"spec_verify_ct": verify, "spec_accept_token_num": accepted,
             "spec_tokens": verify + accepted, "output_tokens": tokens,

@@ -25,7 +25,8 @@ start (the same-domain and off-domain arms) is 400 TTT steps on 256 prompts' gen
 `--regime` (default long_tail) sets the task's length distribution and the step's shape; every run
 reports `rollout_share_a` (of the baseline arm). Held-out acceptance: each adaptive arm's final
 serving drafter against its start on that arm's newest harvested rollouts, at the same draft length.
-The server runs with `--dtype` (default bfloat16, which makes SD pay on CPUs with AVX-512 BF16).
+The server runs with `--dtype` (default auto: bfloat16 on CPUs with native bf16, where it makes SD
+pay, else float32).
 """
 from __future__ import annotations
 
@@ -63,11 +64,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     demo.add_arguments(p)
     # the regime's step shape and the RL settings its figures were measured with (docs/e2e.md), not
     # the demo's RL recipe (docs/rl-gain.md): a speed benchmark, whose step shape sets the rollouts
-    # it times; every arm's update in bf16 autocast: the fastest no-SD step a user can run here
-    # is the baseline
+    # it times; every arm's server and update in the fastest dtype here (auto): the fastest no-SD
+    # step a user can run here is the baseline
     p.set_defaults(out="gleanrl-bench-e2e", regime=DEFAULT_REGIME, steps=None, warm_prompts=256,
                    warm_steps=400, prompts_per_step=None, samples_per_prompt=None, lr=2e-4,
-                   negative_weight=0.1, update_dtype="bfloat16")
+                   negative_weight=0.1, update_dtype="auto")
     p.add_argument("--arms", default=None,
                    help=f"comma-separated, of: {', '.join(RUNS)} (default: all but "
                         "d_stale_harvest)")
@@ -162,10 +163,12 @@ def heldout(h, start: Path, policy: Path) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from gleanrl.harvest.harvester import HarvestConfig, Harvester
+    from gleanrl.server.model.runner import fastest_cpu_dtype
     from gleanrl.trainer.hooks import NoHooks
     from gleanrl.trainer.loop import train
 
     out = Path(args.out)
+    args.dtype, args.update_dtype = fastest_cpu_dtype(args.dtype), fastest_cpu_dtype(args.update_dtype)
     args.arms = args.arms or ",".join(QUICK_ARMS if args.quick else DEFAULT_ARMS)
     args.steps = args.steps or (QUICK_STEPS if args.quick else FULL_STEPS)
     try:

@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="policy directory (default: the shipped demo policy, gleanrl.shipped)")
     parser.add_argument("--arms", default="gleanrl,sglang", help="comma-separated: gleanrl, sglang")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                        help="auto: bfloat16 on CPUs with native bf16, else float32")
     parser.add_argument("--threads", type=int, default=2,
                         help="torch threads of the gleanrl server and the forward")
     parser.add_argument("--single-tokens", type=int, default=256,
@@ -145,7 +146,9 @@ def _server_extra(arm: str, args: argparse.Namespace, max_running: int,
 
 def run(args: argparse.Namespace) -> int:
     from gleanrl.bench.load import ServeProcess
+    from gleanrl.server.model.runner import fastest_cpu_dtype
 
+    args.dtype = fastest_cpu_dtype(args.dtype)
     arms = [a for a in args.arms.split(",") if a]
     if unknown := [a for a in arms if a not in ("gleanrl", "sglang")]:
         print(f"error: unknown arm(s) {', '.join(unknown)} (gleanrl, sglang)", file=sys.stderr)

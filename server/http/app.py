@@ -21,9 +21,9 @@ from gleanrl.server.http.auth import AuthMiddleware
 from gleanrl.server.http.body_limit import BodyLimit
 from gleanrl.server.http.config import ServerConfig
 from gleanrl.server.http.harvest_feed import FeedConfig, FeedUpdatesMiddleware, HarvestFeed
-from gleanrl.server.http.metrics import Metrics
 from gleanrl.server.http.origin import BrowserGuard
 from gleanrl.server.http.schemas import ApiError, describe_bodies, validation_error
+from gleanrl.server.http.state import AppState
 
 log = logging.getLogger(__name__)
 SECRET_FIELDS = ("api_key", "admin_api_key")
@@ -55,18 +55,17 @@ def build_app(engine, server_cfg: ServerConfig, engine_cfg: EngineConfig | None 
         "model_path": info.get("model_path")}
     server_args = {k: v for k, v in dataclasses.asdict(server_cfg).items()
                    if k not in SECRET_FIELDS}
-    app.state.__dict__.update(
-        engine=engine, server_cfg=server_cfg, metrics=Metrics(), active={},
-        weights_lock=asyncio.Lock(), tokenizer=engine.tokenizer,
+    app.state = AppState(  # type: ignore[assignment]
+        feed=HarvestFeed(FeedConfig(max_records=server_cfg.harvest_feed_records))
+        if server_cfg.harvest_feed else None, feed_load=lambda: {
+            k: engine.stats().get(k) for k in ("num_running_reqs", "num_queue_reqs", "paused")},
+        engine=engine, server_cfg=server_cfg, tokenizer=engine.tokenizer,
         context_length=engine.context_length,
-        vocab_size=int(info.get("vocab_size") or len(engine.tokenizer)), closing=False,
+        vocab_size=int(info.get("vocab_size") or len(engine.tokenizer)),
         stop_token_ids=sorted(getattr(engine, "eos_ids", None) or []) or None,
         version=_version(), engine_args=engine_args, server_args=server_args,
         served_model_name=server_cfg.served_model_name
-        or Path(str(info.get("model_path", "model"))).name,
-        feed=HarvestFeed(FeedConfig(max_records=server_cfg.harvest_feed_records))
-        if server_cfg.harvest_feed else None, feed_load=lambda: {
-            k: engine.stats().get(k) for k in ("num_running_reqs", "num_queue_reqs", "paused")})
+        or Path(str(info.get("model_path", "model"))).name)
     app.include_router(native.router)
     app.include_router(openai.router)
     app.include_router(feed.router)

@@ -7,6 +7,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from gleanrl.records import FEED_META
 from gleanrl.server.http.schemas import ApiError
 from gleanrl.server.protocol import GenerateOutput, GenerateRequest
 
@@ -96,12 +97,10 @@ class Fanin:
                                       (out.finish_reason or {}).get("type", "abort"),
                                       now - track.created)
                 if self.feed is not None:
+                    info = out.meta_info()
                     self.feed.record(track.req.rid, track.req.input_ids, track.ids,
                                      out.weight_version, out.finish_reason,
-                                     meta={"spec_verify_ct": out.spec_verify_ct,
-                                           "spec_accept_length": out.spec_accept_length,
-                                           "spec_accept_token_num": out.spec_accept_token_num,
-                                           "draft_weight_version": out.draft_weight_version})
+                                     meta={k: info[k] for k in FEED_META})
             yield i
 
     async def drain(self) -> list[Track]:

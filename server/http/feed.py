@@ -11,6 +11,7 @@ import time
 from fastapi import APIRouter, Request
 
 from gleanrl.server.http.schemas import ApiError
+from gleanrl.server.http.state import FeedState
 
 router = APIRouter()
 MAX_WAIT_S = 30.0
@@ -32,9 +33,8 @@ def _int(request: Request, name: str, default: int | None, low: int) -> int | No
 
 @router.get("/harvest_feed")
 async def harvest_feed(request: Request):
-    state = request.app.state
-    feed = getattr(state, "feed", None)
-    if feed is None:
+    state: FeedState = request.app.state
+    if (feed := state.feed) is None:
         raise ApiError(404, "the harvest feed is off: start the server with `gleanrl serve "
                             "--harvest-feed` (or put `gleanrl proxy` in front of it)",
                        kind="not_found_error")

@@ -24,7 +24,7 @@ _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
 def _compiler(state):
     """One xgrammar compiler per app (its cache shared by requests), over the server's tokenizer
     and the model's vocabulary size."""
-    if getattr(state, "grammar_compiler", None) is None:
+    if state.grammar_compiler is None:
         try:
             import xgrammar as xgr
         except ImportError:  # an optional extra: refused by name, never ignored

@@ -23,23 +23,11 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 
-def _groups(state) -> dict:
-    if getattr(state, "weight_groups", None) is None:
-        state.weight_groups = {}
-    return state.weight_groups
-
-
-def _joining(state) -> asyncio.Lock:
-    if getattr(state, "group_joining", None) is None:
-        state.group_joining = asyncio.Lock()
-    return state.group_joining
-
-
 @router.post("/init_weights_update_group")
 async def init_weights_update_group(request: Request):
     state = request.app.state
     body = await parse(request, InitGroupIn, state.server_cfg.max_request_bytes)
-    groups = _groups(state)
+    groups = state.weight_groups
     if body.group_name in groups:
         return answer(False, f"group {body.group_name!r} already exists; destroy it first")
     if not 1 <= body.rank_offset < body.world_size:
@@ -54,12 +42,12 @@ async def init_weights_update_group(request: Request):
     if body.backend == "nccl" and state.engine.cfg.device != "cuda":
         return answer(False,
                       "backend 'nccl' needs a CUDA server; this one runs on the CPU: use 'gloo'")
-    if _joining(state).locked():
+    if state.group_joining.locked():
         # a rendezvous holds a worker thread until it times out: one at a time
         return answer(False, "another /init_weights_update_group is waiting for its rendezvous; "
                              "retry after it")
     try:
-        async with _joining(state):
+        async with state.group_joining:
             groups[body.group_name] = await asyncio.to_thread(
                 process_group.init_custom_process_group, body.backend,
                 f"tcp://{body.master_address}:{body.master_port}", body.world_size,
@@ -73,10 +61,10 @@ async def init_weights_update_group(request: Request):
 async def update_weights_from_distributed(request: Request):
     state = request.app.state
     body = await parse(request, DistributedUpdateIn, state.server_cfg.max_request_bytes)
-    pg = _groups(state).get(body.group_name)
+    pg = state.weight_groups.get(body.group_name)
     if pg is None:
-        return answer(False, f"Group {body.group_name} not in {list(_groups(state))}. Please call "
-                             "`init_weights_update_group` first.")
+        return answer(False, f"Group {body.group_name} not in {list(state.weight_groups)}. "
+                             "Please call `init_weights_update_group` first.")
     if not len(body.names) == len(body.dtypes) == len(body.shapes):
         return answer(False, "names, dtypes and shapes must have the same length")
     try:
@@ -99,7 +87,7 @@ async def update_weights_from_distributed(request: Request):
 async def destroy_weights_update_group(request: Request):
     state = request.app.state
     body = await parse(request, DestroyGroupIn, state.server_cfg.max_request_bytes)
-    pg = _groups(state).pop(body.group_name, None)
+    pg = state.weight_groups.pop(body.group_name, None)
     if pg is None:
         return answer(False, f"group {body.group_name!r} does not exist")
     await asyncio.to_thread(process_group.destroy, pg)

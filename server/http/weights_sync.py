@@ -43,7 +43,7 @@ def apply(engine, selector: str, named: list, version: str | None, flush_cache: 
 async def begin_weight_update(request: Request):
     state = request.app.state
     body = await parse(request, BeginWeightUpdateIn, state.server_cfg.max_request_bytes)
-    if getattr(state, "weight_session", None) is not None:
+    if state.weight_session is not None:
         return answer(False,
                       "a weight-update session is already open; send /end_weight_update first")
     state.weight_session = Session(body.selector)
@@ -68,7 +68,7 @@ async def stage_or_apply(state, named: list, body) -> JSONResponse:
     """Check `named` completely; then, inside a session, stage it, else apply it now. `body`
     carries selector, weight_version, flush_cache and abort_all_requests. ValueError
     (CheckpointError) when refused."""
-    session: Session | None = getattr(state, "weight_session", None)
+    session: Session | None = state.weight_session
     if session is not None and body.selector != session.selector:
         return answer(False, f"selector {body.selector!r} differs from the open "
                              f"session's {session.selector!r}")
@@ -89,7 +89,7 @@ async def stage_or_apply(state, named: list, body) -> JSONResponse:
 @router.post("/end_weight_update")
 async def end_weight_update(request: Request):
     state = request.app.state
-    session: Session | None = getattr(state, "weight_session", None)
+    session: Session | None = state.weight_session
     state.weight_session = None
     if session is None:
         return answer(False, "no weight-update session is open")

@@ -35,6 +35,7 @@ from gleanrl.server.http.body_limit import BodyLimit
 from gleanrl.server.http.harvest_feed import FeedConfig, HarvestFeed
 from gleanrl.server.http.origin import BrowserGuard
 from gleanrl.server.http.schemas import ApiError, off_loop, read_body
+from gleanrl.server.http.state import FeedState
 from gleanrl.server.proxy.parse import MAX_OUTPUTS, Recorder, TooMany
 
 HOP_HEADERS = frozenset({"host", "content-length", "connection", "keep-alive",
@@ -49,17 +50,17 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        await app.state.http.aclose()
+        await http.aclose()
 
     app = FastAPI(title="gleanrl proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     load = {"num_running_reqs": 0, "num_queue_reqs": None, "paused": False}
     # it holds every prompt and completion: keyed only
     feed = HarvestFeed(feed_cfg) if admin_api_key else None
-    app.state.__dict__.update(feed=feed, feed_load=lambda: dict(load), upstream=upstream)
-    app.state.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30.0),
-                                       limits=httpx.Limits(
-                                           max_connections=None, max_keepalive_connections=256))
+    app.state = FeedState(feed, lambda: dict(load))  # type: ignore[assignment]
+    http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30.0),
+                             limits=httpx.Limits(max_connections=None,
+                                                 max_keepalive_connections=256))
 
     app.add_middleware(FeedGuard, feed_on=feed is not None, admin_api_key=admin_api_key)
     app.include_router(http_feed.router)
@@ -85,9 +86,8 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
         # from now: a non-streamed reply has no headers before it ends
         load["num_running_reqs"] += recorder is not None
         try:
-            resp = await app.state.http.send(
-                app.state.http.build_request(request.method, url, headers=headers,
-                                             content=body), stream=True)
+            resp = await http.send(http.build_request(request.method, url, headers=headers,
+                                                      content=body), stream=True)
         except httpx.HTTPError as exc:
             load["num_running_reqs"] -= recorder is not None
             return JSONResponse({"error": {"message": f"gleanrl proxy: upstream {upstream} "

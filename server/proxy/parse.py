@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 
+from gleanrl.records import FEED_META
 from gleanrl.server.http.harvest_feed import HarvestFeed
 
 GENERATE_PATHS = frozenset({"/generate"})
 MAX_BODY_BYTES = 256 * 1024 * 1024  # a larger non-streamed reply is relayed but not recorded
-META_FIELDS = ("spec_verify_ct", "spec_accept_length", "spec_accept_token_num",
-               "draft_weight_version")
 MAX_OUTPUTS = 1024  # prompts x n of one /generate (the server's --max-batch default)
 
 
@@ -107,4 +106,4 @@ class Recorder:
                 ids, text = self.prompts[i]
                 self.feed.record(str(meta.get("id")), ids, self._ids[i], meta.get("weight_version"),
                                  meta["finish_reason"], prompt_text=text,
-                                 meta={k: meta.get(k) for k in META_FIELDS})
+                                 meta={k: meta.get(k) for k in FEED_META})

@@ -1,16 +1,17 @@
 """Tasks and rewards: the plug-in interface the RL loop trains on.
 
-A task has `prompts(split, n, seed) -> list[dict]` (each dict holds "prompt", the exact text sent to
-`/generate`, and whatever its reward needs) and `reward(sample, response) -> float` (1.0 = correct).
-`load_task(spec)` returns the default built-in task for None, a built-in by name, a JSONL dataset
-(`jsonl:PATH`, `jsonl:train=PATH,test=PATH` or a `*.jsonl` path), or a user task by dotted path
-(`my_pkg.my_module:my_task`; a class or factory there is called without arguments)."""
+A task subclasses `gleanrl.records.Task` (here as `Task`): `prompts(split, n, seed) -> list[dict]`
+(each dict holds "prompt", the exact text sent to `/generate`, and whatever its reward needs) and
+`reward(sample, response) -> float` (1.0 = correct); `correct`, `solution`, `solution_focus` have
+defaults. `load_task(spec)` returns the default built-in task for None, a built-in by name, a JSONL
+dataset (`jsonl:PATH`, `jsonl:train=PATH,test=PATH` or a `*.jsonl` path), or a user task by dotted
+path (`my_pkg.my_module:my_task`; a class or factory there is called without arguments)."""
 from __future__ import annotations
 
 import functools
 import importlib
-from typing import Protocol, runtime_checkable
 
+from gleanrl.records import Task
 from gleanrl.trainer.tasks.doubling import Doubling
 from gleanrl.trainer.tasks.jsonl import JsonlTask, TaskError
 from gleanrl.trainer.tasks.running_sums import RunningSums
@@ -25,13 +26,6 @@ BUILTIN = {"doubling": Doubling, "running_sums": RunningSums,
 
 __all__ = ["Task", "TaskError", "load_task", "accuracy", "JsonlTask", "Doubling", "RunningSums",
            "DEFAULT_TASK"]
-
-
-@runtime_checkable
-class Task(Protocol):
-    def prompts(self, split: str, n: int, seed: int) -> list[dict]: ...
-
-    def reward(self, sample: dict, response: str) -> float: ...
 
 
 def load_task(spec: str | Task | None = None) -> Task:
@@ -62,8 +56,8 @@ def load_task(spec: str | Task | None = None) -> Task:
 
 def _checked(task, spec: str) -> Task:
     if not isinstance(task, Task):
-        raise TaskError(f"{spec} is not a task: it needs prompts(split, n, seed) and "
-                        "reward(sample, response)")
+        raise TaskError(f"{spec} is not a task: subclass gleanrl.records.Task (prompts(split, n, "
+                        "seed) and reward(sample, response))")
     return task
 
 

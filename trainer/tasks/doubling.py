@@ -25,12 +25,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from gleanrl.records import Task
 from gleanrl.trainer.tasks.chartok import chatml
 from gleanrl.trainer.tasks.math_answer import answers_match, last_boxed
 
 
 @dataclass(frozen=True)
-class Doubling:
+class Doubling(Task):
     max_steps: int = 99
     alpha: float = 1.3        # power-law exponent of k + 1; larger = shorter problems
     tail_share: float = 0.0   # share of each batch of problems drawn from the tail

@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gleanrl.records import Task
 from gleanrl.trainer.tasks.math_answer import math_reward
 
 
@@ -44,7 +45,7 @@ def read_records(path: str | Path) -> tuple[list[dict], list[str]]:
 
 
 @dataclass
-class JsonlTask:
+class JsonlTask(Task):
     """`splits` maps a split name to its file; a split without its own file uses the
     "train" file."""
     splits: dict[str, str]

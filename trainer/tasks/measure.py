@@ -66,8 +66,8 @@ def measure_policy(model_dir: str, task=None, n: int = 1000, seed: int = 0,
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     samples = task.prompts("test", n, seed)
-    solution = getattr(task, "solution", None)
-    expected = [len(solution(s)) for s in samples] if callable(solution) else None
+    solutions = [task.solution(s) for s in samples]
+    expected = None if None in solutions else [len(x) for x in solutions]
     results = sample_responses(model, tokenizer, [s["prompt"] for s in samples], temperature,
                                max_new_tokens, batch_size, seed, progress, expected)
     rewards = [task.reward(s, text) for s, (text, _) in zip(samples, results)]
@@ -76,10 +76,9 @@ def measure_policy(model_dir: str, task=None, n: int = 1000, seed: int = 0,
               "accuracy": round(sum(r >= 1 for r in rewards) / n, 3),
               "truncated": sum(length >= max_new_tokens for length in lengths),
               "parameters": sum(p.numel() for p in model.parameters()), **length_stats(lengths)}
-    if callable(solution):  # accuracy by reference length: longer problems should be harder
+    if expected is not None:  # accuracy by reference length: longer problems should be harder
         buckets: dict[str, list[float]] = {}
-        for s, r in zip(samples, rewards):
-            size = len(solution(s))
+        for size, r in zip(expected, rewards):
             name = "<=32" if size <= 32 else "33-128" if size <= 128 else ">128"
             buckets.setdefault(name, []).append(float(r >= 1))
         report["accuracy_by_reference_chars"] = {k: (len(v), round(sum(v) / len(v), 3))

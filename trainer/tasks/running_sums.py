@@ -14,6 +14,7 @@ import random
 import string
 from dataclasses import dataclass
 
+from gleanrl.records import Task
 from gleanrl.trainer.tasks.chartok import chatml
 from gleanrl.trainer.tasks.math_answer import answers_match, last_boxed
 
@@ -21,7 +22,7 @@ LABELS = string.ascii_lowercase + string.ascii_uppercase
 
 
 @dataclass(frozen=True)
-class RunningSums:
+class RunningSums(Task):
     max_items: int = 52
     alpha: float = 1.4        # power-law exponent of the list length; larger = shorter lists
     name: str = "running_sums"

@@ -22,19 +22,21 @@ from pathlib import Path
 
 import torch
 
+from gleanrl.records import Task
 
-def make_batches(task, tokenizer, size,
+
+def make_batches(task: Task, tokenizer, size,
                  seed: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """[(input_ids [B, T], labels [B, T], loss weights [B, T])] covering about `size.train_tokens`,
     in a seeded order."""
-    if not callable(getattr(task, "solution", None)):
-        raise ValueError(f"task {task!r} has no solution(sample) method, which the "
-                         "bootstrap needs for SFT")
     examples, total, chunk = [], 0, 0
     while total < size.train_tokens:
         for sample in task.prompts("train", 1000, seed * 1000 + chunk):
+            if (solution := task.solution(sample)) is None:
+                raise ValueError(f"task {task!r} has no solution(sample), which the bootstrap "
+                                 "needs for SFT")
             prompt = tokenizer(sample["prompt"], add_special_tokens=False).input_ids
-            response = tokenizer(task.solution(sample), add_special_tokens=False).input_ids
+            response = tokenizer(solution, add_special_tokens=False).input_ids
             ids = prompt + response + [tokenizer.eos_token_id]
             if len(ids) > size.context:
                 raise ValueError(f"a training example has {len(ids)} tokens, over the context "
@@ -55,10 +57,9 @@ def make_batches(task, tokenizer, size,
     return batches
 
 
-def _focus(task, sample: dict, n_response: int) -> list[tuple[int, int]]:
+def _focus(task: Task, sample: dict, n_response: int) -> list[tuple[int, int]]:
     """The task's focus spans of this solution, checked against the response's token count."""
-    spans = list(task.solution_focus(sample)) if callable(
-        getattr(task, "solution_focus", None)) else []
+    spans = list(task.solution_focus(sample))
     for lo, hi in spans:
         if not 0 <= lo <= hi <= n_response:
             raise ValueError(f"solution_focus span {(lo, hi)} is outside the "

@@ -1,4 +1,4 @@
-"""The sidecar's loop (see `harvest_sidecar`): read the feed, follow the policy, open an idle window
+"""The sidecar's loop (see `sidecar.cli`): read the feed, follow the policy, open an idle window
 while the server is idle and close it when it gets busy; one metrics row per policy version."""
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import sys
 import time
 from pathlib import Path
 from threading import Event
-from types import SimpleNamespace
 
 import httpx
 import torch
@@ -15,7 +14,8 @@ import torch
 from gleanrl.clients.weight_sync import DrafterPush
 from gleanrl.harvest.atomic import atomic_file, remove_stale_temporaries
 from gleanrl.harvest.hooks import HarvestHooks
-from gleanrl.sidecar_server import Policy, ServerView
+from gleanrl.records import FinishedRollout
+from gleanrl.sidecar.server_view import Policy, ServerView
 from gleanrl.trainer.metrics import MetricsLog
 
 STATE_FILE = "sidecar_state.pt"
@@ -35,14 +35,12 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def rollout(rec: dict, tokenizer) -> SimpleNamespace | None:
-    """A feed record as the hooks take a finished rollout; None for aborted or empty ones."""
+def rollout(rec: dict, tokenizer) -> FinishedRollout | None:
+    """A feed record as the hooks take it; None for aborted or empty ones."""
     if (rec.get("finish_reason") or {}).get("type") == "abort" or not rec.get("output_ids"):
         return None
     prompt = rec["prompt_ids"] if rec.get("prompt_ids") is not None else tokenizer.encode(rec["prompt_text"])
-    return SimpleNamespace(prompt_ids=prompt, output_ids=rec["output_ids"],
-                           spec_verify_ct=rec.get("spec_verify_ct") or 0,
-                           spec_accept_token_num=rec.get("spec_accept_token_num") or 0)
+    return FinishedRollout(prompt, rec["output_ids"]).read_meta(rec)
 
 
 def load_policy(path: str):
@@ -143,8 +141,7 @@ class Sidecar:
             for rec in page["records"]:
                 if (r := rollout(rec, self.tokenizer)) is not None:
                     self.hooks.on_rollout_finished(r)
-                    # tokens from verify passes
-                    self._served[0] += r.spec_verify_ct + r.spec_accept_token_num
+                    self._served[0] += r.sd_tokens
                     self._served[1] += r.spec_verify_ct
             load = page["load"]
             idle = bool(load.get("paused")) or (load.get("num_running_reqs")

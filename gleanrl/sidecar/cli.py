@@ -2,7 +2,7 @@
 code in its loop.
 
 It reads the rollout server's feed of finished requests (`gleanrl serve --harvest-feed`, or `gleanrl
-proxy` in front of stock SGLang), follows the server's policy (`sidecar_server`), and runs the same
+proxy` in front of stock SGLang), follows the server's policy (`server_view`), and runs the same
 harvester as `gleanrl train --drafter` (`harvest.hooks.HarvestHooks` over
 `harvest.harvester.Harvester`): each finished rollout is captured by its own copy of the policy into
 the spool; the drafter trains in the server's idle windows (at most `--idle-running` requests
@@ -18,8 +18,6 @@ a little more).
 """
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import signal
 import sys
 import threading
@@ -31,7 +29,7 @@ import torch
 def add_arguments(p) -> None:
     import os
 
-    from gleanrl.trainer.cli import HARVEST_FLAGS
+    from gleanrl.trainer.cli import add_harvest_flags
     p.add_argument("--server", required=True,
                    help="the rollout server (or `gleanrl proxy`) with its harvest feed")
     p.add_argument("--admin-api-key", default=os.environ.get("GLEANRL_ADMIN_API_KEY"),
@@ -57,35 +55,22 @@ def add_arguments(p) -> None:
                    help="state saved at least this often")
     p.add_argument("--poll-s", type=float, default=0.5,
                    help="long-poll of the feed while nothing happens")
-    group = p.add_argument_group("harvest (kept by --resume)")
-    for flag, (name, typ, help_text) in HARVEST_FLAGS.items():
-        choices = {"accept_mode": ["sampled", "greedy"],
-                   "aux_dtype": ["float32", "bfloat16", "float16"]}.get(name)
-        group.add_argument(flag, dest=f"_harvest:{name}", type=typ, default=argparse.SUPPRESS,
-                           choices=choices,
-                           metavar=None if choices else {int: "N", float: "X"}[typ], help=help_text)
+    add_harvest_flags(p.add_argument_group("harvest (kept by --resume)"))
 
 
 def write_settings(out: Path, args, resume: bool) -> None:
     """OUT/harvest_config.json as `gleanrl train` writes it: the resumed run's settings,
     then the flags."""
-    from gleanrl.harvest.harvester import HarvestConfig
-    from gleanrl.harvest.hooks import read_config, write_config
-    from gleanrl.harvest.spool import SpoolConfig
-    values = dataclasses.asdict(read_config(out) if resume else HarvestConfig())
-    for key, value in vars(args).items():
-        if key.startswith("_harvest:"):
-            name = key.split(":", 1)[1]
-            table, name = (values["spool"], name[6:]) if name.startswith("spool.") else (values, name)
-            table[name] = value
-    write_config(out, HarvestConfig(**values | {"spool": SpoolConfig(**values["spool"])}))
+    from gleanrl.harvest.hooks import update_config
+    update_config(out, {k.split(":", 1)[1]: v for k, v in vars(args).items()
+                        if k.startswith("_harvest:")}, resume)
 
 
 def run(args) -> int:
     import httpx
 
-    from gleanrl.sidecar_loop import STATE_FILE
-    from gleanrl.sidecar_server import FollowError, ServerView
+    from gleanrl.sidecar.loop import STATE_FILE
+    from gleanrl.sidecar.server_view import FollowError, ServerView
     out = Path(args.out)
     if args.idle_running < 0 or args.threads < 1 or args.save_every_s <= 0 or args.poll_s < 0:
         return _fail("--idle-running, --poll-s must be >= 0, --threads >= 1, --save-every-s > 0")
@@ -99,7 +84,7 @@ def run(args) -> int:
     view = ServerView(args.server, admin_api_key=args.admin_api_key, api_key=args.api_key)
     try:
         write_settings(out, args, args.resume)
-        from gleanrl.sidecar_loop import Sidecar
+        from gleanrl.sidecar.loop import Sidecar
         sidecar = Sidecar(view, out, args.drafter, args.cold, args.resume, args.idle_running,
                           args.save_every_s, args.poll_s)
     except (ValueError, FollowError, OSError, httpx.HTTPError) as exc:
