@@ -82,6 +82,15 @@ def check_fit(c: DrafterConfig, target: Any) -> None:
                                      f"this {n}-layer target")
 
 
+def check_drafter_dir(path: str | Path) -> None:
+    """The one check of a `drafter` setting (serve, train, benches): an EAGLE-3 drafter checkpoint's
+    directory with a valid config.json, or ValueError."""
+    try:
+        _read_config(Path(path))
+    except DrafterCheckpointError as exc:
+        raise ValueError(f"drafter must be an EAGLE-3 drafter directory: {exc}") from None
+
+
 def _read_config(path: Path) -> DrafterConfig:
     if not path.is_dir():
         raise DrafterCheckpointError(f"drafter checkpoint {path} does not exist or is "

@@ -124,7 +124,7 @@ def engine_config(args: argparse.Namespace):
     return EngineConfig(model_path=str(args.model), device=args.device, dtype=args.dtype,
                         max_running_requests=args.max_running_requests,
                         context_length=args.context_length, num_threads=args.threads,
-                        drafter_path=args.drafter, sd=args.sd, sd_max_batch=args.sd_max_batch,
+                        drafter=args.drafter, sd=args.sd, sd_max_batch=args.sd_max_batch,
                         num_draft_tokens=args.num_draft_tokens,
                         sd_sources=tuple(x for x in args.sd_sources.split(",") if x),
                         group_max_batch=args.group_max_batch,
@@ -152,8 +152,6 @@ def run(args: argparse.Namespace) -> int:
     model = Path(args.model)
     if not (model / "config.json").is_file():
         return _fail(f"{model} is not a model directory (no config.json there)")
-    if args.drafter and not (Path(args.drafter) / "config.json").is_file():
-        return _fail(f"--drafter {args.drafter} is not a drafter directory (no config.json there)")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from gleanrl.server.http.config import ServerConfig

@@ -29,7 +29,7 @@ class EngineConfig:
     seed: int = 0
     num_threads: int | None = None         # torch intra-op threads for the engine (None:
                                            # torch's default)
-    drafter_path: str | None = None        # EAGLE-3 drafter directory
+    drafter: str | None = None             # EAGLE-3 drafter directory (checked here, once)
     sd: str = "adaptive"                   # off | on | adaptive (the cost-model controller,
                                            # server/sd/controller)
     sd_max_batch: int = 8                  # adaptive: EAGLE-3 drafts only while running <= this
@@ -55,8 +55,11 @@ class EngineConfig:
             raise ValueError("context_length must be >= 2")
         if self.sd not in ("off", "on", "adaptive"):
             raise ValueError(f"sd must be off, on or adaptive, got {self.sd!r}")
-        if self.sd == "off" and self.drafter_path:
+        if self.sd == "off" and self.drafter:
             raise ValueError("a drafter needs sd 'on' or 'adaptive' (sd 'off' never drafts)")
+        if self.drafter:
+            from gleanrl.harvest.checkpoint import check_drafter_dir
+            check_drafter_dir(self.drafter)
         if self.sd_max_batch < 1:
             raise ValueError("sd_max_batch must be >= 1")
         if self.num_draft_tokens is not None and not 1 <= self.num_draft_tokens <= 16:

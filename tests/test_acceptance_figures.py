@@ -41,7 +41,7 @@ def served(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
                               tmp_path_factory.mktemp("accept") / "drafter",
                               new_tokens=LONG + 8)  # covers the positions SD runs at
     prompts = [tiny_tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"] for i in range(10)]
-    with running_app(tiny_qwen2, drafter_path=str(drafter), sd="adaptive", sd_max_batch=2,
+    with running_app(tiny_qwen2, drafter=str(drafter), sd="adaptive", sd_max_batch=2,
                      max_running_requests=16) as (url, _):
         bodies = asyncio.run(_generate(url, prompts))
         info = httpx.get(f"{url}/server_info", timeout=10).json()["internal_states"][0]

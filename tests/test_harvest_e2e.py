@@ -29,7 +29,7 @@ class CountTask(Task):
 def test_online_drafter_beats_its_start_and_is_pushed(tiny_qwen2, tmp_path):
     torch.set_num_threads(1)
     save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
-    with running_server(tiny_qwen2, drafter_path=str(tmp_path / "drafter0"), sd="on") as url:
+    with running_server(tiny_qwen2, drafter=str(tmp_path / "drafter0"), sd="on") as url:
         h = Harvester(tiny_qwen2, tmp_path / "drafter0", tmp_path / "spool", push=None,
                       # held out by prompt (harvest.push_rule): half of the run's few prompts,
                       # a paired test over as few as 2 of them; a winner inside a step is pushed

@@ -88,7 +88,7 @@ def test_the_loop_knows_nothing_of_gleanrl():
 
 def test_sidecar_beside_a_foreign_loop_pushes_better_drafters(policy, drafter0, tmp_path):
     torch.set_num_threads(1)
-    with running_server(policy, drafter_path=str(drafter0), sd="on", harvest_feed=True,
+    with running_server(policy, drafter=str(drafter0), sd="on", harvest_feed=True,
                         admin_api_key="adm") as url:
         start = draft_version(url)
         proc = sidecar(url, tmp_path / "harvest", "--drafter", str(drafter0))
@@ -139,7 +139,7 @@ def test_sidecar_beside_a_foreign_loop_pushes_better_drafters(policy, drafter0, 
 
 def test_resume_after_kill_9_continues_spool_versions_and_cursor(policy, drafter0, tmp_path):
     out = tmp_path / "harvest"
-    with running_server(policy, drafter_path=str(drafter0), sd="on", harvest_feed=True,
+    with running_server(policy, drafter=str(drafter0), sd="on", harvest_feed=True,
                         admin_api_key="adm") as url:
         proc = sidecar(url, out, "--drafter", str(drafter0))
         assert wait_until(lambda: (out / "sidecar_state.pt").exists(), timeout=120)

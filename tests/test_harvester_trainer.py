@@ -47,7 +47,7 @@ def tail_model(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
 
 def test_grpo_loop_with_harvest_hooks(tail_model, tmp_path):
     save_drafter(init_drafter(tail_model, seed=0), tmp_path / "drafter0")
-    with running_server(tail_model, drafter_path=str(tmp_path / "drafter0"), sd="on") as url:
+    with running_server(tail_model, drafter=str(tmp_path / "drafter0"), sd="on") as url:
         # bound to the loop's client
         h = Harvester(tail_model, tmp_path / "drafter0", tmp_path / "spool", push=None,
                       cfg=HarvestConfig(push_every=4, lr=3e-3, topk=8,

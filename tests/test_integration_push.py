@@ -84,7 +84,7 @@ def test_stock_sglang_without_drafter_is_refused_before_any_push(drafter_dir):
 
 
 def test_embedded_server_keeps_its_disk_draft_swap(tiny_qwen2, drafter_dir):
-    with running_server(tiny_qwen2, drafter_path=str(drafter_dir), sd="on") as url:
+    with running_server(tiny_qwen2, drafter=str(drafter_dir), sd="on") as url:
         DrafterPush([url])(str(drafter_dir), 5)
         info = httpx.get(f"{url}/model_info", timeout=30).json()
     assert info["draft_weight_version"] == "5" and info["weight_version"] != "5"

@@ -39,7 +39,7 @@ def urls(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
     with ExitStack() as stack:
         yield {"plain": stack.enter_context(running_server(tiny_qwen2, sd="off", **common)),
                "eagle": stack.enter_context(running_server(
-                   tiny_qwen2, drafter_path=str(drafter), sd="on", **common)),
+                   tiny_qwen2, drafter=str(drafter), sd="on", **common)),
                "group": stack.enter_context(running_server(
                    tiny_qwen2, sd="on", sd_sources=("group",), **common))}
 

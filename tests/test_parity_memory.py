@@ -32,7 +32,7 @@ def test_release_resume_cycle_keeps_the_drafter(tiny_qwen2, tiny_qwen2_b, tiny_t
     from transformers import AutoModelForCausalLM
     hf_b = AutoModelForCausalLM.from_pretrained(tiny_qwen2_b, dtype=torch.float32).eval()
     drafter = trained_drafter(tiny_qwen2, tiny_tokenizer, tmp_path / "drafter")
-    with running_app(tiny_qwen2, drafter_path=str(drafter), sd="on") as (url, app):
+    with running_app(tiny_qwen2, drafter=str(drafter), sd="on") as (url, app):
         before = greedy(url, tok).json()
         assert before["meta_info"]["spec_verify_ct"] > 0
         busy = threading.Thread(target=greedy, args=(url, tok, 400))

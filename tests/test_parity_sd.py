@@ -43,9 +43,9 @@ def drafter(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
 def engines(tiny_qwen2, drafter):
     engs = {"plain": Engine(EngineConfig(model_path=str(tiny_qwen2), sd="off")),
             "sd": Engine(EngineConfig(model_path=str(tiny_qwen2),
-                                      drafter_path=str(drafter), sd="on")),
+                                      drafter=str(drafter), sd="on")),
             "fused": Engine(EngineConfig(model_path=str(tiny_qwen2),
-                                         drafter_path=str(drafter), sd="on",
+                                         drafter=str(drafter), sd="on",
                                          sd_sources=("eagle", "group", "fused")))}
     for e in engs.values():
         e.start()

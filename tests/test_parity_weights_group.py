@@ -121,7 +121,7 @@ def test_target_push_over_gloo(tiny_qwen2, tiny_qwen2_b, hf, hf_b, tok, mode, tm
 def test_draft_push_over_gloo(tiny_qwen2, tiny_tokenizer, tok, tmp_path):
     trained = trained_drafter(tiny_qwen2, tiny_tokenizer, tmp_path / "trained")
     rand = random_drafter(tiny_qwen2, tmp_path / "random", seed=3)
-    with running_server(tiny_qwen2, drafter_path=str(trained), sd="on") as url:
+    with running_server(tiny_qwen2, drafter=str(trained), sd="on") as url:
         fast = greedy_ids(url, tok.encode(PROMPT), 32)
         port = free_port()
         proc = trainer(port, [rand], "each")

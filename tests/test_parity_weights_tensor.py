@@ -129,7 +129,7 @@ def test_refusals_keep_the_old_weights(tiny_qwen2, tok):
 def test_draft_push_changes_the_drafter_not_the_output(tiny_qwen2, tiny_tokenizer, tok, tmp_path):
     trained = trained_drafter(tiny_qwen2, tiny_tokenizer, tmp_path / "trained")
     rand = random_drafter(tiny_qwen2, tmp_path / "random", seed=3)
-    with running_server(tiny_qwen2, drafter_path=str(trained), sd="on") as url:
+    with running_server(tiny_qwen2, drafter=str(trained), sd="on") as url:
         fast = greedy_ids(url, tok.encode(PROMPT), 32)
         r = post(url, "/update_weights_from_tensor",
                  {"serialized_named_tensors": [by_value(tensors(rand))],

@@ -98,7 +98,7 @@ def setup(tiny_qwen2, tiny_llama, tiny_tokenizer, tmp_path_factory):
 
 
 def test_bad_checkpoints_are_refused_with_reason_and_nothing_changes(tiny_qwen2, setup):
-    with running_server(tiny_qwen2, drafter_path=str(setup["drafter"]), sd="on", num_draft_tokens=3,
+    with running_server(tiny_qwen2, drafter=str(setup["drafter"]), sd="on", num_draft_tokens=3,
                         api_key="k-user-77", admin_api_key="k-admin-88") as url:
         admin, user = {"Authorization": "Bearer k-admin-88"}, {"Authorization": "Bearer k-user-77"}
 

@@ -30,7 +30,7 @@ def engines(tiny_qwen2, drafters):
     engs = {"plain": _engine(tiny_qwen2, sd="off")}
     for name, path in drafters.items():
         # a fixed plan
-        engs[name] = _engine(tiny_qwen2, drafter_path=str(path), sd="on", num_draft_tokens=4)
+        engs[name] = _engine(tiny_qwen2, drafter=str(path), sd="on", num_draft_tokens=4)
     yield engs
     for e in engs.values():
         e.shutdown()
@@ -68,7 +68,7 @@ def test_greedy_identical_to_plain(engines, reference, drafter, batch):
 def test_adaptive_speculates_only_in_the_tail(tiny_qwen2, drafters, reference):
     prompts, plain = reference
     lengths = [8, 40, 12, 36, 10, 30, 6, 40]
-    eng = _engine(tiny_qwen2, drafter_path=str(drafters["trained"]), sd="adaptive", sd_max_batch=3)
+    eng = _engine(tiny_qwen2, drafter=str(drafters["trained"]), sd="adaptive", sd_max_batch=3)
     try:
         res = run_all(eng,
                       [req(p, max_new_tokens=n, ignore_eos=True) for p, n in zip(prompts, lengths)])
@@ -110,7 +110,7 @@ def test_seeded_sampling_is_reproducible_with_a_fixed_draft_length(tiny_qwen2, d
     prompts, _ = reference
     params = dict(temperature=0.9, top_p=0.9, top_k=50, min_p=0.02, max_new_tokens=NEW,
                   ignore_eos=True, seed=7)
-    eng = _engine(tiny_qwen2, drafter_path=str(drafters["trained"]), sd="on", num_draft_tokens=3)
+    eng = _engine(tiny_qwen2, drafter=str(drafters["trained"]), sd="on", num_draft_tokens=3)
     try:
         a = run_all(eng, [req(p, **params) for p in prompts[:4]])
         b = run_all(eng, [req(p, **params) for p in prompts[:4]])
@@ -144,7 +144,7 @@ def test_two_layer_target_takes_a_drafter(tiny_tokenizer, tmp_path):
 
     model = make_tiny_model(tmp_path / "m2", num_layers=2, tokenizer=tiny_tokenizer)
     drafter = random_drafter(model, tmp_path / "d2")
-    plain, sd = _engine(model, sd="off"), _engine(model, drafter_path=str(drafter), sd="on")
+    plain, sd = _engine(model, sd="off"), _engine(model, drafter=str(drafter), sd="on")
     try:
         prompts = _prompts(plain.tokenizer, 4)
         want = run_all(plain, [req(p, max_new_tokens=24, ignore_eos=True) for p in prompts])

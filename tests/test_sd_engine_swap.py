@@ -52,7 +52,7 @@ def plain(tiny_qwen2):
 def test_swap_mid_stream_keeps_output_and_changes_version(tiny_qwen2, drafters, plain):
     prompts, ref = plain
     eng = Engine(EngineConfig(model_path=str(tiny_qwen2),
-                              drafter_path=str(drafters["random"]), sd="on", num_draft_tokens=4))
+                              drafter=str(drafters["random"]), sd="on", num_draft_tokens=4))
     eng.start()
 
     async def stream():
@@ -103,7 +103,7 @@ def test_first_drafter_on_a_server_started_without_one(tiny_qwen2, drafters, pla
 
 def test_mismatched_or_broken_drafters_are_refused_over_http(tiny_qwen2, drafters, plain):
     prompts, ref = plain
-    with running_app(tiny_qwen2, drafter_path=str(drafters["random"]), sd="on") as (url, app):
+    with running_app(tiny_qwen2, drafter=str(drafters["random"]), sd="on") as (url, app):
         for name, path in drafters["bad"].items():
             r = httpx.post(f"{url}/update_weights_from_disk", timeout=60,
                            json={"model_path": str(path), "selector": "draft",
@@ -145,7 +145,7 @@ def test_draft_swap_lands_mid_request_without_waiting(tiny_qwen2, drafters, plai
     is lossless)."""
     prompts, _ = plain
     eng = Engine(EngineConfig(model_path=str(tiny_qwen2),
-                              drafter_path=str(drafters["random"]), sd="on"))
+                              drafter=str(drafters["random"]), sd="on"))
     eng.start()
 
     async def main():
@@ -170,7 +170,7 @@ def test_a_drafter_swap_keeps_the_targets_states(tiny_qwen2, drafters, plain):
     costs and acceptance evidence are kept; output unchanged."""
     prompts, ref = plain
     eng = Engine(EngineConfig(model_path=str(tiny_qwen2),
-                              drafter_path=str(drafters["random"]), sd="on", num_draft_tokens=4))
+                              drafter=str(drafters["random"]), sd="on", num_draft_tokens=4))
     fed: list[int] = []
     runner = eng.scheduler.runner
     forward = runner.forward

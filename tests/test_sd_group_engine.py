@@ -33,7 +33,7 @@ def engines(tiny_qwen2, drafter):
     engs = {"plain": _engine(tiny_qwen2, sd="off"),
             # on: no plain arm, SD at any batch
             "group": _engine(tiny_qwen2, sd="on", sd_sources=("group",)),
-            "fused": _engine(tiny_qwen2, sd="on", drafter_path=str(drafter), sd_sources=ALL)}
+            "fused": _engine(tiny_qwen2, sd="on", drafter=str(drafter), sd_sources=ALL)}
     yield engs
     for e in engs.values():
         e.shutdown()
@@ -86,7 +86,7 @@ def test_greedy_identical_across_a_drafter_swap_mid_stream(tiny_qwen2, drafter, 
     from sd_util import random_drafter
 
     other = random_drafter(tiny_qwen2, tmp_path / "random")
-    eng = _engine(tiny_qwen2, sd="on", drafter_path=str(other), sd_sources=ALL)
+    eng = _engine(tiny_qwen2, sd="on", drafter=str(other), sd_sources=ALL)
 
     async def main():
         loop, swapped = asyncio.get_running_loop(), False

@@ -112,9 +112,9 @@ class TrainConfig:
             raise ValueError(f"update_cores must be core numbers >= 0, got {self.update_cores!r}")
         if not isinstance(self.eval_every, int) or self.eval_every < 0:
             raise ValueError(f"eval_every must be an integer >= 0, got {self.eval_every!r}")
-        if self.drafter is not None and not (Path(self.drafter) / "config.json").is_file():
-            raise ValueError("drafter must be an EAGLE-3 drafter directory (with config.json), "
-                             f"got {self.drafter!r}")
+        if self.drafter is not None:
+            from gleanrl.harvest.checkpoint import check_drafter_dir
+            check_drafter_dir(self.drafter)
         if self.router is not None and not self.servers:
             raise ValueError("router needs the worker URLs too (--server URL per worker): "
                              "weight updates go to every worker, the router only "

@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
         prompts_text = _prompts(args, max(batches))
         common = dict(model_path=args.model, max_running_requests=64, device=args.device,
                       dtype=args.dtype)
-        engine = Engine(EngineConfig(**common, drafter_path=args.drafter, sd=args.sd,
+        engine = Engine(EngineConfig(**common, drafter=args.drafter, sd=args.sd,
                                      sd_max_batch=args.sd_max_batch,
                                      num_draft_tokens=args.num_draft_tokens))
         plain_engine = Engine(EngineConfig(**common, sd="off"))

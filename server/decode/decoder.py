@@ -122,10 +122,10 @@ def build_decoder(cfg: EngineConfig, runner: ModelRunner, target_config: dict,
                                           keep_versions=cfg.group_keep_versions)) \
         if ctl.config.group else None
     dec = SDDecoder(ctl, groups, target_version)
-    if groups is not None or cfg.drafter_path:
+    if groups is not None or cfg.drafter:
         ctl.cost.calibrate(runner)
-    if cfg.drafter_path:
-        dec.set_drafter(load_for_target(cfg.drafter_path, runner, target_config), cfg.drafter_path)
+    if cfg.drafter:
+        dec.set_drafter(load_for_target(cfg.drafter, runner, target_config), cfg.drafter)
     return dec
 
 

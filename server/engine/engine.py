@@ -58,7 +58,7 @@ class Engine:
         self.decoder = build_decoder(cfg, runner, config, lambda: self.state.weight_version)
         self.swapper = WeightSwapper(cfg, config, self.state, self.scheduler, self.decoder)
         self._memory = MemoryOccupation(self.state, self.scheduler, cfg.device)
-        if cfg.drafter_path:
+        if cfg.drafter:
             self.state.draft_weight_version = "default"
         self._rng = torch.Generator().manual_seed(cfg.seed)  # for requests without a seed
         self._outbox = Outbox()

@@ -29,7 +29,7 @@ def engines(tiny_qwen2, drafters, device):
         eng.start()
         return eng
 
-    engs = {"plain": make(sd="off")} | {name: make(drafter_path=str(p), sd="on")
+    engs = {"plain": make(sd="off")} | {name: make(drafter=str(p), sd="on")
                                         for name, p in drafters.items()}
     yield engs
     for e in engs.values():

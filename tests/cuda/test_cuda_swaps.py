@@ -48,7 +48,7 @@ def test_drafter_swap_keeps_output(tiny_qwen2, tiny_tokenizer, device, tmp_path)
     finally:
         plain.shutdown()
     eng = _engine(tiny_qwen2, device, sd="on",
-                  drafter_path=str(random_drafter(tiny_qwen2, tmp_path / "random")))
+                  drafter=str(random_drafter(tiny_qwen2, tmp_path / "random")))
     try:
         eng.update_weights(str(trained_drafter(tiny_qwen2, tiny_tokenizer, tmp_path / "trained")),
                            weight_version="d2", selector="draft")
