@@ -15,6 +15,9 @@ from gleanrl.server.sd.controller import Controller, ControllerConfig, CostModel
 EXPLORE, MIN_SAMPLES, PROBE, REPROBE, T_GRID = (ctl_mod.EXPLORE, ctl_mod.MIN_SAMPLES, ctl_mod.PROBE,
                                                 ctl_mod.REPROBE, ctl_mod.T_GRID)
 
+ALL = ("eagle", "group", "fused")
+EVERY = ControllerConfig(sd_sources=ALL, sd_max_batch=64)   # every source, at any batch up to 64
+
 
 def _costs(ctl: Controller, batches, per_token: float, base: float = 0.01) -> None:
     """A target pass of B sequences x T tokens costs base * B^0.3 * (1 + per_token *
@@ -40,7 +43,7 @@ def test_cost_model_interpolates_and_extrapolates_pessimistically():
 
 def test_plain_where_verifying_is_expensive_drafts_where_it_is_cheap():
     probs = [[0.97] * 20] * 4
-    cheap, dear = Controller(), Controller()
+    cheap, dear = Controller(EVERY), Controller(EVERY)
     _costs(cheap, (4,), per_token=0.01)
     _costs(dear, (4,), per_token=2.0)
     plan = cheap.plan([20] * 4, probs, [False] * 4)
@@ -50,7 +53,7 @@ def test_plain_where_verifying_is_expensive_drafts_where_it_is_cheap():
 
 
 def test_drafts_are_chosen_per_sequence():
-    ctl = Controller()
+    ctl = Controller(EVERY)
     _costs(ctl, (4,), per_token=0.02)
     plan = ctl.plan([20, 20, 0, 20], [[0.97] * 12, [], [0.97] * 12, [0.3, 0.3]], [False] * 4)
     # no draft / no room
@@ -61,7 +64,7 @@ def test_drafts_are_chosen_per_sequence():
 def test_eagle_acceptance_is_measured_and_kept_across_a_swap():
     """No optimistic prior: an unmeasured drafter is not drafted with; measured good, it is; a swap
     keeps the evidence as a prior that weighs half."""
-    ctl = Controller(ControllerConfig(group=False))
+    ctl = Controller(ControllerConfig(sd_max_batch=64))
     _costs(ctl, (1,), per_token=0.02)
     assert not ctl.plan([20], [[]], [True]).drafts                   # unknown: not worth it
     for _ in range(40):
@@ -79,7 +82,7 @@ def test_eagle_acceptance_is_measured_and_kept_across_a_swap():
 def test_each_sequence_gets_its_own_draft_length_or_none():
     """Two sequences in one batch: the one whose drafts are accepted drafts long, the one whose
     drafts are rejected drafts nothing, in the same plan."""
-    ctl = Controller(ControllerConfig(group=False))
+    ctl = Controller(ControllerConfig(sd_max_batch=64))
     _costs(ctl, (2,), per_token=0.05)
     good, bad = object(), object()
     for _ in range(30):
@@ -94,7 +97,7 @@ def test_unmeasured_drafting_is_explored_rarely_and_a_losing_cell_is_refused():
     """With nothing measured the controller plays plain but explores a drafting plan once every
     EXPLORE plans; a cell whose realised rate lost to plain is refused afterwards even though its
     estimates say it pays, but for a re-try every REPROBE-th refusal."""
-    ctl = Controller(ControllerConfig(group=False))
+    ctl = Controller(ControllerConfig(sd_max_batch=64))
     _costs(ctl, (1,), per_token=0.02)
     plans = [ctl.plan([20], [[]], [True]) for _ in range(EXPLORE)]
     assert [p.drafts for p in plans] == [False] * (EXPLORE - 1) + [True]
@@ -111,7 +114,7 @@ def test_unmeasured_drafting_is_explored_rarely_and_a_losing_cell_is_refused():
 
 
 def test_fixed_length_in_mode_on_is_deterministic():
-    ctl = Controller(ControllerConfig(mode="on", fixed_k=3))
+    ctl = Controller(ControllerConfig(sd="on", num_draft_tokens=3, sd_sources=ALL))
     plan = ctl.plan([20, 2, 20], [[0.9] * 8, [0.9] * 8, []], [True, True, False])
     assert plan.eagle_lens == [3, 2, 0] and plan.group_lens == [3, 2, 0]
 
@@ -122,10 +125,10 @@ def test_simulated_rate_is_never_below_plain(alpha, per_token):
     draft token (EAGLE-3 and group alike). The controller learns acceptance from the verified
     branches; its realised tokens per simulated second stays >= plain decoding's (0.97 slack for
     the learning)."""
-    rng, ctl = random.Random(0), Controller()
+    rng, ctl = random.Random(0), Controller(EVERY)
     b = 8
     _costs(ctl, (b,), per_token)
-    true = Controller()
+    true = Controller(EVERY)
     _costs(true, (b,), per_token)
     tokens = seconds = 0.0
     for _ in range(400):
@@ -183,7 +186,7 @@ def test_a_side_not_played_is_probed_so_its_estimates_do_not_freeze():
     """One slow plain sample (here 3x) must not keep SD on for good: while drafting wins, every
     PROBE-th plan is plain, whose measurement then corrects the cell; then plain plays, SD only as
     a rare exploration."""
-    ctl = Controller()
+    ctl = Controller(EVERY)
     _costs(ctl, (1,), per_token=0.05)
     true_plain = ctl.cost.target[1][1]
     ctl.cost.target[1][1] = 3 * true_plain                   # a frozen bad sample

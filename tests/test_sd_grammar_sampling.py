@@ -70,7 +70,7 @@ def test_sampled_sd_with_a_grammar_follows_plain_with_the_mask(tiny_qwen2, tiny_
     drafter = trained_drafter(tiny_qwen2, tiny_tokenizer, tmp_path / "drafter")
     state = EngineState()
     sched = Scheduler(state, runner, BATCH)
-    spec = SDDecoder(Controller(ControllerConfig(mode="on", group=False, fixed_k=3)))
+    spec = SDDecoder(Controller(ControllerConfig(sd="on", num_draft_tokens=3)))
     spec.set_drafter(load_drafter(drafter, embed_tokens=runner.embed.weight), "d")
     prompt = tiny_tokenizer("The quick brown fox")["input_ids"]
     params = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=TOP_K, ignore_eos=True,

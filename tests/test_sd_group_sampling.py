@@ -43,8 +43,8 @@ def _decoder(runner, drafter, arm: str) -> SDDecoder:
     from gleanrl.harvest.checkpoint import load_drafter
 
     fused = arm == "fused"
-    ctl = Controller(ControllerConfig(mode="on", eagle=fused, fused=fused,
-                                      fixed_k=2 if fused else 3))
+    ctl = Controller(ControllerConfig(sd="on", sd_sources=("eagle", "group", "fused") if fused
+                                      else ("group",), num_draft_tokens=2 if fused else 3))
     dec = SDDecoder(ctl, GroupDrafts())
     if arm == "fused":
         dec.set_drafter(load_drafter(drafter, embed_tokens=runner.embed.weight), "d")

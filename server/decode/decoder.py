@@ -38,7 +38,7 @@ from gleanrl.server.config import EngineConfig
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.sampling.sampler import params_tensors, sample_next
 from gleanrl.server.sampling.sequence import Emitted, Sequence
-from gleanrl.server.sd.controller import MAX_DEPTH, Controller, ControllerConfig, Plan, b_bucket
+from gleanrl.server.sd.controller import MAX_DEPTH, Controller, Plan, b_bucket
 from gleanrl.server.sd.draft import draft_tokens
 from gleanrl.server.sd.draft_state import DraftState
 from gleanrl.server.sd.drafter_forward import new_draft_cache
@@ -112,15 +112,10 @@ def build_decoder(cfg: EngineConfig, runner: ModelRunner, target_config: dict,
     first iteration with a drafter), the drafter's when one is loaded."""
     if cfg.sd == "off":
         return SDDecoder(None)
-    ctl = Controller(ControllerConfig(mode=cfg.sd, eagle="eagle" in cfg.sd_sources,
-                                      group="group" in cfg.sd_sources,
-                                      fused="fused" in cfg.sd_sources,
-                                      eagle_max_batch=cfg.sd_max_batch,
-                                      group_max_batch=cfg.group_max_batch,
-                                      fixed_k=cfg.num_draft_tokens))
+    ctl = Controller(cfg)                   # its settings: EngineConfig's ControllerConfig part
     groups = GroupDrafts(GroupIndexConfig(max_tokens=cfg.group_max_tokens,
                                           keep_versions=cfg.group_keep_versions)) \
-        if ctl.config.group else None
+        if "group" in cfg.sd_sources else None
     dec = SDDecoder(ctl, groups, target_version)
     if groups is not None or cfg.drafter:
         ctl.cost.calibrate(runner)
@@ -227,9 +222,10 @@ class SDDecoder:
 
     def _plan(self, seqs: list[Sequence]) -> tuple[Plan, list[GroupDraft | None]]:
         cfg = self.controller.config
-        propose = self.groups is not None and cfg.group and (cfg.mode == "on" or len(seqs) <= cfg.group_max_batch) \
+        propose = self.groups is not None and "group" in cfg.sd_sources \
+            and (cfg.sd == "on" or len(seqs) <= cfg.group_max_batch) \
             and self._probe(len(seqs))
-        if not propose and cfg.mode != "on" and self.controller.still_quiet(len(seqs)):
+        if not propose and cfg.sd != "on" and self.controller.still_quiet(len(seqs)):
             return Plan([0] * len(seqs), [0] * len(seqs), 0.0, 0.0), []   # nothing to plan
         caps = [self._cap(s) for s in seqs]
         proposals = [self.groups.propose(s, c) if propose and c > 0 else None

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gleanrl.server.config import ControllerConfig
 from gleanrl.server.sd.acceptance import MAX_DEPTH, Acceptance, expected_accepted
 from gleanrl.server.sd.cost_model import GRID, T_GRID, CostModel, b_bucket, ema
 
@@ -76,25 +77,6 @@ class Plan:
     @property
     def drafts(self) -> bool:
         return any(self.group_lens) or any(self.eagle_lens)
-
-
-@dataclass(frozen=True, slots=True)
-class ControllerConfig:
-    mode: str = "adaptive"          # on: play the best plan that drafts, wherever one exists
-    eagle: bool = True              # EAGLE-3 chains allowed (sources)
-    group: bool = True              # group drafts allowed
-    fused: bool = True              # both as two branches of one tree
-    eagle_max_batch: int = 64       # adaptive: EAGLE-3 only while running <= this
-    group_max_batch: int = 64       # adaptive: group drafts only while running <= this
-    fixed_k: int | None = None      # a fixed EAGLE-3 chain length
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("on", "adaptive"):
-            raise ValueError(f"controller mode must be on or adaptive, got {self.mode!r}")
-        if self.eagle_max_batch < 1 or self.group_max_batch < 1:
-            raise ValueError("max batch limits must be >= 1")
-        if self.fixed_k is not None and not 1 <= self.fixed_k <= 16:
-            raise ValueError("fixed draft length must be in [1, 16]")
 
 
 class Cells:
@@ -191,9 +173,9 @@ class Controller:
         every EXPLORE-th plain plan in a row, when it comes within CLOSE of plain (cheap
         exploration)."""
         cfg, b = self.config, len(caps)
-        on = cfg.mode == "on"
-        group_on = cfg.group and (on or b <= cfg.group_max_batch) and any(group_probs)
-        eagle_on = cfg.eagle and (on or b <= cfg.eagle_max_batch) and any(eagle_ok)
+        on, srcs = cfg.sd == "on", cfg.sd_sources
+        group_on = "group" in srcs and (on or b <= cfg.group_max_batch) and any(group_probs)
+        eagle_on = "eagle" in srcs and (on or b <= cfg.sd_max_batch) and any(eagle_ok)
         if b == 0 or not (group_on or eagle_on):
             return Plan([0] * b, [0] * b, 0.0, 0.0)
         if not on and not group_on and self.still_quiet(b):
@@ -201,10 +183,10 @@ class Controller:
         secs = self.cost.pass_seconds(b)                                    # [len(T_GRID)]
         plain_rate = b / secs[0] if np.isfinite(secs[0]) and secs[0] > 0 else 0.0
         none = Plan([0] * b, [0] * b, plain_rate, plain_rate)
-        if on and cfg.fixed_k:                       # deterministic: a seed reproduces its sample
-            caps_k = [min(c, cfg.fixed_k) for c in caps]
+        if on and cfg.num_draft_tokens:              # deterministic: a seed reproduces its sample
+            caps_k = [min(c, cfg.num_draft_tokens) for c in caps]
             eagle_lens = [c if ok and eagle_on else 0 for c, ok in zip(caps_k, eagle_ok)]
-            group_lens = [min(c, len(p)) if group_on and (cfg.fused or not e) else 0
+            group_lens = [min(c, len(p)) if group_on and ("fused" in srcs or not e) else 0
                           for c, e, p in zip(caps_k, eagle_lens, group_probs)]
             return Plan(group_lens, eagle_lens, plain_rate, plain_rate)
         if not np.isfinite(secs).all():
@@ -247,7 +229,8 @@ class Controller:
         valuable tree within k, whatever its rows cost."""
         cfg, b = self.config, len(caps)
         rows = np.arange(b)
-        ks = ([cfg.fixed_k] if cfg.fixed_k else list(K_GRID)) if elig.any() and cfg.eagle else []
+        k = cfg.num_draft_tokens
+        ks = ([k] if k else list(K_GRID)) if elig.any() and "eagle" in cfg.sd_sources else []
         if not force:                              # no deeper than one past what is measured
             deepest = self.accept.measured_depths() + 1
             ks = [k for k in ks if k <= deepest]
@@ -272,7 +255,7 @@ class Controller:
         val = np.maximum(g_val[None], e_val)
         use = np.where(e_val > g_val[None], e_use, g_use[None])
         kind = (e_val > g_val[None]).astype(int)                            # 0 group, 1 chain
-        if cfg.fused and group_probs is not None and ks:
+        if "fused" in cfg.sd_sources and group_probs is not None and ks:
             f_g = np.minimum(np.maximum(ls[None] - kk, 0), glen[None, :, None])   # [K, B, L+1]
             f_val = np.where(on3 & (f_g > 0), g_exp[r3, f_g] + (1 - g_first[None, :, None])
                              * e_exp[rows[None], kk[:, :, 0]][:, :, None], 0.0)
