@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     summary: dict = {"steps": []}
     server = EmbeddedServer(args.model, threads=1,
-                            extra_args=["--drafter", str(out / "drafter_init"), "--sd", "on"],
+                            settings={"drafter": str(out / "drafter_init"), "sd": "on"},
                             log_path=out / "server.log")
     with server:
         wait_healthy(server)

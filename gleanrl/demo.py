@@ -222,18 +222,18 @@ def ask(url: str, question: list[dict], max_tokens: int) -> str:
 @contextlib.contextmanager
 def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adaptive",
             dtype: str = "auto", device: str = "cpu", whole_machine: bool = False,
-            backend_args: list[str] | None = None):
+            backend: dict | None = None):
     """An embedded server on the first half of the cores (this process keeps the other half), or on
     every core with `whole_machine` (nothing of the trainer's runs beside the rollouts: no harvest).
-    `backend_args` replace the SD flags (e.g. `--backend sglang`)."""
+    `backend` replaces the SD settings (e.g. {"backend": "sglang"})."""
     from gleanrl.trainer.server_proc import EmbeddedServer
 
     cores = None if whole_machine else split_cores()
-    extra = backend_args if backend_args is not None else \
-        (["--drafter", str(drafter)] if drafter else []) + ["--sd", sd if drafter else "off"]
-    extra = [*extra, "--dtype", dtype, "--device", device]
+    extra = backend if backend is not None else \
+        ({"drafter": str(drafter)} if drafter else {}) | {"sd": sd if drafter else "off"}
+    extra = {**extra, "dtype": dtype, "device": device}
     threads = len(cores[0]) if cores else len(os.sched_getaffinity(0)) if whole_machine else 1
-    server = EmbeddedServer(str(policy), threads=threads, extra_args=extra, log_path=log_path)
+    server = EmbeddedServer(str(policy), threads=threads, settings=extra, log_path=log_path)
     with contextlib.ExitStack() as stack:
         if cores:
             stack.callback(os.sched_setaffinity, 0, os.sched_getaffinity(0))

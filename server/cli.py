@@ -4,17 +4,38 @@ a traceback."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 from pathlib import Path
 
 
+class _ConfigFile(argparse.Action):
+    """`--config FILE.json`: each setting as if its flag were given here."""
+
+    def __call__(self, parser, namespace, path, option_string=None) -> None:
+        try:
+            settings = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"--config {path}: {exc}")
+        known = {a.dest for a in parser._actions} - {"help", "config"}
+        if not isinstance(settings, dict) or set(settings) - known:
+            parser.error(f"--config {path}: not an object of known settings: "
+                         f"{sorted(set(settings) - known) if isinstance(settings, dict) else ''}")
+        for name, value in settings.items():
+            setattr(namespace, name, value)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from gleanrl.server.http.reasoning import PARSERS
     from gleanrl.server.http.tool_parser import FORMATS
-    p.add_argument("--model", "--model-path", dest="model", required=True,
-                   help="Hugging Face model directory (safetensors, tokenizer, chat template)")
+    p.add_argument("--config", action=_ConfigFile, metavar="FILE.json",
+                   help="a JSON object of these settings by name (e.g. {\"model\": DIR, "
+                        "\"sd_sources\": \"eagle,group\"}), as flags at its place (later ones win)")
+    p.add_argument("--model", "--model-path", dest="model",
+                   help="Hugging Face model directory (safetensors, tokenizer, chat template); "
+                        "required")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=30000, help="port to listen on")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the engine runs")
@@ -139,6 +160,8 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.model:
+        return _fail("--model is required (or \"model\" in --config)")
     if args.backend == "sglang":
         if getattr(args, "harvest_feed", False):
             return _fail("--harvest-feed is the embedded backend's: in front of stock SGLang run "

@@ -34,10 +34,10 @@ def test_drafter_must_be_a_directory(tiny_qwen2, tmp_path):
 
 def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, capsys, monkeypatch):
     drafter0 = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
-    commands: list[list[str]] = []
-    command = loop.EmbeddedServer.command
-    monkeypatch.setattr(loop.EmbeddedServer, "command",
-                        lambda self: commands.append(command(self)) or commands[-1])
+    commands: list[dict] = []
+    settings = loop.EmbeddedServer.settings
+    monkeypatch.setattr(loop.EmbeddedServer, "settings",
+                        lambda self: commands.append(settings(self)) or commands[-1])
     out = tmp_path / "run"
     base = ["train", "--model", str(tiny_qwen2), "--out", str(out), "--drafter", str(drafter0),
             "--prompts-per-step", "2", "--samples-per-prompt", "2", "--max-new-tokens", "24"]
@@ -45,7 +45,7 @@ def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, cap
     table = capsys.readouterr().out
     assert "dver" in table and "sd%" in table and "idle_s" in table
     cmd = commands[-1]
-    assert cmd[cmd.index("--drafter") + 1] == str(drafter0) and cmd[cmd.index("--sd") + 1] == "adaptive"
+    assert cmd["drafter"] == str(drafter0) and cmd["sd"] == "adaptive"
     spool_files = {p.name for p in (out / "harvest" / "spool").rglob("*") if p.is_file()}
     assert spool_files
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -57,7 +57,7 @@ def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, cap
     assert gleanrl.cli.main(base + ["--steps", "2", "--resume"]) == 0
     version = rows[-1]["drafter_version"]
     cmd = commands[-1]
-    assert cmd[cmd.index("--drafter") + 1] == (str(out / "harvest" / "drafter_versions"
+    assert cmd["drafter"] == (str(out / "harvest" / "drafter_versions"
                                                    / f"v{version:06d}")
                                                if version else str(drafter0))
     assert spool_files <= {p.name for p in (out / "harvest" / "spool").rglob("*") if p.is_file()}

@@ -165,7 +165,8 @@ def test_keys_stay_out_of_argv_and_written_configs(tiny_qwen2, tmp_path, monkeyp
     assert cfg.to_dict()["api_key"] == "<redacted>"
     assert TrainConfig(model=str(tiny_qwen2), out="o").to_dict()["api_key"] is None
     # argv is public (ps)
-    _no_keys(" ".join(EmbeddedServer("m", api_key=USER, admin_api_key=ADMIN).command()))
+    srv = EmbeddedServer("m", api_key=USER, admin_api_key=ADMIN)
+    _no_keys(" ".join(srv.command()) + srv.config_path.read_text())   # nor in its settings file
     monkeypatch.setenv("GLEANRL_API_KEY", USER)
     monkeypatch.setenv("GLEANRL_ADMIN_API_KEY", ADMIN)
     parser = argparse.ArgumentParser()

@@ -66,7 +66,7 @@ def _weights(path) -> dict[str, torch.Tensor]:
 def server(tiny_qwen2, tmp_path_factory):
     # one request at a time: a batched forward's last bits depend on what else runs, and the resume
     # test compares weights exactly (the rollout logprobs enter the loss through the ratio)
-    srv = EmbeddedServer(str(tiny_qwen2), threads=1, extra_args=["--max-running-requests", "1"],
+    srv = EmbeddedServer(str(tiny_qwen2), threads=1, settings={"max_running_requests": 1},
                          log_path=tmp_path_factory.mktemp("srv") / "server.log")
     with srv:
         asyncio.run(RolloutClient([srv.url]).wait_healthy(60))

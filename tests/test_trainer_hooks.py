@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 from pathlib import Path
 
 import pytest
@@ -51,11 +52,28 @@ def test_train_refuses_hooks_that_lack_one(tiny_qwen2, tmp_path):
     assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
-def test_serve_sd_is_typed_and_extra_flags_still_win():
+def test_serve_sd_is_typed_and_extra_settings_still_win():
     with pytest.raises(ValueError, match="sd mode"):
         ServeSD("d", mode="fast")
-    cmd = EmbeddedServer("m", sd=ServeSD("/d")).command()
-    assert cmd[cmd.index("--drafter") + 1] == "/d" and cmd[cmd.index("--sd") + 1] == "adaptive"
-    cmd = EmbeddedServer("m", extra_args=["--sd", "on"], sd=ServeSD("/d")).command()
-    assert cmd[-2:] == ["--sd", "on"]  # argparse keeps the last: the user's flag
-    assert "--drafter" not in EmbeddedServer("m").command()
+    srv = EmbeddedServer("m", sd=ServeSD("/d"))
+    cmd = srv.command()   # the settings go as a JSON file, not as flags
+    assert cmd[-2:] == ["--config", str(srv.config_path)] and "--drafter" not in cmd
+    settings = json.loads(srv.config_path.read_text())
+    assert settings["drafter"] == "/d" and settings["sd"] == "adaptive" and settings["model"] == "m"
+    assert EmbeddedServer("m", settings={"sd": "on"}, sd=ServeSD("/d")).settings()["sd"] == "on"
+    assert "drafter" not in EmbeddedServer("m").settings()
+
+
+def test_serve_reads_the_config_file_its_flags_win(tmp_path):
+    import argparse
+
+    from gleanrl.server.cli import add_arguments
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    path = tmp_path / "serve.json"
+    path.write_text(json.dumps({"model": "m", "sd": "on", "threads": 2, "dist_allow": ["h"]}))
+    args = parser.parse_args(["--config", str(path), "--sd", "off"])
+    assert (args.model, args.sd, args.threads, args.dist_allow) == ("m", "off", 2, ["h"])
+    path.write_text(json.dumps({"model": "m", "modell": 1}))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--config", str(path)])

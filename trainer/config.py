@@ -59,7 +59,8 @@ class TrainConfig:
                                              # with AVX-512 BF16
     server_threads: int = 0                  # embedded server's torch threads (0: every core,
                                              # half with harvest)
-    server_args: list[str] = field(default_factory=list)   # extra `gleanrl serve` flags (embedded)
+    serve: dict = field(default_factory=dict)   # the embedded server's `gleanrl serve` settings by
+                                                # name (e.g. {"dtype": "bfloat16"}; its --config)
     api_key: str | None = None
     admin_api_key: str | None = None
     request_timeout_s: float = 600.0
@@ -119,6 +120,8 @@ class TrainConfig:
             raise ValueError("router needs the worker URLs too (--server URL per worker): "
                              "weight updates go to every worker, the router only "
                              "forwards generation")
+        if not isinstance(self.serve, dict):
+            raise ValueError(f"serve must be a table of `gleanrl serve` settings, got {self.serve!r}")
         if self.task and self.data:
             raise ValueError("give either task or data, not both")
 

@@ -94,7 +94,7 @@ def train(cfg: TrainConfig, task: Task | None = None, hooks: RolloutHooks | None
     cores = len(all_cores())
     threads = cfg.server_threads or (max(cores // 2, 1) if hooks.harvests else cores)
     server = None if cfg.servers else EmbeddedServer(
-        cfg.model, threads, cfg.server_args, cfg.api_key, cfg.admin_api_key,
+        cfg.model, threads, cfg.serve, cfg.api_key, cfg.admin_api_key,
         f"{cfg.out}/server.log", sd=sd)
     try:
         if server:

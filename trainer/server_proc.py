@@ -4,11 +4,13 @@ ranks the harvester below it). On 2 cores the server gets `--threads 1`
 and the trainer `torch.set_num_threads(1)`; rollouts and training alternate, so neither starves."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,30 +40,38 @@ class ServeSD:
         if self.mode not in SD_MODES:
             raise ValueError(f"sd mode must be one of {', '.join(SD_MODES)}, got {self.mode!r}")
 
-    def args(self) -> list[str]:
-        return ["--drafter", str(self.drafter), "--sd", self.mode]
+    def settings(self) -> dict:
+        return {"drafter": str(self.drafter), "sd": self.mode}
 
 
 class EmbeddedServer:
-    """`extra_args` are passed last, so a flag there overrides the same flag from `sd`."""
+    """`settings`: `gleanrl serve` settings by its flags' names (`dtype`, `sd_sources`, ...), over
+    those of `sd`; handed to it as a JSON file (`gleanrl serve --config`), not as flags."""
 
-    def __init__(self, model: str, threads: int = 1, extra_args: list[str] | None = None,
+    def __init__(self, model: str, threads: int = 1, settings: dict | None = None,
                  api_key: str | None = None, admin_api_key: str | None = None,
                  log_path: str | Path | None = None, sd: ServeSD | None = None):
-        self.model, self.threads, self.extra_args = model, threads, list(extra_args or [])
+        self.model, self.threads, self.extra = model, threads, dict(settings or {})
         self.sd = sd
         self.api_key, self.admin_api_key = api_key, admin_api_key
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path) if log_path else None
+        self.config_path = Path(tempfile.gettempdir()) / \
+            f"gleanrl-serve-{os.getpid()}-{self.port}.json"
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
 
+    def settings(self) -> dict:
+        """What the server is started with; keys go by environment (start), never in the file."""
+        return {"model": self.model, "host": "127.0.0.1", "port": self.port,
+                "threads": self.threads, **(self.sd.settings() if self.sd else {}), **self.extra}
+
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "gleanrl", "serve", "--model", self.model, "--host",
-               "127.0.0.1", "--port", str(self.port), "--threads", str(self.threads)]
-        # keys go by environment (start), not argv: argv is visible to `ps`
-        return cmd + (self.sd.args() if self.sd else []) + self.extra_args
+        from gleanrl.harvest.atomic import atomic_file
+        with atomic_file(self.config_path, "w") as f:
+            json.dump(self.settings(), f)
+        return [sys.executable, "-m", "gleanrl", "serve", "--config", str(self.config_path)]
 
     def start(self) -> None:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from gleanrl import demo
 from gleanrl.bench.e2e_summary import headline, summarize
-from gleanrl.bench.sglang_arm import sglang_missing, sglang_serve_args
+from gleanrl.bench.sglang_arm import sglang_missing
 
 # name -> (the drafter's start: None (no SD) | "same" | "cold" | "offdomain", harvest, seed offset)
 RUNS = {
@@ -147,10 +147,10 @@ def starts(policy: Path, args: argparse.Namespace, arms: list[str]) -> dict[str,
     return out
 
 
-def sglang_args(args: argparse.Namespace) -> list[str]:
+def sglang_args(args: argparse.Namespace) -> dict:
     """Stock SGLang with a KV pool for every rollout of a step at its longest."""
-    return sglang_serve_args(args.prompts_per_step * args.samples_per_prompt,
-                             args.max_new_tokens + 512)
+    tokens = args.prompts_per_step * args.samples_per_prompt * (args.max_new_tokens + 512)
+    return {"backend": "sglang", "sglang_arg": [f"--max-total-tokens={tokens}"]}
 
 
 def heldout(h, start: Path, policy: Path) -> dict:
@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         whole = harvest is None or args.harvest_schedule == "idle"
         with demo.serving(policy, drafter0, out / f"{name}.server.log", sd=args.sd,
                           dtype=args.dtype, device=args.device, whole_machine=whole,
-                          backend_args=backend) as server:
+                          backend=backend) as server:
             hooks, h = NoHooks(), None
             if harvest:
                 h = Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None,

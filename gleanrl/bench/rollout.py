@@ -3,8 +3,8 @@ arms side by side.
 
 P prompts x n samples, all submitted at once (T = 1, seeded per step as the trainer does), for
 `--steps` consecutive steps with the same policy and the same prompts (an epoch revisiting them), so
-the earlier-sample index fills. Each arm is its own engine, configured exactly as `gleanrl serve`
-with the arm's flags (`serve_flags` in the JSON), nothing swapped inside: `plain` (`--sd off`),
+the earlier-sample index fills. Each arm is its own engine, configured (SERVE) as `gleanrl serve`
+is with the arm's flags (`serve_flags` in the JSON), nothing swapped inside: `plain` (`--sd off`),
 `eagle` (`--drafter D`), `group` (`--sd-sources group`), `fused` (`--drafter D --sd-sources
 eagle,group,fused`), the last three with the serve defaults otherwise (`--sd adaptive`: the
 cost-model controller); and `sglang`: stock SGLang CPU (`gleanrl serve --backend sglang`, skipped
@@ -26,9 +26,8 @@ import sys
 import time
 
 ARMS = ("plain", "eagle", "group", "fused", "sglang")
-SERVE_FLAGS = {"plain": ["--sd", "off"], "eagle": ["--drafter", "D"],
-               "group": ["--sd-sources", "group"],
-               "fused": ["--drafter", "D", "--sd-sources", "eagle,group,fused"]}
+SERVE = {"plain": {"sd": "off"}, "eagle": {"drafter": "D"}, "group": {"sd_sources": ("group",)},
+         "fused": {"drafter": "D", "sd_sources": ("eagle", "group", "fused")}}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,19 +73,17 @@ def _step(engine, prompts: list[list[int]], n: int, temperature: float, max_new:
 
 
 def _arm_config(arm: str, model: str, drafter: str, args: argparse.Namespace):
-    """The EngineConfig `gleanrl serve --model M` builds with the arm's flags (SERVE_FLAGS)."""
-    from gleanrl.server.cli import add_arguments, engine_config
+    """The EngineConfig of the arm's settings (SERVE), and the `gleanrl serve` flags that give it."""
+    from gleanrl.server.config import EngineConfig
 
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    flags = [x if x != "D" else drafter for x in SERVE_FLAGS[arm]]
-    for name, value in (("--sd-max-batch", args.sd_max_batch),
-                        ("--group-max-batch", args.group_max_batch)):
-        if value is not None and arm != "plain":
-            flags += [name, str(value)]
-    flags += ["--dtype", args.dtype,
-              "--max-running-requests", str(args.prompts * args.n)]
-    return engine_config(parser.parse_args(["--model", model, *flags])), flags
+    settings = {k: drafter if v == "D" else v for k, v in SERVE[arm].items()}
+    if arm != "plain":
+        settings |= {k: v for k, v in (("sd_max_batch", args.sd_max_batch),
+                                       ("group_max_batch", args.group_max_batch)) if v is not None}
+    settings |= {"dtype": args.dtype, "max_running_requests": args.prompts * args.n}
+    flags = [x for k, v in settings.items()
+             for x in (f"--{k.replace('_', '-')}", ",".join(v) if isinstance(v, tuple) else str(v))]
+    return EngineConfig(model_path=model, **settings), flags
 
 
 def _default_paths(args: argparse.Namespace) -> tuple[str, str]:
