@@ -16,44 +16,6 @@ from pathlib import Path
 
 from gleanrl.trainer.config import TrainConfig, build_config, read_config_file
 
-# flag -> (TrainConfig field, type, help). Defaults live in TrainConfig; a flag not given is None.
-FLAGS = {
-    "--steps": ("steps", int, "RL steps"),
-    "--prompts-per-step": ("prompts_per_step", int, "prompts per step"),
-    "--samples-per-prompt": ("samples_per_prompt", int, "rollouts per prompt (GRPO group size)"),
-    "--max-new-tokens": ("max_new_tokens", int, "rollout length cap"),
-    "--temperature": ("temperature", float, "sampling temperature"),
-    "--top-p": ("top_p", float, "top-p"),
-    "--lr": ("lr", float, "AdamW learning rate"),
-    "--micro-batch-size": ("micro_batch_size", int, "sequences per forward/backward"),
-    "--kl-coef": ("kl_coef", float, "k3 KL to the initial policy (0: off)"),
-    "--negative-weight": ("negative_weight", float,
-                          "weight of negative advantages (< 1 leans on reinforcing "
-                                                    "successes; the demo uses 1)"),
-    "--eval-every": ("eval_every", int, "accuracy on held-out prompts every N steps (0: off)"),
-    "--eval-prompts": ("eval_prompts", int, "held-out prompts per evaluation"),
-    "--eval-samples": ("eval_samples", int, "samples per held-out prompt"),
-    "--eval-temperature": ("eval_temperature", float, "evaluation temperature (0: greedy)"),
-    "--keep-last": ("keep_last", int, "step checkpoints kept"),
-    "--seed": ("seed", int, "seed"),
-    "--trainer-threads": ("trainer_threads", int, "torch threads of the trainer"),
-    "--update-threads": ("update_threads", int,
-                         "torch threads of the policy update, which runs while the server "
-                                                "waits (0: --trainer-threads)"),
-    "--update-dtype": ("update_dtype", str,
-                       "the policy update's compute dtype: float32, or bfloat16 autocast "
-                                            "(fp32 master weights, optimizer and logits; 3-4x faster on "
-                                            "CPUs with AVX-512 BF16)"),
-    "--server-threads": ("server_threads", int,
-                         "torch threads of the embedded server (0: every core, half with "
-                                                "--drafter)"),
-    "--api-key": ("api_key", str, "the rollout server's API key"),
-    "--admin-api-key": ("admin_api_key", str,
-                        "the rollout server's admin API key (weight updates)"),
-    "--server-wait-s": ("server_wait_s", float, "how long to wait for a dead or restarting server"),
-}
-
-
 # flag -> (HarvestConfig field, "spool." for SpoolConfig's, type, help). Only with --drafter.
 HARVEST_FLAGS = {
     "--push-every": ("push_every", int,
@@ -129,15 +91,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="continue from the last complete checkpoint in --out (and its "
                              "harvest spool and drafter versions)")
     parser.add_argument("--config", help="TOML/YAML file of TrainConfig fields; flags override it")
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    for flag, (dest, typ, help_text) in FLAGS.items():
-        # not given: absent, so the file's value stands
-        parser.add_argument(flag, dest=dest, type=typ, default=argparse.SUPPRESS,
-                            choices=["float32", "bfloat16"] if dest == "update_dtype" else None,
-                            help=f"{help_text} (default: {defaults[dest]})")
-    parser.add_argument("--eval-greedy", dest="eval_greedy", action="store_true",
-                        default=argparse.SUPPRESS,
-                        help="also evaluate greedily (eval_greedy_* keys)")
+    for f in dataclasses.fields(TrainConfig):
+        if "help" in f.metadata:  # not given: absent, so the file's value stands
+            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
+                                default=argparse.SUPPRESS, **{**f.metadata, "help": (
+                                    f"{f.metadata['help']} (default: {f.default})")})
     add_harvest_flags(parser.add_argument_group("harvest (with --drafter; kept by --resume)"))
 
 

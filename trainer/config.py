@@ -8,6 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def _flag(default, help_text: str, **kw):
+    """A field with a `gleanrl train` flag, --NAME-WITH-DASHES (`trainer/cli.py` makes them)."""
+    typed = {} if "action" in kw else {"type": str if default is None else type(default)}
+    return field(default=default, metadata={"help": help_text, **typed, **kw})
+
+
 @dataclass(slots=True)
 class TrainConfig:
     model: str                               # initial policy (HF directory)
@@ -20,51 +26,49 @@ class TrainConfig:
                                              # weights to `servers`
     drafter: str | None = None               # EAGLE-3 drafter directory: harvest on (trained in
                                              # the tail, pushed)
-    steps: int = 20
-    prompts_per_step: int = 8
-    samples_per_prompt: int = 4              # GRPO group size
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0                       # < 1: nucleus sampling; logprobs stay of
-                                             # the full softmax
-    lr: float = 1e-4
+    steps: int = _flag(20, "RL steps")
+    prompts_per_step: int = _flag(8, "prompts per step")
+    samples_per_prompt: int = _flag(4, "rollouts per prompt (GRPO group size)")
+    max_new_tokens: int = _flag(64, "rollout length cap")
+    temperature: float = _flag(1.0, "sampling temperature")
+    top_p: float = _flag(1.0, "top-p (< 1: nucleus sampling; logprobs stay of the full softmax)")
+    lr: float = _flag(1e-4, "AdamW learning rate")
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
-    micro_batch_size: int = 8                # sequences per forward/backward
+    micro_batch_size: int = _flag(8, "sequences per forward/backward")
     clip_low: float = 0.2
     clip_high: float = 0.2
-    kl_coef: float = 0.0                     # > 0 keeps a frozen reference copy of
-                                             # the initial policy
+    kl_coef: float = _flag(0.0, "k3 KL to the initial policy (0: off; > 0 keeps a frozen "
+                                "reference copy of it)")
     scale_advantages: bool = True            # divide by the group std (GRPO) or not (Dr. GRPO)
-    negative_weight: float = 1.0             # weight of negative advantages (< 1: favour
-                                             # reinforcing successes)
-    eval_every: int = 0                      # held-out accuracy at step 0, every N steps and
-                                             # the last (0: off)
-    eval_prompts: int = 64
-    eval_samples: int = 1                    # per prompt; > 1 only makes sense with
-                                             # eval_temperature > 0
-    eval_temperature: float = 0.0            # 0: greedy
-    eval_greedy: bool = False                # with eval_temperature > 0: also a greedy pass
-                                             # (eval_greedy_*)
-    keep_last: int = 2                       # step checkpoints kept on disk
-    seed: int = 0
-    trainer_threads: int = 1
-    update_threads: int = 0                  # torch threads of the policy update (0:
-                                             # trainer_threads)
+    negative_weight: float = _flag(1.0, "weight of negative advantages (< 1 leans on reinforcing "
+                                        "successes; the demo uses 1)")
+    eval_every: int = _flag(0, "accuracy on held-out prompts at step 0, every N steps and the "
+                               "last (0: off)")
+    eval_prompts: int = _flag(64, "held-out prompts per evaluation")
+    eval_samples: int = _flag(1, "samples per held-out prompt (> 1 only with --eval-temperature)")
+    eval_temperature: float = _flag(0.0, "evaluation temperature (0: greedy)")
+    eval_greedy: bool = _flag(False, "also evaluate greedily (eval_greedy_* keys; with "
+                                     "eval_temperature > 0)", action="store_true")
+    keep_last: int = _flag(2, "step checkpoints kept")
+    seed: int = _flag(0, "seed")
+    trainer_threads: int = _flag(1, "torch threads of the trainer")
+    update_threads: int = _flag(0, "torch threads of the policy update, which runs while the "
+                                   "server waits (0: --trainer-threads)")
     # CPU affinity of the update (empty: unchanged)
     update_cores: list[int] = field(default_factory=list)
-    update_dtype: str = "float32"            # "bfloat16": the update's forward in bf16 autocast
-                                             # (fp32 master weights and logits); 3-4x faster on CPUs
-                                             # with AVX-512 BF16
-    server_threads: int = 0                  # embedded server's torch threads (0: every core,
-                                             # half with harvest)
+    update_dtype: str = _flag("float32", "the policy update's compute dtype: float32, or bfloat16 "
+                              "autocast (fp32 master weights, optimizer and logits; 3-4x faster "
+                              "on CPUs with AVX-512 BF16)", choices=["float32", "bfloat16"])
+    server_threads: int = _flag(0, "torch threads of the embedded server (0: every core, half "
+                                   "with --drafter)")
     serve: dict = field(default_factory=dict)   # the embedded server's `gleanrl serve` settings by
                                                 # name (e.g. {"dtype": "bfloat16"}; its --config)
-    api_key: str | None = None
-    admin_api_key: str | None = None
+    api_key: str | None = _flag(None, "the rollout server's API key")
+    admin_api_key: str | None = _flag(None, "the rollout server's admin API key (weight updates)")
     request_timeout_s: float = 600.0
-    server_wait_s: float = 120.0             # how long to wait for a dead/restarting server
+    server_wait_s: float = _flag(120.0, "how long to wait for a dead or restarting server")
     max_attempts: int = 3                    # submissions per rollout before it counts as failed
     stream: bool = True                      # stream /generate to time the first token
     stream_interval: int = 8                 # tokens per streamed chunk (first-token time
