@@ -20,9 +20,8 @@ class _ConfigFile(argparse.Action):
         except (OSError, ValueError) as exc:
             parser.error(f"--config {path}: {exc}")
         known = {a.dest for a in parser._actions} - {"help", "config"}
-        if not isinstance(settings, dict) or set(settings) - known:
-            parser.error(f"--config {path}: not an object of known settings: "
-                         f"{sorted(set(settings) - known) if isinstance(settings, dict) else ''}")
+        if not isinstance(settings, dict) or not set(settings) <= known:
+            parser.error(f"--config {path}: not an object of known settings ({sorted(known)})")
         for name, value in settings.items():
             setattr(namespace, name, value)
 

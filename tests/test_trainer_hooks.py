@@ -54,7 +54,7 @@ def test_train_refuses_hooks_that_lack_one(tiny_qwen2, tmp_path):
 
 def test_serve_sd_is_typed_and_extra_settings_still_win():
     with pytest.raises(ValueError, match="sd mode"):
-        ServeSD("d", mode="fast")
+        ServeSD("d", sd="fast")
     srv = EmbeddedServer("m", sd=ServeSD("/d"))
     cmd = srv.command()   # the settings go as a JSON file, not as flags
     assert cmd[-2:] == ["--config", str(srv.config_path)] and "--drafter" not in cmd

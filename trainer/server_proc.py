@@ -1,6 +1,6 @@
 """The embedded rollout server the trainer starts when no `--server` is given: `gleanrl serve` as a
 subprocess on a free loopback port, restarted if it dies, in the trainer's session (so that nice
-ranks the harvester below it). On 2 cores the server gets `--threads 1`
+ranks the harvester below it). On 2 cores the server gets `threads` 1
 and the trainer `torch.set_num_threads(1)`; rollouts and training alternate, so neither starves."""
 from __future__ import annotations
 
@@ -32,16 +32,16 @@ def free_port() -> int:
 
 @dataclass(frozen=True, slots=True)
 class ServeSD:
-    """The embedded server's speculative decoding: the drafter it serves and its `--sd` mode."""
+    """The embedded server's speculative decoding: the drafter it serves and its `sd` mode."""
     drafter: str
-    mode: str = "adaptive"
+    sd: str = "adaptive"
 
     def __post_init__(self) -> None:
-        if self.mode not in SD_MODES:
-            raise ValueError(f"sd mode must be one of {', '.join(SD_MODES)}, got {self.mode!r}")
+        if self.sd not in SD_MODES:
+            raise ValueError(f"sd mode must be one of {', '.join(SD_MODES)}, got {self.sd!r}")
 
     def settings(self) -> dict:
-        return {"drafter": str(self.drafter), "sd": self.mode}
+        return {"drafter": str(self.drafter), "sd": self.sd}
 
 
 class EmbeddedServer:
@@ -106,6 +106,7 @@ class EmbeddedServer:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self) -> None:
+        self.config_path.unlink(missing_ok=True)
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.send_signal(signal.SIGTERM)
