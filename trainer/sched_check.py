@@ -47,8 +47,9 @@ async def check_scheduling(client: RolloutClient, prompt_ids: list[int],
     log(f"scheduling check: {running} x {tokens} tokens decode in {alone * 1e3:.0f} ms alone, "
         f"{beside * 1e3:.0f} ms beside the harvester's compute ({ratio:.2f}x): {verdict}"
         + ("" if ratio <= SLOWDOWN_WARN else
-           f" (autogroup {_autogroup()}: start the server in this process's session, or give "
-           "the harvester its own cores)"))
+           f" (autogroup {_autogroup()}: a server in another session competes at full weight, "
+           "start it in this one; one in this session still shares cores and memory bandwidth, "
+           "give the harvester cores of its own)"))
     return {"sched_alone_s": alone, "sched_beside_s": beside, "sched_slowdown": ratio}
 
 
