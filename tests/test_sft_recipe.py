@@ -146,3 +146,14 @@ def test_reference_accuracy_is_the_probability_of_sampling_the_reference():
     flat = reference_accuracy(_Oracle(len(tok), 0.0), tok, task, samples[:1], batch_tokens=256)
     n_response = len(task.solution(samples[0])) + 1  # and the end-of-turn token
     assert flat["expected"] == pytest.approx(len(tok) ** -n_response, rel=1e-3, abs=1e-4)
+
+
+def test_bf16_autocast_only_where_bf16_is_native(monkeypatch):
+    from gleanrl.trainer.tasks.sft import bf16_native
+
+    assert bf16_native("cuda")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert not bf16_native("cpu")  # an AVX2 host: emulated bf16, the recipe runs in float32
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    assert bf16_native("cpu")
