@@ -1,6 +1,6 @@
 """The one record for a rollout, filled by the client from SGLang's /generate response
-(`run_rollout`); it flows on to the rewards, the loss and the harvester (a
-`records.FinishedRollout`)."""
+(`run_rollout`); it flows on to the rewards, the loss and the harvester (a `FinishedRollout`,
+what the harvest reads of it and the sidecar builds from a feed record)."""
 from __future__ import annotations
 
 import enum
@@ -11,7 +11,39 @@ import httpx
 
 from gleanrl.clients.rollout_client import RolloutClient
 from gleanrl.clients.transport import RolloutServerError
-from gleanrl.records import FinishedRollout
+
+
+@dataclass(slots=True)
+class FinishedRollout:
+    """What the harvest takes of a finished rollout: `clients.rollout.Rollout` is one, the sidecar
+    reads one from each feed record."""
+    prompt_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    weight_version: str | None = None
+    draft_weight_version: str | None = None
+    spec_verify_ct: int = 0               # SD verify passes
+    spec_accept_token_num: int = 0        # draft tokens those passes accepted
+    # gleanrl: accepted drafts per source
+    spec_accept_token_num_by_source: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def sd_tokens(self) -> int:
+        """Output tokens from verify passes: each emits the drafts it accepted and one of its own."""
+        return self.spec_verify_ct + self.spec_accept_token_num
+
+    def read_meta(self, meta: dict) -> FinishedRollout:
+        """Versions and SD counters from a /generate answer's `meta_info` (or a feed record)."""
+        self.weight_version = _str_or_none(meta.get("weight_version"))
+        self.draft_weight_version = _str_or_none(meta.get("draft_weight_version"))
+        self.spec_verify_ct = int(meta.get("spec_verify_ct") or 0)
+        self.spec_accept_token_num = int(meta.get("spec_accept_token_num") or 0)
+        by_source = meta.get("spec_accept_token_num_by_source") or {}
+        self.spec_accept_token_num_by_source = {str(k): int(v) for k, v in by_source.items()}
+        return self
+
+
+def _str_or_none(value) -> str | None:
+    return None if value is None else str(value)
 
 
 class RolloutStatus(str, enum.Enum):

@@ -22,7 +22,7 @@ _API = {
     "RolloutStatus": "gleanrl.clients.rollout",
     "DrafterPush": "gleanrl.clients.weight_sync",
     "load_task": "gleanrl.trainer.tasks",
-    "Task": "gleanrl.records",
+    "Task": "gleanrl.trainer.tasks.base",
     "train": "gleanrl.trainer.loop",
     "RolloutHooks": "gleanrl.trainer.hooks",
     "NoHooks": "gleanrl.trainer.hooks",

@@ -10,6 +10,7 @@ optional on load).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +169,17 @@ def load_drafter(path: str | Path, device: str | torch.device = "cpu", target_co
         except ValueError as exc:
             raise DrafterCheckpointError(f"{path}: the target's {exc}") from None
     return drafter.eval()
+
+
+_VERSION_DIR = re.compile(r"^v(\d+)$")
+
+
+def drafter_dir(versions_dir: Path, version: int) -> Path:
+    """Where pushed drafter version N lives (its `draft_weight_version` is str(N))."""
+    return Path(versions_dir) / f"v{version:06d}"
+
+
+def drafter_versions(versions_dir: Path) -> list[tuple[int, Path]]:
+    """The drafter versions under `versions_dir`, oldest first."""
+    return sorted((int(m[1]), p) for p in Path(versions_dir).glob("v*")
+                  if (m := _VERSION_DIR.match(p.name)))

@@ -42,12 +42,11 @@ import torch
 
 from gleanrl.harvest.acceptance import acceptance_sums
 from gleanrl.harvest.capture import Sample, capture
-from gleanrl.harvest.checkpoint import load_drafter, save_drafter
+from gleanrl.harvest.checkpoint import drafter_dir, drafter_versions, load_drafter, save_drafter
 from gleanrl.harvest.idle import IdleReport, IdleWindow, Waiting, run_window
 from gleanrl.harvest.push_rule import Verdict, paired_verdict
 from gleanrl.harvest.spool import Spool, SpoolConfig
 from gleanrl.harvest.train_step import bf16_fast, make_optimizer, train_step
-from gleanrl.records import drafter_dir, drafter_versions
 
 PushFn = Callable[[str, int], None]
 

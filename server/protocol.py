@@ -162,3 +162,7 @@ class GenerateOutput:
 class CheckpointError(ValueError):
     """A weight update was refused; the message says why. The engine keeps serving
     what it served."""
+
+
+# what a harvest feed record carries of a /generate answer's meta_info, besides the weight version
+FEED_META = ("spec_verify_ct", "spec_accept_length", "spec_accept_token_num", "draft_weight_version")

@@ -107,7 +107,7 @@ def test_cli_reports_user_errors_without_a_traceback(tmp_path, capsys):
 
 def test_task_without_solutions_is_refused(tmp_path, monkeypatch):
     (tmp_path / "nosol.py").write_text(
-        "from gleanrl.records import Task\n\n\nclass T(Task):\n"
+        "from gleanrl.trainer.tasks.base import Task\n\n\nclass T(Task):\n"
         "    def prompts(self, split, n, seed): return [{'prompt': 'x'}] * n\n"
         "    def reward(self, sample, response): return 0.0\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -12,9 +12,9 @@ from gleanrl.harvest.cli_init import init_drafter
 from gleanrl.harvest.harvester import HarvestConfig, Harvester
 from gleanrl.harvest.hooks import HarvestHooks
 from gleanrl.harvest.spool import SpoolConfig
-from gleanrl.records import Task
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.loop import train
+from gleanrl.trainer.tasks.base import Task
 from tests.serving import running_server
 
 

@@ -8,12 +8,12 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
+from gleanrl.clients.rollout import FinishedRollout
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
 from gleanrl.harvest.harvester import HarvestConfig, Harvester
 from gleanrl.harvest.hooks import HarvestHooks
 from gleanrl.harvest.spool import SpoolConfig
-from gleanrl.records import FinishedRollout
 
 
 def _rollout(prompt, output, version="0", verify_ct=0, accepted=0):

@@ -10,11 +10,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from gleanrl.clients.rollout import FinishedRollout
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
 from gleanrl.harvest.harvester import HarvestConfig
 from gleanrl.harvest.hooks import HarvestHooks
-from gleanrl.records import FinishedRollout
 from gleanrl.trainer.checkpoint import load_latest, save_checkpoint
 
 

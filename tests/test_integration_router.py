@@ -17,9 +17,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gleanrl.clients.rollout_client import RolloutClient
-from gleanrl.records import Task
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.loop import train
+from gleanrl.trainer.tasks.base import Task
 from tests.serving import running_server
 
 

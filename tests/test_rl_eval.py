@@ -11,9 +11,9 @@ import pytest
 
 from gleanrl.clients.rollout import Rollout
 from gleanrl.demo_report import eval_summary, write_report
-from gleanrl.records import Task
 from gleanrl.trainer.loop import informative, train
 from gleanrl.trainer.metrics import eval_metrics, mean_se
+from gleanrl.trainer.tasks.base import Task
 from serving import running_server
 from test_train import _cfg
 

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from gleanrl.records import Task
 from gleanrl.trainer.bootstrap import SIZES, PolicySize
 from gleanrl.trainer.tasks import load_task
+from gleanrl.trainer.tasks.base import Task
 from gleanrl.trainer.tasks.chartok import build_char_tokenizer
 from gleanrl.trainer.tasks.sft import _collate, lr_factor, make_batches, weighted_loss
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from gleanrl.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("gleanrl", "server", "harvest", "trainer", "clients", "records")
+FOLDERS = ("gleanrl", "server", "harvest", "trainer", "clients")
 SKIP = ("__init__.py", "__main__.py")
 WIDE, WIDE_SHARE = 100, 0.03  # columns; the share of lines allowed beyond them
 NOT_SOURCE = {".git", "build", "dist", "__pycache__", "node_modules"}

@@ -166,7 +166,7 @@ def test_jsonl_train_and_test_files(tmp_path):
 
 def test_load_user_task_by_dotted_path(tmp_path, monkeypatch):
     (tmp_path / "my_tasks.py").write_text(textwrap.dedent("""
-        from gleanrl.records import Task
+        from gleanrl.trainer.tasks.base import Task
 
         class Echo(Task):
             def prompts(self, split, n, seed):

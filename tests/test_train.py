@@ -11,12 +11,12 @@ import torch
 from safetensors.torch import load_file
 
 from gleanrl.clients.rollout_client import RolloutClient
-from gleanrl.records import Task
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.generate import encode_prompt
 from gleanrl.trainer.hooks import NoHooks
 from gleanrl.trainer.loop import train
 from gleanrl.trainer.server_proc import EmbeddedServer
+from gleanrl.trainer.tasks.base import Task
 
 
 class ToyTask(Task):

@@ -11,9 +11,9 @@ from tqdm import tqdm
 from gleanrl.clients.rollout import Rollout, RolloutStatus, run_rollout
 from gleanrl.clients.rollout_client import RolloutClient
 from gleanrl.clients.transport import RolloutServerError
-from gleanrl.records import Task
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.hooks import RolloutHooks
+from gleanrl.trainer.tasks.base import Task
 
 
 async def run_step(client: RolloutClient, rollouts: list[Rollout], params: dict, *,

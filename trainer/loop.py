@@ -48,7 +48,6 @@ from gleanrl.clients.rollout import Rollout
 from gleanrl.clients.rollout_client import RolloutClient
 from gleanrl.clients.transport import RolloutServerError
 from gleanrl.clients.weight_sync import DrafterPush
-from gleanrl.records import Task
 from gleanrl.trainer.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from gleanrl.trainer.config import TrainConfig, write_resolved
 from gleanrl.trainer.generate import make_rollouts, run_step, sampling_params
@@ -58,6 +57,7 @@ from gleanrl.trainer.phases import all_cores, phase_threads
 from gleanrl.trainer.policy import Policy
 from gleanrl.trainer.policy_push import PolicyPusher
 from gleanrl.trainer.server_proc import EmbeddedServer, ServeSD
+from gleanrl.trainer.tasks.base import Task
 
 
 def train(cfg: TrainConfig, task: Task | None = None, hooks: RolloutHooks | None = None,

@@ -11,10 +11,10 @@ from threading import Event
 import httpx
 import torch
 
+from gleanrl.clients.rollout import FinishedRollout
 from gleanrl.clients.weight_sync import DrafterPush
 from gleanrl.harvest.atomic import atomic_file, remove_stale_temporaries
 from gleanrl.harvest.hooks import HarvestHooks
-from gleanrl.records import FinishedRollout
 from gleanrl.sidecar.server_view import Policy, ServerView
 from gleanrl.trainer.metrics import MetricsLog
 

@@ -7,9 +7,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from gleanrl.records import FEED_META
 from gleanrl.server.http.schemas import ApiError
-from gleanrl.server.protocol import GenerateOutput, GenerateRequest
+from gleanrl.server.protocol import FEED_META, GenerateOutput, GenerateRequest
 
 
 @dataclass

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 
-from gleanrl.records import FEED_META
 from gleanrl.server.http.harvest_feed import HarvestFeed
+from gleanrl.server.protocol import FEED_META
 
 GENERATE_PATHS = frozenset({"/generate"})
 MAX_BODY_BYTES = 256 * 1024 * 1024  # a larger non-streamed reply is relayed but not recorded

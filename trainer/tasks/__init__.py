@@ -1,6 +1,6 @@
 """Tasks and rewards: the plug-in interface the RL loop trains on.
 
-A task subclasses `gleanrl.records.Task` (here as `Task`): `prompts(split, n, seed) -> list[dict]`
+A task subclasses `gleanrl.trainer.tasks.base.Task` (here as `Task`): `prompts(split, n, seed) -> list[dict]`
 (each dict holds "prompt", the exact text sent to `/generate`, and whatever its reward needs) and
 `reward(sample, response) -> float` (1.0 = correct); `correct`, `solution`, `solution_focus` have
 defaults. `load_task(spec)` returns the default built-in task for None, a built-in by name, a JSONL
@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 
-from gleanrl.records import Task
+from gleanrl.trainer.tasks.base import Task
 from gleanrl.trainer.tasks.doubling import Doubling
 from gleanrl.trainer.tasks.jsonl import JsonlTask, TaskError
 from gleanrl.trainer.tasks.running_sums import RunningSums
@@ -56,7 +56,7 @@ def load_task(spec: str | Task | None = None) -> Task:
 
 def _checked(task, spec: str) -> Task:
     if not isinstance(task, Task):
-        raise TaskError(f"{spec} is not a task: subclass gleanrl.records.Task (prompts(split, n, "
+        raise TaskError(f"{spec} is not a task: subclass gleanrl.trainer.tasks.base.Task (prompts(split, n, "
                         "seed) and reward(sample, response))")
     return task
 

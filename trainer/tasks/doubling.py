@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from gleanrl.records import Task
+from gleanrl.trainer.tasks.base import Task
 from gleanrl.trainer.tasks.chartok import chatml
 from gleanrl.trainer.tasks.math_answer import answers_match, last_boxed
 

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gleanrl.records import Task
+from gleanrl.trainer.tasks.base import Task
 from gleanrl.trainer.tasks.math_answer import math_reward
 
 

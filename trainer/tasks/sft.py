@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from gleanrl.records import Task
+from gleanrl.trainer.tasks.base import Task
 
 
 def make_batches(task: Task, tokenizer, size,
