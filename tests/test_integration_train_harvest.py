@@ -46,11 +46,12 @@ def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, cap
     assert "dver" in table and "sd%" in table and "idle_s" in table
     cmd = commands[-1]
     assert cmd["drafter"] == str(drafter0) and cmd["sd"] == "adaptive"
+    # where step 1's 4 rollouts went depends on timing (spooled in its idle window, captured by the
+    # update and pending, or carried to the next window): every one is somewhere
     spool_files = {p.name for p in (out / "harvest" / "spool").rglob("*") if p.is_file()}
-    assert spool_files
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    last = rows[-1]
-    assert last["harvested"] + last["harvest_carried"] + last["harvest_errors"] + last["harvest_pending"] == 4
+    first = rows[-1]
+    assert _accounted(first) == 4 and (first["harvested"] == 0) == (not spool_files)
 
     # a fresh run over the same --out: refused
     assert gleanrl.cli.main(base + ["--steps", "1"]) == 2
@@ -63,6 +64,15 @@ def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, cap
     assert spool_files <= {p.name for p in (out / "harvest" / "spool").rglob("*") if p.is_file()}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and rows[-1]["drafter_version"] >= version
+    # the resumed run kept what step 1 had not spooled: step 2 accounts for its own 4 and those
+    carried = first["harvest_carried"] + first["harvest_pending"]
+    assert _accounted(rows[-1]) - first["harvest_errors"] == 4 + carried
+
+
+def _accounted(row: dict) -> int:
+    """Rollouts a metrics row accounts for: spooled this step, queued, captured and not yet spooled,
+    skipped (errors: counted over the run)."""
+    return row["harvested"] + row["harvest_carried"] + row["harvest_pending"] + row["harvest_errors"]
 
 
 def test_fresh_run_refuses_drafter_versions_of_an_earlier_one(tiny_qwen2, tmp_path):
