@@ -4,6 +4,7 @@ a traceback."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -27,22 +28,28 @@ class _ConfigFile(argparse.Action):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags named as the fields of ServerConfig and EngineConfig (but `--model`, `--threads` and
+    `--swap-timeout`, `_RENAMED`), their defaults read from those dataclasses."""
+    from gleanrl.server.config import EngineConfig
+    from gleanrl.server.http.config import ServerConfig
     from gleanrl.server.http.reasoning import PARSERS
     from gleanrl.server.http.tool_parser import FORMATS
+    SERVER = ServerConfig()
+    ENGINE = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
     p.add_argument("--config", action=_ConfigFile, metavar="FILE.json",
                    help="a JSON object of these settings by name (e.g. {\"model\": DIR, "
                         "\"sd_sources\": \"eagle,group\"}), as flags at its place (later ones win)")
     p.add_argument("--model", "--model-path", dest="model",
                    help="Hugging Face model directory (safetensors, tokenizer, chat template); "
                         "required")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=30000, help="port to listen on")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the engine runs")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+    p.add_argument("--host", default=SERVER.host, help="address to listen on")
+    p.add_argument("--port", type=int, default=SERVER.port, help="port to listen on")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=ENGINE["device"], help="where the engine runs")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default=ENGINE["dtype"],
                    help="auto: float32 on cpu, bfloat16 on cuda. On CPUs with AVX-512 BF16 (or "
                         "AMX), bfloat16 decodes ~1.5-2x faster and makes speculative decoding pay "
                         "(verify is memory-bound)")
-    p.add_argument("--max-running-requests", type=int, default=32,
+    p.add_argument("--max-running-requests", type=int, default=ENGINE["max_running_requests"],
                    help="requests decoding at once; the rest queue")
     p.add_argument("--context-length", type=int, default=None,
                    help="None: the model's max_position_embeddings")
@@ -55,26 +62,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None,
                    help="model name in /v1 (None: the directory's name)")
     p.add_argument("--drafter", default=None, help="EAGLE-3 drafter directory")
-    p.add_argument("--sd", choices=["off", "on", "adaptive"], default="adaptive",
+    p.add_argument("--sd", choices=["off", "on", "adaptive"], default=ENGINE["sd"],
                    help="speculative decoding")
-    p.add_argument("--sd-max-batch", type=int, default=8,
+    p.add_argument("--sd-max-batch", type=int, default=ENGINE["sd_max_batch"],
                    help="adaptive: EAGLE-3 drafts only while this many requests run")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help="fixed EAGLE-3 draft length (None: chosen per iteration by the cost model)")
-    p.add_argument("--sd-sources", default="eagle",
+    p.add_argument("--sd-sources", default=",".join(ENGINE["sd_sources"]),
                    help="draft sources the SD controller may choose per sequence: eagle (the "
                         "EAGLE-3 chain), group (continuations from the same prompt's other running "
                         "and earlier samples, no model cost), fused (both, as two branches "
                         "verified in one pass); e.g. eagle,group,fused. Lossless either way, but "
                         "with group drafts a seeded sample also depends on the other samples of "
                         "its prompt, so seeded runs no longer repeat exactly")
-    p.add_argument("--group-max-batch", type=int, default=64,
+    p.add_argument("--group-max-batch", type=int, default=ENGINE["group_max_batch"],
                    help="group drafts only while this many requests run")
-    p.add_argument("--group-max-tokens", type=int, default=1 << 19,
+    p.add_argument("--group-max-tokens", type=int, default=ENGINE["group_max_tokens"],
                    help="output tokens the group index holds over all prompts and versions "
                         "(memory: 170-340 bytes a token; the oldest finished samples go first, "
                         "then the oldest running ones)")
-    p.add_argument("--group-keep-versions", type=int, default=2,
+    p.add_argument("--group-keep-versions", type=int, default=ENGINE["group_keep_versions"],
                    help="policy versions (weight_version) whose samples the group index keeps; "
                         "older finished samples age out when a new target version is loaded")
     p.add_argument("--threads", type=int, default=None,
@@ -87,33 +94,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     g.add_argument("--sglang-arg", action="append", default=[], metavar="ARG",
                    help="extra argument passed to sglang.launch_server (repeatable)")
-    p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024,
+    p.add_argument("--max-request-bytes", type=int, default=SERVER.max_request_bytes,
                    help="request bodies over this: 413")
-    p.add_argument("--max-n", type=int, default=64,
+    p.add_argument("--max-n", type=int, default=SERVER.max_n,
                    help="largest n (samples per prompt) a request may ask for")
     p.add_argument("--max-new-tokens-cap", type=int, default=None,
                    help="largest max_new_tokens a request may ask for (default: only the context "
                         "length limits it)")
-    p.add_argument("--max-batch", type=int, default=1024,
+    p.add_argument("--max-batch", type=int, default=SERVER.max_batch,
                    help="most sequences (prompts x n) one request may start")
     p.add_argument("--harvest-feed", action="store_true",
                    help="gleanrl extension: keep a bounded feed of finished requests at GET "
                         "/harvest_feed (admin key) for `gleanrl harvest` beside a trainer that "
                         "is not gleanrl's")
-    p.add_argument("--harvest-feed-records", type=int, default=4096,
+    p.add_argument("--harvest-feed-records", type=int, default=SERVER.harvest_feed_records,
                    help="finished requests the feed holds; the oldest are dropped (and "
                         "counted) beyond it")
-    p.add_argument("--max-queued-requests", type=int, default=8192,
+    p.add_argument("--max-queued-requests", type=int, default=SERVER.max_queued_requests,
                    help="requests waiting for a slot; beyond it /generate and /v1 answer 503 "
                         "with Retry-After")
-    p.add_argument("--max-top-logprobs-num", type=int, default=64,
+    p.add_argument("--max-top-logprobs-num", type=int, default=SERVER.max_top_logprobs_num,
                    help="largest top_logprobs_num a request may ask")
-    p.add_argument("--max-token-ids-logprob", type=int, default=1024,
+    p.add_argument("--max-token-ids-logprob", type=int, default=SERVER.max_token_ids_logprob,
                    help="most ids in token_ids_logprob")
-    p.add_argument("--max-logprob-pairs", type=int, default=1 << 22,
+    p.add_argument("--max-logprob-pairs", type=int, default=SERVER.max_logprob_pairs,
                    help="(logprob, id) pairs the logprob options of one request may hold "
                         "(positions x options)")
-    p.add_argument("--swap-timeout", type=float, default=600.0,
+    p.add_argument("--swap-timeout", type=float, default=ENGINE["swap_timeout_s"],
                    help="seconds a target weight update waits for running requests "
                         "before it is refused")
     p.add_argument("--dist-allow", action="append", default=[], metavar="HOST",
@@ -137,20 +144,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
-def engine_config(args: argparse.Namespace):
-    """The EngineConfig of `gleanrl serve`'s arguments (`gleanrl bench rollout` builds its
-    arms with it)."""
-    from gleanrl.server.config import EngineConfig
-    return EngineConfig(model_path=str(args.model), device=args.device, dtype=args.dtype,
-                        max_running_requests=args.max_running_requests,
-                        context_length=args.context_length, num_threads=args.threads,
-                        drafter=args.drafter, sd=args.sd, sd_max_batch=args.sd_max_batch,
-                        num_draft_tokens=args.num_draft_tokens,
-                        sd_sources=tuple(x for x in args.sd_sources.split(",") if x),
-                        group_max_batch=args.group_max_batch,
-                        group_max_tokens=args.group_max_tokens,
-                        group_keep_versions=args.group_keep_versions,
-                        swap_timeout_s=args.swap_timeout)
+# EngineConfig field -> serve's flag (dest), where the names differ
+_RENAMED = {"model_path": "model", "num_threads": "threads", "swap_timeout_s": "swap_timeout"}
+
+
+def config_from_args(cls, args: argparse.Namespace):
+    """A ServerConfig or EngineConfig from `gleanrl serve`'s arguments, field by field."""
+    given = {}
+    for f in dataclasses.fields(cls):
+        dest = _RENAMED.get(f.name, f.name)
+        if hasattr(args, dest):
+            given[f.name] = getattr(args, dest)
+    if isinstance(given.get("sd_sources"), str):     # a flag's "eagle,group"; --config: a list too
+        given["sd_sources"] = given["sd_sources"].split(",")
+    for name in ("sd_sources", "dist_allow"):
+        if name in given:
+            given[name] = tuple(x for x in given[name] if x)
+    if "model_path" in given:
+        given["model_path"] = str(given["model_path"])
+    return cls(**given)
 
 
 def _fail(message: str) -> int:
@@ -176,28 +188,11 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"{model} is not a model directory (no config.json there)")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from gleanrl.server.config import EngineConfig
     from gleanrl.server.http.config import ServerConfig
     try:
-        engine_cfg = engine_config(args)
-        server_cfg = ServerConfig(host=args.host, port=args.port, api_key=args.api_key,
-                                  admin_api_key=args.admin_api_key,
-                                  served_model_name=args.served_model_name,
-                                  max_request_bytes=args.max_request_bytes, max_n=args.max_n,
-                                  max_new_tokens_cap=args.max_new_tokens_cap,
-                                  max_batch=args.max_batch, harvest_feed=args.harvest_feed,
-                                  harvest_feed_records=args.harvest_feed_records,
-                                  max_queued_requests=args.max_queued_requests,
-                                  max_top_logprobs_num=args.max_top_logprobs_num,
-                                  max_token_ids_logprob=args.max_token_ids_logprob,
-                                  max_logprob_pairs=args.max_logprob_pairs,
-                                  dist_allow=tuple(args.dist_allow),
-                                  local_tensor_handles=args.local_tensor_handles,
-                                  reasoning_parser=args.reasoning_parser,
-                                  tool_call_parser=args.tool_call_parser,
-                                  constrained_json_disable_any_whitespace=(
-                                      args.constrained_json_disable_any_whitespace),
-                                  constrained_json_max_whitespace_cnt=(
-                                      args.constrained_json_max_whitespace_cnt))
+        engine_cfg = config_from_args(EngineConfig, args)
+        server_cfg = config_from_args(ServerConfig, args)
     except ValueError as exc:
         return _fail(str(exc))
     ignored = [f for f in ("speculative_num_steps", "speculative_eagle_topk",

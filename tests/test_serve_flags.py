@@ -1,0 +1,48 @@
+"""`gleanrl serve`'s flags are the fields of ServerConfig and EngineConfig: one name and one
+default per setting, from the flag to the dataclass."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import pytest
+
+from gleanrl.server.cli import _RENAMED, add_arguments, config_from_args
+from gleanrl.server.config import EngineConfig
+from gleanrl.server.http.config import ServerConfig
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_flag_defaults_are_the_dataclasses_defaults():
+    args = _parse("--model", "m")
+    assert config_from_args(ServerConfig, args) == ServerConfig()
+    assert config_from_args(EngineConfig, args) == EngineConfig(model_path="m")
+
+
+def test_every_field_has_a_flag():
+    dests = set(vars(_parse()))
+    for cls in (ServerConfig, EngineConfig):
+        missing = {f.name for f in dataclasses.fields(cls)} - {"seed"}
+        missing = {n for n in missing if _RENAMED.get(n, n) not in dests}
+        assert not missing, f"{cls.__name__} fields without a serve flag: {missing}"
+
+
+def test_flags_and_config_file_reach_the_dataclasses(tmp_path):
+    args = _parse("--model", "m", "--threads", "3", "--swap-timeout", "5", "--sd-sources",
+                  "eagle,group", "--dist-allow", "10.0.0.1", "--max-n", "7")
+    engine, server = config_from_args(EngineConfig, args), config_from_args(ServerConfig, args)
+    assert (engine.num_threads, engine.swap_timeout_s, engine.sd_sources) == \
+        (3, 5.0, ("eagle", "group"))
+    assert (server.dist_allow, server.max_n) == (("10.0.0.1",), 7)
+    path = tmp_path / "serve.json"
+    path.write_text(json.dumps({"model": "m", "sd_sources": ["eagle", "fused"]}))
+    assert config_from_args(EngineConfig, _parse("--config", str(path))).sd_sources == \
+        ("eagle", "fused")
+    with pytest.raises(ValueError, match="sd_sources"):
+        config_from_args(EngineConfig, _parse("--model", "m", "--sd-sources", "eagle,nope"))
