@@ -183,6 +183,12 @@ def run(args: argparse.Namespace) -> int:
         except ImportError as exc:
             return _fail(f"--backend sglang is not available here ({exc})")
         return int(launch(args) or 0)
+    sglang_only = [f for f in ("speculative_num_steps", "speculative_eagle_topk",
+                               "speculative_num_draft_tokens") if getattr(args, f) is not None] \
+        + (["sglang_arg"] if args.sglang_arg else [])
+    if sglang_only:   # refused, not ignored: the embedded engine's SD is --sd/--num-draft-tokens
+        return _fail(", ".join("--" + f.replace("_", "-") for f in sglang_only)
+                     + ": --backend sglang only (the embedded engine's SD: --sd, --num-draft-tokens)")
     model = Path(args.model)
     if not (model / "config.json").is_file():
         return _fail(f"{model} is not a model directory (no config.json there)")
@@ -195,12 +201,6 @@ def run(args: argparse.Namespace) -> int:
         server_cfg = config_from_args(ServerConfig, args)
     except ValueError as exc:
         return _fail(str(exc))
-    ignored = [f for f in ("speculative_num_steps", "speculative_eagle_topk",
-                           "speculative_num_draft_tokens")
-               if getattr(args, f) is not None] + (["sglang_arg"] if args.sglang_arg else [])
-    if ignored:
-        logging.warning("ignored with --backend embedded: %s",
-                        ", ".join("--" + f.replace("_", "-") for f in ignored))
     try:
         from gleanrl.server.engine import Engine
         engine = Engine(engine_cfg)

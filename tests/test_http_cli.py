@@ -28,6 +28,14 @@ def test_missing_or_unloadable_model_is_one_line_exit_2(tmp_path, capsys):
     assert "Traceback" not in "".join(err) and "nope" in err[0] and "bad" in err[1] and "max_running_requests" in err[2]
 
 
+
+def test_sglang_only_flags_are_refused_by_the_embedded_backend(tiny_qwen2, capsys):
+    assert main(["serve", "--model", str(tiny_qwen2), "--speculative-num-steps", "3",
+                 "--sglang-arg=--tp-size=2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gleanrl serve: error: --speculative-num-steps, --sglang-arg: "
+                          "--backend sglang only") and "\n" not in err
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
