@@ -45,7 +45,7 @@ from gleanrl.harvest.capture import Sample, capture
 from gleanrl.harvest.checkpoint import drafter_dir, drafter_versions, load_drafter, save_drafter
 from gleanrl.harvest.idle import IdleReport, IdleWindow, Waiting, run_window
 from gleanrl.harvest.push_rule import Verdict, paired_verdict
-from gleanrl.harvest.spool import Spool, SpoolConfig
+from gleanrl.harvest.spool import Spool, SpoolConfig, flagged
 from gleanrl.harvest.train_step import bf16_fast, make_optimizer, train_step
 
 PushFn = Callable[[str, int], None]
@@ -53,34 +53,37 @@ PushFn = Callable[[str, int], None]
 
 @dataclass(slots=True)
 class HarvestConfig:
-    topk: int = 32                       # soft-label width kept per token
-    batch_size: int = 4                  # samples per micro-step
-    lr: float = 3e-4                     # continual from the serving weights: 1e-3 first dips below
-                                         # a good warm start
+    topk: int = flagged(32, "soft-label width kept per harvested token", "--drafter-topk")
+    batch_size: int = flagged(4, "harvested samples per drafter micro-step", "--drafter-batch-size")
+    # continual from the serving weights: 1e-3 first dips below a good warm start
+    lr: float = flagged(3e-4, "drafter AdamW learning rate (training continues from the serving "
+                              "weights)", "--drafter-lr")
     ttt_length: int = 4                  # unrolled draft steps, in training and in scoring
-    max_tokens: int = 128                # window of each sample trained on and scored
-                                         # (0: whole samples)
-    accept_mode: str = "sampled"         # held-out score: "sampled" (rollouts at T=1)
-                                         # or "greedy" (T=0)
+    max_tokens: int = flagged(128, "window of each sample trained on and scored (0: whole "
+                                   "samples; cost grows with its square)", "--drafter-max-tokens")
+    accept_mode: str = flagged("sampled", "held-out score: expected acceptance of speculative "
+                               "sampling ('sampled', rollouts at T=1) or the greedy chain "
+                               "('greedy')", choices=["sampled", "greedy"])
     bf16: bool | None = None             # bf16 autocast in capture and training
                                          # (None: where it pays)
-    idle_nice: int = 0                   # CPU priority of the idle-window thread (19: only
-                                         # unwanted compute)
-    push_every: int = 25                 # micro-steps between score-and-push attempts in a
-                                         # window; 0: never
-    min_gain: float = 0.02               # tokens per verify pass the gain's lower bound must
-                                         # clear (harvest.push_rule)
-    mid_step_gain: float = 0.3           # ...to push inside a step (a swap while rollouts run);
-                                         # else at the step boundary
-    confidence_z: float = 2.0            # the lower bound: gain - t(z, prompts - 1) * se
-    min_holdout_prompts: int = 4         # held-out prompts a push attempt needs
-    min_holdout_samples: int = 8         # held-out samples a push attempt needs
-    max_holdout: int = 48                # held-out samples scored per attempt (newest first)
-    holdout_versions: int = 4            # ...from this many newest policy versions (1: the
-                                         # current one only)
-    keep_versions: int = 3               # pushed checkpoints kept on disk
-    aux_dtype: str = "float32"           # spool storage of aux hidden states: float32 |
-                                         # bfloat16 | float16
+    idle_nice: int = flagged(0, "CPU priority (nice 0-19) of the drafter's idle-window thread; "
+                                "19: it uses only compute nobody else wants, and starves on a "
+                                "busy machine")
+    push_every: int = flagged(25, "drafter micro-steps between score-and-push attempts (0: never "
+                                  "push)")
+    min_gain: float = flagged(0.02, "tokens per verify pass the paired gain's lower bound must "
+                                    "clear to push (harvest.push_rule)")
+    mid_step_gain: float = flagged(0.3, "...to push inside a step, while rollouts run (else at "
+                                        "the step boundary)")
+    confidence_z: float = flagged(2.0, "the push test's lower bound: gain - t(z, prompts - 1) * se")
+    min_holdout_prompts: int = flagged(4, "held-out prompts a push attempt needs")
+    min_holdout_samples: int = flagged(8, "held-out samples a push attempt needs")
+    max_holdout: int = flagged(48, "held-out samples (newest) scored per push attempt")
+    holdout_versions: int = flagged(4, "...from this many newest policy versions (1: the current "
+                                       "one only)")
+    keep_versions: int = flagged(3, "pushed drafter versions kept on disk")
+    aux_dtype: str = flagged("float32", "spool storage of hidden states",
+                             choices=["float32", "bfloat16", "float16"])
     mid_step_capture: bool = False       # capture early finishers in the idle window (else:
                                          # from the update)
     seed: int = 0

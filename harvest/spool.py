@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,14 +27,24 @@ from safetensors.torch import load_file, save
 from gleanrl.harvest.atomic import atomic_file, remove_stale_temporaries
 
 
+def flagged(default, help: str, flag: str | None = None, choices: list | None = None):
+    """A setting with a flag of `gleanrl train` and `gleanrl harvest` (`trainer.cli.add_harvest_flags`):
+    its help, and its flag where the field's own name would not say what it sets."""
+    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
+
+
 @dataclass(slots=True)
 class SpoolConfig:
-    max_mem_tokens: int = 200_000
+    max_mem_tokens: int = flagged(200_000, "harvested tokens kept in memory (oldest evicted)",
+                                  "--spool-mem-tokens")
     max_mem_bytes: int = 1 << 30
-    max_disk_tokens: int = 2_000_000
-    max_disk_bytes: int = 4 << 30
-    version_decay: float = 0.5       # weight per policy version behind the newest; 1.0 = uniform
-    holdout_every: int = 8           # one prompt in n is held out, all its samples; 0 = none
+    max_disk_tokens: int = flagged(2_000_000, "harvested tokens kept on disk (oldest evicted)",
+                                   "--spool-disk-tokens")
+    max_disk_bytes: int = flagged(4 << 30, "spool bytes kept on disk (oldest evicted)",
+                                  "--spool-disk-bytes")
+    version_decay: float = flagged(0.5, "sampling weight per policy version behind the newest "
+                                        "(1: uniform)")
+    holdout_every: int = flagged(8, "one prompt in N is held out, with all its samples (0: none)")
 
     def __post_init__(self) -> None:
         for name in ("max_mem_tokens", "max_mem_bytes", "max_disk_tokens", "max_disk_bytes"):

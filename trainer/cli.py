@@ -16,52 +16,6 @@ from pathlib import Path
 
 from gleanrl.trainer.config import TrainConfig, build_config, read_config_file
 
-# flag -> (HarvestConfig field, "spool." for SpoolConfig's, type, help). Only with --drafter.
-HARVEST_FLAGS = {
-    "--push-every": ("push_every", int,
-                     "drafter micro-steps between score-and-push attempts (0: never push)"),
-    "--min-gain": ("min_gain", float,
-                   "tokens per verify pass the paired gain's lower bound must clear to push "
-                   "(harvest.push_rule)"),
-    "--mid-step-gain": ("mid_step_gain", float,
-                        "...to push inside a step, while rollouts run (else at the step boundary)"),
-    "--confidence-z": ("confidence_z", float,
-                       "the push test's lower bound: gain - t(z, prompts - 1) * se"),
-    "--min-holdout-prompts": ("min_holdout_prompts", int,
-                              "held-out prompts a push attempt needs"),
-    "--min-holdout-samples": ("min_holdout_samples", int,
-                              "held-out samples a push attempt needs"),
-    "--accept-mode": ("accept_mode", str,
-                      "held-out score: expected acceptance of speculative sampling "
-                                          "('sampled', rollouts at T=1) or the greedy chain ('greedy')"),
-    "--max-holdout": ("max_holdout", int, "held-out samples (newest) scored per push attempt"),
-    "--holdout-versions": ("holdout_versions", int, "...from this many newest policy versions"),
-    "--holdout-every": ("spool.holdout_every", int,
-                        "one prompt in N is held out, with all its samples (0: none)"),
-    "--drafter-lr": ("lr", float,
-                     "drafter AdamW learning rate (training continues from the serving weights)"),
-    "--drafter-batch-size": ("batch_size", int, "harvested samples per drafter micro-step"),
-    "--drafter-max-tokens": ("max_tokens", int,
-                             "window of each sample trained on and scored (0: whole samples; "
-                                                "cost grows with its square)"),
-    "--drafter-topk": ("topk", int, "soft-label width kept per harvested token"),
-    "--keep-versions": ("keep_versions", int, "pushed drafter versions kept on disk"),
-    "--spool-mem-tokens": ("spool.max_mem_tokens", int,
-                           "harvested tokens kept in memory (oldest evicted)"),
-    "--spool-disk-tokens": ("spool.max_disk_tokens", int,
-                            "harvested tokens kept on disk (oldest evicted)"),
-    "--spool-disk-bytes": ("spool.max_disk_bytes", int,
-                           "spool bytes kept on disk (oldest evicted)"),
-    "--version-decay": ("spool.version_decay", float,
-                        "sampling weight per policy version behind the newest "
-                                                      "(1: uniform)"),
-    "--idle-nice": ("idle_nice", int,
-                    "CPU priority (nice 0-19) of the drafter's idle-window thread; 19: it uses "
-                                      "only compute nobody else wants, and starves on a busy machine"),
-    "--aux-dtype": ("aux_dtype", str,
-                    "spool storage of hidden states: float32, bfloat16 or float16"),
-}
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=argparse.SUPPRESS,
@@ -99,18 +53,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_harvest_flags(parser.add_argument_group("harvest (with --drafter; kept by --resume)"))
 
 
-def add_harvest_flags(group) -> None:
-    """HARVEST_FLAGS, each stored as `_harvest:FIELD` when given (train and harvest)."""
+def harvest_flags() -> dict[str, tuple[str, dataclasses.Field]]:
+    """flag -> (HarvestConfig field, "spool." for SpoolConfig's; the field): those with a help."""
     from gleanrl.harvest.harvester import HarvestConfig
-    hdefaults = dataclasses.asdict(HarvestConfig())
-    for flag, (field, typ, help_text) in HARVEST_FLAGS.items():
-        default = hdefaults["spool"][field[6:]] if field.startswith("spool.") else hdefaults[field]
-        choices = {"accept_mode": ["sampled", "greedy"],
-                   "aux_dtype": ["float32", "bfloat16", "float16"]}.get(field)
-        group.add_argument(flag, dest=f"_harvest:{field}", type=typ, default=argparse.SUPPRESS,
-                           choices=choices,
-                           metavar=None if choices else {int: "N", float: "X"}[typ],
-                           help=f"{help_text} (default: {default})")
+    from gleanrl.harvest.spool import SpoolConfig
+    return {f.metadata["flag"] or "--" + f.name.replace("_", "-"): (prefix + f.name, f)
+            for cls, prefix in ((HarvestConfig, ""), (SpoolConfig, "spool."))
+            for f in dataclasses.fields(cls) if "help" in f.metadata}
+
+
+def add_harvest_flags(group) -> None:
+    """The harvest settings' flags (`harvest.spool.flagged`), each stored as `_harvest:FIELD` when
+    given (train and harvest)."""
+    for flag, (name, f) in harvest_flags().items():
+        choices = f.metadata["choices"]
+        group.add_argument(flag, dest=f"_harvest:{name}", type=type(f.default),
+                           default=argparse.SUPPRESS, choices=choices,
+                           metavar=None if choices else {int: "N", float: "X"}[type(f.default)],
+                           help=f"{f.metadata['help']} (default: {f.default})")
 
 
 def harvest_settings(cfg: TrainConfig, args: argparse.Namespace) -> None:
@@ -121,7 +81,7 @@ def harvest_settings(cfg: TrainConfig, args: argparse.Namespace) -> None:
     given = {k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("_harvest:")}
     if not cfg.drafter:
         if given:
-            flags = [flag for flag, (field, *_) in HARVEST_FLAGS.items() if field in given]
+            flags = [flag for flag, (name, _) in harvest_flags().items() if name in given]
             raise ValueError(f"{', '.join(flags)}: harvest settings, which need --drafter")
         return
     root = Path(cfg.out) / "harvest"
