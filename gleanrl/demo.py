@@ -301,12 +301,20 @@ def fresh_out(out: Path, marker: str, args: argparse.Namespace, subs: tuple[str,
     return True
 
 
+def fastest_cpu_dtype(dtype: str) -> str:
+    """The demo's and the benches' `auto`: bfloat16 where the CPU multiplies bf16 natively
+    (`harvest.train_step.bf16_fast`), else float32."""
+    from gleanrl.harvest.train_step import bf16_fast
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if bf16_fast("cpu") else "float32"
+
+
 def run(args: argparse.Namespace) -> int:
     import httpx
 
     from gleanrl.demo_report import write_report
     from gleanrl.harvest.harvester import HarvestConfig, Harvester
-    from gleanrl.server.model.runner import fastest_cpu_dtype
     from gleanrl.trainer.loop import train
 
     out = Path(args.out)

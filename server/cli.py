@@ -34,22 +34,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from gleanrl.server.http.config import ServerConfig
     from gleanrl.server.http.reasoning import PARSERS
     from gleanrl.server.http.tool_parser import FORMATS
-    SERVER = ServerConfig()
-    ENGINE = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    default = {f.name: f.default for cls in (ServerConfig, EngineConfig)
+               for f in dataclasses.fields(cls)}
     p.add_argument("--config", action=_ConfigFile, metavar="FILE.json",
                    help="a JSON object of these settings by name (e.g. {\"model\": DIR, "
                         "\"sd_sources\": \"eagle,group\"}), as flags at its place (later ones win)")
     p.add_argument("--model", "--model-path", dest="model",
                    help="Hugging Face model directory (safetensors, tokenizer, chat template); "
                         "required")
-    p.add_argument("--host", default=SERVER.host, help="address to listen on")
-    p.add_argument("--port", type=int, default=SERVER.port, help="port to listen on")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=ENGINE["device"], help="where the engine runs")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default=ENGINE["dtype"],
+    p.add_argument("--host", default=default["host"], help="address to listen on")
+    p.add_argument("--port", type=int, default=default["port"], help="port to listen on")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=default["device"],
+                   help="where the engine runs")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"],
+                   default=default["dtype"],
                    help="auto: float32 on cpu, bfloat16 on cuda. On CPUs with AVX-512 BF16 (or "
                         "AMX), bfloat16 decodes ~1.5-2x faster and makes speculative decoding pay "
                         "(verify is memory-bound)")
-    p.add_argument("--max-running-requests", type=int, default=ENGINE["max_running_requests"],
+    p.add_argument("--max-running-requests", type=int, default=default["max_running_requests"],
                    help="requests decoding at once; the rest queue")
     p.add_argument("--context-length", type=int, default=None,
                    help="None: the model's max_position_embeddings")
@@ -62,26 +64,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None,
                    help="model name in /v1 (None: the directory's name)")
     p.add_argument("--drafter", default=None, help="EAGLE-3 drafter directory")
-    p.add_argument("--sd", choices=["off", "on", "adaptive"], default=ENGINE["sd"],
+    p.add_argument("--sd", choices=["off", "on", "adaptive"], default=default["sd"],
                    help="speculative decoding")
-    p.add_argument("--sd-max-batch", type=int, default=ENGINE["sd_max_batch"],
+    p.add_argument("--sd-max-batch", type=int, default=default["sd_max_batch"],
                    help="adaptive: EAGLE-3 drafts only while this many requests run")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help="fixed EAGLE-3 draft length (None: chosen per iteration by the cost model)")
-    p.add_argument("--sd-sources", default=",".join(ENGINE["sd_sources"]),
+    p.add_argument("--sd-sources", default=",".join(default["sd_sources"]),
                    help="draft sources the SD controller may choose per sequence: eagle (the "
                         "EAGLE-3 chain), group (continuations from the same prompt's other running "
                         "and earlier samples, no model cost), fused (both, as two branches "
                         "verified in one pass); e.g. eagle,group,fused. Lossless either way, but "
                         "with group drafts a seeded sample also depends on the other samples of "
                         "its prompt, so seeded runs no longer repeat exactly")
-    p.add_argument("--group-max-batch", type=int, default=ENGINE["group_max_batch"],
+    p.add_argument("--group-max-batch", type=int, default=default["group_max_batch"],
                    help="group drafts only while this many requests run")
-    p.add_argument("--group-max-tokens", type=int, default=ENGINE["group_max_tokens"],
+    p.add_argument("--group-max-tokens", type=int, default=default["group_max_tokens"],
                    help="output tokens the group index holds over all prompts and versions "
                         "(memory: 170-340 bytes a token; the oldest finished samples go first, "
                         "then the oldest running ones)")
-    p.add_argument("--group-keep-versions", type=int, default=ENGINE["group_keep_versions"],
+    p.add_argument("--group-keep-versions", type=int, default=default["group_keep_versions"],
                    help="policy versions (weight_version) whose samples the group index keeps; "
                         "older finished samples age out when a new target version is loaded")
     p.add_argument("--threads", type=int, default=None,
@@ -94,33 +96,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     g.add_argument("--sglang-arg", action="append", default=[], metavar="ARG",
                    help="extra argument passed to sglang.launch_server (repeatable)")
-    p.add_argument("--max-request-bytes", type=int, default=SERVER.max_request_bytes,
+    p.add_argument("--max-request-bytes", type=int, default=default["max_request_bytes"],
                    help="request bodies over this: 413")
-    p.add_argument("--max-n", type=int, default=SERVER.max_n,
+    p.add_argument("--max-n", type=int, default=default["max_n"],
                    help="largest n (samples per prompt) a request may ask for")
     p.add_argument("--max-new-tokens-cap", type=int, default=None,
                    help="largest max_new_tokens a request may ask for (default: only the context "
                         "length limits it)")
-    p.add_argument("--max-batch", type=int, default=SERVER.max_batch,
+    p.add_argument("--max-batch", type=int, default=default["max_batch"],
                    help="most sequences (prompts x n) one request may start")
     p.add_argument("--harvest-feed", action="store_true",
                    help="gleanrl extension: keep a bounded feed of finished requests at GET "
                         "/harvest_feed (admin key) for `gleanrl harvest` beside a trainer that "
                         "is not gleanrl's")
-    p.add_argument("--harvest-feed-records", type=int, default=SERVER.harvest_feed_records,
+    p.add_argument("--harvest-feed-records", type=int, default=default["harvest_feed_records"],
                    help="finished requests the feed holds; the oldest are dropped (and "
                         "counted) beyond it")
-    p.add_argument("--max-queued-requests", type=int, default=SERVER.max_queued_requests,
+    p.add_argument("--max-queued-requests", type=int, default=default["max_queued_requests"],
                    help="requests waiting for a slot; beyond it /generate and /v1 answer 503 "
                         "with Retry-After")
-    p.add_argument("--max-top-logprobs-num", type=int, default=SERVER.max_top_logprobs_num,
+    p.add_argument("--max-top-logprobs-num", type=int, default=default["max_top_logprobs_num"],
                    help="largest top_logprobs_num a request may ask")
-    p.add_argument("--max-token-ids-logprob", type=int, default=SERVER.max_token_ids_logprob,
+    p.add_argument("--max-token-ids-logprob", type=int, default=default["max_token_ids_logprob"],
                    help="most ids in token_ids_logprob")
-    p.add_argument("--max-logprob-pairs", type=int, default=SERVER.max_logprob_pairs,
+    p.add_argument("--max-logprob-pairs", type=int, default=default["max_logprob_pairs"],
                    help="(logprob, id) pairs the logprob options of one request may hold "
                         "(positions x options)")
-    p.add_argument("--swap-timeout", type=float, default=ENGINE["swap_timeout_s"],
+    p.add_argument("--swap-timeout", type=float, default=default["swap_timeout_s"],
                    help="seconds a target weight update waits for running requests "
                         "before it is refused")
     p.add_argument("--dist-allow", action="append", default=[], metavar="HOST",
@@ -160,8 +162,6 @@ def config_from_args(cls, args: argparse.Namespace):
     for name in ("sd_sources", "dist_allow"):
         if name in given:
             given[name] = tuple(x for x in given[name] if x)
-    if "model_path" in given:
-        given["model_path"] = str(given["model_path"])
     return cls(**given)
 
 
@@ -187,8 +187,8 @@ def run(args: argparse.Namespace) -> int:
                                "speculative_num_draft_tokens") if getattr(args, f) is not None] \
         + (["sglang_arg"] if args.sglang_arg else [])
     if sglang_only:   # refused, not ignored: the embedded engine's SD is --sd/--num-draft-tokens
-        return _fail(", ".join("--" + f.replace("_", "-") for f in sglang_only)
-                     + ": --backend sglang only (the embedded engine's SD: --sd, --num-draft-tokens)")
+        return _fail(", ".join("--" + f.replace("_", "-") for f in sglang_only) + ": --backend "
+                     "sglang only (the embedded engine's SD: --sd, --num-draft-tokens)")
     model = Path(args.model)
     if not (model / "config.json").is_file():
         return _fail(f"{model} is not a model directory (no config.json there)")

@@ -149,11 +149,11 @@ def test_reference_accuracy_is_the_probability_of_sampling_the_reference():
 
 
 def test_bf16_autocast_only_where_bf16_is_native(monkeypatch):
-    from gleanrl.trainer.tasks.sft import bf16_native
+    from gleanrl.harvest.train_step import bf16_fast
 
-    assert bf16_native("cuda")
+    assert bf16_fast("cuda")
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
-    assert not bf16_native("cpu")  # an AVX2 host: emulated bf16, the recipe runs in float32
+    assert not bf16_fast("cpu")  # an AVX2 host: emulated bf16, the recipe runs in float32
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
-    assert bf16_native("cpu")
+    assert bf16_fast("cpu")

@@ -163,12 +163,11 @@ def heldout(h, start: Path, policy: Path) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from gleanrl.harvest.harvester import HarvestConfig, Harvester
-    from gleanrl.server.model.runner import fastest_cpu_dtype
     from gleanrl.trainer.hooks import NoHooks
     from gleanrl.trainer.loop import train
 
     out = Path(args.out)
-    args.dtype, args.update_dtype = fastest_cpu_dtype(args.dtype), fastest_cpu_dtype(args.update_dtype)
+    args.dtype, args.update_dtype = demo.fastest_cpu_dtype(args.dtype), demo.fastest_cpu_dtype(args.update_dtype)
     args.arms = args.arms or ",".join(QUICK_ARMS if args.quick else DEFAULT_ARMS)
     args.steps = args.steps or (QUICK_STEPS if args.quick else FULL_STEPS)
     try:

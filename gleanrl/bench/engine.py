@@ -146,7 +146,7 @@ def _server_extra(arm: str, args: argparse.Namespace, max_running: int,
 
 def run(args: argparse.Namespace) -> int:
     from gleanrl.bench.load import ServeProcess
-    from gleanrl.server.model.runner import fastest_cpu_dtype
+    from gleanrl.demo import fastest_cpu_dtype
 
     args.dtype = fastest_cpu_dtype(args.dtype)
     arms = [a for a in args.arms.split(",") if a]

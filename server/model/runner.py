@@ -20,23 +20,6 @@ from gleanrl.server.model.packed_linear import can_pack, fuse_linears, linear
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX). Without it (AVX2 hosts)
-    a bf16 matmul of many rows is emulated: measured on an AVX2 EPYC, the small policy's forward of
-    64 rows took 160 ms in bf16 against 42 in float32 (one row: 6 against 13, memory-bound)."""
-    try:
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    except AttributeError:  # a torch without the probes
-        return False
-
-
-def fastest_cpu_dtype(dtype: str) -> str:
-    """The demo's and the benches' `auto`: bfloat16 where the CPU has native bf16, else float32."""
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if native_bf16() else "float32"
-
-
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     if dtype == "auto":
         return torch.float32 if device == "cpu" else torch.bfloat16

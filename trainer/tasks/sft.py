@@ -4,7 +4,7 @@ training loop).
 Examples are bucketed by length into batches of about `batch_tokens` (padding included), so the
 heavy tail of long solutions does not pad every batch (padding is ~0.1 % of the slots: packing would
 buy nothing). Loss is on the response and its end-of-turn token only. bf16 autocast (on CPUs with
-native bf16 about 2.5x faster than float32; on CUDA too; off where bf16 is emulated: `bf16_native`);
+native bf16 about 2.5x faster than float32; on CUDA too; off where bf16 is emulated: `harvest.train_step.bf16_fast`);
 master weights stay float32.
 
 Focus: a task may name the characters of a solution that carry the problem's hard step
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from gleanrl.harvest.train_step import bf16_fast
 from gleanrl.trainer.tasks.base import Task
 
 
@@ -198,16 +199,6 @@ def train_policy(out: Path, task, size, seed: int = 0, progress: bool = True,
             "loss_curve": curve}
 
 
-def bf16_native(device: str) -> bool:
-    """Whether `size.bf16` autocast speeds the recipe up here: on CUDA and on CPUs with AVX-512 BF16
-    or AMX. Elsewhere bf16 matmuls are emulated (an AVX2 EPYC, 2026-12-04: the small size's first
-    step took 62 s) and the recipe runs in float32."""
-    if torch.device(device).type != "cpu":
-        return True
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, p, lambda: False)() for p in probes)
-
-
 def _fit(model, opt, sched, batches, size, device: str, desc: str,
          progress: bool) -> tuple[float | None, list[list]]:
     """One pass of weighted-loss SFT over `batches`; -> (the loss's EMA, [[step, ema], ...])."""
@@ -215,9 +206,9 @@ def _fit(model, opt, sched, batches, size, device: str, desc: str,
 
     bar = tqdm(batches, desc=desc, unit="step", disable=not progress)
     ema, curve = None, []
+    bf16 = size.bf16 and bf16_fast(device)
     for step, (input_ids, labels, weights) in enumerate(bar):
-        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
-                            enabled=size.bf16 and bf16_native(device)):
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(input_ids=input_ids.to(device)).logits
         loss = weighted_loss(logits, labels.to(device), weights.to(device))
         loss.backward()
