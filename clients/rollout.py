@@ -113,18 +113,18 @@ class Rollout(FinishedRollout):
 
 
 async def run_rollout(client: RolloutClient, r: Rollout, params: dict, stream: bool,
-                      stream_interval: int = 8) -> Rollout:
-    """Submit one rollout and fill it in. A lost connection marks it aborted (to be re-submitted), a
-    refused request failed."""
+                      stream_interval: int = 8, url: str | None = None) -> Rollout:
+    """Submit one rollout (to `url`, else where the client picks) and fill it in. A lost connection
+    marks it aborted (to be re-submitted), a refused request failed."""
     r.attempts += 1
     r.submitted_at = time.monotonic()
     sp = dict(params, sampling_seed=r.seed) if r.seed is not None else params  # SGLang's field name
     rid = f"{r.rid}-a{r.attempts}"  # a re-submission must not collide with a lingering old request
     try:
         if stream:
-            await _stream(client, r, dict(sp, stream_interval=stream_interval), rid)
+            await _stream(client, r, dict(sp, stream_interval=stream_interval), rid, url)
         else:
-            r.apply(await client.generate(r.prompt_ids, sp, rid=rid))
+            r.apply(await client.generate(r.prompt_ids, sp, rid=rid, url=url))
     except (RolloutServerError, httpx.TransportError) as exc:
         status = getattr(exc, "status", 0)
         r.status = RolloutStatus.FAILED if status >= 400 else RolloutStatus.ABORTED
@@ -135,12 +135,13 @@ async def run_rollout(client: RolloutClient, r: Rollout, params: dict, stream: b
     return r
 
 
-async def _stream(client: RolloutClient, r: Rollout, sp: dict, rid: str) -> None:
+async def _stream(client: RolloutClient, r: Rollout, sp: dict, rid: str,
+                  url: str | None = None) -> None:
     """`stream_interval` in `sp` bounds the O(n^2) bytes of cumulative chunks."""
     ids: list[int] = []
     lps: list = []
     last: dict = {}
-    async for chunk in client.generate_stream(r.prompt_ids, sp, rid=rid):
+    async for chunk in client.generate_stream(r.prompt_ids, sp, rid=rid, url=url):
         meta = chunk.get("meta_info", {})
         n = meta.get("completion_tokens", 0)
         if r.first_token_at is None and n > 0:

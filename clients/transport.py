@@ -104,6 +104,10 @@ class Transport:
     def pick_url(self) -> str:
         return self.router or min(self.urls, key=lambda u: self._inflight[u])
 
+    def in_flight(self, url: str) -> int:
+        """Requests to `url` not answered yet (thread-safe to read: one int)."""
+        return self._inflight.get(url, 0)
+
     async def request(self, method: str, path: str, url: str | None = None,
                       payload: dict | None = None, admin: bool = False) -> Any:
         url = url or self.urls[0]

@@ -37,6 +37,9 @@ COMMANDS: dict = {
     "bench": {
         "engine": ("gleanrl.bench.engine",
                    "gleanrl serve vs stock SGLang CPU over HTTP; ms per decode iteration"),
+        "layout": ("gleanrl.bench.layout",
+                   "plain decode per running count at 1 and N threads; a GRPO step per layout of "
+                   "the rollout servers on the cores (one server, replicas)"),
         "sd": ("gleanrl.bench.sd", "speculative decoding vs plain decoding in the embedded engine"),
         "rollout": ("gleanrl.bench.rollout",
                     "GRPO rollouts: plain / EAGLE-3 / group drafts / fused, side by side"),

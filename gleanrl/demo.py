@@ -6,11 +6,11 @@ client, and write
 `OUT/report.md` with plots. The policy is the one shipped with the project (`gleanrl.shipped`,
 checked before use); `--from-scratch` bootstraps it instead.
 
-Cores: the server runs on the first half of this process's cores and the trainer (capture, drafter
-training) on the other half, each with one torch thread per core, the way a GPU cluster gives
-rollout and training their own devices, so the trainer's compute really is idle while rollouts run.
-Done with CPU affinity: the server inherits the first half at spawn. The policy update, which runs
-while the server waits, takes every core (`update_threads`, `update_cores`).
+Cores (`trainer.layout`): one single-thread rollout server per core (`--replicas`), each pinned to
+its core, a prompt's samples on one of them; when a replica has nothing left to run while another
+still decodes its tail, the harvest (capture, drafter training) runs on the free core, pinned, the
+way a GPU cluster's rollout devices whose rollouts finished would take it. The policy update, which
+runs while the servers wait, takes every core.
 
 `--regime` (trainer.tasks.presets): the task's length distribution and the step's shape; its values
 fill --max-new-tokens, --prompts-per-step and --samples-per-prompt unless they are given. The demo
@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import hashlib
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -86,13 +85,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the policy update's compute: float32, or bf16 autocast (fp32 "
                         "master weights and logits; 3-4x faster on CPUs with AVX-512 BF16; the "
                         "demo's RL recipe is measured in fp32); auto: as --dtype's")
+    p.add_argument("--replicas", type=int, default=0,
+                   help="rollout servers, each pinned to its share of the cores (0: one per core; "
+                        "1: one server on every core, the harvest beside it at low priority)")
     p.add_argument("--seed", type=int, default=0)
-
-
-def split_cores() -> tuple[set[int], set[int]] | None:
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    half = len(cores) // 2
-    return (set(cores[:half]), set(cores[half:])) if half else None
 
 
 def apply_regime(args: argparse.Namespace):
@@ -221,47 +217,40 @@ def ask(url: str, question: list[dict], max_tokens: int) -> str:
 
 @contextlib.contextmanager
 def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adaptive",
-            dtype: str = "auto", device: str = "cpu", whole_machine: bool = False,
+            dtype: str = "auto", device: str = "cpu", replicas: int = 0,
             backend: dict | None = None):
-    """An embedded server on the first half of the cores (this process keeps the other half), or on
-    every core with `whole_machine` (nothing of the trainer's runs beside the rollouts: no harvest).
-    `backend` replaces the SD settings (e.g. {"backend": "sglang"})."""
-    from gleanrl.trainer.server_proc import EmbeddedServer
+    """The embedded rollout servers laid out by `replicas` (`trainer.layout`: 0, one per core on
+    CPU), started and healthy; a single one takes every core. `backend` replaces the SD settings
+    (e.g. {"backend": "sglang"})."""
+    from gleanrl.trainer.layout import Replicas, layout_groups
 
-    cores = None if whole_machine else split_cores()
     extra = backend if backend is not None else \
         ({"drafter": str(drafter)} if drafter else {}) | {"sd": sd if drafter else "off"}
     extra = {**extra, "dtype": dtype, "device": device}
-    threads = len(cores[0]) if cores else len(os.sched_getaffinity(0)) if whole_machine else 1
-    server = EmbeddedServer(str(policy), threads=threads, settings=extra, log_path=log_path)
-    with contextlib.ExitStack() as stack:
-        if cores:
-            stack.callback(os.sched_setaffinity, 0, os.sched_getaffinity(0))
-            os.sched_setaffinity(0, cores[0])  # the server process inherits this at spawn
-        server.start()
-        stack.callback(server.stop)
-        if cores:
-            os.sched_setaffinity(0, cores[1])
-        _wait_healthy(server)
-        yield server
+    servers = Replicas(str(policy), layout_groups(replicas, extra, harvests=False), extra,
+                       log_path=log_path)
+    try:
+        servers.start()
+        for server in servers.servers:
+            _wait_healthy(server)
+        yield servers
+    finally:
+        servers.stop()
 
 
-def rl_config(policy: Path, out: Path, url: str, args: argparse.Namespace, seed: int,
+def rl_config(policy: Path, out: Path, args: argparse.Namespace, seed: int,
               evaluate: bool = False):
-    """The demo's GRPO settings; `evaluate`: held-out accuracy at T = 1 on fixed prompts (the demo's
-    evidence that RL helps; the e2e bench leaves it off to time steps alone)."""
+    """The demo's GRPO settings (its servers are handed to `train` apart); `evaluate`: held-out
+    accuracy at T = 1 on fixed prompts (the demo's evidence that RL helps; the e2e bench leaves it
+    off to time steps alone)."""
     from gleanrl.trainer.config import TrainConfig
-    from gleanrl.trainer.phases import all_cores
-    cores, machine = split_cores(), sorted(all_cores())
     evals = dict(eval_every=args.eval_every, eval_prompts=args.eval_prompts,
                  eval_samples=args.eval_samples, eval_temperature=1.0) if evaluate else {}
-    return TrainConfig(model=str(policy), out=str(out), servers=[url], steps=args.steps,
+    return TrainConfig(model=str(policy), out=str(out), steps=args.steps,
                        prompts_per_step=args.prompts_per_step,
                        samples_per_prompt=args.samples_per_prompt,
                        max_new_tokens=args.max_new_tokens, lr=args.lr,
                        negative_weight=args.negative_weight, seed=seed,
-                       trainer_threads=len(cores[1]) if cores else 1, update_threads=len(machine),
-                       update_cores=machine if cores else [],
                        update_dtype=args.update_dtype, **evals)
 
 
@@ -326,16 +315,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
     policy = policy_of(args)
     drafter0 = warm_drafter(policy, args)
-    with serving(policy, drafter0, out / "server.log", dtype=args.dtype) as server:
+    with serving(policy, drafter0, out / "server.log", dtype=args.dtype,
+                 replicas=args.replicas) as servers:
         harvester = Harvester(policy, drafter0, out / "harvest" / "spool", push=None,
-                              cfg=HarvestConfig(push_every=10, max_holdout=16, seed=args.seed))
+                              cfg=HarvestConfig(push_every=10, max_holdout=16, seed=args.seed,
+                                                idle_nice=19 if args.replicas == 1 else 0))
         hooks = demo_hooks(harvester)
-        train(rl_config(policy, out / "run", server.url, args, args.seed, evaluate=True), task=task,
-              hooks=hooks, log=table_logger(out / "run" / "metrics.jsonl"))
+        train(rl_config(policy, out / "run", args, args.seed, evaluate=True), task=task,
+              hooks=hooks, log=table_logger(out / "run" / "metrics.jsonl"), replicas=servers)
+        url = servers.urls[0]  # every replica serves the same final policy and drafter
         closing = [{"question": q["messages"][-1]["content"], "expected": q.get("answer"),
-                    "answer": (a := ask(server.url, q["messages"], args.max_new_tokens)),
+                    "answer": (a := ask(url, q["messages"], args.max_new_tokens)),
                     "correct": bool(task.reward(q, a))} for q in closing_questions(task, args.seed)]
-        info = httpx.get(f"{server.url}/model_info", timeout=30).json()
+        info = httpx.get(f"{url}/model_info", timeout=30).json()
     print(f"\nclosing questions (greedy, policy version {info.get('weight_version')}, drafter "
           f"version {info.get('draft_weight_version')}):")
     for c in closing:

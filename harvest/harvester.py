@@ -43,7 +43,7 @@ import torch
 from gleanrl.harvest.acceptance import acceptance_sums
 from gleanrl.harvest.capture import Sample, capture
 from gleanrl.harvest.checkpoint import drafter_dir, drafter_versions, load_drafter, save_drafter
-from gleanrl.harvest.idle import IdleReport, IdleWindow, Waiting, run_window
+from gleanrl.harvest.idle import CoreGate, IdleReport, IdleWindow, Waiting, run_window
 from gleanrl.harvest.push_rule import Verdict, paired_verdict
 from gleanrl.harvest.spool import Spool, SpoolConfig, flagged
 from gleanrl.harvest.train_step import bf16_fast, make_optimizer, train_step
@@ -220,12 +220,14 @@ class Harvester:
         self.idle = self.idle.merge(report)
         return report
 
-    def idle_window(self, extra: Callable[[], bool] | None = None) -> IdleWindow:
+    def idle_window(self, extra: Callable[[], bool] | None = None,
+                    cores: CoreGate | None = None) -> IdleWindow:
         """A background-thread window (`with h.idle_window(): ...`). `extra()` runs first in each
-        micro-step; returning True means it did the micro-step's work (e.g. a pending capture)."""
+        micro-step; returning True means it did the micro-step's work (e.g. a pending capture).
+        `cores`: only on the cores it says are free (`harvest.idle`)."""
         def step() -> bool:
             return True if extra is not None and extra() else self._idle_step()
-        return _ReportingWindow(step, self)
+        return _ReportingWindow(step, self, cores)
 
     def _idle_step(self) -> bool:
         if self.train_micro_step() is None:
@@ -370,8 +372,9 @@ class Harvester:
 
 
 class _ReportingWindow(IdleWindow):
-    def __init__(self, step: Callable[[], object], harvester: Harvester):
-        super().__init__(step, nice=harvester.cfg.idle_nice)
+    def __init__(self, step: Callable[[], object], harvester: Harvester,
+                 cores: CoreGate | None = None):
+        super().__init__(step, nice=harvester.cfg.idle_nice, cores=cores)
         self._harvester = harvester
 
     def open(self) -> IdleWindow:

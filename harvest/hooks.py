@@ -8,6 +8,9 @@ checks the match).
   on anyway: the update's forward hands over their aux hidden states and soft labels
   (`UpdateCapture`), by the very policy version that sampled them, at no extra forward. They are
   spooled in the next window.
+- `bind_cores(cores)`: where the trainer lays its rollouts out on replicas, each pinned to its own
+  cores, `cores()` says which are free now (their replica has nothing left to run while another
+  still decodes): the idle window then runs only there, pinned, instead of beside a busy server.
 - `idle_window()`: a background thread that, while rollouts are in flight, first spools what the
   update captured and captures queued rollouts, then trains the drafter, one micro-step at a time,
   pushing a better drafter every `push_every` steps; once the spool holds a batch, capture forwards
@@ -54,7 +57,7 @@ from gleanrl.harvest.atomic import atomic_file
 from gleanrl.harvest.capture import Sample, UpdateCapture
 from gleanrl.harvest.checkpoint import drafter_dir
 from gleanrl.harvest.harvester import HarvestConfig, Harvester
-from gleanrl.harvest.idle import IdleWindow, busy_step
+from gleanrl.harvest.idle import CoreGate, IdleWindow, busy_step
 from gleanrl.harvest.spool import SpoolConfig
 
 
@@ -100,6 +103,7 @@ class HarvestHooks:
         self.capture_s = 0.0
         self._capture_s0 = 0.0
         self._repush = False
+        self._cores: CoreGate | None = None
 
     @classmethod
     def for_run(cls, model: str, drafter: str, root: Path,
@@ -128,6 +132,10 @@ class HarvestHooks:
                 print(f"warning: re-pushing drafter v{self.h.version} after resume failed: {exc}",
                       file=sys.stderr)
         self._repush = False
+
+    def bind_cores(self, cores: CoreGate | None) -> None:
+        """Train only on the cores `cores()` names free (None: beside the server, at `idle_nice`)."""
+        self._cores = cores
 
     def scheduling_probe(self) -> IdleWindow:
         """The harvester's kind of compute at its priority (`idle_nice`), for the start-up check."""
@@ -247,7 +255,7 @@ class HarvestHooks:
         return True
 
     def idle_window(self) -> IdleWindow:
-        window = self.h.idle_window(extra=self._capture_one)
+        window = self.h.idle_window(extra=self._capture_one, cores=self._cores)
         self._windows.append(window)
         return window
 
@@ -259,6 +267,7 @@ class HarvestHooks:
         attempts = self.h.history[attempts0:]
         used, capture_s = sum(r.busy_s for r in reports), self.capture_s - self._capture_s0
         return {"idle_window_s": sum(r.window_s for r in reports), "idle_used_s": used,
+                "idle_free_core_s": sum(r.free_s for r in reports) if self._cores else None,
                 "idle_capture_s": capture_s, "idle_train_s": max(used - capture_s, 0.0),
                 "idle_overrun_s": max((r.overrun_s for r in reports), default=0.0),
                 "drafter_steps": self.h.steps - steps0, "harvested": self.captured - captured0,

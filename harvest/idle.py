@@ -11,6 +11,12 @@ The policy update never waits on more than that. Two ways to run a window:
   leaving the block closes the window and joins within one micro-step. Torch ops release the GIL, so
   the caller's rollout I/O keeps going while the drafter trains.
 
+`cores` (a `CoreGate`) runs the window only on compute the rollouts left: before every micro-step it
+asks which cores are free (e.g. those of a rollout replica with nothing left to run while another
+still decodes its tail: the CPU analog of a GPU cluster's idle rollout devices), pins the thread to
+them, and waits while none is. A micro-step already running finishes on its core: a replica that
+gets work again waits at most one micro-step.
+
 `nice` (Linux: per thread) lowers the background thread's CPU priority, so that it uses only compute
 nobody else wants. Where cores are shared (other jobs, the trainer's own event loop), a drafter
 thread at normal priority can push them onto the rollout server's core and slow the rollouts it
@@ -25,10 +31,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 Waiting = threading.Event | Callable[[], bool]
+CoreGate = Callable[[], Collection[int] | None]   # the cores free now; None or empty: none
+GATE_POLL_S = 0.005                               # how often a gated window looks for a free core
 
 
 @dataclass(slots=True)
@@ -37,10 +45,12 @@ class IdleReport:
     busy_s: float = 0.0            # time spent inside micro-steps (idle time used)
     window_s: float = 0.0          # time the window was open
     overrun_s: float = 0.0         # time the last micro-step ran past the window's close
+    free_s: float = 0.0            # gated: time a core was free (the compute the rollouts left)
 
     def merge(self, other: IdleReport) -> IdleReport:
         return IdleReport(self.steps + other.steps, self.busy_s + other.busy_s,
-                          self.window_s + other.window_s, max(self.overrun_s, other.overrun_s))
+                          self.window_s + other.window_s, max(self.overrun_s, other.overrun_s),
+                          self.free_s + other.free_s)
 
 
 def _is_open(waiting: Waiting) -> bool:
@@ -48,36 +58,71 @@ def _is_open(waiting: Waiting) -> bool:
 
 
 def run_window(step: Callable[[], object], waiting: Waiting,
-               max_steps: int | None = None) -> IdleReport:
-    """Call `step()` while `waiting` stays open (and until `max_steps` steps did work). A step that
-    returns False had nothing to do (e.g. an empty spool): it counts neither as a step nor
+               max_steps: int | None = None, cores: CoreGate | None = None) -> IdleReport:
+    """Call `step()` while `waiting` stays open (and until `max_steps` steps did work), with `cores`
+    only on a free core, pinned to it (the calling thread's affinity is restored on return). A step
+    that returns False had nothing to do (e.g. an empty spool): it counts neither as a step nor
     as busy time."""
     report, start = IdleReport(), time.perf_counter()
-    while (max_steps is None or report.steps < max_steps) and _is_open(waiting):
-        t0 = time.perf_counter()
-        if step() is False:
-            continue
-        t1 = time.perf_counter()
-        report.steps += 1
-        report.busy_s += t1 - t0
-        if not _is_open(waiting):  # closed during this step: the overrun the policy update may see
-            report.overrun_s = t1 - t0
+    pin = Pin() if cores is not None else None
+    try:
+        while (max_steps is None or report.steps < max_steps) and _is_open(waiting):
+            t0 = time.perf_counter()
+            if pin is not None:
+                free = cores()
+                if not free:
+                    time.sleep(GATE_POLL_S)  # every core is decoding: the rollouts keep them
+                    continue
+                pin.to(free)
+            did = step() is not False
+            t1 = time.perf_counter()
+            report.free_s += (t1 - t0) if pin is not None else 0.0
+            if not did:
+                continue
+            report.steps += 1
+            report.busy_s += t1 - t0
+            if not _is_open(waiting):  # closed during this step: the overrun the update may see
+                report.overrun_s = t1 - t0
+    finally:
+        if pin is not None:
+            pin.restore()
     report.window_s = time.perf_counter() - start
     return report
+
+
+class Pin:
+    """The calling thread's CPU affinity (Linux: `sched_setaffinity(0)` is per thread), changed only
+    when the cores differ, restored by `restore()`. No-op where the OS has no affinity."""
+
+    def __init__(self):
+        self._can = hasattr(os, "sched_setaffinity")
+        self._saved = os.sched_getaffinity(0) if self._can else None
+        self._now = self._saved
+
+    def to(self, cores: Collection[int]) -> None:
+        cores = set(cores)
+        if self._can and cores != self._now:
+            os.sched_setaffinity(0, cores)
+            self._now = cores
+
+    def restore(self) -> None:
+        if self._can and self._now != self._saved:
+            os.sched_setaffinity(0, self._saved)
+            self._now = self._saved
 
 
 class IdleWindow:
     """Background-thread idle window. `close()` returns the report after at most one micro-step."""
 
     def __init__(self, step: Callable[[], object], max_steps: int | None = None,
-                 name: str = "gleanrl-idle", nice: int = 0):
+                 name: str = "gleanrl-idle", nice: int = 0, cores: CoreGate | None = None):
         self._open = threading.Event()
         self._open.set()
         self._step, self._max_steps = step, max_steps
         self._report = IdleReport()
         self._error: BaseException | None = None
         self._closed_at = 0.0
-        self._nice = nice
+        self._nice, self._cores = nice, cores
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def _run(self) -> None:
@@ -87,7 +132,7 @@ class IdleWindow:
             except OSError:
                 pass
         try:
-            self._report = run_window(self._step, self._open, self._max_steps)
+            self._report = run_window(self._step, self._open, self._max_steps, self._cores)
         except BaseException as exc:  # surfaced by close(), never lost in the thread
             self._error = exc
 

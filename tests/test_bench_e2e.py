@@ -33,10 +33,13 @@ def test_summary_arithmetic():
             "offdomain_adaptive": _rows([3, 2], [1.5, 3.5], [0.1, 0.3]),
             "offdomain_stale": _rows([3, 3], [1.5, 2.5], [0.1, 0.3]),
             "a_no_sd_seed2": _rows([4, 4], 0.0, [0.3, 0.4]),
-            "a_sglang": _rows([5, 5], 0.0, [0.1, 0.2])}
+            "a_sglang": _rows([5, 5], 0.0, [0.1, 0.2]),
+            "a_single": _rows([4.4, 4.4], 0.0, [0.1, 0.3])}
     assert set(runs) == set(RUNS)
     s = summarize(runs, {name: 10.0 for name in runs})
     assert s["baseline"] == "a_no_sd" and s["step_time_sglang"] == [5, 5]
+    assert s["layout_gain"] == pytest.approx(1.1) and s["layout_gain_ci95"] == [1.1, 1.1]
+    assert s["speedup_e2e_ci95"] == [2.0, 2.0] and s["harvest_rollouts_over_stale"] == pytest.approx(2 / 1)
     assert s["steps"] == 2 and s["speedup_e2e"] == pytest.approx(2.0) and s["wall_s"]["cold_stale"] == 10.0
     assert s["accept_len_adaptive"] == pytest.approx(3.0) and s["accept_len_stale"] == pytest.approx(2.0)
     assert s["drafter_overhead"] == pytest.approx(0.08 / 4)
@@ -93,7 +96,7 @@ def test_arms_parsed_in_order_and_refused_by_name():
     assert parse_arms("c_stale, a_no_sd") == ["a_no_sd", "c_stale"]
     with pytest.raises(ValueError, match="unknown arm.*warm"):
         parse_arms("a_no_sd,warm")
-    assert "d_stale_harvest" not in DEFAULT_ARMS and len(DEFAULT_ARMS) == 9
+    assert "d_stale_harvest" not in DEFAULT_ARMS and len(DEFAULT_ARMS) == 10
 
 
 def test_bench_e2e_tiny_run(tiny_qwen2, tmp_path, monkeypatch, capsys):

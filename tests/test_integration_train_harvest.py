@@ -11,7 +11,7 @@ import pytest
 import gleanrl.cli
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.trainer import loop
+from gleanrl.trainer import layout
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.metrics import COLUMNS, HARVEST_COLUMNS, MetricsLog, format_header, format_row
 
@@ -35,8 +35,8 @@ def test_drafter_must_be_a_directory(tiny_qwen2, tmp_path):
 def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, capsys, monkeypatch):
     drafter0 = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
     commands: list[dict] = []
-    settings = loop.EmbeddedServer.settings
-    monkeypatch.setattr(loop.EmbeddedServer, "settings",
+    settings = layout.EmbeddedServer.settings
+    monkeypatch.setattr(layout.EmbeddedServer, "settings",
                         lambda self: commands.append(settings(self)) or commands[-1])
     out = tmp_path / "run"
     base = ["train", "--model", str(tiny_qwen2), "--out", str(out), "--drafter", str(drafter0),

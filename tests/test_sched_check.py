@@ -7,7 +7,7 @@ import json
 import os
 
 from gleanrl.harvest.idle import IdleWindow, busy_step
-from gleanrl.trainer import loop, server_proc
+from gleanrl.trainer import layout, server_proc
 from gleanrl.trainer.hooks import NoHooks
 from gleanrl.trainer.loop import train
 from test_train import ToyTask, _cfg
@@ -38,9 +38,11 @@ def test_server_shares_the_trainers_session_and_the_check_is_logged(tiny_qwen2, 
             assert os.getpgid(self.proc.pid) == self.proc.pid != os.getpgid(0)
             assert os.getsid(self.proc.pid) == os.getsid(0)
 
-    monkeypatch.setattr(loop, "EmbeddedServer", Tracked)
+    monkeypatch.setattr(layout, "EmbeddedServer", Tracked)
     hooks, logs = ProbingHooks(), []
-    row = train(_cfg(tiny_qwen2, tmp_path / "run", steps=2, server_wait_s=300), task=ToyTask(),
+    # one server: the harvest shares its cores, so the loop checks what that costs
+    row = train(_cfg(tiny_qwen2, tmp_path / "run", steps=2, server_wait_s=300, replicas=1),
+                task=ToyTask(),
                 hooks=hooks, log=lambda *a: logs.append(" ".join(map(str, a))))
     assert servers and hooks.probes == 1 and row["step"] == 2
     [line] = [x for x in logs if x.startswith("scheduling check")]

@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 
-from gleanrl.trainer import loop, server_proc
+from gleanrl.trainer import layout, server_proc
 from gleanrl.trainer.hooks import NoHooks
 from gleanrl.trainer.loop import train
 from test_train import ToyTask, _cfg
@@ -52,7 +52,7 @@ def test_server_killed_mid_step_is_restarted_and_rollouts_resubmitted(tiny_qwen2
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
             SERVERS.append(self)
-    monkeypatch.setattr(loop, "EmbeddedServer", Tracked)
+    monkeypatch.setattr(layout, "EmbeddedServer", Tracked)
     hooks, logs = KillServerMidStep(delay_s=0.1), []
     cfg = _cfg(tiny_qwen2, tmp_path / "run", max_new_tokens=160, steps=2)
     row = train(cfg, task=ToyTask(), hooks=hooks, log=lambda *a: logs.append(" ".join(map(str, a))))

@@ -55,14 +55,18 @@ class TrainConfig:
     seed: int = _flag(0, "seed")
     trainer_threads: int = _flag(1, "torch threads of the trainer")
     update_threads: int = _flag(0, "torch threads of the policy update, which runs while the "
-                                   "server waits (0: --trainer-threads)")
+                                   "servers wait (0: one per core)")
     # CPU affinity of the update (empty: unchanged)
     update_cores: list[int] = field(default_factory=list)
     update_dtype: str = _flag("float32", "the policy update's compute dtype: float32, or bfloat16 "
                               "autocast (fp32 master weights, optimizer and logits; 3-4x faster "
                               "on CPUs with AVX-512 BF16)", choices=["float32", "bfloat16"])
-    server_threads: int = _flag(0, "torch threads of the embedded server (0: every core, half "
-                                   "with --drafter)")
+    replicas: int = _flag(0, "embedded rollout servers, each pinned to its share of the cores "
+                             "(0: one per core on CPU, where one thread decodes faster than two, "
+                             "and the harvest trains on the cores of replicas that finished; 1: "
+                             "one server, on half the cores with --drafter)")
+    server_threads: int = _flag(0, "torch threads of each embedded server (0: one per core of "
+                                   "its share)")
     serve: dict = field(default_factory=dict)   # the embedded server's `gleanrl serve` settings by
                                                 # name (e.g. {"dtype": "bfloat16"}; its --config)
     api_key: str | None = _flag(None, "the rollout server's API key")
@@ -88,6 +92,7 @@ class TrainConfig:
         checks = [
             ("server_threads", isinstance(self.server_threads, int) and self.server_threads >= 0,
              "must be >= 0"),
+            ("replicas", isinstance(self.replicas, int) and self.replicas >= 0, "must be >= 0"),
             ("temperature", self.temperature > 0, "must be > 0 (GRPO needs sampled rollouts)"),
             ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
             ("eval_temperature", self.eval_temperature >= 0, "must be >= 0"),
@@ -110,7 +115,7 @@ class TrainConfig:
             raise ValueError("model must be a Hugging Face model directory (with config.json), "
                              f"got {self.model!r}")
         if not isinstance(self.update_threads, int) or self.update_threads < 0:
-            raise ValueError(f"update_threads must be an integer >= 0 (0: trainer_threads), "
+            raise ValueError(f"update_threads must be an integer >= 0 (0: one per core), "
                              f"got {self.update_threads!r}")
         self.update_cores = list(self.update_cores)
         if not all(isinstance(c, int) and c >= 0 for c in self.update_cores):

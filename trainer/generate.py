@@ -28,8 +28,10 @@ async def run_step(client: RolloutClient, rollouts: list[Rollout], params: dict,
     try:
         while pending:
             with hooks.idle_window():
+                urls = spread(client, pending)
                 tasks = [asyncio.create_task(run_rollout(client, r, params, stream,
-                                                         stream_interval)) for r in pending]
+                                                         stream_interval, url=urls.get(r.group_id)))
+                         for r in pending]
                 for fut in asyncio.as_completed(tasks):
                     r = await fut
                     if r.done and r.weight_version in (expected_version, None):
@@ -65,6 +67,16 @@ async def run_step(client: RolloutClient, rollouts: list[Rollout], params: dict,
             pending = redo
     finally:
         bar.close()
+
+
+def spread(client: RolloutClient, rollouts: list[Rollout]) -> dict[int, str]:
+    """Each group's server when there are several and no router: a prompt's samples to one server,
+    the groups dealt out in turn (so each replica's group drafts see a prompt's siblings, and the
+    replicas get equal shares); {} lets the client pick."""
+    if client.router or len(client.urls) < 2:
+        return {}
+    groups = dict.fromkeys(r.group_id for r in rollouts)
+    return {g: client.urls[i % len(client.urls)] for i, g in enumerate(groups)}
 
 
 def sampling_params(cfg: TrainConfig) -> dict:

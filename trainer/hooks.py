@@ -10,6 +10,8 @@ In the order the loop calls them:
 - `load_state_dict(state)`: on resume, the `state_dict()` saved with the checkpoint resumed from.
 - `bind_push(push)`: once the servers serve the loop's weights; `push(path, version)` sends a
   drafter to the loop's servers.
+- `bind_cores(cores)`: once, where the loop runs its own replicas pinned to their cores: `cores()`
+  names the cores whose replica has nothing left to run while another still does (None: no layout).
 - `scheduling_probe()`: with `harvests`, once at the start: a context in which the harvester's kind
   of compute runs at its priority, so the loop can time the server with and without it
   (`trainer.sched_check`).
@@ -24,7 +26,7 @@ In the order the loop calls them:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -38,6 +40,7 @@ class RolloutHooks(Protocol):
 
     def load_state_dict(self, state: dict) -> None: ...
     def bind_push(self, push: Callable[[str, int], None]) -> None: ...
+    def bind_cores(self, cores: Callable[[], Collection[int] | None] | None) -> None: ...
     def scheduling_probe(self) -> contextlib.AbstractContextManager: ...
     def on_step_start(self, step: int, model: torch.nn.Module) -> None: ...
     def idle_window(self) -> contextlib.AbstractContextManager: ...
@@ -56,6 +59,9 @@ class NoHooks:
         pass
 
     def bind_push(self, push: Callable[[str, int], None]) -> None:
+        pass
+
+    def bind_cores(self, cores: Callable[[], Collection[int] | None] | None) -> None:
         pass
 
     def scheduling_probe(self) -> contextlib.AbstractContextManager:

@@ -52,19 +52,22 @@ from gleanrl.trainer.checkpoint import list_checkpoints, load_latest, save_check
 from gleanrl.trainer.config import TrainConfig, write_resolved
 from gleanrl.trainer.generate import make_rollouts, run_step, sampling_params
 from gleanrl.trainer.hooks import NoHooks, RolloutHooks, missing_hooks
+from gleanrl.trainer.layout import IdleCores, Replicas, layout_groups
 from gleanrl.trainer.metrics import MetricsLog, eval_metrics, rollout_metrics, step_shares
 from gleanrl.trainer.phases import all_cores, phase_threads
 from gleanrl.trainer.policy import Policy
 from gleanrl.trainer.policy_push import PolicyPusher
-from gleanrl.trainer.server_proc import EmbeddedServer, ServeSD
+from gleanrl.trainer.server_proc import ServeSD
 from gleanrl.trainer.tasks.base import Task
 
 
 def train(cfg: TrainConfig, task: Task | None = None, hooks: RolloutHooks | None = None,
-          resume: bool = False, log=print) -> dict:
+          resume: bool = False, log=print, replicas: Replicas | None = None) -> dict:
     """Run `cfg.steps` GRPO steps (continuing from the last checkpoint with `resume`). Returns the
     last step's metrics row. `hooks` default: a Harvester's (`harvest.hooks.HarvestHooks`) with
-    `cfg.drafter`, else none."""
+    `cfg.drafter`, else none. Rollout servers: `cfg.servers`, else `replicas` (started and stopped
+    by the caller, e.g. the demo, which serves from them afterwards), else embedded replicas laid
+    out by `cfg.replicas` (`trainer.layout`), started here."""
     if hooks is not None and (missing := missing_hooks(hooks)):
         raise TypeError(f"hooks lack {', '.join(missing)} "
                         "(trainer.hooks.RolloutHooks; subclass NoHooks)")
@@ -90,20 +93,19 @@ def train(cfg: TrainConfig, task: Task | None = None, hooks: RolloutHooks | None
             hooks.load_state_dict(resumed.hooks_state)
         log(f"resuming after step {resumed.step} from {resumed.path}")
     weights = (str(resumed.path) if resumed else cfg.model, str(resumed.step if resumed else 0))
-    # the server has the machine during rollouts, but for a harvester beside it
-    cores = len(all_cores())
-    threads = cfg.server_threads or (max(cores // 2, 1) if hooks.harvests else cores)
-    server = None if cfg.servers else EmbeddedServer(
-        cfg.model, threads, cfg.serve, cfg.api_key, cfg.admin_api_key,
-        f"{cfg.out}/server.log", sd=sd)
+    if cfg.servers and replicas:
+        raise ValueError("give either cfg.servers or replicas, not both")
+    own = None if cfg.servers or replicas else Replicas(
+        cfg.model, layout_groups(cfg.replicas, cfg.serve, hooks.harvests), cfg.serve, cfg.api_key,
+        cfg.admin_api_key, f"{cfg.out}/server.log", sd=sd, threads=cfg.server_threads or None)
     try:
-        if server:
-            server.start()
-        run = Run(cfg, task, policy, hooks, server, weights, log)
+        if own:
+            own.start()
+        run = Run(cfg, task, policy, hooks, own or replicas, weights, log)
         return asyncio.run(_loop(run, resumed.step if resumed else 0))
     finally:
-        if server:
-            server.stop()
+        if own:
+            own.stop()
 
 
 async def _loop(run: Run, start: int) -> dict:
@@ -116,7 +118,10 @@ async def _loop(run: Run, start: int) -> dict:
             first = {"step": 0, "weight_version": "0", **await run.evaluate(0)}
             run.metrics.log(first, echo=run.log)
         hooks.bind_push(DrafterPush.for_client(run.client))  # drafters go to the same servers
-        sched = await run.check_scheduling() if hooks.harvests and start == 0 else {}
+        gated = bool(run.servers) and len(run.servers.servers) > 1
+        if gated:  # the harvest on the cores of replicas that finished, never beside a busy one
+            hooks.bind_cores(IdleCores(run.client.in_flight, run.servers.cores()))
+        sched = await run.check_scheduling() if hooks.harvests and start == 0 and not gated else {}
         for step in range(start + 1, cfg.steps + 1):
             rollouts = make_rollouts(cfg, task, policy.tokenizer, step)
             hooks.on_step_start(step, policy.model)
@@ -141,14 +146,15 @@ async def _loop(run: Run, start: int) -> dict:
 
 
 class Run:
-    """What one `train()` holds: the servers' client, the policy and the weights the servers must
-    serve (`path`, `version`), the metrics log. Its methods are the loop's steps."""
+    """What one `train()` holds: the servers' client (and the embedded replicas, if any), the policy
+    and the weights the servers must serve (`path`, `version`), the metrics log. Its methods are
+    the loop's steps."""
 
     def __init__(self, cfg: TrainConfig, task: Task, policy: Policy, hooks: RolloutHooks,
-                 server: EmbeddedServer | None, weights: tuple[str, str], log=print):
+                 servers: Replicas | None, weights: tuple[str, str], log=print):
         self.cfg, self.task, self.policy, self.hooks = cfg, task, policy, hooks
-        self.server, self.log = server, log
-        self.client = RolloutClient(cfg.servers or [server.url], cfg.api_key, cfg.admin_api_key,
+        self.servers, self.log = servers, log
+        self.client = RolloutClient(cfg.servers or servers.urls, cfg.api_key, cfg.admin_api_key,
                                     cfg.request_timeout_s, router=cfg.router)
         self.pusher = PolicyPusher(self.client, cfg.model)
         start = int(weights[1])
@@ -156,9 +162,9 @@ class Run:
         self.path, self.version = weights
 
     async def resync(self, attempts: int = 3) -> None:
-        """Wait for the server(s) (restarting the embedded one if it died), then make them serve
+        """Wait for the server(s) (restarting embedded ones that died), then make them serve
         our weights."""
-        server = self.server
+        server = self.servers
         for attempt in range(attempts):
             if server:  # a kill may land between this check and the health poll: hence the attempts
                 server.ensure_running()
@@ -170,7 +176,7 @@ class Run:
                 if server and attempt + 1 < attempts and not server.alive():
                     continue
                 if server:  # the embedded server's own words say why
-                    exc.message += f"; the end of {server.log_path}:\n{server.log_tail()}"
+                    exc.message += f"; the end of its log:\n{server.log_tail()}"
                     exc.args = (f"{exc.url}: {exc.message}",)
                 raise
         await self.pusher.push(self.path, self.version)
@@ -195,7 +201,7 @@ class Run:
         depend on the order)."""
         cfg = self.cfg
         ordered = sorted(batch, key=lambda r: len(r.prompt_ids) + len(r.output_ids))
-        with phase_threads(cfg.update_threads or cfg.trainer_threads, cfg.update_cores), \
+        with phase_threads(cfg.update_threads or len(all_cores()), cfg.update_cores), \
                 self.hooks.update_capture() as cap:
             return self.policy.train_step(ordered, capture=cap)
 

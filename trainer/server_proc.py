@@ -1,7 +1,7 @@
-"""The embedded rollout server the trainer starts when no `--server` is given: `gleanrl serve` as a
-subprocess on a free loopback port, restarted if it dies, in the trainer's session (so that nice
-ranks the harvester below it). On 2 cores the server gets `threads` 1
-and the trainer `torch.set_num_threads(1)`; rollouts and training alternate, so neither starves."""
+"""One embedded rollout server, as the trainer starts it when no `--server` is given: `gleanrl serve`
+as a subprocess on a free loopback port, pinned to `cores` if given, restarted if it dies, in the
+trainer's session (so that nice ranks the harvester below it). `trainer.layout.Replicas` runs one
+per core group."""
 from __future__ import annotations
 
 import json
@@ -11,17 +11,23 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 SD_MODES = ("off", "on", "adaptive")  # `gleanrl serve --sd`
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGTERM the server when the trainer dies, even by kill -9 (no orphaned servers)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def _child_setup(cores: frozenset[int] | None) -> Callable[[], None]:
+    """Runs in the child before exec: pinned to `cores` (inherited by every thread it starts), and
+    (Linux) SIGTERMed when the trainer dies, even by kill -9 (no orphaned servers)."""
+    def setup() -> None:
+        if cores and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cores)
+        if sys.platform.startswith("linux"):
+            import ctypes
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    return setup
 
 
 def free_port() -> int:
@@ -46,12 +52,15 @@ class ServeSD:
 
 class EmbeddedServer:
     """`settings`: `gleanrl serve` settings by its flags' names (`dtype`, `sd_sources`, ...), over
-    those of `sd`; handed to it as a JSON file (`gleanrl serve --config`), not as flags."""
+    those of `sd`; handed to it as a JSON file (`gleanrl serve --config`), not as flags. `cores`:
+    the CPU cores it runs on (None: the trainer's)."""
 
     def __init__(self, model: str, threads: int = 1, settings: dict | None = None,
                  api_key: str | None = None, admin_api_key: str | None = None,
-                 log_path: str | Path | None = None, sd: ServeSD | None = None):
+                 log_path: str | Path | None = None, sd: ServeSD | None = None,
+                 cores: Collection[int] | None = None):
         self.model, self.threads, self.extra = model, threads, dict(settings or {})
+        self.cores = frozenset(cores) if cores else None
         self.sd = sd
         self.api_key, self.admin_api_key = api_key, admin_api_key
         self.port = free_port()
@@ -85,7 +94,7 @@ class EmbeddedServer:
         # these VMs) a new session is a new scheduling group, where `nice` of the harvester's
         # thread no longer ranks it below the server's threads (docs/e2e.md, "Scheduling")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     process_group=0, preexec_fn=_die_with_parent)
+                                     process_group=0, preexec_fn=_child_setup(self.cores))
         if log is not subprocess.DEVNULL:
             log.close()
 

@@ -16,10 +16,11 @@
 - `d_stale_harvest` (not run by default): as (c), but harvesting and training without ever pushing:
   what harvesting costs the step (`harvest_cost`, d over c minus 1).
 
-Every arm gives the server the whole machine during rollouts. Arms that harvest train the drafter at
-nice 19 beside it (`--harvest-schedule idle`: only on compute the server leaves, so harvesting
-cannot slow the rollouts below the stale arm's through the scheduler; memory bandwidth is still
-shared), or on half of the cores with the server on the other half (`beside`). The drafter's warm
+Every arm lays its rollouts out as `--replicas` says (default: one single-thread server per core,
+`trainer.layout`); arms that harvest train the drafter only on the cores of replicas with nothing
+left to run, pinned there. `a_single`: (a) on one server over every core (the layout before
+replicas), a peer of the baseline; with `--replicas 1` the harvest arms train at nice 19 beside
+their one server. The drafter's warm
 start (the same-domain and off-domain arms) is 400 TTT steps on 256 prompts' generations (cached).
 `--quick`: a_no_sd, a_sglang, b_adaptive, c_stale for 6 steps. Figures: `gleanrl.bench.e2e_summary`.
 `--regime` (default long_tail) sets the task's length distribution and the step's shape; every run
@@ -44,6 +45,7 @@ from gleanrl.bench.sglang_arm import sglang_missing
 RUNS = {
     "a_no_sd": (None, None, 0),
     "a_sglang": (None, None, 0),
+    "a_single": (None, None, 0),
     "b_adaptive": ("same", "push", 0),
     "c_stale": ("same", None, 0),
     "cold_adaptive": ("cold", "push", 0),
@@ -82,10 +84,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the drafter arms' SD mode: adaptive (the cost model decides per "
                         "iteration) or on (draft wherever a plan drafts; e.g. to see SD's cost "
                         "where adaptive would not draft)")
-    p.add_argument("--harvest-schedule", default="idle", choices=["idle", "beside"],
-                   help="harvest arms: idle (the server has every core, as in the no-SD arms; the "
-                        "drafter trains at nice 19, on what the server leaves) or beside (server "
-                        "and drafter training on half the cores each)")
     p.add_argument("--push-every", type=int, default=10,
                    help="adaptive arms: drafter micro-steps between pushes")
     p.add_argument("--json", default=None, help="write the summary here as JSON")
@@ -202,20 +200,21 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         drafter0 = drafters.get(start)
         backend = sglang_args(args) if name == "a_sglang" else None
-        whole = harvest is None or args.harvest_schedule == "idle"
+        replicas = 1 if name in ("a_sglang", "a_single") else args.replicas
         with demo.serving(policy, drafter0, out / f"{name}.server.log", sd=args.sd,
-                          dtype=args.dtype, device=args.device, whole_machine=whole,
-                          backend=backend) as server:
+                          dtype=args.dtype, device=args.device, replicas=replicas,
+                          backend=backend) as servers:
             hooks, h = NoHooks(), None
             if harvest:
                 h = Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None,
                               cfg=HarvestConfig(push_every=args.push_every
                                                 if harvest == "push" else 0, max_holdout=16,
-                                                seed=args.seed, idle_nice=19
-                                                if args.harvest_schedule == "idle" else 0))
+                                                seed=args.seed,
+                                                idle_nice=19 if len(servers.servers) == 1 else 0))
                 hooks = demo.demo_hooks(h)
-            cfg = demo.rl_config(policy, out / name, server.url, args, args.seed + seed_offset)
-            train(cfg, task=task, hooks=hooks, log=demo.table_logger(out / name / "metrics.jsonl"))
+            cfg = demo.rl_config(policy, out / name, args, args.seed + seed_offset)
+            train(cfg, task=task, hooks=hooks, log=demo.table_logger(out / name / "metrics.jsonl"),
+                  replicas=servers)
         wall[name] = time.monotonic() - t0
         runs[name] = [json.loads(line)
                       for line in (out / name / "metrics.jsonl").read_text().splitlines()]

@@ -5,10 +5,13 @@ Step time is rollout + policy update + weight push (what the trainer waits for).
 is each step's tokens per verify pass (`spec_accept_length`, over verify passes only:
 trainer.metrics.acceptance), averaged over steps, shown beside output tokens per target pass
 (`tokens_per_pass`); the adaptive-over- stale ratios compare the second half of the steps, once the
-policy has drifted from what the starting drafter was trained on. The `baseline` is the faster of
-the no-SD arms, `a_no_sd` (gleanrl serve) and `a_sglang` (stock SGLang); the `_a` figures and every
-speedup are against it. `rollout_share_a` is its rollout time over its step time: the share SD can
-speed up at all, so the bound on `speedup_e2e`.
+policy has drifted from what the starting drafter was trained on. The `baseline` is the fastest of
+the no-SD arms, `a_no_sd` (gleanrl serve in the default layout), `a_single` (one server on every
+core) and `a_sglang` (stock SGLang); the `_a` figures and every speedup are against it, each with a
+95 % interval (`_ci95`) from resampling the steps (arms share each step's prompts and seeds, so step
+i of one arm pairs with step i of another). `layout_gain`: `a_single` over `a_no_sd`.
+`rollout_share_a` is the baseline's rollout time over its step time: the share SD can speed up at
+all, so the bound on `speedup_e2e`.
 
 The ceiling (`ceiling_rollout`, `ceiling_e2e`): what the cost model allows this regime on this
 machine, by Amdahl over the baseline's time-weighted histogram of running requests
@@ -22,6 +25,21 @@ from __future__ import annotations
 
 def step_times(rows: list[dict]) -> list[float]:
     return [r["rollout_s"] + r["train_s"] + r["push_s"] for r in rows]
+
+
+def ratio_ci95(x: list[float], y: list[float], resamples: int = 4000,
+               seed: int = 0) -> list[float] | None:
+    """95 % interval of sum(x) / sum(y) by the paired bootstrap over steps (x[i] pairs with y[i])."""
+    import random
+    n = min(len(x), len(y))
+    if n < 2:
+        return None
+    rng, ratios = random.Random(seed), []
+    for _ in range(resamples):
+        idx = [rng.randrange(n) for _ in range(n)]
+        ratios.append(sum(x[i] for i in idx) / max(sum(y[i] for i in idx), 1e-12))
+    ratios.sort()
+    return [round(ratios[int(0.025 * resamples)], 4), round(ratios[int(0.975 * resamples) - 1], 4)]
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -74,7 +92,7 @@ def ceilings(hist: dict[str, float], rollout_share: float | None, accept: float 
 def summarize(runs: dict[str, list[dict]], wall_s: dict[str, float] | None = None,
               sd_speedups: dict[str, float] | None = None) -> dict:
     arm = lambda name: runs.get(name) or []  # noqa: E731
-    baseline = min((n for n in ("a_no_sd", "a_sglang") if runs.get(n)),
+    baseline = min((n for n in ("a_no_sd", "a_single", "a_sglang") if runs.get(n)),
                    key=lambda n: sum(step_times(runs[n])), default=None)
     a = arm(baseline) if baseline else []
     b, c, a2, d = arm("b_adaptive"), arm("c_stale"), arm("a_no_sd_seed2"), arm("d_stale_harvest")
@@ -102,6 +120,12 @@ def summarize(runs: dict[str, list[dict]], wall_s: dict[str, float] | None = Non
         "baseline": baseline, "step_time_sglang": step_times(arm("a_sglang")),
         "wall_s": dict(wall_s or {}),
         "speedup_e2e": _ratio(total(a), total(b)), "speedup_stale": _ratio(total(a), total(c)),
+        "speedup_e2e_ci95": ratio_ci95(step_times(a), step_times(b)),
+        "speedup_stale_ci95": ratio_ci95(step_times(a), step_times(c)),
+        "speedup_cold_ci95": ratio_ci95(step_times(a), step_times(cold)),
+        "layout_gain": _ratio(total(arm("a_single")), total(arm("a_no_sd"))),
+        "layout_gain_ci95": ratio_ci95(step_times(arm("a_single")), step_times(arm("a_no_sd"))),
+        "harvest_rollouts_over_stale": _ratio(rollout(c), rollout(b)),
         "speedup_cold": _ratio(total(a), total(cold)),
         "speedup_offdomain": _ratio(total(a), total(off)),
         "speedup_rollout": _ratio(rollout(a), rollout(b)),
@@ -127,6 +151,7 @@ def summarize(runs: dict[str, list[dict]], wall_s: dict[str, float] | None = Non
         "rollout_time_c": _col(c, "rollout_s"), "rollout_time_d": _col(d, "rollout_s"),
         "drafter_overhead": _ratio(sum(_col(b, "idle_overrun_s")), total(b)),
         "idle_window_s": sum(_col(b, "idle_window_s")), "idle_used_s": sum(_col(b, "idle_used_s")),
+        "idle_free_core_s": sum(_col(b, "idle_free_core_s")),
         "idle_capture_s": sum(_col(b, "idle_capture_s")),
         "idle_train_s": sum(_col(b, "idle_train_s")),
         "update_capture_s": sum(_col(b, "update_capture_s")),
@@ -145,7 +170,7 @@ def headline(s: dict) -> str:
     f = lambda x, spec=".2f": "n/a" if x is None else format(x, spec)  # noqa: E731
     a, b = sum(s["step_time_a"]), sum(s["step_time_b"])
     return (f"steps {s['steps']}: step time no SD ({s['baseline'] or 'n/a'}) {a:.1f} s, adaptive {b:.1f} s -> "
-            f"speedup {f(s['speedup_e2e'])}x "
+            f"speedup {f(s['speedup_e2e'])}x {s['speedup_e2e_ci95'] or ''} "
             f"(ceiling {f(s['ceiling_e2e'])}x; stale {f(s['speedup_stale'])}x, cold "
             f"{f(s['speedup_cold'])}x, off-domain {f(s['speedup_offdomain'])}x); rollouts "
             f"{f(s['speedup_rollout'])}x faster (ceiling {f(s['ceiling_rollout'])}x)\n"
@@ -159,7 +184,11 @@ def headline(s: dict) -> str:
             f"{f(s['tokens_per_pass_stale'])}); second "
             f"half same-domain {f(s['samedomain_accept_ratio'])}x, off-domain {f(s['offdomain_accept_ratio'])}x "
             f"(goal >= 1.4x); cold start per step {[round(x, 2) for x in s['cold_accept_per_step']]}\n"
-            f"idle window {s['idle_window_s']:.1f} s: capture {s['idle_capture_s']:.1f} s, drafter training "
+            f"layout: one server on every core over the replicas {f(s['layout_gain'])}x "
+            f"{s['layout_gain_ci95'] or ''}; harvest arm's rollouts over the stale arm's "
+            f"{f(s['harvest_rollouts_over_stale'])}x\n"
+            f"idle window {s['idle_window_s']:.1f} s (a core free {s['idle_free_core_s']:.1f} s): "
+            f"capture {s['idle_capture_s']:.1f} s, drafter training "
             f"{s['idle_train_s']:.1f} s; update-forward capture {s['update_capture_s']:.1f} s for "
             f"{s['update_captured']} rollouts; drafter overhead {f(s['drafter_overhead'], '.1%')} of step time\n"
             f"reward gap a/b {f(s['reward_gap_ab'], '.3f')} (seed noise {f(s['reward_noise_seed'], '.3f')}); "
