@@ -182,7 +182,7 @@ def table_logger(metrics_path: Path):
 
     def log(*parts) -> None:
         msg = " ".join(str(p) for p in parts)
-        if msg.startswith(("warning", "resuming", "scheduling check")):
+        if msg.startswith(("warning", "resuming", "scheduling check", "drafter gate")):
             print(msg, flush=True)
         rows = metrics_path.read_text().splitlines() if metrics_path.exists() else []
         for line in rows[seen[0]:]:

@@ -44,7 +44,7 @@ from gleanrl.harvest.acceptance import acceptance_sums
 from gleanrl.harvest.capture import Sample, capture
 from gleanrl.harvest.checkpoint import drafter_dir, drafter_versions, load_drafter, save_drafter
 from gleanrl.harvest.idle import CoreGate, IdleReport, IdleWindow, Waiting, run_window
-from gleanrl.harvest.push_rule import Verdict, paired_verdict
+from gleanrl.harvest.push_rule import Gate, Verdict, paired_verdict
 from gleanrl.harvest.spool import Spool, SpoolConfig, flagged
 from gleanrl.harvest.train_step import bf16_fast, make_optimizer, train_step
 
@@ -126,7 +126,7 @@ class Harvester:
         self._target = target
         if not isinstance(target, torch.nn.Module) and not (Path(target) / "config.json").is_file():
             raise ValueError(f"{target} is not a model directory (no config.json)")
-        self.spool = Spool(spool_dir, self.cfg.spool)
+        self.spool = Spool(spool_dir, self.cfg.spool, self.cfg.min_holdout_prompts)
         base = Path(spool_dir).parent if spool_dir is not None else Path(drafter_dir).parent
         self.versions_dir = Path(self.cfg.versions_dir or base / "drafter_versions")
         self.version, start = self._latest_pushed() or (0, Path(drafter_dir))
@@ -149,6 +149,12 @@ class Harvester:
         # a candidate that won inside a step: (its weights, verdict), pushed at the boundary
         self._pending: tuple[dict, Verdict] | None = None
         self._pushed_this_step = False
+
+    @property
+    def gate(self) -> Gate:
+        cfg = self.cfg
+        return Gate(cfg.min_holdout_prompts, cfg.min_holdout_samples, cfg.min_gain,
+                    cfg.mid_step_gain)
 
     @property
     def target(self) -> torch.nn.Module:
@@ -291,19 +297,40 @@ class Harvester:
                 return None
             verdict = paired_verdict(candidate, serving, [it.prompt for it in held],
                                      self.cfg.confidence_z)
-            cfg = self.cfg
+            action, why = self.gate.decide(verdict, boundary)
             row = {"version": self.version, "when": "boundary" if boundary else "mid_step",
-                   **(verdict.row() if verdict else {})}
-            if verdict is None or verdict.prompts < cfg.min_holdout_prompts \
-                    or verdict.samples < cfg.min_holdout_samples or verdict.lower <= cfg.min_gain:
+                   **(verdict.row() if verdict else {}), "why": why + self._holdout_context(verdict)}
+            if action == "hold":
                 self.history.append(row | {"pushed": False})
                 return None
-            if not boundary and verdict.lower <= cfg.mid_step_gain:
+            if action == "pending":
                 if self._pending is None or verdict.lower > self._pending[1].lower:
                     self._pending = (copy.deepcopy(self.drafter.state_dict()), verdict)
                 self.history.append(row | {"pushed": False, "pending": True})
                 return None
             return self._push(self.drafter, row)
+
+    def _holdout_context(self, verdict: Verdict | None) -> str:
+        """Why held-out prompts may be few: how many the spool holds out of those it has seen."""
+        if verdict is not None and verdict.prompts >= self.cfg.min_holdout_prompts:
+            return ""
+        seen, held = self.spool.prompt_counts()
+        reuse = "; the loop reuses few prompts" if seen < 2 * self.cfg.min_holdout_prompts else ""
+        return (f" ({held} of the {seen} prompts seen are held out: the first new ones, then 1 "
+                f"in {self.cfg.spool.holdout_every}{reuse})")
+
+    def push_status(self, attempt: dict | None = None) -> str:
+        """The gate's last word in a line: `attempt`'s outcome (a `history` row), else how far the
+        next attempt is."""
+        if attempt is None:
+            if not self.cfg.push_every:
+                return "pushes off"
+            return (f"no push attempt yet: {self._since_push} of the {self.cfg.push_every} "
+                    "drafter micro-steps between attempts")
+        if attempt.get("error"):
+            return f"push refused: {attempt['error']}"
+        done = "pushed v{}".format(attempt["version"]) if attempt.get("pushed") else "held"
+        return f"{done}: {attempt.get('why', '')}"
 
     def new_step(self) -> int | None:
         """The step boundary: push the best candidate that won inside the last step (no rescoring;

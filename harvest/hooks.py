@@ -279,6 +279,7 @@ class HarvestHooks:
                 "harvest_errors": self.errors, "drafter_version": self.h.version,
                 "drafter_pushes": self.h.version - version0, "drafter_push_attempts": len(attempts),
                 "candidate_accept_len": attempts[-1].get("candidate") if attempts else None,
+                "push_why": self.h.push_status(attempts[-1] if attempts else None),
                 # each push's measured paired gain (tokens per verify pass) and its lower bound
                 "push_gains": [(round(a["gain"], 4), round(a["gain_lower"], 4))
                                for a in attempts if a.get("pushed")],

@@ -10,8 +10,9 @@ standard error the cluster-robust (linearised) one,
     se^2 = C / (C - 1) * sum_c (D_c - G N_c)^2 / (sum_c N_c)^2          (C prompts).
 
 A push needs at least `min_prompts` prompts and `min_samples` samples, and the one-sided lower
-bound G - t se above `margin` (t: Student's quantile for C - 1 degrees of freedom at the confidence
-of z, so few prompts ask for more evidence).
+bound G - t se above `min_gain` (t: Student's quantile for C - 1 degrees of freedom at the confidence
+of z, so few prompts ask for more evidence); inside a step, above `mid_step_gain` (else it waits for
+the step boundary). `Gate.decide` says which, and why in words (the logs show it).
 """
 from __future__ import annotations
 
@@ -62,3 +63,27 @@ def paired_verdict(candidate: list[tuple[float, int]], serving: list[tuple[float
     serve = sum(s for _, _, s in clusters.values()) / total
     return Verdict(gain, se, gain - t_quantile(z, k - 1) * se, k, len(candidate), serve + gain,
                    serve)
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    min_prompts: int
+    min_samples: int
+    min_gain: float
+    mid_step_gain: float
+
+    def decide(self, v: Verdict | None, boundary: bool) -> tuple[str, str]:
+        """("push" | "pending" (won, but waits for the step boundary) | "hold", why)."""
+        if v is None:
+            return "hold", "no held-out sample of the newest policy versions yet"
+        if v.prompts < self.min_prompts:
+            return "hold", f"held-out prompts {v.prompts} of the {self.min_prompts} needed"
+        if v.samples < self.min_samples:
+            return "hold", f"held-out samples {v.samples} of the {self.min_samples} needed"
+        figures = (f"gain {v.gain:+.3f} ± {v.se:.3f} tokens/pass ({v.candidate:.2f} vs "
+                   f"{v.serving:.2f}) on {v.prompts} prompts, lower bound {v.lower:+.3f}")
+        if v.lower <= self.min_gain:
+            return "hold", f"{figures}: not above {self.min_gain}"
+        if not boundary and v.lower <= self.mid_step_gain:
+            return "pending", f"{figures}: pushed at the step boundary (mid-step needs {self.mid_step_gain})"
+        return "push", figures

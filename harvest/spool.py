@@ -6,11 +6,16 @@ produced it. Each sample is its own safetensors shard, written atomically, so ev
 `--resume` work per sample. Memory holds the newest samples within its token/byte limits; disk holds
 the newest within its own; the oldest go first. Samples are held out for scoring drafters, never
 trained on, by prompt: one prompt in `holdout_every` (by a hash of its token ids) is held out with
-every sample of it, now and in later steps. Held out by arrival, a GRPO sibling of a trained sample
-(on a deterministic task often the very same text) would be scored, and a drafter that memorised
-the training samples would win. `SpoolItem.prompt` is that hash: the cluster a paired test of two
-drafters groups by. Training draws weight a sample by `version_decay ** (newest_version -
-its_version)`.
+every sample of it, now and in later steps; so are the first new prompts while fewer than
+`min_holdout_prompts` are held out, and never more than half of the prompts seen (a push can be
+scored from the first steps, a loop that reuses a few prompts holds some out, and the drafter always
+has prompts to train on). A prompt
+keeps its side for good: the spool remembers the prompts it has seen (one int each; rebuilt from the
+shards on disk at a resume, so a prompt whose shards were all evicted counts as new). Held out by
+arrival, a GRPO sibling of a trained sample (on a deterministic task often the very same text) would
+be scored, and a drafter that memorised the training samples would win. `SpoolItem.prompt` is that
+hash: the cluster a paired test of two drafters groups by. Training draws weight a sample by
+`version_decay ** (newest_version - its_version)`.
 """
 from __future__ import annotations
 
@@ -102,8 +107,12 @@ def prompt_key(tensors: dict[str, torch.Tensor]) -> int:
 class Spool:
     """Thread-safe: the trainer adds while the idle-window drafter trainer samples."""
 
-    def __init__(self, directory: str | Path | None, cfg: SpoolConfig | None = None):
+    def __init__(self, directory: str | Path | None, cfg: SpoolConfig | None = None,
+                 min_holdout_prompts: int = 4):
         self.cfg = cfg or SpoolConfig()
+        self.min_holdout_prompts = min_holdout_prompts
+        self._seen: set[int] = set()       # prompt keys, held out or not
+        self._held: set[int] = set()       # prompt keys held out
         self.dir = Path(directory) if directory is not None else None
         self._lock = threading.Lock()
         self._mem: OrderedDict[int, SpoolItem] = OrderedDict()
@@ -130,7 +139,7 @@ class Spool:
             seq = self._next_seq
             self._next_seq += 1
             key = prompt_key(tensors)
-            holdout = self.cfg.holdout_every > 0 and key % self.cfg.holdout_every == 0
+            holdout = self._side(key)
             item = SpoolItem(seq, int(policy_version), holdout, tensors, key)
             if self.dir is not None:
                 path = self.dir / f"{seq:010d}.safetensors"
@@ -144,6 +153,17 @@ class Spool:
             self._mem_tokens, self._mem_bytes = self._mem_tokens + item.tokens, self._mem_bytes + item.nbytes
             self._evict_mem()
             return item
+
+    def _side(self, key: int) -> bool:
+        """Whether prompt `key` is held out: decided at its first sample, kept for good."""
+        if key not in self._seen:
+            every, half = self.cfg.holdout_every, (len(self._seen) + 1) / 2
+            # never more than half held out: the drafter must have prompts to train on
+            early = len(self._held) < min(self.min_holdout_prompts, half)
+            if every > 0 and (early or key % every == 0 and len(self._held) < half):
+                self._held.add(key)
+            self._seen.add(key)
+        return key in self._held
 
     def _evict_mem(self) -> None:
         while len(self._mem) > 1 and (self.mem_tokens > self.cfg.max_mem_tokens
@@ -170,6 +190,11 @@ class Spool:
         for path in sorted(self.dir.glob("[0-9]*.safetensors")):  # zero-padded names sort by seq
             with safe_open(path, "pt") as f:
                 tokens = int(f.get_slice("input_ids").get_shape()[0])
+                meta = f.metadata() or {}
+            if "prompt" in meta:  # each prompt's side, as it was decided
+                self._seen.add(int(meta["prompt"]))
+                if meta.get("holdout") == "1":
+                    self._held.add(int(meta["prompt"]))
             self._index_disk(int(path.stem), path, tokens)
             self._next_seq = int(path.stem) + 1
         self._evict_disk()
@@ -190,6 +215,11 @@ class Spool:
         self._mem_tokens, self._mem_bytes = sum(it.tokens for it in newest), sum(it.nbytes for it in newest)
 
     # -- reading ---------------------------------------------------------------------------------
+    def prompt_counts(self) -> tuple[int, int]:
+        """(prompts seen, prompts held out)."""
+        with self._lock:
+            return len(self._seen), len(self._held)
+
     def sample(self, n: int, generator: torch.Generator | None = None) -> list[SpoolItem]:
         """`n` training samples drawn with replacement, favouring recent policy
         versions; [] if none."""

@@ -47,3 +47,24 @@ def test_noise_alone_rarely_passes():
         candidate = [(float(b + e), 5) for b, e in zip(base, noise)]
         passes += paired_verdict(candidate, serving, prompts=[i // 4 for i in range(40)]).lower > 0
     assert passes <= 20  # expected ~9 of 400
+
+
+def test_gate_decides_and_says_why_in_words():
+    from gleanrl.harvest.push_rule import Gate, Verdict
+
+    gate = Gate(min_prompts=4, min_samples=8, min_gain=0.02, mid_step_gain=0.3)
+
+    def verdict(prompts=6, samples=12, gain=0.5, se=0.05, lower=0.4):
+        return Verdict(gain, se, lower, prompts, samples, 2.0 + gain, 2.0)
+
+    assert gate.decide(None, True)[0] == "hold"
+    action, why = gate.decide(verdict(prompts=2), True)
+    assert action == "hold" and why == "held-out prompts 2 of the 4 needed"
+    action, why = gate.decide(verdict(samples=5), True)
+    assert action == "hold" and why == "held-out samples 5 of the 8 needed"
+    action, why = gate.decide(verdict(gain=0.05, lower=-0.01), True)
+    assert action == "hold" and "lower bound -0.010: not above 0.02" in why
+    assert gate.decide(verdict(lower=0.1), boundary=False)[0] == "pending"  # a small win waits
+    assert gate.decide(verdict(lower=0.1), boundary=True)[0] == "push"
+    action, why = gate.decide(verdict(lower=0.4), boundary=False)             # a large one swaps now
+    assert action == "push" and why.startswith("gain +0.500 ± 0.050") and "on 6 prompts" in why

@@ -74,7 +74,7 @@ def test_resume_respects_memory_limit(tmp_path):
 
 
 def test_holdout_split_is_never_sampled():
-    spool = Spool(None, SpoolConfig(holdout_every=4))
+    spool = Spool(None, SpoolConfig(holdout_every=4), min_holdout_prompts=0)  # the hash rule alone
     for i in range(48):  # 24 prompts, 2 samples each, policy versions 0 and 1
         spool.add(_sample(3, prompt=i // 2), policy_version=i // 24)
     items = list(spool._mem.values())
@@ -132,3 +132,32 @@ def test_holdout_spans_the_newest_versions():
     assert [it.seq for it in spool.holdout()] == [8, 12]
     assert [it.seq for it in spool.holdout(versions=2)] == [4, 8, 12]
     assert [it.seq for it in spool.holdout(policy_version=0, versions=3)] == [0]
+
+
+def test_first_new_prompts_are_held_out_until_enough_and_keep_their_side(tmp_path):
+    """Every other new prompt is held out until 3 are (a push can be scored in the first steps);
+    a prompt keeps its side in later steps and across a resume; later new prompts are trained on."""
+    cfg = SpoolConfig(holdout_every=1 << 62)  # the hash rule holds nothing out here
+    spool = Spool(tmp_path, cfg, min_holdout_prompts=3)
+    for p in range(7):
+        spool.add(_sample(3, prompt=p), policy_version=0)
+    side = {it.prompt: it.holdout for it in spool._mem.values()}
+    assert list(side.values()) == [True, False, True, False, True, False, False]
+    assert spool.prompt_counts() == (7, 3)
+    for p in (0, 1, 8):
+        spool.add(_sample(3, prompt=p), policy_version=1)
+    resumed = Spool(tmp_path, cfg, min_holdout_prompts=3)
+    resumed.add(_sample(3, prompt=2), policy_version=2)
+    resumed.add(_sample(3, prompt=9), policy_version=2)
+    later = list(resumed._mem.values())[-5:]
+    assert [it.holdout for it in later] == [True, False, False, True, False]
+    assert resumed.prompt_counts() == (9, 3)
+
+
+def test_a_loop_reusing_few_prompts_holds_out_at_most_half():
+    spool = Spool(None, SpoolConfig(holdout_every=1 << 62), min_holdout_prompts=4)
+    for step in range(3):
+        for p in range(4):
+            spool.add(_sample(3, prompt=p), policy_version=step)
+    assert spool.prompt_counts() == (4, 2)
+    assert spool.sample(50, torch.Generator().manual_seed(0))  # half is still trained on

@@ -142,6 +142,8 @@ async def _loop(run: Run, start: int) -> dict:
                    **hooks.step_metrics(), **(sched if step == start + 1 else {})}
             row |= step_shares(row) | await run.evaluate(step)
             run.metrics.log(row, echo=run.log)
+            if row.get("push_why"):  # the drafter gate's word: pushed, or why not yet
+                run.log(f"drafter gate: {row['push_why']}")
     return row
 
 

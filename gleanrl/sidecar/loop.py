@@ -174,7 +174,8 @@ class Sidecar:
         self.echo(f"[harvest] policy v{self.policy.version} | feed {page['next_cursor']} read, "
                   f"{self.view.missed} missed | captured {self.hooks.captured} | drafter "
                   f"steps {h.steps}, v{h.version} "
-                  f"| {'training' if self.window else 'waiting (server busy)'}", file=sys.stderr)
+                  f"| {'training' if self.window else 'waiting (server busy)'} "
+                  f"| {h.push_status(h.history[-1] if h.history else None)}", file=sys.stderr)
 
     def shutdown(self) -> None:
         """Close the window (within one micro-step), log the step so far, save: nothing
