@@ -53,6 +53,10 @@ def test_bench_sd_json(tiny_qwen2, tmp_path, capsys):
         assert r["per_iteration"]["sd"]["drafter_ms"] > 0
         if r["temperature"] == 0:
             assert r["identical_outputs"] == f"{r['batch']}/{r['batch']}"
+    # the drafter's ms per draft token over plain's ms per iteration, both at 1 running
+    assert data["drafter_ms_per_token"] > 0 and data["plain_iteration_ms"] > 0
+    assert abs(data["draft_cost_ratio"] - data["drafter_ms_per_token"]
+               / data["plain_iteration_ms"]) < 0.01
     assert "identical" in capsys.readouterr().out
 
 

@@ -9,11 +9,13 @@ import random
 import numpy as np
 import pytest
 
+from gleanrl.server.sd import cells as cells_mod
 from gleanrl.server.sd import controller as ctl_mod
 from gleanrl.server.sd.controller import Controller, ControllerConfig, CostModel, expected_accepted
 
 EXPLORE, MIN_SAMPLES, PROBE, REPROBE, T_GRID = (ctl_mod.EXPLORE, ctl_mod.MIN_SAMPLES, ctl_mod.PROBE,
                                                 ctl_mod.REPROBE, ctl_mod.T_GRID)
+BUDGET, QUIET_MAX = cells_mod.BUDGET, ctl_mod.QUIET_MAX
 
 ALL = ("eagle", "group", "fused")
 EVERY = ControllerConfig(sd_sources=ALL, sd_max_batch=64)   # every source, at any batch up to 64
@@ -96,7 +98,8 @@ def test_each_sequence_gets_its_own_draft_length_or_none():
 def test_unmeasured_drafting_is_explored_rarely_and_a_losing_cell_is_refused():
     """With nothing measured the controller plays plain but explores a drafting plan once every
     EXPLORE plans; a cell whose realised rate lost to plain is refused afterwards even though its
-    estimates say it pays, but for a re-try every REPROBE-th refusal."""
+    estimates say it pays, but for a re-try every REPROBE-th refusal once its probe credit is
+    earned back (here by plain iterations, as the decoder records them)."""
     ctl = Controller(ControllerConfig(sd_max_batch=64))
     _costs(ctl, (1,), per_token=0.02)
     plans = [ctl.plan([20], [[]], [True]) for _ in range(EXPLORE)]
@@ -107,10 +110,16 @@ def test_unmeasured_drafting_is_explored_rarely_and_a_losing_cell_is_refused():
     assert plan.drafts
     for _ in range(MIN_SAMPLES):                                      # ... but it measured 0.8x
         ctl.record_iteration(1, plan, 1, 1.25 / plan.plain_rate)
-    losing = ctl.cells.key(1, plan)
-    played = [ctl.cells.key(1, p) for p in (ctl.plan([20], [[]], [True])
-                                             for _ in range(2 * REPROBE * EXPLORE)) if p.drafts]
-    assert 1 <= played.count(losing) <= 2 * EXPLORE  # at most one retry per REPROBE plans
+    losing, played = ctl.cells.key(1, plan), []
+    n = 2 * REPROBE * QUIET_MAX
+    for _ in range(n):
+        p = ctl.plan([20], [[]], [True])
+        if p.drafts:
+            played.append(ctl.cells.key(1, p))
+            ctl.record_iteration(1, p, 1, 1.25 / p.plain_rate)
+        else:
+            ctl.record_plain(1, 1 / plan.plain_rate)
+    assert 1 <= played.count(losing) <= n // (REPROBE * EXPLORE)  # one retry per REPROBE looks
 
 
 def test_fixed_length_in_mode_on_is_deterministic():
@@ -119,24 +128,21 @@ def test_fixed_length_in_mode_on_is_deterministic():
     assert plan.eagle_lens == [3, 2, 0] and plan.group_lens == [3, 2, 0]
 
 
-@pytest.mark.parametrize("alpha,per_token", [(0.9, 0.01), (0.6, 0.05), (0.3, 0.2), (0.1, 0.5)])
-def test_simulated_rate_is_never_below_plain(alpha, per_token):
-    """A simulated engine: true pass cost as `_costs`, true conditional acceptance `alpha` for every
-    draft token (EAGLE-3 and group alike). The controller learns acceptance from the verified
-    branches; its realised tokens per simulated second stays >= plain decoding's (0.97 slack for
-    the learning)."""
-    rng, ctl = random.Random(0), Controller(EVERY)
-    b = 8
-    _costs(ctl, (b,), per_token)
-    true = Controller(EVERY)
-    _costs(true, (b,), per_token)
+def _simulate(ctl: Controller, true: Controller, b: int, alpha: float, iterations: int,
+              rng: random.Random) -> tuple[float, int]:
+    """A simulated engine: true pass and drafter costs `true`'s, true conditional acceptance
+    `alpha` for every draft token (EAGLE-3 and group alike); the controller learns acceptance from
+    the verified branches and costs from every iteration, as the decoder records them. Returns
+    (realised tokens per simulated second over plain's, drafting iterations)."""
     tokens = seconds = 0.0
-    for _ in range(400):
+    drafted = 0
+    for _ in range(iterations):
         probs = [[0.9] * 16 for _ in range(b)]
         plan = ctl.plan([30] * b, probs, [True] * b)
         t = 1 + max(g + e for g, e in zip(plan.group_lens, plan.eagle_lens))
         secs = true.cost.pass_seconds(b)[T_GRID.index(min(x for x in T_GRID if x >= t))]
         secs += true.cost.draft_seconds(b, max(plan.eagle_lens)) if any(plan.eagle_lens) else 0.0
+        emitted, chains = 0, [0, 0]
         for g, e in zip(plan.group_lens, plan.eagle_lens):
             accepted = 0
             for src, n in (("group", g), ("eagle", e)):
@@ -144,16 +150,107 @@ def test_simulated_rate_is_never_below_plain(alpha, per_token):
                     continue
                 acc = next((j for j in range(n) if rng.random() >= alpha), n)
                 ctl.accept.record(src, n, acc, [0.9] * n if src == "group" else None)
+                if src == "eagle":
+                    chains[0], chains[1] = chains[0] + 1, chains[1] + acc
                 accepted = acc
                 if acc > 0:
                     break
-            tokens += 1 + accepted
-        seconds += secs
-    plain = b / true.cost.pass_seconds(b)[0]
-    assert tokens / seconds >= 0.97 * plain
+            emitted += 1 + accepted
+        if plan.drafts:
+            drafted += 1
+            ctl.record_iteration(b, plan, emitted, secs, *chains)
+        else:
+            ctl.record_plain(b, secs)
+        tokens, seconds = tokens + emitted, seconds + secs
+    return tokens / seconds / (b / true.cost.pass_seconds(b)[0]), drafted
+
+
+@pytest.mark.parametrize("alpha,per_token", [(0.9, 0.01), (0.6, 0.05), (0.3, 0.2), (0.1, 0.5)])
+def test_simulated_rate_is_never_below_plain(alpha, per_token):
+    """Realised tokens per simulated second stays >= plain decoding's (0.97 slack for the
+    learning), and where drafting pays the controller drafts."""
+    ctl, true, b = Controller(EVERY), Controller(EVERY), 8
+    _costs(ctl, (b,), per_token)
+    _costs(true, (b,), per_token)
+    ratio, _ = _simulate(ctl, true, b, alpha, 400, random.Random(0))
+    assert ratio >= 0.97
     if alpha == 0.9:
-        # and it drafts where drafting pays
-        assert tokens / seconds > 2.0 * plain
+        assert ratio > 2.0
+
+
+def test_a_drafter_that_costs_more_than_estimated_loses_at_most_the_probe_budget():
+    """One thread: the drafter's true step costs as much as a target pass (estimated at a tenth),
+    so drafting loses whatever the acceptance, though the estimates say it pays. Probes are paid
+    from the credit: over many iterations the realised rate stays within about BUDGET of plain,
+    and only a few iterations draft."""
+    ctl, true, b = Controller(ControllerConfig(sd_max_batch=64)), Controller(), 1
+    _costs(ctl, (b,), per_token=0.02)
+    _costs(true, (b,), per_token=0.02)
+    true.cost.step[b] = true.cost.target[b][1]
+    for _ in range(40):
+        ctl.accept.record("eagle", 4, 3)                             # a drafter that looks good
+    ratio, drafted = _simulate(ctl, true, b, 0.5, 4000, random.Random(1))
+    assert ratio >= 1 - 2 * BUDGET
+    assert drafted <= 4000 * 2 * BUDGET
+
+
+def test_a_quiet_bucket_plays_plain_without_planning(monkeypatch):
+    """Where SD measured to lose and no probe is affordable, plain plays without the planning work
+    (no plan search), and looks stay at most one per EXPLORE plans, sparser as they find nothing."""
+    ctl = Controller(ControllerConfig(sd_max_batch=64))
+    _costs(ctl, (1,), per_token=0.02)
+    searches, plain = [], ctl.cost.target[1][1]
+    best = ctl._best
+    monkeypatch.setattr(ctl, "_best", lambda *a, **k: searches.append(1) or best(*a, **k))
+    drafted = 0
+    for _ in range(1000):
+        plan = ctl.plan([20], [[]], [True])
+        if plan.drafts:                              # an exploration, which loses (0.5x)
+            drafted += 1
+            ctl.record_iteration(1, plan, 1, 2 * plain, 1, 0)
+        else:
+            ctl.record_plain(1, plain)
+    assert 1 <= drafted <= 1000 * BUDGET + 1
+    assert len(searches) <= 2 * 1000 // EXPLORE
+    late = len(searches)
+    for _ in range(1000):
+        assert not ctl.plan([20], [[]], [True]).drafts
+        ctl.record_plain(1, plain)
+    assert len(searches) - late <= 2 * 1000 // QUIET_MAX + 2
+
+
+def test_a_collapsed_drafter_is_dropped_for_its_bucket_until_re_measured():
+    """A cell measured to pay plays; the drafter's realised acceptance then collapses (a bad push):
+    at once the bucket stops drafting but for credit-paid probes, and a probe that measures the
+    acceptance back above the floor re-admits it."""
+    ctl = Controller(ControllerConfig(sd_max_batch=64))
+    _costs(ctl, (1,), per_token=0.02)
+    for _ in range(40):
+        ctl.accept.record("eagle", 4, 4)
+    plan = ctl.plan([20], [[]], [True])
+    assert plan.drafts
+    for _ in range(MIN_SAMPLES):                                     # it pays: 2x plain
+        ctl.record_iteration(1, plan, 1 + 4, 2.5 / plan.plain_rate, 1, 4)
+    key = ctl.cells.key(1, plan)
+    assert ctl.cells.pays(key) and ctl.accept_floor(1) > 0
+    # the collapse: chains accept nothing; a few iterations on, the drafter is dropped, while the
+    # cell's realised speed (an EMA of whole iterations) still says it pays
+    for _ in range(6):
+        ctl.record_iteration(1, plan, 1, 1.2 / plan.plain_rate, 1, 0)
+    assert 1 in ctl.cells.dropped and ctl.cells.cells[key][1] > cells_mod.PAY
+    assert not ctl.cells.pays(key)
+    drafted, plain = 0, ctl.cost.target[1][1]
+    for _ in range(500):
+        p = ctl.plan([20], [[]], [True])
+        if p.drafts:                                 # a probe: the drafter still collapsed
+            drafted += 1
+            ctl.record_iteration(1, p, 1, 1.2 * plain, 1, 0)
+        else:
+            ctl.record_plain(1, plain)
+    assert drafted <= 500 * 2 * BUDGET + 1 and 1 in ctl.cells.dropped
+    for _ in range(5):                                # the drafter recovered: a probe re-admits it
+        ctl.cells.record_acceptance(1, 1, 4, ctl.accept_floor(1))
+    assert 1 not in ctl.cells.dropped
 
 
 def test_a_bucket_measured_only_plain_follows_a_calibrated_curve():

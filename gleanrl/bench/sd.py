@@ -11,7 +11,8 @@ verify pass (bonus token included, as SGLang's) over the SD runs; 0 means SD nev
 temperature 0 it also counts the requests whose SD output equals the plain output token for token.
 `per_iteration` splits each arm's decode iteration (ms, over the measured runs) into target
 forwards, drafter calls and the overhead outside them (planning, bookkeeping, verification,
-sampling), from the engines' own counters (`Engine.sd_counters`).
+sampling), from the engines' own counters (`Engine.sd_counters`). `draft_cost_ratio` (`_draft_cost`):
+the drafter's ms per draft token over plain decoding's ms per iteration, at 1 running.
 
 With `--json-schema` each cell also runs both sides with that schema's xgrammar mask (as a
 `json_schema` request gets it) and reports, under `grammar`: tokens/s SD against plain, both masked,
@@ -49,9 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the engine runs")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                        help="weights of target and drafter (auto: float32 on CPU, bfloat16 on "
-                             "CUDA; bfloat16 is memory-bound and fast on CPUs with AVX-512 "
-                             "BF16, as on GPUs)")
+                        help="weights of target and drafter (auto: bfloat16 on CUDA and on CPUs "
+                             "that multiply bf16 natively, AVX-512 BF16 or AMX, as the other "
+                             "benches; else float32)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json-schema", default=None,
                         help="also run every cell under this JSON schema's grammar (a schema as "
@@ -157,6 +158,24 @@ def _cell(sd, off, prompts, temp: float, args, grammar=None) -> dict:
     return out
 
 
+def _draft_cost(sd, off, prompt: list[list[int]], results: list[dict], args) -> dict:
+    """`draft_cost_ratio`: the drafter's ms per draft token (its controller's step estimate at 1
+    running: timed at load, then an EMA of real drafter calls) over plain decoding's ms per
+    iteration at 1 running (the batch-1 cells' plain arm, else one greedy request on the plain
+    engine), at the bench's thread count. Above ~1 / (1 + accepted tokens per chain) a chain
+    cannot pay."""
+    steps = (sd.stats().get("sd_controller") or {}).get("drafter_step_ms") or {}
+    drafter_ms = steps.get(1, steps[min(steps)] if steps else float("nan"))
+    plain = [r["per_iteration"]["plain"]["iteration_ms"] for r in results if r["batch"] == 1]
+    if not plain:
+        before = off.sd_counters()
+        _run(off, prompt, 0.0, args.max_new_tokens, 0)
+        plain = [_breakdown(before, off.sd_counters())["iteration_ms"]]
+    plain_ms = min(plain)
+    return {"draft_cost_ratio": round(drafter_ms / plain_ms, 3) if plain_ms > 0 else None,
+            "drafter_ms_per_token": drafter_ms, "plain_iteration_ms": plain_ms}
+
+
 def _line(r: dict) -> str:
     return (f"SD {r['sd_tok_s']:>8.1f} tok/s  plain {r['plain_tok_s']:>8.1f} tok/s  "
             f"{r['speedup']:.2f}x  accept {r['accept_length']:.2f}"
@@ -171,6 +190,9 @@ def run(args: argparse.Namespace) -> int:
     from gleanrl.server.protocol import CheckpointError
 
     torch.set_num_threads(args.threads)
+    if args.device == "cpu":
+        from gleanrl.demo import fastest_cpu_dtype
+        args.dtype = fastest_cpu_dtype(args.dtype)
     if args.model is None or args.drafter is None:
         from gleanrl.shipped import shipped_drafter, shipped_policy
         args.model = args.model or str(shipped_policy())
@@ -212,6 +234,10 @@ def run(args: argparse.Namespace) -> int:
                     print(f"  with grammar  {_line(g)}  grammar {g['ms_per_token']:.3f} ms/token"
                           f" (plain overhead {g['overhead_ms_per_token']:.3f})", flush=True)
                 results.append(r)
+        draft_cost = _draft_cost(sd, off, prompts[:1], results, args)
+        print(f"draft_cost_ratio {draft_cost['draft_cost_ratio']} (drafter "
+              f"{draft_cost['drafter_ms_per_token']} ms per draft token / plain iteration "
+              f"{draft_cost['plain_iteration_ms']} ms, 1 running)", flush=True)
     finally:
         engine.shutdown()
         plain_engine.shutdown()
@@ -221,5 +247,5 @@ def run(args: argparse.Namespace) -> int:
             json.dump({"model": args.model, "drafter": args.drafter, "sd": args.sd,
                        "threads": args.threads, "device": args.device, "dtype": args.dtype,
                        "max_new_tokens": args.max_new_tokens, "json_schema": args.json_schema,
-                       "results": results}, f, indent=2)
+                       **draft_cost, "results": results}, f, indent=2)
     return 0

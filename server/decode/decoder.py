@@ -198,18 +198,18 @@ class SDDecoder:
         if plan is None or not plan.drafts:
             out = self._feed(runner, seqs)
             if self.controller is not None and len(ready) == len(seqs):
-                self.controller.cost.record_pass(len(seqs), 1, time.perf_counter() - t0)
+                self.controller.record_plain(len(seqs), time.perf_counter() - t0)
             self._count_pass(ready, len(ready))
             return [out.get(s, ([], [])) for s in seqs]
         waiting = set(seqs) - set(ready)
         out = self._feed(runner, [s for s in seqs if s in waiting]) if waiting else {}
-        spec, rows, draft_s = self._speculate(runner, ready, plan, proposals)
+        spec, rows, draft_s, chains = self._speculate(runner, ready, plan, proposals)
         tokens = sum(len(ids) for ids, _ in spec.values())
         if not waiting:
             seconds = time.perf_counter() - t0
             self.controller.cost.record_pass(len(seqs), rows / len(seqs), seconds - draft_s)
             if not self._rebuilt:              # a swap's one-off rebuild is no cell's cost
-                self.controller.record_iteration(len(seqs), plan, tokens, seconds)
+                self.controller.record_iteration(len(seqs), plan, tokens, seconds, *chains)
         self._count_pass(ready, tokens)
         out.update(spec)
         return [out.get(s, ([], [])) for s in seqs]
@@ -285,8 +285,9 @@ class SDDecoder:
         return dict(zip(done, sample_next(logits[rows], done)))
 
     def _speculate(self, runner: ModelRunner, seqs: list[Sequence], plan: Plan,
-                   proposals: list[GroupDraft | None]) -> tuple[Out, int, float]:
-        """Drafts and verifies; returns (outputs, the rows verified, seconds spent drafting)."""
+                   proposals: list[GroupDraft | None]) -> tuple[Out, int, float, tuple[int, int]]:
+        """Drafts and verifies; returns (outputs, the rows verified, seconds spent drafting,
+        (EAGLE-3 chains tested, their tokens accepted))."""
         prm = params_tensors([s.req.params for s in seqs], runner.device)   # on the target's device
         draft_s, self._rebuilt = 0.0, False
         eagle: list[list[int]] = [[] for _ in seqs]
@@ -316,7 +317,7 @@ class SDDecoder:
         bq = [[qs[b] if name == "eagle" else None for name in srcs[b]] for b in range(len(seqs))]
         capture = self.drafter.config.aux_layer_ids if self.drafter is not None else None
         results, aux = tree_pass(runner, seqs, branches, bq, prm, capture)
-        out = {}
+        out, chains = {}, [0, 0]
         for b, (s, r) in enumerate(zip(seqs, results)):
             if self.drafter is not None:
                 st = self.states[s]
@@ -326,8 +327,11 @@ class SDDecoder:
                 st.add(aux[r.rows])
             if branches[b]:
                 self._count(s, srcs[b], branches[b], proposals[b], r)
+            if eagle[b] and (r.branch < 0 or srcs[b].index("eagle") <= r.branch):
+                chains[0] += 1                               # the chain was tested
+                chains[1] += r.accepted if srcs[b][max(r.branch, 0)] == "eagle" else 0
             out[s] = (r.ids, r.logprobs)
-        return out, sum(1 + sum(map(len, br)) for br in branches), draft_s
+        return out, sum(1 + sum(map(len, br)) for br in branches), draft_s, tuple(chains)
 
     def _count(self, s: Sequence, srcs: list[str], branches: list[list[int]],
                proposal: GroupDraft | None, r: TreeResult) -> None:

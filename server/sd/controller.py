@@ -14,14 +14,17 @@ iteration on that ratio: each sequence takes the l_s maximising E[accepted_s(l)]
 seconds per row) * l, so a sequence whose drafts do not pay for their rows takes none, one that is
 accepted often takes a long one. Plain decoding is N = B (rate B / target(B, 1)).
 
-Adaptive mode plays SD only where it measured to pay (`plan`): the best plan by pessimistic
-estimates plays when it beats plain and its cell (running bucket, source, depth bucket; `Cells`)
-has not measured to lose, in realised tokens per second of whole iterations (drafter call and
-catch-up included) against plain's; every PROBE-th such plan in a row is plain instead, so plain
-stays measured. Otherwise plain plays, but for the best plan by exploring estimates when its cell
-measured to pay, and every EXPLORE-th plain plan in a row when that plan comes within CLOSE of
-plain and its cell has not measured to lose (cheap exploration: a chain at most one depth past the
-measured ones). A losing cell is re-tried every REPROBE-th time it is refused.
+Adaptive mode plays SD only where it measured to pay (`plan`; what real iterations measured is
+`cells.py`'s): the best plan by pessimistic estimates plays when it beats plain and its cell (running
+bucket, source, depth bucket) measured to pay, in realised tokens per second of whole iterations
+(drafter call and catch-up included) against plain's; every PROBE-th such plan in a row is plain
+instead, so plain stays measured. A plan whose cell has not measured to pay is a probe, paid from
+the bucket's probe credit (a small share of its time, less what probes lost): unmeasured cells
+first, a losing one every REPROBE-th refusal, and on a look (every EXPLORE-th plain plan in a row,
+the span doubling while looks find nothing) the best plan by exploring estimates when it comes
+within CLOSE of plain (a chain at most one depth past the measured ones). A drafter whose realised
+acceptance falls below the break-even floor is dropped for the bucket until a probe re-measures it.
+While no cell of a bucket pays and no probe is due or affordable, plain plays without planning.
 
 Estimates (`CostModel`, `Acceptance`):
 - target(B, t): seconds of a decode iteration but its drafter call (sync, plan, pass, verify,
@@ -52,18 +55,17 @@ import numpy as np
 
 from gleanrl.server.config import ControllerConfig
 from gleanrl.server.sd.acceptance import MAX_DEPTH, Acceptance, expected_accepted
-from gleanrl.server.sd.cost_model import GRID, T_GRID, CostModel, b_bucket, ema
+from gleanrl.server.sd.cells import MIN_SAMPLES, REPROBE, Cells
+from gleanrl.server.sd.cost_model import GRID, T_GRID, CostModel, b_bucket
 
-__all__ = ["MAX_DEPTH", "T_GRID", "Controller", "ControllerConfig", "CostModel", "Plan",
-           "b_bucket", "expected_accepted"]
+__all__ = ["MAX_DEPTH", "MIN_SAMPLES", "REPROBE", "T_GRID", "Cells", "Controller",
+           "ControllerConfig", "CostModel", "Plan", "b_bucket", "expected_accepted"]
 
 K_GRID = (1, 2, 3, 4, 5, 6, 8)                            # EAGLE-3 chain lengths
-MIN_SAMPLES, PAY = 3, 1.0                                 # a cell pays: measured this often,
-                                                          # realised rate > PAY x plain's
 PROBE, CLOSE = 16, 0.8                                    # adaptive: how often the side not
                                                           # played is measured
-EXPLORE, REPROBE = 8, 64                                  # plain plans between explorations;
-                                                          # refusals of a losing cell per retry
+EXPLORE, QUIET_MAX = 8, 64                                # plain plans between looks (the
+                                                          # span doubles while they find nothing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,54 +81,6 @@ class Plan:
         return any(self.group_lens) or any(self.eagle_lens)
 
 
-class Cells:
-    """Realised speed of SD per cell (running bucket, source, depth bucket): output tokens per
-    second of whole iterations (drafter call and catch-up included) over plain decoding's rate at
-    the same batch, an EMA. SD plays in a cell measured to pay, or one measured fewer than
-    MIN_SAMPLES times; a cell measured to lose is refused but re-tried every REPROBE-th refusal."""
-
-    def __init__(self) -> None:
-        self.cells: dict[tuple, list] = {}                 # key -> [samples, ratio, refusals]
-
-    @staticmethod
-    def key(b: int, plan: Plan) -> tuple:
-        if any(plan.eagle_lens):
-            return b_bucket(b), "eagle", b_bucket(max(plan.eagle_lens))
-        return b_bucket(b), "group", b_bucket(max(plan.group_lens))
-
-    def record(self, b: int, plan: Plan, tokens: int, seconds: float) -> None:
-        if plan.plain_rate <= 0 or seconds <= 0 or not plan.drafts:
-            return
-        c = self.cells.setdefault(self.key(b, plan), [0, None, 0])
-        c[0] += 1
-        c[1] = ema(c[1], tokens / seconds / plan.plain_rate, max(0.2, 1 / c[0]))
-
-    def pays(self, key: tuple) -> bool:
-        c = self.cells.get(key)
-        return c is not None and c[0] >= MIN_SAMPLES and c[1] > PAY
-
-    def loses(self, key: tuple) -> bool:
-        c = self.cells.get(key)
-        return c is not None and c[0] >= MIN_SAMPLES and c[1] <= PAY
-
-    def allowed(self, key: tuple) -> bool:
-        """May a plan of this cell play now (counts a refusal when not)?"""
-        c = self.cells.get(key)
-        if c is None or c[0] < MIN_SAMPLES or c[1] > PAY:
-            return True
-        c[2] += 1
-        if c[2] >= REPROBE:
-            c[2] = 0
-            return True
-        return False
-
-    def drafter_swapped(self) -> None:
-        """EAGLE-3 cells keep their figure as a prior, re-measured from the next play on."""
-        for key, c in self.cells.items():
-            if key[1] == "eagle":
-                c[0] = min(c[0], MIN_SAMPLES - 1)
-
-
 class Controller:
     def __init__(self, config: ControllerConfig | None = None):
         self.config = config or ControllerConfig()
@@ -135,6 +89,8 @@ class Controller:
                                                            # iterations in a row)
         self._quiet: dict[int, int | None] = {}            # B bucket -> the evidence version
                                                            # its last plan played plain on
+        self._span: dict[int, int] = {}                    # B bucket -> plain plans between
+                                                           # looks (EXPLORE .. QUIET_MAX)
 
     def _in_a_row(self, b: int, drafts: bool) -> int:
         """Counts this bucket's plans in a row on one side; returns the count."""
@@ -148,15 +104,16 @@ class Controller:
 
     def still_quiet(self, b: int) -> bool:
         """Plain without planning (counted as a plain plan; the decoder asks before it gathers a
-        plan's inputs): the last plan in this bucket played plain on the same acceptance evidence,
-        no exploration is due and no cell of the bucket pays, so the estimates it would use
-        barely moved. A plain stretch re-plans every EXPLORE-th plan."""
+        plan's inputs) while no cell of the bucket pays, the last plan played plain and either no
+        probe is affordable (every drafting plan there would be one) or the acceptance evidence
+        has not moved and no look is due. Looks come every EXPLORE-th plain plan, the span
+        doubling up to QUIET_MAX while they find nothing to play."""
         bucket = b_bucket(b)
-        if self._quiet.get(bucket) != self.accept.version:
-            return False
         side, n = self._streak.get(bucket, (True, 0))
-        if side or n + 1 >= EXPLORE or any(c[0] == bucket and self.cells.pays(c)
-                                           for c in self.cells.cells):
+        if side or bucket not in self._quiet or self.cells.any_pays(bucket):
+            return False
+        if self.cells.can_probe(b) and (self._quiet[bucket] != self.accept.version
+                                        or n + 1 >= self._span.get(bucket, EXPLORE)):
             return False
         self._in_a_row(b, False)
         return True
@@ -195,28 +152,39 @@ class Controller:
                 np.array(eagle_ok) & eagle_on, keys, secs, plain_rate)
         if on:                                       # draft wherever a draft exists
             return self._best(*args, explore=True, force=True) or none
+        bucket = b_bucket(b)
         best = self._best(*args, explore=False)
         plays = best is not None and best.expected_rate > plain_rate \
-            and self.cells.allowed(self.cells.key(b, best))
-        self._quiet[b_bucket(b)] = None if plays else self.accept.version
+            and self.cells.allowed(b, self.cells.key(b, best))
+        self._quiet[bucket] = None if plays else self.accept.version
         if plays:
+            self._span[bucket] = EXPLORE
             if self._in_a_row(b, True) < PROBE:
                 return best
             self._reset(b)
             return none                              # the plain probe
         n = self._in_a_row(b, False)
-        if n < EXPLORE and not any(c[0] == b_bucket(b) and self.cells.pays(c)
-                                   for c in self.cells.cells):
+        if n < EXPLORE and not self.cells.any_pays(bucket):
             return none
         if n >= EXPLORE:
-            self._reset(b)                           # the next look EXPLORE plans on
+            self._reset(b)                           # the next look a span of plans on
+        opt = self._explore(b, args, n >= EXPLORE, plain_rate)
+        if opt is not None:
+            self._quiet[bucket], self._span[bucket] = None, EXPLORE
+        elif n >= EXPLORE:                           # a look found nothing: look less often
+            self._span[bucket] = min(2 * self._span.get(bucket, EXPLORE), QUIET_MAX)
+        return opt or none
+
+    def _explore(self, b: int, args: tuple, look: bool, plain_rate: float) -> Plan | None:
+        """The best plan by exploring estimates, when its cell pays, or on a look when its cell
+        has not measured to lose and a probe is affordable (None: plain)."""
         opt = self._best(*args, explore=True)
         if opt is None or opt.expected_rate < CLOSE * plain_rate:
-            return none
+            return None
         key = self.cells.key(b, opt)
         if opt.expected_rate > plain_rate and self.cells.pays(key):
             return opt
-        return opt if n >= EXPLORE and not self.cells.loses(key) else none
+        return opt if look and not self.cells.loses(key) and self.cells.can_probe(b) else None
 
     def _best(self, caps: np.ndarray, group_probs: list[list[float]] | None, elig: np.ndarray,
               keys: list | None, secs: np.ndarray, plain_rate: float, explore: bool,
@@ -298,9 +266,27 @@ class Controller:
         self.accept.drafter_swapped()
         self.cells.drafter_swapped()
 
-    def record_iteration(self, b: int, plan: Plan, tokens: int, seconds: float) -> None:
-        """A whole SD iteration of b ready sequences (drafter call included) emitted `tokens`."""
+    def record_iteration(self, b: int, plan: Plan, tokens: int, seconds: float,
+                         chains: int = 0, accepted: int = 0) -> None:
+        """A whole SD iteration of b ready sequences (drafter call included) emitted `tokens`;
+        `chains` EAGLE-3 chains were tested, `accepted` of their tokens accepted."""
         self.cells.record(b, plan, tokens, seconds)
+        self.cells.record_acceptance(b, chains, accepted, self.accept_floor(b))
+
+    def record_plain(self, b: int, seconds: float) -> None:
+        """A whole plain iteration of b decoding sequences: the cost model's T = 1 cell, and the
+        bucket's probe credit."""
+        self.cost.record_pass(b, 1, seconds)
+        self.cells.feed(b_bucket(b), seconds, seconds)
+
+    def accept_floor(self, b: int) -> float:
+        """EAGLE-3 tokens accepted per chain at which the cheapest chain (one token) only breaks
+        even at batch b: (b + b a) / (target(b, 2) + drafter(b, 1)) = b / target(b, 1). Any
+        longer chain costs more, so below it no chain pays (0: costs unknown)."""
+        secs = self.cost.pass_seconds(b)
+        if not np.isfinite(secs[:2]).all() or secs[0] <= 0:
+            return 0.0
+        return max(0.0, (secs[1] + self.cost.draft_seconds(b, 1)) / secs[0] - 1)
 
     def summary(self) -> dict:
         """Measured target pass seconds per (B bucket, T) and drafter seconds per step, in ms;
