@@ -141,6 +141,33 @@ def test_bench_e2e_tiny_run(tiny_qwen2, tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "cache" / "drafters").exists()  # the given drafters, no warm start
 
 
+def test_arms_run_abba_each_resumed_for_its_second_half():
+    from gleanrl.bench.e2e import schedule
+    assert schedule(["a", "b", "c"], 12) == [("a", 6, False), ("b", 6, False), ("c", 6, False),
+                                             ("c", 12, True), ("b", 12, True), ("a", 12, True)]
+    assert schedule(["a", "b"], 1) == [("a", 1, False), ("b", 1, False)]
+
+
+def test_bench_e2e_abba_resumes_a_harvest_arm(tiny_qwen2, tmp_path, monkeypatch):
+    """Two steps: each arm's step 2 runs after the other's, resumed from its checkpoint with its
+    harvest state (spool, drafter versions): every step is in the arm's metrics once."""
+    monkeypatch.setenv("GLEANRL_CACHE", str(tmp_path / "cache"))
+    drafter = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
+    out, js = tmp_path / "bench", tmp_path / "bench.json"
+    assert gleanrl.cli.main(["bench", "e2e", "--out", str(out), "--json", str(js), "--model",
+                             str(tiny_qwen2), "--steps", "2", "--prompts-per-step", "2",
+                             "--samples-per-prompt", "2", "--max-new-tokens", "16", "--dtype",
+                             "float32", "--drafter", str(drafter), "--arms", "a_no_sd,b_adaptive",
+                             "--sd", "on", "--push-every", "1"]) == 0
+    s = json.loads(js.read_text())
+    for name in ("a_no_sd", "b_adaptive"):
+        rows = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [1, 2]
+    assert len(s["step_time"]["b_adaptive"]) == 2 and s["speedup_e2e_ci95"] is not None
+    assert s["push_why_last"]["b_adaptive"]  # the gate said what it did
+    assert (out / "b_adaptive" / "harvest" / "spool").is_dir()
+
+
 @pytest.mark.sglang
 @pytest.mark.skipif(sglang_missing() is not None, reason=str(sglang_missing()))
 def test_bench_e2e_quick_with_stock_sglang(tiny_qwen2, tmp_path, monkeypatch):

@@ -22,7 +22,9 @@ left to run, pinned there. `a_single`: (a) on one server over every core (the la
 replicas), a peer of the baseline; with `--replicas 1` the harvest arms train at nice 19 beside
 their one server. The drafter's warm
 start (the same-domain and off-domain arms) is 400 TTT steps on 256 prompts' generations (cached).
-`--quick`: a_no_sd, a_sglang, b_adaptive, c_stale for 6 steps. Figures: `gleanrl.bench.e2e_summary`.
+`--quick`: a_no_sd, a_single, a_sglang, b_adaptive, c_stale, cold_adaptive. Arms run ABBA
+(`schedule`): the first half of every arm's steps in order, then the second half in reverse, each arm
+resumed from its checkpoint. Figures: `gleanrl.bench.e2e_summary`.
 `--regime` (default long_tail) sets the task's length distribution and the step's shape; every run
 reports `rollout_share_a` (of the baseline arm). Held-out acceptance: each adaptive arm's final
 serving drafter against its start on that arm's newest harvested rollouts, at the same draft length.
@@ -56,7 +58,8 @@ RUNS = {
     "d_stale_harvest": ("same", "train", 0),
 }
 DEFAULT_ARMS = [name for name in RUNS if name != "d_stale_harvest"]
-QUICK_ARMS, QUICK_STEPS, FULL_STEPS = ["a_no_sd", "a_sglang", "b_adaptive", "c_stale"], 6, 12
+QUICK_ARMS = ["a_no_sd", "a_single", "a_sglang", "b_adaptive", "c_stale", "cold_adaptive"]
+QUICK_STEPS, FULL_STEPS = 12, 12
 OFFDOMAIN_TASK = "running_sums"
 
 
@@ -159,11 +162,46 @@ def heldout(h, start: Path, policy: Path) -> dict:
             "start": h.score(load_drafter(start, target_config=policy)) or 0.0}
 
 
-def run(args: argparse.Namespace) -> int:
+def schedule(arms: list[str], steps: int) -> list[tuple[str, int, bool]]:
+    """ABBA: every arm's first half of the steps in order, then the second half in reverse order
+    (resumed from its checkpoint), so a drift of the machine's speed hits every arm alike.
+    (arm, last step of the leg, resume)."""
+    half = steps // 2
+    if half < 1:
+        return [(name, steps, False) for name in arms]
+    return [(name, half, False) for name in arms] + [(name, steps, True) for name in reversed(arms)]
+
+
+def run_arm(name: str, upto: int, resume: bool, policy: Path, drafters: dict[str, Path], task,
+            args: argparse.Namespace):
+    """One leg of arm `name`: its steps up to `upto` (resumed from its last checkpoint), on servers
+    of its own; its Harvester, if it harvests."""
     from gleanrl.harvest.harvester import HarvestConfig, Harvester
     from gleanrl.trainer.hooks import NoHooks
     from gleanrl.trainer.loop import train
 
+    out = Path(args.out)
+    start, harvest, seed_offset = RUNS[name]
+    drafter0 = drafters.get(start)
+    backend = sglang_args(args) if name == "a_sglang" else None
+    replicas = 1 if name in ("a_sglang", "a_single") else args.replicas
+    with demo.serving(policy, drafter0, out / f"{name}.server.log", sd=args.sd, dtype=args.dtype,
+                      device=args.device, replicas=replicas, backend=backend) as servers:
+        hooks, h = NoHooks(), None
+        if harvest:
+            h = Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None,
+                          cfg=HarvestConfig(push_every=args.push_every if harvest == "push" else 0,
+                                            max_holdout=16, seed=args.seed,
+                                            idle_nice=19 if len(servers.servers) == 1 else 0))
+            hooks = demo.demo_hooks(h)
+        cfg = demo.rl_config(policy, out / name, args, args.seed + seed_offset)
+        cfg.steps = upto
+        train(cfg, task=task, hooks=hooks, log=demo.table_logger(out / name / "metrics.jsonl"),
+              resume=resume, replicas=servers)
+    return h
+
+
+def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     args.dtype, args.update_dtype = demo.fastest_cpu_dtype(args.dtype), demo.fastest_cpu_dtype(args.update_dtype)
     args.arms = args.arms or ",".join(QUICK_ARMS if args.quick else DEFAULT_ARMS)
@@ -188,38 +226,22 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gleanrl bench e2e: {exc}", file=sys.stderr)
         return 2
-    runs: dict[str, list[dict]] = {}
-    wall: dict[str, float] = {}
-    held: dict[str, dict] = {}
-    for i, name in enumerate(arms):
-        start, harvest, seed_offset = RUNS[name]
+    wall: dict[str, float] = dict.fromkeys(arms, 0.0)
+    harvesters: dict[str, object] = {}
+    legs = schedule(arms, args.steps)
+    for i, (name, upto, resume) in enumerate(legs):
         done = sum(wall.values())
-        eta = f", about {done / i * (len(arms) - i) / 60:.0f} min left" if i else ""
-        print(f"\n== {name} (arm {i + 1} of {len(arms)}, {done / 60:.1f} min so far{eta})",
-              flush=True)
+        eta = f", about {done / i * (len(legs) - i) / 60:.0f} min left" if i else ""
+        print(f"\n== {name} to step {upto} (leg {i + 1} of {len(legs)}, {done / 60:.1f} min so "
+              f"far{eta})", flush=True)
         t0 = time.monotonic()
-        drafter0 = drafters.get(start)
-        backend = sglang_args(args) if name == "a_sglang" else None
-        replicas = 1 if name in ("a_sglang", "a_single") else args.replicas
-        with demo.serving(policy, drafter0, out / f"{name}.server.log", sd=args.sd,
-                          dtype=args.dtype, device=args.device, replicas=replicas,
-                          backend=backend) as servers:
-            hooks, h = NoHooks(), None
-            if harvest:
-                h = Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None,
-                              cfg=HarvestConfig(push_every=args.push_every
-                                                if harvest == "push" else 0, max_holdout=16,
-                                                seed=args.seed,
-                                                idle_nice=19 if len(servers.servers) == 1 else 0))
-                hooks = demo.demo_hooks(h)
-            cfg = demo.rl_config(policy, out / name, args, args.seed + seed_offset)
-            train(cfg, task=task, hooks=hooks, log=demo.table_logger(out / name / "metrics.jsonl"),
-                  replicas=servers)
-        wall[name] = time.monotonic() - t0
-        runs[name] = [json.loads(line)
-                      for line in (out / name / "metrics.jsonl").read_text().splitlines()]
-        if h is not None and harvest == "push":
-            held[name] = heldout(h, drafter0, policy)
+        harvesters[name] = run_arm(name, upto, resume, policy, drafters, task, args)
+        wall[name] += time.monotonic() - t0
+    runs = {name: [json.loads(line)
+                   for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+            for name in arms}
+    held = {name: heldout(h, drafters[RUNS[name][0]], policy)
+            for name, h in harvesters.items() if h is not None and RUNS[name][1] == "push"}
     summary = summarize(runs, wall, parse_speedups(args.sd_speedups)) | {
         "regime": args.regime, "heldout_accept": held, "model": str(policy),
         "drafter": str(drafters["same"]) if "same" in drafters else None}

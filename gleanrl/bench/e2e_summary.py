@@ -146,6 +146,10 @@ def summarize(runs: dict[str, list[dict]], wall_s: dict[str, float] | None = Non
         "samedomain_accept_ratio": _ratio(_late(b), _late(c)),
         "offdomain_accept_ratio": _ratio(_late(off), _late(off_stale)),
         "cold_accept_per_step": _col(cold, "spec_accept_length"),
+        "heldout_accept_per_step": {name: [r.get("heldout_accept_len") for r in rows]
+                                    for name, rows in runs.items() if name.endswith("_adaptive")},
+        "push_why_last": {name: rows[-1].get("push_why") for name, rows in runs.items()
+                          if rows and rows[-1].get("push_why")},
         "cold_stale_accept_per_step": _col(cold_stale, "spec_accept_length"),
         "harvest_cost": _ratio(total(d), total(c)) - 1 if d and c else None,
         "rollout_time_c": _col(c, "rollout_s"), "rollout_time_d": _col(d, "rollout_s"),
@@ -183,7 +187,8 @@ def headline(s: dict) -> str:
             f"{f(s['accept_len_stale'])} (tokens per target pass {f(s['tokens_per_pass_adaptive'])} vs "
             f"{f(s['tokens_per_pass_stale'])}); second "
             f"half same-domain {f(s['samedomain_accept_ratio'])}x, off-domain {f(s['offdomain_accept_ratio'])}x "
-            f"(goal >= 1.4x); cold start per step {[round(x, 2) for x in s['cold_accept_per_step']]}\n"
+            f"(goal >= 1.4x); cold start per step {[round(x, 2) for x in s['cold_accept_per_step']]}, "
+            f"held-out {[x and round(x, 2) for x in s['heldout_accept_per_step'].get('cold_adaptive', [])]}\n"
             f"layout: one server on every core over the replicas {f(s['layout_gain'])}x "
             f"{s['layout_gain_ci95'] or ''}; harvest arm's rollouts over the stale arm's "
             f"{f(s['harvest_rollouts_over_stale'])}x\n"
