@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from gleanrl.server.sd.cost_model import b_bucket, ema
 
-MIN_SAMPLES, PAY = 3, 1.0                                 # a cell pays: measured this often,
-                                                          # realised rate > PAY x plain's
+MIN_SAMPLES, PAY = 3, 1.05                                # a cell pays: measured this often,
+                                                          # realised rate > PAY x plain's (a
+                                                          # margin: plain's rate is an estimate,
+                                                          # noisy on a shared CPU)
 REPROBE = 8                                               # refusals of a losing cell per retry
 BUDGET, CAP = 0.005, 4.0                                  # probe credit: share of the bucket's
                                                           # seconds; most plain iterations saved
