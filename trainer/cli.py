@@ -1,9 +1,10 @@
 """`gleanrl train`: GRPO against an embedded rollout server (default) or running ones (`--server`,
 and `--router` for generation through sglang-router), with harvest on when given `--drafter`.
 
-Cores: the embedded server runs with `--server-threads` torch threads (default: every core, or half
-of them with harvest, whose drafter trains beside the rollouts) and the trainer with
-`--trainer-threads` (default 1).
+Cores (`trainer.layout`): `--replicas` embedded servers (default one per core on CPU), each pinned to
+its share with one torch thread per core (`--server-threads`); with harvest the drafter trains on the
+cores of replicas that have nothing left to run, with `--trainer-threads` (default 1); the policy
+update takes every core (`--update-threads`).
 
 Harvest settings (`HarvestConfig`, flags of the "harvest" group) are stored in
 OUT/harvest/harvest_config.json, so `--resume` keeps them unless flags change them."""
