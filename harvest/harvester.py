@@ -251,7 +251,17 @@ class Harvester:
         return self._score(drafter, self._held(policy_version), stop)
 
     def _held(self, policy_version: int | None = None) -> list:
-        return self.spool.holdout(policy_version, self.cfg.holdout_versions)[-self.cfg.max_holdout:]
+        """At most `max_holdout` held-out samples, spread over as many prompts as they can cover
+        (each prompt's newest first, newest prompts first), in spool order: the newest samples
+        alone would all be one GRPO group's, and the gate needs `min_holdout_prompts` prompts."""
+        by_prompt: dict[int, list] = {}
+        for it in reversed(self.spool.holdout(policy_version, self.cfg.holdout_versions)):
+            by_prompt.setdefault(it.prompt, []).append(it)
+        picked, depth = [], 0
+        while len(picked) < self.cfg.max_holdout and any(len(g) > depth for g in by_prompt.values()):
+            picked += [g[depth] for g in by_prompt.values() if len(g) > depth]
+            depth += 1
+        return sorted(picked[:self.cfg.max_holdout], key=lambda it: it.seq)
 
     def _score(self, drafter: torch.nn.Module | None, held: list,
                stop: Callable[[], bool] | None) -> float | None:
@@ -315,9 +325,9 @@ class Harvester:
         if verdict is not None and verdict.prompts >= self.cfg.min_holdout_prompts:
             return ""
         seen, held = self.spool.prompt_counts()
-        reuse = "; the loop reuses few prompts" if seen < 2 * self.cfg.min_holdout_prompts else ""
-        return (f" ({held} of the {seen} prompts seen are held out: the first new ones, then 1 "
-                f"in {self.cfg.spool.holdout_every}{reuse})")
+        return (f" ({held} of the {seen} prompts seen so far are held out: the first new ones, "
+                f"then 1 in {self.cfg.spool.holdout_every}, never more than half: a loop that "
+                "reuses a few prompts has few to hold out)")
 
     def push_status(self, attempt: dict | None = None) -> str:
         """The gate's last word in a line: `attempt`'s outcome (a `history` row), else how far the

@@ -161,3 +161,25 @@ def test_a_loop_reusing_few_prompts_holds_out_at_most_half():
             spool.add(_sample(3, prompt=p), policy_version=step)
     assert spool.prompt_counts() == (4, 2)
     assert spool.sample(50, torch.Generator().manual_seed(0))  # half is still trained on
+
+
+def test_held_out_samples_scored_cover_as_many_prompts_as_they_can():
+    """8 samples a prompt (a GRPO group) and 16 scored: the newest 16 alone would be 2 prompts,
+    fewer than a push needs; spread over the prompts they are 4 prompts x 4 samples."""
+    from types import SimpleNamespace
+
+    from gleanrl.harvest.harvester import HarvestConfig, Harvester
+
+    spool = Spool(None, SpoolConfig(holdout_every=1 << 62), min_holdout_prompts=4)
+    for p in range(8):  # prompts 0, 2, 4, 6 are held out (every other new one until 4 are)
+        for _ in range(8):
+            spool.add(_sample(3, prompt=p), policy_version=0)
+    fake = SimpleNamespace(spool=spool, cfg=HarvestConfig(max_holdout=16))
+    held = Harvester._held(fake)
+    assert len(held) == 16 and [it.seq for it in held] == sorted(it.seq for it in held)
+    by_prompt = {}
+    for it in held:
+        by_prompt[it.prompt] = by_prompt.get(it.prompt, 0) + 1
+    assert len(by_prompt) == 4 and set(by_prompt.values()) == {4}
+    newest = {it.seq for it in spool.holdout()}
+    assert all(it.seq in newest for it in held)
