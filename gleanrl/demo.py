@@ -178,7 +178,8 @@ def demo_hooks(harvester):
 def table_logger(metrics_path: Path):
     """The trainer's `log`: its warnings pass, and each new metrics row prints as the
     demo's table line."""
-    seen = [0]
+    # rows already there (a resumed run's) were printed by an earlier logger
+    seen, header = [len(metrics_path.read_text().splitlines()) if metrics_path.exists() else 0], [True]
 
     def log(*parts) -> None:
         msg = " ".join(str(p) for p in parts)
@@ -188,7 +189,8 @@ def table_logger(metrics_path: Path):
         for line in rows[seen[0]:]:
             row = json.loads(line)
             widths = [len(f.format(0 if "d" in f else 0.0)) for _, _, f in STEP_COLUMNS]
-            if seen[0] == 0:
+            if header[0]:
+                header[0] = False
                 print("  ".join(h.rjust(w) for (_, h, _), w in zip(STEP_COLUMNS, widths)))
             print("  ".join(f.format(row[k]) if row.get(k) is not None else " " * w
                             for (k, _, f), w in zip(STEP_COLUMNS, widths)), flush=True)

@@ -335,6 +335,8 @@ class Harvester:
         if attempt is None:
             if not self.cfg.push_every:
                 return "pushes off"
+            if self._since_push >= self.cfg.push_every:
+                return "a push attempt is due at the next micro-step (the last window closed first)"
             return (f"no push attempt yet: {self._since_push} of the {self.cfg.push_every} "
                     "drafter micro-steps between attempts")
         if attempt.get("error"):
