@@ -147,7 +147,7 @@ class Harvester:
         # one row per push attempt: version, the verdict's figures, when, pushed
         self.history: list[dict] = []
         # a candidate that won inside a step: (its weights, verdict), pushed at the boundary
-        self._pending: tuple[dict, Verdict] | None = None
+        self._pending: tuple[dict, Verdict, str] | None = None
         self._pushed_this_step = False
 
     @property
@@ -315,7 +315,7 @@ class Harvester:
                 return None
             if action == "pending":
                 if self._pending is None or verdict.lower > self._pending[1].lower:
-                    self._pending = (copy.deepcopy(self.drafter.state_dict()), verdict)
+                    self._pending = (copy.deepcopy(self.drafter.state_dict()), verdict, why)
                 self.history.append(row | {"pushed": False, "pending": True})
                 return None
             return self._push(self.drafter, row)
@@ -341,7 +341,8 @@ class Harvester:
                     "drafter micro-steps between attempts")
         if attempt.get("error"):
             return f"push refused: {attempt['error']}"
-        done = "pushed v{}".format(attempt["version"]) if attempt.get("pushed") else "held"
+        done = ("pushed v{}".format(attempt["version"]) if attempt.get("pushed")
+                else "won, waits for the step boundary" if attempt.get("pending") else "held")
         return f"{done}: {attempt.get('why', '')}"
 
     def new_step(self) -> int | None:
@@ -355,7 +356,7 @@ class Harvester:
             drafter = copy.deepcopy(self.serving)
             drafter.load_state_dict(pending[0])
             return self._push(drafter, {"version": self.version, "when": "boundary",
-                                        **pending[1].row()})
+                                        **pending[1].row(), "why": f"won mid-step: {pending[2]}"})
 
     def _push(self, drafter: torch.nn.Module, row: dict) -> int:
         version = self.version + 1
@@ -367,7 +368,8 @@ class Harvester:
             shutil.rmtree(path, ignore_errors=True)
             raise
         self.version, self.serving = version, copy.deepcopy(drafter)
-        self._serving_scores, self._pushed_this_step = {}, True
+        # a candidate waiting for the boundary won against the drafter this push replaced: dropped
+        self._serving_scores, self._pushed_this_step, self._pending = {}, True, None
         self.history.append(row | {"version": version, "pushed": True})
         self._prune()
         return version

@@ -85,5 +85,6 @@ class Gate:
         if v.lower <= self.min_gain:
             return "hold", f"{figures}: not above {self.min_gain}"
         if not boundary and v.lower <= self.mid_step_gain:
-            return "pending", f"{figures}: pushed at the step boundary (mid-step needs {self.mid_step_gain})"
+            return "pending", (f"{figures} (a swap while rollouts run needs a lower bound above "
+                               f"{self.mid_step_gain})")
         return "push", figures

@@ -208,3 +208,26 @@ def test_no_push_without_a_significant_paired_gain(setup, tmp_path):
     h.cfg.min_holdout_prompts = row["prompts"] + 1
     h.train_while(lambda: True, max_steps=50)
     assert h.maybe_push() is None and pushed == []
+
+
+def test_a_mid_step_push_drops_the_candidate_waiting_for_the_boundary(setup, tmp_path):
+    """A candidate that won below the mid-step margin waits; a larger win pushed mid-step replaces
+    the serving drafter it was scored against, so the boundary must not push the stale one."""
+    root, target, rollouts = setup
+    pushed: list[int] = []
+    cfg = _cfg(push_every=0, min_holdout_prompts=2, min_holdout_samples=2,
+               versions_dir=str(tmp_path / "drafter_versions"))
+    h = Harvester(target, root / "init_drafter", None, push=lambda p, v: pushed.append(v),
+                  cfg=cfg)
+    for prompt, out in rollouts:
+        h.add_rollout(prompt, out, target)
+    for _ in range(40):
+        h.train_micro_step()
+    h.cfg.min_gain = h.cfg.confidence_z = 0.0
+    h.cfg.mid_step_gain = 100.0
+    assert h.maybe_push(boundary=False) is None and h._pending is not None
+    assert h.push_status(h.history[-1]).startswith("won, waits for the step boundary: gain +")
+    h.cfg.mid_step_gain = 0.0
+    assert h.maybe_push(boundary=False) == 1 and pushed == [1] and h._pending is None
+    assert h.push_status(h.history[-1]).startswith("pushed v1: gain +")
+    assert h.new_step() is None and pushed == [1]
