@@ -86,8 +86,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "master weights and logits; 3-4x faster on CPUs with AVX-512 BF16; the "
                         "demo's RL recipe is measured in fp32); auto: as --dtype's")
     p.add_argument("--replicas", type=int, default=0,
-                   help="rollout servers, each pinned to its share of the cores (0: one per core; "
-                        "1: one server on every core, the harvest beside it at low priority)")
+                   help="rollout servers, each pinned to its share of the cores (0: one per core "
+                        "when the harvest runs, else one; 1: one server on every core, the "
+                        "harvest beside it at low priority)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -220,17 +221,18 @@ def ask(url: str, question: list[dict], max_tokens: int) -> str:
 @contextlib.contextmanager
 def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adaptive",
             dtype: str = "auto", device: str = "cpu", replicas: int = 0,
-            backend: dict | None = None):
-    """The embedded rollout servers laid out by `replicas` (`trainer.layout`: 0, one per core on
-    CPU), started and healthy; a single one takes every core. `backend` replaces the SD settings
-    (e.g. {"backend": "sglang"})."""
+            backend: dict | None = None, harvests: bool = True):
+    """The embedded rollout servers laid out by `replicas` (`trainer.layout.layout_groups`; 0: one
+    per core on CPU when `harvests`, else one), started and healthy; a single one takes every
+    core. `backend` replaces the SD settings (e.g. {"backend": "sglang"})."""
     from gleanrl.trainer.layout import Replicas, layout_groups
+    from gleanrl.trainer.phases import all_cores
 
     extra = backend if backend is not None else \
         ({"drafter": str(drafter)} if drafter else {}) | {"sd": sd if drafter else "off"}
     extra = {**extra, "dtype": dtype, "device": device}
-    servers = Replicas(str(policy), layout_groups(replicas, extra, harvests=False), extra,
-                       log_path=log_path)
+    groups = layout_groups(replicas, extra, harvests) if replicas != 1 else [all_cores()]
+    servers = Replicas(str(policy), groups, extra, log_path=log_path)
     try:
         servers.start()
         for server in servers.servers:

@@ -34,11 +34,11 @@ def test_summary_arithmetic():
             "offdomain_stale": _rows([3, 3], [1.5, 2.5], [0.1, 0.3]),
             "a_no_sd_seed2": _rows([4, 4], 0.0, [0.3, 0.4]),
             "a_sglang": _rows([5, 5], 0.0, [0.1, 0.2]),
-            "a_single": _rows([4.4, 4.4], 0.0, [0.1, 0.3])}
+            "a_replicas": _rows([4.4, 4.4], 0.0, [0.1, 0.3])}
     assert set(runs) == set(RUNS)
     s = summarize(runs, {name: 10.0 for name in runs})
     assert s["baseline"] == "a_no_sd" and s["step_time_sglang"] == [5, 5]
-    assert s["layout_gain"] == pytest.approx(1.1) and s["layout_gain_ci95"] == [1.1, 1.1]
+    assert s["replicas_speedup"] == pytest.approx(1 / 1.1) and s["replicas_speedup_ci95"] == [0.9091] * 2
     assert s["speedup_e2e_ci95"] == [2.0, 2.0] and s["harvest_rollouts_over_stale"] == pytest.approx(2 / 1)
     assert s["steps"] == 2 and s["speedup_e2e"] == pytest.approx(2.0) and s["wall_s"]["cold_stale"] == 10.0
     assert s["accept_len_adaptive"] == pytest.approx(3.0) and s["accept_len_stale"] == pytest.approx(2.0)

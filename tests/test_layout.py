@@ -28,11 +28,12 @@ def test_core_groups_split_evenly_and_refuse_impossible_counts():
             core_groups([0, 1], bad)
 
 
-def test_layout_default_is_one_replica_per_core_on_cpu_only():
+def test_layout_default_is_one_replica_per_core_for_a_harvest_on_cpu_only():
     cores = len(os.sched_getaffinity(0))
     assert len(layout_groups(0, {}, harvests=True)) == cores
-    assert len(layout_groups(0, {"device": "cuda"}, harvests=False)) == 1
-    assert len(layout_groups(0, {"backend": "sglang"}, harvests=False)) == 1
+    assert layout_groups(0, {}, harvests=False) == [set(os.sched_getaffinity(0))]  # one, every core
+    assert len(layout_groups(0, {"device": "cuda"}, harvests=True)) == 1
+    assert len(layout_groups(0, {"backend": "sglang"}, harvests=True)) == 1
     whole = layout_groups(1, {}, harvests=False)
     assert whole == [set(os.sched_getaffinity(0))]
     if cores > 1:  # one server beside a harvester leaves it half the cores
@@ -148,8 +149,9 @@ def test_replicas_run_pinned_to_their_cores(tiny_qwen2, tmp_path):
 
 @needs_affinity
 def test_train_lays_rollouts_on_replicas_and_gates_the_harvest(tiny_qwen2, tmp_path):
-    """`gleanrl train` without --server: one replica per core by default; the hooks get the gate
-    over both replicas' cores, and no start-up check of a harvester beside a busy server runs."""
+    """`gleanrl train` without --server, harvesting: one replica per core by default; the hooks get
+    the gate over both replicas' cores, and no start-up check of a harvester beside a busy server
+    runs."""
     from gleanrl.trainer.hooks import NoHooks
     from gleanrl.trainer.loop import train
     from test_train import ToyTask, _cfg
@@ -167,7 +169,7 @@ def test_train_lays_rollouts_on_replicas_and_gates_the_harvest(tiny_qwen2, tmp_p
             return IdleWindow(lambda: True)
 
     hooks = GateHooks()
-    row = train(_cfg(tiny_qwen2, tmp_path / "run", replicas=2, server_wait_s=300), task=ToyTask(),
+    row = train(_cfg(tiny_qwen2, tmp_path / "run", server_wait_s=300), task=ToyTask(),
                 hooks=hooks, log=lambda *a: None)
     assert row["step"] == 2 and hooks.probes == 0
     assert isinstance(hooks.gate, IdleCores)

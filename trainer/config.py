@@ -62,8 +62,8 @@ class TrainConfig:
                               "autocast (fp32 master weights, optimizer and logits; 3-4x faster "
                               "on CPUs with AVX-512 BF16)", choices=["float32", "bfloat16"])
     replicas: int = _flag(0, "embedded rollout servers, each pinned to its share of the cores "
-                             "(0: one per core on CPU, where one thread decodes faster than two, "
-                             "and the harvest trains on the cores of replicas that finished; 1: "
+                             "(0: with --drafter on CPU one per core, the harvest training on the "
+                             "cores of replicas that finished; else one server on every core; 1: "
                              "one server, on half the cores with --drafter)")
     server_threads: int = _flag(0, "torch threads of each embedded server (0: one per core of "
                                    "its share)")

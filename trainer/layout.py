@@ -2,13 +2,13 @@
 cores, each pinned to its group with one torch thread per core, behind the client's spread (a
 prompt's samples to one replica, so its group drafts see its siblings).
 
-Why replicas on CPU: a decode iteration's OpenMP team waits at every barrier for its slowest
-thread, and at the running counts of an RL step's tail one thread decodes faster than two on these
-machines (docs/e2e.md, "Layout"), so one two-thread server wastes a core through most of a step;
-two single-thread replicas keep both busy while both have work. When one replica has nothing left
-to run and another still decodes its tail, that replica's cores are the harvest's
-(`IdleCores`): the CPU analog of a GPU cluster's rollout devices whose rollouts finished. The
-policy update (no rollout runs) takes every core; weight updates go to every replica.
+Why replicas on CPU: when one replica has nothing left to run and another still decodes its tail,
+that replica's cores are the harvest's (`IdleCores`): the CPU analog of a GPU cluster's rollout
+devices whose rollouts finished, never a busy core shared at low priority. What it costs: on the
+2-core AMX host a GRPO step's rollouts ran at 0.75x the tokens per second of one two-thread server
+(a prompt group's tail stays on one single-thread replica), so the default (`layout_groups`) takes
+replicas only when a harvest needs the cores. The policy update (no rollout runs) takes every core;
+weight updates go to every replica.
 """
 from __future__ import annotations
 
@@ -113,15 +113,18 @@ few event-loop ticks apart).
 
 
 def layout_groups(replicas: int, serve: dict, harvests: bool) -> list[set[int]]:
-    """The embedded servers' core groups: `replicas` of them (0: one per core on CPU, a single one on
-    CUDA or with stock SGLang, whose own scheduler uses the device). A single server beside a
-    harvester takes the first half of the cores and leaves it the rest."""
+    """The embedded servers' core groups: `replicas` of them. 0: as measured to pay (docs/e2e.md,
+    "Layout"): with a harvest on CPU, one per core (the harvest then gets the cores of replicas that
+    finished); without one, one server over every core (its rollouts ran 1.34x the replicas' tokens
+    per second on the AMX host, 2026-12-04); on CUDA or with stock SGLang, whose own scheduler uses
+    the device, one. A single server beside a harvester takes the first half of the cores and leaves
+    it the rest."""
     from gleanrl.trainer.phases import all_cores
 
     cores = sorted(all_cores())
     if replicas == 0:
         on_cpu = serve.get("device", "cpu") == "cpu" and serve.get("backend", "embedded") == "embedded"
-        replicas = len(cores) if on_cpu else 1
+        replicas = len(cores) if on_cpu and harvests else 1
     if replicas == 1 and harvests and len(cores) > 1:
         return [set(cores[:len(cores) // 2])]
     return core_groups(cores, replicas)

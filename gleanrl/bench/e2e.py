@@ -16,13 +16,14 @@
 - `d_stale_harvest` (not run by default): as (c), but harvesting and training without ever pushing:
   what harvesting costs the step (`harvest_cost`, d over c minus 1).
 
-Every arm lays its rollouts out as `--replicas` says (default: one single-thread server per core,
-`trainer.layout`); arms that harvest train the drafter only on the cores of replicas with nothing
-left to run, pinned there. `a_single`: (a) on one server over every core (the layout before
-replicas), a peer of the baseline; with `--replicas 1` the harvest arms train at nice 19 beside
-their one server. The drafter's warm
+Layouts (`trainer.layout`, `--replicas`, default 0: as `gleanrl train` would): the no-SD arms on one
+server over every core; the drafter arms (every one alike, so stale and adaptive differ by the
+harvest alone) on one single-thread replica per core, the harvest training only on the cores of
+replicas with nothing left to run, pinned there. `a_replicas`: (a) on the drafter arms' replicas,
+what that layout costs without SD. With `--replicas 1` the drafter arms share one server over every
+core, the harvest beside it at nice 19. The drafter's warm
 start (the same-domain and off-domain arms) is 400 TTT steps on 256 prompts' generations (cached).
-`--quick`: a_no_sd, a_single, a_sglang, b_adaptive, c_stale, cold_adaptive. Arms run ABBA
+`--quick`: a_no_sd, a_replicas, a_sglang, b_adaptive, c_stale, cold_adaptive. Arms run ABBA
 (`schedule`): the first half of every arm's steps in order, then the second half in reverse, each arm
 resumed from its checkpoint. Figures: `gleanrl.bench.e2e_summary`.
 `--regime` (default long_tail) sets the task's length distribution and the step's shape; every run
@@ -47,7 +48,7 @@ from gleanrl.bench.sglang_arm import sglang_missing
 RUNS = {
     "a_no_sd": (None, None, 0),
     "a_sglang": (None, None, 0),
-    "a_single": (None, None, 0),
+    "a_replicas": (None, None, 0),
     "b_adaptive": ("same", "push", 0),
     "c_stale": ("same", None, 0),
     "cold_adaptive": ("cold", "push", 0),
@@ -58,7 +59,7 @@ RUNS = {
     "d_stale_harvest": ("same", "train", 0),
 }
 DEFAULT_ARMS = [name for name in RUNS if name != "d_stale_harvest"]
-QUICK_ARMS = ["a_no_sd", "a_single", "a_sglang", "b_adaptive", "c_stale", "cold_adaptive"]
+QUICK_ARMS = ["a_no_sd", "a_replicas", "a_sglang", "b_adaptive", "c_stale", "cold_adaptive"]
 QUICK_STEPS, FULL_STEPS = 12, 12
 OFFDOMAIN_TASK = "running_sums"
 
@@ -184,9 +185,10 @@ def run_arm(name: str, upto: int, resume: bool, policy: Path, drafters: dict[str
     start, harvest, seed_offset = RUNS[name]
     drafter0 = drafters.get(start)
     backend = sglang_args(args) if name == "a_sglang" else None
-    replicas = 1 if name in ("a_sglang", "a_single") else args.replicas
+    replicas = 1 if name == "a_sglang" else args.replicas
     with demo.serving(policy, drafter0, out / f"{name}.server.log", sd=args.sd, dtype=args.dtype,
-                      device=args.device, replicas=replicas, backend=backend) as servers:
+                      device=args.device, replicas=replicas, backend=backend,
+                      harvests=start is not None or name == "a_replicas") as servers:
         hooks, h = NoHooks(), None
         if harvest:
             h = Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None,

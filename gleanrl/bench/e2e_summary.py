@@ -6,10 +6,13 @@ is each step's tokens per verify pass (`spec_accept_length`, over verify passes 
 trainer.metrics.acceptance), averaged over steps, shown beside output tokens per target pass
 (`tokens_per_pass`); the adaptive-over- stale ratios compare the second half of the steps, once the
 policy has drifted from what the starting drafter was trained on. The `baseline` is the fastest of
-the no-SD arms, `a_no_sd` (gleanrl serve in the default layout), `a_single` (one server on every
-core) and `a_sglang` (stock SGLang); the `_a` figures and every speedup are against it, each with a
-95 % interval (`_ci95`) from resampling the steps (arms share each step's prompts and seeds, so step
-i of one arm pairs with step i of another). `layout_gain`: `a_single` over `a_no_sd`.
+the no-SD arms, `a_no_sd` (gleanrl serve, one server on every core), `a_replicas` (one
+single-thread replica per core, the drafter arms' layout) and `a_sglang` (stock SGLang); the `_a`
+figures and every speedup are against it, each with a 95 % interval (`_ci95`) from resampling the
+steps (arms share each step's prompts and seeds, so step i of one arm pairs with step i of another).
+`replicas_speedup`: `a_no_sd`'s step time over `a_replicas`'s (< 1: the replicas are slower);
+`tok_s`: each arm's rollout tokens per second (arms sample different tokens, so their lengths drift
+apart: step times alone mix speed and length).
 `rollout_share_a` is the baseline's rollout time over its step time: the share SD can speed up at
 all, so the bound on `speedup_e2e`.
 
@@ -92,7 +95,7 @@ def ceilings(hist: dict[str, float], rollout_share: float | None, accept: float 
 def summarize(runs: dict[str, list[dict]], wall_s: dict[str, float] | None = None,
               sd_speedups: dict[str, float] | None = None) -> dict:
     arm = lambda name: runs.get(name) or []  # noqa: E731
-    baseline = min((n for n in ("a_no_sd", "a_single", "a_sglang") if runs.get(n)),
+    baseline = min((n for n in ("a_no_sd", "a_replicas", "a_sglang") if runs.get(n)),
                    key=lambda n: sum(step_times(runs[n])), default=None)
     a = arm(baseline) if baseline else []
     b, c, a2, d = arm("b_adaptive"), arm("c_stale"), arm("a_no_sd_seed2"), arm("d_stale_harvest")
@@ -123,8 +126,10 @@ def summarize(runs: dict[str, list[dict]], wall_s: dict[str, float] | None = Non
         "speedup_e2e_ci95": ratio_ci95(step_times(a), step_times(b)),
         "speedup_stale_ci95": ratio_ci95(step_times(a), step_times(c)),
         "speedup_cold_ci95": ratio_ci95(step_times(a), step_times(cold)),
-        "layout_gain": _ratio(total(arm("a_single")), total(arm("a_no_sd"))),
-        "layout_gain_ci95": ratio_ci95(step_times(arm("a_single")), step_times(arm("a_no_sd"))),
+        "replicas_speedup": _ratio(total(arm("a_no_sd")), total(arm("a_replicas"))),
+        "replicas_speedup_ci95": ratio_ci95(step_times(arm("a_no_sd")), step_times(arm("a_replicas"))),
+        "tok_s": {name: _ratio(sum(_col(rows, "output_tokens")), sum(_col(rows, "rollout_s")))
+                  for name, rows in runs.items()},
         "harvest_rollouts_over_stale": _ratio(rollout(c), rollout(b)),
         "speedup_cold": _ratio(total(a), total(cold)),
         "speedup_offdomain": _ratio(total(a), total(off)),
@@ -189,8 +194,10 @@ def headline(s: dict) -> str:
             f"half same-domain {f(s['samedomain_accept_ratio'])}x, off-domain {f(s['offdomain_accept_ratio'])}x "
             f"(goal >= 1.4x); cold start per step {[round(x, 2) for x in s['cold_accept_per_step']]}, "
             f"held-out {[x and round(x, 2) for x in s['heldout_accept_per_step'].get('cold_adaptive', [])]}\n"
-            f"layout: one server on every core over the replicas {f(s['layout_gain'])}x "
-            f"{s['layout_gain_ci95'] or ''}; harvest arm's rollouts over the stale arm's "
+            f"layout: replicas over one server {f(s['replicas_speedup'])}x "
+            f"{s['replicas_speedup_ci95'] or ''}; rollout tok/s "
+            + ", ".join(f"{k} {v:.0f}" for k, v in s["tok_s"].items() if v)
+            + "; harvest arm's rollouts over the stale arm's "
             f"{f(s['harvest_rollouts_over_stale'])}x\n"
             f"idle window {s['idle_window_s']:.1f} s (a core free {s['idle_free_core_s']:.1f} s): "
             f"capture {s['idle_capture_s']:.1f} s, drafter training "

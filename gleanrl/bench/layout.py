@@ -89,7 +89,7 @@ def _servers(model: str, dtype: str, log_dir: Path) -> dict:
     from gleanrl.trainer.phases import all_cores
 
     cores = sorted(all_cores())
-    settings = {"sd": "off", "dtype": dtype, "log_level": "warning", "max_running_requests": 256}
+    settings = {"sd": "off", "dtype": dtype, "log_level": "warning"}  # serve's defaults otherwise
     groups = {"single": [set(cores)], "single_t1": [{cores[0]}],
               "replicas": core_groups(cores, len(cores))}
     return {name: Replicas(model, g, settings, log_path=log_dir / f"{name}.log")
