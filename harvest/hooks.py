@@ -75,7 +75,7 @@ CONFIG_FILE = "harvest_config.json"
 
 
 class HarvestHooks:
-    # the trainer gives the embedded server half the cores, and shows harvest columns
+    # the trainer lays its embedded servers out for a harvest (trainer.layout), and shows harvest columns
     harvests = True
 
     def __init__(self, harvester: Harvester, max_queue: int = 512):

@@ -5,8 +5,9 @@
 calls each hook unconditionally (no `hasattr`); `train()` refuses an object that lacks one.
 
 In the order the loop calls them:
-- `harvests`: True when the hooks train a drafter beside the rollouts (the embedded server then gets
-  half the cores, and the metrics table shows the harvest columns).
+- `harvests`: True when the hooks train a drafter beside the rollouts (on CPU the embedded servers are
+  then one replica per core and the drafter trains on the cores of those that finished:
+  trainer.layout), and the metrics table shows the harvest columns.
 - `load_state_dict(state)`: on resume, the `state_dict()` saved with the checkpoint resumed from.
 - `bind_push(push)`: once the servers serve the loop's weights; `push(path, version)` sends a
   drafter to the loop's servers.
