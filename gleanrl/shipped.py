@@ -72,6 +72,15 @@ def shipped_policy(sanity: bool = True) -> Path:
     return POLICY
 
 
+def policy_or_shipped(model: str | None) -> str:
+    """`model`, else the shipped demo policy (the benches' default); ValueError if it is not a
+    Hugging Face model directory."""
+    model = model or str(shipped_policy())
+    if not Path(model, "config.json").exists():
+        raise ValueError(f"{model} is not a Hugging Face model directory (no config.json)")
+    return model
+
+
 def shipped_drafter() -> Path:
     check_hash(DRAFTER)
     return DRAFTER

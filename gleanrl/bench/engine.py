@@ -153,13 +153,11 @@ def run(args: argparse.Namespace) -> int:
     if unknown := [a for a in arms if a not in ("gleanrl", "sglang")]:
         print(f"error: unknown arm(s) {', '.join(unknown)} (gleanrl, sglang)", file=sys.stderr)
         return 2
-    model = args.model
-    if model is None:
-        from gleanrl.shipped import shipped_policy
-        model = str(shipped_policy())
-    if not Path(model, "config.json").exists():
-        print(f"error: {model} is not a Hugging Face model directory (no config.json)",
-              file=sys.stderr)
+    from gleanrl.shipped import policy_or_shipped
+    try:
+        model = policy_or_shipped(args.model)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     from transformers import AutoTokenizer
 

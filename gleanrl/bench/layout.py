@@ -104,13 +104,11 @@ def run(args: argparse.Namespace) -> int:
     from gleanrl.trainer.tasks import load_task
 
     args.dtype = fastest_cpu_dtype(args.dtype)
-    model = args.model
-    if model is None:
-        from gleanrl.shipped import shipped_policy
-        model = str(shipped_policy())
-    if not Path(model, "config.json").exists():
-        print(f"error: {model} is not a Hugging Face model directory (no config.json)",
-              file=sys.stderr)
+    from gleanrl.shipped import policy_or_shipped
+    try:
+        model = policy_or_shipped(args.model)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
         buckets = [int(b) for b in args.buckets.split(",") if b]
