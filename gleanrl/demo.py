@@ -45,12 +45,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="policy directory instead of the shipped demo policy (gleanrl.shipped)")
     p.add_argument("--from-scratch", action="store_true",
                    help="bootstrap the policy (cached; --size, --seed) instead of the shipped one, "
-                        "which is `gleanrl bootstrap --size small --seed 0`")
-    p.add_argument("--size", default="small", help="bootstrap policy size (with --from-scratch)")
-    from gleanrl.trainer.tasks.presets import DEMO_REGIME, REGIMES
-    p.add_argument("--regime", default=DEMO_REGIME, choices=sorted(REGIMES),
+                        "which is `gleanrl bootstrap --task TASK --size SIZE --seed 0`")
+    from gleanrl.shipped import DEFAULT, SHIPPED
+    from gleanrl.trainer.bootstrap import SIZES
+    p.add_argument("--size", default=DEFAULT, choices=sorted(SIZES),
+                   help="the policy: " + ", ".join(f"{k} ({v.task})" for k, v in SHIPPED.items())
+                   + " are shipped; other sizes with --from-scratch")
+    from gleanrl.trainer.tasks.presets import REGIMES
+    p.add_argument("--regime", default=None, choices=sorted(REGIMES),
                    help="the task's length distribution and the step's shape "
-                        "(trainer.tasks.presets)")
+                        "(trainer.tasks.presets; default: the size's, "
+                        + ", ".join(f"{k}: {v.regime}" for k, v in SHIPPED.items()) + ")")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--prompts-per-step", type=int, default=16,
                    help="prompts per step (None: the regime's; 16 x 4 is the demo's RL recipe, "
@@ -94,9 +99,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def apply_regime(args: argparse.Namespace):
     """Fill the step's shape from `args.regime` where no flag gave it; -> the regime's task."""
+    from gleanrl.shipped import SHIPPED
     from gleanrl.trainer.tasks import load_task
-    from gleanrl.trainer.tasks.presets import regime
+    from gleanrl.trainer.tasks.presets import DEMO_REGIME, regime
 
+    if args.regime is None:
+        args.regime = SHIPPED[args.size].regime if args.size in SHIPPED else DEMO_REGIME
     r = regime(args.regime)
     for name in ("max_new_tokens", "prompts_per_step", "samples_per_prompt"):
         if getattr(args, name, None) is None:
@@ -114,13 +122,18 @@ def warm_settings(args: argparse.Namespace, task: str | None = None) -> dict:
 
 def policy_of(args: argparse.Namespace) -> Path:
     """--model, else the shipped policy (checked), else with --from-scratch a bootstrap (cached)."""
-    from gleanrl.shipped import shipped_policy
+    from gleanrl.shipped import SHIPPED, shipped_policy
     from gleanrl.trainer.bootstrap import bootstrap_policy
 
     if args.model:
         return Path(args.model)
-    return bootstrap_policy(size=args.size, seed=args.seed) if args.from_scratch \
-        else shipped_policy()
+    entry = SHIPPED.get(args.size)
+    if args.from_scratch:
+        return bootstrap_policy(size=args.size, seed=args.seed, task=entry.task if entry else None)
+    if entry is None:
+        raise ValueError(f"no policy of size {args.size!r} is shipped (shipped: {sorted(SHIPPED)}): "
+                         "add --from-scratch to bootstrap it")
+    return shipped_policy(size=args.size)
 
 
 def warm_drafter(policy: Path, args: argparse.Namespace, task: str | None = None) -> Path:
@@ -129,15 +142,17 @@ def warm_drafter(policy: Path, args: argparse.Namespace, task: str | None = None
     and the settings it was made with."""
     from gleanrl.draft_train import WarmStartConfig, warm_start
     from gleanrl.harvest.checkpoint import save_drafter
-    from gleanrl.shipped import DRAFTER, POLICY, shipped_drafter
+    from gleanrl.shipped import DEFAULT, DRAFTER, POLICY, shipped_drafter, shipped_for
     from gleanrl.trainer.bootstrap import cache_root
     from gleanrl.trainer.tasks import load_task
     from gleanrl.trainer.tasks.presets import regime
 
-    made = DRAFTER / "warm_start.json"
-    if policy.resolve() == POLICY.resolve() and made.is_file() \
-            and json.loads(made.read_text()) == warm_settings(args, task):
-        return shipped_drafter()
+    entry = shipped_for(policy)
+    size = DEFAULT if policy.resolve() == POLICY.resolve() else entry.size if entry else None
+    if size is not None:  # a shipped policy: its drafter, if made with these settings
+        made = (DRAFTER if size == DEFAULT else entry.drafter) / "warm_start.json"
+        if made.is_file() and json.loads(made.read_text()) == warm_settings(args, task):
+            return shipped_drafter(size)
     task = task or regime(args.regime).task
     weights = sorted(policy.glob("*.safetensors"))
     ident = [str(policy.resolve())] + [f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}"
@@ -317,7 +332,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"gleanrl demo: {out} is not empty and not a demo output; choose another --out",
               file=sys.stderr)
         return 2
-    policy = policy_of(args)
+    try:
+        policy = policy_of(args)
+    except ValueError as exc:
+        print(f"gleanrl demo: {exc}", file=sys.stderr)
+        return 2
     drafter0 = warm_drafter(policy, args)
     with serving(policy, drafter0, out / "server.log", dtype=args.dtype,
                  replicas=args.replicas) as servers:

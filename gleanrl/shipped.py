@@ -1,28 +1,51 @@
-"""The demo policy and its warm-start drafter, shipped with the project (`gleanrl/shipped/`), so a
+"""The policies and their warm-start drafters shipped with the project (`gleanrl/shipped/`), so a
 newcomer's demo and every bench use the same model on every machine and day, without the ~10-70
 minutes of CPU a bootstrap takes.
 
-The policy is `gleanrl bootstrap --size small --seed 0` (the recipe in `trainer.bootstrap.SIZES`,
-its key in `bootstrap.json` beside the weights), stored in float32 (the trainer's checkpoints are
-float32, and a policy push must match the serving model's dtypes; a bf16 file failed the demo's
-first push); the drafter is the demo's warm start on it
-(`gleanrl.demo.warm_drafter`, its settings in `warm_start.json`). Both are checked before use:
-the weights' sha256 against `shipped/SHA256SUMS`, the config against the recipe's shape, and (policy)
-a quick held-out figure: the reference-solution accuracy on 32 test prompts must clear a floor far
-below what the shipped weights score, so a corrupt or foreign file fails loudly instead of training.
-`gleanrl demo --from-scratch` (or `gleanrl bootstrap`) rebuilds the policy instead.
+Each is `gleanrl bootstrap --task TASK --size SIZE --seed 0` (the recipe in `trainer.bootstrap.SIZES`,
+its key in `bootstrap.json` beside the weights) and the demo's warm start on it
+(`gleanrl.demo.warm_drafter`, its settings in `warm_start.json`), written by scripts/ship_policy.py:
+- `small`: 6 layers of 512 on `doubling`, stored in float32 (made before a push could cast);
+- `deep`: 32 layers of 256 on `doubling_checks` (self-checks: a per-sample tail), the shape of the
+  LLMs SD serves (a drafter step ~0.1 of a target step), stored in bf16 and cast at load to the
+  dtype asked for (a float32 push updates it: floats are cast, `harvest.checkpoint_check.fits`).
+Both are checked before use: the weights' sha256 against `shipped/SHA256SUMS`, the config against the
+recipe's shape, and (policy) a quick held-out figure: the reference-solution accuracy on 32 test
+prompts must clear a floor far below what the shipped weights score, so a corrupt or foreign file
+fails loudly instead of training. `gleanrl demo --from-scratch` (or `gleanrl bootstrap`) rebuilds.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).parent / "shipped"
-POLICY = ROOT / "doubling-small-seed0"
-DRAFTER = ROOT / "doubling-small-seed0-drafter"
 SUMS = ROOT / "SHA256SUMS"  # `sha256sum` format, written by scripts/ship_policy.py
 SANITY_PROMPTS, SANITY_FLOOR = 32, 0.30   # shipped: ~0.6 on these (bootstrap.json)
+
+
+@dataclass(frozen=True)
+class Shipped:
+    size: str       # trainer.bootstrap.SIZES
+    task: str       # the built-in task it was bootstrapped on
+    dtype: str      # how its weights are stored
+    regime: str     # the demo's regime on it (trainer.tasks.presets)
+
+    @property
+    def policy(self) -> Path:
+        return ROOT / f"{self.task}-{self.size}-seed0"
+
+    @property
+    def drafter(self) -> Path:
+        return ROOT / f"{self.task}-{self.size}-seed0-drafter"
+
+
+SHIPPED = {"small": Shipped("small", "doubling", "float32", "short"),
+           "deep": Shipped("deep", "doubling_checks", "bfloat16", "self_checks")}
+DEFAULT = "small"
+POLICY, DRAFTER = SHIPPED[DEFAULT].policy, SHIPPED[DEFAULT].drafter
 
 
 class ShippedError(RuntimeError):
@@ -50,26 +73,28 @@ def check_hash(directory: Path) -> None:
                            f"{expected[name][:16]}...")
 
 
-def shipped_policy(sanity: bool = True) -> Path:
+def shipped_policy(sanity: bool = True, size: str = DEFAULT) -> Path:
     """The shipped policy's directory, checked: hash, shape against the recipe, and (`sanity`) the
     quick held-out figure."""
     from gleanrl.trainer.bootstrap import SIZES, cache_key
 
-    check_hash(POLICY)
-    config = json.loads((POLICY / "config.json").read_text())
-    size = SIZES["small"]
+    entry = SHIPPED[size]
+    policy = POLICY if size == DEFAULT else entry.policy  # POLICY: a test may point it elsewhere
+    check_hash(policy)
+    config = json.loads((policy / "config.json").read_text())
+    recipe = SIZES[size]
     shape = (config.get("hidden_size"), config.get("num_hidden_layers"))
-    if shape != (size.hidden, size.layers):
-        raise ShippedError(f"{POLICY}: shape {shape} is not the small recipe's "
-                           f"{(size.hidden, size.layers)}")
-    recorded = json.loads((POLICY / "bootstrap.json").read_text()).get("key")
-    if recorded != (expected := cache_key(None, 0, "small")[1]):
-        raise ShippedError(f"{POLICY}: bootstrap key {recorded} is not today's recipe's "
+    if shape != (recipe.hidden, recipe.layers):
+        raise ShippedError(f"{policy}: shape {shape} is not the {size} recipe's "
+                           f"{(recipe.hidden, recipe.layers)}")
+    recorded = json.loads((policy / "bootstrap.json").read_text()).get("key")
+    if recorded != (expected := cache_key(entry.task, 0, size)[1]):
+        raise ShippedError(f"{policy}: bootstrap key {recorded} is not today's recipe's "
                            f"{expected} (the recipe changed: re-ship with scripts/ship_policy.py)")
-    if sanity and (accuracy := quick_heldout(POLICY)) < SANITY_FLOOR:
-        raise ShippedError(f"{POLICY}: held-out reference accuracy {accuracy:.3f} on "
+    if sanity and (accuracy := quick_heldout(policy, task=entry.task)) < SANITY_FLOOR:
+        raise ShippedError(f"{policy}: held-out reference accuracy {accuracy:.3f} on "
                            f"{SANITY_PROMPTS} prompts is under the floor {SANITY_FLOOR}")
-    return POLICY
+    return policy
 
 
 def policy_or_shipped(model: str | None) -> str:
@@ -81,12 +106,18 @@ def policy_or_shipped(model: str | None) -> str:
     return model
 
 
-def shipped_drafter() -> Path:
-    check_hash(DRAFTER)
-    return DRAFTER
+def shipped_drafter(size: str = DEFAULT) -> Path:
+    drafter = DRAFTER if size == DEFAULT else SHIPPED[size].drafter
+    check_hash(drafter)
+    return drafter
 
 
-def quick_heldout(policy: Path, n: int = SANITY_PROMPTS) -> float:
+def shipped_for(policy: Path) -> Shipped | None:
+    """The shipped entry whose policy directory `policy` is, if any."""
+    return next((e for e in SHIPPED.values() if e.policy.resolve() == policy.resolve()), None)
+
+
+def quick_heldout(policy: Path, n: int = SANITY_PROMPTS, task: str = "doubling") -> float:
     """Expected T = 1 accuracy from the reference solutions' probabilities on `n` test prompts
     (trainer.tasks.sft.reference_accuracy: one forward each, no sampling)."""
     import torch
@@ -97,5 +128,5 @@ def quick_heldout(policy: Path, n: int = SANITY_PROMPTS) -> float:
 
     tokenizer = AutoTokenizer.from_pretrained(policy)
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
-    task = load_task("doubling")
+    task = load_task(task)
     return float(reference_accuracy(model, tokenizer, task, task.prompts("test", n, 1))["expected"])

@@ -4,8 +4,10 @@ Stock SGLang (0.5.23) applies whatever `/update_weights_from_disk` is given: a t
 file kills the whole server, another architecture's weights are loaded and reported as success, and
 unknown fields such as `selector` are ignored. So gleanrl checks the candidate against the directory
 the server is serving before any push: every safetensors header complete and consistent with its
-file size, the same tensor names, shapes and dtypes, the same `architectures` and `model_type`. Pure
-Python (no torch, no model load): it reads the JSON headers and file sizes only.
+file size, the same tensor names and shapes, the same dtypes where they are not floating point (a
+float tensor is cast to the serving dtype at load, by SGLang as by gleanrl: a float32 checkpoint
+updates a model shipped in bf16), the same `architectures` and `model_type`. Pure Python (no torch,
+no model load): it reads the JSON headers and file sizes only.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 _DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2,
                 "I16": 2, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8,
                 "I64": 8, "F64": 8}
+FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})  # cast to the serving dtype at load
 _MAX_HEADER = 100 * 1024 * 1024   # the safetensors format's own limit
 _INDEX = "model.safetensors.index.json"
 EAGLE3_ARCHS = ("LlamaForCausalLMEagle3",)
@@ -121,6 +124,12 @@ def read_config(model_dir: str | Path) -> dict:
     return config
 
 
+def fits(shape: tuple[int, ...], dtype: str, ref_shape: tuple[int, ...], ref_dtype: str) -> bool:
+    """A tensor of (shape, dtype) may replace one of (ref_shape, ref_dtype): the same shape, and the
+    same dtype unless both are floating point (cast at load)."""
+    return tuple(shape) == tuple(ref_shape) and (dtype == ref_dtype or {dtype, ref_dtype} <= FLOAT_DTYPES)
+
+
 def _compare_layout(candidate: dict[str, TensorSpec], reference: dict[str, TensorSpec],
                     what: str) -> None:
     missing, unexpected = sorted(set(reference)
@@ -130,7 +139,7 @@ def _compare_layout(candidate: dict[str, TensorSpec], reference: dict[str, Tenso
                                  f"(missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
                                  f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''})")
     for name, spec in reference.items():
-        if candidate[name] != spec:
+        if not fits(candidate[name].shape, candidate[name].dtype, spec.shape, spec.dtype):
             raise CheckpointMismatch(
                 f"{what}: tensor {name!r} is {candidate[name].dtype}{list(candidate[name].shape)}, "
                 f"the serving model has {spec.dtype}{list(spec.shape)}"

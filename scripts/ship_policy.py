@@ -1,11 +1,13 @@
-"""Write the shipped demo policy and warm-start drafter (gleanrl/shipped/) from a bootstrap output.
+"""Write a shipped policy and its warm-start drafter (gleanrl/shipped/) from a bootstrap output.
 
-    python scripts/ship_policy.py POLICY_DIR     # e.g. the output of `gleanrl bootstrap --size small`
+    python scripts/ship_policy.py POLICY_DIR [--size small|deep]
+    # POLICY_DIR: the output of `gleanrl bootstrap --task TASK --size SIZE --seed 0`, with the
+    # task and size of `gleanrl.shipped.SHIPPED[SIZE]`
 
-The policy is stored in float32 (as the trainer's checkpoints are) with its bootstrap.json (which
-must carry today's recipe key for size
-small, seed 0), the drafter is the demo's default warm start on it, and SHA256SUMS lists both
-weights files. Run from the repository root; commit what it writes."""
+The policy is stored in the entry's dtype (small: float32, deep: bf16, cast at load) with its
+bootstrap.json (which must carry today's recipe key for the entry's task and size, seed 0); the
+drafter is the demo's default warm start on it (the size's regime), and SHA256SUMS lists every
+shipped weights file. Run from the repository root; commit what it writes."""
 from __future__ import annotations
 
 import argparse
@@ -21,34 +23,38 @@ import torch
 def main() -> int:
     from gleanrl import demo
     from gleanrl.harvest.checkpoint import load_drafter, save_drafter
-    from gleanrl.shipped import DRAFTER, POLICY, ROOT, SUMS, sha256
+    from gleanrl.shipped import ROOT, SHIPPED, SUMS, sha256
     from gleanrl.trainer.bootstrap import cache_key
 
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("policy")
-    src = Path(ap.parse_args().policy)
+    ap.add_argument("--size", default="small", choices=sorted(SHIPPED))
+    opts = ap.parse_args()
+    src, entry = Path(opts.policy), SHIPPED[opts.size]
     key = json.loads((src / "bootstrap.json").read_text())["key"]
-    if key != cache_key(None, 0, "small")[1]:
-        print(f"{src}: bootstrap key {key} is not the small recipe's (seed 0)", file=sys.stderr)
+    if key != (want := cache_key(entry.task, 0, entry.size)[1]):
+        print(f"{src}: bootstrap key {key} is not the {entry.size} recipe's on {entry.task} "
+              f"(seed 0): {want}", file=sys.stderr)
         return 2
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    shutil.rmtree(POLICY, ignore_errors=True)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)  # pushes must match
-    model.save_pretrained(POLICY, safe_serialization=True)
-    AutoTokenizer.from_pretrained(src).save_pretrained(POLICY)
-    shutil.copy(src / "bootstrap.json", POLICY / "bootstrap.json")
-    # the demo's default warm start on the shipped (bf16) policy
+    shutil.rmtree(entry.policy, ignore_errors=True)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, entry.dtype))
+    model.save_pretrained(entry.policy, safe_serialization=True)
+    AutoTokenizer.from_pretrained(src).save_pretrained(entry.policy)
+    shutil.copy(src / "bootstrap.json", entry.policy / "bootstrap.json")
+    # the demo's default warm start on the shipped policy
     args = argparse.ArgumentParser()
     demo.add_arguments(args)
-    args = args.parse_args([])
+    args = args.parse_args(["--size", entry.size])
     demo.apply_regime(args)
-    warm = demo.warm_drafter(POLICY, args)
-    shutil.rmtree(DRAFTER, ignore_errors=True)
-    drafter = load_drafter(warm, target_config=POLICY).to(torch.bfloat16)
-    save_drafter(drafter, DRAFTER)
-    (DRAFTER / "warm_start.json").write_text(json.dumps(demo.warm_settings(args), indent=1))
+    shutil.rmtree(entry.drafter, ignore_errors=True)
+    warm = demo.warm_drafter(entry.policy, args)
+    drafter = load_drafter(warm, target_config=entry.policy).to(torch.bfloat16)
+    save_drafter(drafter, entry.drafter)
+    (entry.drafter / "warm_start.json").write_text(json.dumps(demo.warm_settings(args), indent=1))
     SUMS.write_text("".join(f"{sha256(d / 'model.safetensors')}  {d.name}/model.safetensors\n"
-                            for d in (POLICY, DRAFTER)))
+                            for e in SHIPPED.values() for d in (e.policy, e.drafter)
+                            if (d / "model.safetensors").is_file()))
     print(subprocess.run(["du", "-sh", str(ROOT)], capture_output=True, text=True).stdout)
     return 0
 

@@ -65,7 +65,7 @@ def test_wrong_shape_and_dtype_are_refused(tiny_qwen2, tmp_path):
     name = "model.norm.weight"
     for change, why in [
         (lambda t: torch.zeros(t.shape[0] + 1), "model.norm.weight"),
-        (lambda t: t.to(torch.bfloat16), "BF16"),
+        (lambda t: t.to(torch.int32), "I32"),
     ]:
         bad = _copy(tiny_qwen2, tmp_path / f"bad_{why}")
         from safetensors.torch import load_file
@@ -75,6 +75,15 @@ def test_wrong_shape_and_dtype_are_refused(tiny_qwen2, tmp_path):
         with pytest.raises(CheckpointMismatch, match=why):
             check_policy_checkpoint(bad, tiny_qwen2)
     assert specs[name].shape == (64,)
+    # a float dtype is cast to the serving one at load: a bf16 checkpoint updates a float32 model
+    # (and a float32 one a model shipped in bf16)
+    from safetensors.torch import load_file
+    half = _copy(tiny_qwen2, tmp_path / "bf16")
+    state = load_file(half / "model.safetensors")
+    save_file({k: v.to(torch.bfloat16) for k, v in state.items()}, half / "model.safetensors",
+              metadata={"format": "pt"})
+    assert check_policy_checkpoint(half, tiny_qwen2)[name].dtype == "BF16"
+    assert check_policy_checkpoint(tiny_qwen2, half)[name].dtype == "F32"
 
 
 def test_missing_dir_and_config_are_refused(tiny_qwen2, tmp_path):

@@ -6,8 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
+
 import gleanrl.cli
 from gleanrl.demo import warm_drafter
+from gleanrl.trainer.tasks.presets import regime
 
 
 def test_demo_runs_and_writes_report(tiny_qwen2, tmp_path, monkeypatch, capsys):
@@ -55,9 +58,21 @@ def test_from_scratch_bootstraps_and_the_default_is_the_shipped_policy(monkeypat
 
     built = []
     monkeypatch.setattr(bootstrap, "bootstrap_policy",
-                        lambda size, seed: built.append((size, seed)) or tmp_path)
-    monkeypatch.setattr(shipped, "shipped_policy", lambda: shipped.POLICY)
+                        lambda size, seed, task: built.append((size, seed, task)) or tmp_path)
+    monkeypatch.setattr(shipped, "shipped_policy", lambda size: shipped.SHIPPED[size].policy)
     args = argparse.Namespace(model=None, from_scratch=True, size="tiny", seed=3)
-    assert demo.policy_of(args) == tmp_path and built == [("tiny", 3)]
+    assert demo.policy_of(args) == tmp_path and built == [("tiny", 3, None)]
+    args.size = "deep"  # a shipped size bootstraps on its own task
+    assert demo.policy_of(args) == tmp_path and built[-1] == ("deep", 3, "doubling_checks")
     args.from_scratch = False
-    assert demo.policy_of(args) == shipped.POLICY and len(built) == 1
+    assert demo.policy_of(args) == shipped.SHIPPED["deep"].policy and len(built) == 2
+    args.size = "small"
+    assert demo.policy_of(args) == shipped.POLICY and len(built) == 2
+    args.size = "tiny"
+    with pytest.raises(ValueError, match="--from-scratch"):
+        demo.policy_of(args)
+    # the regime follows the size unless given
+    for size, want in (("small", "short"), ("deep", "self_checks"), ("tiny", "short")):
+        ns = argparse.Namespace(size=size, regime=None, max_new_tokens=None, prompts_per_step=None,
+                                samples_per_prompt=None)
+        assert demo.apply_regime(ns).name == regime(want).task and ns.regime == want

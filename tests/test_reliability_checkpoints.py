@@ -39,7 +39,7 @@ def _rewrite(d: Path, fn) -> Path:
 
 
 def bad_checkpoints(good: Path, other_target: Path, root: Path,
-                    bad_dtype=torch.float16) -> dict[str, Path | str]:
+                    bad_dtype=torch.int32) -> dict[str, Path | str]:
     """kind -> a directory (or path string) that must be refused in place of `good`."""
     root.mkdir()
     bad: dict[str, Path | str] = {"missing dir": root / "nope",
@@ -56,6 +56,7 @@ def bad_checkpoints(good: Path, other_target: Path, root: Path,
     _weights(d).write_bytes(b"\xff" * 4096)
     bad["truncated safetensors"], bad["garbage safetensors"] = root / "truncated", d
     floats = lambda fn: lambda k, v: fn(v) if v.is_floating_point() else v  # noqa: E731
+    # a float dtype is cast at load (a float32 update of a bf16 model); an integer one is wrong
     bad["wrong dtype"] = _rewrite(_copy(good, root / "dtype"), floats(lambda v: v.to(bad_dtype)))
     first = next(k for k, v in load_file(str(_weights(good))).items()
                  if v.dim() == 2 and "embed" not in k)
@@ -93,7 +94,7 @@ def setup(tiny_qwen2, tiny_llama, tiny_tokenizer, tmp_path_factory):
             "target": bad_checkpoints(Path(tiny_qwen2), tiny_llama, root / "t"),
             # a float16/bfloat16 drafter is cast to the target's dtype on purpose
             # (SpecForge saves bf16)
-            "draft": bad_checkpoints(drafter, foreign_drafter, root / "d", torch.int32)
+            "draft": bad_checkpoints(drafter, foreign_drafter, root / "d")
             | {"target model as drafter": tiny_qwen2}}
 
 

@@ -157,3 +157,15 @@ def test_bf16_autocast_only_where_bf16_is_native(monkeypatch):
     assert not bf16_fast("cpu")  # an AVX2 host: emulated bf16, the recipe runs in float32
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
     assert bf16_fast("cpu")
+
+
+def test_reference_accuracy_does_not_score_the_tasks_free_choices():
+    from gleanrl.trainer.tasks.sft import reference_accuracy
+
+    task, tok = load_task("doubling_checks"), build_char_tokenizer()
+    sample = next(s for s in task.prompts("test", 50, seed=0) if s["checks"] >= 1)
+    flat = reference_accuracy(_Oracle(len(tok), 0.0), tok, task, [sample], batch_tokens=4096)
+    scored = len(task.solution(sample)) + 1 - len(task.solution_choices(sample))
+    assert flat["expected"] == pytest.approx(len(tok) ** -scored, rel=1e-3)
+    sure = reference_accuracy(_Oracle(len(tok), 60.0), tok, task, [sample], batch_tokens=4096)
+    assert sure["greedy"] == 1.0 and sure["expected"] == pytest.approx(1.0)

@@ -190,3 +190,28 @@ def test_load_user_task_by_dotted_path(tmp_path, monkeypatch):
     with pytest.raises(TaskError, match="unknown task"):
         load_task("no_such_task")
     sys.modules.pop("my_tasks", None)
+
+
+def test_self_checks_vary_a_groups_lengths_heavy_tailed_and_the_reward_ignores_them():
+    task = load_task("doubling_checks")
+    samples = task.prompts("train", 3000, seed=0)
+    counts = [s["checks"] for s in samples]
+    # geometric at 0.4 (capped): P(0) = 0.6, P(>= 1) = 0.4, P(>= 3) = 0.064
+    assert 0.56 < counts.count(0) / len(counts) < 0.64
+    assert 0.04 < sum(c >= 3 for c in counts) / len(counts) < 0.09 and max(counts) == task.max_checks
+    for s in samples[:200]:
+        sol = task.solution(s)
+        assert task.reward(s, sol) == 1.0 and len(sol) <= task.max_chars
+        assert sol.count("check\n") == s["checks"]
+        # each derivation repeats the first; every choice point is 'c'heck or the box's '\'
+        first = Doubling()._derivation(s["start"], s["steps"])
+        assert sol == first + ("check\n" + first) * s["checks"] + f"\\boxed{{{int(s['answer']):03d}}}"
+        choices = [sol[a:b] for a, b in task.solution_choices(s)]
+        assert choices == ["c"] * s["checks"] + ["\\"]
+    # what the policy samples: a check or not, the same reward
+    s = dict(samples[0], checks=0)
+    assert task.reward(s, task.solution(dict(s, checks=3))) == 1.0
+    # no checks drawn where checks = 0: the default task's problems stay what they were
+    assert "checks" not in load_task("doubling").prompts("train", 5, 0)[0]
+    with pytest.raises(ValueError, match="checks"):
+        Doubling(checks=1.0)

@@ -5,7 +5,8 @@ eos = <|im_end|>).
 
 Deterministic for a seed (on a given machine and thread count) and cached: the output directory
 carries `bootstrap.json` with a key over every argument, and a second call with the same key returns
-at once. Sizes: "small" is the demo/benchmark policy, "tiny" builds in seconds for tests, "gpu" is
+at once. Sizes: "small" is the demo/benchmark policy, "deep" its 32-layer peer (the shape of
+the LLMs SD serves), "tiny" builds in seconds for tests, "gpu" is
 sized for a GPU (`--device cuda`; scripts/gpu_check.sh). The device is not in the key, as the
 machine is not."""
 from __future__ import annotations
@@ -60,6 +61,11 @@ SIZES = {
     "small": PolicySize(hidden=512, layers=6, heads=8, kv_heads=8, intermediate=1536,
                         train_tokens=1_500_000, batch_tokens=2048, lr=1.5e-3, polish_steps=100,
                         polish_focus_weight=10.0),
+    # shaped like the LLMs SD serves (issue 38): small's parameters over 32 layers, so one EAGLE-3
+    # drafter step (a layer of this width, its fc and head) costs <= ~0.1 of a target step
+    "deep": PolicySize(hidden=256, layers=32, heads=4, kv_heads=4, intermediate=512,
+                       train_tokens=2_000_000, batch_tokens=2048, lr=1e-3, polish_steps=100,
+                       polish_focus_weight=10.0),
     "gpu": PolicySize(hidden=1024, layers=12, heads=16, kv_heads=8, intermediate=2816,
                       train_tokens=3_000_000, batch_tokens=4096, lr=1e-3),
     "tiny": PolicySize(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256,

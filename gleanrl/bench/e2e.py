@@ -222,8 +222,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"gleanrl bench e2e: {out} is not empty and not a bench output; choose another --out",
               file=sys.stderr)
         return 2
-    policy = demo.policy_of(args)
     try:
+        policy = demo.policy_of(args)
         drafters = starts(policy, args, arms)
     except ValueError as exc:
         print(f"gleanrl bench e2e: {exc}", file=sys.stderr)

@@ -2,8 +2,9 @@
 
 A weight update is checked fully before anything is swapped: the directory and `config.json` exist,
 the architecture and model_type equal the serving model's, every safetensors file opens (a truncated
-or corrupt file fails its header check), the tensor names, shapes and dtypes equal the serving
-checkpoint's, and the loaded weights are finite (corrupt data behind an intact header). Any failure
+or corrupt file fails its header check), the tensor names and shapes equal the serving checkpoint's
+and so do the dtypes but floating point ones (cast to the serving dtype at load: a float32 update of
+a model shipped in bf16), and the loaded weights are finite (corrupt data behind an intact header). Any failure
 raises `CheckpointError` with the reason; the caller keeps its old weights.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gleanrl.harvest.checkpoint_check import fits
 from gleanrl.server.protocol import CheckpointError
 
 Signature = dict[str, tuple[tuple[int, ...], str]]  # tensor name -> (shape, dtype)
@@ -71,7 +73,7 @@ def compare(model_dir: str, config: dict, sig: Signature, ref_config: dict,
         raise CheckpointError(f"{model_dir}: tensor names differ (missing {missing[:5]}, "
                               f"unexpected {extra[:5]})")
     for name, (shape, dtype) in ref_sig.items():
-        if sig[name] != (shape, dtype):
+        if not fits(*sig[name], shape, dtype):
             raise CheckpointError(f"{model_dir}: tensor {name} "
                                   f"is {list(sig[name][0])} {sig[name][1]}, "
                                   f"expected {list(shape)} {dtype}")

@@ -22,7 +22,9 @@ BUILTIN = {"doubling": Doubling, "running_sums": RunningSums,
            "doubling_long_tail": functools.partial(Doubling, tail_share=0.125, tail_min=80,
                                                    name="doubling_long_tail"),
            "doubling_reasoning_tail": functools.partial(Doubling, tail_share=1 / 32, tail_min=80,
-                                                        name="doubling_reasoning_tail")}
+                                                        name="doubling_reasoning_tail"),
+           # per-sample self-checks: a heavy tail within each group (the deep policy's task)
+           "doubling_checks": functools.partial(Doubling, checks=0.4, name="doubling_checks")}
 
 __all__ = ["Task", "TaskError", "load_task", "accuracy", "JsonlTask", "Doubling", "RunningSums",
            "DEFAULT_TASK"]

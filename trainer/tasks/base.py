@@ -21,3 +21,7 @@ class Task:
 
     def solution_focus(self, sample: dict) -> list[tuple[int, int]]:
         return []  # character spans of `solution(sample)` that SFT weighs by `focus_weight`
+
+    def solution_choices(self, sample: dict) -> list[tuple[int, int]]:
+        return []  # character spans of `solution(sample)` that are free choices the reward ignores
+                   # (doubling's self-checks): the held-out reference accuracy does not score them

@@ -19,7 +19,23 @@ that share of each batch of problems from the tail, k uniform in [tail_min, max_
 rounding of the count, so a batch of 8 at 1/8 holds one on average and exactly one most of the
 time): reasoning-length responses in most steps, as in reasoning RL; the format is unchanged, so the
 same policy answers it. The reward is exact: the last \\boxed{} must equal the result (leading
-zeros allowed)."""
+zeros allowed).
+
+Self-checks (`checks` > 0, the `doubling_checks` task): after each derivation the solution may check
+itself by deriving again, `check` and the same lines, with probability `checks` each time
+(geometric, at most `max_checks` and `max_chars` characters), then boxes the result:
+
+    347
+    01:694
+    check
+    347
+    01:694
+    \\boxed{694}
+
+The policy learns the choice (at T = 1 it checks as often as its data did; greedy never does for
+`checks` < 0.5) and the reward ignores it, so a response's length varies per sample, within a
+group, multiplicatively and heavy-tailed: a few samples run several times past their siblings, as
+chains of thought do in reasoning RL."""
 from __future__ import annotations
 
 import random
@@ -36,6 +52,9 @@ class Doubling(Task):
     alpha: float = 1.3        # power-law exponent of k + 1; larger = shorter problems
     tail_share: float = 0.0   # share of each batch of problems drawn from the tail
     tail_min: int = 80        # the tail: tail_min <= k <= max_steps
+    checks: float = 0.0       # probability of one more self-check after each derivation
+    max_checks: int = 6
+    max_chars: int = 1400     # a solution with its checks stays within this (the SFT context)
     name: str = "doubling"
 
     def __post_init__(self) -> None:
@@ -48,6 +67,9 @@ class Doubling(Task):
         if self.tail_share > 0 and not 0 <= self.tail_min <= self.max_steps:
             raise ValueError(f"tail_min must be in [0, max_steps={self.max_steps}], "
                              f"got {self.tail_min}")
+        if not 0 <= self.checks < 1 or self.max_checks < 0:
+            raise ValueError(f"checks must be in [0, 1) and max_checks >= 0, got {self.checks}, "
+                             f"{self.max_checks}")
 
     def sample(self, rng: random.Random, tail: bool = False) -> dict:
         ks = range(self.max_steps + 1)
@@ -56,8 +78,16 @@ class Doubling(Task):
         start = rng.randint(0, 999)
         # the start last: a fixed-offset copy
         question = f"double {k} times, keep 3 digits: {start:03d}"
-        return {"prompt": chatml(question), "messages": [{"role": "user", "content": question}],
-                "start": start, "steps": k, "answer": str(start * 2 ** k % 1000)}
+        sample = {"prompt": chatml(question), "messages": [{"role": "user", "content": question}],
+                  "start": start, "steps": k, "answer": str(start * 2 ** k % 1000)}
+        if self.checks > 0:  # no draw otherwise: the default task's problems stay what they were
+            # the SFT data's number of self-checks (the policy samples its own)
+            fits = (self.max_chars - 12) // (len(self._derivation(start, k)) + 6) - 1
+            n = 0
+            while n < min(self.max_checks, fits) and rng.random() < self.checks:
+                n += 1
+            sample["checks"] = n
+        return sample
 
     def prompts(self, split: str, n: int, seed: int) -> list[dict]:
         """`n` problems, the same for the same (split, seed); splits draw from
@@ -70,13 +100,26 @@ class Doubling(Task):
             tail = set(rng.sample(range(n), min(n, int(whole) + (rng.random() < frac))))
         return [self.sample(rng, i in tail) for i in range(n)]
 
-    def solution(self, sample: dict) -> str:
-        """The reference response (without the end-of-turn token)."""
-        value, lines = sample["start"], [f"{sample['start']:03d}"]
-        for remaining in range(sample["steps"], 0, -1):
+    @staticmethod
+    def _derivation(start: int, k: int) -> str:
+        value, lines = start, [f"{start:03d}"]
+        for remaining in range(k, 0, -1):
             value = value * 2 % 1000
             lines.append(f"{remaining:02d}:{value:03d}")
-        return "\n".join(lines) + f"\n\\boxed{{{value:03d}}}"
+        return "\n".join(lines) + "\n"
+
+    def solution(self, sample: dict) -> str:
+        """The reference response (without the end-of-turn token)."""
+        derivation = self._derivation(sample["start"], sample["steps"])
+        value = sample["start"] * 2 ** sample["steps"] % 1000
+        checks = "".join("check\n" + derivation for _ in range(sample.get("checks", 0)))
+        return derivation + checks + f"\\boxed{{{value:03d}}}"
+
+    def solution_choices(self, sample: dict) -> list[tuple[int, int]]:
+        """After each derivation: check again or box (the first character of either)."""
+        step = len(self._derivation(sample["start"], sample["steps"]))
+        return [(step + i * (step + 6), step + i * (step + 6) + 1)
+                for i in range(sample.get("checks", 0) + 1)]
 
     def solution_focus(self, sample: dict) -> list[tuple[int, int]]:
         """The characters of `solution(sample)` that carry the hard step, for the bootstrap's SFT

@@ -15,6 +15,11 @@
   in 32 (on average) is an 80-99-doubling problem, and groups are pairs: the built-in task's
   response length is set by its prompt, so siblings run in lockstep, and per-sample variation
   within a group is modelled by small groups. 32 prompts x 2 samples.
+- `self_checks` (the default of the `deep` policy, `gleanrl.shipped`): the `doubling_checks` task,
+  whose responses check themselves a sampled number of times (geometric, `trainer.tasks.doubling`),
+  so lengths vary per sample within each group, heavy-tailed: the longest of a step's 64 runs alone
+  through a share of its rollouts (in a simulation of the SFT data's lengths ~30 % of the decode
+  iterations at 16 x 4 with <= 2 running, ~25 % at 8 x 8), as reasoning chains do.
 - `short` (the default of `gleanrl demo`, whose wall time is measured in this regime; long_tail is
   opt-in there until its demo time is measured): power law alone, 512-token cap, where rollouts were
   ~52 % of a no-SD step.
@@ -41,6 +46,8 @@ REGIMES = {
                         samples_per_prompt=8),
     "reasoning_tail": Regime(task="doubling_reasoning_tail", max_new_tokens=768,
                              prompts_per_step=32, samples_per_prompt=2),
+    "self_checks": Regime(task="doubling_checks", max_new_tokens=1400, prompts_per_step=16,
+                          samples_per_prompt=4),
     "short": Regime(task="doubling", max_new_tokens=512, prompts_per_step=8, samples_per_prompt=8),
 }
 DEFAULT_REGIME = "long_tail"   # bench e2e

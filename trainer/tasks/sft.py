@@ -101,32 +101,33 @@ def reference_accuracy(model, tokenizer, task, samples: list[dict], batch_tokens
     """Accuracy without sampling, from one teacher-forced forward over each reference solution:
     `expected` = the mean probability of sampling the reference at T = 1 (exp of minus its summed
     NLL), `greedy` = the share whose every reference token is the argmax (greedy decoding reproduces
-    it). Where the reference is the only correct response (doubling: up to leading zeros in the box)
-    `expected` is the T = 1 accuracy's expectation, with no sampling noise; elsewhere it is a lower
-    bound. `per_prompt` adds each prompt's probability and greedy hit (`probs`, `greedy_hits`, in
+    it). The task's free choices (`solution_choices`: doubling's self-checks) are not scored. Where
+    the reference is the only correct response (doubling: up to leading zeros in the box, and its
+    checks) `expected` is the T = 1 accuracy's expectation, with no sampling noise; elsewhere it is
+    a lower bound. `per_prompt` adds each prompt's probability and greedy hit (`probs`, `greedy_hits`, in
     the samples' order)."""
     was_training = model.training
     model.eval()
     examples = [(tokenizer(s["prompt"], add_special_tokens=False).input_ids,
                  tokenizer(task.solution(s),
-                           add_special_tokens=False).input_ids + [tokenizer.eos_token_id])
-                for s in samples]
+                           add_special_tokens=False).input_ids + [tokenizer.eos_token_id],
+                 task.solution_choices(s)) for s in samples]
     order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]) + len(examples[i][1]))
     probs, greedy = [0.0] * len(examples), [0.0] * len(examples)
     device = next(model.parameters()).device
     start = 0
     while start < len(order):
         end = start + 1
-        while end < len(order) and (end + 1 - start) * sum(map(len, examples[order[end]])) <= batch_tokens:
+        while end < len(order) and (end + 1 - start) * sum(map(len, examples[order[end]][:2])) <= batch_tokens:
             end += 1
-        batch = [(p + r, len(p), []) for p, r in (examples[i] for i in order[start:end])]
-        # right padding: never attended
-        input_ids, labels, _ = _collate(batch, tokenizer.pad_token_id or 0)
+        batch = [(p + r, len(p), c) for p, r, c in (examples[i] for i in order[start:end])]
+        # right padding: never attended; the task's free choices weigh 0 (not scored)
+        input_ids, labels, weights = _collate(batch, tokenizer.pad_token_id or 0, focus_weight=0.0)
         logits = model(input_ids=input_ids.to(device)).logits[:, :-1].float()
-        labels = labels[:, 1:].to(device)
+        labels, weights = labels[:, 1:].to(device), weights[:, 1:].to(device)
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100,
-                                                reduction="none")
-        hit = (logits.argmax(-1) == labels) | (labels == -100)
+                                                reduction="none") * weights
+        hit = (logits.argmax(-1) == labels) | (weights == 0)
         for row, i in enumerate(order[start:end]):
             probs[i] = math.exp(-nll[row].sum().item())
             greedy[i] = float(hit[row].all().item())
