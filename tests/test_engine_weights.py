@@ -127,3 +127,17 @@ def test_target_checkpoint_refused_as_drafter(engine, tiny_qwen2_b):
     with pytest.raises(CheckpointError, match="selector"):
         engine.update_weights(str(tiny_qwen2_b), selector="both")
     assert engine.info()["weight_version"] == "default"
+
+
+def test_a_checkpoint_of_another_float_dtype_is_cast_at_load(engine, tiny_qwen2_b, tmp_path):
+    """A float32 push updates a model shipped in bf16 (and the other way): floats are cast to the
+    serving dtype at load, as SGLang does; the served outputs are those of the cast weights."""
+    import torch
+
+    half = shutil.copytree(tiny_qwen2_b, tmp_path / "b_bf16")
+    AutoModelForCausalLM.from_pretrained(tiny_qwen2_b, dtype=torch.bfloat16).save_pretrained(half)
+    ids = engine.tokenizer("Hello, world!")["input_ids"]
+    engine.update_weights(str(half), weight_version="bf16")
+    served = _greedy(engine, ids)
+    expected = hf_greedy(AutoModelForCausalLM.from_pretrained(half, dtype=torch.float32).eval(), ids, 16)
+    assert served["ids"] == expected and engine.info()["weight_version"] == "bf16"
