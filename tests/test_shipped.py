@@ -24,6 +24,20 @@ def test_the_shipped_policy_and_drafter_load_and_check():
     assert size < 100e6  # fp32 policy (the trainer checkpoints fp32), bf16 drafter, no optimizer state
 
 
+def test_the_deep_policy_is_shipped_in_bf16_and_checks():
+    """The 32-layer policy on the self-check task: bf16 on disk (cast at load), the recipe's shape
+    and key, a held-out figure over the floor, its warm-start drafter of its width."""
+    entry = shipped.SHIPPED["deep"]
+    policy = shipped.shipped_policy(sanity=False, size="deep")
+    assert policy == entry.policy and shipped.shipped_for(policy) == entry
+    from safetensors import safe_open
+    with safe_open(str(policy / "model.safetensors"), "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    assert shipped.quick_heldout(policy, task=entry.task) >= shipped.SANITY_FLOOR
+    drafter = load_drafter(shipped.shipped_drafter("deep"), target_config=policy)
+    assert drafter.config.target_hidden_size == 256
+
+
 def test_an_altered_shipped_file_is_refused(tmp_path, monkeypatch):
     copy = tmp_path / shipped.POLICY.name
     shutil.copytree(shipped.POLICY, copy)

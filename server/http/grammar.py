@@ -21,16 +21,23 @@ KINDS = ("json_schema", "regex", "ebnf")
 _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
 
 
+def xgrammar():
+    """The xgrammar module, or a 400 naming the extra to install (an optional extra: refused by
+    name, never ignored, never a 5xx)."""
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        raise ApiError(400, "structured output (json_schema, regex, ebnf, response_format, "
+                       "tools, tool_choice) needs xgrammar: pip install 'gleanrl[grammar]' (or "
+                       "scripts/setup.sh)", param="xgrammar") from None
+    return xgr
+
+
 def _compiler(state):
     """One xgrammar compiler per app (its cache shared by requests), over the server's tokenizer
     and the model's vocabulary size."""
     if state.grammar_compiler is None:
-        try:
-            import xgrammar as xgr
-        except ImportError:  # an optional extra: refused by name, never ignored
-            raise ApiError(400, "structured output (json_schema, regex, ebnf, response_format, "
-                           "tool_choice) needs xgrammar: pip install 'gleanrl[grammar]' (or "
-                           "scripts/setup.sh)", param="xgrammar") from None
+        xgr = xgrammar()
         info = xgr.TokenizerInfo.from_huggingface(state.tokenizer, vocab_size=state.vocab_size,
                                                   stop_token_ids=state.stop_token_ids)
         state.grammar_compiler = xgr.GrammarCompiler(info, max_threads=1,

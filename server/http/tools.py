@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from gleanrl.server.http.grammar import MAX_GRAMMAR_BYTES
+from gleanrl.server.http.grammar import MAX_GRAMMAR_BYTES, xgrammar
 from gleanrl.server.http.schemas import ApiError
 from gleanrl.server.http.tool_parser import FORMATS
 
@@ -38,7 +38,7 @@ def _check_tools(tools) -> list[dict]:
         return []
     if not isinstance(tools, list):
         raise _bad("tools", "must be a list of tools")
-    import xgrammar as xgr
+    xgr = xgrammar()
     for k, tool in enumerate(tools):
         field = f"tools.{k}"
         if not isinstance(tool, dict) or tool.get("type", "function") != "function":
