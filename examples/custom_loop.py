@@ -23,7 +23,7 @@ import httpx
 import torch
 
 from gleanrl import DrafterPush, HarvestConfig, Harvester, RolloutClient
-from gleanrl.harvest.atomic import atomic_dir
+from gleanrl.base.atomic import atomic_dir
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
 from gleanrl.harvest.spool import SpoolConfig

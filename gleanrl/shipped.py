@@ -8,7 +8,7 @@ its key in `bootstrap.json` beside the weights) and the demo's warm start on it
 - `small`: 6 layers of 512 on `doubling`, stored in float32 (made before a push could cast);
 - `deep`: 32 layers of 256 on `doubling_checks` (self-checks: a per-sample tail), the shape of the
   LLMs SD serves (a drafter step ~0.1 of a target step), stored in bf16 and cast at load to the
-  dtype asked for (a float32 push updates it: floats are cast, `harvest.checkpoint_check.fits`).
+  dtype asked for (a float32 push updates it: floats are cast, `base.dtypes.fits`).
 Both are checked before use: the weights' sha256 against `shipped/SHA256SUMS`, the config against the
 recipe's shape, and (policy) a quick held-out figure: the reference-solution accuracy on 32 test
 prompts must clear a floor far below what the shipped weights score, so a corrupt or foreign file

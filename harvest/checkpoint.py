@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from gleanrl.harvest.atomic import atomic_dir
+from gleanrl.base.atomic import atomic_dir
 from gleanrl.harvest.drafter import Eagle3Drafter
 from gleanrl.harvest.drafter_config import DrafterConfig, _get
 

@@ -17,10 +17,11 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from gleanrl.base.dtypes import fits
+
 _DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2,
                 "I16": 2, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8,
                 "I64": 8, "F64": 8}
-FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})  # cast to the serving dtype at load
 _MAX_HEADER = 100 * 1024 * 1024   # the safetensors format's own limit
 _INDEX = "model.safetensors.index.json"
 EAGLE3_ARCHS = ("LlamaForCausalLMEagle3",)
@@ -122,12 +123,6 @@ def read_config(model_dir: str | Path) -> dict:
     if not isinstance(config, dict):
         raise CheckpointMismatch(f"{path}: not a JSON object")
     return config
-
-
-def fits(shape: tuple[int, ...], dtype: str, ref_shape: tuple[int, ...], ref_dtype: str) -> bool:
-    """A tensor of (shape, dtype) may replace one of (ref_shape, ref_dtype): the same shape, and the
-    same dtype unless both are floating point (cast at load)."""
-    return tuple(shape) == tuple(ref_shape) and (dtype == ref_dtype or {dtype, ref_dtype} <= FLOAT_DTYPES)
 
 
 def _compare_layout(candidate: dict[str, TensorSpec], reference: dict[str, TensorSpec],

@@ -53,7 +53,7 @@ from typing import Protocol
 
 import torch
 
-from gleanrl.harvest.atomic import atomic_file
+from gleanrl.base.atomic import atomic_file
 from gleanrl.harvest.capture import Sample, UpdateCapture
 from gleanrl.harvest.checkpoint import drafter_dir
 from gleanrl.harvest.harvester import HarvestConfig, Harvester

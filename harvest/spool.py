@@ -29,7 +29,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save
 
-from gleanrl.harvest.atomic import atomic_file, remove_stale_temporaries
+from gleanrl.base.atomic import atomic_file, remove_stale_temporaries
 
 
 def flagged(default, help: str, flag: str | None = None, choices: list | None = None):

@@ -1,19 +1,20 @@
 """The one-way import rule of DESIGN.md (Layout), checked on the source with the AST, lazy imports
 (inside functions) included: top layer -> anything; trainer -> clients, harvest; server -> the
 harvest modules that define the drafter and its checkpoint format; harvest and clients -> nothing of
-the project."""
+the project; every component -> base; base -> nothing of the project."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COMPONENTS = ("server", "harvest", "trainer", "clients")
+COMPONENTS = ("server", "harvest", "trainer", "clients", "base")
 ALLOWED: dict[str, set[str]] = {
-    "clients": set(),
-    "harvest": set(),
-    "server": {"harvest.drafter", "harvest.drafter_config", "harvest.checkpoint", "harvest.atomic"},
-    "trainer": {"clients", "harvest"},
+    "base": set(),
+    "clients": {"base"},
+    "harvest": {"base"},
+    "server": {"base", "harvest.drafter", "harvest.drafter_config", "harvest.checkpoint"},
+    "trainer": {"base", "clients", "harvest"},
 }
 
 
@@ -63,6 +64,7 @@ def test_checker_catches_forbidden_imports(tmp_path):
     (tmp_path / "clients"
      / "bad.py").write_text("def f():\n    from gleanrl.trainer.loop import train\n")
     (tmp_path / "harvest" / "bad.py").write_text("import gleanrl.clients.rollout_client\n")
+    (tmp_path / "base" / "bad.py").write_text("from gleanrl.harvest import spool\n")
     (tmp_path / "server" / "bad.py").write_text("from gleanrl.harvest.harvester import Harvester\n"
                                                 "from gleanrl import bench\nimport trainer.tasks\n")
     found = violations(tmp_path)
@@ -72,6 +74,7 @@ def test_checker_catches_forbidden_imports(tmp_path):
         "server/bad.py:3 imports trainer.tasks (a top-level name: import it as gleanrl.trainer.tasks)",
         "harvest/bad.py:1 imports gleanrl.clients.rollout_client",
         "clients/bad.py:2 imports gleanrl.trainer.loop",
+        "base/bad.py:1 imports gleanrl.harvest",
     ]
 
 

@@ -117,7 +117,7 @@ def bootstrap_policy(out_dir: str | os.PathLike | None = None, task=None, seed: 
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _cached(out, key):  # built by another process while we waited
             return out
-        from gleanrl.harvest.atomic import atomic_dir
+        from gleanrl.base.atomic import atomic_dir
         from gleanrl.trainer.tasks import load_task
         from gleanrl.trainer.tasks.sft import train_policy
 

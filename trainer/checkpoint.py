@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from gleanrl.harvest.atomic import atomic_dir, remove_stale_temporaries
+from gleanrl.base.atomic import atomic_dir, remove_stale_temporaries
 
 _NAME = re.compile(r"^weight_v(\d+)$")
 STATE_FILE = "trainer_state.pt"

@@ -177,7 +177,7 @@ def build_config(file_values: dict, flag_values: dict) -> TrainConfig:
 
 
 def write_resolved(cfg: TrainConfig, out: str | Path) -> Path:
-    from gleanrl.harvest.atomic import atomic_file
+    from gleanrl.base.atomic import atomic_file
     target = Path(out) / "config.resolved.json"
     with atomic_file(target, "w") as f:
         json.dump(cfg.to_dict(), f, indent=2)

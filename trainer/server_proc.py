@@ -77,7 +77,7 @@ class EmbeddedServer:
                 "threads": self.threads, **(self.sd.settings() if self.sd else {}), **self.extra}
 
     def command(self) -> list[str]:
-        from gleanrl.harvest.atomic import atomic_file
+        from gleanrl.base.atomic import atomic_file
         with atomic_file(self.config_path, "w") as f:
             json.dump(self.settings(), f)
         return [sys.executable, "-m", "gleanrl", "serve", "--config", str(self.config_path)]

@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
             "grpo": [round(a["tok_s"] / b["tok_s"], 2) for a, b in zip(g["grpo"], s["grpo"])]}
     _print(results)
     if args.json:
-        from gleanrl.harvest.atomic import atomic_file
+        from gleanrl.base.atomic import atomic_file
         with atomic_file(args.json, "w") as f:
             json.dump(results, f, indent=2)
     return 0

@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
                                                 f" tokens, regime {args.regime or 'default'}"}
     _print(results)
     if args.json:
-        from gleanrl.harvest.atomic import atomic_file
+        from gleanrl.base.atomic import atomic_file
         with atomic_file(args.json, "w") as f:
             json.dump(results, f, indent=2)
     return 0

@@ -219,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
     print("  ".join(f"speedup_{a} {summary[f'speedup_{a}']:.2f}x" for a in sd_arms)
           + f"  identical greedy {summary['identical_greedy']}")
     if args.json:
-        from gleanrl.harvest.atomic import atomic_file
+        from gleanrl.base.atomic import atomic_file
         with atomic_file(args.json, "w") as f:
             json.dump(summary, f, indent=2)
     return 0

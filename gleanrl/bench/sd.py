@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         engine.shutdown()
         plain_engine.shutdown()
     if args.json:
-        from gleanrl.harvest.atomic import atomic_file
+        from gleanrl.base.atomic import atomic_file
         with atomic_file(args.json, "w") as f:
             json.dump({"model": args.model, "drafter": args.drafter, "sd": args.sd,
                        "threads": args.threads, "device": args.device, "dtype": args.dtype,

@@ -11,9 +11,9 @@ from threading import Event
 import httpx
 import torch
 
+from gleanrl.base.atomic import atomic_file, remove_stale_temporaries
 from gleanrl.clients.rollout import FinishedRollout
 from gleanrl.clients.weight_sync import DrafterPush
-from gleanrl.harvest.atomic import atomic_file, remove_stale_temporaries
 from gleanrl.harvest.hooks import HarvestHooks
 from gleanrl.sidecar.server_view import Policy, ServerView
 from gleanrl.trainer.metrics import MetricsLog

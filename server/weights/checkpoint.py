@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gleanrl.harvest.checkpoint_check import fits
+from gleanrl.base.dtypes import fits
 from gleanrl.server.protocol import CheckpointError
 
 Signature = dict[str, tuple[tuple[int, ...], str]]  # tensor name -> (shape, dtype)
