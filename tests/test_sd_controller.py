@@ -194,6 +194,32 @@ def test_a_drafter_that_costs_more_than_estimated_loses_at_most_the_probe_budget
     assert drafted <= 4000 * 2 * BUDGET
 
 
+class _FirstDraftRejected(random.Random):
+    """The first draw rejects (a draft token's uniform of 0.99), the rest are random."""
+
+    def __init__(self, seed: int):
+        super().__init__(seed)
+        self.first = True
+
+    def random(self) -> float:
+        if self.first:
+            self.first = False
+            return 0.99
+        return super().random()
+
+
+def test_one_unlucky_first_probe_does_not_shut_a_paying_bucket_off():
+    """A fresh bucket's first probes come from an allowance of CAP plain iterations, not only from
+    the BUDGET share: a first draft that is rejected (a loss of about a plain iteration, which the
+    share alone repays only after ~1 / BUDGET iterations) is followed by more probes at once, and a
+    drafter that pays (acceptance 0.8, cheap verify) is found within a short request."""
+    ctl, true = Controller(ControllerConfig(sd_max_batch=64)), Controller()
+    _costs(ctl, (1,), per_token=0.02)
+    _costs(true, (1,), per_token=0.02)
+    ratio, drafted = _simulate(ctl, true, 1, 0.8, 100, _FirstDraftRejected(0))
+    assert ctl.accept.eagle.tries[0] >= 2 and drafted >= 30 and ratio > 1.2
+
+
 def test_a_quiet_bucket_plays_plain_without_planning(monkeypatch):
     """Where SD measured to lose and no probe is affordable, plain plays without the planning work
     (no plan search), and looks stay at most one per EXPLORE plans, sparser as they find nothing."""

@@ -7,10 +7,11 @@
 - Probe credit: a plan whose cell has not measured to pay is a probe. Probes are paid from a
   per-bucket credit that every iteration of the bucket feeds with BUDGET of its seconds and that
   every drafting iteration charges with the seconds it lost to plain (time taken minus the time
-  plain would take for the same tokens; a gain refunds, up to CAP plain iterations' worth). A probe
-  plays only while the credit is positive, so exploration costs at most about BUDGET of a
-  bucket's time once its credit is spent (invariant: the credit never exceeds CAP plain
-  iterations' seconds).
+  plain would take for the same tokens; a gain refunds, up to CAP plain iterations' worth). A
+  bucket starts with CAP plain iterations' worth, so one unlucky first probe (a rejected first
+  draft) does not shut it off for ~1 / BUDGET iterations. A probe plays only while the credit is
+  positive, so exploration costs at most CAP plain iterations once, then about BUDGET of a
+  bucket's time (invariant: the credit never exceeds CAP plain iterations' seconds).
 - Acceptance floor: an EMA per bucket of the EAGLE-3 draft tokens accepted per chain. Below the
   floor (the acceptance at which the cheapest chain, one token, only breaks even), the drafter is
   dropped for the bucket: its EAGLE-3 cells count as unmeasured (plans there are credit-paid
@@ -56,12 +57,12 @@ class Cells:
 
     def feed(self, bucket: int, seconds: float, plain_seconds: float, lost: float = 0.0) -> None:
         """Any iteration of the bucket earns BUDGET of its seconds, less what it lost to plain;
-        the credit is capped at CAP plain iterations' seconds."""
-        credit = self.credit.get(bucket, 0.0) + BUDGET * seconds - lost
+        the credit starts at, and is capped at, CAP plain iterations' seconds."""
+        credit = self.credit.get(bucket, CAP * plain_seconds) + BUDGET * seconds - lost
         self.credit[bucket] = min(credit, CAP * plain_seconds) if plain_seconds > 0 else credit
 
     def can_probe(self, b: int) -> bool:
-        """Unspent credit: a bucket never measured has a first probe free (credit 0 counts)."""
+        """Unspent credit: a bucket never measured has its first probe free (credit 0 counts)."""
         return self.credit.get(b_bucket(b), 0.0) >= 0.0
 
     def record_acceptance(self, b: int, chains: int, accepted: int, floor: float) -> None:
