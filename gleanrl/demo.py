@@ -86,10 +86,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-steps", type=int, default=120,
                    help="TTT steps of the warm start (online training "
                    "improves it during RL; `gleanrl draft train` makes a strong one)")
-    p.add_argument("--update-dtype", default="float32", choices=["auto", "float32", "bfloat16"],
-                   help="the policy update's compute: float32, or bf16 autocast (fp32 "
-                        "master weights and logits; 3-4x faster on CPUs with AVX-512 BF16; the "
-                        "demo's RL recipe is measured in fp32); auto: as --dtype's")
+    p.add_argument("--update-dtype", default=None, choices=["auto", "float32", "bfloat16"],
+                   help="the policy update's compute: float32, or bf16 autocast (fp32 master "
+                        "weights and logits; 3-4x faster on CPUs with AVX-512 BF16); auto: as "
+                        "--dtype's (default: the size's, the dtype its RL recipe was measured in: "
+                        + ", ".join(f"{k}: {v.update_dtype}" for k, v in SHIPPED.items()) + ")")
     p.add_argument("--replicas", type=int, default=0,
                    help="rollout servers, each pinned to its share of the cores (0: one per core "
                         "when the harvest runs, else one; 1: one server on every core, the "
@@ -98,13 +99,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def apply_regime(args: argparse.Namespace):
-    """Fill the step's shape from `args.regime` where no flag gave it; -> the regime's task."""
+    """Fill the step's shape from `args.regime` where no flag gave it, and the regime and the
+    update's dtype from the size's where none was given; -> the regime's task."""
     from gleanrl.shipped import SHIPPED
     from gleanrl.trainer.tasks import load_task
     from gleanrl.trainer.tasks.presets import DEMO_REGIME, regime
 
+    entry = SHIPPED.get(args.size)
     if args.regime is None:
-        args.regime = SHIPPED[args.size].regime if args.size in SHIPPED else DEMO_REGIME
+        args.regime = entry.regime if entry else DEMO_REGIME
+    if getattr(args, "update_dtype", "") is None:
+        args.update_dtype = entry.update_dtype if entry else "float32"
     r = regime(args.regime)
     for name in ("max_new_tokens", "prompts_per_step", "samples_per_prompt"):
         if getattr(args, name, None) is None:
@@ -142,17 +147,15 @@ def warm_drafter(policy: Path, args: argparse.Namespace, task: str | None = None
     and the settings it was made with."""
     from gleanrl.draft_train import WarmStartConfig, warm_start
     from gleanrl.harvest.checkpoint import save_drafter
-    from gleanrl.shipped import DEFAULT, DRAFTER, POLICY, shipped_drafter, shipped_for
+    from gleanrl.shipped import shipped_drafter, shipped_for
     from gleanrl.trainer.bootstrap import cache_root
     from gleanrl.trainer.tasks import load_task
     from gleanrl.trainer.tasks.presets import regime
 
-    entry = shipped_for(policy)
-    size = DEFAULT if policy.resolve() == POLICY.resolve() else entry.size if entry else None
-    if size is not None:  # a shipped policy: its drafter, if made with these settings
-        made = (DRAFTER if size == DEFAULT else entry.drafter) / "warm_start.json"
+    if entry := shipped_for(policy):  # a shipped policy: its drafter, if made with these settings
+        made = entry.drafter / "warm_start.json"
         if made.is_file() and json.loads(made.read_text()) == warm_settings(args, task):
-            return shipped_drafter(size)
+            return shipped_drafter(entry.size)
     task = task or regime(args.regime).task
     weights = sorted(policy.glob("*.safetensors"))
     ident = [str(policy.resolve())] + [f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}"
@@ -326,8 +329,8 @@ def run(args: argparse.Namespace) -> int:
     from gleanrl.trainer.loop import train
 
     out = Path(args.out)
-    args.dtype, args.update_dtype = fastest_cpu_dtype(args.dtype), fastest_cpu_dtype(args.update_dtype)
     task = apply_regime(args)
+    args.dtype, args.update_dtype = fastest_cpu_dtype(args.dtype), fastest_cpu_dtype(args.update_dtype)
     if not fresh_out(out, "demo.json", args, ("run", "harvest", "report.md")):
         print(f"gleanrl demo: {out} is not empty and not a demo output; choose another --out",
               file=sys.stderr)

@@ -5,10 +5,11 @@ minutes of CPU a bootstrap takes.
 Each is `gleanrl bootstrap --task TASK --size SIZE --seed 0` (the recipe in `trainer.bootstrap.SIZES`,
 its key in `bootstrap.json` beside the weights) and the demo's warm start on it
 (`gleanrl.demo.warm_drafter`, its settings in `warm_start.json`), written by scripts/ship_policy.py:
-- `small`: 6 layers of 512 on `doubling`, stored in float32 (made before a push could cast);
-- `deep`: 32 layers of 256 on `doubling_checks` (self-checks: a per-sample tail), the shape of the
-  LLMs SD serves (a drafter step ~0.1 of a target step), stored in bf16 and cast at load to the
-  dtype asked for (a float32 push updates it: floats are cast, `base.dtypes.fits`).
+- `deep` (the default): 32 layers of 256 on `doubling_checks` (self-checks: a per-sample tail), the
+  shape of the LLMs SD serves (a drafter step ~0.06 of a target step), stored in bf16 and cast at
+  load to the dtype asked for (a float32 push updates it: floats are cast, `base.dtypes.fits`);
+- `small`: 6 layers of 512 on `doubling`, stored in float32 (made before a push could cast), where
+  a drafter step costs ~0.25 of a target step (SD pays little on it: docs/sd.md).
 Both are checked before use: the weights' sha256 against `shipped/SHA256SUMS`, the config against the
 recipe's shape, and (policy) a quick held-out figure: the reference-solution accuracy on 32 test
 prompts must clear a floor far below what the shipped weights score, so a corrupt or foreign file
@@ -21,17 +22,17 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).parent / "shipped"
-SUMS = ROOT / "SHA256SUMS"  # `sha256sum` format, written by scripts/ship_policy.py
+ROOT = Path(__file__).parent / "shipped"   # a test may point it elsewhere
 SANITY_PROMPTS, SANITY_FLOOR = 32, 0.30   # shipped: ~0.6 on these (bootstrap.json)
 
 
 @dataclass(frozen=True)
 class Shipped:
-    size: str       # trainer.bootstrap.SIZES
-    task: str       # the built-in task it was bootstrapped on
-    dtype: str      # how its weights are stored
-    regime: str     # the demo's regime on it (trainer.tasks.presets)
+    size: str          # trainer.bootstrap.SIZES
+    task: str          # the built-in task it was bootstrapped on
+    dtype: str         # how its weights are stored
+    regime: str        # the demo's regime on it (trainer.tasks.presets)
+    update_dtype: str  # the demo's policy update: its RL recipe's figures were measured in this
 
     @property
     def policy(self) -> Path:
@@ -42,10 +43,9 @@ class Shipped:
         return ROOT / f"{self.task}-{self.size}-seed0-drafter"
 
 
-SHIPPED = {"small": Shipped("small", "doubling", "float32", "short"),
-           "deep": Shipped("deep", "doubling_checks", "bfloat16", "self_checks")}
-DEFAULT = "small"
-POLICY, DRAFTER = SHIPPED[DEFAULT].policy, SHIPPED[DEFAULT].drafter
+SHIPPED = {"small": Shipped("small", "doubling", "float32", "short", "float32"),
+           "deep": Shipped("deep", "doubling_checks", "bfloat16", "self_checks", "auto")}
+DEFAULT = "deep"   # the demo's and the benches' policy (issue 38: the shape SD serves)
 
 
 class ShippedError(RuntimeError):
@@ -60,13 +60,17 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def sums_file() -> Path:
+    return ROOT / "SHA256SUMS"  # `sha256sum` format, written by scripts/ship_policy.py
+
+
 def check_hash(directory: Path) -> None:
-    weights = directory / "model.safetensors"
+    weights, sums = directory / "model.safetensors", sums_file()
     name = f"{directory.name}/{weights.name}"
-    expected = dict(line.split()[::-1] for line in SUMS.read_text().splitlines() if line.strip()) \
-        if SUMS.is_file() else {}
+    expected = dict(line.split()[::-1] for line in sums.read_text().splitlines() if line.strip()) \
+        if sums.is_file() else {}
     if not weights.is_file() or name not in expected:
-        raise ShippedError(f"{weights} or its hash in {SUMS} is missing (a checkout without the "
+        raise ShippedError(f"{weights} or its hash in {sums} is missing (a checkout without the "
                            "shipped weights? `gleanrl demo --from-scratch` rebuilds the policy)")
     if (got := sha256(weights)) != expected[name]:
         raise ShippedError(f"{weights}: sha256 {got[:16]}... is not the shipped "
@@ -79,7 +83,7 @@ def shipped_policy(sanity: bool = True, size: str = DEFAULT) -> Path:
     from gleanrl.trainer.bootstrap import SIZES, cache_key
 
     entry = SHIPPED[size]
-    policy = POLICY if size == DEFAULT else entry.policy  # POLICY: a test may point it elsewhere
+    policy = entry.policy
     check_hash(policy)
     config = json.loads((policy / "config.json").read_text())
     recipe = SIZES[size]
@@ -98,7 +102,7 @@ def shipped_policy(sanity: bool = True, size: str = DEFAULT) -> Path:
 
 
 def policy_or_shipped(model: str | None) -> str:
-    """`model`, else the shipped demo policy (the benches' default); ValueError if it is not a
+    """`model`, else the default shipped policy (the benches' default); ValueError if it is not a
     Hugging Face model directory."""
     model = model or str(shipped_policy())
     if not Path(model, "config.json").exists():
@@ -107,7 +111,7 @@ def policy_or_shipped(model: str | None) -> str:
 
 
 def shipped_drafter(size: str = DEFAULT) -> Path:
-    drafter = DRAFTER if size == DEFAULT else SHIPPED[size].drafter
+    drafter = SHIPPED[size].drafter
     check_hash(drafter)
     return drafter
 

@@ -23,7 +23,7 @@ import torch
 def main() -> int:
     from gleanrl import demo
     from gleanrl.harvest.checkpoint import load_drafter, save_drafter
-    from gleanrl.shipped import ROOT, SHIPPED, SUMS, sha256
+    from gleanrl.shipped import ROOT, SHIPPED, sha256, sums_file
     from gleanrl.trainer.bootstrap import cache_key
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -52,7 +52,7 @@ def main() -> int:
     drafter = load_drafter(warm, target_config=entry.policy).to(torch.bfloat16)
     save_drafter(drafter, entry.drafter)
     (entry.drafter / "warm_start.json").write_text(json.dumps(demo.warm_settings(args), indent=1))
-    SUMS.write_text("".join(f"{sha256(d / 'model.safetensors')}  {d.name}/model.safetensors\n"
+    sums_file().write_text("".join(f"{sha256(d / 'model.safetensors')}  {d.name}/model.safetensors\n"
                             for e in SHIPPED.values() for d in (e.policy, e.drafter)
                             if (d / "model.safetensors").is_file()))
     print(subprocess.run(["du", "-sh", str(ROOT)], capture_output=True, text=True).stdout)

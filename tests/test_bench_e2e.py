@@ -125,7 +125,7 @@ def test_bench_e2e_tiny_run(tiny_qwen2, tmp_path, monkeypatch, capsys):
         assert key in s
     assert s["model"] == str(tiny_qwen2) and s["drafter"] == str(drafter)
     assert sum(s["running_hist_s"].values()) > 0 and set(s["pushes_per_step"]) == set(arms)
-    assert s["steps"] == 1 and s["speedup_e2e"] > 0 and len(s["reward_a_seed2"]) == 1 and s["regime"] == "long_tail"
+    assert s["steps"] == 1 and s["speedup_e2e"] > 0 and len(s["reward_a_seed2"]) == 1 and s["regime"] == "self_checks"
     assert set(s["wall_s"]) == set(arms) == set(s["arms"]) and all(v > 0
                                                                    for v in s["wall_s"].values())
     assert 0 < s["rollout_share_a"] < 1 and len(s["cold_accept_per_step"]) == 1

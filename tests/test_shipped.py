@@ -13,14 +13,14 @@ from gleanrl import shipped
 from gleanrl.harvest.checkpoint import load_drafter
 
 
-def test_the_shipped_policy_and_drafter_load_and_check():
-    policy = shipped.shipped_policy(sanity=False)
+def test_the_small_policy_and_drafter_load_and_check():
+    policy = shipped.shipped_policy(sanity=False, size="small")
     accuracy = shipped.quick_heldout(policy)
     assert accuracy >= shipped.SANITY_FLOOR, accuracy
-    drafter = load_drafter(shipped.shipped_drafter(), target_config=policy)
+    drafter = load_drafter(shipped.shipped_drafter("small"), target_config=policy)
     assert drafter.config.target_hidden_size == 512
     size = (policy / "model.safetensors").stat().st_size + \
-        (shipped.DRAFTER / "model.safetensors").stat().st_size
+        (shipped.SHIPPED["small"].drafter / "model.safetensors").stat().st_size
     assert size < 100e6  # fp32 policy (the trainer checkpoints fp32), bf16 drafter, no optimizer state
 
 
@@ -28,23 +28,24 @@ def test_the_deep_policy_is_shipped_in_bf16_and_checks():
     """The 32-layer policy on the self-check task: bf16 on disk (cast at load), the recipe's shape
     and key, a held-out figure over the floor, its warm-start drafter of its width."""
     entry = shipped.SHIPPED["deep"]
-    policy = shipped.shipped_policy(sanity=False, size="deep")
+    assert shipped.DEFAULT == "deep"  # the demo's and the benches' policy (issue 38)
+    policy = shipped.shipped_policy(sanity=False)
     assert policy == entry.policy and shipped.shipped_for(policy) == entry
     from safetensors import safe_open
     with safe_open(str(policy / "model.safetensors"), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
     assert shipped.quick_heldout(policy, task=entry.task) >= shipped.SANITY_FLOOR
-    drafter = load_drafter(shipped.shipped_drafter("deep"), target_config=policy)
+    drafter = load_drafter(shipped.shipped_drafter(), target_config=policy)
     assert drafter.config.target_hidden_size == 256
 
 
 def test_an_altered_shipped_file_is_refused(tmp_path, monkeypatch):
-    copy = tmp_path / shipped.POLICY.name
-    shutil.copytree(shipped.POLICY, copy)
+    policy = shipped.SHIPPED[shipped.DEFAULT].policy
+    copy = tmp_path / policy.name
+    shutil.copytree(policy, copy)
     sums = tmp_path / "SHA256SUMS"
-    shutil.copy(shipped.SUMS, sums)
-    monkeypatch.setattr(shipped, "POLICY", copy)
-    monkeypatch.setattr(shipped, "SUMS", sums)
+    shutil.copy(shipped.sums_file(), sums)
+    monkeypatch.setattr(shipped, "ROOT", tmp_path)
     assert shipped.shipped_policy(sanity=False) == copy
     with open(copy / "model.safetensors", "r+b") as f:
         f.seek(-2, 2)

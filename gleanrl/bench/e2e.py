@@ -26,8 +26,9 @@ start (the same-domain and off-domain arms) is 400 TTT steps on 256 prompts' gen
 `--quick`: a_no_sd, a_replicas, a_sglang, b_adaptive, c_stale, cold_adaptive. Arms run ABBA
 (`schedule`): the first half of every arm's steps in order, then the second half in reverse, each arm
 resumed from its checkpoint. Figures: `gleanrl.bench.e2e_summary`.
-`--regime` (default long_tail) sets the task's length distribution and the step's shape; every run
-reports `rollout_share_a` (of the baseline arm). Held-out acceptance: each adaptive arm's final
+`--regime` (default: the size's, `gleanrl.shipped`: self_checks on `deep`, short on `small`; the
+`small` figures of docs/e2e.md used long_tail) sets the task's length distribution and the step's
+shape; every run reports `rollout_share_a` (of the baseline arm). Held-out acceptance: each adaptive arm's final
 serving drafter against its start on that arm's newest harvested rollouts, at the same draft length.
 The server runs with `--dtype` (default auto: bfloat16 on CPUs with native bf16, where it makes SD
 pay, else float32).
@@ -65,14 +66,12 @@ OFFDOMAIN_TASK = "running_sums"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gleanrl.trainer.tasks.presets import DEFAULT_REGIME
-
     demo.add_arguments(p)
     # the regime's step shape and the RL settings its figures were measured with (docs/e2e.md), not
     # the demo's RL recipe (docs/rl-gain.md): a speed benchmark, whose step shape sets the rollouts
     # it times; every arm's server and update in the fastest dtype here (auto): the fastest no-SD
     # step a user can run here is the baseline
-    p.set_defaults(out="gleanrl-bench-e2e", regime=DEFAULT_REGIME, steps=None, warm_prompts=256,
+    p.set_defaults(out="gleanrl-bench-e2e", regime=None, steps=None, warm_prompts=256,
                    warm_steps=400, prompts_per_step=None, samples_per_prompt=None, lr=2e-4,
                    negative_weight=0.1, update_dtype="auto")
     p.add_argument("--arms", default=None,

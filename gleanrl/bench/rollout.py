@@ -90,19 +90,19 @@ def _default_paths(args: argparse.Namespace) -> tuple[str, str]:
     from pathlib import Path
 
     from gleanrl import demo
-    from gleanrl.shipped import shipped_policy
+    from gleanrl.shipped import DEFAULT, SHIPPED, shipped_policy
     from gleanrl.trainer.bootstrap import bootstrap_policy
-    from gleanrl.trainer.tasks import DEFAULT_TASK
 
+    task = args.task or SHIPPED[DEFAULT].task
     # the shipped policy answers every task in the doubling format (gleanrl.shipped)
-    shipped = (args.task or DEFAULT_TASK).startswith("doubling")
+    shipped = task.startswith("doubling")
     policy = Path(args.model) if args.model else shipped_policy() if shipped else \
         bootstrap_policy(task=args.task, seed=args.seed)
     if args.drafter:
         return str(policy), args.drafter
     warm = argparse.Namespace(max_new_tokens=args.max_new_tokens, warm_steps=args.warm_steps,
                               warm_prompts=args.warm_prompts, seed=args.seed)
-    return str(policy), str(demo.warm_drafter(policy, warm, task=args.task or DEFAULT_TASK))
+    return str(policy), str(demo.warm_drafter(policy, warm, task=task))
 
 
 def _arm(engine, prompts: list[list[int]],

@@ -50,7 +50,6 @@ REGIMES = {
                           samples_per_prompt=4),
     "short": Regime(task="doubling", max_new_tokens=512, prompts_per_step=8, samples_per_prompt=8),
 }
-DEFAULT_REGIME = "long_tail"   # bench e2e
 DEMO_REGIME = "short"
 
 
