@@ -1,8 +1,12 @@
 """An optional extra that is not installed is refused by name with a 4xx, never a 5xx, and the server
 keeps serving: xgrammar (the `grammar` extra) for every structured-output and tool-call request.
-The import is blocked in the test process, which runs the server (tests/serving.py)."""
+The import is blocked in the test process, which runs the server (tests/serving.py). A start-time
+extra, SGLang (`gleanrl serve --backend sglang`), ends the command with one line naming what to
+install and exit status 2, never a traceback. Metrics (prometheus-client), stop_regex (google-re2),
+reasoning and tool-call parsing import nothing optional: they are core dependencies or plain Python."""
 from __future__ import annotations
 
+import signal
 import sys
 
 import httpx
@@ -52,3 +56,22 @@ def test_native_structured_output_without_xgrammar_is_refused_by_name(url, param
     assert r.status_code == 400 and "gleanrl[grammar]" in r.text
     assert httpx.post(f"{url}/generate", json={"text": "hi", "sampling_params": {
         "max_new_tokens": 4}}, timeout=60).status_code == 200
+
+
+def test_sglang_backend_without_sglang_is_one_line_naming_the_install(tmp_path, capsys, monkeypatch):
+    from gleanrl.cli import main
+    from gleanrl.server.sglang import launch
+    monkeypatch.delenv("GLEANRL_SGLANG_PYTHON", raising=False)
+    monkeypatch.setattr(launch, "_REPO", tmp_path)           # no .venv-sglang beside the checkout
+    monkeypatch.setitem(sys.modules, "sglang", None)         # nor in this interpreter
+    model = tmp_path / "model"
+    model.mkdir()
+    sigterm = signal.getsignal(signal.SIGTERM)               # launch() installs its own handler
+    try:
+        rc = main(["serve", "--backend", "sglang", "--model", str(model), "--device", "cpu"])
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "Traceback" not in err[0] and "SGLang is not installed" in err[0]
+    assert "pip install 'sglang[all]" in err[0] and "install_sglang_cpu.sh" in err[0]

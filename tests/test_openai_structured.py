@@ -89,6 +89,34 @@ def test_regex_and_json_object_on_the_openai_routes(urls):
     assert out.choices[0].finish_reason == "length" or json.loads(out.choices[0].message.content)
 
 
+def _is_object(text: str, finish: str) -> bool:
+    """A json_object reply is a JSON object: whole when finished by stop, begun when cut by length."""
+    if finish == "stop":
+        try:
+            return isinstance(json.loads(text), dict)
+        except ValueError:
+            return False
+    return text.lstrip().startswith("{")
+
+
+@pytest.mark.parametrize("arm", ["plain", "eagle"])
+def test_json_object_is_a_json_object(urls, arm):
+    """json_object constrains to an object (SGLang's `{"type": "object"}`), not any JSON value:
+    arrays such as `[ 1E3` and `[false` were replies before issue 39."""
+    client = _client(urls[arm])
+    fmt = {"type": "json_object"}
+    for temperature, n in ((1, 16), (0, 1)):
+        out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                             n=n, max_tokens=16, seed=3, temperature=temperature,
+                                             response_format=fmt)
+        got = [(c.message.content, c.finish_reason) for c in out.choices]
+        assert all(_is_object(*g) for g in got), got
+        out = client.completions.create(model="m", prompt="hi", max_tokens=16, n=n, seed=3,
+                                        temperature=temperature, extra_body={"response_format": fmt})
+        got = [(c.text, c.finish_reason) for c in out.choices]
+        assert all(_is_object(*g) for g in got), got
+
+
 @pytest.mark.parametrize("sp,field", [
     ({"json_schema": "{not json"}, "sampling_params.json_schema"),
     ({"regex": "[a-"}, "sampling_params.regex"),

@@ -75,7 +75,11 @@ def _compile_schema(engine, schema: str):
     """The CompiledGrammar of `schema` over the engine's tokenizer, as the server compiles it."""
     import os
 
-    import xgrammar as xgr
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        raise ImportError("--json-schema needs xgrammar: pip install 'gleanrl[grammar]' (or "
+                          "scripts/setup.sh)") from None
     if schema != "any" and os.path.isfile(schema):
         with open(schema) as f:
             schema = f.read()

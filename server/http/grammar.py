@@ -80,13 +80,14 @@ def grammar_source(values: dict, prefix: str = "") -> tuple[str, str, str] | Non
 
 
 def response_format_source(fmt) -> tuple[str, str, str] | None:
-    """OpenAI's response_format -> (kind, source, field): text (None), json_object (any JSON),
-    json_schema (its `schema`)."""
+    """OpenAI's response_format -> (kind, source, field): text (None), json_object (a JSON object:
+    the schema `{"type": "object"}`, as SGLang's OpenAI adapter maps it), json_schema (its
+    `schema`)."""
     if fmt in (None, {}) or (isinstance(fmt, dict) and fmt.get("type") == "text"):
         return None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind == "json_object":
-        return "json_schema", "$$ANY$$", "response_format"
+        return "json_schema", '{"type": "object"}', "response_format"
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         schema = spec.get("schema", spec.get("schema_")) if isinstance(spec, dict) else None
