@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -104,8 +105,8 @@ def test_sidecar_beside_a_foreign_loop_pushes_better_drafters(policy, drafter0, 
                                         on_step=on_step)
         # a row is written when the sidecar leaves a version
         metrics = tmp_path / "harvest" / "metrics.jsonl"
-        wait_until(lambda: f'"weight_version": "{len(history) - 1}"' in metrics.read_text(),
-                   timeout=60)
+        wait_until(lambda: metrics.is_file()
+                   and f'"weight_version": "{len(history) - 1}"' in metrics.read_text(), timeout=120)
         # the server is idle now: let the sidecar push once more for the final policy
         last = draft_version(url)
         wait_until(lambda: draft_version(url) != last, timeout=90)
@@ -151,7 +152,7 @@ def test_resume_after_kill_9_continues_spool_versions_and_cursor(policy, drafter
         slime_like_loop.train(url, policy, tmp_path / "loop", steps=20, headers=ADMIN,
                               on_step=lambda step, outs: not (pushed() and step >= 2))
         # kill -9 only once a save holds what the resume is checked against (a read position)
-        assert wait_until(lambda: _saved(out)["view"]["cursor"] > 0, timeout=60)
+        assert wait_until(lambda: _saved_cursor(out) > 0, timeout=300), "no save with a read position"
         proc.kill()
         proc.communicate(timeout=60)
         state = torch.load(out / "sidecar_state.pt", weights_only=False)
@@ -203,6 +204,16 @@ def test_refuses_what_it_cannot_follow(policy, drafter0, tmp_path):
     assert "cannot follow" in tensor.stderr and "Traceback" not in tensor.stderr
 
 
-def _saved(out) -> dict:
-    """The sidecar's last save (written atomically, so never half a file)."""
-    return torch.load(out / "sidecar_state.pt", weights_only=False)
+def _saved(out) -> dict | None:
+    """The sidecar's last save (written atomically, so never half a file); None while there is
+    none yet, or it cannot be read whole: a waiting predicate waits instead of raising."""
+    try:
+        return torch.load(out / "sidecar_state.pt", weights_only=False)
+    except (OSError, EOFError, RuntimeError, pickle.UnpicklingError):
+        return None
+
+
+def _saved_cursor(out) -> int:
+    """The feed read position of the sidecar's last save; 0 while there is none."""
+    state = _saved(out)
+    return state["view"]["cursor"] if state else 0

@@ -5,6 +5,7 @@ pushed drafter)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -67,6 +68,28 @@ def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, cap
     # the resumed run kept what step 1 had not spooled: step 2 accounts for its own 4 and those
     carried = first["harvest_carried"] + first["harvest_pending"]
     assert _accounted(rows[-1]) - first["harvest_errors"] == 4 + carried
+
+    # the harvest really harvests: rollouts captured into the spool and drafter micro-steps
+    # trained on them. How much each (short) idle window fits depends on the machine's load, so
+    # resume a few steps at a time until both happened (a loaded machine only takes more steps),
+    # bounded generously; a micro-step of one sample trains as soon as one is spooled
+    deadline = time.monotonic() + 300
+    while not (_total(rows, "harvested") > 0 and _total(rows, "drafter_steps") > 0) \
+            and time.monotonic() < deadline:
+        assert gleanrl.cli.main(base + ["--steps", str(rows[-1]["step"] + 4), "--resume",
+                                        "--drafter-batch-size", "1",
+                                        "--drafter-max-tokens", "32"]) == 0
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    seen = [(r["harvested"], r["drafter_steps"], r["idle_used_s"]) for r in rows]
+    assert _total(rows, "harvested") > 0, f"nothing harvested (harvested, steps, idle_used_s): {seen}"
+    assert _total(rows, "drafter_steps") > 0, f"no drafter micro-step (harvested, steps, idle_used_s): {seen}"
+    assert any((out / "harvest" / "spool").rglob("*.safetensors"))  # the captures are on disk
+    assert sum(r["idle_used_s"] for r in rows) > 0
+
+
+def _total(rows: list[dict], key: str) -> int:
+    return sum(r[key] for r in rows)
 
 
 def _accounted(row: dict) -> int:
