@@ -175,7 +175,7 @@ def test_bench_load_hostile_smoke(tiny_qwen2, tmp_path):
     verdicts that are not about time hold (no benign error, every hostile request refused, the same
     weights after)."""
     from gleanrl.bench.hostile import measure
-    from gleanrl.bench.load import ServeProcess
+    from gleanrl.bench.serve_process import ServeProcess
     with ServeProcess(tiny_qwen2, tmp_path / "server.log") as server, \
             running_proxy(server.url) as (px, _):
         s = measure(server.url, px, str(tiny_qwen2), phase_s=1.0, pids=(server.pid,))

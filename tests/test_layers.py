@@ -200,6 +200,13 @@ def test_server_layers_import_down_and_without_cycles():
     assert {_layer(m) for m in graph} - {None} == set(SERVER_LAYERS)  # every package has a place
 
 
+def test_no_import_cycle_anywhere():
+    """Lazy imports inside functions count: a circle is a circle even when Python tolerates it
+    (bench load <-> bench hostile was one)."""
+    graph = import_graph(ROOT, ("gleanrl", *COMPONENTS))
+    assert len(graph) > 150 and cycles(graph) == []
+
+
 def test_nothing_outside_the_engine_imports_its_parts():
     assert engine_part_imports(import_graph(ROOT, OUTSIDE_ENGINE)) == []
 

@@ -9,7 +9,7 @@ import random
 import shutil
 
 from gleanrl.bench.crash import check_disk, crash_run
-from gleanrl.bench.load import ServeProcess
+from gleanrl.bench.serve_process import ServeProcess
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
 

@@ -7,7 +7,8 @@ import asyncio
 
 import httpx
 
-from gleanrl.bench.load import KINDS, ServeProcess, load, rss_mib
+from gleanrl.bench.load import KINDS, load
+from gleanrl.bench.serve_process import ServeProcess, rss_mib
 
 RSS_BOUND_MIB = 64
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gleanrl.bench.load import ServeProcess
+from gleanrl.bench.serve_process import ServeProcess
 from gleanrl.bench.swaps import make_models, swaps_under_load
 
 

@@ -208,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     if args.runs < 1 or args.steps < 1:
         print("gleanrl bench crash: --runs and --steps must be >= 1", file=sys.stderr)
         return 2
-    from gleanrl.bench.load import ServeProcess
+    from gleanrl.bench.serve_process import ServeProcess
     from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.harvest.cli_init import init_drafter
     from gleanrl.tiny import make_tiny_model

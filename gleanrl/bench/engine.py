@@ -145,7 +145,7 @@ def _server_extra(arm: str, args: argparse.Namespace, max_running: int,
 
 
 def run(args: argparse.Namespace) -> int:
-    from gleanrl.bench.load import ServeProcess
+    from gleanrl.bench.serve_process import ServeProcess
     from gleanrl.demo import fastest_cpu_dtype
 
     args.dtype = fastest_cpu_dtype(args.dtype)

@@ -206,7 +206,7 @@ def _free_port() -> int:
 
 
 def run(args) -> int:
-    from gleanrl.bench.load import ServeProcess, verdict
+    from gleanrl.bench.serve_process import ServeProcess, verdict
 
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model

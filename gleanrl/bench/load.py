@@ -11,10 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,56 +20,10 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
+from gleanrl.bench.serve_process import ServeProcess, rss_mib, verdict
+
 KINDS = ("native", "native_stream", "completions", "chat_stream", "disconnect")
 LENGTHS = (1, 4, 16, 32, 64)
-
-
-def rss_mib(pid: int) -> float:
-    """Resident memory of process `pid` in MiB (Linux /proc)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-class ServeProcess:
-    """`gleanrl serve MODEL` as a subprocess on a free loopback port; `with` waits for /health."""
-
-    def __init__(self, model: str, log_path: Path, threads: int = 1,
-                 extra: list[str] | None = None):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.cmd = [sys.executable, "-m", "gleanrl", "serve", "--model", str(model), "--port",
-                    str(self.port), "--threads", str(threads), "--log-level", "warning",
-                    *(extra or [])]
-        self.log_path = log_path
-
-    def __enter__(self) -> ServeProcess:
-        env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        self.pid = self.proc.pid
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.__exit__()
-        raise RuntimeError(f"server did not start; see {self.log_path}")
-
-    def __exit__(self, *exc) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -231,14 +182,3 @@ def run(args: argparse.Namespace) -> int:
               f" MiB (growth {summary['rss_growth_mib']:.1f} MiB, "
               f"bound {args.rss_bound_mib:.0f} MiB)")
     return verdict(summary, ok, args.json)
-
-
-def verdict(summary: dict, ok: bool, json_path: str | None) -> int:
-    """The end of a bench: its error samples on stderr, the summary to `json_path`,
-    PASS/FAIL, exit code."""
-    for e in summary["error_samples"]:
-        print(f"  error: {e}", file=sys.stderr)
-    if json_path:
-        Path(json_path).write_text(json.dumps(summary, indent=2))
-    print("PASS" if ok else "FAIL")
-    return 0 if ok else 1

@@ -130,7 +130,7 @@ def _sglang_arm(model: str, prompts: list[list[int]], args: argparse.Namespace) 
     from pathlib import Path
 
     from gleanrl.bench.engine import timed_requests
-    from gleanrl.bench.load import ServeProcess
+    from gleanrl.bench.serve_process import ServeProcess
     from gleanrl.bench.sglang_arm import sglang_serve_args
 
     count = len(prompts) * args.n

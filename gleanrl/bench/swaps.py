@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from gleanrl.bench.load import ServeProcess, verdict
+from gleanrl.bench.serve_process import ServeProcess, verdict
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "1 + 1 =", "In the beginning",
            "alpha beta gamma", "Weights and measures", "Rollouts finish at", "Speculative decoding"]
