@@ -86,11 +86,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-steps", type=int, default=120,
                    help="TTT steps of the warm start (online training "
                    "improves it during RL; `gleanrl draft train` makes a strong one)")
-    p.add_argument("--update-dtype", default=None, choices=["auto", "float32", "bfloat16"],
+    p.add_argument("--update-dtype", default="float32", choices=["auto", "float32", "bfloat16"],
                    help="the policy update's compute: float32, or bf16 autocast (fp32 master "
-                        "weights and logits; 3-4x faster on CPUs with AVX-512 BF16); auto: as "
-                        "--dtype's (default: the size's, the dtype its RL recipe was measured in: "
-                        + ", ".join(f"{k}: {v.update_dtype}" for k, v in SHIPPED.items()) + ")")
+                        "weights and logits; 3-4x faster on CPUs with AVX-512 BF16, but on deep "
+                        "it cut the held-out gain, 2 seeds of 2: docs/rl-gain.md); auto: as "
+                        "--dtype's")
     p.add_argument("--replicas", type=int, default=0,
                    help="rollout servers, each pinned to its share of the cores (0: one per core "
                         "when the harvest runs, else one; 1: one server on every core, the "
@@ -99,8 +99,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def apply_regime(args: argparse.Namespace):
-    """Fill the step's shape from `args.regime` where no flag gave it, and the regime and the
-    update's dtype from the size's where none was given; -> the regime's task."""
+    """Fill the step's shape from `args.regime` where no flag gave it (the regime: the size's
+    unless given); -> the regime's task."""
     from gleanrl.shipped import SHIPPED
     from gleanrl.trainer.tasks import load_task
     from gleanrl.trainer.tasks.presets import DEMO_REGIME, regime
@@ -108,8 +108,6 @@ def apply_regime(args: argparse.Namespace):
     entry = SHIPPED.get(args.size)
     if args.regime is None:
         args.regime = entry.regime if entry else DEMO_REGIME
-    if getattr(args, "update_dtype", "") is None:
-        args.update_dtype = entry.update_dtype if entry else "float32"
     r = regime(args.regime)
     for name in ("max_new_tokens", "prompts_per_step", "samples_per_prompt"):
         if getattr(args, name, None) is None:

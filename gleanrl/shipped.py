@@ -28,11 +28,10 @@ SANITY_PROMPTS, SANITY_FLOOR = 32, 0.30   # shipped: ~0.6 on these (bootstrap.js
 
 @dataclass(frozen=True)
 class Shipped:
-    size: str          # trainer.bootstrap.SIZES
-    task: str          # the built-in task it was bootstrapped on
-    dtype: str         # how its weights are stored
-    regime: str        # the demo's regime on it (trainer.tasks.presets)
-    update_dtype: str  # the demo's policy update: its RL recipe's figures were measured in this
+    size: str       # trainer.bootstrap.SIZES
+    task: str       # the built-in task it was bootstrapped on
+    dtype: str      # how its weights are stored
+    regime: str     # the demo's regime on it (trainer.tasks.presets)
 
     @property
     def policy(self) -> Path:
@@ -43,8 +42,8 @@ class Shipped:
         return ROOT / f"{self.task}-{self.size}-seed0-drafter"
 
 
-SHIPPED = {"small": Shipped("small", "doubling", "float32", "short", "float32"),
-           "deep": Shipped("deep", "doubling_checks", "bfloat16", "self_checks", "auto")}
+SHIPPED = {"small": Shipped("small", "doubling", "float32", "short"),
+           "deep": Shipped("deep", "doubling_checks", "bfloat16", "self_checks")}
 DEFAULT = "deep"   # the demo's and the benches' policy (issue 38: the shape SD serves)
 
 

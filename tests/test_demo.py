@@ -71,13 +71,11 @@ def test_from_scratch_bootstraps_and_the_default_is_the_shipped_policy(monkeypat
     args.size = "tiny"
     with pytest.raises(ValueError, match="--from-scratch"):
         demo.policy_of(args)
-    # the regime and the update's dtype follow the size unless given
-    for size, want, update in (("small", "short", "float32"), ("deep", "self_checks", "auto"),
-                               ("tiny", "short", "float32")):
+    # the regime follows the size unless given
+    for size, want in (("small", "short"), ("deep", "self_checks"), ("tiny", "short")):
         ns = argparse.Namespace(size=size, regime=None, max_new_tokens=None, prompts_per_step=None,
-                                samples_per_prompt=None, update_dtype=None)
+                                samples_per_prompt=None)
         assert demo.apply_regime(ns).name == regime(want).task and ns.regime == want
-        assert ns.update_dtype == update
     ns = argparse.Namespace(size="deep", regime="short", max_new_tokens=None, prompts_per_step=None,
-                            samples_per_prompt=None, update_dtype="float32")
-    assert demo.apply_regime(ns).name == "doubling" and ns.update_dtype == "float32"
+                            samples_per_prompt=None)
+    assert demo.apply_regime(ns).name == "doubling" and ns.regime == "short"
