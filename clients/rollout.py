@@ -126,7 +126,7 @@ async def run_rollout(client: RolloutClient, r: Rollout, params: dict, stream: b
         else:
             r.apply(await client.generate(r.prompt_ids, sp, rid=rid, url=url))
     except (RolloutServerError, httpx.TransportError) as exc:
-        status = getattr(exc, "status", 0)
+        status = exc.status if isinstance(exc, RolloutServerError) else 0
         r.status = RolloutStatus.FAILED if status >= 400 else RolloutStatus.ABORTED
         r.error = str(exc) or type(exc).__name__
     r.finished_at = time.monotonic()

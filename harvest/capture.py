@@ -12,9 +12,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Protocol
 
 import torch
+
+
+class FinishedRollout(Protocol):
+    """What the harvest reads of a finished rollout (`clients.rollout.FinishedRollout` is one)."""
+    prompt_ids: list[int]
+    output_ids: list[int]
+
+    @property
+    def sd_tokens(self) -> int: ...
 
 
 @dataclass
@@ -40,8 +49,8 @@ class UpdateCapture:
     topk: int | None
     aux_dtype: torch.dtype | None
     policy_version: int
-    wants: Callable[[Any], bool]          # rollout -> take its states from this forward
-    put: Callable[[Any, Sample], None]    # once per wanted rollout, in the update's thread
+    wants: Callable[[FinishedRollout], bool]        # rollout -> take its states from this forward
+    put: Callable[[FinishedRollout, Sample], None]  # once per wanted rollout, in the update's thread
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:

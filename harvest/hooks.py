@@ -49,26 +49,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
 from gleanrl.base.atomic import atomic_file
-from gleanrl.harvest.capture import Sample, UpdateCapture
+from gleanrl.harvest.capture import FinishedRollout, Sample, UpdateCapture
 from gleanrl.harvest.checkpoint import drafter_dir
 from gleanrl.harvest.harvester import HarvestConfig, Harvester
 from gleanrl.harvest.idle import CoreGate, IdleWindow, busy_step
 from gleanrl.harvest.spool import SpoolConfig
-
-
-class FinishedRollout(Protocol):
-    """What the hooks read of a finished rollout (`clients.rollout.FinishedRollout` is one)."""
-    prompt_ids: list[int]
-    output_ids: list[int]
-
-    @property
-    def sd_tokens(self) -> int: ...
-
 
 # in the run's harvest root, next to spool/ and drafter_versions/
 CONFIG_FILE = "harvest_config.json"

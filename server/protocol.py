@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from xgrammar import CompiledGrammar
 
 MIN_TEMPERATURE = 1e-6    # below it (and above 0) SGLang samples greedily (`_SAMPLING_EPS`)
 MAX_TEMPERATURE = 1e6     # finite after float32 scaling, even against -inf logits
@@ -31,8 +35,8 @@ class SamplingParams:
                                       # many tokens exist
     logit_bias: dict[int, float] = field(default_factory=dict)
     stop_regex: list[str] = field(default_factory=list)
-    grammar: object | None = None     # an xgrammar CompiledGrammar (json_schema, regex, ebnf),
-                                      # compiled at the edge; masks the logits (sampling/grammar)
+    grammar: CompiledGrammar | None = None  # json_schema, regex, ebnf: compiled at the edge;
+                                            # masks the logits (sampling/grammar)
 
     @property
     def penalised(self) -> bool:

@@ -175,13 +175,13 @@ class SDDecoder:
             self.controller.cost.calibrate_drafter(drafter)
 
     def decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
-        t0, f0 = time.perf_counter(), getattr(runner, "forward_seconds", 0.0)
+        t0, f0 = time.perf_counter(), runner.forward_seconds
         try:
             return self._decode(runner, seqs)
         finally:
             self.counters.iterations += 1
             self.counters.iteration_s += time.perf_counter() - t0
-            self.counters.forward_s += getattr(runner, "forward_seconds", 0.0) - f0
+            self.counters.forward_s += runner.forward_seconds - f0
 
     @torch.inference_mode()
     def _decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:

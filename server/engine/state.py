@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gleanrl.harvest.drafter import Eagle3Drafter
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.sampling.sequence import Sequence
 from gleanrl.server.weights.checkpoint import Signature
@@ -35,7 +36,7 @@ class TargetSwap:
 
 @dataclass(eq=False)
 class DraftSwap:
-    drafter: object                    # a fused `gleanrl.harvest.drafter.Eagle3Drafter`
+    drafter: Eagle3Drafter             # fused
     path: str
     version: str | None
     done: threading.Event = field(default_factory=threading.Event)

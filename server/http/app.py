@@ -9,6 +9,7 @@ import logging
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,6 +26,9 @@ from gleanrl.server.http.origin import BrowserGuard
 from gleanrl.server.http.schemas import ApiError, describe_bodies, validation_error
 from gleanrl.server.http.state import AppState
 
+if TYPE_CHECKING:
+    from gleanrl.server.engine import Engine
+
 log = logging.getLogger(__name__)
 SECRET_FIELDS = ("api_key", "admin_api_key")
 
@@ -36,10 +40,7 @@ def _version() -> str:
         return "0+unknown"
 
 
-def build_app(engine, server_cfg: ServerConfig, engine_cfg: EngineConfig | None = None) -> FastAPI:
-    """`engine` follows `server.engine.Engine` (generate, abort, update_weights, pause, resume,
-    flush_cache, info, stats, start, shutdown, tokenizer, context_length)."""
-
+def build_app(engine: Engine, server_cfg: ServerConfig, engine_cfg: EngineConfig | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start()
@@ -62,7 +63,7 @@ def build_app(engine, server_cfg: ServerConfig, engine_cfg: EngineConfig | None 
         engine=engine, server_cfg=server_cfg, tokenizer=engine.tokenizer,
         context_length=engine.context_length,
         vocab_size=int(info.get("vocab_size") or len(engine.tokenizer)),
-        stop_token_ids=sorted(getattr(engine, "eos_ids", None) or []) or None,
+        stop_token_ids=sorted(engine.eos_ids) or None,
         version=_version(), engine_args=engine_args, server_args=server_args,
         served_model_name=server_cfg.served_model_name
         or Path(str(info.get("model_path", "model"))).name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gleanrl.server.http.schemas import ApiError
@@ -24,7 +25,7 @@ class Track:
     last: GenerateOutput | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
-    detok: object | None = None       # the edge's incremental decoder (server.http.detok)
+    detok: Callable[[list[int], bool], str] | None = None  # the edge's detok.Detokenizer
 
     @property
     def finished(self) -> bool:

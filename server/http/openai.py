@@ -31,6 +31,7 @@ from gleanrl.server.http.schemas import (
     UNSUPPORTED_OPENAI,
     ApiError,
     ChatIn,
+    ChatMessage,
     CompletionIn,
     OpenAISampling,
     SeparateReasoningIn,
@@ -114,8 +115,7 @@ async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]
     state = request.app.state
     check_serving(state)
     params = await with_grammar(state, params, spec)
-    if body.max_tokens is not None or getattr(body, "max_completion_tokens",
-                                              None) is not None or kind != "chat":
+    if not isinstance(body, ChatIn) or body.max_tokens is not None or body.max_completion_tokens is not None:
         for ids in prompts:  # an explicit limit that does not fit: SGLang's 400
             check_length(state, ids, params, "prompt" if kind != "chat" else "messages")
     # SGLang's rid extension: one prompt only
@@ -205,7 +205,7 @@ async def completions(request: Request):
                         "completion", render, options)
 
 
-def _messages(raw: list) -> list[dict]:
+def _messages(raw: list[ChatMessage]) -> list[dict]:
     """Pydantic chat messages -> the template's dicts (text parts joined; tool calls and tool
     answers kept)."""
     messages = []
@@ -217,12 +217,12 @@ def _messages(raw: list) -> list[dict]:
                 raise ApiError(400, f"{field}: only text parts are supported", param=field)
             content = "".join(str(part.get("text", "")) for part in content)
         extra = {key: v for key in ("tool_calls", "tool_call_id", "name")
-                 if (v := getattr(m, key, None)) is not None}
+                 if (v := getattr(m, key)) is not None}
         messages.append({"role": m.role, "content": content or "", **extra})
     return history(messages)
 
 
-async def chat_text(state, raw: list, template_kwargs: dict | None = None,
+async def chat_text(state, raw: list[ChatMessage], template_kwargs: dict | None = None,
                     add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
     """The chat template over the messages and tools (in a worker thread: a large body must not
     block the event loop); 400 when there is no template or it rejects the messages."""

@@ -31,6 +31,7 @@ class SeqKVCache:
                  device: torch.device | str = "cpu", capacity: int = 64):
         # tokens whose K/V are valid (same for every layer once a forward completes)
         self.length = 0
+        self.pool, self.slot = None, 0  # the kv_pool.KVPool whose slot holds k and v, if any
         self._shape = (n_kv_heads, capacity, head_dim)
         self.k = [torch.empty(self._shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.empty(self._shape, dtype=dtype, device=device) for _ in range(num_layers)]

@@ -72,7 +72,7 @@ class KVPool:
         self.owner[slot] = cache
 
     def release(self, cache: SeqKVCache) -> None:
-        if getattr(cache, "pool", None) is not self:
+        if cache.pool is not self:
             return
         cache.pool, slot = None, cache.slot
         del self.owner[slot]
@@ -108,8 +108,8 @@ class DecodePlan:
 def pooled(caches: list[SeqKVCache], seq_lens: list[int]) -> KVPool | None:
     """The pool all of `caches` live in, with room for their `seq_lens` new tokens; None
     if any is not."""
-    pool = getattr(caches[0], "pool", None) if caches else None
-    if pool is None or any(getattr(c, "pool", None) is not pool or c.k[0].shape[1] != pool.capacity
+    pool = caches[0].pool if caches else None
+    if pool is None or any(c.pool is not pool or c.k[0].shape[1] != pool.capacity
                            or c.length + t > pool.capacity for c, t in zip(caches, seq_lens)):
         return None
     return pool

@@ -14,6 +14,8 @@ import torch
 
 from gleanrl.server.model.kv import SeqKVCache
 from gleanrl.server.protocol import GenerateOutput, GenerateRequest
+from gleanrl.server.sampling.grammar import GrammarState
+from gleanrl.server.sampling.penalties import OutputCounts
 from gleanrl.server.sampling.stopping import StopChecker
 
 Emitted = list[tuple[list[int], list[float]]]  # per sequence: new token ids and their logprobs
@@ -40,8 +42,8 @@ class Sequence:
     spec_accepted_by_source: dict[str, int] = field(default_factory=dict)
     # (old version, outputs under it)
     version_events: list[tuple[str, int]] = field(default_factory=list)
-    counts: object | None = None         # sampling.penalties.OutputCounts, for penalised requests
-    grammar: object | None = None        # sampling.grammar.GrammarState, for constrained requests
+    counts: OutputCounts | None = None   # for penalised requests
+    grammar: GrammarState | None = None  # for constrained requests
     # per output position: (top, token-id) logprobs, if asked
     token_extras: list = field(default_factory=list)
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gleanrl.server.sampling.sequence import Sequence
+
 MAX_DEPTH = 32
 EXPLORE_PRIOR = 0.7                                       # EAGLE-3's acceptance when exploring
 DEEPER = 0.9                                              # an unmeasured depth's prior: this x
@@ -42,7 +44,7 @@ class Acceptance:
         self.decay = decay
         self.version = 0                                  # counts the records
         self.eagle = _Counts(np.zeros(MAX_DEPTH), np.zeros(MAX_DEPTH))
-        self.by_seq: dict[object, _Counts] = {}          # sequence -> its EAGLE-3 counts
+        self.by_seq: dict[Sequence, _Counts] = {}        # sequence -> its EAGLE-3 counts
         shape = (len(_DEPTH_BINS) + 1, len(_PROB_BINS) + 1)
         self.group = _Counts(np.zeros(shape), np.zeros(shape))
         self._group_prior = np.array([[0.4, 0.6, 0.78, 0.9, 0.97]] * shape[0])
@@ -66,7 +68,7 @@ class Acceptance:
         unmeasured = np.flatnonzero(self.eagle.tries < 0.5)
         return int(unmeasured[0]) if unmeasured.size else MAX_DEPTH
 
-    def seq_eagle_rates(self, keys: list, explore: bool = False) -> np.ndarray:
+    def seq_eagle_rates(self, keys: list[Sequence], explore: bool = False) -> np.ndarray:
         """[B, MAX_DEPTH] each sequence's own counts shrunk to the pooled rates (of weight
         SEQ_PRIOR)."""
         pooled = self.eagle_rates(explore)
@@ -82,7 +84,7 @@ class Acceptance:
         return self.group.rate(self._group_prior)
 
     def record(self, source: str, n_tried: int, n_accepted: int,
-               probs: list[float] | None = None, key: object = None) -> None:
+               probs: list[float] | None = None, key: Sequence | None = None) -> None:
         """A branch of n_tried tokens whose first n_accepted were accepted (tokens after the first
         rejection were not tested); `key`: the sequence, for its own EAGLE-3 counts."""
         tested = min(n_accepted + 1, n_tried)
@@ -100,7 +102,7 @@ class Acceptance:
             for j in range(tested):
                 self.group.add((d[j], p[j]), j < n_accepted, self.decay)
 
-    def keep_only(self, keys: list) -> None:
+    def keep_only(self, keys: list[Sequence]) -> None:
         """Forget the per-sequence counts of sequences no longer running."""
         if len(self.by_seq) > 2 * len(keys) + 8:
             alive = set(keys)

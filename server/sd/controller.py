@@ -54,6 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gleanrl.server.config import ControllerConfig
+from gleanrl.server.sampling.sequence import Sequence
 from gleanrl.server.sd.acceptance import MAX_DEPTH, Acceptance, expected_accepted
 from gleanrl.server.sd.cells import MIN_SAMPLES, REPROBE, Cells
 from gleanrl.server.sd.cost_model import GRID, T_GRID, CostModel, b_bucket
@@ -119,7 +120,7 @@ class Controller:
         return True
 
     def plan(self, caps: list[int], group_probs: list[list[float]], eagle_ok: list[bool],
-             keys: list | None = None) -> Plan:
+             keys: list[Sequence] | None = None) -> Plan:
         """caps[s]: most draft tokens s may verify (max_new_tokens, context); group_probs[s]: the
         estimates of s's group draft (empty: none); eagle_ok[s]: s can take an EAGLE-3 chain;
         keys[s]: s itself, for its own acceptance estimates (None: pooled only).
@@ -187,7 +188,7 @@ class Controller:
         return opt if look and not self.cells.loses(key) and self.cells.can_probe(b) else None
 
     def _best(self, caps: np.ndarray, group_probs: list[list[float]] | None, elig: np.ndarray,
-              keys: list | None, secs: np.ndarray, plain_rate: float, explore: bool,
+              keys: list[Sequence] | None, secs: np.ndarray, plain_rate: float, explore: bool,
               force: bool = False) -> Plan | None:
         """The plan of highest expected rate that drafts (None: none does), each sequence its own
         tree and length: for each chain length k, Dinkelbach's iteration on the rate

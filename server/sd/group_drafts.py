@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gleanrl.server.sampling.sequence import Sequence
 from gleanrl.server.sd.group_index import GroupDraft, GroupIndex, GroupIndexConfig, Sample, prompt_key
 
 
@@ -24,10 +25,9 @@ class _Entry:
 class GroupDrafts:
     def __init__(self, config: GroupIndexConfig | None = None):
         self.index = GroupIndex(config)
-        self._entries: dict[object, _Entry] = {}    # Sequence -> entry (Sequence
-                                                    # hashes by identity)
+        self._entries: dict[Sequence, _Entry] = {}  # Sequence hashes by identity
 
-    def sync(self, seqs: list, version: str) -> None:
+    def sync(self, seqs: list[Sequence], version: str) -> None:
         live = set(seqs)
         for s in [s for s in self._entries if s not in live]:
             # its last tokens, then it finishes
@@ -41,12 +41,12 @@ class GroupDrafts:
                                               prompt_key(s.req.input_ids))
             self._extend(s, e)
 
-    def _extend(self, s, e: _Entry) -> None:
+    def _extend(self, s: Sequence, e: _Entry) -> None:
         if len(s.output_ids) > e.indexed:
             self.index.extend(e.sample, s.output_ids[e.indexed:])
             e.indexed = len(s.output_ids)
 
-    def propose(self, s, max_len: int) -> GroupDraft | None:
+    def propose(self, s: Sequence, max_len: int) -> GroupDraft | None:
         """The continuation of s's last tokens (its prompt's tail included) by its group,
         up to max_len."""
         e = self._entries.get(s)

@@ -52,8 +52,7 @@ def make_batches(task: Task, tokenizer, size,
         end = start + 1
         while end < len(examples) and (end + 1 - start) * len(examples[end][0]) <= size.batch_tokens:
             end += 1
-        batches.append(_collate(examples[start:end], tokenizer.pad_token_id,
-                                getattr(size, "focus_weight", 1.0)))
+        batches.append(_collate(examples[start:end], tokenizer.pad_token_id, size.focus_weight))
         start = end
     random.Random(seed).shuffle(batches)
     return batches
@@ -166,7 +165,7 @@ def build_model(tokenizer, size, seed: int):
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
-def train_policy(out: Path, task, size, seed: int = 0, progress: bool = True,
+def train_policy(out: Path, task: Task, size, seed: int = 0, progress: bool = True,
                  device: str = "cpu") -> dict:
     """Train a policy for `task` on `device` and save model + tokenizer to `out`; returns
     training stats."""
@@ -176,9 +175,8 @@ def train_policy(out: Path, task, size, seed: int = 0, progress: bool = True,
     batches = make_batches(task, tokenizer, size, seed)
     model = build_model(tokenizer, size, seed).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=size.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    warmup, final = getattr(size, "warmup", 0.05), getattr(size, "final_lr", 0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt,
-                                              lambda i: lr_factor(i, len(batches), warmup, final))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: lr_factor(i, len(batches), size.warmup, size.final_lr))
     ema, curve = _fit(model, opt, sched, batches, size, device,
                       desc=f"bootstrap {size.hidden}x{size.layers}", progress=progress)
     if size.polish_steps:
@@ -224,7 +222,7 @@ def _fit(model, opt, sched, batches, size, device: str, desc: str,
     return ema, curve
 
 
-def polish_policy(model, task, tokenizer, size, seed: int, device: str = "cpu",
+def polish_policy(model, task: Task, tokenizer, size, seed: int, device: str = "cpu",
                   progress: bool = True):
     """The recipe's last phase: `size.polish_steps` more steps on fresh problems at the schedule's
     final lr, with the task's focus tokens weighted `size.polish_focus_weight`. The main phase's
@@ -238,7 +236,7 @@ def polish_policy(model, task, tokenizer, size, seed: int, device: str = "cpu",
     polish = dataclasses.replace(size, focus_weight=size.polish_focus_weight,
                                  train_tokens=size.polish_steps * size.batch_tokens)
     batches = make_batches(task, tokenizer, polish, seed + 1)[:size.polish_steps]
-    lr = size.lr * getattr(size, "final_lr", 0.1)
+    lr = size.lr * size.final_lr
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
     model.train()
