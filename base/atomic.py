@@ -3,6 +3,7 @@
 Write into a temporary sibling, fsync every file and the directory, then rename over the target.
 For a directory that already exists, the old one is moved aside first and removed after the swap.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -1,5 +1,6 @@
 """Which safetensors dtypes a checkpoint may change on a weight update (one rule for the server's
 loader and the pusher's header check)."""
+
 from __future__ import annotations
 
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})  # cast to the serving dtype at load

@@ -1,6 +1,7 @@
 """The one record for a rollout, filled by the client from SGLang's /generate response
 (`run_rollout`); it flows on to the rewards, the loss and the harvester (a `FinishedRollout`,
 what the harvest reads of it and the sidecar builds from a feed record)."""
+
 from __future__ import annotations
 
 import enum
@@ -17,12 +18,13 @@ from gleanrl.clients.transport import RolloutServerError
 class FinishedRollout:
     """What the harvest takes of a finished rollout: `clients.rollout.Rollout` is one, the sidecar
     reads one from each feed record."""
+
     prompt_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
     weight_version: str | None = None
     draft_weight_version: str | None = None
-    spec_verify_ct: int = 0               # SD verify passes
-    spec_accept_token_num: int = 0        # draft tokens those passes accepted
+    spec_verify_ct: int = 0  # SD verify passes
+    spec_accept_token_num: int = 0  # draft tokens those passes accepted
     # gleanrl: accepted drafts per source
     spec_accept_token_num_by_source: dict[str, int] = field(default_factory=dict)
 
@@ -47,20 +49,20 @@ def _str_or_none(value) -> str | None:
 
 
 class RolloutStatus(str, enum.Enum):
-    PENDING = "pending"        # not submitted yet, or to be re-submitted
-    FINISHED = "finished"      # stopped on EOS / a stop token or string
-    TRUNCATED = "truncated"    # hit max_new_tokens or the context length
-    ABORTED = "aborted"        # aborted by the server (restart, pause, abort_request)
-    FAILED = "failed"          # the request errored; `error` says why
+    PENDING = "pending"  # not submitted yet, or to be re-submitted
+    FINISHED = "finished"  # stopped on EOS / a stop token or string
+    TRUNCATED = "truncated"  # hit max_new_tokens or the context length
+    ABORTED = "aborted"  # aborted by the server (restart, pause, abort_request)
+    FAILED = "failed"  # the request errored; `error` says why
 
 
 @dataclass(slots=True, kw_only=True)
 class Rollout(FinishedRollout):
-    group_id: int                         # rollouts of one prompt share a group (GRPO baseline)
-    index: int                            # position within the group
-    sample: dict                          # the task's prompt record ("prompt" text, answer, ...)
+    group_id: int  # rollouts of one prompt share a group (GRPO baseline)
+    index: int  # position within the group
+    sample: dict  # the task's prompt record ("prompt" text, answer, ...)
     rid: str = ""
-    seed: int | None = None               # sampling seed sent to the server
+    seed: int | None = None  # sampling seed sent to the server
     status: RolloutStatus = RolloutStatus.PENDING
     # server's log p of each output token
     rollout_logprobs: list[float] = field(default_factory=list)
@@ -69,7 +71,7 @@ class Rollout(FinishedRollout):
     reward: float | None = None
     error: str | None = None
     attempts: int = 0
-    submitted_at: float | None = None     # time.monotonic()
+    submitted_at: float | None = None  # time.monotonic()
     first_token_at: float | None = None
     finished_at: float | None = None
 
@@ -108,12 +110,15 @@ class Rollout(FinishedRollout):
             self.status = RolloutStatus.ABORTED
             self.error = str((self.finish_reason or {}).get("message", "no finish reason"))
         if self.done and len(self.rollout_logprobs) != len(self.output_ids):
-            self.status, self.error = RolloutStatus.FAILED, (
-                f"{len(self.rollout_logprobs)} logprobs for {len(self.output_ids)} output tokens")
+            self.status, self.error = (
+                RolloutStatus.FAILED,
+                (f"{len(self.rollout_logprobs)} logprobs for {len(self.output_ids)} output tokens"),
+            )
 
 
-async def run_rollout(client: RolloutClient, r: Rollout, params: dict, stream: bool,
-                      stream_interval: int = 8, url: str | None = None) -> Rollout:
+async def run_rollout(
+    client: RolloutClient, r: Rollout, params: dict, stream: bool, stream_interval: int = 8, url: str | None = None
+) -> Rollout:
     """Submit one rollout (to `url`, else where the client picks) and fill it in. A lost connection
     marks it aborted (to be re-submitted), a refused request failed."""
     r.attempts += 1
@@ -135,8 +140,7 @@ async def run_rollout(client: RolloutClient, r: Rollout, params: dict, stream: b
     return r
 
 
-async def _stream(client: RolloutClient, r: Rollout, sp: dict, rid: str,
-                  url: str | None = None) -> None:
+async def _stream(client: RolloutClient, r: Rollout, sp: dict, rid: str, url: str | None = None) -> None:
     """`stream_interval` in `sp` bounds the O(n^2) bytes of cumulative chunks."""
     ids: list[int] = []
     lps: list = []
@@ -152,5 +156,4 @@ async def _stream(client: RolloutClient, r: Rollout, sp: dict, rid: str,
         ids = new_ids if len(new_ids) == n else ids + new_ids
         lps = new_lps if len(new_lps) == n else lps + new_lps
         last = chunk
-    r.apply(dict(last, output_ids=ids,
-                 meta_info=dict(last.get("meta_info", {}), output_token_logprobs=lps)))
+    r.apply(dict(last, output_ids=ids, meta_info=dict(last.get("meta_info", {}), output_token_logprobs=lps)))

@@ -8,6 +8,7 @@ cache flushes go to all of them. With a `router` (sglang-router / SGLang Model G
 forwards `/generate` only), generation goes through the router and weight updates and control to
 every worker URL. How a policy or a drafter reaches a server of each kind is `clients.weight_sync`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,9 +23,14 @@ from gleanrl.clients.transport import RolloutServerError, Transport
 
 class RolloutClient(Transport):
     # --- generation -----------------------------------------------------------------------------
-    async def generate(self, input_ids: list[int], sampling_params: dict,
-                       return_logprob: bool = True, rid: str | None = None,
-                       url: str | None = None) -> dict:
+    async def generate(
+        self,
+        input_ids: list[int],
+        sampling_params: dict,
+        return_logprob: bool = True,
+        rid: str | None = None,
+        url: str | None = None,
+    ) -> dict:
         url = url or self.pick_url()
         self._inflight[url] += 1
         try:
@@ -33,36 +39,43 @@ class RolloutClient(Transport):
         finally:
             self._inflight[url] -= 1
 
-    async def generate_stream(self, input_ids: list[int], sampling_params: dict,
-                              return_logprob: bool = True, rid: str | None = None,
-                              url: str | None = None) -> AsyncIterator[dict]:
+    async def generate_stream(
+        self,
+        input_ids: list[int],
+        sampling_params: dict,
+        return_logprob: bool = True,
+        rid: str | None = None,
+        url: str | None = None,
+    ) -> AsyncIterator[dict]:
         """Yield each streamed chunk (SGLang's SSE `data:` lines) until `[DONE]`."""
         url = url or self.pick_url()
         self._inflight[url] += 1
         try:
-            async for chunk in self.stream("/generate", url,
-                                           generate_body(input_ids, sampling_params,
-                                                          return_logprob, rid, True)):
+            async for chunk in self.stream(
+                "/generate", url, generate_body(input_ids, sampling_params, return_logprob, rid, True)
+            ):
                 yield chunk
         finally:
             self._inflight[url] -= 1
 
     async def abort_request(self, rid: str = "", abort_all: bool = False) -> list:
-        return await self.request_all("POST", "/abort_request",
-                                      {"rid": rid, "abort_all": abort_all}, admin=abort_all)
+        return await self.request_all("POST", "/abort_request", {"rid": rid, "abort_all": abort_all}, admin=abort_all)
 
     # --- weights (admin; to every worker URL, or the given subset) --------------------------------
-    async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None,
-                                       flush_cache: bool = True, abort_all_requests: bool = False,
-                                       selector: str | None = None,
-                                       urls: list[str] | None = None) -> list[dict]:
+    async def update_weights_from_disk(
+        self,
+        model_path: str,
+        weight_version: str | None = None,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+        selector: str | None = None,
+        urls: list[str] | None = None,
+    ) -> list[dict]:
         body = disk_body(model_path, weight_version, flush_cache, abort_all_requests, selector)
-        return await self.request_all("POST", "/update_weights_from_disk", body, admin=True,
-                                      urls=urls)
+        return await self.request_all("POST", "/update_weights_from_disk", body, admin=True, urls=urls)
 
     async def begin_weight_update(self, selector: str, url: str) -> dict:
-        return await self.request("POST", "/begin_weight_update", url, begin_body(selector),
-                                  admin=True)
+        return await self.request("POST", "/begin_weight_update", url, begin_body(selector), admin=True)
 
     async def update_weights_from_tensor(self, body: dict, url: str) -> dict:
         """`body` from `payloads.tensor_body`; SGLang accepts it only inside a
@@ -92,14 +105,14 @@ class RolloutClient(Transport):
     async def health(self, url: str | None = None) -> bool:
         """True when the server answers /health with 200; False when it is down or not ready."""
         try:
-            resp = await self.http.get((url or self.urls[0]) + "/health",
-                                       timeout=self.connect_timeout_s)
+            resp = await self.http.get((url or self.urls[0]) + "/health", timeout=self.connect_timeout_s)
         except httpx.TransportError:
             return False
         return resp.status_code == 200
 
-    async def wait_healthy(self, timeout_s: float, poll_s: float = 0.25,
-                           alive: Callable[[], bool] | None = None) -> None:
+    async def wait_healthy(
+        self, timeout_s: float, poll_s: float = 0.25, alive: Callable[[], bool] | None = None
+    ) -> None:
         """Wait until every server (and the router) is healthy; raise a clear error after
         `timeout_s`, or as soon as `alive()` (e.g. "the server process still runs") turns False."""
         deadline = time.monotonic() + timeout_s
@@ -108,6 +121,5 @@ class RolloutClient(Transport):
                 if alive is not None and not alive():
                     raise RolloutServerError(url, 0, "rollout server process exited")
                 if time.monotonic() > deadline:
-                    raise RolloutServerError(url, 0,
-                                             f"rollout server not healthy after {timeout_s:.0f}s")
+                    raise RolloutServerError(url, 0, f"rollout server not healthy after {timeout_s:.0f}s")
                 await asyncio.sleep(poll_s)

@@ -3,6 +3,7 @@ one request helper that raises `RolloutServerError` with the server's status and
 errors retried with exponential backoff (a request the server received is never sent twice), SSE
 streaming, and `run_blocking` for the few callers outside an event loop.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -54,14 +55,14 @@ def run_blocking(make: Callable[[], Awaitable[T]]) -> T:
 
 @dataclass
 class Transport:
-    urls: list[str]                   # the workers: weight updates, flushes, pauses go to each
+    urls: list[str]  # the workers: weight updates, flushes, pauses go to each
     api_key: str | None = None
     admin_api_key: str | None = None
-    timeout_s: float = 600.0          # per request (a long rollout is one request)
+    timeout_s: float = 600.0  # per request (a long rollout is one request)
     connect_timeout_s: float = 5.0
-    retries: int = 3                  # extra attempts after a connection error
-    backoff_s: float = 0.5            # first wait; doubles each attempt
-    router: str | None = None         # generation only; None: spread over `urls`
+    retries: int = 3  # extra attempts after a connection error
+    backoff_s: float = 0.5  # first wait; doubles each attempt
+    router: str | None = None  # generation only; None: spread over `urls`
     _inflight: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     _http: httpx.AsyncClient | None = field(default=None, init=False, repr=False)
 
@@ -81,8 +82,7 @@ class Transport:
     def http(self) -> httpx.AsyncClient:
         if self._http is None:
             timeout = httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s)
-            self._http = httpx.AsyncClient(timeout=timeout,
-                                           limits=httpx.Limits(max_connections=None))
+            self._http = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None))
         return self._http
 
     async def aclose(self) -> None:
@@ -108,30 +108,29 @@ class Transport:
         """Requests to `url` not answered yet (thread-safe to read: one int)."""
         return self._inflight.get(url, 0)
 
-    async def request(self, method: str, path: str, url: str | None = None,
-                      payload: dict | None = None, admin: bool = False) -> Any:
+    async def request(
+        self, method: str, path: str, url: str | None = None, payload: dict | None = None, admin: bool = False
+    ) -> Any:
         url = url or self.urls[0]
         for attempt in range(self.retries + 1):
             try:
-                resp = await self.http.request(method, url + path, json=payload,
-                                               headers=self.headers(admin))
+                resp = await self.http.request(method, url + path, json=payload, headers=self.headers(admin))
                 break
             except _RETRYABLE as exc:
                 await self._backoff(url, attempt, exc)
         return _decode(url, resp)
 
-    async def request_all(self, method: str, path: str, payload: dict | None = None,
-                          admin: bool = False, urls: list[str] | None = None) -> list:
+    async def request_all(
+        self, method: str, path: str, payload: dict | None = None, admin: bool = False, urls: list[str] | None = None
+    ) -> list:
         urls = self.urls if urls is None else urls
-        return list(await asyncio.gather(*(self.request(method, path, u, payload, admin)
-                                           for u in urls)))
+        return list(await asyncio.gather(*(self.request(method, path, u, payload, admin) for u in urls)))
 
     async def stream(self, path: str, url: str, payload: dict) -> AsyncIterator[dict]:
         """POST and yield each SSE `data:` chunk until `[DONE]`; an `error` chunk raises."""
         for attempt in range(self.retries + 1):
             try:
-                async with self.http.stream("POST", url + path, json=payload,
-                                            headers=self.headers(False)) as resp:
+                async with self.http.stream("POST", url + path, json=payload, headers=self.headers(False)) as resp:
                     if resp.status_code >= 400:
                         await resp.aread()
                         _decode(url, resp)
@@ -151,10 +150,10 @@ class Transport:
 
     async def _backoff(self, url: str, attempt: int, exc: Exception) -> None:
         if attempt == self.retries:
-            raise RolloutServerError(url, 0,
-                                     f"cannot reach the rollout server after {self.retries + 1} "
-                                             f"attempts ({type(exc).__name__})") from None
-        await asyncio.sleep(self.backoff_s * 2 ** attempt)
+            raise RolloutServerError(
+                url, 0, f"cannot reach the rollout server after {self.retries + 1} attempts ({type(exc).__name__})"
+            ) from None
+        await asyncio.sleep(self.backoff_s * 2**attempt)
 
 
 def _message(body: Any) -> str:

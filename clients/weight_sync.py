@@ -24,6 +24,7 @@ SGLang applies what it is given: callers check checkpoints first (`harvest.check
 Process-group (NCCL) pushes are not offered: gleanrl's trainer syncs from the checkpoint
 it writes anyway.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,21 +44,21 @@ DRAFT_ALGORITHMS = ("EAGLE", "EAGLE3")
 
 
 class Route(str, enum.Enum):
-    DISK = "update_weights_from_disk"            # the policy, no selector
-    TARGET_SESSION = "target_session"            # the policy, tensor session with selector "target"
+    DISK = "update_weights_from_disk"  # the policy, no selector
+    TARGET_SESSION = "target_session"  # the policy, tensor session with selector "target"
     # the drafter, `selector: "draft"` (embedded server only)
     DRAFT_DISK = "draft_update_weights_from_disk"
-    DRAFT_SESSION = "draft_session"              # the drafter, tensor session with selector "draft"
+    DRAFT_SESSION = "draft_session"  # the drafter, tensor session with selector "draft"
 
 
 @dataclass(frozen=True, slots=True)
 class ServerKind:
     url: str
-    embedded: bool            # gleanrl's server: it reports `draft_model_path` in /model_info,
-                              # SGLang does not
-    drafter: bool             # stock SGLang started with an EAGLE drafter (not probed for
-                              # the embedded one)
-    model_path: str | None    # the serving policy, as /model_info reports it
+    # gleanrl's server: it reports `draft_model_path` in /model_info, SGLang does not
+    embedded: bool
+    # stock SGLang started with an EAGLE drafter (not probed for the embedded one)
+    drafter: bool
+    model_path: str | None  # the serving policy, as /model_info reports it
 
 
 async def probe(client: RolloutClient, url: str) -> ServerKind:
@@ -79,21 +80,27 @@ def drafter_route(kind: ServerKind) -> Route:
     if kind.embedded:
         return Route.DRAFT_DISK
     if not kind.drafter:
-        raise RolloutServerError(kind.url, 0, "refusing the drafter push: the server serves no "
-                                              "EAGLE drafter (started without "
-                                 "--speculative-algorithm); SGLang would answer success and "
-                                              "load nothing")
+        raise RolloutServerError(
+            kind.url,
+            0,
+            "refusing the drafter push: the server serves no "
+            "EAGLE drafter (started without "
+            "--speculative-algorithm); SGLang would answer success and "
+            "load nothing",
+        )
     return Route.DRAFT_SESSION
 
 
 def checkpoint_tensors(path: str | Path) -> list[tuple[str, torch.Tensor]]:
     from safetensors.torch import load_file
+
     files = sorted(Path(path).glob("*.safetensors"))
     return [item for f in files for item in sorted(load_file(f).items())]
 
 
-async def push_policy(client: RolloutClient, path: str, version: str,
-                      kinds: list[ServerKind] | None = None) -> dict[str, Route]:
+async def push_policy(
+    client: RolloutClient, path: str, version: str, kinds: list[ServerKind] | None = None
+) -> dict[str, Route]:
     """The policy checkpoint at `path` to every worker as `version`; the route taken per URL."""
     routes = {k.url: policy_route(k) for k in kinds or await probe_all(client)}
     disk = [url for url, route in routes.items() if route is Route.DISK]
@@ -101,8 +108,7 @@ async def push_policy(client: RolloutClient, path: str, version: str,
         await client.update_weights_from_disk(path, weight_version=version, urls=disk)
     sessions = [url for url, route in routes.items() if route is Route.TARGET_SESSION]
     if sessions:
-        body = await asyncio.to_thread(lambda: tensor_body(checkpoint_tensors(path), "target",
-                                                           version, True))
+        body = await asyncio.to_thread(lambda: tensor_body(checkpoint_tensors(path), "target", version, True))
         for url in sessions:
             await tensor_session(client, url, "target", body)
     return routes
@@ -114,8 +120,9 @@ async def push_drafter(client: RolloutClient, path: str, version: int | str) -> 
     routes = {k.url: drafter_route(k) for k in await probe_all(client)}
     disk = [url for url, route in routes.items() if route is Route.DRAFT_DISK]
     if disk:
-        await client.update_weights_from_disk(path, weight_version=str(version), flush_cache=False,
-                                              selector="draft", urls=disk)
+        await client.update_weights_from_disk(
+            path, weight_version=str(version), flush_cache=False, selector="draft", urls=disk
+        )
     sessions = [url for url, route in routes.items() if route is Route.DRAFT_SESSION]
     if sessions:
         body = await asyncio.to_thread(lambda: tensor_body(checkpoint_tensors(path), "draft"))
@@ -142,6 +149,7 @@ class DrafterPush:
     Blocking; it runs in the idle-window thread on a client of its own (an httpx client belongs to
     one event loop, and the trainer's loop joins that thread when the window closes: waiting on it
     could deadlock)."""
+
     urls: tuple[str, ...]
     api_key: str | None = None
     admin_api_key: str | None = None
@@ -158,7 +166,7 @@ class DrafterPush:
 
     def __call__(self, path: str, version: int) -> None:
         async def go() -> None:
-            async with RolloutClient(list(self.urls), self.api_key, self.admin_api_key,
-                                     self.timeout_s) as client:
+            async with RolloutClient(list(self.urls), self.api_key, self.admin_api_key, self.timeout_s) as client:
                 await push_drafter(client, path, version)
+
         run_blocking(go)

@@ -11,6 +11,7 @@ saved atomically and pushed to the server as the next weight version.
 With no `--model`, a tiny random model is made. The server (`gleanrl serve`, a subprocess) and this
 loop each use one torch thread. Only the installed `gleanrl` is needed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,10 @@ from gleanrl.trainer.server_proc import EmbeddedServer
 
 
 def generate(url: str, prompt_ids: list[int], seed: int, max_new_tokens: int) -> dict:
-    body = {"input_ids": prompt_ids,
-            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 1.0,
-                                "sampling_seed": seed}}
+    body = {
+        "input_ids": prompt_ids,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 1.0, "sampling_seed": seed},
+    }
     resp = httpx.post(f"{url}/generate", json=body, timeout=300)
     resp.raise_for_status()
     return resp.json()
@@ -43,6 +45,7 @@ def wait_healthy(server: EmbeddedServer, timeout_s: float = 180.0) -> None:
     async def go() -> None:
         async with RolloutClient([server.url]) as client:
             await client.wait_healthy(timeout_s, alive=server.alive)
+
     asyncio.run(go())
 
 
@@ -55,7 +58,7 @@ def reinforce_step(policy, optimizer, batch: list[tuple[list[int], list[int], fl
         ids = torch.tensor([prompt + output])
         # [L-1, V]
         logp = torch.log_softmax(policy(input_ids=ids).logits[0, :-1].float(), -1)
-        token_logp = logp[len(prompt) - 1:].gather(1, ids[0, len(prompt):, None]).sum()
+        token_logp = logp[len(prompt) - 1 :].gather(1, ids[0, len(prompt) :, None]).sum()
         (-(reward - baseline) * token_logp / len(batch)).backward()
     optimizer.step()
 
@@ -72,8 +75,10 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(0)
     out = Path(args.out)
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     if args.model is None:
         from gleanrl.tiny import make_tiny_model
+
         args.model = str(make_tiny_model(out / "policy_v0"))
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     policy = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
@@ -81,42 +86,48 @@ def main(argv: list[str] | None = None) -> dict:
     save_drafter(init_drafter(args.model, seed=0), out / "drafter_init")
 
     summary: dict = {"steps": []}
-    server = EmbeddedServer(args.model, threads=1,
-                            settings={"drafter": str(out / "drafter_init"), "sd": "on"},
-                            log_path=out / "server.log")
+    server = EmbeddedServer(
+        args.model, threads=1, settings={"drafter": str(out / "drafter_init"), "sd": "on"}, log_path=out / "server.log"
+    )
     with server:
         wait_healthy(server)
         url = server.url
-        harvester = Harvester(policy, out / "drafter_init", out / "spool", push=DrafterPush([url]),
-                              cfg=HarvestConfig(push_every=10, spool=SpoolConfig(holdout_every=4)))
+        harvester = Harvester(
+            policy,
+            out / "drafter_init",
+            out / "spool",
+            push=DrafterPush([url]),
+            cfg=HarvestConfig(push_every=10, spool=SpoolConfig(holdout_every=4)),
+        )
         for step in range(args.steps):
-            texts = [tokenizer.apply_chat_template([{"role": "user",
-                                                     "content": f"what is {i} + {step}?"}],
-                                                   add_generation_prompt=True, tokenize=False)
-                     for i in range(args.rollouts)]
+            texts = [
+                tokenizer.apply_chat_template(
+                    [{"role": "user", "content": f"what is {i} + {step}?"}], add_generation_prompt=True, tokenize=False
+                )
+                for i in range(args.rollouts)
+            ]
             prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
             batch, accept = [], []
             policy.eval()
             with ThreadPoolExecutor(args.rollouts) as pool:
                 # a random tiny model rarely stops by itself: give the last two rollouts a 4x
                 # budget, the long tail whose wait the Harvester gleans
-                budget = [args.max_new_tokens * (4 if i >= len(prompts) - 2 else 1)
-                          for i in range(len(prompts))]
-                pending = {pool.submit(generate, url, p, 1000 * step + i, budget[i]): p
-                           for i, p in enumerate(prompts)}
+                budget = [args.max_new_tokens * (4 if i >= len(prompts) - 2 else 1) for i in range(len(prompts))]
+                pending = {pool.submit(generate, url, p, 1000 * step + i, budget[i]): p for i, p in enumerate(prompts)}
                 while pending:
                     for fut in [f for f in pending if f.done()]:
                         prompt, res = pending.pop(fut), fut.result()
-                        harvester.add_rollout(prompt, res["output_ids"], policy,
-                                              policy_version=step)
+                        harvester.add_rollout(prompt, res["output_ids"], policy, policy_version=step)
                         text = tokenizer.decode(res["output_ids"], skip_special_tokens=True)
-                        batch.append((prompt, res["output_ids"],
-                                      sum(c.isdigit() for c in text) / max(len(text), 1)))
+                        batch.append((prompt, res["output_ids"], sum(c.isdigit() for c in text) / max(len(text), 1)))
                         # tokens from verify passes, verify passes (SGLang's counts)
                         meta = res["meta_info"]
                         accept.append(
-                            (meta.get("spec_verify_ct", 0) + meta.get("spec_accept_token_num", 0),
-                             meta.get("spec_verify_ct", 0)))
+                            (
+                                meta.get("spec_verify_ct", 0) + meta.get("spec_accept_token_num", 0),
+                                meta.get("spec_verify_ct", 0),
+                            )
+                        )
                     if pending:  # idle window: until the next rollout finishes
                         harvester.train_while(lambda p=pending: p and not any(f.done() for f in p))
             harvester.maybe_push()  # the tail is done: one more chance before the next step
@@ -125,19 +136,24 @@ def main(argv: list[str] | None = None) -> dict:
             with atomic_dir(out / f"policy_v{step + 1}") as tmp:
                 policy.save_pretrained(tmp)
                 tokenizer.save_pretrained(tmp)
-            httpx.post(f"{url}/update_weights_from_disk",
-                       json={"model_path": str(out / f"policy_v{step + 1}"),
-                       "weight_version": str(step + 1)}, timeout=300).raise_for_status()
-            row = {"step": step + 1, "reward": sum(r for *_, r in batch) / len(batch),
-                   "server_accept_len": sum(t for t, _ in accept) / max(sum(c for _, c in accept), 1),
-                   "heldout_accept_len": harvester.score(),
-                   "drafter_version": harvester.version, "idle_train_steps": harvester.idle.steps,
-                   "idle_train_s": round(harvester.idle.busy_s, 3)}
+            httpx.post(
+                f"{url}/update_weights_from_disk",
+                json={"model_path": str(out / f"policy_v{step + 1}"), "weight_version": str(step + 1)},
+                timeout=300,
+            ).raise_for_status()
+            row = {
+                "step": step + 1,
+                "reward": sum(r for *_, r in batch) / len(batch),
+                "server_accept_len": sum(t for t, _ in accept) / max(sum(c for _, c in accept), 1),
+                "heldout_accept_len": harvester.score(),
+                "drafter_version": harvester.version,
+                "idle_train_steps": harvester.idle.steps,
+                "idle_train_s": round(harvester.idle.busy_s, 3),
+            }
             print(json.dumps(row), flush=True)
             summary["steps"].append(row)
         summary["model_info"] = httpx.get(f"{url}/model_info", timeout=30).json()
-    print(json.dumps({"model_info": summary["model_info"], "pushes": harvester.history}),
-          flush=True)
+    print(json.dumps({"model_info": summary["model_info"], "pushes": harvester.history}), flush=True)
     return summary
 
 

@@ -6,6 +6,7 @@ The public API is imported lazily, so `import gleanrl.clients` does not load tor
 
     from gleanrl import Harvester, RolloutClient, Rollout, load_task, train
 """
+
 from __future__ import annotations
 
 import importlib

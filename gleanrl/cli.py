@@ -2,6 +2,7 @@
 `add_arguments(parser)` and `run(args) -> int`; modules are imported only to build their parser.
 A module that parses its own argv instead (`main(argv) -> int`) is named with `ARGV` and gets the
 rest of the command line, `--help` included."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,47 +13,32 @@ ARGV = "argv"  # a spec's third field: the module's own `main(argv)` parses the 
 
 # name -> (module, one-line help[, ARGV]). Nested groups map to a dict of the same shape.
 COMMANDS: dict = {
-    "serve": ("gleanrl.server.cli",
-              "serve a policy (and drafter) over SGLang's native API and the OpenAI API"),
-    "proxy": ("gleanrl.server.proxy.app",
-              "forward to an SGLang-API server unchanged and provide the harvest feed"),
-    "harvest": ("gleanrl.sidecar.cli",
-                "harvest a drafter beside any RL trainer, from the server's feed"),
-    "make-tiny-model": ("gleanrl.tiny",
-                        "write a tiny random Qwen2/Llama model with a locally trained tokenizer"),
-    "bootstrap": ("gleanrl.trainer.bootstrap",
-                  "train the built-in task's small policy from scratch (cached)"),
-    "train": ("gleanrl.trainer.cli",
-              "GRPO training against a rollout server, harvesting a drafter in the long tail"),
-    "demo": ("gleanrl.demo",
-             "bootstrap, warm-start a drafter, train with harvest, serve and ask (CPU)"),
-    "measure": ("gleanrl.trainer.tasks.measure",
-                "response lengths and accuracy of a policy on a task, at T=1", ARGV),
+    "serve": ("gleanrl.server.cli", "serve a policy (and drafter) over SGLang's native API and the OpenAI API"),
+    "proxy": ("gleanrl.server.proxy.app", "forward to an SGLang-API server unchanged and provide the harvest feed"),
+    "harvest": ("gleanrl.sidecar.cli", "harvest a drafter beside any RL trainer, from the server's feed"),
+    "make-tiny-model": ("gleanrl.tiny", "write a tiny random Qwen2/Llama model with a locally trained tokenizer"),
+    "bootstrap": ("gleanrl.trainer.bootstrap", "train the built-in task's small policy from scratch (cached)"),
+    "train": ("gleanrl.trainer.cli", "GRPO training against a rollout server, harvesting a drafter in the long tail"),
+    "demo": ("gleanrl.demo", "bootstrap, warm-start a drafter, train with harvest, serve and ask (CPU)"),
+    "measure": ("gleanrl.trainer.tasks.measure", "response lengths and accuracy of a policy on a task, at T=1", ARGV),
     "draft": {
-        "init": ("gleanrl.harvest.cli_init",
-                 "write a randomly initialised EAGLE-3 drafter for a target"),
-        "train": ("gleanrl.draft_train",
-                  "warm-start an EAGLE-3 drafter offline from the target's generations"),
+        "init": ("gleanrl.harvest.cli_init", "write a randomly initialised EAGLE-3 drafter for a target"),
+        "train": ("gleanrl.draft_train", "warm-start an EAGLE-3 drafter offline from the target's generations"),
     },
     "bench": {
-        "engine": ("gleanrl.bench.engine",
-                   "gleanrl serve vs stock SGLang CPU over HTTP; ms per decode iteration"),
-        "layout": ("gleanrl.bench.layout",
-                   "plain decode per running count at 1 and N threads; a GRPO step per layout of "
-                   "the rollout servers on the cores (one server, replicas)"),
+        "engine": ("gleanrl.bench.engine", "gleanrl serve vs stock SGLang CPU over HTTP; ms per decode iteration"),
+        "layout": (
+            "gleanrl.bench.layout",
+            "plain decode per running count at 1 and N threads; a GRPO step per layout of "
+            "the rollout servers on the cores (one server, replicas)",
+        ),
         "sd": ("gleanrl.bench.sd", "speculative decoding vs plain decoding in the embedded engine"),
-        "rollout": ("gleanrl.bench.rollout",
-                    "GRPO rollouts: plain / EAGLE-3 / group drafts / fused, side by side"),
-        "e2e": ("gleanrl.bench.e2e",
-                "end-to-end RL steps: no SD vs adaptive, stale, cold and off-domain drafters"),
-        "load": ("gleanrl.bench.load",
-                 "many concurrent clients, streaming and not, some leaving: errors, leaks, RSS"),
-        "swaps": ("gleanrl.bench.swaps",
-                  "alternating target and draft weight swaps under load: versions and outputs"),
-        "crash": ("gleanrl.bench.crash",
-                  "kill -9 the trainer at random points and resume: nothing lost"),
-        "group-index": ("gleanrl.bench.group_index",
-                        "the group index's cost per propose and extend call"),
+        "rollout": ("gleanrl.bench.rollout", "GRPO rollouts: plain / EAGLE-3 / group drafts / fused, side by side"),
+        "e2e": ("gleanrl.bench.e2e", "end-to-end RL steps: no SD vs adaptive, stale, cold and off-domain drafters"),
+        "load": ("gleanrl.bench.load", "many concurrent clients, streaming and not, some leaving: errors, leaks, RSS"),
+        "swaps": ("gleanrl.bench.swaps", "alternating target and draft weight swaps under load: versions and outputs"),
+        "crash": ("gleanrl.bench.crash", "kill -9 the trainer at random points and resume: nothing lost"),
+        "group-index": ("gleanrl.bench.group_index", "the group index's cost per propose and extend call"),
     },
 }
 
@@ -68,8 +54,9 @@ def _add(sub, name: str, spec) -> None:
     if kind == [ARGV]:  # listed here; `main` hands it its argv before this parser runs
         sub.add_parser(name, help=help_text)
         return
-    parser = sub.add_parser(name, help=help_text, description=help_text,
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = sub.add_parser(
+        name, help=help_text, description=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.set_defaults(_module=module)
     importlib.import_module(module).add_arguments(parser)
 
@@ -90,9 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="gleanrl",
         epilog="Each command has --help. Docs: README.md and docs/ in the repository.",
         description="gleanrl: faster RL training of reasoning LLMs. A drafter harvested from "
-                    "finished rollouts is hot-swapped into the rollout server, so the long tail "
-                    "decodes faster with lossless speculative decoding; the same server then "
-                    "serves the final policy and drafter.")
+        "finished rollouts is hot-swapped into the rollout server, so the long tail "
+        "decodes faster with lossless speculative decoding; the same server then "
+        "serves the final policy and drafter.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, spec in COMMANDS.items():
         _add(sub, name, spec)

@@ -5,6 +5,7 @@ share of the idle window the drafter used) and what SD did (served acceptance: t
 pass, over verify passes only, <= k + 1; and output tokens per target pass, plain passes included:
 the step's decode-pass speedup, an upper bound on its wall-clock one; trainer.metrics.acceptance
 defines both; the demo runs no no-SD arm to time against, `gleanrl bench e2e` does)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,9 +13,11 @@ from pathlib import Path
 
 def _plot(path: Path, draw) -> str:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
+
     fig, ax = plt.subplots(figsize=(6, 3.6))
     draw(ax)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
@@ -37,15 +40,19 @@ def eval_summary(rows: list[dict]) -> str:
         return "No held-out evaluation (eval_every 0)."
     first, last = evals[0], evals[-1]
     acc = lambda r: f"step {r['step']} {r['eval_accuracy']:.3f} ± {r.get('eval_se', 0):.3f}"  # noqa: E731
-    text = (f"Held-out accuracy ({last.get('eval_prompts')} fixed test prompts, {last.get('eval_rollouts')} samples "
-            f"at T={last.get('eval_temperature', 0):g}): {acc(first)} -> {acc(last)}")
+    text = (
+        f"Held-out accuracy ({last.get('eval_prompts')} fixed test prompts, {last.get('eval_rollouts')} samples "
+        f"at T={last.get('eval_temperature', 0):g}): {acc(first)} -> {acc(last)}"
+    )
     if last is not first and last.get("eval_gain") is not None:
         z = last["eval_gain"] / last["eval_gain_se"] if last.get("eval_gain_se") else float("inf")
         text += f"; paired gain {last['eval_gain']:+.3f} ± {last['eval_gain_se']:.3f} (z = {z:.1f})"
     greedy = eval_rows(rows, "eval_greedy")
     if greedy:
-        text += (f"; greedy {greedy[0]['eval_greedy_accuracy']:.3f} -> {greedy[-1]['eval_greedy_accuracy']:.3f} "
-                 f"± {greedy[-1].get('eval_greedy_se', 0):.3f}")
+        text += (
+            f"; greedy {greedy[0]['eval_greedy_accuracy']:.3f} -> {greedy[-1]['eval_greedy_accuracy']:.3f} "
+            f"± {greedy[-1].get('eval_greedy_se', 0):.3f}"
+        )
     return text + "."
 
 
@@ -54,13 +61,15 @@ def totals(rows: list[dict]) -> dict:
     step means)."""
     add = lambda key: sum(float(r.get(key) or 0.0) for r in rows)  # noqa: E731
     ratio = lambda x, y: x / y if y > 0 else 0.0  # noqa: E731
-    return {"rollout_share": ratio(add("rollout_s"), add("step_s")),
-            "tail_share": ratio(add("tail_s"), add("rollout_s")),
-            "idle_used_share": ratio(add("idle_used_s"), add("idle_window_s")),
-            "spec_accept_served": ratio(add("spec_tokens"), add("spec_verify_ct")),
-            "sd_token_share": ratio(add("spec_tokens"), add("output_tokens")),
-            "tokens_per_pass": ratio(add("output_tokens"), add("target_passes")),
-            "accept_by_source": by_source(rows)}
+    return {
+        "rollout_share": ratio(add("rollout_s"), add("step_s")),
+        "tail_share": ratio(add("tail_s"), add("rollout_s")),
+        "idle_used_share": ratio(add("idle_used_s"), add("idle_window_s")),
+        "spec_accept_served": ratio(add("spec_tokens"), add("spec_verify_ct")),
+        "sd_token_share": ratio(add("spec_tokens"), add("output_tokens")),
+        "tokens_per_pass": ratio(add("output_tokens"), add("target_passes")),
+        "accept_by_source": by_source(rows),
+    }
 
 
 def by_source(rows: list[dict]) -> dict[str, int]:
@@ -85,14 +94,22 @@ def reference_summary(reference: dict | None) -> str:
     if not reference:
         return ""
     z = reference["gain"] / reference["gain_se"] if reference["gain_se"] > 0 else float("nan")
-    return (f"Held-out accuracy from the reference solutions' probabilities (the same {reference['n']} prompts; "
-            f"the expectation of T = 1 accuracy, no sampling noise): {reference['initial']:.3f} -> "
-            f"{reference['final']:.3f}, paired gain {reference['gain']:+.3f} ± {reference['gain_se']:.3f} "
-            f"(z = {z:.1f}).")
+    return (
+        f"Held-out accuracy from the reference solutions' probabilities (the same {reference['n']} prompts; "
+        f"the expectation of T = 1 accuracy, no sampling noise): {reference['initial']:.3f} -> "
+        f"{reference['final']:.3f}, paired gain {reference['gain']:+.3f} ± {reference['gain_se']:.3f} "
+        f"(z = {z:.1f})."
+    )
 
 
-def write_report(out: Path, rows: list[dict], lengths: list[list[int]], closing: list[dict],
-                 info: dict, reference: dict | None = None) -> Path:
+def write_report(
+    out: Path,
+    rows: list[dict],
+    lengths: list[list[int]],
+    closing: list[dict],
+    info: dict,
+    reference: dict | None = None,
+) -> Path:
     evals = eval_rows(rows)
     # step 0 holds only the initial policy's evaluation
     rows = [r for r in rows if "reward_mean" in r]
@@ -106,27 +123,29 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], closing:
 
     def accuracy(ax):
         temperature = evals[0].get("eval_temperature", 0) if evals else 0
-        for prefix, label in (("eval", f"held-out, T = {temperature:g}"),
-                              ("eval_greedy", "held-out, greedy")):
+        for prefix, label in (("eval", f"held-out, T = {temperature:g}"), ("eval_greedy", "held-out, greedy")):
             pts = eval_rows(evals, prefix)
             if pts:
                 gain = pts[-1].get(f"{prefix}_gain")
                 label += f" ({pts[-1].get(f'{prefix}_prompts')} prompts" + (
-                    f"; paired gain {gain:+.3f} ± {pts[-1][f'{prefix}_gain_se']:.3f})"
-                    if gain is not None else ")")
-                ax.errorbar([r["step"] for r in pts], [r[f"{prefix}_accuracy"] for r in pts],
-                            yerr=[r.get(f"{prefix}_se", 0) for r in pts], marker="o", capsize=3,
-                            label=label)
+                    f"; paired gain {gain:+.3f} ± {pts[-1][f'{prefix}_gain_se']:.3f})" if gain is not None else ")"
+                )
+                ax.errorbar(
+                    [r["step"] for r in pts],
+                    [r[f"{prefix}_accuracy"] for r in pts],
+                    yerr=[r.get(f"{prefix}_se", 0) for r in pts],
+                    marker="o",
+                    capsize=3,
+                    label=label,
+                )
         ax.plot(steps, col("accuracy"), ".:", color="gray", label="training batch")
         ax.set_xlabel("step"), ax.set_ylabel("accuracy"), ax.legend(fontsize=7)
         ax.set_title("held-out accuracy (± 1 se over prompts)")
 
     def accept(ax):
-        ax.plot(steps, col("spec_accept_length"), marker="o",
-                label="served: tokens per verify pass")
+        ax.plot(steps, col("spec_accept_length"), marker="o", label="served: tokens per verify pass")
         ax.plot(steps, col("heldout_accept_len"), marker="s", label="held-out (serving drafter)")
-        ax.plot(steps, col("tokens_per_pass"), "^:",
-                label="tokens per target pass (decode speedup)")
+        ax.plot(steps, col("tokens_per_pass"), "^:", label="tokens per target pass (decode speedup)")
         ax.set_xlabel("step"), ax.set_ylabel("tokens per pass"), ax.legend(), ax.set_title("acceptance length")
 
     def hist(ax):
@@ -137,8 +156,12 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], closing:
 
     def breakdown(ax):
         tail, rollout = col("tail_s"), col("rollout_s")
-        parts = {"rollouts (before tail)": [r - t for r, t in zip(rollout, tail)],
-                 "long tail": tail, "policy update": col("train_s"), "weight push": col("push_s")}
+        parts = {
+            "rollouts (before tail)": [r - t for r, t in zip(rollout, tail)],
+            "long tail": tail,
+            "policy update": col("train_s"),
+            "weight push": col("push_s"),
+        }
         bottom = [0.0] * len(steps)
         for name, values in parts.items():
             ax.bar(steps, values, bottom=bottom, label=name)
@@ -146,14 +169,20 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], closing:
         ax.plot(steps, col("idle_used_s"), "k.--", label="drafter training (in idle time)")
         ax.set_xlabel("step"), ax.set_ylabel("seconds"), ax.legend(fontsize=7), ax.set_title("step time")
 
-    plots = [("accuracy", accuracy), ("reward", reward), ("accept_length", accept),
-             ("lengths", hist), ("step_time", breakdown)]
+    plots = [
+        ("accuracy", accuracy),
+        ("reward", reward),
+        ("accept_length", accept),
+        ("lengths", hist),
+        ("step_time", breakdown),
+    ]
     pngs = [_plot(out / f"{name}.png", fn) for name, fn in plots]
     last = rows[-1] if rows else {}
     total = sum(col("rollout_s")) + sum(col("train_s")) + sum(col("push_s"))
     shares = totals(rows)
     lines = [
-        "# gleanrl demo", "",
+        "# gleanrl demo",
+        "",
         f"{len(rows)} GRPO steps; policy version {info.get('weight_version')}, drafter version "
         f"{info.get('draft_weight_version')} ({sum(1 for r in rows if r.get('drafter_pushes'))} steps with a push).",
         f"Total step time {total:.1f} s, of which long tail {sum(col('tail_s')):.1f} s; drafter training used "
@@ -166,8 +195,10 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], closing:
         f"tokens per target pass (decode-pass speedup over plain decoding). {source_text(shares['accept_by_source'])}",
         f"Final reward {last.get('reward_mean', 0):.3f}, accuracy {last.get('accuracy', 0):.2f}; "
         f"served tokens per verify pass first/last step {col('spec_accept_length')[0] if rows else 0:.2f} / "
-        f"{last.get('spec_accept_length', 0):.2f}.", eval_summary(evals),
-        reference_summary(reference), "",
+        f"{last.get('spec_accept_length', 0):.2f}.",
+        eval_summary(evals),
+        reference_summary(reference),
+        "",
         "| step | reward | acc | held-out acc | len p50 | len p99 | rollout s | rollout share | tail s | tail share | "
         "idle s | idle used | tokens/verify | held-out accept | tokens/pass | drafter | SD share |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -176,22 +207,36 @@ def write_report(out: Path, rows: list[dict], lengths: list[list[int]], closing:
     if 0 in held_out:
         lines.append(f"| 0 | | | {held_out[0]} |" + " |" * 13)
     for r in rows:
-        lines.append(f"| {r['step']} | {r.get('reward_mean', 0):.3f} "
-                     f"| {r.get('accuracy', 0):.2f} | {held_out.get(r['step'], '')} | "
-                     f"{r.get('response_len_p50', 0):.0f} | {r.get('response_len_p99', 0):.0f} | "
-                     f"{r.get('rollout_s', 0):.2f} | {r.get('rollout_share', 0):.0%} "
-                     f"| {r.get('tail_s', 0):.2f} | {r.get('tail_share', 0):.0%} "
-                     f"| {r.get('idle_used_s', 0):.2f} | {r.get('idle_used_share', 0):.0%} | "
-                     f"{r.get('spec_accept_length', 0):.2f} "
-                     f"| {r.get('heldout_accept_len') or 0:.2f} "
-                     f"| {r.get('tokens_per_pass', 0):.2f} | {r.get('drafter_version', 0)} "
-                     f"| {r.get('sd_token_share', 0):.0%} |")
-    lines += ["", *[f"![{p[:-4]}]({p})" for p in pngs], "",
-              "## Held-out questions, through the OpenAI API (greedy)", "",
-              f"{sum(c['correct'] for c in closing)} of {len(closing)} right.", ""]
+        lines.append(
+            f"| {r['step']} | {r.get('reward_mean', 0):.3f} "
+            f"| {r.get('accuracy', 0):.2f} | {held_out.get(r['step'], '')} | "
+            f"{r.get('response_len_p50', 0):.0f} | {r.get('response_len_p99', 0):.0f} | "
+            f"{r.get('rollout_s', 0):.2f} | {r.get('rollout_share', 0):.0%} "
+            f"| {r.get('tail_s', 0):.2f} | {r.get('tail_share', 0):.0%} "
+            f"| {r.get('idle_used_s', 0):.2f} | {r.get('idle_used_share', 0):.0%} | "
+            f"{r.get('spec_accept_length', 0):.2f} "
+            f"| {r.get('heldout_accept_len') or 0:.2f} "
+            f"| {r.get('tokens_per_pass', 0):.2f} | {r.get('drafter_version', 0)} "
+            f"| {r.get('sd_token_share', 0):.0%} |"
+        )
+    lines += [
+        "",
+        *[f"![{p[:-4]}]({p})" for p in pngs],
+        "",
+        "## Held-out questions, through the OpenAI API (greedy)",
+        "",
+        f"{sum(c['correct'] for c in closing)} of {len(closing)} right.",
+        "",
+    ]
     for c in closing:
-        lines += [f"Q: `{c['question']}` (expected `{c['expected']}`: "
-                  f"{'right' if c['correct'] else 'wrong'})", "", "```", c["answer"], "```", ""]
+        lines += [
+            f"Q: `{c['question']}` (expected `{c['expected']}`: {'right' if c['correct'] else 'wrong'})",
+            "",
+            "```",
+            c["answer"],
+            "```",
+            "",
+        ]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path

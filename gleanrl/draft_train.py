@@ -4,6 +4,7 @@ Generate with the target (transformers `generate`, batched, sampled), capture au
 soft labels on prompt + response, train with TTT (response tokens only), report held-out acceptance
 length along the way, and save the drafter atomically. `warm_start()` is the same as a library call.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,13 +27,13 @@ from gleanrl.harvest.train_step import bf16_fast, length_batches, make_optimizer
 @dataclass
 class WarmStartConfig:
     max_new_tokens: int = 128
-    temperature: float = 1.0          # 0 = greedy
+    temperature: float = 1.0  # 0 = greedy
     gen_batch: int = 16
     steps: int = 200
-    batch_size: int = 16              # most sequences per step
-    batch_tokens: int = 2048          # most padded tokens per step (a longer sequence goes alone)
-    lr: float = 1e-3                  # decays linearly to lr / 10
-    precision: str = "auto"           # bf16 autocast (auto: where it is fast) | fp32
+    batch_size: int = 16  # most sequences per step
+    batch_tokens: int = 2048  # most padded tokens per step (a longer sequence goes alone)
+    lr: float = 1e-3  # decays linearly to lr / 10
+    precision: str = "auto"  # bf16 autocast (auto: where it is fast) | fp32
     ttt_length: int = 4
     topk: int = 64
     heldout: float = 0.1
@@ -43,8 +44,17 @@ class WarmStartConfig:
     def __post_init__(self) -> None:
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
-        for name in ("max_new_tokens", "gen_batch", "steps", "batch_size", "batch_tokens",
-                     "ttt_length", "topk", "eval_every", "accept_k"):
+        for name in (
+            "max_new_tokens",
+            "gen_batch",
+            "steps",
+            "batch_size",
+            "batch_tokens",
+            "ttt_length",
+            "topk",
+            "eval_every",
+            "accept_k",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.heldout < 1 or self.temperature < 0 or self.lr <= 0:
@@ -53,16 +63,18 @@ class WarmStartConfig:
 
 HELP = {
     "max_new_tokens": "response tokens generated per prompt",
-    "temperature": "sampling temperature (0 = greedy)", "gen_batch": "requests generated "
-    "concurrently / sequences per capture batch", "steps": "optimizer steps",
+    "temperature": "sampling temperature (0 = greedy)",
+    "gen_batch": "requests generated concurrently / sequences per capture batch",
+    "steps": "optimizer steps",
     "batch_size": "most sequences per step",
-    "batch_tokens": "most padded tokens per step (similar lengths "
-    "are batched together)", "lr": "AdamW learning rate (decays linearly to a tenth)",
+    "batch_tokens": "most padded tokens per step (similar lengths are batched together)",
+    "lr": "AdamW learning rate (decays linearly to a tenth)",
     "precision": "auto (bf16 autocast where the CPU/GPU has fast bf16), bf16 or fp32",
     "ttt_length": "unrolled draft steps (TTT)",
     "topk": "soft-label top-k of the target distribution",
-    "heldout": "fraction of generations held out", "eval_every": "steps between held-out "
-    "acceptance evaluations", "accept_k": "draft length for acceptance",
+    "heldout": "fraction of generations held out",
+    "eval_every": "steps between held-out acceptance evaluations",
+    "accept_k": "draft length for acceptance",
     "seed": "seed for prompts, sampling and init",
 }
 
@@ -71,8 +83,9 @@ def use_bf16(cfg: WarmStartConfig, device: str = "cpu") -> bool:
     return cfg.precision == "bf16" or (cfg.precision == "auto" and bf16_fast(device))
 
 
-def generate(model_dir: str | Path, tokenizer, prompts: list[str], cfg: WarmStartConfig,
-             device: str = "cpu") -> list[tuple[list[int], int]]:
+def generate(
+    model_dir: str | Path, tokenizer, prompts: list[str], cfg: WarmStartConfig, device: str = "cpu"
+) -> list[tuple[list[int], int]]:
     """(prompt + response token ids, prompt length) per prompt, sampled by the embedded engine
     (continuous batching: long-tailed responses do not hold a padded batch; bf16 where fast, as it
     would serve)."""
@@ -82,18 +95,24 @@ def generate(model_dir: str | Path, tokenizer, prompts: list[str], cfg: WarmStar
     from gleanrl.server.engine import Engine
     from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
-    engine = Engine(EngineConfig(model_path=str(model_dir), device=device,
-                                 max_running_requests=cfg.gen_batch, dtype="bfloat16"
-                                 if use_bf16(cfg, device) else "float32", seed=cfg.seed))
+    engine = Engine(
+        EngineConfig(
+            model_path=str(model_dir),
+            device=device,
+            max_running_requests=cfg.gen_batch,
+            dtype="bfloat16" if use_bf16(cfg, device) else "float32",
+            seed=cfg.seed,
+        )
+    )
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     bar = tqdm(total=len(prompts), desc="generate", unit="seq")
 
     async def one(i: int) -> list[int]:
-        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                seed=cfg.seed * 100003 + i)
+        params = SamplingParams(
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed * 100003 + i
+        )
         ids, reason = [], None
-        async for out in engine.generate(GenerateRequest(rid=f"warm-{i}", input_ids=encoded[i],
-                                                         params=params)):
+        async for out in engine.generate(GenerateRequest(rid=f"warm-{i}", input_ids=encoded[i], params=params)):
             ids += out.new_ids
             reason = out.finish_reason
         matched = (reason or {}).get("matched")
@@ -114,10 +133,16 @@ def generate(model_dir: str | Path, tokenizer, prompts: list[str], cfg: WarmStar
     return [(p + r, len(p)) for p, r in zip(encoded, responses)]
 
 
-def warm_start(model_dir: str | Path, prompts: list[str], cfg: WarmStartConfig,
-               init: str | Path | None = None, layer_ids: list[int] | None = None, log=None,
-               checkpoint: str | Path | None = None,
-               device: str = "cpu") -> tuple[Eagle3Drafter, list[dict]]:
+def warm_start(
+    model_dir: str | Path,
+    prompts: list[str],
+    cfg: WarmStartConfig,
+    init: str | Path | None = None,
+    layer_ids: list[int] | None = None,
+    log=None,
+    checkpoint: str | Path | None = None,
+    device: str = "cpu",
+) -> tuple[Eagle3Drafter, list[dict]]:
     """Train a drafter for the target in `model_dir` on its generations for `prompts`, on `device`
     (generation, capture and training). -> (drafter, history). With `checkpoint`, the drafter is
     also saved there (atomically) at every evaluation, so an interrupted run keeps its last
@@ -127,28 +152,29 @@ def warm_start(model_dir: str | Path, prompts: list[str], cfg: WarmStartConfig,
     torch.manual_seed(cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
-    drafter = (load_drafter(init, target_config=model.config) if init
-               else init_drafter(model_dir, cfg.seed, layer_ids)).to(device)
+    drafter = (
+        load_drafter(init, target_config=model.config) if init else init_drafter(model_dir, cfg.seed, layer_ids)
+    ).to(device)
     bf16 = use_bf16(cfg, device)
     seqs = generate(model_dir, tokenizer, prompts, cfg, device)
     captured: list[Sample] = []
     # similar lengths per capture batch: little padding
     seqs = sorted(seqs, key=lambda s: len(s[0]))
     for lo in tqdm(range(0, len(seqs), cfg.gen_batch), desc="capture", unit="batch"):
-        part = seqs[lo:lo + cfg.gen_batch]
-        captured += capture(model, [s for s, _ in part], drafter.config.aux_layer_ids, cfg.topk,
-                            [p for _, p in part], bf16=bf16)
+        part = seqs[lo : lo + cfg.gen_batch]
+        captured += capture(
+            model, [s for s, _ in part], drafter.config.aux_layer_ids, cfg.topk, [p for _, p in part], bf16=bf16
+        )
     samples = [s.tensors() for s in captured if s.loss_mask.sum() >= 2]  # >= 2 tokens to draft
     n_held = max(1, round(cfg.heldout * len(samples)))
     if len(samples) < n_held + 1:
-        raise ValueError(f"only {len(samples)} usable generations; give more prompts or a larger "
-                         "--max-new-tokens")
+        raise ValueError(f"only {len(samples)} usable generations; give more prompts or a larger --max-new-tokens")
     perm = torch.randperm(len(samples)).tolist()
     held, train = [samples[i] for i in perm[:n_held]], [samples[i] for i in perm[n_held:]]
+
     def evaluate(row: dict) -> dict:
         row["accept_length"] = acceptance_length(drafter, held, cfg.accept_k)
-        row["accept_length_sampled"] = acceptance_length(drafter, held, cfg.accept_k,
-                                                         mode="sampled")
+        row["accept_length_sampled"] = acceptance_length(drafter, held, cfg.accept_k, mode="sampled")
         return row
 
     history = [evaluate({"step": 0})]
@@ -168,8 +194,9 @@ def warm_start(model_dir: str | Path, prompts: list[str], cfg: WarmStartConfig,
             history.append(evaluate(row))
             if checkpoint is not None and step < cfg.steps:
                 save_drafter(drafter, checkpoint)
-        bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.2f}",
-                        accept=f"{history[-1]['accept_length']:.2f}")
+        bar.set_postfix(
+            loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.2f}", accept=f"{history[-1]['accept_length']:.2f}"
+        )
         if log is not None:
             log.write(json.dumps(row) + "\n")
             log.flush()
@@ -181,10 +208,8 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
         try:
             from gleanrl.trainer.tasks import load_task
         except ImportError:
-            raise ValueError("--task needs gleanrl's trainer.tasks; use "
-                             "--prompts FILE instead") from None
-        return [p["prompt"]
-                for p in load_task(args.task).prompts("train", args.num_prompts, args.seed)]
+            raise ValueError("--task needs gleanrl's trainer.tasks; use --prompts FILE instead") from None
+        return [p["prompt"] for p in load_task(args.task).prompts("train", args.num_prompts, args.seed)]
     path = Path(args.prompts)
     if not path.is_file():
         raise ValueError(f"prompts file {path} does not exist")
@@ -194,28 +219,25 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
             try:
                 prompts.append(str(json.loads(line)["prompt"]))
             except (json.JSONDecodeError, KeyError, TypeError):
-                raise ValueError(f"{path}:{n}: each line must be a JSON object "
-                                 "with a \"prompt\"") from None
+                raise ValueError(f'{path}:{n}: each line must be a JSON object with a "prompt"') from None
     return prompts[: args.num_prompts]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="target model directory")
     src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompts", help="JSONL file, one {\"prompt\": exact text} per line")
+    src.add_argument("--prompts", help='JSONL file, one {"prompt": exact text} per line')
     src.add_argument("--task", help="a task name for trainer.tasks.load_task (e.g. doubling)")
-    parser.add_argument("--out", required=True,
-                        help="directory to write the drafter to (atomically)")
-    parser.add_argument("--init", default=None,
-                        help="start from this drafter instead of a random one")
+    parser.add_argument("--out", required=True, help="directory to write the drafter to (atomically)")
+    parser.add_argument("--init", default=None, help="start from this drafter instead of a random one")
     parser.add_argument("--layer-ids", default=None, help="aux layer ids a,b,c for a new drafter")
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--log", default=None, help="append per-step metrics here as JSONL")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="where generation, capture and " "training run")
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="where generation, capture and training run"
+    )
     for name, default in vars(WarmStartConfig()).items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default,
-                            help=HELP[name])
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default, help=HELP[name])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -226,9 +248,16 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("no prompts")
         log = open(args.log, "a") if args.log else None
         try:
-            drafter, history = warm_start(args.model, prompts, cfg, args.init,
-                                          parse_layer_ids(args.layer_ids), log, checkpoint=args.out,
-                                          device=args.device)
+            drafter, history = warm_start(
+                args.model,
+                prompts,
+                cfg,
+                args.init,
+                parse_layer_ids(args.layer_ids),
+                log,
+                checkpoint=args.out,
+                device=args.device,
+            )
         finally:
             if log is not None:
                 log.close()
@@ -237,8 +266,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     save_drafter(drafter, args.out)
     first, last = history[0], history[-1]
-    print(f"wrote drafter to {args.out}: held-out acceptance "
-          f"length {first['accept_length']:.2f} -> {last['accept_length']:.2f} greedy "
-          f"chain, {first['accept_length_sampled']:.2f} -> {last['accept_length_sampled']:.2f} "
-          f"expected when sampling (k={cfg.accept_k}, {len(prompts)} prompts, {cfg.steps} steps)")
+    print(
+        f"wrote drafter to {args.out}: held-out acceptance "
+        f"length {first['accept_length']:.2f} -> {last['accept_length']:.2f} greedy "
+        f"chain, {first['accept_length_sampled']:.2f} -> {last['accept_length_sampled']:.2f} "
+        f"expected when sampling (k={cfg.accept_k}, {len(prompts)} prompts, {cfg.steps} steps)"
+    )
     return 0

@@ -15,6 +15,7 @@ recipe's shape, and (policy) a quick held-out figure: the reference-solution acc
 prompts must clear a floor far below what the shipped weights score, so a corrupt or foreign file
 fails loudly instead of training. `gleanrl demo --from-scratch` (or `gleanrl bootstrap`) rebuilds.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,16 +23,16 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).parent / "shipped"   # a test may point it elsewhere
-SANITY_PROMPTS, SANITY_FLOOR = 32, 0.30   # shipped: ~0.6 on these (bootstrap.json)
+ROOT = Path(__file__).parent / "shipped"  # a test may point it elsewhere
+SANITY_PROMPTS, SANITY_FLOOR = 32, 0.30  # shipped: ~0.6 on these (bootstrap.json)
 
 
 @dataclass(frozen=True)
 class Shipped:
-    size: str       # trainer.bootstrap.SIZES
-    task: str       # the built-in task it was bootstrapped on
-    dtype: str      # how its weights are stored
-    regime: str     # the demo's regime on it (trainer.tasks.presets)
+    size: str  # trainer.bootstrap.SIZES
+    task: str  # the built-in task it was bootstrapped on
+    dtype: str  # how its weights are stored
+    regime: str  # the demo's regime on it (trainer.tasks.presets)
 
     @property
     def policy(self) -> Path:
@@ -42,9 +43,11 @@ class Shipped:
         return ROOT / f"{self.task}-{self.size}-seed0-drafter"
 
 
-SHIPPED = {"small": Shipped("small", "doubling", "float32", "short"),
-           "deep": Shipped("deep", "doubling_checks", "bfloat16", "self_checks")}
-DEFAULT = "deep"   # the demo's and the benches' policy (issue 38: the shape SD serves)
+SHIPPED = {
+    "small": Shipped("small", "doubling", "float32", "short"),
+    "deep": Shipped("deep", "doubling_checks", "bfloat16", "self_checks"),
+}
+DEFAULT = "deep"  # the demo's and the benches' policy (issue 38: the shape SD serves)
 
 
 class ShippedError(RuntimeError):
@@ -66,14 +69,16 @@ def sums_file() -> Path:
 def check_hash(directory: Path) -> None:
     weights, sums = directory / "model.safetensors", sums_file()
     name = f"{directory.name}/{weights.name}"
-    expected = dict(line.split()[::-1] for line in sums.read_text().splitlines() if line.strip()) \
-        if sums.is_file() else {}
+    expected = (
+        dict(line.split()[::-1] for line in sums.read_text().splitlines() if line.strip()) if sums.is_file() else {}
+    )
     if not weights.is_file() or name not in expected:
-        raise ShippedError(f"{weights} or its hash in {sums} is missing (a checkout without the "
-                           "shipped weights? `gleanrl demo --from-scratch` rebuilds the policy)")
+        raise ShippedError(
+            f"{weights} or its hash in {sums} is missing (a checkout without the "
+            "shipped weights? `gleanrl demo --from-scratch` rebuilds the policy)"
+        )
     if (got := sha256(weights)) != expected[name]:
-        raise ShippedError(f"{weights}: sha256 {got[:16]}... is not the shipped "
-                           f"{expected[name][:16]}...")
+        raise ShippedError(f"{weights}: sha256 {got[:16]}... is not the shipped {expected[name][:16]}...")
 
 
 def shipped_policy(sanity: bool = True, size: str = DEFAULT) -> Path:
@@ -88,15 +93,18 @@ def shipped_policy(sanity: bool = True, size: str = DEFAULT) -> Path:
     recipe = SIZES[size]
     shape = (config.get("hidden_size"), config.get("num_hidden_layers"))
     if shape != (recipe.hidden, recipe.layers):
-        raise ShippedError(f"{policy}: shape {shape} is not the {size} recipe's "
-                           f"{(recipe.hidden, recipe.layers)}")
+        raise ShippedError(f"{policy}: shape {shape} is not the {size} recipe's {(recipe.hidden, recipe.layers)}")
     recorded = json.loads((policy / "bootstrap.json").read_text()).get("key")
     if recorded != (expected := cache_key(entry.task, 0, size)[1]):
-        raise ShippedError(f"{policy}: bootstrap key {recorded} is not today's recipe's "
-                           f"{expected} (the recipe changed: re-ship with scripts/ship_policy.py)")
+        raise ShippedError(
+            f"{policy}: bootstrap key {recorded} is not today's recipe's "
+            f"{expected} (the recipe changed: re-ship with scripts/ship_policy.py)"
+        )
     if sanity and (accuracy := quick_heldout(policy, task=entry.task)) < SANITY_FLOOR:
-        raise ShippedError(f"{policy}: held-out reference accuracy {accuracy:.3f} on "
-                           f"{SANITY_PROMPTS} prompts is under the floor {SANITY_FLOOR}")
+        raise ShippedError(
+            f"{policy}: held-out reference accuracy {accuracy:.3f} on "
+            f"{SANITY_PROMPTS} prompts is under the floor {SANITY_FLOOR}"
+        )
     return policy
 
 

@@ -2,6 +2,7 @@
 and a randomly initialised Qwen2 / Qwen3 / Llama causal LM, saved with `save_pretrained`
 (safetensors, chat template included). Tests, examples and `gleanrl make-tiny-model` use them; no
 network needed."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,12 +20,11 @@ _CORPUS = [
     "Reinforcement learning from verifiable rewards samples many answers and reinforces the right ones.",
     "Question: what is 12 + 30? Answer: 42. Let us add step by step: 12, 42.",
     "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n",
-    "Hello, world! How are you today? I am fine, thank you. {\"key\": [1, 2, 3]}",
+    'Hello, world! How are you today? I am fine, thank you. {"key": [1, 2, 3]}',
 ]
 
 
-def build_tokenizer(corpus: list[str] | None = None, vocab_size: int = 384,
-                    chat_template: str = CHAT_TEMPLATE):
+def build_tokenizer(corpus: list[str] | None = None, vocab_size: int = 384, chat_template: str = CHAT_TEMPLATE):
     """A byte-level BPE tokenizer (any text encodes, nothing is unknown) trained on `corpus`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -32,19 +32,35 @@ def build_tokenizer(corpus: list[str] | None = None, vocab_size: int = 384,
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator((corpus or _CORPUS) * 4, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", bos_token=None,
-                                   chat_template=chat_template)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        chat_template=chat_template,
+    )
 
 
-def make_tiny_model(out: str | Path, arch: str = "qwen2", hidden_size: int = 64,
-                    num_layers: int = 4, num_heads: int = 4, num_kv_heads: int = 2,
-                    intermediate_size: int = 128, max_position_embeddings: int = 1024,
-                    seed: int = 0, tokenizer=None, tie_word_embeddings: bool = False) -> Path:
+def make_tiny_model(
+    out: str | Path,
+    arch: str = "qwen2",
+    hidden_size: int = 64,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 1024,
+    seed: int = 0,
+    tokenizer=None,
+    tie_word_embeddings: bool = False,
+) -> Path:
     """Write a random tiny causal LM with its tokenizer to `out` and return the path."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
@@ -53,11 +69,19 @@ def make_tiny_model(out: str | Path, arch: str = "qwen2", hidden_size: int = 64,
     config_cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}[arch]
     extra = {"head_dim": hidden_size // num_heads} if arch == "qwen3" else {}
     config = config_cls(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=None, **extra)
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        **extra,
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if tie_word_embeddings:
@@ -85,7 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = make_tiny_model(args.out, arch=args.arch, hidden_size=args.hidden_size,
-                           num_layers=args.layers, seed=args.seed)
+    path = make_tiny_model(
+        args.out, arch=args.arch, hidden_size=args.hidden_size, num_layers=args.layers, seed=args.seed
+    )
     print(f"wrote a tiny {args.arch} model to {path}")
     return 0

@@ -13,6 +13,7 @@ s is accepted with probability sum_x min(p, q) = 1 - TV(p, q), so length = 1 + s
 alpha_j, along the sample's own context. Smoother than the greedy chain, so better for
 comparing two drafters.
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,37 +23,38 @@ from gleanrl.harvest.drafter import Eagle3Drafter
 from gleanrl.harvest.train_step import Tensors, collate, ttt_unroll
 
 
-def accept_lengths(logits: list[torch.Tensor], ids: torch.Tensor, starts: torch.Tensor,
-                   draft_to_target: torch.Tensor) -> torch.Tensor:
+def accept_lengths(
+    logits: list[torch.Tensor], ids: torch.Tensor, starts: torch.Tensor, draft_to_target: torch.Tensor
+) -> torch.Tensor:
     """logits: k steps [B,T,Vd]; ids [B,T] with 0-padding; starts [B,T] bool.
     -> accept lengths [n_starts] (1 + leading run of drafted == actual)."""
     run = torch.ones_like(ids, dtype=torch.bool)
     length = torch.ones_like(ids, dtype=torch.float32)
     for s, lg in enumerate(logits):
-        drafted = draft_to_target[lg.argmax(-1)]                       # [B,T] target ids
+        drafted = draft_to_target[lg.argmax(-1)]  # [B,T] target ids
         # token i+s+2, -1 past the end
-        actual = F.pad(ids[:, s + 2:], (0, s + 2), value=-1)
+        actual = F.pad(ids[:, s + 2 :], (0, s + 2), value=-1)
         run = run & (drafted == actual)
         length = length + run.float()
     return length[starts]
 
 
-def expected_accept_lengths(logits: list[torch.Tensor], labels: torch.Tensor,
-                            starts: torch.Tensor) -> torch.Tensor:
+def expected_accept_lengths(logits: list[torch.Tensor], labels: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     """logits: k steps [B,T,Vd]; labels [B,T,Vd] (row j: target distribution predicting token j+1);
     starts [B,T] bool -> expected accept lengths of speculative sampling [n_starts]."""
     run = torch.ones(labels.shape[:2], device=labels.device)
     length = torch.ones_like(run)
     for s, lg in enumerate(logits):
-        p = F.pad(labels[:, s + 1:], (0, 0, 0, s + 1))                     # zero rows past the end
+        p = F.pad(labels[:, s + 1 :], (0, 0, 0, s + 1))  # zero rows past the end
         run = run * torch.minimum(p, torch.softmax(lg.float(), -1)).sum(-1)
         length = length + run
     return length[starts]
 
 
 @torch.no_grad()
-def acceptance_sums(drafter: Eagle3Drafter, samples: list[Tensors], k: int = 4, batch_size: int = 8,
-                    mode: str = "greedy") -> list[tuple[float, int]]:
+def acceptance_sums(
+    drafter: Eagle3Drafter, samples: list[Tensors], k: int = 4, batch_size: int = 8, mode: str = "greedy"
+) -> list[tuple[float, int]]:
     """Per sample: (sum of accept lengths over its start slots, number of start slots), so that
     scores of a fixed drafter can be cached per sample and pooled with others."""
     if mode not in ("greedy", "sampled"):
@@ -61,12 +63,15 @@ def acceptance_sums(drafter: Eagle3Drafter, samples: list[Tensors], k: int = 4, 
     drafter.eval()
     out: list[tuple[float, int]] = []
     for lo in range(0, len(samples), batch_size):
-        b = collate(samples[lo:lo + batch_size], drafter)
+        b = collate(samples[lo : lo + batch_size], drafter)
         logits = ttt_unroll(drafter, b["ids"], b["aux"], b["valid"], k)
         ids = b["ids"].masked_fill(~b["valid"], -2)
         starts = F.pad((b["valid"] & b["loss_mask"])[:, 2:], (0, 2))
-        lengths = (accept_lengths(logits, ids, starts, drafter.draft_to_target())
-                   if mode == "greedy" else expected_accept_lengths(logits, b["labels"], starts))
+        lengths = (
+            accept_lengths(logits, ids, starts, drafter.draft_to_target())
+            if mode == "greedy"
+            else expected_accept_lengths(logits, b["labels"], starts)
+        )
         # [n_starts] sample of each
         rows = torch.arange(ids.shape[0]).unsqueeze(1).expand_as(ids)[starts.cpu()]
         sums = torch.zeros(ids.shape[0]).index_add_(0, rows, lengths.float().cpu())
@@ -76,8 +81,9 @@ def acceptance_sums(drafter: Eagle3Drafter, samples: list[Tensors], k: int = 4, 
     return out
 
 
-def acceptance_length(drafter: Eagle3Drafter, samples: list[Tensors], k: int = 4,
-                      batch_size: int = 8, mode: str = "greedy") -> float:
+def acceptance_length(
+    drafter: Eagle3Drafter, samples: list[Tensors], k: int = 4, batch_size: int = 8, mode: str = "greedy"
+) -> float:
     """Mean accept length (1 + accepted drafts of a k-step chain) over all start slots of `samples`;
     mode "greedy" (chain along the sample's tokens) or "sampled" (expected,
     speculative sampling)."""

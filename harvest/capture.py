@@ -7,6 +7,7 @@ them (SGLang's capture for `eagle_aux_hidden_state_layer_ids` = [a, b, c], trans
 Soft labels: the target's softmax at temperature 1, top-k (ids sorted by probability, probs not
 renormalised; row j predicts token j+1).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,6 +20,7 @@ import torch
 
 class FinishedRollout(Protocol):
     """What the harvest reads of a finished rollout (`clients.rollout.FinishedRollout` is one)."""
+
     prompt_ids: list[int]
     output_ids: list[int]
 
@@ -28,11 +30,11 @@ class FinishedRollout(Protocol):
 
 @dataclass
 class Sample:
-    input_ids: torch.Tensor       # [T] long
-    aux_hidden: torch.Tensor      # [T, n*H], n = len(layer_ids) (EAGLE-3: 3)
-    topk_ids: torch.Tensor        # [T, k] long
-    topk_probs: torch.Tensor      # [T, k] float32
-    loss_mask: torch.Tensor       # [T] bool: token j is to be learned (response tokens)
+    input_ids: torch.Tensor  # [T] long
+    aux_hidden: torch.Tensor  # [T, n*H], n = len(layer_ids) (EAGLE-3: 3)
+    topk_ids: torch.Tensor  # [T, k] long
+    topk_probs: torch.Tensor  # [T, k] float32
+    loss_mask: torch.Tensor  # [T] bool: token j is to be learned (response tokens)
     policy_version: int | None = None
 
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -45,11 +47,12 @@ class UpdateCapture:
     """The harvester's request to a policy update that runs the policy over rollouts anyway: capture
     the rollouts it `wants` from that forward (`aux_hooks` + `samples_from`) and `put`
     each Sample."""
+
     layer_ids: list[int]
     topk: int | None
     aux_dtype: torch.dtype | None
     policy_version: int
-    wants: Callable[[FinishedRollout], bool]        # rollout -> take its states from this forward
+    wants: Callable[[FinishedRollout], bool]  # rollout -> take its states from this forward
     put: Callable[[FinishedRollout, Sample], None]  # once per wanted rollout, in the update's thread
 
 
@@ -61,8 +64,7 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return layers
 
 
-def _pad(input_ids: torch.Tensor | list,
-         pad_id: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def _pad(input_ids: torch.Tensor | list, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2:
         return input_ids, torch.ones_like(input_ids), [input_ids.shape[1]] * input_ids.shape[0]
     seqs = [torch.as_tensor(s, dtype=torch.long) for s in input_ids]
@@ -70,7 +72,7 @@ def _pad(input_ids: torch.Tensor | list,
     ids = torch.full((len(seqs), max(lens)), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for b, s in enumerate(seqs):
-        ids[b, :lens[b]], mask[b, :lens[b]] = s, 1
+        ids[b, : lens[b]], mask[b, : lens[b]] = s, 1
     return ids, mask, lens
 
 
@@ -93,10 +95,10 @@ def aux_hooks(model: torch.nn.Module, layer_ids: list[int]) -> Iterator[dict[int
     def hook_for(a: int):
         def hook(module, args, kwargs):
             grabbed[a] = (args[0] if args else kwargs["hidden_states"]).detach()
+
         return hook
 
-    handles = [layers[a + 1].register_forward_pre_hook(hook_for(a), with_kwargs=True)
-               for a in layer_ids]
+    handles = [layers[a + 1].register_forward_pre_hook(hook_for(a), with_kwargs=True) for a in layer_ids]
     try:
         yield grabbed
     finally:
@@ -105,9 +107,17 @@ def aux_hooks(model: torch.nn.Module, layer_ids: list[int]) -> Iterator[dict[int
 
 
 @torch.no_grad()
-def samples_from(grabbed: dict[int, torch.Tensor], logits: torch.Tensor, ids: torch.Tensor,
-                 rows: list[int], lens: list[int], prompt_lens: list[int] | None, topk: int | None,
-                 policy_version: int | None, aux_dtype: torch.dtype | None = None) -> list[Sample]:
+def samples_from(
+    grabbed: dict[int, torch.Tensor],
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    rows: list[int],
+    lens: list[int],
+    prompt_lens: list[int] | None,
+    topk: int | None,
+    policy_version: int | None,
+    aux_dtype: torch.dtype | None = None,
+) -> list[Sample]:
     """Samples of batch rows `rows` (right-padded, `lens[i]` tokens each) from one forward's aux
     hidden states [B, L, H] per layer and logits [B, L, V]. Row by row: at most one row's soft
     labels at a time."""
@@ -116,9 +126,8 @@ def samples_from(grabbed: dict[int, torch.Tensor], logits: torch.Tensor, ids: to
         # [T, n*H], a copy
         aux = torch.cat([grabbed[a][b, :n] for a in sorted(grabbed)], dim=-1).cpu()
         aux = aux.to(aux_dtype) if aux_dtype is not None else aux
-        probs = torch.softmax(logits[b, :n].detach().float(), dim=-1).cpu()               # [T, V]
-        top_p, top_i = probs.topk(probs.shape[-1] if topk is None
-                                  else min(topk, probs.shape[-1]), dim=-1)
+        probs = torch.softmax(logits[b, :n].detach().float(), dim=-1).cpu()  # [T, V]
+        top_p, top_i = probs.topk(probs.shape[-1] if topk is None else min(topk, probs.shape[-1]), dim=-1)
         loss_mask = torch.ones(n, dtype=torch.bool)
         if prompt_lens is not None:
             loss_mask[: prompt_lens[i]] = False
@@ -127,10 +136,16 @@ def samples_from(grabbed: dict[int, torch.Tensor], logits: torch.Tensor, ids: to
 
 
 @torch.no_grad()
-def capture(model: torch.nn.Module, input_ids: torch.Tensor | list, layer_ids: list[int],
-            topk: int | None = 64, prompt_lens: list[int] | None = None,
-            policy_version: int | None = None, aux_dtype: torch.dtype | None = None,
-            bf16: bool = False) -> list[Sample]:
+def capture(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor | list,
+    layer_ids: list[int],
+    topk: int | None = 64,
+    prompt_lens: list[int] | None = None,
+    policy_version: int | None = None,
+    aux_dtype: torch.dtype | None = None,
+    bf16: bool = False,
+) -> list[Sample]:
     """input_ids: [B, T] or a list of 1-D sequences (right-padded here). `prompt_lens[b]`: tokens of
     sequence b not to learn (loss_mask False). topk None: the whole distribution. `bf16`: the
     forward under bf16 autocast (hidden states as a bf16 server computes them). -> one
@@ -139,7 +154,7 @@ def capture(model: torch.nn.Module, input_ids: torch.Tensor | list, layer_ids: l
     ids, mask, lens = _pad(input_ids, 0)
     with aux_hooks(model, layer_ids) as grabbed:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                           use_cache=False).logits
-    return samples_from(grabbed, logits, ids, list(range(len(lens))), lens, prompt_lens, topk,
-                        policy_version, aux_dtype)
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
+    return samples_from(
+        grabbed, logits, ids, list(range(len(lens))), lens, prompt_lens, topk, policy_version, aux_dtype
+    )

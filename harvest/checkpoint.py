@@ -7,6 +7,7 @@ gate/up, reads `d2t` as draft->target id offsets and skips `t2d`): `fc.weight`, 
 target's embedding; SGLang replaces it with the target's own, SpecForge omits it, so it is
 optional on load).
 """
+
 from __future__ import annotations
 
 import json
@@ -69,18 +70,18 @@ def check_fit(c: DrafterConfig, target: Any) -> None:
     dict, or a model directory with config.json)."""
     if isinstance(target, (str, Path)):
         target = json.loads((Path(target) / "config.json").read_text())
-    want = {"hidden size": (c.target_hidden_size, _get(target, "hidden_size")),
-            "vocabulary size": (c.vocab_size, _get(target, "vocab_size"))}
+    want = {
+        "hidden size": (c.target_hidden_size, _get(target, "hidden_size")),
+        "vocabulary size": (c.vocab_size, _get(target, "vocab_size")),
+    }
     if c.target_num_hidden_layers is not None:
         want["layer count"] = (c.target_num_hidden_layers, _get(target, "num_hidden_layers"))
     for what, (mine, theirs) in want.items():
         if theirs is not None and int(mine) != int(theirs):
-            raise DrafterCheckpointError(f"drafter was made for a target with {what} {mine}, this "
-                                         f"target has {theirs}")
+            raise DrafterCheckpointError(f"drafter was made for a target with {what} {mine}, this target has {theirs}")
     n = _get(target, "num_hidden_layers")
     if n is not None and c.aux_layer_ids[-1] > int(n) - 2:
-        raise DrafterCheckpointError(f"drafter captures layer ids {c.aux_layer_ids}, beyond "
-                                     f"this {n}-layer target")
+        raise DrafterCheckpointError(f"drafter captures layer ids {c.aux_layer_ids}, beyond this {n}-layer target")
 
 
 def check_drafter_dir(path: str | Path) -> None:
@@ -94,15 +95,13 @@ def check_drafter_dir(path: str | Path) -> None:
 
 def _read_config(path: Path) -> DrafterConfig:
     if not path.is_dir():
-        raise DrafterCheckpointError(f"drafter checkpoint {path} does not exist or is "
-                                     "not a directory")
+        raise DrafterCheckpointError(f"drafter checkpoint {path} does not exist or is not a directory")
     try:
         return DrafterConfig.from_json(json.loads((path / "config.json").read_text()))
     except FileNotFoundError:
         raise DrafterCheckpointError(f"{path} has no config.json") from None
     except (json.JSONDecodeError, TypeError, ValueError) as exc:
-        raise DrafterCheckpointError(f"{path}/config.json is not a valid EAGLE-3 "
-                                     f"drafter config: {exc}") from None
+        raise DrafterCheckpointError(f"{path}/config.json is not a valid EAGLE-3 drafter config: {exc}") from None
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -119,17 +118,19 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
 def _check_vocab(c: DrafterConfig, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
     ids = d2t.long() + torch.arange(d2t.shape[0])
     if ids.min() < 0 or ids.max() >= c.vocab_size or ids.unique().numel() != ids.numel():
-        raise DrafterCheckpointError("d2t maps draft ids outside the target vocabulary or "
-                                     "onto the same id")
+        raise DrafterCheckpointError("d2t maps draft ids outside the target vocabulary or onto the same id")
     if c.draft_vocab_size == c.vocab_size and d2t.any():
-        raise DrafterCheckpointError("a full-size draft vocabulary must map to the target ids "
-                                     "unchanged (d2t = 0)")
+        raise DrafterCheckpointError("a full-size draft vocabulary must map to the target ids unchanged (d2t = 0)")
     if t2d.sum() != ids.numel() or not t2d.bool()[ids].all():
         raise DrafterCheckpointError("t2d does not mark exactly the target ids that d2t maps to")
 
 
-def load_drafter(path: str | Path, device: str | torch.device = "cpu", target_config: Any = None,
-                 embed_tokens: torch.Tensor | None = None) -> Eagle3Drafter:
+def load_drafter(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    target_config: Any = None,
+    embed_tokens: torch.Tensor | None = None,
+) -> Eagle3Drafter:
     """Load a drafter (eval mode). With `target_config`, refuse one that does not fit that target.
     `embed_tokens`: the target's embedding, shared (not copied) in place of the checkpoint's copy,
     as SGLang does; required for checkpoints without a copy (SpecForge's)."""
@@ -140,26 +141,22 @@ def load_drafter(path: str | Path, device: str | torch.device = "cpu", target_co
     state, shapes = _read_weights(path), expected_shapes(c)
     if "embed_tokens.weight" not in state:
         if embed_tokens is None:
-            raise DrafterCheckpointError(f"{path} has no embed_tokens.weight; pass the "
-                                         "target's embedding")
+            raise DrafterCheckpointError(f"{path} has no embed_tokens.weight; pass the target's embedding")
         # replaced by the shared one
         state["embed_tokens.weight"] = torch.zeros(shapes["embed_tokens.weight"])
     missing, extra = sorted(set(shapes) - set(state)), sorted(set(state) - set(shapes))
     if missing or extra:
-        raise DrafterCheckpointError(f"{path}: missing weights {missing}, unexpected "
-                                     f"weights {extra}")
+        raise DrafterCheckpointError(f"{path}: missing weights {missing}, unexpected weights {extra}")
     for name, shape in shapes.items():
         if tuple(state[name].shape) != shape:
-            raise DrafterCheckpointError(f"{path}: {name} has shape {tuple(state[name].shape)}, "
-                                         f"config says {shape}")
+            raise DrafterCheckpointError(f"{path}: {name} has shape {tuple(state[name].shape)}, config says {shape}")
         if state[name].is_floating_point() and not torch.isfinite(state[name]).all():
             raise DrafterCheckpointError(f"{path}: {name} contains NaN or inf")
     drafter = Eagle3Drafter(c)
     for name, want in drafter.state_dict().items():
         # float widths are cast (bf16 files are common); kinds are not
         if state[name].is_floating_point() != want.is_floating_point():
-            raise DrafterCheckpointError(f"{path}: {name} is {state[name].dtype}, expected "
-                                         f"a {want.dtype}-like tensor")
+            raise DrafterCheckpointError(f"{path}: {name} is {state[name].dtype}, expected a {want.dtype}-like tensor")
     _check_vocab(c, state["d2t"], state["t2d"])
     drafter.load_state_dict({k: v.to(drafter.state_dict()[k].dtype) for k, v in state.items()})
     drafter.to(device)
@@ -181,5 +178,4 @@ def drafter_dir(versions_dir: Path, version: int) -> Path:
 
 def drafter_versions(versions_dir: Path) -> list[tuple[int, Path]]:
     """The drafter versions under `versions_dir`, oldest first."""
-    return sorted((int(m[1]), p) for p in Path(versions_dir).glob("v*")
-                  if (m := _VERSION_DIR.match(p.name)))
+    return sorted((int(m[1]), p) for p in Path(versions_dir).glob("v*") if (m := _VERSION_DIR.match(p.name)))

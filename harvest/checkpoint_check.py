@@ -9,6 +9,7 @@ float tensor is cast to the serving dtype at load, by SGLang as by gleanrl: a fl
 updates a model shipped in bf16), the same `architectures` and `model_type`. Pure Python (no torch,
 no model load): it reads the JSON headers and file sizes only.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,10 +20,24 @@ from pathlib import Path
 
 from gleanrl.base.dtypes import fits
 
-_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2,
-                "I16": 2, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8,
-                "I64": 8, "F64": 8}
-_MAX_HEADER = 100 * 1024 * 1024   # the safetensors format's own limit
+_DTYPE_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "U16": 2,
+    "I16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "U32": 4,
+    "I32": 4,
+    "F32": 4,
+    "U64": 8,
+    "I64": 8,
+    "F64": 8,
+}
+_MAX_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit
 _INDEX = "model.safetensors.index.json"
 EAGLE3_ARCHS = ("LlamaForCausalLMEagle3",)
 
@@ -44,12 +59,12 @@ def read_safetensors_header(path: str | Path) -> dict[str, TensorSpec]:
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            raise CheckpointMismatch(f"{path}: truncated safetensors file ({size} "
-                                     "bytes, no header)")
+            raise CheckpointMismatch(f"{path}: truncated safetensors file ({size} bytes, no header)")
         (n,) = struct.unpack("<Q", head)
         if n > _MAX_HEADER or 8 + n > size:
-            raise CheckpointMismatch(f"{path}: truncated or corrupt safetensors header "
-                                     f"(header says {n} bytes, file has {size})")
+            raise CheckpointMismatch(
+                f"{path}: truncated or corrupt safetensors header (header says {n} bytes, file has {size})"
+            )
         try:
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -63,15 +78,14 @@ def read_safetensors_header(path: str | Path) -> dict[str, TensorSpec]:
         try:
             dtype, shape, (begin, stop) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
         except (KeyError, TypeError, ValueError):
-            raise CheckpointMismatch(f"{path}: corrupt safetensors header "
-                                     f"entry for {name!r}") from None
+            raise CheckpointMismatch(f"{path}: corrupt safetensors header entry for {name!r}") from None
         if dtype not in _DTYPE_BYTES or stop - begin != math.prod(shape) * _DTYPE_BYTES[dtype] or begin < 0:
-            raise CheckpointMismatch(f"{path}: tensor {name!r} has inconsistent "
-                                     "dtype/shape/offsets")
+            raise CheckpointMismatch(f"{path}: tensor {name!r} has inconsistent dtype/shape/offsets")
         specs[name], end = TensorSpec(dtype, shape), max(end, stop)
     if 8 + n + end != size:
-        raise CheckpointMismatch(f"{path}: truncated safetensors file ({size} bytes on disk, "
-                                 f"the header describes {8 + n + end})")
+        raise CheckpointMismatch(
+            f"{path}: truncated safetensors file ({size} bytes on disk, the header describes {8 + n + end})"
+        )
     return specs
 
 
@@ -89,8 +103,7 @@ def read_tensor_specs(model_dir: str | Path) -> dict[str, TensorSpec]:
         files = sorted({model_dir / f for f in weight_map.values()})
         missing = [f.name for f in files if not f.exists()]
         if missing:
-            raise CheckpointMismatch(f"{model_dir}: shards named in the index are "
-                                     f"missing: {missing[:5]}")
+            raise CheckpointMismatch(f"{model_dir}: shards named in the index are missing: {missing[:5]}")
     else:
         files = sorted(model_dir.glob("*.safetensors"))
         weight_map = None
@@ -100,15 +113,14 @@ def read_tensor_specs(model_dir: str | Path) -> dict[str, TensorSpec]:
     for file in files:
         for name, spec in read_safetensors_header(file).items():
             if name in specs:
-                raise CheckpointMismatch(f"{model_dir}: tensor {name!r} appears in "
-                                         "more than one file")
+                raise CheckpointMismatch(f"{model_dir}: tensor {name!r} appears in more than one file")
             if weight_map is not None and weight_map.get(name) != file.name:
-                raise CheckpointMismatch(f"{model_dir}: tensor {name!r} in {file.name} disagrees "
-                                         "with the index")
+                raise CheckpointMismatch(f"{model_dir}: tensor {name!r} in {file.name} disagrees with the index")
             specs[name] = spec
     if weight_map is not None and set(weight_map) - set(specs):
-        raise CheckpointMismatch(f"{model_dir}: tensors named in the index are missing: "
-                                 f"{sorted(set(weight_map) - set(specs))[:5]}")
+        raise CheckpointMismatch(
+            f"{model_dir}: tensors named in the index are missing: {sorted(set(weight_map) - set(specs))[:5]}"
+        )
     return specs
 
 
@@ -125,14 +137,14 @@ def read_config(model_dir: str | Path) -> dict:
     return config
 
 
-def _compare_layout(candidate: dict[str, TensorSpec], reference: dict[str, TensorSpec],
-                    what: str) -> None:
-    missing, unexpected = sorted(set(reference)
-                                 - set(candidate)), sorted(set(candidate) - set(reference))
+def _compare_layout(candidate: dict[str, TensorSpec], reference: dict[str, TensorSpec], what: str) -> None:
+    missing, unexpected = sorted(set(reference) - set(candidate)), sorted(set(candidate) - set(reference))
     if missing or unexpected:
-        raise CheckpointMismatch(f"{what}: tensor names differ from the serving model "
-                                 f"(missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                                 f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''})")
+        raise CheckpointMismatch(
+            f"{what}: tensor names differ from the serving model "
+            f"(missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''})"
+        )
     for name, spec in reference.items():
         if not fits(candidate[name].shape, candidate[name].dtype, spec.shape, spec.dtype):
             raise CheckpointMismatch(
@@ -141,14 +153,16 @@ def _compare_layout(candidate: dict[str, TensorSpec], reference: dict[str, Tenso
             )
 
 
-def _check_fit(candidate: str | Path, serving: str | Path, new_cfg: dict, ref_cfg: dict,
-               keys: tuple[str, ...], serving_name: str) -> dict[str, TensorSpec]:
+def _check_fit(
+    candidate: str | Path, serving: str | Path, new_cfg: dict, ref_cfg: dict, keys: tuple[str, ...], serving_name: str
+) -> dict[str, TensorSpec]:
     """Refuse `candidate` unless its config agrees with `serving`'s on `keys` and its tensors are
     laid out alike."""
     for key in keys:
         if new_cfg.get(key) != ref_cfg.get(key):
-            raise CheckpointMismatch(f"{candidate}: {key} is {new_cfg.get(key)!r}, "
-                                     f"{serving_name} has {ref_cfg.get(key)!r}")
+            raise CheckpointMismatch(
+                f"{candidate}: {key} is {new_cfg.get(key)!r}, {serving_name} has {ref_cfg.get(key)!r}"
+            )
     specs = read_tensor_specs(candidate)
     _compare_layout(specs, read_tensor_specs(serving), str(candidate))
     return specs
@@ -159,7 +173,5 @@ def check_policy_checkpoint(candidate: str | Path, serving: str | Path) -> dict[
     model directory."""
     new_cfg, ref_cfg = read_config(candidate), read_config(serving)
     if any(a in EAGLE3_ARCHS for a in new_cfg.get("architectures") or []):
-        raise CheckpointMismatch(f"{candidate}: is an EAGLE-3 drafter; a policy push would load it "
-                                 "into the target")
-    return _check_fit(candidate, serving, new_cfg, ref_cfg, ("architectures", "model_type"),
-                      "the serving model")
+        raise CheckpointMismatch(f"{candidate}: is an EAGLE-3 drafter; a policy push would load it into the target")
+    return _check_fit(candidate, serving, new_cfg, ref_cfg, ("architectures", "model_type"), "the serving model")

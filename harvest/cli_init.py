@@ -5,6 +5,7 @@ The drafter gets a frozen copy of the target's embedding (as SGLang shares it) a
 space; `fc` and the decoder layer are random (seeded). Reads only those tensors from the
 target's safetensors.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,7 @@ from gleanrl.harvest.drafter import Eagle3Drafter
 from gleanrl.harvest.drafter_config import DrafterConfig
 
 
-def read_target_tensors(model_dir: str | Path,
-                        suffixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+def read_target_tensors(model_dir: str | Path, suffixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """The target's tensors whose names end with one of `suffixes`, from (possibly sharded)
     safetensors."""
     found: dict[str, torch.Tensor] = {}
@@ -34,8 +34,12 @@ def read_target_tensors(model_dir: str | Path,
     return found
 
 
-def init_drafter(model_dir: str | Path, seed: int = 0, aux_layer_ids: list[int] | None = None,
-                 draft_token_ids: torch.Tensor | None = None) -> Eagle3Drafter:
+def init_drafter(
+    model_dir: str | Path,
+    seed: int = 0,
+    aux_layer_ids: list[int] | None = None,
+    draft_token_ids: torch.Tensor | None = None,
+) -> Eagle3Drafter:
     """A new drafter for the target in `model_dir`. `draft_token_ids`: target ids of a reduced draft
     vocabulary (default: the whole target vocabulary)."""
     model_dir = Path(model_dir)
@@ -44,14 +48,11 @@ def init_drafter(model_dir: str | Path, seed: int = 0, aux_layer_ids: list[int] 
     except FileNotFoundError:
         raise ValueError(f"{model_dir} is not a model directory (no config.json)") from None
     target = target.get("text_config", target)
-    ids = None if draft_token_ids is None else torch.as_tensor(draft_token_ids,
-                                                               dtype=torch.long).sort().values
-    config = DrafterConfig.for_target(target, aux_layer_ids,
-                                      None if ids is None else int(ids.numel()))
+    ids = None if draft_token_ids is None else torch.as_tensor(draft_token_ids, dtype=torch.long).sort().values
+    config = DrafterConfig.for_target(target, aux_layer_ids, None if ids is None else int(ids.numel()))
     torch.manual_seed(seed)
     drafter = Eagle3Drafter(config)
-    t = read_target_tensors(model_dir,
-                            ("embed_tokens.weight", "lm_head.weight", "model.norm.weight"))
+    t = read_target_tensors(model_dir, ("embed_tokens.weight", "lm_head.weight", "model.norm.weight"))
     if "embed_tokens.weight" not in t:
         raise ValueError(f"no embed_tokens.weight in the safetensors files of {model_dir}")
     head = t.get("lm_head.weight", t["embed_tokens.weight"])  # tied embeddings have no lm_head
@@ -66,13 +67,14 @@ def init_drafter(model_dir: str | Path, seed: int = 0, aux_layer_ids: list[int] 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True,
-                        help="target model directory (Hugging Face, safetensors)")
+    parser.add_argument("--model", required=True, help="target model directory (Hugging Face, safetensors)")
     parser.add_argument("--out", required=True, help="directory to write the drafter to")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--layer-ids", default=None,
-                        help="aux layer ids a,b,c (SGLang's eagle_aux_hidden_state_layer_ids); "
-                             "default as SGLang")
+    parser.add_argument(
+        "--layer-ids",
+        default=None,
+        help="aux layer ids a,b,c (SGLang's eagle_aux_hidden_state_layer_ids); default as SGLang",
+    )
 
 
 def parse_layer_ids(text: str | None) -> list[int] | None:
@@ -92,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     save_drafter(drafter, args.out)
     c = drafter.config
-    print(f"wrote a random EAGLE-3 drafter to {args.out} (hidden {c.hidden_size}, draft vocab "
-          f"{c.draft_vocab_size}, aux layer ids {c.aux_layer_ids})")
+    print(
+        f"wrote a random EAGLE-3 drafter to {args.out} (hidden {c.hidden_size}, draft vocab "
+        f"{c.draft_vocab_size}, aux layer ids {c.aux_layer_ids})"
+    )
     return 0

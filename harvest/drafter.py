@@ -13,6 +13,7 @@ The next draft step feeds the drafter's own pre-norm output `h` for that positio
 drafted token, at position i+1. The embedding is the target's (SGLang shares it; we also store
 a frozen copy).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -44,8 +45,9 @@ def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor |
     weight = torch.cat([lin.weight.data for lin in linears])
     bias = None
     if any(lin.bias is not None for lin in linears):
-        bias = torch.cat([lin.bias.data if lin.bias is not None
-                          else weight.new_zeros(lin.out_features) for lin in linears])
+        bias = torch.cat(
+            [lin.bias.data if lin.bias is not None else weight.new_zeros(lin.out_features) for lin in linears]
+        )
     start = 0
     for lin in linears:
         end = start + lin.out_features
@@ -67,10 +69,10 @@ def apply_rope(
     halves, as Llama."""
     d = x.shape[-1]
     inv_freq = rope_inv_freq(d, theta).to(x.device) if inv_freq is None else inv_freq
-    ang = positions.float()[..., None, None] * inv_freq                 # [..., 1, d/2]
+    ang = positions.float()[..., None, None] * inv_freq  # [..., 1, d/2]
     cos, sin = ang.cos(), ang.sin()
     xf = x.float()
-    x1, x2 = xf[..., : d // 2], xf[..., d // 2:]
+    x1, x2 = xf[..., : d // 2], xf[..., d // 2 :]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
@@ -132,21 +134,27 @@ class Eagle3Drafter(nn.Module):
         in-place updates do not reach)."""
         make = make_linear or (lambda w: lambda x: F.linear(x, w))
         layer = self.midlayer
-        self.fused = (fuse_linears([layer.self_attn.q_proj, layer.self_attn.k_proj,
-                                    layer.self_attn.v_proj])[0],
-                      fuse_linears([layer.mlp.gate_proj, layer.mlp.up_proj])[0])
-        self.serving = {"fc": make(self.fc.weight), "qkv": make(self.fused[0]),
-                        "o": make(layer.self_attn.o_proj.weight), "gate_up": make(self.fused[1]),
-                        "down": make(layer.mlp.down_proj.weight),
-                        "lm_head": make(self.lm_head.weight)}
+        self.fused = (
+            fuse_linears([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])[0],
+            fuse_linears([layer.mlp.gate_proj, layer.mlp.up_proj])[0],
+        )
+        self.serving = {
+            "fc": make(self.fc.weight),
+            "qkv": make(self.fused[0]),
+            "o": make(layer.self_attn.o_proj.weight),
+            "gate_up": make(self.fused[1]),
+            "down": make(layer.mlp.down_proj.weight),
+            "lm_head": make(self.lm_head.weight),
+        }
         return self
 
     def share_embedding(self, weight: torch.Tensor) -> None:
         """Use the target's embedding itself, not a copy, as SGLang does (`set_embed`): in-place
         policy updates of `weight` then reach the drafter. [V, H]."""
         if tuple(weight.shape) != tuple(self.embed_tokens.weight.shape):
-            raise ValueError(f"embedding of shape {tuple(weight.shape)}, the drafter needs "
-                             f"{tuple(self.embed_tokens.weight.shape)}")
+            raise ValueError(
+                f"embedding of shape {tuple(weight.shape)}, the drafter needs {tuple(self.embed_tokens.weight.shape)}"
+            )
         # detach shares storage
         self.embed_tokens.weight = nn.Parameter(weight.detach(), requires_grad=False)
 
@@ -168,18 +176,20 @@ class Eagle3Drafter(nn.Module):
         """input_ids [...]; r [..., H]; positions [...] -> q [..., nh, d], k, v [...,
         nkv, d] (roped)."""
         c, layer = self.config, self.midlayer
-        x = torch.cat([layer.input_layernorm(self.embed_tokens(input_ids)),
-                       layer.hidden_norm(r)], dim=-1)
+        x = torch.cat([layer.input_layernorm(self.embed_tokens(input_ids)), layer.hidden_norm(r)], dim=-1)
         nq, nkv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
         if self.serving is not None:
             qk, v = self.serving["qkv"](x).split([nq + nkv, nkv], dim=-1)
         else:
             qk = torch.cat([layer.self_attn.q_proj(x), layer.self_attn.k_proj(x)], dim=-1)
             v = layer.self_attn.v_proj(x)
-        qk = apply_rope(qk.unflatten(-1,
-                                     (c.num_attention_heads + c.num_key_value_heads, c.head_dim)),
-                        # q and k roped in one go
-                        positions, c.rope_theta, self.inv_freq)
+        qk = apply_rope(
+            qk.unflatten(-1, (c.num_attention_heads + c.num_key_value_heads, c.head_dim)),
+            # q and k roped in one go
+            positions,
+            c.rope_theta,
+            self.inv_freq,
+        )
         q, k = qk.split([c.num_attention_heads, c.num_key_value_heads], dim=-2)
         return q, k, v.unflatten(-1, (c.num_key_value_heads, c.head_dim))
 

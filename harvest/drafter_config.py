@@ -9,6 +9,7 @@ them explicitly. EAGLE-3 uses three; SGLang 0.5.23 sizes `fc` from the number of
 and 3-layer targets have two (one would make SGLang skip `fc`: it applies fc only when the input is
 wider than the drafter).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -19,8 +20,7 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
     """SGLang/SpecForge's default ids; for shallow targets, where those collide, spread
     distinct ids."""
     if num_layers < 2:
-        raise ValueError("an EAGLE-3 drafter needs a target with at least 2 layers, "
-                         f"got {num_layers}")
+        raise ValueError(f"an EAGLE-3 drafter needs a target with at least 2 layers, got {num_layers}")
     ids = [1, num_layers // 2 - 1, num_layers - 4]
     if ids[0] < ids[1] < ids[2]:
         return ids
@@ -45,8 +45,8 @@ class DrafterConfig:
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
-    vocab_size: int                      # the target's vocabulary (embedding, d2t/t2d range)
-    draft_vocab_size: int                # rows of lm_head
+    vocab_size: int  # the target's vocabulary (embedding, d2t/t2d range)
+    draft_vocab_size: int  # rows of lm_head
     target_hidden_size: int
     target_num_hidden_layers: int | None  # not read by SGLang; lets load_drafter check the fit
     aux_layer_ids: list[int] = field(default_factory=list)
@@ -58,8 +58,7 @@ class DrafterConfig:
     def __post_init__(self) -> None:
         ids = self.aux_layer_ids
         if len(ids) < 2 or any(a >= b for a, b in zip(ids, ids[1:])):
-            raise ValueError("aux_layer_ids must be 2 or more (EAGLE-3: 3) strictly increasing "
-                             f"ids, got {ids}")
+            raise ValueError(f"aux_layer_ids must be 2 or more (EAGLE-3: 3) strictly increasing ids, got {ids}")
         n = self.target_num_hidden_layers
         if ids[0] < -1 or (n is not None and ids[-1] > n - 2):
             raise ValueError(
@@ -68,50 +67,58 @@ class DrafterConfig:
                 f"-1..{self.target_num_hidden_layers - 2})"
             )
         if self.hidden_size != self.target_hidden_size:
-            raise ValueError("the drafter shares the target's embedding, so hidden_size must equal "
-                             "target_hidden_size")
+            raise ValueError("the drafter shares the target's embedding, so hidden_size must equal target_hidden_size")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         if not 0 < self.draft_vocab_size <= self.vocab_size:
-            raise ValueError(f"draft_vocab_size {self.draft_vocab_size} must be in "
-                             f"1..{self.vocab_size}")
+            raise ValueError(f"draft_vocab_size {self.draft_vocab_size} must be in 1..{self.vocab_size}")
         if self.hidden_act != "silu":
             raise ValueError(f"only silu MLPs are supported, got {self.hidden_act}")
 
     @classmethod
-    def for_target(cls, target: Any, aux_layer_ids: list[int] | None = None,
-                   draft_vocab_size: int | None = None) -> DrafterConfig:
+    def for_target(
+        cls, target: Any, aux_layer_ids: list[int] | None = None, draft_vocab_size: int | None = None
+    ) -> DrafterConfig:
         """A one-layer drafter shaped like one layer of `target` (an HF config object or dict)."""
         hidden, heads = int(_get(target, "hidden_size")), int(_get(target, "num_attention_heads"))
         layers, vocab = int(_get(target, "num_hidden_layers")), int(_get(target, "vocab_size"))
         return cls(
-            hidden_size=hidden, intermediate_size=int(_get(target, "intermediate_size")),
+            hidden_size=hidden,
+            intermediate_size=int(_get(target, "intermediate_size")),
             num_attention_heads=heads,
             num_key_value_heads=int(_get(target, "num_key_value_heads") or heads),
-            head_dim=int(_get(target, "head_dim") or hidden // heads), vocab_size=vocab,
-            draft_vocab_size=draft_vocab_size or vocab, target_hidden_size=hidden,
+            head_dim=int(_get(target, "head_dim") or hidden // heads),
+            vocab_size=vocab,
+            draft_vocab_size=draft_vocab_size or vocab,
+            target_hidden_size=hidden,
             target_num_hidden_layers=layers,
             aux_layer_ids=list(aux_layer_ids or default_aux_layer_ids(layers)),
             rms_norm_eps=float(_get(target, "rms_norm_eps") or 1e-6),
             rope_theta=target_rope_theta(target),
-            max_position_embeddings=int(_get(target, "max_position_embeddings") or 4096))
+            max_position_embeddings=int(_get(target, "max_position_embeddings") or 4096),
+        )
 
     def to_json(self) -> dict:
         """SGLang's EAGLE-3 config.json (what SpecForge writes), ids explicit under
         `eagle_config`."""
         d = asdict(self)
         ids = d.pop("aux_layer_ids")
-        return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-                "num_hidden_layers": 1, **d, "attention_bias": False, "tie_word_embeddings": False,
-                "rope_scaling": None, "torch_dtype": "float32",
-                "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids,
-                                 "use_aux_hidden_state": True}}
+        return {
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "model_type": "llama",
+            "num_hidden_layers": 1,
+            **d,
+            "attention_bias": False,
+            "tie_word_embeddings": False,
+            "rope_scaling": None,
+            "torch_dtype": "float32",
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> DrafterConfig:
         if "LlamaForCausalLMEagle3" not in (d.get("architectures") or []):
-            raise ValueError("not an EAGLE-3 drafter config "
-                             f"(architectures={d.get('architectures')})")
+            raise ValueError(f"not an EAGLE-3 drafter config (architectures={d.get('architectures')})")
         if int(d.get("num_hidden_layers", 1)) != 1:
             raise ValueError("only one-layer EAGLE-3 drafters are supported")
         if d.get("rope_scaling"):
@@ -119,12 +126,10 @@ class DrafterConfig:
         ids = (d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         if ids is None:
             raise ValueError("config.json has no eagle_config.eagle_aux_hidden_state_layer_ids")
-        missing = [f for f in ("hidden_size", "intermediate_size", "num_attention_heads",
-                               "vocab_size") if f not in d]
+        missing = [f for f in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size") if f not in d]
         if missing:
             raise ValueError(f"config.json is missing {missing}")
-        kw = {f: d[f] for f in cls.__dataclass_fields__
-              if f != "aux_layer_ids" and d.get(f) is not None}
+        kw = {f: d[f] for f in cls.__dataclass_fields__ if f != "aux_layer_ids" and d.get(f) is not None}
         kw.setdefault("head_dim", d["hidden_size"] // d["num_attention_heads"])
         kw.setdefault("num_key_value_heads", d["num_attention_heads"])
         kw.setdefault("draft_vocab_size", d["vocab_size"])

@@ -28,6 +28,7 @@ spool on disk. `state_dict()` / `load_state_dict()` carry the drafter in trainin
 from the serving weights, never from scratch), its optimizer, counters and sampling RNG; gleanrl's
 trainer saves them in every step checkpoint, so `--resume` continues where that checkpoint left off.
 """
+
 from __future__ import annotations
 
 import copy
@@ -56,53 +57,68 @@ class HarvestConfig:
     topk: int = flagged(32, "soft-label width kept per harvested token", "--drafter-topk")
     batch_size: int = flagged(4, "harvested samples per drafter micro-step", "--drafter-batch-size")
     # continual from the serving weights: 1e-3 first dips below a good warm start
-    lr: float = flagged(3e-4, "drafter AdamW learning rate (training continues from the serving "
-                              "weights)", "--drafter-lr")
-    ttt_length: int = 4                  # unrolled draft steps, in training and in scoring
-    max_tokens: int = flagged(128, "window of each sample trained on and scored (0: whole "
-                                   "samples; cost grows with its square)", "--drafter-max-tokens")
-    accept_mode: str = flagged("sampled", "held-out score: expected acceptance of speculative "
-                               "sampling ('sampled', rollouts at T=1) or the greedy chain "
-                               "('greedy')", choices=["sampled", "greedy"])
-    bf16: bool | None = None             # bf16 autocast in capture and training
-                                         # (None: where it pays)
-    idle_nice: int = flagged(0, "CPU priority (nice 0-19) of the drafter's idle-window thread; "
-                                "19: it uses only compute nobody else wants, and starves on a "
-                                "busy machine")
-    push_every: int = flagged(25, "drafter micro-steps between score-and-push attempts (0: never "
-                                  "push)")
-    min_gain: float = flagged(0.02, "tokens per verify pass the paired gain's lower bound must "
-                                    "clear to push (harvest.push_rule)")
-    mid_step_gain: float = flagged(0.3, "...to push inside a step, while rollouts run (else at "
-                                        "the step boundary)")
+    lr: float = flagged(
+        3e-4, "drafter AdamW learning rate (training continues from the serving weights)", "--drafter-lr"
+    )
+    ttt_length: int = 4  # unrolled draft steps, in training and in scoring
+    max_tokens: int = flagged(
+        128,
+        "window of each sample trained on and scored (0: whole samples; cost grows with its square)",
+        "--drafter-max-tokens",
+    )
+    accept_mode: str = flagged(
+        "sampled",
+        "held-out score: expected acceptance of speculative "
+        "sampling ('sampled', rollouts at T=1) or the greedy chain "
+        "('greedy')",
+        choices=["sampled", "greedy"],
+    )
+    # bf16 autocast in capture and training (None: where it pays)
+    bf16: bool | None = None
+    idle_nice: int = flagged(
+        0,
+        "CPU priority (nice 0-19) of the drafter's idle-window thread; "
+        "19: it uses only compute nobody else wants, and starves on a "
+        "busy machine",
+    )
+    push_every: int = flagged(25, "drafter micro-steps between score-and-push attempts (0: never push)")
+    min_gain: float = flagged(
+        0.02, "tokens per verify pass the paired gain's lower bound must clear to push (harvest.push_rule)"
+    )
+    mid_step_gain: float = flagged(0.3, "...to push inside a step, while rollouts run (else at the step boundary)")
     confidence_z: float = flagged(2.0, "the push test's lower bound: gain - t(z, prompts - 1) * se")
     min_holdout_prompts: int = flagged(4, "held-out prompts a push attempt needs")
     min_holdout_samples: int = flagged(8, "held-out samples a push attempt needs")
     max_holdout: int = flagged(48, "held-out samples (newest) scored per push attempt")
-    holdout_versions: int = flagged(4, "...from this many newest policy versions (1: the current "
-                                       "one only)")
+    holdout_versions: int = flagged(4, "...from this many newest policy versions (1: the current one only)")
     keep_versions: int = flagged(3, "pushed drafter versions kept on disk")
-    aux_dtype: str = flagged("float32", "spool storage of hidden states",
-                             choices=["float32", "bfloat16", "float16"])
-    mid_step_capture: bool = False       # capture early finishers in the idle window (else:
-                                         # from the update)
+    aux_dtype: str = flagged("float32", "spool storage of hidden states", choices=["float32", "bfloat16", "float16"])
+    # capture early finishers in the idle window (else: from the update)
+    mid_step_capture: bool = False
     seed: int = 0
-    versions_dir: str | None = None      # default: <spool_dir>/../drafter_versions
+    versions_dir: str | None = None  # default: <spool_dir>/../drafter_versions
     spool: SpoolConfig = field(default_factory=SpoolConfig)
 
     def __post_init__(self) -> None:
-        for name in ("topk", "batch_size", "ttt_length", "max_holdout", "holdout_versions",
-                     "keep_versions", "min_holdout_samples"):
+        for name in (
+            "topk",
+            "batch_size",
+            "ttt_length",
+            "max_holdout",
+            "holdout_versions",
+            "keep_versions",
+            "min_holdout_samples",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0 or self.push_every < 0 or self.min_gain < 0 or self.confidence_z < 0:
             raise ValueError("lr must be > 0, push_every, min_gain and confidence_z >= 0")
         if self.mid_step_gain < self.min_gain:
-            raise ValueError(f"mid_step_gain must be >= min_gain ({self.min_gain}), "
-                             f"got {self.mid_step_gain}")
+            raise ValueError(f"mid_step_gain must be >= min_gain ({self.min_gain}), got {self.mid_step_gain}")
         if self.min_holdout_prompts < 2:
-            raise ValueError("min_holdout_prompts must be >= 2 (a standard error needs two), "
-                             f"got {self.min_holdout_prompts}")
+            raise ValueError(
+                f"min_holdout_prompts must be >= 2 (a standard error needs two), got {self.min_holdout_prompts}"
+            )
         if not 0 <= self.idle_nice <= 19:
             raise ValueError(f"idle_nice must be in [0, 19], got {self.idle_nice}")
         if self.max_tokens < 0 or self.max_tokens in (1, 2):
@@ -110,17 +126,23 @@ class HarvestConfig:
         if self.accept_mode not in ("sampled", "greedy"):
             raise ValueError(f"accept_mode must be 'sampled' or 'greedy', got {self.accept_mode!r}")
         if self.aux_dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError("aux_dtype must be float32, bfloat16 or float16, "
-                             f"got {self.aux_dtype!r}")
+            raise ValueError(f"aux_dtype must be float32, bfloat16 or float16, got {self.aux_dtype!r}")
 
 
 class Harvester:
-    def __init__(self, target: str | Path | torch.nn.Module, drafter_dir: str | Path,
-                 spool_dir: str | Path | None, push: PushFn | None = None,
-                 cfg: HarvestConfig | None = None):
+    def __init__(
+        self,
+        target: str | Path | torch.nn.Module,
+        drafter_dir: str | Path,
+        spool_dir: str | Path | None,
+        push: PushFn | None = None,
+        cfg: HarvestConfig | None = None,
+    ):
         if push is not None and not callable(push):
-            raise TypeError(f"push must be fn(path, version) or None, got {push!r}; for "
-                            "server URLs pass gleanrl.clients.weight_sync.DrafterPush(urls)")
+            raise TypeError(
+                f"push must be fn(path, version) or None, got {push!r}; for "
+                "server URLs pass gleanrl.clients.weight_sync.DrafterPush(urls)"
+            )
         self.cfg = cfg or HarvestConfig()
         # a model, or its directory (loaded on first use: the trainer passes its own)
         self._target = target
@@ -153,15 +175,14 @@ class Harvester:
     @property
     def gate(self) -> Gate:
         cfg = self.cfg
-        return Gate(cfg.min_holdout_prompts, cfg.min_holdout_samples, cfg.min_gain,
-                    cfg.mid_step_gain)
+        return Gate(cfg.min_holdout_prompts, cfg.min_holdout_samples, cfg.min_gain, cfg.mid_step_gain)
 
     @property
     def target(self) -> torch.nn.Module:
         if not isinstance(self._target, torch.nn.Module):
             from transformers import AutoModelForCausalLM
-            self._target = AutoModelForCausalLM.from_pretrained(self._target,
-                                                                dtype=torch.float32).eval()
+
+            self._target = AutoModelForCausalLM.from_pretrained(self._target, dtype=torch.float32).eval()
         return self._target
 
     def _latest_pushed(self) -> tuple[int, Path] | None:
@@ -169,26 +190,39 @@ class Harvester:
         return found[-1] if found else None
 
     # -- harvest ---------------------------------------------------------------------------------
-    def add_rollout(self, prompt_ids: list[int], output_ids: list[int],
-                    policy_model: torch.nn.Module | None = None, policy_version: int = 0) -> None:
+    def add_rollout(
+        self,
+        prompt_ids: list[int],
+        output_ids: list[int],
+        policy_model: torch.nn.Module | None = None,
+        policy_version: int = 0,
+    ) -> None:
         """Capture one finished rollout with `policy_model` (default: the target) and spool it.
         Only the output tokens are learned; the prompt gives context."""
         if not output_ids:
             return
         model = policy_model if policy_model is not None else self.target
-        [sample] = capture(model, [list(prompt_ids) + list(output_ids)], self.layer_ids,
-                           self.cfg.topk, prompt_lens=[len(prompt_ids)],
-                           policy_version=int(policy_version),
-                           aux_dtype=getattr(torch, self.cfg.aux_dtype), bf16=self._bf16)
+        [sample] = capture(
+            model,
+            [list(prompt_ids) + list(output_ids)],
+            self.layer_ids,
+            self.cfg.topk,
+            prompt_lens=[len(prompt_ids)],
+            policy_version=int(policy_version),
+            aux_dtype=getattr(torch, self.cfg.aux_dtype),
+            bf16=self._bf16,
+        )
         self.spool.add(sample.tensors(), int(policy_version))
 
     def add_sample(self, sample: Sample, policy_version: int) -> None:
         """Spool a sample captured elsewhere (e.g. from the policy update's forward)."""
         width = sample.aux_hidden.shape[-1]
         if width != len(self.layer_ids) * self.drafter.config.target_hidden_size:
-            raise ValueError(f"aux_hidden has width {width}; the drafter "
-                             f"takes {len(self.layer_ids)} layers "
-                             f"of {self.drafter.config.target_hidden_size}")
+            raise ValueError(
+                f"aux_hidden has width {width}; the drafter "
+                f"takes {len(self.layer_ids)} layers "
+                f"of {self.drafter.config.target_hidden_size}"
+            )
         self.spool.add(sample.tensors(), int(policy_version))
 
     # -- train -----------------------------------------------------------------------------------
@@ -200,22 +234,21 @@ class Harvester:
             return None
         with self._lock:
             windows = [it.window(self.cfg.max_tokens, self._gen) for it in batch]
-            self.last_metrics = train_step(self.drafter, self.optimizer, windows,
-                                           length=self.cfg.ttt_length, bf16=self._bf16)
+            self.last_metrics = train_step(
+                self.drafter, self.optimizer, windows, length=self.cfg.ttt_length, bf16=self._bf16
+            )
             self.steps += 1
         self._since_push += 1
         if self.cfg.push_every and self._since_push >= self.cfg.push_every and not self._closing.is_set():
             # a push is not started once the window is closing: it waits for the next
             self._since_push = 0
             try:
-                if self.maybe_push(stop=self._closing.is_set,
-                                   boundary=False) is None and self._closing.is_set():
+                if self.maybe_push(stop=self._closing.is_set, boundary=False) is None and self._closing.is_set():
                     # abandoned as the window closed: retry in the next
                     self._since_push = self.cfg.push_every
             except Exception as exc:
                 # whatever the push function raises: the server keeps the old drafter
-                self.history.append({"version": self.version, "pushed": False,
-                                     "error": f"{type(exc).__name__}: {exc}"})
+                self.history.append({"version": self.version, "pushed": False, "error": f"{type(exc).__name__}: {exc}"})
         return self.last_metrics
 
     def train_while(self, waiting: Waiting, max_steps: int | None = None) -> IdleReport:
@@ -226,13 +259,14 @@ class Harvester:
         self.idle = self.idle.merge(report)
         return report
 
-    def idle_window(self, extra: Callable[[], bool] | None = None,
-                    cores: CoreGate | None = None) -> IdleWindow:
+    def idle_window(self, extra: Callable[[], bool] | None = None, cores: CoreGate | None = None) -> IdleWindow:
         """A background-thread window (`with h.idle_window(): ...`). `extra()` runs first in each
         micro-step; returning True means it did the micro-step's work (e.g. a pending capture).
         `cores`: only on the cores it says are free (`harvest.idle`)."""
+
         def step() -> bool:
             return True if extra is not None and extra() else self._idle_step()
+
         return _ReportingWindow(step, self, cores)
 
     def _idle_step(self) -> bool:
@@ -242,8 +276,12 @@ class Harvester:
         return True
 
     # -- score and push --------------------------------------------------------------------------
-    def score(self, drafter: torch.nn.Module | None = None, policy_version: int | None = None,
-              stop: Callable[[], bool] | None = None) -> float | None:
+    def score(
+        self,
+        drafter: torch.nn.Module | None = None,
+        policy_version: int | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> float | None:
         """Expected acceptance length (`accept_mode`) on the fixed windows of held-out samples of
         `policy_version` (default: the newest `holdout_versions` versions, at most `max_holdout`
         newest samples); None if there are none, or if `stop()` turned true (checked every 4
@@ -261,17 +299,17 @@ class Harvester:
         while len(picked) < self.cfg.max_holdout and any(len(g) > depth for g in by_prompt.values()):
             picked += [g[depth] for g in by_prompt.values() if len(g) > depth]
             depth += 1
-        return sorted(picked[:self.cfg.max_holdout], key=lambda it: it.seq)
+        return sorted(picked[: self.cfg.max_holdout], key=lambda it: it.seq)
 
-    def _score(self, drafter: torch.nn.Module | None, held: list,
-               stop: Callable[[], bool] | None) -> float | None:
+    def _score(self, drafter: torch.nn.Module | None, held: list, stop: Callable[[], bool] | None) -> float | None:
         sums = self._sums(drafter, held, stop)
         if sums is None:
             return None
         return sum(s for s, _ in sums) / max(sum(c for _, c in sums), 1)
 
-    def _sums(self, drafter: torch.nn.Module | None, held: list,
-              stop: Callable[[], bool] | None) -> list[tuple[float, int]] | None:
+    def _sums(
+        self, drafter: torch.nn.Module | None, held: list, stop: Callable[[], bool] | None
+    ) -> list[tuple[float, int]] | None:
         """Per held-out sample (sum of accept lengths, slots); None if none, or stopped."""
         if not held:
             return None
@@ -282,14 +320,17 @@ class Harvester:
             for lo in range(0, len(todo), 4):
                 if stop is not None and stop():
                     return None
-                chunk = todo[lo:lo + 4]
-                sums = acceptance_sums(drafter, [it.window(self.cfg.max_tokens) for it in chunk],
-                                       k=self.cfg.ttt_length, mode=self.cfg.accept_mode)
+                chunk = todo[lo : lo + 4]
+                sums = acceptance_sums(
+                    drafter,
+                    [it.window(self.cfg.max_tokens) for it in chunk],
+                    k=self.cfg.ttt_length,
+                    mode=self.cfg.accept_mode,
+                )
                 cache.update({it.seq: s for it, s in zip(chunk, sums)})
             return [cache[it.seq] for it in held]
 
-    def maybe_push(self, stop: Callable[[], bool] | None = None,
-                   boundary: bool = True) -> int | None:
+    def maybe_push(self, stop: Callable[[], bool] | None = None, boundary: bool = True) -> int | None:
         """Score the trained drafter against the serving one on the same held-out samples and push
         it if it wins significantly (`harvest.push_rule`); the new version or None. `boundary`:
         called between steps (a caller's loop; it starts a new step's push budget), else inside a
@@ -305,11 +346,14 @@ class Harvester:
             serving = self._sums(self.serving, held, stop)
             if stop is not None and stop() or candidate is None or serving is None:
                 return None
-            verdict = paired_verdict(candidate, serving, [it.prompt for it in held],
-                                     self.cfg.confidence_z)
+            verdict = paired_verdict(candidate, serving, [it.prompt for it in held], self.cfg.confidence_z)
             action, why = self.gate.decide(verdict, boundary)
-            row = {"version": self.version, "when": "boundary" if boundary else "mid_step",
-                   **(verdict.row() if verdict else {}), "why": why + self._holdout_context(verdict)}
+            row = {
+                "version": self.version,
+                "when": "boundary" if boundary else "mid_step",
+                **(verdict.row() if verdict else {}),
+                "why": why + self._holdout_context(verdict),
+            }
             if action == "hold":
                 self.history.append(row | {"pushed": False})
                 return None
@@ -325,9 +369,11 @@ class Harvester:
         if verdict is not None and verdict.prompts >= self.cfg.min_holdout_prompts:
             return ""
         seen, held = self.spool.prompt_counts()
-        return (f" ({held} of the {seen} prompts seen so far are held out: the first new ones, "
-                f"then 1 in {self.cfg.spool.holdout_every}, never more than half: a loop that "
-                "reuses a few prompts has few to hold out)")
+        return (
+            f" ({held} of the {seen} prompts seen so far are held out: the first new ones, "
+            f"then 1 in {self.cfg.spool.holdout_every}, never more than half: a loop that "
+            "reuses a few prompts has few to hold out)"
+        )
 
     def push_status(self, attempt: dict | None = None) -> str:
         """The gate's last word in a line: `attempt`'s outcome (a `history` row), else how far the
@@ -337,12 +383,19 @@ class Harvester:
                 return "pushes off"
             if self._since_push >= self.cfg.push_every:
                 return "a push attempt is due at the next micro-step (the last window closed first)"
-            return (f"no push attempt yet: {self._since_push} of the {self.cfg.push_every} "
-                    "drafter micro-steps between attempts")
+            return (
+                f"no push attempt yet: {self._since_push} of the {self.cfg.push_every} "
+                "drafter micro-steps between attempts"
+            )
         if attempt.get("error"):
             return f"push refused: {attempt['error']}"
-        done = ("pushed v{}".format(attempt["version"]) if attempt.get("pushed")
-                else "won, waits for the step boundary" if attempt.get("pending") else "held")
+        done = (
+            "pushed v{}".format(attempt["version"])
+            if attempt.get("pushed")
+            else "won, waits for the step boundary"
+            if attempt.get("pending")
+            else "held"
+        )
         return f"{done}: {attempt.get('why', '')}"
 
     def new_step(self) -> int | None:
@@ -355,8 +408,10 @@ class Harvester:
                 return None
             drafter = copy.deepcopy(self.serving)
             drafter.load_state_dict(pending[0])
-            return self._push(drafter, {"version": self.version, "when": "boundary",
-                                        **pending[1].row(), "why": f"won mid-step: {pending[2]}"})
+            return self._push(
+                drafter,
+                {"version": self.version, "when": "boundary", **pending[1].row(), "why": f"won mid-step: {pending[2]}"},
+            )
 
     def _push(self, drafter: torch.nn.Module, row: dict) -> int:
         version = self.version + 1
@@ -382,19 +437,21 @@ class Harvester:
         if inspect.isawaitable(result):
             # the idle-window thread cannot await the caller's event loop
             result.close()
-            raise TypeError("push returned an awaitable: pass a blocking fn(path, version) such "
-                            "as DrafterPush")
+            raise TypeError("push returned an awaitable: pass a blocking fn(path, version) such as DrafterPush")
 
     # -- resume ----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """What a resume needs beyond the spool and the pushed versions on disk (call
         between windows)."""
         with self._lock:
-            return {"drafter": {k: v.detach().clone()
-                                for k, v in self.drafter.state_dict().items()},
-                    "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-                    "version": self.version, "steps": self.steps, "since_push": self._since_push,
-                    "rng": self._gen.get_state()}
+            return {
+                "drafter": {k: v.detach().clone() for k, v in self.drafter.state_dict().items()},
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "version": self.version,
+                "steps": self.steps,
+                "since_push": self._since_push,
+                "rng": self._gen.get_state(),
+            }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from `state_dict()`. The serving drafter stays the newest pushed version on
@@ -408,13 +465,12 @@ class Harvester:
             self._gen.set_state(state["rng"])
 
     def _prune(self) -> None:
-        for _, path in drafter_versions(self.versions_dir)[:-self.cfg.keep_versions]:
+        for _, path in drafter_versions(self.versions_dir)[: -self.cfg.keep_versions]:
             shutil.rmtree(path, ignore_errors=True)
 
 
 class _ReportingWindow(IdleWindow):
-    def __init__(self, step: Callable[[], object], harvester: Harvester,
-                 cores: CoreGate | None = None):
+    def __init__(self, step: Callable[[], object], harvester: Harvester, cores: CoreGate | None = None):
         super().__init__(step, nice=harvester.cfg.idle_nice, cores=cores)
         self._harvester = harvester
 
@@ -427,4 +483,3 @@ class _ReportingWindow(IdleWindow):
         report = super().close()
         self._harvester.idle = self._harvester.idle.merge(report)
         return report
-

@@ -38,6 +38,7 @@ them their own devices, so that drafter training really uses idle trainer comput
 `taskset -c 0 gleanrl serve --threads 1 ...` and `taskset -c 1 gleanrl train --trainer-threads 1
 ...` (`gleanrl demo` and `bench e2e` do this with CPU affinity).
 """
+
 from __future__ import annotations
 
 import collections
@@ -69,18 +70,18 @@ class HarvestHooks:
 
     def __init__(self, harvester: Harvester, max_queue: int = 512):
         self.h, self.max_queue = harvester, max_queue
-        self._turn = False                                      # the idle window alternates
-                                                                # capture and training
-        self._queue: collections.deque = collections.deque()   # (prompt_ids, output_ids) for
-                                                               # the idle window
+        # the idle window alternates capture and training
+        self._turn = False
+        # (prompt_ids, output_ids) for the idle window
+        self._queue: collections.deque = collections.deque()
         # this step's finishers not captured yet, by id (insertion order)
         self._fresh: dict[int, FinishedRollout] = {}
-        self._ready: collections.deque = collections.deque()   # (Sample, version) from the
-                                                               # update: to spool
-        self._lock = threading.Lock()     # _fresh: the event loop adds, the idle thread may take
+        # (Sample, version) from the update: to spool
+        self._ready: collections.deque = collections.deque()
+        self._lock = threading.Lock()  # _fresh: the event loop adds, the idle thread may take
         self.update_captured = 0
-        self._updates_capture = False     # set by the first update_capture(): the update
-                                          # takes the fresh
+        # set by the first update_capture(): the update takes the fresh
+        self._updates_capture = False
         self._model: torch.nn.Module | None = None
         self._version = 0
         self._windows: list[IdleWindow] = []
@@ -95,15 +96,13 @@ class HarvestHooks:
         self._cores: CoreGate | None = None
 
     @classmethod
-    def for_run(cls, model: str, drafter: str, root: Path,
-                resume: bool) -> tuple[HarvestHooks, Path]:
+    def for_run(cls, model: str, drafter: str, root: Path, resume: bool) -> tuple[HarvestHooks, Path]:
         """Hooks over `root` (spool, drafter versions: kept by a resumed run) and the drafter to
         serve: the newest pushed version, else `drafter`. Drafters go to the loop's servers
         (`bind_push`). Settings: `root/harvest_config.json` (`write_config`; `gleanrl train` writes
         it from its flags)."""
         if not resume and any((root / "drafter_versions").glob("v*")):
-            raise ValueError(f"{root} holds drafter versions of an earlier run: pass --resume, or "
-                             "use another --out")
+            raise ValueError(f"{root} holds drafter versions of an earlier run: pass --resume, or use another --out")
         h = Harvester(model, drafter, root / "spool", cfg=read_config(root))
         return cls(h), (drafter_dir(h.versions_dir, h.version) if h.version else Path(drafter))
 
@@ -118,8 +117,7 @@ class HarvestHooks:
                 self.h.push_checkpoint(str(path), self.h.version)
             except Exception as exc:
                 # whatever the push raises: the next push replaces it; RL must not stop
-                print(f"warning: re-pushing drafter v{self.h.version} after resume failed: {exc}",
-                      file=sys.stderr)
+                print(f"warning: re-pushing drafter v{self.h.version} after resume failed: {exc}", file=sys.stderr)
         self._repush = False
 
     def bind_cores(self, cores: CoreGate | None) -> None:
@@ -131,12 +129,10 @@ class HarvestHooks:
         return IdleWindow(busy_step(), nice=self.h.cfg.idle_nice, name="gleanrl-probe")
 
     def state_dict(self) -> dict:
-        ready = [(s.input_ids[~s.loss_mask].tolist(), s.input_ids[s.loss_mask].tolist())
-                 for s, _ in self._ready]
+        ready = [(s.input_ids[~s.loss_mask].tolist(), s.input_ids[s.loss_mask].tolist()) for s, _ in self._ready]
         fresh = [(list(r.prompt_ids), list(r.output_ids)) for r in self._fresh.values()]
         queue = [list(map(list, q)) for q in [*ready, *fresh, *self._queue]]
-        return {"harvester": self.h.state_dict(), "queue": queue,
-                "counts": (self.captured, self.dropped, self.errors)}
+        return {"harvester": self.h.state_dict(), "queue": queue, "counts": (self.captured, self.dropped, self.errors)}
 
     def load_state_dict(self, state: dict) -> None:
         self.h.load_state_dict(state["harvester"])
@@ -150,15 +146,20 @@ class HarvestHooks:
         self._carry_fresh()  # a loop without update_capture(): the idle window captures them
         self._windows = []
         self._tokens = [0, 0]  # this step's output tokens: all, from SD
-        self._start = (self.captured, self.h.steps, self.h.version, len(self.h.history),
-                       self.dropped, self.update_captured)
+        self._start = (
+            self.captured,
+            self.h.steps,
+            self.h.version,
+            len(self.h.history),
+            self.dropped,
+            self.update_captured,
+        )
         self._capture_s0 = self.capture_s
         # the boundary (counted in this step): no rollout runs, so a swap costs nothing
         try:
             self.h.new_step()
         except Exception as exc:  # whatever the push raises: the server keeps its drafter
-            self.h.history.append({"version": self.h.version, "pushed": False,
-                                   "error": f"{type(exc).__name__}: {exc}"})
+            self.h.history.append({"version": self.h.version, "pushed": False, "error": f"{type(exc).__name__}: {exc}"})
 
     def on_rollout_finished(self, rollout: FinishedRollout) -> None:
         with self._lock:
@@ -176,6 +177,7 @@ class HarvestHooks:
     def update_capture(self) -> Iterator[UpdateCapture]:
         """Open around the policy update; on leaving, what it did not capture joins
         the idle queue."""
+
         def wants(rollout: FinishedRollout) -> bool:
             with self._lock:
                 return self._fresh.pop(id(rollout), None) is not None
@@ -186,8 +188,9 @@ class HarvestHooks:
 
         self._updates_capture = True
         try:
-            yield UpdateCapture(self.h.layer_ids, self.h.cfg.topk,
-                                getattr(torch, self.h.cfg.aux_dtype), self._version, wants, put)
+            yield UpdateCapture(
+                self.h.layer_ids, self.h.cfg.topk, getattr(torch, self.h.cfg.aux_dtype), self._version, wants, put
+            )
         finally:
             self._carry_fresh()
 
@@ -237,8 +240,7 @@ class HarvestHooks:
         except Exception as exc:
             # one bad rollout (e.g. longer than the policy's context) must not stop RL
             if not self.errors:
-                print(f"warning: harvest skipped a rollout: {type(exc).__name__}: {exc}",
-                      file=sys.stderr)
+                print(f"warning: harvest skipped a rollout: {type(exc).__name__}: {exc}", file=sys.stderr)
             self.errors += 1
         self.capture_s += time.perf_counter() - t0
         return True
@@ -255,26 +257,33 @@ class HarvestHooks:
         serving = self.h.score(self.h.serving)
         attempts = self.h.history[attempts0:]
         used, capture_s = sum(r.busy_s for r in reports), self.capture_s - self._capture_s0
-        return {"idle_window_s": sum(r.window_s for r in reports), "idle_used_s": used,
-                "idle_free_core_s": sum(r.free_s for r in reports) if self._cores else None,
-                "idle_capture_s": capture_s, "idle_train_s": max(used - capture_s, 0.0),
-                "idle_overrun_s": max((r.overrun_s for r in reports), default=0.0),
-                "drafter_steps": self.h.steps - steps0, "harvested": self.captured - captured0,
-                "update_captured": self.update_captured - update0,
-                # carried: queued for the idle window; pending: captured by the update, spooled
-                # in the next window
-                "harvest_carried": len(self._queue), "harvest_pending": len(self._ready),
-                "harvest_dropped": self.dropped - dropped0,
-                "harvest_errors": self.errors, "drafter_version": self.h.version,
-                "drafter_pushes": self.h.version - version0, "drafter_push_attempts": len(attempts),
-                "candidate_accept_len": attempts[-1].get("candidate") if attempts else None,
-                "push_why": self.h.push_status(attempts[-1] if attempts else None),
-                # each push's measured paired gain (tokens per verify pass) and its lower bound
-                "push_gains": [(round(a["gain"], 4), round(a["gain_lower"], 4))
-                               for a in attempts if a.get("pushed")],
-                "heldout_accept_len": serving,
-                "spool_tokens": self.h.spool.mem_tokens,
-                "sd_token_share": self._tokens[1] / max(self._tokens[0], 1)}
+        return {
+            "idle_window_s": sum(r.window_s for r in reports),
+            "idle_used_s": used,
+            "idle_free_core_s": sum(r.free_s for r in reports) if self._cores else None,
+            "idle_capture_s": capture_s,
+            "idle_train_s": max(used - capture_s, 0.0),
+            "idle_overrun_s": max((r.overrun_s for r in reports), default=0.0),
+            "drafter_steps": self.h.steps - steps0,
+            "harvested": self.captured - captured0,
+            "update_captured": self.update_captured - update0,
+            # carried: queued for the idle window; pending: captured by the update, spooled
+            # in the next window
+            "harvest_carried": len(self._queue),
+            "harvest_pending": len(self._ready),
+            "harvest_dropped": self.dropped - dropped0,
+            "harvest_errors": self.errors,
+            "drafter_version": self.h.version,
+            "drafter_pushes": self.h.version - version0,
+            "drafter_push_attempts": len(attempts),
+            "candidate_accept_len": attempts[-1].get("candidate") if attempts else None,
+            "push_why": self.h.push_status(attempts[-1] if attempts else None),
+            # each push's measured paired gain (tokens per verify pass) and its lower bound
+            "push_gains": [(round(a["gain"], 4), round(a["gain_lower"], 4)) for a in attempts if a.get("pushed")],
+            "heldout_accept_len": serving,
+            "spool_tokens": self.h.spool.mem_tokens,
+            "sd_token_share": self._tokens[1] / max(self._tokens[0], 1),
+        }
 
 
 def write_config(root: Path, cfg: HarvestConfig) -> Path:

@@ -26,6 +26,7 @@ server's memory-bound decoding (measured: 32 rollouts 4.5-5.3 s alone, 6.6-7.7 s
 training beside them at nice 19, as a thread or as a separate process; 7-8 s -> 12 s before at
 normal priority, on a busier machine).
 """
+
 from __future__ import annotations
 
 import os
@@ -35,30 +36,35 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 Waiting = threading.Event | Callable[[], bool]
-CoreGate = Callable[[], Collection[int] | None]   # the cores free now; None or empty: none
-GATE_POLL_S = 0.005                               # how often a gated window looks for a free core
+CoreGate = Callable[[], Collection[int] | None]  # the cores free now; None or empty: none
+GATE_POLL_S = 0.005  # how often a gated window looks for a free core
 
 
 @dataclass(slots=True)
 class IdleReport:
-    steps: int = 0                 # micro-steps completed
-    busy_s: float = 0.0            # time spent inside micro-steps (idle time used)
-    window_s: float = 0.0          # time the window was open
-    overrun_s: float = 0.0         # time the last micro-step ran past the window's close
-    free_s: float = 0.0            # gated: time a core was free (the compute the rollouts left)
+    steps: int = 0  # micro-steps completed
+    busy_s: float = 0.0  # time spent inside micro-steps (idle time used)
+    window_s: float = 0.0  # time the window was open
+    overrun_s: float = 0.0  # time the last micro-step ran past the window's close
+    free_s: float = 0.0  # gated: time a core was free (the compute the rollouts left)
 
     def merge(self, other: IdleReport) -> IdleReport:
-        return IdleReport(self.steps + other.steps, self.busy_s + other.busy_s,
-                          self.window_s + other.window_s, max(self.overrun_s, other.overrun_s),
-                          self.free_s + other.free_s)
+        return IdleReport(
+            self.steps + other.steps,
+            self.busy_s + other.busy_s,
+            self.window_s + other.window_s,
+            max(self.overrun_s, other.overrun_s),
+            self.free_s + other.free_s,
+        )
 
 
 def _is_open(waiting: Waiting) -> bool:
     return waiting.is_set() if isinstance(waiting, threading.Event) else bool(waiting())
 
 
-def run_window(step: Callable[[], object], waiting: Waiting,
-               max_steps: int | None = None, cores: CoreGate | None = None) -> IdleReport:
+def run_window(
+    step: Callable[[], object], waiting: Waiting, max_steps: int | None = None, cores: CoreGate | None = None
+) -> IdleReport:
     """Call `step()` while `waiting` stays open (and until `max_steps` steps did work), with `cores`
     only on a free core, pinned to it (the calling thread's affinity is restored on return). A step
     that returns False had nothing to do (e.g. an empty spool): it counts neither as a step nor
@@ -114,8 +120,14 @@ class Pin:
 class IdleWindow:
     """Background-thread idle window. `close()` returns the report after at most one micro-step."""
 
-    def __init__(self, step: Callable[[], object], max_steps: int | None = None,
-                 name: str = "gleanrl-idle", nice: int = 0, cores: CoreGate | None = None):
+    def __init__(
+        self,
+        step: Callable[[], object],
+        max_steps: int | None = None,
+        name: str = "gleanrl-idle",
+        nice: int = 0,
+        cores: CoreGate | None = None,
+    ):
         self._open = threading.Event()
         self._open.set()
         self._step, self._max_steps = step, max_steps
@@ -146,8 +158,7 @@ class IdleWindow:
         self._thread.join()
         self._report.overrun_s = max(0.0, time.perf_counter() - self._closed_at)
         if self._error is not None:
-            raise RuntimeError("drafter training failed in the idle "
-                               f"window: {self._error}") from self._error
+            raise RuntimeError(f"drafter training failed in the idle window: {self._error}") from self._error
         return self._report
 
     @property

@@ -14,6 +14,7 @@ bound G - t se above `min_gain` (t: Student's quantile for C - 1 degrees of free
 of z, so few prompts ask for more evidence); inside a step, above `mid_step_gain` (else it waits for
 the step boundary). `Gate.decide` says which, and why in words (the logs show it).
 """
+
 from __future__ import annotations
 
 import math
@@ -22,29 +23,36 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    gain: float          # tokens per verify pass, candidate minus serving
-    se: float            # cluster-robust standard error of the gain
-    lower: float         # gain - t * se
+    gain: float  # tokens per verify pass, candidate minus serving
+    se: float  # cluster-robust standard error of the gain
+    lower: float  # gain - t * se
     prompts: int
     samples: int
-    candidate: float     # pooled accept lengths
+    candidate: float  # pooled accept lengths
     serving: float
 
     def row(self) -> dict:
-        return {"candidate": self.candidate, "serving": self.serving, "gain": self.gain,
-                "gain_se": self.se, "gain_lower": self.lower, "prompts": self.prompts,
-                "samples": self.samples}
+        return {
+            "candidate": self.candidate,
+            "serving": self.serving,
+            "gain": self.gain,
+            "gain_se": self.se,
+            "gain_lower": self.lower,
+            "prompts": self.prompts,
+            "samples": self.samples,
+        }
 
 
 def t_quantile(z: float, df: int) -> float:
     """Student's t quantile at the normal quantile z (Cornish-Fisher expansion to 1/df^2)."""
     if df < 1:
         return math.inf
-    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
-def paired_verdict(candidate: list[tuple[float, int]], serving: list[tuple[float, int]],
-                   prompts: list[int], z: float = 2.0) -> Verdict | None:
+def paired_verdict(
+    candidate: list[tuple[float, int]], serving: list[tuple[float, int]], prompts: list[int], z: float = 2.0
+) -> Verdict | None:
     """Per held-out sample: the two drafters' (sum, count) and its prompt; None without slots."""
     clusters: dict[int, list[float]] = {}
     for (c, n), (s, _), key in zip(candidate, serving, prompts, strict=True):
@@ -57,12 +65,10 @@ def paired_verdict(candidate: list[tuple[float, int]], serving: list[tuple[float
         return None
     gain = sum(d for d, _, _ in clusters.values()) / total
     k = len(clusters)
-    var = (k / (k - 1) * sum((d - gain * n) ** 2 for d, n, _ in clusters.values()) / total ** 2
-           if k > 1 else math.inf)
+    var = k / (k - 1) * sum((d - gain * n) ** 2 for d, n, _ in clusters.values()) / total**2 if k > 1 else math.inf
     se = math.sqrt(var)
     serve = sum(s for _, _, s in clusters.values()) / total
-    return Verdict(gain, se, gain - t_quantile(z, k - 1) * se, k, len(candidate), serve + gain,
-                   serve)
+    return Verdict(gain, se, gain - t_quantile(z, k - 1) * se, k, len(candidate), serve + gain, serve)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +86,12 @@ class Gate:
             return "hold", f"held-out prompts {v.prompts} of the {self.min_prompts} needed"
         if v.samples < self.min_samples:
             return "hold", f"held-out samples {v.samples} of the {self.min_samples} needed"
-        figures = (f"gain {v.gain:+.3f} ± {v.se:.3f} tokens/pass ({v.candidate:.2f} vs "
-                   f"{v.serving:.2f}) on {v.prompts} prompts, lower bound {v.lower:+.3f}")
+        figures = (
+            f"gain {v.gain:+.3f} ± {v.se:.3f} tokens/pass ({v.candidate:.2f} vs "
+            f"{v.serving:.2f}) on {v.prompts} prompts, lower bound {v.lower:+.3f}"
+        )
         if v.lower <= self.min_gain:
             return "hold", f"{figures}: not above {self.min_gain}"
         if not boundary and v.lower <= self.mid_step_gain:
-            return "pending", (f"{figures} (a swap while rollouts run needs a lower bound above "
-                               f"{self.mid_step_gain})")
+            return "pending", (f"{figures} (a swap while rollouts run needs a lower bound above {self.mid_step_gain})")
         return "push", figures

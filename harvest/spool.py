@@ -17,6 +17,7 @@ be scored, and a drafter that memorised the training samples would win. `SpoolIt
 hash: the cluster a paired test of two drafters groups by. Training draws weight a sample by
 `version_decay ** (newest_version - its_version)`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,15 +41,11 @@ def flagged(default, help: str, flag: str | None = None, choices: list | None = 
 
 @dataclass(slots=True)
 class SpoolConfig:
-    max_mem_tokens: int = flagged(200_000, "harvested tokens kept in memory (oldest evicted)",
-                                  "--spool-mem-tokens")
+    max_mem_tokens: int = flagged(200_000, "harvested tokens kept in memory (oldest evicted)", "--spool-mem-tokens")
     max_mem_bytes: int = 1 << 30
-    max_disk_tokens: int = flagged(2_000_000, "harvested tokens kept on disk (oldest evicted)",
-                                   "--spool-disk-tokens")
-    max_disk_bytes: int = flagged(4 << 30, "spool bytes kept on disk (oldest evicted)",
-                                  "--spool-disk-bytes")
-    version_decay: float = flagged(0.5, "sampling weight per policy version behind the newest "
-                                        "(1: uniform)")
+    max_disk_tokens: int = flagged(2_000_000, "harvested tokens kept on disk (oldest evicted)", "--spool-disk-tokens")
+    max_disk_bytes: int = flagged(4 << 30, "spool bytes kept on disk (oldest evicted)", "--spool-disk-bytes")
+    version_decay: float = flagged(0.5, "sampling weight per policy version behind the newest (1: uniform)")
     holdout_every: int = flagged(8, "one prompt in N is held out, with all its samples (0: none)")
 
     def __post_init__(self) -> None:
@@ -63,11 +60,11 @@ class SpoolConfig:
 
 @dataclass(slots=True)
 class SpoolItem:
-    seq: int                          # monotonic over the spool's life, also across resumes
+    seq: int  # monotonic over the spool's life, also across resumes
     policy_version: int
     holdout: bool
     tensors: dict[str, torch.Tensor]
-    prompt: int = 0                   # hash of the prompt's token ids (prompt_key)
+    prompt: int = 0  # hash of the prompt's token ids (prompt_key)
 
     @property
     def tokens(self) -> int:
@@ -77,8 +74,7 @@ class SpoolItem:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
-    def window(self, max_tokens: int,
-               generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    def window(self, max_tokens: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """At most `max_tokens` consecutive tokens of every tensor (all of them if 0 or the sample
         fits), from a random start, or a fixed one per sample (seeded by `seq`) without `generator`.
         The start leaves at least half a window of response (loss_mask) tokens when the response is
@@ -92,7 +88,7 @@ class SpoolItem:
         lo, hi = min(max(first - max_tokens // 2, 0), T - max_tokens), T - max_tokens
         gen = generator or torch.Generator().manual_seed(self.seq)
         start = int(torch.randint(lo, hi + 1, (), generator=gen))
-        return {k: v[start:start + max_tokens] for k, v in self.tensors.items()}
+        return {k: v[start : start + max_tokens] for k, v in self.tensors.items()}
 
 
 def prompt_key(tensors: dict[str, torch.Tensor]) -> int:
@@ -107,12 +103,11 @@ def prompt_key(tensors: dict[str, torch.Tensor]) -> int:
 class Spool:
     """Thread-safe: the trainer adds while the idle-window drafter trainer samples."""
 
-    def __init__(self, directory: str | Path | None, cfg: SpoolConfig | None = None,
-                 min_holdout_prompts: int = 4):
+    def __init__(self, directory: str | Path | None, cfg: SpoolConfig | None = None, min_holdout_prompts: int = 4):
         self.cfg = cfg or SpoolConfig()
         self.min_holdout_prompts = min_holdout_prompts
-        self._seen: set[int] = set()       # prompt keys, held out or not
-        self._held: set[int] = set()       # prompt keys held out
+        self._seen: set[int] = set()  # prompt keys, held out or not
+        self._held: set[int] = set()  # prompt keys held out
         self.dir = Path(directory) if directory is not None else None
         self._lock = threading.Lock()
         self._mem: OrderedDict[int, SpoolItem] = OrderedDict()
@@ -132,8 +127,7 @@ class Spool:
         T = tensors["input_ids"].shape[0]
         for name, t in tensors.items():
             if t.dim() == 0 or t.shape[0] != T:
-                raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}; its first dim "
-                                 f"must be {T} tokens")
+                raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}; its first dim must be {T} tokens")
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
         with self._lock:
             seq = self._next_seq
@@ -143,8 +137,7 @@ class Spool:
             item = SpoolItem(seq, int(policy_version), holdout, tensors, key)
             if self.dir is not None:
                 path = self.dir / f"{seq:010d}.safetensors"
-                meta = {"policy_version": str(item.policy_version), "holdout": str(int(holdout)),
-                        "prompt": str(key)}
+                meta = {"policy_version": str(item.policy_version), "holdout": str(int(holdout)), "prompt": str(key)}
                 with atomic_file(path) as f:
                     f.write(save(tensors, metadata=meta))
                 self._index_disk(seq, path, item.tokens)
@@ -166,14 +159,16 @@ class Spool:
         return key in self._held
 
     def _evict_mem(self) -> None:
-        while len(self._mem) > 1 and (self.mem_tokens > self.cfg.max_mem_tokens
-                                      or self.mem_bytes > self.cfg.max_mem_bytes):
+        while len(self._mem) > 1 and (
+            self.mem_tokens > self.cfg.max_mem_tokens or self.mem_bytes > self.cfg.max_mem_bytes
+        ):
             _, item = self._mem.popitem(last=False)
             self._mem_tokens, self._mem_bytes = self._mem_tokens - item.tokens, self._mem_bytes - item.nbytes
 
     def _evict_disk(self) -> None:
-        while len(self._disk) > 1 and (self.disk_tokens > self.cfg.max_disk_tokens
-                                       or self.disk_bytes > self.cfg.max_disk_bytes):
+        while len(self._disk) > 1 and (
+            self.disk_tokens > self.cfg.max_disk_tokens or self.disk_bytes > self.cfg.max_disk_bytes
+        ):
             _, (path, tokens, size) = self._disk.popitem(last=False)
             self._disk_tokens, self._disk_bytes = self._disk_tokens - tokens, self._disk_bytes - size
             path.unlink(missing_ok=True)
@@ -204,11 +199,9 @@ class Spool:
                 meta = f.metadata() or {}
             tensors = load_file(path)
             key = int(meta["prompt"]) if "prompt" in meta else prompt_key(tensors)
-            item = SpoolItem(seq, int(meta.get("policy_version", 0)), meta.get("holdout") == "1",
-                             tensors, key)
+            item = SpoolItem(seq, int(meta.get("policy_version", 0)), meta.get("holdout") == "1", tensors, key)
             budget_tokens, budget_bytes = budget_tokens + tokens, budget_bytes + item.nbytes
-            if newest and (budget_tokens > self.cfg.max_mem_tokens
-                           or budget_bytes > self.cfg.max_mem_bytes):
+            if newest and (budget_tokens > self.cfg.max_mem_tokens or budget_bytes > self.cfg.max_mem_bytes):
                 break
             newest.append(item)
         self._mem = OrderedDict((it.seq, it) for it in reversed(newest))
@@ -228,8 +221,7 @@ class Spool:
         if not items or n < 1:
             return []
         newest = max(it.policy_version for it in items)
-        weights = torch.tensor([self.cfg.version_decay ** (newest - it.policy_version)
-                                for it in items])
+        weights = torch.tensor([self.cfg.version_decay ** (newest - it.policy_version) for it in items])
         picks = torch.multinomial(weights, n, replacement=True, generator=generator)
         return [items[i] for i in picks.tolist()]
 

@@ -14,6 +14,7 @@ A batch is a list of samples (dicts of tensors, as the spool stores them): `inpu
 `aux_hidden` [T, n*Ht], soft labels `topk_ids`/`topk_probs` [T, k] or `target_probs` [T, V],
 optional `loss_mask` [T] (True where token j is to be learned, e.g. response tokens).
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,11 +49,13 @@ def collate(batch: list[Tensors], drafter: Eagle3Drafter) -> dict[str, torch.Ten
     valid/loss_mask [B,T]."""
     device, dtype = drafter.fc.weight.device, drafter.fc.weight.dtype
     B, T = len(batch), max(int(s["input_ids"].shape[0]) for s in batch)
-    out = {"ids": torch.zeros(B, T, dtype=torch.long),
-           "aux": torch.zeros(B, T, drafter.fc.in_features),
-           "labels": torch.zeros(B, T, drafter.config.draft_vocab_size),
-           "valid": torch.zeros(B, T, dtype=torch.bool),
-           "loss_mask": torch.zeros(B, T, dtype=torch.bool)}
+    out = {
+        "ids": torch.zeros(B, T, dtype=torch.long),
+        "aux": torch.zeros(B, T, drafter.fc.in_features),
+        "labels": torch.zeros(B, T, drafter.config.draft_vocab_size),
+        "valid": torch.zeros(B, T, dtype=torch.bool),
+        "loss_mask": torch.zeros(B, T, dtype=torch.bool),
+    }
     for b, s in enumerate(batch):
         n = int(s["input_ids"].shape[0])
         out["ids"][b, :n] = s["input_ids"]
@@ -65,20 +68,24 @@ def collate(batch: list[Tensors], drafter: Eagle3Drafter) -> dict[str, torch.Ten
     return {k: v.to(device) for k, v in out.items()}
 
 
-def chain_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, ks: list[torch.Tensor],
-                    vs: list[torch.Tensor], key_valid: torch.Tensor) -> torch.Tensor:
+def chain_attention(
+    q: torch.Tensor,
+    k0: torch.Tensor,
+    v0: torch.Tensor,
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    key_valid: torch.Tensor,
+) -> torch.Tensor:
     """q [B,T,nh,d]; k0, v0 [B,T,nkv,d] step-0 keys (causal); ks, vs: s tensors [B,T,nkv,d], each
     seen only by the query at its own position; key_valid [B,T]. -> [B,T,nh,d]."""
     rep = q.shape[2] // k0.shape[2]
     k0, v0 = k0.repeat_interleave(rep, 2), v0.repeat_interleave(rep, 2)
     scale = q.shape[-1] ** -0.5
-    s0 = torch.einsum("bind,bjnd->bnij", q, k0) * scale                       # [B,nh,T,T]
+    s0 = torch.einsum("bind,bjnd->bnij", q, k0) * scale  # [B,nh,T,T]
     T = q.shape[1]
-    allowed = torch.ones(T, T, dtype=torch.bool,
-                         device=q.device).tril() & key_valid[:, None, None, :]
+    allowed = torch.ones(T, T, dtype=torch.bool, device=q.device).tril() & key_valid[:, None, None, :]
     s0 = s0.masked_fill(~allowed, float("-inf"))
-    diag = [((q * k.repeat_interleave(rep, 2)).sum(-1) * scale).transpose(1, 2)[..., None]
-            for k in ks]
+    diag = [((q * k.repeat_interleave(rep, 2)).sum(-1) * scale).transpose(1, 2)[..., None] for k in ks]
     p = torch.softmax(torch.cat([s0, *diag], dim=-1).float(), dim=-1).to(q.dtype)  # [B,nh,T,T+s]
     out = torch.einsum("bnij,bjnd->bind", p[..., :T], v0)
     for j, v in enumerate(vs):
@@ -86,8 +93,9 @@ def chain_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, ks: lis
     return out
 
 
-def ttt_unroll(drafter: Eagle3Drafter, ids: torch.Tensor, aux: torch.Tensor, valid: torch.Tensor,
-               length: int) -> list[torch.Tensor]:
+def ttt_unroll(
+    drafter: Eagle3Drafter, ids: torch.Tensor, aux: torch.Tensor, valid: torch.Tensor, length: int
+) -> list[torch.Tensor]:
     """ids [B,T]; aux [B,T,n*Ht]; valid [B,T] -> `length` draft logits [B,T,Vd]; step s at position
     i predicts token i+s+2."""
     B, T = ids.shape
@@ -95,7 +103,7 @@ def ttt_unroll(drafter: Eagle3Drafter, ids: torch.Tensor, aux: torch.Tensor, val
     pos = torch.arange(T, device=ids.device).expand(B, T)
     ks, vs, logits = [], [], []
     for s in range(length):
-        tok = F.pad(ids[:, s + 1:], (0, s + 1))                             # token_{i+s+1}
+        tok = F.pad(ids[:, s + 1 :], (0, s + 1))  # token_{i+s+1}
         q, k, v = drafter.qkv(tok, r, pos + s)
         if s == 0:
             k0, v0 = k, v
@@ -107,8 +115,9 @@ def ttt_unroll(drafter: Eagle3Drafter, ids: torch.Tensor, aux: torch.Tensor, val
     return logits
 
 
-def ttt_loss(logits: list[torch.Tensor], labels: torch.Tensor, valid: torch.Tensor,
-             loss_mask: torch.Tensor, decay: float = 0.8) -> tuple[torch.Tensor, dict[str, float]]:
+def ttt_loss(
+    logits: list[torch.Tensor], labels: torch.Tensor, valid: torch.Tensor, loss_mask: torch.Tensor, decay: float = 0.8
+) -> tuple[torch.Tensor, dict[str, float]]:
     """logits: per step [B,T,Vd]; labels [B,T,Vd] (row j: target distribution at j, predicting j+1).
     Step s at i is scored iff token i+s+2 exists and is in the loss mask. Returns
     (loss, metrics)."""
@@ -116,12 +125,12 @@ def ttt_loss(logits: list[torch.Tensor], labels: torch.Tensor, valid: torch.Tens
     denom = learn[:, 2:].sum().clamp_min(1)
     total, metrics = logits[0].new_zeros(()), {}
     for s, lg in enumerate(logits):
-        m = F.pad(learn[:, s + 2:], (0, s + 2))                              # [B,T]
-        p = F.pad(labels[:, s + 1:], (0, 0, 0, s + 1))                       # [B,T,Vd]
+        m = F.pad(learn[:, s + 2 :], (0, s + 2))  # [B,T]
+        p = F.pad(labels[:, s + 1 :], (0, 0, 0, s + 1))  # [B,T,Vd]
         m = m & (p.sum(-1) > 0)
         ce = -(p * torch.log_softmax(lg.float(), -1)).sum(-1)
         loss_s = (ce * m).sum() / denom
-        total = total + decay ** s * loss_s
+        total = total + decay**s * loss_s
         hits = (lg.argmax(-1) == p.argmax(-1)) & m
         metrics[f"loss_{s}"] = float(loss_s.detach())
         metrics[f"acc_{s}"] = float(hits.sum() / m.sum().clamp_min(1))
@@ -140,14 +149,12 @@ def bf16_fast(device: str | torch.device = "cpu") -> bool:
     return any(getattr(torch.cpu, p, lambda: False)() for p in probes)
 
 
-def length_batches(lengths: list[int], max_tokens: int, max_seqs: int,
-                   generator: torch.Generator) -> list[list[int]]:
+def length_batches(lengths: list[int], max_tokens: int, max_seqs: int, generator: torch.Generator) -> list[list[int]]:
     """Indices grouped into batches of similar length, each at most `max_tokens` padded tokens (one
     longer sequence goes alone) and `max_seqs` sequences, in random order: long-tailed lengths waste
     little padding."""
     order = sorted(
-        range(len(lengths)),
-        key=lambda i: (lengths[i], int(torch.randint(1 << 30, (1,), generator=generator)))
+        range(len(lengths)), key=lambda i: (lengths[i], int(torch.randint(1 << 30, (1,), generator=generator)))
     )
     batches, cur = [], []
     for i in order:  # ascending: the newest member is the longest
@@ -159,15 +166,19 @@ def length_batches(lengths: list[int], max_tokens: int, max_seqs: int,
     return [batches[j] for j in torch.randperm(len(batches), generator=generator).tolist()]
 
 
-def make_optimizer(drafter: Eagle3Drafter, lr: float = 1e-3,
-                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    return torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=lr,
-                             weight_decay=weight_decay)
+def make_optimizer(drafter: Eagle3Drafter, lr: float = 1e-3, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    return torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
 
 
-def train_step(drafter: Eagle3Drafter, optimizer: torch.optim.Optimizer, batch: list[Tensors],
-               length: int = 4, decay: float = 0.8, max_grad_norm: float = 1.0,
-               bf16: bool = False) -> dict[str, float]:
+def train_step(
+    drafter: Eagle3Drafter,
+    optimizer: torch.optim.Optimizer,
+    batch: list[Tensors],
+    length: int = 4,
+    decay: float = 0.8,
+    max_grad_norm: float = 1.0,
+    bf16: bool = False,
+) -> dict[str, float]:
     """One optimizer step of TTT on a list of samples. Returns loss, per-step loss_s/acc_s, tokens.
     `bf16`: autocast the matmuls to bfloat16 (master weights and the loss stay float32; ~2.5x faster
     on CPUs with AVX-512 BF16, see `bf16_fast()`)."""
@@ -178,8 +189,7 @@ def train_step(drafter: Eagle3Drafter, optimizer: torch.optim.Optimizer, batch: 
     loss, metrics = ttt_loss(logits, b["labels"], b["valid"], b["loss_mask"], decay)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_([p for p in drafter.parameters() if p.requires_grad],
-                                   max_grad_norm)
+    torch.nn.utils.clip_grad_norm_([p for p in drafter.parameters() if p.requires_grad], max_grad_norm)
     optimizer.step()
     drafter.eval()
     metrics["tokens"] = int(b["valid"].sum())

@@ -4,6 +4,7 @@ tiny random Qwen2; requests alternate between the arms so that a busy machine sl
 
     .venv/bin/python scripts/measure_proxy_feed.py [--requests 60] [--rounds 6]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,13 @@ def free_port() -> int:
 
 def start(args: list[str], python: str = sys.executable) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([python, "-m", "gleanrl", *args, "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd="/")
+    proc = subprocess.Popen(
+        [python, "-m", "gleanrl", *args, "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd="/",
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -57,9 +62,10 @@ def latency(http: httpx.Client, url: str, path: str, body: dict | None) -> float
 
 
 async def throughput(url: str, n: int = 16, tokens: int = 64) -> float:
-    body = {"input_ids": [5, 6, 7],
-            "sampling_params": {"max_new_tokens": tokens, "temperature": 0.0,
-                                 "ignore_eos": True}}
+    body = {
+        "input_ids": [5, 6, 7],
+        "sampling_params": {"max_new_tokens": tokens, "temperature": 0.0, "ignore_eos": True},
+    }
     async with httpx.AsyncClient(timeout=300) as http:
         t0 = time.perf_counter()
         await asyncio.gather(*[http.post(f"{url}/generate", json=body) for _ in range(n)])
@@ -70,14 +76,16 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--requests", type=int, default=60)
     p.add_argument("--rounds", type=int, default=6)
-    p.add_argument("--baseline-python", default=None,
-                   help="also a server from another install (e.g. /work/main/.venv/bin/python: "
-                        "code without the feed)")
+    p.add_argument(
+        "--baseline-python",
+        default=None,
+        help="also a server from another install (e.g. /work/main/.venv/bin/python: code without the feed)",
+    )
     a = p.parse_args()
     from gleanrl.tiny import make_tiny_model
+
     model = make_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
-    serve = ["serve", "--model", str(model), "--threads", "1", "--sd", "off", "--log-level",
-             "warning"]
+    serve = ["serve", "--model", str(model), "--threads", "1", "--sd", "off", "--log-level", "warning"]
     procs = []
     try:
         off, url_off = start(serve)
@@ -101,11 +109,13 @@ def main() -> None:
                     direct.append(latency(http, url_off, path, body))
                     relayed.append(latency(http, url_px, path, body))
                 added = [r - d for r, d in zip(relayed, direct)]
-                print(f"{name:20s} direct p50 {statistics.median(direct):7.2f} ms  via proxy p50 "
-                      f"{statistics.median(relayed):7.2f} ms  added "
-                      f"p50 {statistics.median(added):6.2f} ms (mean {statistics.mean(added):6.2f} "
-                      f"ms, n={a.requests}); proxy "
-                      f"CPU {(cpu_s(proxy) - c0) / a.requests * 1000:.2f} ms/request")
+                print(
+                    f"{name:20s} direct p50 {statistics.median(direct):7.2f} ms  via proxy p50 "
+                    f"{statistics.median(relayed):7.2f} ms  added "
+                    f"p50 {statistics.median(added):6.2f} ms (mean {statistics.mean(added):6.2f} "
+                    f"ms, n={a.requests}); proxy "
+                    f"CPU {(cpu_s(proxy) - c0) / a.requests * 1000:.2f} ms/request"
+                )
         speeds: dict[str, list[float]] = {k: [] for k in arms}
         cpu = {k: 0.0 for k in arms}
         for _ in range(a.rounds):
@@ -114,12 +124,15 @@ def main() -> None:
                 speeds[name].append(asyncio.run(throughput(url)))
                 cpu[name] += cpu_s(proc) - c0
         ref = statistics.median(speeds["feed off"])
-        print(f"throughput 16x64 tokens (median of {a.rounds} alternating rounds): " + ", ".join(
-            f"{k} {statistics.median(v):.0f} tok/s ({statistics.median(v) / ref:.3f}x feed off)"
-            for k, v in speeds.items()))
+        print(
+            f"throughput 16x64 tokens (median of {a.rounds} alternating rounds): "
+            + ", ".join(
+                f"{k} {statistics.median(v):.0f} tok/s ({statistics.median(v) / ref:.3f}x feed off)"
+                for k, v in speeds.items()
+            )
+        )
         tokens = a.rounds * 16 * 64
-        print("server CPU per generated token: " + ", ".join(f"{k} {cpu[k] / tokens * 1000:.3f} ms"
-                                                             for k in arms))
+        print("server CPU per generated token: " + ", ".join(f"{k} {cpu[k] / tokens * 1000:.3f} ms" for k in arms))
     finally:
         for proc in procs:
             proc.terminate()

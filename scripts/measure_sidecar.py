@@ -26,6 +26,7 @@ per-policy-version metrics rows (OUT/side/metrics.jsonl) give each push's measur
 
 Writes OUT/summary.json and prints a table. `--harvest-arg=--push-every=10` etc. pass settings on.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,9 @@ GATE_TAG = "[harvest]"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--out", required=True, help="run directory (emptied first)")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--prompts", type=int, default=8, help="new prompts per step")
@@ -62,8 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--harvest-core", default="1", help="taskset CPU list for `gleanrl harvest`")
     ap.add_argument("--serve-arg", action="append", default=[], help="extra `gleanrl serve` flag")
     ap.add_argument("--harvest-arg", action="append", default=[], help="extra `gleanrl harvest` flag")
-    ap.add_argument("--tail-s", type=float, default=15.0,
-                    help="after the last update: wait this long for the sidecar's last row")
+    ap.add_argument(
+        "--tail-s", type=float, default=15.0, help="after the last update: wait this long for the sidecar's last row"
+    )
     args = ap.parse_args(argv)
     for name in ("steps", "prompts", "samples", "max_new_tokens"):
         if getattr(args, name) < 1:
@@ -73,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # ---- pure functions (tests/test_measure_sidecar.py) -------------------------------------------
 
+
 def served_acceptance(metas: list[dict]) -> dict:
     """Pooled SD figures over responses' `meta_info`: `accept_len` tokens per verify pass over the
     SD passes (None without any), `sglang_accept_len` SGLang's completion tokens / verify passes
@@ -80,10 +84,13 @@ def served_acceptance(metas: list[dict]) -> dict:
     verify = sum(m.get("spec_verify_ct") or 0 for m in metas)
     accepted = sum(m.get("spec_accept_token_num") or 0 for m in metas)
     tokens = sum(m.get("completion_tokens") or 0 for m in metas)
-    return {"accept_len": (verify + accepted) / verify if verify else None,
-            "sglang_accept_len": tokens / verify if verify else None,
-            "sd_token_share": (verify + accepted) / tokens if tokens else None,
-            "verify_passes": verify, "completion_tokens": tokens}
+    return {
+        "accept_len": (verify + accepted) / verify if verify else None,
+        "sglang_accept_len": tokens / verify if verify else None,
+        "sd_token_share": (verify + accepted) / tokens if tokens else None,
+        "verify_passes": verify,
+        "completion_tokens": tokens,
+    }
 
 
 def acceptance_by_drafter(metas: list[dict]) -> dict[str, dict]:
@@ -119,9 +126,15 @@ def pushes_from_metrics(rows: list[dict]) -> list[dict]:
         end = row.get("drafter_version")
         first = (end - len(gains) + 1) if isinstance(end, int) else None
         for i, (gain, lower) in enumerate(gains):
-            out.append({"sidecar_step": row.get("step"), "weight_version": row.get("weight_version"),
-                        "drafter_version": first + i if first is not None else None,
-                        "gain": gain, "gain_lower": lower})
+            out.append(
+                {
+                    "sidecar_step": row.get("step"),
+                    "weight_version": row.get("weight_version"),
+                    "drafter_version": first + i if first is not None else None,
+                    "gain": gain,
+                    "gain_lower": lower,
+                }
+            )
         version = end if end is not None else version
     return out
 
@@ -131,13 +144,27 @@ def mean_accept(steps: list[dict]) -> float | None:
     verify = sum(s["served"]["verify_passes"] for s in steps)
     if not verify:
         return None
-    return sum(s["served"]["accept_len"] * s["served"]["verify_passes"]
-               for s in steps if s["served"]["verify_passes"]) / verify
+    return (
+        sum(s["served"]["accept_len"] * s["served"]["verify_passes"] for s in steps if s["served"]["verify_passes"])
+        / verify
+    )
 
 
-SIDECAR_KEYS = ("weight_version", "harvested", "drafter_steps", "drafter_version", "drafter_pushes",
-                "drafter_push_attempts", "push_why", "push_gains", "heldout_accept_len",
-                "candidate_accept_len", "served_accept_len", "idle_used_s", "cpu_share")
+SIDECAR_KEYS = (
+    "weight_version",
+    "harvested",
+    "drafter_steps",
+    "drafter_version",
+    "drafter_pushes",
+    "drafter_push_attempts",
+    "push_why",
+    "push_gains",
+    "heldout_accept_len",
+    "candidate_accept_len",
+    "served_accept_len",
+    "idle_used_s",
+    "cpu_share",
+)
 
 
 def sidecar_row_for(step: int, rows: list[dict]) -> dict | None:
@@ -156,11 +183,20 @@ def summarize(steps: list[dict], sidecar_rows: list[dict], meta: dict) -> dict:
         s["sidecar"] = {k: row.get(k) for k in SIDECAR_KEYS} if row else None
     k = 2 if len(steps) >= 4 else 1
     first, last = mean_accept(steps[:k]), mean_accept(steps[-k:])
-    return {**meta, "steps": steps, "sidecar_rows": sidecar_rows, "pushes": pushes,
-            "n_pushes": len(pushes),
-            "served_accept": {"first": first, "last": last, "over_steps": k,
-                              "ratio": last / first if first and last else None},
-            "draft_weight_version_final": steps[-1]["draft_version_after"] if steps else None}
+    return {
+        **meta,
+        "steps": steps,
+        "sidecar_rows": sidecar_rows,
+        "pushes": pushes,
+        "n_pushes": len(pushes),
+        "served_accept": {
+            "first": first,
+            "last": last,
+            "over_steps": k,
+            "ratio": last / first if first and last else None,
+        },
+        "draft_weight_version_final": steps[-1]["draft_version_after"] if steps else None,
+    }
 
 
 def fmt(x, spec: str = "{:.2f}") -> str:
@@ -168,27 +204,37 @@ def fmt(x, spec: str = "{:.2f}") -> str:
 
 
 def table(summary: dict) -> str:
-    lines = [f"{'step':>4} {'reward':>6} {'tokens':>6} {'roll_s':>6} {'accept':>6} {'sgl_acc':>7} "
-             f"{'sd%':>4} {'dver':>9}  gate"]
+    lines = [
+        f"{'step':>4} {'reward':>6} {'tokens':>6} {'roll_s':>6} {'accept':>6} {'sgl_acc':>7} "
+        f"{'sd%':>4} {'dver':>9}  gate"
+    ]
     for s in summary["steps"]:
         sv = s["served"]
         dver = f"{s['draft_version_before']}->{s['draft_version_after']}"
         gate = s["gate"][-1] if s["gate"] else (s.get("sidecar") or {}).get("push_why") or ""
-        lines.append(f"{s['step']:>4} {s['reward']:>6.2f} {sv['completion_tokens']:>6d} "
-                     f"{s['rollout_s']:>6.1f} {fmt(sv['accept_len']):>6} "
-                     f"{fmt(sv['sglang_accept_len']):>7} {fmt(sv['sd_token_share'], '{:.0%}'):>4} "
-                     f"{dver:>9}  {gate}")
+        lines.append(
+            f"{s['step']:>4} {s['reward']:>6.2f} {sv['completion_tokens']:>6d} "
+            f"{s['rollout_s']:>6.1f} {fmt(sv['accept_len']):>6} "
+            f"{fmt(sv['sglang_accept_len']):>7} {fmt(sv['sd_token_share'], '{:.0%}'):>4} "
+            f"{dver:>9}  {gate}"
+        )
     acc = summary["served_accept"]
-    lines.append(f"pushes: {summary['n_pushes']} " + ", ".join(
-        f"v{p['drafter_version']} (gain {p['gain']:+.3f}, lower {p['gain_lower']:+.3f})"
-        for p in summary["pushes"]))
-    lines.append(f"served accept (tokens/verify pass), first {acc['over_steps']} steps "
-                 f"{fmt(acc['first'])} -> last {acc['over_steps']} {fmt(acc['last'])}: "
-                 f"x{fmt(acc['ratio'], '{:.3f}')}")
+    lines.append(
+        f"pushes: {summary['n_pushes']} "
+        + ", ".join(
+            f"v{p['drafter_version']} (gain {p['gain']:+.3f}, lower {p['gain_lower']:+.3f})" for p in summary["pushes"]
+        )
+    )
+    lines.append(
+        f"served accept (tokens/verify pass), first {acc['over_steps']} steps "
+        f"{fmt(acc['first'])} -> last {acc['over_steps']} {fmt(acc['last'])}: "
+        f"x{fmt(acc['ratio'], '{:.3f}')}"
+    )
     return "\n".join(lines)
 
 
 # ---- the run --------------------------------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -250,6 +296,7 @@ def reinforce_step(model, opt, batch: list[tuple[list[int], list[int], float]], 
     """One policy-gradient step: token-mean log p(response | prompt) x (reward - its prompt group's
     mean reward). Returns the loss."""
     import torch
+
     rewards = torch.tensor([r for *_, r in batch]).view(-1, group)
     adv = (rewards - rewards.mean(dim=1, keepdim=True)).flatten().tolist()
     opt.zero_grad()
@@ -259,7 +306,7 @@ def reinforce_step(model, opt, batch: list[tuple[list[int], list[int], float]], 
             continue
         seq = torch.tensor([prompt + output])
         logp = torch.log_softmax(model(input_ids=seq).logits[0, :-1].float(), -1)
-        tok_logp = logp[len(prompt) - 1:].gather(1, seq[0, len(prompt):, None])[:, 0]
+        tok_logp = logp[len(prompt) - 1 :].gather(1, seq[0, len(prompt) :, None])[:, 0]
         loss = -a * tok_logp.mean() / len(batch)
         loss.backward()
         total += loss.item()
@@ -287,36 +334,72 @@ def run(args: argparse.Namespace) -> dict:
     key = args.admin_api_key
     headers = {"Authorization": f"Bearer {key}"}
     drafter = out / "drafter_init"
-    subprocess.run(gleanrl_cmd("draft", "init", "--model", args.policy, "--out", str(drafter),
-                               "--seed", str(args.seed)), check=True, env=env)
+    subprocess.run(
+        gleanrl_cmd("draft", "init", "--model", args.policy, "--out", str(drafter), "--seed", str(args.seed)),
+        check=True,
+        env=env,
+    )
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    serve_cmd = pinned(args.server_core, gleanrl_cmd(
-        "serve", "--model", args.policy, "--drafter", str(drafter), "--sd", "adaptive",
-        "--harvest-feed", "--admin-api-key", key, "--threads", "1", "--port", str(port),
-        *args.serve_arg))
+    serve_cmd = pinned(
+        args.server_core,
+        gleanrl_cmd(
+            "serve",
+            "--model",
+            args.policy,
+            "--drafter",
+            str(drafter),
+            "--sd",
+            "adaptive",
+            "--harvest-feed",
+            "--admin-api-key",
+            key,
+            "--threads",
+            "1",
+            "--port",
+            str(port),
+            *args.serve_arg,
+        ),
+    )
     side = out / "side"
-    harvest_cmd = pinned(args.harvest_core, gleanrl_cmd(
-        "harvest", "--server", url, "--admin-api-key", key, "--out", str(side),
-        "--drafter", str(drafter), *args.harvest_arg))
-    meta = {"args": vars(args), "serve_cmd": serve_cmd, "harvest_cmd": harvest_cmd,
-            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    print("serve:  ", " ".join(serve_cmd).replace(key, "K"), "\nharvest:",
-          " ".join(harvest_cmd).replace(key, "K"), flush=True)
+    harvest_cmd = pinned(
+        args.harvest_core,
+        gleanrl_cmd(
+            "harvest",
+            "--server",
+            url,
+            "--admin-api-key",
+            key,
+            "--out",
+            str(side),
+            "--drafter",
+            str(drafter),
+            *args.harvest_arg,
+        ),
+    )
+    meta = {
+        "args": vars(args),
+        "serve_cmd": serve_cmd,
+        "harvest_cmd": harvest_cmd,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    print(
+        "serve:  ",
+        " ".join(serve_cmd).replace(key, "K"),
+        "\nharvest:",
+        " ".join(harvest_cmd).replace(key, "K"),
+        flush=True,
+    )
     procs: list[subprocess.Popen] = []
     steps: list[dict] = []
     try:
-        server = subprocess.Popen(serve_cmd, stdout=open(out / "server.log", "w"),
-                                  stderr=subprocess.STDOUT, env=env)
+        server = subprocess.Popen(serve_cmd, stdout=open(out / "server.log", "w"), stderr=subprocess.STDOUT, env=env)
         procs.append(server)
-        wait_for(lambda: httpx.get(f"{url}/health", timeout=5).status_code == 200, 300,
-                 "gleanrl serve", server)
+        wait_for(lambda: httpx.get(f"{url}/health", timeout=5).status_code == 200, 300, "gleanrl serve", server)
         harvest_log = out / "harvest.log"
-        sidecar = subprocess.Popen(harvest_cmd, stdout=open(harvest_log, "w"),
-                                   stderr=subprocess.STDOUT, env=env)
+        sidecar = subprocess.Popen(harvest_cmd, stdout=open(harvest_log, "w"), stderr=subprocess.STDOUT, env=env)
         procs.append(sidecar)
-        wait_for(lambda: "gleanrl harvest:" in harvest_log.read_text(), 300, "gleanrl harvest",
-                 sidecar)
+        wait_for(lambda: "gleanrl harvest:" in harvest_log.read_text(), 300, "gleanrl harvest", sidecar)
         tail = LogTail(harvest_log)
 
         task = load_task(None)
@@ -329,9 +412,11 @@ def run(args: argparse.Namespace) -> dict:
             return client.get(f"{url}/model_info", headers=headers).json()
 
         def generate(ids: list[int]) -> dict:
-            body = {"input_ids": ids, "return_logprob": True,
-                    "sampling_params": {"max_new_tokens": args.max_new_tokens, "temperature": 1.0,
-                                        "top_p": 1.0}}
+            body = {
+                "input_ids": ids,
+                "return_logprob": True,
+                "sampling_params": {"max_new_tokens": args.max_new_tokens, "temperature": 1.0, "top_p": 1.0},
+            }
             resp = client.post(f"{url}/generate", json=body, headers=headers)
             resp.raise_for_status()
             return resp.json()
@@ -342,49 +427,62 @@ def run(args: argparse.Namespace) -> dict:
                 t0 = time.monotonic()
                 before = model_info().get("draft_weight_version")
                 samples = task.prompts("train", args.prompts, seed=step)
-                prompts = [list(s["prompt_ids"]) if "prompt_ids" in s else tok.encode(s["prompt"])
-                           for s in samples]
+                prompts = [list(s["prompt_ids"]) if "prompt_ids" in s else tok.encode(s["prompt"]) for s in samples]
                 batch_ids = [p for p in prompts for _ in range(args.samples)]
                 outs = list(pool.map(generate, batch_ids))
                 rollout_s = time.monotonic() - t0
                 metas = [o["meta_info"] for o in outs]
-                rewards = [task.reward(samples[i // args.samples],
-                                       tok.decode(o["output_ids"], skip_special_tokens=True))
-                           for i, o in enumerate(outs)]
+                rewards = [
+                    task.reward(samples[i // args.samples], tok.decode(o["output_ids"], skip_special_tokens=True))
+                    for i, o in enumerate(outs)
+                ]
                 t1 = time.monotonic()
                 model.train()
-                loss = reinforce_step(model, opt, [(p, o["output_ids"], r) for p, o, r in
-                                                   zip(batch_ids, outs, rewards)], args.samples)
+                loss = reinforce_step(
+                    model, opt, [(p, o["output_ids"], r) for p, o, r in zip(batch_ids, outs, rewards)], args.samples
+                )
                 ckpt = out / f"policy_v{step + 1}"
                 save_atomic(model, tok, ckpt)
-                for route, body in (("/pause_generation", {}), ("/flush_cache", None),
-                                    ("/update_weights_from_disk",
-                                     {"model_path": str(ckpt), "weight_version": str(step + 1)}),
-                                    ("/continue_generation", {})):
+                for route, body in (
+                    ("/pause_generation", {}),
+                    ("/flush_cache", None),
+                    ("/update_weights_from_disk", {"model_path": str(ckpt), "weight_version": str(step + 1)}),
+                    ("/continue_generation", {}),
+                ):
                     client.post(f"{url}{route}", json=body, headers=headers).raise_for_status()
                 update_s = time.monotonic() - t1
                 info = client.get(f"{url}/server_info", headers=headers).json()
                 lines = tail.read()
-                row = {"step": step + 1, "reward": sum(rewards) / len(rewards), "loss": loss,
-                       "rollout_s": rollout_s, "update_s": update_s,
-                       "max_completion_tokens": max(m.get("completion_tokens", 0) for m in metas),
-                       "served": served_acceptance(metas), "by_drafter": acceptance_by_drafter(metas),
-                       "server_avg_spec_accept_length": info["internal_states"][0].get(
-                           "avg_spec_accept_length"),
-                       # the adaptive SD controller's view: whether it drafts at all
-                       "sd_controller": {k: (info["internal_states"][0].get("sd_controller") or {}).get(k)
-                                         for k in ("eagle_accept", "cells")},
-                       "draft_version_before": before,
-                       "draft_version_after": model_info().get("draft_weight_version"),
-                       "gate": gate_statuses(lines),
-                       "sidecar_lines": [ln for ln in lines if "[harvest]" not in ln][-20:]}
+                row = {
+                    "step": step + 1,
+                    "reward": sum(rewards) / len(rewards),
+                    "loss": loss,
+                    "rollout_s": rollout_s,
+                    "update_s": update_s,
+                    "max_completion_tokens": max(m.get("completion_tokens", 0) for m in metas),
+                    "served": served_acceptance(metas),
+                    "by_drafter": acceptance_by_drafter(metas),
+                    "server_avg_spec_accept_length": info["internal_states"][0].get("avg_spec_accept_length"),
+                    # the adaptive SD controller's view: whether it drafts at all
+                    "sd_controller": {
+                        k: (info["internal_states"][0].get("sd_controller") or {}).get(k)
+                        for k in ("eagle_accept", "cells")
+                    },
+                    "draft_version_before": before,
+                    "draft_version_after": model_info().get("draft_weight_version"),
+                    "gate": gate_statuses(lines),
+                    "sidecar_lines": [ln for ln in lines if "[harvest]" not in ln][-20:],
+                }
                 steps.append(row)
-                print(f"step {row['step']}: reward {row['reward']:.2f}, "
-                      f"{row['served']['completion_tokens']} tokens in {rollout_s:.1f} s, "
-                      f"accept {fmt(row['served']['accept_len'])} "
-                      f"(SD {fmt(row['served']['sd_token_share'], '{:.0%}')}), drafter "
-                      f"{before}->{row['draft_version_after']} | gate: "
-                      f"{row['gate'][-1] if row['gate'] else '(no progress line yet)'}", flush=True)
+                print(
+                    f"step {row['step']}: reward {row['reward']:.2f}, "
+                    f"{row['served']['completion_tokens']} tokens in {rollout_s:.1f} s, "
+                    f"accept {fmt(row['served']['accept_len'])} "
+                    f"(SD {fmt(row['served']['sd_token_share'], '{:.0%}')}), drafter "
+                    f"{before}->{row['draft_version_after']} | gate: "
+                    f"{row['gate'][-1] if row['gate'] else '(no progress line yet)'}",
+                    flush=True,
+                )
                 with open(out / "steps.jsonl", "a") as f:
                     f.write(json.dumps(row) + "\n")
         # the sidecar logs a policy version's row when the next one arrives: one row per step
@@ -392,7 +490,8 @@ def run(args: argparse.Namespace) -> dict:
         metrics = side / "metrics.jsonl"
         deadline = time.monotonic() + args.tail_s
         while time.monotonic() < deadline and (
-                not metrics.exists() or len(metrics.read_text().splitlines()) < args.steps):
+            not metrics.exists() or len(metrics.read_text().splitlines()) < args.steps
+        ):
             time.sleep(1.0)
         if steps:
             steps[-1]["gate"] += [g for g in gate_statuses(tail.read()) if g not in steps[-1]["gate"]]
@@ -405,8 +504,11 @@ def run(args: argparse.Namespace) -> dict:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-    rows = [json.loads(ln) for ln in (side / "metrics.jsonl").read_text().splitlines()
-            if ln.strip()] if (side / "metrics.jsonl").exists() else []
+    rows = (
+        [json.loads(ln) for ln in (side / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+        if (side / "metrics.jsonl").exists()
+        else []
+    )
     summary = summarize(steps, rows, meta)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

@@ -15,6 +15,7 @@ the run's initial policy):
   prompts (seed * 100_003, as `gleanrl demo` computes it). `--blind` writes them to --json but
   prints only the dev figures: choose a recipe first, then look.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,11 +32,16 @@ def paired(a: list[float], b: list[float]) -> dict:
 
     n = len(a)
     if n < 2:
-        return {"n": n, "initial": math.nan, "final": math.nan, "gain": math.nan, "se": math.nan,
-                "z": math.nan}
+        return {"n": n, "initial": math.nan, "final": math.nan, "gain": math.nan, "se": math.nan, "z": math.nan}
     gain, se = mean_se([y - x for x, y in zip(a, b)])
-    return {"n": n, "initial": sum(a) / n, "final": sum(b) / n, "gain": gain, "se": se,
-            "z": gain / se if se else math.nan}
+    return {
+        "n": n,
+        "initial": sum(a) / n,
+        "final": sum(b) / n,
+        "gain": gain,
+        "se": se,
+        "z": gain / se if se else math.nan,
+    }
 
 
 def by_k(a: list[float], b: list[float], samples: list[dict], lo: int, hi: int):
@@ -45,8 +51,10 @@ def by_k(a: list[float], b: list[float], samples: list[dict], lo: int, hi: int):
 
 
 def show(name: str, g: dict, digits: int = 4) -> str:
-    return (f"{name} {g['initial']:.3f} -> {g['final']:.3f}, gain {g['gain']:+.{digits}f} ± {g['se']:.{digits}f} "
-            f"(z {g['z']:+.1f})")
+    return (
+        f"{name} {g['initial']:.3f} -> {g['final']:.3f}, gain {g['gain']:+.{digits}f} ± {g['se']:.{digits}f} "
+        f"(z {g['z']:+.1f})"
+    )
 
 
 def main() -> None:
@@ -54,14 +62,12 @@ def main() -> None:
     p.add_argument("policy", help="the runs' initial policy")
     p.add_argument("runs", nargs="+")
     p.add_argument("--heldout", action="store_true", help="also the held-out (test split) figures")
-    p.add_argument("--blind", action="store_true",
-                   help="with --heldout: into --json only, not printed")
+    p.add_argument("--blind", action="store_true", help="with --heldout: into --json only, not printed")
     p.add_argument("--dev-prompts", type=int, default=512)
     p.add_argument("--dev-seed", type=int, default=777_777_777)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None, help="append one JSON line per run here")
-    p.add_argument("--cache", default=None,
-                   help="a JSON file caching the initial policy's probabilities")
+    p.add_argument("--cache", default=None, help="a JSON file caching the initial policy's probabilities")
     args = p.parse_args()
 
     import torch
@@ -86,8 +92,7 @@ def main() -> None:
         if name not in memo:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
             with torch.no_grad():
-                memo[name] = reference_accuracy(model, tokenizer, task, samples,
-                                                per_prompt=True)["probs"]
+                memo[name] = reference_accuracy(model, tokenizer, task, samples, per_prompt=True)["probs"]
         if initial and args.cache:
             disk[name] = memo[name]
             Path(args.cache).write_text(json.dumps(disk))
@@ -97,35 +102,47 @@ def main() -> None:
     for run in map(Path, args.runs):
         cfg = json.loads((run / "config.resolved.json").read_text())
         step, final = list_checkpoints(run)[-1]
-        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
-                if line.strip()]
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
         rewards = [r["reward_mean"] for r in rows if r["step"] > 0 and "reward_mean" in r]
-        half = rewards[len(rewards) // 2:]
+        half = rewards[len(rewards) // 2 :]
         a = probs(args.policy, dev, ["dev", args.dev_seed])
         b = probs(str(final), dev, ["dev", args.dev_seed])
-        out = {"run": str(run), "seed": cfg["seed"], "step": step, "lr": cfg["lr"],
-               "negative_weight": cfg["negative_weight"], "kl_coef": cfg["kl_coef"],
-               "shape": f"{cfg['prompts_per_step']}x{cfg['samples_per_prompt']}",
-               "batch_reward": sum(rewards) / max(1, len(rewards)),
-               "batch_reward_2nd_half": sum(half) / max(1, len(half)), "dev": paired(a, b),
-               "dev_by_k": {name: paired(*by_k(a, b, dev, lo, hi))
-                            for name, (lo, hi) in BUCKETS.items()}}
-        line = (f"{run}: seed {cfg['seed']} step {step} {out['shape']} lr {cfg['lr']:g} "
-                f"nw {cfg['negative_weight']:g} kl {cfg['kl_coef']:g} | batch reward {out['batch_reward']:.3f} "
-                f"(2nd half {out['batch_reward_2nd_half']:.3f}) | {show('dev reference', out['dev'])} | by k: "
-                + ", ".join(f"{k} {v['gain']:+.3f}±{v['se']:.3f}"
-                            for k, v in out["dev_by_k"].items()))
+        out = {
+            "run": str(run),
+            "seed": cfg["seed"],
+            "step": step,
+            "lr": cfg["lr"],
+            "negative_weight": cfg["negative_weight"],
+            "kl_coef": cfg["kl_coef"],
+            "shape": f"{cfg['prompts_per_step']}x{cfg['samples_per_prompt']}",
+            "batch_reward": sum(rewards) / max(1, len(rewards)),
+            "batch_reward_2nd_half": sum(half) / max(1, len(half)),
+            "dev": paired(a, b),
+            "dev_by_k": {name: paired(*by_k(a, b, dev, lo, hi)) for name, (lo, hi) in BUCKETS.items()},
+        }
+        line = (
+            f"{run}: seed {cfg['seed']} step {step} {out['shape']} lr {cfg['lr']:g} "
+            f"nw {cfg['negative_weight']:g} kl {cfg['kl_coef']:g} | batch reward {out['batch_reward']:.3f} "
+            f"(2nd half {out['batch_reward_2nd_half']:.3f}) | {show('dev reference', out['dev'])} | by k: "
+            + ", ".join(f"{k} {v['gain']:+.3f}±{v['se']:.3f}" for k, v in out["dev_by_k"].items())
+        )
         if args.heldout:
             evals = [r for r in rows if "eval_accuracy" in r]
             n = evals[0]["eval_prompts"]
             tests = task.prompts("test", n, cfg["seed"] * 100_003)
-            reference = paired(probs(args.policy, tests, ["test", cfg["seed"]]),
-                               probs(str(final), tests, ["test", cfg["seed"]]))
+            reference = paired(
+                probs(args.policy, tests, ["test", cfg["seed"]]), probs(str(final), tests, ["test", cfg["seed"]])
+            )
             last = [r for r in evals if "eval_gain" in r][-1]
             se = last["eval_gain_se"]
-            sampled = {"n": n, "initial": evals[0]["eval_accuracy"], "final": last["eval_accuracy"],
-                       "gain": last["eval_gain"], "se": se,
-                       "z": last["eval_gain"] / se if se else math.nan}
+            sampled = {
+                "n": n,
+                "initial": evals[0]["eval_accuracy"],
+                "final": last["eval_accuracy"],
+                "gain": last["eval_gain"],
+                "se": se,
+                "z": last["eval_gain"] / se if se else math.nan,
+            }
             out |= {"heldout_sampled": sampled, "heldout_reference": reference}
             if not args.blind:
                 line += f"\n    {show('held-out sampled', sampled, 3)} | {show('held-out reference', reference)}"

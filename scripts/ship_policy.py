@@ -8,6 +8,7 @@ The policy is stored in the entry's dtype (small: float32, deep: bf16, cast at l
 bootstrap.json (which must carry today's recipe key for the entry's task and size, seed 0); the
 drafter is the demo's default warm start on it (the size's regime), and SHA256SUMS lists every
 shipped weights file. Run from the repository root; commit what it writes."""
+
 from __future__ import annotations
 
 import argparse
@@ -33,10 +34,13 @@ def main() -> int:
     src, entry = Path(opts.policy), SHIPPED[opts.size]
     key = json.loads((src / "bootstrap.json").read_text())["key"]
     if key != (want := cache_key(entry.task, 0, entry.size)[1]):
-        print(f"{src}: bootstrap key {key} is not the {entry.size} recipe's on {entry.task} "
-              f"(seed 0): {want}", file=sys.stderr)
+        print(
+            f"{src}: bootstrap key {key} is not the {entry.size} recipe's on {entry.task} (seed 0): {want}",
+            file=sys.stderr,
+        )
         return 2
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     shutil.rmtree(entry.policy, ignore_errors=True)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, entry.dtype))
     model.save_pretrained(entry.policy, safe_serialization=True)
@@ -52,9 +56,14 @@ def main() -> int:
     drafter = load_drafter(warm, target_config=entry.policy).to(torch.bfloat16)
     save_drafter(drafter, entry.drafter)
     (entry.drafter / "warm_start.json").write_text(json.dumps(demo.warm_settings(args), indent=1))
-    sums_file().write_text("".join(f"{sha256(d / 'model.safetensors')}  {d.name}/model.safetensors\n"
-                            for e in SHIPPED.values() for d in (e.policy, e.drafter)
-                            if (d / "model.safetensors").is_file()))
+    sums_file().write_text(
+        "".join(
+            f"{sha256(d / 'model.safetensors')}  {d.name}/model.safetensors\n"
+            for e in SHIPPED.values()
+            for d in (e.policy, e.drafter)
+            if (d / "model.safetensors").is_file()
+        )
+    )
     print(subprocess.run(["du", "-sh", str(ROOT)], capture_output=True, text=True).stdout)
     return 0
 

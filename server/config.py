@@ -1,4 +1,5 @@
 """Engine configuration and the loopback test: small, validated at construction."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -25,14 +26,15 @@ SOURCES = ("eagle", "group", "fused")
 class ControllerConfig:
     """The SD controller's settings (`server/sd/controller.py`), named as `gleanrl serve`'s flags;
     EngineConfig has them too (a subclass), so they reach the controller unrenamed."""
-    sd: str = "adaptive"                   # off | on (the best plan that drafts, wherever one
-                                           # exists) | adaptive (the cost-model controller)
-    sd_max_batch: int = 8                  # adaptive: EAGLE-3 drafts only while running <= this
-    num_draft_tokens: int | None = None    # fixed EAGLE-3 draft length; None: chosen per iteration
-    sd_sources: tuple[str, ...] = ("eagle",)  # eagle (EAGLE-3 chains), group (group drafts),
-    #   fused (both as two branches of one tree). EAGLE-only keeps a seeded request's samples
-    #   independent of the other requests
-    group_max_batch: int = 64              # adaptive: group drafts only while running <= this
+
+    # off | on (the best plan that drafts, wherever one exists) | adaptive (the cost-model controller)
+    sd: str = "adaptive"
+    sd_max_batch: int = 8  # adaptive: EAGLE-3 drafts only while running <= this
+    num_draft_tokens: int | None = None  # fixed EAGLE-3 draft length; None: chosen per iteration
+    # eagle (EAGLE-3 chains), group (group drafts), fused (both as two branches of one tree). EAGLE-only keeps a seeded
+    # request's samples independent of the other requests
+    sd_sources: tuple[str, ...] = ("eagle",)
+    group_max_batch: int = 64  # adaptive: group drafts only while running <= this
 
     def __post_init__(self) -> None:
         if self.sd not in ("off", "on", "adaptive"):
@@ -42,35 +44,33 @@ class ControllerConfig:
         if self.num_draft_tokens is not None and not 1 <= self.num_draft_tokens <= 16:
             raise ValueError("num_draft_tokens must be in [1, 16]")
         if not self.sd_sources or any(s not in SOURCES for s in self.sd_sources):
-            raise ValueError("sd_sources must be a non-empty subset of eagle, group, fused; "
-                             f"got {self.sd_sources}")
+            raise ValueError(f"sd_sources must be a non-empty subset of eagle, group, fused; got {self.sd_sources}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig(ControllerConfig):
     model_path: str
-    device: str = "cpu"                    # cpu | cuda
-    dtype: str = "auto"                    # auto (float32 on cpu, bfloat16 on cuda) | float32 |
-                                           # bfloat16 | float16
-    max_running_requests: int = 32         # requests decoding at once; the rest wait in the queue
-    context_length: int | None = None      # None: the model's max_position_embeddings
+    device: str = "cpu"  # cpu | cuda
+    # auto (float32 on cpu, bfloat16 on cuda) | float32 | bfloat16 | float16
+    dtype: str = "auto"
+    max_running_requests: int = 32  # requests decoding at once; the rest wait in the queue
+    context_length: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0
-    num_threads: int | None = None         # torch intra-op threads for the engine (None:
-                                           # torch's default)
-    drafter: str | None = None             # EAGLE-3 drafter directory (checked here, once)
-    group_max_tokens: int = 1 << 19        # output tokens the group index holds (all
-                                           # prompts and versions)
-    group_keep_versions: int = 2           # policy versions whose samples the group index keeps
-    swap_timeout_s: float = 600.0          # a target swap waits this long for running requests,
-                                           # then is refused
+    # torch intra-op threads for the engine (None: torch's default)
+    num_threads: int | None = None
+    drafter: str | None = None  # EAGLE-3 drafter directory (checked here, once)
+    # output tokens the group index holds (all prompts and versions)
+    group_max_tokens: int = 1 << 19
+    group_keep_versions: int = 2  # policy versions whose samples the group index keeps
+    # a target swap waits this long for running requests, then is refused
+    swap_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
-        ControllerConfig.__post_init__(self)   # (slots: no zero-argument super())
+        ControllerConfig.__post_init__(self)  # (slots: no zero-argument super())
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError("dtype must be auto, float32, bfloat16 or float16, "
-                             f"got {self.dtype!r}")
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
         if self.context_length is not None and self.context_length < 2:
@@ -79,6 +79,7 @@ class EngineConfig(ControllerConfig):
             raise ValueError("a drafter needs sd 'on' or 'adaptive' (sd 'off' never drafts)")
         if self.drafter:
             from gleanrl.harvest.checkpoint import check_drafter_dir
+
             check_drafter_dir(self.drafter)
         for name in ("group_max_tokens", "group_keep_versions"):
             if getattr(self, name) < 1:

@@ -1,4 +1,5 @@
 """Shared fixtures: tiny random models made locally (no hub downloads)."""
+
 from __future__ import annotations
 
 import os
@@ -13,13 +14,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     from gleanrl.tiny import build_tokenizer
+
     return build_tokenizer()
 
 
 def _tiny(tmp_path_factory, tiny_tokenizer, arch: str, **kw):
     from gleanrl.tiny import make_tiny_model
-    return make_tiny_model(tmp_path_factory.mktemp(f"tiny_{arch}"), arch=arch,
-                           tokenizer=tiny_tokenizer, **kw)
+
+    return make_tiny_model(tmp_path_factory.mktemp(f"tiny_{arch}"), arch=arch, tokenizer=tiny_tokenizer, **kw)
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +50,7 @@ def tok(tiny_qwen2):
     """The server's tokenizer for `tiny_qwen2` (AutoTokenizer on the model directory; it may split
     text differently from the in-memory `tiny_tokenizer` fixture)."""
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(tiny_qwen2)
 
 
@@ -56,4 +59,5 @@ def hf(tiny_qwen2):
     """`tiny_qwen2` loaded by transformers in float32, the reference the server is
     compared against."""
     from transformers import AutoModelForCausalLM
+
     return AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).eval()

@@ -1,4 +1,5 @@
 """Test helper: `gleanrl proxy` (server.proxy) on a free loopback port, in a background thread."""
+
 from __future__ import annotations
 
 import socket
@@ -18,8 +19,9 @@ def running_proxy(upstream: str, admin_api_key: str | None = None, **kw):
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     app = build_proxy(upstream, admin_api_key, **kw)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                           server_header=False, date_header=False))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", lifespan="on", server_header=False, date_header=False)
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60

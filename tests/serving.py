@@ -6,6 +6,7 @@ uvicorn in a background thread of the test process.
 
 Keyword arguments go to `ServerConfig` when it has the field, else to `EngineConfig`. The yielded
 URL also carries `.app` (the FastAPI app, whose `state.engine` is the engine) via `running_app`."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,8 +40,7 @@ def running_app(model_dir, *, engine=None, startup_timeout: float = 120.0, **kw)
     port = sock.getsockname()[1]
     server_cfg = ServerConfig(host="127.0.0.1", port=port, **server_kw)
     app = build_app(engine, server_cfg, engine_cfg)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                           timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
@@ -83,8 +83,10 @@ def post(url: str, path: str, body: dict, timeout: float = 300.0) -> httpx.Respo
 
 def greedy_ids(url: str, input_ids: list[int], n: int = 10) -> dict:
     """A greedy /generate of n tokens (EOS ignored); fails the test on a non-200."""
-    r = post(url, "/generate", {"input_ids": input_ids,
-                                "sampling_params": {"max_new_tokens": n, "temperature": 0,
-                                                    "ignore_eos": True}})
+    r = post(
+        url,
+        "/generate",
+        {"input_ids": input_ids, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}},
+    )
     assert r.status_code == 200, r.text
     return r.json()

@@ -3,6 +3,7 @@ where most tokens are decoded plainly: meta_info's SGLang counts, the trainer's 
 demo report, bench e2e's summary, `/server_info` and `/metrics`. SGLang's own per-request
 `spec_accept_length` (completion tokens / verify passes) keeps its definition, though it is no
 per-pass figure here."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,27 +23,30 @@ from serving import running_app
 
 # the longest EAGLE-3 chain adaptive SD may verify (the default sources: EAGLE-3 only)
 K = max(K_GRID)
-SHORT, LONG = 40, 88               # the long requests run SD only once the short ones have finished
+SHORT, LONG = 40, 88  # the long requests run SD only once the short ones have finished
 
 
 async def _generate(url: str, prompts: list[list[int]]) -> list[dict]:
     async with httpx.AsyncClient(timeout=120) as client:
+
         async def one(i: int, ids: list[int]):
             n = LONG if i < 2 else SHORT
-            body = {"input_ids": ids,
-                    "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
+            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
             return (await client.post(f"{url}/generate", json=body)).raise_for_status().json()
+
         return await asyncio.gather(*[one(i, p) for i, p in enumerate(prompts)])
 
 
 @pytest.fixture(scope="module")
 def served(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
-    drafter = trained_drafter(tiny_qwen2, tiny_tokenizer,
-                              tmp_path_factory.mktemp("accept") / "drafter",
-                              new_tokens=LONG + 8)  # covers the positions SD runs at
+    drafter = trained_drafter(
+        tiny_qwen2, tiny_tokenizer, tmp_path_factory.mktemp("accept") / "drafter", new_tokens=LONG + 8
+    )  # covers the positions SD runs at
     prompts = [tiny_tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"] for i in range(10)]
-    with running_app(tiny_qwen2, drafter=str(drafter), sd="adaptive", sd_max_batch=2,
-                     max_running_requests=16) as (url, _):
+    with running_app(tiny_qwen2, drafter=str(drafter), sd="adaptive", sd_max_batch=2, max_running_requests=16) as (
+        url,
+        _,
+    ):
         bodies = asyncio.run(_generate(url, prompts))
         info = httpx.get(f"{url}/server_info", timeout=10).json()["internal_states"][0]
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
@@ -79,5 +83,4 @@ def test_reported_figures_stay_within_k_plus_1(served):
     assert 1 < info["avg_spec_accept_length"] <= K + 1 and 1 <= info["avg_tokens_per_target_pass"] <= K + 1
     gauge = float(re.search(r"^gleanrl:spec_accept_length (\S+)$", metrics, re.M).group(1))
     assert gauge == pytest.approx(info["avg_spec_accept_length"])
-    assert float(re.search(r"^gleanrl:tokens_per_target_pass (\S+)$",
-                           metrics, re.M).group(1)) >= 1.0
+    assert float(re.search(r"^gleanrl:tokens_per_target_pass (\S+)$", metrics, re.M).group(1)) >= 1.0

@@ -1,5 +1,6 @@
 """`gleanrl bench rollout` runs its four arms end to end on a tiny model and a random drafter and
 writes the documented JSON; the greedy pass of every SD arm equals the plain one token for token."""
+
 from __future__ import annotations
 
 import json
@@ -15,10 +16,28 @@ from sd_util import random_drafter
 def test_bench_rollout_json(tiny_qwen2, tmp_path, capsys):
     drafter = random_drafter(tiny_qwen2, tmp_path / "drafter")
     out = tmp_path / "rollout.json"
-    rc = gleanrl.cli.main(["bench", "rollout", "--model", str(tiny_qwen2), "--drafter",
-                           str(drafter), "--prompts", "2", "--n", "3", "--steps", "2",
-                           "--max-new-tokens", "12", "--json", str(out),
-                           "--arms", "plain,eagle,group,fused"])
+    rc = gleanrl.cli.main(
+        [
+            "bench",
+            "rollout",
+            "--model",
+            str(tiny_qwen2),
+            "--drafter",
+            str(drafter),
+            "--prompts",
+            "2",
+            "--n",
+            "3",
+            "--steps",
+            "2",
+            "--max-new-tokens",
+            "12",
+            "--json",
+            str(out),
+            "--arms",
+            "plain,eagle,group,fused",
+        ]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
     assert set(data["arms"]) == {"plain", "eagle", "group", "fused"}
@@ -29,8 +48,7 @@ def test_bench_rollout_json(tiny_qwen2, tmp_path, capsys):
         assert r["tokens_per_pass"] >= 1.0
     assert data["arms"]["plain"]["tokens_per_pass"] == 1.0 and data["arms"]["plain"]["verify_passes"] == 0
     assert data["arms"]["plain"]["serve_flags"].startswith("--sd off")
-    assert data["arms"]["fused"]["serve_flags"].startswith(f"--drafter {drafter} --sd-sources "
-                                                           "eagle,group,fused")
+    assert data["arms"]["fused"]["serve_flags"].startswith(f"--drafter {drafter} --sd-sources eagle,group,fused")
     for arm in ("eagle", "group", "fused"):
         ratio = data["arms"]["plain"]["rollout_s"] / data["arms"][arm]["rollout_s"]
         assert abs(data[f"speedup_{arm}"] - ratio) < 0.01 + 0.01 * ratio
@@ -42,8 +60,7 @@ def test_bench_rollout_json(tiny_qwen2, tmp_path, capsys):
 
 
 def test_bench_rollout_refuses_unknown_arms(tiny_qwen2, capsys):
-    argv = ["bench", "rollout", "--model", str(tiny_qwen2), "--drafter", "x", "--arms",
-            "plain,tree"]
+    argv = ["bench", "rollout", "--model", str(tiny_qwen2), "--drafter", "x", "--arms", "plain,tree"]
     assert gleanrl.cli.main(argv) == 2
     assert "--arms" in capsys.readouterr().err
 
@@ -67,10 +84,9 @@ def test_default_drafter_is_warm_started_on_the_task(tiny_qwen2, tmp_path, monke
     monkeypatch.setattr(draft_train, "warm_start", fake_warm_start)
     parser = argparse.ArgumentParser()
     rollout.add_arguments(parser)
-    args = parser.parse_args(["--model", str(tiny_qwen2), "--task", "running_sums",
-                              "--max-new-tokens", "12"])
+    args = parser.parse_args(["--model", str(tiny_qwen2), "--task", "running_sums", "--max-new-tokens", "12"])
     model, drafter = rollout._default_paths(args)
-    assert model == str(tiny_qwen2) and seen == [(256, 12)]     # --warm-prompts' default
+    assert model == str(tiny_qwen2) and seen == [(256, 12)]  # --warm-prompts' default
     assert (tmp_path / "cache" / "drafters").is_dir() and (Path(drafter) / "config.json").is_file()
     assert rollout._default_paths(args) == (model, drafter) and len(seen) == 1  # cached
 
@@ -79,12 +95,34 @@ def test_default_drafter_is_warm_started_on_the_task(tiny_qwen2, tmp_path, monke
 @pytest.mark.skipif(sglang_missing() is not None, reason=str(sglang_missing()))
 def test_bench_rollout_stock_sglang_arm(tiny_qwen2, tmp_path):
     out = tmp_path / "rollout.json"
-    assert gleanrl.cli.main(["bench", "rollout", "--model", str(tiny_qwen2), "--drafter", "unused",
-                             "--prompts", "2", "--n", "2", "--steps", "1", "--max-new-tokens", "8",
-                             "--dtype", "float32", "--arms", "plain,sglang", "--json",
-                             str(out)]) == 0
+    assert (
+        gleanrl.cli.main(
+            [
+                "bench",
+                "rollout",
+                "--model",
+                str(tiny_qwen2),
+                "--drafter",
+                "unused",
+                "--prompts",
+                "2",
+                "--n",
+                "2",
+                "--steps",
+                "1",
+                "--max-new-tokens",
+                "8",
+                "--dtype",
+                "float32",
+                "--arms",
+                "plain,sglang",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     data = json.loads(out.read_text())
     sg = data["arms"]["sglang"]
     assert sg["tokens"] > 0 and sg["serve_flags"].startswith("--backend sglang") and not data["skipped"]
-    assert data["over_sglang"]["plain"] == pytest.approx(
-        sg["rollout_s"] / data["arms"]["plain"]["rollout_s"], abs=0.01)
+    assert data["over_sglang"]["plain"] == pytest.approx(sg["rollout_s"] / data["arms"]["plain"]["rollout_s"], abs=0.01)

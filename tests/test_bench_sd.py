@@ -1,6 +1,7 @@
 """`gleanrl bench sd` runs end to end on a tiny model and a random drafter and writes the documented
 JSON; at temperature 0 every SD output equals the plain one (a random drafter: most drafts
 are rejected)."""
+
 from __future__ import annotations
 
 import json
@@ -41,28 +42,24 @@ def test_bench_sd_json(tiny_qwen2, tmp_path, capsys):
     )
     assert rc == 0
     data = json.loads(out.read_text())
-    assert [(r["batch"], r["temperature"])
-            for r in data["results"]] == [(1, 0.0), (1, 1.0), (3, 0.0), (3, 1.0)]
+    assert [(r["batch"], r["temperature"]) for r in data["results"]] == [(1, 0.0), (1, 1.0), (3, 0.0), (3, 1.0)]
     for r in data["results"]:
         assert r["sd_tok_s"] > 0 and r["plain_tok_s"] > 0 and 1.0 <= r["accept_length"] <= 4.0
         assert abs(r["speedup"] - r["sd_tok_s"] / r["plain_tok_s"]) < 0.01 + 0.01 * r["speedup"]
         for arm, it in r["per_iteration"].items():
             assert it["iteration_ms"] >= it["forward_ms"] > 0 and it["drafter_ms"] >= 0, arm
-            assert abs(it["overhead_ms"] - (it["iteration_ms"] - it["forward_ms"]
-                                            - it["drafter_ms"])) < 0.01, arm
+            assert abs(it["overhead_ms"] - (it["iteration_ms"] - it["forward_ms"] - it["drafter_ms"])) < 0.01, arm
         assert r["per_iteration"]["sd"]["drafter_ms"] > 0
         if r["temperature"] == 0:
             assert r["identical_outputs"] == f"{r['batch']}/{r['batch']}"
     # the drafter's ms per draft token over plain's ms per iteration, both at 1 running
     assert data["drafter_ms_per_token"] > 0 and data["plain_iteration_ms"] > 0
-    assert abs(data["draft_cost_ratio"] - data["drafter_ms_per_token"]
-               / data["plain_iteration_ms"]) < 0.01
+    assert abs(data["draft_cost_ratio"] - data["drafter_ms_per_token"] / data["plain_iteration_ms"]) < 0.01
     assert "identical" in capsys.readouterr().out
 
 
 def test_bench_sd_missing_drafter(tiny_qwen2, tmp_path, capsys):
-    assert gleanrl.cli.main(["bench", "sd", "--model", str(tiny_qwen2), "--drafter",
-                             str(tmp_path / "nope")]) == 2
+    assert gleanrl.cli.main(["bench", "sd", "--model", str(tiny_qwen2), "--drafter", str(tmp_path / "nope")]) == 2
     assert "error" in capsys.readouterr().err
 
 
@@ -74,16 +71,43 @@ def test_bench_sd_with_a_json_schema(tiny_qwen2, tmp_path, capsys):
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     out = tmp_path / "bench.json"
-    rc = gleanrl.cli.main(["bench", "sd", "--model", str(tiny_qwen2), "--drafter", str(drafter),
-                           "--prompts", str(prompts), "--json", str(out), "--batches", "2",
-                           "--temperatures", "0", "--max-new-tokens", "10", "--repeats", "1",
-                           "--sd", "on", "--num-draft-tokens", "3",
-                           "--json-schema", json.dumps(schema)])
+    rc = gleanrl.cli.main(
+        [
+            "bench",
+            "sd",
+            "--model",
+            str(tiny_qwen2),
+            "--drafter",
+            str(drafter),
+            "--prompts",
+            str(prompts),
+            "--json",
+            str(out),
+            "--batches",
+            "2",
+            "--temperatures",
+            "0",
+            "--max-new-tokens",
+            "10",
+            "--repeats",
+            "1",
+            "--sd",
+            "on",
+            "--num-draft-tokens",
+            "3",
+            "--json-schema",
+            json.dumps(schema),
+        ]
+    )
     assert rc == 0
     (r,) = json.loads(out.read_text())["results"]
     g = r["grammar"]
     assert g["sd_tok_s"] > 0 and g["plain_tok_s"] > 0 and g["identical_outputs"] == "2/2"
     assert g["ms_per_token"] > 0 and "overhead_ms_per_token" in g
     assert "ms/token" in capsys.readouterr().out
-    assert gleanrl.cli.main(["bench", "sd", "--model", str(tiny_qwen2), "--drafter", str(drafter),
-                             "--json-schema", '{"type": "nope"}']) == 2
+    assert (
+        gleanrl.cli.main(
+            ["bench", "sd", "--model", str(tiny_qwen2), "--drafter", str(drafter), "--json-schema", '{"type": "nope"}']
+        )
+        == 2
+    )

@@ -1,5 +1,6 @@
 """`gleanrl bootstrap` at the tiny size: a loadable, cached, deterministic Hugging Face model
 directory whose policy has learned the task's format."""
+
 from __future__ import annotations
 
 import json
@@ -21,15 +22,17 @@ def test_tiny_bootstrap_is_a_loadable_model_directory(tiny_policy):
 
     from gleanrl.trainer.tasks.chartok import build_char_tokenizer
 
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja",
-                 "bootstrap.json"):
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja", "bootstrap.json"):
         assert (tiny_policy / name).is_file(), name
     tokenizer = AutoTokenizer.from_pretrained(tiny_policy)
     model = AutoModelForCausalLM.from_pretrained(tiny_policy)
     assert model.config.eos_token_id == tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "sum: a1 b2"}],
-                                         add_generation_prompt=True,
-                                         tokenize=False) + "a1=1 b2=3\n\\boxed{3}"
+    text = (
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "sum: a1 b2"}], add_generation_prompt=True, tokenize=False
+        )
+        + "a1=1 b2=3\n\\boxed{3}"
+    )
     # the saved tokenizer must load as itself (not re-interpreted by the architecture's
     # default tokenizer)
     assert tokenizer(text).input_ids == build_char_tokenizer()(text).input_ids
@@ -51,19 +54,19 @@ def test_tiny_policy_has_learned_the_task_format(tiny_policy):
         # per-token loss on reference solutions: uniform guessing would be ln(100) = 4.6
         for sample in samples:
             prompt = tokenizer(sample["prompt"], add_special_tokens=False).input_ids
-            ids = prompt + tokenizer(task.solution(sample), add_special_tokens=False).input_ids + [
-                tokenizer.eos_token_id]
-            labels = [-100] * len(prompt) + ids[len(prompt):]
-            nll.append(model(input_ids=torch.tensor([ids]),
-                             labels=torch.tensor([labels])).loss.item())
+            ids = (
+                prompt + tokenizer(task.solution(sample), add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+            )
+            labels = [-100] * len(prompt) + ids[len(prompt) :]
+            nll.append(model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss.item())
     assert sum(nll) / len(nll) < 1.5
-    responses = sample_responses(model, tokenizer, [s["prompt"] for s in samples],
-                                 max_new_tokens=160, batch_size=32, progress=False)
+    responses = sample_responses(
+        model, tokenizer, [s["prompt"] for s in samples], max_new_tokens=160, batch_size=32, progress=False
+    )
     assert sum("\\boxed{" in text for text, _ in responses) >= len(samples) // 2
 
 
-def test_second_call_is_cached_and_the_cache_dir_follows_gleanrl_cache(tiny_policy, tmp_path,
-                                                                       monkeypatch):
+def test_second_call_is_cached_and_the_cache_dir_follows_gleanrl_cache(tiny_policy, tmp_path, monkeypatch):
     stamp = (tiny_policy / "model.safetensors").stat().st_mtime_ns
     assert bootstrap_policy(tiny_policy, size="tiny", progress=False) == tiny_policy
     assert (tiny_policy / "model.safetensors").stat().st_mtime_ns == stamp
@@ -79,14 +82,12 @@ def test_same_seed_gives_the_same_weights_and_the_key_covers_every_argument(tiny
     from gleanrl.trainer.bootstrap import cache_key
 
     torch.set_num_threads(1)
-    again = load_file(bootstrap_policy(tmp_path / "again", size="tiny",
-                                       progress=False) / "model.safetensors")
+    again = load_file(bootstrap_policy(tmp_path / "again", size="tiny", progress=False) / "model.safetensors")
     first = load_file(tiny_policy / "model.safetensors")
     assert all(torch.equal(first[k], again[k]) for k in first)
     key = json.loads((tiny_policy / "bootstrap.json").read_text())["key"]
     assert cache_key(None, 0, "tiny")[1] == key
-    others = {cache_key(None, 1, "tiny")[1], cache_key("running_sums", 0, "tiny")[1],
-              cache_key(None, 0, "small")[1]}
+    others = {cache_key(None, 1, "tiny")[1], cache_key("running_sums", 0, "tiny")[1], cache_key(None, 0, "small")[1]}
     assert key not in others and len(others) == 3
 
 
@@ -99,8 +100,7 @@ def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
 
 def test_cli_reports_user_errors_without_a_traceback(tmp_path, capsys):
     assert (
-        gleanrl.cli.main(["bootstrap", "--size", "tiny", "--task", "no_such_task", "--out",
-                          str(tmp_path / "x")]) == 2
+        gleanrl.cli.main(["bootstrap", "--size", "tiny", "--task", "no_such_task", "--out", str(tmp_path / "x")]) == 2
     )
     assert "unknown task" in capsys.readouterr().err
 
@@ -109,7 +109,8 @@ def test_task_without_solutions_is_refused(tmp_path, monkeypatch):
     (tmp_path / "nosol.py").write_text(
         "from gleanrl.trainer.tasks.base import Task\n\n\nclass T(Task):\n"
         "    def prompts(self, split, n, seed): return [{'prompt': 'x'}] * n\n"
-        "    def reward(self, sample, response): return 0.0\n")
+        "    def reward(self, sample, response): return 0.0\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ValueError, match="solution"):
         bootstrap_policy(tmp_path / "out", task="nosol:T", size="tiny", progress=False)

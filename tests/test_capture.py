@@ -1,5 +1,6 @@
 """Capture: aux hidden states equal transformers' output_hidden_states at the chosen layers;
 soft labels."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,6 +12,7 @@ from gleanrl.harvest.capture import capture
 @pytest.fixture(scope="module")
 def target(tiny_qwen2):
     from transformers import AutoModelForCausalLM
+
     return AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).eval()
 
 

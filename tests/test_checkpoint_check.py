@@ -1,4 +1,5 @@
 """Header-level push guard: every bad-push case stock SGLang mishandles is refused here, on disk."""
+
 from __future__ import annotations
 
 import json
@@ -69,6 +70,7 @@ def test_wrong_shape_and_dtype_are_refused(tiny_qwen2, tmp_path):
     ]:
         bad = _copy(tiny_qwen2, tmp_path / f"bad_{why}")
         from safetensors.torch import load_file
+
         state = load_file(bad / "model.safetensors")
         state[name] = change(state[name])
         save_file(state, bad / "model.safetensors", metadata={"format": "pt"})
@@ -78,10 +80,12 @@ def test_wrong_shape_and_dtype_are_refused(tiny_qwen2, tmp_path):
     # a float dtype is cast to the serving one at load: a bf16 checkpoint updates a float32 model
     # (and a float32 one a model shipped in bf16)
     from safetensors.torch import load_file
+
     half = _copy(tiny_qwen2, tmp_path / "bf16")
     state = load_file(half / "model.safetensors")
-    save_file({k: v.to(torch.bfloat16) for k, v in state.items()}, half / "model.safetensors",
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.to(torch.bfloat16) for k, v in state.items()}, half / "model.safetensors", metadata={"format": "pt"}
+    )
     assert check_policy_checkpoint(half, tiny_qwen2)[name].dtype == "BF16"
     assert check_policy_checkpoint(tiny_qwen2, half)[name].dtype == "F32"
 
@@ -97,12 +101,12 @@ def test_missing_dir_and_config_are_refused(tiny_qwen2, tmp_path):
 
 def test_sharded_checkpoint_with_missing_shard(tiny_qwen2, tmp_path):
     from safetensors.torch import load_file
+
     state = load_file(tiny_qwen2 / "model.safetensors")
     names = sorted(state)
     shard = _copy(tiny_qwen2, tmp_path / "sharded")
     (shard / "model.safetensors").unlink()
-    halves = {"model-00001-of-00002.safetensors": names[::2],
-              "model-00002-of-00002.safetensors": names[1::2]}
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
     for file, keys in halves.items():
         save_file({k: state[k] for k in keys}, shard / file, metadata={"format": "pt"})
     index = {"metadata": {}, "weight_map": {k: f for f, keys in halves.items() for k in keys}}
@@ -117,6 +121,7 @@ def test_a_drafter_is_never_a_policy(tiny_qwen2, tmp_path):
     from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.harvest.drafter import Eagle3Drafter
     from gleanrl.harvest.drafter_config import DrafterConfig
+
     cfg = json.loads((tiny_qwen2 / "config.json").read_text())
     drafter = save_drafter(Eagle3Drafter(DrafterConfig.for_target(cfg)), tmp_path / "drafter")
     with pytest.raises(CheckpointMismatch, match="EAGLE-3 drafter"):

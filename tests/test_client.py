@@ -1,4 +1,5 @@
 """The rollout-server client against real embedded servers on loopback ports."""
+
 from __future__ import annotations
 
 import asyncio
@@ -36,6 +37,7 @@ def test_generate_stream_and_status_endpoints(url, tiny_qwen2):
             body = await c.generate(PROMPT, sp)
             chunks = [ch async for ch in c.generate_stream(PROMPT, sp)]
             return body, chunks
+
     body, chunks = _run(go())
     assert len(body["output_ids"]) == 6
     lps = body["meta_info"]["output_token_logprobs"]
@@ -48,8 +50,7 @@ def test_generate_stream_and_status_endpoints(url, tiny_qwen2):
     assert r.weight_version == str(body["meta_info"]["weight_version"])
 
 
-def test_weight_update_sets_version_and_refusal_carries_the_message(url, tiny_qwen2, tiny_qwen2_b,
-                                                                    tmp_path):
+def test_weight_update_sets_version_and_refusal_carries_the_message(url, tiny_qwen2, tiny_qwen2_b, tmp_path):
     async def go():
         async with RolloutClient([url]) as c:
             await c.update_weights_from_disk(str(tiny_qwen2_b), weight_version="7")
@@ -64,6 +65,7 @@ def test_weight_update_sets_version_and_refusal_carries_the_message(url, tiny_qw
             await c.flush_cache()
             await c.abort_request("no-such-rid")
             return (await c.model_info())["weight_version"]
+
     assert _run(go()) == "9"
 
 
@@ -81,6 +83,7 @@ def test_api_keys(tiny_qwen2):
         async with RolloutClient([u], api_key="user", admin_api_key="admin") as admin:
             await admin.update_weights_from_disk(str(tiny_qwen2), weight_version="1")
             assert (await admin.model_info())["weight_version"] == "1"
+
     with running_server(tiny_qwen2, api_key="user", admin_api_key="admin") as u:
         _run(go(u))
 
@@ -88,15 +91,13 @@ def test_api_keys(tiny_qwen2):
 def test_several_urls_spread_generation_and_update_all(tiny_qwen2, url):
     async def go(u2):
         async with RolloutClient([url, u2]) as c:
-            before = [(await c.server_info(u))["internal_states"][0]["generation_tokens_total"]
-                      for u in c.urls]
-            await asyncio.gather(*(c.generate(PROMPT, {"max_new_tokens": 3, "ignore_eos": True})
-                                   for _ in range(4)))
-            after = [(await c.server_info(u))["internal_states"][0]["generation_tokens_total"]
-                     for u in c.urls]
+            before = [(await c.server_info(u))["internal_states"][0]["generation_tokens_total"] for u in c.urls]
+            await asyncio.gather(*(c.generate(PROMPT, {"max_new_tokens": 3, "ignore_eos": True}) for _ in range(4)))
+            after = [(await c.server_info(u))["internal_states"][0]["generation_tokens_total"] for u in c.urls]
             await c.update_weights_from_disk(str(tiny_qwen2), weight_version="42")
             versions = [(await c.model_info(u))["weight_version"] for u in c.urls]
             return before, after, versions
+
     with running_server(tiny_qwen2) as u2:
         before, after, versions = _run(go(u2))
     assert all(a > b for a, b in zip(after, before))
@@ -107,8 +108,7 @@ def test_unreachable_server_is_a_clear_error_not_a_hang():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again when the block ends: nothing listens there
-    client = RolloutClient([f"http://127.0.0.1:{port}"], retries=2, backoff_s=0.01,
-                           connect_timeout_s=1)
+    client = RolloutClient([f"http://127.0.0.1:{port}"], retries=2, backoff_s=0.01, connect_timeout_s=1)
     t0 = time.monotonic()
     with pytest.raises(RolloutServerError) as err:
         _run(client.generate(PROMPT, {"max_new_tokens": 2}))
@@ -122,17 +122,31 @@ def test_unreachable_server_is_a_clear_error_not_a_hang():
 def test_train_cli_reports_an_unreachable_server(tiny_qwen2, tmp_path, capsys, monkeypatch):
     import gleanrl.cli
     from test_train import ToyTask
+
     # the task is not the point here
     monkeypatch.setattr("gleanrl.trainer.loop._load_task", lambda cfg: ToyTask())
-    rc = gleanrl.cli.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"),
-                           "--server",
-                       "http://127.0.0.1:9", "--server-wait-s", "1", "--steps", "1"])
+    rc = gleanrl.cli.main(
+        [
+            "train",
+            "--model",
+            str(tiny_qwen2),
+            "--out",
+            str(tmp_path / "o"),
+            "--server",
+            "http://127.0.0.1:9",
+            "--server-wait-s",
+            "1",
+            "--steps",
+            "1",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1 and "rollout server" in err and "Traceback" not in err
 
 
 def _mock_client(handler, **kw) -> RolloutClient:
     import httpx
+
     c = RolloutClient(["http://mock"], backoff_s=0.0, **kw)
     c._http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
     return c
@@ -140,6 +154,7 @@ def _mock_client(handler, **kw) -> RolloutClient:
 
 def test_retries_connection_errors_only():
     import httpx
+
     calls = {"n": 0}
 
     def refuse(request):
@@ -162,6 +177,7 @@ def test_retries_connection_errors_only():
 
 def test_success_false_is_an_error_even_with_status_200():
     import httpx
+
     answer = {"success": False, "message": "Failed to update weights: shape mismatch"}
     client = _mock_client(lambda request: httpx.Response(200, json=answer))
     with pytest.raises(RolloutServerError, match="shape mismatch") as err:
@@ -175,13 +191,27 @@ def test_incremental_stream_chunks_are_concatenated():
     import httpx
 
     from gleanrl.clients.rollout import run_rollout
-    chunks = [{"output_ids": [4],
-               "meta_info": {"completion_tokens": 1, "output_token_logprobs": [[-0.5, 4, None]],
-                             "finish_reason": None, "weight_version": "3"}},
-              {"output_ids": [6],
-               "meta_info": {"completion_tokens": 2, "output_token_logprobs": [[-0.25, 6, None]],
-                             "finish_reason": {"type": "stop", "matched": 2},
-                             "weight_version": "3"}}]
+
+    chunks = [
+        {
+            "output_ids": [4],
+            "meta_info": {
+                "completion_tokens": 1,
+                "output_token_logprobs": [[-0.5, 4, None]],
+                "finish_reason": None,
+                "weight_version": "3",
+            },
+        },
+        {
+            "output_ids": [6],
+            "meta_info": {
+                "completion_tokens": 2,
+                "output_token_logprobs": [[-0.25, 6, None]],
+                "finish_reason": {"type": "stop", "matched": 2},
+                "weight_version": "3",
+            },
+        },
+    ]
     body = "".join(f"data: {_json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
     client = _mock_client(lambda request: httpx.Response(200, text=body))
     r = Rollout(group_id=0, index=0, sample={}, prompt_ids=PROMPT, rid="x")
@@ -192,22 +222,21 @@ def test_incremental_stream_chunks_are_concatenated():
 
 def test_train_cli_config_errors_are_clear(tiny_qwen2, tmp_path, capsys):
     import gleanrl.cli
+
     cfg = tmp_path / "c.toml"
-    cfg.write_text('steps = 3\nlearning_rate = 0.1\n')
-    rc = gleanrl.cli.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"),
-                           "--config", str(cfg)])
+    cfg.write_text("steps = 3\nlearning_rate = 0.1\n")
+    rc = gleanrl.cli.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"), "--config", str(cfg)])
     assert rc == 2 and "unknown config keys: learning_rate" in capsys.readouterr().err
-    rc = gleanrl.cli.main(["train", "--model", str(tmp_path / "nope"), "--out",
-                           str(tmp_path / "o")])
+    rc = gleanrl.cli.main(["train", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
     assert rc == 2 and "Hugging Face model directory" in capsys.readouterr().err
-    cfg.write_text('steps = 0\n')
-    rc = gleanrl.cli.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"),
-                           "--config", str(cfg)])
+    cfg.write_text("steps = 0\n")
+    rc = gleanrl.cli.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "o"), "--config", str(cfg)])
     assert rc == 2 and "steps must be an integer >= 1" in capsys.readouterr().err
 
 
 def test_config_file_then_flags(tiny_qwen2, tmp_path):
     from gleanrl.trainer.config import build_config, read_config_file
+
     (tmp_path / "c.yaml").write_text(f"model: {tiny_qwen2}\nout: {tmp_path}\nsteps: 5\nlr: 0.01\n")
     cfg = build_config(read_config_file(tmp_path / "c.yaml"), {"steps": 7, "lr": None})
     assert cfg.steps == 7 and cfg.lr == 0.01
@@ -216,6 +245,10 @@ def test_config_file_then_flags(tiny_qwen2, tmp_path):
 def test_public_api_names_resolve():
     import gleanrl
     from gleanrl.clients import rollout, transport, weight_sync
+
     assert all(getattr(gleanrl, name) is not None for name in gleanrl.__all__)
     assert (gleanrl.Rollout, gleanrl.RolloutServerError, gleanrl.DrafterPush) == (
-        rollout.Rollout, transport.RolloutServerError, weight_sync.DrafterPush)
+        rollout.Rollout,
+        transport.RolloutServerError,
+        weight_sync.DrafterPush,
+    )

@@ -3,6 +3,7 @@ profiles, volumes, health-gated dependencies, shared paths) and every gleanrl co
 by gleanrl's own CLI parser. SGLang's command is parsed by SGLang's own parser in
 tests/sglang/test_compose_sglang.py; with the optional `compose-spec` package (the Rust compose_spec
 parser) the whole file is validated too."""
+
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,7 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([-?])([^}]*))?\}")
 
 def interpolate(text: str, env: dict[str, str]) -> str:
     """Compose's ${VAR}, ${VAR:-default}, ${VAR:?error} substitution."""
+
     def sub(m: re.Match) -> str:
         name, op, arg = m.groups()
         if env.get(name):
@@ -29,12 +31,12 @@ def interpolate(text: str, env: dict[str, str]) -> str:
         if op == "?":
             raise ValueError(f"{name}: {arg}")
         return arg or ""
+
     return _VAR.sub(sub, text)
 
 
 def load(env: dict[str, str] | None = None) -> dict:
-    return yaml.safe_load(interpolate(COMPOSE.read_text(),
-                                      {"GLEANRL_ADMIN_API_KEY": "k", **(env or {})}))
+    return yaml.safe_load(interpolate(COMPOSE.read_text(), {"GLEANRL_ADMIN_API_KEY": "k", **(env or {})}))
 
 
 def gleanrl_parser() -> argparse.ArgumentParser:
@@ -54,8 +56,7 @@ def test_services_profiles_and_images():
     assert rollout["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     for svc in (cpu, trainer):
         assert (
-            svc["image"] == "gleanrl:latest"
-            and (ROOT / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
+            svc["image"] == "gleanrl:latest" and (ROOT / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
         )
     assert load({"SGLANG_IMAGE": "mirror/sglang:x"})["services"]["rollout"]["image"] == "mirror/sglang:x"
     with pytest.raises(ValueError, match="GLEANRL_ADMIN_API_KEY"):
@@ -81,7 +82,7 @@ def test_every_service_volume_is_declared_and_checkpoints_are_shared():
             if target == "/ckpt":
                 assert source == "checkpoints", name
     out = c["services"]["trainer"]["command"]
-    assert out[out.index("--out") + 1].startswith("/ckpt/")         # the path the server loads from
+    assert out[out.index("--out") + 1].startswith("/ckpt/")  # the path the server loads from
 
 
 def test_trainer_waits_for_a_healthy_rollout_server_it_can_reach():
@@ -108,9 +109,8 @@ def test_gleanrl_commands_parse_with_gleanrl_cli():
 
 
 def test_compose_spec_parser_accepts_the_file():
-    compose_spec = pytest.importorskip("compose_spec",
-                                       reason="optional: pip install compose-spec for a full "
-                                                              "Compose-spec validation")
+    compose_spec = pytest.importorskip(
+        "compose_spec", reason="optional: pip install compose-spec for a full Compose-spec validation"
+    )
     text = interpolate(COMPOSE.read_text(), {**os.environ, "GLEANRL_ADMIN_API_KEY": "k"})
-    assert compose_spec.PyCompose.from_yaml(text).service_names() == ["rollout", "rollout-cpu",
-                                                                      "trainer"]
+    assert compose_spec.PyCompose.from_yaml(text).service_names() == ["rollout", "rollout-cpu", "trainer"]

@@ -1,6 +1,7 @@
 """`gleanrl demo` end to end at tiny sizes: warm start, embedded server with adaptive SD, GRPO with
 harvest, three held-out questions through the openai client, report.md with its plots; the warm-started
 drafter is cached."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,22 +17,41 @@ from gleanrl.trainer.tasks.presets import regime
 def test_demo_runs_and_writes_report(tiny_qwen2, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GLEANRL_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "demo"
-    argv = ["demo", "--out", str(out), "--model", str(tiny_qwen2), "--steps", "2",
-            "--prompts-per-step", "2", "--samples-per-prompt", "3", "--max-new-tokens", "24",
-            "--warm-prompts", "4", "--warm-steps", "3", "--eval-prompts", "3", "--eval-every", "6"]
+    argv = [
+        "demo",
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_qwen2),
+        "--steps",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--samples-per-prompt",
+        "3",
+        "--max-new-tokens",
+        "24",
+        "--warm-prompts",
+        "4",
+        "--warm-steps",
+        "3",
+        "--eval-prompts",
+        "3",
+        "--eval-every",
+        "6",
+    ]
     assert gleanrl.cli.main(argv) == 0
     printed = capsys.readouterr().out
     assert "\nQ: " in printed and "\nA: " in printed and "warm-started drafter" in printed
     closing = json.loads((out / "demo.json").read_text())["closing"]
-    assert len(closing) == 3 and all(set(c) == {"question", "expected", "answer", "correct"}
-                                     for c in closing)
+    assert len(closing) == 3 and all(set(c) == {"question", "expected", "answer", "correct"} for c in closing)
     assert [int(c["question"].split()[1]) for c in closing] == sorted(
-        int(c["question"].split()[1]) for c in closing)  # short to long
+        int(c["question"].split()[1]) for c in closing
+    )  # short to long
     assert "Held-out questions, through the OpenAI API" in (out / "report.md").read_text()
     rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the initial policy's held-out accuracy
-    assert [r["step"] for r in rows
-            if "eval_accuracy" in r] == [0, 2] and rows[0]["eval_temperature"] == 1.0
+    assert [r["step"] for r in rows if "eval_accuracy" in r] == [0, 2] and rows[0]["eval_temperature"] == 1.0
     assert all("idle_used_s" in r and "sd_token_share" in r for r in rows[1:])
     report = (out / "report.md").read_text()
     for png in ("accuracy.png", "reward.png", "accept_length.png", "lengths.png", "step_time.png"):
@@ -57,8 +77,9 @@ def test_from_scratch_bootstraps_and_the_default_is_the_shipped_policy(monkeypat
     from gleanrl.trainer import bootstrap
 
     built = []
-    monkeypatch.setattr(bootstrap, "bootstrap_policy",
-                        lambda size, seed, task: built.append((size, seed, task)) or tmp_path)
+    monkeypatch.setattr(
+        bootstrap, "bootstrap_policy", lambda size, seed, task: built.append((size, seed, task)) or tmp_path
+    )
     monkeypatch.setattr(shipped, "shipped_policy", lambda size: shipped.SHIPPED[size].policy)
     args = argparse.Namespace(model=None, from_scratch=True, size="tiny", seed=3)
     assert demo.policy_of(args) == tmp_path and built == [("tiny", 3, None)]
@@ -73,9 +94,11 @@ def test_from_scratch_bootstraps_and_the_default_is_the_shipped_policy(monkeypat
         demo.policy_of(args)
     # the regime follows the size unless given
     for size, want in (("small", "short"), ("deep", "self_checks"), ("tiny", "short")):
-        ns = argparse.Namespace(size=size, regime=None, max_new_tokens=None, prompts_per_step=None,
-                                samples_per_prompt=None)
+        ns = argparse.Namespace(
+            size=size, regime=None, max_new_tokens=None, prompts_per_step=None, samples_per_prompt=None
+        )
         assert demo.apply_regime(ns).name == regime(want).task and ns.regime == want
-    ns = argparse.Namespace(size="deep", regime="short", max_new_tokens=None, prompts_per_step=None,
-                            samples_per_prompt=None)
+    ns = argparse.Namespace(
+        size="deep", regime="short", max_new_tokens=None, prompts_per_step=None, samples_per_prompt=None
+    )
     assert demo.apply_regime(ns).name == "doubling" and ns.regime == "short"

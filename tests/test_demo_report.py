@@ -1,5 +1,6 @@
 """The demo report's time and SD fields, on known rows: pooled shares, tokens per target pass,
 per-step columns, the expected answer beside the policy's."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,14 +10,25 @@ from gleanrl.demo_report import totals, write_report
 from gleanrl.trainer.metrics import sd_stats, step_shares
 
 
-def _row(step: int, rollout_s: float, tail_s: float, verify: int, sd_tokens: int,
-         tokens: int) -> dict:
-    row = {"step": step, "reward_mean": 0.5, "accuracy": 0.5, "rollout_s": rollout_s,
-           "tail_s": tail_s, "train_s": 1.5, "push_s": 0.5, "idle_window_s": 4.0,
-           "idle_used_s": 3.0, "spec_accept_length": sd_tokens / verify,
-           "spec_verify_ct": verify, "spec_tokens": sd_tokens, "output_tokens": tokens,
-           "target_passes": verify + tokens - sd_tokens,
-           "tokens_per_pass": tokens / (verify + tokens - sd_tokens), "drafter_version": step}
+def _row(step: int, rollout_s: float, tail_s: float, verify: int, sd_tokens: int, tokens: int) -> dict:
+    row = {
+        "step": step,
+        "reward_mean": 0.5,
+        "accuracy": 0.5,
+        "rollout_s": rollout_s,
+        "tail_s": tail_s,
+        "train_s": 1.5,
+        "push_s": 0.5,
+        "idle_window_s": 4.0,
+        "idle_used_s": 3.0,
+        "spec_accept_length": sd_tokens / verify,
+        "spec_verify_ct": verify,
+        "spec_tokens": sd_tokens,
+        "output_tokens": tokens,
+        "target_passes": verify + tokens - sd_tokens,
+        "tokens_per_pass": tokens / (verify + tokens - sd_tokens),
+        "drafter_version": step,
+    }
     return row | step_shares(row)
 
 
@@ -26,15 +38,23 @@ def test_sd_stats_and_shares():
     a = Rollout([1], group_id=0, index=0, sample={}, output_ids=list(range(10)))
     # plain
     b = Rollout([1], group_id=0, index=1, sample={}, output_ids=list(range(4)))
-    a.apply({"output_ids": a.output_ids, "meta_info": {
-        "finish_reason": {"type": "stop"},
-        "output_token_logprobs": [[-1.0, t, None] for t in a.output_ids], "spec_verify_ct": 3,
-        "spec_accept_length": 10 / 3, "spec_accept_token_num": 5, "spec_draft_token_num": 12,
-        "spec_accept_token_num_by_source": {"group": 4, "eagle": 1}}})
+    a.apply(
+        {
+            "output_ids": a.output_ids,
+            "meta_info": {
+                "finish_reason": {"type": "stop"},
+                "output_token_logprobs": [[-1.0, t, None] for t in a.output_ids],
+                "spec_verify_ct": 3,
+                "spec_accept_length": 10 / 3,
+                "spec_accept_token_num": 5,
+                "spec_draft_token_num": 12,
+                "spec_accept_token_num_by_source": {"group": 4, "eagle": 1},
+            },
+        }
+    )
     s = sd_stats([a, b])
     assert s["spec_accept_by_source"] == {"group": 4, "eagle": 1}
-    assert (s["spec_verify_ct"], s["spec_tokens"], s["output_tokens"],
-            s["target_passes"]) == (3, 8, 14, 9)
+    assert (s["spec_verify_ct"], s["spec_tokens"], s["output_tokens"], s["target_passes"]) == (3, 8, 14, 9)
     assert s["spec_accept_length"] == pytest.approx(8 / 3) and s["tokens_per_pass"] == pytest.approx(14 / 9)
     assert sd_stats([b])["tokens_per_pass"] == 1.0
     sh = step_shares({"rollout_s": 6.0, "tail_s": 3.0, "train_s": 1.5, "push_s": 0.5})
@@ -48,12 +68,23 @@ def test_report_fields(tmp_path):
     assert t["idle_used_share"] == pytest.approx(0.75) and t["spec_accept_served"] == pytest.approx(100 / 30)
     assert t["tokens_per_pass"] == pytest.approx(160 / (30 + 160 - 100))
     assert t["sd_token_share"] == pytest.approx(100 / 160)
-    closing = [{"question": "double 2 times, keep 3 digits: 001", "expected": "4",
-                "answer": "001\n02:002\n01:004\n\\boxed{004}", "correct": True},
-               {"question": "double 0 times, keep 3 digits: 123", "expected": "123",
-                "answer": "\\boxed{124}", "correct": False}]
-    report = write_report(tmp_path, rows, [[3, 5], [7]], closing,
-                          {"weight_version": "2", "draft_weight_version": "2"}).read_text()
+    closing = [
+        {
+            "question": "double 2 times, keep 3 digits: 001",
+            "expected": "4",
+            "answer": "001\n02:002\n01:004\n\\boxed{004}",
+            "correct": True,
+        },
+        {
+            "question": "double 0 times, keep 3 digits: 123",
+            "expected": "123",
+            "answer": "\\boxed{124}",
+            "correct": False,
+        },
+    ]
+    report = write_report(
+        tmp_path, rows, [[3, 5], [7]], closing, {"weight_version": "2", "draft_weight_version": "2"}
+    ).read_text()
     assert "1 of 2 right" in report and "expected `123`: wrong" in report
     assert "Rollouts took 80% of the step time, the long tail 56% of the rollouts" in report
     assert "the drafter used 75% of the idle window" in report and "3.33 tokens per verify pass" in report

@@ -1,4 +1,5 @@
 """The serving drafter (fused q/k/v and gate/up) computes what the training drafter computes."""
+
 from __future__ import annotations
 
 import copy
@@ -15,8 +16,7 @@ def test_fused_forward_equals_unfused(tiny_qwen2):
     fused = copy.deepcopy(plain).fuse_for_inference()
     H3 = plain.fc.in_features
     gen = torch.Generator().manual_seed(0)
-    ids, aux = torch.randint(0, plain.config.vocab_size, (7,),
-                             generator=gen), torch.randn(7, H3, generator=gen)
+    ids, aux = torch.randint(0, plain.config.vocab_size, (7,), generator=gen), torch.randn(7, H3, generator=gen)
     with torch.no_grad():
         outs = []
         for d in (plain, fused):
@@ -30,8 +30,7 @@ def test_fused_forward_equals_unfused(tiny_qwen2):
     # the fused weights are the modules' weights: an in-place update reaches both
     with torch.no_grad():
         fused.midlayer.mlp.up_proj.weight.mul_(2)
-        assert torch.equal(fused.fused[1][plain.config.intermediate_size:],
-                           fused.midlayer.mlp.up_proj.weight)
+        assert torch.equal(fused.fused[1][plain.config.intermediate_size :], fused.midlayer.mlp.up_proj.weight)
 
 
 def test_packed_bf16_serving_drafter_is_bit_identical(tiny_qwen2):
@@ -46,8 +45,7 @@ def test_packed_bf16_serving_drafter_is_bit_identical(tiny_qwen2):
     packed = copy.deepcopy(plain).fuse_for_inference(lambda w: linear(w, None, True))
     H3 = plain.fc.in_features
     gen = torch.Generator().manual_seed(1)
-    ids, aux = torch.randint(0, plain.config.vocab_size, (6,),
-                             generator=gen), torch.randn(6, H3, generator=gen)
+    ids, aux = torch.randint(0, plain.config.vocab_size, (6,), generator=gen), torch.randn(6, H3, generator=gen)
     outs = []
     with torch.no_grad():
         for d in (unpacked, packed):

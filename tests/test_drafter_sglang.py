@@ -4,6 +4,7 @@ its `LlamaForCausalLMEagle3` is built from our config.json, loads our safetensor
 recompute our forward. Only RadixAttention is replaced, by plain causal attention. SGLang's venv
 computes its side and saves the tensors; ours is computed here (gleanrl is not installed in SGLang's
 venv). Skipped where that venv is absent."""
+
 from __future__ import annotations
 
 import json
@@ -69,35 +70,51 @@ print(json.dumps([check(c) for c in sys.argv[1:]]))
 
 @pytest.mark.skipif(not SGLANG_PY.exists(), reason="real SGLang not installed in .venv-sglang")
 def test_sglang_loads_and_recomputes_our_drafter(tiny_qwen2, tmp_path):
-    keep = [0, 2, 5, 7, 11] + list(range(20, 300, 3))   # a reduced draft vocabulary exercises d2t
+    keep = [0, 2, 5, 7, 11] + list(range(20, 300, 3))  # a reduced draft vocabulary exercises d2t
     three = init_drafter(tiny_qwen2, seed=2, aux_layer_ids=[0, 1, 2], draft_token_ids=keep)
     three.config.rope_theta = 500000.0  # not the default, so SGLang must read ours
     # 2 aux layers (SGLang 0.5.23 sizes fc by ids)
     two = init_drafter(tiny_qwen2, seed=3, aux_layer_ids=[-1, 1])
     paths = [str(save_drafter(d, tmp_path / name)) for d, name in ((three, "three"), (two, "two"))]
     env = {**os.environ, "PYTHONPATH": str(ROOT / ".venv-sglang" / "shim")}
-    proc = subprocess.run([str(SGLANG_PY), "-c", SCRIPT, *paths], capture_output=True, text=True,
-                          env=env, timeout=240)
+    proc = subprocess.run([str(SGLANG_PY), "-c", SCRIPT, *paths], capture_output=True, text=True, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r3, r2 = json.loads(proc.stdout.strip().splitlines()[-1])
     # every parameter SGLang registers for the drafter is one our checkpoint fills
     # (midlayer -> layers.0)
-    assert r3["params"] == r2["params"] == sorted([
-        "lm_head.weight", "model.embed_tokens.weight", "model.fc.weight",
-        "model.layers.0.hidden_norm.weight", "model.layers.0.input_layernorm.weight",
-        "model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.gate_up_proj.weight",
-        "model.layers.0.post_attention_layernorm.weight", "model.layers.0.self_attn.o_proj.weight",
-        "model.layers.0.self_attn.qkv_proj.weight", "model.norm.weight"])
+    assert (
+        r3["params"]
+        == r2["params"]
+        == sorted(
+            [
+                "lm_head.weight",
+                "model.embed_tokens.weight",
+                "model.fc.weight",
+                "model.layers.0.hidden_norm.weight",
+                "model.layers.0.input_layernorm.weight",
+                "model.layers.0.mlp.down_proj.weight",
+                "model.layers.0.mlp.gate_up_proj.weight",
+                "model.layers.0.post_attention_layernorm.weight",
+                "model.layers.0.self_attn.o_proj.weight",
+                "model.layers.0.self_attn.qkv_proj.weight",
+                "model.norm.weight",
+            ]
+        )
+    )
     for r, path in ((r3, paths[0]), (r2, paths[1])):
         theirs = torch.load(path + ".sglang.pt")
         ours = load_drafter(path)
         with torch.no_grad():
-            mine = drafter_forward(ours, theirs["ids"], theirs["aux"],
-                                   torch.arange(len(theirs["ids"])), [new_draft_cache(ours)],
-                                   [len(theirs["ids"])])
+            mine = drafter_forward(
+                ours,
+                theirs["ids"],
+                theirs["aux"],
+                torch.arange(len(theirs["ids"])),
+                [new_draft_cache(ours)],
+                [len(theirs["ids"])],
+            )
             assert float((theirs["to_aux"] - mine).abs().max()) < 1e-4
             assert float((theirs["logits"] - ours.draft_logits(mine)).abs().max()) < 1e-4
         assert r["hot_token_id"] == ours.draft_to_target().tolist()
     assert r3["hot_token_id"] == sorted(keep) and r2["hot_token_id"] == list(range(two.config.vocab_size))
-    assert (r3["aux_layers"], r3["num_aux"], r2["aux_layers"],
-            r2["num_aux"]) == ([0, 1, 2], 3, [-1, 1], 2)
+    assert (r3["aux_layers"], r3["num_aux"], r2["aux_layers"], r2["num_aux"]) == ([0, 1, 2], 3, [-1, 1], 2)

@@ -1,5 +1,6 @@
 """The embedded engine against transformers: greedy identity, continuous batching,
 seeds, logprobs."""
+
 from __future__ import annotations
 
 import asyncio
@@ -50,8 +51,7 @@ def test_mixed_lengths_concurrent_each_equal_solo_and_short_first(engine, hf_qwe
     # as the engine retires them (delivery to the consumers may batch several)
     order: list[str] = []
     emit = engine.scheduler.emit
-    engine.scheduler.emit = lambda seq, *a: (emit(seq, *a),
-                                             seq.finish_reason and order.append(seq.req.rid))
+    engine.scheduler.emit = lambda seq, *a: (emit(seq, *a), seq.finish_reason and order.append(seq.req.rid))
 
     async def main():  # queue all 16 while paused, so they start decoding in the same iteration
         engine.pause("in_place")
@@ -77,13 +77,12 @@ def test_short_request_does_not_wait_for_long_one(engine):
     tok = engine.tokenizer
 
     async def main():
-        long_task = asyncio.create_task(collect(engine,
-                                                req(tok("Hello")["input_ids"], max_new_tokens=600,
-                                                    ignore_eos=True)))
+        long_task = asyncio.create_task(
+            collect(engine, req(tok("Hello")["input_ids"], max_new_tokens=600, ignore_eos=True))
+        )
         while engine.stats()["generation_tokens_total"] == 0 or engine.stats()["num_running_reqs"] == 0:
             await asyncio.sleep(0.005)
-        short = await collect(engine,
-                              req(tok("Hi")["input_ids"], max_new_tokens=5, ignore_eos=True))
+        short = await collect(engine, req(tok("Hi")["input_ids"], max_new_tokens=5, ignore_eos=True))
         long_done_first = long_task.done()
         long_res = await long_task
         return short, long_done_first, long_res
@@ -96,14 +95,10 @@ def test_short_request_does_not_wait_for_long_one(engine):
 def test_seed_reproducible_regardless_of_batch(engine):
     tok = engine.tokenizer
     ids = tok("The quick brown fox")["input_ids"]
-    solo = run_all(engine,
-                   [req(ids, max_new_tokens=30, temperature=1.0, seed=7, ignore_eos=True)])[0]
-    others = [req(tok(p)["input_ids"], max_new_tokens=40, temperature=1.0, ignore_eos=True)
-              for p in PROMPTS[:5]]
-    batch = run_all(engine, others + [req(ids, max_new_tokens=30, temperature=1.0, seed=7,
-                                          ignore_eos=True)])[-1]
-    other_seed = run_all(engine,
-                         [req(ids, max_new_tokens=30, temperature=1.0, seed=8, ignore_eos=True)])[0]
+    solo = run_all(engine, [req(ids, max_new_tokens=30, temperature=1.0, seed=7, ignore_eos=True)])[0]
+    others = [req(tok(p)["input_ids"], max_new_tokens=40, temperature=1.0, ignore_eos=True) for p in PROMPTS[:5]]
+    batch = run_all(engine, others + [req(ids, max_new_tokens=30, temperature=1.0, seed=7, ignore_eos=True)])[-1]
+    other_seed = run_all(engine, [req(ids, max_new_tokens=30, temperature=1.0, seed=8, ignore_eos=True)])[0]
     assert solo["ids"] == batch["ids"]
     assert solo["ids"] != other_seed["ids"]
 
@@ -114,11 +109,10 @@ def test_logprobs_follow_sglang_convention(engine, hf_qwen2):
     for params in ({"temperature": 0.0}, {"temperature": 0.7, "top_p": 0.8, "top_k": 5, "seed": 3}):
         r = run_all(engine, [req(ids, max_new_tokens=12, ignore_eos=True, **params)])[0]
         with torch.no_grad():
-            logits = hf_qwen2(torch.tensor([ids + r["ids"]])).logits[0, len(ids) - 1:-1]
+            logits = hf_qwen2(torch.tensor([ids + r["ids"]])).logits[0, len(ids) - 1 : -1]
         # temperature applies; top-p and top-k do not (SGLang 0.5.23)
         t = params["temperature"] or 1.0
-        expected = torch.log_softmax(logits / t, -1).gather(-1,
-                                                            torch.tensor(r["ids"])[:, None])[:, 0]
+        expected = torch.log_softmax(logits / t, -1).gather(-1, torch.tensor(r["ids"])[:, None])[:, 0]
         assert torch.allclose(torch.tensor(r["logprobs"]), expected, atol=1e-4)
 
 
@@ -126,6 +120,7 @@ def test_bad_requests_raise_value_error(engine):
     async def first(r):
         async for _ in engine.generate(r):
             break
+
     with pytest.raises(ValueError, match="context length"):
         asyncio.run(first(req([5] * engine.context_length, max_new_tokens=1)))
     with pytest.raises(ValueError, match="input_ids"):

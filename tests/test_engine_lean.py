@@ -5,6 +5,7 @@ pool's compaction. In bfloat16 only batch 1 is compared: bf16 matmuls round diff
 batch sizes (oneDNN picks other kernels), so a batched greedy decode may flip a near-tie there, in
 transformers as in SGLang; the main branch before the lean step differed from transformers at batch
 8 in the same place."""
+
 from __future__ import annotations
 
 import pytest
@@ -38,8 +39,7 @@ def served(tiny_llama):
 
 def _check_greedy(eng, hf, b: int) -> None:
     prompts, lengths = _batch(eng.tokenizer, b)
-    res = run_all(eng,
-                  [req(p, max_new_tokens=n, ignore_eos=True) for p, n in zip(prompts, lengths)])
+    res = run_all(eng, [req(p, max_new_tokens=n, ignore_eos=True) for p, n in zip(prompts, lengths)])
     for p, n, r in zip(prompts, lengths, res):
         assert r["ids"] == hf_greedy(hf, p, n)
     assert eng.scheduler.pool is not None and not eng.scheduler.pool.owner  # every slot came back
@@ -67,8 +67,8 @@ class OutputFrequencyPenalty(LogitsProcessor):
 
     def __call__(self, input_ids, scores):
         counts = torch.zeros_like(scores).scatter_add_(
-            -1, input_ids[:, self.prompt_len:],
-            torch.ones_like(input_ids[:, self.prompt_len:], dtype=scores.dtype))
+            -1, input_ids[:, self.prompt_len :], torch.ones_like(input_ids[:, self.prompt_len :], dtype=scores.dtype)
+        )
         return scores - self.penalty * counts
 
 
@@ -79,19 +79,26 @@ def test_penalties_and_stop_strings_in_a_batch(served):
     plain = [hf_greedy(hf, p, 20) for p in prompts]
     # text the greedy output produces, so it must stop there
     stops = [tok.decode(ids[4:6]) for ids in plain]
-    reqs = [req(p, max_new_tokens=20, ignore_eos=True, frequency_penalty=0.7) if i % 2 else
-            req(p, max_new_tokens=20, ignore_eos=True, stop=[stops[i]])
-            for i, p in enumerate(prompts)]
+    reqs = [
+        req(p, max_new_tokens=20, ignore_eos=True, frequency_penalty=0.7)
+        if i % 2
+        else req(p, max_new_tokens=20, ignore_eos=True, stop=[stops[i]])
+        for i, p in enumerate(prompts)
+    ]
     for i, (p, r) in enumerate(zip(prompts, run_all(eng, reqs))):
         if i % 2:
             with torch.no_grad():
-                want = hf.generate(torch.tensor([p]), max_new_tokens=20, min_new_tokens=20,
-                                   do_sample=False,
-                                   logits_processor=[OutputFrequencyPenalty(len(p), 0.7)])[0, len(p):].tolist()
+                want = hf.generate(
+                    torch.tensor([p]),
+                    max_new_tokens=20,
+                    min_new_tokens=20,
+                    do_sample=False,
+                    logits_processor=[OutputFrequencyPenalty(len(p), 0.7)],
+                )[0, len(p) :].tolist()
             assert r["ids"] == want
         else:
             assert r["finish_reason"]["type"] == "stop" and stops[i] in tok.decode(r["ids"])
-            assert r["ids"] == plain[i][:len(r["ids"])] and stops[i] not in tok.decode(r["ids"][:-1])
+            assert r["ids"] == plain[i][: len(r["ids"])] and stops[i] not in tok.decode(r["ids"][:-1])
 
 
 def test_pool_stays_compact_and_moved_caches_keep_their_kv(tiny_llama):
@@ -101,13 +108,13 @@ def test_pool_stays_compact_and_moved_caches_keep_their_kv(tiny_llama):
     assert [c.slot for c in caches] == [0, 1, 2, 3]
     for i, c in enumerate(caches):
         runner.forward(torch.arange(5 + i), torch.arange(5 + i), [c], [5 + i])
-    kept = [c.k[0][:, :c.length].clone() for c in caches]
-    pool.release(caches[1])                     # the highest slot's cache moves down into the hole
+    kept = [c.k[0][:, : c.length].clone() for c in caches]
+    pool.release(caches[1])  # the highest slot's cache moves down into the hole
     assert caches[3].slot == 1 and sorted(pool.owner) == [0, 1, 2]
-    assert torch.equal(caches[3].k[0][:, :caches[3].length], kept[3])
+    assert torch.equal(caches[3].k[0][:, : caches[3].length], kept[3])
     plan = decode_plan([caches[2], caches[0], caches[3]], [1, 1, 1])  # slots 2, 0, 1
     assert plan.base == 0 and plan.order.tolist() == [1, 2, 0] and plan.back.tolist() == [2, 0, 1]
-    assert pool.acquire().slot == 3              # the lowest free slot
+    assert pool.acquire().slot == 3  # the lowest free slot
 
 
 def test_only_the_decode_thread_runs_intra_op_threads(tiny_llama):
@@ -134,6 +141,7 @@ def test_only_the_decode_thread_runs_intra_op_threads(tiny_llama):
         def update():
             loader.append(torch.get_num_threads())
             eng.update_weights(str(tiny_llama), weight_version="v2")
+
         worker = threading.Thread(target=update)
         worker.start()
         worker.join()
@@ -151,8 +159,7 @@ def test_pooled_verify_pass_equals_own_caches(tiny_llama):
 
     runner = ModelRunner.load(str(tiny_llama))
     pool = KVPool.for_runner(runner, slots=3, capacity=64)
-    pooled_caches, own = [pool.acquire() for _ in range(3)], [runner.new_cache(capacity=4)
-                                                              for _ in range(3)]
+    pooled_caches, own = [pool.acquire() for _ in range(3)], [runner.new_cache(capacity=4) for _ in range(3)]
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, runner.vocab_size, (n,), generator=g) for n in (7, 12, 9)]
     for caches in (pooled_caches, own):
@@ -165,20 +172,33 @@ def test_pooled_verify_pass_equals_own_caches(tiny_llama):
     tokens = torch.randint(0, runner.vocab_size, (sum(lens),), generator=g)
     positions = torch.cat([torch.arange(len(p), len(p) + t) for p, t in zip(prompts, lens)])
     order = [2, 0, 1]  # a batch not in slot order
-    assert verify_plan([pooled_caches[i] for i in order], [lens[i] for i in order],
-                       [masks[i] for i in order], 1, torch.device("cpu")).pool is pool
+    assert (
+        verify_plan(
+            [pooled_caches[i] for i in order],
+            [lens[i] for i in order],
+            [masks[i] for i in order],
+            1,
+            torch.device("cpu"),
+        ).pool
+        is pool
+    )
     out = {}
     for name, caches in (("pooled", pooled_caches), ("own", own)):
         segs = torch.tensor(lens).cumsum(0)
         pick = torch.cat([torch.arange(int(segs[i]) - lens[i], int(segs[i])) for i in order])
-        logits, _ = runner.forward(tokens[pick], positions[pick], [caches[i] for i in order],
-                                   [lens[i] for i in order], last_only=False,
-                                   tree_masks=[masks[i] for i in order])
+        logits, _ = runner.forward(
+            tokens[pick],
+            positions[pick],
+            [caches[i] for i in order],
+            [lens[i] for i in order],
+            last_only=False,
+            tree_masks=[masks[i] for i in order],
+        )
         out[name] = logits
     torch.testing.assert_close(out["pooled"], out["own"], atol=1e-5, rtol=1e-5)
     for a, b in zip(pooled_caches, own):
         assert a.length == b.length
-        torch.testing.assert_close(a.k[1][:, :a.length], b.k[1][:, :b.length])
+        torch.testing.assert_close(a.k[1][:, : a.length], b.k[1][:, : b.length])
 
 
 def test_an_engine_gives_the_callers_thread_count_back(tiny_llama):

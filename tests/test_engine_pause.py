@@ -2,6 +2,7 @@
 partial output, `retract` requeues them and rebuilds their KV, `in_place` holds them; a target
 update without a pause waits for running requests (later ones wait for it), and one under a pause
 says per segment which version produced which tokens."""
+
 from __future__ import annotations
 
 import asyncio
@@ -107,8 +108,7 @@ def test_target_update_waits_for_running_requests(engine, reference, tiny_qwen2_
 
     async def main():
         task = await _started(engine, ids)
-        update = asyncio.create_task(asyncio.to_thread(engine.update_weights,
-                                                       str(tiny_qwen2_b), "v2"))
+        update = asyncio.create_task(asyncio.to_thread(engine.update_weights, str(tiny_qwen2_b), "v2"))
         while engine.state.swap is None:
             await asyncio.sleep(0.002)
         later = asyncio.create_task(collect(engine, req(ids, max_new_tokens=8, ignore_eos=True)))
@@ -127,8 +127,7 @@ def test_target_update_waits_for_running_requests(engine, reference, tiny_qwen2_
     assert later["ids"] == hf_greedy(model_b, ids, 8) and later["out"].weight_version == "v2"
 
 
-def test_update_under_retract_rebuilds_under_new_weights_and_reports_segments(
-        engine, reference, tiny_qwen2_b):
+def test_update_under_retract_rebuilds_under_new_weights_and_reports_segments(engine, reference, tiny_qwen2_b):
     ids, ref = reference
 
     async def main():
@@ -145,9 +144,11 @@ def test_update_under_retract_rebuilds_under_new_weights_and_reports_segments(
     assert res["ids"][:k] == ref[:k] and len(res["ids"]) == LONG
     # transformers as the reference over a short stretch: a near-tie late in a long one may
     # flip the argmax
-    assert res["ids"][k:k + 24] == hf_greedy(model_b, ids + ref[:k], 24)
-    assert res["out"].weight_versions == [{"version": "default", "start": 0, "end": k},
-                                          {"version": "v2", "start": k, "end": LONG}]
+    assert res["ids"][k : k + 24] == hf_greedy(model_b, ids + ref[:k], 24)
+    assert res["out"].weight_versions == [
+        {"version": "default", "start": 0, "end": k},
+        {"version": "v2", "start": k, "end": LONG},
+    ]
     assert res["out"].meta_info()["weight_versions"] == res["out"].weight_versions
 
 
@@ -157,8 +158,7 @@ def test_abort_all_requests_lets_the_update_through_at_once(engine, reference, t
     async def main():
         # ~1000 tokens outlast loading a tiny target by far
         task = await _started(engine, ids, n=1000)
-        await asyncio.to_thread(engine.update_weights, str(tiny_qwen2_b), "v2",
-                                abort_all_requests=True)
+        await asyncio.to_thread(engine.update_weights, str(tiny_qwen2_b), "v2", abort_all_requests=True)
         return await asyncio.wait_for(task, 30)
 
     res = asyncio.run(main())

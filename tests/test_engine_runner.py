@@ -1,5 +1,6 @@
 """The ragged model runner against transformers' own forward: logits, captured hidden states
 (the EAGLE-3 aux streams), pooled decode batches and chunked prefill."""
+
 from __future__ import annotations
 
 import pytest
@@ -33,22 +34,23 @@ def test_ragged_forward_and_capture_match_transformers(arch, request):
         # ragged prefill, mixed, pooled decode, own
         live = [b for b in range(3) if chunk[b] > 0]
         starts = [caches[b].length for b in live]
-        tok = torch.cat([ids[b, s:s + chunk[b]] for b, s in zip(live, starts)])
+        tok = torch.cat([ids[b, s : s + chunk[b]] for b, s in zip(live, starts)])
         pos = torch.cat([torch.arange(s, s + chunk[b]) for b, s in zip(live, starts)])
         pooled = decode_plan([caches[b] for b in live], [chunk[b] for b in live]) is not None
         assert pooled == (chunk == [0, 1, 1])
-        logits, aux = runner.forward(tok, pos, [caches[b] for b in live], [chunk[b] for b in live],
-                                     capture_layers=layers, last_only=False)
-        want = torch.cat([ref.logits[b, s:s + chunk[b]] for b, s in zip(live, starts)])
+        logits, aux = runner.forward(
+            tok, pos, [caches[b] for b in live], [chunk[b] for b in live], capture_layers=layers, last_only=False
+        )
+        want = torch.cat([ref.logits[b, s : s + chunk[b]] for b, s in zip(live, starts)])
         hs = ref.hidden_states  # hs[i] = the stream entering layer i
-        want_aux = torch.cat([torch.cat([hs[a + 1][b, s:s + chunk[b]] for a in layers], -1)
-                              for b, s in zip(live, starts)])
+        want_aux = torch.cat(
+            [torch.cat([hs[a + 1][b, s : s + chunk[b]] for a in layers], -1) for b, s in zip(live, starts)]
+        )
         torch.testing.assert_close(logits, want, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(aux, want_aux, atol=1e-4, rtol=1e-4)
     assert [c.length for c in caches] == [12, 12, 10]
     with pytest.raises(ValueError, match="capture_layers"):
-        runner.forward(ids[0, :2], torch.arange(2), [runner.new_cache()], [2],
-                       capture_layers=[0, 1, 3])
+        runner.forward(ids[0, :2], torch.arange(2), [runner.new_cache()], [2], capture_layers=[0, 1, 3])
 
 
 def test_chunked_prefill_equals_transformers(tiny_llama):
@@ -57,8 +59,7 @@ def test_chunked_prefill_equals_transformers(tiny_llama):
     eng.scheduler.prefill_chunk = 7
     eng.start()
     try:
-        prompts = [eng.tokenizer("The quick brown fox jumps over the lazy dog. " * k)["input_ids"]
-                   for k in (1, 3, 4)]
+        prompts = [eng.tokenizer("The quick brown fox jumps over the lazy dog. " * k)["input_ids"] for k in (1, 3, 4)]
         res = run_all(eng, [req(p, max_new_tokens=10, ignore_eos=True) for p in prompts])
         model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
         for p, r in zip(prompts, res):

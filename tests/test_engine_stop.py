@@ -1,4 +1,5 @@
 """Stop rules (stop strings, stop ids, EOS, max_new_tokens, context length) and aborts."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,8 +14,7 @@ from gleanrl.server.http.detok import output_text
 
 @pytest.fixture(scope="module")
 def engine(tiny_qwen2):
-    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), max_running_requests=2,
-                              context_length=64))
+    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), max_running_requests=2, context_length=64))
     eng.start()
     yield eng
     eng.shutdown()
@@ -29,7 +29,7 @@ def test_stop_token_id(engine):
     ids, full = _greedy(engine, "Hello, world!")
     k = next(i for i in range(3, len(full)) if full[i] not in full[:i])  # first new token after 3
     r = run_all(engine, [req(ids, max_new_tokens=40, ignore_eos=True, stop_token_ids=[full[k]])])[0]
-    assert r["ids"] == full[:k + 1]
+    assert r["ids"] == full[: k + 1]
     assert r["finish_reason"] == {"type": "stop", "matched": full[k]}
 
 
@@ -43,7 +43,7 @@ def test_eos_unless_ignored(engine):
     finally:
         engine.eos_ids.discard(eos)
     k = full.index(eos)
-    assert r["ids"] == full[:k + 1] and r["finish_reason"] == {"type": "stop", "matched": eos}
+    assert r["ids"] == full[: k + 1] and r["finish_reason"] == {"type": "stop", "matched": eos}
     assert again["ids"] == full
 
 
@@ -52,17 +52,16 @@ def test_stop_string_excluded_from_text(engine):
     ids, full = _greedy(engine, "def add(a, b):")
     text = tok.decode(full, skip_special_tokens=False)
     # a plain-ASCII stop string mid-output
-    start = next(i for i in range(len(text) // 3, len(text) - 2)
-                 if all(c.isascii() and c not in "<|>" for c in text[i:i + 2]))
-    stop = text[start:start + 2]
-    r = run_all(engine,
-                [req(ids, max_new_tokens=40, ignore_eos=True, stop=[stop, "NEVER-SEEN"])])[0]
+    start = next(
+        i for i in range(len(text) // 3, len(text) - 2) if all(c.isascii() and c not in "<|>" for c in text[i : i + 2])
+    )
+    stop = text[start : start + 2]
+    r = run_all(engine, [req(ids, max_new_tokens=40, ignore_eos=True, stop=[stop, "NEVER-SEEN"])])[0]
     assert r["finish_reason"] == {"type": "stop", "matched": stop}
-    assert r["ids"] == full[:len(r["ids"])]
+    assert r["ids"] == full[: len(r["ids"])]
     # ids keep the last token
     assert stop in tok.decode(r["ids"]) and stop not in tok.decode(r["ids"][:-1])
-    assert output_text(tok, finished_track(r["ids"], stop),
-                       skip_special_tokens=False) == text[:text.find(stop)]
+    assert output_text(tok, finished_track(r["ids"], stop), skip_special_tokens=False) == text[: text.find(stop)]
 
 
 def test_max_new_tokens_and_context_length(engine):
@@ -78,8 +77,7 @@ def test_max_new_tokens_and_context_length(engine):
 def test_abort_frees_slot_and_queue_moves(engine):
     ids = engine.tokenizer("Hello")["input_ids"]
     engine.pause("in_place")  # keep both long requests running and the third waiting while we look
-    long_a, long_b = req(ids, max_new_tokens=50, ignore_eos=True), req(ids, max_new_tokens=50,
-                                                                       ignore_eos=True)
+    long_a, long_b = req(ids, max_new_tokens=50, ignore_eos=True), req(ids, max_new_tokens=50, ignore_eos=True)
     short = req(ids, max_new_tokens=5, ignore_eos=True)
 
     before = engine.stats()["generation_tokens_total"]
@@ -125,8 +123,7 @@ def test_abort_all(engine):
     ids = engine.tokenizer("Hello")["input_ids"]
 
     async def main():
-        tasks = [asyncio.create_task(collect(engine, req(ids, max_new_tokens=60, ignore_eos=True)))
-                 for _ in range(4)]
+        tasks = [asyncio.create_task(collect(engine, req(ids, max_new_tokens=60, ignore_eos=True))) for _ in range(4)]
         while engine.stats()["num_running_reqs"] < 2:
             await asyncio.sleep(0.005)
         engine.pause("in_place")

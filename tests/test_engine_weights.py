@@ -1,5 +1,6 @@
 """Target weight updates: a good checkpoint swaps in (outputs and version change, also mid-stream);
 bad ones are refused with the reason and the old weights and version keep serving."""
+
 from __future__ import annotations
 
 import asyncio
@@ -97,18 +98,22 @@ def _no_weights(src, tmp_path):
 
 def _other_shapes(src, tmp_path):
     from gleanrl.tiny import make_tiny_model
+
     return make_tiny_model(tmp_path / "wide", arch="qwen2", hidden_size=32)
 
 
-@pytest.mark.parametrize("bad, reason", [
-    (lambda src, tmp: tmp / "missing", "not a directory"),
-    (_truncated, "truncated"),
-    (_corrupt, "corrupt"),
-    (_nan_data, "NaN"),
-    (_no_weights, "no .safetensors"),
-    (_other_shapes, "expected"),
-    ("tiny_llama", "architectures"),
-])
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        (lambda src, tmp: tmp / "missing", "not a directory"),
+        (_truncated, "truncated"),
+        (_corrupt, "corrupt"),
+        (_nan_data, "NaN"),
+        (_no_weights, "no .safetensors"),
+        (_other_shapes, "expected"),
+        ("tiny_llama", "architectures"),
+    ],
+)
 def test_refused_update_keeps_old_weights(engine, tiny_qwen2, tmp_path, request, bad, reason):
     ids = engine.tokenizer("def add(a, b):")["input_ids"]
     engine.update_weights(str(tiny_qwen2), weight_version="v1")

@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh: its CPU dry run runs every phase of the GPU check with tiny sizes and
 reports each ok in summary.json, so the script cannot rot where CI has no GPU; a spent budget skips
 phases, saying so."""
+
 from __future__ import annotations
 
 import json
@@ -15,13 +16,25 @@ ROOT = Path(__file__).resolve().parents[1]
 PHASES = ["install", "tests", "bootstrap", "draft", "sd", "rollout", "e2e"]
 
 
-def _run(tmp_path: Path, *args: str, timeout: int,
-         box_scale: int = 1) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--python",
-                           sys.executable, "--out", str(tmp_path / "out"), "--work",
-                           str(tmp_path / "work"), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "GPU_CHECK_BOX_SCALE": str(box_scale)})
+def _run(tmp_path: Path, *args: str, timeout: int, box_scale: int = 1) -> tuple[subprocess.CompletedProcess, dict]:
+    proc = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "scripts" / "gpu_check.sh"),
+            "--python",
+            sys.executable,
+            "--out",
+            str(tmp_path / "out"),
+            "--work",
+            str(tmp_path / "work"),
+            *args,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "GPU_CHECK_BOX_SCALE": str(box_scale)},
+    )
     summary = tmp_path / "out" / "summary.json"
     assert summary.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, json.loads(summary.read_text())
@@ -31,6 +44,7 @@ def _run(tmp_path: Path, *args: str, timeout: int,
 @pytest.mark.timeout(2400)
 def test_dry_run_every_phase_ok(tmp_path):
     from gleanrl.trainer.bootstrap import bootstrap_policy
+
     # cached, as the sglang tests share it: the phase finds it
     bootstrap_policy(size="tiny", progress=False)
     # a busy CI machine must not flip it: the phase time boxes, sized for an idle machine (a draft
@@ -49,28 +63,34 @@ def test_dry_run_every_phase_ok(tmp_path):
     assert all(r["identical_outputs"] == f"{r['batch']}/{r['batch']}" for r in sd["results"])
     assert s["results"]["e2e"]["steps"] == 1
     out = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert out == ["e2e.json", "gpu_check.log", "rollout.json", "sd.json", "summary.json",
-                   "tests.xml"]
+    assert out == ["e2e.json", "gpu_check.log", "rollout.json", "sd.json", "summary.json", "tests.xml"]
 
 
 def test_spent_budget_skips_phases_and_fails(tmp_path):
     proc, s = _run(tmp_path, "--dry-run", "--budget", "5", timeout=300)
     assert proc.returncode == 1 and not s["ok"]
     assert s["phases"]["install"]["status"] == "skipped" and "budget" in s["phases"]["install"]["detail"]
-    assert all(p["status"] == "skipped"
-               for p in s["phases"].values()) and list(s["phases"]) == PHASES
+    assert all(p["status"] == "skipped" for p in s["phases"].values()) and list(s["phases"]) == PHASES
 
 
-@pytest.mark.parametrize("args, message", [(["--gpus", "2"], "unknown option --gpus"),
-                                           (["--budget", "8m"], "--budget must be whole seconds")])
+@pytest.mark.parametrize(
+    "args, message",
+    [(["--gpus", "2"], "unknown option --gpus"), (["--budget", "8m"], "--budget must be whole seconds")],
+)
 def test_bad_options_are_refused(args, message):
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), *args], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
     assert proc.returncode == 2 and message in proc.stderr
 
 
 def test_bad_box_scale_is_refused():
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=30,
-                          env={**os.environ, "GPU_CHECK_BOX_SCALE": "0"})
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "GPU_CHECK_BOX_SCALE": "0"},
+    )
     assert proc.returncode == 2 and "GPU_CHECK_BOX_SCALE" in proc.stderr

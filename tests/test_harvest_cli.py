@@ -1,5 +1,6 @@
 """`gleanrl train` harvest flags: validated, refused without --drafter, stored in OUT/harvest so
 that the loop's HarvestHooks use them and `--resume` keeps them unless flags change them."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,21 @@ def test_harvest_flags_reach_the_harvester_and_survive_resume(tiny_qwen2, tmp_pa
     drafter = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "d0")
     out = tmp_path / "run"
     base = ["--model", str(tiny_qwen2), "--out", str(out), "--drafter", str(drafter)]
-    _settings(base + ["--push-every", "7", "--accept-mode", "greedy", "--spool-mem-tokens", "5000",
-                      "--drafter-max-tokens", "0", "--holdout-every", "3"])
+    _settings(
+        base
+        + [
+            "--push-every",
+            "7",
+            "--accept-mode",
+            "greedy",
+            "--spool-mem-tokens",
+            "5000",
+            "--drafter-max-tokens",
+            "0",
+            "--holdout-every",
+            "3",
+        ]
+    )
     hooks, _ = HarvestHooks.for_run(str(tiny_qwen2), str(drafter), out / "harvest", resume=False)
     cfg = hooks.h.cfg
     assert (cfg.push_every, cfg.accept_mode, cfg.max_tokens) == (7, "greedy", 0)

@@ -2,6 +2,7 @@
 the Harvester training in each step's idle window. The drafter's expected acceptance on held-out
 harvested rollouts rises over the drafter it started from, better versions are pushed mid-run and
 served, and training continued from the serving weights."""
+
 from __future__ import annotations
 
 import httpx
@@ -30,17 +31,36 @@ def test_online_drafter_beats_its_start_and_is_pushed(tiny_qwen2, tmp_path):
     torch.set_num_threads(1)
     save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
     with running_server(tiny_qwen2, drafter=str(tmp_path / "drafter0"), sd="on") as url:
-        h = Harvester(tiny_qwen2, tmp_path / "drafter0", tmp_path / "spool", push=None,
-                      # held out by prompt (harvest.push_rule): half of the run's few prompts,
-                      # a paired test over as few as 2 of them; a winner inside a step is pushed
-                      # at the next step's start, so the run has a step after the first win
-                      cfg=HarvestConfig(push_every=3, lr=3e-3, topk=16, max_tokens=48,
-                                        max_holdout=8, min_holdout_prompts=2,
-                                        min_holdout_samples=4,
-                                        spool=SpoolConfig(holdout_every=2)))
-        cfg = TrainConfig(model=str(tiny_qwen2), out=str(tmp_path / "run"), servers=[url], steps=4,
-                          prompts_per_step=2, samples_per_prompt=4, max_new_tokens=96,
-                          lr=1e-3, seed=0)
+        h = Harvester(
+            tiny_qwen2,
+            tmp_path / "drafter0",
+            tmp_path / "spool",
+            push=None,
+            # held out by prompt (harvest.push_rule): half of the run's few prompts,
+            # a paired test over as few as 2 of them; a winner inside a step is pushed
+            # at the next step's start, so the run has a step after the first win
+            cfg=HarvestConfig(
+                push_every=3,
+                lr=3e-3,
+                topk=16,
+                max_tokens=48,
+                max_holdout=8,
+                min_holdout_prompts=2,
+                min_holdout_samples=4,
+                spool=SpoolConfig(holdout_every=2),
+            ),
+        )
+        cfg = TrainConfig(
+            model=str(tiny_qwen2),
+            out=str(tmp_path / "run"),
+            servers=[url],
+            steps=4,
+            prompts_per_step=2,
+            samples_per_prompt=4,
+            max_new_tokens=96,
+            lr=1e-3,
+            seed=0,
+        )
         train(cfg, task=CountTask(), hooks=HarvestHooks(h), log=lambda *a: None)
         info = httpx.get(f"{url}/model_info", timeout=30).json()
     assert h.steps >= 6, f"only {h.steps} drafter micro-steps in the idle windows"
@@ -48,8 +68,8 @@ def test_online_drafter_beats_its_start_and_is_pushed(tiny_qwen2, tmp_path):
     before, after = h.score(start), h.score(h.drafter)
     assert after > before + 0.02, (before, after)
     pushed = [p for p in h.history if p["pushed"]]
-    assert h.version >= 1 and [p["version"] for p in pushed] == list(range(1, h.version + 1)), \
-        [(a["when"], a.get("prompts"), a.get("samples"), a.get("gain_lower"), a.get("pending"))
-         for a in h.history]
+    assert h.version >= 1 and [p["version"] for p in pushed] == list(range(1, h.version + 1)), [
+        (a["when"], a.get("prompts"), a.get("samples"), a.get("gain_lower"), a.get("pending")) for a in h.history
+    ]
     assert all(p["candidate"] > p["serving"] for p in pushed)
     assert info["draft_weight_version"] == str(h.version)

@@ -1,6 +1,7 @@
 """Harvester end to end on a tiny target: harvesting raises the drafter's held-out acceptance,
 pushes are gated on beating the serving drafter, versions are monotonic, and a new
 Harvester resumes."""
+
 from __future__ import annotations
 
 import threading
@@ -24,23 +25,39 @@ def setup(tiny_qwen2, tmp_path_factory):
     rollouts = []
     for _ in range(64):
         prompt = torch.randint(3, target.config.vocab_size, (6,), generator=gen)
-        out = target.generate(prompt[None], attention_mask=torch.ones(1, 6, dtype=torch.long),
-                              max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = target.generate(
+            prompt[None],
+            attention_mask=torch.ones(1, 6, dtype=torch.long),
+            max_new_tokens=24,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
         rollouts.append((prompt.tolist(), out[0, 6:].tolist()))
     return root, target, rollouts
 
 
 def _cfg(**kw) -> HarvestConfig:
     # greedy rollouts
-    return HarvestConfig(**{"batch_size": 4, "lr": 3e-3, "push_every": 0, "topk": 8,
-                            "accept_mode": "greedy", "spool": SpoolConfig(holdout_every=4)} | kw)
+    return HarvestConfig(
+        **{
+            "batch_size": 4,
+            "lr": 3e-3,
+            "push_every": 0,
+            "topk": 8,
+            "accept_mode": "greedy",
+            "spool": SpoolConfig(holdout_every=4),
+        }
+        | kw
+    )
 
 
 def test_acceptance_rises_push_gated_versions_monotonic_and_resume(setup, tmp_path):
     root, target, rollouts = setup
     pushed: list[tuple[str, int]] = []
-    h = Harvester(target, root / "init_drafter", tmp_path / "spool",
-                  push=lambda p, v: pushed.append((p, v)), cfg=_cfg())
+    h = Harvester(
+        target, root / "init_drafter", tmp_path / "spool", push=lambda p, v: pushed.append((p, v)), cfg=_cfg()
+    )
     assert h.maybe_push() is None and h.score() is None  # nothing harvested: nothing to judge
     for prompt, out in rollouts:
         h.add_rollout(prompt, out, target, policy_version=0)
@@ -75,9 +92,13 @@ def test_refused_push_keeps_serving_version(setup, tmp_path):
         raise RuntimeError("server says no")
 
     # no margin, no confidence: every attempt that gains pushes at once, and is refused
-    h = Harvester(target, root / "init_drafter", tmp_path / "spool", push=refuse,
-                  cfg=_cfg(min_gain=0.0, mid_step_gain=0.0, confidence_z=0.0,
-                           min_holdout_prompts=2, min_holdout_samples=2))
+    h = Harvester(
+        target,
+        root / "init_drafter",
+        tmp_path / "spool",
+        push=refuse,
+        cfg=_cfg(min_gain=0.0, mid_step_gain=0.0, confidence_z=0.0, min_holdout_prompts=2, min_holdout_samples=2),
+    )
     for prompt, out in rollouts[:24]:
         h.add_rollout(prompt, out, policy_version=3)
     h.train_while(lambda: True, max_steps=30)
@@ -128,8 +149,13 @@ def test_clear_errors_for_bad_inputs(setup, tmp_path):
 def test_push_attempt_abandoned_when_the_window_closes(setup, tmp_path):
     root, target, rollouts = setup
     pushed: list[int] = []
-    h = Harvester(target, root / "init_drafter", None, push=lambda p, v: pushed.append(v),
-                  cfg=_cfg(confidence_z=0.0, min_holdout_prompts=2, min_holdout_samples=2))
+    h = Harvester(
+        target,
+        root / "init_drafter",
+        None,
+        push=lambda p, v: pushed.append(v),
+        cfg=_cfg(confidence_z=0.0, min_holdout_prompts=2, min_holdout_samples=2),
+    )
     for prompt, out in rollouts[:16]:
         h.add_rollout(prompt, out, target)
     h.train_while(lambda: True, max_steps=30)
@@ -168,10 +194,14 @@ def test_one_push_a_step_and_a_mid_step_winner_waits_for_the_boundary(setup, tmp
     root, target, rollouts = setup
     pushed: list[int] = []
     # its own versions_dir: the module's root holds the versions earlier tests pushed
-    cfg = _cfg(push_every=5, min_holdout_prompts=2, min_holdout_samples=2, mid_step_gain=100.0,
-               versions_dir=str(tmp_path / "drafter_versions"))
-    h = Harvester(target, root / "init_drafter", None, push=lambda p, v: pushed.append(v),
-                  cfg=cfg)
+    cfg = _cfg(
+        push_every=5,
+        min_holdout_prompts=2,
+        min_holdout_samples=2,
+        mid_step_gain=100.0,
+        versions_dir=str(tmp_path / "drafter_versions"),
+    )
+    h = Harvester(target, root / "init_drafter", None, push=lambda p, v: pushed.append(v), cfg=cfg)
     for prompt, out in rollouts:
         h.add_rollout(prompt, out, target)
     h.train_while(lambda: True, max_steps=40)  # inside a step: winners below the margin wait
@@ -193,8 +223,13 @@ def test_one_push_a_step_and_a_mid_step_winner_waits_for_the_boundary(setup, tmp
 def test_no_push_without_a_significant_paired_gain(setup, tmp_path):
     root, target, _ = setup
     pushed: list[int] = []
-    h = Harvester(target, root / "init_drafter", None, push=lambda p, v: pushed.append(v),
-                  cfg=_cfg(min_holdout_prompts=2, min_holdout_samples=2))
+    h = Harvester(
+        target,
+        root / "init_drafter",
+        None,
+        push=lambda p, v: pushed.append(v),
+        cfg=_cfg(min_holdout_prompts=2, min_holdout_samples=2),
+    )
     for prompt, out in _grouped(setup, 48, 2):
         h.add_rollout(prompt, out, target)
     with torch.no_grad():  # a candidate that differs from the serving drafter by noise alone
@@ -215,10 +250,10 @@ def test_a_mid_step_push_drops_the_candidate_waiting_for_the_boundary(setup, tmp
     the serving drafter it was scored against, so the boundary must not push the stale one."""
     root, target, rollouts = setup
     pushed: list[int] = []
-    cfg = _cfg(push_every=0, min_holdout_prompts=2, min_holdout_samples=2,
-               versions_dir=str(tmp_path / "drafter_versions"))
-    h = Harvester(target, root / "init_drafter", None, push=lambda p, v: pushed.append(v),
-                  cfg=cfg)
+    cfg = _cfg(
+        push_every=0, min_holdout_prompts=2, min_holdout_samples=2, versions_dir=str(tmp_path / "drafter_versions")
+    )
+    h = Harvester(target, root / "init_drafter", None, push=lambda p, v: pushed.append(v), cfg=cfg)
     for prompt, out in rollouts:
         h.add_rollout(prompt, out, target)
     for _ in range(40):

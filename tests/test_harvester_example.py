@@ -1,5 +1,6 @@
 """The drop-in example (a custom RL loop that is not gleanrl's trainer) runs end to end against an
 embedded server: rollouts, harvest, idle training, gated drafter pushes, policy pushes."""
+
 from __future__ import annotations
 
 import json
@@ -13,10 +14,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_custom_loop_example_runs(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "custom_loop.py"), "--out",
-                           str(tmp_path), "--steps", "2", "--rollouts", "8",
-                           "--max-new-tokens", "48"],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "custom_loop.py"),
+            "--out",
+            str(tmp_path),
+            "--steps",
+            "2",
+            "--rollouts",
+            "8",
+            "--max-new-tokens",
+            "48",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     rows, final = lines[:-1], lines[-1]

@@ -1,6 +1,7 @@
 """HarvestHooks without a server: captures happen in the idle window at the capturing policy's
 version (mid-step while the spool is cold), the tail carries over to the next window, a bad rollout
 is skipped, the queue is bounded, and the step's figures add up."""
+
 from __future__ import annotations
 
 import time
@@ -17,8 +18,9 @@ from gleanrl.harvest.spool import SpoolConfig
 
 
 def _rollout(prompt, output, version="0", verify_ct=0, accepted=0):
-    return FinishedRollout(prompt, output, weight_version=version, spec_verify_ct=verify_ct,
-                           spec_accept_token_num=accepted)
+    return FinishedRollout(
+        prompt, output, weight_version=version, spec_verify_ct=verify_ct, spec_accept_token_num=accepted
+    )
 
 
 def test_hooks_capture_drop_skip_and_metrics(tiny_qwen2, tmp_path, capsys):
@@ -78,8 +80,12 @@ def test_a_warm_spool_alternates_capture_and_training(tiny_qwen2, tmp_path):
     whole windows)."""
     save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "d0")
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).eval()
-    h = Harvester(tiny_qwen2, tmp_path / "d0", None, cfg=HarvestConfig(push_every=0, batch_size=2,
-                                                                       spool=SpoolConfig(holdout_every=0)))
+    h = Harvester(
+        tiny_qwen2,
+        tmp_path / "d0",
+        None,
+        cfg=HarvestConfig(push_every=0, batch_size=2, spool=SpoolConfig(holdout_every=0)),
+    )
     hooks = HarvestHooks(h)
     hooks.on_step_start(1, model)
     for i in range(6):
@@ -89,5 +95,5 @@ def test_a_warm_spool_alternates_capture_and_training(tiny_qwen2, tmp_path):
     hooks.on_step_start(2, model)
     done = [hooks._capture_one() for _ in range(6)]
     assert hooks.captured == 4 and len(h.spool) == 4
-    assert done == [True, True, False, True, False, True]   # cold spool: capture; warm:
-                                                            # every other call
+    # cold spool: capture; warm: every other call
+    assert done == [True, True, False, True, False, True]

@@ -2,6 +2,7 @@
 serving one), its optimizer and RNG come back from the step checkpoint, so training continues
 exactly as without the crash; a version written but never pushed is served and pushed again, and
 numbers never repeat."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -27,8 +28,7 @@ def _always_better(h) -> None:
     paired test (harvest.push_rule; the gate itself is tested elsewhere)."""
     held = [SimpleNamespace(prompt=i % 4) for i in range(8)]
     h._held = lambda policy_version=None: held
-    h._sums = lambda drafter, held, stop=None: [(1.0 if drafter is h.serving else 2.0, 1)] * len(
-        held)
+    h._sums = lambda drafter, held, stop=None: [(1.0 if drafter is h.serving else 2.0, 1)] * len(held)
 
 
 def test_resume_restores_training_state_and_repushes_the_serving_version(tiny_qwen2, tmp_path):
@@ -43,17 +43,28 @@ def test_resume_restores_training_state_and_repushes_the_serving_version(tiny_qw
     h.push = lambda path, version: pushed.append(version)
     gen = torch.Generator().manual_seed(0)
     for _ in range(10):
-        h.add_rollout(torch.randint(3, 90, (5,), generator=gen).tolist(),
-                      torch.randint(3, 90, (30,), generator=gen).tolist(), model, policy_version=0)
+        h.add_rollout(
+            torch.randint(3, 90, (5,), generator=gen).tolist(),
+            torch.randint(3, 90, (30,), generator=gen).tolist(),
+            model,
+            policy_version=0,
+        )
     h.train_while(lambda: True, max_steps=3)
     _always_better(h)
     assert h.maybe_push() == 1 and pushed == [1]
     h.train_while(lambda: True, max_steps=2)  # progress after the push, not pushed yet
     hooks.on_step_start(2, model)
     hooks.on_rollout_finished(FinishedRollout([4, 5], [6, 7, 8]))  # carried to the next window
-    save_checkpoint(tmp_path / "run", 1, model, None,
-                    torch.optim.SGD(model.parameters(), lr=0.1), {}, 2,
-                    hooks_state=hooks.state_dict())
+    save_checkpoint(
+        tmp_path / "run",
+        1,
+        model,
+        None,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        {},
+        2,
+        hooks_state=hooks.state_dict(),
+    )
     trained, steps = _params(h.drafter), h.steps
     # the crash: written, never pushed
     save_drafter(h.drafter, root / "drafter_versions" / "v000002")
@@ -75,16 +86,14 @@ def test_resume_restores_training_state_and_repushes_the_serving_version(tiny_qw
     assert repushed == [(str(serve), 2)]  # once, right after the resume
     # same batch, same optimizer moments: same weights
     again.h.train_while(lambda: True, max_steps=1)
-    assert all(torch.allclose(v, expected[k], atol=1e-6)
-               for k, v in _params(again.h.drafter).items())
+    assert all(torch.allclose(v, expected[k], atol=1e-6) for k, v in _params(again.h.drafter).items())
     _always_better(again.h)
     assert again.h.maybe_push() == 3 and repushed[-1][1] == 3  # 2 is never reused
 
 
 def test_refused_push_leaves_no_version_behind(tiny_qwen2, tmp_path):
     drafter0 = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
-    hooks, _ = HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest",
-                                    resume=False)
+    hooks, _ = HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest", resume=False)
 
     def refuse(path, version):
         raise RuntimeError("no")
@@ -94,6 +103,5 @@ def test_refused_push_leaves_no_version_behind(tiny_qwen2, tmp_path):
     with pytest.raises(RuntimeError, match="no"):
         hooks.h.maybe_push()
     assert not any((tmp_path / "harvest" / "drafter_versions").glob("v*")) and hooks.h.version == 0
-    resumed, serve = HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest",
-                                          resume=False)
+    resumed, serve = HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest", resume=False)
     assert serve == drafter0 and resumed.h.version == 0

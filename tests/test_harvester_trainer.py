@@ -2,6 +2,7 @@
 finished rollouts are captured by the trainer's policy at their version, the drafter trains in the
 idle window, pushes are monotonic and reach the server, and every rollout is either
 harvested or dropped."""
+
 from __future__ import annotations
 
 import json
@@ -49,24 +50,34 @@ def test_grpo_loop_with_harvest_hooks(tail_model, tmp_path):
     save_drafter(init_drafter(tail_model, seed=0), tmp_path / "drafter0")
     with running_server(tail_model, drafter=str(tmp_path / "drafter0"), sd="on") as url:
         # bound to the loop's client
-        h = Harvester(tail_model, tmp_path / "drafter0", tmp_path / "spool", push=None,
-                      cfg=HarvestConfig(push_every=4, lr=3e-3, topk=8,
-                                        spool=SpoolConfig(holdout_every=3)))
+        h = Harvester(
+            tail_model,
+            tmp_path / "drafter0",
+            tmp_path / "spool",
+            push=None,
+            cfg=HarvestConfig(push_every=4, lr=3e-3, topk=8, spool=SpoolConfig(holdout_every=3)),
+        )
         hooks = HarvestHooks(h)
-        cfg = TrainConfig(model=str(tail_model), out=str(tmp_path / "run"), servers=[url], steps=2,
-                          prompts_per_step=2, samples_per_prompt=4, max_new_tokens=64,
-                          lr=3e-3, seed=1)
+        cfg = TrainConfig(
+            model=str(tail_model),
+            out=str(tmp_path / "run"),
+            servers=[url],
+            steps=2,
+            prompts_per_step=2,
+            samples_per_prompt=4,
+            max_new_tokens=64,
+            lr=3e-3,
+            seed=1,
+        )
         row = train(cfg, task=DigitTask(), hooks=hooks, log=lambda *a: None)
         metrics = hooks.step_metrics()
         info = httpx.get(f"{url}/model_info", timeout=30).json()
     assert row["step"] == 2 and row["drafter_version"] == h.version
-    rows = [json.loads(line)
-            for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     # the rows' harvest figures are what the hooks did: every capture in one step's row
     assert sum(r["harvested"] for r in rows) == hooks.captured > 0
     assert sum(r["drafter_steps"] for r in rows) == h.steps > 0
-    assert all({"idle_used_s", "drafter_version", "heldout_accept_len", "harvest_carried"} <= set(r)
-               for r in rows)
+    assert all({"idle_used_s", "drafter_version", "heldout_accept_len", "harvest_carried"} <= set(r) for r in rows)
     # captured by step 2's update, for the next window to spool
     pending = metrics["harvest_pending"]
     # none lost, none twice

@@ -6,6 +6,7 @@ or is served within bounds, the benign client sees no error and the same tokens,
 `/health` are printed; `gleanrl bench load --hostile` measures them on a quiet machine). Then the
 engine-side guarantees: a request that fails inside the engine aborts alone, a swap that fails is
 undone, a drain is bounded; and the proxy's limits."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,11 @@ import pytest
 from hostile_cases import LIMITS, cases
 from serving import greedy_ids, running_app, server_stats, wait_until
 
-BENIGN = {"text": "The quick brown fox", "stream": True,
-          "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}
+BENIGN = {
+    "text": "The quick brown fox",
+    "stream": True,
+    "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+}
 ROUND_REQUESTS = 30
 
 
@@ -84,8 +88,7 @@ def _baseline(url: str, reference: list[int]) -> float:
 def _hostile_round(url: str, reference: list[int], vocab: int) -> tuple[float, float, list[str]]:
     """Every hostile case once while the benign client streams; returns (benign p99, worst
     /health, wrong)."""
-    benign, health, wrong, hostile = Benign(url, reference,
-                                            ROUND_REQUESTS), Health(url), [], cases(vocab)
+    benign, health, wrong, hostile = Benign(url, reference, ROUND_REQUESTS), Health(url), [], cases(vocab)
     health.start()
     benign.start()
     with httpx.Client(timeout=120) as http:
@@ -110,17 +113,14 @@ def test_hostile_requests_do_not_stop_stall_or_poison_the_server(tiny_qwen2):
         reference = greedy_ids(url, app.state.tokenizer.encode(BENIGN["text"]), 8)["output_ids"]
         with httpx.Client(timeout=120) as http:
             # warm every path first: first-call costs are not load
-            wrong = [f"{name}: {why}" for name, send, check in cases(vocab)
-                     if (why := check(send(http, url)))]
+            wrong = [f"{name}: {why}" for name, send, check in cases(vocab) if (why := check(send(http, url)))]
         assert not wrong, wrong
         base = _baseline(url, reference)
         loaded, worst_health, wrong = _hostile_round(url, reference, vocab)
         assert not wrong, wrong
         # latency is a figure, not a verdict here (`gleanrl bench load --hostile` tracks it)
-        print(f"hostile: benign p99 / baseline p99 {loaded / base:.2f}, "
-              f"worst /health {worst_health * 1000:.0f} ms")
-        assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 0
-                          == server_stats(url)["num_queue_reqs"])
+        print(f"hostile: benign p99 / baseline p99 {loaded / base:.2f}, worst /health {worst_health * 1000:.0f} ms")
+        assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 0 == server_stats(url)["num_queue_reqs"])
         after = greedy_ids(url, prompt, 12)
         assert after["output_ids"] == before["output_ids"]
         assert after["meta_info"]["weight_version"] == before["meta_info"]["weight_version"]
@@ -151,9 +151,11 @@ def test_a_request_failing_inside_the_engine_aborts_alone(served, tok):
         good.start()
         # then the poison joins its batch
         assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 1)
-        bad = httpx.post(f"{url}/generate", json={"input_ids": ids, "rid": "poison",
-                                                  "sampling_params": {"max_new_tokens": 40}},
-                         timeout=120).json()
+        bad = httpx.post(
+            f"{url}/generate",
+            json={"input_ids": ids, "rid": "poison", "sampling_params": {"max_new_tokens": 40}},
+            timeout=120,
+        ).json()
         good.join()
     finally:
         engine.scheduler.step = original
@@ -177,8 +179,11 @@ def test_a_swap_that_fails_is_undone_and_the_engine_lives(served, tok, tiny_qwen
 
     engine.scheduler.rebuild_caches = fails_once
     try:
-        r = httpx.post(f"{url}/update_weights_from_disk", json={"model_path": str(tiny_qwen2_b),
-                                                                "weight_version": "b"}, timeout=120)
+        r = httpx.post(
+            f"{url}/update_weights_from_disk",
+            json={"model_path": str(tiny_qwen2_b), "weight_version": "b"},
+            timeout=120,
+        )
     finally:
         engine.scheduler.rebuild_caches = original
     assert r.status_code == 400 and "undone" in r.json()["message"] and "no room" in r.json()["message"]
@@ -190,14 +195,16 @@ def test_a_swap_that_fails_is_undone_and_the_engine_lives(served, tok, tiny_qwen
 def test_a_drain_that_does_not_end_is_refused_in_bounded_time(tiny_qwen2, tiny_qwen2_b, tok):
     with running_app(tiny_qwen2, swap_timeout_s=0.3) as (url, app):
         ids = tok.encode("Once upon a time")
-        long = threading.Thread(target=lambda: httpx.post(
-            f"{url}/generate",
-            json={"input_ids": ids, "sampling_params": {"max_new_tokens": 1000 - len(ids),
-                                                        "ignore_eos": True}}, timeout=600))
+        long = threading.Thread(
+            target=lambda: httpx.post(
+                f"{url}/generate",
+                json={"input_ids": ids, "sampling_params": {"max_new_tokens": 1000 - len(ids), "ignore_eos": True}},
+                timeout=600,
+            )
+        )
         long.start()
         assert wait_until(lambda: server_stats(url)["num_running_reqs"] == 1)
-        r = httpx.post(f"{url}/update_weights_from_disk", json={"model_path": str(tiny_qwen2_b)},
-                       timeout=120)
+        r = httpx.post(f"{url}/update_weights_from_disk", json={"model_path": str(tiny_qwen2_b)}, timeout=120)
         assert r.status_code == 400 and "withdrawn" in r.json()["message"]
         # held requests run again
         assert greedy_ids(url, ids, 4)["meta_info"]["weight_version"] == "default"
@@ -207,22 +214,26 @@ def test_a_drain_that_does_not_end_is_refused_in_bounded_time(tiny_qwen2, tiny_q
 
 def test_the_proxy_bounds_bodies_and_outputs_and_keys_its_feed(served):
     from proxy_util import running_proxy
+
     url, _ = served
     with running_proxy(url, max_request_bytes=4096, max_outputs=16) as (px, _app):
         big = httpx.post(f"{px}/generate", json={"text": "x" * 8000}, timeout=30)
         assert big.status_code == 413
-        many = httpx.post(f"{px}/generate", json={"text": "a", "sampling_params": {"n": 10**9}},
-                          timeout=30)
+        many = httpx.post(f"{px}/generate", json={"text": "a", "sampling_params": {"n": 10**9}}, timeout=30)
         assert many.status_code == 400 and "sampling_params.n" in many.json()["error"]["message"]
         feed = httpx.get(f"{px}/harvest_feed", timeout=30)
         assert feed.status_code == 404 and "--admin-api-key" in feed.json()["error"]["message"]
-        assert httpx.post(f"{px}/generate",
-                          json={"text": "a", "sampling_params": {"max_new_tokens": 2}},
-                          timeout=60).status_code == 200
+        assert (
+            httpx.post(
+                f"{px}/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 2}}, timeout=60
+            ).status_code
+            == 200
+        )
 
 
 def test_non_loopback_bind_and_keyless_feed_are_refused():
     from gleanrl.server.http.config import ServerConfig
+
     with pytest.raises(ValueError, match="admin-api-key"):
         ServerConfig(host="0.0.0.0")
     with pytest.raises(ValueError, match="harvest-feed"):

@@ -3,6 +3,7 @@
 checked completely before the weights lock and the engine, so a stream that runs meanwhile does not
 stall. No wall-clock asserts: what is counted is bytes the client managed to send, and stalled
 inter-token intervals."""
+
 from __future__ import annotations
 
 import base64
@@ -74,8 +75,9 @@ def test_the_proxy_refuses_an_oversize_body_before_it_is_read(served, declared):
     with running_proxy(url, max_request_bytes=LIMIT) as (px, _):
         r, sent = _upload(px, "/generate", declared)
         assert r.status_code == 413 and sent < DECLARED // 16, (r.status_code, sent)
-        ok = httpx.post(f"{px}/generate", json={"input_ids": [5, 6], "sampling_params": {
-            "max_new_tokens": 2}}, timeout=60)
+        ok = httpx.post(
+            f"{px}/generate", json={"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}}, timeout=60
+        )
         assert ok.status_code == 200
 
 
@@ -86,8 +88,7 @@ def _payload(named) -> dict:
 
 def _refused_updates(model_dir) -> list[tuple[str, dict, str]]:
     """(what, body, a word the 400 names): each decodes, then fails one check."""
-    weights = {k: v for f in sorted(model_dir.glob("*.safetensors"))
-               for k, v in load_file(f).items()}
+    weights = {k: v for f in sorted(model_dir.glob("*.safetensors")) for k, v in load_file(f).items()}
     name, t = "model.embed_tokens.weight", weights["model.embed_tokens.weight"]
     full = sorted((k, v) for k, v in weights.items() if k != name)
     nan = t.clone().float()
@@ -111,8 +112,7 @@ def test_update_validation_failures_are_4xx_and_change_nothing(tiny_qwen2):
         # inside a session a bad call is refused when it arrives, and nothing is staged
         assert httpx.post(f"{url}/begin_weight_update", json={}, timeout=30).json()["success"]
         bad = _refused_updates(tiny_qwen2)[0][1]
-        assert httpx.post(f"{url}/update_weights_from_tensor", json=bad,
-                          timeout=120).status_code == 400
+        assert httpx.post(f"{url}/update_weights_from_tensor", json=bad, timeout=120).status_code == 400
         end = httpx.post(f"{url}/end_weight_update", json={}, timeout=120).json()
         assert end["success"] and "nothing was staged" in end["message"]
         after = greedy_ids(url, [5, 6, 7], 8)
@@ -123,8 +123,11 @@ def test_update_validation_failures_are_4xx_and_change_nothing(tiny_qwen2):
 def _deliveries(url: str, tokens: int, out: list[float], started: threading.Event) -> None:
     """Gaps between the stream's deliveries (the engine hands tokens over in batches, at most
     every 20 ms: chunks that arrive together are one delivery)."""
-    body = {"input_ids": [5, 6, 7], "stream": True, "sampling_params": {
-        "max_new_tokens": tokens, "temperature": 0, "ignore_eos": True, "stream_interval": 1}}
+    body = {
+        "input_ids": [5, 6, 7],
+        "stream": True,
+        "sampling_params": {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True, "stream_interval": 1},
+    }
     last = None
     with httpx.stream("POST", f"{url}/generate", json=body, timeout=300) as r:
         for line in r.iter_lines():
@@ -149,8 +152,7 @@ def test_a_refused_tensor_update_does_not_stall_a_running_stream(tiny_qwen2):
         greedy_ids(url, [5, 6, 7], 4)  # warm
         baseline, loaded, started = [], [], threading.Event()
         _deliveries(url, STREAM_TOKENS, baseline, threading.Event())
-        stream = threading.Thread(target=_deliveries,
-                                  args=(url, STREAM_TOKENS, loaded, started))
+        stream = threading.Thread(target=_deliveries, args=(url, STREAM_TOKENS, loaded, started))
         stream.start()
         assert started.wait(60)
         answers = []
@@ -158,13 +160,19 @@ def test_a_refused_tensor_update_does_not_stall_a_running_stream(tiny_qwen2):
             for _what, body, _word in refusals:
                 if not stream.is_alive():
                     break
-                answers.append(http.post(f"{url}/update_weights_from_tensor",
-                                         content=json.dumps(body).encode(),
-                                         headers={"content-type": "application/json"}))
+                answers.append(
+                    http.post(
+                        f"{url}/update_weights_from_tensor",
+                        content=json.dumps(body).encode(),
+                        headers={"content-type": "application/json"},
+                    )
+                )
         stream.join()
     assert answers and all(r.status_code == 400 for r in answers)
-    print(f"\nstalled intervals: alone {_stalls(baseline)} of {len(baseline)}, with "
-          f"{len(answers)} refused updates {_stalls(loaded)} of {len(loaded)}")
+    print(
+        f"\nstalled intervals: alone {_stalls(baseline)} of {len(baseline)}, with "
+        f"{len(answers)} refused updates {_stalls(loaded)} of {len(loaded)}"
+    )
     # an update that paused, locked or swapped the engine before refusing would stall the stream
     # once each; noise from other jobs stalls a few at most
     assert _stalls(loaded) <= _stalls(baseline) + len(answers) // 2
@@ -176,11 +184,10 @@ def test_bench_load_hostile_smoke(tiny_qwen2, tmp_path):
     weights after)."""
     from gleanrl.bench.hostile import measure
     from gleanrl.bench.serve_process import ServeProcess
-    with ServeProcess(tiny_qwen2, tmp_path / "server.log") as server, \
-            running_proxy(server.url) as (px, _):
+
+    with ServeProcess(tiny_qwen2, tmp_path / "server.log") as server, running_proxy(server.url) as (px, _):
         s = measure(server.url, px, str(tiny_qwen2), phase_s=1.0, pids=(server.pid,))
     assert s["benign_error_count"] == 0, s["benign_errors"]
     assert not s["hostile_not_refused"] and s["weights_unchanged"]
     assert s["phases"]["baseline"]["requests"] > 0 and s["slowest_kind"] in s["phases"]
-    assert all(row["hostile_answers"] for name, row in s["phases"].items()
-               if not name.startswith("baseline"))
+    assert all(row["hostile_answers"] for name, row in s["phases"].items() if not name.startswith("baseline"))

@@ -1,5 +1,6 @@
 """`gleanrl serve`: clear one-line errors with exit status 2, and a real served model
 over the CLI."""
+
 from __future__ import annotations
 
 import os
@@ -28,13 +29,14 @@ def test_missing_or_unloadable_model_is_one_line_exit_2(tmp_path, capsys):
     assert "Traceback" not in "".join(err) and "nope" in err[0] and "bad" in err[1] and "max_running_requests" in err[2]
 
 
-
 def test_sglang_only_flags_are_refused_by_the_embedded_backend(tiny_qwen2, capsys):
-    assert main(["serve", "--model", str(tiny_qwen2), "--speculative-num-steps", "3",
-                 "--sglang-arg=--tp-size=2"]) == 2
+    assert main(["serve", "--model", str(tiny_qwen2), "--speculative-num-steps", "3", "--sglang-arg=--tp-size=2"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("gleanrl serve: error: --speculative-num-steps, --sglang-arg: "
-                          "--backend sglang only") and "\n" not in err
+    assert (
+        err.startswith("gleanrl serve: error: --speculative-num-steps, --sglang-arg: --backend sglang only")
+        and "\n" not in err
+    )
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -69,11 +71,13 @@ def test_serve_command_answers_and_keeps_the_key_out_of_the_logs(tiny_qwen2, tmp
     )
     url = f"http://127.0.0.1:{port}"
     try:
+
         def up():
             try:
                 return httpx.get(f"{url}/health", timeout=1).status_code == 200
             except httpx.TransportError:
                 return False
+
         assert wait_until(up, timeout=120), (tmp_path / "serve.log").read_text()
         headers = {"Authorization": f"Bearer {key}"}
         assert httpx.get(f"{url}/v1/models", headers=headers).json()["data"][0]["id"] == "cli-model"
@@ -81,8 +85,7 @@ def test_serve_command_answers_and_keeps_the_key_out_of_the_logs(tiny_qwen2, tmp
             f"{url}/generate",
             headers=headers,
             timeout=60,
-            json={"text": "hi",
-                  "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}},
+            json={"text": "hi", "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}},
         )
         assert r.json()["meta_info"]["completion_tokens"] == 3
         assert httpx.post(f"{url}/generate", json={"text": "hi"}).status_code == 401

@@ -1,4 +1,5 @@
 """Edge text handling without a server: incremental detokenization, stop trimming, stream deltas."""
+
 from __future__ import annotations
 
 from engine_util import finished_track
@@ -20,8 +21,7 @@ def test_incremental_decode_never_shows_half_characters_and_ends_exact(tiny_toke
 def test_stop_string_and_stop_token_are_trimmed_unless_no_stop_trim(tiny_tokenizer):
     ids = tiny_tokenizer.encode("Answer: 42. Let us add")
     assert output_text(tiny_tokenizer, finished_track(ids, ". Let")) == "Answer: 42"
-    assert output_text(tiny_tokenizer, finished_track(ids, ". Let"),
-                       no_stop_trim=True) == "Answer: 42. Let us add"
+    assert output_text(tiny_tokenizer, finished_track(ids, ". Let"), no_stop_trim=True) == "Answer: 42. Let us add"
     last = ids[-1]
     trimmed = output_text(tiny_tokenizer, finished_track(ids, last))
     assert trimmed == tiny_tokenizer.decode(ids[:-1])
@@ -29,8 +29,7 @@ def test_stop_string_and_stop_token_are_trimmed_unless_no_stop_trim(tiny_tokeniz
 
 def test_delta_holds_back_a_possible_stop_prefix():
     delta = Delta(stop=["STOP"])
-    parts = [delta("abc", False), delta("abcdefS", False), delta("abcdefST", False),
-             delta("abcdef", True)]
+    parts = [delta("abc", False), delta("abcdefS", False), delta("abcdefST", False), delta("abcdef", True)]
     assert "".join(parts) == "abcdef" and "S" not in "".join(parts)
     plain = Delta(stop=[])
     assert plain("ab", False) + plain("abcd", False) + plain("abcd", True) == "abcd"

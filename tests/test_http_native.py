@@ -1,5 +1,6 @@
 """SGLang's native API over a real server on a loopback port (httpx): generate single / batch / n /
 stream / logprobs, greedy equal to transformers, concurrency, abort, disconnects, metrics, info."""
+
 from __future__ import annotations
 
 import json
@@ -47,7 +48,7 @@ def test_single_text_matches_transformers_with_logprobs(url, hf, tok):
     assert (meta["prompt_tokens"], meta["completion_tokens"]) == (len(ids), 12)
     assert meta["weight_version"] == "default" and meta["e2e_latency"] > 0 and meta["id"]
     with torch.no_grad():  # logprob of each sampled token under the target's distribution
-        logits = hf(torch.tensor([ids + out["output_ids"]])).logits[0, len(ids) - 1:-1]
+        logits = hf(torch.tensor([ids + out["output_ids"]])).logits[0, len(ids) - 1 : -1]
     want = torch.log_softmax(logits, -1).gather(1, torch.tensor(out["output_ids"])[:, None])[:, 0]
     got = meta["output_token_logprobs"]
     assert [t for _, t, _ in got] == out["output_ids"] and all(x is None for _, _, x in got)
@@ -59,8 +60,7 @@ def test_stop_string_as_str_or_list_is_trimmed_from_text_not_ids(url, tok):
     stop = full["text"][3:6]
     assert len(stop.strip()) >= 2
     for value in (stop, [stop, ""]):
-        out = gen(url, text=PROMPTS[1],
-                  sampling_params={"max_new_tokens": 12, "temperature": 0, "stop": value})
+        out = gen(url, text=PROMPTS[1], sampling_params={"max_new_tokens": 12, "temperature": 0, "stop": value})
         assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
         assert out["text"] == full["text"][: full["text"].find(stop)]
         assert stop in tok.decode(out["output_ids"])
@@ -74,11 +74,9 @@ def test_batch_input_ids_and_n_expand_prompt_major(url, hf, tok):
         assert out["output_ids"] == hf_greedy(hf, batch[k // 2], 6)
         assert "output_token_logprobs" not in out["meta_info"]
     assert [o["meta_info"]["id"] for o in outs] == ["a-0", "a-1", "b-0", "b-1"]
-    single_n = gen(url, text=PROMPTS[2],
-                   sampling_params={"max_new_tokens": 5, "n": 3, "sampling_seed": 7})
+    single_n = gen(url, text=PROMPTS[2], sampling_params={"max_new_tokens": 5, "n": 3, "sampling_seed": 7})
     assert isinstance(single_n, list) and len(single_n) == 3
-    again = gen(url, text=PROMPTS[2],
-                sampling_params={"max_new_tokens": 5, "n": 3, "sampling_seed": 7})
+    again = gen(url, text=PROMPTS[2], sampling_params={"max_new_tokens": 5, "n": 3, "sampling_seed": 7})
     # seed + i per sample
     assert [o["output_ids"] for o in again] == [o["output_ids"] for o in single_n]
 
@@ -110,8 +108,7 @@ def test_stream_chunks_are_cumulative_and_end_like_non_stream(url):
     assert {c["index"] for c in batch} == {0, 1}
     sparse = _sse(url, {**body, "stream": True, "sampling_params": greedy(10, stream_interval=4)})
     sizes = [len(c["output_ids"]) for c in sparse]
-    assert 2 <= len(sizes) <= 3 and sizes[-1] == 10 and all(n >= 4 * (k + 1)
-                                                            for k, n in enumerate(sizes[:-1]))
+    assert 2 <= len(sizes) <= 3 and sizes[-1] == 10 and all(n >= 4 * (k + 1) for k, n in enumerate(sizes[:-1]))
     assert sparse[-1]["text"] == plain["text"]
 
 
@@ -145,8 +142,9 @@ def test_abort_by_rid_ends_the_stream_with_abort(url):
     chunks = []
 
     def consume():
-        chunks.extend(_sse(url, {"text": PROMPTS[0], "rid": "to-abort", "stream": True,
-                                 "sampling_params": greedy(900)}))
+        chunks.extend(
+            _sse(url, {"text": PROMPTS[0], "rid": "to-abort", "stream": True, "sampling_params": greedy(900)})
+        )
 
     t = threading.Thread(target=consume)
     t.start()
@@ -167,8 +165,10 @@ def _send_raw(url: str, body: dict) -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
     data = json.dumps(body).encode()
     sock = socket.create_connection((host, int(port)))
-    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (host.encode(), port.encode(), len(data), data))
+    sock.sendall(
+        b"POST /generate HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (host.encode(), port.encode(), len(data), data)
+    )
     return sock
 
 
@@ -192,8 +192,7 @@ def test_disconnect_of_a_running_request_frees_the_slot_even_while_paused(url, s
 def test_pause_holds_requests_and_continue_releases_them(url):
     assert httpx.post(f"{url}/pause_generation", json={"mode": "in_place"}).json()["status"] == "ok"
     box = {}
-    t = threading.Thread(target=lambda: box.update(out=gen(url, text=PROMPTS[0],
-                                                           sampling_params=greedy(4))))
+    t = threading.Thread(target=lambda: box.update(out=gen(url, text=PROMPTS[0], sampling_params=greedy(4))))
     t.start()
     assert wait_until(lambda: server_stats(url)["num_queue_reqs"] == 1)
     assert "out" not in box and server_stats(url)["paused"] is True
@@ -207,9 +206,11 @@ def test_disconnect_while_queued_behind_a_pause_drops_the_request(url):
     try:
         for stream in (True, False):
             with pytest.raises(httpx.ReadTimeout):
-                httpx.post(f"{url}/generate", json={"text": PROMPTS[1], "stream": stream,
-                                                    "sampling_params": greedy(5)},
-                           timeout=httpx.Timeout(60, read=0.5))
+                httpx.post(
+                    f"{url}/generate",
+                    json={"text": PROMPTS[1], "stream": stream, "sampling_params": greedy(5)},
+                    timeout=httpx.Timeout(60, read=0.5),
+                )
             assert wait_until(lambda: server_stats(url)["num_queue_reqs"] == 0)
     finally:
         httpx.post(f"{url}/continue_generation")
@@ -227,10 +228,15 @@ def test_info_health_flush_and_metrics(url):
     assert httpx.get(f"{url}/health_generate", timeout=60).status_code == 200
     assert httpx.post(f"{url}/flush_cache").status_code == 200
     text = httpx.get(f"{url}/metrics").text
-    for name in ("gleanrl:num_running_reqs", "gleanrl:num_queue_reqs",
-                 "gleanrl:generation_tokens_total", "gleanrl:time_to_first_token_seconds_bucket",
-                 "gleanrl:e2e_request_latency_seconds_count"):
+    for name in (
+        "gleanrl:num_running_reqs",
+        "gleanrl:num_queue_reqs",
+        "gleanrl:generation_tokens_total",
+        "gleanrl:time_to_first_token_seconds_bucket",
+        "gleanrl:e2e_request_latency_seconds_count",
+    ):
         assert name in text, name
-    tokens = next(float(line.split()[-1]) for line in text.splitlines()
-                  if line.startswith("gleanrl:generation_tokens_total"))
+    tokens = next(
+        float(line.split()[-1]) for line in text.splitlines() if line.startswith("gleanrl:generation_tokens_total")
+    )
     assert tokens >= 12

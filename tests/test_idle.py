@@ -1,4 +1,5 @@
 """Idle window: micro-steps run only while waiting, and stop within one micro-step of the close."""
+
 from __future__ import annotations
 
 import threading
@@ -77,6 +78,7 @@ def test_steps_with_nothing_to_do_are_not_counted():
 
 def test_window_thread_runs_at_the_given_nice():
     import os
+
     seen: list[int] = []
 
     def step() -> bool:

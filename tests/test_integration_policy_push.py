@@ -1,6 +1,7 @@
 """Policy pushes from the trainer: every checkpoint checked against the serving model before
 anything is sent, and the route chosen by server kind (a `selector: "target"` session for stock
 SGLang with a drafter, `/update_weights_from_disk` otherwise)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,6 +27,7 @@ def _push(url: str, initial, path, version: str = "7") -> PolicyPusher:
             pusher = PolicyPusher(client, initial)
             await pusher.push(str(path), version)
             return pusher
+
     return asyncio.run(go())
 
 
@@ -41,8 +43,7 @@ def test_sd_sglang_gets_a_target_session(tiny_qwen2, tiny_qwen2_b):
         pusher = _push(url, tiny_qwen2, tiny_qwen2_b)
     posts = [(path, body) for method, path, body in log if method == "POST"]
     assert pusher.routes == {url: Route.TARGET_SESSION}
-    assert [p for p, _ in posts] == ["/begin_weight_update", "/update_weights_from_tensor",
-                                     "/end_weight_update"]
+    assert [p for p, _ in posts] == ["/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update"]
     update = posts[1][1]
     assert posts[0][1]["selector"] == "target" and update["selector"] == "target" and update["weight_version"] == "7"
     names = {n for n, _ in pickle.loads(base64.b64decode(update["serialized_named_tensors"][0]))}
@@ -78,9 +79,9 @@ def test_bad_checkpoints_are_refused_before_anything_is_sent(tiny_qwen2, tiny_ll
 def test_train_refuses_a_server_that_serves_another_model(tiny_qwen2, tiny_llama, tmp_path, capsys):
     with running_server(tiny_llama) as url:
         before = httpx.get(f"{url}/model_info", timeout=30).json()
-        rc = gleanrl.cli.main(["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "run"),
-                               "--server", url,
-                           "--steps", "1"])
+        rc = gleanrl.cli.main(
+            ["train", "--model", str(tiny_qwen2), "--out", str(tmp_path / "run"), "--server", url, "--steps", "1"]
+        )
         after = httpx.get(f"{url}/model_info", timeout=30).json()
     assert rc == 2
     err = capsys.readouterr().err

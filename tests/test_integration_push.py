@@ -2,6 +2,7 @@
 (never `/update_weights_from_disk`, which it would apply to the target), and a stock server without
 a drafter is refused before anything is sent; the embedded server keeps its
 `/update_weights_from_disk` draft swap."""
+
 from __future__ import annotations
 
 import json
@@ -60,18 +61,15 @@ def fake_sglang(spec: str | None, model_path: str = "/nonexistent/policy"):
 
 @pytest.fixture(scope="module")
 def drafter_dir(tiny_qwen2, tmp_path_factory):
-    return save_drafter(init_drafter(tiny_qwen2, seed=0),
-                        tmp_path_factory.mktemp("push") / "drafter")
+    return save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path_factory.mktemp("push") / "drafter")
 
 
 def test_stock_sglang_gets_a_draft_session_never_a_disk_load(drafter_dir):
     with fake_sglang(spec="EAGLE3") as (url, log):
         DrafterPush([url], admin_api_key="adm")(str(drafter_dir), 3)
     posts = [(path, body) for method, path, body in log if method == "POST"]
-    assert [p for p, _ in posts] == ["/begin_weight_update", "/update_weights_from_tensor",
-                                     "/end_weight_update"]
-    assert all(body.get("selector") in ("draft", None)
-               for _, body in posts) and posts[0][1]["selector"] == "draft"
+    assert [p for p, _ in posts] == ["/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update"]
+    assert all(body.get("selector") in ("draft", None) for _, body in posts) and posts[0][1]["selector"] == "draft"
     assert "weight_version" not in posts[1][1]  # SGLang keeps one version: the policy's must stay
     assert not any(p == "/update_weights_from_disk" for _, p, _ in log)
 

@@ -1,6 +1,7 @@
 """`gleanrl train --router URL --server W1 --server W2`: generation goes through the router (here a
 minimal forwarding router like sglang-router, which routes `/generate` only), weight updates go to
 every worker directly, never to the router."""
+
 from __future__ import annotations
 
 import itertools
@@ -30,10 +31,12 @@ def router_app(workers: list[str], log: list[tuple[str, str]]) -> Starlette:
     async def generate(request: Request):
         worker = next(turn)
         log.append((request.url.path, worker))
-        upstream = await http.send(http.build_request("POST", worker + "/generate",
-                                                      content=await request.body(),
-                                                      headers={"content-type": "application/json"}),
-                                   stream=True)
+        upstream = await http.send(
+            http.build_request(
+                "POST", worker + "/generate", content=await request.body(), headers={"content-type": "application/json"}
+            ),
+            stream=True,
+        )
 
         async def body():
             try:
@@ -41,8 +44,10 @@ def router_app(workers: list[str], log: list[tuple[str, str]]) -> Starlette:
                     yield chunk
             finally:
                 await upstream.aclose()
-        return StreamingResponse(body(), status_code=upstream.status_code,
-                                 media_type=upstream.headers.get("content-type"))
+
+        return StreamingResponse(
+            body(), status_code=upstream.status_code, media_type=upstream.headers.get("content-type")
+        )
 
     async def health(request: Request):
         return Response(status_code=200)
@@ -51,9 +56,13 @@ def router_app(workers: list[str], log: list[tuple[str, str]]) -> Starlette:
         log.append((request.url.path, ""))
         return JSONResponse({"error": {"message": "not routed"}}, status_code=404)
 
-    return Starlette(routes=[Route("/generate", generate, methods=["POST"]),
-                             Route("/health", health),
-                             Route("/{path:path}", other, methods=["GET", "POST"])])
+    return Starlette(
+        routes=[
+            Route("/generate", generate, methods=["POST"]),
+            Route("/health", health),
+            Route("/{path:path}", other, methods=["GET", "POST"]),
+        ]
+    )
 
 
 @contextmanager
@@ -89,12 +98,19 @@ def test_client_generates_through_the_router_and_updates_workers():
 
 def test_train_generates_through_the_router_and_pushes_to_every_worker(tiny_qwen2, tmp_path):
     with running_server(tiny_qwen2) as w1, running_server(tiny_qwen2) as w2, running_router([w1, w2]) as (router, log):
-        cfg = TrainConfig(model=str(tiny_qwen2), out=str(tmp_path / "run"), servers=[w1, w2],
-                          router=router, steps=2, prompts_per_step=2, samples_per_prompt=2,
-                          max_new_tokens=8, seed=0)
+        cfg = TrainConfig(
+            model=str(tiny_qwen2),
+            out=str(tmp_path / "run"),
+            servers=[w1, w2],
+            router=router,
+            steps=2,
+            prompts_per_step=2,
+            samples_per_prompt=2,
+            max_new_tokens=8,
+            seed=0,
+        )
         row = train(cfg, task=LetterTask(), log=lambda *a: None)
-        versions = [httpx.get(f"{w}/model_info", timeout=30).json()["weight_version"]
-                    for w in (w1, w2)]
+        versions = [httpx.get(f"{w}/model_info", timeout=30).json()["weight_version"] for w in (w1, w2)]
     assert row["step"] == 2 and versions == ["2", "2"]
     # only generation went through the router
     assert [p for p, _ in log] == ["/generate"] * 8

@@ -2,6 +2,7 @@
 drafter with adaptive SD, HarvestHooks over OUT/harvest), harvest columns in the terminal table, and
 --resume keeping the spool and drafter versions (the server then serves the newest
 pushed drafter)."""
+
 from __future__ import annotations
 
 import json
@@ -18,13 +19,19 @@ from gleanrl.trainer.metrics import COLUMNS, HARVEST_COLUMNS, MetricsLog, format
 
 
 def test_harvest_columns_only_when_harvest_is_on(tmp_path):
-    row = {"step": 1, "idle_used_s": 0.5, "drafter_version": 3, "spec_accept_length": 2.25,
-           "heldout_accept_len": None, "sd_token_share": 0.4}
+    row = {
+        "step": 1,
+        "idle_used_s": 0.5,
+        "drafter_version": 3,
+        "spec_accept_length": 2.25,
+        "heldout_accept_len": None,
+        "sd_token_share": 0.4,
+    }
     lines: list[str] = []
     MetricsLog(tmp_path / "a", harvest=True).log(row, echo=lines.append)
     MetricsLog(tmp_path / "b").log(row, echo=lines.append)
     assert lines[0] == format_header(COLUMNS + HARVEST_COLUMNS) and "dver" in lines[0] and "sd%" in lines[0]
-    assert lines[1].split()[-4:] == ["0.50", "3", "2.25", "40%"]          # None prints blank
+    assert lines[1].split()[-4:] == ["0.50", "3", "2.25", "40%"]  # None prints blank
     assert "dver" not in lines[2] and lines[3] == format_row(row)
 
 
@@ -37,11 +44,23 @@ def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, cap
     drafter0 = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
     commands: list[dict] = []
     settings = layout.EmbeddedServer.settings
-    monkeypatch.setattr(layout.EmbeddedServer, "settings",
-                        lambda self: commands.append(settings(self)) or commands[-1])
+    monkeypatch.setattr(layout.EmbeddedServer, "settings", lambda self: commands.append(settings(self)) or commands[-1])
     out = tmp_path / "run"
-    base = ["train", "--model", str(tiny_qwen2), "--out", str(out), "--drafter", str(drafter0),
-            "--prompts-per-step", "2", "--samples-per-prompt", "2", "--max-new-tokens", "24"]
+    base = [
+        "train",
+        "--model",
+        str(tiny_qwen2),
+        "--out",
+        str(out),
+        "--drafter",
+        str(drafter0),
+        "--prompts-per-step",
+        "2",
+        "--samples-per-prompt",
+        "2",
+        "--max-new-tokens",
+        "24",
+    ]
     assert gleanrl.cli.main(base + ["--steps", "1"]) == 0
     table = capsys.readouterr().out
     assert "dver" in table and "sd%" in table and "idle_s" in table
@@ -59,9 +78,9 @@ def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, cap
     assert gleanrl.cli.main(base + ["--steps", "2", "--resume"]) == 0
     version = rows[-1]["drafter_version"]
     cmd = commands[-1]
-    assert cmd["drafter"] == (str(out / "harvest" / "drafter_versions"
-                                                   / f"v{version:06d}")
-                                               if version else str(drafter0))
+    assert cmd["drafter"] == (
+        str(out / "harvest" / "drafter_versions" / f"v{version:06d}") if version else str(drafter0)
+    )
     assert spool_files <= {p.name for p in (out / "harvest" / "spool").rglob("*") if p.is_file()}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and rows[-1]["drafter_version"] >= version
@@ -74,11 +93,22 @@ def test_train_drafter_harvests_and_resume_keeps_state(tiny_qwen2, tmp_path, cap
     # resume a few steps at a time until both happened (a loaded machine only takes more steps),
     # bounded generously; a micro-step of one sample trains as soon as one is spooled
     deadline = time.monotonic() + 300
-    while not (_total(rows, "harvested") > 0 and _total(rows, "drafter_steps") > 0) \
-            and time.monotonic() < deadline:
-        assert gleanrl.cli.main(base + ["--steps", str(rows[-1]["step"] + 4), "--resume",
-                                        "--drafter-batch-size", "1",
-                                        "--drafter-max-tokens", "32"]) == 0
+    while not (_total(rows, "harvested") > 0 and _total(rows, "drafter_steps") > 0) and time.monotonic() < deadline:
+        assert (
+            gleanrl.cli.main(
+                base
+                + [
+                    "--steps",
+                    str(rows[-1]["step"] + 4),
+                    "--resume",
+                    "--drafter-batch-size",
+                    "1",
+                    "--drafter-max-tokens",
+                    "32",
+                ]
+            )
+            == 0
+        )
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
     seen = [(r["harvested"], r["drafter_steps"], r["idle_used_s"]) for r in rows]
@@ -100,11 +130,10 @@ def _accounted(row: dict) -> int:
 
 def test_fresh_run_refuses_drafter_versions_of_an_earlier_one(tiny_qwen2, tmp_path):
     from gleanrl.harvest.hooks import HarvestHooks
+
     drafter0 = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
-    save_drafter(init_drafter(tiny_qwen2, seed=1),
-                 tmp_path / "harvest" / "drafter_versions" / "v000002")
+    save_drafter(init_drafter(tiny_qwen2, seed=1), tmp_path / "harvest" / "drafter_versions" / "v000002")
     with pytest.raises(ValueError, match="pass --resume"):
         HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest", resume=False)
-    hooks, serve = HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest",
-                                        resume=True)
+    hooks, serve = HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest", resume=True)
     assert hooks.h.version == 2 and serve == tmp_path / "harvest" / "drafter_versions" / "v000002"

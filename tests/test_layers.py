@@ -2,6 +2,7 @@
 (inside functions) included: top layer -> anything; trainer -> clients, harvest; server -> the
 harvest modules that define the drafter and its checkpoint format; harvest and clients -> nothing of
 the project; every component -> base; base -> nothing of the project."""
+
 from __future__ import annotations
 
 import ast
@@ -58,15 +59,17 @@ def test_components_import_one_way():
 def test_checker_catches_forbidden_imports(tmp_path):
     for comp in COMPONENTS:
         (tmp_path / comp).mkdir()
-    (tmp_path / "server" / "ok.py").write_text("from gleanrl.harvest.drafter import Eagle3Drafter\n"
-                                               "from gleanrl.server.model.kv import "
-                                               "SeqKVCache\nimport torch\n")
-    (tmp_path / "clients"
-     / "bad.py").write_text("def f():\n    from gleanrl.trainer.loop import train\n")
+    (tmp_path / "server" / "ok.py").write_text(
+        "from gleanrl.harvest.drafter import Eagle3Drafter\n"
+        "from gleanrl.server.model.kv import "
+        "SeqKVCache\nimport torch\n"
+    )
+    (tmp_path / "clients" / "bad.py").write_text("def f():\n    from gleanrl.trainer.loop import train\n")
     (tmp_path / "harvest" / "bad.py").write_text("import gleanrl.clients.rollout_client\n")
     (tmp_path / "base" / "bad.py").write_text("from gleanrl.harvest import spool\n")
-    (tmp_path / "server" / "bad.py").write_text("from gleanrl.harvest.harvester import Harvester\n"
-                                                "from gleanrl import bench\nimport trainer.tasks\n")
+    (tmp_path / "server" / "bad.py").write_text(
+        "from gleanrl.harvest.harvester import Harvester\nfrom gleanrl import bench\nimport trainer.tasks\n"
+    )
     found = violations(tmp_path)
     assert found == [
         "server/bad.py:1 imports gleanrl.harvest.harvester",
@@ -95,8 +98,20 @@ def test_every_package_folder_is_installed():
 
 # Inside the server: packages (and top-level modules) in layer order, lowest first. An import from one
 # to another must go down; inside one, the module graph must have no cycle (docs/structure.md).
-SERVER_LAYERS = ("protocol", "config", "model", "weights", "sampling", "sd", "decode", "engine",
-                 "http", "proxy", "sglang", "cli")
+SERVER_LAYERS = (
+    "protocol",
+    "config",
+    "model",
+    "weights",
+    "sampling",
+    "sd",
+    "decode",
+    "engine",
+    "http",
+    "proxy",
+    "sglang",
+    "cli",
+)
 # The engine's package is its door (`Engine`, `PAUSE_MODES`); its other modules are its parts.
 ENGINE = "server.engine"
 OUTSIDE_ENGINE = ("server", "gleanrl", "examples", "scripts", "tests")
@@ -117,7 +132,7 @@ def _imported(node: ast.AST, module: str, is_package: bool) -> list[list[str]]:
         return []
     base = node.module or ""
     if node.level:
-        package = module.split(".")[:len(module.split(".")) - node.level + is_package]
+        package = module.split(".")[: len(module.split(".")) - node.level + is_package]
         base = ".".join(package + ([base] if base else []))
     return [[f"{base}.{alias.name}", base] for alias in node.names]
 
@@ -171,7 +186,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         stack.append(mod)
         for t in sorted(graph.get(mod, ())):
             if colour.get(t) == "grey":
-                found.append(stack[stack.index(t):] + [t])
+                found.append(stack[stack.index(t) :] + [t])
             elif t not in colour:
                 visit(t)
         stack.pop()
@@ -186,15 +201,18 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def engine_part_imports(graph: dict[str, set[str]]) -> list[str]:
     """Modules outside server/engine/ that import one of its modules but the package (the test
     files themselves aside: they may test a part alone; their helpers may not)."""
-    return [f"{mod} imports {t}" for mod, targets in sorted(graph.items())
-            if not (mod == ENGINE or mod.startswith(ENGINE + "."))
-            and not mod.rpartition(".")[2].startswith("test_")
-            for t in sorted(targets) if t.startswith(ENGINE + ".")]
+    return [
+        f"{mod} imports {t}"
+        for mod, targets in sorted(graph.items())
+        if not (mod == ENGINE or mod.startswith(ENGINE + ".")) and not mod.rpartition(".")[2].startswith("test_")
+        for t in sorted(targets)
+        if t.startswith(ENGINE + ".")
+    ]
 
 
 def test_server_layers_import_down_and_without_cycles():
     graph = import_graph(ROOT, ("server",))
-    assert len(graph) > 50 and sum(map(len, graph.values())) > 100   # the graph was read
+    assert len(graph) > 50 and sum(map(len, graph.values())) > 100  # the graph was read
     assert layer_violations(graph) == []
     assert cycles(graph) == []
     assert {_layer(m) for m in graph} - {None} == set(SERVER_LAYERS)  # every package has a place
@@ -234,11 +252,12 @@ def test_layer_checks_catch_planted_imports(tmp_path):
         (tmp_path / name).write_text(text)
     graph = import_graph(tmp_path, ("server",))
     assert layer_violations(graph) == [
-        "server.sampling.sequence imports server.engine.state (sampling -> engine runs up the "
-        "layers)"]
+        "server.sampling.sequence imports server.engine.state (sampling -> engine runs up the layers)"
+    ]
     assert sorted(map(tuple, cycles(graph))) == [
         ("server.engine.state", "server.sampling.sequence", "server.engine.state"),
-        ("server.model.a", "server.model.b", "server.model.a")]
+        ("server.model.a", "server.model.b", "server.model.a"),
+    ]
     assert engine_part_imports(import_graph(tmp_path, ("server", "gleanrl", "tests"))) == [
         "gleanrl.bench imports server.engine.scheduler",
         "server.http.native imports server.engine.state",

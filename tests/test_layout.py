@@ -1,6 +1,7 @@
 """The rollouts' layout on the cores (trainer.layout): replicas pinned to their cores, a prompt's
 samples to one replica, and the harvest only on the cores of replicas that have nothing left to run,
 pinned there."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,8 @@ from gleanrl.trainer.generate import spread
 from gleanrl.trainer.layout import IdleCores, Replicas, core_groups, layout_groups
 
 needs_affinity = pytest.mark.skipif(
-    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
-    reason="needs CPU affinity and two cores")
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs CPU affinity and two cores"
+)
 
 
 def test_core_groups_split_evenly_and_refuse_impossible_counts():
@@ -52,20 +53,20 @@ def test_idle_cores_names_a_replica_only_once_it_settled_while_another_runs():
     flights = {"a": 0, "b": 0}
     clock = Clock()
     idle = IdleCores(flights.__getitem__, {"a": {0}, "b": {1}}, settle_s=0.02, clock=clock)
-    assert idle() is None                    # between steps: nothing runs, no tail to glean
+    assert idle() is None  # between steps: nothing runs, no tail to glean
     flights.update(a=3, b=1)
-    assert idle() is None                    # both decode
+    assert idle() is None  # both decode
     flights["b"] = 0
-    assert idle() is None                    # b just finished: not settled yet
+    assert idle() is None  # b just finished: not settled yet
     clock.t += 0.03
-    assert idle() == {1}                     # b idle while a still decodes its tail
-    flights["b"] = 1                         # b got work again (a re-submission): b's core is its
+    assert idle() == {1}  # b idle while a still decodes its tail
+    flights["b"] = 1  # b got work again (a re-submission): b's core is its
     assert idle() is None
     flights.update(a=0, b=0)
     clock.t += 1.0
-    assert idle() is None                    # the step ended: nothing to glean beside
-    flights["a"] = 2                         # the next step starts: b idle since now, not since
-    assert idle() is None                    # the last step
+    assert idle() is None  # the step ended: nothing to glean beside
+    flights["a"] = 2  # the next step starts: b idle since now, not since
+    assert idle() is None  # the last step
 
 
 @needs_affinity
@@ -78,7 +79,7 @@ def test_gated_window_runs_only_on_free_cores_pinned_and_restores_the_thread():
     def step():
         seen.append(os.sched_getaffinity(0))
         if len(seen) == 3:
-            free[0] = None                   # the replica got work: the window must wait
+            free[0] = None  # the replica got work: the window must wait
             stop.set()
 
     stop = threading.Event()
@@ -86,12 +87,12 @@ def test_gated_window_runs_only_on_free_cores_pinned_and_restores_the_thread():
 
     def gate():
         calls[0] += 1
-        if calls[0] == 5:                    # after 4 refusals a core frees up
+        if calls[0] == 5:  # after 4 refusals a core frees up
             free[0] = target
         return free[0]
 
     report = run_window(step, lambda: not (stop.is_set() and calls[0] > 8), cores=gate)
-    assert seen == [target] * 3              # every micro-step on the free core, none before it
+    assert seen == [target] * 3  # every micro-step on the free core, none before it
     assert report.steps == 3 and report.free_s >= report.busy_s > 0
     assert os.sched_getaffinity(0) == before  # the caller's thread is given back its cores
 
@@ -101,8 +102,7 @@ def test_background_window_pins_its_own_thread_only():
     before = os.sched_getaffinity(0)
     target = {sorted(before)[0]}
     seen = []
-    window = IdleWindow(lambda: seen.append(os.sched_getaffinity(0)) or True,
-                        max_steps=2, cores=lambda: target)
+    window = IdleWindow(lambda: seen.append(os.sched_getaffinity(0)) or True, max_steps=2, cores=lambda: target)
     with window:
         while window._thread.is_alive():
             window._thread.join(0.05)
@@ -135,8 +135,11 @@ def test_replicas_run_pinned_to_their_cores(tiny_qwen2, tmp_path):
         assert [os.sched_getaffinity(s.proc.pid) for s in servers.servers] == groups
         assert {p.name for p in tmp_path.iterdir()} >= {"server.0.log", "server.1.log"}
         for url in servers.urls:
-            out = httpx.post(f"{url}/generate", json={"input_ids": [1, 2, 3], "sampling_params": {
-                "max_new_tokens": 2, "temperature": 0}}, timeout=60).json()
+            out = httpx.post(
+                f"{url}/generate",
+                json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, "temperature": 0}},
+                timeout=60,
+            ).json()
             assert len(out["output_ids"]) == 2
         servers.servers[1].proc.kill()
         servers.servers[1].proc.wait()
@@ -169,8 +172,7 @@ def test_train_lays_rollouts_on_replicas_and_gates_the_harvest(tiny_qwen2, tmp_p
             return IdleWindow(lambda: True)
 
     hooks = GateHooks()
-    row = train(_cfg(tiny_qwen2, tmp_path / "run", server_wait_s=300), task=ToyTask(),
-                hooks=hooks, log=lambda *a: None)
+    row = train(_cfg(tiny_qwen2, tmp_path / "run", server_wait_s=300), task=ToyTask(), hooks=hooks, log=lambda *a: None)
     assert row["step"] == 2 and hooks.probes == 0
     assert isinstance(hooks.gate, IdleCores)
     assert list(hooks.gate.cores.values()) == core_groups(sorted(os.sched_getaffinity(0)), 2)

@@ -4,6 +4,7 @@ The import is blocked in the test process, which runs the server (tests/serving.
 extra, SGLang (`gleanrl serve --backend sglang`), ends the command with one line naming what to
 install and exit status 2, never a traceback. Metrics (prometheus-client), stop_regex (google-re2),
 reasoning and tool-call parsing import nothing optional: they are core dependencies or plain Python."""
+
 from __future__ import annotations
 
 import signal
@@ -20,10 +21,10 @@ from test_openai_tools import MSGS, TEMPLATE, TOOLS, WEATHER
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
     from gleanrl.tiny import build_tokenizer, make_tiny_model
-    model = make_tiny_model(tmp_path_factory.mktemp("extras"),
-                            tokenizer=build_tokenizer(chat_template=TEMPLATE))
+
+    model = make_tiny_model(tmp_path_factory.mktemp("extras"), tokenizer=build_tokenizer(chat_template=TEMPLATE))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(sys.modules, "xgrammar", None)   # `import xgrammar` raises ImportError
+        mp.setitem(sys.modules, "xgrammar", None)  # `import xgrammar` raises ImportError
         with running_server(model, tool_call_parser="qwen25", context_length=1024) as u:
             yield u
 
@@ -48,25 +49,30 @@ def test_chat_needing_xgrammar_is_refused_by_name(url, kind):
     assert ok.choices[0].finish_reason in ("length", "stop")
 
 
-@pytest.mark.parametrize("param", [{"regex": "a+"}, {"json_schema": '{"type": "object"}'},
-                                   {"ebnf": 'root ::= "a"'}])
+@pytest.mark.parametrize("param", [{"regex": "a+"}, {"json_schema": '{"type": "object"}'}, {"ebnf": 'root ::= "a"'}])
 def test_native_structured_output_without_xgrammar_is_refused_by_name(url, param):
-    r = httpx.post(f"{url}/generate", json={"text": "hi", "sampling_params": {
-        "max_new_tokens": 4, **param}}, timeout=60)
+    r = httpx.post(
+        f"{url}/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 4, **param}}, timeout=60
+    )
     assert r.status_code == 400 and "gleanrl[grammar]" in r.text
-    assert httpx.post(f"{url}/generate", json={"text": "hi", "sampling_params": {
-        "max_new_tokens": 4}}, timeout=60).status_code == 200
+    assert (
+        httpx.post(
+            f"{url}/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 4}}, timeout=60
+        ).status_code
+        == 200
+    )
 
 
 def test_sglang_backend_without_sglang_is_one_line_naming_the_install(tmp_path, capsys, monkeypatch):
     from gleanrl.cli import main
     from gleanrl.server.sglang import launch
+
     monkeypatch.delenv("GLEANRL_SGLANG_PYTHON", raising=False)
-    monkeypatch.setattr(launch, "_REPO", tmp_path)           # no .venv-sglang beside the checkout
-    monkeypatch.setitem(sys.modules, "sglang", None)         # nor in this interpreter
+    monkeypatch.setattr(launch, "_REPO", tmp_path)  # no .venv-sglang beside the checkout
+    monkeypatch.setitem(sys.modules, "sglang", None)  # nor in this interpreter
     model = tmp_path / "model"
     model.mkdir()
-    sigterm = signal.getsignal(signal.SIGTERM)               # launch() installs its own handler
+    sigterm = signal.getsignal(signal.SIGTERM)  # launch() installs its own handler
     try:
         rc = main(["serve", "--backend", "sglang", "--model", str(model), "--device", "cpu"])
     finally:

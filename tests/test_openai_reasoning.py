@@ -1,6 +1,7 @@
 """`gleanrl serve --reasoning-parser`: `reasoning_content` beside `content` on the chat route, in the
 reply and in streamed deltas, SGLang's `separate_reasoning` / `stream_reasoning` fields and its
 `/separate_reasoning` route, through the official `openai` client on a real server."""
+
 from __future__ import annotations
 
 import httpx
@@ -34,12 +35,22 @@ def _streamed(client, **kw) -> tuple[str, str]:
 
 
 def test_reasoning_content_apart_streamed_and_not(client):
-    plain = client.chat.completions.create(model="m", messages=MSGS, **GREEDY,
-                                           ).choices[0].message
-    whole = client.chat.completions.create(
-        model="m", messages=MSGS, **{**GREEDY, "extra_body": {"ignore_eos": True,
-                                                              "separate_reasoning": False}}
-    ).choices[0].message
+    plain = (
+        client.chat.completions.create(
+            model="m",
+            messages=MSGS,
+            **GREEDY,
+        )
+        .choices[0]
+        .message
+    )
+    whole = (
+        client.chat.completions.create(
+            model="m", messages=MSGS, **{**GREEDY, "extra_body": {"ignore_eos": True, "separate_reasoning": False}}
+        )
+        .choices[0]
+        .message
+    )
     assert whole.content and getattr(whole, "reasoning_content", None) is None
     # R1 reasons until </think>: a reply cut off before it is all reasoning
     assert (plain.reasoning_content, plain.content) == ReasoningSplit.r1(whole.content)
@@ -60,14 +71,13 @@ def test_separate_reasoning_route(url):
     r = httpx.post(f"{url}/separate_reasoning", json=body, timeout=30)
     assert r.status_code == 200 and r.json() == {"reasoning_text": "step one", "text": "42"}
     r = httpx.post(f"{url}/separate_reasoning", json={**body, "return_blocks": True}, timeout=30)
-    assert r.json()["blocks"] == [{"type": "reasoning", "text": "step one"},
-                                  {"type": "text", "text": "42"}]
-    r = httpx.post(f"{url}/separate_reasoning", json={**body, "reasoning_parser": "nope"},
-                   timeout=30)
+    assert r.json()["blocks"] == [{"type": "reasoning", "text": "step one"}, {"type": "text", "text": "42"}]
+    r = httpx.post(f"{url}/separate_reasoning", json={**body, "reasoning_parser": "nope"}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_parser"
 
 
 def test_unknown_parser_refused_at_startup():
     from gleanrl.server.http.config import ServerConfig
+
     with pytest.raises(ValueError, match="reasoning_parser"):
         ServerConfig(reasoning_parser="nope")

@@ -2,6 +2,7 @@
 /get_server_info with the parallel sizes, memory saver and capacity fields slime and sglang-router
 read; /get_model_info; /get_load and /v1/loads (include sections, dp_rank filter, Prometheus format,
 bad section 400)."""
+
 from __future__ import annotations
 
 import httpx
@@ -26,7 +27,8 @@ def test_server_info_fields(url):
     for path in ("/server_info", "/get_server_info"):
         info = get(url, path).json()
         assert {k: info[k] for k in ("tp_size", "pp_size", "dp_size", "ep_size")} == dict.fromkeys(
-            ("tp_size", "pp_size", "dp_size", "ep_size"), 1)
+            ("tp_size", "pp_size", "dp_size", "ep_size"), 1
+        )
         assert info["enable_memory_saver"] is False and info["max_running_requests"] == 3
         assert info["max_total_tokens"] == info["max_total_num_tokens"] == 3 * 128
         assert info["max_req_input_len"] == 127 and info["internal_states"][0]["num_running_reqs"] == 0

@@ -2,6 +2,7 @@
 5): refused unless idle; generation refused (400) while released; the KV slot pool is dropped and
 rebuilt; a weight push between release and resume (the co-located RL cycle) is served after resume;
 the drafter survives the cycle (SD still runs with it); unknown tags refused by name."""
+
 from __future__ import annotations
 
 import threading
@@ -22,14 +23,19 @@ def post(url, path, body):
 
 
 def greedy(url, tok, n=16):
-    return post(url, "/generate", {"input_ids": tok.encode(PROMPT),
-                                   "sampling_params": {"max_new_tokens": n, "temperature": 0,
-                                                       "ignore_eos": True}})
+    return post(
+        url,
+        "/generate",
+        {
+            "input_ids": tok.encode(PROMPT),
+            "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
+        },
+    )
 
 
-def test_release_resume_cycle_keeps_the_drafter(tiny_qwen2, tiny_qwen2_b, tiny_tokenizer, tok,
-                                                tmp_path):
+def test_release_resume_cycle_keeps_the_drafter(tiny_qwen2, tiny_qwen2_b, tiny_tokenizer, tok, tmp_path):
     from transformers import AutoModelForCausalLM
+
     hf_b = AutoModelForCausalLM.from_pretrained(tiny_qwen2_b, dtype=torch.float32).eval()
     drafter = trained_drafter(tiny_qwen2, tiny_tokenizer, tmp_path / "drafter")
     with running_app(tiny_qwen2, drafter=str(drafter), sd="on") as (url, app):
@@ -46,9 +52,11 @@ def test_release_resume_cycle_keeps_the_drafter(tiny_qwen2, tiny_qwen2_b, tiny_t
         assert r.status_code == 200 and r.json()["success"] and app.state.engine.scheduler.pool is None
         refused = greedy(url, tok)
         assert refused.status_code == 400 and "resume_memory_occupation" in refused.json()["error"]["message"]
-        r = post(url, "/update_weights_from_tensor",
-                 {"serialized_named_tensors": [by_value(tensors(tiny_qwen2_b))],
-                  "weight_version": "b"})
+        r = post(
+            url,
+            "/update_weights_from_tensor",
+            {"serialized_named_tensors": [by_value(tensors(tiny_qwen2_b))], "weight_version": "b"},
+        )
         assert r.status_code == 200, r.text
         assert post(url, "/resume_memory_occupation", {"tags": ["weights"]}).status_code == 200
         assert greedy(url, tok).status_code == 400  # kv_cache and cuda_graph are still released

@@ -4,6 +4,7 @@ accepted and the window's per-position counts matter), and sampled SD distribute
 penalised target: tokens 2 and 3 come from verify passes and their exact marginals are computed with
 transformers and a plain reading of SGLang's penalties (chi-square as in
 test_sd_engine_sampling.py)."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -29,9 +30,12 @@ from test_parity_sampling import reference_penalties
 from test_sd_engine_sampling import _chi2
 
 NEW, N, BATCH, TOP_K = 32, 4000, 100, 8
-PENALISED = [dict(repetition_penalty=1.3), dict(frequency_penalty=0.6, presence_penalty=0.3),
-             dict(presence_penalty=-0.5, logit_bias={11: 1.5}),
-             dict(min_new_tokens=NEW // 2, logit_bias={"eos": 8.0})]
+PENALISED = [
+    dict(repetition_penalty=1.3),
+    dict(frequency_penalty=0.6, presence_penalty=0.3),
+    dict(presence_penalty=-0.5, logit_bias={11: 1.5}),
+    dict(min_new_tokens=NEW // 2, logit_bias={"eos": 8.0}),
+]
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +45,15 @@ def drafter(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engines(tiny_qwen2, drafter):
-    engs = {"plain": Engine(EngineConfig(model_path=str(tiny_qwen2), sd="off")),
-            "sd": Engine(EngineConfig(model_path=str(tiny_qwen2),
-                                      drafter=str(drafter), sd="on")),
-            "fused": Engine(EngineConfig(model_path=str(tiny_qwen2),
-                                         drafter=str(drafter), sd="on",
-                                         sd_sources=("eagle", "group", "fused")))}
+    engs = {
+        "plain": Engine(EngineConfig(model_path=str(tiny_qwen2), sd="off")),
+        "sd": Engine(EngineConfig(model_path=str(tiny_qwen2), drafter=str(drafter), sd="on")),
+        "fused": Engine(
+            EngineConfig(
+                model_path=str(tiny_qwen2), drafter=str(drafter), sd="on", sd_sources=("eagle", "group", "fused")
+            )
+        ),
+    }
     for e in engs.values():
         e.start()
     yield engs
@@ -61,9 +68,10 @@ def _reqs(tok, extra: dict, tag: str) -> list[GenerateRequest]:
         extra = {**extra, "logit_bias": {tok.eos_token_id: extra["logit_bias"]["eos"]}}
     eos = {"ignore_eos": True} if "min_new_tokens" not in extra else {}
     params = SamplingParams(max_new_tokens=NEW, temperature=0.0, **eos, **extra)
-    return [GenerateRequest(f"{tag}{i}", tok(p)["input_ids"], params, return_logprob=True,
-                            top_logprobs_num=2)
-            for i, p in enumerate(PROMPTS[:4])]
+    return [
+        GenerateRequest(f"{tag}{i}", tok(p)["input_ids"], params, return_logprob=True, top_logprobs_num=2)
+        for i, p in enumerate(PROMPTS[:4])
+    ]
 
 
 def _tops(engine, reqs):
@@ -72,10 +80,12 @@ def _tops(engine, reqs):
         async for out in engine.generate(r):
             tops += out.new_top_logprobs
         return tops
+
     import asyncio
 
     async def main():
         return await asyncio.gather(*(one(r) for r in reqs))
+
     return asyncio.run(main())
 
 
@@ -87,16 +97,17 @@ def test_penalised_greedy_identical_with_sd(engines, tiny_tokenizer, extra):
     # the processing changes the output
     assert any(a["ids"] != f["ids"] for a, f in zip(plain, free))
     if "min_new_tokens" in extra:
-        assert all(len(a["ids"]) == NEW // 2 + 1 and a["finish_reason"]["type"] == "stop"
-                   for a in plain)
+        assert all(len(a["ids"]) == NEW // 2 + 1 and a["finish_reason"]["type"] == "stop" for a in plain)
     for a, b in zip(plain, sd):
         assert b["ids"] == a["ids"] and b["finish_reason"] == a["finish_reason"]
         assert b["logprobs"] == pytest.approx(a["logprobs"], abs=1e-4)
         assert b["out"].spec_verify_ct > 0
     # drafts were accepted: window rows j >= 1 used
     assert sum(r["out"].spec_accept_token_num for r in sd) >= 4
-    tops_plain, tops_sd = _tops(engines["plain"], _reqs(tiny_tokenizer, extra, "tp")), \
-        _tops(engines["sd"], _reqs(tiny_tokenizer, extra, "ts"))
+    tops_plain, tops_sd = (
+        _tops(engines["plain"], _reqs(tiny_tokenizer, extra, "tp")),
+        _tops(engines["sd"], _reqs(tiny_tokenizer, extra, "ts")),
+    )
     for a, b in zip(tops_plain, tops_sd):
         assert len(a) == len(b) == NEW or "min_new_tokens" in extra
         assert [[t for _, t in row] for row in a] == [[t for _, t in row] for row in b]
@@ -104,8 +115,7 @@ def test_penalised_greedy_identical_with_sd(engines, tiny_tokenizer, extra):
         # group drafts: siblings and earlier samples of the same prompts are in the index by now
         fused = run_all(engines["fused"], _reqs(tiny_tokenizer, extra, "g"))
         assert [r["ids"] for r in fused] == [a["ids"] for a in plain]
-        assert [r["logprobs"] for r in fused] == [pytest.approx(a["logprobs"], abs=1e-4)
-                                                  for a in plain]
+        assert [r["logprobs"] for r in fused] == [pytest.approx(a["logprobs"], abs=1e-4) for a in plain]
         # trees verify penalised requests too
         assert all(r["out"].spec_verify_ct > 0 for r in fused)
     tops_fused = _tops(engines["fused"], _reqs(tiny_tokenizer, extra, "tg"))
@@ -114,9 +124,16 @@ def test_penalised_greedy_identical_with_sd(engines, tiny_tokenizer, extra):
     assert engines["fused"].decoder.counters.accepted_by_source["group"] > 0
 
 
-SAMPLED = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=TOP_K, ignore_eos=True,
-                         frequency_penalty=0.9, presence_penalty=0.6, repetition_penalty=1.2,
-                         logit_bias={11: 0.8})
+SAMPLED = SamplingParams(
+    max_new_tokens=4,
+    temperature=1.0,
+    top_k=TOP_K,
+    ignore_eos=True,
+    frequency_penalty=0.9,
+    presence_penalty=0.6,
+    repetition_penalty=1.2,
+    logit_bias={11: 0.8},
+)
 
 
 def _probs(model, prompt: list[int], out: list[int]) -> torch.Tensor:
@@ -154,9 +171,14 @@ def test_sampled_penalised_sd_follows_the_penalised_target(tiny_qwen2, tiny_toke
     outputs = []
     for lo in range(0, N, BATCH):
         for i in range(lo, lo + BATCH):
-            state.waiting.append(Sequence(GenerateRequest(f"r{i}", prompt, SAMPLED),
-                                          lambda out: None, StopChecker(SAMPLED, set(), 1024),
-                                          torch.Generator().manual_seed(i)))
+            state.waiting.append(
+                Sequence(
+                    GenerateRequest(f"r{i}", prompt, SAMPLED),
+                    lambda out: None,
+                    StopChecker(SAMPLED, set(), 1024),
+                    torch.Generator().manual_seed(i),
+                )
+            )
         sched.admit()
         while state.running:
             done = sched.step(spec)

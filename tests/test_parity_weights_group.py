@@ -4,6 +4,7 @@ makes it, and broadcasts a checkpoint's tensors; /update_weights_from_distribute
 applies them. Target (per-tensor broadcasts, then a flattened bucket inside a session) and draft;
 greedy output equals the pushed weights' reference; a refused push (wrong shape) still completes the
 broadcasts and keeps the old weights; destroy leaves the group."""
+
 from __future__ import annotations
 
 import socket
@@ -49,23 +50,36 @@ def free_port() -> int:
 
 def spec(path: Path) -> dict:
     named = sorted(kv for f in sorted(path.glob("*.safetensors")) for kv in load_file(f).items())
-    return {"names": [n for n, _ in named],
-            "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
-            "shapes": [list(t.shape) for _, t in named], "group_name": "g"}
-
-
+    return {
+        "names": [n for n, _ in named],
+        "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
+        "shapes": [list(t.shape) for _, t in named],
+        "group_name": "g",
+    }
 
 
 def trainer(port: int, paths: list[Path], mode: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", TRAINER, str(port),
-                             ",".join(map(str, paths)), mode],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", TRAINER, str(port), ",".join(map(str, paths)), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def join(url: str, port: int) -> None:
-    r = post(url, "/init_weights_update_group",
-             {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,
-              "world_size": 2, "group_name": "g", "backend": "gloo"})
+    r = post(
+        url,
+        "/init_weights_update_group",
+        {
+            "master_address": "127.0.0.1",
+            "master_port": port,
+            "rank_offset": 1,
+            "world_size": 2,
+            "group_name": "g",
+            "backend": "gloo",
+        },
+    )
     assert r.status_code == 200 and r.json()["success"], r.text
 
 
@@ -77,6 +91,7 @@ def finish(proc: subprocess.Popen) -> None:
 @pytest.fixture(scope="module")
 def hf_b(tiny_qwen2_b):
     from transformers import AutoModelForCausalLM
+
     return AutoModelForCausalLM.from_pretrained(tiny_qwen2_b, dtype=torch.float32).eval()
 
 
@@ -87,8 +102,8 @@ def test_target_push_over_gloo(tiny_qwen2, tiny_qwen2_b, hf, hf_b, tok, mode, tm
     bad = tmp_path / "bad"  # A's tensors with one of the wrong shape: received, then refused
     bad.mkdir()
     from safetensors.torch import save_file
-    named = dict(sorted(kv for f in sorted(tiny_qwen2.glob("*.safetensors"))
-                        for kv in load_file(f).items()))
+
+    named = dict(sorted(kv for f in sorted(tiny_qwen2.glob("*.safetensors")) for kv in load_file(f).items()))
     first = next(iter(named))
     save_file({**named, first: torch.zeros(2, 2)}, str(bad / "model.safetensors"))
     fmt = {"load_format": "flattened_bucket"} if mode == "flat" else {}
@@ -96,18 +111,16 @@ def test_target_push_over_gloo(tiny_qwen2, tiny_qwen2_b, hf, hf_b, tok, mode, tm
         port = free_port()
         proc = trainer(port, [tiny_qwen2_b, bad, tiny_qwen2], mode)
         join(url, port)
-        r = post(url, "/update_weights_from_distributed",
-                 {**spec(tiny_qwen2_b), "weight_version": "b", **fmt})
+        r = post(url, "/update_weights_from_distributed", {**spec(tiny_qwen2_b), "weight_version": "b", **fmt})
         assert r.status_code == 200 and r.json()["success"], r.text
         assert greedy_ids(url, tok.encode(PROMPT))["output_ids"] == want_b
-        r = post(url, "/update_weights_from_distributed",
-                 {**spec(bad), "weight_version": "bad", **fmt})
+        r = post(url, "/update_weights_from_distributed", {**spec(bad), "weight_version": "bad", **fmt})
         assert r.status_code == 400 and first in r.json()["message"]
         assert greedy_ids(url, tok.encode(PROMPT))["meta_info"]["weight_version"] == "b"
         assert post(url, "/begin_weight_update", {"selector": "target"}).json()["success"]
-        assert post(url, "/update_weights_from_distributed",
-                    {**spec(tiny_qwen2), "weight_version": "a", **fmt}).json()[
-                        "success"]
+        assert post(url, "/update_weights_from_distributed", {**spec(tiny_qwen2), "weight_version": "a", **fmt}).json()[
+            "success"
+        ]
         # staged, not applied yet
         assert greedy_ids(url, tok.encode(PROMPT))["output_ids"] == want_b
         assert post(url, "/end_weight_update", {}).json()["success"]

@@ -1,5 +1,6 @@
 """Phase thread settings: the update's threads and cores are applied inside the phase and restored
 after it, also when it raises; the config refuses bad values by name."""
+
 from __future__ import annotations
 
 import os
@@ -10,8 +11,7 @@ import torch
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.phases import all_cores, phase_threads
 
-pinning = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"),
-                             reason="no CPU affinity on this OS")
+pinning = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
 
 
 def test_threads_applied_and_restored():
@@ -47,8 +47,7 @@ def test_cores_applied_and_restored():
 
 
 def test_config_checks_update_settings(tiny_qwen2, tmp_path):
-    cfg = TrainConfig(model=str(tiny_qwen2), out=str(tmp_path), update_threads=2,
-                      update_cores=(0, 1))
+    cfg = TrainConfig(model=str(tiny_qwen2), out=str(tmp_path), update_threads=2, update_cores=(0, 1))
     assert cfg.update_cores == [0, 1]
     with pytest.raises(ValueError, match="update_threads"):
         TrainConfig(model=str(tiny_qwen2), out=str(tmp_path), update_threads=-1)

@@ -1,6 +1,7 @@
 """Regimes of the built-in task: the long-tail preset draws its share of each batch from the tail in
 the default task's format (so the default bootstrap answers it) and fits its token cap; the default
 task's problems are unchanged by the new knobs; unknown names are refused."""
+
 from __future__ import annotations
 
 import random
@@ -27,8 +28,7 @@ def test_long_tail_preset():
     assert len(task.solution(longest)) + 1 <= r.max_new_tokens
     assert task.reward(longest, task.solution(longest)) == 1.0
     short = load_task(regime("short").task)
-    assert [sum(s["steps"] >= 80 for s in short.prompts("train", 8, seed))
-            for seed in range(200)].count(0) > 150
+    assert [sum(s["steps"] >= 80 for s in short.prompts("train", 8, seed)) for seed in range(200)].count(0) > 150
     assert set(REGIMES) >= {"long_tail", "short"}
 
 

@@ -1,4 +1,5 @@
 """The paired, prompt-clustered test that gates drafter pushes (harvest.push_rule)."""
+
 from __future__ import annotations
 
 import math
@@ -66,5 +67,5 @@ def test_gate_decides_and_says_why_in_words():
     assert action == "hold" and "lower bound -0.010: not above 0.02" in why
     assert gate.decide(verdict(lower=0.1), boundary=False)[0] == "pending"  # a small win waits
     assert gate.decide(verdict(lower=0.1), boundary=True)[0] == "push"
-    action, why = gate.decide(verdict(lower=0.4), boundary=False)             # a large one swaps now
+    action, why = gate.decide(verdict(lower=0.4), boundary=False)  # a large one swaps now
     assert action == "push" and why.startswith("gain +0.500 ± 0.050") and "on 6 prompts" in why

@@ -1,6 +1,7 @@
 """The reasoning parsers (`server.http.reasoning`) against SGLang 0.5.23's detectors' documented
 behaviour, and streaming equal to one-shot parsing for every way of cutting the text into deltas
 (a tag split across deltas never leaks)."""
+
 from __future__ import annotations
 
 import random
@@ -38,7 +39,7 @@ def _stream(name: str, opened: bool, text: str, cuts: list[int]) -> tuple[str, s
 @pytest.mark.parametrize("name,opened,text,reasoning,content", CASES)
 def test_streamed_equals_one_shot_for_every_cut(name, opened, text, reasoning, content):
     rng = random.Random(0)
-    for cut in range(1, len(text)):               # every single cut, a tag's middle included
+    for cut in range(1, len(text)):  # every single cut, a tag's middle included
         assert _stream(name, opened, text, [cut]) == (reasoning, content), cut
     for _ in range(50):
         cuts = sorted(rng.sample(range(1, len(text)), k=min(len(text) - 1, rng.randint(1, 6))))

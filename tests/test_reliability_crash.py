@@ -3,6 +3,7 @@ outlives it) while it writes a checkpoint and while it pushes the new policy; ea
 at most the step in flight lost, nothing half-written on disk, the server not paused. (A server
 killed mid-step is tests/test_train_faults.py.) Plus: the disk check itself catches a
 half-written file."""
+
 from __future__ import annotations
 
 import random
@@ -17,11 +18,9 @@ from gleanrl.harvest.cli_init import init_drafter
 def test_kill_9_while_writing_a_checkpoint_and_while_pushing(tiny_qwen2, tmp_path):
     drafter = save_drafter(init_drafter(tiny_qwen2), tmp_path / "drafter0")
     rng = random.Random(0)
-    with ServeProcess(str(tiny_qwen2), tmp_path / "server.log",
-                      extra=["--drafter", str(drafter), "--sd", "on"]) as s:
+    with ServeProcess(str(tiny_qwen2), tmp_path / "server.log", extra=["--drafter", str(drafter), "--sd", "on"]) as s:
         for i, phase in enumerate(("checkpoint", "push")):
-            rec = crash_run(i, phase, tmp_path, s.url, str(tiny_qwen2), str(drafter),
-                            steps=1, rng=rng)
+            rec = crash_run(i, phase, tmp_path, s.url, str(tiny_qwen2), str(drafter), steps=1, rng=rng)
             print(rec)
             assert not rec["problems"], rec
             assert rec["killed_in"].startswith(("checkpoint", "push")) and rec["metrics_steps"] in ([1], [])
@@ -36,13 +35,13 @@ def test_the_disk_check_finds_half_written_files(tiny_qwen2, tmp_path):
     spool.mkdir(parents=True)
     (spool / "0000000001.safetensors").write_bytes(b"\x10\x00")
     problems = check_disk(tmp_path)
-    assert any("checkpoint weight_v1" in p for p in problems) and any("spool" in p
-                                                                      for p in problems), problems
+    assert any("checkpoint weight_v1" in p for p in problems) and any("spool" in p for p in problems), problems
 
 
 def test_resume_removes_temporaries_of_interrupted_writes(tmp_path):
     from gleanrl.harvest.spool import Spool
     from gleanrl.trainer.checkpoint import load_latest
+
     spool = tmp_path / "spool"
     spool.mkdir()
     (spool / ".0000000003.safetensors.tmp-abc").write_bytes(b"half")

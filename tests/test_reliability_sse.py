@@ -1,6 +1,7 @@
 """SSE framing under odd text: a data line must stay one line for clients that split like
 str.splitlines (httpx's aiter_lines: U+2028, U+2029, U+0085, ...). Found by `gleanrl bench crash`: a
 tiny random model streamed U+2028 raw and the trainer's client died on half a JSON object."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,4 +33,3 @@ def test_client_splits_sse_at_newlines_only():
 
     got = [line for line in asyncio.run(lines()) if line]
     assert len(got) == 2 and json.loads(got[0][6:]) == {"text": ODD} and got[1] == "data: [DONE]"
-

@@ -1,6 +1,7 @@
 """The harvest must not slow the rollouts through the scheduler: the embedded server shares the
 trainer's session (autogroup scheduling ranks sessions, not nice values, against each other), and
 the loop's start-up check times the server with and without the harvester's kind of compute."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,7 @@ class ProbingHooks(NoHooks):
         return IdleWindow(busy_step(size=128), nice=19, name="test-probe")
 
 
-def test_server_shares_the_trainers_session_and_the_check_is_logged(tiny_qwen2, tmp_path,
-                                                                    monkeypatch):
+def test_server_shares_the_trainers_session_and_the_check_is_logged(tiny_qwen2, tmp_path, monkeypatch):
     servers = []
 
     class Tracked(server_proc.EmbeddedServer):
@@ -42,9 +42,12 @@ def test_server_shares_the_trainers_session_and_the_check_is_logged(tiny_qwen2, 
     monkeypatch.setattr(layout, "EmbeddedServer", Tracked)
     hooks, logs = ProbingHooks(), []
     # one server: the harvest shares its cores, so the loop checks what that costs
-    row = train(_cfg(tiny_qwen2, tmp_path / "run", steps=2, server_wait_s=300, replicas=1),
-                task=ToyTask(),
-                hooks=hooks, log=lambda *a: logs.append(" ".join(map(str, a))))
+    row = train(
+        _cfg(tiny_qwen2, tmp_path / "run", steps=2, server_wait_s=300, replicas=1),
+        task=ToyTask(),
+        hooks=hooks,
+        log=lambda *a: logs.append(" ".join(map(str, a))),
+    )
     assert servers and hooks.probes == 1 and row["step"] == 2
     [line] = [x for x in logs if x.startswith("scheduling check")]
     assert "alone" in line and "beside" in line

@@ -2,6 +2,7 @@
 it does, estimates kept across drafter swaps, and, in a simulated engine with known costs and
 acceptances, a realised rate never below plain decoding's (tokens per second of simulated time, no
 wall clock)."""
+
 from __future__ import annotations
 
 import random
@@ -13,12 +14,17 @@ from gleanrl.server.sd import cells as cells_mod
 from gleanrl.server.sd import controller as ctl_mod
 from gleanrl.server.sd.controller import Controller, ControllerConfig, CostModel, expected_accepted
 
-EXPLORE, MIN_SAMPLES, PROBE, REPROBE, T_GRID = (ctl_mod.EXPLORE, ctl_mod.MIN_SAMPLES, ctl_mod.PROBE,
-                                                ctl_mod.REPROBE, ctl_mod.T_GRID)
+EXPLORE, MIN_SAMPLES, PROBE, REPROBE, T_GRID = (
+    ctl_mod.EXPLORE,
+    ctl_mod.MIN_SAMPLES,
+    ctl_mod.PROBE,
+    ctl_mod.REPROBE,
+    ctl_mod.T_GRID,
+)
 BUDGET, QUIET_MAX = cells_mod.BUDGET, ctl_mod.QUIET_MAX
 
 ALL = ("eagle", "group", "fused")
-EVERY = ControllerConfig(sd_sources=ALL, sd_max_batch=64)   # every source, at any batch up to 64
+EVERY = ControllerConfig(sd_sources=ALL, sd_max_batch=64)  # every source, at any batch up to 64
 
 
 def _costs(ctl: Controller, batches, per_token: float, base: float = 0.01) -> None:
@@ -26,8 +32,8 @@ def _costs(ctl: Controller, batches, per_token: float, base: float = 0.01) -> No
     (B * T - 1))."""
     for b in batches:
         for t in (1, 4, 16, 33):
-            ctl.cost.record_pass(b, t, base * b ** 0.3 * (1 + per_token * (b * t - 1)))
-        ctl.cost.step[b] = 0.1 * base * b ** 0.3
+            ctl.cost.record_pass(b, t, base * b**0.3 * (1 + per_token * (b * t - 1)))
+        ctl.cost.step[b] = 0.1 * base * b**0.3
 
 
 def test_expected_accepted_is_the_sum_of_prefix_products():
@@ -38,7 +44,7 @@ def test_cost_model_interpolates_and_extrapolates_pessimistically():
     cost = CostModel()
     cost.record_pass(4, 1, 1.0)
     cost.record_pass(4, 4, 2.0)
-    est = dict(zip(T_GRID, cost.pass_seconds(3)))                   # same bucket (4)
+    est = dict(zip(T_GRID, cost.pass_seconds(3)))  # same bucket (4)
     assert est[1] == 1.0 and est[2] == pytest.approx(4 / 3) and est[8] == pytest.approx(4.0)
     assert np.isnan(CostModel().pass_seconds(1)).all()
 
@@ -49,8 +55,7 @@ def test_plain_where_verifying_is_expensive_drafts_where_it_is_cheap():
     _costs(cheap, (4,), per_token=0.01)
     _costs(dear, (4,), per_token=2.0)
     plan = cheap.plan([20] * 4, probs, [False] * 4)
-    assert plan.drafts and all(n > 4
-                               for n in plan.group_lens) and plan.expected_rate > plan.plain_rate
+    assert plan.drafts and all(n > 4 for n in plan.group_lens) and plan.expected_rate > plan.plain_rate
     assert not dear.plan([20] * 4, probs, [False] * 4).drafts
 
 
@@ -68,16 +73,16 @@ def test_eagle_acceptance_is_measured_and_kept_across_a_swap():
     keeps the evidence as a prior that weighs half."""
     ctl = Controller(ControllerConfig(sd_max_batch=64))
     _costs(ctl, (1,), per_token=0.02)
-    assert not ctl.plan([20], [[]], [True]).drafts                   # unknown: not worth it
+    assert not ctl.plan([20], [[]], [True]).drafts  # unknown: not worth it
     for _ in range(40):
-        ctl.accept.record("eagle", 4, 4)                              # a good drafter
+        ctl.accept.record("eagle", 4, 4)  # a good drafter
     assert ctl.plan([20], [[]], [True]).eagle_lens[0] > 0
     for _ in range(400):
-        ctl.accept.record("eagle", 4, 0)                              # the drafter is useless
+        ctl.accept.record("eagle", 4, 0)  # the drafter is useless
     assert not ctl.plan([20], [[]], [True]).drafts
     before = ctl.accept.eagle.tries[0]
     ctl.drafter_swapped()
-    assert ctl.accept.eagle.tries[0] == pytest.approx(before / 2)   # kept, weighing less
+    assert ctl.accept.eagle.tries[0] == pytest.approx(before / 2)  # kept, weighing less
     assert not ctl.plan([20], [[]], [True]).drafts
 
 
@@ -105,10 +110,10 @@ def test_unmeasured_drafting_is_explored_rarely_and_a_losing_cell_is_refused():
     plans = [ctl.plan([20], [[]], [True]) for _ in range(EXPLORE)]
     assert [p.drafts for p in plans] == [False] * (EXPLORE - 1) + [True]
     for _ in range(40):
-        ctl.accept.record("eagle", 4, 4)                              # estimates: SD pays
+        ctl.accept.record("eagle", 4, 4)  # estimates: SD pays
     plan = ctl.plan([20], [[]], [True])
     assert plan.drafts
-    for _ in range(MIN_SAMPLES):                                      # ... but it measured 0.8x
+    for _ in range(MIN_SAMPLES):  # ... but it measured 0.8x
         ctl.record_iteration(1, plan, 1, 1.25 / plan.plain_rate)
     losing, played = ctl.cells.key(1, plan), []
     n = 2 * REPROBE * QUIET_MAX
@@ -128,8 +133,9 @@ def test_fixed_length_in_mode_on_is_deterministic():
     assert plan.eagle_lens == [3, 2, 0] and plan.group_lens == [3, 2, 0]
 
 
-def _simulate(ctl: Controller, true: Controller, b: int, alpha: float, iterations: int,
-              rng: random.Random) -> tuple[float, int]:
+def _simulate(
+    ctl: Controller, true: Controller, b: int, alpha: float, iterations: int, rng: random.Random
+) -> tuple[float, int]:
     """A simulated engine: true pass and drafter costs `true`'s, true conditional acceptance
     `alpha` for every draft token (EAGLE-3 and group alike); the controller learns acceptance from
     the verified branches and costs from every iteration, as the decoder records them. Returns
@@ -188,7 +194,7 @@ def test_a_drafter_that_costs_more_than_estimated_loses_at_most_the_probe_budget
     _costs(true, (b,), per_token=0.02)
     true.cost.step[b] = true.cost.target[b][1]
     for _ in range(40):
-        ctl.accept.record("eagle", 4, 3)                             # a drafter that looks good
+        ctl.accept.record("eagle", 4, 3)  # a drafter that looks good
     ratio, drafted = _simulate(ctl, true, b, 0.5, 4000, random.Random(1))
     assert ratio >= 1 - 2 * BUDGET
     assert drafted <= 4000 * 2 * BUDGET
@@ -231,7 +237,7 @@ def test_a_quiet_bucket_plays_plain_without_planning(monkeypatch):
     drafted = 0
     for _ in range(1000):
         plan = ctl.plan([20], [[]], [True])
-        if plan.drafts:                              # an exploration, which loses (0.5x)
+        if plan.drafts:  # an exploration, which loses (0.5x)
             drafted += 1
             ctl.record_iteration(1, plan, 1, 2 * plain, 1, 0)
         else:
@@ -255,7 +261,7 @@ def test_a_collapsed_drafter_is_dropped_for_its_bucket_until_re_measured():
         ctl.accept.record("eagle", 4, 4)
     plan = ctl.plan([20], [[]], [True])
     assert plan.drafts
-    for _ in range(MIN_SAMPLES):                                     # it pays: 2x plain
+    for _ in range(MIN_SAMPLES):  # it pays: 2x plain
         ctl.record_iteration(1, plan, 1 + 4, 2.5 / plan.plain_rate, 1, 4)
     key = ctl.cells.key(1, plan)
     assert ctl.cells.pays(key) and ctl.accept_floor(1) > 0
@@ -268,13 +274,13 @@ def test_a_collapsed_drafter_is_dropped_for_its_bucket_until_re_measured():
     drafted, plain = 0, ctl.cost.target[1][1]
     for _ in range(500):
         p = ctl.plan([20], [[]], [True])
-        if p.drafts:                                 # a probe: the drafter still collapsed
+        if p.drafts:  # a probe: the drafter still collapsed
             drafted += 1
             ctl.record_iteration(1, p, 1, 1.2 * plain, 1, 0)
         else:
             ctl.record_plain(1, plain)
     assert drafted <= 500 * 2 * BUDGET + 1 and 1 in ctl.cells.dropped
-    for _ in range(5):                                # the drafter recovered: a probe re-admits it
+    for _ in range(5):  # the drafter recovered: a probe re-admits it
         ctl.cells.record_acceptance(1, 1, 4, ctl.accept_floor(1))
     assert 1 not in ctl.cells.dropped
 
@@ -301,7 +307,7 @@ def test_real_iterations_replace_and_rescale_calibrated_cells():
     # the first real tree pass replaces
     cost.record_pass(8, 4, 10.0)
     assert dict(zip(T_GRID, cost.pass_seconds(8)))[4] == 10.0
-    cost.record_pass(8, 4, 5.0)                                      # then an EMA
+    cost.record_pass(8, 4, 5.0)  # then an EMA
     assert dict(zip(T_GRID, cost.pass_seconds(8)))[4] == pytest.approx(9.0)
 
 
@@ -312,20 +318,20 @@ def test_a_side_not_played_is_probed_so_its_estimates_do_not_freeze():
     ctl = Controller(EVERY)
     _costs(ctl, (1,), per_token=0.05)
     true_plain = ctl.cost.target[1][1]
-    ctl.cost.target[1][1] = 3 * true_plain                   # a frozen bad sample
+    ctl.cost.target[1][1] = 3 * true_plain  # a frozen bad sample
     for _ in range(6):
-        ctl.accept.record("eagle", 1, 1)                     # the drafter is poor (0.2): SD
-    for _ in range(24):                                      # wins only on paper
+        ctl.accept.record("eagle", 1, 1)  # the drafter is poor (0.2): SD
+    for _ in range(24):  # wins only on paper
         ctl.accept.record("eagle", 1, 0)
     plans = [ctl.plan([30], [[]], [True]) for _ in range(PROBE)]
     assert all(p.drafts for p in plans[:-1]) and not plans[-1].drafts
-    ctl.cost.record_pass(1, 1, true_plain)                   # the probe measures plain ...
+    ctl.cost.record_pass(1, 1, true_plain)  # the probe measures plain ...
     for _ in range(30):
         ctl.cost.record_pass(1, 1, true_plain)
     # ... and it wins now, but for an exploration every EXPLORE plans
     plans = [ctl.plan([30], [[]], [True]) for _ in range(8 * PROBE)]
     assert sum(p.drafts for p in plans) <= 8 * PROBE // EXPLORE
     explored = next(p for p in plans if p.drafts)
-    for _ in range(MIN_SAMPLES):                             # which measures SD to lose
+    for _ in range(MIN_SAMPLES):  # which measures SD to lose
         ctl.record_iteration(1, explored, 1, 1.1 / explored.plain_rate)
     assert sum(ctl.plan([30], [[]], [True]).drafts for _ in range(8 * PROBE)) <= 2

@@ -1,5 +1,6 @@
 """SD in the embedded engine: greedy output identical to plain decoding at batch 1, 4 and 16 with a
 random and a trained drafter, adaptive switching, and exact stops inside accepted drafts."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,10 @@ NEW = 40
 @pytest.fixture(scope="module")
 def drafters(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
     d = tmp_path_factory.mktemp("drafters")
-    return {"random": random_drafter(tiny_qwen2, d / "random"),
-            "trained": trained_drafter(tiny_qwen2, tiny_tokenizer, d / "trained")}
+    return {
+        "random": random_drafter(tiny_qwen2, d / "random"),
+        "trained": trained_drafter(tiny_qwen2, tiny_tokenizer, d / "trained"),
+    }
 
 
 def _engine(model, **kw) -> Engine:
@@ -37,23 +40,20 @@ def engines(tiny_qwen2, drafters):
 
 
 def _prompts(tok, n: int) -> list[list[int]]:
-    return [tok(PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)))["input_ids"]
-            for i in range(n)]
+    return [tok(PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)))["input_ids"] for i in range(n)]
 
 
 @pytest.fixture(scope="module")
 def reference(engines):
     prompts = _prompts(engines["plain"].tokenizer, 16)
-    return prompts, run_all(engines["plain"],
-                            [req(p, max_new_tokens=NEW, ignore_eos=True) for p in prompts])
+    return prompts, run_all(engines["plain"], [req(p, max_new_tokens=NEW, ignore_eos=True) for p in prompts])
 
 
 @pytest.mark.parametrize("drafter", ["random", "trained"])
 @pytest.mark.parametrize("batch", [1, 4, 16])
 def test_greedy_identical_to_plain(engines, reference, drafter, batch):
     prompts, plain = reference
-    res = run_all(engines[drafter],
-                  [req(p, max_new_tokens=NEW, ignore_eos=True) for p in prompts[:batch]])
+    res = run_all(engines[drafter], [req(p, max_new_tokens=NEW, ignore_eos=True) for p in prompts[:batch]])
     for r, ref in zip(res, plain):
         assert r["ids"] == ref["ids"]
         assert r["finish_reason"] == ref["finish_reason"] == {"type": "length", "length": NEW}
@@ -70,8 +70,7 @@ def test_adaptive_speculates_only_in_the_tail(tiny_qwen2, drafters, reference):
     lengths = [8, 40, 12, 36, 10, 30, 6, 40]
     eng = _engine(tiny_qwen2, drafter=str(drafters["trained"]), sd="adaptive", sd_max_batch=3)
     try:
-        res = run_all(eng,
-                      [req(p, max_new_tokens=n, ignore_eos=True) for p, n in zip(prompts, lengths)])
+        res = run_all(eng, [req(p, max_new_tokens=n, ignore_eos=True) for p, n in zip(prompts, lengths)])
     finally:
         eng.shutdown()
     for r, ref, n in zip(res, plain, lengths):
@@ -94,8 +93,7 @@ def test_stops_are_exact_inside_accepted_drafts(engines, reference):
     inside = 0
     for p, ref in zip(prompts[:8], plain[:8]):
         out = ref["ids"]
-        for params in (dict(stop_token_ids=[out[17]]), dict(stop=[tok.decode(out[21:23])]),
-                       dict(max_new_tokens=19)):
+        for params in (dict(stop_token_ids=[out[17]]), dict(stop=[tok.decode(out[21:23])]), dict(max_new_tokens=19)):
             params.setdefault("max_new_tokens", NEW)
             want, got = _stops_inside(engines, p, ignore_eos=True, **params)
             assert got["ids"] == want["ids"] and got["finish_reason"] == want["finish_reason"]
@@ -108,8 +106,7 @@ def test_seeded_sampling_is_reproducible_with_a_fixed_draft_length(tiny_qwen2, d
     """SD draws from the request's generator in an order that depends on the draft lengths, so a
     seed reproduces a sample only when the draft length is fixed (the bandit's choice is not)."""
     prompts, _ = reference
-    params = dict(temperature=0.9, top_p=0.9, top_k=50, min_p=0.02, max_new_tokens=NEW,
-                  ignore_eos=True, seed=7)
+    params = dict(temperature=0.9, top_p=0.9, top_k=50, min_p=0.02, max_new_tokens=NEW, ignore_eos=True, seed=7)
     eng = _engine(tiny_qwen2, drafter=str(drafters["trained"]), sd="on", num_draft_tokens=3)
     try:
         a = run_all(eng, [req(p, **params) for p in prompts[:4]])
@@ -162,8 +159,7 @@ def test_sd_stats_follow_sglang_definitions(engines, reference):
     spec_draft_token_num = verified drafts, spec_accept_rate = their ratio. With sd "on" only the
     prefill's token and a last token that leaves no room to draft come from plain steps."""
     prompts, _ = reference
-    for r in run_all(engines["trained"],
-                     [req(p, max_new_tokens=NEW, ignore_eos=True) for p in prompts[:4]]):
+    for r in run_all(engines["trained"], [req(p, max_new_tokens=NEW, ignore_eos=True) for p in prompts[:4]]):
         out = r["out"]
         meta = out.meta_info()
         ct, acc, drafted = meta["spec_verify_ct"], meta["spec_accept_token_num"], meta["spec_draft_token_num"]
@@ -174,8 +170,7 @@ def test_sd_stats_follow_sglang_definitions(engines, reference):
         assert meta["spec_accept_rate"] == pytest.approx(acc / drafted)
         assert (meta["spec_num_correct_drafts"], meta["spec_num_proposed_drafts"]) == (acc, drafted)
         assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": NEW}]
-    plain = run_all(engines["plain"],
-                    [req(prompts[0], max_new_tokens=8, ignore_eos=True)])[0]["out"].meta_info()
+    plain = run_all(engines["plain"], [req(prompts[0], max_new_tokens=8, ignore_eos=True)])[0]["out"].meta_info()
     assert plain["spec_verify_ct"] == 0 and plain["spec_accept_length"] == 0.0 and plain["spec_accept_rate"] == 0.0
 
 
@@ -183,8 +178,10 @@ def test_greedy_rows_stay_exact_beside_sampled_rows_in_one_verify(engines, refer
     """One batched verify serves greedy and sampled sequences together: the greedy ones still equal
     plain decoding token for token."""
     prompts, plain = reference
-    sampled = [req(p, max_new_tokens=NEW, ignore_eos=True, temperature=0.8, top_k=20, seed=i)
-               for i, p in enumerate(prompts[4:8])]
+    sampled = [
+        req(p, max_new_tokens=NEW, ignore_eos=True, temperature=0.8, top_k=20, seed=i)
+        for i, p in enumerate(prompts[4:8])
+    ]
     greedy = [req(p, max_new_tokens=NEW, ignore_eos=True) for p in prompts[:4]]
     res = run_all(engines["trained"], [r for pair in zip(greedy, sampled) for r in pair])
     for r, ref in zip(res[0::2], plain[:4]):

@@ -10,6 +10,7 @@ transformers. Pearson's chi-square against them, with cells of expected count < 
 must stay under its 1 - 1e-6 quantile (Wilson-Hilferty), so a correct step fails with
 probability ~1e-6.
 """
+
 from __future__ import annotations
 
 import math
@@ -87,9 +88,14 @@ def test_sampled_sd_step_follows_the_target(tiny_qwen2, tiny_tokenizer, drafter)
     outputs = []
     for lo in range(0, N, BATCH):
         for i in range(lo, lo + BATCH):
-            state.waiting.append(Sequence(GenerateRequest(f"r{i}", prompt, params),
-                                          lambda out: None, StopChecker(params, set(), 1024),
-                                          torch.Generator().manual_seed(i)))
+            state.waiting.append(
+                Sequence(
+                    GenerateRequest(f"r{i}", prompt, params),
+                    lambda out: None,
+                    StopChecker(params, set(), 1024),
+                    torch.Generator().manual_seed(i),
+                )
+            )
         sched.admit()
         while state.running:
             done = sched.step(spec)

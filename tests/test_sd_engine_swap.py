@@ -1,6 +1,7 @@
 """Drafter hot-swap: mid-stream (output unchanged, version changes, acceptance follows the new
 drafter), the first drafter on a server started without one, and refused drafters (the old one
 keeps serving)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -35,9 +36,11 @@ def drafters(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
     shutil.copytree(random, bad / "corrupt")
     weights = bad / "corrupt" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    return {"random": random,
-            "trained": trained_drafter(tiny_qwen2, tiny_tokenizer, d / "trained", new_tokens=NEW),
-            "bad": {p.name: p for p in bad.iterdir()} | {"missing": d / "nope"}}
+    return {
+        "random": random,
+        "trained": trained_drafter(tiny_qwen2, tiny_tokenizer, d / "trained", new_tokens=NEW),
+        "bad": {p.name: p for p in bad.iterdir()} | {"missing": d / "nope"},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +54,7 @@ def plain(tiny_qwen2):
 
 def test_swap_mid_stream_keeps_output_and_changes_version(tiny_qwen2, drafters, plain):
     prompts, ref = plain
-    eng = Engine(EngineConfig(model_path=str(tiny_qwen2),
-                              drafter=str(drafters["random"]), sd="on", num_draft_tokens=4))
+    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), drafter=str(drafters["random"]), sd="on", num_draft_tokens=4))
     eng.start()
 
     async def stream():
@@ -63,8 +65,9 @@ def test_swap_mid_stream_keeps_output_and_changes_version(tiny_qwen2, drafters, 
             if not swapped and len(ids) >= 8:
                 # pause so that the swap lands mid-stream, deterministically
                 await loop.run_in_executor(None, eng.pause, "in_place")
-                await loop.run_in_executor(None, lambda: eng.update_weights(
-                    str(drafters["trained"]), weight_version="d2", selector="draft"))
+                await loop.run_in_executor(
+                    None, lambda: eng.update_weights(str(drafters["trained"]), weight_version="d2", selector="draft")
+                )
                 eng.resume()
                 swapped = True
         return ids, versions, out
@@ -97,33 +100,33 @@ def test_first_drafter_on_a_server_started_without_one(tiny_qwen2, drafters, pla
         eng.shutdown()
     assert before["out"].spec_verify_ct == 0 and before["out"].draft_weight_version is None
     assert [r["ids"] for r in after] == [r["ids"] for r in ref]
-    assert all(r["out"].spec_verify_ct > 0 and r["out"].draft_weight_version == "default"
-               for r in after)
+    assert all(r["out"].spec_verify_ct > 0 and r["out"].draft_weight_version == "default" for r in after)
 
 
 def test_mismatched_or_broken_drafters_are_refused_over_http(tiny_qwen2, drafters, plain):
     prompts, ref = plain
     with running_app(tiny_qwen2, drafter=str(drafters["random"]), sd="on") as (url, app):
         for name, path in drafters["bad"].items():
-            r = httpx.post(f"{url}/update_weights_from_disk", timeout=60,
-                           json={"model_path": str(path), "selector": "draft",
-                                 "weight_version": name})
+            r = httpx.post(
+                f"{url}/update_weights_from_disk",
+                timeout=60,
+                json={"model_path": str(path), "selector": "draft", "weight_version": name},
+            )
             assert r.status_code == 400 and r.json()["success"] is False, name
             assert "drafter" in r.json()["message"], r.json()["message"]
         info = httpx.get(f"{url}/model_info", timeout=10).json()
         assert info["draft_weight_version"] == "default" and info["draft_model_path"] == str(drafters["random"])
         greedy = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
-        out = httpx.post(f"{url}/generate", timeout=60,
-                         json={"input_ids": prompts[2], "sampling_params": greedy}).json()
+        out = httpx.post(
+            f"{url}/generate", timeout=60, json={"input_ids": prompts[2], "sampling_params": greedy}
+        ).json()
         assert out["output_ids"] == ref[2]["ids"]
         meta = out["meta_info"]
         assert meta["spec_verify_ct"] > 0 and meta["draft_weight_version"] == "default"
-        assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"]
-                                                           / meta["spec_verify_ct"])
+        assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"] / meta["spec_verify_ct"])
         # slime's Sample.SpecInfo
         assert 0 <= meta["spec_accept_token_num"] <= meta["spec_draft_token_num"]
-        assert meta["spec_accept_rate"] == pytest.approx(meta["spec_accept_token_num"]
-                                                         / meta["spec_draft_token_num"])
+        assert meta["spec_accept_rate"] == pytest.approx(meta["spec_accept_token_num"] / meta["spec_draft_token_num"])
         stats = httpx.get(f"{url}/server_info", timeout=10).json()["internal_states"][0]
         assert stats["avg_spec_accept_length"] >= 1.0
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
@@ -144,13 +147,11 @@ def test_draft_swap_lands_mid_request_without_waiting(tiny_qwen2, drafters, plai
     """Unlike a target update, a drafter swap does not wait for running requests (SD
     is lossless)."""
     prompts, _ = plain
-    eng = Engine(EngineConfig(model_path=str(tiny_qwen2),
-                              drafter=str(drafters["random"]), sd="on"))
+    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), drafter=str(drafters["random"]), sd="on"))
     eng.start()
 
     async def main():
-        task = asyncio.create_task(collect(eng,
-                                           req(prompts[0], max_new_tokens=400, ignore_eos=True)))
+        task = asyncio.create_task(collect(eng, req(prompts[0], max_new_tokens=400, ignore_eos=True)))
         while eng.stats()["generation_tokens_total"] < 5:
             await asyncio.sleep(0.002)
         await asyncio.to_thread(eng.update_weights, str(drafters["trained"]), "d2", "draft")
@@ -169,8 +170,7 @@ def test_a_drafter_swap_keeps_the_targets_states(tiny_qwen2, drafters, plain):
     target forward after the swap feeds at most one verify tree a sequence; the drafter's step
     costs and acceptance evidence are kept; output unchanged."""
     prompts, ref = plain
-    eng = Engine(EngineConfig(model_path=str(tiny_qwen2),
-                              drafter=str(drafters["random"]), sd="on", num_draft_tokens=4))
+    eng = Engine(EngineConfig(model_path=str(tiny_qwen2), drafter=str(drafters["random"]), sd="on", num_draft_tokens=4))
     fed: list[int] = []
     runner = eng.scheduler.runner
     forward = runner.forward
@@ -188,13 +188,12 @@ def test_a_drafter_swap_keeps_the_targets_states(tiny_qwen2, drafters, plain):
             ids += out.new_ids
             if not swapped and len(ids) >= 16:
                 await loop.run_in_executor(None, eng.pause, "in_place")
-                before = (dict(eng.decoder.controller.cost.step),
-                          eng.decoder.controller.accept.eagle.tries.sum())
+                before = (dict(eng.decoder.controller.cost.step), eng.decoder.controller.accept.eagle.tries.sum())
                 at = len(fed)
-                await loop.run_in_executor(None, lambda: eng.update_weights(
-                    str(drafters["trained"]), weight_version="d2", selector="draft"))
-                after = (dict(eng.decoder.controller.cost.step),
-                         eng.decoder.controller.accept.eagle.tries.sum())
+                await loop.run_in_executor(
+                    None, lambda: eng.update_weights(str(drafters["trained"]), weight_version="d2", selector="draft")
+                )
+                after = (dict(eng.decoder.controller.cost.step), eng.decoder.controller.accept.eagle.tries.sum())
                 eng.resume()
                 swapped = True
         return ids, at, before, after
@@ -205,5 +204,5 @@ def test_a_drafter_swap_keeps_the_targets_states(tiny_qwen2, drafters, plain):
         eng.shutdown()
     assert ids == ref[0]["ids"]
     assert at is not None and len(fed) > at + 2
-    assert max(fed[at:]) <= 1 + 4 * 2      # a tree of two branches of <= 4, never a re-feed
-    assert after[0] == before[0] and 0 < after[1] < before[1]   # costs kept, evidence decayed
+    assert max(fed[at:]) <= 1 + 4 * 2  # a tree of two branches of <= 4, never a re-feed
+    assert after[0] == before[0] and 0 < after[1] < before[1]  # costs kept, evidence decayed

@@ -3,6 +3,7 @@ sampled-SD chi-square of `test_sd_engine_sampling.py` with a regex grammar (xgra
 request. The exact marginals of tokens 2 and 3 are sums over the target's masked, processed
 distributions of every allowed prefix (the mask read from an xgrammar matcher driven by hand), and
 SD must both accept drafts and meet drafts the grammar forbids (rejected with certainty)."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -58,29 +59,31 @@ def _marginals(model, compiled, prompt: list[int], vocab: int):
     return m2, m3
 
 
-def test_sampled_sd_with_a_grammar_follows_plain_with_the_mask(tiny_qwen2, tiny_tokenizer,
-                                                                tmp_path):
+def test_sampled_sd_with_a_grammar_follows_plain_with_the_mask(tiny_qwen2, tiny_tokenizer, tmp_path):
     from gleanrl.harvest.checkpoint import load_drafter
 
     runner = ModelRunner.load(str(tiny_qwen2))
     vocab = runner.config.vocab_size
     tok = AutoTokenizer.from_pretrained(tiny_qwen2)
-    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab)
-                                   ).compile_regex(REGEX)
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab)).compile_regex(REGEX)
     drafter = trained_drafter(tiny_qwen2, tiny_tokenizer, tmp_path / "drafter")
     state = EngineState()
     sched = Scheduler(state, runner, BATCH)
     spec = SDDecoder(Controller(ControllerConfig(sd="on", num_draft_tokens=3)))
     spec.set_drafter(load_drafter(drafter, embed_tokens=runner.embed.weight), "d")
     prompt = tiny_tokenizer("The quick brown fox")["input_ids"]
-    params = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=TOP_K, ignore_eos=True,
-                            grammar=compiled)
+    params = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=TOP_K, ignore_eos=True, grammar=compiled)
     outputs, proposed, accepted = [], 0, 0
     for lo in range(0, N, BATCH):
         for i in range(lo, lo + BATCH):
-            state.waiting.append(Sequence(GenerateRequest(f"r{i}", prompt, params),
-                                          lambda out: None, StopChecker(params, set(), 1024),
-                                          torch.Generator().manual_seed(i)))
+            state.waiting.append(
+                Sequence(
+                    GenerateRequest(f"r{i}", prompt, params),
+                    lambda out: None,
+                    StopChecker(params, set(), 1024),
+                    torch.Generator().manual_seed(i),
+                )
+            )
         sched.admit()
         while state.running:
             done = sched.step(spec)
@@ -89,7 +92,7 @@ def test_sampled_sd_with_a_grammar_follows_plain_with_the_mask(tiny_qwen2, tiny_
             accepted += sum(s.spec_correct_drafts for s in done)
             sched.reap(done)
     assert len(outputs) == N and all(len(o) == 4 for o in outputs)
-    assert spec.counters.verify_ct > 0 and 0 < accepted < proposed   # accepts and rejections
+    assert spec.counters.verify_ct > 0 and 0 < accepted < proposed  # accepts and rejections
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2).eval()
     m2, m3 = _marginals(model, compiled, prompt, vocab)
     for pos, exact in ((1, m2), (2, m3)):

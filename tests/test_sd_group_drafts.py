@@ -1,5 +1,6 @@
 """GroupDrafts follows the running set: new sequences start samples, emitted tokens are indexed,
 leavers finish theirs (kept for siblings and later steps)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,13 +36,13 @@ def test_siblings_draft_for_each_other_and_finished_samples_stay():
     g.sync([a, b, other], "v0")
     assert g.propose(b, 3).tokens == [10, 11, 12] and g.propose(other, 3) is None
     b.output_ids += [10, 11]
-    a.output_ids += [14]                                       # its last iteration's token,
-                                                               # then it finishes
+    # its last iteration's token, then it finishes
+    a.output_ids += [14]
     g.sync([b, other], "v0")
     assert g.propose(b, 3).tokens == [12, 13, 14]
-    later = _Seq([1, 2, 3])                                    # the same prompt, a later step
+    later = _Seq([1, 2, 3])  # the same prompt, a later step
     g.sync([later], "v0")
     assert g.propose(later, 2).tokens == [10, 11] and g.stats()["samples"] == 4
-    g.sync([later], "v1")                                      # a new policy version: v0's
-                                                               # samples age out
+    # a new policy version: v0's samples age out
+    g.sync([later], "v1")
     assert g.propose(later, 2) is None and g.stats()["samples"] == 1

@@ -2,6 +2,7 @@
 64 with identical prompts among the batch, sampled siblings that diverge from the greedy ones,
 earlier samples of the same prompts, and a drafter swap mid-stream; stops exact inside accepted
 group drafts."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,10 +31,12 @@ def drafter(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engines(tiny_qwen2, drafter):
-    engs = {"plain": _engine(tiny_qwen2, sd="off"),
-            # on: no plain arm, SD at any batch
-            "group": _engine(tiny_qwen2, sd="on", sd_sources=("group",)),
-            "fused": _engine(tiny_qwen2, sd="on", drafter=str(drafter), sd_sources=ALL)}
+    engs = {
+        "plain": _engine(tiny_qwen2, sd="off"),
+        # on: no plain arm, SD at any batch
+        "group": _engine(tiny_qwen2, sd="on", sd_sources=("group",)),
+        "fused": _engine(tiny_qwen2, sd="on", drafter=str(drafter), sd_sources=ALL),
+    }
     yield engs
     for e in engs.values():
         e.shutdown()
@@ -60,8 +63,7 @@ def _batch(prompts, batch: int):
             greedy.append((len(reqs), p))
             reqs.append(req(prompts[p], max_new_tokens=NEW, ignore_eos=True))
         else:
-            reqs.append(req(prompts[p], max_new_tokens=NEW, ignore_eos=True,
-                            temperature=1.0, seed=i))
+            reqs.append(req(prompts[p], max_new_tokens=NEW, ignore_eos=True, temperature=1.0, seed=i))
     return reqs, greedy
 
 
@@ -70,8 +72,8 @@ def _batch(prompts, batch: int):
 def test_greedy_identical_with_group_drafts(engines, prompts, reference, engine, batch):
     eng = engines[engine]
     before = dict(eng.decoder.counters.accepted_by_source)
-    for _ in range(2):                                   # the second round drafts from the
-                                                         # first's samples
+    # the second round drafts from the first's samples
+    for _ in range(2):
         reqs, greedy = _batch(prompts, batch)
         res = run_all(eng, reqs)
         for row, p in greedy:
@@ -81,8 +83,7 @@ def test_greedy_identical_with_group_drafts(engines, prompts, reference, engine,
     assert eng.decoder.counters.accepted_by_source["group"] > before["group"], "none accepted"
 
 
-def test_greedy_identical_across_a_drafter_swap_mid_stream(tiny_qwen2, drafter, prompts, reference,
-                                                           tmp_path):
+def test_greedy_identical_across_a_drafter_swap_mid_stream(tiny_qwen2, drafter, prompts, reference, tmp_path):
     from sd_util import random_drafter
 
     other = random_drafter(tiny_qwen2, tmp_path / "random")
@@ -100,10 +101,11 @@ def test_greedy_identical_across_a_drafter_swap_mid_stream(tiny_qwen2, drafter, 
                     swapped = True
                     await loop.run_in_executor(None, eng.pause, "in_place")
                     await loop.run_in_executor(
-                        None, lambda: eng.update_weights(str(drafter), weight_version="d2",
-                                                        selector="draft"))
+                        None, lambda: eng.update_weights(str(drafter), weight_version="d2", selector="draft")
+                    )
                     eng.resume()
             return ids, out
+
         return await asyncio.gather(*[one(i % len(prompts)) for i in range(8)])
 
     try:
@@ -121,8 +123,7 @@ def test_stops_are_exact_inside_group_drafts(engines, prompts, reference):
     tok, inside = engines["plain"].tokenizer, 0
     for p, ref in zip(prompts, reference):
         out = ref["ids"]
-        for params in (dict(stop_token_ids=[out[17]]), dict(stop=[tok.decode(out[21:23])]),
-                       dict(max_new_tokens=19)):
+        for params in (dict(stop_token_ids=[out[17]]), dict(stop=[tok.decode(out[21:23])]), dict(max_new_tokens=19)):
             params = dict(dict(max_new_tokens=NEW, ignore_eos=True), **params)
             want = run_all(engines["plain"], [req(p, **params)])[0]
             # a sibling, finished
@@ -142,8 +143,10 @@ def test_stats_by_source_in_meta_info_server_info_and_metrics(tiny_qwen2, prompt
     # a fixed draft length: the plan, so the count of accepted tokens, does not depend on
     # measured timings
     with running_app(tiny_qwen2, sd="on", sd_sources=("group",), num_draft_tokens=8) as (url, _):
-        body = {"input_ids": prompts[0],
-                "sampling_params": {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}}
+        body = {
+            "input_ids": prompts[0],
+            "sampling_params": {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True},
+        }
         # an earlier sample
         httpx.post(f"{url}/generate", json=body, timeout=60).raise_for_status()
         meta = httpx.post(f"{url}/generate", json=body, timeout=60).json()["meta_info"]
@@ -153,5 +156,7 @@ def test_stats_by_source_in_meta_info_server_info_and_metrics(tiny_qwen2, prompt
     assert info["spec_accepted_tokens_by_source"]["group"] >= meta["spec_accept_token_num"]
     assert info["avg_spec_accept_length_by_source"]["group"] > 1.0
     assert info["group_index"]["prompts"] == 1 and info["group_index"]["tokens"] >= NEW
-    assert f'gleanrl:spec_accepted_tokens{{source="group"}} {float(info["spec_accepted_tokens_by_source"]["group"])}' \
+    assert (
+        f'gleanrl:spec_accepted_tokens{{source="group"}} {float(info["spec_accepted_tokens_by_source"]["group"])}'
         in metrics
+    )

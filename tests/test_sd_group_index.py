@@ -1,5 +1,6 @@
 """The group index: sibling and earlier samples of the same prompt propose continuations;
 bounds and ageing."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,7 @@ from gleanrl.server.sd.group_index import GroupIndex, GroupIndexConfig, prompt_k
 PROMPT = [7, 8, 9, 10]
 
 
-def _sample(index: GroupIndex, tokens: list[int], version: str = "v0", prompt: list[int] = PROMPT,
-            done=True):
+def _sample(index: GroupIndex, tokens: list[int], version: str = "v0", prompt: list[int] = PROMPT, done=True):
     s = index.start(prompt, version)
     index.extend(s, tokens)
     if done:
@@ -20,7 +20,7 @@ def _sample(index: GroupIndex, tokens: list[int], version: str = "v0", prompt: l
 
 def test_sibling_ahead_proposes_its_continuation():
     index = GroupIndex()
-    _sample(index, [1, 2, 3, 4, 5, 6], done=False)                 # a running sibling, ahead
+    _sample(index, [1, 2, 3, 4, 5, 6], done=False)  # a running sibling, ahead
     draft = index.propose(prompt_key(PROMPT), PROMPT + [1, 2], max_len=3)
     assert draft.tokens == [3, 4, 5] and draft.match_len == 4 and draft.support == [1, 1, 1]
 
@@ -43,18 +43,18 @@ def test_longest_ngram_wins_and_short_matches_fall_back():
     index = GroupIndex(GroupIndexConfig(min_n=2, max_n=3))
     _sample(index, [1, 2, 3, 50, 2, 3, 60])
     key = prompt_key(PROMPT)
-    assert index.propose(key, [0, 1, 2, 3], max_len=1).tokens == [50]     # 3-gram [1, 2, 3]
-    draft = index.propose(key, [0, 5, 2, 3], max_len=1)                    # only the 2-gram [2, 3]
+    assert index.propose(key, [0, 1, 2, 3], max_len=1).tokens == [50]  # 3-gram [1, 2, 3]
+    draft = index.propose(key, [0, 5, 2, 3], max_len=1)  # only the 2-gram [2, 3]
     # the most recent position
     assert draft.match_len == 2 and draft.tokens == [60]
-    assert index.propose(key, [0, 5, 6, 3], max_len=4) is None             # below min_n
+    assert index.propose(key, [0, 5, 6, 3], max_len=4) is None  # below min_n
 
 
 def test_other_prompts_and_the_own_position_propose_nothing():
     index = GroupIndex()
     s = _sample(index, [1, 2, 3], done=False)
     assert index.propose(prompt_key([7, 8, 9, 11]), PROMPT + [1, 2], max_len=4) is None
-    assert index.propose(prompt_key(PROMPT), PROMPT + [1, 2, 3], max_len=4) is None   # its own end
+    assert index.propose(prompt_key(PROMPT), PROMPT + [1, 2, 3], max_len=4) is None  # its own end
     index.extend(s, [4])
     # grows live
     assert index.propose(prompt_key(PROMPT), PROMPT + [1, 2, 3], max_len=4).tokens == [4]
@@ -120,9 +120,19 @@ def test_identical_prompts_share_one_group_and_prompts_differ_by_exact_ids():
     assert prompt_key([1, 2, 3]) == prompt_key([1, 2, 3]) != prompt_key([1, 2, 3, 0]) != prompt_key([3, 2, 1])
 
 
-@pytest.mark.parametrize("kw", [dict(max_tokens=0), dict(keep_versions=0), dict(min_n=0),
-                                dict(min_n=3, max_n=2), dict(max_hits=0), dict(max_candidates=0),
-                                dict(max_draft=33), dict(min_prob=1.0)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(max_tokens=0),
+        dict(keep_versions=0),
+        dict(min_n=0),
+        dict(min_n=3, max_n=2),
+        dict(max_hits=0),
+        dict(max_candidates=0),
+        dict(max_draft=33),
+        dict(min_prob=1.0),
+    ],
+)
 def test_config_rejects_bad_values(kw):
     with pytest.raises(ValueError):
         GroupIndexConfig(**kw)
@@ -143,7 +153,7 @@ def test_draft_length_adapts_to_the_estimate():
     assert unbounded.propose(key, PROMPT).tokens == list(range(100, 132))
     lone = GroupIndex(GroupIndexConfig(min_prob=0.1))
     _sample(lone, list(range(100, 150)))
-    assert len(lone.propose(key, PROMPT).tokens) == 5                    # (2/3)^5 >= 0.1 > (2/3)^6
+    assert len(lone.propose(key, PROMPT).tokens) == 5  # (2/3)^5 >= 0.1 > (2/3)^6
     split = GroupIndex(GroupIndexConfig(min_prob=0.2))
     for tail in ([5, 6, 7], [5, 6, 7], [5, 8, 9], [5, 8, 9]):
         _sample(split, [1, 2, 3] + tail)

@@ -8,6 +8,7 @@ marginals are computed with transformers; Pearson's chi-square against them (cel
 < 5 pooled) must stay under its 1 - 1e-6 quantile. The negative control breaks the point-mass
 rejection rule (a rejected draft token stays in the residual) and the same statistic must reject it.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -30,8 +31,7 @@ BATCH, NEW = 100, 4
 
 @pytest.fixture(scope="module")
 def setup(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
-    drafter = trained_drafter(tiny_qwen2, tiny_tokenizer,
-                              tmp_path_factory.mktemp("gdist") / "drafter")
+    drafter = trained_drafter(tiny_qwen2, tiny_tokenizer, tmp_path_factory.mktemp("gdist") / "drafter")
     prompt = tiny_tokenizer("The quick brown fox")["input_ids"]
     exact = _marginals(AutoModelForCausalLM.from_pretrained(tiny_qwen2).eval(), prompt)
     return ModelRunner.load(str(tiny_qwen2)), drafter, prompt, exact
@@ -43,8 +43,11 @@ def _decoder(runner, drafter, arm: str) -> SDDecoder:
     from gleanrl.harvest.checkpoint import load_drafter
 
     fused = arm == "fused"
-    ctl = Controller(ControllerConfig(sd="on", sd_sources=("eagle", "group", "fused") if fused
-                                      else ("group",), num_draft_tokens=2 if fused else 3))
+    ctl = Controller(
+        ControllerConfig(
+            sd="on", sd_sources=("eagle", "group", "fused") if fused else ("group",), num_draft_tokens=2 if fused else 3
+        )
+    )
     dec = SDDecoder(ctl, GroupDrafts())
     if arm == "fused":
         dec.set_drafter(load_drafter(drafter, embed_tokens=runner.embed.weight), "d")
@@ -55,9 +58,15 @@ def _sample(runner, dec: SDDecoder, prompt: list[int], n: int) -> list[list[int]
     params = SamplingParams(max_new_tokens=NEW, temperature=1.0, top_k=TOP_K, ignore_eos=True)
     outputs = []
     for lo in range(0, n, BATCH):
-        seqs = [Sequence(GenerateRequest(f"r{i}", prompt, params), lambda out: None,
-                         StopChecker(params, set(), 1024),
-                         torch.Generator().manual_seed(i)) for i in range(lo, lo + BATCH)]
+        seqs = [
+            Sequence(
+                GenerateRequest(f"r{i}", prompt, params),
+                lambda out: None,
+                StopChecker(params, set(), 1024),
+                torch.Generator().manual_seed(i),
+            )
+            for i in range(lo, lo + BATCH)
+        ]
         for s in seqs:
             s.cache = runner.new_cache()
         while seqs:
@@ -74,8 +83,7 @@ def _sample(runner, dec: SDDecoder, prompt: list[int], n: int) -> list[list[int]
 def _stats(outputs, exact) -> list[tuple[float, float]]:
     from collections import Counter
 
-    return [_chi2(Counter(o[pos] for o in outputs), m, len(outputs))
-            for pos, m in ((1, exact[0]), (2, exact[1]))]
+    return [_chi2(Counter(o[pos] for o in outputs), m, len(outputs)) for pos, m in ((1, exact[0]), (2, exact[1]))]
 
 
 @pytest.mark.parametrize("arm", ["group", "fused"])
@@ -102,5 +110,4 @@ def test_broken_rejection_rule_is_detected(setup, monkeypatch):
     monkeypatch.setattr(branch_verify, "_test", keep_rejected_token)
     runner, drafter, prompt, exact = setup
     outputs = _sample(runner, _decoder(runner, drafter, "group"), prompt, 4000)
-    assert any(stat > threshold
-               for stat, threshold in _stats(outputs, exact)), "no power against a broken rule"
+    assert any(stat > threshold for stat, threshold in _stats(outputs, exact)), "no power against a broken rule"

@@ -1,5 +1,6 @@
 """`gleanrl serve`'s flags are the fields of ServerConfig and EngineConfig: one name and one
 default per setting, from the flag to the dataclass."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,15 +35,25 @@ def test_every_field_has_a_flag():
 
 
 def test_flags_and_config_file_reach_the_dataclasses(tmp_path):
-    args = _parse("--model", "m", "--threads", "3", "--swap-timeout", "5", "--sd-sources",
-                  "eagle,group", "--dist-allow", "10.0.0.1", "--max-n", "7")
+    args = _parse(
+        "--model",
+        "m",
+        "--threads",
+        "3",
+        "--swap-timeout",
+        "5",
+        "--sd-sources",
+        "eagle,group",
+        "--dist-allow",
+        "10.0.0.1",
+        "--max-n",
+        "7",
+    )
     engine, server = config_from_args(EngineConfig, args), config_from_args(ServerConfig, args)
-    assert (engine.num_threads, engine.swap_timeout_s, engine.sd_sources) == \
-        (3, 5.0, ("eagle", "group"))
+    assert (engine.num_threads, engine.swap_timeout_s, engine.sd_sources) == (3, 5.0, ("eagle", "group"))
     assert (server.dist_allow, server.max_n) == (("10.0.0.1",), 7)
     path = tmp_path / "serve.json"
     path.write_text(json.dumps({"model": "m", "sd_sources": ["eagle", "fused"]}))
-    assert config_from_args(EngineConfig, _parse("--config", str(path))).sd_sources == \
-        ("eagle", "fused")
+    assert config_from_args(EngineConfig, _parse("--config", str(path))).sd_sources == ("eagle", "fused")
     with pytest.raises(ValueError, match="sd_sources"):
         config_from_args(EngineConfig, _parse("--model", "m", "--sd-sources", "eagle,nope"))

@@ -1,5 +1,6 @@
 """The bootstrap's SFT recipe (trainer.tasks.sft): focus weights, the weighted loss, the
 lr schedule."""
+
 from __future__ import annotations
 
 import math
@@ -18,7 +19,7 @@ def test_doubling_focus_is_the_first_lines_counter():
     task = load_task(None)
     for sample in task.prompts("train", 200, seed=3):
         solution = task.solution(sample)
-        (lo, hi), = task.solution_focus(sample)
+        ((lo, hi),) = task.solution_focus(sample)
         if sample["steps"]:
             assert solution[lo:hi] == f"{sample['steps']:02d}"  # k, copied from the prompt
             assert solution.split("\n")[1].startswith(solution[lo:hi] + ":")
@@ -28,8 +29,9 @@ def test_doubling_focus_is_the_first_lines_counter():
 
 def test_batches_weigh_focus_tokens_and_nothing_outside_the_response():
     task, tok = load_task(None), build_char_tokenizer()
-    size = PolicySize(hidden=8, layers=1, heads=2, kv_heads=2, intermediate=8, train_tokens=3000,
-                      batch_tokens=512, focus_weight=7.0)
+    size = PolicySize(
+        hidden=8, layers=1, heads=2, kv_heads=2, intermediate=8, train_tokens=3000, batch_tokens=512, focus_weight=7.0
+    )
     batches = make_batches(task, tok, size, seed=0)
     assert sum(b[0].numel() for b in batches) >= 3000
     for input_ids, labels, weights in batches:
@@ -55,8 +57,9 @@ def test_a_task_without_focus_weighs_every_label_one_and_bad_spans_are_refused()
         def solution_focus(self, sample):
             return [(2, 9)]
 
-    size = PolicySize(hidden=8, layers=1, heads=2, kv_heads=2, intermediate=8, train_tokens=50,
-                      batch_tokens=64, focus_weight=5.0)
+    size = PolicySize(
+        hidden=8, layers=1, heads=2, kv_heads=2, intermediate=8, train_tokens=50, batch_tokens=64, focus_weight=5.0
+    )
     tok = build_char_tokenizer()
     for _, labels, weights in make_batches(Plain(), tok, size, seed=0):
         assert torch.equal(weights, (labels != -100).float())
@@ -67,14 +70,12 @@ def test_a_task_without_focus_weighs_every_label_one_and_bad_spans_are_refused()
 def test_weighted_loss_is_the_plain_loss_at_weight_one_and_leans_on_the_weighted_tokens():
     torch.manual_seed(0)
     logits = torch.randn(2, 6, 11)
-    input_ids, labels, weights = _collate([([1, 2, 3, 4, 5, 6], 2, [(1, 2)]),
-                                           ([7, 8, 9], 1, [])], pad_id=0,
-                                          focus_weight=1.0)
-    plain = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 11),
-                                              labels[:, 1:].reshape(-1))
+    input_ids, labels, weights = _collate(
+        [([1, 2, 3, 4, 5, 6], 2, [(1, 2)]), ([7, 8, 9], 1, [])], pad_id=0, focus_weight=1.0
+    )
+    plain = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 11), labels[:, 1:].reshape(-1))
     assert torch.allclose(weighted_loss(logits, labels, weights), plain)
-    _, _, heavy = _collate([([1, 2, 3, 4, 5, 6], 2, [(1, 2)]), ([7, 8, 9], 1, [])], pad_id=0,
-                           focus_weight=1e6)
+    _, _, heavy = _collate([([1, 2, 3, 4, 5, 6], 2, [(1, 2)]), ([7, 8, 9], 1, [])], pad_id=0, focus_weight=1e6)
     # the focus token: label at 2 + 1
     nll = torch.nn.functional.cross_entropy(logits[0, 2], labels[0, 3])
     assert torch.allclose(weighted_loss(logits, labels, heavy), nll, atol=1e-4)
@@ -87,9 +88,10 @@ def test_lr_schedule_warms_up_then_decays_to_its_final_fraction():
     assert all(a <= b for a, b in zip(lrs[:10], lrs[1:10]))
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
     assert lrs[-1] == pytest.approx(0.05, abs=1e-3) and max(lrs) <= 1.0
-    old = [min((i + 1) / (total // 20),
-               0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, i / total))))
-           for i in range(total)]  # the version-1 recipe's schedule
+    old = [
+        min((i + 1) / (total // 20), 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, i / total))))
+        for i in range(total)
+    ]  # the version-1 recipe's schedule
     assert [lr_factor(i, total) for i in range(total)] == old
 
 
@@ -101,24 +103,24 @@ def test_a_size_at_the_old_recipe_keeps_its_version_1_cache_key(monkeypatch):
     assert bootstrap.cache_key(None, 0, "small")[1] == "c20b4d97e2d2"
     # with the later fields at their defaults (no polish phase), the key policies built before them
     # carry
-    monkeypatch.setitem(bootstrap.SIZES, "small",
-                        PolicySize(**{**current.__dict__, "polish_steps": 0,
-                                      "polish_focus_weight": 1.0}))
+    monkeypatch.setitem(
+        bootstrap.SIZES, "small", PolicySize(**{**current.__dict__, "polish_steps": 0, "polish_focus_weight": 1.0})
+    )
     assert bootstrap.cache_key(None, 0, "small")[1] == "cc935668cbf3"
-    monkeypatch.setitem(bootstrap.SIZES, "small",
-                        PolicySize(**{**current.__dict__, "polish_steps": 0,
-                                      "polish_focus_weight": 1.0, "focus_weight": 2.0}))
+    monkeypatch.setitem(
+        bootstrap.SIZES,
+        "small",
+        PolicySize(**{**current.__dict__, "polish_steps": 0, "polish_focus_weight": 1.0, "focus_weight": 2.0}),
+    )
     assert bootstrap.cache_key(None, 0, "small")[1] != "cc935668cbf3"
 
 
 def test_sizes_validate_the_recipe_fields():
     assert SIZES["small"].focus_weight == 1
     with pytest.raises(ValueError, match="focus_weight"):
-        PolicySize(hidden=8, layers=1, heads=2, kv_heads=2, intermediate=8, train_tokens=10,
-                   focus_weight=0)
+        PolicySize(hidden=8, layers=1, heads=2, kv_heads=2, intermediate=8, train_tokens=10, focus_weight=0)
     with pytest.raises(ValueError, match="warmup"):
-        PolicySize(hidden=8, layers=1, heads=2, kv_heads=2, intermediate=8, train_tokens=10,
-                   warmup=1.0)
+        PolicySize(hidden=8, layers=1, heads=2, kv_heads=2, intermediate=8, train_tokens=10, warmup=1.0)
 
 
 class _Oracle(torch.nn.Module):
@@ -132,8 +134,7 @@ class _Oracle(torch.nn.Module):
         from types import SimpleNamespace
 
         nxt = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)
-        return SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, self.vocab).float()
-                               * self.margin)
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, self.vocab).float() * self.margin)
 
 
 def test_reference_accuracy_is_the_probability_of_sampling_the_reference():

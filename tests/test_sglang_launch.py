@@ -1,5 +1,6 @@
 """`gleanrl serve --backend sglang` without SGLang: the command it builds, and start/fail/stop
 behaviour against a stand-in interpreter (a real SGLang start is in tests/sglang/)."""
+
 from __future__ import annotations
 
 import argparse
@@ -33,10 +34,22 @@ FAKE_SGLANG = textwrap.dedent("""
 
 
 def _args(**kw) -> argparse.Namespace:
-    base = dict(model="/models/policy", drafter=None, host="127.0.0.1", port=30000, api_key=None,
-                admin_api_key=None, device="cuda", dtype="auto", context_length=None,
-                max_running_requests=32, speculative_num_steps=None,
-                speculative_eagle_topk=None, speculative_num_draft_tokens=None, sglang_arg=[])
+    base = dict(
+        model="/models/policy",
+        drafter=None,
+        host="127.0.0.1",
+        port=30000,
+        api_key=None,
+        admin_api_key=None,
+        device="cuda",
+        dtype="auto",
+        context_length=None,
+        max_running_requests=32,
+        speculative_num_steps=None,
+        speculative_eagle_topk=None,
+        speculative_num_draft_tokens=None,
+        sglang_arg=[],
+    )
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -51,19 +64,28 @@ def fake_sglang(tmp_path, monkeypatch):
     script = tmp_path / "fake_sglang.py"
     script.write_text(FAKE_SGLANG)
     python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
     python.chmod(python.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("GLEANRL_SGLANG_PYTHON", str(python))
     return tmp_path
 
 
 def test_command_for_gpu_with_drafter_and_passthrough():
-    cmd = build_command(_args(drafter="/models/drafter", speculative_num_steps=3,
-                              speculative_eagle_topk=1, speculative_num_draft_tokens=4,
-                              api_key="k1", admin_api_key="k2", context_length=2048,
-                              tool_call_parser="qwen25", reasoning_parser="qwen3",
-                              sglang_arg=["--mem-fraction-static", "0.7", "--tp-size=2"]),
-                        python="py")
+    cmd = build_command(
+        _args(
+            drafter="/models/drafter",
+            speculative_num_steps=3,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=4,
+            api_key="k1",
+            admin_api_key="k2",
+            context_length=2048,
+            tool_call_parser="qwen25",
+            reasoning_parser="qwen3",
+            sglang_arg=["--mem-fraction-static", "0.7", "--tp-size=2"],
+        ),
+        python="py",
+    )
     assert cmd[:3] == ["py", "-m", "sglang.launch_server"]
     pairs = dict(zip(cmd[3::2], cmd[4::2]))
     assert pairs["--model-path"] == "/models/policy" and pairs["--device"] == "cuda" and pairs["--dtype"] == "auto"
@@ -113,8 +135,7 @@ def test_failed_start_shows_sglangs_error(fake_sglang, monkeypatch, capsys):
 
 def test_start_waits_for_health_and_stop_ends_the_group(fake_sglang):
     port = _free_port()
-    proc, url = start(_args(model=str(fake_sglang), port=port, api_key="secret"), echo=False,
-                      timeout_s=60)
+    proc, url = start(_args(model=str(fake_sglang), port=port, api_key="secret"), echo=False, timeout_s=60)
     try:
         assert url == f"http://127.0.0.1:{port}" and httpx.get(f"{url}/health").status_code == 200
         # the reader thread may not have read the line when /health answers

@@ -1,6 +1,7 @@
 """The demo policy and drafter shipped with the project (gleanrl.shipped): the weights are the ones
 hashed, the config is the recipe's, the recipe key is today's, a quick held-out figure clears its
 floor; an altered file is refused. The last phase of the recipe (the focus polish) at tiny size."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +20,9 @@ def test_the_small_policy_and_drafter_load_and_check():
     assert accuracy >= shipped.SANITY_FLOOR, accuracy
     drafter = load_drafter(shipped.shipped_drafter("small"), target_config=policy)
     assert drafter.config.target_hidden_size == 512
-    size = (policy / "model.safetensors").stat().st_size + \
-        (shipped.SHIPPED["small"].drafter / "model.safetensors").stat().st_size
+    size = (policy / "model.safetensors").stat().st_size + (
+        shipped.SHIPPED["small"].drafter / "model.safetensors"
+    ).stat().st_size
     assert size < 100e6  # fp32 policy (the trainer checkpoints fp32), bf16 drafter, no optimizer state
 
 
@@ -32,6 +34,7 @@ def test_the_deep_policy_is_shipped_in_bf16_and_checks():
     policy = shipped.shipped_policy(sanity=False)
     assert policy == entry.policy and shipped.shipped_for(policy) == entry
     from safetensors import safe_open
+
     with safe_open(str(policy / "model.safetensors"), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
     assert shipped.quick_heldout(policy, task=entry.task) >= shipped.SANITY_FLOOR
@@ -67,7 +70,6 @@ def test_polish_phase_weights_the_focus_and_moves_the_weights():
     tokenizer = build_char_tokenizer()
     model = build_model(tokenizer, size, seed=0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    model, curve = polish_policy(model, load_task("doubling"), tokenizer, size, seed=0,
-                                 progress=False)
+    model, curve = polish_policy(model, load_task("doubling"), tokenizer, size, seed=0, progress=False)
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert curve == []  # 3 steps: no 25-step point

@@ -12,6 +12,7 @@ correct implementation fails with probability ~1e-6 (and never at the fixed seed
 control shows the same statistic rejects the classic bug of resampling from p instead of the
 residual max(p - q, 0).
 """
+
 from __future__ import annotations
 
 import math
@@ -27,23 +28,28 @@ def verify_sampled(draft_ids, q_probs, p_probs, gens, lens=None):
     """A chain as a one-branch tree: draft_ids [B, k] ~ q_probs [B, k, V]; p_probs [B, k+1, V]."""
     b, k = draft_ids.shape
     lens = torch.full((b,), k) if lens is None else lens
-    _, n_acc, out = verify_branches(draft_ids[:, None], lens[:, None], p_probs[:, 0],
-                                    p_probs[:, None, 1:], gens, q_probs[:, None],
-                                    torch.zeros(b, 1, dtype=torch.bool))
+    _, n_acc, out = verify_branches(
+        draft_ids[:, None],
+        lens[:, None],
+        p_probs[:, 0],
+        p_probs[:, None, 1:],
+        gens,
+        q_probs[:, None],
+        torch.zeros(b, 1, dtype=torch.bool),
+    )
     return n_acc, out
 
 
 def verify_greedy(draft_ids, target_ids, lens=None):
     b, k = draft_ids.shape
     lens = torch.full((b,), k) if lens is None else lens
-    _, n_acc, out = verify_branches_greedy(draft_ids[:, None], lens[:, None], target_ids[:, 0],
-                                           target_ids[:, None, 1:])
+    _, n_acc, out = verify_branches_greedy(draft_ids[:, None], lens[:, None], target_ids[:, 0], target_ids[:, None, 1:])
     return n_acc, out
 
 
 def _chains(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    p = torch.rand(V, V, generator=g) ** 3 + 0.02                      # [V, V] transition rows
+    p = torch.rand(V, V, generator=g) ** 3 + 0.02  # [V, V] transition rows
     # excluded tokens (top-k-like)
     p[torch.arange(V), torch.arange(V)] = 0.0
     p = p / p.sum(-1, keepdim=True)
@@ -54,20 +60,18 @@ def _chains(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _draft(p: torch.Tensor, q: torch.Tensor, gens: list[torch.Generator]):
     """Per row: a start token, K drafts sampled from q along the chain, and the k+1 target rows."""
-    start = torch.stack([torch.randint(V, (), generator=g) for g in gens])           # [B]
+    start = torch.stack([torch.randint(V, (), generator=g) for g in gens])  # [B]
     prev, drafts = start, []
     for _ in range(K):
-        drafts.append(torch.stack([torch.multinomial(q[s], 1, generator=g)[0]
-                                   for s, g in zip(prev, gens)]))
+        drafts.append(torch.stack([torch.multinomial(q[s], 1, generator=g)[0] for s, g in zip(prev, gens)]))
         prev = drafts[-1]
-    draft_ids = torch.stack(drafts, dim=1)                                           # [B, K]
-    prevs = torch.cat([start[:, None], draft_ids], dim=1)                            # [B, K+1]
+    draft_ids = torch.stack(drafts, dim=1)  # [B, K]
+    prevs = torch.cat([start[:, None], draft_ids], dim=1)  # [B, K+1]
     # q: [B,K,V], p: [B,K+1,V]
     return start, draft_ids, q[prevs[:, :K]], p[prevs]
 
 
-def _transition_counts(p: torch.Tensor, q: torch.Tensor, verify_fn,
-                       min_tokens: int = 20_000) -> torch.Tensor:
+def _transition_counts(p: torch.Tensor, q: torch.Tensor, verify_fn, min_tokens: int = 20_000) -> torch.Tensor:
     gens = [torch.Generator().manual_seed(1000 + b) for b in range(ROWS)]
     counts = torch.zeros(V, V, dtype=torch.int64)
     while counts.sum() < min_tokens:
@@ -77,13 +81,11 @@ def _transition_counts(p: torch.Tensor, q: torch.Tensor, verify_fn,
         prevs = torch.cat([start[:, None], out[:, :-1]], dim=1)
         for b in range(ROWS):
             n = int(n_acc[b]) + 1
-            counts.index_put_((prevs[b, :n], out[b, :n]), torch.ones(n, dtype=torch.int64),
-                              accumulate=True)
+            counts.index_put_((prevs[b, :n], out[b, :n]), torch.ones(n, dtype=torch.int64), accumulate=True)
     return counts
 
 
-def _chi2_exceeds(counts: torch.Tensor, p: torch.Tensor,
-                  alpha_z: float = 4.753) -> tuple[float, float]:
+def _chi2_exceeds(counts: torch.Tensor, p: torch.Tensor, alpha_z: float = 4.753) -> tuple[float, float]:
     """Returns (statistic, threshold); alpha_z is the standard normal 1 - 1e-6 quantile."""
     stat, df = 0.0, 0
     for prev in range(V):
@@ -100,8 +102,7 @@ def _resample_from_p_bug(draft_ids, q_probs, p_probs, gens):
     n_acc, out = verify_sampled(draft_ids, q_probs, p_probs, gens)
     rows = torch.arange(len(gens))
     p_n = p_probs[rows, n_acc]
-    out[rows, n_acc] = torch.stack([torch.multinomial(p_n[b], 1, generator=g)[0]
-                                    for b, g in enumerate(gens)])
+    out[rows, n_acc] = torch.stack([torch.multinomial(p_n[b], 1, generator=g)[0] for b, g in enumerate(gens)])
     return n_acc, out
 
 
@@ -164,15 +165,19 @@ def test_ragged_rows_verify_as_if_alone():
     assert n_acc.tolist() == lens.tolist()
     for b in range(16):
         k = int(lens[b])
-        alone = verify_sampled(draft_ids[b:b + 1, :k], q_probs[b:b + 1, :k],
-                               p_probs[b:b + 1, :k + 1], [torch.Generator().manual_seed(100 + b)])
-        assert int(alone[0][0]) == k and out[b, :k + 1].tolist() == alone[1][0].tolist()
+        alone = verify_sampled(
+            draft_ids[b : b + 1, :k],
+            q_probs[b : b + 1, :k],
+            p_probs[b : b + 1, : k + 1],
+            [torch.Generator().manual_seed(100 + b)],
+        )
+        assert int(alone[0][0]) == k and out[b, : k + 1].tolist() == alone[1][0].tolist()
     p2, q2 = _chains(seed=4)
     _, d2, qp2, pp2 = _draft(p2, q2, [torch.Generator().manual_seed(b) for b in range(16)])
-    n2, o2 = verify_sampled(d2, qp2, pp2,
-                            [torch.Generator().manual_seed(7 + b) for b in range(16)], lens)
+    n2, o2 = verify_sampled(d2, qp2, pp2, [torch.Generator().manual_seed(7 + b) for b in range(16)], lens)
     for b in range(16):  # with rejections too: same tokens as alone
         k = int(lens[b])
-        n1, o1 = verify_sampled(d2[b:b + 1, :k], qp2[b:b + 1, :k], pp2[b:b + 1, :k + 1],
-                                [torch.Generator().manual_seed(7 + b)])
-        assert int(n2[b]) == int(n1[0]) and o2[b, :int(n1[0]) + 1].tolist() == o1[0, :int(n1[0]) + 1].tolist()
+        n1, o1 = verify_sampled(
+            d2[b : b + 1, :k], qp2[b : b + 1, :k], pp2[b : b + 1, : k + 1], [torch.Generator().manual_seed(7 + b)]
+        )
+        assert int(n2[b]) == int(n1[0]) and o2[b, : int(n1[0]) + 1].tolist() == o1[0, : int(n1[0]) + 1].tolist()

@@ -1,5 +1,6 @@
 """Spool: bounds in tokens and bytes, oldest evicted first, atomic shards, resume,
 recency-weighted sampling."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,10 +9,8 @@ import torch
 from gleanrl.harvest.spool import Spool, SpoolConfig
 
 
-def _sample(tokens: int, width: int = 6, fill: float = 0.0,
-            prompt: int = 0) -> dict[str, torch.Tensor]:
-    return {"input_ids": torch.arange(tokens) + 1000 * prompt,
-            "aux_hidden": torch.full((tokens, width), float(fill))}
+def _sample(tokens: int, width: int = 6, fill: float = 0.0, prompt: int = 0) -> dict[str, torch.Tensor]:
+    return {"input_ids": torch.arange(tokens) + 1000 * prompt, "aux_hidden": torch.full((tokens, width), float(fill))}
 
 
 def test_memory_bounds_evict_oldest_first():
@@ -26,8 +25,7 @@ def test_memory_bounds_evict_oldest_first():
 def test_byte_bound_on_memory_and_disk(tmp_path):
     one = _sample(10)
     per_sample = sum(t.numel() * t.element_size() for t in one.values())
-    cfg = SpoolConfig(max_mem_bytes=3 * per_sample, max_disk_bytes=5 * per_sample + 5 * 200,
-                      holdout_every=0)
+    cfg = SpoolConfig(max_mem_bytes=3 * per_sample, max_disk_bytes=5 * per_sample + 5 * 200, holdout_every=0)
     spool = Spool(tmp_path, cfg)
     for i in range(10):
         spool.add(_sample(10, fill=i), policy_version=0)
@@ -59,10 +57,8 @@ def test_resume_keeps_spool(tmp_path):
         for name, t in item.tensors.items():
             assert torch.equal(t, before[seq].tensors[name])
     assert resumed.add(_sample(4), policy_version=4).seq == 7  # numbering continues
-    assert [it.seq for it in resumed.holdout(policy_version=0)] == \
-        [it.seq for it in spool.holdout(policy_version=0)]
-    assert [it.prompt for it in resumed._mem.values()][:7] == \
-        [it.prompt for it in before.values()]
+    assert [it.seq for it in resumed.holdout(policy_version=0)] == [it.seq for it in spool.holdout(policy_version=0)]
+    assert [it.prompt for it in resumed._mem.values()][:7] == [it.prompt for it in before.values()]
 
 
 def test_resume_respects_memory_limit(tmp_path):
@@ -92,9 +88,9 @@ def test_sampling_favours_recent_versions():
     for v in (0, 1, 2):
         for _ in range(4):
             spool.add(_sample(3), policy_version=v)
-    counts = torch.bincount(torch.tensor([it.policy_version for it in
-                                          spool.sample(4000, torch.Generator().manual_seed(0))]),
-                            minlength=3)
+    counts = torch.bincount(
+        torch.tensor([it.policy_version for it in spool.sample(4000, torch.Generator().manual_seed(0))]), minlength=3
+    )
     # expected shares 1/21, 4/21, 16/21
     assert counts[2] > 3 * counts[1] > 9 * counts[0] > 0
 
@@ -121,7 +117,10 @@ def test_running_totals_match_contents(tmp_path):
     assert spool.disk_bytes == sum(p.stat().st_size for p in tmp_path.glob("*.safetensors"))
     resumed = Spool(tmp_path, SpoolConfig(max_mem_tokens=40, max_disk_tokens=70, holdout_every=0))
     assert (resumed.mem_tokens, resumed.disk_tokens, resumed.disk_bytes) == (
-        spool.mem_tokens, spool.disk_tokens, spool.disk_bytes)
+        spool.mem_tokens,
+        spool.disk_tokens,
+        spool.disk_bytes,
+    )
 
 
 def test_holdout_spans_the_newest_versions():

@@ -1,5 +1,6 @@
 """Tasks and rewards: the built-in running-sums task, the math-answer reward, the JSONL loader and
 loading a user task by dotted path."""
+
 from __future__ import annotations
 
 import json
@@ -31,27 +32,33 @@ def test_running_sums_solution_is_rewarded():
         assert int(sample["answer"]) == sum(sample["items"])
 
 
-@pytest.mark.parametrize("response, expected", [
-    ("347\n02:694\n01:388\n\\boxed{388}", 1.0),
-    ("\\boxed{388}", 1.0),                              # only the boxed answer is checked
-    ("347\n02:694\n01:389\n\\boxed{389}", 0.0),
-    ("347\n02:694\n01:388\n", 0.0),                    # no box
-    ("\\boxed{0388}", 1.0),                             # leading zeros compare by value
-])
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        ("347\n02:694\n01:388\n\\boxed{388}", 1.0),
+        ("\\boxed{388}", 1.0),  # only the boxed answer is checked
+        ("347\n02:694\n01:389\n\\boxed{389}", 0.0),
+        ("347\n02:694\n01:388\n", 0.0),  # no box
+        ("\\boxed{0388}", 1.0),  # leading zeros compare by value
+    ],
+)
 def test_doubling_reward(response, expected):
     assert Doubling().reward({"start": 347, "steps": 2, "answer": "388"}, response) == expected
 
 
-@pytest.mark.parametrize("response, expected", [
-    ("a3=3 b5=8 c2=10 d8=18\n\\boxed{18}", 1.0),
-    ("a3=3 b5=8 c2=10 d8=19\n\\boxed{19}", 0.0),       # wrong total
-    ("\\boxed{ 18 }", 1.0),                            # spaces are normalised away
-    ("a3=3 b5=8 c2=10 d8=18", 0.0),                    # no \boxed{}: the built-in task needs one
-    ("a3=3 b5=8\n\\boxed{18", 0.0),                    # unclosed
-    ("\\boxed{}", 0.0),
-    ("\\boxed{18}\n\\boxed{17}", 0.0),                 # the last box counts
-    ("", 0.0),
-])
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        ("a3=3 b5=8 c2=10 d8=18\n\\boxed{18}", 1.0),
+        ("a3=3 b5=8 c2=10 d8=19\n\\boxed{19}", 0.0),  # wrong total
+        ("\\boxed{ 18 }", 1.0),  # spaces are normalised away
+        ("a3=3 b5=8 c2=10 d8=18", 0.0),  # no \boxed{}: the built-in task needs one
+        ("a3=3 b5=8\n\\boxed{18", 0.0),  # unclosed
+        ("\\boxed{}", 0.0),
+        ("\\boxed{18}\n\\boxed{17}", 0.0),  # the last box counts
+        ("", 0.0),
+    ],
+)
 def test_running_sums_reward(response, expected):
     sample = {"items": [3, 5, 2, 8], "answer": "18"}
     assert RunningSums().reward(sample, response) == expected
@@ -65,9 +72,9 @@ def test_prompts_are_deterministic_and_formatted_with_the_chat_template(task):
     assert a != task.prompts("test", 20, seed=1)
     tokenizer = build_char_tokenizer()
     for sample in a:
-        assert sample["prompt"] == tokenizer.apply_chat_template(sample["messages"],
-                                                                 add_generation_prompt=True,
-                                                                 tokenize=False)
+        assert sample["prompt"] == tokenizer.apply_chat_template(
+            sample["messages"], add_generation_prompt=True, tokenize=False
+        )
         assert sample["prompt"] == chatml(sample["messages"][0]["content"])
 
 
@@ -75,8 +82,7 @@ def test_prompts_are_deterministic_and_formatted_with_the_chat_template(task):
 def test_reference_lengths_are_long_tailed_and_fit_the_context(task):
     tokenizer = build_char_tokenizer()
     samples = task.prompts("test", 2000, seed=0)
-    lengths = [len(tokenizer(task.solution(s), add_special_tokens=False).input_ids) + 1
-               for s in samples]
+    lengths = [len(tokenizer(task.solution(s), add_special_tokens=False).input_ids) + 1 for s in samples]
     stats = length_stats(lengths)
     assert stats["p99_over_median"] >= 5
     assert stats["top5_share"] >= 0.25
@@ -97,18 +103,21 @@ def test_char_tokenizer_round_trips_text_and_special_tokens():
     assert ids.count(tokenizer.eos_token_id) == 2 and len(tokenizer) == 100
 
 
-@pytest.mark.parametrize("response, reference, expected", [
-    ("so the answer is \\boxed{\\frac{1}{2}}", "0.5", 1.0),
-    ("\\boxed{\\dfrac{3}{4}}", "\\frac{3}{4}", 1.0),
-    ("They have 1,000 apples.", "1000", 1.0),           # last number when there is no box
-    ("5 + 7 = 12. The answer is 12.", "#### 12", 1.0),  # GSM8K reference format
-    ("\\boxed{$42$}", "42.0", 1.0),
-    ("\\boxed{x^2+1}", "x^2 + 1", 1.0),
-    ("\\boxed{13}", "12", 0.0),
-    ("I do not know", "12", 0.0),
-    ("\\boxed{12", "12", 1.0),                          # unclosed box: falls back to
-                                                        # the last number
-])
+@pytest.mark.parametrize(
+    "response, reference, expected",
+    [
+        ("so the answer is \\boxed{\\frac{1}{2}}", "0.5", 1.0),
+        ("\\boxed{\\dfrac{3}{4}}", "\\frac{3}{4}", 1.0),
+        ("They have 1,000 apples.", "1000", 1.0),  # last number when there is no box
+        ("5 + 7 = 12. The answer is 12.", "#### 12", 1.0),  # GSM8K reference format
+        ("\\boxed{$42$}", "42.0", 1.0),
+        ("\\boxed{x^2+1}", "x^2 + 1", 1.0),
+        ("\\boxed{13}", "12", 0.0),
+        ("I do not know", "12", 0.0),
+        # unclosed box: falls back to the last number
+        ("\\boxed{12", "12", 1.0),
+    ],
+)
 def test_math_reward(response, reference, expected):
     assert math_reward(response, reference) == expected
 
@@ -120,15 +129,20 @@ def test_extract_answer_handles_nested_braces():
 
 def test_jsonl_loader_skips_bad_lines_with_their_line_numbers(tmp_path, capsys):
     path = tmp_path / "data.jsonl"
-    path.write_text("\n".join([
-        json.dumps({"prompt": "What is 2+3?", "answer": 5}),
-        "{not json",
-        json.dumps({"prompt": "What is 10/4?", "answer": "2.5", "level": 1}),
-        json.dumps({"answer": "1"}),
-        "",
-        json.dumps(["a list"]),
-        json.dumps({"prompt": "Q", "answer": None}),
-    ]) + "\n")
+    path.write_text(
+        "\n".join(
+            [
+                json.dumps({"prompt": "What is 2+3?", "answer": 5}),
+                "{not json",
+                json.dumps({"prompt": "What is 10/4?", "answer": "2.5", "level": 1}),
+                json.dumps({"answer": "1"}),
+                "",
+                json.dumps(["a list"]),
+                json.dumps({"prompt": "Q", "answer": None}),
+            ]
+        )
+        + "\n"
+    )
     task = load_task(f"jsonl:{path}")
     assert isinstance(task, JsonlTask)
     samples = task.prompts("train", 5, seed=0)
@@ -157,15 +171,15 @@ def test_jsonl_errors_are_clear(tmp_path):
 
 def test_jsonl_train_and_test_files(tmp_path):
     for split, answer in (("train", 1), ("test", 2)):
-        (tmp_path / f"{split}.jsonl").write_text(json.dumps({"prompt": split,
-                                                             "answer": answer}) + "\n")
+        (tmp_path / f"{split}.jsonl").write_text(json.dumps({"prompt": split, "answer": answer}) + "\n")
     task = load_task(f"jsonl:train={tmp_path / 'train.jsonl'},test={tmp_path / 'test.jsonl'}")
     assert task.prompts("test", 1, 0)[0]["answer"] == "2"
     assert task.prompts("train", 3, 0)[0]["answer"] == "1"
 
 
 def test_load_user_task_by_dotted_path(tmp_path, monkeypatch):
-    (tmp_path / "my_tasks.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_tasks.py").write_text(
+        textwrap.dedent("""
         from gleanrl.trainer.tasks.base import Task
 
         class Echo(Task):
@@ -175,7 +189,8 @@ def test_load_user_task_by_dotted_path(tmp_path, monkeypatch):
                 return float(response.strip() == sample["answer"])
         echo = Echo()
         not_a_task = 42
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     for spec in ("my_tasks:Echo", "my_tasks:echo"):
         task = load_task(spec)

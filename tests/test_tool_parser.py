@@ -2,6 +2,7 @@
 streamed result equal to the one-shot one at every cut point (two cuts anywhere, and character by
 character), calls to unknown functions dropped, `max_calls`, and the grammar that forces the calls
 accepts what the parser reads."""
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ CASES = {
         "a <tool_ca",
         '<tool_call>\n{"name": "add", "arguments": 5}\n</tool_call>\n\n',
         '<tool_call>\n{"name": "add", "arguments": {"a": 1}\n</tool_call>',
-        '<tool_call>{"arguments": {}, "name": ["add"]}</tool_call>',      # not a name: dropped
+        '<tool_call>{"arguments": {}, "name": ["add"]}</tool_call>',  # not a name: dropped
     ],
     "hermes": [
         '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>',
@@ -35,8 +36,7 @@ CASES = {
         '<|python_tag|>{"name":"add", "arguments":{"a":2}}',
         'hello {"name": "add", "parameters": {}}',
         '  {"name": "add", "parameters": {"a": "{"}}',
-        '<|python_tag|>{"name": "add", "arguments": {"a": 1}};<|python_tag|>{"name": "add", '
-        '"arguments": {"a": 2}}',
+        '<|python_tag|>{"name": "add", "arguments": {"a": 1}};<|python_tag|>{"name": "add", "arguments": {"a": 2}}',
     ],
 }
 ALL = [(name, text) for name, texts in CASES.items() for text in texts]
@@ -49,7 +49,7 @@ def _streamed(name: str, pieces: list[str], max_calls: int | None = None):
         content += text
         for d in deltas:
             if d.id:
-                assert d.index == len(calls) and d.name   # the first delta: id and name
+                assert d.index == len(calls) and d.name  # the first delta: id and name
                 calls.append([d.name, ""])
             calls[d.index][1] += d.arguments
     return content, calls
@@ -72,19 +72,19 @@ def test_streamed_equals_whole_at_every_cut(name, text):
 
 def test_what_each_format_reads():
     assert _whole("qwen25", CASES["qwen25"][0]) == (
-        "hi ", [["get_weather", '{"city": "Paris"}'], ["add", '{"a": [1, "}\\""]}']])
+        "hi ",
+        [["get_weather", '{"city": "Paris"}'], ["add", '{"a": [1, "}\\""]}']],
+    )
     assert _whole("qwen25", CASES["qwen25"][1]) == ("plain text, no call", [])
     # not name-first: read when the call closes, the arguments re-serialised
     assert _whole("qwen25", CASES["qwen25"][2]) == (" after", [["add", '{"x": 1}']])
-    assert _whole("qwen25", CASES["qwen25"][3]) == ("x", [])            # unknown: dropped
-    assert _whole("qwen25", CASES["qwen25"][4]) == ("", [["add", '{"a": 1']])   # cut off
+    assert _whole("qwen25", CASES["qwen25"][3]) == ("x", [])  # unknown: dropped
+    assert _whole("qwen25", CASES["qwen25"][4]) == ("", [["add", '{"a": 1']])  # cut off
     assert _whole("qwen25", CASES["qwen25"][5]) == ("a <tool_ca", [])
     assert _whole("qwen25", CASES["qwen25"][6]) == ("", [["add", "5"]])
     assert _whole("qwen25", CASES["qwen25"][8]) == ("", [])
-    assert _whole("hermes", CASES["hermes"][1]) == (
-        "text", [["get_weather", '{"city": "Rome"}'], ["add", "{}"]])
-    assert _whole("llama3", CASES["llama3"][0]) == (
-        "", [["add", '{"a": 1}'], ["get_weather", '{"c": 2}']])
+    assert _whole("hermes", CASES["hermes"][1]) == ("text", [["get_weather", '{"city": "Rome"}'], ["add", "{}"]])
+    assert _whole("llama3", CASES["llama3"][0]) == ("", [["add", '{"a": 1}'], ["get_weather", '{"c": 2}']])
     assert _whole("llama3", CASES["llama3"][2]) == ('hello {"name": "add", "parameters": {}}', [])
     assert _whole("llama3", CASES["llama3"][4]) == ("", [["add", '{"a": 1}'], ["add", '{"a": 2}']])
     assert _whole("llama3", CASES["llama3"][0], max_calls=1) == ("", [["add", '{"a": 1}']])
@@ -92,7 +92,7 @@ def test_what_each_format_reads():
 
 def test_json_end():
     assert json_end('  {"a": "}"} x', 0) == 12
-    assert json_end('[1, [2]', 0) is None and json_end("5", 0) is None
+    assert json_end("[1, [2]", 0) is None and json_end("5", 0) is None
 
 
 @pytest.mark.parametrize("parser", sorted(FORMATS))
@@ -101,6 +101,7 @@ def test_forcing_grammar_accepts_what_the_parser_reads(parser, tiny_tokenizer):
     in the parser's format (and nothing before them), and the parser reads them back."""
     from gleanrl.server.http.config import ServerConfig
     from gleanrl.server.http.tools import ToolPlan, forcing_grammar
+
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     tools = [{"type": "function", "function": {"name": "add", "parameters": schema}}]
     plan = ToolPlan(tools, ["add"], parser, True, None)
@@ -123,12 +124,14 @@ def test_forcing_grammar_accepts_what_the_parser_reads(parser, tiny_tokenizer):
 def _acceptor(tok, source: str):
     """Whether the structural tag `source` accepts a text and then the end of the output."""
     import xgrammar as xgr
-    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok),
-                                              stop_token_ids=[tok.eos_token_id])
+
+    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok), stop_token_ids=[tok.eos_token_id])
     compiled = xgr.GrammarCompiler(info, max_threads=1).compile_structural_tag(source)
 
     def accepts(text: str) -> bool:
         matcher = xgr.GrammarMatcher(compiled)
-        return all(matcher.accept_token(t) for t in tok.encode(text, add_special_tokens=False)) \
-            and matcher.accept_token(tok.eos_token_id)
+        return all(
+            matcher.accept_token(t) for t in tok.encode(text, add_special_tokens=False)
+        ) and matcher.accept_token(tok.eos_token_id)
+
     return accepts

@@ -1,5 +1,6 @@
 """GRPO end to end against a real embedded rollout server on a loopback port, with a tiny policy and
 a toy task defined here (rewards with variance inside each group)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -49,12 +50,23 @@ class CrashAtStep(NoHooks):
 
     def idle_window(self):
         import contextlib
+
         return contextlib.nullcontext()
 
 
 def _cfg(model, out, **kw) -> TrainConfig:
-    base = dict(model=str(model), out=str(out), steps=2, prompts_per_step=2, samples_per_prompt=3,
-                max_new_tokens=8, lr=3e-3, seed=3, keep_last=3, server_wait_s=60)
+    base = dict(
+        model=str(model),
+        out=str(out),
+        steps=2,
+        prompts_per_step=2,
+        samples_per_prompt=3,
+        max_new_tokens=8,
+        lr=3e-3,
+        seed=3,
+        keep_last=3,
+        server_wait_s=60,
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -66,8 +78,12 @@ def _weights(path) -> dict[str, torch.Tensor]:
 def server(tiny_qwen2, tmp_path_factory):
     # one request at a time: a batched forward's last bits depend on what else runs, and the resume
     # test compares weights exactly (the rollout logprobs enter the loss through the ratio)
-    srv = EmbeddedServer(str(tiny_qwen2), threads=1, settings={"max_running_requests": 1},
-                         log_path=tmp_path_factory.mktemp("srv") / "server.log")
+    srv = EmbeddedServer(
+        str(tiny_qwen2),
+        threads=1,
+        settings={"max_running_requests": 1},
+        log_path=tmp_path_factory.mktemp("srv") / "server.log",
+    )
     with srv:
         asyncio.run(RolloutClient([srv.url]).wait_healthy(60))
         yield srv
@@ -85,8 +101,17 @@ def test_two_steps_change_weights_and_server_version(tiny_qwen2, server, tmp_pat
     assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the initial policy's evaluation
     assert "eval_accuracy" in rows[0] and "eval_accuracy" in rows[2] and "eval_accuracy" not in rows[1]
     rows = rows[1:]
-    for key in ("reward_mean", "accuracy", "weight_version", "response_len_p50", "response_len_p99",
-                "rollout_s", "tail_s", "train_s", "logprob_mismatch"):
+    for key in (
+        "reward_mean",
+        "accuracy",
+        "weight_version",
+        "response_len_p50",
+        "response_len_p99",
+        "rollout_s",
+        "tail_s",
+        "train_s",
+        "logprob_mismatch",
+    ):
         assert key in rows[0], key
     assert rows[0]["rollout_weight_version"] == "0" and rows[1]["rollout_weight_version"] == "1"
     assert rows[0]["logprob_mismatch"] < 1e-3  # server and trainer compute the same distribution
@@ -97,17 +122,22 @@ def test_two_steps_change_weights_and_server_version(tiny_qwen2, server, tmp_pat
             info = await client.model_info()
             assert info["weight_version"] == "2"
             from transformers import AutoModelForCausalLM, AutoTokenizer
+
             tok = AutoTokenizer.from_pretrained(tiny_qwen2)
-            model = AutoModelForCausalLM.from_pretrained(out / "weight_v2",
-                                                         dtype=torch.float32).eval()
+            model = AutoModelForCausalLM.from_pretrained(out / "weight_v2", dtype=torch.float32).eval()
             for text in ("what is 3 + 4?", "hello"):
                 ids = encode_prompt(tok, {"prompt": text})
                 body = await client.generate(ids, {"max_new_tokens": 8, "temperature": 0})
                 with torch.no_grad():
-                    ref = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
-                                         eos_token_id=tok.eos_token_id,
-                                         pad_token_id=tok.pad_token_id)
-                assert body["output_ids"] == ref[0, len(ids):].tolist()
+                    ref = model.generate(
+                        torch.tensor([ids]),
+                        max_new_tokens=8,
+                        do_sample=False,
+                        eos_token_id=tok.eos_token_id,
+                        pad_token_id=tok.pad_token_id,
+                    )
+                assert body["output_ids"] == ref[0, len(ids) :].tolist()
+
     asyncio.run(check_server())
 
 
@@ -125,6 +155,5 @@ def test_resume_after_crash_equals_uninterrupted_run(tiny_qwen2, server, tmp_pat
     assert row["step"] == 2
     a, b = _weights(tmp_path / "a" / "weight_v2"), _weights(tmp_path / "b" / "weight_v2")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    rows = [json.loads(line)["step"]
-            for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert rows == [1, 2]

@@ -1,5 +1,6 @@
 """A rollout server killed mid-step: the trainer restarts it, re-pushes its weights, re-submits the
 lost rollouts and trains only on rollouts of the version it believes the server holds."""
+
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +34,7 @@ class KillServerMidStep(NoHooks):
         timer = None
         if not self.fired:
             self.fired = True
-            timer = threading.Timer(self.delay_s,
-                                    lambda: os.kill(SERVERS[-1].proc.pid, signal.SIGKILL))
+            timer = threading.Timer(self.delay_s, lambda: os.kill(SERVERS[-1].proc.pid, signal.SIGKILL))
             timer.start()
         try:
             yield
@@ -46,12 +46,12 @@ class KillServerMidStep(NoHooks):
 SERVERS: list = []
 
 
-def test_server_killed_mid_step_is_restarted_and_rollouts_resubmitted(tiny_qwen2, tmp_path,
-                                                                      monkeypatch):
+def test_server_killed_mid_step_is_restarted_and_rollouts_resubmitted(tiny_qwen2, tmp_path, monkeypatch):
     class Tracked(server_proc.EmbeddedServer):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
             SERVERS.append(self)
+
     monkeypatch.setattr(layout, "EmbeddedServer", Tracked)
     hooks, logs = KillServerMidStep(delay_s=0.1), []
     cfg = _cfg(tiny_qwen2, tmp_path / "run", max_new_tokens=160, steps=2)
@@ -78,9 +78,9 @@ class PushForeignWeights(NoHooks):
     def on_step_start(self, step, model):
         if step == self.step:
             import httpx
+
             body = {"model_path": self.model_dir, "weight_version": "99"}
-            assert httpx.post(f"{self.url}/update_weights_from_disk", json=body,
-                              timeout=60).status_code == 200
+            assert httpx.post(f"{self.url}/update_weights_from_disk", json=body, timeout=60).status_code == 200
 
     def on_rollout_finished(self, rollout):
         self.finished.append(rollout.weight_version)
@@ -89,14 +89,18 @@ class PushForeignWeights(NoHooks):
         return contextlib.nullcontext()
 
 
-def test_rollouts_of_a_foreign_weight_version_are_discarded_and_resampled(
-        tiny_qwen2, tiny_qwen2_b, tmp_path):
+def test_rollouts_of_a_foreign_weight_version_are_discarded_and_resampled(tiny_qwen2, tiny_qwen2_b, tmp_path):
     from serving import running_server
+
     logs: list[str] = []
     with running_server(tiny_qwen2) as url:
         hooks = PushForeignWeights(url, str(tiny_qwen2_b), step=2)
-        row = train(_cfg(tiny_qwen2, tmp_path / "run", servers=[url]), task=ToyTask(), hooks=hooks,
-                    log=lambda *a: logs.append(" ".join(map(str, a))))
+        row = train(
+            _cfg(tiny_qwen2, tmp_path / "run", servers=[url]),
+            task=ToyTask(),
+            hooks=hooks,
+            log=lambda *a: logs.append(" ".join(map(str, a))),
+        )
     assert row["step"] == 2 and row["rollout_weight_version"] == "1"
     assert any("weight_version 99" in line and "discarded" in line for line in logs), logs
     # nothing of version 99 reached training

@@ -1,5 +1,6 @@
 """`gleanrl train` flags fill TrainConfig (flags override the config file; flags not
 given leave it)."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,7 @@ def _config(argv, tmp_path, tiny_llama, file_text=""):
 
 
 def test_recipe_flags_reach_the_config(tiny_llama, tmp_path):
-    cfg = _config(["--negative-weight", "0.1", "--eval-greedy", "--eval-every", "3"], tmp_path,
-                  tiny_llama)
+    cfg = _config(["--negative-weight", "0.1", "--eval-greedy", "--eval-every", "3"], tmp_path, tiny_llama)
     assert (cfg.negative_weight, cfg.eval_greedy, cfg.eval_every) == (0.1, True, 3)
     cfg = _config([], tmp_path, tiny_llama, "negative_weight = 0.5\neval_greedy = true\n")
     assert (cfg.negative_weight, cfg.eval_greedy) == (0.5, True)

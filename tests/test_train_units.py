@@ -1,4 +1,5 @@
 """Trainer pieces without a server: tail time, percentiles, metrics log, checkpoints, the record."""
+
 from __future__ import annotations
 
 import json
@@ -40,6 +41,7 @@ def test_metrics_log_drops_rows_lost_to_a_crash(tmp_path):
 
 def test_checkpoints_keep_last_and_resume_restores_rng(tiny_qwen2, tmp_path):
     from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for step in (1, 2, 3):
@@ -59,17 +61,34 @@ def test_checkpoints_keep_last_and_resume_restores_rng(tiny_qwen2, tmp_path):
 def test_rollout_record_from_a_native_response():
     r = Rollout(group_id=1, index=0, sample={"prompt": "p"}, prompt_ids=[1, 2])
     assert r.status == RolloutStatus.PENDING and r.prompt == "p"
-    r.apply({"text": "ab", "output_ids": [5, 6], "meta_info": {
-        "finish_reason": {"type": "stop", "matched": 6}, "weight_version": 4,
-        "draft_weight_version": "2", "output_token_logprobs": [[-0.1, 5, None], [-0.2, 6, None]],
-        "spec_verify_ct": 1, "spec_accept_length": 2.0}})
-    assert (r.status, r.weight_version, r.draft_weight_version, r.rollout_logprobs) == \
-        (RolloutStatus.FINISHED, "4", "2", [-0.1, -0.2])
-    r.apply({"output_ids": [5],
-             "meta_info": {"finish_reason": {"type": "abort", "message": "restart"}}})
+    r.apply(
+        {
+            "text": "ab",
+            "output_ids": [5, 6],
+            "meta_info": {
+                "finish_reason": {"type": "stop", "matched": 6},
+                "weight_version": 4,
+                "draft_weight_version": "2",
+                "output_token_logprobs": [[-0.1, 5, None], [-0.2, 6, None]],
+                "spec_verify_ct": 1,
+                "spec_accept_length": 2.0,
+            },
+        }
+    )
+    assert (r.status, r.weight_version, r.draft_weight_version, r.rollout_logprobs) == (
+        RolloutStatus.FINISHED,
+        "4",
+        "2",
+        [-0.1, -0.2],
+    )
+    r.apply({"output_ids": [5], "meta_info": {"finish_reason": {"type": "abort", "message": "restart"}}})
     assert r.status == RolloutStatus.ABORTED and r.error == "restart"
-    r.apply({"output_ids": [5, 6], "meta_info": {"finish_reason": {"type": "length", "length": 2},
-                                                  "output_token_logprobs": [[-0.1, 5, None]]}})
+    r.apply(
+        {
+            "output_ids": [5, 6],
+            "meta_info": {"finish_reason": {"type": "length", "length": 2}, "output_token_logprobs": [[-0.1, 5, None]]},
+        }
+    )
     assert r.status == RolloutStatus.FAILED and "logprobs" in r.error
     r.reset()
     assert r.status == RolloutStatus.PENDING and r.output_ids == [] and r.weight_version is None

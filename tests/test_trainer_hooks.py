@@ -1,6 +1,7 @@
 """The trainer–harvest seam: one typed protocol declares every hook the loop calls, `NoHooks` and
 `HarvestHooks` implement all of them with the same parameters, the loop looks none up with
 `hasattr`, and the embedded server's SD settings travel as typed config, not as edited argv."""
+
 from __future__ import annotations
 
 import ast
@@ -30,6 +31,7 @@ def test_the_protocol_declares_every_hook_no_hooks_implements():
 def test_harvest_hooks_implement_each_hook_with_the_same_parameters(name):
     def params(cls):
         return list(inspect.signature(getattr(cls, name)).parameters)
+
     assert params(HarvestHooks) == params(NoHooks)
     assert HarvestHooks.harvests is True and NoHooks.harvests is False
 
@@ -56,7 +58,7 @@ def test_serve_sd_is_typed_and_extra_settings_still_win():
     with pytest.raises(ValueError, match="sd mode"):
         ServeSD("d", sd="fast")
     srv = EmbeddedServer("m", sd=ServeSD("/d"))
-    cmd = srv.command()   # the settings go as a JSON file, not as flags
+    cmd = srv.command()  # the settings go as a JSON file, not as flags
     assert cmd[-2:] == ["--config", str(srv.config_path)] and "--drafter" not in cmd
     settings = json.loads(srv.config_path.read_text())
     assert settings["drafter"] == "/d" and settings["sd"] == "adaptive" and settings["model"] == "m"
@@ -68,6 +70,7 @@ def test_serve_reads_the_config_file_its_flags_win(tmp_path):
     import argparse
 
     from gleanrl.server.cli import add_arguments
+
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     path = tmp_path / "serve.json"

@@ -1,6 +1,7 @@
 """Hidden states from the policy update's own forward: equal to a separate capture pass on the same
 rollouts, only for the rollouts the harvester wants, in the spool's dtype; the hooks route what the
 update skipped to the idle window and spool the rest there, without a second forward."""
+
 from __future__ import annotations
 
 import time
@@ -23,8 +24,9 @@ def _rollouts() -> list[Rollout]:
     out = []
     for i, (p, o, reward) in enumerate([(4, 9, 1.0), (6, 3, 0.0), (3, 12, 0.0), (5, 7, 1.0)]):
         prompt = torch.randint(5, 300, (p,), generator=g).tolist()
-        r = Rollout(group_id=i // 2, index=i % 2, sample={}, prompt_ids=prompt,
-                    status=RolloutStatus.FINISHED, reward=reward)
+        r = Rollout(
+            group_id=i // 2, index=i % 2, sample={}, prompt_ids=prompt, status=RolloutStatus.FINISHED, reward=reward
+        )
         r.output_ids = torch.randint(5, 300, (o,), generator=g).tolist()
         r.rollout_logprobs = [-1.0] * o
         out.append(r)
@@ -33,16 +35,27 @@ def _rollouts() -> list[Rollout]:
 
 @pytest.mark.parametrize("aux_dtype", [torch.float32, torch.bfloat16])
 def test_update_forward_equals_a_capture_pass(tiny_qwen2, tmp_path, aux_dtype):
-    policy = Policy(TrainConfig(model=str(tiny_qwen2), out=str(tmp_path), micro_batch_size=3),
-                    str(tiny_qwen2))
+    policy = Policy(TrainConfig(model=str(tiny_qwen2), out=str(tmp_path), micro_batch_size=3), str(tiny_qwen2))
     rollouts, layer_ids = _rollouts(), [0, 1, 2]
     skipped = rollouts[1]
-    want = capture(policy.model, [r.prompt_ids + r.output_ids for r in rollouts], layer_ids, topk=8,
-                   prompt_lens=[len(r.prompt_ids) for r in rollouts], policy_version=4,
-                   aux_dtype=aux_dtype)
+    want = capture(
+        policy.model,
+        [r.prompt_ids + r.output_ids for r in rollouts],
+        layer_ids,
+        topk=8,
+        prompt_lens=[len(r.prompt_ids) for r in rollouts],
+        policy_version=4,
+        aux_dtype=aux_dtype,
+    )
     got: dict[int, object] = {}
-    cap = UpdateCapture(layer_ids, 8, aux_dtype, 4, wants=lambda r: r is not skipped,
-                        put=lambda r, s: got.setdefault(rollouts.index(r), s))
+    cap = UpdateCapture(
+        layer_ids,
+        8,
+        aux_dtype,
+        4,
+        wants=lambda r: r is not skipped,
+        put=lambda r, s: got.setdefault(rollouts.index(r), s),
+    )
     before = [p.detach().clone() for p in policy.model.parameters()]
     stats = policy.train_step(rollouts, capture=cap)
     # it did update
@@ -52,8 +65,7 @@ def test_update_forward_equals_a_capture_pass(tiny_qwen2, tmp_path, aux_dtype):
     for i, s in got.items():
         ref = want[i]
         assert s.aux_hidden.dtype == aux_dtype and s.aux_hidden.shape == ref.aux_hidden.shape
-        torch.testing.assert_close(s.aux_hidden.float(), ref.aux_hidden.float(), atol=1e-5,
-                                   rtol=1e-4)
+        torch.testing.assert_close(s.aux_hidden.float(), ref.aux_hidden.float(), atol=1e-5, rtol=1e-4)
         assert torch.equal(s.input_ids, ref.input_ids) and torch.equal(s.loss_mask, ref.loss_mask)
         assert torch.equal(s.topk_ids, ref.topk_ids) and s.policy_version == 4
         torch.testing.assert_close(s.topk_probs, ref.topk_probs, atol=1e-5, rtol=1e-4)
@@ -97,8 +109,7 @@ def test_hooks_take_the_update_states_and_queue_the_rest(tiny_qwen2, tmp_path):
 
 def test_mid_step_capture_leaves_the_update_nothing_to_take(tiny_qwen2, tmp_path):
     save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "d0")
-    h = Harvester(tiny_qwen2, tmp_path / "d0", None,
-                  cfg=HarvestConfig(push_every=0, mid_step_capture=True))
+    h = Harvester(tiny_qwen2, tmp_path / "d0", None, cfg=HarvestConfig(push_every=0, mid_step_capture=True))
     hooks = HarvestHooks(h)
     policy = Policy(TrainConfig(model=str(tiny_qwen2), out=str(tmp_path / "run")), str(tiny_qwen2))
     rollouts = _rollouts()
@@ -118,9 +129,9 @@ def test_an_update_without_advantage_skips_the_forward_not_the_step(tiny_qwen2, 
     """No informative group: the optimizer steps on zero gradients, exactly like a full update over
     all-zero advantages (AdamW's momentum still moves the weights), but without
     running the policy."""
-    policies = [Policy(TrainConfig(model=str(tiny_qwen2), out=str(tmp_path / f"p{i}")),
-                       str(tiny_qwen2))
-                for i in range(2)]
+    policies = [
+        Policy(TrainConfig(model=str(tiny_qwen2), out=str(tmp_path / f"p{i}")), str(tiny_qwen2)) for i in range(2)
+    ]
     rollouts = _rollouts()
     for p in policies:
         p.train_step(rollouts)  # an informative step first: momentum to carry on with

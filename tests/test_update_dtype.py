@@ -1,6 +1,7 @@
 """The policy update in bf16 autocast (`update_dtype = "bfloat16"`): float32 master weights and
 logits, the logprobs of the PPO ratio close to float32's, the same gradient direction, the
 harvester's capture from the same forward; refused by name when the dtype is unknown."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,9 +17,7 @@ from test_update_capture import _rollouts
 
 
 def _policy(model, tmp_path, dtype: str) -> Policy:
-    return Policy(TrainConfig(model=str(model), out=str(tmp_path), micro_batch_size=3,
-                              update_dtype=dtype),
-                  str(model))
+    return Policy(TrainConfig(model=str(model), out=str(tmp_path), micro_batch_size=3, update_dtype=dtype), str(model))
 
 
 def test_bf16_logprobs_are_float32_and_close(tiny_qwen2, tmp_path):
@@ -47,12 +46,19 @@ def test_bf16_update_moves_the_weights_as_float32_does(tiny_qwen2, tmp_path):
 
 def test_bf16_update_hands_the_harvester_its_states(tiny_qwen2, tmp_path):
     policy, rollouts = _policy(tiny_qwen2, tmp_path, "bfloat16"), _rollouts()
-    want = capture(policy.model, [r.prompt_ids + r.output_ids for r in rollouts], [0, 1, 2], topk=8,
-                   prompt_lens=[len(r.prompt_ids) for r in rollouts], policy_version=1,
-                   aux_dtype=torch.float32)
+    want = capture(
+        policy.model,
+        [r.prompt_ids + r.output_ids for r in rollouts],
+        [0, 1, 2],
+        topk=8,
+        prompt_lens=[len(r.prompt_ids) for r in rollouts],
+        policy_version=1,
+        aux_dtype=torch.float32,
+    )
     got = {}
-    cap = UpdateCapture([0, 1, 2], 8, torch.float32, 1, wants=lambda r: True,
-                        put=lambda r, s: got.setdefault(rollouts.index(r), s))
+    cap = UpdateCapture(
+        [0, 1, 2], 8, torch.float32, 1, wants=lambda r: True, put=lambda r, s: got.setdefault(rollouts.index(r), s)
+    )
     policy.train_step(rollouts, capture=cap)
     assert sorted(got) == [0, 1, 2, 3]
     for i, s in got.items():

@@ -9,6 +9,7 @@ at once. Sizes: "small" is the demo/benchmark policy, "deep" its 32-layer peer (
 the LLMs SD serves), "tiny" builds in seconds for tests, "gpu" is
 sized for a GPU (`--device cuda`; scripts/gpu_check.sh). The device is not in the key, as the
 machine is not."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,17 +35,17 @@ class PolicySize:
     heads: int
     kv_heads: int
     intermediate: int
-    train_tokens: int          # SFT tokens (padding included) drawn from the task's "train" split
-    batch_tokens: int = 4096   # tokens per optimizer step, padding included
+    train_tokens: int  # SFT tokens (padding included) drawn from the task's "train" split
+    batch_tokens: int = 4096  # tokens per optimizer step, padding included
     lr: float = 1e-3
     context: int = 2048
-    bf16: bool = True          # bf16 autocast: ~2.5x faster on AVX-512 CPUs; off for tiny (no gain)
-    focus_weight: float = 1.0  # loss weight of the tokens the task's solution_focus names
-                               # (trainer.tasks.sft)
-    warmup: float = 0.05       # share of the steps with a linear lr warmup
-    final_lr: float = 0.1      # the cosine schedule's last lr, a fraction of lr
-    polish_steps: int = 0      # a last phase at the final lr with the focus tokens weighted
-    polish_focus_weight: float = 1.0   # ...this much (trainer.tasks.sft.polish_policy)
+    bf16: bool = True  # bf16 autocast: ~2.5x faster on AVX-512 CPUs; off for tiny (no gain)
+    # loss weight of the tokens the task's solution_focus names (trainer.tasks.sft)
+    focus_weight: float = 1.0
+    warmup: float = 0.05  # share of the steps with a linear lr warmup
+    final_lr: float = 0.1  # the cosine schedule's last lr, a fraction of lr
+    polish_steps: int = 0  # a last phase at the final lr with the focus tokens weighted
+    polish_focus_weight: float = 1.0  # ...this much (trainer.tasks.sft.polish_policy)
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads or self.heads % self.kv_heads:
@@ -58,25 +59,59 @@ class PolicySize:
 SIZES = {
     # the polish phase: held-out reference accuracy 0.577 -> 0.696 (T = 1), greedy 0.688 -> 0.828
     # (docs/task-and-bootstrap.md, issue 30)
-    "small": PolicySize(hidden=512, layers=6, heads=8, kv_heads=8, intermediate=1536,
-                        train_tokens=1_500_000, batch_tokens=2048, lr=1.5e-3, polish_steps=100,
-                        polish_focus_weight=10.0),
+    "small": PolicySize(
+        hidden=512,
+        layers=6,
+        heads=8,
+        kv_heads=8,
+        intermediate=1536,
+        train_tokens=1_500_000,
+        batch_tokens=2048,
+        lr=1.5e-3,
+        polish_steps=100,
+        polish_focus_weight=10.0,
+    ),
     # shaped like the LLMs SD serves (issue 38): small's parameters over 32 layers, so one EAGLE-3
     # drafter step (a layer of this width, its fc and head) costs <= ~0.1 of a target step
-    "deep": PolicySize(hidden=256, layers=32, heads=4, kv_heads=4, intermediate=512,
-                       train_tokens=2_000_000, batch_tokens=2048, lr=1e-3, polish_steps=100,
-                       polish_focus_weight=10.0),
-    "gpu": PolicySize(hidden=1024, layers=12, heads=16, kv_heads=8, intermediate=2816,
-                      train_tokens=3_000_000, batch_tokens=4096, lr=1e-3),
-    "tiny": PolicySize(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256,
-                       train_tokens=400_000, batch_tokens=1024, lr=3e-3, bf16=False),
+    "deep": PolicySize(
+        hidden=256,
+        layers=32,
+        heads=4,
+        kv_heads=4,
+        intermediate=512,
+        train_tokens=2_000_000,
+        batch_tokens=2048,
+        lr=1e-3,
+        polish_steps=100,
+        polish_focus_weight=10.0,
+    ),
+    "gpu": PolicySize(
+        hidden=1024,
+        layers=12,
+        heads=16,
+        kv_heads=8,
+        intermediate=2816,
+        train_tokens=3_000_000,
+        batch_tokens=4096,
+        lr=1e-3,
+    ),
+    "tiny": PolicySize(
+        hidden=128,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=256,
+        train_tokens=400_000,
+        batch_tokens=1024,
+        lr=3e-3,
+        bf16=False,
+    ),
 }
 
 
 # recipe fields added after version 1: left out of the key at these values (the recipe they
 # reproduce), so a policy built before they existed stays cached
-_LATER_DEFAULTS = {"focus_weight": 1.0, "warmup": 0.05, "final_lr": 0.1, "polish_steps": 0,
-                   "polish_focus_weight": 1.0}
+_LATER_DEFAULTS = {"focus_weight": 1.0, "warmup": 0.05, "final_lr": 0.1, "polish_steps": 0, "polish_focus_weight": 1.0}
 
 
 def cache_root() -> Path:
@@ -93,14 +128,19 @@ def cache_key(task, seed: int, size: str) -> tuple[dict, str]:
     """(the arguments that define a bootstrap, their 12-hex-digit hash)."""
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}: choose one of {sorted(SIZES)}")
-    recipe = {k: v for k, v in asdict(SIZES[size]).items()
-              if k not in _LATER_DEFAULTS or v != _LATER_DEFAULTS[k]}
+    recipe = {k: v for k, v in asdict(SIZES[size]).items() if k not in _LATER_DEFAULTS or v != _LATER_DEFAULTS[k]}
     params = {"version": FORMAT_VERSION, "task": _spec_of(task), "seed": seed, "size": recipe}
     return params, hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def bootstrap_policy(out_dir: str | os.PathLike | None = None, task=None, seed: int = 0,
-                     size: str = "small", progress: bool = True, device: str = "cpu") -> Path:
+def bootstrap_policy(
+    out_dir: str | os.PathLike | None = None,
+    task=None,
+    seed: int = 0,
+    size: str = "small",
+    progress: bool = True,
+    device: str = "cpu",
+) -> Path:
     """Train (or find in the cache) the task's policy; returns the model directory."""
     params, key = cache_key(task, seed, size)
     if out_dir is None:
@@ -109,8 +149,7 @@ def bootstrap_policy(out_dir: str | os.PathLike | None = None, task=None, seed: 
     out = Path(out_dir)
     if _cached(out, key):
         return out
-    if out.exists() and (not out.is_dir()
-                         or any(out.iterdir())) and not (out / "bootstrap.json").exists():
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not (out / "bootstrap.json").exists():
         raise FileExistsError(f"{out} exists and is not a bootstrap output; choose another --out")
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.with_name(f".{out.name}.lock"), "w") as lock:  # one builder per directory
@@ -123,13 +162,15 @@ def bootstrap_policy(out_dir: str | os.PathLike | None = None, task=None, seed: 
 
         start, cpu = time.time(), resource.getrusage(resource.RUSAGE_SELF)
         with atomic_dir(out) as tmp:
-            stats = train_policy(tmp, load_task(task), SIZES[size], seed=seed, progress=progress,
-                                 device=device)
+            stats = train_policy(tmp, load_task(task), SIZES[size], seed=seed, progress=progress, device=device)
             # CPU time: wall time on a busy machine misleads
             used = resource.getrusage(resource.RUSAGE_SELF)
-            stats.update(key=key, params=params, seconds=round(time.time() - start, 1),
-                         cpu_seconds=round(
-                             used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime, 1))
+            stats.update(
+                key=key,
+                params=params,
+                seconds=round(time.time() - start, 1),
+                cpu_seconds=round(used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime, 1),
+            )
             (tmp / "bootstrap.json").write_text(json.dumps(stats, indent=1))
     return out
 
@@ -141,32 +182,30 @@ def _cached(out: Path, key: str) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", default=None,
-                        help="built-in task name or module:object (default: doubling)")
-    parser.add_argument("--out", default=None,
-                        help="model directory (default: a cache dir under $GLEANRL_CACHE "
-                        "or ~/.cache/gleanrl)")
+    parser.add_argument("--task", default=None, help="built-in task name or module:object (default: doubling)")
+    parser.add_argument(
+        "--out", default=None, help="model directory (default: a cache dir under $GLEANRL_CACHE or ~/.cache/gleanrl)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="where the policy trains")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the policy trains")
 
 
 def run(args: argparse.Namespace) -> int:
     from gleanrl.trainer.tasks import TaskError
 
     try:
-        path = bootstrap_policy(args.out, task=args.task, seed=args.seed, size=args.size,
-                                device=args.device)
+        path = bootstrap_policy(args.out, task=args.task, seed=args.seed, size=args.size, device=args.device)
     except (TaskError, FileExistsError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     stats = json.loads((path / "bootstrap.json").read_text())
-    print(f"policy: {path} ({stats['parameters'] / 1e6:.1f}M parameters, trained "
-          f"in {stats['seconds']} s)")
+    print(f"policy: {path} ({stats['parameters'] / 1e6:.1f}M parameters, trained in {stats['seconds']} s)")
     if "heldout_reference_accuracy" in stats:
         acc = stats["heldout_reference_accuracy"]
-        print(f"held-out accuracy ({acc['n']} test prompts, from the reference solutions' "
-              f"probabilities): T = 1 {acc['expected']:.3f} ± {acc['expected_se']:.3f}, "
-              f"greedy {acc['greedy']:.3f}")
+        print(
+            f"held-out accuracy ({acc['n']} test prompts, from the reference solutions' "
+            f"probabilities): T = 1 {acc['expected']:.3f} ± {acc['expected_se']:.3f}, "
+            f"greedy {acc['greedy']:.3f}"
+        )
     return 0

@@ -4,6 +4,7 @@
 keep state (the Harvester: the drafter in training, its optimizer, its version), `hooks_state.pt`.
 The whole directory appears by one rename, so a directory that exists is complete and its policy and
 drafter states belong together; `--resume` takes the highest N."""
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ class Resumed:
     step: int
     path: Path
     optimizer_state: dict
-    hooks_state: dict | None = None   # the rollout hooks' `state_dict()` saved with this step
+    hooks_state: dict | None = None  # the rollout hooks' `state_dict()` saved with this step
 
 
 def checkpoint_path(out: str | Path, step: int) -> Path:
@@ -38,8 +39,7 @@ def list_checkpoints(out: str | Path) -> list[tuple[int, Path]]:
     out = Path(out)
     if not out.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in out.iterdir()
-             if (m := _NAME.match(p.name)) and p.is_dir()]
+    found = [(int(m.group(1)), p) for p in out.iterdir() if (m := _NAME.match(p.name)) and p.is_dir()]
     return sorted(found)
 
 
@@ -52,8 +52,16 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save_checkpoint(out: str | Path, step: int, model, tokenizer, optimizer, config: dict,
-                    keep_last: int, hooks_state: dict | None = None) -> Path:
+def save_checkpoint(
+    out: str | Path,
+    step: int,
+    model,
+    tokenizer,
+    optimizer,
+    config: dict,
+    keep_last: int,
+    hooks_state: dict | None = None,
+) -> Path:
     """Write step `step` (with `hooks_state`, if any) atomically, then delete all but the newest
     `keep_last` step checkpoints."""
     target = checkpoint_path(out, step)
@@ -61,8 +69,7 @@ def save_checkpoint(out: str | Path, step: int, model, tokenizer, optimizer, con
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state()},
-                   tmp / STATE_FILE)
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state()}, tmp / STATE_FILE)
         (tmp / "train_config.json").write_text(json.dumps(config, indent=2))
         if hooks_state is not None:
             torch.save(hooks_state, tmp / HOOKS_FILE)
@@ -82,10 +89,8 @@ def load_latest(out: str | Path) -> Resumed | None:
             continue
         state = torch.load(state_file, weights_only=False)
         if state.get("step") != step:
-            raise ValueError(f"{state_file}: step {state.get('step')} does not match the "
-                             "directory name")
+            raise ValueError(f"{state_file}: step {state.get('step')} does not match the directory name")
         set_rng_state(state["rng"])
-        hooks = torch.load(path / HOOKS_FILE,
-                           weights_only=False) if (path / HOOKS_FILE).is_file() else None
+        hooks = torch.load(path / HOOKS_FILE, weights_only=False) if (path / HOOKS_FILE).is_file() else None
         return Resumed(step=step, path=path, optimizer_state=state["optimizer"], hooks_state=hooks)
     return None

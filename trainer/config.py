@@ -1,4 +1,5 @@
 """TrainConfig: one validated dataclass, filled from a TOML/YAML file and then from flags."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,16 +17,16 @@ def _flag(default, help_text: str, **kw):
 
 @dataclass(slots=True)
 class TrainConfig:
-    model: str                               # initial policy (HF directory)
-    out: str                                 # checkpoints, metrics.jsonl, config.resolved.json
-    task: str | None = None                  # built-in task spec; None: the default task
-    data: str | None = None                  # a JSONL prompt file instead of a task
-    servers: list[str] = field(default_factory=list)   # running rollout servers; empty: start
-                                                       # an embedded one
-    router: str | None = None                # generation through this URL (sglang-router);
-                                             # weights to `servers`
-    drafter: str | None = None               # EAGLE-3 drafter directory: harvest on (trained in
-                                             # the tail, pushed)
+    model: str  # initial policy (HF directory)
+    out: str  # checkpoints, metrics.jsonl, config.resolved.json
+    task: str | None = None  # built-in task spec; None: the default task
+    data: str | None = None  # a JSONL prompt file instead of a task
+    # running rollout servers; empty: start an embedded one
+    servers: list[str] = field(default_factory=list)
+    # generation through this URL (sglang-router); weights to `servers`
+    router: str | None = None
+    # EAGLE-3 drafter directory: harvest on (trained in the tail, pushed)
+    drafter: str | None = None
     steps: int = _flag(20, "RL steps")
     prompts_per_step: int = _flag(8, "prompts per step")
     samples_per_prompt: int = _flag(4, "rollouts per prompt (GRPO group size)")
@@ -39,59 +40,75 @@ class TrainConfig:
     micro_batch_size: int = _flag(8, "sequences per forward/backward")
     clip_low: float = 0.2
     clip_high: float = 0.2
-    kl_coef: float = _flag(0.0, "k3 KL to the initial policy (0: off; > 0 keeps a frozen "
-                                "reference copy of it)")
-    scale_advantages: bool = True            # divide by the group std (GRPO) or not (Dr. GRPO)
-    negative_weight: float = _flag(1.0, "weight of negative advantages (< 1 leans on reinforcing "
-                                        "successes; the demo uses 1)")
-    eval_every: int = _flag(0, "accuracy on held-out prompts at step 0, every N steps and the "
-                               "last (0: off)")
+    kl_coef: float = _flag(0.0, "k3 KL to the initial policy (0: off; > 0 keeps a frozen reference copy of it)")
+    scale_advantages: bool = True  # divide by the group std (GRPO) or not (Dr. GRPO)
+    negative_weight: float = _flag(
+        1.0, "weight of negative advantages (< 1 leans on reinforcing successes; the demo uses 1)"
+    )
+    eval_every: int = _flag(0, "accuracy on held-out prompts at step 0, every N steps and the last (0: off)")
     eval_prompts: int = _flag(64, "held-out prompts per evaluation")
     eval_samples: int = _flag(1, "samples per held-out prompt (> 1 only with --eval-temperature)")
     eval_temperature: float = _flag(0.0, "evaluation temperature (0: greedy)")
-    eval_greedy: bool = _flag(False, "also evaluate greedily (eval_greedy_* keys; with "
-                                     "eval_temperature > 0)", action="store_true")
+    eval_greedy: bool = _flag(
+        False, "also evaluate greedily (eval_greedy_* keys; with eval_temperature > 0)", action="store_true"
+    )
     keep_last: int = _flag(2, "step checkpoints kept")
     seed: int = _flag(0, "seed")
     trainer_threads: int = _flag(1, "torch threads of the trainer")
-    update_threads: int = _flag(0, "torch threads of the policy update, which runs while the "
-                                   "servers wait (0: one per core)")
+    update_threads: int = _flag(
+        0, "torch threads of the policy update, which runs while the servers wait (0: one per core)"
+    )
     # CPU affinity of the update (empty: unchanged)
     update_cores: list[int] = field(default_factory=list)
-    update_dtype: str = _flag("float32", "the policy update's compute dtype: float32, or bfloat16 "
-                              "autocast (fp32 master weights, optimizer and logits; 3-4x faster "
-                              "on CPUs with AVX-512 BF16)", choices=["float32", "bfloat16"])
-    replicas: int = _flag(0, "embedded rollout servers, each pinned to its share of the cores "
-                             "(0: with --drafter on CPU one per core, the harvest training on the "
-                             "cores of replicas that finished; else one server on every core; 1: "
-                             "one server, on half the cores with --drafter)")
-    server_threads: int = _flag(0, "torch threads of each embedded server (0: one per core of "
-                                   "its share)")
-    serve: dict = field(default_factory=dict)   # the embedded server's `gleanrl serve` settings by
-                                                # name (e.g. {"dtype": "bfloat16"}; its --config)
+    update_dtype: str = _flag(
+        "float32",
+        "the policy update's compute dtype: float32, or bfloat16 "
+        "autocast (fp32 master weights, optimizer and logits; 3-4x faster "
+        "on CPUs with AVX-512 BF16)",
+        choices=["float32", "bfloat16"],
+    )
+    replicas: int = _flag(
+        0,
+        "embedded rollout servers, each pinned to its share of the cores "
+        "(0: with --drafter on CPU one per core, the harvest training on the "
+        "cores of replicas that finished; else one server on every core; 1: "
+        "one server, on half the cores with --drafter)",
+    )
+    server_threads: int = _flag(0, "torch threads of each embedded server (0: one per core of its share)")
+    # the embedded server's `gleanrl serve` settings by name (e.g. {"dtype": "bfloat16"}; its --config)
+    serve: dict = field(default_factory=dict)
     api_key: str | None = _flag(None, "the rollout server's API key")
     admin_api_key: str | None = _flag(None, "the rollout server's admin API key (weight updates)")
     request_timeout_s: float = 600.0
     server_wait_s: float = _flag(120.0, "how long to wait for a dead or restarting server")
-    max_attempts: int = 3                    # submissions per rollout before it counts as failed
-    stream: bool = True                      # stream /generate to time the first token
-    stream_interval: int = 8                 # tokens per streamed chunk (first-token time
-                                             # is that coarse)
+    max_attempts: int = 3  # submissions per rollout before it counts as failed
+    stream: bool = True  # stream /generate to time the first token
+    # tokens per streamed chunk (first-token time is that coarse)
+    stream_interval: int = 8
 
     def __post_init__(self) -> None:
         if isinstance(self.servers, str):
             self.servers = [self.servers]
         self.betas = tuple(self.betas)
-        positive = ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens",
-                    "micro_batch_size", "keep_last", "eval_prompts", "eval_samples",
-                    "trainer_threads", "max_attempts", "stream_interval")
+        positive = (
+            "steps",
+            "prompts_per_step",
+            "samples_per_prompt",
+            "max_new_tokens",
+            "micro_batch_size",
+            "keep_last",
+            "eval_prompts",
+            "eval_samples",
+            "trainer_threads",
+            "max_attempts",
+            "stream_interval",
+        )
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         checks = [
-            ("server_threads", isinstance(self.server_threads, int) and self.server_threads >= 0,
-             "must be >= 0"),
+            ("server_threads", isinstance(self.server_threads, int) and self.server_threads >= 0, "must be >= 0"),
             ("replicas", isinstance(self.replicas, int) and self.replicas >= 0, "must be >= 0"),
             ("temperature", self.temperature > 0, "must be > 0 (GRPO needs sampled rollouts)"),
             ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
@@ -105,18 +122,15 @@ class TrainConfig:
             ("weight_decay", self.weight_decay >= 0, "must be >= 0"),
             ("request_timeout_s", self.request_timeout_s > 0, "must be > 0"),
             ("server_wait_s", self.server_wait_s > 0, "must be > 0"),
-            ("update_dtype", self.update_dtype in ("float32", "bfloat16"),
-             "must be float32 or bfloat16"),
+            ("update_dtype", self.update_dtype in ("float32", "bfloat16"), "must be float32 or bfloat16"),
         ]
         for name, ok, why in checks:
             if not ok:
                 raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
         if not (Path(self.model) / "config.json").is_file():
-            raise ValueError("model must be a Hugging Face model directory (with config.json), "
-                             f"got {self.model!r}")
+            raise ValueError(f"model must be a Hugging Face model directory (with config.json), got {self.model!r}")
         if not isinstance(self.update_threads, int) or self.update_threads < 0:
-            raise ValueError(f"update_threads must be an integer >= 0 (0: one per core), "
-                             f"got {self.update_threads!r}")
+            raise ValueError(f"update_threads must be an integer >= 0 (0: one per core), got {self.update_threads!r}")
         self.update_cores = list(self.update_cores)
         if not all(isinstance(c, int) and c >= 0 for c in self.update_cores):
             raise ValueError(f"update_cores must be core numbers >= 0, got {self.update_cores!r}")
@@ -124,11 +138,14 @@ class TrainConfig:
             raise ValueError(f"eval_every must be an integer >= 0, got {self.eval_every!r}")
         if self.drafter is not None:
             from gleanrl.harvest.checkpoint import check_drafter_dir
+
             check_drafter_dir(self.drafter)
         if self.router is not None and not self.servers:
-            raise ValueError("router needs the worker URLs too (--server URL per worker): "
-                             "weight updates go to every worker, the router only "
-                             "forwards generation")
+            raise ValueError(
+                "router needs the worker URLs too (--server URL per worker): "
+                "weight updates go to every worker, the router only "
+                "forwards generation"
+            )
         if not isinstance(self.serve, dict):
             raise ValueError(f"serve must be a table of `gleanrl serve` settings, got {self.serve!r}")
         if self.task and self.data:
@@ -151,6 +168,7 @@ def read_config_file(path: str | Path) -> dict:
         data = tomllib.loads(text)
     elif path.suffix in (".yaml", ".yml"):
         import yaml
+
         data = yaml.safe_load(text) or {}
     elif path.suffix == ".json":
         data = json.loads(text)
@@ -166,8 +184,7 @@ def build_config(file_values: dict, flag_values: dict) -> TrainConfig:
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(file_values) - known)
     if unknown:
-        raise ValueError(f"unknown config keys: {', '.join(unknown)} "
-                         f"(known: {', '.join(sorted(known))})")
+        raise ValueError(f"unknown config keys: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
     values = dict(file_values)
     values.update({k: v for k, v in flag_values.items() if v is not None and k in known})
     for required in ("model", "out"):
@@ -178,6 +195,7 @@ def build_config(file_values: dict, flag_values: dict) -> TrainConfig:
 
 def write_resolved(cfg: TrainConfig, out: str | Path) -> Path:
     from gleanrl.base.atomic import atomic_file
+
     target = Path(out) / "config.resolved.json"
     with atomic_file(target, "w") as f:
         json.dump(cfg.to_dict(), f, indent=2)

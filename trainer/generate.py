@@ -1,6 +1,7 @@
 """One step's rollouts: submit all concurrently, consume each as it finishes, survive a server that
 dies or restarts mid-step (re-sync the weights, re-submit what was lost), and keep rollouts of any
 other weight_version out of training."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,10 +17,20 @@ from gleanrl.trainer.hooks import RolloutHooks
 from gleanrl.trainer.tasks.base import Task
 
 
-async def run_step(client: RolloutClient, rollouts: list[Rollout], params: dict, *,
-                   expected_version: str, resync: Callable[[], Awaitable[None]],
-                   hooks: RolloutHooks, max_attempts: int, stream: bool = True,
-                   stream_interval: int = 8, log=print, desc: str = "rollouts") -> None:
+async def run_step(
+    client: RolloutClient,
+    rollouts: list[Rollout],
+    params: dict,
+    *,
+    expected_version: str,
+    resync: Callable[[], Awaitable[None]],
+    hooks: RolloutHooks,
+    max_attempts: int,
+    stream: bool = True,
+    stream_interval: int = 8,
+    log=print,
+    desc: str = "rollouts",
+) -> None:
     """Run every rollout to completion (finished or truncated, sampled by `expected_version`).
     `resync()` waits for the server and re-pushes the current weights; it runs before
     re-submitting."""
@@ -29,38 +40,42 @@ async def run_step(client: RolloutClient, rollouts: list[Rollout], params: dict,
         while pending:
             with hooks.idle_window():
                 urls = spread(client, pending)
-                tasks = [asyncio.create_task(run_rollout(client, r, params, stream,
-                                                         stream_interval, url=urls.get(r.group_id)))
-                         for r in pending]
+                tasks = [
+                    asyncio.create_task(
+                        run_rollout(client, r, params, stream, stream_interval, url=urls.get(r.group_id))
+                    )
+                    for r in pending
+                ]
                 for fut in asyncio.as_completed(tasks):
                     r = await fut
                     if r.done and r.weight_version in (expected_version, None):
                         bar.update(1)
                         hooks.on_rollout_finished(r)
-            redo = [r for r in pending
-                    if not (r.done and r.weight_version in (expected_version, None))]
+            redo = [r for r in pending if not (r.done and r.weight_version in (expected_version, None))]
             if not redo:
                 if any(r.weight_version is None for r in rollouts):
-                    log("warning: the server reports no weight_version; trusting it "
-                        f"holds {expected_version}")
+                    log(f"warning: the server reports no weight_version; trusting it holds {expected_version}")
                 return
             bad = [r for r in redo if r.status == RolloutStatus.FAILED]
             if bad:  # the server refused the request: re-submitting will not help
-                raise RolloutServerError(client.urls[0], 400,
-                                         f"rollout {bad[0].rid} failed: {bad[0].error}")
+                raise RolloutServerError(client.urls[0], 400, f"rollout {bad[0].rid} failed: {bad[0].error}")
             stale = [r for r in redo if r.done]
             if stale:
-                log(f"warning: {len(stale)} rollout(s) sampled by "
+                log(
+                    f"warning: {len(stale)} rollout(s) sampled by "
                     f"weight_version {stale[0].weight_version}, expected {expected_version}: "
-                    "discarded and re-submitted")
+                    "discarded and re-submitted"
+                )
             exhausted = [r for r in redo if r.attempts >= max_attempts]
             if exhausted:
-                raise RolloutServerError(client.urls[0], 0,
-                                         f"{len(exhausted)} rollout(s) still unfinished after "
-                                                            f"{max_attempts} attempts "
-                                                            f"(last: {exhausted[0].error})")
-            log(f"warning: {len(redo)} rollout(s) lost ({redo[0].error}); re-syncing the server "
-                "and re-submitting")
+                raise RolloutServerError(
+                    client.urls[0],
+                    0,
+                    f"{len(exhausted)} rollout(s) still unfinished after "
+                    f"{max_attempts} attempts "
+                    f"(last: {exhausted[0].error})",
+                )
+            log(f"warning: {len(redo)} rollout(s) lost ({redo[0].error}); re-syncing the server and re-submitting")
             await resync()
             for r in redo:
                 r.reset()
@@ -80,12 +95,18 @@ def spread(client: RolloutClient, rollouts: list[Rollout]) -> dict[int, str]:
 
 
 def sampling_params(cfg: TrainConfig) -> dict:
-    return {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
-            "top_p": cfg.top_p}
+    return {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p}
 
 
-def make_rollouts(cfg: TrainConfig, task: Task, tokenizer, step: int, split: str = "train",
-                  n: int | None = None, samples: int | None = None) -> list[Rollout]:
+def make_rollouts(
+    cfg: TrainConfig,
+    task: Task,
+    tokenizer,
+    step: int,
+    split: str = "train",
+    n: int | None = None,
+    samples: int | None = None,
+) -> list[Rollout]:
     """`samples_per_prompt` pending rollouts for each of the step's prompts; seeds make the step
     reproducible (the server samples each seeded request from its own generator)."""
     prompts = task.prompts(split, n or cfg.prompts_per_step, seed=cfg.seed * 100_003 + step)
@@ -95,8 +116,7 @@ def make_rollouts(cfg: TrainConfig, task: Task, tokenizer, step: int, split: str
         for i in range(samples or cfg.samples_per_prompt):
             seed = (cfg.seed * 1_000_003 + step * 10_007 + g * 101 + i) % 2**31
             rid = f"{split}{step}-g{g}-i{i}-{seed}"
-            out.append(Rollout(group_id=g, index=i, sample=sample, prompt_ids=ids, rid=rid,
-                               seed=seed))
+            out.append(Rollout(group_id=g, index=i, sample=sample, prompt_ids=ids, rid=rid, seed=seed))
     return out
 
 

@@ -24,6 +24,7 @@ In the order the loop calls them:
 - `state_dict()`: saved with every step checkpoint (None: nothing to save).
 - `step_metrics()`: merged into the step's metrics row.
 """
+
 from __future__ import annotations
 
 import contextlib

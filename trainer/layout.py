@@ -10,6 +10,7 @@ devices whose rollouts finished, never a busy core shared at low priority. What 
 replicas only when a harvest needs the cores. The policy update (no rollout runs) takes every core;
 weight updates go to every replica.
 """
+
 from __future__ import annotations
 
 import time
@@ -23,13 +24,12 @@ def core_groups(cores: Sequence[int], replicas: int) -> list[set[int]]:
     """`cores` split into `replicas` contiguous groups as even as they come (the first ones larger)."""
     cores = sorted(cores)
     if not 1 <= replicas <= len(cores):
-        raise ValueError(f"replicas must be in [1, {len(cores)}] (the cores this process may use), "
-                         f"got {replicas}")
+        raise ValueError(f"replicas must be in [1, {len(cores)}] (the cores this process may use), got {replicas}")
     size, extra = divmod(len(cores), replicas)
     groups, at = [], 0
     for i in range(replicas):
         n = size + (i < extra)
-        groups.append(set(cores[at:at + n]))
+        groups.append(set(cores[at : at + n]))
         at += n
     return groups
 
@@ -38,15 +38,31 @@ class Replicas:
     """Embedded servers, one per core group, each pinned there (`EmbeddedServer(cores=...)`);
     started, checked, restarted and stopped together."""
 
-    def __init__(self, model: str, groups: list[set[int]], settings: dict | None = None,
-                 api_key: str | None = None, admin_api_key: str | None = None,
-                 log_path: str | Path | None = None, sd: ServeSD | None = None,
-                 threads: int | None = None):
+    def __init__(
+        self,
+        model: str,
+        groups: list[set[int]],
+        settings: dict | None = None,
+        api_key: str | None = None,
+        admin_api_key: str | None = None,
+        log_path: str | Path | None = None,
+        sd: ServeSD | None = None,
+        threads: int | None = None,
+    ):
         many = len(groups) > 1
         self.servers = [
-            EmbeddedServer(model, threads or len(cores), settings, api_key, admin_api_key,
-                           _numbered(log_path, i) if many else log_path, sd, cores=cores)
-            for i, cores in enumerate(groups)]
+            EmbeddedServer(
+                model,
+                threads or len(cores),
+                settings,
+                api_key,
+                admin_api_key,
+                _numbered(log_path, i) if many else log_path,
+                sd,
+                cores=cores,
+            )
+            for i, cores in enumerate(groups)
+        ]
 
     @property
     def urls(self) -> list[str]:
@@ -71,8 +87,7 @@ class Replicas:
         return any([s.ensure_running() for s in self.servers])
 
     def log_tail(self, lines: int = 15) -> str:
-        return "\n".join(f"[{s.log_path}]\n{tail}" for s in self.servers
-                         if (tail := s.log_tail(lines)))
+        return "\n".join(f"[{s.log_path}]\n{tail}" for s in self.servers if (tail := s.log_tail(lines)))
 
     def stop(self) -> None:
         for s in self.servers:
@@ -88,13 +103,18 @@ def _numbered(path: str | Path | None, i: int) -> Path | None:
 
 class IdleCores:
     """The cores of the replicas with nothing in flight while another still has work: a `CoreGate`
-    for the harvest's idle window (`harvest.idle`). A replica counts as idle once it has had
-    nothing in flight for `settle_s` while another had work (a step's requests reach the replicas a
-few event-loop ticks apart).
-    `in_flight(url)` is the client's count of requests in flight to `url`."""
+        for the harvest's idle window (`harvest.idle`). A replica counts as idle once it has had
+        nothing in flight for `settle_s` while another had work (a step's requests reach the replicas a
+    few event-loop ticks apart).
+        `in_flight(url)` is the client's count of requests in flight to `url`."""
 
-    def __init__(self, in_flight: Callable[[str], int], cores: dict[str, set[int]],
-                 settle_s: float = 0.02, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        in_flight: Callable[[str], int],
+        cores: dict[str, set[int]],
+        settle_s: float = 0.02,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.in_flight, self.cores, self.settle_s, self.clock = in_flight, cores, settle_s, clock
         self._idle_since: dict[str, float] = {}
 
@@ -126,5 +146,5 @@ def layout_groups(replicas: int, serve: dict, harvests: bool) -> list[set[int]]:
         on_cpu = serve.get("device", "cpu") == "cpu" and serve.get("backend", "embedded") == "embedded"
         replicas = len(cores) if on_cpu and harvests else 1
     if replicas == 1 and harvests and len(cores) > 1:
-        return [set(cores[:len(cores) // 2])]
+        return [set(cores[: len(cores) // 2])]
     return core_groups(cores, replicas)

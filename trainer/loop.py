@@ -36,6 +36,7 @@ Simplified relative to the literature (DeepSeekMath GRPO, DAPO, slime) and why:
   checked against the serving model first, then `update_weights_from_disk`, or a
   `selector: "target"` tensor session for stock SGLang running EAGLE-3; no NCCL broadcast.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -61,28 +62,33 @@ from gleanrl.trainer.server_proc import ServeSD
 from gleanrl.trainer.tasks.base import Task
 
 
-def train(cfg: TrainConfig, task: Task | None = None, hooks: RolloutHooks | None = None,
-          resume: bool = False, log=print, replicas: Replicas | None = None) -> dict:
+def train(
+    cfg: TrainConfig,
+    task: Task | None = None,
+    hooks: RolloutHooks | None = None,
+    resume: bool = False,
+    log=print,
+    replicas: Replicas | None = None,
+) -> dict:
     """Run `cfg.steps` GRPO steps (continuing from the last checkpoint with `resume`). Returns the
     last step's metrics row. `hooks` default: a Harvester's (`harvest.hooks.HarvestHooks`) with
     `cfg.drafter`, else none. Rollout servers: `cfg.servers`, else `replicas` (started and stopped
     by the caller, e.g. the demo, which serves from them afterwards), else embedded replicas laid
     out by `cfg.replicas` (`trainer.layout`), started here."""
     if hooks is not None and (missing := missing_hooks(hooks)):
-        raise TypeError(f"hooks lack {', '.join(missing)} "
-                        "(trainer.hooks.RolloutHooks; subclass NoHooks)")
+        raise TypeError(f"hooks lack {', '.join(missing)} (trainer.hooks.RolloutHooks; subclass NoHooks)")
     torch.set_num_threads(cfg.trainer_threads)
     torch.manual_seed(cfg.seed)
     task = task or _load_task(cfg)
     resumed = load_latest(cfg.out) if resume else None
     if not resume and list_checkpoints(cfg.out):
-        raise ValueError(f"{cfg.out} already holds step checkpoints: pass --resume to continue, "
-                         "or use another --out")
+        raise ValueError(f"{cfg.out} already holds step checkpoints: pass --resume to continue, or use another --out")
     write_resolved(cfg, cfg.out)
     policy = Policy(cfg, str(resumed.path) if resumed else cfg.model)
     sd = None
     if cfg.drafter and hooks is None:
         from gleanrl.harvest.hooks import HarvestHooks
+
         root = Path(cfg.out) / "harvest"
         hooks, drafter = HarvestHooks.for_run(cfg.model, cfg.drafter, root, resume)
         sd = ServeSD(str(drafter))  # the embedded server serves the newest pushed drafter
@@ -95,9 +101,20 @@ def train(cfg: TrainConfig, task: Task | None = None, hooks: RolloutHooks | None
     weights = (str(resumed.path) if resumed else cfg.model, str(resumed.step if resumed else 0))
     if cfg.servers and replicas:
         raise ValueError("give either cfg.servers or replicas, not both")
-    own = None if cfg.servers or replicas else Replicas(
-        cfg.model, layout_groups(cfg.replicas, cfg.serve, hooks.harvests), cfg.serve, cfg.api_key,
-        cfg.admin_api_key, f"{cfg.out}/server.log", sd=sd, threads=cfg.server_threads or None)
+    own = (
+        None
+        if cfg.servers or replicas
+        else Replicas(
+            cfg.model,
+            layout_groups(cfg.replicas, cfg.serve, hooks.harvests),
+            cfg.serve,
+            cfg.api_key,
+            cfg.admin_api_key,
+            f"{cfg.out}/server.log",
+            sd=sd,
+            threads=cfg.server_threads or None,
+        )
+    )
     try:
         if own:
             own.start()
@@ -135,11 +152,18 @@ async def _loop(run: Run, start: int) -> dict:
             run.checkpoint(step)  # with hooks.state_dict()
             t2 = time.monotonic()
             await run.push()
-            row = {"step": step, "weight_version": run.version,
-                   "rollout_weight_version": rollout_version,
-                   **rollout_metrics(rollouts, t0, t1, run.correct), "train_s": t2 - t1,
-                   "push_s": time.monotonic() - t2, "train_rollouts": len(batch), **train_stats,
-                   **hooks.step_metrics(), **(sched if step == start + 1 else {})}
+            row = {
+                "step": step,
+                "weight_version": run.version,
+                "rollout_weight_version": rollout_version,
+                **rollout_metrics(rollouts, t0, t1, run.correct),
+                "train_s": t2 - t1,
+                "push_s": time.monotonic() - t2,
+                "train_rollouts": len(batch),
+                **train_stats,
+                **hooks.step_metrics(),
+                **(sched if step == start + 1 else {}),
+            }
             row |= step_shares(row) | await run.evaluate(step)
             run.metrics.log(row, echo=run.log)
             if row.get("push_why"):  # the drafter gate's word: pushed, or why not yet
@@ -152,12 +176,21 @@ class Run:
     and the weights the servers must serve (`path`, `version`), the metrics log. Its methods are
     the loop's steps."""
 
-    def __init__(self, cfg: TrainConfig, task: Task, policy: Policy, hooks: RolloutHooks,
-                 servers: Replicas | None, weights: tuple[str, str], log=print):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        task: Task,
+        policy: Policy,
+        hooks: RolloutHooks,
+        servers: Replicas | None,
+        weights: tuple[str, str],
+        log=print,
+    ):
         self.cfg, self.task, self.policy, self.hooks = cfg, task, policy, hooks
         self.servers, self.log = servers, log
-        self.client = RolloutClient(cfg.servers or servers.urls, cfg.api_key, cfg.admin_api_key,
-                                    cfg.request_timeout_s, router=cfg.router)
+        self.client = RolloutClient(
+            cfg.servers or servers.urls, cfg.api_key, cfg.admin_api_key, cfg.request_timeout_s, router=cfg.router
+        )
         self.pusher = PolicyPusher(self.client, cfg.model)
         start = int(weights[1])
         self.metrics = MetricsLog(cfg.out, resume_step=start or None, harvest=hooks.harvests)
@@ -190,36 +223,60 @@ class Run:
         prompt = make_rollouts(self.cfg, self.task, self.policy.tokenizer, 1)[0].prompt_ids
         return await check_scheduling(self.client, prompt, self.hooks.scheduling_probe, self.log)
 
-    async def generate(self, rollouts: list[Rollout], params: dict, hooks: RolloutHooks,
-                       stream: bool | None = None, desc: str = "rollouts") -> None:
+    async def generate(
+        self,
+        rollouts: list[Rollout],
+        params: dict,
+        hooks: RolloutHooks,
+        stream: bool | None = None,
+        desc: str = "rollouts",
+    ) -> None:
         cfg = self.cfg
-        await run_step(self.client, rollouts, params, expected_version=self.version,
-                       resync=self.resync, hooks=hooks, max_attempts=cfg.max_attempts,
-                       stream=cfg.stream if stream is None else stream,
-                       stream_interval=cfg.stream_interval, log=self.log, desc=desc)
+        await run_step(
+            self.client,
+            rollouts,
+            params,
+            expected_version=self.version,
+            resync=self.resync,
+            hooks=hooks,
+            max_attempts=cfg.max_attempts,
+            stream=cfg.stream if stream is None else stream,
+            stream_interval=cfg.stream_interval,
+            log=self.log,
+            desc=desc,
+        )
 
     def update(self, batch: list[Rollout]) -> dict:
         """One policy update; micro-batches of similar lengths pad far less (the loss does not
         depend on the order)."""
         cfg = self.cfg
         ordered = sorted(batch, key=lambda r: len(r.prompt_ids) + len(r.output_ids))
-        with phase_threads(cfg.update_threads or len(all_cores()), cfg.update_cores), \
-                self.hooks.update_capture() as cap:
+        with (
+            phase_threads(cfg.update_threads or len(all_cores()), cfg.update_cores),
+            self.hooks.update_capture() as cap,
+        ):
             return self.policy.train_step(ordered, capture=cap)
 
     def checkpoint(self, step: int) -> None:
         """Save step `step` atomically; from now on it is what the servers must serve."""
         cfg, policy = self.cfg, self.policy
-        path = save_checkpoint(cfg.out, step, policy.model, policy.tokenizer, policy.optimizer,
-                               cfg.to_dict(), cfg.keep_last, hooks_state=self.hooks.state_dict())
+        path = save_checkpoint(
+            cfg.out,
+            step,
+            policy.model,
+            policy.tokenizer,
+            policy.optimizer,
+            cfg.to_dict(),
+            cfg.keep_last,
+            hooks_state=self.hooks.state_dict(),
+        )
         self.path, self.version = str(path), str(step)
 
     async def push(self) -> None:
         try:
             await self.pusher.push(self.path, self.version)  # a checkpoint that does not fit: fatal
         except RolloutServerError as exc:  # the next step's resync retries; the checkpoint is safe
-            self.log(f"warning: weight push of step {self.version} failed ({exc}); "
-                     "will retry before the next step")
+            self.log(f"warning: weight push of step {self.version} failed ({exc}); will retry before the next step")
             await self.resync()
 
     async def evaluate(self, step: int) -> dict:
@@ -232,13 +289,14 @@ class Run:
         if cfg.eval_greedy and cfg.eval_temperature > 0:
             passes.append(("eval_greedy", 0.0, 1))
         for prefix, temperature, samples in passes:
-            rollouts = make_rollouts(cfg, self.task, self.policy.tokenizer, 0, split="test",
-                                     n=cfg.eval_prompts, samples=samples)
+            rollouts = make_rollouts(
+                cfg, self.task, self.policy.tokenizer, 0, split="test", n=cfg.eval_prompts, samples=samples
+            )
             params = dict(sampling_params(cfg), temperature=temperature)
             await self.generate(rollouts, params, NoHooks(), stream=False, desc=prefix)
             score(self.task, self.policy.tokenizer, rollouts)
             stats = eval_metrics(rollouts, self.correct, self.metrics.first(f"{prefix}_scores"))
-            row |= {prefix + k[len("eval"):]: v for k, v in stats.items()}
+            row |= {prefix + k[len("eval") :]: v for k, v in stats.items()}
         return row | {"eval_temperature": cfg.eval_temperature, "eval_s": time.monotonic() - t0}
 
     def correct(self, r: Rollout) -> float:
@@ -261,4 +319,5 @@ def informative(rollouts: list[Rollout]) -> list[Rollout]:
 
 def _load_task(cfg: TrainConfig) -> Task:
     from gleanrl.trainer.tasks import load_task
+
     return load_task(cfg.data or cfg.task)

@@ -1,4 +1,5 @@
 """Per-step metrics: one line on the terminal and one row in `OUT/metrics.jsonl`."""
+
 from __future__ import annotations
 
 import json
@@ -9,27 +10,35 @@ from pathlib import Path
 from gleanrl.clients.rollout import Rollout
 
 COLUMNS = [  # (key, header, width, format); a key missing from a row prints blank
-    ("step", "step", 4, "{:d}"), ("reward_mean", "reward", 6, "{:.3f}"),
-    ("accuracy", "acc", 5, "{:.2f}"), ("eval_accuracy", "eval", 5, "{:.3f}"),
-    ("eval_se", "±se", 5, "{:.3f}"), ("response_len_p50", "len50", 5, "{:.0f}"),
-    ("response_len_p99", "len99", 5, "{:.0f}"), ("rollout_s", "rollout_s", 9, "{:.2f}"),
-    ("tail_s", "tail_s", 6, "{:.2f}"), ("train_s", "train_s", 7, "{:.2f}"),
+    ("step", "step", 4, "{:d}"),
+    ("reward_mean", "reward", 6, "{:.3f}"),
+    ("accuracy", "acc", 5, "{:.2f}"),
+    ("eval_accuracy", "eval", 5, "{:.3f}"),
+    ("eval_se", "±se", 5, "{:.3f}"),
+    ("response_len_p50", "len50", 5, "{:.0f}"),
+    ("response_len_p99", "len99", 5, "{:.0f}"),
+    ("rollout_s", "rollout_s", 9, "{:.2f}"),
+    ("tail_s", "tail_s", 6, "{:.2f}"),
+    ("train_s", "train_s", 7, "{:.2f}"),
     ("rollout_share", "roll%", 5, "{:.0%}"),
-    ("tokens_per_s", "tok/s", 6, "{:.0f}"), ("tokens_per_pass", "tok/pass", 8, "{:.2f}"),
-    ("logprob_mismatch", "lp_mism", 7, "{:.1e}"), ("weight_version", "ver", 4, "{}"),
+    ("tokens_per_s", "tok/s", 6, "{:.0f}"),
+    ("tokens_per_pass", "tok/pass", 8, "{:.2f}"),
+    ("logprob_mismatch", "lp_mism", 7, "{:.1e}"),
+    ("weight_version", "ver", 4, "{}"),
 ]
 
 
 HARVEST_COLUMNS = [  # from HarvestHooks.step_metrics and the rollouts, shown when harvest is on
-    ("idle_used_s", "idle_s", 6, "{:.2f}"), ("drafter_version", "dver", 4, "{}"),
-    ("spec_accept_length", "acc_len", 7, "{:.2f}"), ("heldout_accept_len", "ho_acc", 6, "{:.2f}"),
+    ("idle_used_s", "idle_s", 6, "{:.2f}"),
+    ("drafter_version", "dver", 4, "{}"),
+    ("spec_accept_length", "acc_len", 7, "{:.2f}"),
+    ("heldout_accept_len", "ho_acc", 6, "{:.2f}"),
     ("sd_token_share", "sd%", 4, "{:.0%}"),
 ]
 
 
 def format_row(row: dict, columns: list = COLUMNS) -> str:
-    return "  ".join((fmt.format(row[k]) if row.get(k) is not None else "").rjust(w)
-                     for k, _, w, fmt in columns)
+    return "  ".join((fmt.format(row[k]) if row.get(k) is not None else "").rjust(w) for k, _, w, fmt in columns)
 
 
 def format_header(columns: list = COLUMNS) -> str:
@@ -51,7 +60,7 @@ def tail_seconds(finish_times: list[float]) -> float:
         return 0.0
     ordered = sorted(finish_times)
     n = len(ordered)
-    k = math.ceil(0.75 * n)                 # after k finishes, n - k <= n/4 still run
+    k = math.ceil(0.75 * n)  # after k finishes, n - k <= n/4 still run
     return ordered[-1] - ordered[max(k, 1) - 1]
 
 
@@ -77,21 +86,25 @@ def running_seconds(intervals: list[tuple[float, float]]) -> dict[str, float]:
 def rollout_metrics(rollouts: list[Rollout], t_start: float, t_end: float, accuracy_of) -> dict:
     lens = [len(r.output_ids) for r in rollouts]
     finished = [r.finished_at for r in rollouts if r.finished_at is not None]
-    ttft = [r.first_token_at - r.submitted_at for r in rollouts
-            if r.first_token_at and r.submitted_at]
+    ttft = [r.first_token_at - r.submitted_at for r in rollouts if r.first_token_at and r.submitted_at]
     rollout_s = t_end - t_start
     rewards = [float(r.reward) for r in rollouts if r.reward is not None]
     return {
         "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
         "accuracy": sum(accuracy_of(r) for r in rollouts) / len(rollouts) if rollouts else 0.0,
         "response_len_mean": sum(lens) / len(lens) if lens else 0.0,
-        "response_len_p50": percentile(lens, 50), "response_len_p99": percentile(lens, 99),
-        "truncated_frac": sum(r.status.value == "truncated"
-                              for r in rollouts) / max(len(rollouts), 1),
-        "rollout_s": rollout_s, "tail_s": tail_seconds(finished),
-        "running_s": running_seconds([(r.submitted_at, r.finished_at) for r in rollouts
-                                      if r.submitted_at is not None
-                                      and r.finished_at is not None]),
+        "response_len_p50": percentile(lens, 50),
+        "response_len_p99": percentile(lens, 99),
+        "truncated_frac": sum(r.status.value == "truncated" for r in rollouts) / max(len(rollouts), 1),
+        "rollout_s": rollout_s,
+        "tail_s": tail_seconds(finished),
+        "running_s": running_seconds(
+            [
+                (r.submitted_at, r.finished_at)
+                for r in rollouts
+                if r.submitted_at is not None and r.finished_at is not None
+            ]
+        ),
         "ttft_p50_s": percentile(ttft, 50),
         "tokens_per_s": sum(lens) / rollout_s if rollout_s > 0 else 0.0,
         **sd_stats(rollouts),
@@ -109,10 +122,15 @@ def sd_stats(rollouts: list[Rollout]) -> dict:
     for r in rollouts:
         for name, n in r.spec_accept_token_num_by_source.items():
             sources[name] = sources.get(name, 0) + n
-    return {"spec_verify_ct": verify, "spec_accept_token_num": accepted,
-            "spec_tokens": verify + accepted, "output_tokens": tokens,
-            "target_passes": tokens - accepted, "spec_accept_by_source": sources,
-            **acceptance(verify, accepted, tokens)}
+    return {
+        "spec_verify_ct": verify,
+        "spec_accept_token_num": accepted,
+        "spec_tokens": verify + accepted,
+        "output_tokens": tokens,
+        "target_passes": tokens - accepted,
+        "spec_accept_by_source": sources,
+        **acceptance(verify, accepted, tokens),
+    }
 
 
 def acceptance(verify_passes: int, accepted_drafts: int, output_tokens: int) -> dict:
@@ -124,9 +142,10 @@ def acceptance(verify_passes: int, accepted_drafts: int, output_tokens: int) -> 
     `spec_accept_length` (completion tokens / verify passes): with adaptive SD most tokens come from
     plain passes, and that ratio can exceed k + 1."""
     passes = output_tokens - accepted_drafts
-    return {"spec_accept_length": (verify_passes + accepted_drafts) / verify_passes
-            if verify_passes else 0.0,
-            "tokens_per_pass": output_tokens / passes if passes > 0 else 0.0}
+    return {
+        "spec_accept_length": (verify_passes + accepted_drafts) / verify_passes if verify_passes else 0.0,
+        "tokens_per_pass": output_tokens / passes if passes > 0 else 0.0,
+    }
 
 
 def step_shares(row: dict) -> dict:
@@ -134,8 +153,11 @@ def step_shares(row: dict) -> dict:
     tail's share of the rollouts, and the share of the idle window the drafter used
     (with harvest)."""
     step_s = row["rollout_s"] + row["train_s"] + row["push_s"]
-    out = {"step_s": step_s, "rollout_share": row["rollout_s"] / step_s if step_s > 0 else 0.0,
-           "tail_share": row["tail_s"] / row["rollout_s"] if row["rollout_s"] > 0 else 0.0}
+    out = {
+        "step_s": step_s,
+        "rollout_share": row["rollout_s"] / step_s if step_s > 0 else 0.0,
+        "tail_share": row["tail_s"] / row["rollout_s"] if row["rollout_s"] > 0 else 0.0,
+    }
     if row.get("idle_window_s"):
         out["idle_used_share"] = row.get("idle_used_s", 0.0) / row["idle_window_s"]
     return out
@@ -152,9 +174,14 @@ def eval_metrics(rollouts: list[Rollout], correct_of, baseline: list[float] | No
         groups.setdefault(r.group_id, []).append(correct_of(r))
     scores = [sum(v) / len(v) for _, v in sorted(groups.items())]
     acc, se = mean_se(scores)
-    row = {"eval_accuracy": acc, "eval_se": se, "eval_prompts": len(scores),
-           "eval_rollouts": len(rollouts),
-           "eval_len_mean": _mean([len(r.output_ids) for r in rollouts]), "eval_scores": scores}
+    row = {
+        "eval_accuracy": acc,
+        "eval_se": se,
+        "eval_prompts": len(scores),
+        "eval_rollouts": len(rollouts),
+        "eval_len_mean": _mean([len(r.output_ids) for r in rollouts]),
+        "eval_scores": scores,
+    }
     if baseline is not None and len(baseline) == len(scores):
         row["eval_gain"], row["eval_gain_se"] = mean_se([s - b for s, b in zip(scores, baseline)])
     return row
@@ -183,9 +210,11 @@ class MetricsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._printed_header = False
         if self.path.exists():  # drop rows of steps lost to a crash (or everything on a fresh run)
-            keep = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and resume_step is not None
-                    and json.loads(line)["step"] <= resume_step]
+            keep = [
+                line
+                for line in self.path.read_text().splitlines()
+                if line.strip() and resume_step is not None and json.loads(line)["step"] <= resume_step
+            ]
             self.path.write_text("".join(line + "\n" for line in keep))
 
     def first(self, key: str):

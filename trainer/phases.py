@@ -6,6 +6,7 @@ phase gets its settings back.
 
 Hazard: OpenMP worker threads started inside a phase keep that phase's affinity; after it they only
 sleep (torch runs the restored number of threads), so they take no compute from the server."""
+
 from __future__ import annotations
 
 import contextlib

@@ -8,6 +8,7 @@ no second pass.
 `update_dtype = "bfloat16"` runs the decoder layers of every forward in bf16 autocast (mixed
 precision, as RL frameworks train on GPUs) while the master weights, AdamW's state, the lm_head and
 the logits stay float32, so the logprobs of the PPO ratio keep full precision."""
+
 from __future__ import annotations
 
 import contextlib
@@ -36,8 +37,9 @@ class Policy:
             self.ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).eval()
             self.ref.requires_grad_(False)
         self.bf16 = cfg.update_dtype == "bfloat16"
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas,
-                                           weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+        )
 
     def _batch(self, rollouts: list[Rollout]) -> dict[str, torch.Tensor]:
         """Right-padded [B, L] inputs; the response occupies positions P .. P+O-1 of each row."""
@@ -52,14 +54,13 @@ class Policy:
         old = torch.zeros(len(seqs), resp_len)
         starts = torch.tensor([len(r.prompt_ids) for r in rollouts])
         for i, (seq, r) in enumerate(zip(seqs, rollouts)):
-            ids[i, :len(seq)] = torch.tensor(seq)
-            attn[i, :len(seq)] = 1
+            ids[i, : len(seq)] = torch.tensor(seq)
+            attn[i, : len(seq)] = 1
             n = len(r.output_ids)
             targets[i, :n] = torch.tensor(r.output_ids)
             mask[i, :n] = 1
             old[i, :n] = torch.tensor(r.rollout_logprobs)
-        return {"ids": ids, "attn": attn, "targets": targets, "mask": mask, "old": old,
-                "starts": starts}
+        return {"ids": ids, "attn": attn, "targets": targets, "mask": mask, "old": old, "starts": starts}
 
     def _logits(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
         """[B, L, V] float32 logits; with bf16 the layers run in autocast, the
@@ -67,8 +68,7 @@ class Policy:
         if not self.bf16:
             return model(input_ids=b["ids"], attention_mask=b["attn"]).logits
         with torch.autocast(model.device.type, dtype=torch.bfloat16):
-            hidden = model.base_model(input_ids=b["ids"],
-                                      attention_mask=b["attn"]).last_hidden_state
+            hidden = model.base_model(input_ids=b["ids"], attention_mask=b["attn"]).last_hidden_state
         return model.get_output_embeddings()(hidden.float())
 
     def _logprobs(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -78,13 +78,14 @@ class Policy:
         """logits [B, L, V] -> log p of each response token [B, T]."""
         resp_len = b["targets"].shape[1]
         # logits at position p predict token p + 1: the response's logits start at P - 1
-        idx = (b["starts"] - 1)[:, None] + torch.arange(resp_len)[None]                 # [B, T]
+        idx = (b["starts"] - 1)[:, None] + torch.arange(resp_len)[None]  # [B, T]
         idx = idx.clamp(max=logits.shape[1] - 1)
         resp_logits = logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1]))  # [B, T, V]
         return token_logprobs(resp_logits, b["targets"], self.cfg.temperature)
 
-    def _captured_forward(self, b: dict[str, torch.Tensor], rows: list[Rollout],
-                          capture: UpdateCapture | None) -> tuple[torch.Tensor, float]:
+    def _captured_forward(
+        self, b: dict[str, torch.Tensor], rows: list[Rollout], capture: UpdateCapture | None
+    ) -> tuple[torch.Tensor, float]:
         """The policy's logits [B, L, V], and the seconds spent capturing the rollouts `capture`
         wants from this forward."""
         want = [j for j, r in enumerate(rows) if capture is not None and capture.wants(r)]
@@ -95,9 +96,17 @@ class Policy:
             return logits, 0.0
         t0 = time.perf_counter()
         lens = [len(rows[j].prompt_ids) + len(rows[j].output_ids) for j in want]
-        samples = samples_from(grabbed, logits, b["ids"], want, lens,
-                               [len(rows[j].prompt_ids) for j in want],
-                               capture.topk, capture.policy_version, capture.aux_dtype)
+        samples = samples_from(
+            grabbed,
+            logits,
+            b["ids"],
+            want,
+            lens,
+            [len(rows[j].prompt_ids) for j in want],
+            capture.topk,
+            capture.policy_version,
+            capture.aux_dtype,
+        )
         grabbed.clear()  # the graph holds its own references until backward; ours go now
         for j, sample in zip(want, samples):
             capture.put(rows[j], sample)
@@ -112,15 +121,13 @@ class Policy:
             return self._zero_step()
         rewards = torch.tensor([float(r.reward) for r in rollouts])
         groups = torch.tensor([r.group_id for r in rollouts])
-        adv = group_advantages(rewards, groups, scale=cfg.scale_advantages,
-                               negative_weight=cfg.negative_weight)
+        adv = group_advantages(rewards, groups, scale=cfg.scale_advantages, negative_weight=cfg.negative_weight)
         num_tokens = max(sum(len(r.output_ids) for r in rollouts), 1)
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
         loss_total = capture_s = 0.0
         for start in range(0, len(rollouts), cfg.micro_batch_size):
-            rows = [i for i in range(start, min(start + cfg.micro_batch_size, len(rollouts)))
-                    if rollouts[i].output_ids]
+            rows = [i for i in range(start, min(start + cfg.micro_batch_size, len(rollouts))) if rollouts[i].output_ids]
             if not rows:
                 continue
             b = self._batch([rollouts[i] for i in rows])
@@ -133,8 +140,9 @@ class Policy:
                 with torch.no_grad():
                     ref_logp = self._logprobs(self.ref, b)
             mask = b["mask"]
-            loss, stats = policy_loss(logp, b["old"], chunk_adv, mask, num_tokens, cfg.clip_low,
-                                      cfg.clip_high, ref_logp, cfg.kl_coef)
+            loss, stats = policy_loss(
+                logp, b["old"], chunk_adv, mask, num_tokens, cfg.clip_low, cfg.clip_high, ref_logp, cfg.kl_coef
+            )
             loss.backward()
             loss_total += loss.item()
             stats.update(logprob_mismatch(logp, b["old"], mask))
@@ -144,12 +152,15 @@ class Policy:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {
-            "loss": loss_total, "grad_norm": grad_norm, "train_tokens": num_tokens,
+            "loss": loss_total,
+            "grad_norm": grad_norm,
+            "train_tokens": num_tokens,
             "adv_abs_mean": float(adv.abs().mean()) if len(adv) else 0.0,
             "clip_frac": totals.get("clip_frac_sum", 0.0) / num_tokens,
             "kl": totals.get("kl_sum", 0.0) / num_tokens,
             "logprob_mismatch": totals.get("mismatch_sum", 0.0) / num_tokens,
-            "logprob_mismatch_max": totals.get("mismatch_max", 0.0), "update_capture_s": capture_s,
+            "logprob_mismatch_max": totals.get("mismatch_max", 0.0),
+            "update_capture_s": capture_s,
         }
 
     def _zero_step(self) -> dict:
@@ -160,6 +171,14 @@ class Policy:
             p.grad = torch.zeros_like(p)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        keys = ("loss", "grad_norm", "adv_abs_mean", "clip_frac", "kl", "logprob_mismatch",
-                "logprob_mismatch_max", "update_capture_s")
+        keys = (
+            "loss",
+            "grad_norm",
+            "adv_abs_mean",
+            "clip_frac",
+            "kl",
+            "logprob_mismatch",
+            "logprob_mismatch_max",
+            "update_capture_s",
+        )
         return {k: 0.0 for k in keys} | {"train_tokens": 0}

@@ -6,6 +6,7 @@ The reference for the check is the serving model's directory (`/model_info` `mod
 readable here, else the trainer's initial `--model`. Stock SGLang applies what it is given: a
 truncated file kills the whole server, another architecture's weights load and answer success.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,9 +35,7 @@ class PolicyPusher:
         kinds = await probe_all(self.client)
         for kind in kinds:
             try:
-                check_policy_checkpoint(path,
-                                        serving_reference(kind.model_path, self.initial_model))
+                check_policy_checkpoint(path, serving_reference(kind.model_path, self.initial_model))
             except CheckpointMismatch as exc:
-                raise CheckpointMismatch("refusing to push the policy "
-                                         f"to {kind.url}: {exc}") from None
+                raise CheckpointMismatch(f"refusing to push the policy to {kind.url}: {exc}") from None
         self.routes = await push_policy(self.client, path, version, kinds)

@@ -10,6 +10,7 @@ so a nice-19 harvester in another session than the server's competes with it at 
 (measured on 2 cores: a forward at 8 running 15 -> 130 ms). So the trainer starts its embedded
 server in the trainer's own session (`trainer.server_proc`); a server started elsewhere may not be.
 """
+
 from __future__ import annotations
 
 import time
@@ -22,8 +23,7 @@ from gleanrl.clients.rollout_client import RolloutClient
 SLOWDOWN_WARN = 1.10  # the ratio above which the log warns
 
 
-async def _decode_s(client: RolloutClient, prompt_ids: list[int], running: int,
-                    tokens: int) -> float:
+async def _decode_s(client: RolloutClient, prompt_ids: list[int], running: int, tokens: int) -> float:
     """Wall seconds of `running` concurrent greedy requests of `tokens` tokens each."""
     import asyncio
 
@@ -33,28 +33,39 @@ async def _decode_s(client: RolloutClient, prompt_ids: list[int], running: int,
     return time.perf_counter() - t0
 
 
-async def check_scheduling(client: RolloutClient, prompt_ids: list[int],
-                           probe: Callable[[], AbstractContextManager], log=print,
-                           running: int = 4, tokens: int = 48, repeats: int = 2) -> dict:
+async def check_scheduling(
+    client: RolloutClient,
+    prompt_ids: list[int],
+    probe: Callable[[], AbstractContextManager],
+    log=print,
+    running: int = 4,
+    tokens: int = 48,
+    repeats: int = 2,
+) -> dict:
     """The best of `repeats` timings alone and beside `probe()`; -> figures for the metrics."""
     await _decode_s(client, prompt_ids, running, 4)  # warm-up
     alone = min([await _decode_s(client, prompt_ids, running, tokens) for _ in range(repeats)])
     with probe():
-        beside = min([await _decode_s(client, prompt_ids, running, tokens)
-                      for _ in range(repeats)])
+        beside = min([await _decode_s(client, prompt_ids, running, tokens) for _ in range(repeats)])
     ratio = beside / alone
     verdict = "ok" if ratio <= SLOWDOWN_WARN else "WARNING: the harvester slows the rollouts"
-    log(f"scheduling check: {running} x {tokens} tokens decode in {alone * 1e3:.0f} ms alone, "
+    log(
+        f"scheduling check: {running} x {tokens} tokens decode in {alone * 1e3:.0f} ms alone, "
         f"{beside * 1e3:.0f} ms beside the harvester's compute ({ratio:.2f}x): {verdict}"
-        + ("" if ratio <= SLOWDOWN_WARN else
-           f" (autogroup {_autogroup()}: a server in another session competes at full weight, "
-           "start it in this one; one in this session still shares cores and memory bandwidth, "
-           "give the harvester cores of its own)"))
+        + (
+            ""
+            if ratio <= SLOWDOWN_WARN
+            else f" (autogroup {_autogroup()}: a server in another session competes at full weight, "
+            "start it in this one; one in this session still shares cores and memory bandwidth, "
+            "give the harvester cores of its own)"
+        )
+    )
     return {"sched_alone_s": alone, "sched_beside_s": beside, "sched_slowdown": ratio}
 
 
-def _autogroup(enabled_file: str = "/proc/sys/kernel/sched_autogroup_enabled",
-               group_file: str = "/proc/self/autogroup") -> str:
+def _autogroup(
+    enabled_file: str = "/proc/sys/kernel/sched_autogroup_enabled", group_file: str = "/proc/self/autogroup"
+) -> str:
     """'on, this process in /autogroup-N', 'off' or 'unknown' (a container may hide or blank
     either file)."""
     try:

@@ -2,6 +2,7 @@
 as a subprocess on a free loopback port, pinned to `cores` if given, restarted if it dies, in the
 trainer's session (so that nice ranks the harvester below it). `trainer.layout.Replicas` runs one
 per core group."""
+
 from __future__ import annotations
 
 import json
@@ -21,12 +22,15 @@ SD_MODES = ("off", "on", "adaptive")  # `gleanrl serve --sd`
 def _child_setup(cores: frozenset[int] | None) -> Callable[[], None]:
     """Runs in the child before exec: pinned to `cores` (inherited by every thread it starts), and
     (Linux) SIGTERMed when the trainer dies, even by kill -9 (no orphaned servers)."""
+
     def setup() -> None:
         if cores and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, cores)
         if sys.platform.startswith("linux"):
             import ctypes
+
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
     return setup
 
 
@@ -39,6 +43,7 @@ def free_port() -> int:
 @dataclass(frozen=True, slots=True)
 class ServeSD:
     """The embedded server's speculative decoding: the drafter it serves and its `sd` mode."""
+
     drafter: str
     sd: str = "adaptive"
 
@@ -55,10 +60,17 @@ class EmbeddedServer:
     those of `sd`; handed to it as a JSON file (`gleanrl serve --config`), not as flags. `cores`:
     the CPU cores it runs on (None: the trainer's)."""
 
-    def __init__(self, model: str, threads: int = 1, settings: dict | None = None,
-                 api_key: str | None = None, admin_api_key: str | None = None,
-                 log_path: str | Path | None = None, sd: ServeSD | None = None,
-                 cores: Collection[int] | None = None):
+    def __init__(
+        self,
+        model: str,
+        threads: int = 1,
+        settings: dict | None = None,
+        api_key: str | None = None,
+        admin_api_key: str | None = None,
+        log_path: str | Path | None = None,
+        sd: ServeSD | None = None,
+        cores: Collection[int] | None = None,
+    ):
         self.model, self.threads, self.extra = model, threads, dict(settings or {})
         self.cores = frozenset(cores) if cores else None
         self.sd = sd
@@ -66,18 +78,24 @@ class EmbeddedServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path) if log_path else None
-        self.config_path = Path(tempfile.gettempdir()) / \
-            f"gleanrl-serve-{os.getpid()}-{self.port}.json"
+        self.config_path = Path(tempfile.gettempdir()) / f"gleanrl-serve-{os.getpid()}-{self.port}.json"
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
 
     def settings(self) -> dict:
         """What the server is started with; keys go by environment (start), never in the file."""
-        return {"model": self.model, "host": "127.0.0.1", "port": self.port,
-                "threads": self.threads, **(self.sd.settings() if self.sd else {}), **self.extra}
+        return {
+            "model": self.model,
+            "host": "127.0.0.1",
+            "port": self.port,
+            "threads": self.threads,
+            **(self.sd.settings() if self.sd else {}),
+            **self.extra,
+        }
 
     def command(self) -> list[str]:
         from gleanrl.base.atomic import atomic_file
+
         with atomic_file(self.config_path, "w") as f:
             json.dump(self.settings(), f)
         return [sys.executable, "-m", "gleanrl", "serve", "--config", str(self.config_path)]
@@ -93,8 +111,14 @@ class EmbeddedServer:
         # the trainer's session: with autogroup scheduling (Linux's default on desktops and
         # these VMs) a new session is a new scheduling group, where `nice` of the harvester's
         # thread no longer ranks it below the server's threads (docs/e2e.md, "Scheduling")
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     process_group=0, preexec_fn=_child_setup(self.cores))
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            process_group=0,
+            preexec_fn=_child_setup(self.cores),
+        )
         if log is not subprocess.DEVNULL:
             log.close()
 

@@ -10,6 +10,7 @@ one (at most that step is lost), and the server is not paused and holds no reque
 trainer. Then `--resume` must finish all steps with one metrics row per step. Exit 1 on any failure.
 The trainer process marks its phases in OUT/phases.log (this module's `child`), so kills land where
 they are meant to."""
+
 from __future__ import annotations
 
 import argparse
@@ -70,9 +71,13 @@ def child(spec: dict) -> None:
         return path
 
     loop.save_checkpoint = marked_save
-    harvester = Harvester(spec["model"], spec["drafter"], out / "harvest" / "spool",
-                          push=DrafterPush([spec["url"]]),
-                          cfg=HarvestConfig(push_every=3, batch_size=2, seed=spec["seed"]))
+    harvester = Harvester(
+        spec["model"],
+        spec["drafter"],
+        out / "harvest" / "spool",
+        push=DrafterPush([spec["url"]]),
+        cfg=HarvestConfig(push_every=3, batch_size=2, seed=spec["seed"]),
+    )
     train_micro_step = harvester.train_micro_step
 
     def marked_micro_step():
@@ -81,18 +86,28 @@ def child(spec: dict) -> None:
         return train_micro_step()
 
     harvester.train_micro_step = marked_micro_step
-    cfg = TrainConfig(model=spec["model"], out=str(out), servers=[spec["url"]], steps=spec["steps"],
-                      prompts_per_step=2, samples_per_prompt=3, max_new_tokens=48, lr=1e-3,
-                      seed=spec["seed"], keep_last=2, server_wait_s=60)
+    cfg = TrainConfig(
+        model=spec["model"],
+        out=str(out),
+        servers=[spec["url"]],
+        steps=spec["steps"],
+        prompts_per_step=2,
+        samples_per_prompt=3,
+        max_new_tokens=48,
+        lr=1e-3,
+        seed=spec["seed"],
+        keep_last=2,
+        server_wait_s=60,
+    )
     loop.train(cfg, hooks=Hooks(harvester), resume=spec["resume"])
 
 
 def _launch(spec: dict, log: Path) -> subprocess.Popen:
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     with open(log, "ab") as f:
-        return subprocess.Popen([sys.executable, "-m", "gleanrl.bench.crash",
-                                 json.dumps(spec)], stdout=f,
-                                stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(
+            [sys.executable, "-m", "gleanrl.bench.crash", json.dumps(spec)], stdout=f, stderr=subprocess.STDOUT, env=env
+        )
 
 
 def _phases(out: Path) -> list[tuple[int, str]]:
@@ -108,6 +123,7 @@ def check_disk(out: Path) -> list[str]:
 
     from gleanrl.harvest.checkpoint import load_drafter
     from gleanrl.trainer.checkpoint import STATE_FILE, list_checkpoints
+
     problems = []
     for step, path in list_checkpoints(out):
         try:
@@ -116,6 +132,7 @@ def check_disk(out: Path) -> list[str]:
                 with safe_open(str(f), "pt") as fh:
                     [fh.get_tensor(k) for k in fh.keys()]
             import torch
+
             assert torch.load(path / STATE_FILE, weights_only=False)["step"] == step
         except Exception as exc:  # noqa: BLE001
             problems.append(f"checkpoint {path.name}: {type(exc).__name__}: {exc}")
@@ -137,19 +154,19 @@ def _server_idle(url: str, timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         st = httpx.get(f"{url}/server_info", timeout=10).json()["internal_states"][0]
-        if (st["num_running_reqs"] == 0
-            and st["num_queue_reqs"] == 0) or time.monotonic() > deadline:
+        if (st["num_running_reqs"] == 0 and st["num_queue_reqs"] == 0) or time.monotonic() > deadline:
             return st
         time.sleep(0.2)
 
 
-def crash_run(i: int, phase: str, root: Path, url: str, model: str, drafter: str, steps: int,
-              rng: random.Random) -> dict:
+def crash_run(
+    i: int, phase: str, root: Path, url: str, model: str, drafter: str, steps: int, rng: random.Random
+) -> dict:
     """One kill-and-resume run; returns its record with `problems` (empty when all checks pass)."""
     from gleanrl.trainer.checkpoint import list_checkpoints
+
     out, log = root / f"run{i}", root / f"run{i}.log"
-    spec = {"out": str(out), "model": model, "drafter": drafter, "url": url, "steps": steps,
-            "seed": i, "resume": False}
+    spec = {"out": str(out), "model": model, "drafter": drafter, "url": url, "steps": steps, "seed": i, "resume": False}
     at_step, proc = rng.randint(1, steps), _launch(spec, log)
     rec: dict = {"run": i, "target": f"{phase}@{at_step}", "problems": []}
     deadline = time.monotonic() + 600
@@ -160,8 +177,7 @@ def crash_run(i: int, phase: str, root: Path, url: str, model: str, drafter: str
             break
         time.sleep(0.005)
     if proc.poll() is not None:
-        rec["problems"].append(f"the trainer ended (rc {proc.returncode}) before the kill "
-                               f"point; see {log}")
+        rec["problems"].append(f"the trainer ended (rc {proc.returncode}) before the kill point; see {log}")
         return rec
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -171,15 +187,17 @@ def crash_run(i: int, phase: str, root: Path, url: str, model: str, drafter: str
     done = [s for s, _ in list_checkpoints(out)]
     rec["last_checkpoint"] = max(done, default=0)
     if rec["last_checkpoint"] < killed_step - 1:
-        rec["problems"].append("lost more than the step in flight: last "
-                               f"checkpoint {rec['last_checkpoint']}, killed in step {killed_step}")
+        rec["problems"].append(
+            f"lost more than the step in flight: last checkpoint {rec['last_checkpoint']}, killed in step {killed_step}"
+        )
     rec["problems"] += check_disk(out)
     # a temporary sibling of a write the kill interrupted: invisible to readers, removed by nobody
     rec["leftover_tmp"] = sorted(p.name for p in out.rglob(".*tmp-*"))
     st = _server_idle(url)
     if st["paused"] or st["num_running_reqs"] or st["num_queue_reqs"]:
-        rec["problems"].append(f"server left paused={st['paused']} "
-                               f"running={st['num_running_reqs']} queued={st['num_queue_reqs']}")
+        rec["problems"].append(
+            f"server left paused={st['paused']} running={st['num_running_reqs']} queued={st['num_queue_reqs']}"
+        )
     resumed = _launch({**spec, "resume": True}, log)
     try:
         rc = resumed.wait(timeout=900)
@@ -192,15 +210,13 @@ def crash_run(i: int, phase: str, root: Path, url: str, model: str, drafter: str
     want = list(range(1, steps + 1))
     # killed while pushing: the step's checkpoint is complete and resumed from (the push is redone
     # by the resume's resync), but its metrics row, written after the push, is gone with the process
-    pushed_lost = [s for s in want
-                   if s != killed_step] if rec["killed_in"].startswith("push") else want
+    pushed_lost = [s for s in want if s != killed_step] if rec["killed_in"].startswith("push") else want
     if rc != 0 or rec["metrics_steps"] not in (want, pushed_lost):
         rec["problems"].append(f"resume: rc {rc}, metrics steps {rec['metrics_steps']}; see {log}")
     rec["problems"] += check_disk(out)
     left = sorted(p.name for p in out.rglob(".*tmp-*"))
     if left:
-        rec["problems"].append("temporaries of interrupted writes still there after the "
-                               f"resume: {left}")
+        rec["problems"].append(f"temporaries of interrupted writes still there after the resume: {left}")
     return rec
 
 
@@ -212,28 +228,31 @@ def run(args: argparse.Namespace) -> int:
     from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.harvest.cli_init import init_drafter
     from gleanrl.tiny import make_tiny_model
+
     rng = random.Random(args.seed)
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = make_tiny_model(root / "policy")
         drafter = save_drafter(init_drafter(model), root / "drafter0")
-        with ServeProcess(str(model), root / "server.log",
-                          extra=["--drafter", str(drafter), "--sd", "on"]) as server:
+        with ServeProcess(str(model), root / "server.log", extra=["--drafter", str(drafter), "--sd", "on"]) as server:
             for i in range(args.runs):
-                rec = crash_run(i, PHASES[i % len(PHASES)], root, server.url, str(model),
-                                str(drafter), args.steps, rng)
+                rec = crash_run(i, PHASES[i % len(PHASES)], root, server.url, str(model), str(drafter), args.steps, rng)
                 records.append(rec)
-                print(f"run {i}: target {rec['target']}, killed in {rec.get('killed_in')}, "
-                      f"last checkpoint {rec.get('last_checkpoint')}, resumed metrics "
-                      f"steps {rec.get('metrics_steps')}, leftover "
-                      f"temporaries {rec.get('leftover_tmp')}: "
-                      f"{'ok' if not rec['problems'] else 'FAIL ' + '; '.join(rec['problems'])}",
-                      flush=True)
+                print(
+                    f"run {i}: target {rec['target']}, killed in {rec.get('killed_in')}, "
+                    f"last checkpoint {rec.get('last_checkpoint')}, resumed metrics "
+                    f"steps {rec.get('metrics_steps')}, leftover "
+                    f"temporaries {rec.get('leftover_tmp')}: "
+                    f"{'ok' if not rec['problems'] else 'FAIL ' + '; '.join(rec['problems'])}",
+                    flush=True,
+                )
     bad = [r for r in records if r["problems"]]
-    print(f"crash: {len(records)} kill -9 runs, {len(records) - len(bad)} resumed with at most the "
-          "step in flight lost, no half-written checkpoint/spool/drafter, server never left "
-          f"paused; {len(bad)} failed")
+    print(
+        f"crash: {len(records)} kill -9 runs, {len(records) - len(bad)} resumed with at most the "
+        "step in flight lost, no half-written checkpoint/spool/drafter, server never left "
+        f"paused; {len(bad)} failed"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=2))
     print("PASS" if not bad else "FAIL")

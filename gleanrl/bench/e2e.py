@@ -33,6 +33,7 @@ serving drafter against its start on that arm's newest harvested rollouts, at th
 The server runs with `--dtype` (default auto: bfloat16 on CPUs with native bf16, where it makes SD
 pay, else float32).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,34 +72,62 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # the demo's RL recipe (docs/rl-gain.md): a speed benchmark, whose step shape sets the rollouts
     # it times; every arm's server and update in the fastest dtype here (auto): the fastest no-SD
     # step a user can run here is the baseline
-    p.set_defaults(out="gleanrl-bench-e2e", regime=None, steps=None, warm_prompts=256,
-                   warm_steps=400, prompts_per_step=None, samples_per_prompt=None, lr=2e-4,
-                   negative_weight=0.1, update_dtype="auto")
-    p.add_argument("--arms", default=None,
-                   help=f"comma-separated, of: {', '.join(RUNS)} (default: all but "
-                        "d_stale_harvest)")
-    p.add_argument("--drafter", default=None, metavar="DIR",
-                   help="warm-start drafter of (b) and (c) (default: warm-start one on the "
-                        "regime's task, cached)")
-    p.add_argument("--offdomain-drafter", default=None, metavar="DIR",
-                   help="the off-domain start (default: warm-start one "
-                        f"on {OFFDOMAIN_TASK}, cached)")
-    p.add_argument("--sd", default="adaptive", choices=["adaptive", "on"],
-                   help="the drafter arms' SD mode: adaptive (the cost model decides per "
-                        "iteration) or on (draft wherever a plan drafts; e.g. to see SD's cost "
-                        "where adaptive would not draft)")
-    p.add_argument("--push-every", type=int, default=10,
-                   help="adaptive arms: drafter micro-steps between pushes")
+    p.set_defaults(
+        out="gleanrl-bench-e2e",
+        regime=None,
+        steps=None,
+        warm_prompts=256,
+        warm_steps=400,
+        prompts_per_step=None,
+        samples_per_prompt=None,
+        lr=2e-4,
+        negative_weight=0.1,
+        update_dtype="auto",
+    )
+    p.add_argument(
+        "--arms", default=None, help=f"comma-separated, of: {', '.join(RUNS)} (default: all but d_stale_harvest)"
+    )
+    p.add_argument(
+        "--drafter",
+        default=None,
+        metavar="DIR",
+        help="warm-start drafter of (b) and (c) (default: warm-start one on the regime's task, cached)",
+    )
+    p.add_argument(
+        "--offdomain-drafter",
+        default=None,
+        metavar="DIR",
+        help=f"the off-domain start (default: warm-start one on {OFFDOMAIN_TASK}, cached)",
+    )
+    p.add_argument(
+        "--sd",
+        default="adaptive",
+        choices=["adaptive", "on"],
+        help="the drafter arms' SD mode: adaptive (the cost model decides per "
+        "iteration) or on (draft wherever a plan drafts; e.g. to see SD's cost "
+        "where adaptive would not draft)",
+    )
+    p.add_argument("--push-every", type=int, default=10, help="adaptive arms: drafter micro-steps between pushes")
     p.add_argument("--json", default=None, help="write the summary here as JSON")
-    p.add_argument("--sd-speedups", default=None, metavar="R:X,...",
-                   help="measured SD speedup per running-count bucket (e.g. '1:2.1,2:1.7,4:1.1', "
-                        "from `gleanrl bench sd --batches 1,2,4`) for the modelled ceiling "
-                        "(default: served tokens per verify pass at <= 2 running, 1 above)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="where the rollout server runs (the trainer runs on CPU)")
-    p.add_argument("--quick", action="store_true",
-                   help=f"arms {','.join(QUICK_ARMS)} for {QUICK_STEPS} steps (unless --arms / "
-                        "--steps say otherwise)")
+    p.add_argument(
+        "--sd-speedups",
+        default=None,
+        metavar="R:X,...",
+        help="measured SD speedup per running-count bucket (e.g. '1:2.1,2:1.7,4:1.1', "
+        "from `gleanrl bench sd --batches 1,2,4`) for the modelled ceiling "
+        "(default: served tokens per verify pass at <= 2 running, 1 above)",
+    )
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the rollout server runs (the trainer runs on CPU)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"arms {','.join(QUICK_ARMS)} for {QUICK_STEPS} steps (unless --arms / --steps say otherwise)",
+    )
 
 
 def parse_speedups(text: str | None) -> dict[str, float] | None:
@@ -106,12 +135,15 @@ def parse_speedups(text: str | None) -> dict[str, float] | None:
     if not text:
         return None
     from gleanrl.trainer.metrics import RUNNING_BUCKETS
+
     out = {}
     for part in text.split(","):
         bucket, _, value = part.partition(":")
         if bucket.strip() not in {str(b) for b in RUNNING_BUCKETS} or not value:
-            raise ValueError(f"--sd-speedups: {part!r} is not BUCKET:SPEEDUP with BUCKET one of "
-                             f"{', '.join(map(str, RUNNING_BUCKETS))}")
+            raise ValueError(
+                f"--sd-speedups: {part!r} is not BUCKET:SPEEDUP with BUCKET one of "
+                f"{', '.join(map(str, RUNNING_BUCKETS))}"
+            )
         out[bucket.strip()] = float(value)
     return out
 
@@ -120,8 +152,7 @@ def parse_arms(text: str) -> list[str]:
     arms = [a.strip() for a in text.split(",") if a.strip()]
     unknown = [a for a in arms if a not in RUNS]
     if unknown or not arms:
-        raise ValueError(f"unknown arm(s) {', '.join(unknown) or '(none given)'}: choose "
-                         f"from {', '.join(RUNS)}")
+        raise ValueError(f"unknown arm(s) {', '.join(unknown) or '(none given)'}: choose from {', '.join(RUNS)}")
     return [name for name in RUNS if name in arms]  # the fixed order: a first, then each start
 
 
@@ -136,15 +167,16 @@ def starts(policy: Path, args: argparse.Namespace, arms: list[str]) -> dict[str,
     if "same" in needed:
         out["same"] = Path(args.drafter) if args.drafter else demo.warm_drafter(policy, args)
     if "offdomain" in needed:
-        out["offdomain"] = (Path(args.offdomain_drafter) if args.offdomain_drafter
-                            else demo.warm_drafter(policy, args, task=OFFDOMAIN_TASK))
+        out["offdomain"] = (
+            Path(args.offdomain_drafter)
+            if args.offdomain_drafter
+            else demo.warm_drafter(policy, args, task=OFFDOMAIN_TASK)
+        )
     if "cold" in needed:
-        out["cold"] = save_drafter(init_drafter(policy, seed=args.seed),
-                                   Path(args.out) / "cold_drafter0")
+        out["cold"] = save_drafter(init_drafter(policy, seed=args.seed), Path(args.out) / "cold_drafter0")
     for name, path in out.items():
         if not (path / "config.json").is_file():
-            raise ValueError(f"the {name} drafter {path} is not a drafter directory "
-                             "(no config.json)")
+            raise ValueError(f"the {name} drafter {path} is not a drafter directory (no config.json)")
     return out
 
 
@@ -158,8 +190,8 @@ def heldout(h, start: Path, policy: Path) -> dict:
     """The arm's final serving drafter and its start on its newest held-out rollouts (same
     draft length)."""
     from gleanrl.harvest.checkpoint import load_drafter
-    return {"serving": h.score(h.serving) or 0.0,
-            "start": h.score(load_drafter(start, target_config=policy)) or 0.0}
+
+    return {"serving": h.score(h.serving) or 0.0, "start": h.score(load_drafter(start, target_config=policy)) or 0.0}
 
 
 def schedule(arms: list[str], steps: int) -> list[tuple[str, int, bool]]:
@@ -172,8 +204,9 @@ def schedule(arms: list[str], steps: int) -> list[tuple[str, int, bool]]:
     return [(name, half, False) for name in arms] + [(name, steps, True) for name in reversed(arms)]
 
 
-def run_arm(name: str, upto: int, resume: bool, policy: Path, drafters: dict[str, Path], task,
-            args: argparse.Namespace):
+def run_arm(
+    name: str, upto: int, resume: bool, policy: Path, drafters: dict[str, Path], task, args: argparse.Namespace
+):
     """One leg of arm `name`: its steps up to `upto` (resumed from its last checkpoint), on servers
     of its own; its Harvester, if it harvests."""
     from gleanrl.harvest.harvester import HarvestConfig, Harvester
@@ -185,20 +218,42 @@ def run_arm(name: str, upto: int, resume: bool, policy: Path, drafters: dict[str
     drafter0 = drafters.get(start)
     backend = sglang_args(args) if name == "a_sglang" else None
     replicas = 1 if name == "a_sglang" else args.replicas
-    with demo.serving(policy, drafter0, out / f"{name}.server.log", sd=args.sd, dtype=args.dtype,
-                      device=args.device, replicas=replicas, backend=backend,
-                      harvests=start is not None or name == "a_replicas") as servers:
+    with demo.serving(
+        policy,
+        drafter0,
+        out / f"{name}.server.log",
+        sd=args.sd,
+        dtype=args.dtype,
+        device=args.device,
+        replicas=replicas,
+        backend=backend,
+        harvests=start is not None or name == "a_replicas",
+    ) as servers:
         hooks, h = NoHooks(), None
         if harvest:
-            h = Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None,
-                          cfg=HarvestConfig(push_every=args.push_every if harvest == "push" else 0,
-                                            max_holdout=16, seed=args.seed,
-                                            idle_nice=19 if len(servers.servers) == 1 else 0))
+            h = Harvester(
+                policy,
+                drafter0,
+                out / name / "harvest" / "spool",
+                push=None,
+                cfg=HarvestConfig(
+                    push_every=args.push_every if harvest == "push" else 0,
+                    max_holdout=16,
+                    seed=args.seed,
+                    idle_nice=19 if len(servers.servers) == 1 else 0,
+                ),
+            )
             hooks = demo.demo_hooks(h)
         cfg = demo.rl_config(policy, out / name, args, args.seed + seed_offset)
         cfg.steps = upto
-        train(cfg, task=task, hooks=hooks, log=demo.table_logger(out / name / "metrics.jsonl"),
-              resume=resume, replicas=servers)
+        train(
+            cfg,
+            task=task,
+            hooks=hooks,
+            log=demo.table_logger(out / name / "metrics.jsonl"),
+            resume=resume,
+            replicas=servers,
+        )
     return h
 
 
@@ -218,8 +273,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gleanrl bench e2e: {exc}", file=sys.stderr)
         return 2
     if not demo.fresh_out(out, "bench_e2e.json", args, (*RUNS, "cold_drafter0")):
-        print(f"gleanrl bench e2e: {out} is not empty and not a bench output; choose another --out",
-              file=sys.stderr)
+        print(f"gleanrl bench e2e: {out} is not empty and not a bench output; choose another --out", file=sys.stderr)
         return 2
     try:
         policy = demo.policy_of(args)
@@ -233,25 +287,32 @@ def run(args: argparse.Namespace) -> int:
     for i, (name, upto, resume) in enumerate(legs):
         done = sum(wall.values())
         eta = f", about {done / i * (len(legs) - i) / 60:.0f} min left" if i else ""
-        print(f"\n== {name} to step {upto} (leg {i + 1} of {len(legs)}, {done / 60:.1f} min so "
-              f"far{eta})", flush=True)
+        print(f"\n== {name} to step {upto} (leg {i + 1} of {len(legs)}, {done / 60:.1f} min so far{eta})", flush=True)
         t0 = time.monotonic()
         harvesters[name] = run_arm(name, upto, resume, policy, drafters, task, args)
         wall[name] += time.monotonic() - t0
-    runs = {name: [json.loads(line)
-                   for line in (out / name / "metrics.jsonl").read_text().splitlines()]
-            for name in arms}
-    held = {name: heldout(h, drafters[RUNS[name][0]], policy)
-            for name, h in harvesters.items() if h is not None and RUNS[name][1] == "push"}
+    runs = {
+        name: [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()] for name in arms
+    }
+    held = {
+        name: heldout(h, drafters[RUNS[name][0]], policy)
+        for name, h in harvesters.items()
+        if h is not None and RUNS[name][1] == "push"
+    }
     summary = summarize(runs, wall, parse_speedups(args.sd_speedups)) | {
-        "regime": args.regime, "heldout_accept": held, "model": str(policy),
-        "drafter": str(drafters["same"]) if "same" in drafters else None}
+        "regime": args.regime,
+        "heldout_accept": held,
+        "model": str(policy),
+        "drafter": str(drafters["same"]) if "same" in drafters else None,
+    }
     same = held.get("b_adaptive", {})
-    summary |= {"heldout_accept_adaptive": same.get("serving"),
-                "heldout_accept_stale": same.get("start")}
-    print("\n" + headline(summary)
-          + "\nheld-out expected acceptance (k=4, newest policy versions), serving vs start: "
-          + ", ".join(f"{k} {v['serving']:.2f} vs {v['start']:.2f}" for k, v in held.items()))
+    summary |= {"heldout_accept_adaptive": same.get("serving"), "heldout_accept_stale": same.get("start")}
+    print(
+        "\n"
+        + headline(summary)
+        + "\nheld-out expected acceptance (k=4, newest policy versions), serving vs start: "
+        + ", ".join(f"{k} {v['serving']:.2f} vs {v['start']:.2f}" for k, v in held.items())
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
     return 0

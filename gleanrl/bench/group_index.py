@@ -7,6 +7,7 @@ and diverge elsewhere, like real siblings. Timings are per call, best of --repea
 shared); mean_draft_len is the mean length of the adaptive drafts proposed
 (`GroupIndexConfig.min_prob`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,7 @@ def _samples(rng: random.Random, prompts: int, n: int, length: int, vocab: int, 
     for _ in range(prompts):
         prompt = [rng.randrange(vocab) for _ in range(32)]
         ref = [rng.randrange(vocab) for _ in range(length)]
-        groups.append((prompt, [[t if rng.random() > mutate else rng.randrange(vocab) for t in ref]
-                                for _ in range(n)]))
+        groups.append((prompt, [[t if rng.random() > mutate else rng.randrange(vocab) for t in ref] for _ in range(n)]))
     return groups
 
 
@@ -47,11 +47,11 @@ def run(args: argparse.Namespace) -> int:
         handles = [[index.start(prompt, "v0") for _ in outs] for prompt, outs in groups]
         t_extend = t_propose = 0.0
         hits = calls = drafted = 0
-        for pos in range(args.length):                 # every sample emits one token per iteration
+        for pos in range(args.length):  # every sample emits one token per iteration
             for (prompt, outs), hs in zip(groups, handles):
                 key = prompt_key(prompt)
                 for out, h in zip(outs, hs):
-                    recent = (prompt[-4:] + out[max(pos - 4, 0):pos])[-4:]
+                    recent = (prompt[-4:] + out[max(pos - 4, 0) : pos])[-4:]
                     t0 = time.perf_counter()
                     draft = index.propose(key, recent, args.max_len)
                     t1 = time.perf_counter()
@@ -61,12 +61,19 @@ def run(args: argparse.Namespace) -> int:
                     calls += 1
                     hits += draft is not None
                     drafted += len(draft.tokens) if draft is not None else 0
-        best_extend, best_propose = min(best_extend, t_extend / calls), min(
-            best_propose, t_propose / calls)
-    print(json.dumps({"propose_us": round(best_propose * 1e6, 2),
-                      "extend_us": round(best_extend * 1e6, 2), "hit_rate": round(hits / calls, 3),
-                      "mean_draft_len": round(drafted / max(hits, 1), 2),
-                      "calls": calls, "indexed_tokens": index.tokens}))
+        best_extend, best_propose = min(best_extend, t_extend / calls), min(best_propose, t_propose / calls)
+    print(
+        json.dumps(
+            {
+                "propose_us": round(best_propose * 1e6, 2),
+                "extend_us": round(best_extend * 1e6, 2),
+                "hit_rate": round(hits / calls, 3),
+                "mean_draft_len": round(drafted / max(hits, 1), 2),
+                "calls": calls,
+                "indexed_tokens": index.tokens,
+            }
+        )
+    )
     return 0
 
 

@@ -12,6 +12,7 @@ machine), the slowest kind and its cost,
 the worst `/health`, benign errors, hostile requests answered otherwise than refused, and whether
 the same weights serve after. Exit 1 on a benign error, a hostile request not refused, changed
 weights, a `/health` over 1 s, or the mix's p99 over `--p99-bound` x the baseline's."""
+
 from __future__ import annotations
 
 import base64
@@ -28,8 +29,11 @@ from pathlib import Path
 
 import httpx
 
-BENIGN = {"text": "The quick brown fox", "stream": True,
-          "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}
+BENIGN = {
+    "text": "The quick brown fox",
+    "stream": True,
+    "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True},
+}
 OVERSIZE = 300 << 20  # what the issue's hostile client sent: 300 MB
 CHUNK = b" " * (1 << 20)
 
@@ -75,8 +79,8 @@ def _body(total: int):
 def _tensor_update(model_dir: str) -> dict:
     """The whole model's tensors, one of them NaN at the very end: decoded in full, then refused."""
     from safetensors.torch import load_file
-    named = sorted((k, v) for f in sorted(Path(model_dir).glob("*.safetensors"))
-                   for k, v in load_file(f).items())
+
+    named = sorted((k, v) for f in sorted(Path(model_dir).glob("*.safetensors")) for k, v in load_file(f).items())
     name, t = named[-1]
     bad = t.clone().float()
     bad.view(-1)[-1] = float("nan")
@@ -101,16 +105,13 @@ def kinds(server: str, proxy: str, model_dir: str) -> dict:
         "oversize chunked body to the server": oversize(f"{server}/generate", False),
         "oversize body to the proxy": oversize(f"{proxy}/generate", True),
         "oversize chunked body to the proxy": oversize(f"{proxy}/generate", False),
-        "refused tensor update (NaN, whole model)": post(
-            f"{server}/update_weights_from_tensor", json=update),
-        "refused disk update": post(f"{server}/update_weights_from_disk",
-                                    json={"model_path": "/nonexistent/model"}),
-        "n 10^9 through the proxy": post(f"{proxy}/generate", json={
-            "text": "x", "sampling_params": {"n": 10**9}}),
-        "n 1000 through the proxy": post(f"{proxy}/generate", json={
-            "text": "x", "sampling_params": {"n": 1000, "max_new_tokens": 24}}),
-        "5000 prompts through the proxy": post(f"{proxy}/generate", json={
-            "text": ["x" * 100] * 5000}),
+        "refused tensor update (NaN, whole model)": post(f"{server}/update_weights_from_tensor", json=update),
+        "refused disk update": post(f"{server}/update_weights_from_disk", json={"model_path": "/nonexistent/model"}),
+        "n 10^9 through the proxy": post(f"{proxy}/generate", json={"text": "x", "sampling_params": {"n": 10**9}}),
+        "n 1000 through the proxy": post(
+            f"{proxy}/generate", json={"text": "x", "sampling_params": {"n": 1000, "max_new_tokens": 24}}
+        ),
+        "5000 prompts through the proxy": post(f"{proxy}/generate", json={"text": ["x" * 100] * 5000}),
     }
 
 
@@ -132,9 +133,14 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def _greedy(url: str) -> tuple[list[int], str]:
-    r = httpx.post(f"{url}/generate", timeout=120, json={
-        "text": "Once upon a time", "sampling_params": {"max_new_tokens": 12, "temperature": 0,
-                                                         "ignore_eos": True}}).json()
+    r = httpx.post(
+        f"{url}/generate",
+        timeout=120,
+        json={
+            "text": "Once upon a time",
+            "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
+        },
+    ).json()
     return r["output_ids"], r["meta_info"]["weight_version"]
 
 
@@ -144,8 +150,7 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(server: str, proxy: str, model_dir: str, phase_s: float,
-            pids: tuple[int, ...] = ()) -> dict:
+def measure(server: str, proxy: str, model_dir: str, phase_s: float, pids: tuple[int, ...] = ()) -> dict:
     """The phases; `pids` (server, proxy): their CPU seconds per phase are reported too."""
     hostile = kinds(server, proxy, model_dir)
     before = _greedy(server)
@@ -162,8 +167,9 @@ def measure(server: str, proxy: str, model_dir: str, phase_s: float,
         else:
             sends = [hostile[name]] if name in hostile else []
         tally: dict = {}
-        threads = [threading.Thread(target=_hostile, args=(sends, t0 + phase_s, tally))
-                   for _ in sends[:1]]  # one hostile client, none in the baselines
+        threads = [
+            threading.Thread(target=_hostile, args=(sends, t0 + phase_s, tally)) for _ in sends[:1]
+        ]  # one hostile client, none in the baselines
         for t in threads:
             t.start()
         time.sleep(max(0.0, t0 + phase_s - time.monotonic()))
@@ -178,25 +184,37 @@ def measure(server: str, proxy: str, model_dir: str, phase_s: float,
     rows = {}
     for name, t0, t1, cpu in phases:
         lat = [lat for s, lat, err in requests if t0 <= s < t1 and err is None]
-        rows[name] = {"requests": len(lat), "p50_s": _pct(lat, 0.5), "p99_s": _pct(lat, 0.99),
-                      "health_worst_s": max((h for s, h in health if t0 <= s < t1), default=None),
-                      "hostile_answers": {str(k): v for k, v in tallies[name].items()},
-                      "server_proxy_cpu_s": cpu}
-    base = min(rows["baseline"]["p99_s"] or float("inf"),
-               rows["baseline after"]["p99_s"] or float("inf"))
+        rows[name] = {
+            "requests": len(lat),
+            "p50_s": _pct(lat, 0.5),
+            "p99_s": _pct(lat, 0.99),
+            "health_worst_s": max((h for s, h in health if t0 <= s < t1), default=None),
+            "hostile_answers": {str(k): v for k, v in tallies[name].items()},
+            "server_proxy_cpu_s": cpu,
+        }
+    base = min(rows["baseline"]["p99_s"] or float("inf"), rows["baseline after"]["p99_s"] or float("inf"))
     for row in rows.values():
         row["p99_ratio"] = row["p99_s"] / base if row["p99_s"] and base else None
     slowest = max(hostile, key=lambda k: rows[k]["p99_ratio"] or 0.0)
-    not_refused = {f"{k}: {status}": count for k, row in rows.items()
-                   for status, count in row["hostile_answers"].items()
-                   if not (status == "0" or 400 <= int(status) < 500)}
-    return {"phase_s": phase_s, "baseline_p99_s": base, "phases": rows, "slowest_kind": slowest,
-            "slowest_p99_ratio": rows[slowest]["p99_ratio"],
-            "benign_errors": [e for _, _, e in requests if e][:5],
-            "benign_error_count": sum(1 for _, _, e in requests if e),
-            "health_worst_s": max((h for _, h in health), default=None),
-            "hostile_not_refused": not_refused, "weights_unchanged": before == after,
-            "error_samples": []}
+    not_refused = {
+        f"{k}: {status}": count
+        for k, row in rows.items()
+        for status, count in row["hostile_answers"].items()
+        if not (status == "0" or 400 <= int(status) < 500)
+    }
+    return {
+        "phase_s": phase_s,
+        "baseline_p99_s": base,
+        "phases": rows,
+        "slowest_kind": slowest,
+        "slowest_p99_ratio": rows[slowest]["p99_ratio"],
+        "benign_errors": [e for _, _, e in requests if e][:5],
+        "benign_error_count": sum(1 for _, _, e in requests if e),
+        "health_worst_s": max((h for _, h in health), default=None),
+        "hostile_not_refused": not_refused,
+        "weights_unchanged": before == after,
+        "error_samples": [],
+    }
 
 
 def _free_port() -> int:
@@ -212,12 +230,15 @@ def run(args) -> int:
         model = args.model
         if model is None:
             from gleanrl.tiny import make_tiny_model
+
             model = str(make_tiny_model(Path(tmp) / "tiny"))
         with ServeProcess(model, Path(tmp) / "server.log", threads=args.threads) as server:
             port = _free_port()
-            proxy = subprocess.Popen([sys.executable, "-m", "gleanrl", "proxy", "--upstream",
-                                      server.url, "--port", str(port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proxy = subprocess.Popen(
+                [sys.executable, "-m", "gleanrl", "proxy", "--upstream", server.url, "--port", str(port)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             try:
                 url = f"http://127.0.0.1:{port}"
                 deadline = time.monotonic() + 60
@@ -228,9 +249,13 @@ def run(args) -> int:
                 proxy.terminate()
                 proxy.wait(timeout=30)
     _print(summary)
-    ok = (not summary["benign_error_count"] and not summary["hostile_not_refused"]
-          and summary["weights_unchanged"] and (summary["health_worst_s"] or 0) < 1.0
-          and (summary["phases"]["mix"]["p99_ratio"] or 0) <= args.p99_bound)
+    ok = (
+        not summary["benign_error_count"]
+        and not summary["hostile_not_refused"]
+        and summary["weights_unchanged"]
+        and (summary["health_worst_s"] or 0) < 1.0
+        and (summary["phases"]["mix"]["p99_ratio"] or 0) <= args.p99_bound
+    )
     return verdict(summary, ok, args.json)
 
 
@@ -242,18 +267,24 @@ def _up(url: str) -> bool:
 
 
 def _print(s: dict) -> None:
-    print(f"{'phase':42} {'benign':>6} {'p50 ms':>8} {'p99 ms':>8} {'x base':>7} "
-          f"{'/health ms':>10} {'cpu s':>6}  hostile answers")
+    print(
+        f"{'phase':42} {'benign':>6} {'p50 ms':>8} {'p99 ms':>8} {'x base':>7} "
+        f"{'/health ms':>10} {'cpu s':>6}  hostile answers"
+    )
     for name, row in s["phases"].items():
         ms = lambda v: f"{v * 1000:8.0f}" if v is not None else "       -"  # noqa: E731
         ratio = f"{row['p99_ratio']:7.2f}" if row["p99_ratio"] else "      -"
-        print(f"{name:42} {row['requests']:6d} {ms(row['p50_s'])} {ms(row['p99_s'])} {ratio} "
-              f"{ms(row['health_worst_s'])}   {row['server_proxy_cpu_s']:6.2f}  "
-              f"{row['hostile_answers']}")
-    print(f"slowest hostile kind: {s['slowest_kind']} (benign p99 x{s['slowest_p99_ratio']:.2f} "
-          f"of the baseline's {s['baseline_p99_s'] * 1000:.0f} ms); worst /health "
-          f"{(s['health_worst_s'] or 0) * 1000:.0f} ms; benign errors {s['benign_error_count']}; "
-          f"hostile not refused {s['hostile_not_refused'] or 'none'}; weights unchanged "
-          f"{s['weights_unchanged']}")
+        print(
+            f"{name:42} {row['requests']:6d} {ms(row['p50_s'])} {ms(row['p99_s'])} {ratio} "
+            f"{ms(row['health_worst_s'])}   {row['server_proxy_cpu_s']:6.2f}  "
+            f"{row['hostile_answers']}"
+        )
+    print(
+        f"slowest hostile kind: {s['slowest_kind']} (benign p99 x{s['slowest_p99_ratio']:.2f} "
+        f"of the baseline's {s['baseline_p99_s'] * 1000:.0f} ms); worst /health "
+        f"{(s['health_worst_s'] or 0) * 1000:.0f} ms; benign errors {s['benign_error_count']}; "
+        f"hostile not refused {s['hostile_not_refused'] or 'none'}; weights unchanged "
+        f"{s['weights_unchanged']}"
+    )
     if s["benign_errors"]:
         print(f"benign errors: {s['benign_errors']}", file=sys.stderr)

@@ -16,6 +16,7 @@ Reported: each figure's per-round values, `t1_over_t2[B]` (decode speed at one t
 per running count: > 1 where one thread is faster) and `grpo_speedup` of each layout over `single`
 with its min-max over rounds. Read the ratios, on a quiet machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,21 +33,25 @@ LAYOUTS = ("single", "single_t1", "replicas")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None,
-                        help="policy directory (default: the shipped demo policy, gleanrl.shipped)")
-    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                        help="auto: bfloat16 on CPUs with native bf16, else float32")
-    parser.add_argument("--buckets", default=",".join(map(str, BUCKETS)),
-                        help="running requests per iteration bucket")
-    parser.add_argument("--bucket-tokens", type=int, default=48,
-                        help="L: output tokens per bucket request")
+    parser.add_argument(
+        "--model", default=None, help="policy directory (default: the shipped demo policy, gleanrl.shipped)"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="auto: bfloat16 on CPUs with native bf16, else float32",
+    )
+    parser.add_argument("--buckets", default=",".join(map(str, BUCKETS)), help="running requests per iteration bucket")
+    parser.add_argument("--bucket-tokens", type=int, default=48, help="L: output tokens per bucket request")
     parser.add_argument("--prompts", type=int, default=8, help="GRPO step: prompts")
     parser.add_argument("--n", type=int, default=8, help="GRPO step: samples per prompt")
-    parser.add_argument("--max-new-tokens", type=int, default=512,
-                        help="GRPO step: the longest response")
-    parser.add_argument("--regime", default=None,
-                        help="the task's length distribution (trainer.tasks.presets; default: the "
-                             "built-in task's)")
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="GRPO step: the longest response")
+    parser.add_argument(
+        "--regime",
+        default=None,
+        help="the task's length distribution (trainer.tasks.presets; default: the built-in task's)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the results here")
@@ -59,12 +64,15 @@ def _post_all(url_of, ids: list[list[int]], params: list[dict]) -> float:
     async def main() -> float:
         limits = httpx.Limits(max_connections=len(ids) + 4)
         async with httpx.AsyncClient(timeout=1800, limits=limits) as client:
+
             async def one(i: int) -> None:
                 body = {"input_ids": ids[i], "sampling_params": params[i]}
                 (await client.post(f"{url_of(i)}/generate", json=body)).raise_for_status()
+
             start = time.perf_counter()
             await asyncio.gather(*[one(i) for i in range(len(ids))])
             return time.perf_counter() - start
+
     return asyncio.run(main())
 
 
@@ -75,12 +83,13 @@ def iteration_ms(url: str, prompts: list[list[int]], b: int, tokens: int) -> flo
     return round(max(tl - t1, 0.0) / (tokens - 1) * 1e3, 3)
 
 
-def grpo_seconds(urls: list[str], prompts: list[list[int]], args: argparse.Namespace,
-                 rnd: int) -> float:
+def grpo_seconds(urls: list[str], prompts: list[list[int]], args: argparse.Namespace, rnd: int) -> float:
     """One step's rollouts; with several servers a prompt's samples go to one (dealt in turn)."""
-    ids = [p for p in prompts[:args.prompts] for _ in range(args.n)]
-    params = [{"max_new_tokens": args.max_new_tokens, "temperature": 1.0,
-               "sampling_seed": 10_007 * rnd + i} for i in range(len(ids))]
+    ids = [p for p in prompts[: args.prompts] for _ in range(args.n)]
+    params = [
+        {"max_new_tokens": args.max_new_tokens, "temperature": 1.0, "sampling_seed": 10_007 * rnd + i}
+        for i in range(len(ids))
+    ]
     return round(_post_all(lambda i: urls[(i // args.n) % len(urls)], ids, params), 3)
 
 
@@ -90,10 +99,8 @@ def _servers(model: str, dtype: str, log_dir: Path) -> dict:
 
     cores = sorted(all_cores())
     settings = {"sd": "off", "dtype": dtype, "log_level": "warning"}  # serve's defaults otherwise
-    groups = {"single": [set(cores)], "single_t1": [{cores[0]}],
-              "replicas": core_groups(cores, len(cores))}
-    return {name: Replicas(model, g, settings, log_path=log_dir / f"{name}.log")
-            for name, g in groups.items()}
+    groups = {"single": [set(cores)], "single_t1": [{cores[0]}], "replicas": core_groups(cores, len(cores))}
+    return {name: Replicas(model, g, settings, log_path=log_dir / f"{name}.log") for name, g in groups.items()}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
     args.dtype = fastest_cpu_dtype(args.dtype)
     from gleanrl.shipped import policy_or_shipped
+
     try:
         model = policy_or_shipped(args.model)
     except ValueError as exc:
@@ -115,17 +123,16 @@ def run(args: argparse.Namespace) -> int:
         task_spec = None
         if args.regime:
             from gleanrl.trainer.tasks.presets import regime
+
             task_spec = regime(args.regime).task
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     tok = AutoTokenizer.from_pretrained(model)
-    prompts = [encode_prompt(tok, s)
-               for s in load_task(task_spec).prompts("train", max(args.prompts, 8), args.seed)]
+    prompts = [encode_prompt(tok, s) for s in load_task(task_spec).prompts("train", max(args.prompts, 8), args.seed)]
     log_dir = Path(tempfile.mkdtemp(prefix="gleanrl-bench-layout-"))
     servers = _servers(model, args.dtype, log_dir)
-    print(f"starting {sum(len(s.servers) for s in servers.values())} servers (logs {log_dir})",
-          file=sys.stderr)
+    print(f"starting {sum(len(s.servers) for s in servers.values())} servers (logs {log_dir})", file=sys.stderr)
     iters = {name: {b: [] for b in buckets} for name in ("single", "single_t1")}
     grpo = {name: [] for name in servers}
     try:
@@ -139,25 +146,31 @@ def run(args: argparse.Namespace) -> int:
             grpo_seconds(s.urls, prompts, warm, 0)
         names = list(servers)
         for rnd in range(args.rounds):
-            order = names[rnd % len(names):] + names[:rnd % len(names)]
+            order = names[rnd % len(names) :] + names[: rnd % len(names)]
             for name in order:
                 if name in iters:
                     for b in buckets:
-                        iters[name][b].append(iteration_ms(servers[name].urls[0], prompts, b,
-                                                           args.bucket_tokens))
+                        iters[name][b].append(iteration_ms(servers[name].urls[0], prompts, b, args.bucket_tokens))
                 grpo[name].append(grpo_seconds(servers[name].urls, prompts, args, rnd + 1))
-                print(f"round {rnd + 1}/{args.rounds} {name}: GRPO step {grpo[name][-1]:.2f} s",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"round {rnd + 1}/{args.rounds} {name}: GRPO step {grpo[name][-1]:.2f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         for s in servers.values():
             s.stop()
-    results = summarize(iters, grpo) | {"model": model, "dtype": args.dtype,
-                                        "cores": len(os.sched_getaffinity(0)), "rounds": args.rounds,
-                                        "step": f"{args.prompts} x {args.n}, <= {args.max_new_tokens}"
-                                                f" tokens, regime {args.regime or 'default'}"}
+    results = summarize(iters, grpo) | {
+        "model": model,
+        "dtype": args.dtype,
+        "cores": len(os.sched_getaffinity(0)),
+        "rounds": args.rounds,
+        "step": f"{args.prompts} x {args.n}, <= {args.max_new_tokens} tokens, regime {args.regime or 'default'}",
+    }
     _print(results)
     if args.json:
         from gleanrl.base.atomic import atomic_file
+
         with atomic_file(args.json, "w") as f:
             json.dump(results, f, indent=2)
     return 0
@@ -165,27 +178,35 @@ def run(args: argparse.Namespace) -> int:
 
 def summarize(iters: dict[str, dict[int, list[float]]], grpo: dict[str, list[float]]) -> dict:
     """Ratios per round (rounds pair the arms), each as [min, median, max]."""
+
     def spread(xs: list[float]) -> list[float]:
         xs = sorted(xs)
         return [round(xs[0], 3), round(xs[len(xs) // 2], 3), round(xs[-1], 3)]
 
-    t1_over_t2 = {b: spread([t2 / t1 for t1, t2 in zip(iters["single_t1"][b], iters["single"][b])
-                             if t1 > 0])
-                  for b in iters["single"]}
-    speedup = {name: spread([s / x for s, x in zip(grpo["single"], xs)])
-               for name, xs in grpo.items() if name != "single"}
-    return {"iteration_ms": iters, "grpo_s": grpo, "t1_over_t2": t1_over_t2,
-            "grpo_speedup": speedup,
-            "best_layout": min(grpo, key=lambda n: sorted(grpo[n])[len(grpo[n]) // 2])}
+    t1_over_t2 = {
+        b: spread([t2 / t1 for t1, t2 in zip(iters["single_t1"][b], iters["single"][b]) if t1 > 0])
+        for b in iters["single"]
+    }
+    speedup = {
+        name: spread([s / x for s, x in zip(grpo["single"], xs)]) for name, xs in grpo.items() if name != "single"
+    }
+    return {
+        "iteration_ms": iters,
+        "grpo_s": grpo,
+        "t1_over_t2": t1_over_t2,
+        "grpo_speedup": speedup,
+        "best_layout": min(grpo, key=lambda n: sorted(grpo[n])[len(grpo[n]) // 2]),
+    }
 
 
 def _print(r: dict) -> None:
     print("plain decode, ms per iteration (median over rounds) and 1 thread over 2 (speed):")
     for b, (lo, mid, hi) in r["t1_over_t2"].items():
-        t1, t2 = (sorted(r["iteration_ms"][n][b])[len(r["iteration_ms"][n][b]) // 2]
-                  for n in ("single_t1", "single"))
-        print(f"  {b:>3} running: 1 thread {t1:7.2f} ms, {r['cores']} threads {t2:7.2f} ms -> "
-              f"{mid:.2f}x ({lo:.2f}-{hi:.2f})")
+        t1, t2 = (sorted(r["iteration_ms"][n][b])[len(r["iteration_ms"][n][b]) // 2] for n in ("single_t1", "single"))
+        print(
+            f"  {b:>3} running: 1 thread {t1:7.2f} ms, {r['cores']} threads {t2:7.2f} ms -> "
+            f"{mid:.2f}x ({lo:.2f}-{hi:.2f})"
+        )
     print(f"GRPO step ({r['step']}), wall s per round:")
     for name, xs in r["grpo_s"].items():
         ratio = r["grpo_speedup"].get(name)

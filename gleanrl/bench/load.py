@@ -6,6 +6,7 @@ its client), no leaked slots (`/server_info` back to 0 running and 0 queued), an
 resident memory after warm-up (the first 30% of the run) growing by at most `--rss-bound-mib`.
 Without `--url` it starts `gleanrl serve` on `--model` (default: a tiny random model) as a
 subprocess on a loopback port, and measures that process's RSS from /proc."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,34 +28,37 @@ LENGTHS = (1, 4, 16, 32, 64)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None,
-                   help="model directory (default: a tiny random Qwen2 made here)")
-    p.add_argument("--url", default=None,
-                   help="a running server instead of starting one (no RSS figure)")
+    p.add_argument("--model", default=None, help="model directory (default: a tiny random Qwen2 made here)")
+    p.add_argument("--url", default=None, help="a running server instead of starting one (no RSS figure)")
     p.add_argument("--clients", type=int, default=64, help="concurrent clients")
     p.add_argument("--duration", type=float, default=120.0, help="seconds of load")
     p.add_argument("--max-new-tokens", type=int, default=64, help="longest request")
-    p.add_argument("--rss-bound-mib", type=float, default=64.0,
-                   help="allowed RSS growth after warm-up")
+    p.add_argument("--rss-bound-mib", type=float, default=64.0, help="allowed RSS growth after warm-up")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the started server")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the summary here")
-    p.add_argument("--hostile", action="store_true",
-                   help="instead: one benign client's latency under hostile and careless "
-                        "requests to the server and a proxy, kind by kind "
-                        "(gleanrl/bench/hostile.py)")
-    p.add_argument("--phase-s", type=float, default=10.0,
-                   help="--hostile: seconds per phase (baseline, each kind, the mix)")
-    p.add_argument("--p99-bound", type=float, default=2.0,
-                   help="--hostile: the mix's benign p99 may be at most this x the baseline's")
+    p.add_argument(
+        "--hostile",
+        action="store_true",
+        help="instead: one benign client's latency under hostile and careless "
+        "requests to the server and a proxy, kind by kind "
+        "(gleanrl/bench/hostile.py)",
+    )
+    p.add_argument(
+        "--phase-s", type=float, default=10.0, help="--hostile: seconds per phase (baseline, each kind, the mix)"
+    )
+    p.add_argument(
+        "--p99-bound",
+        type=float,
+        default=2.0,
+        help="--hostile: the mix's benign p99 may be at most this x the baseline's",
+    )
 
 
-async def _one(client: httpx.AsyncClient, kind: str, rng: random.Random, max_new: int,
-               model: str) -> str:
+async def _one(client: httpx.AsyncClient, kind: str, rng: random.Random, max_new: int, model: str) -> str:
     """One request of `kind`; returns 'ok' or 'aborted', raises on anything else."""
     n = min(rng.choice(LENGTHS), max_new)
-    text = " ".join(rng.choice(("alpha", "beta", "gamma", "delta", "7", "+"))
-                    for _ in range(rng.randint(1, 40)))
+    text = " ".join(rng.choice(("alpha", "beta", "gamma", "delta", "7", "+")) for _ in range(rng.randint(1, 40)))
     sp = {"max_new_tokens": n, "temperature": rng.choice((0.0, 0.7)), "ignore_eos": True}
     if kind == "native":
         r = await client.post("/generate", json={"text": text, "sampling_params": sp})
@@ -63,19 +67,32 @@ async def _one(client: httpx.AsyncClient, kind: str, rng: random.Random, max_new
         assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == n, meta
         return "ok"
     if kind == "completions":
-        r = await client.post("/v1/completions",
-                              json={"model": model, "prompt": text, "max_tokens": n,
-                                    "ignore_eos": True, "temperature": sp["temperature"]})
+        r = await client.post(
+            "/v1/completions",
+            json={
+                "model": model,
+                "prompt": text,
+                "max_tokens": n,
+                "ignore_eos": True,
+                "temperature": sp["temperature"],
+            },
+        )
         r.raise_for_status()
         assert r.json()["usage"]["completion_tokens"] == n, r.json()
         return "ok"
     if kind == "chat_stream":
-        path, body = "/v1/chat/completions", {"model": model,
-                                              "messages": [{"role": "user", "content": text}],
-                                              "max_tokens": n, "ignore_eos": True, "stream": True}
+        path, body = (
+            "/v1/chat/completions",
+            {
+                "model": model,
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": n,
+                "ignore_eos": True,
+                "stream": True,
+            },
+        )
     else:
-        path, body = "/generate", {
-            "text": text, "sampling_params": {**sp, "max_new_tokens": max_new}, "stream": True}
+        path, body = "/generate", {"text": text, "sampling_params": {**sp, "max_new_tokens": max_new}, "stream": True}
     leave_after = rng.randint(1, 3) if kind == "disconnect" else None
     chunks, done = 0, False
     async with client.stream("POST", path, json=body) as r:
@@ -94,8 +111,9 @@ async def _one(client: httpx.AsyncClient, kind: str, rng: random.Random, max_new
     return "ok"
 
 
-async def load(url: str, clients: int, duration: float, max_new: int = 64, seed: int = 0,
-               rss=None, headers: dict | None = None) -> dict:
+async def load(
+    url: str, clients: int, duration: float, max_new: int = 64, seed: int = 0, rss=None, headers: dict | None = None
+) -> dict:
     """Run the load; `rss()` (MiB) is sampled every 0.5 s when given. Returns the summary."""
     counts = {"ok": 0, "aborted": 0, "errors": 0}
     by_kind: dict[str, int] = {k: 0 for k in KINDS}
@@ -103,8 +121,9 @@ async def load(url: str, clients: int, duration: float, max_new: int = 64, seed:
     samples: list[tuple[float, float]] = []
     t0 = time.monotonic()
     end = t0 + duration
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600,
-                                 limits=httpx.Limits(max_connections=clients * 2)) as client:
+    async with httpx.AsyncClient(
+        base_url=url, headers=headers, timeout=600, limits=httpx.Limits(max_connections=clients * 2)
+    ) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
         bar = tqdm(total=None, desc="requests", unit="req", disable=None)
 
@@ -133,52 +152,78 @@ async def load(url: str, clients: int, duration: float, max_new: int = 64, seed:
             if st["num_running_reqs"] == 0 and st["num_queue_reqs"] == 0:
                 break
             await asyncio.sleep(0.2)
-    summary = {"clients": clients, "duration_s": duration,
-               "requests": sum(counts.values()), **counts, "by_kind": by_kind,
-               "error_samples": errors[:5], "leaked_running": st["num_running_reqs"],
-               "leaked_queued": st["num_queue_reqs"], "req_per_s": sum(counts.values()) / duration}
+    summary = {
+        "clients": clients,
+        "duration_s": duration,
+        "requests": sum(counts.values()),
+        **counts,
+        "by_kind": by_kind,
+        "error_samples": errors[:5],
+        "leaked_running": st["num_running_reqs"],
+        "leaked_queued": st["num_queue_reqs"],
+        "req_per_s": sum(counts.values()) / duration,
+    }
     if samples:
         warm = [m for t, m in samples if t >= 0.3 * duration] or [samples[-1][1]]
-        summary.update(rss_warm_mib=warm[0], rss_max_after_warm_mib=max(warm), rss_end_mib=rss(),
-                       rss_growth_mib=max(warm) - warm[0])
+        summary.update(
+            rss_warm_mib=warm[0],
+            rss_max_after_warm_mib=max(warm),
+            rss_end_mib=rss(),
+            rss_growth_mib=max(warm) - warm[0],
+        )
     return summary
 
 
 def run(args: argparse.Namespace) -> int:
     if args.hostile:
         if args.url or args.phase_s <= 0:
-            print("gleanrl bench load: --hostile starts its own server and proxy (no --url) "
-                  "and needs a positive --phase-s", file=sys.stderr)
+            print(
+                "gleanrl bench load: --hostile starts its own server and proxy (no --url) "
+                "and needs a positive --phase-s",
+                file=sys.stderr,
+            )
             return 2
         from gleanrl.bench import hostile
+
         return hostile.run(args)
     if args.clients < 1 or args.duration <= 0 or args.max_new_tokens < 1:
-        print("gleanrl bench load: --clients, --duration and --max-new-tokens must be positive",
-              file=sys.stderr)
+        print("gleanrl bench load: --clients, --duration and --max-new-tokens must be positive", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         if args.url:
-            summary = asyncio.run(load(args.url, args.clients, args.duration, args.max_new_tokens,
-                                       args.seed))
+            summary = asyncio.run(load(args.url, args.clients, args.duration, args.max_new_tokens, args.seed))
         else:
             model = args.model
             if model is None:
                 from gleanrl.tiny import make_tiny_model
+
                 model = str(make_tiny_model(Path(tmp) / "tiny"))
-            with ServeProcess(model, Path(tmp) / "server.log", threads=args.threads,
-                              extra=["--max-running-requests", "32"]) as server:
-                summary = asyncio.run(load(server.url, args.clients, args.duration,
-                                           args.max_new_tokens, args.seed,
-                                           rss=lambda: rss_mib(server.pid)))
+            with ServeProcess(
+                model, Path(tmp) / "server.log", threads=args.threads, extra=["--max-running-requests", "32"]
+            ) as server:
+                summary = asyncio.run(
+                    load(
+                        server.url,
+                        args.clients,
+                        args.duration,
+                        args.max_new_tokens,
+                        args.seed,
+                        rss=lambda: rss_mib(server.pid),
+                    )
+                )
     bound_ok = summary.get("rss_growth_mib", 0.0) <= args.rss_bound_mib
     ok = summary["errors"] == 0 and summary["leaked_running"] == 0 and summary["leaked_queued"] == 0 and bound_ok
-    print(f"load: {summary['clients']} clients x {summary['duration_s']:.0f} "
-          f"s: {summary['requests']} requests ({summary['req_per_s']:.1f}/s), {summary['ok']} "
-          f"answered, {summary['aborted']} aborted by their client, {summary['errors']} errors; "
-          f"after: {summary['leaked_running']} running, {summary['leaked_queued']} queued")
+    print(
+        f"load: {summary['clients']} clients x {summary['duration_s']:.0f} "
+        f"s: {summary['requests']} requests ({summary['req_per_s']:.1f}/s), {summary['ok']} "
+        f"answered, {summary['aborted']} aborted by their client, {summary['errors']} errors; "
+        f"after: {summary['leaked_running']} running, {summary['leaked_queued']} queued"
+    )
     if "rss_growth_mib" in summary:
-        print(f"server RSS: {summary['rss_warm_mib']:.0f} MiB after warm-up, "
-              f"max {summary['rss_max_after_warm_mib']:.0f}"
-              f" MiB (growth {summary['rss_growth_mib']:.1f} MiB, "
-              f"bound {args.rss_bound_mib:.0f} MiB)")
+        print(
+            f"server RSS: {summary['rss_warm_mib']:.0f} MiB after warm-up, "
+            f"max {summary['rss_max_after_warm_mib']:.0f}"
+            f" MiB (growth {summary['rss_growth_mib']:.1f} MiB, "
+            f"bound {args.rss_bound_mib:.0f} MiB)"
+        )
     return verdict(summary, ok, args.json)

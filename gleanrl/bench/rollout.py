@@ -17,6 +17,7 @@ tokens_per_pass the tokens a decoding sequence gets per pass (plain: 1.0; machin
 one greedy step (T = 0) per arm on the same engine: `identical_greedy` counts SD outputs equal token
 for token to the plain ones (lossless). The CPU may be shared: read the ratios, not the seconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,44 +27,39 @@ import sys
 import time
 
 ARMS = ("plain", "eagle", "group", "fused", "sglang")
-SERVE = {"plain": {"sd": "off"}, "eagle": {"drafter": "D"}, "group": {"sd_sources": ("group",)},
-         "fused": {"drafter": "D", "sd_sources": ("eagle", "group", "fused")}}
+SERVE = {
+    "plain": {"sd": "off"},
+    "eagle": {"drafter": "D"},
+    "group": {"sd_sources": ("group",)},
+    "fused": {"drafter": "D", "sd_sources": ("eagle", "group", "fused")},
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None,
-                        help="policy directory (default: the task's bootstrap policy)")
-    parser.add_argument("--drafter", default=None,
-                        help="EAGLE-3 drafter (default: the cached warm start)")
-    parser.add_argument("--warm-prompts", type=int, default=256,
-                        help="without --drafter: prompts of the warm start")
-    parser.add_argument("--warm-steps", type=int, default=400,
-                        help="without --drafter: TTT steps of the warm start")
+    parser.add_argument("--model", default=None, help="policy directory (default: the task's bootstrap policy)")
+    parser.add_argument("--drafter", default=None, help="EAGLE-3 drafter (default: the cached warm start)")
+    parser.add_argument("--warm-prompts", type=int, default=256, help="without --drafter: prompts of the warm start")
+    parser.add_argument("--warm-steps", type=int, default=400, help="without --drafter: TTT steps of the warm start")
     parser.add_argument("--task", default=None, help="task spec (default: the built-in task)")
     parser.add_argument("--prompts", type=int, default=8, help="P: prompts per step")
     parser.add_argument("--n", type=int, default=8, help="samples per prompt")
-    parser.add_argument("--steps", type=int, default=2,
-                        help="consecutive steps over the same prompts")
+    parser.add_argument("--steps", type=int, default=2, help="consecutive steps over the same prompts")
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument("--sd-max-batch", type=int, default=None,
-                        help="serve's --sd-max-batch (default: its)")
-    parser.add_argument("--group-max-batch", type=int, default=None,
-                        help="serve's --group-max-batch (default: its)")
+    parser.add_argument("--sd-max-batch", type=int, default=None, help="serve's --sd-max-batch (default: its)")
+    parser.add_argument("--group-max-batch", type=int, default=None, help="serve's --group-max-batch (default: its)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the results here")
 
 
-def _step(engine, prompts: list[list[int]], n: int, temperature: float, max_new: int,
-          seed: int) -> list[list[int]]:
+def _step(engine, prompts: list[list[int]], n: int, temperature: float, max_new: int, seed: int) -> list[list[int]]:
     from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
     async def one(i: int) -> list[int]:
         params = SamplingParams(max_new_tokens=max_new, temperature=temperature, seed=seed + i)
-        req = GenerateRequest(rid=f"bench-rollout-{time.monotonic_ns()}-{i}",
-                              input_ids=prompts[i // n], params=params)
+        req = GenerateRequest(rid=f"bench-rollout-{time.monotonic_ns()}-{i}", input_ids=prompts[i // n], params=params)
         return [t async for out in engine.generate(req) for t in out.new_ids]
 
     async def main() -> list[list[int]]:
@@ -78,11 +74,17 @@ def _arm_config(arm: str, model: str, drafter: str, args: argparse.Namespace):
 
     settings = {k: drafter if v == "D" else v for k, v in SERVE[arm].items()}
     if arm != "plain":
-        settings |= {k: v for k, v in (("sd_max_batch", args.sd_max_batch),
-                                       ("group_max_batch", args.group_max_batch)) if v is not None}
+        settings |= {
+            k: v
+            for k, v in (("sd_max_batch", args.sd_max_batch), ("group_max_batch", args.group_max_batch))
+            if v is not None
+        }
     settings |= {"dtype": args.dtype, "max_running_requests": args.prompts * args.n}
-    flags = [x for k, v in settings.items()
-             for x in (f"--{k.replace('_', '-')}", ",".join(v) if isinstance(v, tuple) else str(v))]
+    flags = [
+        x
+        for k, v in settings.items()
+        for x in (f"--{k.replace('_', '-')}", ",".join(v) if isinstance(v, tuple) else str(v))
+    ]
     return EngineConfig(model_path=model, **settings), flags
 
 
@@ -96,17 +98,22 @@ def _default_paths(args: argparse.Namespace) -> tuple[str, str]:
     task = args.task or SHIPPED[DEFAULT].task
     # the shipped policy answers every task in the doubling format (gleanrl.shipped)
     shipped = task.startswith("doubling")
-    policy = Path(args.model) if args.model else shipped_policy() if shipped else \
-        bootstrap_policy(task=args.task, seed=args.seed)
+    policy = (
+        Path(args.model)
+        if args.model
+        else shipped_policy()
+        if shipped
+        else bootstrap_policy(task=args.task, seed=args.seed)
+    )
     if args.drafter:
         return str(policy), args.drafter
-    warm = argparse.Namespace(max_new_tokens=args.max_new_tokens, warm_steps=args.warm_steps,
-                              warm_prompts=args.warm_prompts, seed=args.seed)
+    warm = argparse.Namespace(
+        max_new_tokens=args.max_new_tokens, warm_steps=args.warm_steps, warm_prompts=args.warm_prompts, seed=args.seed
+    )
     return str(policy), str(demo.warm_drafter(policy, warm, task=task))
 
 
-def _arm(engine, prompts: list[list[int]],
-         args: argparse.Namespace) -> tuple[dict, list[list[int]]]:
+def _arm(engine, prompts: list[list[int]], args: argparse.Namespace) -> tuple[dict, list[list[int]]]:
     """The arm's rollout steps (T = 1), then its greedy step; returns (results, greedy outputs)."""
     t0, tokens = time.perf_counter(), 0
     for step in range(args.steps):
@@ -115,12 +122,17 @@ def _arm(engine, prompts: list[list[int]],
     seconds = time.perf_counter() - t0
     stats, dec = engine.stats(), engine.sd_counters()
     ct = dec["verify_ct"]
-    r = {"rollout_s": round(seconds, 3), "tok_s": round(tokens / seconds, 1), "tokens": tokens,
-         "accept_length": round(dec["verify_tokens"] / ct, 2) if ct else 0.0,
-         "verify_passes": ct, "target_passes": dec["decode_passes"],
-         "tokens_per_pass": round(dec["decode_tokens"] / dec["decode_rows"], 3)
-         if dec["decode_rows"] else 0.0, "accepted_by_source": dec["accepted_by_source"],
-         "controller": stats["sd_controller"]}
+    r = {
+        "rollout_s": round(seconds, 3),
+        "tok_s": round(tokens / seconds, 1),
+        "tokens": tokens,
+        "accept_length": round(dec["verify_tokens"] / ct, 2) if ct else 0.0,
+        "verify_passes": ct,
+        "target_passes": dec["decode_passes"],
+        "tokens_per_pass": round(dec["decode_tokens"] / dec["decode_rows"], 3) if dec["decode_rows"] else 0.0,
+        "accepted_by_source": dec["accepted_by_source"],
+        "controller": stats["sd_controller"],
+    }
     return r, _step(engine, prompts, args.n, 0.0, args.max_new_tokens, 0)
 
 
@@ -134,21 +146,31 @@ def _sglang_arm(model: str, prompts: list[list[int]], args: argparse.Namespace) 
     from gleanrl.bench.sglang_arm import sglang_serve_args
 
     count = len(prompts) * args.n
-    flags = [*sglang_serve_args(count, max(map(len, prompts)) + args.max_new_tokens + 8), "--dtype",
-             args.dtype, "--max-running-requests", str(count)]
+    flags = [
+        *sglang_serve_args(count, max(map(len, prompts)) + args.max_new_tokens + 8),
+        "--dtype",
+        args.dtype,
+        "--max-running-requests",
+        str(count),
+    ]
     log = Path(tempfile.mkdtemp(prefix="gleanrl-bench-rollout-sglang-")) / "server.log"
     seconds = tokens = 0
     with ServeProcess(model, log, threads=args.threads or 1, extra=flags) as srv:
         timed_requests(srv.url, prompts[:1], [{"max_new_tokens": 8, "temperature": 0.0}])  # warm-up
         for step in range(args.steps):
             ids = [p for p in prompts for _ in range(args.n)]
-            sp = [{"max_new_tokens": args.max_new_tokens, "temperature": 1.0,
-                   "sampling_seed": 10_007 * step + i}
-                  for i in range(count)]
+            sp = [
+                {"max_new_tokens": args.max_new_tokens, "temperature": 1.0, "sampling_seed": 10_007 * step + i}
+                for i in range(count)
+            ]
             t, n = timed_requests(srv.url, ids, sp)
             seconds, tokens = seconds + t, tokens + n
-    return {"rollout_s": round(seconds, 3), "tok_s": round(tokens / seconds, 1), "tokens": tokens,
-            "serve_flags": " ".join(flags)}
+    return {
+        "rollout_s": round(seconds, 3),
+        "tok_s": round(tokens / seconds, 1),
+        "tokens": tokens,
+        "serve_flags": " ".join(flags),
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -186,8 +208,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         if prompts is None:
-            prompts = [encode_prompt(engine.tokenizer, s)
-                       for s in task.prompts("train", args.prompts, args.seed)]
+            prompts = [encode_prompt(engine.tokenizer, s) for s in task.prompts("train", args.prompts, args.seed)]
         engine.start()
         try:
             results[arm], greedy[arm] = _arm(engine, prompts, args)
@@ -195,31 +216,47 @@ def run(args: argparse.Namespace) -> int:
             engine.shutdown()
         results[arm]["serve_flags"] = " ".join(configs[arm][1])
         r = results[arm]
-        print(f"{arm:>6}  rollout {r['rollout_s']:>8.2f} s  {r['tok_s']:>8.1f} tok/s  "
-              f"accept {r['accept_length']:.2f}  passes {r['verify_passes']}", flush=True)
+        print(
+            f"{arm:>6}  rollout {r['rollout_s']:>8.2f} s  {r['tok_s']:>8.1f} tok/s  "
+            f"accept {r['accept_length']:.2f}  passes {r['verify_passes']}",
+            flush=True,
+        )
     if "sglang" in arms and not skipped:
         results["sglang"] = _sglang_arm(model, prompts, args)
-        print(f"sglang  rollout {results['sglang']['rollout_s']:>8.2f} "
-              f"s  {results['sglang']['tok_s']:>8.1f} tok/s (over HTTP)", flush=True)
+        print(
+            f"sglang  rollout {results['sglang']['rollout_s']:>8.2f} "
+            f"s  {results['sglang']['tok_s']:>8.1f} tok/s (over HTTP)",
+            flush=True,
+        )
     sd_arms = [a for a in arms if a not in ("plain", "sglang")]
     same = sum(x == y for a in sd_arms for x, y in zip(greedy[a], greedy["plain"]))
-    summary = {"arms": results, "identical_greedy": f"{same}/{len(sd_arms) * len(greedy['plain'])}",
-               "model": model, "drafter": drafter, "task": args.task, "prompts": args.prompts,
-               "n": args.n, "steps": args.steps, "max_new_tokens": args.max_new_tokens,
-               "threads": torch.get_num_threads()}
+    summary = {
+        "arms": results,
+        "identical_greedy": f"{same}/{len(sd_arms) * len(greedy['plain'])}",
+        "model": model,
+        "drafter": drafter,
+        "task": args.task,
+        "prompts": args.prompts,
+        "n": args.n,
+        "steps": args.steps,
+        "max_new_tokens": args.max_new_tokens,
+        "threads": torch.get_num_threads(),
+    }
     for a in sd_arms:
         summary[f"speedup_{a}"] = round(results["plain"]["rollout_s"] / results[a]["rollout_s"], 2)
     summary["skipped"] = skipped
     if "sglang" in results:
         summary["over_sglang"] = {
-            a: round(results["sglang"]["rollout_s"] / results[a]["rollout_s"], 2)
-            for a in results if a != "sglang"}
-        print("over stock SGLang: " + "  ".join(f"{a} {x:.2f}x"
-                                                for a, x in summary["over_sglang"].items()))
-    print("  ".join(f"speedup_{a} {summary[f'speedup_{a}']:.2f}x" for a in sd_arms)
-          + f"  identical greedy {summary['identical_greedy']}")
+            a: round(results["sglang"]["rollout_s"] / results[a]["rollout_s"], 2) for a in results if a != "sglang"
+        }
+        print("over stock SGLang: " + "  ".join(f"{a} {x:.2f}x" for a, x in summary["over_sglang"].items()))
+    print(
+        "  ".join(f"speedup_{a} {summary[f'speedup_{a}']:.2f}x" for a in sd_arms)
+        + f"  identical greedy {summary['identical_greedy']}"
+    )
     if args.json:
         from gleanrl.base.atomic import atomic_file
+
         with atomic_file(args.json, "w") as f:
             json.dump(summary, f, indent=2)
     return 0

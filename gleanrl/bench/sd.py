@@ -20,6 +20,7 @@ the greedy outputs compared, and the grammar's cost per output token in ms: `ms_
 matcher's own work (the next-token mask and the accept) replayed over the plain outputs, and
 `overhead_ms_per_token`, plain decoding's time per token with the mask minus without.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,33 +31,34 @@ import time
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None,
-                        help="target model directory (default: the shipped demo policy)")
-    parser.add_argument("--drafter", default=None,
-                        help="EAGLE-3 drafter directory (default: the shipped warm start)")
+    parser.add_argument("--model", default=None, help="target model directory (default: the shipped demo policy)")
+    parser.add_argument("--drafter", default=None, help="EAGLE-3 drafter directory (default: the shipped warm start)")
     parser.add_argument("--json", default=None, help="write the results here")
-    parser.add_argument("--task", default=None,
-                        help="task whose test prompts are used (default: the built-in task)")
-    parser.add_argument("--prompts", default=None,
-                        help="JSONL file of {\"prompt\": text} instead of --task")
+    parser.add_argument("--task", default=None, help="task whose test prompts are used (default: the built-in task)")
+    parser.add_argument("--prompts", default=None, help='JSONL file of {"prompt": text} instead of --task')
     parser.add_argument("--batches", default="1,4,16")
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--sd", choices=["on", "adaptive"], default="adaptive")
     parser.add_argument("--sd-max-batch", type=int, default=8)
-    parser.add_argument("--num-draft-tokens", type=int, default=None,
-                        help="fixed draft length (default: chosen)")
+    parser.add_argument("--num-draft-tokens", type=int, default=None, help="fixed draft length (default: chosen)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="where the engine runs")
-    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                        help="weights of target and drafter (auto: bfloat16 on CUDA and on CPUs "
-                             "that multiply bf16 natively, AVX-512 BF16 or AMX, as the other "
-                             "benches; else float32)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the engine runs")
+    parser.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="weights of target and drafter (auto: bfloat16 on CUDA and on CPUs "
+        "that multiply bf16 natively, AVX-512 BF16 or AMX, as the other "
+        "benches; else float32)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json-schema", default=None,
-                        help="also run every cell under this JSON schema's grammar (a schema as "
-                             "JSON text, a file holding one, or 'any' for any JSON)")
+    parser.add_argument(
+        "--json-schema",
+        default=None,
+        help="also run every cell under this JSON schema's grammar (a schema as "
+        "JSON text, a file holding one, or 'any' for any JSON)",
+    )
 
 
 def _prompts(args: argparse.Namespace, n: int) -> list[str]:
@@ -65,6 +67,7 @@ def _prompts(args: argparse.Namespace, n: int) -> list[str]:
             texts = [json.loads(line)["prompt"] for line in f if line.strip()]
     else:
         from gleanrl.trainer.tasks import load_task
+
         texts = [p["prompt"] for p in load_task(args.task).prompts("test", n, 0)]
     if not texts:
         raise ValueError("no prompts")
@@ -78,41 +81,41 @@ def _compile_schema(engine, schema: str):
     try:
         import xgrammar as xgr
     except ImportError:
-        raise ImportError("--json-schema needs xgrammar: pip install 'gleanrl[grammar]' (or "
-                          "scripts/setup.sh)") from None
+        raise ImportError(
+            "--json-schema needs xgrammar: pip install 'gleanrl[grammar]' (or scripts/setup.sh)"
+        ) from None
     if schema != "any" and os.path.isfile(schema):
         with open(schema) as f:
             schema = f.read()
-    info = xgr.TokenizerInfo.from_huggingface(engine.tokenizer,
-                                              vocab_size=engine.info()["vocab_size"],
-                                              stop_token_ids=sorted(engine.eos_ids) or None)
+    info = xgr.TokenizerInfo.from_huggingface(
+        engine.tokenizer, vocab_size=engine.info()["vocab_size"], stop_token_ids=sorted(engine.eos_ids) or None
+    )
     compiler = xgr.GrammarCompiler(info, max_threads=1)
-    return (compiler.compile_builtin_json_grammar() if schema == "any"
-            else compiler.compile_json_schema(schema))
+    return compiler.compile_builtin_json_grammar() if schema == "any" else compiler.compile_json_schema(schema)
 
 
 def _matcher_ms_per_token(grammar, outputs: list[list[int]], vocab: int) -> float:
     """The grammar's own work per output token: the next-token mask, then the accept."""
     from gleanrl.server.sampling.grammar import GrammarState
+
     tokens, start = 0, time.perf_counter()
     for out in outputs:
         state = GrammarState(grammar)
         for j in range(len(out)):
             state.window_masks([], vocab)
-            state.sync(out[:j + 1])
+            state.sync(out[: j + 1])
         tokens += len(out)
     return 1000 * (time.perf_counter() - start) / max(tokens, 1)
 
 
-def _run(engine, prompts: list[list[int]], temperature: float, max_new: int,
-         seed: int, grammar=None) -> tuple[float, list[list[int]]]:
+def _run(
+    engine, prompts: list[list[int]], temperature: float, max_new: int, seed: int, grammar=None
+) -> tuple[float, list[list[int]]]:
     from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
     async def one(i: int) -> list[int]:
-        params = SamplingParams(max_new_tokens=max_new, temperature=temperature, seed=seed + i,
-                                grammar=grammar)
-        req = GenerateRequest(rid=f"bench-sd-{time.monotonic_ns()}-{i}", input_ids=prompts[i],
-                              params=params)
+        params = SamplingParams(max_new_tokens=max_new, temperature=temperature, seed=seed + i, grammar=grammar)
+        req = GenerateRequest(rid=f"bench-sd-{time.monotonic_ns()}-{i}", input_ids=prompts[i], params=params)
         return [t async for out in engine.generate(req) for t in out.new_ids]
 
     async def main() -> list[list[int]]:
@@ -128,15 +131,14 @@ def _breakdown(before: dict, after: dict) -> dict[str, float]:
     forwards, its drafter calls, and the overhead outside them (planning, drafting bookkeeping,
     verification, sampling, state updates)."""
     n = max(after["iterations"] - before["iterations"], 1)
-    ms = {k: 1e3 * (after[f"{k}_s"] - before[f"{k}_s"]) / n
-          for k in ("iteration", "forward", "drafter")}
+    ms = {k: 1e3 * (after[f"{k}_s"] - before[f"{k}_s"]) / n for k in ("iteration", "forward", "drafter")}
     ms["overhead"] = ms["iteration"] - ms["forward"] - ms["drafter"]
     return {f"{k}_ms": round(v, 3) for k, v in ms.items()}
 
 
 def _cell(sd, off, prompts, temp: float, args, grammar=None) -> dict:
     """One batch and temperature: warm-up, then alternating runs (the best counts)."""
-    _run(sd, prompts, temp, args.max_new_tokens, 0, grammar)       # the controller measures
+    _run(sd, prompts, temp, args.max_new_tokens, 0, grammar)  # the controller measures
     _run(off, prompts, temp, args.max_new_tokens, 0, grammar)
     before, plain_before = sd.sd_counters(), off.sd_counters()
     sd_tok_s = plain_tok_s = 0.0
@@ -149,11 +151,13 @@ def _cell(sd, off, prompts, temp: float, args, grammar=None) -> dict:
         plain_outputs += plain_out
     after = sd.sd_counters()
     ct, toks = (after[k] - before[k] for k in ("verify_ct", "verify_tokens"))
-    out = {"sd_tok_s": round(sd_tok_s, 1), "plain_tok_s": round(plain_tok_s, 1),
-           "speedup": round(sd_tok_s / plain_tok_s, 2),
-           "accept_length": round(toks / ct, 2) if ct else 0.0,
-           "per_iteration": {"sd": _breakdown(before, after),
-                             "plain": _breakdown(plain_before, off.sd_counters())}}
+    out = {
+        "sd_tok_s": round(sd_tok_s, 1),
+        "plain_tok_s": round(plain_tok_s, 1),
+        "speedup": round(sd_tok_s / plain_tok_s, 2),
+        "accept_length": round(toks / ct, 2) if ct else 0.0,
+        "per_iteration": {"sd": _breakdown(before, after), "plain": _breakdown(plain_before, off.sd_counters())},
+    }
     if temp == 0:  # lossless: greedy outputs with and without SD are the same tokens
         out["identical_outputs"] = f"{identical}/{len(prompts) * args.repeats}"
     if grammar is not None:
@@ -176,14 +180,19 @@ def _draft_cost(sd, off, prompt: list[list[int]], results: list[dict], args) -> 
         _run(off, prompt, 0.0, args.max_new_tokens, 0)
         plain = [_breakdown(before, off.sd_counters())["iteration_ms"]]
     plain_ms = min(plain)
-    return {"draft_cost_ratio": round(drafter_ms / plain_ms, 3) if plain_ms > 0 else None,
-            "drafter_ms_per_token": drafter_ms, "plain_iteration_ms": plain_ms}
+    return {
+        "draft_cost_ratio": round(drafter_ms / plain_ms, 3) if plain_ms > 0 else None,
+        "drafter_ms_per_token": drafter_ms,
+        "plain_iteration_ms": plain_ms,
+    }
 
 
 def _line(r: dict) -> str:
-    return (f"SD {r['sd_tok_s']:>8.1f} tok/s  plain {r['plain_tok_s']:>8.1f} tok/s  "
-            f"{r['speedup']:.2f}x  accept {r['accept_length']:.2f}"
-            + (f"  identical {r['identical_outputs']}" if "identical_outputs" in r else ""))
+    return (
+        f"SD {r['sd_tok_s']:>8.1f} tok/s  plain {r['plain_tok_s']:>8.1f} tok/s  "
+        f"{r['speedup']:.2f}x  accept {r['accept_length']:.2f}"
+        + (f"  identical {r['identical_outputs']}" if "identical_outputs" in r else "")
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -196,20 +205,27 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     if args.device == "cpu":
         from gleanrl.demo import fastest_cpu_dtype
+
         args.dtype = fastest_cpu_dtype(args.dtype)
     if args.model is None or args.drafter is None:
         from gleanrl.shipped import shipped_drafter, shipped_policy
+
         args.model = args.model or str(shipped_policy())
         args.drafter = args.drafter or str(shipped_drafter())
     batches = [int(b) for b in args.batches.split(",")]
     temps = [float(t) for t in args.temperatures.split(",")]
     try:
         prompts_text = _prompts(args, max(batches))
-        common = dict(model_path=args.model, max_running_requests=64, device=args.device,
-                      dtype=args.dtype)
-        engine = Engine(EngineConfig(**common, drafter=args.drafter, sd=args.sd,
-                                     sd_max_batch=args.sd_max_batch,
-                                     num_draft_tokens=args.num_draft_tokens))
+        common = dict(model_path=args.model, max_running_requests=64, device=args.device, dtype=args.dtype)
+        engine = Engine(
+            EngineConfig(
+                **common,
+                drafter=args.drafter,
+                sd=args.sd,
+                sd_max_batch=args.sd_max_batch,
+                num_draft_tokens=args.num_draft_tokens,
+            )
+        )
         plain_engine = Engine(EngineConfig(**common, sd="off"))
         grammar = _compile_schema(plain_engine, args.json_schema) if args.json_schema else None
     except (OSError, ValueError, KeyError, ImportError, CheckpointError, RuntimeError) as exc:
@@ -224,32 +240,54 @@ def run(args: argparse.Namespace) -> int:
     try:
         for batch in batches:
             for temp in temps:
-                r = {"batch": batch, "temperature": temp,
-                     **_cell(sd, off, prompts[:batch], temp, args)}
+                r = {"batch": batch, "temperature": temp, **_cell(sd, off, prompts[:batch], temp, args)}
                 print(f"batch {batch:>3} T={temp:<4} {_line(r)}", flush=True)
-                print("    ms per iteration (forward / drafter / overhead): " + "  ".join(
-                    f"{arm} {x['iteration_ms']:.2f} ({x['forward_ms']:.2f} / {x['drafter_ms']:.2f} "
-                    f"/ {x['overhead_ms']:.2f})" for arm, x in r["per_iteration"].items()),
-                    flush=True)
+                print(
+                    "    ms per iteration (forward / drafter / overhead): "
+                    + "  ".join(
+                        f"{arm} {x['iteration_ms']:.2f} ({x['forward_ms']:.2f} / {x['drafter_ms']:.2f} "
+                        f"/ {x['overhead_ms']:.2f})"
+                        for arm, x in r["per_iteration"].items()
+                    ),
+                    flush=True,
+                )
                 if grammar is not None:
                     g = r["grammar"] = _cell(sd, off, prompts[:batch], temp, args, grammar)
-                    g["overhead_ms_per_token"] = round(
-                        1000 / g["plain_tok_s"] - 1000 / r["plain_tok_s"], 4)
-                    print(f"  with grammar  {_line(g)}  grammar {g['ms_per_token']:.3f} ms/token"
-                          f" (plain overhead {g['overhead_ms_per_token']:.3f})", flush=True)
+                    g["overhead_ms_per_token"] = round(1000 / g["plain_tok_s"] - 1000 / r["plain_tok_s"], 4)
+                    print(
+                        f"  with grammar  {_line(g)}  grammar {g['ms_per_token']:.3f} ms/token"
+                        f" (plain overhead {g['overhead_ms_per_token']:.3f})",
+                        flush=True,
+                    )
                 results.append(r)
         draft_cost = _draft_cost(sd, off, prompts[:1], results, args)
-        print(f"draft_cost_ratio {draft_cost['draft_cost_ratio']} (drafter "
-              f"{draft_cost['drafter_ms_per_token']} ms per draft token / plain iteration "
-              f"{draft_cost['plain_iteration_ms']} ms, 1 running)", flush=True)
+        print(
+            f"draft_cost_ratio {draft_cost['draft_cost_ratio']} (drafter "
+            f"{draft_cost['drafter_ms_per_token']} ms per draft token / plain iteration "
+            f"{draft_cost['plain_iteration_ms']} ms, 1 running)",
+            flush=True,
+        )
     finally:
         engine.shutdown()
         plain_engine.shutdown()
     if args.json:
         from gleanrl.base.atomic import atomic_file
+
         with atomic_file(args.json, "w") as f:
-            json.dump({"model": args.model, "drafter": args.drafter, "sd": args.sd,
-                       "threads": args.threads, "device": args.device, "dtype": args.dtype,
-                       "max_new_tokens": args.max_new_tokens, "json_schema": args.json_schema,
-                       **draft_cost, "results": results}, f, indent=2)
+            json.dump(
+                {
+                    "model": args.model,
+                    "drafter": args.drafter,
+                    "sd": args.sd,
+                    "threads": args.threads,
+                    "device": args.device,
+                    "dtype": args.dtype,
+                    "max_new_tokens": args.max_new_tokens,
+                    "json_schema": args.json_schema,
+                    **draft_cost,
+                    "results": results,
+                },
+                f,
+                indent=2,
+            )
     return 0

@@ -1,5 +1,6 @@
 """A bench's server and its end: `gleanrl serve` as a subprocess on a free loopback port
 (`ServeProcess`), its resident memory, and the verdict line every pass/fail bench ends with."""
+
 from __future__ import annotations
 
 import json
@@ -24,15 +25,26 @@ def rss_mib(pid: int) -> float:
 class ServeProcess:
     """`gleanrl serve MODEL` as a subprocess on a free loopback port; `with` waits for /health."""
 
-    def __init__(self, model: str, log_path: Path, threads: int = 1,
-                 extra: list[str] | None = None):
+    def __init__(self, model: str, log_path: Path, threads: int = 1, extra: list[str] | None = None):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.cmd = [sys.executable, "-m", "gleanrl", "serve", "--model", str(model), "--port",
-                    str(self.port), "--threads", str(threads), "--log-level", "warning",
-                    *(extra or [])]
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "gleanrl",
+            "serve",
+            "--model",
+            str(model),
+            "--port",
+            str(self.port),
+            "--threads",
+            str(threads),
+            "--log-level",
+            "warning",
+            *(extra or []),
+        ]
         self.log_path = log_path
 
     def __enter__(self) -> ServeProcess:

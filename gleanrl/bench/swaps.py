@@ -9,6 +9,7 @@ mid-request change nothing; a target swap waits for the running requests (SGLang
 a response whose streamed versions change (a "straddler", expected 0) can only come from an update
 under a pause: its tokens streamed under the old version must equal the old reference's prefix. Any
 non-200 or mismatch is an error (exit 1)."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,13 +24,20 @@ import httpx
 
 from gleanrl.bench.serve_process import ServeProcess, verdict
 
-PROMPTS = ["The quick brown fox", "Once upon a time", "1 + 1 =", "In the beginning",
-           "alpha beta gamma", "Weights and measures", "Rollouts finish at", "Speculative decoding"]
+PROMPTS = [
+    "The quick brown fox",
+    "Once upon a time",
+    "1 + 1 =",
+    "In the beginning",
+    "alpha beta gamma",
+    "Weights and measures",
+    "Rollouts finish at",
+    "Speculative decoding",
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--swaps", type=int, default=100,
-                   help="weight updates, alternating target and draft")
+    p.add_argument("--swaps", type=int, default=100, help="weight updates, alternating target and draft")
     p.add_argument("--clients", type=int, default=8, help="concurrent streaming clients")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
@@ -40,18 +48,23 @@ def make_models(root: Path) -> dict[str, Path]:
     from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.harvest.cli_init import init_drafter
     from gleanrl.tiny import build_tokenizer, make_tiny_model
+
     tok = build_tokenizer()
     a = make_tiny_model(root / "A", tokenizer=tok, seed=0)
-    return {"A": a, "B": make_tiny_model(root / "B", tokenizer=tok, seed=1),
-            "D1": save_drafter(init_drafter(a, seed=0), root / "D1"),
-            "D2": save_drafter(init_drafter(a, seed=1), root / "D2")}
+    return {
+        "A": a,
+        "B": make_tiny_model(root / "B", tokenizer=tok, seed=1),
+        "D1": save_drafter(init_drafter(a, seed=0), root / "D1"),
+        "D2": save_drafter(init_drafter(a, seed=1), root / "D2"),
+    }
 
 
-async def _stream(client: httpx.AsyncClient, prompt: str,
-                  max_new: int) -> list[tuple[list[int], str, str]]:
-    body = {"text": prompt, "stream": True,
-            "sampling_params": {"max_new_tokens": max_new, "temperature": 0,
-                                 "ignore_eos": True, "stream_interval": 1}}
+async def _stream(client: httpx.AsyncClient, prompt: str, max_new: int) -> list[tuple[list[int], str, str]]:
+    body = {
+        "text": prompt,
+        "stream": True,
+        "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True, "stream_interval": 1},
+    }
     chunks = []
     async with client.stream("POST", "/generate", json=body) as r:
         if r.status_code != 200:
@@ -67,15 +80,16 @@ async def _stream(client: httpx.AsyncClient, prompt: str,
 
 
 async def _push(client: httpx.AsyncClient, path: Path, selector: str, version: str) -> None:
-    r = await client.post("/update_weights_from_disk",
-                          json={"model_path": str(path), "selector": selector,
-                                "weight_version": version})
+    r = await client.post(
+        "/update_weights_from_disk", json={"model_path": str(path), "selector": selector, "weight_version": version}
+    )
     if r.status_code != 200:
         raise RuntimeError(f"{selector} swap to {version}: {r.status_code} {r.text[:200]}")
 
 
-async def swaps_under_load(url: str, models: dict[str, Path], swaps: int, clients: int,
-                           max_new: int, seed: int = 0) -> dict:
+async def swaps_under_load(
+    url: str, models: dict[str, Path], swaps: int, clients: int, max_new: int, seed: int = 0
+) -> dict:
     rng = random.Random(seed)
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         refs: dict[str, dict[str, list[int]]] = {}
@@ -84,8 +98,14 @@ async def swaps_under_load(url: str, models: dict[str, Path], swaps: int, client
             refs[name] = {p: (await _stream(client, p, max_new))[-1][0] for p in PROMPTS}
         assert refs["A"] != refs["B"], "the two targets must differ"
         target_of, drafts = {"refA": "A"}, {"default"}
-        s = {"swaps": 0, "responses": 0, "straddlers": 0, "draft_changes_mid_request": 0,
-             "draft_only_mid_request": 0, "errors": 0}
+        s = {
+            "swaps": 0,
+            "responses": 0,
+            "straddlers": 0,
+            "draft_changes_mid_request": 0,
+            "draft_only_mid_request": 0,
+            "errors": 0,
+        }
         errors: list[str] = []
         done = asyncio.Event()
 
@@ -100,8 +120,7 @@ async def swaps_under_load(url: str, models: dict[str, Path], swaps: int, client
                         await _push(client, models[name], "target", f"t{i}")
                     else:
                         drafts.add(f"d{i}")
-                        await _push(client, models["D2" if (i // 2) % 2 == 0 else "D1"],
-                                    "draft", f"d{i}")
+                        await _push(client, models["D2" if (i // 2) % 2 == 0 else "D1"], "draft", f"d{i}")
                     s["swaps"] += 1
             except Exception as exc:  # noqa: BLE001
                 s["errors"] += 1
@@ -119,14 +138,12 @@ async def swaps_under_load(url: str, models: dict[str, Path], swaps: int, client
             first = chunks[0][1]
             if all(c[1] == version for c in chunks):
                 if out != refs[target_of[version]][prompt]:
-                    raise RuntimeError(f"{prompt!r} under {version} ({target_of[version]}) differs "
-                                       "from its reference")
+                    raise RuntimeError(f"{prompt!r} under {version} ({target_of[version]}) differs from its reference")
                 return
             s["straddlers"] += 1
             old = [c[0] for c in chunks if c[1] == first][-1]
-            if out[:len(old)] != refs[target_of[first]][prompt][:len(old)]:
-                raise RuntimeError(f"{prompt!r}: tokens streamed under {first} differ "
-                                   "from its reference")
+            if out[: len(old)] != refs[target_of[first]][prompt][: len(old)]:
+                raise RuntimeError(f"{prompt!r}: tokens streamed under {first} differ from its reference")
 
         async def worker(i: int) -> None:
             wrng = random.Random(seed * 100 + i)
@@ -145,20 +162,22 @@ async def swaps_under_load(url: str, models: dict[str, Path], swaps: int, client
 
 def run(args: argparse.Namespace) -> int:
     if args.swaps < 1 or args.clients < 1 or args.max_new_tokens < 1:
-        print("gleanrl bench swaps: --swaps, --clients and --max-new-tokens must be positive",
-              file=sys.stderr)
+        print("gleanrl bench swaps: --swaps, --clients and --max-new-tokens must be positive", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         models = make_models(Path(tmp))
         extra = ["--drafter", str(models["D1"]), "--sd", "on", "--num-draft-tokens", "3"]
         with ServeProcess(str(models["A"]), Path(tmp) / "server.log", extra=extra) as server:
-            s = asyncio.run(swaps_under_load(server.url, models, args.swaps, args.clients,
-                                             args.max_new_tokens, args.seed))
-    print(f"swaps: {s['swaps']} of {args.swaps} (alternating target/draft) under {args.clients} "
-          f"streaming clients: {s['responses']} greedy "
-          f"responses, {s['responses'] - s['straddlers']} equal to their version's reference token "
-          f"for token, {s['straddlers']} straddled a target swap (old-version prefix "
-          f"checked); {s['draft_changes_mid_request']} saw a draft swap mid-request "
-          f"({s['draft_only_mid_request']} of them no target swap, checked token for token); "
-          f"{s['errors']} errors")
+            s = asyncio.run(
+                swaps_under_load(server.url, models, args.swaps, args.clients, args.max_new_tokens, args.seed)
+            )
+    print(
+        f"swaps: {s['swaps']} of {args.swaps} (alternating target/draft) under {args.clients} "
+        f"streaming clients: {s['responses']} greedy "
+        f"responses, {s['responses'] - s['straddlers']} equal to their version's reference token "
+        f"for token, {s['straddlers']} straddled a target swap (old-version prefix "
+        f"checked); {s['draft_changes_mid_request']} saw a draft swap mid-request "
+        f"({s['draft_only_mid_request']} of them no target swap, checked token for token); "
+        f"{s['errors']} errors"
+    )
     return verdict(s, s["errors"] == 0 and s["swaps"] == args.swaps, args.json)

@@ -16,6 +16,7 @@ idle windows. After a kill -9, `--resume` re-reads the feed from the saved curso
 after that save may be captured twice (the spool is bounded; a duplicate sample only weighs
 a little more).
 """
+
 from __future__ import annotations
 
 import signal
@@ -30,31 +31,32 @@ def add_arguments(p) -> None:
     import os
 
     from gleanrl.trainer.cli import add_harvest_flags
-    p.add_argument("--server", required=True,
-                   help="the rollout server (or `gleanrl proxy`) with its harvest feed")
-    p.add_argument("--admin-api-key", default=os.environ.get("GLEANRL_ADMIN_API_KEY"),
-                   help="the server's admin key: reads the feed, pushes drafters (or env "
-                        "GLEANRL_ADMIN_API_KEY)")
-    p.add_argument("--api-key", default=os.environ.get("GLEANRL_API_KEY"),
-                   help="the server's API key, where it has one (or env GLEANRL_API_KEY)")
-    p.add_argument("--out", required=True,
-                   help="spool, drafter versions, settings, metrics.jsonl, state")
+
+    p.add_argument("--server", required=True, help="the rollout server (or `gleanrl proxy`) with its harvest feed")
+    p.add_argument(
+        "--admin-api-key",
+        default=os.environ.get("GLEANRL_ADMIN_API_KEY"),
+        help="the server's admin key: reads the feed, pushes drafters (or env GLEANRL_ADMIN_API_KEY)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("GLEANRL_API_KEY"),
+        help="the server's API key, where it has one (or env GLEANRL_API_KEY)",
+    )
+    p.add_argument("--out", required=True, help="spool, drafter versions, settings, metrics.jsonl, state")
     init = p.add_mutually_exclusive_group(required=True)
-    init.add_argument("--drafter", metavar="INIT",
-                      help="EAGLE-3 drafter to start from (the one the server serves)")
-    init.add_argument("--cold", action="store_true",
-                      help="start from a random drafter (written to OUT/drafter_init)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue OUT's spool, drafter versions and feed cursor")
-    p.add_argument("--idle-running", type=int, default=4,
-                   help="train while at most this many requests run on the server "
-                        "(or it is paused)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads for capture and drafter training")
-    p.add_argument("--save-every-s", type=float, default=60.0,
-                   help="state saved at least this often")
-    p.add_argument("--poll-s", type=float, default=0.5,
-                   help="long-poll of the feed while nothing happens")
+    init.add_argument("--drafter", metavar="INIT", help="EAGLE-3 drafter to start from (the one the server serves)")
+    init.add_argument("--cold", action="store_true", help="start from a random drafter (written to OUT/drafter_init)")
+    p.add_argument("--resume", action="store_true", help="continue OUT's spool, drafter versions and feed cursor")
+    p.add_argument(
+        "--idle-running",
+        type=int,
+        default=4,
+        help="train while at most this many requests run on the server (or it is paused)",
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch threads for capture and drafter training")
+    p.add_argument("--save-every-s", type=float, default=60.0, help="state saved at least this often")
+    p.add_argument("--poll-s", type=float, default=0.5, help="long-poll of the feed while nothing happens")
     add_harvest_flags(p.add_argument_group("harvest (kept by --resume)"))
 
 
@@ -62,8 +64,8 @@ def write_settings(out: Path, args, resume: bool) -> None:
     """OUT/harvest_config.json as `gleanrl train` writes it: the resumed run's settings,
     then the flags."""
     from gleanrl.harvest.hooks import update_config
-    update_config(out, {k.split(":", 1)[1]: v for k, v in vars(args).items()
-                        if k.startswith("_harvest:")}, resume)
+
+    update_config(out, {k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("_harvest:")}, resume)
 
 
 def run(args) -> int:
@@ -71,6 +73,7 @@ def run(args) -> int:
 
     from gleanrl.sidecar.loop import STATE_FILE
     from gleanrl.sidecar.server_view import FollowError, ServerView
+
     out = Path(args.out)
     if args.idle_running < 0 or args.threads < 1 or args.save_every_s <= 0 or args.poll_s < 0:
         return _fail("--idle-running, --poll-s must be >= 0, --threads >= 1, --save-every-s > 0")
@@ -85,11 +88,12 @@ def run(args) -> int:
     try:
         write_settings(out, args, args.resume)
         from gleanrl.sidecar.loop import Sidecar
-        sidecar = Sidecar(view, out, args.drafter, args.cold, args.resume, args.idle_running,
-                          args.save_every_s, args.poll_s)
+
+        sidecar = Sidecar(
+            view, out, args.drafter, args.cold, args.resume, args.idle_running, args.save_every_s, args.poll_s
+        )
     except (ValueError, FollowError, OSError, httpx.HTTPError) as exc:
-        return _fail(f"{type(exc).__name__}: {exc}" if isinstance(exc, httpx.HTTPError)
-                     else str(exc))
+        return _fail(f"{type(exc).__name__}: {exc}" if isinstance(exc, httpx.HTTPError) else str(exc))
     try:
         sidecar.run(stop)
     except FollowError as exc:

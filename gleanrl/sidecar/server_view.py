@@ -10,6 +10,7 @@ with `FollowError` naming it (a later disk update makes the policy followable ag
 that is not a model directory on this machine is refused the same way: the sidecar needs the
 trainer's checkpoints on a shared filesystem.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -28,8 +29,8 @@ class FollowError(RuntimeError):
 class Policy:
     model_path: str
     weight_version: str
-    version: int                         # the sidecar's policy version (HarvestHooks:
-                                         # step - 1), 0, 1, ...
+    # the sidecar's policy version (HarvestHooks: step - 1), 0, 1, ...
+    version: int
 
 
 @dataclass
@@ -40,9 +41,9 @@ class ServerView:
     timeout_s: float = 60.0
     cursor: int = 0
     feed_id: str | None = None
-    versions: dict[str, int] = field(default_factory=dict)   # "model_path|weight_version"
-                                                             # -> policy version
-    missed: int = 0                      # records the feed dropped before the sidecar read them
+    # "model_path|weight_version" -> policy version
+    versions: dict[str, int] = field(default_factory=dict)
+    missed: int = 0  # records the feed dropped before the sidecar read them
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
@@ -51,8 +52,7 @@ class ServerView:
     def _get(self, path: str, **params) -> dict:
         # SGLang's levels
         key = (self.admin_api_key or self.api_key) if path == "/harvest_feed" else self.api_key
-        resp = self._http.get(path, params=params,
-                              headers={"Authorization": f"Bearer {key}"} if key else {})
+        resp = self._http.get(path, params=params, headers={"Authorization": f"Bearer {key}"} if key else {})
         if resp.status_code != 200:
             try:
                 message = resp.json()["error"]["message"]
@@ -74,10 +74,12 @@ class ServerView:
         # the policy served now came by it
         last = page["weight_updates"][-1] if page["weight_updates"] else None
         if last is not None and last["kind"] not in FOLLOWABLE:
-            raise FollowError(f"the policy was updated by update_weights_from_{last['kind']} "
-                              f"(weight_version {last['weight_version']}): those weights never "
-                              "reach a directory the sidecar can read, so it cannot follow them; "
-                              "update the policy with update_weights_from_disk")
+            raise FollowError(
+                f"the policy was updated by update_weights_from_{last['kind']} "
+                f"(weight_version {last['weight_version']}): those weights never "
+                "reach a directory the sidecar can read, so it cannot follow them; "
+                "update the policy with update_weights_from_disk"
+            )
         return page
 
     def policy(self) -> Policy:
@@ -86,17 +88,18 @@ class ServerView:
         info = self._get("/model_info")
         path, weight_version = str(info.get("model_path")), str(info.get("weight_version"))
         if not (Path(path) / "config.json").is_file():
-            raise FollowError(f"the server's model_path {path!r} is not a model directory on "
-                              "this machine: run the sidecar where the trainer's checkpoints are "
-                              "(a shared filesystem)")
+            raise FollowError(
+                f"the server's model_path {path!r} is not a model directory on "
+                "this machine: run the sidecar where the trainer's checkpoints are "
+                "(a shared filesystem)"
+            )
         key = f"{path}|{weight_version}"
         if key not in self.versions:
             self.versions[key] = max(self.versions.values(), default=-1) + 1
         return Policy(path, weight_version, self.versions[key])
 
     def state_dict(self) -> dict:
-        return {"cursor": self.cursor, "feed_id": self.feed_id, "versions": dict(self.versions),
-                "missed": self.missed}
+        return {"cursor": self.cursor, "feed_id": self.feed_id, "versions": dict(self.versions), "missed": self.missed}
 
     def load_state_dict(self, state: dict) -> None:
         self.cursor, self.feed_id = int(state["cursor"]), state["feed_id"]

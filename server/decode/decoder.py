@@ -25,6 +25,7 @@ tokens; a new drafter that reads the same layers keeps the target's states and r
 cache from them at its next catch-up. The scheduler appends
 the emitted tokens one at a time and stops at EOS, a stop string or `max_new_tokens` exactly.
 """
+
 from __future__ import annotations
 
 import time
@@ -54,22 +55,23 @@ IDLE_PROBE = 16
 @dataclass
 class DecodeCounters:
     """Cumulative since start (`Engine.sd_counters`)."""
-    verify_ct: int = 0                   # verify passes
-    verify_tokens: int = 0               # tokens they emitted
-    decode_passes: int = 0               # target passes over decoding sequences,
-    decode_rows: int = 0                 # those sequences summed over the passes,
-    decode_tokens: int = 0               # the tokens they emitted
-    iterations: int = 0                  # decode calls, and their wall time: whole,
+
+    verify_ct: int = 0  # verify passes
+    verify_tokens: int = 0  # tokens they emitted
+    decode_passes: int = 0  # target passes over decoding sequences,
+    decode_rows: int = 0  # those sequences summed over the passes,
+    decode_tokens: int = 0  # the tokens they emitted
+    iterations: int = 0  # decode calls, and their wall time: whole,
     iteration_s: float = 0.0
-    forward_s: float = 0.0               # in target forwards,
-    drafter_s: float = 0.0               # in drafter calls
+    forward_s: float = 0.0  # in target forwards,
+    drafter_s: float = 0.0  # in drafter calls
     # accepted draft tokens by source (the bonus token not counted)
     accepted_by_source: dict[str, int] = field(default_factory=lambda: {"group": 0, "eagle": 0})
 
 
 class Decoder(Protocol):
     counters: DecodeCounters
-    draft_path: str | None               # the served drafter's checkpoint (None: none served)
+    draft_path: str | None  # the served drafter's checkpoint (None: none served)
 
     def decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
         """New tokens for each of `seqs` (none for a sequence still mid-prefill); caches advance."""
@@ -91,20 +93,24 @@ def feed_counts(seqs: list[Sequence], budget: int) -> list[int]:
     return counts
 
 
-def forward_fed(runner: ModelRunner, fed: list[tuple[Sequence, int]],
-                capture_layers: list[int] | None = None):
+def forward_fed(runner: ModelRunner, fed: list[tuple[Sequence, int]], capture_layers: list[int] | None = None):
     """One ragged forward over (sequence, count) pairs from their cache lengths on; returns the last
     row's logits [B, V] and, with `capture_layers`, aux hidden states [N, 3*H]."""
     tokens = [t for s, c in fed for t in s.tokens(s.cache.length, s.cache.length + c)]
     positions = [p for s, c in fed for p in range(s.cache.length, s.cache.length + c)]
     device = runner.device
-    return runner.forward(torch.tensor(tokens, device=device),
-                          torch.tensor(positions, device=device), [s.cache for s, _ in fed],
-                          [c for _, c in fed], capture_layers=capture_layers)
+    return runner.forward(
+        torch.tensor(tokens, device=device),
+        torch.tensor(positions, device=device),
+        [s.cache for s, _ in fed],
+        [c for _, c in fed],
+        capture_layers=capture_layers,
+    )
 
 
-def build_decoder(cfg: EngineConfig, runner: ModelRunner, target_config: dict,
-                  target_version: Callable[[], str] = lambda: "default") -> SDDecoder:
+def build_decoder(
+    cfg: EngineConfig, runner: ModelRunner, target_config: dict, target_version: Callable[[], str] = lambda: "default"
+) -> SDDecoder:
     """`sd="off"`: plain decoding only (a drafter is refused); otherwise the controller chooses
     among the sources of `sd_sources` (eagle: the EAGLE-3 chain, from when a drafter is served;
     group: group drafts from the start, `target_version` ages their samples; fused: both as two
@@ -112,10 +118,12 @@ def build_decoder(cfg: EngineConfig, runner: ModelRunner, target_config: dict,
     first iteration with a drafter), the drafter's when one is loaded."""
     if cfg.sd == "off":
         return SDDecoder(None)
-    ctl = Controller(cfg)                   # its settings: EngineConfig's ControllerConfig part
-    groups = GroupDrafts(GroupIndexConfig(max_tokens=cfg.group_max_tokens,
-                                          keep_versions=cfg.group_keep_versions)) \
-        if "group" in cfg.sd_sources else None
+    ctl = Controller(cfg)  # its settings: EngineConfig's ControllerConfig part
+    groups = (
+        GroupDrafts(GroupIndexConfig(max_tokens=cfg.group_max_tokens, keep_versions=cfg.group_keep_versions))
+        if "group" in cfg.sd_sources
+        else None
+    )
     dec = SDDecoder(ctl, groups, target_version)
     if groups is not None or cfg.drafter:
         ctl.cost.calibrate(runner)
@@ -125,9 +133,14 @@ def build_decoder(cfg: EngineConfig, runner: ModelRunner, target_config: dict,
 
 
 class SDDecoder:
-    def __init__(self, controller: Controller | None, groups: GroupDrafts | None = None,
-                 target_version: Callable[[], str] = lambda: "default", window: int = 256,
-                 prefill_chunk: int = 1024):
+    def __init__(
+        self,
+        controller: Controller | None,
+        groups: GroupDrafts | None = None,
+        target_version: Callable[[], str] = lambda: "default",
+        window: int = 256,
+        prefill_chunk: int = 1024,
+    ):
         """controller None: plain decoding only (sd off; no drafter is accepted)."""
         if prefill_chunk < 1:
             raise ValueError("prefill_chunk must be >= 1")
@@ -136,24 +149,25 @@ class SDDecoder:
         self.drafter, self.draft_path = None, None
         self.states: dict[Sequence, DraftState] = {}
         self.counters = DecodeCounters()
-        self.accept_hist = [0] * (MAX_DEPTH + 2)        # accept_hist[t]: verify passes that
-                                                        # emitted t tokens
-        self.passes_by_source = {"group": 0, "eagle": 0}     # verify passes that offered the source
-        self._group_idle: dict[int, int] = {}           # B bucket -> plans in a row that
-                                                        # used no group draft
+        # accept_hist[t]: verify passes that emitted t tokens
+        self.accept_hist = [0] * (MAX_DEPTH + 2)
+        self.passes_by_source = {"group": 0, "eagle": 0}  # verify passes that offered the source
+        # B bucket -> plans in a row that used no group draft
+        self._group_idle: dict[int, int] = {}
         self._iteration = 0
-        self._rebuilt = False                           # this iteration rebuilt a drafter cache
+        self._rebuilt = False  # this iteration rebuilt a drafter cache
 
     def stats(self) -> dict:
         c = self.counters
-        by_source = {src: (c.accepted_by_source[src] / n if n else 0.0)
-                     for src, n in self.passes_by_source.items()}
-        return {"avg_spec_accept_length": c.verify_tokens / c.verify_ct
-                if c.verify_ct else 0.0, "spec_accept_histogram": list(self.accept_hist),
-                "spec_accepted_tokens_by_source": dict(c.accepted_by_source),
-                "avg_spec_accept_length_by_source": by_source,
-                "group_index": self.groups.stats() if self.groups else None,
-                "sd_controller": self.controller.summary() if self.controller else None}
+        by_source = {src: (c.accepted_by_source[src] / n if n else 0.0) for src, n in self.passes_by_source.items()}
+        return {
+            "avg_spec_accept_length": c.verify_tokens / c.verify_ct if c.verify_ct else 0.0,
+            "spec_accept_histogram": list(self.accept_hist),
+            "spec_accepted_tokens_by_source": dict(c.accepted_by_source),
+            "avg_spec_accept_length_by_source": by_source,
+            "group_index": self.groups.stats() if self.groups else None,
+            "sd_controller": self.controller.summary() if self.controller else None,
+        }
 
     def set_drafter(self, drafter, path: str | None) -> None:
         """Between iterations: serve `drafter`. What stays valid is kept: the target's caches and
@@ -165,13 +179,11 @@ class SDDecoder:
             raise ValueError("plain decoding (sd off) serves no drafter")
         old, self.drafter, self.draft_path = self.drafter, drafter, path
         if drafter is not None and old is not None and _same_inputs(old, drafter):
-            self.states = {s: st.rebased(new_draft_cache(drafter))
-                           for s, st in self.states.items()}
+            self.states = {s: st.rebased(new_draft_cache(drafter)) for s, st in self.states.items()}
         else:
             self.states.clear()
         self.controller.drafter_swapped()
-        if drafter is not None and (old is None or not self.controller.cost.step
-                                    or _shape(old) != _shape(drafter)):
+        if drafter is not None and (old is None or not self.controller.cost.step or _shape(old) != _shape(drafter)):
             self.controller.cost.calibrate_drafter(drafter)
 
     def decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
@@ -188,7 +200,7 @@ class SDDecoder:
         if self.drafter is not None and not self.controller.cost.target:
             # a first drafter hot-swapped in
             self.controller.cost.calibrate(runner)
-        t0 = time.perf_counter()                        # the whole iteration is the plan's cost
+        t0 = time.perf_counter()  # the whole iteration is the plan's cost
         if self.groups is not None:
             self.groups.sync(seqs, self.target_version())
         if self.drafter is not None:
@@ -208,7 +220,7 @@ class SDDecoder:
         if not waiting:
             seconds = time.perf_counter() - t0
             self.controller.cost.record_pass(len(seqs), rows / len(seqs), seconds - draft_s)
-            if not self._rebuilt:              # a swap's one-off rebuild is no cell's cost
+            if not self._rebuilt:  # a swap's one-off rebuild is no cell's cost
                 self.controller.record_iteration(len(seqs), plan, tokens, seconds, *chains)
         self._count_pass(ready, tokens)
         out.update(spec)
@@ -222,19 +234,19 @@ class SDDecoder:
 
     def _plan(self, seqs: list[Sequence]) -> tuple[Plan, list[GroupDraft | None]]:
         cfg = self.controller.config
-        propose = self.groups is not None and "group" in cfg.sd_sources \
-            and (cfg.sd == "on" or len(seqs) <= cfg.group_max_batch) \
+        propose = (
+            self.groups is not None
+            and "group" in cfg.sd_sources
+            and (cfg.sd == "on" or len(seqs) <= cfg.group_max_batch)
             and self._probe(len(seqs))
+        )
         if not propose and cfg.sd != "on" and self.controller.still_quiet(len(seqs)):
-            return Plan([0] * len(seqs), [0] * len(seqs), 0.0, 0.0), []   # nothing to plan
+            return Plan([0] * len(seqs), [0] * len(seqs), 0.0, 0.0), []  # nothing to plan
         caps = [self._cap(s) for s in seqs]
-        proposals = [self.groups.propose(s, c) if propose and c > 0 else None
-                     for s, c in zip(seqs, caps)]
-        eagle_ok = [self.drafter is not None and c > 0 and self.states[s].pending > 0
-                    for s, c in zip(seqs, caps)]
+        proposals = [self.groups.propose(s, c) if propose and c > 0 else None for s, c in zip(seqs, caps)]
+        eagle_ok = [self.drafter is not None and c > 0 and self.states[s].pending > 0 for s, c in zip(seqs, caps)]
         self.controller.accept.keep_only(seqs)
-        plan = self.controller.plan(caps, [d.probs if d is not None else [] for d in proposals],
-                                    eagle_ok, seqs)
+        plan = self.controller.plan(caps, [d.probs if d is not None else [] for d in proposals], eagle_ok, seqs)
         if propose:
             bucket = b_bucket(len(seqs))
             self._group_idle[bucket] = 0 if any(plan.group_lens) else self._group_idle.get(bucket, 0) + 1
@@ -257,14 +269,14 @@ class SDDecoder:
         self.states = {s: self.states[s] for s in seqs if s in self.states}
         for s in seqs:
             st, length = self.states.get(s), s.cache.length
-            if st is None or st.covered != length:      # re-feed a recent window to
-                                                        # capture its states
+            # re-feed a recent window to capture its states
+            if st is None or st.covered != length:
                 s.cache.truncate(max(length - self.window, 0))
                 self.states[s] = self._new_state(s.cache.length)
-            elif st.pending > self.window + 64:          # a long stretch without SD: keep
-                                                         # a recent window
+            # a long stretch without SD: keep a recent window
+            elif st.pending > self.window + 64:
                 self.states[s] = self._new_state(st.covered - self.window)
-                self.states[s].add(st.take()[-self.window:])
+                self.states[s].add(st.take()[-self.window :])
 
     def _new_state(self, start: int) -> DraftState:
         return DraftState(new_draft_cache(self.drafter), start, keep=self.window)
@@ -284,11 +296,12 @@ class SDDecoder:
         done = [fed[i][0] for i in rows]
         return dict(zip(done, sample_next(logits[rows], done)))
 
-    def _speculate(self, runner: ModelRunner, seqs: list[Sequence], plan: Plan,
-                   proposals: list[GroupDraft | None]) -> tuple[Out, int, float, tuple[int, int]]:
+    def _speculate(
+        self, runner: ModelRunner, seqs: list[Sequence], plan: Plan, proposals: list[GroupDraft | None]
+    ) -> tuple[Out, int, float, tuple[int, int]]:
         """Drafts and verifies; returns (outputs, the rows verified, seconds spent drafting,
         (EAGLE-3 chains tested, their tokens accepted))."""
-        prm = params_tensors([s.req.params for s in seqs], runner.device)   # on the target's device
+        prm = params_tensors([s.req.params for s in seqs], runner.device)  # on the target's device
         draft_s, self._rebuilt = 0.0, False
         eagle: list[list[int]] = [[] for _ in seqs]
         qs: list[torch.Tensor | None] = [None for _ in seqs]
@@ -301,18 +314,18 @@ class SDDecoder:
             for s in sub:
                 self.states[s].rebuilt = False
             t0 = time.perf_counter()
-            d, q = draft_tokens(self.drafter, sub, [self.states[s] for s in sub], ks,
-                                {key: v[idx] for key, v in prm.items()})
+            d, q = draft_tokens(
+                self.drafter, sub, [self.states[s] for s in sub], ks, {key: v[idx] for key, v in prm.items()}
+            )
             draft_s = time.perf_counter() - t0
             self.counters.drafter_s += draft_s
-            if catch_up <= 8:                          # a long catch-up (after plain steps)
-                                                       # is no step cost
+            # a long catch-up (after plain steps) is no step cost
+            if catch_up <= 8:
                 self.controller.cost.record_draft(len(sub), max(ks), draft_s)
             for j, b in enumerate(idx):
                 eagle[b], qs[b] = d[j], q[j]
         group = [p.tokens[:n] if p is not None else [] for p, n in zip(proposals, plan.group_lens)]
-        srcs = [[name for name, x in (("group", g), ("eagle", e)) if x]
-                for g, e in zip(group, eagle)]
+        srcs = [[name for name, x in (("group", g), ("eagle", e)) if x] for g, e in zip(group, eagle)]
         branches = [[x for x in (g, e) if x] for g, e in zip(group, eagle)]
         bq = [[qs[b] if name == "eagle" else None for name in srcs[b]] for b in range(len(seqs))]
         capture = self.drafter.config.aux_layer_ids if self.drafter is not None else None
@@ -328,13 +341,14 @@ class SDDecoder:
             if branches[b]:
                 self._count(s, srcs[b], branches[b], proposals[b], r)
             if eagle[b] and (r.branch < 0 or srcs[b].index("eagle") <= r.branch):
-                chains[0] += 1                               # the chain was tested
+                chains[0] += 1  # the chain was tested
                 chains[1] += r.accepted if srcs[b][max(r.branch, 0)] == "eagle" else 0
             out[s] = (r.ids, r.logprobs)
         return out, sum(1 + sum(map(len, br)) for br in branches), draft_s, tuple(chains)
 
-    def _count(self, s: Sequence, srcs: list[str], branches: list[list[int]],
-               proposal: GroupDraft | None, r: TreeResult) -> None:
+    def _count(
+        self, s: Sequence, srcs: list[str], branches: list[list[int]], proposal: GroupDraft | None, r: TreeResult
+    ) -> None:
         """Statistics and the controller's acceptance estimates: a branch the walk tested (the
         first, and the next ones while the earlier were rejected at the root) counts its
         accepted prefix."""
@@ -345,9 +359,9 @@ class SDDecoder:
             self.passes_by_source[name] += 1
             if r.branch < 0 or m <= r.branch:
                 accepted = r.accepted if m == r.branch else 0
-                self.controller.accept.record(name, len(br), accepted,
-                                              proposal.probs if name == "group" and proposal
-                                              else None, key=s)
+                self.controller.accept.record(
+                    name, len(br), accepted, proposal.probs if name == "group" and proposal else None, key=s
+                )
         if r.branch >= 0:
             name = srcs[r.branch]
             self.counters.accepted_by_source[name] += r.accepted
@@ -359,8 +373,11 @@ class SDDecoder:
 
 def _same_inputs(a, b) -> bool:
     """Two drafters read the same target hidden states."""
-    return list(a.config.aux_layer_ids) == list(b.config.aux_layer_ids) \
-        and a.fc.weight.shape[1] == b.fc.weight.shape[1] and a.fc.weight.dtype == b.fc.weight.dtype
+    return (
+        list(a.config.aux_layer_ids) == list(b.config.aux_layer_ids)
+        and a.fc.weight.shape[1] == b.fc.weight.shape[1]
+        and a.fc.weight.dtype == b.fc.weight.dtype
+    )
 
 
 def _shape(drafter) -> tuple:

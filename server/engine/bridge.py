@@ -5,6 +5,7 @@ The decode thread appends outputs for any number of event loops; `flush` hands t
 about as much as a small model's decode step, so the engine flushes once per
 interval, not per token.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,12 +22,11 @@ def _deliver(items: list[tuple[asyncio.Queue, GenerateOutput]]) -> None:
 
 class Outbox:
     def __init__(self) -> None:
-        self._items: deque = deque()    # (loop, queue, output); append/popleft are thread-safe
-        self._lock = threading.Lock()   # one flusher at a time keeps each request's
-                                        # outputs in order
+        self._items: deque = deque()  # (loop, queue, output); append/popleft are thread-safe
+        # one flusher at a time keeps each request's outputs in order
+        self._lock = threading.Lock()
 
-    def put(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue,
-            out: GenerateOutput) -> None:
+    def put(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, out: GenerateOutput) -> None:
         self._items.append((loop, queue, out))
 
     def flush(self) -> None:

@@ -12,6 +12,7 @@ Pause modes follow SGLang's `/pause_generation`: `abort` (in-flight requests ret
 aborted, with their partial output), `retract` (back to the queue without their KV; rebuilt after
 `resume`), `in_place` (held as they are). Requests that arrive while paused wait in the queue.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -48,12 +49,10 @@ class Engine:
         self.cfg = cfg
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
         runner = ModelRunner.load(cfg.model_path, device=cfg.device, dtype=cfg.dtype)
-        self.context_length = cfg.context_length or int(getattr(runner.config,
-                                                                "max_position_embeddings", 4096))
+        self.context_length = cfg.context_length or int(getattr(runner.config, "max_position_embeddings", 4096))
         self.eos_ids = self._eos_ids(runner)
         self.state = EngineState()
-        self.scheduler = Scheduler(self.state, runner, cfg.max_running_requests,
-                                   context_length=self.context_length)
+        self.scheduler = Scheduler(self.state, runner, cfg.max_running_requests, context_length=self.context_length)
         config = checkpoint.read_config(cfg.model_path)
         self.decoder = build_decoder(cfg, runner, config, lambda: self.state.weight_version)
         self.swapper = WeightSwapper(cfg, config, self.state, self.scheduler, self.decoder)
@@ -62,17 +61,14 @@ class Engine:
             self.state.draft_weight_version = "default"
         self._rng = torch.Generator().manual_seed(cfg.seed)  # for requests without a seed
         self._outbox = Outbox()
-        self.loop = DecodeLoop(self.state, self.scheduler, self.decoder, self.swapper,
-                               self._outbox.flush, threads)
+        self.loop = DecodeLoop(self.state, self.scheduler, self.decoder, self.swapper, self._outbox.flush, threads)
         torch.set_num_threads(caller_threads)
 
     def _eos_ids(self, runner: ModelRunner) -> set[int]:
         ids: set[int] = set()
         gen = getattr(runner.model, "generation_config", None)
-        for src in (runner.config.eos_token_id, getattr(gen, "eos_token_id", None),
-                    self.tokenizer.eos_token_id):
-            ids |= set(src) if isinstance(src, (list, tuple)) else ({src} if src is not None
-                                                                    else set())
+        for src in (runner.config.eos_token_id, getattr(gen, "eos_token_id", None), self.tokenizer.eos_token_id):
+            ids |= set(src) if isinstance(src, (list, tuple)) else ({src} if src is not None else set())
         return ids
 
     def start(self) -> None:
@@ -94,8 +90,10 @@ class Engine:
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
             raise ValueError(f"input_ids must be token ids in [0, {vocab})")
         if len(ids) >= self.context_length:
-            raise ValueError(f"The input ({len(ids)} tokens) is longer than the model's "
-                             f"context length ({self.context_length} tokens).")
+            raise ValueError(
+                f"The input ({len(ids)} tokens) is longer than the model's "
+                f"context length ({self.context_length} tokens)."
+            )
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateOutput]:
         self._validate(req)
@@ -106,8 +104,7 @@ class Engine:
 
         seed = req.params.seed
         gen = torch.Generator().manual_seed(seed) if seed is not None else self._rng
-        seq = Sequence(req, emit, StopChecker(req.params, self.eos_ids, self.context_length,
-                                              self.tokenizer), gen)
+        seq = Sequence(req, emit, StopChecker(req.params, self.eos_ids, self.context_length, self.tokenizer), gen)
         st = self.state
         with st.cv:
             if req.rid in st.rids:
@@ -137,13 +134,11 @@ class Engine:
         iteration boundary."""
         st = self.state
         with st.cv:
-            queued = [s for q in (st.waiting, st.held) for s in q
-                      if rid is None or s.req.rid == rid]
+            queued = [s for q in (st.waiting, st.held) for s in q if rid is None or s.req.rid == rid]
             for s in queued:
                 (st.waiting if s in st.waiting else st.held).remove(s)
                 self.scheduler.finish(s, message)
-            running = [s for s in st.running
-                       if (rid is None or s.req.rid == rid) and s.abort_message is None]
+            running = [s for s in st.running if (rid is None or s.req.rid == rid) and s.abort_message is None]
             for s in running:
                 s.abort_message = message
             if not st.in_step:
@@ -153,9 +148,14 @@ class Engine:
         return len(queued) + len(running)
 
     # ---- control ------------------------------------------------------------------------------
-    def update_weights(self, source: str | NamedTensors, weight_version: str | None = None,
-                       selector: str = "target", flush_cache: bool = True,
-                       abort_all_requests: bool = False) -> None:
+    def update_weights(
+        self,
+        source: str | NamedTensors,
+        weight_version: str | None = None,
+        selector: str = "target",
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+    ) -> None:
         """The one entrance for weight updates. `source`: a checkpoint directory (a disk update) or
         named tensors (a tensor or process-group update: names it leaves out keep their values;
         `server/weights/tensor_update.py`). Load and check in this thread, then swap between
@@ -166,8 +166,11 @@ class Engine:
         if selector not in ("target", "draft"):
             raise CheckpointError(f"selector must be 'target' or 'draft', got {selector!r}")
         if isinstance(source, str):
-            swap = (sw.load_draft(source, weight_version) if selector == "draft"
-                    else sw.load_target(source, weight_version, flush_cache))
+            swap = (
+                sw.load_draft(source, weight_version)
+                if selector == "draft"
+                else sw.load_target(source, weight_version, flush_cache)
+            )
         else:
             swap = sw.load_tensors(selector, source, weight_version, flush_cache)
         if abort_all_requests:
@@ -199,8 +202,9 @@ class Engine:
         """The tags released and not resumed yet (generation is refused while any is)."""
         return set(self._memory.released)
 
-    def prompt_logprobs(self, ids: list[int], start: int, top_k: int = 0,
-                        token_ids: list[int] | None = None) -> dict[str, list]:
+    def prompt_logprobs(
+        self, ids: list[int], start: int, top_k: int = 0, token_ids: list[int] | None = None
+    ) -> dict[str, list]:
         """Logprobs of the prompt's own tokens (`server/sampling/input_logprobs.py`), by the serving
         weights; runs in the caller's thread with a cache of its own."""
         return input_logprobs(self.scheduler.runner, ids, start, top_k, token_ids)
@@ -232,14 +236,19 @@ class Engine:
 
     def info(self) -> dict:
         sw = self.swapper
-        return {"model_path": sw.model_path, "tokenizer_path": self.cfg.model_path,
-                "weight_version": self.state.weight_version,
-                "draft_model_path": self.decoder.draft_path,
-                "draft_weight_version": self.state.draft_weight_version,
-                "context_length": self.context_length,
-                "max_running_requests": self.cfg.max_running_requests,
-                "is_generation": True, "vocab_size": self.scheduler.runner.vocab_size,
-                "architectures": sw.config.get("architectures"), "device": self.cfg.device}
+        return {
+            "model_path": sw.model_path,
+            "tokenizer_path": self.cfg.model_path,
+            "weight_version": self.state.weight_version,
+            "draft_model_path": self.decoder.draft_path,
+            "draft_weight_version": self.state.draft_weight_version,
+            "context_length": self.context_length,
+            "max_running_requests": self.cfg.max_running_requests,
+            "is_generation": True,
+            "vocab_size": self.scheduler.runner.vocab_size,
+            "architectures": sw.config.get("architectures"),
+            "device": self.cfg.device,
+        }
 
     def used_tokens(self) -> int:
         """KV tokens of the running set (a snapshot read without the lock: a gauge)."""
@@ -261,10 +270,13 @@ class Engine:
         st = self.state
         with st.cv:
             tokens = st.generation_tokens_total
-            stats = {"num_running_reqs": len(st.running),
-                     "num_queue_reqs": len(st.waiting) + len(st.held),
-                     "paused": st.paused is not None, "generation_tokens_total": tokens,
-                     **self.decoder.stats()}
+            stats = {
+                "num_running_reqs": len(st.running),
+                "num_queue_reqs": len(st.waiting) + len(st.held),
+                "paused": st.paused is not None,
+                "generation_tokens_total": tokens,
+                **self.decoder.stats(),
+            }
         accepted = self.decoder.counters.verify_tokens - self.decoder.counters.verify_ct
         stats["avg_tokens_per_target_pass"] = tokens / (tokens - accepted) if tokens > accepted else 0.0
         return stats

@@ -12,6 +12,7 @@ threads: it pins its own count when it starts (torch reads the process-wide coun
 OpenMP settings on the thread's first use), then every other thread of the process runs torch
 single-threaded (no second team).
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,8 +34,15 @@ FLUSH_INTERVAL_S = 0.02
 
 
 class DecodeLoop:
-    def __init__(self, state: EngineState, scheduler: Scheduler, decoder: Decoder,
-                 swapper: WeightSwapper, flush: Callable[[], None], threads: int = 1):
+    def __init__(
+        self,
+        state: EngineState,
+        scheduler: Scheduler,
+        decoder: Decoder,
+        swapper: WeightSwapper,
+        flush: Callable[[], None],
+        threads: int = 1,
+    ):
         self.state, self.scheduler, self.decoder, self.swapper, self.flush = state, scheduler, decoder, swapper, flush
         self.threads = threads
         self.thread: threading.Thread | None = None
@@ -42,8 +50,7 @@ class DecodeLoop:
     def start(self) -> None:
         if self.thread is None:
             pinned = threading.Event()
-            self.thread = threading.Thread(target=self._run, args=(pinned,), name="gleanrl-engine",
-                                           daemon=True)
+            self.thread = threading.Thread(target=self._run, args=(pinned,), name="gleanrl-engine", daemon=True)
             self.thread.start()
             pinned.wait()
             self.caller_threads = torch.get_num_threads()

@@ -10,6 +10,7 @@ device is not implemented and the tag is refused by name. cuda_graph: the embedd
 none. The drafter is never touched, so it survives a release/resume cycle (stock SGLang loses it,
 SGLang #31674). Weight updates stay allowed while released (release, train, push, resume).
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,13 +37,13 @@ class MemoryOccupation:
     def release(self, tags: list[str] | None) -> None:
         tags = _tags(tags)
         if "weights" in tags and self.device == "cuda":
-            raise ValueError("tags: releasing 'weights' on CUDA is not implemented by the "
-                             "embedded backend; release 'kv_cache' only")
+            raise ValueError(
+                "tags: releasing 'weights' on CUDA is not implemented by the embedded backend; release 'kv_cache' only"
+            )
         st = self.state
         with st.cv:
             if st.running or st.waiting or st.held:
-                raise ValueError("release_memory_occupation should be called only when "
-                                 "server is idle.")
+                raise ValueError("release_memory_occupation should be called only when server is idle.")
             if "kv_cache" in tags:
                 self.scheduler.release_pool()
             self.released |= set(tags)

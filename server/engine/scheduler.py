@@ -5,6 +5,7 @@ The scheduler owns the KV slots and the request lifecycle (admit, step, retract,
 decoder it is handed does the forward. Every method but `step`'s decoder call runs under
 the state's lock.
 """
+
 from __future__ import annotations
 
 from gleanrl.server.decode.decoder import Decoder
@@ -19,8 +20,7 @@ SD_MARGIN = 20  # room past the context length for a verify pass's draft tokens 
 
 
 class Scheduler:
-    def __init__(self, state: EngineState, runner: ModelRunner, max_running: int,
-                 context_length: int | None = None):
+    def __init__(self, state: EngineState, runner: ModelRunner, max_running: int, context_length: int | None = None):
         self.state, self.runner, self.max_running = state, runner, max_running
         self.pool_length = context_length + SD_MARGIN if context_length else None
         self.pool: KVPool | None = None
@@ -44,8 +44,7 @@ class Scheduler:
     def new_cache(self, seq: Sequence) -> SeqKVCache:
         """A slot of the pool when the sequence's longest possible length fits, else
         its own cache."""
-        longest = min(len(seq.req.input_ids) + seq.req.params.max_new_tokens,
-                      seq.stopper.context_length)
+        longest = min(len(seq.req.input_ids) + seq.req.params.max_new_tokens, seq.stopper.context_length)
         if self.pool is not None and longest + SD_MARGIN <= self.pool.capacity:
             cache = self.pool.acquire()
             if cache is not None:
@@ -80,8 +79,7 @@ class Scheduler:
         (`in_step`: nothing else changes the set meanwhile). Emits deltas of the unfinished
         sequences and returns the finished ones, which `reap` then retires (a finished request's
         slot is free before its consumer hears of it)."""
-        seqs = [s for s in (self.state.running if seqs is None else seqs)
-                if s.abort_message is None]
+        seqs = [s for s in (self.state.running if seqs is None else seqs) if s.abort_message is None]
         finished = []
         for seq, (ids, lps) in zip(seqs, decoder.decode(self.runner, seqs)):
             for tok, lp in zip(ids, lps):
@@ -117,17 +115,25 @@ class Scheduler:
         if abort_message is not None:
             seq.finish_reason = {"type": "abort", "message": abort_message}
         finished = seq.finish_reason is not None
-        seq.emit(GenerateOutput(
-            rid=seq.req.rid, new_ids=seq.output_ids[seq.sent:],
-            new_logprobs=seq.output_logprobs[seq.sent:],
-            finished=finished, finish_reason=seq.finish_reason,
-            prompt_tokens=len(seq.req.input_ids), completion_tokens=len(seq.output_ids),
-            weight_version=st.weight_version, draft_weight_version=st.draft_weight_version,
-            weight_versions=seq.weight_versions(st.weight_version) if finished else None,
-            spec_verify_ct=seq.spec_verify_ct, spec_accept_token_num=seq.spec_correct_drafts,
-            spec_draft_token_num=seq.spec_proposed_drafts, num_retractions=seq.retractions,
-            new_top_logprobs=[top for top, _ in seq.token_extras[seq.sent:len(seq.output_ids)]],
-            new_token_ids_logprobs=[ids
-                                    for _, ids in seq.token_extras[seq.sent:len(seq.output_ids)]],
-            spec_accept_token_num_by_source=dict(seq.spec_accepted_by_source) or None))
+        seq.emit(
+            GenerateOutput(
+                rid=seq.req.rid,
+                new_ids=seq.output_ids[seq.sent :],
+                new_logprobs=seq.output_logprobs[seq.sent :],
+                finished=finished,
+                finish_reason=seq.finish_reason,
+                prompt_tokens=len(seq.req.input_ids),
+                completion_tokens=len(seq.output_ids),
+                weight_version=st.weight_version,
+                draft_weight_version=st.draft_weight_version,
+                weight_versions=seq.weight_versions(st.weight_version) if finished else None,
+                spec_verify_ct=seq.spec_verify_ct,
+                spec_accept_token_num=seq.spec_correct_drafts,
+                spec_draft_token_num=seq.spec_proposed_drafts,
+                num_retractions=seq.retractions,
+                new_top_logprobs=[top for top, _ in seq.token_extras[seq.sent : len(seq.output_ids)]],
+                new_token_ids_logprobs=[ids for _, ids in seq.token_extras[seq.sent : len(seq.output_ids)]],
+                spec_accept_token_num_by_source=dict(seq.spec_accepted_by_source) or None,
+            )
+        )
         seq.sent = len(seq.output_ids)

@@ -5,6 +5,7 @@ Invariant: every field is read and written under `cv` (one lock for the decode t
 callers); only the forward itself runs outside it, with `in_step` set. A sequence is in exactly one
 of `held`, `waiting`, `running`, or none once finished; `rids` names those of all three.
 """
+
 from __future__ import annotations
 
 import threading
@@ -27,16 +28,16 @@ class TargetSwap:
     config: dict
     signature: Signature
     path: str
-    version: str | None                # None keeps the current version (SGLang)
+    version: str | None  # None keeps the current version (SGLang)
     flush_cache: bool
-    drain: bool = True                 # wait for the admitted requests; set when handed over
+    drain: bool = True  # wait for the admitted requests; set when handed over
     done: threading.Event = field(default_factory=threading.Event)
-    error: Exception | None = None     # set when applying failed (undone)
+    error: Exception | None = None  # set when applying failed (undone)
 
 
 @dataclass(eq=False)
 class DraftSwap:
-    drafter: Eagle3Drafter             # fused
+    drafter: Eagle3Drafter  # fused
     path: str
     version: str | None
     done: threading.Event = field(default_factory=threading.Event)
@@ -48,12 +49,12 @@ class EngineState:
     cv: threading.Condition = field(default_factory=threading.Condition)
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
-    held: deque[Sequence] = field(default_factory=deque)   # arrived while a target update drains
+    held: deque[Sequence] = field(default_factory=deque)  # arrived while a target update drains
     rids: set[str] = field(default_factory=set)
     paused: PauseMode | None = None
     stopping: bool = False
     in_step: bool = False
-    swap: TargetSwap | DraftSwap | None = None              # handed to the decode thread
+    swap: TargetSwap | DraftSwap | None = None  # handed to the decode thread
     weight_version: str = "default"
     draft_weight_version: str | None = None
     generation_tokens_total: int = 0

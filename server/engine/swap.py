@@ -13,6 +13,7 @@ A swap that fails while applied (e.g. the cache rebuild runs out of memory) is u
 weights keep serving, the decode thread lives on, and the caller gets the error. A drain waits at
 most `cfg.swap_timeout_s`; then the swap is withdrawn and refused, and the held requests run.
 """
+
 from __future__ import annotations
 
 from gleanrl.server.config import EngineConfig
@@ -23,28 +24,32 @@ from gleanrl.server.protocol import CheckpointError
 from gleanrl.server.weights import checkpoint, tensor_update
 from gleanrl.server.weights.drafter import load_for_target
 
-NO_DRAFTER = ("selector=draft: no drafter is served, so there is no drafter config to update; "
-              "load one with /update_weights_from_disk selector=draft first")
+NO_DRAFTER = (
+    "selector=draft: no drafter is served, so there is no drafter config to update; "
+    "load one with /update_weights_from_disk selector=draft first"
+)
 
 
 class WeightSwapper:
     """Owns the serving target checkpoint's identity (path, config, tensor signature)."""
 
-    def __init__(self, cfg: EngineConfig, config: dict, state: EngineState, scheduler: Scheduler,
-                 decoder: Decoder):
+    def __init__(self, cfg: EngineConfig, config: dict, state: EngineState, scheduler: Scheduler, decoder: Decoder):
         self.cfg, self.state, self.scheduler, self.decoder = cfg, state, scheduler, decoder
         self.model_path, self.config = cfg.model_path, config
         self.signature = checkpoint.checkpoint_signature(cfg.model_path)
 
     def load_target(self, path: str, version: str | None, flush_cache: bool) -> TargetSwap:
-        runner, config, sig = checkpoint.load_checked(path, self.config, self.signature,
-                                                      self.cfg.device, self.cfg.dtype)
+        runner, config, sig = checkpoint.load_checked(
+            path, self.config, self.signature, self.cfg.device, self.cfg.dtype
+        )
         return TargetSwap(runner, config, sig, path, version, flush_cache)
 
     def load_draft(self, path: str, version: str | None) -> DraftSwap:
         if self.cfg.sd == "off":
-            raise CheckpointError("this server runs with speculative decoding off (sd 'off'), "
-                                  "so it serves no drafter; start it with --sd on or --sd adaptive")
+            raise CheckpointError(
+                "this server runs with speculative decoding off (sd 'off'), "
+                "so it serves no drafter; start it with --sd on or --sd adaptive"
+            )
         return DraftSwap(load_for_target(path, self.scheduler.runner, self.config), path, version)
 
     def expected(self, selector: str) -> checkpoint.Signature:
@@ -55,8 +60,9 @@ class WeightSwapper:
             raise CheckpointError(NO_DRAFTER)
         return checkpoint.checkpoint_signature(self.decoder.draft_path)
 
-    def load_tensors(self, selector: str, named: tensor_update.NamedTensors, version: str | None,
-                     flush_cache: bool) -> TargetSwap | DraftSwap:
+    def load_tensors(
+        self, selector: str, named: tensor_update.NamedTensors, version: str | None, flush_cache: bool
+    ) -> TargetSwap | DraftSwap:
         """Named tensors as a swap of `selector` (`weights/tensor_update.py`): names, shapes and
         dtypes first, before anything reads the data or copies a model."""
         tensor_update.check_named(self.expected(selector), selector, named)
@@ -66,8 +72,14 @@ class WeightSwapper:
             drafter = tensor_update.overlay_drafter(path, named, runner, self.config)
             return DraftSwap(drafter, path, version)
         staged = tensor_update.check_target(named, runner.dtype)
-        return TargetSwap(tensor_update.target_runner(runner, staged), self.config, self.signature,
-                          self.model_path, version, flush_cache)
+        return TargetSwap(
+            tensor_update.target_runner(runner, staged),
+            self.config,
+            self.signature,
+            self.model_path,
+            version,
+            flush_cache,
+        )
 
     def submit(self, swap: TargetSwap | DraftSwap, apply_now: bool) -> None:
         """Hand `swap` to the decode thread (or apply it here when there is none) and wait until
@@ -89,14 +101,18 @@ class WeightSwapper:
                     st.swap = None
                     self._release_held()
                     st.cv.notify_all()
-                    raise CheckpointError(f"the weight update waited {self.cfg.swap_timeout_s:g} "
-                                          "s for running requests to finish and was withdrawn; "
-                                          "pause generation or pass abort_all_requests")
+                    raise CheckpointError(
+                        f"the weight update waited {self.cfg.swap_timeout_s:g} "
+                        "s for running requests to finish and was withdrawn; "
+                        "pause generation or pass abort_all_requests"
+                    )
             swap.done.wait()
         if swap.error is not None:
-            raise CheckpointError("the weight update failed while being applied and was undone "
-                                  "(the old weights keep "
-                                  f"serving): {type(swap.error).__name__}: {swap.error}")
+            raise CheckpointError(
+                "the weight update failed while being applied and was undone "
+                "(the old weights keep "
+                f"serving): {type(swap.error).__name__}: {swap.error}"
+            )
 
     def draining(self) -> bool:
         """Under the lock: a target swap waits for the admitted requests (new ones are
@@ -108,8 +124,7 @@ class WeightSwapper:
         is left, or once generation was paused after all (it then lands under the
         paused requests)."""
         st = self.state
-        return st.swap is not None and (not self.draining() or st.paused is not None
-                                        or not (st.running or st.waiting))
+        return st.swap is not None and (not self.draining() or st.paused is not None or not (st.running or st.waiting))
 
     def apply(self) -> None:
         """Under the lock, between iterations. Never raises: a failure is undone and left in

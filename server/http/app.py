@@ -1,6 +1,7 @@
 """The FastAPI app: native SGLang routes, OpenAI routes, auth, metrics and error shapes around one
 engine. The lifespan starts the engine's decode thread and shuts it down (aborting what
 still runs)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -52,21 +53,22 @@ def build_app(engine: Engine, server_cfg: ServerConfig, engine_cfg: EngineConfig
 
     app = FastAPI(title="gleanrl rollout server", lifespan=lifespan, docs_url=None, redoc_url=None)
     info = engine.info()
-    engine_args = dataclasses.asdict(engine_cfg) if engine_cfg else {
-        "model_path": info.get("model_path")}
-    server_args = {k: v for k, v in dataclasses.asdict(server_cfg).items()
-                   if k not in SECRET_FIELDS}
+    engine_args = dataclasses.asdict(engine_cfg) if engine_cfg else {"model_path": info.get("model_path")}
+    server_args = {k: v for k, v in dataclasses.asdict(server_cfg).items() if k not in SECRET_FIELDS}
     app.state = AppState(  # type: ignore[assignment]
-        feed=HarvestFeed(FeedConfig(max_records=server_cfg.harvest_feed_records))
-        if server_cfg.harvest_feed else None, feed_load=lambda: {
-            k: engine.stats().get(k) for k in ("num_running_reqs", "num_queue_reqs", "paused")},
-        engine=engine, server_cfg=server_cfg, tokenizer=engine.tokenizer,
+        feed=HarvestFeed(FeedConfig(max_records=server_cfg.harvest_feed_records)) if server_cfg.harvest_feed else None,
+        feed_load=lambda: {k: engine.stats().get(k) for k in ("num_running_reqs", "num_queue_reqs", "paused")},
+        engine=engine,
+        server_cfg=server_cfg,
+        tokenizer=engine.tokenizer,
         context_length=engine.context_length,
         vocab_size=int(info.get("vocab_size") or len(engine.tokenizer)),
         stop_token_ids=sorted(engine.eos_ids) or None,
-        version=_version(), engine_args=engine_args, server_args=server_args,
-        served_model_name=server_cfg.served_model_name
-        or Path(str(info.get("model_path", "model"))).name)
+        version=_version(),
+        engine_args=engine_args,
+        server_args=server_args,
+        served_model_name=server_cfg.served_model_name or Path(str(info.get("model_path", "model"))).name,
+    )
     app.include_router(native.router)
     app.include_router(openai.router)
     app.include_router(feed.router)
@@ -75,8 +77,7 @@ def build_app(engine: Engine, server_cfg: ServerConfig, engine_cfg: EngineConfig
     app.openapi = lambda: app.openapi_schema or describe_bodies(base_openapi())  # type: ignore[method-assign]
     if app.state.feed is not None:  # inside auth: only authorised updates reach it
         app.add_middleware(FeedUpdatesMiddleware, feed=app.state.feed)
-    app.add_middleware(AuthMiddleware, api_key=server_cfg.api_key,
-                       admin_api_key=server_cfg.admin_api_key)
+    app.add_middleware(AuthMiddleware, api_key=server_cfg.api_key, admin_api_key=server_cfg.admin_api_key)
     app.add_middleware(BrowserGuard, bound_loopback=is_loopback(server_cfg.host))
     # outermost: an oversize body is refused before any layer reads it
     app.add_middleware(BodyLimit, max_bytes=server_cfg.max_request_bytes)
@@ -93,14 +94,13 @@ def build_app(engine: Engine, server_cfg: ServerConfig, engine_cfg: EngineConfig
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(ApiError(exc.status_code, str(exc.detail), kind=kind).body(),
-                            status_code=exc.status_code)
+        return JSONResponse(ApiError(exc.status_code, str(exc.detail), kind=kind).body(), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception):
         log.exception("internal error on %s", request.url.path)
-        return JSONResponse(ApiError(500, f"internal server error: {type(exc).__name__}",
-                                     kind="server_error").body(),
-                            status_code=500)
+        return JSONResponse(
+            ApiError(500, f"internal server error: {type(exc).__name__}", kind="server_error").body(), status_code=500
+        )
 
     return app

@@ -3,17 +3,29 @@ paths (weight updates, pause/continue, flush, abort-all, the harvest feed) take 
 when it is set, else `--api-key`, else nothing (SGLang's ADMIN_OPTIONAL level). A pure ASGI
 middleware, so client disconnects still reach the streaming routes. Keys are compared in constant
 time and never echoed."""
+
 from __future__ import annotations
 
 import json
 import secrets
 
-ADMIN_PATHS = frozenset({"/update_weights_from_disk", "/update_weights_from_tensor",
-                         "/update_weights_from_distributed", "/begin_weight_update",
-                         "/end_weight_update", "/init_weights_update_group",
-                         "/destroy_weights_update_group", "/release_memory_occupation",
-                         "/resume_memory_occupation", "/pause_generation", "/continue_generation",
-                         "/flush_cache", "/harvest_feed"})
+ADMIN_PATHS = frozenset(
+    {
+        "/update_weights_from_disk",
+        "/update_weights_from_tensor",
+        "/update_weights_from_distributed",
+        "/begin_weight_update",
+        "/end_weight_update",
+        "/init_weights_update_group",
+        "/destroy_weights_update_group",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+        "/pause_generation",
+        "/continue_generation",
+        "/flush_cache",
+        "/harvest_feed",
+    }
+)
 OPEN_PREFIXES = ("/health",)
 # the route itself asks for the admin key when abort_all
 EITHER_KEY_PATHS = frozenset({"/abort_request"})
@@ -26,8 +38,7 @@ def _bearer(header: str | None) -> str | None:
     return token.strip() if scheme.lower() == "bearer" else None
 
 
-def allowed(authorization: str | None, api_key: str | None, admin_api_key: str | None,
-            admin: bool) -> bool:
+def allowed(authorization: str | None, api_key: str | None, admin_api_key: str | None, admin: bool) -> bool:
     expected = (admin_api_key or api_key) if admin else api_key
     if not expected:
         return True
@@ -36,10 +47,16 @@ def allowed(authorization: str | None, api_key: str | None, admin_api_key: str |
 
 
 def unauthorized_body() -> bytes:
-    return json.dumps({"error": {"message": "Unauthorized: missing or wrong API key "
-                                            "(Authorization: Bearer <key>)",
-                                 "type": "authentication_error", "param": None,
-                                 "code": 401}}).encode()
+    return json.dumps(
+        {
+            "error": {
+                "message": "Unauthorized: missing or wrong API key (Authorization: Bearer <key>)",
+                "type": "authentication_error",
+                "param": None,
+                "code": 401,
+            }
+        }
+    ).encode()
 
 
 class AuthMiddleware:
@@ -49,22 +66,28 @@ class AuthMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"].startswith(OPEN_PREFIXES):
             return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                   for k, v in scope.get("headers", [])}
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         auth, path = headers.get("authorization"), scope["path"]
         if allowed(auth, self.api_key, self.admin_api_key, path in ADMIN_PATHS) or (
-                path in EITHER_KEY_PATHS and allowed(auth, self.api_key, self.admin_api_key, True)):
+            path in EITHER_KEY_PATHS and allowed(auth, self.api_key, self.admin_api_key, True)
+        ):
             return await self.app(scope, receive, send)
         body = unauthorized_body()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()),
-                                (b"www-authenticate", b"Bearer")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
 def check_admin(request) -> bool:
     """For routes whose admin level depends on the body (abort_all)."""
     state = request.app.state
-    return allowed(request.headers.get("authorization"), state.server_cfg.api_key,
-                   state.server_cfg.admin_api_key, True)
+    return allowed(request.headers.get("authorization"), state.server_cfg.api_key, state.server_cfg.admin_api_key, True)

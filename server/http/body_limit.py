@@ -6,6 +6,7 @@ so the rest is never buffered. A pure ASGI middleware, outermost, so no other la
 Every 413 says `Connection: close`: uvicorn then closes the socket instead of reading and discarding
 the rest of the body (hundreds of megabytes parsed on the event loop would stall every other
 client), and the client sees the answer as soon as its next write fails."""
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """Text at the edge: incremental detokenization as SGLang's detokenizer does it (so streamed and
 non-streamed text agree and each update costs a few tokens of decoding, not the whole output), stop
 trimming, and the held-back deltas of OpenAI streams."""
+
 from __future__ import annotations
 
 from gleanrl.server.http.fanin import Track
@@ -18,16 +19,15 @@ class Detokenizer:
 
     def __call__(self, ids: list[int], final: bool) -> str:
         if len(ids) > self.read:
-            before = self.tok.decode(ids[self.surr:self.read], skip_special_tokens=self.skip)
-            now = self.tok.decode(ids[self.surr:], skip_special_tokens=self.skip)
+            before = self.tok.decode(ids[self.surr : self.read], skip_special_tokens=self.skip)
+            now = self.tok.decode(ids[self.surr :], skip_special_tokens=self.skip)
             if final or not now.endswith(REPLACEMENT):
-                self.text += now[len(before):]
+                self.text += now[len(before) :]
                 self.surr, self.read = self.read, len(ids)
         return self.text
 
 
-def output_text(tokenizer, track: Track, skip_special_tokens: bool = True,
-                no_stop_trim: bool = False) -> str:
+def output_text(tokenizer, track: Track, skip_special_tokens: bool = True, no_stop_trim: bool = False) -> str:
     """Decoded output as SGLang returns it: a matched stop token or stop string is cut from the text
     (not from `output_ids`) unless `no_stop_trim`."""
     if track.detok is None:
@@ -54,5 +54,5 @@ class Delta:
             text = text[: len(text) - self.hold]
         if not text.startswith(self.sent):
             return ""
-        delta, self.sent = text[len(self.sent):], text
+        delta, self.sent = text[len(self.sent) :], text
         return delta

@@ -3,6 +3,7 @@
 `entrypoints/v1_loads.py`, `managers/load_snapshot.py`). One process serves one model replica: tp,
 pp, dp and ep sizes are 1 (sglang-router's --dp-aware and slime's external-engine attach read them);
 a memory saver is not used."""
+
 from __future__ import annotations
 
 import time
@@ -15,8 +16,16 @@ from gleanrl.server.http.schemas import ApiError
 from gleanrl.server.weights import checkpoint
 
 router = APIRouter()
-PARALLEL = {"tp_size": 1, "pp_size": 1, "dp_size": 1, "ep_size": 1, "nnodes": 1, "node_rank": 0,
-            "enable_dp_attention": False, "enable_memory_saver": False}
+PARALLEL = {
+    "tp_size": 1,
+    "pp_size": 1,
+    "dp_size": 1,
+    "ep_size": 1,
+    "nnodes": 1,
+    "node_rank": 0,
+    "enable_dp_attention": False,
+    "enable_memory_saver": False,
+}
 LOAD_SECTIONS = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
 
 
@@ -32,11 +41,19 @@ def _capacity(state) -> tuple[int, int]:
 async def model_info(request: Request):
     state = request.app.state
     info = state.engine.info()
-    return {"is_generation": True, "preferred_sampling_params": None,
-            "served_model_name": state.served_model_name, "load_format": None,
-            "reasoning_parser": None, "tool_call_parser": None, "disaggregation_mode": "null",
-            "has_image_understanding": False, "has_audio_understanding": False,
-            "model_type": _model_type(info.get("model_path")), **info}
+    return {
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "served_model_name": state.served_model_name,
+        "load_format": None,
+        "reasoning_parser": None,
+        "tool_call_parser": None,
+        "disaggregation_mode": "null",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": _model_type(info.get("model_path")),
+        **info,
+    }
 
 
 def _model_type(path: str | None) -> str | None:
@@ -54,26 +71,46 @@ async def server_info(request: Request):
     running, tokens = _capacity(state)
     # secret keys were dropped when the app was built
     args = {**state.engine_args, **state.server_args}
-    return {**args, **PARALLEL, "max_running_requests": running, "max_total_tokens": tokens,
-            "max_total_num_tokens": tokens, "context_length": state.context_length,
-            "max_req_input_len": state.context_length - 1,
-            "served_model_name": state.served_model_name, "internal_states": [
-                {**stats, "avg_spec_accept_length": stats.get("avg_spec_accept_length", 0.0)}],
-            "version": state.version, "backend": "embedded", "frontend": "python"}
+    return {
+        **args,
+        **PARALLEL,
+        "max_running_requests": running,
+        "max_total_tokens": tokens,
+        "max_total_num_tokens": tokens,
+        "context_length": state.context_length,
+        "max_req_input_len": state.context_length - 1,
+        "served_model_name": state.served_model_name,
+        "internal_states": [{**stats, "avg_spec_accept_length": stats.get("avg_spec_accept_length", 0.0)}],
+        "version": state.version,
+        "backend": "embedded",
+        "frontend": "python",
+    }
 
 
 def _load(state) -> dict:
     stats = state.engine.stats()
     running_max, tokens = _capacity(state)
     used = state.engine.used_tokens()
-    return {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": stats["num_running_reqs"],
-            "num_waiting_reqs": stats["num_queue_reqs"], "num_waiting_uncached_tokens": 0,
-            "num_used_tokens": used, "num_total_tokens": used, "num_active_tokens": used,
-            "num_prealloc_ready_tokens": 0, "max_total_num_tokens": tokens,
-            "max_running_requests": running_max, "token_usage": used / tokens if tokens else 0.0,
-            "gen_throughput": 0.0, "cache_hit_rate": 0.0,
-            "utilization": stats["num_running_reqs"] / running_max,
-            "total_prefill_uncached_tokens": 0, "total_prefill_busy_us": 0, "decode_moments": None}
+    return {
+        "timestamp": time.time(),
+        "dp_rank": 0,
+        "num_running_reqs": stats["num_running_reqs"],
+        "num_waiting_reqs": stats["num_queue_reqs"],
+        "num_waiting_uncached_tokens": 0,
+        "num_used_tokens": used,
+        "num_total_tokens": used,
+        "num_active_tokens": used,
+        "num_prealloc_ready_tokens": 0,
+        "max_total_num_tokens": tokens,
+        "max_running_requests": running_max,
+        "token_usage": used / tokens if tokens else 0.0,
+        "gen_throughput": 0.0,
+        "cache_hit_rate": 0.0,
+        "utilization": stats["num_running_reqs"] / running_max,
+        "total_prefill_uncached_tokens": 0,
+        "total_prefill_busy_us": 0,
+        "decode_moments": None,
+    }
 
 
 @router.get("/get_load")
@@ -81,43 +118,72 @@ async def get_load(request: Request):
     """The per-DP-rank load list of SGLang before 0.5.23 (which answers 404 here; older
     sglang-router load-aware policies poll it)."""
     load = _load(request.app.state)
-    return [{"dp_rank": 0, "num_reqs": load["num_running_reqs"] + load["num_waiting_reqs"],
-             "num_waiting_reqs": load["num_waiting_reqs"], "num_tokens": load["num_used_tokens"]}]
+    return [
+        {
+            "dp_rank": 0,
+            "num_reqs": load["num_running_reqs"] + load["num_waiting_reqs"],
+            "num_waiting_reqs": load["num_waiting_reqs"],
+            "num_tokens": load["num_used_tokens"],
+        }
+    ]
 
 
 @router.get("/v1/loads")
-async def loads(request: Request, dp_rank: int | None = None, include: str | None = None,
-                format: str | None = None):
+async def loads(request: Request, dp_rank: int | None = None, include: str | None = None, format: str | None = None):
     sections = {s.strip() for s in include.split(",")} if include else None
     if sections and not sections <= LOAD_SECTIONS:
-        raise ApiError(400, f"Invalid include sections: {sections - LOAD_SECTIONS}. Valid options: "
-                            f"{sorted(LOAD_SECTIONS)}", param="include")
+        raise ApiError(
+            400,
+            f"Invalid include sections: {sections - LOAD_SECTIONS}. Valid options: {sorted(LOAD_SECTIONS)}",
+            param="include",
+        )
     state = request.app.state
     load = _load(state)
     every = sections is None or "all" in sections
     if every or "memory" in sections:
-        load["memory"] = {"weight_gb": 0.0, "kv_cache_gb": 0.0, "graph_gb": 0.0,
-                          "token_capacity": load["max_total_num_tokens"]}
+        load["memory"] = {
+            "weight_gb": 0.0,
+            "kv_cache_gb": 0.0,
+            "graph_gb": 0.0,
+            "token_capacity": load["max_total_num_tokens"],
+        }
     if state.engine.info().get("draft_model_path") and (every or "spec" in sections):
         # SGLang: only with SD
         stats = state.engine.stats()
-        load["speculative"] = {"accept_length": float(stats.get("avg_spec_accept_length", 0.0)),
-                               "accept_rate": float(stats.get("avg_spec_accept_rate", 0.0))}
+        load["speculative"] = {
+            "accept_length": float(stats.get("avg_spec_accept_length", 0.0)),
+            "accept_rate": float(stats.get("avg_spec_accept_rate", 0.0)),
+        }
     if every or "disagg" in sections:
-        load["disaggregation"] = {"mode": "null", "prefill_bootstrap_queue_reqs": 0,
-                                  "prefill_inflight_queue_reqs": 0, "decode_prealloc_queue_reqs": 0,
-                                  "decode_transfer_queue_reqs": 0, "decode_retracted_queue_reqs": 0,
-                                  "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0}
+        load["disaggregation"] = {
+            "mode": "null",
+            "prefill_bootstrap_queue_reqs": 0,
+            "prefill_inflight_queue_reqs": 0,
+            "decode_prealloc_queue_reqs": 0,
+            "decode_transfer_queue_reqs": 0,
+            "decode_retracted_queue_reqs": 0,
+            "kv_transfer_speed_gb_s": 0.0,
+            "kv_transfer_latency_ms": 0.0,
+        }
     if every or "queues" in sections:
-        load["queues"] = {"waiting": load["num_waiting_reqs"], "grammar": 0, "paused": 0,
-                          "retracted": 0, "prealloc_ready": 0}
+        load["queues"] = {
+            "waiting": load["num_waiting_reqs"],
+            "grammar": 0,
+            "paused": 0,
+            "retracted": 0,
+            "prealloc_ready": 0,
+        }
     rows = [load] if dp_rank in (None, 0) else []
     if format == "prometheus":
         lines = []
         for key, value in load.items():
             if isinstance(value, (int, float)) and key not in ("dp_rank", "timestamp"):
                 lines += [f"# TYPE sglang_{key} gauge", f'sglang_{key}{{dp_rank="0"}} {value}']
-        return Response("\n".join(lines) + "\n",
-                        media_type="text/plain; version=0.0.4; charset=utf-8")
-    return {"timestamp": datetime.now(UTC).isoformat(), "version": state.version,
-            "accelerator": None, "num_accelerators": 1, "loads": rows}
+        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4; charset=utf-8")
+    return {
+        "timestamp": datetime.now(UTC).isoformat(),
+        "version": state.version,
+        "accelerator": None,
+        "num_accelerators": 1,
+        "loads": rows,
+    }

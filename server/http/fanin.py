@@ -1,6 +1,7 @@
 """Run the engine requests of one HTTP request (a batch, or n samples per prompt) and merge their
 output streams. Keeps each request's cumulative state, feeds the edge metrics, and aborts whatever
 is still running when the HTTP side goes away (disconnect, error, cancellation)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,13 +16,14 @@ from gleanrl.server.protocol import FEED_META, GenerateOutput, GenerateRequest
 @dataclass
 class Track:
     """Cumulative state of one engine request."""
+
     req: GenerateRequest
     created: float = field(default_factory=time.perf_counter)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list = field(default_factory=list)        # per output token, when asked
+    top_logprobs: list = field(default_factory=list)  # per output token, when asked
     token_ids_logprobs: list = field(default_factory=list)  # per output token, when asked
-    input_logprobs: dict | None = None                      # server.input_logprobs, when asked
+    input_logprobs: dict | None = None  # server.input_logprobs, when asked
     last: GenerateOutput | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -37,8 +39,15 @@ class Track:
 
 
 class Fanin:
-    def __init__(self, engine, reqs: list[GenerateRequest], metrics, active: dict[str, list[str]],
-                 groups: dict[str, list[str]] | None = None, feed=None):
+    def __init__(
+        self,
+        engine,
+        reqs: list[GenerateRequest],
+        metrics,
+        active: dict[str, list[str]],
+        groups: dict[str, list[str]] | None = None,
+        feed=None,
+    ):
         """`active` maps every running rid (and each user rid of an n > 1 group) to its engine rids;
         /abort_request reads it. `feed` (`harvest_feed.HarvestFeed`, or None) records each
         finished one."""
@@ -47,9 +56,9 @@ class Fanin:
         names = {r.rid: [r.rid] for r in reqs} | (groups or {})
         busy = [k for k in names if k in active]
         if busy or len(names) < len(reqs):
-            raise ApiError(400, f"rid: a request with id {(busy or ['(duplicate)'])[0]!r} is "
-                                "already running",
-                           param="rid")
+            raise ApiError(
+                400, f"rid: a request with id {(busy or ['(duplicate)'])[0]!r} is already running", param="rid"
+            )
         active.update(names)
         self.keys = list(names)
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -77,9 +86,13 @@ class Fanin:
                 raise out
             now = time.perf_counter()
             if out is None:  # the engine's stream ended without a final update
-                out = GenerateOutput(rid=track.req.rid, new_ids=[], new_logprobs=[], finished=True,
-                                     finish_reason={"type": "abort",
-                                                    "message": "engine stream ended"})
+                out = GenerateOutput(
+                    rid=track.req.rid,
+                    new_ids=[],
+                    new_logprobs=[],
+                    finished=True,
+                    finish_reason={"type": "abort", "message": "engine stream ended"},
+                )
             track.ids += out.new_ids
             track.logprobs += out.new_logprobs
             track.top_logprobs += out.new_top_logprobs
@@ -93,14 +106,21 @@ class Fanin:
             if out.finished:
                 track.finished_at = now
                 pending -= 1
-                self.metrics.finished(out.prompt_tokens or len(track.req.input_ids),
-                                      (out.finish_reason or {}).get("type", "abort"),
-                                      now - track.created)
+                self.metrics.finished(
+                    out.prompt_tokens or len(track.req.input_ids),
+                    (out.finish_reason or {}).get("type", "abort"),
+                    now - track.created,
+                )
                 if self.feed is not None:
                     info = out.meta_info()
-                    self.feed.record(track.req.rid, track.req.input_ids, track.ids,
-                                     out.weight_version, out.finish_reason,
-                                     meta={k: info[k] for k in FEED_META})
+                    self.feed.record(
+                        track.req.rid,
+                        track.req.input_ids,
+                        track.ids,
+                        out.weight_version,
+                        out.finish_reason,
+                        meta={k: info[k] for k in FEED_META},
+                    )
             yield i
 
     async def drain(self) -> list[Track]:

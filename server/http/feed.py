@@ -3,6 +3,7 @@ extension, `gleanrl serve --harvest-feed` or `gleanrl proxy`; admin key). Long-p
 for a record past the cursor. Also reports the server's load (`running`, `queued`, `paused`), which
 the sidecar reads to train only in the server's idle windows. With the feed off: 404 saying how
 to turn it on."""
+
 from __future__ import annotations
 
 import asyncio
@@ -35,13 +36,15 @@ def _int(request: Request, name: str, default: int | None, low: int) -> int | No
 async def harvest_feed(request: Request):
     state: FeedState = request.app.state
     if (feed := state.feed) is None:
-        raise ApiError(404, "the harvest feed is off: start the server with `gleanrl serve "
-                            "--harvest-feed` (or put `gleanrl proxy` in front of it)",
-                       kind="not_found_error")
+        raise ApiError(
+            404,
+            "the harvest feed is off: start the server with `gleanrl serve "
+            "--harvest-feed` (or put `gleanrl proxy` in front of it)",
+            kind="not_found_error",
+        )
     unknown = sorted(set(request.query_params) - {"cursor", "limit", "wait_s"})
     if unknown:
-        raise ApiError(400, f"{unknown[0]}: not a parameter of /harvest_feed (cursor, "
-                            "limit, wait_s)", param=unknown[0])
+        raise ApiError(400, f"{unknown[0]}: not a parameter of /harvest_feed (cursor, limit, wait_s)", param=unknown[0])
     cursor, limit = _int(request, "cursor", 0, 0), _int(request, "limit", None, 1)
     try:
         wait_s = min(max(float(request.query_params.get("wait_s", 0)), 0.0), MAX_WAIT_S)

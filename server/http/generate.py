@@ -3,6 +3,7 @@ per prompt, logprobs, SSE streaming with cumulative chunks. Fields and shapes fo
 `managers/io_struct.py` (GenerateReqInput) and `tokenizer_manager.py`; gleanrl adds
 `draft_weight_version` and `spec_accept_length` to meta_info. Also the request-building helpers the
 OpenAI routes share."""
+
 from __future__ import annotations
 
 import asyncio
@@ -56,11 +57,14 @@ def check_prompt(state, ids: list[int], field: str) -> list[int]:
         raise ApiError(400, f"{field}: the prompt is empty", param=field)
     bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
     if bad is not None:
-        raise ApiError(400, f"{field}: token id {bad} is outside the vocabulary "
-                            f"[0, {state.vocab_size})", param=field)
+        raise ApiError(400, f"{field}: token id {bad} is outside the vocabulary [0, {state.vocab_size})", param=field)
     if len(ids) >= state.context_length:
-        raise ApiError(400, f"{field}: the input ({len(ids)} tokens) is longer than the model's "
-                            f"context length ({state.context_length} tokens)", param=field)
+        raise ApiError(
+            400,
+            f"{field}: the input ({len(ids)} tokens) is longer than the model's "
+            f"context length ({state.context_length} tokens)",
+            param=field,
+        )
     return ids
 
 
@@ -74,12 +78,10 @@ def sampling(state, sp: dict, field: str = "sampling_params") -> SamplingParams:
     if n > cfg.max_n:
         raise ApiError(400, f"{field}.n must be <= {cfg.max_n}, got {n}", param=f"{field}.n")
     if cap is not None and max_new > cap:
-        raise ApiError(400, f"{field}.max_new_tokens must be <= {cap}, got {max_new}",
-                       param=f"{field}.max_new_tokens")
+        raise ApiError(400, f"{field}.max_new_tokens must be <= {cap}, got {max_new}", param=f"{field}.max_new_tokens")
     seed = sp.get("sampling_seed") if sp.get("sampling_seed") is not None else sp.get("seed")
     if seed is not None and not 0 <= seed < 2**63 - cfg.max_n:
-        raise ApiError(400, f"{field}.sampling_seed must be in [0, 2^63), got {seed}",
-                       param=f"{field}.sampling_seed")
+        raise ApiError(400, f"{field}.sampling_seed must be in [0, 2^63), got {seed}", param=f"{field}.sampling_seed")
     stop = sp.get("stop") or []
     stop = [stop] if isinstance(stop, str) else [s for s in stop if s]
     stop_regex = sp.get("stop_regex") or []
@@ -88,15 +90,23 @@ def sampling(state, sp: dict, field: str = "sampling_params") -> SamplingParams:
     top_k = -1 if top_k >= state.vocab_size else top_k  # keeping the whole vocabulary is no top-k
     try:
         params = SamplingParams(
-            max_new_tokens=max_new, temperature=float(sp.get("temperature", 1.0)),
-            top_p=float(sp.get("top_p", 1.0)), top_k=top_k, min_p=float(sp.get("min_p", 0.0)),
-            stop=stop, stop_token_ids=list(sp.get("stop_token_ids") or []),
-            ignore_eos=sp.get("ignore_eos", False), n=n,
-            seed=seed, frequency_penalty=float(sp.get("frequency_penalty") or 0.0),
+            max_new_tokens=max_new,
+            temperature=float(sp.get("temperature", 1.0)),
+            top_p=float(sp.get("top_p", 1.0)),
+            top_k=top_k,
+            min_p=float(sp.get("min_p", 0.0)),
+            stop=stop,
+            stop_token_ids=list(sp.get("stop_token_ids") or []),
+            ignore_eos=sp.get("ignore_eos", False),
+            n=n,
+            seed=seed,
+            frequency_penalty=float(sp.get("frequency_penalty") or 0.0),
             presence_penalty=float(sp.get("presence_penalty") or 0.0),
             repetition_penalty=float(sp.get("repetition_penalty", 1.0)),
             min_new_tokens=sp.get("min_new_tokens", 0),
-            logit_bias=_logit_bias(state, sp.get("logit_bias"), field), stop_regex=stop_regex)
+            logit_bias=_logit_bias(state, sp.get("logit_bias"), field),
+            stop_regex=stop_regex,
+        )
         check_stops(params.stop)
         compile_stop_regex(params.stop_regex)
         return params
@@ -117,9 +127,11 @@ def _logit_bias(state, bias: dict | None, field: str) -> dict[int, float]:
     out = {}
     for key, value in (bias or {}).items():
         if not key.strip().lstrip("-").isdigit() or not 0 <= int(key) < state.vocab_size:
-            raise ApiError(400, f"{field}.logit_bias must has keys in "
-                                f"[0, {state.vocab_size - 1}], got {key}.",
-                           param=f"{field}.logit_bias")
+            raise ApiError(
+                400,
+                f"{field}.logit_bias must has keys in [0, {state.vocab_size - 1}], got {key}.",
+                param=f"{field}.logit_bias",
+            )
         out[int(key)] = float(value)
     return out
 
@@ -129,17 +141,25 @@ def check_length(state, ids: list[int], params: SamplingParams, field: str) -> N
     (not clamped)."""
     total = len(ids) + params.max_new_tokens
     if total > state.context_length:
-        raise ApiError(400, f"Requested token count exceeds the model's maximum context length of "
-                            f"{state.context_length} tokens. You requested a total of {total} "
-                            f"tokens: {len(ids)} tokens from the input messages "
-                            f"and {params.max_new_tokens} tokens for the completion. Please reduce "
-                            "the number of tokens in the input messages or the completion to fit "
-                            "within the limit.", param=field)
+        raise ApiError(
+            400,
+            f"Requested token count exceeds the model's maximum context length of "
+            f"{state.context_length} tokens. You requested a total of {total} "
+            f"tokens: {len(ids)} tokens from the input messages "
+            f"and {params.max_new_tokens} tokens for the completion. Please reduce "
+            "the number of tokens in the input messages or the completion to fit "
+            "within the limit.",
+            param=field,
+        )
 
 
-def expand(prompts: list[list[int]], params: list[SamplingParams], rids: list[str | None],
-           logprob: list[bool],
-           options: list[dict] | None = None) -> tuple[list[GenerateRequest], dict[str, list[str]]]:
+def expand(
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+    rids: list[str | None],
+    logprob: list[bool],
+    options: list[dict] | None = None,
+) -> tuple[list[GenerateRequest], dict[str, list[str]]]:
     """n > 1 becomes n engine requests per prompt, prompt-major, with seed + j; returns the requests
     and the user rid -> engine rids groups. `options`: per prompt, GenerateRequest's
     logprob fields."""
@@ -151,8 +171,11 @@ def expand(prompts: list[list[int]], params: list[SamplingParams], rids: list[st
         for j, name in enumerate(names):
             one = dataclasses.replace(p, n=1, seed=None if p.seed is None else p.seed + j)
             try:
-                reqs.append(GenerateRequest(rid=name, input_ids=ids, params=one, return_logprob=lp,
-                                            **(options[i] if options else {})))
+                reqs.append(
+                    GenerateRequest(
+                        rid=name, input_ids=ids, params=one, return_logprob=lp, **(options[i] if options else {})
+                    )
+                )
             except ValueError as exc:
                 field = str(exc).split("=", 1)[0].split(" ", 1)[0]
                 raise ApiError(400, str(exc), param=field) from None
@@ -166,35 +189,41 @@ def _options(state, body: GenerateIn, count: int) -> list[dict]:
     nested = bool(ids) and isinstance(ids[0], list)
     per_ids = ids if nested else [ids] * count
     if len(per_ids) != count:
-        raise ApiError(400, f"token_ids_logprob: expected {count} entries (one per prompt), "
-                            f"got {len(per_ids)}",
-                       param="token_ids_logprob")
+        raise ApiError(
+            400,
+            f"token_ids_logprob: expected {count} entries (one per prompt), got {len(per_ids)}",
+            param="token_ids_logprob",
+        )
     for i, one in enumerate(per_ids if nested else per_ids[:1]):
         check_token_ids(state, one, _name("token_ids_logprob", i, nested))
     starts = _listify(body.logprob_start_len, count, "logprob_start_len")
     tops = _listify(body.top_logprobs_num, count, "top_logprobs_num")
     for k in tops:
         check_top_logprobs(state, k, "top_logprobs_num")
-    return [{"logprob_start_len": s, "top_logprobs_num": k, "token_ids_logprob": t}
-            for s, k, t in zip(starts, tops, per_ids)]
+    return [
+        {"logprob_start_len": s, "top_logprobs_num": k, "token_ids_logprob": t}
+        for s, k, t in zip(starts, tops, per_ids)
+    ]
 
 
 def _listify(value, count: int, field: str) -> list:
     if isinstance(value, list):
         if len(value) != count:
-            raise ApiError(400, f"{field}: expected {count} entries (one per prompt), "
-                                f"got {len(value)}", param=field)
+            raise ApiError(400, f"{field}: expected {count} entries (one per prompt), got {len(value)}", param=field)
         return value
     return [value] * count
 
 
 def meta_info(track: Track, tok=None, text_in_logprobs: bool = False) -> dict:
     last, req = track.last, track.req
-    info = {"id": req.rid, "finish_reason": track.finish_reason,
-            "prompt_tokens": (last.prompt_tokens if last else 0) or len(req.input_ids),
-            "completion_tokens": len(track.ids), "cached_tokens": 0,
-            **(last.meta_info() if last
-               else {"weight_version": None, "draft_weight_version": None})}
+    info = {
+        "id": req.rid,
+        "finish_reason": track.finish_reason,
+        "prompt_tokens": (last.prompt_tokens if last else 0) or len(req.input_ids),
+        "completion_tokens": len(track.ids),
+        "cached_tokens": 0,
+        **(last.meta_info() if last else {"weight_version": None, "draft_weight_version": None}),
+    }
     if req.return_logprob:
         info.update(logprob_fields(track, tok, text_in_logprobs))
     if track.finished:
@@ -204,8 +233,11 @@ def meta_info(track: Track, tok=None, text_in_logprobs: bool = False) -> dict:
 
 def render(state, track: Track, sp: SamplingIn, text_in_logprobs: bool = False) -> dict:
     text = output_text(state.tokenizer, track, sp.skip_special_tokens, sp.no_stop_trim)
-    return {"text": text, "output_ids": list(track.ids),
-            "meta_info": meta_info(track, state.tokenizer, text_in_logprobs)}
+    return {
+        "text": text,
+        "output_ids": list(track.ids),
+        "meta_info": meta_info(track, state.tokenizer, text_in_logprobs),
+    }
 
 
 def _name(field: str, i: int, batch: bool) -> str:
@@ -259,8 +291,7 @@ async def generate(request: Request):
     field = "text" if body.text is not None else "input_ids"
     check_batch(state, count, field)
     sps = _listify(body.sampling_params or SamplingIn(), count, "sampling_params")
-    names = [_name("sampling_params", i, isinstance(body.sampling_params, list))
-             for i in range(len(sps))]
+    names = [_name("sampling_params", i, isinstance(body.sampling_params, list)) for i in range(len(sps))]
     dumps = [sp.model_dump(exclude_unset=True) for sp in sps]
     params = [sampling(state, d, name) for d, name in zip(dumps, names)]
     specs = [grammar_source(d, f"{name}.") for d, name in zip(dumps, names)]
@@ -274,8 +305,13 @@ async def generate(request: Request):
             # SGLang checks an explicit one; the default is clamped by the context
             check_length(state, ids, p, _name(field, i, batch))
     params = [await with_grammar(state, p, spec) for p, spec in zip(params, specs)]
-    reqs, groups = expand(prompts, params, _listify(body.rid, len(prompts), "rid"),
-                          _listify(body.return_logprob, len(prompts), "return_logprob"), options)
+    reqs, groups = expand(
+        prompts,
+        params,
+        _listify(body.rid, len(prompts), "rid"),
+        _listify(body.return_logprob, len(prompts), "return_logprob"),
+        options,
+    )
     per_req_sp = [sp for sp, p in zip(sps, params) for _ in range(p.n)]
     single = not batch and params[0].n == 1
     text_lp = body.return_text_in_logprobs

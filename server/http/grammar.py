@@ -6,6 +6,7 @@ Bounded before any work: one grammar per request, its source at most `MAX_GRAMMA
 one at a time on their own thread (never on the event loop or the decode thread), each within
 `COMPILE_TIMEOUT_S` (else a 400; the compile finishes in the background and is cached), and the
 compiled grammar at most `MAX_COMPILED_BYTES`. Every failure is a 400 naming the field."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from gleanrl.server.http.schemas import ApiError
 
-MAX_GRAMMAR_BYTES = 64 * 1024       # a schema, regex or EBNF grammar
-MAX_COMPILED_BYTES = 64 << 20       # the compiled grammar (xgrammar's token masks)
+MAX_GRAMMAR_BYTES = 64 * 1024  # a schema, regex or EBNF grammar
+MAX_COMPILED_BYTES = 64 << 20  # the compiled grammar (xgrammar's token masks)
 COMPILE_TIMEOUT_S = 10.0
 KINDS = ("json_schema", "regex", "ebnf")
 _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
@@ -27,9 +28,13 @@ def xgrammar():
     try:
         import xgrammar as xgr
     except ImportError:
-        raise ApiError(400, "structured output (json_schema, regex, ebnf, response_format, "
-                       "tools, tool_choice) needs xgrammar: pip install 'gleanrl[grammar]' (or "
-                       "scripts/setup.sh)", param="xgrammar") from None
+        raise ApiError(
+            400,
+            "structured output (json_schema, regex, ebnf, response_format, "
+            "tools, tool_choice) needs xgrammar: pip install 'gleanrl[grammar]' (or "
+            "scripts/setup.sh)",
+            param="xgrammar",
+        ) from None
     return xgr
 
 
@@ -38,22 +43,27 @@ def _compiler(state):
     and the model's vocabulary size."""
     if state.grammar_compiler is None:
         xgr = xgrammar()
-        info = xgr.TokenizerInfo.from_huggingface(state.tokenizer, vocab_size=state.vocab_size,
-                                                  stop_token_ids=state.stop_token_ids)
-        state.grammar_compiler = xgr.GrammarCompiler(info, max_threads=1,
-                                                     cache_limit_bytes=4 * MAX_COMPILED_BYTES)
+        info = xgr.TokenizerInfo.from_huggingface(
+            state.tokenizer, vocab_size=state.vocab_size, stop_token_ids=state.stop_token_ids
+        )
+        state.grammar_compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=4 * MAX_COMPILED_BYTES)
     return state.grammar_compiler
 
 
 def _compile(compiler, kind: str, source: str, cfg):
     if kind == "json_schema":
-        return (compiler.compile_builtin_json_grammar() if source == "$$ANY$$" else
-                compiler.compile_json_schema(
-                    source, any_whitespace=not cfg.constrained_json_disable_any_whitespace,
-                    max_whitespace_cnt=cfg.constrained_json_max_whitespace_cnt))
+        return (
+            compiler.compile_builtin_json_grammar()
+            if source == "$$ANY$$"
+            else compiler.compile_json_schema(
+                source,
+                any_whitespace=not cfg.constrained_json_disable_any_whitespace,
+                max_whitespace_cnt=cfg.constrained_json_max_whitespace_cnt,
+            )
+        )
     if kind == "regex":
         return compiler.compile_regex(source)
-    if kind == "structural_tag":                 # tool_choice required / named (http.tools)
+    if kind == "structural_tag":  # tool_choice required / named (http.tools)
         return compiler.compile_structural_tag(source)
     return compiler.compile_grammar(source)
 
@@ -63,8 +73,9 @@ def grammar_source(values: dict, prefix: str = "") -> tuple[str, str, str] | Non
     a 400 when several are set or the value is not a string within the size limit."""
     given = [k for k in KINDS if values.get(k) not in (None, "")]
     if len(given) > 1:
-        raise ApiError(400, f"{prefix}{given[1]}: only one of json_schema, regex, ebnf may be set",
-                       param=f"{prefix}{given[1]}")
+        raise ApiError(
+            400, f"{prefix}{given[1]}: only one of json_schema, regex, ebnf may be set", param=f"{prefix}{given[1]}"
+        )
     if not given:
         return None
     kind, field = given[0], f"{prefix}{given[0]}"
@@ -74,8 +85,9 @@ def grammar_source(values: dict, prefix: str = "") -> tuple[str, str, str] | Non
     if not isinstance(source, str):
         raise ApiError(400, f"{field} must be a string", param=field)
     if len(source.encode()) > MAX_GRAMMAR_BYTES:
-        raise ApiError(400, f"{field}: {len(source.encode())} bytes, over the limit of "
-                            f"{MAX_GRAMMAR_BYTES}", param=field)
+        raise ApiError(
+            400, f"{field}: {len(source.encode())} bytes, over the limit of {MAX_GRAMMAR_BYTES}", param=field
+        )
     return kind, source, field
 
 
@@ -92,11 +104,13 @@ def response_format_source(fmt) -> tuple[str, str, str] | None:
         spec = fmt.get("json_schema")
         schema = spec.get("schema", spec.get("schema_")) if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
-            raise ApiError(400, "response_format.json_schema.schema: a JSON schema object is "
-                                "required", param="response_format.json_schema.schema")
+            raise ApiError(
+                400,
+                "response_format.json_schema.schema: a JSON schema object is required",
+                param="response_format.json_schema.schema",
+            )
         return grammar_source({"json_schema": json.dumps(schema)}, "response_format.")
-    raise ApiError(400, "response_format.type must be text, json_object or json_schema",
-                   param="response_format.type")
+    raise ApiError(400, "response_format.type must be text, json_object or json_schema", param="response_format.type")
 
 
 async def compile_grammar(state, spec: tuple[str, str, str] | None):
@@ -106,16 +120,20 @@ async def compile_grammar(state, spec: tuple[str, str, str] | None):
         return None
     kind, source, field = spec
     compiler = _compiler(state)
-    future = asyncio.get_running_loop().run_in_executor(_POOL, _compile, compiler, kind, source,
-                                                          state.server_cfg)
+    future = asyncio.get_running_loop().run_in_executor(_POOL, _compile, compiler, kind, source, state.server_cfg)
     try:
         compiled = await asyncio.wait_for(asyncio.shield(future), COMPILE_TIMEOUT_S)
     except TimeoutError:
-        raise ApiError(400, f"{field}: the grammar took longer than {COMPILE_TIMEOUT_S:g} s to "
-                            "compile", param=field) from None
-    except Exception as exc:         # xgrammar's parse errors (RuntimeError, ValueError, ...)
+        raise ApiError(
+            400, f"{field}: the grammar took longer than {COMPILE_TIMEOUT_S:g} s to compile", param=field
+        ) from None
+    except Exception as exc:  # xgrammar's parse errors (RuntimeError, ValueError, ...)
         raise ApiError(400, f"{field}: invalid {kind}: {str(exc)[:300]}", param=field) from None
     if compiled.memory_size_bytes > MAX_COMPILED_BYTES:
-        raise ApiError(400, f"{field}: the compiled grammar holds {compiled.memory_size_bytes} "
-                            f"bytes, over the limit of {MAX_COMPILED_BYTES}", param=field)
+        raise ApiError(
+            400,
+            f"{field}: the compiled grammar holds {compiled.memory_size_bytes} "
+            f"bytes, over the limit of {MAX_COMPILED_BYTES}",
+            param=field,
+        )
     return compiled

@@ -10,6 +10,7 @@ learns how many it missed (`missed`) when the buffer moved past its cursor; `fee
 the buffer (a restarted server). Weight updates the feed cannot be followed through (tensor, process
 group: seen by the proxy) are listed in `weight_updates`, so the sidecar can refuse them by name.
 """
+
 from __future__ import annotations
 
 import collections
@@ -22,8 +23,11 @@ import uuid
 from array import array
 from dataclasses import dataclass
 
-UPDATE_KINDS = {"/update_weights_from_disk": "disk", "/update_weights_from_tensor": "tensor",
-                "/update_weights_from_distributed": "distributed"}
+UPDATE_KINDS = {
+    "/update_weights_from_disk": "disk",
+    "/update_weights_from_tensor": "tensor",
+    "/update_weights_from_distributed": "distributed",
+}
 
 
 def group_key(prompt_ids: list[int]) -> str:
@@ -36,10 +40,10 @@ def group_key(prompt_ids: list[int]) -> str:
 @dataclass(frozen=True, slots=True)
 class FeedConfig:
     max_records: int = 4096
-    max_tokens: int = 4_000_000          # prompt + output tokens held
-    max_read: int = 512                  # records per read
-    max_read_tokens: int = 1_000_000     # tokens per read (at least one record):
-                                         # bounds one response
+    max_tokens: int = 4_000_000  # prompt + output tokens held
+    max_read: int = 512  # records per read
+    # tokens per read (at least one record): bounds one response
+    max_read_tokens: int = 1_000_000
 
     def __post_init__(self) -> None:
         for name in ("max_records", "max_tokens", "max_read", "max_read_tokens"):
@@ -59,33 +63,52 @@ class HarvestFeed:
         # a new buffer (restarted server): a reader's old cursor means nothing
         self.feed_id = uuid.uuid4().hex
 
-    def record(self, rid: str, prompt_ids: list[int] | None, output_ids: list[int], weight_version,
-               finish_reason: dict | None, prompt_text: str | None = None,
-               meta: dict | None = None) -> None:
+    def record(
+        self,
+        rid: str,
+        prompt_ids: list[int] | None,
+        output_ids: list[int],
+        weight_version,
+        finish_reason: dict | None,
+        prompt_text: str | None = None,
+        meta: dict | None = None,
+    ) -> None:
         """One finished request. `prompt_text` stands in for ids a proxy never saw
         (text prompts)."""
-        rec = {"rid": rid, "prompt_ids": list(prompt_ids) if prompt_ids is not None else None,
-               "prompt_text": prompt_text, "output_ids": list(output_ids),
-               "group_key": group_key(prompt_ids) if prompt_ids is not None else None,
-               "weight_version": None if weight_version is None else str(weight_version),
-               "finish_reason": finish_reason, "finished_at": time.time(), **(meta or {})}
+        rec = {
+            "rid": rid,
+            "prompt_ids": list(prompt_ids) if prompt_ids is not None else None,
+            "prompt_text": prompt_text,
+            "output_ids": list(output_ids),
+            "group_key": group_key(prompt_ids) if prompt_ids is not None else None,
+            "weight_version": None if weight_version is None else str(weight_version),
+            "finish_reason": finish_reason,
+            "finished_at": time.time(),
+            **(meta or {}),
+        }
         size = len(rec["prompt_ids"] or ()) + len(rec["output_ids"])
         with self._lock:
             rec["seq"] = self.next_seq
             self.next_seq += 1
             self._records.append(rec)
             self._tokens += size
-            while len(self._records) > self.cfg.max_records or (self._tokens > self.cfg.max_tokens
-                                                                 and len(self._records) > 1):
+            while len(self._records) > self.cfg.max_records or (
+                self._tokens > self.cfg.max_tokens and len(self._records) > 1
+            ):
                 old = self._records.popleft()
                 self._tokens -= len(old["prompt_ids"] or ()) + len(old["output_ids"])
                 self.dropped += 1
 
     def note_weight_update(self, kind: str, weight_version, model_path: str | None = None) -> None:
         with self._lock:
-            self._updates.append({"kind": kind, "weight_version": None if weight_version is None
-                                  else str(weight_version), "model_path": model_path,
-                                  "after_seq": self.next_seq})
+            self._updates.append(
+                {
+                    "kind": kind,
+                    "weight_version": None if weight_version is None else str(weight_version),
+                    "model_path": model_path,
+                    "after_seq": self.next_seq,
+                }
+            )
 
     def note_relayed_update(self, route: str, body: bytes, reply: bytes) -> None:
         """A weight-update call that succeeded (HTTP 200): listed if it changed the policy
@@ -97,8 +120,7 @@ class HarvestFeed:
             return
         ok = not isinstance(answer, dict) or answer.get("success", True) is not False
         if ok and route in UPDATE_KINDS and isinstance(req, dict) and req.get("selector") != "draft":
-            self.note_weight_update(UPDATE_KINDS[route], req.get("weight_version"),
-                                    req.get("model_path"))
+            self.note_weight_update(UPDATE_KINDS[route], req.get("weight_version"), req.get("model_path"))
 
     def read(self, cursor: int, limit: int | None = None) -> dict:
         """Records with seq >= cursor (at most `limit`), the cursor to pass next, and counts."""
@@ -115,10 +137,17 @@ class HarvestFeed:
                     break
                 out.append(rec)
             next_cursor = out[-1]["seq"] + 1 if out else max(cursor, oldest)
-            return {"feed_id": self.feed_id, "head": self.next_seq, "records": out,
-                    "next_cursor": next_cursor, "missed": max(oldest - cursor, 0),
-                    "dropped": self.dropped, "buffered": len(self._records), "tokens": self._tokens,
-                    "weight_updates": list(self._updates)}
+            return {
+                "feed_id": self.feed_id,
+                "head": self.next_seq,
+                "records": out,
+                "next_cursor": next_cursor,
+                "missed": max(oldest - cursor, 0),
+                "dropped": self.dropped,
+                "buffered": len(self._records),
+                "tokens": self._tokens,
+                "weight_updates": list(self._updates),
+            }
 
 
 class FeedUpdatesMiddleware:

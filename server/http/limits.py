@@ -1,6 +1,7 @@
 """What one request may cost, checked at the edge before any work (docs/reliability.md lists each
 limit): sequences per request, the waiting queue, logprob options, and tokenizing off
 the event loop."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,17 +15,20 @@ def check_batch(state, count: int, field: str) -> None:
     """One HTTP request may start at most `max_batch` engine requests (prompts x n):
     bounds memory."""
     if count > state.server_cfg.max_batch:
-        raise ApiError(400,
-                       f"{field}: {count} sequences (prompts x n) in one request; the limit is "
-                            f"{state.server_cfg.max_batch}", param=field)
+        raise ApiError(
+            400,
+            f"{field}: {count} sequences (prompts x n) in one request; the limit is {state.server_cfg.max_batch}",
+            param=field,
+        )
 
 
 def check_serving(state) -> None:
     """For the generation routes: a 400 while any memory is released."""
     released = state.engine.released_memory()
     if released:
-        raise ApiError(400, f"memory is released (tags {sorted(released)}); call "
-                            "/resume_memory_occupation before generating")
+        raise ApiError(
+            400, f"memory is released (tags {sorted(released)}); call /resume_memory_occupation before generating"
+        )
 
 
 def check_queue(state, count: int) -> None:
@@ -33,9 +37,12 @@ def check_queue(state, count: int) -> None:
     limit = state.server_cfg.max_queued_requests
     queued = state.engine.stats().get("num_queue_reqs") or 0
     if queued + count > limit:
-        raise ApiError(503, f"The request queue is full: {queued} requests wait and this "
-                            f"one adds {count} (limit {limit}); retry later",
-                       kind="server_overloaded", headers={"Retry-After": str(RETRY_AFTER_S)})
+        raise ApiError(
+            503,
+            f"The request queue is full: {queued} requests wait and this one adds {count} (limit {limit}); retry later",
+            kind="server_overloaded",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
 
 
 def check_token_ids(state, ids: list[int] | None, field: str) -> None:
@@ -47,8 +54,7 @@ def check_token_ids(state, ids: list[int] | None, field: str) -> None:
         raise ApiError(400, f"{field}: {len(ids)} ids, over the limit of {limit}", param=field)
     bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
     if bad is not None:
-        raise ApiError(400, f"{field}: token id {bad} is outside the vocabulary "
-                            f"[0, {state.vocab_size})", param=field)
+        raise ApiError(400, f"{field}: token id {bad} is outside the vocabulary [0, {state.vocab_size})", param=field)
 
 
 def check_top_logprobs(state, k: int, field: str) -> None:
@@ -65,15 +71,17 @@ def check_logprob_volume(state, reqs) -> None:
         if not r.return_logprob:
             continue
         per_position = r.top_logprobs_num + len(r.token_ids_logprob or ())
-        scored = (len(r.input_ids) - r.logprob_start_len
-                  if r.logprob_start_len >= 0 else 0) + r.params.max_new_tokens
+        scored = (len(r.input_ids) - r.logprob_start_len if r.logprob_start_len >= 0 else 0) + r.params.max_new_tokens
         total += per_position * scored
     limit = state.server_cfg.max_logprob_pairs
     if total > limit:
-        raise ApiError(400, f"top_logprobs_num: the logprobs asked for would hold {total} "
-                            "(logprob, id) pairs (positions x (top_logprobs_num + "
-                            f"len(token_ids_logprob))), over the limit of {limit}",
-                       param="top_logprobs_num")
+        raise ApiError(
+            400,
+            f"top_logprobs_num: the logprobs asked for would hold {total} "
+            "(logprob, id) pairs (positions x (top_logprobs_num + "
+            f"len(token_ids_logprob))), over the limit of {limit}",
+            param="top_logprobs_num",
+        )
 
 
 async def encode(state, texts: list[str], **kwargs) -> list[list[int]]:

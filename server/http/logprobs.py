@@ -3,6 +3,7 @@ a triple [logprob, token_id, text], the text only with `return_text_in_logprobs`
 `input_token_logprobs` / `output_token_logprobs` with `return_logprob`; `input_top_logprobs` /
 `output_top_logprobs` (one list of triples per position, best first) with `top_logprobs_num` > 0;
 `input_token_ids_logprobs` / `output_token_ids_logprobs` with `token_ids_logprob`."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,9 +27,11 @@ def logprob_fields(track: Track, tok, text: bool) -> dict:
     if req.params.max_new_tokens == 0 and "next_top" in inp:
         # SGLang scores the position after the prompt
         tops, picked = [inp["next_top"]], [inp["next_ids"]]
-    out = {"input_token_logprobs": _triples(inp["token"], tok, text),
-           "output_token_logprobs": _triples(list(zip(track.logprobs, track.ids)), tok, text),
-           "output_token_logprobs_length": len(track.ids)}
+    out = {
+        "input_token_logprobs": _triples(inp["token"], tok, text),
+        "output_token_logprobs": _triples(list(zip(track.logprobs, track.ids)), tok, text),
+        "output_token_logprobs_length": len(track.ids),
+    }
     if req.top_logprobs_num > 0:
         out["input_top_logprobs"] = _rows(inp["top"], tok, text)
         out["output_top_logprobs"] = _rows(tops, tok, text)
@@ -46,10 +49,13 @@ async def fill_input_logprobs(engine, tracks: list[Track]) -> None:
         req = t.req
         if not req.return_logprob or req.logprob_start_len < 0:
             continue
-        key = (tuple(req.input_ids), req.logprob_start_len, req.top_logprobs_num,
-               tuple(req.token_ids_logprob or ()))
+        key = (tuple(req.input_ids), req.logprob_start_len, req.top_logprobs_num, tuple(req.token_ids_logprob or ()))
         if key not in done:
-            done[key] = await asyncio.to_thread(engine.prompt_logprobs, req.input_ids,
-                                                req.logprob_start_len, req.top_logprobs_num,
-                                                req.token_ids_logprob)
+            done[key] = await asyncio.to_thread(
+                engine.prompt_logprobs,
+                req.input_ids,
+                req.logprob_start_len,
+                req.top_logprobs_num,
+                req.token_ids_logprob,
+            )
         t.input_logprobs = done[key]

@@ -1,6 +1,7 @@
 """Prometheus metrics named after SGLang's (`sglang:` -> `gleanrl:`). Gauges are read from the
 engine at scrape time; token counters and latency histograms are measured at the HTTP edge. One
 registry per app, so several servers can live in one process (tests)."""
+
 from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -13,36 +14,43 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.num_running_reqs = Gauge("gleanrl:num_running_reqs", "Requests decoding now",
-                                      registry=r)
-        self.num_queue_reqs = Gauge("gleanrl:num_queue_reqs", "Requests waiting for a slot",
-                                    registry=r)
-        self.spec_accept_length = Gauge("gleanrl:spec_accept_length",
-                                        "Tokens per SD verify pass, over verify passes "
-                                        "only (<= k + 1)", registry=r)
-        self.tokens_per_target_pass = Gauge("gleanrl:tokens_per_target_pass",
-                                            "Output tokens per target pass, plain decode passes "
-                                            "included (1 without SD)", registry=r)
-        self.spec_verify_passes = Gauge("gleanrl:spec_verify_passes",
-                                        "SD verify passes by tokens emitted (the "
-                                        "acceptance histogram)", ["tokens"], registry=r)
-        self.spec_accepted_tokens = Gauge("gleanrl:spec_accepted_tokens",
-                                          "Draft tokens accepted, by draft source (group: the "
-                                          "prompt's other samples; eagle: the EAGLE-3 drafter)",
-                                          ["source"], registry=r)
-        self.spec_accept_length_by_source = Gauge("gleanrl:spec_accept_length_by_source",
-                                                  "Accepted draft tokens per verify pass that "
-                                                  "offered the source", ["source"], registry=r)
-        self.prompt_tokens = Counter("gleanrl:prompt_tokens", "Prompt tokens of finished requests",
-                                     registry=r)
-        self.generation_tokens = Counter("gleanrl:generation_tokens", "Generated tokens",
-                                         registry=r)
-        self.num_requests = Counter("gleanrl:num_requests", "Finished requests", ["finish_reason"],
-                                    registry=r)
-        self.ttft = Histogram("gleanrl:time_to_first_token_seconds", "Time to first token",
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("gleanrl:e2e_request_latency_seconds", "End-to-end request latency",
-                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.num_running_reqs = Gauge("gleanrl:num_running_reqs", "Requests decoding now", registry=r)
+        self.num_queue_reqs = Gauge("gleanrl:num_queue_reqs", "Requests waiting for a slot", registry=r)
+        self.spec_accept_length = Gauge(
+            "gleanrl:spec_accept_length", "Tokens per SD verify pass, over verify passes only (<= k + 1)", registry=r
+        )
+        self.tokens_per_target_pass = Gauge(
+            "gleanrl:tokens_per_target_pass",
+            "Output tokens per target pass, plain decode passes included (1 without SD)",
+            registry=r,
+        )
+        self.spec_verify_passes = Gauge(
+            "gleanrl:spec_verify_passes",
+            "SD verify passes by tokens emitted (the acceptance histogram)",
+            ["tokens"],
+            registry=r,
+        )
+        self.spec_accepted_tokens = Gauge(
+            "gleanrl:spec_accepted_tokens",
+            "Draft tokens accepted, by draft source (group: the prompt's other samples; eagle: the EAGLE-3 drafter)",
+            ["source"],
+            registry=r,
+        )
+        self.spec_accept_length_by_source = Gauge(
+            "gleanrl:spec_accept_length_by_source",
+            "Accepted draft tokens per verify pass that offered the source",
+            ["source"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter("gleanrl:prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("gleanrl:generation_tokens", "Generated tokens", registry=r)
+        self.num_requests = Counter("gleanrl:num_requests", "Finished requests", ["finish_reason"], registry=r)
+        self.ttft = Histogram(
+            "gleanrl:time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.e2e = Histogram(
+            "gleanrl:e2e_request_latency_seconds", "End-to-end request latency", buckets=_LATENCY_BUCKETS, registry=r
+        )
 
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)

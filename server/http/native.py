@@ -2,6 +2,7 @@
 pause/continue, abort and Prometheus metrics (plus /generate from `generate`). Paths and response
 shapes follow SGLang's `entrypoints/http_server.py`; `selector` on weight updates is
 gleanrl's extension."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,16 +33,19 @@ async def update_weights_from_disk(request: Request):
     body = await parse(request, UpdateWeightsIn, state.server_cfg.max_request_bytes)
     async with state.weights_lock:
         try:
-            await asyncio.to_thread(state.engine.update_weights, body.model_path,
-                                    weight_version=body.weight_version, selector=body.selector,
-                                    flush_cache=body.flush_cache,
-                                    abort_all_requests=body.abort_all_requests)
+            await asyncio.to_thread(
+                state.engine.update_weights,
+                body.model_path,
+                weight_version=body.weight_version,
+                selector=body.selector,
+                flush_cache=body.flush_cache,
+                abort_all_requests=body.abort_all_requests,
+            )
         except Exception as exc:
             # CheckpointError, or anything a bad checkpoint raises: refuse, keep serving
             log.warning("weight update from %s refused: %s", body.model_path, exc)
             message = str(exc) or type(exc).__name__
-            return JSONResponse({"success": False, "message": message, "num_paused_requests": 0},
-                                status_code=400)
+            return JSONResponse({"success": False, "message": message, "num_paused_requests": 0}, status_code=400)
     message = "Succeeded to update model weights."
     if body.weight_version is not None:
         message += f" Weight version updated to {body.weight_version}."
@@ -62,8 +66,9 @@ async def health_generate(request: Request):
         return Response(status_code=503)
     if state.engine.stats().get("num_running_reqs", 0) > 0:
         return Response(status_code=200)
-    req = GenerateRequest(rid=f"HEALTH_CHECK_{time.time()}", input_ids=[0],
-                          params=SamplingParams(max_new_tokens=1, temperature=0.0))
+    req = GenerateRequest(
+        rid=f"HEALTH_CHECK_{time.time()}", input_ids=[0], params=SamplingParams(max_new_tokens=1, temperature=0.0)
+    )
 
     async def one():
         async for out in state.engine.generate(req):
@@ -81,8 +86,10 @@ async def health_generate(request: Request):
 @router.post("/flush_cache")
 async def flush_cache(request: Request):
     ok = request.app.state.engine.flush_cache()
-    text = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
-            "requests, the operation will not be performed.)\n")
+    text = (
+        "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+        "requests, the operation will not be performed.)\n"
+    )
     return Response(content=text, status_code=200 if ok else 400)
 
 
@@ -93,8 +100,7 @@ async def pause_generation(request: Request):
     body = await read_json(request, state.server_cfg.max_request_bytes)
     mode = body.get("mode", "abort") if isinstance(body, dict) else None
     if mode not in PAUSE_MODES:
-        raise ApiError(400, f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}",
-                       param="mode")
+        raise ApiError(400, f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}", param="mode")
     await asyncio.to_thread(state.engine.pause, mode)
     return {"message": "Generation paused successfully.", "status": "ok"}
 
@@ -113,8 +119,7 @@ async def abort_request(request: Request):
     body = await parse(request, AbortIn, state.server_cfg.max_request_bytes)
     if body.abort_all:
         if not check_admin(request):
-            raise ApiError(401, "Unauthorized: abort_all needs the admin API key",
-                           kind="authentication_error")
+            raise ApiError(401, "Unauthorized: abort_all needs the admin API key", kind="authentication_error")
         state.engine.abort(None)
     else:
         for rid in state.active.get(body.rid, [body.rid]):
@@ -125,5 +130,4 @@ async def abort_request(request: Request):
 @router.get("/metrics")
 async def metrics(request: Request):
     state = request.app.state
-    return Response(state.metrics.render(state.engine.stats()),
-                    media_type=state.metrics.content_type)
+    return Response(state.metrics.render(state.engine.stats()), media_type=state.metrics.content_type)

@@ -3,6 +3,7 @@ with usage, finish_reason (plus SGLang's `matched_stop`), logprobs of the sample
 in OpenAI's shape. Chat prompts go through the tokenizer's chat template (with the request's tools,
 `server.http.tools`); the reply's text is split into reasoning (`server.http.reasoning`), content
 and tool calls (`server.http.tool_parser`), in the reply and in streamed deltas."""
+
 from __future__ import annotations
 
 import asyncio
@@ -46,8 +47,14 @@ router = APIRouter()
 
 def _card(state) -> dict:
     name = state.served_model_name
-    return {"id": name, "object": "model", "created": 0, "owned_by": "gleanrl", "root": name,
-            "max_model_len": state.context_length}
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "gleanrl",
+        "root": name,
+        "max_model_len": state.context_length,
+    }
 
 
 @router.get("/v1/models")
@@ -64,29 +71,35 @@ async def model(model: str, request: Request):
 def _check_model(state, name: str | None) -> None:
     """/v1/models/{model}: the served name only (SGLang). The generation routes take any `model`
     (clients send their own names; SGLang serves them) and echo it in the reply."""
-    if name not in (None, "default", state.served_model_name,
-                    state.engine.info().get("model_path")):
-        raise ApiError(404, f"The model '{name}' does not exist", param="model",
-                       code="model_not_found")
+    if name not in (None, "default", state.served_model_name, state.engine.info().get("model_path")):
+        raise ApiError(404, f"The model '{name}' does not exist", param="model", code="model_not_found")
 
 
 def _params(state, body: OpenAISampling, max_tokens: int | None):
-    sp = {"max_new_tokens": max_tokens, "n": body.n,
-          "stop": [body.stop] if isinstance(body.stop, str) else body.stop,
-          "temperature": 1.0 if body.temperature is None else body.temperature,
-          "top_p": 1.0 if body.top_p is None else body.top_p, "top_k": body.top_k,
-          "min_p": body.min_p, "ignore_eos": body.ignore_eos, "stop_token_ids": body.stop_token_ids,
-          "seed": body.seed, "frequency_penalty": body.frequency_penalty,
-          "presence_penalty": body.presence_penalty,
-          "repetition_penalty": body.repetition_penalty, "min_new_tokens": body.min_tokens,
-          "logit_bias": body.logit_bias, "stop_regex": body.stop_regex}
+    sp = {
+        "max_new_tokens": max_tokens,
+        "n": body.n,
+        "stop": [body.stop] if isinstance(body.stop, str) else body.stop,
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "top_k": body.top_k,
+        "min_p": body.min_p,
+        "ignore_eos": body.ignore_eos,
+        "stop_token_ids": body.stop_token_ids,
+        "seed": body.seed,
+        "frequency_penalty": body.frequency_penalty,
+        "presence_penalty": body.presence_penalty,
+        "repetition_penalty": body.repetition_penalty,
+        "min_new_tokens": body.min_tokens,
+        "logit_bias": body.logit_bias,
+        "stop_regex": body.stop_regex,
+    }
     extra = body.model_extra or {}
     refuse_unsupported(extra, UNSUPPORTED_OPENAI)
     spec = grammar_source(extra)
     fmt = response_format_source(extra.get("response_format"))
     if spec and fmt:
-        raise ApiError(400, f"{spec[2]}: response_format already constrains the output",
-                       param=spec[2])
+        raise ApiError(400, f"{spec[2]}: response_format already constrains the output", param=spec[2])
     try:
         return sampling(state, sp, field=""), spec or fmt
     except ApiError as exc:  # name OpenAI's fields, not SGLang's
@@ -104,12 +117,20 @@ def _finish(track: Track) -> tuple[str | None, int | str | None]:
 def _usage(tracks: list[Track], n: int) -> dict:
     prompt = sum(len(t.req.input_ids) for t in tracks[::n])
     completion = sum(len(t.ids) for t in tracks)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]], params, spec,
-                 logprob: bool, kind: str, render, options: dict | None = None):
+async def _serve(
+    request: Request,
+    body: OpenAISampling,
+    prompts: list[list[int]],
+    params,
+    spec,
+    logprob: bool,
+    kind: str,
+    render,
+    options: dict | None = None,
+):
     """Shared by both endpoints: run, then answer as one JSON object or as an SSE stream of chunks.
     `options`: GenerateRequest's logprob fields (top_logprobs_num, logprob_start_len)."""
     state = request.app.state
@@ -120,18 +141,25 @@ async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]
             check_length(state, ids, params, "prompt" if kind != "chat" else "messages")
     # SGLang's rid extension: one prompt only
     rids = [body.rid] if len(prompts) == 1 else [None] * len(prompts)
-    reqs, groups = expand(prompts, [params] * len(prompts), rids, [logprob] * len(prompts),
-                          [options or {}] * len(prompts))
+    reqs, groups = expand(
+        prompts, [params] * len(prompts), rids, [logprob] * len(prompts), [options or {}] * len(prompts)
+    )
     run = await start_run(state, reqs, groups)
-    head = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
-            "created": int(time.time()), "model": body.model or state.served_model_name}
+    head = {
+        "id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+        "model": body.model or state.served_model_name,
+    }
     if not body.stream:
         tracks = await collect(run, request)
         if tracks is None:
             return None
-        return {**head, "object": "chat.completion" if kind == "chat" else "text_completion",
-                "choices": [render(i, t, None) for i, t in enumerate(tracks)],
-                "usage": _usage(tracks, params.n)}
+        return {
+            **head,
+            "object": "chat.completion" if kind == "chat" else "text_completion",
+            "choices": [render(i, t, None) for i, t in enumerate(tracks)],
+            "usage": _usage(tracks, params.n),
+        }
     deltas = [Delta(params.stop) for _ in reqs]
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
     started: set[int] = set()
@@ -140,9 +168,20 @@ async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]
         track, out = run.tracks[i], []
         if kind == "chat" and i not in started:
             started.add(i)
-            out.append({**head, "object": obj,
-                        "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                     "logprobs": None, "finish_reason": None}]})
+            out.append(
+                {
+                    **head,
+                    "object": obj,
+                    "choices": [
+                        {
+                            "index": i,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            )
         choice = render(i, track, deltas[i])
         if choice is not None:
             out.append({**head, "object": obj, "choices": [choice]})
@@ -160,7 +199,7 @@ async def _serve(request: Request, body: OpenAISampling, prompts: list[list[int]
 async def completions(request: Request):
     state = request.app.state
     body = await parse(request, CompletionIn, state.server_cfg.max_request_bytes)
-    refuse_unsupported(body.model_extra or {}, TOOL_FIELDS)   # the chat route's (SGLang)
+    refuse_unsupported(body.model_extra or {}, TOOL_FIELDS)  # the chat route's (SGLang)
     if body.logprobs is not None:
         check_top_logprobs(state, body.logprobs, "logprobs")
     raw = body.prompt
@@ -194,15 +233,12 @@ async def completions(request: Request):
             text = (p if isinstance(p, str) else tok.decode(p)) + text
         logprobs = None
         if body.logprobs is not None:
-            logprobs = completion_logprobs(tok, track, k, echo=body.echo and first,
-                                           start=reported[i])
+            logprobs = completion_logprobs(tok, track, k, echo=body.echo and first, start=reported[i])
             reported[i] = len(track.ids) if delta is not None else 0
-        return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason,
-                "matched_stop": matched}
+        return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason, "matched_stop": matched}
 
     options = {"top_logprobs_num": k, "logprob_start_len": 0 if body.echo and k else -1}
-    return await _serve(request, body, prompts, params, spec, body.logprobs is not None,
-                        "completion", render, options)
+    return await _serve(request, body, prompts, params, spec, body.logprobs is not None, "completion", render, options)
 
 
 def _messages(raw: list[ChatMessage]) -> list[dict]:
@@ -216,30 +252,36 @@ def _messages(raw: list[ChatMessage]) -> list[dict]:
                 field = f"messages.{k}.content"
                 raise ApiError(400, f"{field}: only text parts are supported", param=field)
             content = "".join(str(part.get("text", "")) for part in content)
-        extra = {key: v for key in ("tool_calls", "tool_call_id", "name")
-                 if (v := getattr(m, key)) is not None}
+        extra = {key: v for key in ("tool_calls", "tool_call_id", "name") if (v := getattr(m, key)) is not None}
         messages.append({"role": m.role, "content": content or "", **extra})
     return history(messages)
 
 
-async def chat_text(state, raw: list[ChatMessage], template_kwargs: dict | None = None,
-                    add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+async def chat_text(
+    state,
+    raw: list[ChatMessage],
+    template_kwargs: dict | None = None,
+    add_generation_prompt: bool = True,
+    tools: list[dict] | None = None,
+) -> str:
     """The chat template over the messages and tools (in a worker thread: a large body must not
     block the event loop); 400 when there is no template or it rejects the messages."""
     messages = _messages(raw)
     kwargs = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
     try:
-        return await asyncio.to_thread(state.tokenizer.apply_chat_template, messages,
-                                       tokenize=False, add_generation_prompt=add_generation_prompt,
-                                       **kwargs)
+        return await asyncio.to_thread(
+            state.tokenizer.apply_chat_template,
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **kwargs,
+        )
     except Exception as exc:  # no template, or the template rejects these messages
-        raise ApiError(400, f"messages: the chat template failed: {exc}",
-                       param="messages") from None
+        raise ApiError(400, f"messages: the chat template failed: {exc}", param="messages") from None
 
 
 async def _chat_prompt(state, body: ChatIn, tools: ToolPlan) -> tuple[list[int], str]:
-    text = await chat_text(state, body.messages, body.chat_template_kwargs,
-                           tools=tools.template_tools)
+    text = await chat_text(state, body.messages, body.chat_template_kwargs, tools=tools.template_tools)
     (ids,) = await encode(state, [text], add_special_tokens=False)
     return check_prompt(state, ids, "messages"), text
 
@@ -253,10 +295,8 @@ async def separate_reasoning(request: Request):
     reasoning, text = ReasoningParser(body.reasoning_parser).split(body.text)
     out = {"reasoning_text": reasoning, "text": text}
     if body.return_blocks:
-        blocks = ([{"type": "reasoning", "text": reasoning}] if reasoning else []) + [
-            {"type": "text", "text": text}]
-        out.update(reasoning_blocks=[reasoning] if reasoning else [], text_blocks=[text],
-                   blocks=blocks)
+        blocks = ([{"type": "reasoning", "text": reasoning}] if reasoning else []) + [{"type": "text", "text": text}]
+        out.update(reasoning_blocks=[reasoning] if reasoning else [], text_blocks=[text], blocks=blocks)
     return out
 
 
@@ -265,35 +305,34 @@ async def chat_completions(request: Request):
     state = request.app.state
     body = await parse(request, ChatIn, state.server_cfg.max_request_bytes)
     extra = body.model_extra or {}
-    constrained = bool(grammar_source(extra) or response_format_source(
-        extra.get("response_format")))
+    constrained = bool(grammar_source(extra) or response_format_source(extra.get("response_format")))
     # the tools' schemas are checked by xgrammar: off the event loop
-    tools = await asyncio.to_thread(plan_tools, body, state.server_cfg.tool_call_parser,
-                                    constrained, state.server_cfg)
+    tools = await asyncio.to_thread(plan_tools, body, state.server_cfg.tool_call_parser, constrained, state.server_cfg)
     prompt, text = await _chat_prompt(state, body, tools)
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if limit is None:
         cap = state.server_cfg.max_new_tokens_cap
-        limit = state.context_length - len(prompt) if cap is None else min(
-            state.context_length - len(prompt), cap)
+        limit = state.context_length - len(prompt) if cap is None else min(state.context_length - len(prompt), cap)
     params, spec = _params(state, body, limit)
-    opened = text.rstrip().endswith(THINK)     # the template opened the block (SGLang's force)
-    if tools.forced:       # a reasoning model reasons first, then the grammar holds the calls
+    opened = text.rstrip().endswith(THINK)  # the template opened the block (SGLang's force)
+    if tools.forced:  # a reasoning model reasons first, then the grammar holds the calls
         thinker = state.server_cfg.reasoning_parser
-        reasoning = None if thinker is None else (
-            "forced" if ReasoningParser(thinker, opened).in_reasoning else "optional")
+        reasoning = (
+            None if thinker is None else ("forced" if ReasoningParser(thinker, opened).in_reasoning else "optional")
+        )
         spec = forcing_grammar(tools, state.server_cfg, reasoning)
     tok = state.tokenizer
     # tool-call markup may be special tokens: kept for the parser (SGLang)
     skip_special = body.skip_special_tokens and tools.parser is None
-    callers = [ToolCallParser(tools.parser, tools.names, tools.max_calls)
-               for _ in range(params.n)] if tools.parser else None
+    callers = (
+        [ToolCallParser(tools.parser, tools.names, tools.max_calls) for _ in range(params.n)] if tools.parser else None
+    )
     called = [False] * params.n
     k = (body.top_logprobs or 0) if body.logprobs else 0
     reported = [0] * params.n
     name = state.server_cfg.reasoning_parser if body.separate_reasoning else None
     parsers = [ReasoningParser(name, opened) for _ in range(params.n)] if name else None
-    held = [""] * params.n                     # stream_reasoning off: reasoning held to its end
+    held = [""] * params.n  # stream_reasoning off: reasoning held to its end
 
     def split(i: int, text: str, finished: bool) -> tuple[str, str]:
         """A streamed delta -> (reasoning, content) to send now."""
@@ -333,10 +372,19 @@ async def chat_completions(request: Request):
             text, tool_calls = parse_calls(callers[i], text) if callers else (text, [])
             reason, matched = finish(reason, matched, bool(tool_calls))
             logprobs = chat_logprobs(tok, track, k) if body.logprobs else None
-            message = {"role": "assistant", "content": text or (None if tool_calls else ""),
-                       "reasoning_content": reasoning or None, "tool_calls": tool_calls or None}
-            return {"index": i, "message": message, "logprobs": logprobs,
-                    "finish_reason": reason, "matched_stop": matched}
+            message = {
+                "role": "assistant",
+                "content": text or (None if tool_calls else ""),
+                "reasoning_content": reasoning or None,
+                "tool_calls": tool_calls or None,
+            }
+            return {
+                "index": i,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": reason,
+                "matched_stop": matched,
+            }
         reasoning, text = split(i, delta(text, track.finished), track.finished)
         text, tool_calls = calls(i, text, track.finished)
         if not text and not reasoning and not tool_calls and reason is None:
@@ -347,11 +395,8 @@ async def chat_completions(request: Request):
         out = {"reasoning_content": reasoning} if reasoning else {}
         out.update({"content": text} if text else {})
         out.update({"tool_calls": tool_calls} if tool_calls else {})
-        return {"index": i, "delta": out, "logprobs": logprobs, "finish_reason": reason,
-                "matched_stop": matched}
+        return {"index": i, "delta": out, "logprobs": logprobs, "finish_reason": reason, "matched_stop": matched}
 
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
-        raise ApiError(400, f"top_logprobs must be in [0, 20], got {body.top_logprobs}",
-                       param="top_logprobs")
-    return await _serve(request, body, [prompt], params, spec, body.logprobs, "chat", render,
-                        {"top_logprobs_num": k})
+        raise ApiError(400, f"top_logprobs must be in [0, 20], got {body.top_logprobs}", param="top_logprobs")
+    return await _serve(request, body, [prompt], params, spec, body.logprobs, "chat", render, {"top_logprobs_num": k})

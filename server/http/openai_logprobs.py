@@ -2,6 +2,7 @@
 counterpart): completions `logprobs=k` (top_logprobs: one {token: logprob} dict of the k best per
 position; with `echo` the prompt's tokens first, the first of them null) and chat `logprobs` /
 `top_logprobs=k`. `start` skips the output tokens an earlier stream chunk already reported."""
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -12,6 +13,7 @@ from gleanrl.server.http.fanin import Track
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     from transformers.convert_slow_tokenizer import bytes_to_unicode
+
     return {c: b for b, c in bytes_to_unicode().items()}
 
 
@@ -40,10 +42,8 @@ def completion_logprobs(tok, track: Track, k: int, echo: bool = False, start: in
         tops = (track.input_logprobs["top"] if k > 0 else []) + tops
     pieces = [token_text(tok, t) for _, t in pairs]
     offsets = [sum(len(p) for p in pieces[:j]) for j in range(len(pieces))]
-    top = [None if row is None else {token_text(tok, t): lp for lp, t in row}
-           for row in tops] if k > 0 else None
-    return {"tokens": pieces, "token_logprobs": [lp for lp, _ in pairs], "text_offset": offsets,
-            "top_logprobs": top}
+    top = [None if row is None else {token_text(tok, t): lp for lp, t in row} for row in tops] if k > 0 else None
+    return {"tokens": pieces, "token_logprobs": [lp for lp, _ in pairs], "text_offset": offsets, "top_logprobs": top}
 
 
 def _entry(tok, token_id: int, logprob: float) -> dict:
@@ -53,6 +53,9 @@ def _entry(tok, token_id: int, logprob: float) -> dict:
 
 def chat_logprobs(tok, track: Track, k: int, start: int = 0) -> dict:
     tops = track.top_logprobs[start:] if k > 0 else [[] for _ in track.ids[start:]]
-    return {"content": [{**_entry(tok, t, lp),
-                         "top_logprobs": [_entry(tok, tt, tlp) for tlp, tt in (row or [])]}
-                        for t, lp, row in zip(track.ids[start:], track.logprobs[start:], tops)]}
+    return {
+        "content": [
+            {**_entry(tok, t, lp), "top_logprobs": [_entry(tok, tt, tlp) for tlp, tt in (row or [])]}
+            for t, lp, row in zip(track.ids[start:], track.logprobs[start:], tops)
+        ]
+    }

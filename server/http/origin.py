@@ -5,6 +5,7 @@ server on 127.0.0.1, admin routes included, when no key is set:
 - cross-site requests: an `Origin` header (browsers send one on every cross-origin POST; other
   clients do not) must be a loopback origin or the server's own.
 A pure ASGI middleware, outermost, so it runs before auth and before any body is read."""
+
 from __future__ import annotations
 
 import json
@@ -21,13 +22,11 @@ def _hostname(authority: str) -> str:
         return ""
 
 
-def refusal(headers: dict[str, str], scope_server: tuple | None,
-            bound_loopback: bool) -> str | None:
+def refusal(headers: dict[str, str], scope_server: tuple | None, bound_loopback: bool) -> str | None:
     """Why the request is refused, or None."""
     host = headers.get("host")
     own = str(scope_server[0]).lower() if scope_server else ""
-    if bound_loopback and host is not None and not (is_loopback(_hostname(host))
-                                                    or _hostname(host) == own):
+    if bound_loopback and host is not None and not (is_loopback(_hostname(host)) or _hostname(host) == own):
         return f"Host {host!r} is not this server's address (a loopback server answers loopback names only)"
     origin = headers.get("origin")
     if origin is not None:
@@ -44,14 +43,16 @@ class BrowserGuard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                   for k, v in scope.get("headers", [])}
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         why = refusal(headers, scope.get("server"), self.bound_loopback)
         if why is None:
             return await self.app(scope, receive, send)
-        body = json.dumps({"error": {"message": why, "type": "permission_error", "param": None,
-                                     "code": 403}}).encode()
-        await send({"type": "http.response.start", "status": 403,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+        body = json.dumps({"error": {"message": why, "type": "permission_error", "param": None, "code": 403}}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 403,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -6,6 +6,7 @@ optional: R1 starts inside it), `qwen3` (reasoning only inside `<think>`, or fro
 chat template opened the tag itself; a `<tool_call>` closes it), `qwen3-thinking` (always reasoning
 first), and SGLang's other names for the same two detectors. Streaming holds back a trailing piece
 that may be the start of a tag, so a tag split across deltas never leaks into either field."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,23 +16,34 @@ THINK, END = "<think>", "</think>"
 
 @dataclass(frozen=True, slots=True)
 class Style:
-    force: bool                 # reasoning from the first token, without the opening tag
-    tool_start: str | None      # a tag that ends reasoning without </think>
+    force: bool  # reasoning from the first token, without the opening tag
+    tool_start: str | None  # a tag that ends reasoning without </think>
 
 
 R1, QWEN3, QWEN3_THINKING = Style(True, None), Style(False, "<tool_call>"), Style(True, "<tool_call>")
 # SGLang's names for these two detectors (its DetectorMap)
-PARSERS = {"deepseek-r1": R1, "step3": R1, "step3p5": R1, "gigachat35": R1,
-           "qwen3": QWEN3, "dots": QWEN3, "nanbeige": QWEN3, "interns1": QWEN3,
-           "qwen3-thinking": QWEN3_THINKING, "minimax": QWEN3_THINKING}
+PARSERS = {
+    "deepseek-r1": R1,
+    "step3": R1,
+    "step3p5": R1,
+    "gigachat35": R1,
+    "qwen3": QWEN3,
+    "dots": QWEN3,
+    "nanbeige": QWEN3,
+    "interns1": QWEN3,
+    "qwen3-thinking": QWEN3_THINKING,
+    "minimax": QWEN3_THINKING,
+}
 
 
 def check_parser(name: str, field: str = "reasoning_parser") -> Style:
     style = PARSERS.get(name.lower()) if isinstance(name, str) else None
     if style is None:
         from gleanrl.server.http.schemas import ApiError
-        raise ApiError(400, f"{field}: unsupported reasoning parser {name!r}; supported: "
-                            f"{', '.join(PARSERS)}", param=field)
+
+        raise ApiError(
+            400, f"{field}: unsupported reasoning parser {name!r}; supported: {', '.join(PARSERS)}", param=field
+        )
     return style
 
 
@@ -59,14 +71,14 @@ class ReasoningParser:
         if not (self.in_reasoning or THINK in text):
             return "", text
         while text.startswith(THINK):
-            text = text[len(THINK):]
+            text = text[len(THINK) :]
         if END in text:
             reasoning, _, content = text.partition(END)
             return reasoning, content
         tool = self._tool_at(text)
         if tool >= 0:
             return text[:tool], text[tool:]
-        return text, ""                               # cut off before </think>
+        return text, ""  # cut off before </think>
 
     def feed(self, delta: str) -> tuple[str, str]:
         """A streamed delta -> (reasoning, content) to send now (SGLang's
@@ -90,8 +102,8 @@ class ReasoningParser:
             self.buffer, self.in_reasoning = "", False
             return text[:tool], text[tool:]
         hold = max(_partial(text, t) for t in tags)
-        self.buffer = text[len(text) - hold:] if hold else ""
-        return text[:len(text) - hold], ""
+        self.buffer = text[len(text) - hold :] if hold else ""
+        return text[: len(text) - hold], ""
 
     def finish(self) -> tuple[str, str]:
         """The stream ended: what was held back, in the field it belongs to."""

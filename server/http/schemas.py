@@ -1,6 +1,7 @@
 """Pydantic request models for the HTTP edge (the only place pydantic is used). Field names follow
 SGLang's `GenerateReqInput`, `UpdateWeightFromDiskReqInput`, `AbortReq` and its OpenAI protocol.
 Types are checked here; value ranges are checked by `server.protocol.SamplingParams`."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,8 +10,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
-Number = StrictFloat                                   # ints are accepted, strings
-                                                       # and bools are not
+# ints are accepted, strings and bools are not
+Number = StrictFloat
 Stop = StrictStr | list[StrictStr] | None
 M = TypeVar("M", bound=BaseModel)
 OFF_LOOP_BYTES = 64 * 1024  # bodies larger than this are parsed in a worker thread
@@ -18,17 +19,41 @@ OFF_LOOP_BYTES = 64 * 1024  # bodies larger than this are parsed in a worker thr
 # SGLang fields the embedded engine does not implement: accepted only unset (None, "", False, [],
 # {}), otherwise a 400 naming the field (never accepted and ignored).
 UNSUPPORTED_SAMPLING = ("structural_tag",)
-UNSUPPORTED_OPENAI = ("functions", "function_call", "structural_tag", "lora_path",
-                      "return_hidden_states", "custom_logit_processor", "audio", "prediction")
-TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")   # the chat route's only
-UNSUPPORTED_GENERATE = ("input_embeds", "image_data", "video_data", "audio_data", "lora_path",
-                        "lora_id", "custom_logit_processor", "return_hidden_states",
-                        "session_params", "return_routed_experts",
-                        "return_entropy", "return_sampling_mask", "return_flat_raw_top_logprobs",
-                        "return_flat_raw_output_top_logprobs", "max_thinking_tokens",
-                        "return_indexer_topk", "multi_item_delimiter_indices",
-                        "token_indices_to_pool", "positional_embed_overrides",
-                        "watermark", "return_bytes", "require_reasoning")
+UNSUPPORTED_OPENAI = (
+    "functions",
+    "function_call",
+    "structural_tag",
+    "lora_path",
+    "return_hidden_states",
+    "custom_logit_processor",
+    "audio",
+    "prediction",
+)
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # the chat route's only
+UNSUPPORTED_GENERATE = (
+    "input_embeds",
+    "image_data",
+    "video_data",
+    "audio_data",
+    "lora_path",
+    "lora_id",
+    "custom_logit_processor",
+    "return_hidden_states",
+    "session_params",
+    "return_routed_experts",
+    "return_entropy",
+    "return_sampling_mask",
+    "return_flat_raw_top_logprobs",
+    "return_flat_raw_output_top_logprobs",
+    "max_thinking_tokens",
+    "return_indexer_topk",
+    "multi_item_delimiter_indices",
+    "token_indices_to_pool",
+    "positional_embed_overrides",
+    "watermark",
+    "return_bytes",
+    "require_reasoning",
+)
 
 
 class SamplingIn(BaseModel):
@@ -43,7 +68,7 @@ class SamplingIn(BaseModel):
     ignore_eos: StrictBool = False
     n: StrictInt = 1
     sampling_seed: StrictInt | None = None
-    seed: StrictInt | None = None                      # gleanrl alias of sampling_seed
+    seed: StrictInt | None = None  # gleanrl alias of sampling_seed
     skip_special_tokens: StrictBool = True
     spaces_between_special_tokens: StrictBool = True
     no_stop_trim: StrictBool = False
@@ -58,13 +83,13 @@ class SamplingIn(BaseModel):
     structural_tag: Any = None
     logit_bias: dict[StrictStr, Number] | None = None
     stop_regex: Stop = None
-    custom_params: dict[StrictStr, Any] | None = None   # accepted; no custom logit
-                                                        # processor reads it
+    # accepted; no custom logit processor reads it
+    custom_params: dict[StrictStr, Any] | None = None
 
 
 class GenerateIn(BaseModel):
-    model_config = ConfigDict(extra="allow")   # extras: checked against UNSUPPORTED_GENERATE,
-                                               # others ignored
+    # extras: checked against UNSUPPORTED_GENERATE, others ignored
+    model_config = ConfigDict(extra="allow")
     text: StrictStr | list[StrictStr] | None = None
     input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
     sampling_params: SamplingIn | list[SamplingIn] | None = None
@@ -98,6 +123,7 @@ class UpdateWeightsIn(BaseModel):
 
 class TensorUpdateIn(BaseModel):
     """SGLang's UpdateWeightsFromTensorReqInput (one payload per TP rank)."""
+
     model_config = ConfigDict(extra="ignore")
     serialized_named_tensors: list[StrictStr] = Field(min_length=1)
     load_format: StrictStr | None = None
@@ -125,9 +151,10 @@ class StreamOptions(BaseModel):
 class OpenAISampling(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's, plus
     SGLang's extras)."""
-    model_config = ConfigDict(extra="allow")   # extras: checked against UNSUPPORTED_OPENAI,
-                                               # others ignored
-    model: StrictStr | None = None             # any name: the served model, echoed (SGLang)
+
+    # extras: checked against UNSUPPORTED_OPENAI, others ignored
+    model_config = ConfigDict(extra="allow")
+    model: StrictStr | None = None  # any name: the served model, echoed (SGLang)
     max_tokens: StrictInt | None = None
     temperature: Number | None = None
     top_p: Number | None = None
@@ -146,7 +173,7 @@ class OpenAISampling(BaseModel):
     skip_special_tokens: StrictBool = True
     no_stop_trim: StrictBool = False
     rid: StrictStr | None = None
-    repetition_penalty: Number = 1.0           # SGLang's extra sampling fields
+    repetition_penalty: Number = 1.0  # SGLang's extra sampling fields
     min_tokens: StrictInt = 0
     logit_bias: dict[StrictStr, Number] | None = None
     stop_regex: Stop = None
@@ -156,22 +183,22 @@ class OpenAISampling(BaseModel):
 class CompletionIn(OpenAISampling):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
     echo: StrictBool = False
-    logprobs: StrictInt | None = None          # up to --max-top-logprobs-num (SGLang: no limit)
+    logprobs: StrictInt | None = None  # up to --max-top-logprobs-num (SGLang: no limit)
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: StrictStr
     content: StrictStr | list[dict[str, Any]] | None = None
-    tool_calls: list[dict[str, Any]] | None = None     # an assistant's calls (history)
-    tool_call_id: StrictStr | None = None              # a tool message's answer to one
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls (history)
+    tool_call_id: StrictStr | None = None  # a tool message's answer to one
     name: StrictStr | None = None
 
 
 class ChatIn(OpenAISampling):
     messages: list[ChatMessage] = Field(min_length=1)
     chat_template_kwargs: dict[StrictStr, Any] | None = None
-    separate_reasoning: StrictBool = True      # with --reasoning-parser (SGLang's fields)
+    separate_reasoning: StrictBool = True  # with --reasoning-parser (SGLang's fields)
     stream_reasoning: StrictBool = True
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool = False
@@ -180,6 +207,7 @@ class ChatIn(OpenAISampling):
 
 class SeparateReasoningIn(BaseModel):
     """SGLang's SeparateReasoningReqInput."""
+
     model_config = ConfigDict(extra="ignore")
     text: StrictStr
     reasoning_parser: StrictStr
@@ -188,6 +216,7 @@ class SeparateReasoningIn(BaseModel):
 
 class TokenizeIn(BaseModel):
     """SGLang's TokenizeRequest: exactly one of `prompt` and `messages`."""
+
     model_config = ConfigDict(extra="ignore")
     model: StrictStr | None = None
     prompt: StrictStr | list[StrictStr] | None = None
@@ -199,6 +228,7 @@ class TokenizeIn(BaseModel):
 
 class DetokenizeIn(BaseModel):
     """SGLang's DetokenizeRequest."""
+
     model_config = ConfigDict(extra="ignore")
     model: StrictStr | None = None
     tokens: list[StrictInt] | list[list[StrictInt]]
@@ -209,16 +239,28 @@ class ApiError(Exception):
     """An error the edge answers with `status` and OpenAI's error shape; the message
     names the field."""
 
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 kind: str = "invalid_request_error", code: int | str | None = None,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        code: int | str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
         self.headers = headers
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.status if self.code is None else self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.status if self.code is None else self.code,
+            }
+        }
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
@@ -227,8 +269,7 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 def _loc(loc: tuple) -> str:
     """('sampling_params', 'SamplingIn', 'temperature') -> 'sampling_params.temperature' (drops
     union tags)."""
-    keep = [str(p) for p in loc
-            if isinstance(p, int) or (p.isidentifier() and p.islower() and p not in _TYPE_TAGS)]
+    keep = [str(p) for p in loc if isinstance(p, int) or (p.isidentifier() and p.islower() and p not in _TYPE_TAGS)]
     return ".".join(keep) or "body"
 
 
@@ -244,8 +285,7 @@ def validation_error(exc: ValidationError) -> ApiError:
 
 def _is_json(content_type: str) -> bool:
     kind = content_type.split(";", 1)[0].strip().lower()
-    return kind == "application/json" or (kind.startswith("application/")
-                                          and kind.endswith("+json"))
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
 
 
 def _no_constants(name: str):
@@ -255,8 +295,12 @@ def _no_constants(name: str):
 def too_large(max_bytes: int, declared: int | None = None) -> ApiError:
     """The 413 of a body over `max_bytes`; `Connection: close` (server/http/body_limit.py)."""
     size = f" of {declared} bytes" if declared is not None else ""
-    return ApiError(413, f"request body{size} is over the limit of {max_bytes} bytes "
-                         "(--max-request-bytes)", param="body", headers={"Connection": "close"})
+    return ApiError(
+        413,
+        f"request body{size} is over the limit of {max_bytes} bytes (--max-request-bytes)",
+        param="body",
+        headers={"Connection": "close"},
+    )
 
 
 async def read_body(request, max_bytes: int) -> bytes:
@@ -297,8 +341,7 @@ async def _json(request, raw: bytes) -> Any:
         return {}
     kind = request.headers.get("content-type")
     if kind is not None and not _is_json(kind):  # a browser form's types are refused (CSRF)
-        raise ApiError(415, f"Content-Type must be application/json, got {kind[:100]!r}",
-                       param="content-type")
+        raise ApiError(415, f"Content-Type must be application/json, got {kind[:100]!r}", param="content-type")
     return await off_loop(_loads, len(raw), raw)
 
 
@@ -318,12 +361,19 @@ async def parse(request, model: type[M], max_bytes: int) -> M:
 
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
-    "/generate": GenerateIn, "/update_weights_from_disk": UpdateWeightsIn,
-    "/abort_request": AbortIn, "/update_weights_from_tensor": TensorUpdateIn,
+    "/generate": GenerateIn,
+    "/update_weights_from_disk": UpdateWeightsIn,
+    "/abort_request": AbortIn,
+    "/update_weights_from_tensor": TensorUpdateIn,
     "/begin_weight_update": BeginWeightUpdateIn,
-    "/v1/completions": CompletionIn, "/v1/chat/completions": ChatIn,
-    "/tokenize": TokenizeIn, "/v1/tokenize": TokenizeIn, "/detokenize": DetokenizeIn,
-    "/v1/detokenize": DetokenizeIn, "/separate_reasoning": SeparateReasoningIn}
+    "/v1/completions": CompletionIn,
+    "/v1/chat/completions": ChatIn,
+    "/tokenize": TokenizeIn,
+    "/v1/tokenize": TokenizeIn,
+    "/detokenize": DetokenizeIn,
+    "/v1/detokenize": DetokenizeIn,
+    "/separate_reasoning": SeparateReasoningIn,
+}
 
 
 def describe_bodies(schema: dict) -> dict:
@@ -337,13 +387,16 @@ def describe_bodies(schema: dict) -> dict:
         components[model.__name__] = body
         for method, op in schema.get("paths", {}).get(path, {}).items():
             if method in ("post", "put"):
-                op["requestBody"] = {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
+                op["requestBody"] = {
+                    "required": True,
+                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+                }
     return schema
 
 
 class InitGroupIn(BaseModel):
     """SGLang's InitWeightsUpdateGroupReqInput."""
+
     model_config = ConfigDict(extra="ignore")
     master_address: StrictStr
     master_port: StrictInt
@@ -355,6 +408,7 @@ class InitGroupIn(BaseModel):
 
 class DistributedUpdateIn(BaseModel):
     """SGLang's UpdateWeightsFromDistributedReqInput."""
+
     model_config = ConfigDict(extra="ignore")
     names: list[StrictStr] = Field(min_length=1)
     dtypes: list[StrictStr]

@@ -1,5 +1,6 @@
 """What the routes read of the app (`app.state`): set once, by `build_app` (`AppState`) or the proxy
 (`FeedState`); every field typed, none added later."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,27 +19,27 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class FeedState:
-    feed: HarvestFeed | None                # GET /harvest_feed (None: off)
-    feed_load: Callable[[], dict]           # running, queued, paused
+    feed: HarvestFeed | None  # GET /harvest_feed (None: off)
+    feed_load: Callable[[], dict]  # running, queued, paused
 
 
 @dataclass(slots=True)
 class AppState(FeedState):
     engine: Engine
     server_cfg: ServerConfig
-    tokenizer: Any                          # the engine's (transformers)
+    tokenizer: Any  # the engine's (transformers)
     context_length: int
     vocab_size: int
     stop_token_ids: list[int] | None
-    version: str                            # gleanrl's
-    engine_args: dict                       # /server_info
-    server_args: dict                       # /server_info, without the keys
+    version: str  # gleanrl's
+    engine_args: dict  # /server_info
+    server_args: dict  # /server_info, without the keys
     served_model_name: str
     metrics: Metrics = field(default_factory=Metrics)
     active: dict[str, list[str]] = field(default_factory=dict)  # rid -> its engine rids
     weights_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    closing: bool = False                   # the lifespan is shutting down
-    weight_session: Session | None = None   # an open weight-update session (weights_sync)
+    closing: bool = False  # the lifespan is shutting down
+    weight_session: Session | None = None  # an open weight-update session (weights_sync)
     weight_groups: dict = field(default_factory=dict)  # joined process groups (weights_group)
     group_joining: asyncio.Lock = field(default_factory=asyncio.Lock)
-    grammar_compiler: Any = None            # xgrammar's, built at first use (grammar)
+    grammar_compiler: Any = None  # xgrammar's, built at first use (grammar)

@@ -1,5 +1,6 @@
 """SGLang's /tokenize and /detokenize (also under /v1/): the server's tokenizer and chat template,
 SGLang 0.5.23's request and response shapes (`serving_tokenize.py`)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,14 +27,20 @@ async def tokenize(request: Request):
     state = request.app.state
     body = await parse(request, TokenizeIn, state.server_cfg.max_request_bytes)
     if (body.prompt is None) == (body.messages is None):
-        raise ApiError(400, "Exactly one of 'prompt' or 'messages' must be provided.",
-                       param="prompt")
+        raise ApiError(400, "Exactly one of 'prompt' or 'messages' must be provided.", param="prompt")
     if body.messages is not None:
-        text = await chat_text(state, body.messages, body.chat_template_kwargs,
-                               add_generation_prompt=body.add_generation_prompt is not False)
+        text = await chat_text(
+            state,
+            body.messages,
+            body.chat_template_kwargs,
+            add_generation_prompt=body.add_generation_prompt is not False,
+        )
         # as SGLang: a template's text is encoded without special tokens unless both asked
-        special = body.add_generation_prompt is not None and body.add_special_tokens \
+        special = (
+            body.add_generation_prompt is not None
+            and body.add_special_tokens
             and "add_special_tokens" in body.model_fields_set
+        )
         (tokens,) = await encode(state, [text], add_special_tokens=special)
         count = len(tokens)
     elif isinstance(body.prompt, str):
@@ -56,9 +63,11 @@ async def detokenize(request: Request):
         bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
         if bad is not None:
             field = f"tokens.{i}" if nested else "tokens"
-            raise ApiError(400, f"{field}: token id {bad} is outside the vocabulary "
-                                f"[0, {state.vocab_size})", param=field)
+            raise ApiError(
+                400, f"{field}: token id {bad} is outside the vocabulary [0, {state.vocab_size})", param=field
+            )
     tok = state.tokenizer
     texts = await asyncio.to_thread(
-        lambda: [tok.decode(ids, skip_special_tokens=body.skip_special_tokens) for ids in lists])
+        lambda: [tok.decode(ids, skip_special_tokens=body.skip_special_tokens) for ids in lists]
+    )
     return {"text": texts if nested else texts[0]}

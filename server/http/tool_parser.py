@@ -12,6 +12,7 @@ reply and a whole one are the same whatever the chunking. Differences from SGLan
 arrives; text outside the calls is `content` in both paths (SGLang's whole-reply path keeps only the
 text before the first call); whitespace between or after calls is dropped. As SGLang: a call to a
 function not in `tools` is dropped; a call cut off by the length limit keeps what was written."""
+
 from __future__ import annotations
 
 import json
@@ -25,26 +26,28 @@ _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"(?:arguments|parame
 
 @dataclass(frozen=True, slots=True)
 class Format:
-    start: str              # opens a call
-    end: str | None         # closes it (None: the JSON object's end)
-    separator: str          # between calls (dropped)
-    bare_first: bool        # a JSON object that opens the output is a call too
-    begin: str              # the grammar's text before the arguments ({name} filled in)
-    close: str              # ... and after them
+    start: str  # opens a call
+    end: str | None  # closes it (None: the JSON object's end)
+    separator: str  # between calls (dropped)
+    bare_first: bool  # a JSON object that opens the output is a call too
+    begin: str  # the grammar's text before the arguments ({name} filled in)
+    close: str  # ... and after them
 
 
-QWEN25 = Format("<tool_call>", "</tool_call>", "\n", False,
-                '<tool_call>\n{{"name":"{name}", "arguments":', "}\n</tool_call>")
-HERMES = Format("<tool_call>", "</tool_call>", "\n", False,
-                '<tool_call>{{"name":"{name}", "arguments":', "}</tool_call>")
-LLAMA3 = Format("<|python_tag|>", None, ";", True,
-                '<|python_tag|>{{"name":"{name}", "arguments":', "}")
+QWEN25 = Format(
+    "<tool_call>", "</tool_call>", "\n", False, '<tool_call>\n{{"name":"{name}", "arguments":', "}\n</tool_call>"
+)
+HERMES = Format(
+    "<tool_call>", "</tool_call>", "\n", False, '<tool_call>{{"name":"{name}", "arguments":', "}</tool_call>"
+)
+LLAMA3 = Format("<|python_tag|>", None, ";", True, '<|python_tag|>{{"name":"{name}", "arguments":', "}")
 FORMATS = {"qwen25": QWEN25, "qwen": QWEN25, "hermes": HERMES, "llama3": LLAMA3}
 
 
 @dataclass(slots=True)
 class CallDelta:
     """One streamed piece of a call, OpenAI's delta shape: the first carries id and name."""
+
     index: int
     id: str | None
     name: str | None
@@ -63,7 +66,7 @@ class JsonEnd:
     def __init__(self, start: int = 0):
         self.i, self.depth, self.in_str, self.esc = start, 0, False, False
         self.end: int | None = None
-        self.scalar = False                    # not an object or array: never ends here
+        self.scalar = False  # not an object or array: never ends here
 
     def __call__(self, text: str) -> int | None:
         if self.end is not None or self.scalar:
@@ -82,7 +85,7 @@ class JsonEnd:
                     self.end = i + 1
                     return self.end
             elif self.depth == 0 and not c.isspace():
-                self.scalar = True             # read when the call ends
+                self.scalar = True  # read when the call ends
                 return None
         self.i = len(text)
         return None
@@ -95,12 +98,13 @@ def json_end(text: str, start: int = 0) -> int | None:
 @dataclass(slots=True)
 class _Call:
     """The open call: its body is the parser's buffer."""
-    outer: JsonEnd                     # the call's object (formats without an end tag)
-    index: int | None = None           # None: not streamed (unknown function, or not name-first)
-    args: JsonEnd | None = None        # the arguments' value, once the name-first head is read
+
+    outer: JsonEnd  # the call's object (formats without an end tag)
+    index: int | None = None  # None: not streamed (unknown function, or not name-first)
+    args: JsonEnd | None = None  # the arguments' value, once the name-first head is read
     args_at: int | None = None
-    sent: int = 0                      # the arguments' characters streamed
-    searched: int = 0                  # the body searched for the end tag up to here
+    sent: int = 0  # the arguments' characters streamed
+    searched: int = 0  # the body searched for the end tag up to here
 
 
 def _partial(text: str, tag: str) -> int:
@@ -116,10 +120,10 @@ class ToolCallParser:
         """`tools`: the function names that may be called; `max_calls`: 1 without
         parallel_tool_calls (later calls are dropped)."""
         self.fmt, self.tools, self.max_calls = FORMATS[name], set(tools), max_calls
-        self.buffer = ""             # unread text outside a call, or the open call's body
+        self.buffer = ""  # unread text outside a call, or the open call's body
         self.calls, self.held = 0, ""
-        self.started = False         # anything but whitespace seen (a bare call opens the output)
-        self.after_call = False      # only whitespace since the last call closed
+        self.started = False  # anything but whitespace seen (a bare call opens the output)
+        self.after_call = False  # only whitespace since the last call closed
         self.call: _Call | None = None
 
     def _open(self, body: str) -> None:
@@ -131,7 +135,7 @@ class ToolCallParser:
         text, self.held = self.held + text, ""
         if self.calls:
             body = text.rstrip()
-            text, self.held = body, text[len(body):]
+            text, self.held = body, text[len(body) :]
         if text.strip():
             self.started, self.after_call = True, False
         return text
@@ -148,31 +152,31 @@ class ToolCallParser:
             text = self.buffer
             if self.after_call and fmt.separator.strip():
                 if not text.strip():
-                    return content, out            # a separator may follow
+                    return content, out  # a separator may follow
                 if text.lstrip().startswith(fmt.separator):
-                    text = self.buffer = text.lstrip()[len(fmt.separator):]
+                    text = self.buffer = text.lstrip()[len(fmt.separator) :]
                     if not text.strip():
-                        return content, out        # the next call may follow
+                        return content, out  # the next call may follow
             if fmt.bare_first and (not self.started or self.after_call):
                 if text.lstrip().startswith("{"):
                     self._open(text)
                     continue
                 if not self.started and not text.strip():
-                    return content, out            # only whitespace: a call may follow
+                    return content, out  # only whitespace: a call may follow
             pos = text.find(fmt.start)
             if pos >= 0:
                 content += self._text(text[:pos])
-                self._open(text[pos + len(fmt.start):])
+                self._open(text[pos + len(fmt.start) :])
                 continue
             hold = _partial(text, fmt.start)
-            content += self._text(text[:len(text) - hold])
-            self.buffer = text[len(text) - hold:] if hold else ""
+            content += self._text(text[: len(text) - hold])
+            self.buffer = text[len(text) - hold :] if hold else ""
             return content, out
 
     def _read_call(self, out: list[CallDelta]) -> bool:
         """Advance the open call; True when it closed (the buffer then holds what follows)."""
         body, call, fmt = self.buffer, self.call, self.fmt
-        if call.args_at is None and (m := _HEAD.match(body)) and body[m.end():][:1] in ("{", "["):
+        if call.args_at is None and (m := _HEAD.match(body)) and body[m.end() :][:1] in ("{", "["):
             call.args_at, call.args = m.end(), JsonEnd(m.end())
             if self._known(m.group(1)):
                 call.index = self.calls - 1
@@ -183,25 +187,27 @@ class ToolCallParser:
             pos = body.find(fmt.end, call.searched)
             call.searched = max(call.searched, len(body) - len(fmt.end) + 1)
             close, rest = (pos, pos + len(fmt.end)) if pos >= 0 else (None, None)
-        if call.index is not None:                 # stream the arguments' text as it comes
+        if call.index is not None:  # stream the arguments' text as it comes
             stop = call.args(body)
             if stop is None:
-                stop = close if close is not None else len(body) - (
-                    _partial(body, fmt.end) if fmt.end else 0)
-            piece = body[call.args_at + call.sent:stop]
+                stop = close if close is not None else len(body) - (_partial(body, fmt.end) if fmt.end else 0)
+            piece = body[call.args_at + call.sent : stop]
             if piece:
                 call.sent += len(piece)
                 out.append(CallDelta(call.index, None, None, piece))
         if close is None:
             return False
-        if call.args_at is None:                   # not name-first: read the whole object
+        if call.args_at is None:  # not name-first: read the whole object
             self._whole(body[:close], out)
         self.call, self.buffer, self.after_call = None, body[rest:], True
         return True
 
     def _known(self, name) -> bool:
-        if not isinstance(name, str) or name not in self.tools or (
-                self.max_calls is not None and self.calls >= self.max_calls):
+        if (
+            not isinstance(name, str)
+            or name not in self.tools
+            or (self.max_calls is not None and self.calls >= self.max_calls)
+        ):
             return False
         self.calls += 1
         return True
@@ -210,12 +216,11 @@ class ToolCallParser:
         try:
             obj = json.loads(body)
         except ValueError:
-            return                                 # malformed: dropped (SGLang)
+            return  # malformed: dropped (SGLang)
         if not isinstance(obj, dict) or not self._known(obj.get("name")):
             return
         args = obj.get("arguments", obj.get("parameters", {}))
-        out.append(CallDelta(self.calls - 1, _call_id(), obj["name"],
-                             json.dumps(args, ensure_ascii=False)))
+        out.append(CallDelta(self.calls - 1, _call_id(), obj["name"], json.dumps(args, ensure_ascii=False)))
 
     def finish(self) -> tuple[str, list[CallDelta]]:
         """The output ended: a call still open keeps the arguments written so far (if it was
@@ -223,8 +228,7 @@ class ToolCallParser:
         out: list[CallDelta] = []
         if self.call is not None:
             call, body = self.call, self.buffer
-            if call.index is not None and (piece := body[call.args_at + call.sent:
-                                                         call.args(body)]):
+            if call.index is not None and (piece := body[call.args_at + call.sent : call.args(body)]):
                 out.append(CallDelta(call.index, None, None, piece))
             self.call, self.buffer = None, ""
             return "", out
@@ -246,8 +250,14 @@ def parse_calls(parser: ToolCallParser, text: str) -> tuple[str, list[dict]]:
     calls: list[dict] = []
     for d in deltas + more:
         if d.id:
-            calls.append({"id": d.id, "type": "function", "index": d.index,
-                          "function": {"name": d.name, "arguments": d.arguments}})
+            calls.append(
+                {
+                    "id": d.id,
+                    "type": "function",
+                    "index": d.index,
+                    "function": {"name": d.name, "arguments": d.arguments},
+                }
+            )
         else:
             calls[d.index]["function"]["arguments"] += d.arguments
     return content + rest, calls

@@ -10,6 +10,7 @@ least one call, after the reasoning of a reasoning model. Unlike SGLang: the arg
 function's `parameters` schema (SGLang only with `strict`; vLLM always), and the output is the calls
 alone (SGLang lets text follow them). Legacy `functions` / `function_call` are refused by name (as
 SGLang, which has no such fields either)."""
+
 from __future__ import annotations
 
 import json
@@ -22,11 +23,11 @@ from gleanrl.server.http.tool_parser import FORMATS
 
 @dataclass(frozen=True, slots=True)
 class ToolPlan:
-    template_tools: list[dict] | None     # for apply_chat_template(tools=...)
-    names: list[str]                      # the functions the parser may return
-    parser: str | None                    # the --tool-call-parser that reads the output, if any
-    forced: bool                          # tool_choice required / named (`forcing_grammar`)
-    max_calls: int | None                 # 1 when parallel_tool_calls is false
+    template_tools: list[dict] | None  # for apply_chat_template(tools=...)
+    names: list[str]  # the functions the parser may return
+    parser: str | None  # the --tool-call-parser that reads the output, if any
+    forced: bool  # tool_choice required / named (`forcing_grammar`)
+    max_calls: int | None  # 1 when parallel_tool_calls is false
 
 
 def _bad(field: str, why: str) -> ApiError:
@@ -52,11 +53,10 @@ def _check_tools(tools) -> list[dict]:
         if params is not None:
             if not isinstance(params, dict):
                 raise _bad(f"{field}.function.parameters", "must be a JSON schema object")
-            try:    # converts the schema to a grammar (no token masks): cheap, and strict
+            try:  # converts the schema to a grammar (no token masks): cheap, and strict
                 xgr.Grammar.from_json_schema(json.dumps(params))
             except Exception as exc:
-                raise _bad(f"{field}.function.parameters",
-                           f"invalid JSON schema: {str(exc).strip()[-200:]}") from None
+                raise _bad(f"{field}.function.parameters", f"invalid JSON schema: {str(exc).strip()[-200:]}") from None
     return tools
 
 
@@ -70,11 +70,9 @@ def _check_choice(choice, names: list[str]) -> str | None:
         return choice
     fn = choice.get("function") if isinstance(choice, dict) else None
     if not isinstance(fn, dict) or choice.get("type", "function") != "function":
-        raise _bad("tool_choice", "must be auto, none, required or "
-                                  '{"type": "function", "function": {"name": ...}}')
+        raise _bad("tool_choice", 'must be auto, none, required or {"type": "function", "function": {"name": ...}}')
     if fn.get("name") not in names:
-        raise _bad("tool_choice.function.name",
-                   f"Tool {fn.get('name')!r} not found in tools list.")
+        raise _bad("tool_choice.function.name", f"Tool {fn.get('name')!r} not found in tools list.")
     return fn["name"]
 
 
@@ -92,11 +90,12 @@ def plan_tools(body, parser: str | None, constrained: bool, cfg) -> ToolPlan:
         return ToolPlan(None, [], None, False, None)
     forced = choice not in ("auto", "none")
     if forced and parser is None:
-        raise _bad("tool_choice", "required or a named tool needs the server started with "
-                                  "--tool-call-parser")
+        raise _bad("tool_choice", "required or a named tool needs the server started with --tool-call-parser")
     if forced and constrained:
-        raise _bad("tool_choice", "tool_choice 'required' or a named tool cannot be combined "
-                                  "with response_format, regex, or ebnf")
+        raise _bad(
+            "tool_choice",
+            "tool_choice 'required' or a named tool cannot be combined with response_format, regex, or ebnf",
+        )
     if choice not in ("auto", "required"):
         tools, names = [t for t in tools if t["function"]["name"] == choice], [choice]
     max_calls = 1 if parallel is False else None
@@ -110,29 +109,36 @@ def forcing_grammar(plan: ToolPlan, cfg, reasoning: str | None = None) -> tuple[
     the reasoning (it ends at </think>), "optional" when it may open with a <think> block; the
     calls follow it (SGLang applies the grammar after the reasoning likewise)."""
     fmt, tools, max_calls = FORMATS[plan.parser], plan.template_tools, plan.max_calls
-    spaces = cfg.constrained_json_max_whitespace_cnt or (
-        1 if cfg.constrained_json_disable_any_whitespace else None)
+    spaces = cfg.constrained_json_max_whitespace_cnt or (1 if cfg.constrained_json_disable_any_whitespace else None)
     tags = []
     for tool in tools:
         fn = tool["function"]
-        content = {"type": "json_schema",
-                   "json_schema": fn.get("parameters") or {"type": "object"},
-                   **({"max_whitespace_cnt": spaces} if spaces else {})}
-        tags.append({"type": "tag", "begin": fmt.begin.format(name=fn["name"]),
-                     "content": content, "end": fmt.close})
-    calls = {"type": "tags_with_separator", "tags": tags, "separator": fmt.separator,
-             "at_least_one": True, "stop_after_first": max_calls == 1}
+        content = {
+            "type": "json_schema",
+            "json_schema": fn.get("parameters") or {"type": "object"},
+            **({"max_whitespace_cnt": spaces} if spaces else {}),
+        }
+        tags.append({"type": "tag", "begin": fmt.begin.format(name=fn["name"]), "content": content, "end": fmt.close})
+    calls = {
+        "type": "tags_with_separator",
+        "tags": tags,
+        "separator": fmt.separator,
+        "at_least_one": True,
+        "stop_after_first": max_calls == 1,
+    }
     if reasoning is not None:
-        think = {"type": "tag", "begin": "" if reasoning == "forced" else "<think>",
-                 "content": {"type": "any_text"}, "end": "</think>"}
-        then = {"type": "sequence", "elements": [think, {"type": "regex", "pattern": r"\s*"},
-                                                  calls]}
+        think = {
+            "type": "tag",
+            "begin": "" if reasoning == "forced" else "<think>",
+            "content": {"type": "any_text"},
+            "end": "</think>",
+        }
+        then = {"type": "sequence", "elements": [think, {"type": "regex", "pattern": r"\s*"}, calls]}
         calls = then if reasoning == "forced" else {"type": "or", "elements": [then, calls]}
     tag = {"type": "structural_tag", "format": calls}
     source = json.dumps(tag)
     if len(source) > 4 * MAX_GRAMMAR_BYTES:
-        raise _bad("tools", f"the tools' grammar holds {len(source)} bytes, over the limit of "
-                            f"{4 * MAX_GRAMMAR_BYTES}")
+        raise _bad("tools", f"the tools' grammar holds {len(source)} bytes, over the limit of {4 * MAX_GRAMMAR_BYTES}")
     return "structural_tag", source, "tools"
 
 

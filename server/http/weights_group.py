@@ -7,6 +7,7 @@ tensors are then refused; but a group joins only loopback addresses and the `--d
 and an update that lists unknown dtypes, or more tensors or elements than the served model holds, is
 refused before any buffer is allocated (names and shapes are checked once received, as SGLang does,
 so a careless push keeps the stream aligned)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -31,27 +32,31 @@ async def init_weights_update_group(request: Request):
     if body.group_name in groups:
         return answer(False, f"group {body.group_name!r} already exists; destroy it first")
     if not 1 <= body.rank_offset < body.world_size:
-        return answer(False, "rank_offset must be in [1, world_size): the trainer is rank 0, "
-                             f"got {body.rank_offset}")
+        return answer(False, f"rank_offset must be in [1, world_size): the trainer is rank 0, got {body.rank_offset}")
     if not (is_loopback(body.master_address) or body.master_address in state.server_cfg.dist_allow):
-        return answer(False, f"master_address {body.master_address!r} is not allowed: only "
-                             "loopback addresses and the hosts given with "
-                             "--dist-allow may be joined")
+        return answer(
+            False,
+            f"master_address {body.master_address!r} is not allowed: only "
+            "loopback addresses and the hosts given with "
+            "--dist-allow may be joined",
+        )
     if not 0 < body.master_port < 65536:
         return answer(False, f"master_port must be in [1, 65535], got {body.master_port}")
     if body.backend == "nccl" and state.engine.cfg.device != "cuda":
-        return answer(False,
-                      "backend 'nccl' needs a CUDA server; this one runs on the CPU: use 'gloo'")
+        return answer(False, "backend 'nccl' needs a CUDA server; this one runs on the CPU: use 'gloo'")
     if state.group_joining.locked():
         # a rendezvous holds a worker thread until it times out: one at a time
-        return answer(False, "another /init_weights_update_group is waiting for its rendezvous; "
-                             "retry after it")
+        return answer(False, "another /init_weights_update_group is waiting for its rendezvous; retry after it")
     try:
         async with state.group_joining:
             groups[body.group_name] = await asyncio.to_thread(
-                process_group.init_custom_process_group, body.backend,
-                f"tcp://{body.master_address}:{body.master_port}", body.world_size,
-                body.rank_offset, body.group_name)
+                process_group.init_custom_process_group,
+                body.backend,
+                f"tcp://{body.master_address}:{body.master_port}",
+                body.world_size,
+                body.rank_offset,
+                body.group_name,
+            )
     except Exception as exc:  # rendezvous timeout, refused connection, a bad address
         return answer(False, f"Failed to initialize custom process group: {exc}.")
     return answer(True, "Succeeded to initialize custom process group.")
@@ -63,8 +68,11 @@ async def update_weights_from_distributed(request: Request):
     body = await parse(request, DistributedUpdateIn, state.server_cfg.max_request_bytes)
     pg = state.weight_groups.get(body.group_name)
     if pg is None:
-        return answer(False, f"Group {body.group_name} not in {list(state.weight_groups)}. "
-                             "Please call `init_weights_update_group` first.")
+        return answer(
+            False,
+            f"Group {body.group_name} not in {list(state.weight_groups)}. "
+            "Please call `init_weights_update_group` first.",
+        )
     if not len(body.names) == len(body.dtypes) == len(body.shapes):
         return answer(False, "names, dtypes and shapes must have the same length")
     try:
@@ -75,8 +83,9 @@ async def update_weights_from_distributed(request: Request):
         log.warning("distributed weight update refused before receiving: %s", exc)
         return answer(False, str(exc))
     try:
-        named = await asyncio.to_thread(process_group.receive, pg, body.names, body.dtypes,
-                                        body.shapes, body.load_format, state.engine.cfg.device)
+        named = await asyncio.to_thread(
+            process_group.receive, pg, body.names, body.dtypes, body.shapes, body.load_format, state.engine.cfg.device
+        )
         return await stage_or_apply(state, named, body)
     except (ValueError, RuntimeError) as exc:  # CheckpointError, a bad dtype, a broken group
         log.warning("distributed weight update refused: %s", exc)

@@ -4,6 +4,7 @@ pickles, same-host ForkingPickler handles, `load_format: "flattened_bucket"`;
 session that stages the calls and applies them as one atomic swap
 (`server/weights/tensor_update.py`); the process-group pushes (`weights_group.py`) stage into
 the same session; memory release/resume (`server/engine/memory.py`)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,7 @@ def answer(ok: bool, message: str) -> JSONResponse:
     return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
 
 
-def apply(engine, selector: str, named: list, version: str | None, flush_cache: bool,
-          abort: bool) -> None:
+def apply(engine, selector: str, named: list, version: str | None, flush_cache: bool, abort: bool) -> None:
     engine.update_weights(named, version, selector, flush_cache, abort)
 
 
@@ -44,8 +44,7 @@ async def begin_weight_update(request: Request):
     state = request.app.state
     body = await parse(request, BeginWeightUpdateIn, state.server_cfg.max_request_bytes)
     if state.weight_session is not None:
-        return answer(False,
-                      "a weight-update session is already open; send /end_weight_update first")
+        return answer(False, "a weight-update session is already open; send /end_weight_update first")
     state.weight_session = Session(body.selector)
     return answer(True, f"Weight update session opened for {body.selector}.")
 
@@ -55,8 +54,12 @@ async def update_weights_from_tensor(request: Request):
     state = request.app.state
     body = await parse(request, TensorUpdateIn, state.server_cfg.max_request_bytes)
     try:
-        named = await asyncio.to_thread(tensor_payload.decode, body.serialized_named_tensors,
-                                        body.load_format, state.server_cfg.local_tensor_handles)
+        named = await asyncio.to_thread(
+            tensor_payload.decode,
+            body.serialized_named_tensors,
+            body.load_format,
+            state.server_cfg.local_tensor_handles,
+        )
         return await stage_or_apply(state, named, body)
     except ValueError as exc:
         # CheckpointError is a ValueError: refused, the old weights keep serving
@@ -70,8 +73,7 @@ async def stage_or_apply(state, named: list, body) -> JSONResponse:
     (CheckpointError) when refused."""
     session: Session | None = state.weight_session
     if session is not None and body.selector != session.selector:
-        return answer(False, f"selector {body.selector!r} differs from the open "
-                             f"session's {session.selector!r}")
+        return answer(False, f"selector {body.selector!r} differs from the open session's {session.selector!r}")
     # every check before the weights lock and the engine, off the event loop: a refused update
     # costs running requests nothing (and a staged one is refused now, not at the end)
     await asyncio.to_thread(state.engine.check_tensors, body.selector, named)
@@ -81,8 +83,9 @@ async def stage_or_apply(state, named: list, body) -> JSONResponse:
         session.flush_cache, session.abort = body.flush_cache, session.abort or body.abort_all_requests
         return answer(True, f"Staged {len(named)} tensors; /end_weight_update applies them.")
     async with state.weights_lock:
-        await asyncio.to_thread(apply, state.engine, body.selector, named, body.weight_version,
-                                body.flush_cache, body.abort_all_requests)
+        await asyncio.to_thread(
+            apply, state.engine, body.selector, named, body.weight_version, body.flush_cache, body.abort_all_requests
+        )
     return answer(True, "Succeeded to update model weights.")
 
 
@@ -97,9 +100,15 @@ async def end_weight_update(request: Request):
         return answer(True, "Weight update session closed; nothing was staged.")
     try:
         async with state.weights_lock:
-            await asyncio.to_thread(apply, state.engine, session.selector,
-                                    list(session.named.items()), session.version,
-                                    session.flush_cache, session.abort)
+            await asyncio.to_thread(
+                apply,
+                state.engine,
+                session.selector,
+                list(session.named.items()),
+                session.version,
+                session.flush_cache,
+                session.abort,
+            )
     except ValueError as exc:
         log.warning("staged tensor weight update refused: %s", exc)
         return answer(False, str(exc))

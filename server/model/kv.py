@@ -4,21 +4,22 @@ A batch is ragged: sequence i contributes `seq_lens[i]` new tokens, concatenated
 padding). New keys/values are appended to each sequence's own cache; queries attend causally to
 everything before them in that sequence. Rolling back rejected draft tokens is `truncate(n)`.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
-         is_causal: bool = False) -> torch.Tensor:
+def sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
+) -> torch.Tensor:
     """`F.scaled_dot_product_attention` over 4-D inputs [B, heads, q_len, d]. With one query row in
     bf16/fp16 on CPU the query is doubled and one row kept: SDPA's CPU flash kernel is 2-3x slower
     for one query than for two in reduced precision (docs/engine.md, "One query per sequence"); a
     row's output does not depend on the other rows: the same attention, rounded as SDPA rounds
     a two-row call."""
-    if (q.shape[-2] == 1 and not is_causal and q.device.type == "cpu"
-            and q.dtype in (torch.bfloat16, torch.float16)):
+    if q.shape[-2] == 1 and not is_causal and q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
         o = F.scaled_dot_product_attention(torch.cat((q, q), -2), k, v, attn_mask=attn_mask)
         return o[..., :1, :]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
@@ -27,8 +28,15 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Ten
 class SeqKVCache:
     """Keys and values of one sequence for every layer: buffers [n_kv_heads, capacity, head_dim]."""
 
-    def __init__(self, num_layers: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu", capacity: int = 64):
+    def __init__(
+        self,
+        num_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        capacity: int = 64,
+    ):
         # tokens whose K/V are valid (same for every layer once a forward completes)
         self.length = 0
         self.pool, self.slot = None, 0  # the kv_pool.KVPool whose slot holds k and v, if any
@@ -47,15 +55,14 @@ class SeqKVCache:
             grown[:, :cap] = old
             buf[layer] = grown
 
-    def append(self, layer: int, k: torch.Tensor,
-               v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v: [n_kv_heads, t, head_dim] for the t new tokens. Returns all keys/values [n_kv, L+t,
         d]. `length` advances only after the last layer, so every layer appends at the
         same offset."""
         t = k.shape[1]
         self._reserve(layer, self.length + t)
-        self.k[layer][:, self.length:self.length + t] = k
-        self.v[layer][:, self.length:self.length + t] = v
+        self.k[layer][:, self.length : self.length + t] = k
+        self.v[layer][:, self.length : self.length + t] = v
         end = self.length + t
         if layer == len(self.k) - 1:
             self.length = end
@@ -68,9 +75,15 @@ class SeqKVCache:
         return sum(b.numel() * b.element_size() for b in self.k + self.v)
 
 
-def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caches: list[SeqKVCache],
-                     layer: int, seq_lens: list[int],
-                     masks: list[torch.Tensor | None] | None = None) -> torch.Tensor:
+def ragged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    caches: list[SeqKVCache],
+    layer: int,
+    seq_lens: list[int],
+    masks: list[torch.Tensor | None] | None = None,
+) -> torch.Tensor:
     """q: [N, n_heads, d]; k, v: [N, n_kv_heads, d] for the N new tokens of all sequences. Appends
     k, v to each sequence's cache and returns the attention output [N, n_heads, d]. masks[i] [t_i,
     t_i] (True: may attend), when given, replaces the causal mask among sequence i's new tokens (a
@@ -82,24 +95,21 @@ def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caches: 
     for i, (cache, t) in enumerate(zip(caches, seq_lens)):
         end = start + t
         past = cache.length
-        keys, values = cache.append(layer, k[start:end].transpose(0, 1),
-                                    v[start:end].transpose(0, 1))
+        keys, values = cache.append(layer, k[start:end].transpose(0, 1), v[start:end].transpose(0, 1))
         # grouped-query attention without copying K/V: the `group` query heads sharing one KV head
         # are folded into the query-length dim, [n_kv, group * t, d] (head h uses KV
         # head h // group)
         qs = q[start:end].transpose(0, 1).reshape(n_kv, group * t, d)
-        mask, causal = None, t > 1 and past == 0 and group == 1 and (masks is None
-                                                                     or masks[i] is None)
+        mask, causal = None, t > 1 and past == 0 and group == 1 and (masks is None or masks[i] is None)
         if masks is not None and masks[i] is not None:
-            mask = torch.cat([torch.ones(t, past, dtype=torch.bool, device=q.device),
-                              masks[i]], 1).repeat(group, 1)
+            mask = torch.cat([torch.ones(t, past, dtype=torch.bool, device=q.device), masks[i]], 1).repeat(group, 1)
         elif t > 1 and not causal:  # query j (absolute past + j) sees keys 0..past + j
-            mask = torch.ones(t, past + t, dtype=torch.bool,
-                              device=q.device).tril(diagonal=past).repeat(group, 1)
+            mask = torch.ones(t, past + t, dtype=torch.bool, device=q.device).tril(diagonal=past).repeat(group, 1)
         # 4-D inputs: with 3-D ones and a mask, SDPA falls back to its math path (7x
         # slower for a prefill)
-        o = sdpa(qs[None], keys[None], values[None], is_causal=causal,
-                 attn_mask=None if mask is None else mask[None, None])
+        o = sdpa(
+            qs[None], keys[None], values[None], is_causal=causal, attn_mask=None if mask is None else mask[None, None]
+        )
         out[start:end] = o.reshape(n_heads, t, d).transpose(0, 1)
         start = end
     return out

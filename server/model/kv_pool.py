@@ -17,6 +17,7 @@ buffers' first n slots, with no gather of the keys and values at all. The caches
 retargeted on a move, so nothing may hold a cache's `k`/`v` lists across iterations; moves happen
 between iterations (under the state's lock).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -30,8 +31,16 @@ POOL_BYTES = 1 << 30  # allocated lazily by the OS; a slot is touched (zeroed) w
 
 
 class KVPool:
-    def __init__(self, num_layers: int, n_kv: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device | str, slots: int, capacity: int):
+    def __init__(
+        self,
+        num_layers: int,
+        n_kv: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        slots: int,
+        capacity: int,
+    ):
         shape = (slots, n_kv, capacity, head_dim)
         self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -48,8 +57,9 @@ class KVPool:
         capacity = min(capacity, POOL_BYTES // (slots * per_token))
         if capacity < 64:
             return None
-        return cls(runner.num_layers, runner.num_kv_heads, runner.head_dim, runner.dtype,
-                   runner.device, slots, capacity)
+        return cls(
+            runner.num_layers, runner.num_kv_heads, runner.head_dim, runner.dtype, runner.device, slots, capacity
+        )
 
     def acquire(self) -> SeqKVCache | None:
         if not self.free:
@@ -84,7 +94,7 @@ class KVPool:
                 heapq.heappush(self.free, slot)
             else:
                 for buf in self.k + self.v:
-                    buf[slot, :, :moved.length] = buf[top, :, :moved.length]
+                    buf[slot, :, : moved.length] = buf[top, :, : moved.length]
                 self._place(moved, slot)
             slot = top
         heapq.heappush(self.free, slot)
@@ -93,24 +103,26 @@ class KVPool:
 @dataclass
 class DecodePlan:
     pool: KVPool
-    slots: torch.Tensor        # [B]
-    positions: torch.Tensor    # [B] where each new token's K/V go
-    mask: torch.Tensor | None  # [B, 1, 1, L_max] (in slot order when `base` is set) or
-                               # None: lengths equal
+    slots: torch.Tensor  # [B]
+    positions: torch.Tensor  # [B] where each new token's K/V go
+    # [B, 1, 1, L_max] (in slot order when `base` is set) or None: lengths equal
+    mask: torch.Tensor | None
     max_len: int
-    base: int | None           # the slots are base..base+B-1: attend over a view of the
-                               # buffers, no gather
-    order: torch.Tensor | None  # [B] the batch row of slot base + j (None: the batch
-                                # is in slot order)
-    back: torch.Tensor | None   # [B] the slot-order position of batch row i
+    # the slots are base..base+B-1: attend over a view of the buffers, no gather
+    base: int | None
+    # [B] the batch row of slot base + j (None: the batch is in slot order)
+    order: torch.Tensor | None
+    back: torch.Tensor | None  # [B] the slot-order position of batch row i
 
 
 def pooled(caches: list[SeqKVCache], seq_lens: list[int]) -> KVPool | None:
     """The pool all of `caches` live in, with room for their `seq_lens` new tokens; None
     if any is not."""
     pool = caches[0].pool if caches else None
-    if pool is None or any(c.pool is not pool or c.k[0].shape[1] != pool.capacity
-                           or c.length + t > pool.capacity for c, t in zip(caches, seq_lens)):
+    if pool is None or any(
+        c.pool is not pool or c.k[0].shape[1] != pool.capacity or c.length + t > pool.capacity
+        for c, t in zip(caches, seq_lens)
+    ):
         return None
     return pool
 
@@ -142,13 +154,21 @@ def decode_plan(caches: list[SeqKVCache], seq_lens: list[int]) -> DecodePlan | N
     if min(lens) != max(lens):
         mask = torch.arange(max(lens), device=device)[None] < torch.tensor(lens, device=device)[:, None]
         mask = mask[:, None, None, :]
-    return DecodePlan(pool, torch.tensor(slots, device=device),
-                      torch.tensor([c.length for c in caches], device=device),
-                      mask, max(lens), base, order, back)
+    return DecodePlan(
+        pool,
+        torch.tensor(slots, device=device),
+        torch.tensor([c.length for c in caches], device=device),
+        mask,
+        max(lens),
+        base,
+        order,
+        back,
+    )
 
 
-def pooled_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DecodePlan,
-                            layer: int) -> torch.Tensor:
+def pooled_decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DecodePlan, layer: int
+) -> torch.Tensor:
     """q: [B, n_heads, d]; k, v: [B, n_kv, d]. Writes k, v into the slots; returns [B, n_heads, d].
     The caller advances each cache's `length` once after the last layer."""
     b, n_heads, d = q.shape
@@ -157,13 +177,13 @@ def pooled_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
     kbuf[plan.slots, :, plan.positions] = k
     vbuf[plan.slots, :, plan.positions] = v
     if plan.base is not None:  # a view of the slots base..base+B-1, queries in slot order
-        keys = kbuf[plan.base:plan.base + b, :, :plan.max_len]             # [B, n_kv, L_max, d]
-        values = vbuf[plan.base:plan.base + b, :, :plan.max_len]
+        keys = kbuf[plan.base : plan.base + b, :, : plan.max_len]  # [B, n_kv, L_max, d]
+        values = vbuf[plan.base : plan.base + b, :, : plan.max_len]
         q = q if plan.order is None else q.index_select(0, plan.order)
     else:
-        keys = kbuf[:, :, :plan.max_len].index_select(0, plan.slots)
-        values = vbuf[:, :, :plan.max_len].index_select(0, plan.slots)
-    qg = q.view(b, n_kv, n_heads // n_kv, d)      # query heads sharing a KV head: head h
-                                                  # uses h // group
+        keys = kbuf[:, :, : plan.max_len].index_select(0, plan.slots)
+        values = vbuf[:, :, : plan.max_len].index_select(0, plan.slots)
+    # query heads sharing a KV head: head h uses h // group
+    qg = q.view(b, n_kv, n_heads // n_kv, d)
     o = sdpa(qg, keys, values, attn_mask=plan.mask).reshape(b, n_heads, d)
     return o if plan.back is None else o.index_select(0, plan.back)

@@ -9,6 +9,7 @@ packing is skipped if not), so greedy outputs and logprobs do not change. fp32 i
 packing it is neither faster at batch 1 nor bit-identical. The packed copy doubles the weights'
 memory, hence the size cap.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-PACK_MAX_BYTES = 2 << 30   # weights of all packed linears together; beyond, plain F.linear
+PACK_MAX_BYTES = 2 << 30  # weights of all packed linears together; beyond, plain F.linear
 _identical: bool | None = None
 
 
@@ -28,9 +29,9 @@ def _packing_is_identical() -> bool:
             w = torch.randn(96, 64, generator=g).bfloat16()
             x = torch.randn(3, 64, generator=g).bfloat16()
             packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-            _identical = torch.equal(torch.ops.mkldnn._linear_pointwise(x, packed, None,
-                                                                        "none", [], ""),
-                                     F.linear(x, w))
+            _identical = torch.equal(
+                torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), F.linear(x, w)
+            )
         except (AttributeError, RuntimeError):
             _identical = False
     return _identical
@@ -38,14 +39,15 @@ def _packing_is_identical() -> bool:
 
 def can_pack(weights: list[torch.Tensor]) -> bool:
     """Whether `linear` would pack these weights (bf16 on the CPU, oneDNN there, within the cap)."""
-    return (all(w.device.type == "cpu" and w.dtype == torch.bfloat16 for w in weights)
-            and torch.backends.mkldnn.is_available()
-            and sum(w.numel() * w.element_size() for w in weights) <= PACK_MAX_BYTES
-            and _packing_is_identical())
+    return (
+        all(w.device.type == "cpu" and w.dtype == torch.bfloat16 for w in weights)
+        and torch.backends.mkldnn.is_available()
+        and sum(w.numel() * w.element_size() for w in weights) <= PACK_MAX_BYTES
+        and _packing_is_identical()
+    )
 
 
-def linear(weight: torch.Tensor, bias: torch.Tensor | None,
-           pack: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+def linear(weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> Callable[[torch.Tensor], torch.Tensor]:
     """x [N, in] -> x @ weight.T + bias [N, out]."""
     if not pack:
         return lambda x: F.linear(x, weight, bias)
@@ -60,12 +62,13 @@ def fuse_linears(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Te
     weight = torch.cat([lin.weight.data for lin in linears])
     bias = None
     if any(lin.bias is not None for lin in linears):
-        bias = torch.cat([lin.bias.data if lin.bias is not None
-                          else weight.new_zeros(lin.out_features) for lin in linears])
+        bias = torch.cat(
+            [lin.bias.data if lin.bias is not None else weight.new_zeros(lin.out_features) for lin in linears]
+        )
     start = 0
     for lin in linears:
-        lin.weight.data = weight[start:start + lin.out_features]
+        lin.weight.data = weight[start : start + lin.out_features]
         if lin.bias is not None:
-            lin.bias.data = bias[start:start + lin.out_features]
+            lin.bias.data = bias[start : start + lin.out_features]
         start += lin.out_features
     return weight, bias

@@ -5,6 +5,7 @@ Works for the Llama family as transformers writes it (Llama, Qwen2, Qwen3: q/k/v
 optional bias, optional per-head q_norm/k_norm, rotary embeddings, grouped-query attention, gated
 MLP). Sliding-window attention is not implemented (none of these models use it by default).
 """
+
 from __future__ import annotations
 
 import time
@@ -52,15 +53,15 @@ def check_supported(model: nn.Module) -> None:
     name = (getattr(cfg, "architectures", None) or [type(model).__name__])[0]
     parts = ("embed_tokens", "layers", "norm", "rotary_emb")
     projections = ("q_proj", "k_proj", "v_proj", "o_proj")
-    if (inner is None or not all(hasattr(inner, p) for p in parts)
-            or not hasattr(model, "lm_head")
-            or not all(hasattr(layer.self_attn, p) for layer in inner.layers for p in projections)):
-        raise ValueError(f"{name} is not supported by the embedded engine (Llama, Qwen2 and "
-                         "Qwen3-style models are)")
-    if (getattr(cfg, "use_sliding_window", False)
-            or "sliding_attention" in (getattr(cfg, "layer_types", None) or [])):
-        raise ValueError(f"{name} with sliding-window attention is not supported by the "
-                         "embedded engine")
+    if (
+        inner is None
+        or not all(hasattr(inner, p) for p in parts)
+        or not hasattr(model, "lm_head")
+        or not all(hasattr(layer.self_attn, p) for layer in inner.layers for p in projections)
+    ):
+        raise ValueError(f"{name} is not supported by the embedded engine (Llama, Qwen2 and Qwen3-style models are)")
+    if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
+        raise ValueError(f"{name} with sliding-window attention is not supported by the embedded engine")
 
 
 class ModelRunner:
@@ -84,21 +85,20 @@ class ModelRunner:
         self.vocab_size = cfg.vocab_size
         attns, mlps = [la.self_attn for la in self.layers], [la.mlp for la in self.layers]
         qkv = [fuse_linears([a.q_proj, a.k_proj, a.v_proj]) for a in attns]
-        gate_up = [fuse_linears([m.gate_proj, m.up_proj]) if hasattr(m, "gate_proj") else None
-                   for m in mlps]
-        plain = [(a.o_proj.weight, a.o_proj.bias)
-                 for a in attns] + [(self.lm_head.weight, self.lm_head.bias)]
-        plain += [(m.down_proj.weight, m.down_proj.bias) for m, gu in zip(mlps, gate_up)
-                  if gu is not None]
+        gate_up = [fuse_linears([m.gate_proj, m.up_proj]) if hasattr(m, "gate_proj") else None for m in mlps]
+        plain = [(a.o_proj.weight, a.o_proj.bias) for a in attns] + [(self.lm_head.weight, self.lm_head.bias)]
+        plain += [(m.down_proj.weight, m.down_proj.bias) for m, gu in zip(mlps, gate_up) if gu is not None]
         pack = can_pack([w for w, _ in qkv + plain + [gu for gu in gate_up if gu is not None]])
         self.qkv = [linear(w, b, pack) for w, b in qkv]
         self.o_proj = [linear(a.o_proj.weight, a.o_proj.bias, pack) for a in attns]
         self.gate_up = [linear(*gu, pack) if gu is not None else None for gu in gate_up]
-        self.down = [linear(m.down_proj.weight, m.down_proj.bias, pack) if gu is not None else None
-                     for m, gu in zip(mlps, gate_up)]
+        self.down = [
+            linear(m.down_proj.weight, m.down_proj.bias, pack) if gu is not None else None
+            for m, gu in zip(mlps, gate_up)
+        ]
         self.logits = linear(self.lm_head.weight, self.lm_head.bias, pack)
         self.silu = getattr(cfg, "hidden_act", None) == "silu"
-        self.forward_seconds = 0.0        # wall time inside `forward`, cumulative (a bench reads it)
+        self.forward_seconds = 0.0  # wall time inside `forward`, cumulative (a bench reads it)
 
     @classmethod
     def load(cls, model_path: str, device: str = "cpu", dtype: str = "auto") -> ModelRunner:
@@ -109,14 +109,19 @@ class ModelRunner:
         return cls(model, device)
 
     def new_cache(self, capacity: int = 64) -> SeqKVCache:
-        return SeqKVCache(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype,
-                          self.device, capacity)
+        return SeqKVCache(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype, self.device, capacity)
 
     @torch.inference_mode()
-    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, caches: list[SeqKVCache],
-                seq_lens: list[int], capture_layers: list[int] | None = None,
-                last_only: bool = True, tree_masks: list[torch.Tensor | None] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        caches: list[SeqKVCache],
+        seq_lens: list[int],
+        capture_layers: list[int] | None = None,
+        last_only: bool = True,
+        tree_masks: list[torch.Tensor | None] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """token_ids, positions: [N] (the new tokens of all sequences, concatenated);
         returns logits [B, V] for each sequence's last new token (or [N, V] if not `last_only`) and,
         with `capture_layers=[a, b, c]`, aux hidden [N, 3*H]: the residual stream entering layers
@@ -125,29 +130,27 @@ class ModelRunner:
         `gleanrl.server.sd.tree`)."""
         t0 = time.perf_counter()
         n = token_ids.shape[0]
-        x = self.embed(token_ids)                                           # [N, H]
-        cos, sin = self.rotary(x, positions[None])                          # [1, N, d]
-        rot = rotary_tables(cos[0], sin[0])                                 # [N, 1, d] each
-        plan = plan_attention(caches, seq_lens, tree_masks,
-                              self.num_heads // self.num_kv_heads, x.device)
+        x = self.embed(token_ids)  # [N, H]
+        cos, sin = self.rotary(x, positions[None])  # [1, N, d]
+        rot = rotary_tables(cos[0], sin[0])  # [N, 1, d] each
+        plan = plan_attention(caches, seq_lens, tree_masks, self.num_heads // self.num_kv_heads, x.device)
         capture = {i + 1: None for i in capture_layers or []}
         if any(not 0 <= i < self.num_layers for i in capture):
             # streams entering a layer; -1: the embedding
-            raise ValueError(f"capture_layers must be in [-1, {self.num_layers - 2}], "
-                             f"got {capture_layers}")
+            raise ValueError(f"capture_layers must be in [-1, {self.num_layers - 2}], got {capture_layers}")
         for i, layer in enumerate(self.layers):
             if i in capture:
                 capture[i] = x
-            x = x + self._attention(i, layer, rms_norm(layer.input_layernorm, x), rot, caches,
-                                    seq_lens, n, plan, tree_masks)
+            x = x + self._attention(
+                i, layer, rms_norm(layer.input_layernorm, x), rot, caches, seq_lens, n, plan, tree_masks
+            )
             x = x + self._mlp(i, layer, rms_norm(layer.post_attention_layernorm, x))
         advance_caches(plan, caches, seq_lens)
         if last_only and n != len(seq_lens):
             ends = torch.tensor(seq_lens, device=x.device).cumsum(0) - 1
             x = x[ends]
         logits = self.logits(rms_norm(self.norm, x))
-        aux = torch.cat([capture[i + 1]
-                         for i in capture_layers], dim=-1) if capture_layers else None
+        aux = torch.cat([capture[i + 1] for i in capture_layers], dim=-1) if capture_layers else None
         logits = logits.float()
         self.forward_seconds += time.perf_counter() - t0
         return logits, aux
@@ -158,22 +161,28 @@ class ModelRunner:
         gate, up = self.gate_up[index](h).chunk(2, dim=-1)
         return self.down[index]((F.silu(gate) if self.silu else layer.mlp.act_fn(gate)) * up)
 
-    def _attention(self, index: int, layer: nn.Module, h: torch.Tensor,
-                   rot: tuple[torch.Tensor, torch.Tensor], caches: list[SeqKVCache],
-                   seq_lens: list[int], n: int, plan: Plan,
-                   tree_masks: list[torch.Tensor | None] | None = None) -> torch.Tensor:
+    def _attention(
+        self,
+        index: int,
+        layer: nn.Module,
+        h: torch.Tensor,
+        rot: tuple[torch.Tensor, torch.Tensor],
+        caches: list[SeqKVCache],
+        seq_lens: list[int],
+        n: int,
+        plan: Plan,
+        tree_masks: list[torch.Tensor | None] | None = None,
+    ) -> torch.Tensor:
         attn = layer.self_attn
         nh, nkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv[index](h)                                            # [N, (nh + 2 nkv) d]
-        v = qkv[:, (nh + nkv) * d:].view(n, nkv, d)                         # [N, nkv, d]
+        qkv = self.qkv[index](h)  # [N, (nh + 2 nkv) d]
+        v = qkv[:, (nh + nkv) * d :].view(n, nkv, d)  # [N, nkv, d]
         if getattr(attn, "q_norm", None) is not None:
             # Qwen3: per-head norms first
-            q = apply_rotary(rms_norm(attn.q_norm, qkv[:, :nh * d].view(n, nh, d)), *rot)
-            k = apply_rotary(rms_norm(attn.k_norm,
-                                      qkv[:, nh * d:(nh + nkv) * d].view(n, nkv, d)), *rot)
+            q = apply_rotary(rms_norm(attn.q_norm, qkv[:, : nh * d].view(n, nh, d)), *rot)
+            k = apply_rotary(rms_norm(attn.k_norm, qkv[:, nh * d : (nh + nkv) * d].view(n, nkv, d)), *rot)
         else:
             # q and k rotated in one go
-            q, k = apply_rotary(qkv[:, :(nh + nkv) * d].view(n, nh + nkv, d),
-                                *rot).split([nh, nkv], dim=1)
-        o = attention(q, k, v, caches, index, seq_lens, plan, tree_masks)   # [N, nh, d]
+            q, k = apply_rotary(qkv[:, : (nh + nkv) * d].view(n, nh + nkv, d), *rot).split([nh, nkv], dim=1)
+        o = attention(q, k, v, caches, index, seq_lens, plan, tree_masks)  # [N, nh, d]
         return self.o_proj[index](o.reshape(n, nh * d))

@@ -10,6 +10,7 @@ When every cache lives in the slot pool in slots base..base+B-1 (`server/model/k
 them compact), the new K/V are written in place with one indexed write per layer and the keys are a
 view of the pool: no per-sequence append and no padded copy of every cache.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,20 +28,24 @@ MAX_VERIFY_TOKENS = 40
 
 @dataclass(frozen=True, slots=True)
 class VerifyPlan:
-    rows: torch.Tensor          # [N] batch row of each new token (slot - base on the pooled path)
-    cols: torch.Tensor          # [N] its index among its sequence's new tokens
-    mask: torch.Tensor          # [B, 1, group * T, L_max], rows as `rows`
+    rows: torch.Tensor  # [N] batch row of each new token (slot - base on the pooled path)
+    cols: torch.Tensor  # [N] its index among its sequence's new tokens
+    mask: torch.Tensor  # [B, 1, group * T, L_max], rows as `rows`
     t_max: int
     # every cache in this pool, slots base..base+B-1: write in place, attend over a view
     pool: KVPool | None = None
     base: int = 0
-    slots: torch.Tensor | None = None      # [N] the slot of each new token (pooled path)
+    slots: torch.Tensor | None = None  # [N] the slot of each new token (pooled path)
     positions: torch.Tensor | None = None  # [N] its position there
 
 
-def verify_plan(caches: list[SeqKVCache], seq_lens: list[int],
-                masks: list[torch.Tensor | None] | None,
-                group: int, device: torch.device) -> VerifyPlan | None:
+def verify_plan(
+    caches: list[SeqKVCache],
+    seq_lens: list[int],
+    masks: list[torch.Tensor | None] | None,
+    group: int,
+    device: torch.device,
+) -> VerifyPlan | None:
     if len(caches) < 2 or max(seq_lens) > MAX_VERIFY_TOKENS or max(seq_lens) < 2:
         return None
     t_max, pasts = max(seq_lens), [c.length for c in caches]
@@ -53,7 +58,7 @@ def verify_plan(caches: list[SeqKVCache], seq_lens: list[int],
     for r, past, t, own in zip(order, pasts, seq_lens, masks or [None] * len(caches)):
         mask[r, :t, :past] = True
         own = own if own is not None else torch.ones(t, t, dtype=torch.bool, device=device).tril()
-        mask[r, :t, past:past + t] = own
+        mask[r, :t, past : past + t] = own
         mask[r, t:, 0] = True
     lens = torch.tensor(seq_lens)
     rows = torch.repeat_interleave(torch.tensor(order), lens).to(device)
@@ -62,12 +67,27 @@ def verify_plan(caches: list[SeqKVCache], seq_lens: list[int],
     if pool is None:
         return plan
     slots = torch.repeat_interleave(torch.tensor([c.slot for c in caches]), lens).to(device)
-    return VerifyPlan(rows, cols, plan.mask, t_max, pool, base, slots,
-                      (torch.repeat_interleave(torch.tensor(pasts), lens) + cols.cpu()).to(device))
+    return VerifyPlan(
+        rows,
+        cols,
+        plan.mask,
+        t_max,
+        pool,
+        base,
+        slots,
+        (torch.repeat_interleave(torch.tensor(pasts), lens) + cols.cpu()).to(device),
+    )
 
 
-def verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caches: list[SeqKVCache],
-                     layer: int, seq_lens: list[int], plan: VerifyPlan) -> torch.Tensor:
+def verify_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    caches: list[SeqKVCache],
+    layer: int,
+    seq_lens: list[int],
+    plan: VerifyPlan,
+) -> torch.Tensor:
     """q: [N, n_heads, d]; k, v: [N, n_kv, d]. Appends k, v to the caches (on the pooled path the
     caller advances their lengths after the last layer); returns [N, n_heads, d]."""
     n_heads, n_kv, d = q.shape[1], k.shape[1], q.shape[2]
@@ -77,22 +97,21 @@ def verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caches: 
         kbuf[plan.slots, :, plan.positions] = k
         vbuf[plan.slots, :, plan.positions] = v
         # [B, n_kv, L_max, d], a view
-        kp = kbuf[plan.base:plan.base + b, :, :l_max]
-        vp = vbuf[plan.base:plan.base + b, :, :l_max]
+        kp = kbuf[plan.base : plan.base + b, :, :l_max]
+        vp = vbuf[plan.base : plan.base + b, :, :l_max]
     else:
         keys, values, start = [], [], 0
         for cache, t in zip(caches, seq_lens):
-            ks, vs = cache.append(layer, k[start:start + t].transpose(0, 1),
-                                  v[start:start + t].transpose(0, 1))
-            keys.append(ks.transpose(0, 1))                                  # [L_i, n_kv, d]
+            ks, vs = cache.append(layer, k[start : start + t].transpose(0, 1), v[start : start + t].transpose(0, 1))
+            keys.append(ks.transpose(0, 1))  # [L_i, n_kv, d]
             values.append(vs.transpose(0, 1))
             start += t
-        kp = pad_sequence(keys, batch_first=True).transpose(1, 2)            # [B, n_kv, L_max, d]
+        kp = pad_sequence(keys, batch_first=True).transpose(1, 2)  # [B, n_kv, L_max, d]
         vp = pad_sequence(values, batch_first=True).transpose(1, 2)
     qp = q.new_zeros(b, plan.t_max, n_heads, d)
-    qp[plan.rows, plan.cols] = q                                             # [B, T, nh, d]
+    qp[plan.rows, plan.cols] = q  # [B, T, nh, d]
     # head h uses KV head h // group: [B, n_kv, group * T, d], matching the mask's row order
     qg = qp.permute(0, 2, 1, 3).reshape(b, n_kv, (n_heads // n_kv) * plan.t_max, d)
-    o = F.scaled_dot_product_attention(qg, kp, vp, attn_mask=plan.mask[:, :, :, :kp.shape[2]])
-    o = o.reshape(b, n_heads, plan.t_max, d).permute(0, 2, 1, 3)             # [B, T, nh, d]
+    o = F.scaled_dot_product_attention(qg, kp, vp, attn_mask=plan.mask[:, :, :, : kp.shape[2]])
+    o = o.reshape(b, n_heads, plan.t_max, d).permute(0, 2, 1, 3)  # [B, T, nh, d]
     return o[plan.rows, plan.cols]

@@ -18,6 +18,7 @@ Bounds: request bodies over `max_request_bytes` get 413 before they are read
 more than `max_outputs` outputs (prompts x n) gets 400, a browser page's requests get 403
 (`server/http/origin.py`).
 """
+
 from __future__ import annotations
 
 import weakref
@@ -38,13 +39,30 @@ from gleanrl.server.http.schemas import ApiError, off_loop, read_body
 from gleanrl.server.http.state import FeedState
 from gleanrl.server.proxy.parse import MAX_OUTPUTS, Recorder, TooMany
 
-HOP_HEADERS = frozenset({"host", "content-length", "connection", "keep-alive",
-                         "transfer-encoding", "te", "upgrade", "proxy-connection", "trailer"})
+HOP_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "upgrade",
+        "proxy-connection",
+        "trailer",
+    }
+)
 
 
-def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedConfig | None = None,
-                timeout_s: float = 3600.0, max_request_bytes: int = 8 * 1024 * 1024,
-                max_outputs: int = MAX_OUTPUTS, host: str = "127.0.0.1") -> FastAPI:
+def build_proxy(
+    upstream: str,
+    admin_api_key: str | None = None,
+    feed_cfg: FeedConfig | None = None,
+    timeout_s: float = 3600.0,
+    max_request_bytes: int = 8 * 1024 * 1024,
+    max_outputs: int = MAX_OUTPUTS,
+    host: str = "127.0.0.1",
+) -> FastAPI:
     upstream = upstream.rstrip("/")
 
     @asynccontextmanager
@@ -52,15 +70,15 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
         yield
         await http.aclose()
 
-    app = FastAPI(title="gleanrl proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(title="gleanrl proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     load = {"num_running_reqs": 0, "num_queue_reqs": None, "paused": False}
     # it holds every prompt and completion: keyed only
     feed = HarvestFeed(feed_cfg) if admin_api_key else None
     app.state = FeedState(feed, lambda: dict(load))  # type: ignore[assignment]
-    http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30.0),
-                             limits=httpx.Limits(max_connections=None,
-                                                 max_keepalive_connections=256))
+    http = httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_s, connect=30.0),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+    )
 
     app.add_middleware(FeedGuard, feed_on=feed is not None, admin_api_key=admin_api_key)
     app.include_router(http_feed.router)
@@ -68,36 +86,41 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
     # outermost: an oversize body is refused before any layer reads it
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
 
-    @app.api_route("/{path:path}",
-                   methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])
     async def forward(request: Request, path: str):
         route = "/" + path
         try:
             body = await read_body(request, max_request_bytes)
-            recorder = await off_loop(Recorder.for_request, len(body), route, request.method,
-                                      body, feed, max_outputs)
+            recorder = await off_loop(Recorder.for_request, len(body), route, request.method, body, feed, max_outputs)
         except ApiError as exc:
             return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
         except TooMany as exc:
-            return JSONResponse(ApiError(400, str(exc), param="sampling_params.n").body(),
-                                status_code=400)
+            return JSONResponse(ApiError(400, str(exc), param="sampling_params.n").body(), status_code=400)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_HEADERS]
         url = httpx.URL(upstream + route, query=request.url.query.encode())
         # from now: a non-streamed reply has no headers before it ends
         load["num_running_reqs"] += recorder is not None
         try:
-            resp = await http.send(http.build_request(request.method, url, headers=headers,
-                                                      content=body), stream=True)
+            resp = await http.send(http.build_request(request.method, url, headers=headers, content=body), stream=True)
         except httpx.HTTPError as exc:
             load["num_running_reqs"] -= recorder is not None
-            return JSONResponse({"error": {"message": f"gleanrl proxy: upstream {upstream} "
-                                                      f"unreachable: {exc}",
-                                           "type": "server_error", "param": None, "code": 502}},
-                                status_code=502)
-        out_headers = [(k.encode("latin-1"), v.encode("latin-1"))
-                       # repeated ones (set-cookie) kept
-                       for k, v in resp.headers.multi_items()
-                       if k.lower() not in HOP_HEADERS - {"content-length"}]
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": f"gleanrl proxy: upstream {upstream} unreachable: {exc}",
+                        "type": "server_error",
+                        "param": None,
+                        "code": 502,
+                    }
+                },
+                status_code=502,
+            )
+        out_headers = [
+            (k.encode("latin-1"), v.encode("latin-1"))
+            # repeated ones (set-cookie) kept
+            for k, v in resp.headers.multi_items()
+            if k.lower() not in HOP_HEADERS - {"content-length"}
+        ]
         if recorder is None:
             data = await resp.aread()
             await resp.aclose()
@@ -127,8 +150,7 @@ def build_proxy(upstream: str, admin_api_key: str | None = None, feed_cfg: FeedC
         body_iter = relay()
         # a client gone before the first chunk never starts the body
         weakref.finalize(body_iter, release)
-        return _with_headers(StreamingResponse(body_iter, status_code=resp.status_code),
-                             out_headers)
+        return _with_headers(StreamingResponse(body_iter, status_code=resp.status_code), out_headers)
 
     return app
 
@@ -145,15 +167,23 @@ class FeedGuard:
         if scope["type"] != "http" or scope["path"] != "/harvest_feed":
             return await self.app(scope, receive, send)
         if not self.feed_on:
-            response = JSONResponse(ApiError(404, "the proxy's harvest feed is off: it needs "
-                                                  "--admin-api-key (the feed holds every prompt "
-                                                  "and completion)",
-                                             kind="not_found_error").body(), status_code=404)
-        elif not allowed(Headers(scope=scope).get("authorization"), None, self.admin_api_key,
-                         True):
-            response = Response(unauthorized_body(), status_code=401,
-                                media_type="application/json",
-                                headers={"www-authenticate": "Bearer"})
+            response = JSONResponse(
+                ApiError(
+                    404,
+                    "the proxy's harvest feed is off: it needs "
+                    "--admin-api-key (the feed holds every prompt "
+                    "and completion)",
+                    kind="not_found_error",
+                ).body(),
+                status_code=404,
+            )
+        elif not allowed(Headers(scope=scope).get("authorization"), None, self.admin_api_key, True):
+            response = Response(
+                unauthorized_body(),
+                status_code=401,
+                media_type="application/json",
+                headers={"www-authenticate": "Bearer"},
+            )
         else:
             return await self.app(scope, receive, send)
         await response(scope, receive, send)
@@ -174,23 +204,33 @@ def _note_control(route: str, body: bytes, reply: bytes, load: dict, feed: Harve
     else:
         feed.note_relayed_update(route, body, reply)
 
+
 def add_arguments(p) -> None:
     import os
-    p.add_argument("--upstream", required=True,
-                   help="the rollout server to forward to, e.g. http://127.0.0.1:30000")
+
+    p.add_argument("--upstream", required=True, help="the rollout server to forward to, e.g. http://127.0.0.1:30000")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=30001, help="port to listen on")
-    p.add_argument("--admin-api-key", default=os.environ.get("GLEANRL_ADMIN_API_KEY"),
-                   help="Bearer key for the proxy's /harvest_feed (or env "
-                        "GLEANRL_ADMIN_API_KEY); every other path passes its keys through to the "
-                        "upstream, which checks them")
-    p.add_argument("--harvest-feed-records", type=int, default=4096,
-                   help="finished requests the feed holds; the oldest are dropped (and "
-                        "counted) beyond it")
-    p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024,
-                   help="request bodies over this: 413")
-    p.add_argument("--max-batch", type=int, default=MAX_OUTPUTS,
-                   help="most outputs (prompts x n) one /generate may ask for; more: 400")
+    p.add_argument(
+        "--admin-api-key",
+        default=os.environ.get("GLEANRL_ADMIN_API_KEY"),
+        help="Bearer key for the proxy's /harvest_feed (or env "
+        "GLEANRL_ADMIN_API_KEY); every other path passes its keys through to the "
+        "upstream, which checks them",
+    )
+    p.add_argument(
+        "--harvest-feed-records",
+        type=int,
+        default=4096,
+        help="finished requests the feed holds; the oldest are dropped (and counted) beyond it",
+    )
+    p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="request bodies over this: 413")
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=MAX_OUTPUTS,
+        help="most outputs (prompts x n) one /generate may ask for; more: 400",
+    )
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
@@ -198,27 +238,36 @@ def run(args) -> int:
     import sys
 
     import uvicorn
+
     if not args.upstream.startswith(("http://", "https://")):
-        print(f"gleanrl proxy: error: --upstream must be an http(s) URL, got {args.upstream!r}",
-              file=sys.stderr)
+        print(f"gleanrl proxy: error: --upstream must be an http(s) URL, got {args.upstream!r}", file=sys.stderr)
         return 2
     try:
-        app = build_proxy(args.upstream, args.admin_api_key,
-                          FeedConfig(max_records=args.harvest_feed_records),
-                          max_request_bytes=args.max_request_bytes, max_outputs=args.max_batch,
-                          host=args.host)
+        app = build_proxy(
+            args.upstream,
+            args.admin_api_key,
+            FeedConfig(max_records=args.harvest_feed_records),
+            max_request_bytes=args.max_request_bytes,
+            max_outputs=args.max_batch,
+            host=args.host,
+        )
     except ValueError as exc:
         print(f"gleanrl proxy: error: {exc}", file=sys.stderr)
         return 2
     feed = "harvest feed at /harvest_feed" if args.admin_api_key else "no harvest feed: it needs --admin-api-key"
-    print(f"gleanrl proxy: http://{args.host}:{args.port} -> {args.upstream} ({feed})",
-          file=sys.stderr)
+    print(f"gleanrl proxy: http://{args.host}:{args.port} -> {args.upstream} ({feed})", file=sys.stderr)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                    # the upstream's are relayed
-                    timeout_graceful_shutdown=10, server_header=False, date_header=False)
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            # the upstream's are relayed
+            timeout_graceful_shutdown=10,
+            server_header=False,
+            date_header=False,
+        )
     except OSError as exc:
-        print(f"gleanrl proxy: error: cannot listen on {args.host}:{args.port}: {exc}",
-              file=sys.stderr)
+        print(f"gleanrl proxy: error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
     return 0

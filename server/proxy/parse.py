@@ -3,6 +3,7 @@ output (prompt-major, n per prompt, as SGLang orders a batch), and the outputs r
 bytes (one JSON body, or SSE chunks with `index`; `output_ids` cumulative or incremental, both
 handled). Parsing never touches what is relayed: a body it cannot read is forwarded and simply
 not recorded."""
+
 from __future__ import annotations
 
 import json
@@ -29,19 +30,18 @@ class TooMany(Exception):
     """A /generate body asks for more outputs than the proxy relays (its 400)."""
 
 
-def per_output(req: dict,
-               max_outputs: int = MAX_OUTPUTS) -> list[tuple[list[int] | None, str | None]] | None:
+def per_output(req: dict, max_outputs: int = MAX_OUTPUTS) -> list[tuple[list[int] | None, str | None]] | None:
     prompts = _prompts(req)
     if prompts is None:
         return None
     sp = req.get("sampling_params") or {}
-    each = [(s or {}).get("n", 1)
-            for s in sp] if isinstance(sp, list) else [sp.get("n", 1)] * len(prompts)
+    each = [(s or {}).get("n", 1) for s in sp] if isinstance(sp, list) else [sp.get("n", 1)] * len(prompts)
     ns = [int(n or 1) for n in each]
-    total = sum(ns[:len(prompts)])
+    total = sum(ns[: len(prompts)])
     if total > max_outputs:  # counted before the list is built
-        raise TooMany(f"sampling_params.n: {total} outputs (prompts x n) in one request; the "
-                      f"proxy's limit is {max_outputs}")
+        raise TooMany(
+            f"sampling_params.n: {total} outputs (prompts x n) in one request; the proxy's limit is {max_outputs}"
+        )
     return [p for p, n in zip(prompts, ns) for _ in range(n)]
 
 
@@ -54,8 +54,9 @@ class Recorder:
         self._broken = False
 
     @classmethod
-    def for_request(cls, route: str, method: str, body: bytes, feed: HarvestFeed | None,
-                    max_outputs: int = MAX_OUTPUTS) -> Recorder | None:
+    def for_request(
+        cls, route: str, method: str, body: bytes, feed: HarvestFeed | None, max_outputs: int = MAX_OUTPUTS
+    ) -> Recorder | None:
         """A recorder for a /generate (None for other routes); TooMany over `max_outputs`."""
         if route not in GENERATE_PATHS or method not in ("POST", "PUT"):
             return None
@@ -104,6 +105,12 @@ class Recorder:
         for i, meta in sorted(self._meta.items()):
             if i < len(self.prompts) and meta.get("finish_reason") is not None:
                 ids, text = self.prompts[i]
-                self.feed.record(str(meta.get("id")), ids, self._ids[i], meta.get("weight_version"),
-                                 meta["finish_reason"], prompt_text=text,
-                                 meta={k: meta.get(k) for k in FEED_META})
+                self.feed.record(
+                    str(meta.get("id")),
+                    ids,
+                    self._ids[i],
+                    meta.get("weight_version"),
+                    meta["finish_reason"],
+                    prompt_text=text,
+                    meta={k: meta.get(k) for k in FEED_META},
+                )

@@ -10,6 +10,7 @@ with the mask. The window's drafts are accepted into the matcher to read their m
 at once; the tokens actually emitted are accepted by `sync`, like the penalty counts. A token the
 grammar refuses there (it cannot be sampled under the mask, so a bug or a grammar error) raises, and
 the decode loop aborts that request alone."""
+
 from __future__ import annotations
 
 import torch
@@ -22,6 +23,7 @@ class GrammarError(RuntimeError):
 class GrammarState:
     def __init__(self, compiled):
         import xgrammar as xgr
+
         self.xgr = xgr
         self.matcher = xgr.GrammarMatcher(compiled)
         self.seen = 0
@@ -29,10 +31,9 @@ class GrammarState:
     def sync(self, output_ids: list[int]) -> None:
         """Accept the output tokens not yet accepted. Once terminated (a stop token matched) the
         grammar holds nothing more: later tokens (ignore_eos) are not checked."""
-        for t in output_ids[self.seen:]:
+        for t in output_ids[self.seen :]:
             if not self.matcher.is_terminated() and not self.matcher.accept_token(t):
-                raise GrammarError(f"the grammar refused output token {t} at position "
-                                   f"{self.seen}")
+                raise GrammarError(f"the grammar refused output token {t} at position {self.seen}")
             self.seen += 1
 
     def window_masks(self, drafts: list[int], vocab_size: int) -> torch.Tensor:
@@ -45,7 +46,7 @@ class GrammarState:
         try:
             for j in range(len(drafts) + 1):
                 if m.is_terminated():
-                    bits[j].fill_(-1)               # ignore_eos past the end: unconstrained
+                    bits[j].fill_(-1)  # ignore_eos past the end: unconstrained
                 elif j > accepted:
                     bits[j] = bits[j - 1]
                 else:
@@ -61,7 +62,7 @@ class GrammarState:
 def _unpack(bits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """int32 bitmask [R, ceil(V/32)] -> bool [R, V] (bit i of word w: token 32 w + i)."""
     shifts = torch.arange(32, dtype=torch.int32)
-    allowed = (bits[:, :, None] >> shifts) & 1                              # [R, W, 32]
+    allowed = (bits[:, :, None] >> shifts) & 1  # [R, W, 32]
     return allowed.reshape(bits.shape[0], -1)[:, :vocab_size].bool()
 
 
@@ -77,6 +78,6 @@ def mask_rows(logits: torch.Tensor, seqs: list, drafts: list[list[int]]) -> torc
             if s.grammar is None:
                 s.grammar = GrammarState(s.req.params.grammar)
             s.grammar.sync(s.output_ids)
-            keep[start:start + len(d) + 1] = s.grammar.window_masks(d, vocab)
+            keep[start : start + len(d) + 1] = s.grammar.window_masks(d, vocab)
         start += len(d) + 1
     return logits.float().masked_fill(~keep.to(logits.device), float("-inf"))

@@ -14,6 +14,7 @@ Computed by a separate forward over the prompt with its own cache, chunked; each
 log-softmax is reduced to its pairs before the next, so memory stays bounded by the chunk. It reads
 the runner once, so it sees one set of weights even across a concurrent update.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,33 +25,38 @@ CHUNK = 512
 
 
 @torch.inference_mode()
-def input_logprobs(runner, ids: list[int], start: int, top_k: int = 0,
-                   token_ids: list[int] | None = None) -> dict[str, list]:
+def input_logprobs(
+    runner, ids: list[int], start: int, top_k: int = 0, token_ids: list[int] | None = None
+) -> dict[str, list]:
     """Returns {"token": [(lp | None, id)], "top": [pairs | None], "ids": [pairs | None]} for
     [start, L), and "next_top", "next_ids": the pairs at the position after the prompt."""
     length, start = len(ids), min(start, len(ids))
-    first = min(start, length - 1)                      # the last position is always
-                                                        # scored ("next_*")
+    # the last position is always scored ("next_*")
+    first = min(start, length - 1)
     cache = runner.new_cache(capacity=length + 1)
-    values: list[float] = []                            # log p(ids[p + 1]) for p in [first, L - 1)
-    extras: list = []                                   # (top, token-id) pairs for p in [first, L)
+    values: list[float] = []  # log p(ids[p + 1]) for p in [first, L - 1)
+    extras: list = []  # (top, token-id) pairs for p in [first, L)
     for lo in range(0, length, CHUNK):
         hi = min(lo + CHUNK, length)
-        logits, _ = runner.forward(torch.tensor(ids[lo:hi], device=runner.device),
-                                   torch.arange(lo, hi, device=runner.device), [cache], [hi - lo],
-                                   last_only=False)
+        logits, _ = runner.forward(
+            torch.tensor(ids[lo:hi], device=runner.device),
+            torch.arange(lo, hi, device=runner.device),
+            [cache],
+            [hi - lo],
+            last_only=False,
+        )
         if hi <= first:
             continue
         at = max(first, lo)
-        lp = torch.log_softmax(logits[at - lo:].float(), dim=-1)                     # [hi - at, V]
+        lp = torch.log_softmax(logits[at - lo :].float(), dim=-1)  # [hi - at, V]
         # one short on the last chunk
-        nxt = torch.tensor(ids[at + 1:hi + 1], dtype=torch.long, device=lp.device)
-        values += lp[:len(nxt)].gather(-1, nxt[:, None])[:, 0].tolist()
+        nxt = torch.tensor(ids[at + 1 : hi + 1], dtype=torch.long, device=lp.device)
+        values += lp[: len(nxt)].gather(-1, nxt[:, None])[:, 0].tolist()
         extras += logprob_extras(lp, top_k, token_ids)
     top, picked = [t for t, _ in extras], [i for _, i in extras]
     out = {"token": [], "top": [], "ids": [], "next_top": top[-1], "next_ids": picked[-1]}
     if start < length:
-        out["token"] = [(None, ids[start])] + list(zip(values, ids[start + 1:]))
+        out["token"] = [(None, ids[start])] + list(zip(values, ids[start + 1 :]))
         out["top"] = [None] + top[:-1] if top_k > 0 else []
         out["ids"] = [None] + picked[:-1] if token_ids else []
     return out

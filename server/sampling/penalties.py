@@ -11,6 +11,7 @@ Speculative decoding verifies k drafts in one pass: position j of the window is 
 counts of the output plus drafts d_1..d_j (`window_counts`), i.e. exactly what plain decoding would
 have used had it emitted those tokens, so verification is against the penalised target (lossless).
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,7 +28,7 @@ class OutputCounts:
         self.seen = 0
 
     def update(self, output_ids: list[int]) -> torch.Tensor:
-        new = output_ids[self.seen:]
+        new = output_ids[self.seen :]
         if new:
             idx = torch.tensor(new, dtype=torch.long, device=self.counts.device)
             self.counts.index_add_(0, idx, torch.ones_like(idx, dtype=torch.float32))
@@ -45,9 +46,17 @@ def window_counts(counts: torch.Tensor, drafts: list[int]) -> torch.Tensor:
     return rows
 
 
-def penalise(logits: torch.Tensor, counts: torch.Tensor, out_len: torch.Tensor, freq: torch.Tensor,
-             presence: torch.Tensor, repetition: torch.Tensor, min_new: torch.Tensor,
-             stop_mask: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def penalise(
+    logits: torch.Tensor,
+    counts: torch.Tensor,
+    out_len: torch.Tensor,
+    freq: torch.Tensor,
+    presence: torch.Tensor,
+    repetition: torch.Tensor,
+    min_new: torch.Tensor,
+    stop_mask: torch.Tensor,
+    bias: torch.Tensor,
+) -> torch.Tensor:
     """logits, counts [N, V]; out_len (output tokens before the row), min_new [N] long; freq,
     presence, repetition [N]; stop_mask [N, V] bool (EOS and stop ids); bias [N, V]. Returns new
     logits [N, V]."""
@@ -69,22 +78,29 @@ def stop_mask_row(stop_ids: set[int], vocab_size: int, device) -> torch.Tensor:
 def bias_row(bias: dict[int, float], vocab_size: int, device) -> torch.Tensor:
     row = torch.zeros(vocab_size, dtype=torch.float32, device=device)
     if bias:
-        row[torch.tensor(list(bias), device=device)] = torch.tensor(list(bias.values()),
-                                                                    device=device)
+        row[torch.tensor(list(bias), device=device)] = torch.tensor(list(bias.values()), device=device)
     return row
 
 
-def penalise_rows(logits: torch.Tensor, params: list[SamplingParams], counts: list[torch.Tensor],
-                  out_lens: list[int], stop_ids: list[set[int]]) -> torch.Tensor:
+def penalise_rows(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    counts: list[torch.Tensor],
+    out_lens: list[int],
+    stop_ids: list[set[int]],
+) -> torch.Tensor:
     """Row-wise `penalise` from per-row params, counts [V], output lengths and
     min_new_tokens stop ids."""
     vocab, dev = logits.shape[-1], logits.device
     f32 = dict(dtype=torch.float32, device=dev)
     return penalise(
-        logits, torch.stack(counts).to(dev), torch.tensor(out_lens, device=dev),
+        logits,
+        torch.stack(counts).to(dev),
+        torch.tensor(out_lens, device=dev),
         torch.tensor([p.frequency_penalty for p in params], **f32),
         torch.tensor([p.presence_penalty for p in params], **f32),
         torch.tensor([p.repetition_penalty for p in params], **f32),
         torch.tensor([p.min_new_tokens for p in params], device=dev),
         torch.stack([stop_mask_row(s, vocab, dev) for s in stop_ids]),
-        torch.stack([bias_row(p.logit_bias, vocab, dev) for p in params]))
+        torch.stack([bias_row(p.logit_bias, vocab, dev) for p in params]),
+    )

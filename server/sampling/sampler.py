@@ -10,6 +10,7 @@ compute the same. The logits are those after the request's penalties and `logit_
 (`penalties.py`), as SGLang applies them to the logits before its sampler. `output_top_logprobs`
 and `output_token_ids_logprobs` come from the same distribution.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,20 +22,19 @@ from gleanrl.server.sampling.penalties import OutputCounts, penalise_rows, windo
 Pairs = list[tuple[float, int]]  # (logprob, token id), as SGLang's logprob triples without the text
 
 
-def params_tensors(params: list[SamplingParams],
-                   device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+def params_tensors(params: list[SamplingParams], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """Per-row sampling parameters as tensors [B] (top_k <= 0 means off, stored as 0)."""
     return {
-        "temperature": torch.tensor([p.temperature for p in params], dtype=torch.float32,
-                                    device=device),
+        "temperature": torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
         "top_k": torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.long, device=device),
         "top_p": torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
         "min_p": torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device),
     }
 
 
-def processed_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                    top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+def processed_probs(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
     """logits [B, V]; parameters [B]. Returns the distribution actually sampled from, [B, V]:
     softmax(logits / T) restricted to top-k, then the top-p nucleus, then min-p (relative to the
     max), renormalised. Rows with T == 0 are one-hot on the argmax (greedy), so SD can
@@ -44,7 +44,7 @@ def processed_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
     probs = torch.softmax(logits.float() / t[:, None], dim=-1)
     if bool(((top_k > 0) | (top_p < 1) | (min_p > 0)).any()):
         # else no filter: skip the sort over V
-        sorted_p, order = probs.sort(dim=-1, descending=True)              # [B, V]
+        sorted_p, order = probs.sort(dim=-1, descending=True)  # [B, V]
         rank = torch.arange(probs.shape[-1], device=probs.device)[None]
         drop = (top_k[:, None] > 0) & (rank >= top_k[:, None])
         # the top token always stays
@@ -71,8 +71,7 @@ def sample(probs: torch.Tensor, generators: list[torch.Generator | None]) -> tor
     return out.to(device)
 
 
-def token_logprobs(logits: torch.Tensor, ids: torch.Tensor,
-                   temperature: torch.Tensor) -> torch.Tensor:
+def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """logits [B, V], ids [B] -> log p(ids) [B] with SGLang's convention (module docstring: taken
     before top-k, top-p and min-p)."""
     t = torch.where(temperature <= 0, torch.ones_like(temperature), temperature)
@@ -80,8 +79,7 @@ def token_logprobs(logits: torch.Tensor, ids: torch.Tensor,
     return logprobs.clamp(min=torch.finfo(logprobs.dtype).min)
 
 
-def penalised(logits: torch.Tensor, seqs: list,
-              drafts: list[list[int]] | None = None) -> torch.Tensor:
+def penalised(logits: torch.Tensor, seqs: list, drafts: list[list[int]] | None = None) -> torch.Tensor:
     """logits [N, V] of `seqs` (one row each, or with `drafts` one window of len(d) + 1 rows each)
     after each sequence's penalties and logit_bias; unchanged when no sequence has any. Rows of a
     window count the drafts before them (`penalties.window_counts`). Then each grammar's
@@ -101,8 +99,7 @@ def penalised(logits: torch.Tensor, seqs: list,
     return mask_rows(penalise_rows(logits, params, counts, lens, stops), seqs, drafts)
 
 
-def logprob_extras(logprobs: torch.Tensor, top_k: int,
-                   token_ids: list[int] | None) -> list[tuple[Pairs, Pairs]]:
+def logprob_extras(logprobs: torch.Tensor, top_k: int, token_ids: list[int] | None) -> list[tuple[Pairs, Pairs]]:
     """logprobs [N, V] -> per row (the top_k (logprob, id) pairs, best first; the pairs of
     `token_ids`)."""
     top: list[Pairs] = [[] for _ in range(logprobs.shape[0])]
@@ -125,7 +122,7 @@ def record_extras(logits: torch.Tensor, seqs: list, temperature: torch.Tensor) -
         req = s.req
         if req.return_logprob and (req.top_logprobs_num > 0 or req.token_ids_logprob):
             t = float(temperature[b]) if float(temperature[b]) > 0 else 1.0
-            lp = torch.log_softmax(logits[b:b + 1].float() / t, dim=-1)
+            lp = torch.log_softmax(logits[b : b + 1].float() / t, dim=-1)
             s.token_extras += logprob_extras(lp, req.top_logprobs_num, req.token_ids_logprob)
 
 

@@ -5,6 +5,7 @@ The target KV cache covers a prefix of `prompt + output_ids`; the decoders feed 
 (`total_len - cache.length` tokens), so a new request, a request whose cache was flushed by a weight
 update and a retracted request are all rebuilt the same way.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -30,19 +31,19 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     cache: SeqKVCache | None = None
-    sent: int = 0                        # output tokens already emitted
+    sent: int = 0  # output tokens already emitted
     finish_reason: dict | None = None
-    abort_message: str | None = None     # set by another thread: drop at the next chance
-    spec_verify_ct: int = 0              # SD verify passes
-    spec_correct_drafts: int = 0         # draft tokens those passes accepted (the bonus
-                                         # token not counted)
-    spec_proposed_drafts: int = 0        # draft tokens those passes verified
-    retractions: int = 0                 # times put back in the queue by a retract pause
+    abort_message: str | None = None  # set by another thread: drop at the next chance
+    spec_verify_ct: int = 0  # SD verify passes
+    # draft tokens those passes accepted (the bonus token not counted)
+    spec_correct_drafts: int = 0
+    spec_proposed_drafts: int = 0  # draft tokens those passes verified
+    retractions: int = 0  # times put back in the queue by a retract pause
     # accepted drafts: group / eagle
     spec_accepted_by_source: dict[str, int] = field(default_factory=dict)
     # (old version, outputs under it)
     version_events: list[tuple[str, int]] = field(default_factory=list)
-    counts: OutputCounts | None = None   # for penalised requests
+    counts: OutputCounts | None = None  # for penalised requests
     grammar: GrammarState | None = None  # for constrained requests
     # per output position: (top, token-id) logprobs, if asked
     token_extras: list = field(default_factory=list)
@@ -53,8 +54,9 @@ class Sequence:
 
     def tokens(self, start: int, end: int) -> list[int]:
         prompt = self.req.input_ids
-        return (prompt[start:end] if start < len(prompt) else []) + \
-            self.output_ids[max(start - len(prompt), 0):max(end - len(prompt), 0)]
+        return (prompt[start:end] if start < len(prompt) else []) + self.output_ids[
+            max(start - len(prompt), 0) : max(end - len(prompt), 0)
+        ]
 
     def weight_versions(self, current: str) -> list[dict]:
         """SGLang 0.5.23's per-segment versions (`compute_weight_version_spans`): which weight
@@ -68,6 +70,5 @@ class Sequence:
             if spans and version == spans[-1]["version"]:
                 spans[-1]["end"] = end
                 continue
-            spans.append({"version": version, "start": spans[-1]["end"] if spans else 0,
-                          "end": end})
+            spans.append({"version": version, "start": spans[-1]["end"] if spans else 0, "end": end})
         return spans

@@ -12,6 +12,7 @@ the pattern's longest match in characters, capped at MAX_REGEX_WINDOW tokens. SG
 (`Req.tail_str`) searches an unbounded pattern over the whole output; here a match must lie within
 the last MAX_REGEX_WINDOW tokens.
 """
+
 from __future__ import annotations
 
 import re
@@ -25,11 +26,11 @@ except ImportError:  # pragma: no cover
 
 from gleanrl.server.protocol import SamplingParams
 
-MAX_STOPS = 32                # stop strings per request
-MAX_STOP_LEN = 256            # characters of one stop string
-MAX_STOP_REGEX = 8            # stop regexes per request
-MAX_STOP_REGEX_LEN = 256      # bytes of one pattern (SGLang's limit)
-MAX_REGEX_WINDOW = 512        # tokens a stop regex is searched over
+MAX_STOPS = 32  # stop strings per request
+MAX_STOP_LEN = 256  # characters of one stop string
+MAX_STOP_REGEX = 8  # stop regexes per request
+MAX_STOP_REGEX_LEN = 256  # bytes of one pattern (SGLang's limit)
+MAX_REGEX_WINDOW = 512  # tokens a stop regex is searched over
 UNBOUNDED = 1 << 30
 _RE2_OPTIONS = re2.Options()
 # a refused pattern is the client's 400, not a line on the server's stderr
@@ -66,31 +67,30 @@ def _max_len(sub) -> int:
 def check_stops(stops: list[str]) -> None:
     """ValueError naming the field when there are too many stop strings or one is too long."""
     if len(stops) > MAX_STOPS:
-        raise ValueError(f"sampling_params.stop has {len(stops)} strings, over the limit "
-                         f"of {MAX_STOPS}")
+        raise ValueError(f"sampling_params.stop has {len(stops)} strings, over the limit of {MAX_STOPS}")
     longest = max(stops, key=len, default="")
     if len(longest) > MAX_STOP_LEN:
-        raise ValueError(f"sampling_params.stop has a string of {len(longest)} characters, "
-                         f"over the limit of {MAX_STOP_LEN}")
+        raise ValueError(
+            f"sampling_params.stop has a string of {len(longest)} characters, over the limit of {MAX_STOP_LEN}"
+        )
 
 
 def compile_stop_regex(patterns: list[str]) -> list:
     """Compiled RE2 patterns; ValueError naming the field for a bad one (RE2 has no backreferences
     and no lookaround)."""
     if len(patterns) > MAX_STOP_REGEX:
-        raise ValueError(f"sampling_params.stop_regex has {len(patterns)} patterns, "
-                         f"over the limit of {MAX_STOP_REGEX}")
+        raise ValueError(f"sampling_params.stop_regex has {len(patterns)} patterns, over the limit of {MAX_STOP_REGEX}")
     out = []
     for p in patterns:
         if len(p.encode()) > MAX_STOP_REGEX_LEN:
-            raise ValueError(f"sampling_params.stop_regex is {len(p.encode())} bytes, over the "
-                             f"{MAX_STOP_REGEX_LEN}-byte limit")
+            raise ValueError(
+                f"sampling_params.stop_regex is {len(p.encode())} bytes, over the {MAX_STOP_REGEX_LEN}-byte limit"
+            )
         try:
             out.append(re2.compile(p, options=_RE2_OPTIONS))
         except (re2.error, TypeError, ValueError) as exc:
             why = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else exc
-            raise ValueError(f"sampling_params.stop_regex {p!r} is not a valid "
-                             f"RE2 regex: {why}") from None
+            raise ValueError(f"sampling_params.stop_regex {p!r} is not a valid RE2 regex: {why}") from None
     return out
 
 
@@ -98,8 +98,7 @@ class StopChecker:
     """Per-request stop rules. `check(output_ids, total_len)` after each appended token returns None
     or a finish_reason dict."""
 
-    def __init__(self, params: SamplingParams, eos_ids: set[int], context_length: int,
-                 tokenizer=None):
+    def __init__(self, params: SamplingParams, eos_ids: set[int], context_length: int, tokenizer=None):
         self.params = params
         self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else eos_ids)
         # masked before min_new_tokens (SGLang)
@@ -122,12 +121,12 @@ class StopChecker:
         if last in self.stop_ids:
             return {"type": "stop", "matched": last}
         if self.stops:
-            tail = self.tokenizer.decode(output_ids[-self.window:], skip_special_tokens=False)
+            tail = self.tokenizer.decode(output_ids[-self.window :], skip_special_tokens=False)
             for s in self.stops:
                 if s in tail:
                     return {"type": "stop", "matched": s}
         if self.regexes:
-            tail = self.tokenizer.decode(output_ids[-self.regex_window:], skip_special_tokens=False)
+            tail = self.tokenizer.decode(output_ids[-self.regex_window :], skip_special_tokens=False)
             for p, r in zip(self.patterns, self.regexes):
                 if r.search(tail):
                     return {"type": "stop", "matched": p}

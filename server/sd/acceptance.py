@@ -2,6 +2,7 @@
 depth, decayed counts of tries and accepted tokens. EAGLE-3 pooled and per sequence, group drafts
 per (depth bin, bin of the group index's own estimate).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,15 +12,15 @@ import numpy as np
 from gleanrl.server.sampling.sequence import Sequence
 
 MAX_DEPTH = 32
-EXPLORE_PRIOR = 0.7                                       # EAGLE-3's acceptance when exploring
-DEEPER = 0.9                                              # an unmeasured depth's prior: this x
-                                                          # the depth before it
-SEQ_PRIOR = 4.0                                           # weight of the pooled rate in a
-                                                          # sequence's own estimate
-_PROB_BINS = (0.5, 0.7, 0.85, 0.95)                       # group estimate bins: < .5,
-                                                          # .5-.7, ... >= .95
-_DEPTH_BINS = (1, 2, 4, 8, 16)                            # group depth bins: 1, 2, 3-4,
-                                                          # 5-8, 9-16, 17-32
+EXPLORE_PRIOR = 0.7  # EAGLE-3's acceptance when exploring
+# an unmeasured depth's prior: this x the depth before it
+DEEPER = 0.9
+# weight of the pooled rate in a sequence's own estimate
+SEQ_PRIOR = 4.0
+# group estimate bins: < .5, .5-.7, ... >= .95
+_PROB_BINS = (0.5, 0.7, 0.85, 0.95)
+# group depth bins: 1, 2, 3-4, 5-8, 9-16, 17-32
+_DEPTH_BINS = (1, 2, 4, 8, 16)
 
 
 @dataclass
@@ -42,9 +43,9 @@ class Acceptance:
 
     def __init__(self, decay: float = 0.995):
         self.decay = decay
-        self.version = 0                                  # counts the records
+        self.version = 0  # counts the records
         self.eagle = _Counts(np.zeros(MAX_DEPTH), np.zeros(MAX_DEPTH))
-        self.by_seq: dict[Sequence, _Counts] = {}        # sequence -> its EAGLE-3 counts
+        self.by_seq: dict[Sequence, _Counts] = {}  # sequence -> its EAGLE-3 counts
         shape = (len(_DEPTH_BINS) + 1, len(_PROB_BINS) + 1)
         self.group = _Counts(np.zeros(shape), np.zeros(shape))
         self._group_prior = np.array([[0.4, 0.6, 0.78, 0.9, 0.97]] * shape[0])
@@ -58,7 +59,7 @@ class Acceptance:
             return self.eagle.rate(np.full(MAX_DEPTH, EXPLORE_PRIOR))
         rates, prior = np.zeros(MAX_DEPTH), 0.0
         tries, accepted = self.eagle.tries.tolist(), self.eagle.accepted.tolist()
-        for j in range(MAX_DEPTH):   # depth j's prior: depth j - 1's estimate, discounted
+        for j in range(MAX_DEPTH):  # depth j's prior: depth j - 1's estimate, discounted
             rates[j] = (accepted[j] + prior) / (tries[j] + 1.0)
             prior = DEEPER * rates[j] if tries[j] >= 0.5 else 0.0
         return rates
@@ -83,8 +84,9 @@ class Acceptance:
         """[depth bins, estimate bins] conditional acceptance of group draft tokens."""
         return self.group.rate(self._group_prior)
 
-    def record(self, source: str, n_tried: int, n_accepted: int,
-               probs: list[float] | None = None, key: Sequence | None = None) -> None:
+    def record(
+        self, source: str, n_tried: int, n_accepted: int, probs: list[float] | None = None, key: Sequence | None = None
+    ) -> None:
         """A branch of n_tried tokens whose first n_accepted were accepted (tokens after the first
         rejection were not tested); `key`: the sequence, for its own EAGLE-3 counts."""
         tested = min(n_accepted + 1, n_tried)
@@ -108,17 +110,15 @@ class Acceptance:
             alive = set(keys)
             self.by_seq = {k: c for k, c in self.by_seq.items() if k in alive}
 
-    def group_expected(self, group_probs: list[list[float]],
-                        lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def group_expected(self, group_probs: list[list[float]], lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Expected accepted tokens [B, 33] of each group draft's first 0..32 tokens (flat beyond
         its usable length lens[s]), and its first token's acceptance [B]."""
         b = len(group_probs)
         probs = np.zeros((b, MAX_DEPTH))
         for s, p in enumerate(group_probs):
-            probs[s, :min(len(p), MAX_DEPTH)] = p[:MAX_DEPTH]
-        rates = self.group_table()[_DEPTH_IDX[None],
-                                          np.searchsorted(_PROB_BINS, probs, side="right")]
-        rates = np.where(np.arange(MAX_DEPTH)[None] < lens[:, None], rates, 0.0)      # [B, 32]
+            probs[s, : min(len(p), MAX_DEPTH)] = p[:MAX_DEPTH]
+        rates = self.group_table()[_DEPTH_IDX[None], np.searchsorted(_PROB_BINS, probs, side="right")]
+        rates = np.where(np.arange(MAX_DEPTH)[None] < lens[:, None], rates, 0.0)  # [B, 32]
         return expected_accepted(rates), rates[:, 0]
 
     def drafter_swapped(self) -> None:
@@ -134,7 +134,7 @@ _DEPTH_IDX = np.searchsorted(_DEPTH_BINS, np.arange(1, MAX_DEPTH + 1), side="lef
 
 
 def _group_bins(probs: list[float]) -> tuple[np.ndarray, np.ndarray]:
-    return _DEPTH_IDX[:len(probs)], np.searchsorted(_PROB_BINS, probs, side="right")
+    return _DEPTH_IDX[: len(probs)], np.searchsorted(_PROB_BINS, probs, side="right")
 
 
 def expected_accepted(rates: np.ndarray) -> np.ndarray:

@@ -24,6 +24,7 @@ duplicate positions in the pass but never the losslessness argument.
 Greedy (temperature 0): the root emits the target's argmax; it follows the first branch whose first
 token equals it, then accepts while the draft equals the target's argmax.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,12 +32,13 @@ import torch
 from gleanrl.server.sampling.sampler import sample
 
 
-def _test(r: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None, u: torch.Tensor,
-          on: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _test(
+    r: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None, u: torch.Tensor, on: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """r [B, V] current target; x [B] draft tokens; q [B, V] their draft distribution (None: point
     masses); u [B] uniforms; on [B] rows that test. Returns (accepted [B], residual r after
     a rejection)."""
-    r_x = r.gather(-1, x[:, None])[:, 0]                                   # [B]
+    r_x = r.gather(-1, x[:, None])[:, 0]  # [B]
     q_x = torch.ones_like(r_x) if q is None else q.gather(-1, x[:, None])[:, 0].float()
     # u < r/q, no division by q = 0
     accepted = on & (u * q_x < r_x)
@@ -47,11 +49,15 @@ def _test(r: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None, u: torch.Ten
     return accepted, torch.where((on & ~accepted)[:, None], rest, r)
 
 
-def verify_branches(drafts: torch.Tensor, lens: torch.Tensor, root_probs: torch.Tensor,
-                    branch_probs: torch.Tensor, generators: list[torch.Generator | None],
-                    draft_q: torch.Tensor | None = None,
-                    point: torch.Tensor
-                    | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def verify_branches(
+    drafts: torch.Tensor,
+    lens: torch.Tensor,
+    root_probs: torch.Tensor,
+    branch_probs: torch.Tensor,
+    generators: list[torch.Generator | None],
+    draft_q: torch.Tensor | None = None,
+    point: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """drafts [B, M, k] (branch m of row b is drafts[b, m, :lens[b, m]]), lens [B, M];
     root_probs [B, V]; branch_probs [B, M, k, V] (after each branch token); draft_q [B, M, k, V] the
     sampled branches' draft distributions, point [B, M] True for point-mass branches (default: all).
@@ -59,46 +65,42 @@ def verify_branches(drafts: torch.Tensor, lens: torch.Tensor, root_probs: torch.
     out_ids [B, k+1]); emit out_ids[b, :n_accepted[b] + 1]."""
     bsz, m_branches, k = drafts.shape
     rows = torch.arange(bsz, device=drafts.device)
-    point = torch.ones(bsz, m_branches, dtype=torch.bool,
-                       device=drafts.device) if point is None else point
-    u = _uniforms(lens, generators, m_branches + k).to(drafts.device)        # [B, M+k]
+    point = torch.ones(bsz, m_branches, dtype=torch.bool, device=drafts.device) if point is None else point
+    u = _uniforms(lens, generators, m_branches + k).to(drafts.device)  # [B, M+k]
     r, branch = root_probs.float(), torch.full((bsz,), -1, dtype=torch.long, device=drafts.device)
     for m in range(m_branches):
         # the root's tests, in order
         x = drafts[:, m, 0]
-        acc, r = _test(r, x, _draft_dist(draft_q, point, m, 0, x), u[:, m],
-                       (branch < 0) & (lens[:, m] > 0))
+        acc, r = _test(r, x, _draft_dist(draft_q, point, m, 0, x), u[:, m], (branch < 0) & (lens[:, m] > 0))
         branch = torch.where(acc, m, branch)
     chosen = branch.clamp_min(0)
     # [B, k], [B]
     d, n_len = drafts[rows, chosen], torch.where(branch >= 0, lens[rows, chosen], 0)
-    p = branch_probs[rows, chosen].float()                                  # [B, k, V]
-    q_c = None if draft_q is None else draft_q[rows, chosen][:, None]      # [B, 1, k, V]
-    pt = point[rows, chosen][:, None]                                       # [B, 1]
+    p = branch_probs[rows, chosen].float()  # [B, k, V]
+    q_c = None if draft_q is None else draft_q[rows, chosen][:, None]  # [B, 1, k, V]
+    pt = point[rows, chosen][:, None]  # [B, 1]
     # the root token is accepted
     n_acc = (branch >= 0).long()
     live = branch >= 0
-    out = torch.cat([d, d.new_zeros(bsz, 1)], dim=1)                        # [B, k+1]
-    for j in range(1, k + 1):                                               # down the chosen branch
+    out = torch.cat([d, d.new_zeros(bsz, 1)], dim=1)  # [B, k+1]
+    for j in range(1, k + 1):  # down the chosen branch
         if not bool(live.any()):
             break
-        r_j = p[:, j - 1]                                                   # after d[:, :j]
+        r_j = p[:, j - 1]  # after d[:, :j]
         on = live & (j < n_len)
         if j < k and bool(on.any()):
-            acc, r_j = _test(r_j, d[:, j], _draft_dist(q_c, pt, 0, j, d[:, j]),
-                             u[:, m_branches + j], on)
+            acc, r_j = _test(r_j, d[:, j], _draft_dist(q_c, pt, 0, j, d[:, j]), u[:, m_branches + j], on)
             n_acc = n_acc + acc.long()
             stop = live & ~acc
         else:
             stop = live
-        r = torch.where(stop[:, None], r_j, r)                              # live rows: n_acc == j
+        r = torch.where(stop[:, None], r_j, r)  # live rows: n_acc == j
         live = live & ~stop
-    out[rows, n_acc] = sample(r, generators)                               # residual or bonus token
+    out[rows, n_acc] = sample(r, generators)  # residual or bonus token
     return branch, n_acc, out
 
 
-def _uniforms(lens: torch.Tensor, generators: list[torch.Generator | None],
-              width: int) -> torch.Tensor:
+def _uniforms(lens: torch.Tensor, generators: list[torch.Generator | None], width: int) -> torch.Tensor:
     """[B, width]: row b draws exactly (its branches + its longest branch) uniforms from its own
     generator, whatever else is in the batch (so a seeded request's draws depend on its own drafts
     only); slots 0..M-1 serve the root tests, M + j the test at depth j; unused slots are 1
@@ -108,12 +110,11 @@ def _uniforms(lens: torch.Tensor, generators: list[torch.Generator | None],
     for b, (row, g) in enumerate(zip(lens.tolist(), generators)):
         mb, kb = sum(n > 0 for n in row), max(row, default=0)
         draw = torch.rand(mb + kb, generator=g)
-        u[b, :mb], u[b, m:m + kb] = draw[:mb], draw[mb:]
+        u[b, :mb], u[b, m : m + kb] = draw[:mb], draw[mb:]
     return u
 
 
-def _draft_dist(q: torch.Tensor | None, point: torch.Tensor, m: int, j: int,
-                x: torch.Tensor) -> torch.Tensor | None:
+def _draft_dist(q: torch.Tensor | None, point: torch.Tensor, m: int, j: int, x: torch.Tensor) -> torch.Tensor | None:
     """The draft distribution [B, V] of token j of branch m (q [B, M, k, V], point [B, M]), with
     point-mass rows as 1{x} (so one _test serves mixed rows); None when every row is
     a point mass."""
@@ -123,13 +124,14 @@ def _draft_dist(q: torch.Tensor | None, point: torch.Tensor, m: int, j: int,
     return torch.where(point[:, m, None], one_hot, q[:, m, j].float())
 
 
-def verify_branches_greedy(drafts: torch.Tensor, lens: torch.Tensor, root_ids: torch.Tensor,
-                           branch_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def verify_branches_greedy(
+    drafts: torch.Tensor, lens: torch.Tensor, root_ids: torch.Tensor, branch_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """drafts [B, M, k], lens [B, M]; root_ids [B] and branch_ids [B, M, k] the target's argmax at
     the root and after each branch token. Same returns as verify_branches."""
     bsz, m_branches, k = drafts.shape
     rows = torch.arange(bsz, device=drafts.device)
-    first = (drafts[:, :, 0] == root_ids[:, None]) & (lens > 0)             # [B, M]
+    first = (drafts[:, :, 0] == root_ids[:, None]) & (lens > 0)  # [B, M]
     idx = torch.arange(m_branches, device=drafts.device).expand(bsz, -1)
     # the first matching branch
     branch = torch.where(first, idx, m_branches).min(dim=1).values
@@ -138,7 +140,7 @@ def verify_branches_greedy(drafts: torch.Tensor, lens: torch.Tensor, root_ids: t
     # [B, k] x2, [B]
     d, t, n_len = drafts[rows, chosen], branch_ids[rows, chosen], lens[rows, chosen]
     match = (d[:, 1:] == t[:, :-1]) & (torch.arange(1, k, device=d.device)[None] < n_len[:, None])
-    n_acc = torch.where(branch >= 0, 1 + match.long().cumprod(dim=1).sum(dim=1), 0)    # [B]
+    n_acc = torch.where(branch >= 0, 1 + match.long().cumprod(dim=1).sum(dim=1), 0)  # [B]
     # [B, k+1]: t[j-1] follows d[:j]
     out = torch.cat([root_ids[:, None], t], dim=1)
     return branch, n_acc, out

@@ -17,26 +17,26 @@
   dropped for the bucket: its EAGLE-3 cells count as unmeasured (plans there are credit-paid
   probes) until a probe measures the acceptance back above the floor, or a new drafter comes.
 """
+
 from __future__ import annotations
 
 from gleanrl.server.sd.cost_model import b_bucket, ema
 
-MIN_SAMPLES, PAY = 3, 1.05                                # a cell pays: measured this often,
-                                                          # realised rate > PAY x plain's (a
-                                                          # margin: plain's rate is an estimate,
-                                                          # noisy on a shared CPU)
-REPROBE = 8                                               # refusals of a losing cell per retry
-BUDGET, CAP = 0.005, 4.0                                  # probe credit: share of the bucket's
-                                                          # seconds; most plain iterations saved
-ACCEPT_ALPHA = 0.5                                        # EMA weight of a chain's acceptance
+# a cell pays: measured this often, realised rate > PAY x plain's (a margin: plain's rate is an estimate, noisy on a
+# shared CPU)
+MIN_SAMPLES, PAY = 3, 1.05
+REPROBE = 8  # refusals of a losing cell per retry
+# probe credit: share of the bucket's seconds; most plain iterations saved
+BUDGET, CAP = 0.005, 4.0
+ACCEPT_ALPHA = 0.5  # EMA weight of a chain's acceptance
 
 
 class Cells:
     def __init__(self) -> None:
-        self.cells: dict[tuple, list] = {}                 # key -> [samples, ratio, refusals]
-        self.credit: dict[int, float] = {}                 # bucket -> probe credit, seconds
-        self.accept: dict[int, float] = {}                 # bucket -> EAGLE-3 tokens per chain
-        self.dropped: set[int] = set()                     # buckets whose drafter is dropped
+        self.cells: dict[tuple, list] = {}  # key -> [samples, ratio, refusals]
+        self.credit: dict[int, float] = {}  # bucket -> probe credit, seconds
+        self.accept: dict[int, float] = {}  # bucket -> EAGLE-3 tokens per chain
+        self.dropped: set[int] = set()  # buckets whose drafter is dropped
 
     @staticmethod
     def key(b: int, plan) -> tuple:
@@ -52,7 +52,7 @@ class Cells:
         c = self.cells.setdefault(self.key(b, plan), [0, None, 0])
         c[0] += 1
         c[1] = ema(c[1], tokens / seconds / plan.plain_rate, max(0.2, 1 / c[0]))
-        lost = seconds - tokens / plan.plain_rate        # < 0: a gain, refunded
+        lost = seconds - tokens / plan.plain_rate  # < 0: a gain, refunded
         self.feed(bucket, seconds, b / plan.plain_rate, lost)
 
     def feed(self, bucket: int, seconds: float, plain_seconds: float, lost: float = 0.0) -> None:
@@ -74,7 +74,7 @@ class Cells:
         rate = self.accept[bucket] = ema(self.accept.get(bucket), accepted / chains, ACCEPT_ALPHA)
         if rate < floor and bucket not in self.dropped:
             self.dropped.add(bucket)
-            for key, c in self.cells.items():           # re-measured before they pay again
+            for key, c in self.cells.items():  # re-measured before they pay again
                 if key[0] == bucket and key[1] == "eagle":
                     c[0] = min(c[0], MIN_SAMPLES - 1)
         elif rate >= floor:
@@ -82,8 +82,9 @@ class Cells:
 
     def pays(self, key: tuple) -> bool:
         c = self.cells.get(key)
-        return c is not None and c[0] >= MIN_SAMPLES and c[1] > PAY \
-            and not (key[1] == "eagle" and key[0] in self.dropped)
+        return (
+            c is not None and c[0] >= MIN_SAMPLES and c[1] > PAY and not (key[1] == "eagle" and key[0] in self.dropped)
+        )
 
     def loses(self, key: tuple) -> bool:
         c = self.cells.get(key)

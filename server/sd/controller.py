@@ -47,6 +47,7 @@ fixed k, every sequence that can takes the EAGLE-3 chain of k (min(k, cap)) and,
 chain, its group draft up to k as a branch of its own, so the uniforms a seeded request draws do not
 depend on timing.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,23 +60,34 @@ from gleanrl.server.sd.acceptance import MAX_DEPTH, Acceptance, expected_accepte
 from gleanrl.server.sd.cells import MIN_SAMPLES, REPROBE, Cells
 from gleanrl.server.sd.cost_model import GRID, T_GRID, CostModel, b_bucket
 
-__all__ = ["MAX_DEPTH", "MIN_SAMPLES", "REPROBE", "T_GRID", "Cells", "Controller",
-           "ControllerConfig", "CostModel", "Plan", "b_bucket", "expected_accepted"]
+__all__ = [
+    "MAX_DEPTH",
+    "MIN_SAMPLES",
+    "REPROBE",
+    "T_GRID",
+    "Cells",
+    "Controller",
+    "ControllerConfig",
+    "CostModel",
+    "Plan",
+    "b_bucket",
+    "expected_accepted",
+]
 
-K_GRID = (1, 2, 3, 4, 5, 6, 8)                            # EAGLE-3 chain lengths
-PROBE, CLOSE = 16, 0.8                                    # adaptive: how often the side not
-                                                          # played is measured
-EXPLORE, QUIET_MAX = 8, 64                                # plain plans between looks (the
-                                                          # span doubles while they find nothing)
+K_GRID = (1, 2, 3, 4, 5, 6, 8)  # EAGLE-3 chain lengths
+# adaptive: how often the side not played is measured
+PROBE, CLOSE = 16, 0.8
+# plain plans between looks (the span doubles while they find nothing)
+EXPLORE, QUIET_MAX = 8, 64
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    group_lens: list[int]           # per sequence: group draft tokens to verify (0: none)
-    eagle_lens: list[int]           # per sequence: EAGLE-3 chain tokens to draft and
-                                    # verify (0: none)
-    expected_rate: float            # tokens per second the plan expects
-    plain_rate: float               # and plain decoding
+    group_lens: list[int]  # per sequence: group draft tokens to verify (0: none)
+    # per sequence: EAGLE-3 chain tokens to draft and verify (0: none)
+    eagle_lens: list[int]
+    expected_rate: float  # tokens per second the plan expects
+    plain_rate: float  # and plain decoding
 
     @property
     def drafts(self) -> bool:
@@ -86,12 +98,12 @@ class Controller:
     def __init__(self, config: ControllerConfig | None = None):
         self.config = config or ControllerConfig()
         self.cost, self.accept, self.cells = CostModel(), Acceptance(), Cells()
-        self._streak: dict[int, tuple[bool, int]] = {}     # B bucket -> (plans drafted,
-                                                           # iterations in a row)
-        self._quiet: dict[int, int | None] = {}            # B bucket -> the evidence version
-                                                           # its last plan played plain on
-        self._span: dict[int, int] = {}                    # B bucket -> plain plans between
-                                                           # looks (EXPLORE .. QUIET_MAX)
+        # B bucket -> (plans drafted, iterations in a row)
+        self._streak: dict[int, tuple[bool, int]] = {}
+        # B bucket -> the evidence version its last plan played plain on
+        self._quiet: dict[int, int | None] = {}
+        # B bucket -> plain plans between looks (EXPLORE .. QUIET_MAX)
+        self._span: dict[int, int] = {}
 
     def _in_a_row(self, b: int, drafts: bool) -> int:
         """Counts this bucket's plans in a row on one side; returns the count."""
@@ -113,14 +125,16 @@ class Controller:
         side, n = self._streak.get(bucket, (True, 0))
         if side or bucket not in self._quiet or self.cells.any_pays(bucket):
             return False
-        if self.cells.can_probe(b) and (self._quiet[bucket] != self.accept.version
-                                        or n + 1 >= self._span.get(bucket, EXPLORE)):
+        if self.cells.can_probe(b) and (
+            self._quiet[bucket] != self.accept.version or n + 1 >= self._span.get(bucket, EXPLORE)
+        ):
             return False
         self._in_a_row(b, False)
         return True
 
-    def plan(self, caps: list[int], group_probs: list[list[float]], eagle_ok: list[bool],
-             keys: list[Sequence] | None = None) -> Plan:
+    def plan(
+        self, caps: list[int], group_probs: list[list[float]], eagle_ok: list[bool], keys: list[Sequence] | None = None
+    ) -> Plan:
         """caps[s]: most draft tokens s may verify (max_new_tokens, context); group_probs[s]: the
         estimates of s's group draft (empty: none); eagle_ok[s]: s can take an EAGLE-3 chain;
         keys[s]: s itself, for its own acceptance estimates (None: pooled only).
@@ -138,41 +152,48 @@ class Controller:
             return Plan([0] * b, [0] * b, 0.0, 0.0)
         if not on and not group_on and self.still_quiet(b):
             return Plan([0] * b, [0] * b, 0.0, 0.0)  # no estimates needed
-        secs = self.cost.pass_seconds(b)                                    # [len(T_GRID)]
+        secs = self.cost.pass_seconds(b)  # [len(T_GRID)]
         plain_rate = b / secs[0] if np.isfinite(secs[0]) and secs[0] > 0 else 0.0
         none = Plan([0] * b, [0] * b, plain_rate, plain_rate)
-        if on and cfg.num_draft_tokens:              # deterministic: a seed reproduces its sample
+        if on and cfg.num_draft_tokens:  # deterministic: a seed reproduces its sample
             caps_k = [min(c, cfg.num_draft_tokens) for c in caps]
             eagle_lens = [c if ok and eagle_on else 0 for c, ok in zip(caps_k, eagle_ok)]
-            group_lens = [min(c, len(p)) if group_on and ("fused" in srcs or not e) else 0
-                          for c, e, p in zip(caps_k, eagle_lens, group_probs)]
+            group_lens = [
+                min(c, len(p)) if group_on and ("fused" in srcs or not e) else 0
+                for c, e, p in zip(caps_k, eagle_lens, group_probs)
+            ]
             return Plan(group_lens, eagle_lens, plain_rate, plain_rate)
         if not np.isfinite(secs).all():
             return none
-        args = (np.minimum(np.array(caps), MAX_DEPTH), group_probs if group_on else None,
-                np.array(eagle_ok) & eagle_on, keys, secs, plain_rate)
-        if on:                                       # draft wherever a draft exists
+        args = (
+            np.minimum(np.array(caps), MAX_DEPTH),
+            group_probs if group_on else None,
+            np.array(eagle_ok) & eagle_on,
+            keys,
+            secs,
+            plain_rate,
+        )
+        if on:  # draft wherever a draft exists
             return self._best(*args, explore=True, force=True) or none
         bucket = b_bucket(b)
         best = self._best(*args, explore=False)
-        plays = best is not None and best.expected_rate > plain_rate \
-            and self.cells.allowed(b, self.cells.key(b, best))
+        plays = best is not None and best.expected_rate > plain_rate and self.cells.allowed(b, self.cells.key(b, best))
         self._quiet[bucket] = None if plays else self.accept.version
         if plays:
             self._span[bucket] = EXPLORE
             if self._in_a_row(b, True) < PROBE:
                 return best
             self._reset(b)
-            return none                              # the plain probe
+            return none  # the plain probe
         n = self._in_a_row(b, False)
         if n < EXPLORE and not self.cells.any_pays(bucket):
             return none
         if n >= EXPLORE:
-            self._reset(b)                           # the next look a span of plans on
+            self._reset(b)  # the next look a span of plans on
         opt = self._explore(b, args, n >= EXPLORE, plain_rate)
         if opt is not None:
             self._quiet[bucket], self._span[bucket] = None, EXPLORE
-        elif n >= EXPLORE:                           # a look found nothing: look less often
+        elif n >= EXPLORE:  # a look found nothing: look less often
             self._span[bucket] = min(2 * self._span.get(bucket, EXPLORE), QUIET_MAX)
         return opt or none
 
@@ -187,9 +208,17 @@ class Controller:
             return opt
         return opt if look and not self.cells.loses(key) and self.cells.can_probe(b) else None
 
-    def _best(self, caps: np.ndarray, group_probs: list[list[float]] | None, elig: np.ndarray,
-              keys: list[Sequence] | None, secs: np.ndarray, plain_rate: float, explore: bool,
-              force: bool = False) -> Plan | None:
+    def _best(
+        self,
+        caps: np.ndarray,
+        group_probs: list[list[float]] | None,
+        elig: np.ndarray,
+        keys: list[Sequence] | None,
+        secs: np.ndarray,
+        plain_rate: float,
+        explore: bool,
+        force: bool = False,
+    ) -> Plan | None:
         """The plan of highest expected rate that drafts (None: none does), each sequence its own
         tree and length: for each chain length k, Dinkelbach's iteration on the rate
         (B + sum_s V_s(l_s)) / (target(B + sum_s l_s rows) + drafter(k)): each sequence takes the
@@ -200,66 +229,72 @@ class Controller:
         rows = np.arange(b)
         k = cfg.num_draft_tokens
         ks = ([k] if k else list(K_GRID)) if elig.any() and "eagle" in cfg.sd_sources else []
-        if not force:                              # no deeper than one past what is measured
+        if not force:  # no deeper than one past what is measured
             deepest = self.accept.measured_depths() + 1
             ks = [k for k in ks if k <= deepest]
         if group_probs is not None:
             glen = np.minimum(np.array([len(p) for p in group_probs]), caps)
-            g_exp, g_first = self.accept.group_expected(group_probs, glen)        # [B, 33], [B]
+            g_exp, g_first = self.accept.group_expected(group_probs, glen)  # [B, 33], [B]
         else:
             glen, g_exp, g_first = np.zeros(b, dtype=int), np.zeros((b, MAX_DEPTH + 1)), np.zeros(b)
         # l = 0 .. longest usable tree (L + 1 <= 33 columns)
         ls = np.arange(1 + min(int(caps.max()), (max(ks) if ks else 0) + int(glen.max())))[None]
-        fits = ls <= caps[:, None]                                          # [B, L + 1]
-        g_use = np.minimum(ls, glen[:, None])                               # [B, L + 1]
+        fits = ls <= caps[:, None]  # [B, L + 1]
+        g_use = np.minimum(ls, glen[:, None])  # [B, L + 1]
         g_val = g_exp[rows[:, None], g_use]
         keys = keys if keys is not None else []
-        e_exp = expected_accepted(self.accept.seq_eagle_rates(keys, explore) if keys else
-                                  self.accept.eagle_rates(explore)[None].repeat(b, 0))
+        e_exp = expected_accepted(
+            self.accept.seq_eagle_rates(keys, explore) if keys else self.accept.eagle_rates(explore)[None].repeat(b, 0)
+        )
         # every chain length at once: [K, B, L + 1] over (k, sequence, draft tokens l)
-        kk = np.array([0] + ks)[:, None, None]                              # [K, 1, 1]
+        kk = np.array([0] + ks)[:, None, None]  # [K, 1, 1]
         r3, on3 = rows[None, :, None], elig[None, :, None] & (kk > 0)
-        e_use = np.minimum(ls[None], kk)                                    # [K, 1, L + 1]
-        e_val = np.where(on3, e_exp[r3, e_use], 0.0)                        # [K, B, L + 1]
+        e_use = np.minimum(ls[None], kk)  # [K, 1, L + 1]
+        e_val = np.where(on3, e_exp[r3, e_use], 0.0)  # [K, B, L + 1]
         val = np.maximum(g_val[None], e_val)
         use = np.where(e_val > g_val[None], e_use, g_use[None])
-        kind = (e_val > g_val[None]).astype(int)                            # 0 group, 1 chain
+        kind = (e_val > g_val[None]).astype(int)  # 0 group, 1 chain
         if "fused" in cfg.sd_sources and group_probs is not None and ks:
-            f_g = np.minimum(np.maximum(ls[None] - kk, 0), glen[None, :, None])   # [K, B, L+1]
-            f_val = np.where(on3 & (f_g > 0), g_exp[r3, f_g] + (1 - g_first[None, :, None])
-                             * e_exp[rows[None], kk[:, :, 0]][:, :, None], 0.0)
+            f_g = np.minimum(np.maximum(ls[None] - kk, 0), glen[None, :, None])  # [K, B, L+1]
+            f_val = np.where(
+                on3 & (f_g > 0),
+                g_exp[r3, f_g] + (1 - g_first[None, :, None]) * e_exp[rows[None], kk[:, :, 0]][:, :, None],
+                0.0,
+            )
             better = f_val > val
-            val, use, kind = np.where(better, f_val, val), np.where(better, kk + f_g, use), \
-                np.where(better, 2, kind)
+            val, use, kind = np.where(better, f_val, val), np.where(better, kk + f_g, use), np.where(better, 2, kind)
         val, use = np.where(fits[None], val, 0.0), np.where(fits[None], use, 0)
         if force:
             val = np.where(use > 0, val, -np.inf)
         step = self.cost.draft_seconds(int(elig.sum()), 0) if ks else 0.0
-        draft_s = step * (kk[:, 0, 0] + 1) * (kk[:, 0, 0] > 0)              # [K]
+        draft_s = step * (kk[:, 0, 0] + 1) * (kk[:, 0, 0] > 0)  # [K]
         # target seconds of a pass of b + j rows, j = 0 .. 33 b
         cost = np.interp((b + np.arange(33 * b + 1)) / b, GRID, secs)
-        rate, n = np.full(len(kk), plain_rate), np.zeros(len(kk), dtype=int)   # n: draft rows
+        rate, n = np.full(len(kk), plain_rate), np.zeros(len(kk), dtype=int)  # n: draft rows
         k_idx = np.arange(len(kk))[:, None]
         kind = np.broadcast_to(kind, val.shape)
         best, best_rate = None, -1.0
-        for _ in range(3):                         # Dinkelbach's iteration, every k at once
+        for _ in range(3):  # Dinkelbach's iteration, every k at once
             price = rate * (cost[np.minimum(n + b, 33 * b)] - cost[n]) / b  # [K] per row
-            if force:                                # mode on: each its most valuable tree
+            if force:  # mode on: each its most valuable tree
                 price[:] = 0.0
-            pick = (val - price[:, None, None] * use).argmax(2)            # [K, B]
+            pick = (val - price[:, None, None] * use).argmax(2)  # [K, B]
             at = (k_idx, rows[None], pick)
-            v, u, kd = val[at], use[at], kind[at]                           # [K, B] each
+            v, u, kd = val[at], use[at], kind[at]  # [K, B] each
             n = u.sum(1)
             chain = ((kd > 0) & (u > 0)).any(1)
-            new = np.where(u.any(1), (b + np.where(np.isfinite(v), v, 0).sum(1))
-                           / (cost[np.minimum(n, 33 * b)] + np.where(chain, draft_s, 0.0)), -1.0)
+            new = np.where(
+                u.any(1),
+                (b + np.where(np.isfinite(v), v, 0).sum(1))
+                / (cost[np.minimum(n, 33 * b)] + np.where(chain, draft_s, 0.0)),
+                -1.0,
+            )
             i = int(new.argmax())
             if new[i] > best_rate:
                 k = int(kk[i, 0, 0])
                 eagle_lens = np.where(kd[i] == 1, u[i], np.where(kd[i] == 2, k, 0))
                 best_rate = float(new[i])
-                best = Plan((u[i] - eagle_lens).tolist(), eagle_lens.tolist(), best_rate,
-                            plain_rate)
+                best = Plan((u[i] - eagle_lens).tolist(), eagle_lens.tolist(), best_rate, plain_rate)
             rate = np.where(new > 0, new, rate)
         return best
 
@@ -267,8 +302,9 @@ class Controller:
         self.accept.drafter_swapped()
         self.cells.drafter_swapped()
 
-    def record_iteration(self, b: int, plan: Plan, tokens: int, seconds: float,
-                         chains: int = 0, accepted: int = 0) -> None:
+    def record_iteration(
+        self, b: int, plan: Plan, tokens: int, seconds: float, chains: int = 0, accepted: int = 0
+    ) -> None:
         """A whole SD iteration of b ready sequences (drafter call included) emitted `tokens`;
         `chains` EAGLE-3 chains were tested, `accepted` of their tokens accepted."""
         self.cells.record(b, plan, tokens, seconds)
@@ -292,10 +328,14 @@ class Controller:
     def summary(self) -> dict:
         """Measured target pass seconds per (B bucket, T) and drafter seconds per step, in ms;
         EAGLE-3's acceptance by depth."""
-        return {"target_ms": {b: {t: round(1e3 * s, 2) for t, s in sorted(c.items())}
-                              for b, c in sorted(self.cost.target.items())},
-                "drafter_step_ms": {b: round(1e3 * s, 2)
-                                    for b, s in sorted(self.cost.step.items())},
-                "eagle_accept": [round(float(x), 3) for x in self.accept.eagle_rates()[:8]],
-                "cells": {"/".join(map(str, k)): {"samples": c[0], "speedup": round(c[1], 3)}
-                          for k, c in sorted(self.cells.cells.items())}}
+        return {
+            "target_ms": {
+                b: {t: round(1e3 * s, 2) for t, s in sorted(c.items())} for b, c in sorted(self.cost.target.items())
+            },
+            "drafter_step_ms": {b: round(1e3 * s, 2) for b, s in sorted(self.cost.step.items())},
+            "eagle_accept": [round(float(x), 3) for x in self.accept.eagle_rates()[:8]],
+            "cells": {
+                "/".join(map(str, k)): {"samples": c[0], "speedup": round(c[1], 3)}
+                for k, c in sorted(self.cells.cells.items())
+            },
+        }

@@ -2,6 +2,7 @@
 rows per sequence) and of a drafter step per running bucket, from real iterations (EMAs) over a
 small calibration at start.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -10,7 +11,7 @@ import time
 import numpy as np
 import torch
 
-T_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 33)   # tokens per sequence in a pass (1: plain)
+T_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 33)  # tokens per sequence in a pass (1: plain)
 
 
 def b_bucket(b: int) -> int:
@@ -24,9 +25,9 @@ def ema(old: float | None, new: float, alpha: float = 0.2) -> float:
 
 class CostModel:
     def __init__(self) -> None:
-        self.target: dict[int, dict[int, float]] = {}       # B bucket -> T cell -> seconds
-        self.step: dict[int, float] = {}                    # B bucket -> drafter seconds per step
-        self._calibrated: set[tuple[int, int]] = set()      # cells holding a bare forward's time
+        self.target: dict[int, dict[int, float]] = {}  # B bucket -> T cell -> seconds
+        self.step: dict[int, float] = {}  # B bucket -> drafter seconds per step
+        self._calibrated: set[tuple[int, int]] = set()  # cells holding a bare forward's time
 
     def record_pass(self, b: int, t: float, seconds: float, calibrating: bool = False) -> None:
         """A decode iteration of b sequences x t tokens (rows per sequence) took `seconds`; a t
@@ -39,7 +40,7 @@ class CostModel:
         if i and t - T_GRID[i - 1] < T_GRID[i] - t:
             i -= 1
         cell = T_GRID[i]
-        if cell != t and not calibrating:          # t: rows per sequence, maybe fractional
+        if cell != t and not calibrating:  # t: rows per sequence, maybe fractional
             est = self.pass_seconds(b)
             at_t = np.interp(t, GRID, est)
             if np.isfinite(est).all() and at_t > 0:
@@ -88,15 +89,20 @@ class CostModel:
         return (0.25 * known if np.isfinite(known) else 0.0) * (k + 1)
 
     @torch.inference_mode()
-    def calibrate(self, runner, batches: tuple[int, ...] = (1, 8, 32),
-                  tokens: tuple[int, ...] = (1, 4, 16, 33),
-                  context: int = 32, repeats: int = 2) -> None:
+    def calibrate(
+        self,
+        runner,
+        batches: tuple[int, ...] = (1, 8, 32),
+        tokens: tuple[int, ...] = (1, 4, 16, 33),
+        context: int = 32,
+        repeats: int = 2,
+    ) -> None:
         """Time target passes of B sequences x T tokens over fresh caches of `context` tokens."""
         device = runner.device
         for b in batches:
             for t in tokens:
                 best = float("inf")
-                for _ in range(repeats + 1):                    # the first run warms up
+                for _ in range(repeats + 1):  # the first run warms up
                     caches = [runner.new_cache(context + t + 1) for _ in range(b)]
                     ids = torch.zeros(b * context, dtype=torch.long, device=device)
                     pos = torch.arange(context, device=device).repeat(b)
@@ -109,8 +115,7 @@ class CostModel:
                 self.record_pass(b, t, best, calibrating=True)
 
     @torch.inference_mode()
-    def calibrate_drafter(self, drafter, batches: tuple[int, ...] = (1, 8, 32),
-                          repeats: int = 2) -> None:
+    def calibrate_drafter(self, drafter, batches: tuple[int, ...] = (1, 8, 32), repeats: int = 2) -> None:
         """Time one drafter step (forward + logits) for B sequences; replaces the step estimates."""
         from gleanrl.server.sd.drafter_forward import drafter_forward, new_draft_cache
 

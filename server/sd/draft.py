@@ -7,6 +7,7 @@ further step feeds the drafter's own pre-norm output with the token just drafted
 Sampled requests draw drafts from q = the drafter's distribution processed exactly like the target's
 (temperature, top-k, top-p, min-p), with the request's own generator; greedy ones take the argmax.
 """
+
 from __future__ import annotations
 
 import torch
@@ -15,8 +16,9 @@ from gleanrl.server.sampling.sampler import processed_probs, sample
 from gleanrl.server.sd.drafter_forward import drafter_forward
 
 
-def _draw(logits: torch.Tensor, prm: dict[str, torch.Tensor],
-          generators: list) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _draw(
+    logits: torch.Tensor, prm: dict[str, torch.Tensor], generators: list
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [A, V] -> (tokens [A], q [A, V] or None when every row is greedy)."""
     if bool((prm["temperature"] <= 0).all()):
         return logits.argmax(-1), None
@@ -25,8 +27,9 @@ def _draw(logits: torch.Tensor, prm: dict[str, torch.Tensor],
 
 
 @torch.inference_mode()
-def draft_tokens(drafter, seqs: list, states: list, ks: list[int],
-                 prm: dict[str, torch.Tensor]) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+def draft_tokens(
+    drafter, seqs: list, states: list, ks: list[int], prm: dict[str, torch.Tensor]
+) -> tuple[list[list[int]], list[torch.Tensor | None]]:
     """Returns per sequence the k_b drafted ids and their draft distributions q [k_b, V] (None if
     greedy). Consumes every state's pending hidden states; the drafter caches grow by up to k_b - 1
     own entries."""
@@ -36,12 +39,17 @@ def draft_tokens(drafter, seqs: list, states: list, ks: list[int],
         ids += s.tokens(p0 + 1, p0 + 1 + n)
         pos += range(p0, p0 + n)
         lens.append(n)
-    hidden = torch.cat([st.take() for st in states])                                     # [N, 3*Ht]
+    hidden = torch.cat([st.take() for st in states])  # [N, 3*Ht]
     device = hidden.device
-    h = drafter_forward(drafter, torch.tensor(ids, device=device), hidden,
-                        torch.tensor(pos, device=device),
-                [st.cache for st in states], lens)                                       # [N, H]
-    g = h[torch.tensor(lens, device=device).cumsum(0) - 1]                                # [B, H]
+    h = drafter_forward(
+        drafter,
+        torch.tensor(ids, device=device),
+        hidden,
+        torch.tensor(pos, device=device),
+        [st.cache for st in states],
+        lens,
+    )  # [N, H]
+    g = h[torch.tensor(lens, device=device).cumsum(0) - 1]  # [B, H]
     drafts: list[list[int]] = [[] for _ in seqs]
     qs: list[list[torch.Tensor]] = [[] for _ in seqs]
     rows = list(range(len(seqs)))
@@ -49,9 +57,11 @@ def draft_tokens(drafter, seqs: list, states: list, ks: list[int],
         # no indexing (batch 1: always)
         every = len(rows) == len(seqs) and all(k > step for k in ks)
         rows = rows if every else [b for b in rows if ks[b] > step]
-        tok, q = _draw(drafter.logits(g if every else g[rows]),
-                       prm if every else {k: v[rows] for k, v in prm.items()},
-                       [seqs[b].generator for b in rows])
+        tok, q = _draw(
+            drafter.logits(g if every else g[rows]),
+            prm if every else {k: v[rows] for k, v in prm.items()},
+            [seqs[b].generator for b in rows],
+        )
         for j, (b, t) in enumerate(zip(rows, tok.tolist())):
             drafts[b].append(t)
             if q is not None:
@@ -64,6 +74,5 @@ def draft_tokens(drafter, seqs: list, states: list, ks: list[int],
         if len(bs) == len(seqs):  # then every row drafted this step: tok and g are all rows
             g = drafter_forward(drafter, tok, g, pos, [st.cache for st in states], [1] * len(bs))
         else:
-            g[bs] = drafter_forward(drafter, tok[nxt], g[bs], pos, [states[b].cache for b in bs],
-                                    [1] * len(bs))
+            g[bs] = drafter_forward(drafter, tok[nxt], g[bs], pos, [states[b].cache for b in bs], [1] * len(bs))
     return drafts, [torch.stack(q) if q else None for q in qs]

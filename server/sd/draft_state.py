@@ -6,6 +6,7 @@ cache.length) of the target cache (EAGLE-3 pairs h_i with token i+1 at position 
 the last `keep` to 2 * `keep` states the drafter has consumed (`seen`, the positions just before
 next_pos), so that a new drafter's cache is rebuilt from them (`rebased`) without a target forward.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,15 +18,15 @@ from gleanrl.server.model.kv import SeqKVCache
 
 @dataclass(eq=False)
 class DraftState:
-    cache: SeqKVCache                 # the drafter's KV for positions [start, next_pos)
+    cache: SeqKVCache  # the drafter's KV for positions [start, next_pos)
     start: int
     chunks: list[torch.Tensor] = field(default_factory=list)  # target aux states [*, 3*Ht] for
-    pending: int = 0                  # positions [next_pos, next_pos + pending), not yet
-                                      # fed to the drafter
-    keep: int = 256                   # consumed states kept for a drafter swap
-    seen: list[torch.Tensor] = field(default_factory=list)    # consumed states [*, 3*Ht] for
-    seen_rows: int = 0                # positions [next_pos - seen_rows, next_pos)
-    rebuilt: bool = False             # a new drafter's cache is to be rebuilt (a swap's cost)
+    # positions [next_pos, next_pos + pending), not yet fed to the drafter
+    pending: int = 0
+    keep: int = 256  # consumed states kept for a drafter swap
+    seen: list[torch.Tensor] = field(default_factory=list)  # consumed states [*, 3*Ht] for
+    seen_rows: int = 0  # positions [next_pos - seen_rows, next_pos)
+    rebuilt: bool = False  # a new drafter's cache is to be rebuilt (a swap's cost)
 
     @property
     def next_pos(self) -> int:
@@ -45,8 +46,8 @@ class DraftState:
         self.chunks, self.pending = [], 0
         self.seen.append(rows)
         self.seen_rows += rows.shape[0]
-        if self.seen_rows > 2 * self.keep:       # trimmed now and then, not every iteration
-            self.seen, self.seen_rows = [torch.cat(self.seen)[-self.keep:]], self.keep
+        if self.seen_rows > 2 * self.keep:  # trimmed now and then, not every iteration
+            self.seen, self.seen_rows = [torch.cat(self.seen)[-self.keep :]], self.keep
         return rows
 
     def rebased(self, cache: SeqKVCache) -> DraftState:
@@ -56,7 +57,7 @@ class DraftState:
         rows = self.seen + self.chunks
         new = DraftState(cache, self.covered, keep=self.keep, rebuilt=True)
         if rows:
-            kept = torch.cat(rows)[-self.keep:]
+            kept = torch.cat(rows)[-self.keep :]
             new.start -= kept.shape[0]
             new.add(kept)
         return new

@@ -7,6 +7,7 @@ left the running set (finished, aborted) finishes its sample, whose tokens stay 
 later steps. A retracted or flushed sequence keeps its output ids, so its sample
 continues unchanged.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from gleanrl.server.sd.group_index import GroupDraft, GroupIndex, GroupIndexConf
 class _Entry:
     sample: Sample
     key: bytes
-    indexed: int = 0                 # output tokens already indexed
+    indexed: int = 0  # output tokens already indexed
 
 
 class GroupDrafts:
@@ -37,13 +38,12 @@ class GroupDrafts:
         for s in seqs:
             e = self._entries.get(s)
             if e is None:
-                e = self._entries[s] = _Entry(self.index.start(s.req.input_ids, version),
-                                              prompt_key(s.req.input_ids))
+                e = self._entries[s] = _Entry(self.index.start(s.req.input_ids, version), prompt_key(s.req.input_ids))
             self._extend(s, e)
 
     def _extend(self, s: Sequence, e: _Entry) -> None:
         if len(s.output_ids) > e.indexed:
-            self.index.extend(e.sample, s.output_ids[e.indexed:])
+            self.index.extend(e.sample, s.output_ids[e.indexed :])
             e.indexed = len(s.output_ids)
 
     def propose(self, s: Sequence, max_len: int) -> GroupDraft | None:

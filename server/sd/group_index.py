@@ -28,6 +28,7 @@ once they outnumber the live ones (amortised O(1) per token), so the table holds
 per token on sibling-like samples, 340 on unrelated random ones, so the default bound (2^19
 tokens) is 90-180 MB.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,8 +37,8 @@ from array import array
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
-_POS_BITS = 32                       # a table entry is (sample uid << _POS_BITS) |
-                                     # position: one int
+# a table entry is (sample uid << _POS_BITS) | position: one int
+_POS_BITS = 32
 
 
 def prompt_key(prompt_ids: list[int]) -> bytes:
@@ -47,18 +48,18 @@ def prompt_key(prompt_ids: list[int]) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class GroupIndexConfig:
-    max_tokens: int = 1 << 19       # output tokens held over all prompts and versions
-    keep_versions: int = 2          # policy versions whose samples are kept (the
-                                    # current one included)
-    min_n: int = 2                  # shortest n-gram that may propose
+    max_tokens: int = 1 << 19  # output tokens held over all prompts and versions
+    # policy versions whose samples are kept (the current one included)
+    keep_versions: int = 2
+    min_n: int = 2  # shortest n-gram that may propose
     max_n: int = 4
-    max_hits: int = 64              # most recent positions kept per n-gram (siblings in lockstep
-                                    # add entries with nothing after them yet: room for
-                                    # older samples too)
-    max_candidates: int = 16        # continuations a proposal votes over (the most
-                                    # recent useful ones)
-    max_draft: int = 32             # longest draft
-    min_prob: float = 0.1           # the draft stops before its estimate falls below this
+    # most recent positions kept per n-gram (siblings in lockstep add entries with nothing after them yet: room for
+    # older samples too)
+    max_hits: int = 64
+    # continuations a proposal votes over (the most recent useful ones)
+    max_candidates: int = 16
+    max_draft: int = 32  # longest draft
+    min_prob: float = 0.1  # the draft stops before its estimate falls below this
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -77,17 +78,18 @@ class GroupIndexConfig:
 
 @dataclass(frozen=True, slots=True)
 class GroupDraft:
-    tokens: list[int]               # the proposed continuation (1..max_len tokens)
-    match_len: int                  # n of the matched n-gram
-    candidates: int                 # samples whose continuation matched
-    support: list[int]              # support[j]: samples that agree with tokens[:j + 1]
-    probs: list[float]              # probs[j]: conditional estimate that tokens[j]
-                                    # follows tokens[:j]
+    tokens: list[int]  # the proposed continuation (1..max_len tokens)
+    match_len: int  # n of the matched n-gram
+    candidates: int  # samples whose continuation matched
+    support: list[int]  # support[j]: samples that agree with tokens[:j + 1]
+    # probs[j]: conditional estimate that tokens[j] follows tokens[:j]
+    probs: list[float]
 
 
 @dataclass(eq=False, slots=True)
 class Sample:
     """One sample of a prompt: the prompt's last max_n tokens (context), then its output tokens."""
+
     key: bytes
     version: str
     tokens: list[int]
@@ -95,7 +97,7 @@ class Sample:
     uid: int
     running: bool = True
     alive: bool = True
-    entries: int = 0                # its n-gram table entries
+    entries: int = 0  # its n-gram table entries
 
     @property
     def output_len(self) -> int:
@@ -107,20 +109,20 @@ class _Group:
     # hash(n-gram) -> entry or entries
     table: dict[int, int | list[int]] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
-    live: int = 0                   # table entries of live samples
-    dead: int = 0                   # table entries of dropped samples
+    live: int = 0  # table entries of live samples
+    dead: int = 0  # table entries of dropped samples
 
 
 class GroupIndex:
     def __init__(self, config: GroupIndexConfig | None = None):
         self.config = config or GroupIndexConfig()
         self.groups: dict[bytes, _Group] = {}
-        self.tokens = 0                                      # output tokens of live samples
+        self.tokens = 0  # output tokens of live samples
         # eviction order: finished first, then running, oldest first
         self._finished: OrderedDict[Sample, None] = OrderedDict()
         self._running: OrderedDict[Sample, None] = OrderedDict()
         self._versions: list[str] = []
-        self._live: dict[int, Sample] = {}                   # uid -> live sample
+        self._live: dict[int, Sample] = {}  # uid -> live sample
         self._uids = itertools.count()
 
     def set_version(self, version: str) -> None:
@@ -129,7 +131,7 @@ class GroupIndex:
         they finish)."""
         if version in self._versions:
             return
-        self._versions = (self._versions + [version])[-self.config.keep_versions:]
+        self._versions = (self._versions + [version])[-self.config.keep_versions :]
         for s in [s for s in self._finished if s.version not in self._versions]:
             self._drop(s)
 
@@ -137,7 +139,7 @@ class GroupIndex:
         """Register a new running sample of the prompt; feed its tokens with `extend`."""
         self.set_version(version)
         key = prompt_key(prompt_ids)
-        ctx = list(prompt_ids[-self.config.max_n:])
+        ctx = list(prompt_ids[-self.config.max_n :])
         s = Sample(key, version, ctx, len(ctx), next(self._uids))
         self._live[s.uid] = s
         self.groups.setdefault(key, _Group()).samples.append(s)
@@ -163,8 +165,7 @@ class GroupIndex:
             if s.version not in self._versions:
                 self._drop(s)
 
-    def propose(self, key: bytes, recent: list[int],
-                max_len: int | None = None) -> GroupDraft | None:
+    def propose(self, key: bytes, recent: list[int], max_len: int | None = None) -> GroupDraft | None:
         """recent: the sequence's last tokens (prompt included). The majority continuation after the
         longest matching n-gram while its estimate stays >= min_prob, at most max_len (default
         max_draft) tokens, or None."""
@@ -178,13 +179,13 @@ class GroupIndex:
             if hits is None:
                 continue
             conts, seen = [], set()
-            for e in reversed(hits) if isinstance(hits, list) else (hits,):   # most recent first
+            for e in reversed(hits) if isinstance(hits, list) else (hits,):  # most recent first
                 uid, pos = e >> _POS_BITS, e & mask
                 s = self._live.get(uid)
                 if s is not None and pos < len(s.tokens) and uid not in seen:
                     # one position per sample
                     seen.add(uid)
-                    conts.append(s.tokens[pos:pos + max_len])
+                    conts.append(s.tokens[pos : pos + max_len])
                     if len(conts) == cfg.max_candidates:
                         break
             if conts:
@@ -192,8 +193,7 @@ class GroupIndex:
         return None
 
     def stats(self) -> dict[str, int]:
-        return {"prompts": len(self.groups), "samples": len(self._finished) + len(self._running),
-                "tokens": self.tokens}
+        return {"prompts": len(self.groups), "samples": len(self._finished) + len(self._running), "tokens": self.tokens}
 
     def _index(self, group: _Group, s: Sample, first_end: int) -> None:
         """Index the n-grams ending at first_end.. (none ending inside the prompt context: those
@@ -202,7 +202,7 @@ class GroupIndex:
         for end in range(max(first_end, s.context - 1), len(toks)):
             entry = (s.uid << _POS_BITS) | (end + 1)
             for n in range(cfg.min_n, min(cfg.max_n, end + 1) + 1):
-                hits = table.get(key := hash(tuple(toks[end - n + 1:end + 1])))
+                hits = table.get(key := hash(tuple(toks[end - n + 1 : end + 1])))
                 if hits is None:
                     table[key] = entry
                 elif isinstance(hits, int):
@@ -224,7 +224,7 @@ class GroupIndex:
         group.live, group.dead = group.live - s.entries, group.dead + s.entries
         if not group.samples:
             del self.groups[s.key]
-        elif group.dead > group.live:                                    # purge the dropped entries
+        elif group.dead > group.live:  # purge the dropped entries
             fresh = self.groups[s.key] = _Group(samples=group.samples)
             for live in fresh.samples:
                 live.entries = 0

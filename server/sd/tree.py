@@ -7,6 +7,7 @@ tokens 0..j only. After verification the accepted path (root, then the first n t
 is moved to the front of the new rows (`keep_path`), so the cache again holds one
 contiguous sequence.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,10 +19,10 @@ from gleanrl.server.model.kv import SeqKVCache
 
 @dataclass(frozen=True, slots=True)
 class DraftTree:
-    tokens: list[int]          # [t]: root, then each branch
-    positions: list[int]       # [t]
-    offsets: list[int]         # offsets[m]: row of branch m's first token
-    lens: list[int]            # tokens per branch
+    tokens: list[int]  # [t]: root, then each branch
+    positions: list[int]  # [t]
+    offsets: list[int]  # offsets[m]: row of branch m's first token
+    lens: list[int]  # tokens per branch
 
     @property
     def size(self) -> int:
@@ -32,14 +33,13 @@ class DraftTree:
         m = torch.zeros(self.size, self.size, dtype=torch.bool, device=device)
         m[:, 0] = True
         for off, n in zip(self.offsets, self.lens):
-            m[off:off + n, off:off + n] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+            m[off : off + n, off : off + n] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
         return m
 
     def rows(self, branch: int, n: int) -> list[int]:
         """Rows of the accepted path: the root, then branch `branch`'s first n tokens (branch
         -1: root only)."""
-        return [0] + (list(range(self.offsets[branch], self.offsets[branch] + n))
-                      if branch >= 0 else [])
+        return [0] + (list(range(self.offsets[branch], self.offsets[branch] + n)) if branch >= 0 else [])
 
     def branch_rows(self, m: int) -> list[int]:
         """Rows whose target distribution follows branch m's tokens 0..len-1 (the
@@ -63,6 +63,6 @@ def keep_path(cache: SeqKVCache, start: int, rows: list[int]) -> None:
     if rows != list(range(len(rows))):
         src = torch.tensor(rows, device=cache.k[0].device) + start
         for buf in (cache.k, cache.v):
-            for layer in buf:                                  # [n_kv, capacity, d]
-                layer[:, start:start + len(rows)] = layer[:, src]
+            for layer in buf:  # [n_kv, capacity, d]
+                layer[:, start : start + len(rows)] = layer[:, src]
     cache.truncate(start + len(rows))

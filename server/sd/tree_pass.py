@@ -15,6 +15,7 @@ unpenalised, which costs acceptance only. Returned, top and token-id logprobs of
 come from its node's penalised row, as plain decoding's from its step's. A grammar's mask is applied
 the same way (`sampling.grammar`): a draft it forbids has probability 0 at its node, never accepted.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,18 +30,22 @@ from gleanrl.server.sd.tree import build_tree, keep_path
 
 @dataclass(frozen=True, slots=True)
 class TreeResult:
-    branch: int                 # accepted branch (-1: none, the root's own token)
-    accepted: int               # draft tokens accepted
-    ids: list[int]              # emitted: accepted drafts + one corrected/bonus token
+    branch: int  # accepted branch (-1: none, the root's own token)
+    accepted: int  # draft tokens accepted
+    ids: list[int]  # emitted: accepted drafts + one corrected/bonus token
     logprobs: list[float]
-    rows: list[int]             # rows of the pass (into `aux`) on the accepted path, root first
+    rows: list[int]  # rows of the pass (into `aux`) on the accepted path, root first
 
 
 @torch.inference_mode()
-def tree_pass(runner: ModelRunner, seqs: list, branches: list[list[list[int]]],
-              qs: list[list[torch.Tensor | None]], prm: dict[str, torch.Tensor],
-              capture_layers: list[int] | None = None
-              ) -> tuple[list[TreeResult], torch.Tensor | None]:
+def tree_pass(
+    runner: ModelRunner,
+    seqs: list,
+    branches: list[list[list[int]]],
+    qs: list[list[torch.Tensor | None]],
+    prm: dict[str, torch.Tensor],
+    capture_layers: list[int] | None = None,
+) -> tuple[list[TreeResult], torch.Tensor | None]:
     """branches[b][m]: branch m's tokens for seqs[b] (m fixes the verification order); qs[b][m]: its
     draft distributions [len, V] (EAGLE, sampled requests) or None (a point-mass draft). prm:
     params_tensors of seqs. Returns per sequence a TreeResult, and the aux hidden states [N, 3*H]
@@ -51,11 +56,15 @@ def tree_pass(runner: ModelRunner, seqs: list, branches: list[list[list[int]]],
     starts = [s.cache.length for s in seqs]
     trees = [build_tree(s.tokens(p0, p0 + 1)[0], p0, b) for s, p0, b in zip(seqs, starts, branches)]
     masks = [t.mask(device) if len(b) > 1 else None for t, b in zip(trees, branches)]
-    logits, aux = runner.forward(                                   # [N, V], [N, 3*H]
+    logits, aux = runner.forward(  # [N, V], [N, 3*H]
         torch.tensor([x for t in trees for x in t.tokens], device=device),
         torch.tensor([p for t in trees for p in t.positions], device=device),
-        [s.cache for s in seqs], [t.size for t in trees], capture_layers=capture_layers,
-        last_only=False, tree_masks=masks if any(m is not None for m in masks) else None)
+        [s.cache for s in seqs],
+        [t.size for t in trees],
+        capture_layers=capture_layers,
+        last_only=False,
+        tree_masks=masks if any(m is not None for m in masks) else None,
+    )
     base = torch.tensor([t.size for t in trees]).cumsum(0) - torch.tensor([t.size for t in trees])
     logits = _penalised_tree(logits, seqs, trees, branches, base.tolist())
     bsz = len(seqs)
@@ -65,20 +74,26 @@ def tree_pass(runner: ModelRunner, seqs: list, branches: list[list[list[int]]],
     rows = base[:, None, None].repeat(1, m_max, k + 1)
     for b, (t, br) in enumerate(zip(trees, branches)):
         for m, x in enumerate(br):
-            drafts[b, m, :len(x)], lens[b, m] = torch.tensor(x, dtype=torch.long), len(x)
-            rows[b, m, :len(x) + 1] = base[b] + torch.tensor(t.branch_rows(m))
+            drafts[b, m, : len(x)], lens[b, m] = torch.tensor(x, dtype=torch.long), len(x)
+            rows[b, m, : len(x) + 1] = base[b] + torch.tensor(t.branch_rows(m))
     drafts, lens, rows = drafts.to(device), lens.to(device), rows.to(device)
     branch, n_acc, out = _verify(logits, rows, drafts, lens, seqs, qs, prm, m_max, k)
     paths = [t.rows(int(br), int(n)) for t, br, n in zip(trees, branch.tolist(), n_acc.tolist())]
     glob = [[int(base[b]) + r for r in path] for b, path in enumerate(paths)]
-    ids = [out[b, :len(path)] for b, path in enumerate(paths)]
+    ids = [out[b, : len(path)] for b, path in enumerate(paths)]
     lps = _logprobs(logits, seqs, glob, ids, prm["temperature"])
-    asking = [b for b, s in enumerate(seqs) if s.req.return_logprob and (s.req.top_logprobs_num > 0
-                                                                       or s.req.token_ids_logprob)]
+    asking = [
+        b
+        for b, s in enumerate(seqs)
+        if s.req.return_logprob and (s.req.top_logprobs_num > 0 or s.req.token_ids_logprob)
+    ]
     if asking:
         rows_e = [r for b in asking for r in glob[b]]
-        sampler.record_extras(logits[rows_e], [seqs[b] for b in asking for _ in glob[b]],
-                              prm["temperature"][[b for b in asking for _ in glob[b]]])
+        sampler.record_extras(
+            logits[rows_e],
+            [seqs[b] for b in asking for _ in glob[b]],
+            prm["temperature"][[b for b in asking for _ in glob[b]]],
+        )
     results = []
     for b, (s, path) in enumerate(zip(seqs, paths)):
         keep_path(s.cache, starts[b], path)
@@ -86,8 +101,9 @@ def tree_pass(runner: ModelRunner, seqs: list, branches: list[list[list[int]]],
     return results, aux
 
 
-def _penalised_tree(logits: torch.Tensor, seqs: list, trees: list, branches: list[list[list[int]]],
-                    base: list[int]) -> torch.Tensor:
+def _penalised_tree(
+    logits: torch.Tensor, seqs: list, trees: list, branches: list[list[list[int]]], base: list[int]
+) -> torch.Tensor:
     """logits [N, V] of the pass -> penalised: each branch is one window [root, its tokens]."""
     if not any(s.req.params.logits_processed for s in seqs):
         return logits
@@ -99,13 +115,14 @@ def _penalised_tree(logits: torch.Tensor, seqs: list, trees: list, branches: lis
             wdrafts.append(d)
     idx = torch.tensor(rows, device=logits.device)
     out = logits.clone()
-    out[idx] = sampler.penalised(logits[idx], wseqs, wdrafts)        # a root row repeats per
-                                                             # branch, identically
+    out[idx] = sampler.penalised(logits[idx], wseqs, wdrafts)  # a root row repeats per
+    # branch, identically
     return out
 
 
-def _logprobs(logits: torch.Tensor, seqs: list, glob: list[list[int]], ids: list[torch.Tensor],
-              temperature: torch.Tensor) -> list[list[float]]:
+def _logprobs(
+    logits: torch.Tensor, seqs: list, glob: list[list[int]], ids: list[torch.Tensor], temperature: torch.Tensor
+) -> list[list[float]]:
     """SGLang's logprob of every emitted token (0.0 for sequences that did not ask, as the
     plain step)."""
     want = [b for b, s in enumerate(seqs) if s.req.return_logprob]
@@ -116,7 +133,7 @@ def _logprobs(logits: torch.Tensor, seqs: list, glob: list[list[int]], ids: list
         picked = torch.cat([ids[b] for b in want])
         flat = sampler.token_logprobs(logits[rows], picked, temp).tolist()
         for b in want:
-            lps[b], flat = flat[:len(glob[b])], flat[len(glob[b]):]
+            lps[b], flat = flat[: len(glob[b])], flat[len(glob[b]) :]
     return lps
 
 
@@ -131,13 +148,12 @@ def _verify(logits, rows, drafts, lens, seqs, qs, prm, m_max: int, k: int):
     if not sampled:
         return branch, n_acc, out
     idx = torch.tensor(sampled, device=drafts.device)
-    pick = {key: v[sampled].repeat_interleave(m_max * (k + 1)).to(logits.device)
-            for key, v in prm.items()}
-    p = sampler.processed_probs(logits[rows[idx].reshape(-1)], pick["temperature"],
-                                pick["top_k"], pick["top_p"], pick["min_p"])
-    p = p.view(len(sampled), m_max, k + 1, -1)                          # [S, M, k+1, V]
-    point = torch.tensor([[qs[b][m] is None if m < len(qs[b]) else True for m in range(m_max)]
-                          for b in sampled])
+    pick = {key: v[sampled].repeat_interleave(m_max * (k + 1)).to(logits.device) for key, v in prm.items()}
+    p = sampler.processed_probs(
+        logits[rows[idx].reshape(-1)], pick["temperature"], pick["top_k"], pick["top_p"], pick["min_p"]
+    )
+    p = p.view(len(sampled), m_max, k + 1, -1)  # [S, M, k+1, V]
+    point = torch.tensor([[qs[b][m] is None if m < len(qs[b]) else True for m in range(m_max)] for b in sampled])
     draft_q = None
     if not bool(point.all()):
         # [S, M, k, V]
@@ -145,10 +161,16 @@ def _verify(logits, rows, drafts, lens, seqs, qs, prm, m_max: int, k: int):
         for j, b in enumerate(sampled):
             for m, q in enumerate(qs[b]):
                 if q is not None:
-                    draft_q[j, m, :q.shape[0]] = q
-    b_s, n_s, out_s = verify_branches(drafts[idx], lens[idx], p[:, 0, 0], p[:, :, 1:],
-                                      [seqs[b].generator for b in sampled], draft_q,
-                                      point.to(drafts.device))
+                    draft_q[j, m, : q.shape[0]] = q
+    b_s, n_s, out_s = verify_branches(
+        drafts[idx],
+        lens[idx],
+        p[:, 0, 0],
+        p[:, :, 1:],
+        [seqs[b].generator for b in sampled],
+        draft_q,
+        point.to(drafts.device),
+    )
     branch, n_acc, out = branch.clone(), n_acc.clone(), out.clone()
     branch[idx], n_acc[idx], out[idx] = b_s, n_s, out_s
     return branch, n_acc, out

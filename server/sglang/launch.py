@@ -9,6 +9,7 @@ because SGLang 0.5.23's EAGLE-3 worker needs a GPU. API keys travel as SGLang's 
 reads no environment variable for them), so they are visible in the process list of the machine;
 they are redacted in everything gleanrl prints.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,7 @@ from pathlib import Path
 from gleanrl.server.sglang.process import SGLangLaunchError, SGLangProcess
 
 __all__ = ["SGLangLaunchError", "SGLangProcess", "build_command", "launch", "redact", "start"]
-_REPO = Path(__file__).resolve().parents[2]   # server/sglang/launch.py -> the checkout
+_REPO = Path(__file__).resolve().parents[2]  # server/sglang/launch.py -> the checkout
 _SECRET_FLAGS = ("--api-key", "--admin-api-key")
 
 
@@ -45,10 +46,12 @@ def sglang_python() -> tuple[str, dict[str, str]]:
     elif _importable("sglang.launch_server"):
         python = sys.executable
     else:
-        raise SGLangLaunchError("SGLang is not installed: `pip install 'sglang[all]>=0.5.23'` on a "
-                                "GPU machine, or `bash scripts/install_sglang_cpu.sh .venv-sglang` "
-                                "for the CPU test engine (or point GLEANRL_SGLANG_PYTHON at an "
-                                "interpreter that has it)")
+        raise SGLangLaunchError(
+            "SGLang is not installed: `pip install 'sglang[all]>=0.5.23'` on a "
+            "GPU machine, or `bash scripts/install_sglang_cpu.sh .venv-sglang` "
+            "for the CPU test engine (or point GLEANRL_SGLANG_PYTHON at an "
+            "interpreter that has it)"
+        )
     # the CPU install's vllm stub (see install_sglang_cpu.sh)
     shim = Path(python).parent.parent / "shim"
     env = (
@@ -65,19 +68,37 @@ def build_command(args: argparse.Namespace, python: str = "python") -> list[str]
     given = {a.split("=", 1)[0] for a in extra if a.startswith("--")}
     device = args.device
     dtype = {"auto": "float32" if device == "cpu" else "auto"}.get(args.dtype, args.dtype)
-    cmd = [python, "-m", "sglang.launch_server", "--model-path", str(args.model), "--host",
-           args.host, "--port", str(args.port), "--device", device, "--dtype", dtype]
-    optional = [("--context-length", args.context_length),
-                ("--max-running-requests", args.max_running_requests),
-                ("--api-key", args.api_key), ("--admin-api-key", args.admin_api_key),
-                ("--reasoning-parser", getattr(args, "reasoning_parser", None)),
-                ("--tool-call-parser", getattr(args, "tool_call_parser", None))]
+    cmd = [
+        python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(args.model),
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--device",
+        device,
+        "--dtype",
+        dtype,
+    ]
+    optional = [
+        ("--context-length", args.context_length),
+        ("--max-running-requests", args.max_running_requests),
+        ("--api-key", args.api_key),
+        ("--admin-api-key", args.admin_api_key),
+        ("--reasoning-parser", getattr(args, "reasoning_parser", None)),
+        ("--tool-call-parser", getattr(args, "tool_call_parser", None)),
+    ]
     if args.drafter:
-        optional += [("--speculative-algorithm", "EAGLE3"),
-                     ("--speculative-draft-model-path", str(args.drafter)),
-                     ("--speculative-num-steps", args.speculative_num_steps),
-                     ("--speculative-eagle-topk", args.speculative_eagle_topk),
-                     ("--speculative-num-draft-tokens", args.speculative_num_draft_tokens)]
+        optional += [
+            ("--speculative-algorithm", "EAGLE3"),
+            ("--speculative-draft-model-path", str(args.drafter)),
+            ("--speculative-num-steps", args.speculative_num_steps),
+            ("--speculative-eagle-topk", args.speculative_eagle_topk),
+            ("--speculative-num-draft-tokens", args.speculative_num_draft_tokens),
+        ]
     for flag, value in optional:
         if value is not None and flag not in given:
             cmd += [flag, str(value)]
@@ -89,23 +110,23 @@ def build_command(args: argparse.Namespace, python: str = "python") -> list[str]
 
 def redact(cmd: list[str]) -> str:
     shown = [("***" if i and cmd[i - 1] in _SECRET_FLAGS else a) for i, a in enumerate(cmd)]
-    return " ".join(a.split("=", 1)[0] + "=***" if a.startswith(_SECRET_FLAGS) and "=" in a else a
-                    for a in shown)
+    return " ".join(a.split("=", 1)[0] + "=***" if a.startswith(_SECRET_FLAGS) and "=" in a else a for a in shown)
 
 
 def check_args(args: argparse.Namespace) -> None:
     if args.drafter and args.device == "cpu":
-        raise SGLangLaunchError("speculative decoding with stock SGLang needs a GPU (SGLang "
-                                "0.5.23's EAGLE-3 worker does not run on CPU): drop --drafter, use "
-                                "--device cuda, or use --backend embedded, which runs SD on CPU")
+        raise SGLangLaunchError(
+            "speculative decoding with stock SGLang needs a GPU (SGLang "
+            "0.5.23's EAGLE-3 worker does not run on CPU): drop --drafter, use "
+            "--device cuda, or use --backend embedded, which runs SD on CPU"
+        )
     if not Path(args.model).is_dir():
         raise SGLangLaunchError(f"model directory {args.model} does not exist")
     if args.drafter and not Path(args.drafter).is_dir():
         raise SGLangLaunchError(f"drafter directory {args.drafter} does not exist")
 
 
-def start(args: argparse.Namespace, echo: bool = True,
-          timeout_s: float = 600.0) -> tuple[SGLangProcess, str]:
+def start(args: argparse.Namespace, echo: bool = True, timeout_s: float = 600.0) -> tuple[SGLangProcess, str]:
     """Check the flags, start SGLang, wait for /health; returns (process, base URL)."""
     check_args(args)
     python, env = sglang_python()
@@ -124,8 +145,8 @@ def start(args: argparse.Namespace, echo: bool = True,
 
 
 def _exit_on_sigterm(signum, frame) -> None:
-    raise SystemExit(128 + signum)   # runs the `finally` below, so SGLang's process
-                                     # group is stopped too
+    # runs the `finally` below, so SGLang's process group is stopped too
+    raise SystemExit(128 + signum)
 
 
 def launch(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
 """A running stock SGLang server process: its own process group (scheduler and detokenizer
 included), the tail of its output kept so a failed start can show SGLang's own error."""
+
 from __future__ import annotations
 
 import collections
@@ -22,12 +23,18 @@ class SGLangProcess:
     harvester's nice ranks below it under autogroup scheduling), the tail of its output kept for
     errors."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], echo: bool = True,
-                 tail_lines: int = 60):
+    def __init__(self, cmd: list[str], env: dict[str, str], echo: bool = True, tail_lines: int = 60):
         self.cmd, self.tail = cmd, collections.deque(maxlen=tail_lines)
-        self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     process_group=0, text=True, errors="replace")
+        self.proc = subprocess.Popen(
+            cmd,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            process_group=0,
+            text=True,
+            errors="replace",
+        )
         self._reader = threading.Thread(target=self._pump, args=(echo,), daemon=True)
         self._reader.start()
 
@@ -47,8 +54,9 @@ class SGLangProcess:
         while time.monotonic() - start < timeout_s:
             if self.proc.poll() is not None:
                 self._reader.join(timeout=5)
-                raise SGLangLaunchError(f"SGLang exited with code {self.proc.returncode} "
-                                        f"while starting; its last output:\n{self.output()}")
+                raise SGLangLaunchError(
+                    f"SGLang exited with code {self.proc.returncode} while starting; its last output:\n{self.output()}"
+                )
             try:
                 if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                     return time.monotonic() - start
@@ -57,8 +65,7 @@ class SGLangProcess:
             time.sleep(0.5)
         self.stop()
         raise SGLangLaunchError(
-            f"SGLang did not become healthy within {timeout_s:.0f}s; its last "
-            f"output:\n{self.output()}"
+            f"SGLang did not become healthy within {timeout_s:.0f}s; its last output:\n{self.output()}"
         )
 
     def stop(self, grace_s: float = 15.0) -> None:

@@ -7,6 +7,7 @@ and so do the dtypes but floating point ones (cast to the serving dtype at load:
 a model shipped in bf16), and the loaded weights are finite (corrupt data behind an intact header). Any failure
 raises `CheckpointError` with the reason; the caller keeps its old weights.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,7 @@ def checkpoint_signature(model_dir: str | Path) -> Signature:
         try:
             wanted = set(json.loads(index.read_text())["weight_map"].values())
         except (OSError, ValueError, KeyError) as exc:
-            raise CheckpointError(f"{model_dir}: unreadable "
-                                  f"model.safetensors.index.json ({exc})") from None
+            raise CheckpointError(f"{model_dir}: unreadable model.safetensors.index.json ({exc})") from None
         missing = wanted - {f.name for f in files}
         if missing:
             raise CheckpointError(f"{model_dir}: shards missing: {sorted(missing)}")
@@ -61,22 +61,21 @@ def checkpoint_signature(model_dir: str | Path) -> Signature:
     return sig
 
 
-def compare(model_dir: str, config: dict, sig: Signature, ref_config: dict,
-            ref_sig: Signature) -> None:
+def compare(model_dir: str, config: dict, sig: Signature, ref_config: dict, ref_sig: Signature) -> None:
     """Raise CheckpointError unless (config, sig) matches the serving checkpoint's."""
     for key in ("architectures", "model_type"):
         if config.get(key) != ref_config.get(key):
-            raise CheckpointError(f"{model_dir}: {key} {config.get(key)!r} differs "
-                                  f"from the serving model's {ref_config.get(key)!r}")
+            raise CheckpointError(
+                f"{model_dir}: {key} {config.get(key)!r} differs from the serving model's {ref_config.get(key)!r}"
+            )
     missing, extra = sorted(set(ref_sig) - set(sig)), sorted(set(sig) - set(ref_sig))
     if missing or extra:
-        raise CheckpointError(f"{model_dir}: tensor names differ (missing {missing[:5]}, "
-                              f"unexpected {extra[:5]})")
+        raise CheckpointError(f"{model_dir}: tensor names differ (missing {missing[:5]}, unexpected {extra[:5]})")
     for name, (shape, dtype) in ref_sig.items():
         if not fits(*sig[name], shape, dtype):
-            raise CheckpointError(f"{model_dir}: tensor {name} "
-                                  f"is {list(sig[name][0])} {sig[name][1]}, "
-                                  f"expected {list(shape)} {dtype}")
+            raise CheckpointError(
+                f"{model_dir}: tensor {name} is {list(sig[name][0])} {sig[name][1]}, expected {list(shape)} {dtype}"
+            )
 
 
 def load_checked(model_dir: str, ref_config: dict, ref_sig: Signature, device: str, dtype: str):
@@ -90,10 +89,8 @@ def load_checked(model_dir: str, ref_config: dict, ref_sig: Signature, device: s
     try:
         runner = ModelRunner.load(model_dir, device=device, dtype=dtype)
     except Exception as exc:  # anything transformers raises on a bad directory
-        raise CheckpointError(f"{model_dir}: could not load "
-                              f"({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(f"{model_dir}: could not load ({type(exc).__name__}: {exc})") from None
     for name, param in runner.model.named_parameters():  # corrupt data behind an intact header
         if not bool(param.isfinite().all()):
-            raise CheckpointError(f"{model_dir}: tensor {name} holds NaN or infinite values "
-                                  "(corrupt file?)")
+            raise CheckpointError(f"{model_dir}: tensor {name} holds NaN or infinite values (corrupt file?)")
     return runner, config, sig

@@ -6,6 +6,7 @@ running requests simply continue; their draft states are rebuilt from the target
 the next iteration. A drafter that does not fit the target is refused with `CheckpointError` and
 nothing changes.
 """
+
 from __future__ import annotations
 
 from gleanrl.server.model.packed_linear import can_pack, linear
@@ -18,22 +19,28 @@ def load_for_target(path: str, runner: ModelRunner, target_config: dict):
     from gleanrl.harvest.checkpoint import DrafterCheckpointError, load_drafter
 
     try:
-        drafter = load_drafter(path, runner.device,
-                               target_config=target_config.get("text_config", target_config),
-                               embed_tokens=runner.embed.weight)
+        drafter = load_drafter(
+            path,
+            runner.device,
+            target_config=target_config.get("text_config", target_config),
+            embed_tokens=runner.embed.weight,
+        )
     except (DrafterCheckpointError, OSError) as exc:
         raise CheckpointError(f"drafter {path}: {exc}") from None
     c = drafter.config
     if c.vocab_size != runner.vocab_size or c.target_hidden_size != runner.hidden_size:
-        raise CheckpointError(f"drafter {path} was made for vocabulary {c.vocab_size} "
-                              f"and hidden size {c.target_hidden_size}; the target "
-                              f"has {runner.vocab_size} and {runner.hidden_size}")
+        raise CheckpointError(
+            f"drafter {path} was made for vocabulary {c.vocab_size} "
+            f"and hidden size {c.target_hidden_size}; the target "
+            f"has {runner.vocab_size} and {runner.hidden_size}"
+        )
     if not (-1 <= c.aux_layer_ids[0] and c.aux_layer_ids[-1] <= runner.num_layers - 2):
-        raise CheckpointError(f"drafter {path} captures layer ids {c.aux_layer_ids}; this "
-                              f"engine captures ids -1..{runner.num_layers - 2} of "
-                              f"its {runner.num_layers}-layer target")
+        raise CheckpointError(
+            f"drafter {path} captures layer ids {c.aux_layer_ids}; this "
+            f"engine captures ids -1..{runner.num_layers - 2} of "
+            f"its {runner.num_layers}-layer target"
+        )
     drafter = drafter.to(dtype=runner.dtype)
-    pack = can_pack([p for name, p in drafter.named_parameters()
-                     if p.dim() == 2 and "embed" not in name])
+    pack = can_pack([p for name, p in drafter.named_parameters() if p.dim() == 2 and "embed" not in name])
     # oneDNN-packed where bit-identical
     return drafter.fuse_for_inference(lambda w: linear(w, None, pack))

@@ -6,6 +6,7 @@ the names, dtypes and shapes the update call lists. The group is made as SGLang'
 prefixed with the group name, no default group), so a trainer that talks to stock SGLang joins it
 unchanged. gloo on CPU; NCCL where the server runs on CUDA.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -16,15 +17,16 @@ import torch.distributed as dist
 TIMEOUT = timedelta(seconds=300)
 
 
-def init_custom_process_group(backend: str, init_method: str, world_size: int, rank: int,
-                              group_name: str, timeout: timedelta = TIMEOUT):
+def init_custom_process_group(
+    backend: str, init_method: str, world_size: int, rank: int, group_name: str, timeout: timedelta = TIMEOUT
+):
     from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
 
     store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
-    pg, _ = _new_process_group_helper(world_size, rank, [], Backend(backend),
-                                      PrefixStore(group_name, store), group_name=group_name,
-                                      timeout=timeout)
+    pg, _ = _new_process_group_helper(
+        world_size, rank, [], Backend(backend), PrefixStore(group_name, store), group_name=group_name, timeout=timeout
+    )
     _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
     return pg
 
@@ -36,20 +38,24 @@ def dtype_of(name: str) -> torch.dtype:
     return dtype
 
 
-def receive(pg, names: list[str], dtypes: list[str], shapes: list[list[int]],
-            load_format: str | None,
-            device: torch.device | str = "cpu") -> list[tuple[str, torch.Tensor]]:
+def receive(
+    pg,
+    names: list[str],
+    dtypes: list[str],
+    shapes: list[list[int]],
+    load_format: str | None,
+    device: torch.device | str = "cpu",
+) -> list[tuple[str, torch.Tensor]]:
     """The broadcast tensors from rank 0, in the listed order (`flattened_bucket`: one uint8 buffer
     holding them back to back, as SGLang's FlattenedTensorBucket)."""
     kinds = [dtype_of(d) for d in dtypes]
     if load_format == "flattened_bucket":
-        sizes = [int(torch.Size(s).numel()) * torch.empty(0, dtype=k).element_size()
-                 for s, k in zip(shapes, kinds)]
+        sizes = [int(torch.Size(s).numel()) * torch.empty(0, dtype=k).element_size() for s, k in zip(shapes, kinds)]
         flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
         dist.broadcast(flat, src=0, group=pg)
         out, at = [], 0
         for name, kind, shape, size in zip(names, kinds, shapes, sizes):
-            out.append((name, flat[at:at + size].view(kind).reshape(shape)))
+            out.append((name, flat[at : at + size].view(kind).reshape(shape)))
             at += size
         return out
     out = []

@@ -7,6 +7,7 @@ SGLang 0.5.23's `SafeUnpickler`: torch's tensor and storage rebuilders, torch dt
 containers; anything else is refused (a pickle can otherwise run code). Storages may not declare
 more bytes than the payload carries and may not be compressed, so a small payload cannot inflate.
 Anything odd is a ValueError (400). One server process is TP rank 0: it reads the first payload."""
+
 from __future__ import annotations
 
 import base64
@@ -17,19 +18,40 @@ from dataclasses import dataclass
 
 import torch
 
-ALLOWED = {("builtins", n)
-           for n in ("bool", "dict", "float", "int", "list", "set", "slice", "str", "tuple",
-                     "frozenset", "complex")} | {
-    ("collections", "OrderedDict"), ("copyreg", "__newobj__"), ("copyreg", "_reconstructor"),
-    ("torch", "Size"), ("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_tensor"),
-    ("torch._utils", "_rebuild_parameter"), ("torch._tensor", "_rebuild_from_type_v2"),
-    ("torch", "Tensor"), ("torch.nn.parameter", "Parameter"), ("torch.storage", "TypedStorage"),
-    ("torch.storage", "UntypedStorage"), ("torch", "UntypedStorage")}
-HANDLES = {("torch.multiprocessing.reductions", n) for n in (
-    "rebuild_tensor", "rebuild_storage_fd", "rebuild_storage_filename",
-    "rebuild_typed_storage")} | { ("multiprocessing.resource_sharer", "DupFd")}
-STORAGES = {"BFloat16Storage", "BoolStorage", "ByteStorage", "CharStorage", "DoubleStorage",
-            "FloatStorage", "HalfStorage", "IntStorage", "LongStorage", "ShortStorage"}
+ALLOWED = {
+    ("builtins", n)
+    for n in ("bool", "dict", "float", "int", "list", "set", "slice", "str", "tuple", "frozenset", "complex")
+} | {
+    ("collections", "OrderedDict"),
+    ("copyreg", "__newobj__"),
+    ("copyreg", "_reconstructor"),
+    ("torch", "Size"),
+    ("torch._utils", "_rebuild_tensor_v2"),
+    ("torch._utils", "_rebuild_tensor"),
+    ("torch._utils", "_rebuild_parameter"),
+    ("torch._tensor", "_rebuild_from_type_v2"),
+    ("torch", "Tensor"),
+    ("torch.nn.parameter", "Parameter"),
+    ("torch.storage", "TypedStorage"),
+    ("torch.storage", "UntypedStorage"),
+    ("torch", "UntypedStorage"),
+}
+HANDLES = {
+    ("torch.multiprocessing.reductions", n)
+    for n in ("rebuild_tensor", "rebuild_storage_fd", "rebuild_storage_filename", "rebuild_typed_storage")
+} | {("multiprocessing.resource_sharer", "DupFd")}
+STORAGES = {
+    "BFloat16Storage",
+    "BoolStorage",
+    "ByteStorage",
+    "CharStorage",
+    "DoubleStorage",
+    "FloatStorage",
+    "HalfStorage",
+    "IntStorage",
+    "LongStorage",
+    "ShortStorage",
+}
 BUCKET_META = ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata")
 
 
@@ -37,6 +59,7 @@ BUCKET_META = ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata"
 class BucketEntry:
     """Stands in for SGLang's `FlattenedTensorMetadata` (name, shape, dtype, start_idx,
     end_idx, numel)."""
+
     name: str = ""
     shape: tuple = ()
     dtype: torch.dtype = torch.float32
@@ -47,11 +70,12 @@ class BucketEntry:
 
 def _from_value(kind: type):
     """bytes / bytearray from a value, never from a count (bytes(10**12) would allocate it)."""
+
     def build(*args):
         if any(isinstance(a, int) for a in args):
-            raise pickle.UnpicklingError("bytes from a count are not allowed in "
-                                         "serialized_named_tensors")
+            raise pickle.UnpicklingError("bytes from a count are not allowed in serialized_named_tensors")
         return kind(*args)
+
     return build
 
 
@@ -66,8 +90,7 @@ def _check_storage_bytes(data: bytes) -> None:
     for _ in range(4):  # magic number, protocol version, system info, the object
         _Header(f, sizes).load()
     if sum(sizes.values()) > len(data):
-        raise ValueError(f"a storage declares {sum(sizes.values())} bytes but its record "
-                         f"holds {len(data)}")
+        raise ValueError(f"a storage declares {sum(sizes.values())} bytes but its record holds {len(data)}")
 
 
 def _load_storage(data: bytes):
@@ -87,17 +110,19 @@ class _Unpickler(pickle.Unpickler):
             return BucketEntry
         if (module, name) in (("builtins", "bytes"), ("builtins", "bytearray")):
             return _from_value(bytes if name == "bytes" else bytearray)
-        if (module, name) in ALLOWED or (module == "torch" and (name in STORAGES or
-                                                                 isinstance(getattr(torch, name, None), torch.dtype))):
+        if (module, name) in ALLOWED or (
+            module == "torch" and (name in STORAGES or isinstance(getattr(torch, name, None), torch.dtype))
+        ):
             return super().find_class(module, name)
         if (module, name) in HANDLES:
             if self.local_handles:
                 return super().find_class(module, name)
-            raise pickle.UnpicklingError(f"{module}.{name} is a same-host handle; this server "
-                                         "takes tensors by value only (start it with "
-                                         "--local-tensor-handles for a local trainer)")
-        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in "
-                                     "serialized_named_tensors")
+            raise pickle.UnpicklingError(
+                f"{module}.{name} is a same-host handle; this server "
+                "takes tensors by value only (start it with "
+                "--local-tensor-handles for a local trainer)"
+            )
+        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in serialized_named_tensors")
 
 
 class _Header(_Unpickler):
@@ -117,17 +142,14 @@ class _Header(_Unpickler):
         return None
 
 
-def decode(payloads: list[str], load_format: str | None,
-           local_handles: bool = False) -> list[tuple[str, torch.Tensor]]:
+def decode(payloads: list[str], load_format: str | None, local_handles: bool = False) -> list[tuple[str, torch.Tensor]]:
     """The named tensors of the first (rank 0) payload; ValueError naming what is wrong."""
     if not payloads:
         raise ValueError("serialized_named_tensors is empty")
     if load_format not in (None, "direct", "flattened_bucket"):
-        raise ValueError(f"load_format {load_format!r} is not supported (None, 'direct' or "
-                         "'flattened_bucket')")
+        raise ValueError(f"load_format {load_format!r} is not supported (None, 'direct' or 'flattened_bucket')")
     try:
-        obj = _Unpickler(io.BytesIO(base64.b64decode(payloads[0], validate=True)),
-                         local_handles).load()
+        obj = _Unpickler(io.BytesIO(base64.b64decode(payloads[0], validate=True)), local_handles).load()
         return _named(obj, load_format)
     except Exception as exc:
         # a pickle can raise anything from its rebuilders: all of it is a bad payload
@@ -137,16 +159,14 @@ def decode(payloads: list[str], load_format: str | None,
 def _named(obj, load_format: str | None) -> list[tuple[str, torch.Tensor]]:
     if load_format == "flattened_bucket":
         if not isinstance(obj, dict) or not {"flattened_tensor", "metadata"} <= set(obj):
-            raise ValueError("a flattened_bucket payload is a dict with "
-                             "flattened_tensor and metadata")
+            raise ValueError("a flattened_bucket payload is a dict with flattened_tensor and metadata")
         flat, meta = obj["flattened_tensor"], obj["metadata"]
         if not isinstance(flat, torch.Tensor) or not all(isinstance(m, BucketEntry) for m in meta):
-            raise ValueError("a flattened_bucket payload holds a tensor and "
-                             "FlattenedTensorMetadata records")
-        return [(m.name, flat[m.start_idx:m.end_idx].view(m.dtype).reshape(m.shape)) for m in meta]
-    if not isinstance(obj, (list, tuple)) or not all(isinstance(p, (list, tuple))
-                                                     and len(p) == 2 and isinstance(p[0], str)
-                                                     and isinstance(p[1], torch.Tensor)
-                                                     for p in obj):
+            raise ValueError("a flattened_bucket payload holds a tensor and FlattenedTensorMetadata records")
+        return [(m.name, flat[m.start_idx : m.end_idx].view(m.dtype).reshape(m.shape)) for m in meta]
+    if not isinstance(obj, (list, tuple)) or not all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], torch.Tensor)
+        for p in obj
+    ):
         raise ValueError("serialized_named_tensors must hold a list of (name, tensor) pairs")
     return [(n, t) for n, t in obj]

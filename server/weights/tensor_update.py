@@ -15,6 +15,7 @@ result is written to a temporary directory and loaded with the same checks as a 
 The reported `draft_model_path` stays that checkpoint's, as SGLang keeps `model_path` on
 tensor updates.
 """
+
 from __future__ import annotations
 
 import copy
@@ -51,22 +52,19 @@ def check_named(want: Signature, selector: str, named: NamedTensors) -> None:
         if tuple(t.shape) != shape:
             raise CheckpointError(f"tensor {name} is {list(t.shape)}, expected {list(shape)}")
         if t.dtype.is_floating_point != _floating(dtype) or t.dtype.is_complex:
-            raise CheckpointError(f"tensor {name} is {str(t.dtype).removeprefix('torch.')}, "
-                                  f"expected {dtype}")
+            raise CheckpointError(f"tensor {name} is {str(t.dtype).removeprefix('torch.')}, expected {dtype}")
 
 
 def check_volume(want: Signature, selector: str, names: list[str], shapes: list) -> None:
     """Before buffers of the listed shapes are allocated: CheckpointError unless the list could be a
     push of `selector`'s model (no more tensors, nor elements, than it has; no negative sizes)."""
     if len(names) > len(want):
-        raise CheckpointError(f"names: {len(names)} tensors listed; the served {selector} model "
-                              f"has {len(want)}")
+        raise CheckpointError(f"names: {len(names)} tensors listed; the served {selector} model has {len(want)}")
     if any(d < 0 for s in shapes for d in s):
         raise CheckpointError("shapes: a size is negative")
     listed, held = sum(math.prod(s) for s in shapes), sum(math.prod(s) for s, _ in want.values())
     if listed > held:
-        raise CheckpointError(f"shapes: {listed} elements listed; the served {selector} "
-                              f"model has {held}")
+        raise CheckpointError(f"shapes: {listed} elements listed; the served {selector} model has {held}")
 
 
 def check_target(named: NamedTensors, dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -1,6 +1,7 @@
 """Tests of the embedded engine on CUDA (marker `cuda`; scripts/gpu_check.sh runs them on the GPU).
 Skipped, saying so, where torch sees no GPU. GLEANRL_TEST_DEVICE=cpu runs the same tests on CPU, as
 the GPU check's dry run does, so that they cannot rot on machines without one."""
+
 from __future__ import annotations
 
 import os

@@ -2,6 +2,7 @@
 architecture, solo and in a batch of mixed lengths (requests joining and leaving), and a bfloat16
 engine that serves what it is asked for (bf16 kernels may break near-ties differently, so not
 token for token)."""
+
 from __future__ import annotations
 
 import math
@@ -43,10 +44,8 @@ def test_mixed_lengths_batch_each_equals_transformers(tiny_qwen2, device):
     eng = _engine(tiny_qwen2, device, dtype="float32")
     lengths = [3, 40, 10, 30, 5, 48, 20, 8]
     try:
-        prompts = [eng.tokenizer(PROMPTS[i] * (1 + i % 3))["input_ids"]
-                   for i in range(len(lengths))]
-        res = run_all(eng,
-                      [req(p, max_new_tokens=n, ignore_eos=True) for p, n in zip(prompts, lengths)])
+        prompts = [eng.tokenizer(PROMPTS[i] * (1 + i % 3))["input_ids"] for i in range(len(lengths))]
+        res = run_all(eng, [req(p, max_new_tokens=n, ignore_eos=True) for p, n in zip(prompts, lengths)])
     finally:
         eng.shutdown()
     model = hf_on(tiny_qwen2, device)

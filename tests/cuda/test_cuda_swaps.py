@@ -1,6 +1,7 @@
 """Weight and drafter swaps on CUDA: a target checkpoint swaps in (outputs follow transformers on
 the new weights, version changes), a missing one is refused and the old weights keep serving; a
 drafter swapped into an SD engine keeps the output and changes the draft version."""
+
 from __future__ import annotations
 
 import pytest
@@ -47,11 +48,13 @@ def test_drafter_swap_keeps_output(tiny_qwen2, tiny_tokenizer, device, tmp_path)
         ref = run_all(plain, [req(p, max_new_tokens=NEW, ignore_eos=True) for p in prompts])
     finally:
         plain.shutdown()
-    eng = _engine(tiny_qwen2, device, sd="on",
-                  drafter=str(random_drafter(tiny_qwen2, tmp_path / "random")))
+    eng = _engine(tiny_qwen2, device, sd="on", drafter=str(random_drafter(tiny_qwen2, tmp_path / "random")))
     try:
-        eng.update_weights(str(trained_drafter(tiny_qwen2, tiny_tokenizer, tmp_path / "trained")),
-                           weight_version="d2", selector="draft")
+        eng.update_weights(
+            str(trained_drafter(tiny_qwen2, tiny_tokenizer, tmp_path / "trained")),
+            weight_version="d2",
+            selector="draft",
+        )
         res = run_all(eng, [req(p, max_new_tokens=NEW, ignore_eos=True) for p in prompts])
         info = eng.info()
     finally:

@@ -2,6 +2,7 @@
 made by `bash scripts/install_sglang_cpu.sh .venv-sglang` (or `scripts/setup.sh --sglang`), and are
 skipped, saying so, where it is absent. One SGLang server per session serves the tiny Qwen2 model;
 every server started here is stopped (its whole process group) at the end."""
+
 from __future__ import annotations
 
 import shutil
@@ -24,13 +25,16 @@ def sglang_model(tmp_path_factory) -> Path:
     if not available():
         pytest.skip(SKIP_REASON)
     from gleanrl.trainer.bootstrap import bootstrap_policy
-    return Path(shutil.copytree(bootstrap_policy(size="tiny", progress=False),
-                                tmp_path_factory.mktemp("sglang") / "policy"))
+
+    return Path(
+        shutil.copytree(bootstrap_policy(size="tiny", progress=False), tmp_path_factory.mktemp("sglang") / "policy")
+    )
 
 
 @pytest.fixture(scope="session")
 def sglang_tokenizer(sglang_model):
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(sglang_model)
 
 
@@ -40,6 +44,7 @@ def sglang_model_b(sglang_model, tmp_path_factory) -> Path:
     other weights."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     model = AutoModelForCausalLM.from_pretrained(sglang_model, dtype=torch.float32)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -59,10 +64,19 @@ def other_arch_model(sglang_model, tmp_path_factory) -> Path:
 
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
     c = json.loads((sglang_model / "config.json").read_text())
-    keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "intermediate_size", "max_position_embeddings", "eos_token_id",
-            "pad_token_id")
+    keys = (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+        "eos_token_id",
+        "pad_token_id",
+    )
     other = Qwen2Config if c["model_type"] == "llama" else LlamaConfig
     torch.manual_seed(2)
     model = AutoModelForCausalLM.from_config(other(**{k: c[k] for k in keys}), dtype=torch.float32)
@@ -84,7 +98,7 @@ def restore_weights(sglang_server):
     back afterwards."""
     yield sglang_server
     if sglang_server.alive():
-        resp = sglang_server.post("/update_weights_from_disk",
-                                  {"model_path": str(sglang_server.model),
-                                   "weight_version": "default"})
+        resp = sglang_server.post(
+            "/update_weights_from_disk", {"model_path": str(sglang_server.model), "weight_version": "default"}
+        )
         assert resp.status_code == 200, resp.text

@@ -8,6 +8,7 @@ the same source by construction.
 Also reproduced: what a policy push through /update_weights_from_disk does to the draft runner of an
 SD server (SGLang sends the same path to every runner): `load_weights` overwrites part of the
 drafter with policy tensors, then fails on a shape."""
+
 from __future__ import annotations
 
 import json
@@ -53,18 +54,21 @@ print(json.dumps(out))
 # "midlayer" becomes "layers.0", a "model." prefix is added, q/k/v and gate/up are
 # stacked in this order)
 EXPECTED = {
-    "model.embed_tokens.weight": ["embed_tokens.weight"], "model.fc.weight": ["fc.weight"],
-    "model.layers.0.self_attn.qkv_proj.weight": ["midlayer.self_attn.q_proj.weight",
-                                                 "midlayer.self_attn.k_proj.weight",
-                                                 "midlayer.self_attn.v_proj.weight"],
+    "model.embed_tokens.weight": ["embed_tokens.weight"],
+    "model.fc.weight": ["fc.weight"],
+    "model.layers.0.self_attn.qkv_proj.weight": [
+        "midlayer.self_attn.q_proj.weight",
+        "midlayer.self_attn.k_proj.weight",
+        "midlayer.self_attn.v_proj.weight",
+    ],
     "model.layers.0.self_attn.o_proj.weight": ["midlayer.self_attn.o_proj.weight"],
-    "model.layers.0.mlp.gate_up_proj.weight": ["midlayer.mlp.gate_proj.weight",
-                                               "midlayer.mlp.up_proj.weight"],
+    "model.layers.0.mlp.gate_up_proj.weight": ["midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight"],
     "model.layers.0.mlp.down_proj.weight": ["midlayer.mlp.down_proj.weight"],
     "model.layers.0.input_layernorm.weight": ["midlayer.input_layernorm.weight"],
     "model.layers.0.hidden_norm.weight": ["midlayer.hidden_norm.weight"],
     "model.layers.0.post_attention_layernorm.weight": ["midlayer.post_attention_layernorm.weight"],
-    "model.norm.weight": ["norm.weight"], "lm_head.weight": ["lm_head.weight"],
+    "model.norm.weight": ["norm.weight"],
+    "lm_head.weight": ["lm_head.weight"],
 }
 
 
@@ -81,9 +85,9 @@ def full_vocab_drafter_dir(tiny_qwen2, tmp_path_factory):
     from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.harvest.drafter import Eagle3Drafter
     from gleanrl.harvest.drafter_config import DrafterConfig
+
     cfg = json.loads((tiny_qwen2 / "config.json").read_text())
-    return save_drafter(Eagle3Drafter(DrafterConfig.for_target(cfg)),
-                        tmp_path_factory.mktemp("eagle3") / "full")
+    return save_drafter(Eagle3Drafter(DrafterConfig.for_target(cfg)), tmp_path_factory.mktemp("eagle3") / "full")
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +95,12 @@ def drafter_dir(tiny_qwen2, tmp_path_factory):
     from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.harvest.drafter import Eagle3Drafter
     from gleanrl.harvest.drafter_config import DrafterConfig
+
     cfg = json.loads((tiny_qwen2 / "config.json").read_text())
     torch.manual_seed(0)
     drafter = Eagle3Drafter(DrafterConfig.for_target(cfg, draft_vocab_size=96))
-    drafter.set_draft_vocab(torch.arange(96) * 3)   # a non-trivial draft vocabulary: draft id i
-                                                    # -> target id 3i
+    # a non-trivial draft vocabulary: draft id i -> target id 3i
+    drafter.set_draft_vocab(torch.arange(96) * 3)
     return save_drafter(drafter, tmp_path_factory.mktemp("eagle3") / "drafter")
 
 
@@ -106,7 +111,7 @@ def test_sglang_eagle3_loads_every_drafter_tensor(drafter_dir, loaded):
     # no SGLang parameter unaccounted for
     assert set(got["params"]) == set(EXPECTED)
     used = {name for names in EXPECTED.values() for name in names}
-    assert set(state) - used == {"d2t", "t2d"}                          # nothing else dropped
+    assert set(state) - used == {"d2t", "t2d"}  # nothing else dropped
     for param, names in EXPECTED.items():
         expected = torch.cat([state[n] for n in names], dim=0)
         row = got["params"][param]
@@ -116,12 +121,10 @@ def test_sglang_eagle3_loads_every_drafter_tensor(drafter_dir, loaded):
             row["shape"][1:] == list(expected.shape[1:])
             and expected.shape[0] <= row["shape"][0] < expected.shape[0] + 64
         ), param
-        assert abs(row["sum"] - float(expected.double().sum())) < 1e-6 * (
-            1 + float(expected.double().abs().sum())), (
-                param
+        assert abs(row["sum"] - float(expected.double().sum())) < 1e-6 * (1 + float(expected.double().abs().sum())), (
+            param
         )
-    assert got["hot_token_id"] == (state["d2t"]
-                                   + torch.arange(96)).tolist() == (torch.arange(96) * 3).tolist()
+    assert got["hot_token_id"] == (state["d2t"] + torch.arange(96)).tolist() == (torch.arange(96) * 3).tolist()
 
 
 def test_policy_weights_sent_to_the_draft_runner_corrupt_it_then_fail(loaded):
@@ -132,7 +135,9 @@ def test_policy_weights_sent_to_the_draft_runner_corrupt_it_then_fail(loaded):
     got = loaded[1]
     assert got["error"] is not None and "shape" in got["error"]
     overwritten = sorted(n for n, row in got["params"].items() if row["touched"])
-    print(f"\n[sglang] policy into LlamaForCausalLMEagle3.load_weights: {got['error'][:120]}; "
-          f"overwritten before failing: {overwritten}")
+    print(
+        f"\n[sglang] policy into LlamaForCausalLMEagle3.load_weights: {got['error'][:120]}; "
+        f"overwritten before failing: {overwritten}"
+    )
     # partially overwritten drafter
     assert overwritten

@@ -4,6 +4,7 @@ own request types in SGLang's venv (as its FastAPI routes parse them), so field 
 cannot drift: no field of ours may be one SGLang silently drops, and the tensors SGLang's
 SafeUnpickler rebuilds must equal what was sent. The draft path cannot run on CPU (SGLang has no SD
 there); these checks are what CI proves for it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -52,8 +53,8 @@ def _parse(tmp_path, requests) -> list[dict]:
     path = tmp_path / "requests.json"
     path.write_text(json.dumps(requests))
     rows = run_in_sglang(PARSE, str(path))
-    assert all(r["dropped"] == [] for r in rows), rows     # SGLang would ignore these
-                                                           # fields silently
+    # SGLang would ignore these fields silently
+    assert all(r["dropped"] == [] for r in rows), rows
     return rows
 
 
@@ -63,8 +64,7 @@ def _recorded(spec: str | None, go) -> list[tuple[str, dict]]:
 
     def handle(request: httpx.Request) -> httpx.Response:
         if request.method == "GET":
-            return httpx.Response(200,
-                                  json={"model_path": "/ckpt/v0", "speculative_algorithm": spec})
+            return httpx.Response(200, json={"model_path": "/ckpt/v0", "speculative_algorithm": spec})
         sent.append((request.url.path, json.loads(request.content)))
         if request.url.path == "/generate":
             return httpx.Response(200, json={"text": "", "output_ids": [], "meta_info": {}})
@@ -74,27 +74,37 @@ def _recorded(spec: str | None, go) -> list[tuple[str, dict]]:
         async with RolloutClient(["http://sglang"]) as client:
             client._http = httpx.AsyncClient(transport=httpx.MockTransport(handle))
             await go(client)
+
     asyncio.run(run())
     return sent
 
 
 def test_production_requests_parse_as_sglang_types(tmp_path):
     gen = torch.Generator().manual_seed(0)
-    named = {"midlayer.self_attn.q_proj.weight": torch.randn(8, 16, generator=gen),
-             "fc.weight": torch.randn(4, 12, generator=gen).to(torch.bfloat16),
-             "d2t": torch.arange(5)}
+    named = {
+        "midlayer.self_attn.q_proj.weight": torch.randn(8, 16, generator=gen),
+        "fc.weight": torch.randn(4, 12, generator=gen).to(torch.bfloat16),
+        "d2t": torch.arange(5),
+    }
     save_file(named, tmp_path / "model.safetensors")
     ckpt = str(tmp_path)
-    requests = (_recorded(None, lambda c: c.generate([1, 2, 3], {"max_new_tokens": 4,
-                                                                 "sampling_seed": 7}, rid="r1"))
-                + _recorded(None, lambda c: push_policy(c, "/ckpt/weight_v3", "3"))
-                + _recorded("EAGLE3", lambda c: push_drafter(c, ckpt, 2))
-                + _recorded("EAGLE3", lambda c: push_policy(c, ckpt, "7")))
+    requests = (
+        _recorded(None, lambda c: c.generate([1, 2, 3], {"max_new_tokens": 4, "sampling_seed": 7}, rid="r1"))
+        + _recorded(None, lambda c: push_policy(c, "/ckpt/weight_v3", "3"))
+        + _recorded("EAGLE3", lambda c: push_drafter(c, ckpt, 2))
+        + _recorded("EAGLE3", lambda c: push_policy(c, ckpt, "7"))
+    )
     rows = _parse(tmp_path, requests)
     assert [r["type"] for r in rows] == [
-        "GenerateReqInput", "UpdateWeightFromDiskReqInput", "BeginWeightUpdateReqInput",
-        "UpdateWeightsFromTensorReqInput", "EndWeightUpdateReqInput", "BeginWeightUpdateReqInput",
-        "UpdateWeightsFromTensorReqInput", "EndWeightUpdateReqInput"]
+        "GenerateReqInput",
+        "UpdateWeightFromDiskReqInput",
+        "BeginWeightUpdateReqInput",
+        "UpdateWeightsFromTensorReqInput",
+        "EndWeightUpdateReqInput",
+        "BeginWeightUpdateReqInput",
+        "UpdateWeightsFromTensorReqInput",
+        "EndWeightUpdateReqInput",
+    ]
     generate, disk, begin, draft, _, policy_begin, policy_tensor, _ = rows
     assert generate["input_ids"] == [1, 2, 3] and generate["rid"] == "r1" and generate["return_logprob"] is True
     assert disk["model_path"] == "/ckpt/weight_v3" and disk["weight_version"] == "3" and "selector" not in disk
@@ -103,7 +113,6 @@ def test_production_requests_parse_as_sglang_types(tmp_path):
     # runners) nor flushes
     assert draft["weight_version"] is None and draft["flush_cache"] is False
     assert policy_begin["selector"] == "target" == policy_tensor["selector"] and policy_tensor["weight_version"] == "7"
-    sent = [[n, str(t.dtype), list(t.shape), float(t.double().sum())]
-            for n, t in sorted(named.items())]
-    assert draft["ranks"] == [sent]                      # rebuilt by SGLang's SafeUnpickler,
-                                                         # by value
+    sent = [[n, str(t.dtype), list(t.shape), float(t.double().sum())] for n, t in sorted(named.items())]
+    # rebuilt by SGLang's SafeUnpickler, by value
+    assert draft["ranks"] == [sent]

@@ -2,6 +2,7 @@
 drafter push is refused before anything is sent (SGLang would load nothing and answer success), the
 policy goes by `/update_weights_from_disk` after its check, and a checkpoint that does not fit is
 refused with the server left serving."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,6 +31,7 @@ def _push_policy(url: str, initial, path, version: str) -> dict:
             pusher = PolicyPusher(client, initial)
             await pusher.push(str(path), version)
             return pusher.routes
+
     return asyncio.run(go())
 
 
@@ -41,12 +43,10 @@ def test_drafter_push_is_refused_without_a_drafter(sglang_server, sglang_model, 
     assert sglang_server.alive() and _info(sglang_server)["weight_version"] == before["weight_version"]
 
 
-def test_policy_push_checked_then_by_disk(restore_weights, sglang_model, sglang_model_b,
-                                          other_arch_model):
+def test_policy_push_checked_then_by_disk(restore_weights, sglang_model, sglang_model_b, other_arch_model):
     server = restore_weights
     with pytest.raises(CheckpointMismatch, match="refusing to push the policy"):
         _push_policy(server.url, sglang_model, other_arch_model, "bad")
     assert server.alive() and _info(server)["weight_version"] != "bad"
-    assert _push_policy(server.url, sglang_model,
-                        sglang_model_b, "int7") == {server.url: Route.DISK}
+    assert _push_policy(server.url, sglang_model, sglang_model_b, "int7") == {server.url: Route.DISK}
     assert _info(server)["weight_version"] == "int7"

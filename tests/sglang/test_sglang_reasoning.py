@@ -1,5 +1,6 @@
 """The reasoning parsers against stock SGLang 0.5.23's own (`sglang.srt.parser.reasoning_parser`),
 one-shot and streamed token by token, on the same texts (issue 32: parity where SGLang runs here)."""
+
 from __future__ import annotations
 
 import json
@@ -7,9 +8,20 @@ import json
 from gleanrl.server.http.reasoning import ReasoningParser
 from sglang_util import run_in_sglang
 
-TEXTS = ["I think.</think>The answer is 42.", "<think>I think.</think>42", "cut off", "",
-         "<think>a b</think>\n\n42", "no reasoning", "x</think>ok", "<think>plan<tool_call>{}",
-         "<thi", "a</thi", "</think>", "<think><think>a</think>b</think>c"]
+TEXTS = [
+    "I think.</think>The answer is 42.",
+    "<think>I think.</think>42",
+    "cut off",
+    "",
+    "<think>a b</think>\n\n42",
+    "no reasoning",
+    "x</think>ok",
+    "<think>plan<tool_call>{}",
+    "<thi",
+    "a</thi",
+    "</think>",
+    "<think><think>a</think>b</think>c",
+]
 SCRIPT = """
 import json, sys
 from sglang.srt.parser.reasoning_parser import ReasoningParser
@@ -38,10 +50,11 @@ def _ours(name: str, opened: bool, text: str) -> list[list[str]]:
 
 
 def test_reasoning_parsers_match_sglang():
-    cases = [(name, force, t) for name, force in (("deepseek-r1", True), ("qwen3", False),
-                                                  ("qwen3", True), ("qwen3-thinking", True))
-             for t in TEXTS]
+    cases = [
+        (name, force, t)
+        for name, force in (("deepseek-r1", True), ("qwen3", False), ("qwen3", True), ("qwen3-thinking", True))
+        for t in TEXTS
+    ]
     theirs = run_in_sglang(SCRIPT, json.dumps(cases))
-    mismatches = [(c, mine, want) for c, want in zip(cases, theirs)
-                  if (mine := _ours(*c)) != want]
+    mismatches = [(c, mine, want) for c, want in zip(cases, theirs) if (mine := _ours(*c)) != want]
     assert not mismatches, mismatches

@@ -5,6 +5,7 @@ two differ on purpose (`server.http.tool_parser`'s docstring): SGLang's one-shot
 text before the first call, its streamed path leaves a `</tool_call>` separator newline in the
 content, and it streams the rest of a call to an unknown function as content (gleanrl drops the
 call on both paths); those outputs are left out here."""
+
 from __future__ import annotations
 
 import json
@@ -14,18 +15,22 @@ from sglang_util import run_in_sglang
 
 NAMES = ["get_weather", "add"]
 TEXTS = {
-    "qwen25": ['hi <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-               '</tool_call>', "plain text, no call",
-               '<tool_call>\n{"name": "add", "arguments": {"a": [1, "}"], "b": {"c": null}}}\n'
-               '</tool_call>',
-               '<tool_call>\n{"arguments": {"x": 1}, "name": "add"}\n</tool_call>'],
-    "hermes": ['<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>',
-               'text <tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}'
-               '</tool_call>'],
-    "llama3": ['{"name": "add", "parameters": {"a": 1}}',
-               '<|python_tag|>{"name": "add", "arguments": {"a": 2}}',
-               '{"name": "add", "parameters": {"a": 1}};{"name": "get_weather", "parameters": '
-               '{"city": "x"}}', "no call here"],
+    "qwen25": [
+        'hi <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+        "plain text, no call",
+        '<tool_call>\n{"name": "add", "arguments": {"a": [1, "}"], "b": {"c": null}}}\n</tool_call>',
+        '<tool_call>\n{"arguments": {"x": 1}, "name": "add"}\n</tool_call>',
+    ],
+    "hermes": [
+        '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>',
+        'text <tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>',
+    ],
+    "llama3": [
+        '{"name": "add", "parameters": {"a": 1}}',
+        '<|python_tag|>{"name": "add", "arguments": {"a": 2}}',
+        '{"name": "add", "parameters": {"a": 1}};{"name": "get_weather", "parameters": {"city": "x"}}',
+        "no call here",
+    ],
 }
 SCRIPT = """
 import json, sys
@@ -53,13 +58,11 @@ print(json.dumps(out))
 
 def _ours(parser: str, text: str) -> list:
     content, calls = parse_calls(ToolCallParser(parser, NAMES), text)
-    return [content.strip(), [[c["function"]["name"], json.loads(c["function"]["arguments"])]
-                              for c in calls]]
+    return [content.strip(), [[c["function"]["name"], json.loads(c["function"]["arguments"])] for c in calls]]
 
 
 def test_tool_parsers_match_sglang():
     cases = [(parser, text) for parser, texts in TEXTS.items() for text in texts]
     theirs = run_in_sglang(SCRIPT, json.dumps([NAMES, cases]))
-    mismatches = [(c, mine, want) for c, want in zip(cases, theirs)
-                  if [mine := _ours(*c)] * 2 != want]
+    mismatches = [(c, mine, want) for c, want in zip(cases, theirs) if [mine := _ours(*c)] * 2 != want]
     assert not mismatches, mismatches

@@ -6,6 +6,7 @@ A task subclasses `gleanrl.trainer.tasks.base.Task` (here as `Task`): `prompts(s
 defaults. `load_task(spec)` returns the default built-in task for None, a built-in by name, a JSONL
 dataset (`jsonl:PATH`, `jsonl:train=PATH,test=PATH` or a `*.jsonl` path), or a user task by dotted
 path (`my_pkg.my_module:my_task`; a class or factory there is called without arguments)."""
+
 from __future__ import annotations
 
 import functools
@@ -18,16 +19,18 @@ from gleanrl.trainer.tasks.running_sums import RunningSums
 
 DEFAULT_TASK = "doubling"
 # the long tail: trainer.tasks.presets
-BUILTIN = {"doubling": Doubling, "running_sums": RunningSums,
-           "doubling_long_tail": functools.partial(Doubling, tail_share=0.125, tail_min=80,
-                                                   name="doubling_long_tail"),
-           "doubling_reasoning_tail": functools.partial(Doubling, tail_share=1 / 32, tail_min=80,
-                                                        name="doubling_reasoning_tail"),
-           # per-sample self-checks: a heavy tail within each group (the deep policy's task)
-           "doubling_checks": functools.partial(Doubling, checks=0.4, name="doubling_checks")}
+BUILTIN = {
+    "doubling": Doubling,
+    "running_sums": RunningSums,
+    "doubling_long_tail": functools.partial(Doubling, tail_share=0.125, tail_min=80, name="doubling_long_tail"),
+    "doubling_reasoning_tail": functools.partial(
+        Doubling, tail_share=1 / 32, tail_min=80, name="doubling_reasoning_tail"
+    ),
+    # per-sample self-checks: a heavy tail within each group (the deep policy's task)
+    "doubling_checks": functools.partial(Doubling, checks=0.4, name="doubling_checks"),
+}
 
-__all__ = ["Task", "TaskError", "load_task", "accuracy", "JsonlTask", "Doubling", "RunningSums",
-           "DEFAULT_TASK"]
+__all__ = ["Task", "TaskError", "load_task", "accuracy", "JsonlTask", "Doubling", "RunningSums", "DEFAULT_TASK"]
 
 
 def load_task(spec: str | Task | None = None) -> Task:
@@ -39,11 +42,11 @@ def load_task(spec: str | Task | None = None) -> Task:
         return BUILTIN[spec]()
     if spec.startswith("jsonl:") or spec.endswith(".jsonl"):
         from gleanrl.trainer.tasks.jsonl import parse_jsonl_spec
+
         return parse_jsonl_spec(spec)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise TaskError(f"unknown task {spec!r}: use one of {sorted(BUILTIN)}, jsonl:PATH "
-                        "or module:object")
+        raise TaskError(f"unknown task {spec!r}: use one of {sorted(BUILTIN)}, jsonl:PATH or module:object")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -58,8 +61,10 @@ def load_task(spec: str | Task | None = None) -> Task:
 
 def _checked(task, spec: str) -> Task:
     if not isinstance(task, Task):
-        raise TaskError(f"{spec} is not a task: subclass gleanrl.trainer.tasks.base.Task (prompts(split, n, "
-                        "seed) and reward(sample, response))")
+        raise TaskError(
+            f"{spec} is not a task: subclass gleanrl.trainer.tasks.base.Task (prompts(split, n, "
+            "seed) and reward(sample, response))"
+        )
     return task
 
 

@@ -1,4 +1,5 @@
 """The Task plug-in's base class: what the RL loop, the bootstrap and the evals call."""
+
 from __future__ import annotations
 
 
@@ -23,5 +24,6 @@ class Task:
         return []  # character spans of `solution(sample)` that SFT weighs by `focus_weight`
 
     def solution_choices(self, sample: dict) -> list[tuple[int, int]]:
-        return []  # character spans of `solution(sample)` that are free choices the reward ignores
-                   # (doubling's self-checks): the held-out reference accuracy does not score them
+        # character spans of `solution(sample)` that are free choices the reward ignores (doubling's self-checks): the
+        # held-out reference accuracy does not score them
+        return []

@@ -1,6 +1,7 @@
 """A character-level tokenizer for the built-in tasks: one token per printable ASCII character (plus
 newline) and ChatML's special tokens, saved as a standard `tokenizer.json` that transformers, SGLang
 and the embedded server load. A small vocabulary keeps the policy's embedding and lm_head cheap."""
+
 from __future__ import annotations
 
 import string
@@ -32,6 +33,12 @@ def build_char_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"(?m)."), behavior="isolated")
     tok.decoder = decoders.Fuse()  # join pieces without spaces
     tok.add_special_tokens(SPECIAL_TOKENS)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", unk_token="<|unk|>", bos_token=None,
-                                   chat_template=CHAT_TEMPLATE, clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|unk|>",
+        bos_token=None,
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+    )

@@ -36,6 +36,7 @@ The policy learns the choice (at T = 1 it checks as often as its data did; greed
 `checks` < 0.5) and the reward ignores it, so a response's length varies per sample, within a
 group, multiplicatively and heavy-tailed: a few samples run several times past their siblings, as
 chains of thought do in reasoning RL."""
+
 from __future__ import annotations
 
 import random
@@ -49,12 +50,12 @@ from gleanrl.trainer.tasks.math_answer import answers_match, last_boxed
 @dataclass(frozen=True)
 class Doubling(Task):
     max_steps: int = 99
-    alpha: float = 1.3        # power-law exponent of k + 1; larger = shorter problems
-    tail_share: float = 0.0   # share of each batch of problems drawn from the tail
-    tail_min: int = 80        # the tail: tail_min <= k <= max_steps
-    checks: float = 0.0       # probability of one more self-check after each derivation
+    alpha: float = 1.3  # power-law exponent of k + 1; larger = shorter problems
+    tail_share: float = 0.0  # share of each batch of problems drawn from the tail
+    tail_min: int = 80  # the tail: tail_min <= k <= max_steps
+    checks: float = 0.0  # probability of one more self-check after each derivation
     max_checks: int = 6
-    max_chars: int = 1400     # a solution with its checks stays within this (the SFT context)
+    max_chars: int = 1400  # a solution with its checks stays within this (the SFT context)
     name: str = "doubling"
 
     def __post_init__(self) -> None:
@@ -65,21 +66,27 @@ class Doubling(Task):
         if not 0 <= self.tail_share <= 1:
             raise ValueError(f"tail_share must be in [0, 1], got {self.tail_share}")
         if self.tail_share > 0 and not 0 <= self.tail_min <= self.max_steps:
-            raise ValueError(f"tail_min must be in [0, max_steps={self.max_steps}], "
-                             f"got {self.tail_min}")
+            raise ValueError(f"tail_min must be in [0, max_steps={self.max_steps}], got {self.tail_min}")
         if not 0 <= self.checks < 1 or self.max_checks < 0:
-            raise ValueError(f"checks must be in [0, 1) and max_checks >= 0, got {self.checks}, "
-                             f"{self.max_checks}")
+            raise ValueError(f"checks must be in [0, 1) and max_checks >= 0, got {self.checks}, {self.max_checks}")
 
     def sample(self, rng: random.Random, tail: bool = False) -> dict:
         ks = range(self.max_steps + 1)
-        k = rng.randint(self.tail_min, self.max_steps) if tail else rng.choices(
-            ks, weights=[(i + 1) ** -self.alpha for i in ks])[0]
+        k = (
+            rng.randint(self.tail_min, self.max_steps)
+            if tail
+            else rng.choices(ks, weights=[(i + 1) ** -self.alpha for i in ks])[0]
+        )
         start = rng.randint(0, 999)
         # the start last: a fixed-offset copy
         question = f"double {k} times, keep 3 digits: {start:03d}"
-        sample = {"prompt": chatml(question), "messages": [{"role": "user", "content": question}],
-                  "start": start, "steps": k, "answer": str(start * 2 ** k % 1000)}
+        sample = {
+            "prompt": chatml(question),
+            "messages": [{"role": "user", "content": question}],
+            "start": start,
+            "steps": k,
+            "answer": str(start * 2**k % 1000),
+        }
         if self.checks > 0:  # no draw otherwise: the default task's problems stay what they were
             # the SFT data's number of self-checks (the policy samples its own)
             fits = (self.max_chars - 12) // (len(self._derivation(start, k)) + 6) - 1
@@ -118,8 +125,7 @@ class Doubling(Task):
     def solution_choices(self, sample: dict) -> list[tuple[int, int]]:
         """After each derivation: check again or box (the first character of either)."""
         step = len(self._derivation(sample["start"], sample["steps"]))
-        return [(step + i * (step + 6), step + i * (step + 6) + 1)
-                for i in range(sample.get("checks", 0) + 1)]
+        return [(step + i * (step + 6), step + i * (step + 6) + 1) for i in range(sample.get("checks", 0) + 1)]
 
     def solution_focus(self, sample: dict) -> list[tuple[int, int]]:
         """The characters of `solution(sample)` that carry the hard step, for the bootstrap's SFT

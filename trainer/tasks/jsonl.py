@@ -1,6 +1,7 @@
 """Tasks from JSONL files of `{"prompt": ..., "answer": ...}` records (GSM8K/MATH-style), scored
 with the math-answer reward. `prompt` is sent to `/generate` verbatim, so write it already formatted
 with your model's chat template. A bad line is reported with its line number and skipped."""
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,7 @@ def read_records(path: str | Path) -> tuple[list[dict], list[str]]:
                 errors.append(f"{path}:{lineno}: expected an object, got {type(rec).__name__}")
             elif not isinstance(rec.get("prompt"), str) or not rec["prompt"]:
                 errors.append(f"{path}:{lineno}: missing or empty string field 'prompt'")
-            elif not isinstance(rec.get("answer"),
-                                (str, int, float)) or isinstance(rec.get("answer"), bool):
+            elif not isinstance(rec.get("answer"), (str, int, float)) or isinstance(rec.get("answer"), bool):
                 errors.append(f"{path}:{lineno}: missing field 'answer' (a string or a number)")
             else:
                 records.append({**rec, "answer": str(rec["answer"]), "line": lineno})
@@ -48,6 +48,7 @@ def read_records(path: str | Path) -> tuple[list[dict], list[str]]:
 class JsonlTask(Task):
     """`splits` maps a split name to its file; a split without its own file uses the
     "train" file."""
+
     splits: dict[str, str]
     name: str = "jsonl"
     _cache: dict = field(default_factory=dict, repr=False)

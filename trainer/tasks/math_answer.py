@@ -1,6 +1,7 @@
 """Math-answer reward for GSM8K/MATH-style data: take the last `\\boxed{...}` in the response (or,
 when there is none, the last number), normalise it and compare it with the reference answer; numbers
 and simple fractions compare by value."""
+
 from __future__ import annotations
 
 import re

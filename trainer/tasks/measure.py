@@ -3,6 +3,7 @@ and accuracy, at temperature 1, with transformers `generate` in length-sorted ba
 
     gleanrl measure MODEL_DIR [--task running_sums] [--n 1000] [--json out.json]
     gleanrl measure MODEL_DIR --reference --n 192   # no sampling: trainer.tasks.sft.reference_accuracy"""
+
 from __future__ import annotations
 
 import argparse
@@ -17,19 +18,31 @@ def length_stats(lengths: list[int]) -> dict:
     """median, p90, p99, p99/median and the share of all tokens in the longest 5 % of responses."""
     xs = sorted(lengths)
     pct = lambda q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
-    top = xs[len(xs) - max(1, len(xs) // 20):]
+    top = xs[len(xs) - max(1, len(xs) // 20) :]
     median = statistics.median(xs)
-    return {"median": median, "p90": pct(0.90), "p99": pct(0.99), "max": xs[-1],
-            "mean": round(sum(xs) / len(xs), 1),
-            "p99_over_median": round(pct(0.99) / max(median, 1), 2),
-            "top5_share": round(sum(top) / sum(xs), 3)}
+    return {
+        "median": median,
+        "p90": pct(0.90),
+        "p99": pct(0.99),
+        "max": xs[-1],
+        "mean": round(sum(xs) / len(xs), 1),
+        "p99_over_median": round(pct(0.99) / max(median, 1), 2),
+        "top5_share": round(sum(top) / sum(xs), 3),
+    }
 
 
 @torch.no_grad()
-def sample_responses(model, tokenizer, prompts: list[str], temperature: float = 1.0,
-                     max_new_tokens: int = 1024, batch_size: int = 64, seed: int = 0,
-                     progress: bool = True,
-                     expected_lengths: list[int] | None = None) -> list[tuple[str, int]]:
+def sample_responses(
+    model,
+    tokenizer,
+    prompts: list[str],
+    temperature: float = 1.0,
+    max_new_tokens: int = 1024,
+    batch_size: int = 64,
+    seed: int = 0,
+    progress: bool = True,
+    expected_lengths: list[int] | None = None,
+) -> list[tuple[str, int]]:
     """(response text, response tokens incl. the end-of-turn token) per prompt, in the prompts'
     order. Batches group prompts of similar `expected_lengths` (default: prompt length) to waste
     less padding."""
@@ -42,22 +55,35 @@ def sample_responses(model, tokenizer, prompts: list[str], temperature: float = 
     out: list[tuple[str, int]] = [("", 0)] * len(prompts)
     eos = tokenizer.eos_token_id
     for start in tqdm(range(0, len(order), batch_size), desc="sampling", disable=not progress):
-        idx = order[start:start + batch_size]
-        enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True,
-                        add_special_tokens=False)
-        gen = model.generate(**enc, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
-                             max_new_tokens=max_new_tokens, eos_token_id=eos,
-                             pad_token_id=tokenizer.pad_token_id)
+        idx = order[start : start + batch_size]
+        enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)
+        gen = model.generate(
+            **enc,
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         for row, i in enumerate(idx):
-            ids = gen[row, enc.input_ids.shape[1]:].tolist()
+            ids = gen[row, enc.input_ids.shape[1] :].tolist()
             n = ids.index(eos) + 1 if eos in ids else len(ids)
             out[i] = (tokenizer.decode(ids[: n - (eos in ids)]), n)
     return out
 
 
-def measure_policy(model_dir: str, task=None, n: int = 1000, seed: int = 0,
-                   temperature: float = 1.0, max_new_tokens: int = 1024, batch_size: int = 64,
-                   progress: bool = True) -> dict:
+def measure_policy(
+    model_dir: str,
+    task=None,
+    n: int = 1000,
+    seed: int = 0,
+    temperature: float = 1.0,
+    max_new_tokens: int = 1024,
+    batch_size: int = 64,
+    progress: bool = True,
+) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gleanrl.trainer.tasks import load_task
@@ -68,21 +94,33 @@ def measure_policy(model_dir: str, task=None, n: int = 1000, seed: int = 0,
     samples = task.prompts("test", n, seed)
     solutions = [task.solution(s) for s in samples]
     expected = None if None in solutions else [len(x) for x in solutions]
-    results = sample_responses(model, tokenizer, [s["prompt"] for s in samples], temperature,
-                               max_new_tokens, batch_size, seed, progress, expected)
+    results = sample_responses(
+        model,
+        tokenizer,
+        [s["prompt"] for s in samples],
+        temperature,
+        max_new_tokens,
+        batch_size,
+        seed,
+        progress,
+        expected,
+    )
     rewards = [task.reward(s, text) for s, (text, _) in zip(samples, results)]
     lengths = [length for _, length in results]
-    report = {"n": n, "temperature": temperature,
-              "accuracy": round(sum(r >= 1 for r in rewards) / n, 3),
-              "truncated": sum(length >= max_new_tokens for length in lengths),
-              "parameters": sum(p.numel() for p in model.parameters()), **length_stats(lengths)}
+    report = {
+        "n": n,
+        "temperature": temperature,
+        "accuracy": round(sum(r >= 1 for r in rewards) / n, 3),
+        "truncated": sum(length >= max_new_tokens for length in lengths),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        **length_stats(lengths),
+    }
     if expected is not None:  # accuracy by reference length: longer problems should be harder
         buckets: dict[str, list[float]] = {}
         for size, r in zip(expected, rewards):
             name = "<=32" if size <= 32 else "33-128" if size <= 128 else ">128"
             buckets.setdefault(name, []).append(float(r >= 1))
-        report["accuracy_by_reference_chars"] = {k: (len(v), round(sum(v) / len(v), 3))
-                                                 for k, v in buckets.items()}
+        report["accuracy_by_reference_chars"] = {k: (len(v), round(sum(v) / len(v), 3)) for k, v in buckets.items()}
     return report
 
 
@@ -109,20 +147,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--json", default=None, help="also write the report here")
-    parser.add_argument("--reference", action="store_true",
-                        help="accuracy from the reference solutions' "
-                        "probabilities (one forward each, no sampling; the task needs solution())")
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="accuracy from the reference solutions' "
+        "probabilities (one forward each, no sampling; the task needs solution())",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.reference:
         report = reference_report(args.model_dir, args.task, args.n, args.seed)
     else:
-        report = measure_policy(args.model_dir, args.task, args.n, args.seed, args.temperature,
-                                args.max_new_tokens, args.batch_size)
+        report = measure_policy(
+            args.model_dir, args.task, args.n, args.seed, args.temperature, args.max_new_tokens, args.batch_size
+        )
     print(json.dumps(report, indent=1))
     if args.json:
         with open(args.json, "w") as f:

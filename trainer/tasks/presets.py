@@ -24,6 +24,7 @@
   opt-in there until its demo time is measured): power law alone, 512-token cap, where rollouts were
   ~52 % of a no-SD step.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Regime:
-    task: str                 # a built-in task name (trainer.tasks.BUILTIN)
+    task: str  # a built-in task name (trainer.tasks.BUILTIN)
     max_new_tokens: int
     prompts_per_step: int
     samples_per_prompt: int
@@ -42,12 +43,11 @@ class Regime:
 
 
 REGIMES = {
-    "long_tail": Regime(task="doubling_long_tail", max_new_tokens=768, prompts_per_step=8,
-                        samples_per_prompt=8),
-    "reasoning_tail": Regime(task="doubling_reasoning_tail", max_new_tokens=768,
-                             prompts_per_step=32, samples_per_prompt=2),
-    "self_checks": Regime(task="doubling_checks", max_new_tokens=1400, prompts_per_step=16,
-                          samples_per_prompt=4),
+    "long_tail": Regime(task="doubling_long_tail", max_new_tokens=768, prompts_per_step=8, samples_per_prompt=8),
+    "reasoning_tail": Regime(
+        task="doubling_reasoning_tail", max_new_tokens=768, prompts_per_step=32, samples_per_prompt=2
+    ),
+    "self_checks": Regime(task="doubling_checks", max_new_tokens=1400, prompts_per_step=16, samples_per_prompt=4),
     "short": Regime(task="doubling", max_new_tokens=512, prompts_per_step=8, samples_per_prompt=8),
 }
 DEMO_REGIME = "short"

@@ -8,6 +8,7 @@ The list length is drawn from a truncated power law (P(n) ~ n^-alpha, 1 <= n <= 
 solutions are short and a few are very long, like chains of thought in RL rollouts. Each step needs
 a lookup (the next label's digit in the prompt) and a carry, so longer lists are harder. The reward
 is exact: the last \\boxed{} must equal the total."""
+
 from __future__ import annotations
 
 import random
@@ -24,7 +25,7 @@ LABELS = string.ascii_lowercase + string.ascii_uppercase
 @dataclass(frozen=True)
 class RunningSums(Task):
     max_items: int = 52
-    alpha: float = 1.4        # power-law exponent of the list length; larger = shorter lists
+    alpha: float = 1.4  # power-law exponent of the list length; larger = shorter lists
     name: str = "running_sums"
 
     def __post_init__(self) -> None:
@@ -35,11 +36,15 @@ class RunningSums(Task):
 
     def sample(self, rng: random.Random) -> dict:
         lengths = range(1, self.max_items + 1)
-        n = rng.choices(lengths, weights=[k ** -self.alpha for k in lengths])[0]
+        n = rng.choices(lengths, weights=[k**-self.alpha for k in lengths])[0]
         items = [rng.randint(1, 9) for _ in range(n)]
         question = "sum: " + " ".join(f"{LABELS[i]}{d}" for i, d in enumerate(items))
-        return {"prompt": chatml(question), "messages": [{"role": "user", "content": question}],
-                "items": items, "answer": str(sum(items))}
+        return {
+            "prompt": chatml(question),
+            "messages": [{"role": "user", "content": question}],
+            "items": items,
+            "answer": str(sum(items)),
+        }
 
     def prompts(self, split: str, n: int, seed: int) -> list[dict]:
         """`n` problems, the same for the same (split, seed); splits draw from

@@ -15,6 +15,7 @@ that is the first line's counter, a copy of k from the prompt: it is 2 tokens of
 averages ~40, so an unweighted loss hardly sees it, and it was every error of the old recipe's
 policy we looked at (greedy, 4 <= k <= 25: 31 wrong of 48, all 31 on that line;
 docs/task-and-bootstrap.md)."""
+
 from __future__ import annotations
 
 import math
@@ -27,22 +28,19 @@ from gleanrl.harvest.train_step import bf16_fast
 from gleanrl.trainer.tasks.base import Task
 
 
-def make_batches(task: Task, tokenizer, size,
-                 seed: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def make_batches(task: Task, tokenizer, size, seed: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """[(input_ids [B, T], labels [B, T], loss weights [B, T])] covering about `size.train_tokens`,
     in a seeded order."""
     examples, total, chunk = [], 0, 0
     while total < size.train_tokens:
         for sample in task.prompts("train", 1000, seed * 1000 + chunk):
             if (solution := task.solution(sample)) is None:
-                raise ValueError(f"task {task!r} has no solution(sample), which the bootstrap "
-                                 "needs for SFT")
+                raise ValueError(f"task {task!r} has no solution(sample), which the bootstrap needs for SFT")
             prompt = tokenizer(sample["prompt"], add_special_tokens=False).input_ids
             response = tokenizer(solution, add_special_tokens=False).input_ids
             ids = prompt + response + [tokenizer.eos_token_id]
             if len(ids) > size.context:
-                raise ValueError(f"a training example has {len(ids)} tokens, over the context "
-                                 f"of {size.context}")
+                raise ValueError(f"a training example has {len(ids)} tokens, over the context of {size.context}")
             examples.append((ids, len(prompt), _focus(task, sample, len(response))))
             total += len(ids)
         chunk += 1
@@ -63,13 +61,13 @@ def _focus(task: Task, sample: dict, n_response: int) -> list[tuple[int, int]]:
     spans = list(task.solution_focus(sample))
     for lo, hi in spans:
         if not 0 <= lo <= hi <= n_response:
-            raise ValueError(f"solution_focus span {(lo, hi)} is outside the "
-                             f"solution's {n_response} tokens")
+            raise ValueError(f"solution_focus span {(lo, hi)} is outside the solution's {n_response} tokens")
     return spans
 
 
-def _collate(examples: list[tuple[list[int], int, list[tuple[int, int]]]], pad_id: int,
-             focus_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _collate(
+    examples: list[tuple[list[int], int, list[tuple[int, int]]]], pad_id: int, focus_weight: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     width = max(len(ids) for ids, _, _ in examples)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), width), -100, dtype=torch.long)
@@ -83,20 +81,21 @@ def _collate(examples: list[tuple[list[int], int, list[tuple[int, int]]]], pad_i
     return input_ids, labels, weights
 
 
-def weighted_loss(logits: torch.Tensor, labels: torch.Tensor,
-                  weights: torch.Tensor) -> torch.Tensor:
+def weighted_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy, weighted per label and averaged over the weights (labels
     -100 weigh 0)."""
     logits, labels, weights = logits[:, :-1].float(), labels[:, 1:], weights[:, 1:]
-    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                            labels.reshape(-1), ignore_index=-100, reduction="none")
+    nll = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none"
+    )
     weights = weights.reshape(-1) * (labels.reshape(-1) != -100)
     return (nll * weights).sum() / weights.sum().clamp_min(1e-9)
 
 
 @torch.no_grad()
-def reference_accuracy(model, tokenizer, task, samples: list[dict], batch_tokens: int = 4096,
-                       per_prompt: bool = False) -> dict:
+def reference_accuracy(
+    model, tokenizer, task, samples: list[dict], batch_tokens: int = 4096, per_prompt: bool = False
+) -> dict:
     """Accuracy without sampling, from one teacher-forced forward over each reference solution:
     `expected` = the mean probability of sampling the reference at T = 1 (exp of minus its summed
     NLL), `greedy` = the share whose every reference token is the argmax (greedy decoding reproduces
@@ -107,10 +106,14 @@ def reference_accuracy(model, tokenizer, task, samples: list[dict], batch_tokens
     the samples' order)."""
     was_training = model.training
     model.eval()
-    examples = [(tokenizer(s["prompt"], add_special_tokens=False).input_ids,
-                 tokenizer(task.solution(s),
-                           add_special_tokens=False).input_ids + [tokenizer.eos_token_id],
-                 task.solution_choices(s)) for s in samples]
+    examples = [
+        (
+            tokenizer(s["prompt"], add_special_tokens=False).input_ids,
+            tokenizer(task.solution(s), add_special_tokens=False).input_ids + [tokenizer.eos_token_id],
+            task.solution_choices(s),
+        )
+        for s in samples
+    ]
     order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]) + len(examples[i][1]))
     probs, greedy = [0.0] * len(examples), [0.0] * len(examples)
     device = next(model.parameters()).device
@@ -124,8 +127,10 @@ def reference_accuracy(model, tokenizer, task, samples: list[dict], batch_tokens
         input_ids, labels, weights = _collate(batch, tokenizer.pad_token_id or 0, focus_weight=0.0)
         logits = model(input_ids=input_ids.to(device)).logits[:, :-1].float()
         labels, weights = labels[:, 1:].to(device), weights[:, 1:].to(device)
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100,
-                                                reduction="none") * weights
+        nll = (
+            torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
+            * weights
+        )
         hit = (logits.argmax(-1) == labels) | (weights == 0)
         for row, i in enumerate(order[start:end]):
             probs[i] = math.exp(-nll[row].sum().item())
@@ -135,8 +140,12 @@ def reference_accuracy(model, tokenizer, task, samples: list[dict], batch_tokens
     n = max(1, len(samples))
     mean = sum(probs) / n
     se = math.sqrt(sum((x - mean) ** 2 for x in probs) / max(1, n - 1) / n)
-    out = {"expected": round(mean, 4), "expected_se": round(se, 4),
-           "greedy": round(sum(greedy) / n, 4), "n": len(samples)}
+    out = {
+        "expected": round(mean, 4),
+        "expected_se": round(se, 4),
+        "greedy": round(sum(greedy) / n, 4),
+        "n": len(samples),
+    }
     return out | ({"probs": probs, "greedy_hits": greedy} if per_prompt else {})
 
 
@@ -145,8 +154,7 @@ def lr_factor(step: int, total: int, warmup: float = 0.05, final: float = 0.1) -
     `final` at step `total` (warmup 0.05 and final 0.1: the version-1 recipe's
     schedule, exactly)."""
     n_warm = max(1, int(total * warmup))
-    return min((step + 1) / n_warm,
-               final + (1 - final) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total))))
+    return min((step + 1) / n_warm, final + (1 - final) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total))))
 
 
 def build_model(tokenizer, size, seed: int):
@@ -156,17 +164,23 @@ def build_model(tokenizer, size, seed: int):
     # (byte-level BPE), which would silently re-tokenize this character-level vocabulary; llama
     # honours tokenizer.json.
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=size.hidden, num_hidden_layers=size.layers,
-        num_attention_heads=size.heads, num_key_value_heads=size.kv_heads,
-        intermediate_size=size.intermediate, max_position_embeddings=size.context,
-        tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+        vocab_size=len(tokenizer),
+        hidden_size=size.hidden,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        num_key_value_heads=size.kv_heads,
+        intermediate_size=size.intermediate,
+        max_position_embeddings=size.context,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
-def train_policy(out: Path, task: Task, size, seed: int = 0, progress: bool = True,
-                 device: str = "cpu") -> dict:
+def train_policy(out: Path, task: Task, size, seed: int = 0, progress: bool = True, device: str = "cpu") -> dict:
     """Train a policy for `task` on `device` and save model + tokenizer to `out`; returns
     training stats."""
     from gleanrl.trainer.tasks.chartok import build_char_tokenizer
@@ -175,31 +189,32 @@ def train_policy(out: Path, task: Task, size, seed: int = 0, progress: bool = Tr
     batches = make_batches(task, tokenizer, size, seed)
     model = build_model(tokenizer, size, seed).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=size.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: lr_factor(i, len(batches), size.warmup, size.final_lr))
-    ema, curve = _fit(model, opt, sched, batches, size, device,
-                      desc=f"bootstrap {size.hidden}x{size.layers}", progress=progress)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: lr_factor(i, len(batches), size.warmup, size.final_lr))
+    ema, curve = _fit(
+        model, opt, sched, batches, size, device, desc=f"bootstrap {size.hidden}x{size.layers}", progress=progress
+    )
     if size.polish_steps:
         model, polish = polish_policy(model, task, tokenizer, size, seed, device, progress)
         curve += [[len(batches) + step, loss] for step, loss in polish]
         ema = polish[-1][1] if polish else ema
     model.eval()
     # the demo's held-out prompts (test split, seed 0, 192): reported, never trained or tuned on
-    heldout = reference_accuracy(model, tokenizer, task, task.prompts("test", 192, 0),
-                                 size.batch_tokens)
+    heldout = reference_accuracy(model, tokenizer, task, task.prompts("test", 192, 0), size.batch_tokens)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    return {"parameters": sum(p.numel() for p in model.parameters()),
-            "steps": len(batches) + size.polish_steps,
-            "train_tokens": int(sum(b[0].numel() for b in batches)),
-            "final_loss": round(ema or 0.0, 5), "heldout_reference_accuracy": heldout,
-            "loss_curve": curve}
+    return {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "steps": len(batches) + size.polish_steps,
+        "train_tokens": int(sum(b[0].numel() for b in batches)),
+        "final_loss": round(ema or 0.0, 5),
+        "heldout_reference_accuracy": heldout,
+        "loss_curve": curve,
+    }
 
 
-def _fit(model, opt, sched, batches, size, device: str, desc: str,
-         progress: bool) -> tuple[float | None, list[list]]:
+def _fit(model, opt, sched, batches, size, device: str, desc: str, progress: bool) -> tuple[float | None, list[list]]:
     """One pass of weighted-loss SFT over `batches`; -> (the loss's EMA, [[step, ema], ...])."""
     from tqdm import tqdm
 
@@ -222,8 +237,7 @@ def _fit(model, opt, sched, batches, size, device: str, desc: str,
     return ema, curve
 
 
-def polish_policy(model, task: Task, tokenizer, size, seed: int, device: str = "cpu",
-                  progress: bool = True):
+def polish_policy(model, task: Task, tokenizer, size, seed: int, device: str = "cpu", progress: bool = True):
     """The recipe's last phase: `size.polish_steps` more steps on fresh problems at the schedule's
     final lr, with the task's focus tokens weighted `size.polish_focus_weight`. The main phase's
     loss is dominated by the local doubling rule, so its last errors sit on the 2 tokens the loss
@@ -233,13 +247,22 @@ def polish_policy(model, task: Task, tokenizer, size, seed: int, device: str = "
     -> (the model, [[step, ema], ...])."""
     import dataclasses
 
-    polish = dataclasses.replace(size, focus_weight=size.polish_focus_weight,
-                                 train_tokens=size.polish_steps * size.batch_tokens)
-    batches = make_batches(task, tokenizer, polish, seed + 1)[:size.polish_steps]
+    polish = dataclasses.replace(
+        size, focus_weight=size.polish_focus_weight, train_tokens=size.polish_steps * size.batch_tokens
+    )
+    batches = make_batches(task, tokenizer, polish, seed + 1)[: size.polish_steps]
     lr = size.lr * size.final_lr
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
     model.train()
-    _, curve = _fit(model, opt, sched, batches, polish, device,
-                    desc=f"polish (focus x{size.polish_focus_weight:g})", progress=progress)
+    _, curve = _fit(
+        model,
+        opt,
+        sched,
+        batches,
+        polish,
+        device,
+        desc=f"polish (focus x{size.polish_focus_weight:g})",
+        progress=progress,
+    )
     return model, curve
