@@ -76,7 +76,7 @@ def by_source(rows: list[dict]) -> dict[str, int]:
     """Accepted draft tokens per SD source over the run (empty where the server reports none)."""
     out: dict[str, int] = {}
     for r in rows:
-        for name, n in (r.get("spec_accept_by_source") or {}).items():
+        for name, n in (r.get("spec_accept_token_num_by_source") or {}).items():
             out[name] = out.get(name, 0) + int(n)
     return out
 

@@ -54,8 +54,8 @@ def test_bench_rollout_json(tiny_qwen2, tmp_path, capsys):
         assert abs(data[f"speedup_{arm}"] - ratio) < 0.01 + 0.01 * ratio
     # 3 SD arms x 2 prompts x 3 samples
     assert data["identical_greedy"] == "18/18"
-    assert data["arms"]["group"]["accepted_by_source"]["eagle"] == 0
-    assert data["arms"]["eagle"]["accepted_by_source"]["group"] == 0
+    assert data["arms"]["group"]["spec_accept_token_num_by_source"]["eagle"] == 0
+    assert data["arms"]["eagle"]["spec_accept_token_num_by_source"]["group"] == 0
     assert "speedup_fused" in capsys.readouterr().out
 
 

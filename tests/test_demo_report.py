@@ -53,7 +53,7 @@ def test_sd_stats_and_shares():
         }
     )
     s = sd_stats([a, b])
-    assert s["spec_accept_by_source"] == {"group": 4, "eagle": 1}
+    assert s["spec_accept_token_num_by_source"] == {"group": 4, "eagle": 1}
     assert (s["spec_verify_ct"], s["spec_tokens"], s["output_tokens"], s["target_passes"]) == (3, 8, 14, 9)
     assert s["spec_accept_length"] == pytest.approx(8 / 3) and s["tokens_per_pass"] == pytest.approx(14 / 9)
     assert sd_stats([b])["tokens_per_pass"] == 1.0
@@ -90,7 +90,10 @@ def test_report_fields(tmp_path):
     assert "the drafter used 75% of the idle window" in report and "3.33 tokens per verify pass" in report
     assert "1.78 output tokens per target pass" in report and "expected `4`" in report
     assert "no acceptance by source" in report
-    rows[0]["spec_accept_by_source"], rows[1]["spec_accept_by_source"] = {"group": 3, "eagle": 1}, {"group": 3}
+    rows[0]["spec_accept_token_num_by_source"], rows[1]["spec_accept_token_num_by_source"] = (
+        {"group": 3, "eagle": 1},
+        {"group": 3},
+    )
     report = write_report(tmp_path, rows, [[3]], closing, {}).read_text()
     assert "Accepted draft tokens by source: eagle 14%, group 86%." in report
     table = [line for line in report.splitlines() if line.startswith("|")]

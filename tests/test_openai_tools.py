@@ -204,7 +204,7 @@ def test_sd_forced_calls_equal_plain_decoding(urls):
 
     want = calls(urls["qwen25"])
     assert want[0] and calls(urls["sd"]) == want and calls(urls["sd"]) == want
-    assert server_stats(urls["sd"])["spec_accepted_tokens_by_source"]["group"] > 0
+    assert server_stats(urls["sd"])["spec_accept_token_num_by_source"]["group"] > 0
     _, streamed, _ = _streamed(_client(urls["sd"]), **ask)
     assert [(c["name"], c["arguments"]) for c in streamed] == want[0]
     for sample in calls(urls["sd"], temperature=1, n=4, seed=7, parallel_tool_calls=False):

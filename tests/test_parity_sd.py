@@ -121,7 +121,7 @@ def test_penalised_greedy_identical_with_sd(engines, tiny_tokenizer, extra):
     tops_fused = _tops(engines["fused"], _reqs(tiny_tokenizer, extra, "tg"))
     for a, b in zip(tops_plain, tops_fused):
         assert [[t for _, t in row] for row in a] == [[t for _, t in row] for row in b]
-    assert engines["fused"].decoder.counters.accepted_by_source["group"] > 0
+    assert engines["fused"].decoder.counters.spec_accept_token_num_by_source["group"] > 0
 
 
 SAMPLED = SamplingParams(

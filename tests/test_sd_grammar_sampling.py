@@ -88,8 +88,8 @@ def test_sampled_sd_with_a_grammar_follows_plain_with_the_mask(tiny_qwen2, tiny_
         while state.running:
             done = sched.step(spec)
             outputs += [s.output_ids for s in done]
-            proposed += sum(s.spec_proposed_drafts for s in done)
-            accepted += sum(s.spec_correct_drafts for s in done)
+            proposed += sum(s.spec_draft_token_num for s in done)
+            accepted += sum(s.spec_accept_token_num for s in done)
             sched.reap(done)
     assert len(outputs) == N and all(len(o) == 4 for o in outputs)
     assert spec.counters.verify_ct > 0 and 0 < accepted < proposed  # accepts and rejections

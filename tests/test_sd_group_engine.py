@@ -71,7 +71,7 @@ def _batch(prompts, batch: int):
 @pytest.mark.parametrize("batch", [1, 8, 64])
 def test_greedy_identical_with_group_drafts(engines, prompts, reference, engine, batch):
     eng = engines[engine]
-    before = dict(eng.decoder.counters.accepted_by_source)
+    before = dict(eng.decoder.counters.spec_accept_token_num_by_source)
     # the second round drafts from the first's samples
     for _ in range(2):
         reqs, greedy = _batch(prompts, batch)
@@ -80,7 +80,7 @@ def test_greedy_identical_with_group_drafts(engines, prompts, reference, engine,
             assert res[row]["ids"] == reference[p]["ids"]
             assert res[row]["logprobs"] == pytest.approx(reference[p]["logprobs"], abs=1e-4)
         assert all(len(r["ids"]) == NEW for r in res)
-    assert eng.decoder.counters.accepted_by_source["group"] > before["group"], "none accepted"
+    assert eng.decoder.counters.spec_accept_token_num_by_source["group"] > before["group"], "none accepted"
 
 
 def test_greedy_identical_across_a_drafter_swap_mid_stream(tiny_qwen2, drafter, prompts, reference, tmp_path):
@@ -153,10 +153,10 @@ def test_stats_by_source_in_meta_info_server_info_and_metrics(tiny_qwen2, prompt
         info = httpx.get(f"{url}/server_info", timeout=10).json()["internal_states"][0]
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
     assert meta["spec_accept_token_num_by_source"]["group"] == meta["spec_accept_token_num"] > NEW // 2
-    assert info["spec_accepted_tokens_by_source"]["group"] >= meta["spec_accept_token_num"]
+    assert info["spec_accept_token_num_by_source"]["group"] >= meta["spec_accept_token_num"]
     assert info["avg_spec_accept_length_by_source"]["group"] > 1.0
     assert info["group_index"]["prompts"] == 1 and info["group_index"]["tokens"] >= NEW
     assert (
-        f'gleanrl:spec_accepted_tokens{{source="group"}} {float(info["spec_accepted_tokens_by_source"]["group"])}'
+        f'gleanrl:spec_accept_token_num{{source="group"}} {float(info["spec_accept_token_num_by_source"]["group"])}'
         in metrics
     )

@@ -115,7 +115,7 @@ def sd_stats(rollouts: list[Rollout]) -> dict:
     """The step's speculative decoding, pooled over its rollouts from SGLang's per-request counts
     (`spec_verify_ct` verify passes, `spec_accept_token_num` drafts they accepted); see
     acceptance(). `spec_tokens`: output tokens that came from verify passes."""
-    verify = sum(r.spec_verify_ct for r in rollouts)
+    verify_ct = sum(r.spec_verify_ct for r in rollouts)
     accepted = sum(r.spec_accept_token_num for r in rollouts)
     tokens = sum(len(r.output_ids) for r in rollouts)
     sources: dict[str, int] = {}  # accepted draft tokens per source, where the server reports them
@@ -123,17 +123,17 @@ def sd_stats(rollouts: list[Rollout]) -> dict:
         for name, n in r.spec_accept_token_num_by_source.items():
             sources[name] = sources.get(name, 0) + n
     return {
-        "spec_verify_ct": verify,
+        "spec_verify_ct": verify_ct,
         "spec_accept_token_num": accepted,
-        "spec_tokens": verify + accepted,
+        "spec_tokens": verify_ct + accepted,
         "output_tokens": tokens,
         "target_passes": tokens - accepted,
-        "spec_accept_by_source": sources,
-        **acceptance(verify, accepted, tokens),
+        "spec_accept_token_num_by_source": sources,
+        **acceptance(verify_ct, accepted, tokens),
     }
 
 
-def acceptance(verify_passes: int, accepted_drafts: int, output_tokens: int) -> dict:
+def acceptance(spec_verify_ct: int, spec_accept_token_num: int, output_tokens: int) -> dict:
     """gleanrl's two SD figures from SGLang's counts. `spec_accept_length`: tokens per verify pass,
     over verify passes only, (accepted + passes) / passes, in [1, k + 1]. `tokens_per_pass`: output
     tokens per target pass, plain decode passes (and the prefill's) included: every pass emits one
@@ -141,9 +141,9 @@ def acceptance(verify_passes: int, accepted_drafts: int, output_tokens: int) -> 
     decode-pass speedup (an upper bound on the wall-clock one). Not SGLang's per-request
     `spec_accept_length` (completion tokens / verify passes): with adaptive SD most tokens come from
     plain passes, and that ratio can exceed k + 1."""
-    passes = output_tokens - accepted_drafts
+    passes = output_tokens - spec_accept_token_num
     return {
-        "spec_accept_length": (verify_passes + accepted_drafts) / verify_passes if verify_passes else 0.0,
+        "spec_accept_length": (spec_verify_ct + spec_accept_token_num) / spec_verify_ct if spec_verify_ct else 0.0,
         "tokens_per_pass": output_tokens / passes if passes > 0 else 0.0,
     }
 

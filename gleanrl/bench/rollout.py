@@ -130,7 +130,7 @@ def _arm(engine, prompts: list[list[int]], args: argparse.Namespace) -> tuple[di
         "verify_passes": ct,
         "target_passes": dec["decode_passes"],
         "tokens_per_pass": round(dec["decode_tokens"] / dec["decode_rows"], 3) if dec["decode_rows"] else 0.0,
-        "accepted_by_source": dec["accepted_by_source"],
+        "spec_accept_token_num_by_source": dec["spec_accept_token_num_by_source"],
         "controller": stats["sd_controller"],
     }
     return r, _step(engine, prompts, args.n, 0.0, args.max_new_tokens, 0)

@@ -66,7 +66,7 @@ class DecodeCounters:
     forward_s: float = 0.0  # in target forwards,
     drafter_s: float = 0.0  # in drafter calls
     # accepted draft tokens by source (the bonus token not counted)
-    accepted_by_source: dict[str, int] = field(default_factory=lambda: {"group": 0, "eagle": 0})
+    spec_accept_token_num_by_source: dict[str, int] = field(default_factory=lambda: {"group": 0, "eagle": 0})
 
 
 class Decoder(Protocol):
@@ -159,11 +159,13 @@ class SDDecoder:
 
     def stats(self) -> dict:
         c = self.counters
-        by_source = {src: (c.accepted_by_source[src] / n if n else 0.0) for src, n in self.passes_by_source.items()}
+        by_source = {
+            src: (c.spec_accept_token_num_by_source[src] / n if n else 0.0) for src, n in self.passes_by_source.items()
+        }
         return {
             "avg_spec_accept_length": c.verify_tokens / c.verify_ct if c.verify_ct else 0.0,
             "spec_accept_histogram": list(self.accept_hist),
-            "spec_accepted_tokens_by_source": dict(c.accepted_by_source),
+            "spec_accept_token_num_by_source": dict(c.spec_accept_token_num_by_source),
             "avg_spec_accept_length_by_source": by_source,
             "group_index": self.groups.stats() if self.groups else None,
             "sd_controller": self.controller.summary() if self.controller else None,
@@ -353,8 +355,8 @@ class SDDecoder:
         first, and the next ones while the earlier were rejected at the root) counts its
         accepted prefix."""
         s.spec_verify_ct += 1
-        s.spec_correct_drafts += r.accepted
-        s.spec_proposed_drafts += sum(map(len, branches))
+        s.spec_accept_token_num += r.accepted
+        s.spec_draft_token_num += sum(map(len, branches))
         for m, (name, br) in enumerate(zip(srcs, branches)):
             self.passes_by_source[name] += 1
             if r.branch < 0 or m <= r.branch:
@@ -364,8 +366,8 @@ class SDDecoder:
                 )
         if r.branch >= 0:
             name = srcs[r.branch]
-            self.counters.accepted_by_source[name] += r.accepted
-            s.spec_accepted_by_source[name] = s.spec_accepted_by_source.get(name, 0) + r.accepted
+            self.counters.spec_accept_token_num_by_source[name] += r.accepted
+            s.spec_accept_token_num_by_source[name] = s.spec_accept_token_num_by_source.get(name, 0) + r.accepted
         self.counters.verify_ct += 1
         self.counters.verify_tokens += r.accepted + 1
         self.accept_hist[min(r.accepted + 1, len(self.accept_hist) - 1)] += 1

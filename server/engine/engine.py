@@ -257,7 +257,7 @@ class Engine:
     def sd_counters(self) -> dict:
         """The decoder's cumulative counts since start: `verify_ct` verify passes emitting
         `verify_tokens`, `decode_passes` target passes over `decode_rows` decoding rows emitting
-        `decode_tokens`, `accepted_by_source` (accepted draft tokens by draft source), and
+        `decode_tokens`, `spec_accept_token_num_by_source` (accepted draft tokens by draft source), and
         `iterations` decode iterations taking `iteration_s` seconds, of which `forward_s` in
         target forwards and `drafter_s` in drafter calls."""
         return dataclasses.asdict(self.decoder.counters)

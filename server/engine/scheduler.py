@@ -128,12 +128,12 @@ class Scheduler:
                 draft_weight_version=st.draft_weight_version,
                 weight_versions=seq.weight_versions(st.weight_version) if finished else None,
                 spec_verify_ct=seq.spec_verify_ct,
-                spec_accept_token_num=seq.spec_correct_drafts,
-                spec_draft_token_num=seq.spec_proposed_drafts,
+                spec_accept_token_num=seq.spec_accept_token_num,
+                spec_draft_token_num=seq.spec_draft_token_num,
                 num_retractions=seq.retractions,
                 new_top_logprobs=[top for top, _ in seq.token_extras[seq.sent : len(seq.output_ids)]],
                 new_token_ids_logprobs=[ids for _, ids in seq.token_extras[seq.sent : len(seq.output_ids)]],
-                spec_accept_token_num_by_source=dict(seq.spec_accepted_by_source) or None,
+                spec_accept_token_num_by_source=dict(seq.spec_accept_token_num_by_source) or None,
             )
         )
         seq.sent = len(seq.output_ids)

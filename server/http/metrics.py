@@ -30,8 +30,8 @@ class Metrics:
             ["tokens"],
             registry=r,
         )
-        self.spec_accepted_tokens = Gauge(
-            "gleanrl:spec_accepted_tokens",
+        self.spec_accept_token_num = Gauge(
+            "gleanrl:spec_accept_token_num",
             "Draft tokens accepted, by draft source (group: the prompt's other samples; eagle: the EAGLE-3 drafter)",
             ["source"],
             registry=r,
@@ -65,8 +65,8 @@ class Metrics:
         self.num_queue_reqs.set(stats.get("num_queue_reqs", 0))
         self.spec_accept_length.set(stats.get("avg_spec_accept_length") or 0.0)
         self.tokens_per_target_pass.set(stats.get("avg_tokens_per_target_pass") or 0.0)
-        for source, n in (stats.get("spec_accepted_tokens_by_source") or {}).items():
-            self.spec_accepted_tokens.labels(source=source).set(n)
+        for source, n in (stats.get("spec_accept_token_num_by_source") or {}).items():
+            self.spec_accept_token_num.labels(source=source).set(n)
         for source, x in (stats.get("avg_spec_accept_length_by_source") or {}).items():
             self.spec_accept_length_by_source.labels(source=source).set(x)
         for tokens, passes in enumerate(stats.get("spec_accept_histogram") or []):

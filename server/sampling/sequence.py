@@ -36,11 +36,11 @@ class Sequence:
     abort_message: str | None = None  # set by another thread: drop at the next chance
     spec_verify_ct: int = 0  # SD verify passes
     # draft tokens those passes accepted (the bonus token not counted)
-    spec_correct_drafts: int = 0
-    spec_proposed_drafts: int = 0  # draft tokens those passes verified
+    spec_accept_token_num: int = 0
+    spec_draft_token_num: int = 0  # draft tokens those passes verified
     retractions: int = 0  # times put back in the queue by a retract pause
     # accepted drafts: group / eagle
-    spec_accepted_by_source: dict[str, int] = field(default_factory=dict)
+    spec_accept_token_num_by_source: dict[str, int] = field(default_factory=dict)
     # (old version, outputs under it)
     version_events: list[tuple[str, int]] = field(default_factory=list)
     counts: OutputCounts | None = None  # for penalised requests
