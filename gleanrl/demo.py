@@ -18,6 +18,7 @@ gives the step's shape itself: its RL recipe (docs/rl-gain.md, issue 23) is 16 p
 step (the regime's 8 x 8 rollouts over twice the prompts), lr 1e-4, negative_weight 1 (plain
 GRPO advantages).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,73 +29,124 @@ import shutil
 import sys
 from pathlib import Path
 
-STEP_COLUMNS = [("step", "step", "{:>4d}"), ("reward_mean", "reward", "{:>6.3f}"),
-                ("accuracy", "acc", "{:>5.2f}"), ("eval_accuracy", "held-out", "{:>8.3f}"),
-                ("eval_se", "±se", "{:>5.3f}"), ("response_len_p50", "len50", "{:>5.0f}"),
-                ("response_len_p99", "len99", "{:>5.0f}"),
-                ("rollout_s", "rollout_s", "{:>9.2f}"), ("tail_s", "tail_s", "{:>6.2f}"),
-                ("idle_used_s", "idle_s", "{:>6.2f}"),
-                ("spec_accept_length", "tok/vfy", "{:>7.2f}"),
-                ("drafter_version", "dver", "{:>4}"), ("sd_token_share", "sd%", "{:>4.0%}"),
-                ("tokens_per_pass", "tok/pass", "{:>8.2f}"), ("rollout_share", "roll%", "{:>5.0%}")]
+STEP_COLUMNS = [
+    ("step", "step", "{:>4d}"),
+    ("reward_mean", "reward", "{:>6.3f}"),
+    ("accuracy", "acc", "{:>5.2f}"),
+    ("eval_accuracy", "held-out", "{:>8.3f}"),
+    ("eval_se", "±se", "{:>5.3f}"),
+    ("response_len_p50", "len50", "{:>5.0f}"),
+    ("response_len_p99", "len99", "{:>5.0f}"),
+    ("rollout_s", "rollout_s", "{:>9.2f}"),
+    ("tail_s", "tail_s", "{:>6.2f}"),
+    ("idle_used_s", "idle_s", "{:>6.2f}"),
+    ("spec_accept_length", "tok/vfy", "{:>7.2f}"),
+    ("drafter_version", "dver", "{:>4}"),
+    ("sd_token_share", "sd%", "{:>4.0%}"),
+    ("tokens_per_pass", "tok/pass", "{:>8.2f}"),
+    ("rollout_share", "roll%", "{:>5.0%}"),
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="gleanrl-demo", help="report, metrics, checkpoints and logs")
-    p.add_argument("--model", default=None,
-                   help="policy directory instead of the shipped demo policy (gleanrl.shipped)")
-    p.add_argument("--from-scratch", action="store_true",
-                   help="bootstrap the policy (cached; --size, --seed) instead of the shipped one, "
-                        "which is `gleanrl bootstrap --task TASK --size SIZE --seed 0`")
+    p.add_argument(
+        "--model", default=None, help="policy directory instead of the shipped demo policy (gleanrl.shipped)"
+    )
+    p.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="bootstrap the policy (cached; --size, --seed) instead of the shipped one, "
+        "which is `gleanrl bootstrap --task TASK --size SIZE --seed 0`",
+    )
     from gleanrl.shipped import DEFAULT, SHIPPED
     from gleanrl.trainer.bootstrap import SIZES
-    p.add_argument("--size", default=DEFAULT, choices=sorted(SIZES),
-                   help="the policy: " + ", ".join(f"{k} ({v.task})" for k, v in SHIPPED.items())
-                   + " are shipped; other sizes with --from-scratch")
+
+    p.add_argument(
+        "--size",
+        default=DEFAULT,
+        choices=sorted(SIZES),
+        help="the policy: "
+        + ", ".join(f"{k} ({v.task})" for k, v in SHIPPED.items())
+        + " are shipped; other sizes with --from-scratch",
+    )
     from gleanrl.trainer.tasks.presets import REGIMES
-    p.add_argument("--regime", default=None, choices=sorted(REGIMES),
-                   help="the task's length distribution and the step's shape "
-                        "(trainer.tasks.presets; default: the size's, "
-                        + ", ".join(f"{k}: {v.regime}" for k, v in SHIPPED.items()) + ")")
+
+    p.add_argument(
+        "--regime",
+        default=None,
+        choices=sorted(REGIMES),
+        help="the task's length distribution and the step's shape "
+        "(trainer.tasks.presets; default: the size's, "
+        + ", ".join(f"{k}: {v.regime}" for k, v in SHIPPED.items())
+        + ")",
+    )
     p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--prompts-per-step", type=int, default=16,
-                   help="prompts per step (None: the regime's; 16 x 4 is the demo's RL recipe, "
-                        "docs/rl-gain.md)")
-    p.add_argument("--samples-per-prompt", type=int, default=4,
-                   help="GRPO group size (None: the regime's)")
+    p.add_argument(
+        "--prompts-per-step",
+        type=int,
+        default=16,
+        help="prompts per step (None: the regime's; 16 x 4 is the demo's RL recipe, docs/rl-gain.md)",
+    )
+    p.add_argument("--samples-per-prompt", type=int, default=4, help="GRPO group size (None: the regime's)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="None: the regime's")
-    p.add_argument("--lr", type=float, default=1e-4,
-                   help="policy learning rate (2e-4 hurt on 3 of 5 runs: " "docs/rl-gain.md)")
-    p.add_argument("--negative-weight", type=float, default=1.0,
-                   help="weight of negative advantages (1: plain GRPO, zero-sum per group; < 1 "
-                        "leans on reinforcing successes)")
-    p.add_argument("--eval-every", type=int, default=0,
-                   help="sampled held-out accuracy at step 0, every N steps and the last step "
-                        "(0: off; each costs about a minute on 2 cores; the demo's evidence is "
-                        "the reference figure at the end, free of sampling noise)")
-    p.add_argument("--eval-prompts", type=int, default=192,
-                   help="fixed held-out test prompts of the reference figure and of each "
-                        "sampled evaluation (0: neither)")
-    p.add_argument("--eval-samples", type=int, default=1,
-                   help="samples per held-out prompt (at T = 1)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="the rollout server's dtype (auto: bfloat16 on CPUs with native bf16, "
-                        "AVX-512 BF16 or AMX, where it is faster; float32 elsewhere, where bf16 "
-                        "matmuls are emulated)")
-    p.add_argument("--warm-prompts", type=int, default=64,
-                   help="prompts the drafter is warm-started on")
-    p.add_argument("--warm-steps", type=int, default=120,
-                   help="TTT steps of the warm start (online training "
-                   "improves it during RL; `gleanrl draft train` makes a strong one)")
-    p.add_argument("--update-dtype", default="float32", choices=["auto", "float32", "bfloat16"],
-                   help="the policy update's compute: float32, or bf16 autocast (fp32 master "
-                        "weights and logits; 3-4x faster on CPUs with AVX-512 BF16, but on deep "
-                        "it cut the held-out gain, 2 seeds of 2: docs/rl-gain.md); auto: as "
-                        "--dtype's")
-    p.add_argument("--replicas", type=int, default=0,
-                   help="rollout servers, each pinned to its share of the cores (0: one per core "
-                        "when the harvest runs, else one; 1: one server on every core, the "
-                        "harvest beside it at low priority)")
+    p.add_argument(
+        "--lr", type=float, default=1e-4, help="policy learning rate (2e-4 hurt on 3 of 5 runs: docs/rl-gain.md)"
+    )
+    p.add_argument(
+        "--negative-weight",
+        type=float,
+        default=1.0,
+        help="weight of negative advantages (1: plain GRPO, zero-sum per group; < 1 leans on reinforcing successes)",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="sampled held-out accuracy at step 0, every N steps and the last step "
+        "(0: off; each costs about a minute on 2 cores; the demo's evidence is "
+        "the reference figure at the end, free of sampling noise)",
+    )
+    p.add_argument(
+        "--eval-prompts",
+        type=int,
+        default=192,
+        help="fixed held-out test prompts of the reference figure and of each sampled evaluation (0: neither)",
+    )
+    p.add_argument("--eval-samples", type=int, default=1, help="samples per held-out prompt (at T = 1)")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="the rollout server's dtype (auto: bfloat16 on CPUs with native bf16, "
+        "AVX-512 BF16 or AMX, where it is faster; float32 elsewhere, where bf16 "
+        "matmuls are emulated)",
+    )
+    p.add_argument("--warm-prompts", type=int, default=64, help="prompts the drafter is warm-started on")
+    p.add_argument(
+        "--warm-steps",
+        type=int,
+        default=120,
+        help="TTT steps of the warm start (online training "
+        "improves it during RL; `gleanrl draft train` makes a strong one)",
+    )
+    p.add_argument(
+        "--update-dtype",
+        default="float32",
+        choices=["auto", "float32", "bfloat16"],
+        help="the policy update's compute: float32, or bf16 autocast (fp32 master "
+        "weights and logits; 3-4x faster on CPUs with AVX-512 BF16, but on deep "
+        "it cut the held-out gain, 2 seeds of 2: docs/rl-gain.md); auto: as "
+        "--dtype's",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="rollout servers, each pinned to its share of the cores (0: one per core "
+        "when the harvest runs, else one; 1: one server on every core, the "
+        "harvest beside it at low priority)",
+    )
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -119,8 +171,13 @@ def warm_settings(args: argparse.Namespace, task: str | None = None) -> dict:
     """What a warm start depends on besides the policy (the shipped drafter records it)."""
     from gleanrl.trainer.tasks.presets import regime
 
-    return {"task": task or regime(args.regime).task, "prompts": args.warm_prompts,
-            "steps": args.warm_steps, "max_new_tokens": args.max_new_tokens, "seed": args.seed}
+    return {
+        "task": task or regime(args.regime).task,
+        "prompts": args.warm_prompts,
+        "steps": args.warm_steps,
+        "max_new_tokens": args.max_new_tokens,
+        "seed": args.seed,
+    }
 
 
 def policy_of(args: argparse.Namespace) -> Path:
@@ -134,8 +191,10 @@ def policy_of(args: argparse.Namespace) -> Path:
     if args.from_scratch:
         return bootstrap_policy(size=args.size, seed=args.seed, task=entry.task if entry else None)
     if entry is None:
-        raise ValueError(f"no policy of size {args.size!r} is shipped (shipped: {sorted(SHIPPED)}): "
-                         "add --from-scratch to bootstrap it")
+        raise ValueError(
+            f"no policy of size {args.size!r} is shipped (shipped: {sorted(SHIPPED)}): "
+            "add --from-scratch to bootstrap it"
+        )
     return shipped_policy(size=args.size)
 
 
@@ -156,19 +215,18 @@ def warm_drafter(policy: Path, args: argparse.Namespace, task: str | None = None
             return shipped_drafter(entry.size)
     task = task or regime(args.regime).task
     weights = sorted(policy.glob("*.safetensors"))
-    ident = [str(policy.resolve())] + [f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}"
-                                       for w in weights]
+    ident = [str(policy.resolve())] + [f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}" for w in weights]
     cfg = WarmStartConfig(max_new_tokens=args.max_new_tokens, steps=args.warm_steps, seed=args.seed)
-    key = hashlib.sha256(json.dumps([ident, task, args.warm_prompts,
-                                     repr(cfg)]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([ident, task, args.warm_prompts, repr(cfg)]).encode()).hexdigest()[:12]
     out = cache_root() / "drafters" / f"{policy.name}-{key}"
     if not (out / "config.json").exists():
-        prompts = [s["prompt"]
-                   for s in load_task(task).prompts("warm", args.warm_prompts, args.seed)]
+        prompts = [s["prompt"] for s in load_task(task).prompts("warm", args.warm_prompts, args.seed)]
         drafter, history = warm_start(policy, prompts, cfg)
         save_drafter(drafter, out)
-        print(f"warm-started drafter ({task}): held-out "
-              f"acceptance {history[0]['accept_length']:.2f} -> {history[-1]['accept_length']:.2f}")
+        print(
+            f"warm-started drafter ({task}): held-out "
+            f"acceptance {history[0]['accept_length']:.2f} -> {history[-1]['accept_length']:.2f}"
+        )
     return out
 
 
@@ -203,14 +261,19 @@ def table_logger(metrics_path: Path):
         if msg.startswith(("warning", "resuming", "scheduling check", "drafter gate")):
             print(msg, flush=True)
         rows = metrics_path.read_text().splitlines() if metrics_path.exists() else []
-        for line in rows[seen[0]:]:
+        for line in rows[seen[0] :]:
             row = json.loads(line)
             widths = [len(f.format(0 if "d" in f else 0.0)) for _, _, f in STEP_COLUMNS]
             if header[0]:
                 header[0] = False
                 print("  ".join(h.rjust(w) for (_, h, _), w in zip(STEP_COLUMNS, widths)))
-            print("  ".join(f.format(row[k]) if row.get(k) is not None else " " * w
-                            for (k, _, f), w in zip(STEP_COLUMNS, widths)), flush=True)
+            print(
+                "  ".join(
+                    f.format(row[k]) if row.get(k) is not None else " " * w
+                    for (k, _, f), w in zip(STEP_COLUMNS, widths)
+                ),
+                flush=True,
+            )
             seen[0] += 1
 
     return log
@@ -220,32 +283,42 @@ def closing_questions(task, seed: int, lengths=((1, 2), (3, 6), (7, 12))) -> lis
     """One held-out (test split) problem per band of lengths (doubling: its k), short to long; the
     first test problems where the task has no lengths."""
     tests = task.prompts("test", 256, seed)
-    picked = [next((s for s in tests if lo <= s.get("steps", -1) <= hi), None)
-              for lo, hi in lengths]
-    return [s for s in picked if s is not None] or tests[:len(lengths)]
+    picked = [next((s for s in tests if lo <= s.get("steps", -1) <= hi), None) for lo, hi in lengths]
+    return [s for s in picked if s is not None] or tests[: len(lengths)]
 
 
 def ask(url: str, question: list[dict], max_tokens: int) -> str:
     from openai import OpenAI
+
     client = OpenAI(base_url=f"{url}/v1", api_key="demo")
     model = client.models.list().data[0].id
-    reply = client.chat.completions.create(model=model, messages=question, max_tokens=max_tokens,
-                                           temperature=0)
+    reply = client.chat.completions.create(model=model, messages=question, max_tokens=max_tokens, temperature=0)
     return reply.choices[0].message.content or ""
 
 
 @contextlib.contextmanager
-def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adaptive",
-            dtype: str = "auto", device: str = "cpu", replicas: int = 0,
-            backend: dict | None = None, harvests: bool = True):
+def serving(
+    policy: Path,
+    drafter: Path | None,
+    log_path: Path,
+    sd: str = "adaptive",
+    dtype: str = "auto",
+    device: str = "cpu",
+    replicas: int = 0,
+    backend: dict | None = None,
+    harvests: bool = True,
+):
     """The embedded rollout servers laid out by `replicas` (`trainer.layout.layout_groups`; 0: one
     per core on CPU when `harvests`, else one), started and healthy; a single one takes every
     core. `backend` replaces the SD settings (e.g. {"backend": "sglang"})."""
     from gleanrl.trainer.layout import Replicas, layout_groups
     from gleanrl.trainer.phases import all_cores
 
-    extra = backend if backend is not None else \
-        ({"drafter": str(drafter)} if drafter else {}) | {"sd": sd if drafter else "off"}
+    extra = (
+        backend
+        if backend is not None
+        else ({"drafter": str(drafter)} if drafter else {}) | {"sd": sd if drafter else "off"}
+    )
     extra = {**extra, "dtype": dtype, "device": device}
     groups = layout_groups(replicas, extra, harvests) if replicas != 1 else [all_cores()]
     servers = Replicas(str(policy), groups, extra, log_path=log_path)
@@ -258,20 +331,35 @@ def serving(policy: Path, drafter: Path | None, log_path: Path, sd: str = "adapt
         servers.stop()
 
 
-def rl_config(policy: Path, out: Path, args: argparse.Namespace, seed: int,
-              evaluate: bool = False):
+def rl_config(policy: Path, out: Path, args: argparse.Namespace, seed: int, evaluate: bool = False):
     """The demo's GRPO settings (its servers are handed to `train` apart); `evaluate`: held-out
     accuracy at T = 1 on fixed prompts (the demo's evidence that RL helps; the e2e bench leaves it
     off to time steps alone)."""
     from gleanrl.trainer.config import TrainConfig
-    evals = dict(eval_every=args.eval_every, eval_prompts=args.eval_prompts,
-                 eval_samples=args.eval_samples, eval_temperature=1.0) if evaluate else {}
-    return TrainConfig(model=str(policy), out=str(out), steps=args.steps,
-                       prompts_per_step=args.prompts_per_step,
-                       samples_per_prompt=args.samples_per_prompt,
-                       max_new_tokens=args.max_new_tokens, lr=args.lr,
-                       negative_weight=args.negative_weight, seed=seed,
-                       update_dtype=args.update_dtype, **evals)
+
+    evals = (
+        dict(
+            eval_every=args.eval_every,
+            eval_prompts=args.eval_prompts,
+            eval_samples=args.eval_samples,
+            eval_temperature=1.0,
+        )
+        if evaluate
+        else {}
+    )
+    return TrainConfig(
+        model=str(policy),
+        out=str(out),
+        steps=args.steps,
+        prompts_per_step=args.prompts_per_step,
+        samples_per_prompt=args.samples_per_prompt,
+        max_new_tokens=args.max_new_tokens,
+        lr=args.lr,
+        negative_weight=args.negative_weight,
+        seed=seed,
+        update_dtype=args.update_dtype,
+        **evals,
+    )
 
 
 def reference_gain(initial: Path, final: Path, task, prompts: list[dict]) -> dict | None:
@@ -294,8 +382,7 @@ def reference_gain(initial: Path, final: Path, task, prompts: list[dict]) -> dic
         probs.append(reference_accuracy(model, tokenizer, task, prompts, per_prompt=True)["probs"])
     n = len(prompts)
     gain, se = mean_se([b - a for a, b in zip(*probs)])
-    return {"n": n, "initial": sum(probs[0]) / n, "final": sum(probs[1]) / n, "gain": gain,
-            "gain_se": se}
+    return {"n": n, "initial": sum(probs[0]) / n, "final": sum(probs[1]) / n, "gain": gain, "gain_se": se}
 
 
 def fresh_out(out: Path, marker: str, args: argparse.Namespace, subs: tuple[str, ...]) -> bool:
@@ -305,8 +392,7 @@ def fresh_out(out: Path, marker: str, args: argparse.Namespace, subs: tuple[str,
     for sub in subs:
         shutil.rmtree(out / sub, ignore_errors=True) if (out / sub).is_dir() else (out / sub).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    (out / marker).write_text(json.dumps({k: v for k, v in vars(args).items()
-                                          if not k.startswith("_")}))
+    (out / marker).write_text(json.dumps({k: v for k, v in vars(args).items() if not k.startswith("_")}))
     return True
 
 
@@ -314,6 +400,7 @@ def fastest_cpu_dtype(dtype: str) -> str:
     """The demo's and the benches' `auto`: bfloat16 where the CPU multiplies bf16 natively
     (`harvest.train_step.bf16_fast`), else float32."""
     from gleanrl.harvest.train_step import bf16_fast
+
     if dtype != "auto":
         return dtype
     return "bfloat16" if bf16_fast("cpu") else "float32"
@@ -330,8 +417,7 @@ def run(args: argparse.Namespace) -> int:
     task = apply_regime(args)
     args.dtype, args.update_dtype = fastest_cpu_dtype(args.dtype), fastest_cpu_dtype(args.update_dtype)
     if not fresh_out(out, "demo.json", args, ("run", "harvest", "report.md")):
-        print(f"gleanrl demo: {out} is not empty and not a demo output; choose another --out",
-              file=sys.stderr)
+        print(f"gleanrl demo: {out} is not empty and not a demo output; choose another --out", file=sys.stderr)
         return 2
     try:
         policy = policy_of(args)
@@ -339,42 +425,61 @@ def run(args: argparse.Namespace) -> int:
         print(f"gleanrl demo: {exc}", file=sys.stderr)
         return 2
     drafter0 = warm_drafter(policy, args)
-    with serving(policy, drafter0, out / "server.log", dtype=args.dtype,
-                 replicas=args.replicas) as servers:
-        harvester = Harvester(policy, drafter0, out / "harvest" / "spool", push=None,
-                              cfg=HarvestConfig(push_every=10, max_holdout=16, seed=args.seed,
-                                                idle_nice=19 if args.replicas == 1 else 0))
+    with serving(policy, drafter0, out / "server.log", dtype=args.dtype, replicas=args.replicas) as servers:
+        harvester = Harvester(
+            policy,
+            drafter0,
+            out / "harvest" / "spool",
+            push=None,
+            cfg=HarvestConfig(push_every=10, max_holdout=16, seed=args.seed, idle_nice=19 if args.replicas == 1 else 0),
+        )
         hooks = demo_hooks(harvester)
-        train(rl_config(policy, out / "run", args, args.seed, evaluate=True), task=task,
-              hooks=hooks, log=table_logger(out / "run" / "metrics.jsonl"), replicas=servers)
+        train(
+            rl_config(policy, out / "run", args, args.seed, evaluate=True),
+            task=task,
+            hooks=hooks,
+            log=table_logger(out / "run" / "metrics.jsonl"),
+            replicas=servers,
+        )
         url = servers.urls[0]  # every replica serves the same final policy and drafter
-        closing = [{"question": q["messages"][-1]["content"], "expected": q.get("answer"),
-                    "answer": (a := ask(url, q["messages"], args.max_new_tokens)),
-                    "correct": bool(task.reward(q, a))} for q in closing_questions(task, args.seed)]
+        closing = [
+            {
+                "question": q["messages"][-1]["content"],
+                "expected": q.get("answer"),
+                "answer": (a := ask(url, q["messages"], args.max_new_tokens)),
+                "correct": bool(task.reward(q, a)),
+            }
+            for q in closing_questions(task, args.seed)
+        ]
         info = httpx.get(f"{url}/model_info", timeout=30).json()
-    print(f"\nclosing questions (greedy, policy version {info.get('weight_version')}, drafter "
-          f"version {info.get('draft_weight_version')}):")
+    print(
+        f"\nclosing questions (greedy, policy version {info.get('weight_version')}, drafter "
+        f"version {info.get('draft_weight_version')}):"
+    )
     for c in closing:
-        print(f"Q: {c['question']}\nA: {c['answer']}\n   expected {c['expected']}: "
-              f"{'right' if c['correct'] else 'WRONG'}")
+        print(
+            f"Q: {c['question']}\nA: {c['answer']}\n   expected {c['expected']}: {'right' if c['correct'] else 'WRONG'}"
+        )
     rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     reference = None
     if args.eval_prompts:
         # the sampled eval's prompts (trainer.generate.make_rollouts)
         from gleanrl.trainer.checkpoint import list_checkpoints
+
         final = list_checkpoints(out / "run")
         if final:
-            reference = reference_gain(policy, final[-1][1], task,
-                                       task.prompts("test", args.eval_prompts,
-                                                      args.seed * 100_003))
+            reference = reference_gain(
+                policy, final[-1][1], task, task.prompts("test", args.eval_prompts, args.seed * 100_003)
+            )
     if reference:
-        print(f"held-out accuracy from the reference solutions' probabilities ({reference['n']} "
-              f"prompts, T = 1, no sampling noise): {reference['initial']:.3f} "
-              f"-> {reference['final']:.3f}, paired gain {reference['gain']:+.3f} "
-              f"± {reference['gain_se']:.3f}")
+        print(
+            f"held-out accuracy from the reference solutions' probabilities ({reference['n']} "
+            f"prompts, T = 1, no sampling noise): {reference['initial']:.3f} "
+            f"-> {reference['final']:.3f}, paired gain {reference['gain']:+.3f} "
+            f"± {reference['gain_se']:.3f}"
+        )
     record = json.loads((out / "demo.json").read_text())
-    (out / "demo.json").write_text(json.dumps(record | {"policy": str(policy),
-                                                        "closing": closing}, indent=1))
+    (out / "demo.json").write_text(json.dumps(record | {"policy": str(policy), "closing": closing}, indent=1))
     report = write_report(out, rows, hooks.lengths, closing, info, reference)
     print(f"report: {report}")
     return 0
@@ -384,6 +489,7 @@ def _wait_healthy(server, timeout_s: float = 180.0) -> None:
     import time
 
     import httpx
+
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not server.alive():
