@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 from engine_util import collect, hf_greedy, req, run_all
 from gleanrl.server.config import EngineConfig
 from gleanrl.server.engine import Engine
+from gleanrl.server.sampling.sequence import SequenceStatus
 
 LONG = 300
 
@@ -72,14 +73,16 @@ def test_retract_mode_requeues_and_rebuilds_the_kv_from_the_prefix(engine, refer
 
     async def main():
         task = await _started(engine, ids)
+        assert [s.status for s in engine.state.running] == [SequenceStatus.RUNNING]
         count = await asyncio.to_thread(engine.pause, "retract")
         stats, flushed = engine.stats(), engine.flush_cache()
         seq = engine.state.waiting[0]
-        done_before, cache = len(seq.output_ids), seq.cache
+        done_before, cache, status = len(seq.output_ids), seq.cache, seq.status
         engine.resume()
-        return count, stats, flushed, done_before, cache, await task
+        return count, stats, flushed, done_before, cache, status, seq, await task
 
-    count, stats, flushed, done_before, cache, res = asyncio.run(main())
+    count, stats, flushed, done_before, cache, status, seq, res = asyncio.run(main())
+    assert status is SequenceStatus.WAITING and seq.status is SequenceStatus.FINISHED
     assert count == 1 and stats["num_running_reqs"] == 0 and stats["num_queue_reqs"] == 1
     assert flushed and cache is None and 0 < done_before < LONG
     assert res["ids"] == ref and res["finish_reason"] == {"type": "length", "length": LONG}

@@ -32,7 +32,7 @@ from gleanrl.server.engine.swap import WeightSwapper
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import CheckpointError, GenerateOutput, GenerateRequest
 from gleanrl.server.sampling.input_logprobs import input_logprobs
-from gleanrl.server.sampling.sequence import Sequence
+from gleanrl.server.sampling.sequence import Sequence, SequenceStatus
 from gleanrl.server.sampling.stopping import StopChecker
 from gleanrl.server.weights import checkpoint, tensor_update
 from gleanrl.server.weights.tensor_update import NamedTensors
@@ -116,7 +116,8 @@ class Engine:
                 self.scheduler.emit(seq)
             else:
                 st.rids.add(req.rid)
-                (st.held if self.swapper.draining() else st.waiting).append(seq)
+                seq.status = SequenceStatus.HELD if self.swapper.draining() else SequenceStatus.WAITING
+                (st.held if seq.status is SequenceStatus.HELD else st.waiting).append(seq)
                 st.cv.notify_all()
         self._outbox.flush()
         finished = False
@@ -136,7 +137,7 @@ class Engine:
         with st.cv:
             queued = [s for q in (st.waiting, st.held) for s in q if rid is None or s.req.rid == rid]
             for s in queued:
-                (st.waiting if s in st.waiting else st.held).remove(s)
+                (st.held if s.status is SequenceStatus.HELD else st.waiting).remove(s)
                 self.scheduler.finish(s, message)
             running = [s for s in st.running if (rid is None or s.req.rid == rid) and s.abort_message is None]
             for s in running:

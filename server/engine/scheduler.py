@@ -14,7 +14,7 @@ from gleanrl.server.model.kv import SeqKVCache
 from gleanrl.server.model.kv_pool import KVPool
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import GenerateOutput
-from gleanrl.server.sampling.sequence import Sequence
+from gleanrl.server.sampling.sequence import Sequence, SequenceStatus
 
 SD_MARGIN = 20  # room past the context length for a verify pass's draft tokens (k <= 16)
 
@@ -38,7 +38,7 @@ class Scheduler:
         st = self.state
         while st.waiting and len(st.running) < self.max_running:
             seq = st.waiting.popleft()
-            seq.cache = self.new_cache(seq)
+            seq.cache, seq.status = self.new_cache(seq), SequenceStatus.RUNNING
             st.running.append(seq)
 
     def new_cache(self, seq: Sequence) -> SeqKVCache:
@@ -70,6 +70,7 @@ class Scheduler:
         for s in back:
             self.free_cache(s)
             s.retractions += 1
+            s.status = SequenceStatus.WAITING
         st.running = [s for s in st.running if s not in back]
         st.waiting.extendleft(reversed(back))
         return len(back)
@@ -104,6 +105,7 @@ class Scheduler:
 
     def finish(self, seq: Sequence, abort_message: str | None = None) -> None:
         """Once out of every set: free its cache and rid, send its last update."""
+        seq.status = SequenceStatus.FINISHED
         self.free_cache(seq)
         self.state.rids.discard(seq.req.rid)
         self.emit(seq, abort_message)

@@ -21,6 +21,7 @@ from gleanrl.server.decode.decoder import Decoder
 from gleanrl.server.engine.scheduler import Scheduler
 from gleanrl.server.engine.state import DraftSwap, EngineState, TargetSwap
 from gleanrl.server.protocol import CheckpointError
+from gleanrl.server.sampling.sequence import SequenceStatus
 from gleanrl.server.weights import checkpoint, tensor_update
 from gleanrl.server.weights.drafter import load_for_target
 
@@ -142,6 +143,8 @@ class WeightSwapper:
         swap.done.set()
 
     def _release_held(self) -> None:
+        for seq in self.state.held:
+            seq.status = SequenceStatus.WAITING
         self.state.waiting.extend(self.state.held)
         self.state.held.clear()
 

@@ -8,6 +8,7 @@ update and a retracted request are all rebuilt the same way.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,6 +23,15 @@ from gleanrl.server.sampling.stopping import StopChecker
 Emitted = list[tuple[list[int], list[float]]]  # per sequence: new token ids and their logprobs
 
 
+class SequenceStatus(enum.Enum):
+    """Where a sequence is (`EngineState`'s queues): set by whoever moves it."""
+
+    HELD = "held"  # arrived while a target update drains: waits for the new weights
+    WAITING = "waiting"  # queued (new or retracted)
+    RUNNING = "running"
+    FINISHED = "finished"  # finished or aborted, out of every queue
+
+
 @dataclass(eq=False)
 class Sequence:
     req: GenerateRequest
@@ -31,6 +41,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     cache: SeqKVCache | None = None
+    status: SequenceStatus = SequenceStatus.WAITING
     sent: int = 0  # output tokens already emitted
     finish_reason: dict | None = None
     abort_message: str | None = None  # set by another thread: drop at the next chance
