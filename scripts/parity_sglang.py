@@ -178,6 +178,18 @@ def _chat(url: str, **kw) -> dict:
     return out
 
 
+def _named_tool(url: str, tools: list) -> dict:
+    """A forced call of get_weather (the parser's markup, the arguments by the function's schema)."""
+    return _chat(
+        url,
+        messages=MSGS,
+        tools=tools,
+        parallel_tool_calls=False,
+        max_tokens=160,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+
+
 def _text_of(out: dict) -> str:
     return out.get("text", out.get("content"))
 
@@ -207,42 +219,9 @@ CASES: dict[str, tuple] = {
     ),
     "regex": ("tools", lambda u: _generate(u, {"regex": REGEX}, 24), lambda o: _valid_regex(REGEX)(_text_of(o))),
     "ebnf": ("tools", lambda u: _generate(u, {"ebnf": EBNF}, 24), lambda o: _valid_regex(EBNF_RE)(_text_of(o))),
-    "tool_named": (
-        "tools",
-        lambda u: _chat(
-            u,
-            messages=MSGS,
-            tools=TOOLS,
-            parallel_tool_calls=False,
-            max_tokens=160,
-            tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        ),
-        _valid_tool,
-    ),
-    "tool_named_strict": (
-        "tools",
-        lambda u: _chat(
-            u,
-            messages=MSGS,
-            tools=STRICT,
-            parallel_tool_calls=False,
-            max_tokens=160,
-            tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        ),
-        _valid_tool,
-    ),
-    "tool_named_strict_any_ws": (
-        "defaults",
-        lambda u: _chat(
-            u,
-            messages=MSGS,
-            tools=STRICT,
-            parallel_tool_calls=False,
-            max_tokens=160,
-            tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        ),
-        _valid_tool,
-    ),
+    "tool_named": ("tools", lambda u: _named_tool(u, TOOLS), _valid_tool),
+    "tool_named_strict": ("tools", lambda u: _named_tool(u, STRICT), _valid_tool),
+    "tool_named_strict_any_ws": ("defaults", lambda u: _named_tool(u, STRICT), _valid_tool),
     "reasoning_plain": ("reasoning", lambda u: _chat(u, messages=MSGS, max_tokens=16), _valid_reasoning(False)),
     "reasoning_regex": (
         "reasoning",
