@@ -41,12 +41,13 @@ from pathlib import Path
 
 import torch
 
+from gleanrl.base.flags import flag
 from gleanrl.harvest.acceptance import acceptance_sums
 from gleanrl.harvest.capture import Sample, capture
 from gleanrl.harvest.checkpoint import drafter_dir, drafter_versions, load_drafter, save_drafter
 from gleanrl.harvest.idle import CoreGate, IdleReport, IdleWindow, Waiting, run_window
 from gleanrl.harvest.push_rule import Gate, Verdict, paired_verdict
-from gleanrl.harvest.spool import Spool, SpoolConfig, flagged
+from gleanrl.harvest.spool import Spool, SpoolConfig
 from gleanrl.harvest.train_step import bf16_fast, make_optimizer, train_step
 
 PushFn = Callable[[str, int], None]
@@ -54,19 +55,19 @@ PushFn = Callable[[str, int], None]
 
 @dataclass(slots=True)
 class HarvestConfig:
-    topk: int = flagged(32, "soft-label width kept per harvested token", "--drafter-topk")
-    batch_size: int = flagged(4, "harvested samples per drafter micro-step", "--drafter-batch-size")
+    topk: int = flag(32, "soft-label width kept per harvested token", name="drafter_topk")
+    batch_size: int = flag(4, "harvested samples per drafter micro-step", name="drafter_batch_size")
     # continual from the serving weights: 1e-3 first dips below a good warm start
-    lr: float = flagged(
-        3e-4, "drafter AdamW learning rate (training continues from the serving weights)", "--drafter-lr"
+    lr: float = flag(
+        3e-4, "drafter AdamW learning rate (training continues from the serving weights)", name="drafter_lr"
     )
     ttt_length: int = 4  # unrolled draft steps, in training and in scoring
-    max_tokens: int = flagged(
+    max_tokens: int = flag(
         128,
         "window of each sample trained on and scored (0: whole samples; cost grows with its square)",
-        "--drafter-max-tokens",
+        name="drafter_max_tokens",
     )
-    accept_mode: str = flagged(
+    accept_mode: str = flag(
         "sampled",
         "held-out score: expected acceptance of speculative "
         "sampling ('sampled', rollouts at T=1) or the greedy chain "
@@ -75,24 +76,24 @@ class HarvestConfig:
     )
     # bf16 autocast in capture and training (None: where it pays)
     bf16: bool | None = None
-    idle_nice: int = flagged(
+    idle_nice: int = flag(
         0,
         "CPU priority (nice 0-19) of the drafter's idle-window thread; "
         "19: it uses only compute nobody else wants, and starves on a "
         "busy machine",
     )
-    push_every: int = flagged(25, "drafter micro-steps between score-and-push attempts (0: never push)")
-    min_gain: float = flagged(
+    push_every: int = flag(25, "drafter micro-steps between score-and-push attempts (0: never push)")
+    min_gain: float = flag(
         0.02, "tokens per verify pass the paired gain's lower bound must clear to push (harvest.push_rule)"
     )
-    mid_step_gain: float = flagged(0.3, "...to push inside a step, while rollouts run (else at the step boundary)")
-    confidence_z: float = flagged(2.0, "the push test's lower bound: gain - t(z, prompts - 1) * se")
-    min_holdout_prompts: int = flagged(4, "held-out prompts a push attempt needs")
-    min_holdout_samples: int = flagged(8, "held-out samples a push attempt needs")
-    max_holdout: int = flagged(48, "held-out samples (newest) scored per push attempt")
-    holdout_versions: int = flagged(4, "...from this many newest policy versions (1: the current one only)")
-    keep_versions: int = flagged(3, "pushed drafter versions kept on disk")
-    aux_dtype: str = flagged("float32", "spool storage of hidden states", choices=["float32", "bfloat16", "float16"])
+    mid_step_gain: float = flag(0.3, "...to push inside a step, while rollouts run (else at the step boundary)")
+    confidence_z: float = flag(2.0, "the push test's lower bound: gain - t(z, prompts - 1) * se")
+    min_holdout_prompts: int = flag(4, "held-out prompts a push attempt needs")
+    min_holdout_samples: int = flag(8, "held-out samples a push attempt needs")
+    max_holdout: int = flag(48, "held-out samples (newest) scored per push attempt")
+    holdout_versions: int = flag(4, "...from this many newest policy versions (1: the current one only)")
+    keep_versions: int = flag(3, "pushed drafter versions kept on disk")
+    aux_dtype: str = flag("float32", "spool storage of hidden states", choices=["float32", "bfloat16", "float16"])
     # capture early finishers in the idle window (else: from the update)
     mid_step_capture: bool = False
     seed: int = 0

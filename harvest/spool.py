@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,22 +31,17 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save
 
 from gleanrl.base.atomic import atomic_file, remove_stale_temporaries
-
-
-def flagged(default, help: str, flag: str | None = None, choices: list | None = None):
-    """A setting with a flag of `gleanrl train` and `gleanrl harvest` (`trainer.cli.add_harvest_flags`):
-    its help, and its flag where the field's own name would not say what it sets."""
-    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
+from gleanrl.base.flags import flag
 
 
 @dataclass(slots=True)
 class SpoolConfig:
-    max_mem_tokens: int = flagged(200_000, "harvested tokens kept in memory (oldest evicted)", "--spool-mem-tokens")
+    max_mem_tokens: int = flag(200_000, "harvested tokens kept in memory (oldest evicted)", name="spool_mem_tokens")
     max_mem_bytes: int = 1 << 30
-    max_disk_tokens: int = flagged(2_000_000, "harvested tokens kept on disk (oldest evicted)", "--spool-disk-tokens")
-    max_disk_bytes: int = flagged(4 << 30, "spool bytes kept on disk (oldest evicted)", "--spool-disk-bytes")
-    version_decay: float = flagged(0.5, "sampling weight per policy version behind the newest (1: uniform)")
-    holdout_every: int = flagged(8, "one prompt in N is held out, with all its samples (0: none)")
+    max_disk_tokens: int = flag(2_000_000, "harvested tokens kept on disk (oldest evicted)", name="spool_disk_tokens")
+    max_disk_bytes: int = flag(4 << 30, "spool bytes kept on disk (oldest evicted)", name="spool_disk_bytes")
+    version_decay: float = flag(0.5, "sampling weight per policy version behind the newest (1: uniform)")
+    holdout_every: int = flag(8, "one prompt in N is held out, with all its samples (0: none)")
 
     def __post_init__(self) -> None:
         for name in ("max_mem_tokens", "max_mem_bytes", "max_disk_tokens", "max_disk_bytes"):

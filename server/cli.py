@@ -5,7 +5,6 @@ a traceback."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -29,14 +28,11 @@ class _ConfigFile(argparse.Action):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags named as the fields of ServerConfig and EngineConfig (but `--model`, `--threads` and
-    `--swap-timeout`, `_RENAMED`), their defaults read from those dataclasses."""
+    """`--config`, the flags of EngineConfig's and ServerConfig's fields (`base.flags`), the backend's."""
+    from gleanrl.base.flags import add_flags
     from gleanrl.server.config import EngineConfig
     from gleanrl.server.http.config import ServerConfig
-    from gleanrl.server.http.reasoning import PARSERS
-    from gleanrl.server.http.tool_parser import FORMATS
 
-    default = {f.name: f.default for cls in (ServerConfig, EngineConfig) for f in dataclasses.fields(cls)}
     p.add_argument(
         "--config",
         action=_ConfigFile,
@@ -44,89 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help='a JSON object of these settings by name (e.g. {"model": DIR, '
         '"sd_sources": "eagle,group"}), as flags at its place (later ones win)',
     )
-    p.add_argument(
-        "--model",
-        "--model-path",
-        dest="model",
-        help="Hugging Face model directory (safetensors, tokenizer, chat template); required",
-    )
-    p.add_argument("--host", default=default["host"], help="address to listen on")
-    p.add_argument("--port", type=int, default=default["port"], help="port to listen on")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=default["device"], help="where the engine runs")
-    p.add_argument(
-        "--dtype",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        default=default["dtype"],
-        help="auto: float32 on cpu, bfloat16 on cuda. On CPUs with AVX-512 BF16 (or "
-        "AMX), bfloat16 decodes ~1.5-2x faster and makes speculative decoding pay "
-        "(verify is memory-bound)",
-    )
-    p.add_argument(
-        "--max-running-requests",
-        type=int,
-        default=default["max_running_requests"],
-        help="requests decoding at once; the rest queue",
-    )
-    p.add_argument("--context-length", type=int, default=None, help="None: the model's max_position_embeddings")
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get("GLEANRL_API_KEY"),
-        help="Bearer key for every route but /health (or env GLEANRL_API_KEY: not visible in ps)",
-    )
-    p.add_argument(
-        "--admin-api-key",
-        default=os.environ.get("GLEANRL_ADMIN_API_KEY"),
-        help="Bearer key for weight updates, pause/continue, flush (or env GLEANRL_ADMIN_API_KEY)",
-    )
-    p.add_argument("--served-model-name", default=None, help="model name in /v1 (None: the directory's name)")
-    p.add_argument("--drafter", default=None, help="EAGLE-3 drafter directory")
-    p.add_argument("--sd", choices=["off", "on", "adaptive"], default=default["sd"], help="speculative decoding")
-    p.add_argument(
-        "--sd-max-batch",
-        type=int,
-        default=default["sd_max_batch"],
-        help="adaptive: EAGLE-3 drafts only while this many requests run",
-    )
-    p.add_argument(
-        "--num-draft-tokens",
-        type=int,
-        default=None,
-        help="fixed EAGLE-3 draft length (None: chosen per iteration by the cost model)",
-    )
-    p.add_argument(
-        "--sd-sources",
-        default=",".join(default["sd_sources"]),
-        help="draft sources the SD controller may choose per sequence: eagle (the "
-        "EAGLE-3 chain), group (continuations from the same prompt's other running "
-        "and earlier samples, no model cost), fused (both, as two branches "
-        "verified in one pass); e.g. eagle,group,fused. Lossless either way, but "
-        "with group drafts a seeded sample also depends on the other samples of "
-        "its prompt, so seeded runs no longer repeat exactly",
-    )
-    p.add_argument(
-        "--group-max-batch",
-        type=int,
-        default=default["group_max_batch"],
-        help="group drafts only while this many requests run",
-    )
-    p.add_argument(
-        "--group-max-tokens",
-        type=int,
-        default=default["group_max_tokens"],
-        help="output tokens the group index holds over all prompts and versions "
-        "(memory: 170-340 bytes a token; the oldest finished samples go first, "
-        "then the oldest running ones)",
-    )
-    p.add_argument(
-        "--group-keep-versions",
-        type=int,
-        default=default["group_keep_versions"],
-        help="policy versions (weight_version) whose samples the group index keeps; "
-        "older finished samples age out when a new target version is loaded",
-    )
-    p.add_argument(
-        "--threads", type=int, default=None, help="torch intra-op threads for the engine (None: torch's default)"
-    )
+    add_flags(p, EngineConfig)
+    keys = {"api_key": os.environ.get("GLEANRL_API_KEY"), "admin_api_key": os.environ.get("GLEANRL_ADMIN_API_KEY")}
+    add_flags(p, ServerConfig, defaults=keys)
     p.add_argument(
         "--backend",
         choices=["embedded", "sglang"],
@@ -144,122 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="ARG",
         help="extra argument passed to sglang.launch_server (repeatable)",
     )
-    p.add_argument(
-        "--max-request-bytes", type=int, default=default["max_request_bytes"], help="request bodies over this: 413"
-    )
-    p.add_argument(
-        "--max-n", type=int, default=default["max_n"], help="largest n (samples per prompt) a request may ask for"
-    )
-    p.add_argument(
-        "--max-new-tokens-cap",
-        type=int,
-        default=None,
-        help="largest max_new_tokens a request may ask for (default: only the context length limits it)",
-    )
-    p.add_argument(
-        "--max-batch", type=int, default=default["max_batch"], help="most sequences (prompts x n) one request may start"
-    )
-    p.add_argument(
-        "--harvest-feed",
-        action="store_true",
-        help="gleanrl extension: keep a bounded feed of finished requests at GET "
-        "/harvest_feed (admin key) for `gleanrl harvest` beside a trainer that "
-        "is not gleanrl's",
-    )
-    p.add_argument(
-        "--harvest-feed-records",
-        type=int,
-        default=default["harvest_feed_records"],
-        help="finished requests the feed holds; the oldest are dropped (and counted) beyond it",
-    )
-    p.add_argument(
-        "--max-queued-requests",
-        type=int,
-        default=default["max_queued_requests"],
-        help="requests waiting for a slot; beyond it /generate and /v1 answer 503 with Retry-After",
-    )
-    p.add_argument(
-        "--max-top-logprobs-num",
-        type=int,
-        default=default["max_top_logprobs_num"],
-        help="largest top_logprobs_num a request may ask",
-    )
-    p.add_argument(
-        "--max-token-ids-logprob",
-        type=int,
-        default=default["max_token_ids_logprob"],
-        help="most ids in token_ids_logprob",
-    )
-    p.add_argument(
-        "--max-logprob-pairs",
-        type=int,
-        default=default["max_logprob_pairs"],
-        help="(logprob, id) pairs the logprob options of one request may hold (positions x options)",
-    )
-    p.add_argument(
-        "--swap-timeout",
-        type=float,
-        default=default["swap_timeout_s"],
-        help="seconds a target weight update waits for running requests before it is refused",
-    )
-    p.add_argument(
-        "--dist-allow",
-        action="append",
-        default=[],
-        metavar="HOST",
-        help="a process-group master_address /init_weights_update_group may join besides loopback (repeatable)",
-    )
-    p.add_argument(
-        "--local-tensor-handles",
-        action="store_true",
-        help="/update_weights_from_tensor may carry fd / shared-memory handles (a "
-        "trainer on this host, as SGLang's same-host path); off: "
-        "tensors by value only",
-    )
-    p.add_argument(
-        "--reasoning-parser",
-        default=None,
-        choices=sorted(PARSERS),
-        help="separate <think>...</think> into reasoning_content on the chat route (SGLang's names)",
-    )
-    p.add_argument(
-        "--tool-call-parser",
-        default=None,
-        choices=sorted(FORMATS),
-        help="parse tool calls into tool_calls on the chat route (SGLang's names: "
-        "qwen25 / qwen and hermes <tool_call> JSON, llama3 JSON)",
-    )
-    p.add_argument(
-        "--constrained-json-disable-any-whitespace",
-        action="store_true",
-        help="json_schema output without free whitespace (SGLang's flag)",
-    )
-    p.add_argument(
-        "--constrained-json-max-whitespace-cnt",
-        type=int,
-        default=None,
-        help="most whitespace characters in a row in json_schema output (SGLang's flag)",
-    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-
-
-# EngineConfig field -> serve's flag (dest), where the names differ
-_RENAMED = {"model_path": "model", "num_threads": "threads", "swap_timeout_s": "swap_timeout"}
-
-
-def config_from_args(cls, args: argparse.Namespace):
-    """A ServerConfig or EngineConfig from `gleanrl serve`'s arguments, field by field."""
-    given = {}
-    for f in dataclasses.fields(cls):
-        dest = _RENAMED.get(f.name, f.name)
-        if hasattr(args, dest):
-            given[f.name] = getattr(args, dest)
-    if isinstance(given.get("sd_sources"), str):  # a flag's "eagle,group"; --config: a list too
-        given["sd_sources"] = given["sd_sources"].split(",")
-    for name in ("sd_sources", "dist_allow"):
-        if name in given:
-            given[name] = tuple(x for x in given[name] if x)
-    return cls(**given)
 
 
 def _fail(message: str) -> int:
@@ -296,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     if not (model / "config.json").is_file():
         return _fail(f"{model} is not a model directory (no config.json there)")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from gleanrl.base.flags import config_from_args
     from gleanrl.server.config import EngineConfig
     from gleanrl.server.http.config import ServerConfig
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from gleanrl.base.flags import flag
+
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
@@ -24,17 +26,24 @@ SOURCES = ("eagle", "group", "fused")
 
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
-    """The SD controller's settings (`server/sd/controller.py`), named as `gleanrl serve`'s flags;
-    EngineConfig has them too (a subclass), so they reach the controller unrenamed."""
+    """The SD controller's settings (`server/sd/controller.py`), `gleanrl serve`'s flags by the same
+    names; EngineConfig has them too (a subclass), so they reach the controller unrenamed."""
 
-    # off | on (the best plan that drafts, wherever one exists) | adaptive (the cost-model controller)
-    sd: str = "adaptive"
-    sd_max_batch: int = 8  # adaptive: EAGLE-3 drafts only while running <= this
-    num_draft_tokens: int | None = None  # fixed EAGLE-3 draft length; None: chosen per iteration
-    # eagle (EAGLE-3 chains), group (group drafts), fused (both as two branches of one tree). EAGLE-only keeps a seeded
-    # request's samples independent of the other requests
-    sd_sources: tuple[str, ...] = ("eagle",)
-    group_max_batch: int = 64  # adaptive: group drafts only while running <= this
+    # on: the best plan that drafts, wherever one exists; adaptive: the cost-model controller
+    sd: str = flag("adaptive", "speculative decoding", choices=["off", "on", "adaptive"])
+    sd_max_batch: int = flag(8, "adaptive: EAGLE-3 drafts only while this many requests run")
+    num_draft_tokens: int | None = flag(
+        None, "fixed EAGLE-3 draft length (None: chosen per iteration by the cost model)"
+    )
+    sd_sources: tuple[str, ...] = flag(
+        ("eagle",),
+        "draft sources the SD controller may choose per sequence: eagle (the EAGLE-3 chain), group (continuations "
+        "from the same prompt's other running and earlier samples, no model cost), fused (both, as two branches "
+        "verified in one pass); e.g. eagle,group,fused. Lossless either way, but with group drafts a seeded sample "
+        "also depends on the other samples of its prompt, so seeded runs no longer repeat exactly",
+        sep=",",
+    )
+    group_max_batch: int = flag(64, "group drafts only while this many requests run")
 
     def __post_init__(self) -> None:
         if self.sd not in ("off", "on", "adaptive"):
@@ -49,21 +58,37 @@ class ControllerConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig(ControllerConfig):
-    model_path: str
-    device: str = "cpu"  # cpu | cuda
-    # auto (float32 on cpu, bfloat16 on cuda) | float32 | bfloat16 | float16
-    dtype: str = "auto"
-    max_running_requests: int = 32  # requests decoding at once; the rest wait in the queue
-    context_length: int | None = None  # None: the model's max_position_embeddings
+    model_path: str = flag(
+        help="Hugging Face model directory (safetensors, tokenizer, chat template); required",
+        name=("model", "model_path"),
+    )
+    device: str = flag("cpu", "where the engine runs", choices=["cpu", "cuda"])
+    dtype: str = flag(
+        "auto",
+        "auto: float32 on cpu, bfloat16 on cuda. On CPUs with AVX-512 BF16 (or AMX), bfloat16 decodes ~1.5-2x "
+        "faster and makes speculative decoding pay (verify is memory-bound)",
+        choices=["auto", "float32", "bfloat16", "float16"],
+    )
+    max_running_requests: int = flag(32, "requests decoding at once; the rest queue")
+    context_length: int | None = flag(None, "None: the model's max_position_embeddings")
     seed: int = 0
-    # torch intra-op threads for the engine (None: torch's default)
-    num_threads: int | None = None
-    drafter: str | None = None  # EAGLE-3 drafter directory (checked here, once)
-    # output tokens the group index holds (all prompts and versions)
-    group_max_tokens: int = 1 << 19
-    group_keep_versions: int = 2  # policy versions whose samples the group index keeps
-    # a target swap waits this long for running requests, then is refused
-    swap_timeout_s: float = 600.0
+    num_threads: int | None = flag(
+        None, "torch intra-op threads for the engine (None: torch's default)", name="threads"
+    )
+    drafter: str | None = flag(None, "EAGLE-3 drafter directory")  # checked here, once
+    group_max_tokens: int = flag(
+        1 << 19,
+        "output tokens the group index holds over all prompts and versions (memory: 170-340 bytes a token; the "
+        "oldest finished samples go first, then the oldest running ones)",
+    )
+    group_keep_versions: int = flag(
+        2,
+        "policy versions (weight_version) whose samples the group index keeps; older finished samples age out when "
+        "a new target version is loaded",
+    )
+    swap_timeout_s: float = flag(
+        600.0, "seconds a target weight update waits for running requests before it is refused", name="swap_timeout"
+    )
 
     def __post_init__(self) -> None:
         ControllerConfig.__post_init__(self)  # (slots: no zero-argument super())

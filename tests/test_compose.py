@@ -102,7 +102,7 @@ def test_gleanrl_commands_parse_with_gleanrl_cli():
     serve = parser.parse_args(c["services"]["rollout-cpu"]["command"])
     assert serve.model == "/models/policy" and serve.drafter == "/models/drafter" and serve.port == 30000
     train = parser.parse_args(c["services"]["trainer"]["command"])
-    assert train.servers == ["http://rollout-server:30000"] and train.resume
+    assert train.server == ["http://rollout-server:30000"] and train.resume
     with pytest.raises(SystemExit):
         # the parser does reject unknown flags
         parser.parse_args(["serve", "--no-such-flag"])

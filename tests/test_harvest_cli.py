@@ -6,18 +6,19 @@ from __future__ import annotations
 import argparse
 
 import gleanrl.cli
+from gleanrl.base.flags import given
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
 from gleanrl.harvest.hooks import HarvestHooks, read_config
 from gleanrl.trainer import cli
-from gleanrl.trainer.config import build_config
+from gleanrl.trainer.config import TrainConfig, build_config
 
 
 def _settings(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     args = parser.parse_args(argv)
-    cfg = build_config({}, {k: v for k, v in vars(args).items() if not k.startswith("_")})
+    cfg = build_config({}, given(TrainConfig, args))
     cli.harvest_settings(cfg, args)
     return args
 

@@ -1,4 +1,5 @@
-"""TrainConfig: one validated dataclass, filled from a TOML/YAML file and then from flags."""
+"""TrainConfig: one validated dataclass, filled from a TOML/YAML file and then from flags (those of
+its fields with `flag()`, `base.flags`)."""
 
 from __future__ import annotations
 
@@ -8,79 +9,87 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-def _flag(default, help_text: str, **kw):
-    """A field with a `gleanrl train` flag, --NAME-WITH-DASHES (`trainer/cli.py` makes them)."""
-    typed = {} if "action" in kw else {"type": str if default is None else type(default)}
-    return field(default=default, metadata={"help": help_text, **typed, **kw})
+from gleanrl.base.flags import flag
 
 
 @dataclass(slots=True)
 class TrainConfig:
-    model: str  # initial policy (HF directory)
-    out: str  # checkpoints, metrics.jsonl, config.resolved.json
-    task: str | None = None  # built-in task spec; None: the default task
-    data: str | None = None  # a JSONL prompt file instead of a task
-    # running rollout servers; empty: start an embedded one
-    servers: list[str] = field(default_factory=list)
-    # generation through this URL (sglang-router); weights to `servers`
-    router: str | None = None
-    # EAGLE-3 drafter directory: harvest on (trained in the tail, pushed)
-    drafter: str | None = None
-    steps: int = _flag(20, "RL steps")
-    prompts_per_step: int = _flag(8, "prompts per step")
-    samples_per_prompt: int = _flag(4, "rollouts per prompt (GRPO group size)")
-    max_new_tokens: int = _flag(64, "rollout length cap")
-    temperature: float = _flag(1.0, "sampling temperature")
-    top_p: float = _flag(1.0, "top-p (< 1: nucleus sampling; logprobs stay of the full softmax)")
-    lr: float = _flag(1e-4, "AdamW learning rate")
+    model: str = flag(help="initial policy (Hugging Face directory)")
+    out: str = flag(help="output directory: checkpoints weight_v{N}, metrics.jsonl, resolved config")
+    task: str | None = flag(
+        None, "built-in task name, jsonl:PATH or module:object (default: the built-in task)", exclusive="source"
+    )
+    data: str | None = flag(None, "JSONL prompt file instead of a task", exclusive="source")
+    servers: list[str] = flag(
+        help="a running rollout server (repeat for several); default: start an embedded one",
+        name="server",
+        metavar="URL",
+        default_factory=list,
+    )
+    router: str | None = flag(
+        None,
+        "send generation through this router (sglang-router); weight updates still go to every --server worker",
+        metavar="URL",
+    )
+    drafter: str | None = flag(
+        None,
+        "EAGLE-3 drafter: harvest on (hidden states of finished rollouts train it while the step waits on its "
+        "tail; better versions are pushed to the servers); the embedded server serves it with --sd adaptive; "
+        "state in OUT/harvest",
+        metavar="DIR",
+    )
+    steps: int = flag(20, "RL steps")
+    prompts_per_step: int = flag(8, "prompts per step")
+    samples_per_prompt: int = flag(4, "rollouts per prompt (GRPO group size)")
+    max_new_tokens: int = flag(64, "rollout length cap")
+    temperature: float = flag(1.0, "sampling temperature")
+    top_p: float = flag(1.0, "top-p (< 1: nucleus sampling; logprobs stay of the full softmax)")
+    lr: float = flag(1e-4, "AdamW learning rate")
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
-    micro_batch_size: int = _flag(8, "sequences per forward/backward")
+    micro_batch_size: int = flag(8, "sequences per forward/backward")
     clip_low: float = 0.2
     clip_high: float = 0.2
-    kl_coef: float = _flag(0.0, "k3 KL to the initial policy (0: off; > 0 keeps a frozen reference copy of it)")
+    kl_coef: float = flag(0.0, "k3 KL to the initial policy (0: off; > 0 keeps a frozen reference copy of it)")
     scale_advantages: bool = True  # divide by the group std (GRPO) or not (Dr. GRPO)
-    negative_weight: float = _flag(
+    negative_weight: float = flag(
         1.0, "weight of negative advantages (< 1 leans on reinforcing successes; the demo uses 1)"
     )
-    eval_every: int = _flag(0, "accuracy on held-out prompts at step 0, every N steps and the last (0: off)")
-    eval_prompts: int = _flag(64, "held-out prompts per evaluation")
-    eval_samples: int = _flag(1, "samples per held-out prompt (> 1 only with --eval-temperature)")
-    eval_temperature: float = _flag(0.0, "evaluation temperature (0: greedy)")
-    eval_greedy: bool = _flag(
-        False, "also evaluate greedily (eval_greedy_* keys; with eval_temperature > 0)", action="store_true"
-    )
-    keep_last: int = _flag(2, "step checkpoints kept")
-    seed: int = _flag(0, "seed")
-    trainer_threads: int = _flag(1, "torch threads of the trainer")
-    update_threads: int = _flag(
+    eval_every: int = flag(0, "accuracy on held-out prompts at step 0, every N steps and the last (0: off)")
+    eval_prompts: int = flag(64, "held-out prompts per evaluation")
+    eval_samples: int = flag(1, "samples per held-out prompt (> 1 only with --eval-temperature)")
+    eval_temperature: float = flag(0.0, "evaluation temperature (0: greedy)")
+    eval_greedy: bool = flag(False, "also evaluate greedily (eval_greedy_* keys; with eval_temperature > 0)")
+    keep_last: int = flag(2, "step checkpoints kept")
+    seed: int = flag(0, "seed")
+    trainer_threads: int = flag(1, "torch threads of the trainer")
+    update_threads: int = flag(
         0, "torch threads of the policy update, which runs while the servers wait (0: one per core)"
     )
     # CPU affinity of the update (empty: unchanged)
     update_cores: list[int] = field(default_factory=list)
-    update_dtype: str = _flag(
+    update_dtype: str = flag(
         "float32",
         "the policy update's compute dtype: float32, or bfloat16 "
         "autocast (fp32 master weights, optimizer and logits; 3-4x faster "
         "on CPUs with AVX-512 BF16)",
         choices=["float32", "bfloat16"],
     )
-    replicas: int = _flag(
+    replicas: int = flag(
         0,
         "embedded rollout servers, each pinned to its share of the cores "
         "(0: with --drafter on CPU one per core, the harvest training on the "
         "cores of replicas that finished; else one server on every core; 1: "
         "one server, on half the cores with --drafter)",
     )
-    server_threads: int = _flag(0, "torch threads of each embedded server (0: one per core of its share)")
+    server_threads: int = flag(0, "torch threads of each embedded server (0: one per core of its share)")
     # the embedded server's `gleanrl serve` settings by name (e.g. {"dtype": "bfloat16"}; its --config)
     serve: dict = field(default_factory=dict)
-    api_key: str | None = _flag(None, "the rollout server's API key")
-    admin_api_key: str | None = _flag(None, "the rollout server's admin API key (weight updates)")
+    api_key: str | None = flag(None, "the rollout server's API key")
+    admin_api_key: str | None = flag(None, "the rollout server's admin API key (weight updates)")
     request_timeout_s: float = 600.0
-    server_wait_s: float = _flag(120.0, "how long to wait for a dead or restarting server")
+    server_wait_s: float = flag(120.0, "how long to wait for a dead or restarting server")
     max_attempts: int = 3  # submissions per rollout before it counts as failed
     stream: bool = True  # stream /generate to time the first token
     # tokens per streamed chunk (first-token time is that coarse)

@@ -64,8 +64,9 @@ def write_settings(out: Path, args, resume: bool) -> None:
     """OUT/harvest_config.json as `gleanrl train` writes it: the resumed run's settings,
     then the flags."""
     from gleanrl.harvest.hooks import update_config
+    from gleanrl.trainer.cli import harvest_given
 
-    update_config(out, {k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("_harvest:")}, resume)
+    update_config(out, harvest_given(args), resume)
 
 
 def run(args) -> int:

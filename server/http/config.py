@@ -1,9 +1,11 @@
-"""The HTTP server's configuration: a small dataclass validated at construction."""
+"""The HTTP server's configuration: a small dataclass validated at construction, `gleanrl serve`'s
+flags (`base.flags`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gleanrl.base.flags import flag
 from gleanrl.server.config import is_loopback
 from gleanrl.server.http.reasoning import PARSERS
 from gleanrl.server.http.tool_parser import FORMATS
@@ -11,37 +13,65 @@ from gleanrl.server.http.tool_parser import FORMATS
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 30000
-    api_key: str | None = None  # guards everything but /health
-    admin_api_key: str | None = None  # guards weight updates, pause/continue and flush
-    # the name in /v1/models (default: the model directory's name)
-    served_model_name: str | None = None
-    max_request_bytes: int = 8 * 1024 * 1024
-    max_n: int = 64
-    # None: only the context length limits max_new_tokens (SGLang)
-    max_new_tokens_cap: int | None = None
-    # engine requests (prompts x n) one HTTP request may start
-    max_batch: int = 1024
-    # gleanrl extension: GET /harvest_feed (admin key), http/harvest_feed.py
-    harvest_feed: bool = False
-    # finished requests the feed holds (oldest dropped and counted)
-    harvest_feed_records: int = 4096
-    # engine requests waiting for a slot; beyond: 503 with Retry-After
-    max_queued_requests: int = 8192
-    # top_logprobs_num (and OpenAI's logprobs / top_logprobs) per request
-    max_top_logprobs_num: int = 64
-    max_token_ids_logprob: int = 1024  # ids in token_ids_logprob
-    # (logprob, id) pairs the logprob options of one request may hold
-    max_logprob_pairs: int = 1 << 22
-    # process-group master addresses allowed beside loopback ones
-    dist_allow: tuple[str, ...] = ()
-    # tensor updates may carry fd / shared-memory handles (trainer on this host)
-    local_tensor_handles: bool = False
-    reasoning_parser: str | None = None  # `<think>` apart on the chat route (reasoning.py)
-    tool_call_parser: str | None = None  # tool_calls on the chat route (tool_parser.py)
-    constrained_json_disable_any_whitespace: bool = False  # SGLang's flags for json_schema
-    constrained_json_max_whitespace_cnt: int | None = None
+    host: str = flag("127.0.0.1", "address to listen on")
+    port: int = flag(30000, "port to listen on")
+    api_key: str | None = flag(
+        None, "Bearer key for every route but /health (or env GLEANRL_API_KEY: not visible in ps)"
+    )
+    admin_api_key: str | None = flag(
+        None, "Bearer key for weight updates, pause/continue, flush (or env GLEANRL_ADMIN_API_KEY)"
+    )
+    served_model_name: str | None = flag(None, "model name in /v1 (None: the directory's name)")
+    max_request_bytes: int = flag(8 * 1024 * 1024, "request bodies over this: 413")
+    max_n: int = flag(64, "largest n (samples per prompt) a request may ask for")
+    max_new_tokens_cap: int | None = flag(
+        None, "largest max_new_tokens a request may ask for (default: only the context length limits it)"
+    )
+    max_batch: int = flag(1024, "most sequences (prompts x n) one request may start")
+    harvest_feed: bool = flag(
+        False,
+        "gleanrl extension: keep a bounded feed of finished requests at GET /harvest_feed (admin key) for "
+        "`gleanrl harvest` beside a trainer that is not gleanrl's",
+    )  # http/harvest_feed.py
+    harvest_feed_records: int = flag(
+        4096, "finished requests the feed holds; the oldest are dropped (and counted) beyond it"
+    )
+    max_queued_requests: int = flag(
+        8192, "requests waiting for a slot; beyond it /generate and /v1 answer 503 with Retry-After"
+    )
+    # and OpenAI's logprobs / top_logprobs
+    max_top_logprobs_num: int = flag(64, "largest top_logprobs_num a request may ask")
+    max_token_ids_logprob: int = flag(1024, "most ids in token_ids_logprob")
+    max_logprob_pairs: int = flag(
+        1 << 22, "(logprob, id) pairs the logprob options of one request may hold (positions x options)"
+    )
+    dist_allow: tuple[str, ...] = flag(
+        (),
+        "a process-group master_address /init_weights_update_group may join besides loopback (repeatable)",
+        metavar="HOST",
+    )
+    local_tensor_handles: bool = flag(
+        False,
+        "/update_weights_from_tensor may carry fd / shared-memory handles (a trainer on this host, as SGLang's "
+        "same-host path); off: tensors by value only",
+    )
+    reasoning_parser: str | None = flag(
+        None,
+        "separate <think>...</think> into reasoning_content on the chat route (SGLang's names)",
+        choices=sorted(PARSERS),
+    )
+    tool_call_parser: str | None = flag(
+        None,
+        "parse tool calls into tool_calls on the chat route (SGLang's names: qwen25 / qwen and hermes <tool_call> "
+        "JSON, llama3 JSON)",
+        choices=sorted(FORMATS),
+    )
+    constrained_json_disable_any_whitespace: bool = flag(
+        False, "json_schema output without free whitespace (SGLang's flag)"
+    )
+    constrained_json_max_whitespace_cnt: int | None = flag(
+        None, "most whitespace characters in a row in json_schema output (SGLang's flag)"
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
