@@ -4,7 +4,7 @@ minutes of CPU a bootstrap takes.
 
 Each is `gleanrl bootstrap --task TASK --size SIZE --seed 0` (the recipe in `trainer.bootstrap.SIZES`,
 its key in `bootstrap.json` beside the weights) and the demo's warm start on it
-(`gleanrl.demo.warm_drafter`, its settings in `warm_start.json`), written by scripts/ship_policy.py:
+(`gleanrl.demo_setup.warm_drafter`, its settings in `warm_start.json`), written by scripts/ship_policy.py:
 - `deep` (the default): 32 layers of 256 on `doubling_checks` (self-checks: a per-sample tail), the
   shape of the LLMs SD serves (a drafter step ~0.06 of a target step), stored in bf16 and cast at
   load to the dtype asked for (a float32 push updates it: floats are cast, `base.dtypes.fits`);

@@ -22,7 +22,7 @@ import torch
 
 
 def main() -> int:
-    from gleanrl import demo
+    from gleanrl import demo, demo_setup
     from gleanrl.harvest.checkpoint import load_drafter, save_drafter
     from gleanrl.shipped import ROOT, SHIPPED, sha256, sums_file
     from gleanrl.trainer.bootstrap import cache_key
@@ -50,12 +50,12 @@ def main() -> int:
     args = argparse.ArgumentParser()
     demo.add_arguments(args)
     args = args.parse_args(["--size", entry.size])
-    demo.apply_regime(args)
+    demo_setup.apply_regime(args)
     shutil.rmtree(entry.drafter, ignore_errors=True)
-    warm = demo.warm_drafter(entry.policy, args)
+    warm = demo_setup.warm_drafter(entry.policy, args)
     drafter = load_drafter(warm, target_config=entry.policy).to(torch.bfloat16)
     save_drafter(drafter, entry.drafter)
-    (entry.drafter / "warm_start.json").write_text(json.dumps(demo.warm_settings(args), indent=1))
+    (entry.drafter / "warm_start.json").write_text(json.dumps(demo_setup.warm_settings(args), indent=1))
     sums_file().write_text(
         "".join(
             f"{sha256(d / 'model.safetensors')}  {d.name}/model.safetensors\n"

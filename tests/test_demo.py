@@ -10,7 +10,7 @@ import json
 import pytest
 
 import gleanrl.cli
-from gleanrl.demo import warm_drafter
+from gleanrl.demo_setup import warm_drafter
 from gleanrl.trainer.tasks.presets import regime
 
 
@@ -73,7 +73,7 @@ def test_demo_refuses_a_foreign_out_dir(tmp_path, capsys):
 
 
 def test_from_scratch_bootstraps_and_the_default_is_the_shipped_policy(monkeypatch, tmp_path):
-    from gleanrl import demo, shipped
+    from gleanrl import demo_setup, shipped
     from gleanrl.trainer import bootstrap
 
     built = []
@@ -82,23 +82,23 @@ def test_from_scratch_bootstraps_and_the_default_is_the_shipped_policy(monkeypat
     )
     monkeypatch.setattr(shipped, "shipped_policy", lambda size: shipped.SHIPPED[size].policy)
     args = argparse.Namespace(model=None, from_scratch=True, size="tiny", seed=3)
-    assert demo.policy_of(args) == tmp_path and built == [("tiny", 3, None)]
+    assert demo_setup.policy_of(args) == tmp_path and built == [("tiny", 3, None)]
     args.size = "deep"  # a shipped size bootstraps on its own task
-    assert demo.policy_of(args) == tmp_path and built[-1] == ("deep", 3, "doubling_checks")
+    assert demo_setup.policy_of(args) == tmp_path and built[-1] == ("deep", 3, "doubling_checks")
     args.from_scratch = False
-    assert demo.policy_of(args) == shipped.SHIPPED["deep"].policy and len(built) == 2
+    assert demo_setup.policy_of(args) == shipped.SHIPPED["deep"].policy and len(built) == 2
     args.size = "small"
-    assert demo.policy_of(args) == shipped.SHIPPED["small"].policy and len(built) == 2
+    assert demo_setup.policy_of(args) == shipped.SHIPPED["small"].policy and len(built) == 2
     args.size = "tiny"
     with pytest.raises(ValueError, match="--from-scratch"):
-        demo.policy_of(args)
+        demo_setup.policy_of(args)
     # the regime follows the size unless given
     for size, want in (("small", "short"), ("deep", "self_checks"), ("tiny", "short")):
         ns = argparse.Namespace(
             size=size, regime=None, max_new_tokens=None, prompts_per_step=None, samples_per_prompt=None
         )
-        assert demo.apply_regime(ns).name == regime(want).task and ns.regime == want
+        assert demo_setup.apply_regime(ns).name == regime(want).task and ns.regime == want
     ns = argparse.Namespace(
         size="deep", regime="short", max_new_tokens=None, prompts_per_step=None, samples_per_prompt=None
     )
-    assert demo.apply_regime(ns).name == "doubling" and ns.regime == "short"
+    assert demo_setup.apply_regime(ns).name == "doubling" and ns.regime == "short"

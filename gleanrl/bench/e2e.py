@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from gleanrl import demo
+from gleanrl import demo, demo_setup
 from gleanrl.bench.e2e_summary import headline, summarize
 from gleanrl.bench.sglang_arm import sglang_missing
 
@@ -165,12 +165,12 @@ def starts(policy: Path, args: argparse.Namespace, arms: list[str]) -> dict[str,
     needed = {RUNS[name][0] for name in arms} - {None}
     out: dict[str, Path] = {}
     if "same" in needed:
-        out["same"] = Path(args.drafter) if args.drafter else demo.warm_drafter(policy, args)
+        out["same"] = Path(args.drafter) if args.drafter else demo_setup.warm_drafter(policy, args)
     if "offdomain" in needed:
         out["offdomain"] = (
             Path(args.offdomain_drafter)
             if args.offdomain_drafter
-            else demo.warm_drafter(policy, args, task=OFFDOMAIN_TASK)
+            else demo_setup.warm_drafter(policy, args, task=OFFDOMAIN_TASK)
         )
     if "cold" in needed:
         out["cold"] = save_drafter(init_drafter(policy, seed=args.seed), Path(args.out) / "cold_drafter0")
@@ -259,7 +259,10 @@ def run_arm(
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    args.dtype, args.update_dtype = demo.fastest_cpu_dtype(args.dtype), demo.fastest_cpu_dtype(args.update_dtype)
+    args.dtype, args.update_dtype = (
+        demo_setup.fastest_cpu_dtype(args.dtype),
+        demo_setup.fastest_cpu_dtype(args.update_dtype),
+    )
     args.arms = args.arms or ",".join(QUICK_ARMS if args.quick else DEFAULT_ARMS)
     args.steps = args.steps or (QUICK_STEPS if args.quick else FULL_STEPS)
     try:
@@ -268,15 +271,15 @@ def run(args: argparse.Namespace) -> int:
         if "a_sglang" in arms and (why := sglang_missing()):
             print(f"skipping arm a_sglang: {why}", file=sys.stderr)
             arms.remove("a_sglang")
-        task = demo.apply_regime(args)
+        task = demo_setup.apply_regime(args)
     except ValueError as exc:
         print(f"gleanrl bench e2e: {exc}", file=sys.stderr)
         return 2
-    if not demo.fresh_out(out, "bench_e2e.json", args, (*RUNS, "cold_drafter0")):
+    if not demo_setup.fresh_out(out, "bench_e2e.json", args, (*RUNS, "cold_drafter0")):
         print(f"gleanrl bench e2e: {out} is not empty and not a bench output; choose another --out", file=sys.stderr)
         return 2
     try:
-        policy = demo.policy_of(args)
+        policy = demo_setup.policy_of(args)
         drafters = starts(policy, args, arms)
     except ValueError as exc:
         print(f"gleanrl bench e2e: {exc}", file=sys.stderr)

@@ -157,7 +157,7 @@ def _server_extra(arm: str, args: argparse.Namespace, max_running: int, longest_
 
 def run(args: argparse.Namespace) -> int:
     from gleanrl.bench.serve_process import ServeProcess
-    from gleanrl.demo import fastest_cpu_dtype
+    from gleanrl.demo_setup import fastest_cpu_dtype
 
     args.dtype = fastest_cpu_dtype(args.dtype)
     arms = [a for a in args.arms.split(",") if a]

@@ -106,7 +106,8 @@ def _servers(model: str, dtype: str, log_dir: Path) -> dict:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from gleanrl.demo import _wait_healthy, fastest_cpu_dtype
+    from gleanrl.demo import _wait_healthy
+    from gleanrl.demo_setup import fastest_cpu_dtype
     from gleanrl.trainer.generate import encode_prompt
     from gleanrl.trainer.tasks import load_task
 

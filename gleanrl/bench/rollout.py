@@ -91,7 +91,7 @@ def _arm_config(arm: str, model: str, drafter: str, args: argparse.Namespace):
 def _default_paths(args: argparse.Namespace) -> tuple[str, str]:
     from pathlib import Path
 
-    from gleanrl import demo
+    from gleanrl import demo_setup
     from gleanrl.shipped import DEFAULT, SHIPPED, shipped_policy
     from gleanrl.trainer.bootstrap import bootstrap_policy
 
@@ -110,7 +110,7 @@ def _default_paths(args: argparse.Namespace) -> tuple[str, str]:
     warm = argparse.Namespace(
         max_new_tokens=args.max_new_tokens, warm_steps=args.warm_steps, warm_prompts=args.warm_prompts, seed=args.seed
     )
-    return str(policy), str(demo.warm_drafter(policy, warm, task=task))
+    return str(policy), str(demo_setup.warm_drafter(policy, warm, task=task))
 
 
 def _arm(engine, prompts: list[list[int]], args: argparse.Namespace) -> tuple[dict, list[list[int]]]:

@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     if args.device == "cpu":
-        from gleanrl.demo import fastest_cpu_dtype
+        from gleanrl.demo_setup import fastest_cpu_dtype
 
         args.dtype = fastest_cpu_dtype(args.dtype)
     if args.model is None or args.drafter is None:
