@@ -125,3 +125,16 @@ def config_from_args(cls, args: argparse.Namespace, prefix: str = ""):
     """`cls` (a config without nested ones) from the flags in `args`; absent ones keep their default.
     Raises what `cls` raises for invalid values (ValueError)."""
     return cls(**given(cls, args, prefix))
+
+
+def check_fields(obj, counts: tuple[str, ...] = ()) -> None:
+    """Raise ValueError for the first field of the dataclass `obj` out of range: one of `counts` (an
+    integer >= 1), or a field whose `flag()` names choices, with a value outside them."""
+    for name in counts:
+        value = getattr(obj, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    for f in dataclasses.fields(obj):
+        choices, value = f.metadata.get(_KEY, {}).get("choices"), getattr(obj, f.name)
+        if choices and not f.metadata[_KEY]["sep"] and value not in choices:
+            raise ValueError(f"{f.name} must be one of {', '.join(map(str, choices))}, got {value!r}")

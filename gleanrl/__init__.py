@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 _API = {
     "Harvester": "gleanrl.harvest.harvester",
-    "HarvestConfig": "gleanrl.harvest.harvester",
+    "HarvestConfig": "gleanrl.harvest.config",
     "HarvestHooks": "gleanrl.harvest.hooks",
     "RolloutClient": "gleanrl.clients.rollout_client",
     "RolloutServerError": "gleanrl.clients.transport",

@@ -22,30 +22,12 @@ GRPO advantages).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from pathlib import Path
 
+from gleanrl.demo_rl import demo_hooks, rl_config, serving, table_logger
 from gleanrl.demo_setup import apply_regime, fastest_cpu_dtype, fresh_out, policy_of, warm_drafter
-
-STEP_COLUMNS = [
-    ("step", "step", "{:>4d}"),
-    ("reward_mean", "reward", "{:>6.3f}"),
-    ("accuracy", "acc", "{:>5.2f}"),
-    ("eval_accuracy", "held-out", "{:>8.3f}"),
-    ("eval_se", "±se", "{:>5.3f}"),
-    ("response_len_p50", "len50", "{:>5.0f}"),
-    ("response_len_p99", "len99", "{:>5.0f}"),
-    ("rollout_s", "rollout_s", "{:>9.2f}"),
-    ("tail_s", "tail_s", "{:>6.2f}"),
-    ("idle_used_s", "idle_s", "{:>6.2f}"),
-    ("spec_accept_length", "tok/vfy", "{:>7.2f}"),
-    ("drafter_version", "dver", "{:>4}"),
-    ("sd_token_share", "sd%", "{:>4.0%}"),
-    ("tokens_per_pass", "tok/pass", "{:>8.2f}"),
-    ("rollout_share", "roll%", "{:>5.0%}"),
-]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -150,55 +132,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def demo_hooks(harvester):
-    """HarvestHooks that also keep every step's response lengths (for the histogram)."""
-    from gleanrl.harvest.hooks import HarvestHooks
-
-    class DemoHooks(HarvestHooks):
-        def __init__(self, h):
-            super().__init__(h)
-            self.lengths: list[list[int]] = []
-
-        def on_step_start(self, step, model):
-            super().on_step_start(step, model)
-            self.lengths.append([])
-
-        def on_rollout_finished(self, rollout):
-            super().on_rollout_finished(rollout)
-            self.lengths[-1].append(len(rollout.output_ids))
-
-    return DemoHooks(harvester)
-
-
-def table_logger(metrics_path: Path):
-    """The trainer's `log`: its warnings pass, and each new metrics row prints as the
-    demo's table line."""
-    # rows already there (a resumed run's) were printed by an earlier logger
-    seen, header = [len(metrics_path.read_text().splitlines()) if metrics_path.exists() else 0], [True]
-
-    def log(*parts) -> None:
-        msg = " ".join(str(p) for p in parts)
-        if msg.startswith(("warning", "resuming", "scheduling check", "drafter gate")):
-            print(msg, flush=True)
-        rows = metrics_path.read_text().splitlines() if metrics_path.exists() else []
-        for line in rows[seen[0] :]:
-            row = json.loads(line)
-            widths = [len(f.format(0 if "d" in f else 0.0)) for _, _, f in STEP_COLUMNS]
-            if header[0]:
-                header[0] = False
-                print("  ".join(h.rjust(w) for (_, h, _), w in zip(STEP_COLUMNS, widths)))
-            print(
-                "  ".join(
-                    f.format(row[k]) if row.get(k) is not None else " " * w
-                    for (k, _, f), w in zip(STEP_COLUMNS, widths)
-                ),
-                flush=True,
-            )
-            seen[0] += 1
-
-    return log
-
-
 def closing_questions(task, seed: int, lengths=((1, 2), (3, 6), (7, 12))) -> list[dict]:
     """One held-out (test split) problem per band of lengths (doubling: its k), short to long; the
     first test problems where the task has no lengths."""
@@ -214,72 +147,6 @@ def ask(url: str, question: list[dict], max_tokens: int) -> str:
     model = client.models.list().data[0].id
     reply = client.chat.completions.create(model=model, messages=question, max_tokens=max_tokens, temperature=0)
     return reply.choices[0].message.content or ""
-
-
-@contextlib.contextmanager
-def serving(
-    policy: Path,
-    drafter: Path | None,
-    log_path: Path,
-    sd: str = "adaptive",
-    dtype: str = "auto",
-    device: str = "cpu",
-    replicas: int = 0,
-    backend: dict | None = None,
-    harvests: bool = True,
-):
-    """The embedded rollout servers laid out by `replicas` (`trainer.layout.layout_groups`; 0: one
-    per core on CPU when `harvests`, else one), started and healthy; a single one takes every
-    core. `backend` replaces the SD settings (e.g. {"backend": "sglang"})."""
-    from gleanrl.trainer.layout import Replicas, layout_groups
-    from gleanrl.trainer.phases import all_cores
-
-    extra = (
-        backend
-        if backend is not None
-        else ({"drafter": str(drafter)} if drafter else {}) | {"sd": sd if drafter else "off"}
-    )
-    extra = {**extra, "dtype": dtype, "device": device}
-    groups = layout_groups(replicas, extra, harvests) if replicas != 1 else [all_cores()]
-    servers = Replicas(str(policy), groups, extra, log_path=log_path)
-    try:
-        servers.start()
-        for server in servers.servers:
-            _wait_healthy(server)
-        yield servers
-    finally:
-        servers.stop()
-
-
-def rl_config(policy: Path, out: Path, args: argparse.Namespace, seed: int, evaluate: bool = False):
-    """The demo's GRPO settings (its servers are handed to `train` apart); `evaluate`: held-out
-    accuracy at T = 1 on fixed prompts (the demo's evidence that RL helps; the e2e bench leaves it
-    off to time steps alone)."""
-    from gleanrl.trainer.config import TrainConfig
-
-    evals = (
-        dict(
-            eval_every=args.eval_every,
-            eval_prompts=args.eval_prompts,
-            eval_samples=args.eval_samples,
-            eval_temperature=1.0,
-        )
-        if evaluate
-        else {}
-    )
-    return TrainConfig(
-        model=str(policy),
-        out=str(out),
-        steps=args.steps,
-        prompts_per_step=args.prompts_per_step,
-        samples_per_prompt=args.samples_per_prompt,
-        max_new_tokens=args.max_new_tokens,
-        lr=args.lr,
-        negative_weight=args.negative_weight,
-        seed=seed,
-        update_dtype=args.update_dtype,
-        **evals,
-    )
 
 
 def reference_gain(initial: Path, final: Path, task, prompts: list[dict]) -> dict | None:
@@ -309,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
     import httpx
 
     from gleanrl.demo_report import write_report
-    from gleanrl.harvest.harvester import HarvestConfig, Harvester
+    from gleanrl.harvest.config import HarvestConfig
+    from gleanrl.harvest.harvester import Harvester
     from gleanrl.trainer.loop import train
 
     out = Path(args.out)
@@ -382,19 +250,3 @@ def run(args: argparse.Namespace) -> int:
     report = write_report(out, rows, hooks.lengths, closing, info, reference)
     print(f"report: {report}")
     return 0
-
-
-def _wait_healthy(server, timeout_s: float = 180.0) -> None:
-    import time
-
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not server.alive():
-            raise SystemExit(f"gleanrl: the rollout server exited:\n{server.log_tail()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise SystemExit(f"gleanrl: the rollout server did not become healthy in {timeout_s:.0f} s")

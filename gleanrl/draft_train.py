@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from gleanrl.base.flags import check_fields
 from gleanrl.harvest.acceptance import acceptance_length
 from gleanrl.harvest.capture import Sample, capture
 from gleanrl.harvest.checkpoint import load_drafter, save_drafter
@@ -44,19 +45,8 @@ class WarmStartConfig:
     def __post_init__(self) -> None:
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
-        for name in (
-            "max_new_tokens",
-            "gen_batch",
-            "steps",
-            "batch_size",
-            "batch_tokens",
-            "ttt_length",
-            "topk",
-            "eval_every",
-            "accept_k",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        counts = ("max_new_tokens", "gen_batch", "steps", "batch_size", "batch_tokens", "ttt_length", "topk")
+        check_fields(self, (*counts, "eval_every", "accept_k"))
         if not 0 < self.heldout < 1 or self.temperature < 0 or self.lr <= 0:
             raise ValueError("need 0 < heldout < 1, temperature >= 0, lr > 0")
 

@@ -43,8 +43,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
-import json
 import sys
 import threading
 import time
@@ -53,15 +51,11 @@ from pathlib import Path
 
 import torch
 
-from gleanrl.base.atomic import atomic_file
 from gleanrl.harvest.capture import FinishedRollout, Sample, UpdateCapture
 from gleanrl.harvest.checkpoint import drafter_dir
-from gleanrl.harvest.harvester import HarvestConfig, Harvester
+from gleanrl.harvest.config import read_config
+from gleanrl.harvest.harvester import Harvester
 from gleanrl.harvest.idle import CoreGate, IdleWindow, busy_step
-from gleanrl.harvest.spool import SpoolConfig
-
-# in the run's harvest root, next to spool/ and drafter_versions/
-CONFIG_FILE = "harvest_config.json"
 
 
 class HarvestHooks:
@@ -99,7 +93,7 @@ class HarvestHooks:
     def for_run(cls, model: str, drafter: str, root: Path, resume: bool) -> tuple[HarvestHooks, Path]:
         """Hooks over `root` (spool, drafter versions: kept by a resumed run) and the drafter to
         serve: the newest pushed version, else `drafter`. Drafters go to the loop's servers
-        (`bind_push`). Settings: `root/harvest_config.json` (`write_config`; `gleanrl train` writes
+        (`bind_push`). Settings: `root/harvest_config.json` (`harvest.config.write_config`; `gleanrl train` writes
         it from its flags)."""
         if not resume and any((root / "drafter_versions").glob("v*")):
             raise ValueError(f"{root} holds drafter versions of an earlier run: pass --resume, or use another --out")
@@ -158,8 +152,8 @@ class HarvestHooks:
         # the boundary (counted in this step): no rollout runs, so a swap costs nothing
         try:
             self.h.new_step()
-        except Exception as exc:  # whatever the push raises: the server keeps its drafter
-            self.h.history.append({"version": self.h.version, "pushed": False, "error": f"{type(exc).__name__}: {exc}"})
+        except Exception as exc:
+            self.h.push_failed(exc)
 
     def on_rollout_finished(self, rollout: FinishedRollout) -> None:
         with self._lock:
@@ -284,33 +278,3 @@ class HarvestHooks:
             "spool_tokens": self.h.spool.mem_tokens,
             "sd_token_share": self._tokens[1] / max(self._tokens[0], 1),
         }
-
-
-def write_config(root: Path, cfg: HarvestConfig) -> Path:
-    """Store a run's harvest settings where `for_run` (and so `--resume`) reads them."""
-    root.mkdir(parents=True, exist_ok=True)
-    with atomic_file(root / CONFIG_FILE, "w") as f:
-        json.dump(dataclasses.asdict(cfg), f, indent=2)
-    return root / CONFIG_FILE
-
-
-def read_config(root: Path) -> HarvestConfig:
-    """The settings `write_config` stored under `root`; the defaults if none were."""
-    path = root / CONFIG_FILE
-    if not path.is_file():
-        return HarvestConfig()
-    try:
-        values = json.loads(path.read_text())
-        return HarvestConfig(**values | {"spool": SpoolConfig(**values.get("spool", {}))})
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: not valid harvest settings ({exc})") from None
-
-
-def update_config(root: Path, given: dict, resume: bool) -> Path:
-    """Store the resumed run's settings (else the defaults) with `given` over them (by field name;
-    "spool.NAME" for the spool's)."""
-    values = dataclasses.asdict(read_config(root) if resume else HarvestConfig())
-    for key, value in given.items():
-        table, name = (values["spool"], key[6:]) if key.startswith("spool.") else (values, key)
-        table[name] = value
-    return write_config(root, HarvestConfig(**values | {"spool": SpoolConfig(**values["spool"])}))

@@ -95,3 +95,21 @@ class Gate:
         if not boundary and v.lower <= self.mid_step_gain:
             return "pending", (f"{figures} (a swap while rollouts run needs a lower bound above {self.mid_step_gain})")
         return "push", figures
+
+
+def status_line(attempt: dict | None, since_push: int, push_every: int) -> str:
+    """A push attempt's outcome in a line (`attempt`: a `Harvester.history` row), else how far the
+    next attempt is."""
+    if attempt is None:
+        if not push_every:
+            return "pushes off"
+        if since_push >= push_every:
+            return "a push attempt is due at the next micro-step (the last window closed first)"
+        return f"no push attempt yet: {since_push} of the {push_every} drafter micro-steps between attempts"
+    if attempt.get("error"):
+        return f"push refused: {attempt['error']}"
+    if attempt.get("pushed"):
+        done = "pushed v{}".format(attempt["version"])
+    else:
+        done = "won, waits for the step boundary" if attempt.get("pending") else "held"
+    return f"{done}: {attempt.get('why', '')}"

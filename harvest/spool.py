@@ -31,7 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save
 
 from gleanrl.base.atomic import atomic_file, remove_stale_temporaries
-from gleanrl.base.flags import flag
+from gleanrl.base.flags import check_fields, flag
 
 
 @dataclass(slots=True)
@@ -44,9 +44,7 @@ class SpoolConfig:
     holdout_every: int = flag(8, "one prompt in N is held out, with all its samples (0: none)")
 
     def __post_init__(self) -> None:
-        for name in ("max_mem_tokens", "max_mem_bytes", "max_disk_tokens", "max_disk_bytes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
+        check_fields(self, ("max_mem_tokens", "max_mem_bytes", "max_disk_tokens", "max_disk_bytes"))
         if not 0.0 < self.version_decay <= 1.0:
             raise ValueError(f"version_decay must be in (0, 1], got {self.version_decay}")
         if self.holdout_every < 0 or self.holdout_every == 1:

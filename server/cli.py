@@ -117,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
     from gleanrl.server.http.app import build_app
 
     app = build_app(engine, server_cfg, engine_cfg)
+    from gleanrl.base.heap import freeze_heap
+
+    freeze_heap()
     logging.info(
         "serving %s on http://%s:%d (auth: %s)", model, args.host, args.port, "api key" if args.api_key else "none"
     )

@@ -141,7 +141,7 @@ def test_serve_flags_are_the_configs_fields():
 
 
 def test_train_and_harvest_flags_are_the_configs_fields():
-    from gleanrl.harvest.harvester import HarvestConfig
+    from gleanrl.harvest.config import HarvestConfig
     from gleanrl.trainer.cli import HARVEST
     from gleanrl.trainer.config import TrainConfig
 

@@ -9,7 +9,8 @@ import gleanrl.cli
 from gleanrl.base.flags import given
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.harvest.hooks import HarvestHooks, read_config
+from gleanrl.harvest.config import read_config
+from gleanrl.harvest.hooks import HarvestHooks
 from gleanrl.trainer import cli
 from gleanrl.trainer.config import TrainConfig, build_config
 
@@ -59,7 +60,7 @@ def test_harvest_flags_are_validated(tiny_qwen2, tmp_path, capsys):
     assert gleanrl.cli.main(base + ["--push-every", "3"]) == 2
     assert "--push-every: harvest settings, which need --drafter" in capsys.readouterr().err
     assert gleanrl.cli.main(base + ["--drafter", str(drafter), "--max-holdout", "0"]) == 2
-    assert "max_holdout must be >= 1" in capsys.readouterr().err
+    assert "max_holdout must be an integer >= 1" in capsys.readouterr().err
     assert gleanrl.cli.main(base + ["--drafter", str(drafter), "--version-decay", "1.5"]) == 2
     assert "version_decay" in capsys.readouterr().err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -10,7 +10,8 @@ import torch
 
 from gleanrl.harvest.checkpoint import load_drafter, save_drafter
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.harvest.harvester import HarvestConfig, Harvester
+from gleanrl.harvest.config import HarvestConfig
+from gleanrl.harvest.harvester import Harvester
 from gleanrl.harvest.hooks import HarvestHooks
 from gleanrl.harvest.spool import SpoolConfig
 from gleanrl.trainer.config import TrainConfig

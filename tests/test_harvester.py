@@ -12,7 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from gleanrl.harvest.checkpoint import load_drafter, save_drafter
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.harvest.harvester import HarvestConfig, Harvester
+from gleanrl.harvest.config import HarvestConfig
+from gleanrl.harvest.harvester import Harvester
+from gleanrl.harvest.pushing import pick_holdout
 from gleanrl.harvest.spool import SpoolConfig
 
 
@@ -238,7 +240,7 @@ def test_no_push_without_a_significant_paired_gain(setup, tmp_path):
     assert h.maybe_push() is None and pushed == []
     row = h.history[-1]
     assert not row["pushed"] and row["gain_lower"] <= h.cfg.min_gain
-    assert row["prompts"] == len({it.prompt for it in h._held()})
+    assert row["prompts"] == len({it.prompt for it in pick_holdout(h.spool, h.cfg)})
     # too few held-out prompts: no push, however large the gain
     h.cfg.min_holdout_prompts = row["prompts"] + 1
     h.train_while(lambda: True, max_steps=50)

@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM
 from gleanrl.clients.rollout import FinishedRollout
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.harvest.harvester import HarvestConfig, Harvester
+from gleanrl.harvest.config import HarvestConfig
+from gleanrl.harvest.harvester import Harvester
 from gleanrl.harvest.hooks import HarvestHooks
 from gleanrl.harvest.spool import SpoolConfig
 

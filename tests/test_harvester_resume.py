@@ -12,9 +12,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from gleanrl.clients.rollout import FinishedRollout
+from gleanrl.harvest import pushing
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.harvest.harvester import HarvestConfig
+from gleanrl.harvest.config import HarvestConfig
 from gleanrl.harvest.hooks import HarvestHooks
 from gleanrl.trainer.checkpoint import load_latest, save_checkpoint
 
@@ -23,15 +24,19 @@ def _params(drafter) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in drafter.state_dict().items()}
 
 
-def _always_better(h) -> None:
+def _always_better(monkeypatch, h) -> None:
     """The candidate beats the serving drafter whatever it is, on enough held-out prompts for the
     paired test (harvest.push_rule; the gate itself is tested elsewhere)."""
     held = [SimpleNamespace(prompt=i % 4) for i in range(8)]
-    h._held = lambda policy_version=None: held
-    h._sums = lambda drafter, held, stop=None: [(1.0 if drafter is h.serving else 2.0, 1)] * len(held)
+    monkeypatch.setattr(pushing, "pick_holdout", lambda spool, cfg, policy_version=None: held)
+    monkeypatch.setattr(
+        pushing,
+        "holdout_sums",
+        lambda drafter, held, cfg, cache, stop=None: [(1.0 if drafter is h.serving else 2.0, 1)] * len(held),
+    )
 
 
-def test_resume_restores_training_state_and_repushes_the_serving_version(tiny_qwen2, tmp_path):
+def test_resume_restores_training_state_and_repushes_the_serving_version(tiny_qwen2, tmp_path, monkeypatch):
     drafter0 = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).eval()
     root = tmp_path / "run" / "harvest"
@@ -50,7 +55,7 @@ def test_resume_restores_training_state_and_repushes_the_serving_version(tiny_qw
             policy_version=0,
         )
     h.train_while(lambda: True, max_steps=3)
-    _always_better(h)
+    _always_better(monkeypatch, h)
     assert h.maybe_push() == 1 and pushed == [1]
     h.train_while(lambda: True, max_steps=2)  # progress after the push, not pushed yet
     hooks.on_step_start(2, model)
@@ -87,11 +92,11 @@ def test_resume_restores_training_state_and_repushes_the_serving_version(tiny_qw
     # same batch, same optimizer moments: same weights
     again.h.train_while(lambda: True, max_steps=1)
     assert all(torch.allclose(v, expected[k], atol=1e-6) for k, v in _params(again.h.drafter).items())
-    _always_better(again.h)
+    _always_better(monkeypatch, again.h)
     assert again.h.maybe_push() == 3 and repushed[-1][1] == 3  # 2 is never reused
 
 
-def test_refused_push_leaves_no_version_behind(tiny_qwen2, tmp_path):
+def test_refused_push_leaves_no_version_behind(tiny_qwen2, tmp_path, monkeypatch):
     drafter0 = save_drafter(init_drafter(tiny_qwen2, seed=0), tmp_path / "drafter0")
     hooks, _ = HarvestHooks.for_run(str(tiny_qwen2), str(drafter0), tmp_path / "harvest", resume=False)
 
@@ -99,7 +104,7 @@ def test_refused_push_leaves_no_version_behind(tiny_qwen2, tmp_path):
         raise RuntimeError("no")
 
     hooks.h.push = refuse
-    _always_better(hooks.h)
+    _always_better(monkeypatch, hooks.h)
     with pytest.raises(RuntimeError, match="no"):
         hooks.h.maybe_push()
     assert not any((tmp_path / "harvest" / "drafter_versions").glob("v*")) and hooks.h.version == 0

@@ -30,7 +30,7 @@ STREAM_TOKENS = 400
 
 @pytest.fixture(scope="module")
 def served(tiny_qwen2):
-    with running_app(tiny_qwen2, max_request_bytes=LIMIT) as (url, app):
+    with running_app(tiny_qwen2, max_request_bytes=LIMIT, max_weight_request_bytes=LIMIT) as (url, app):
         yield url, app
 
 
@@ -61,7 +61,8 @@ def _upload(url: str, path: str, declared: bool) -> tuple[httpx.Response, int]:
 def test_an_oversize_body_is_refused_before_it_is_read(served, path, declared):
     url, _app = served
     r, sent = _upload(url, path, declared)
-    assert r.status_code == 413 and "--max-request-bytes" in r.json()["error"]["message"]
+    setting = "--max-weight-request-bytes" if path == "/update_weights_from_tensor" else "--max-request-bytes"
+    assert r.status_code == 413 and setting in r.json()["error"]["message"]
     assert r.headers["connection"] == "close"
     # the server stopped reading at the limit: the client got to push only what the socket
     # buffers hold, a sliver of the gigabyte (and the server's memory did not take it)
@@ -148,7 +149,7 @@ def _stalls(gaps: list[float]) -> int:
 
 def test_a_refused_tensor_update_does_not_stall_a_running_stream(tiny_qwen2):
     refusals = _refused_updates(tiny_qwen2)[:4] * 3  # 12 refused updates, each fully decoded
-    with running_app(tiny_qwen2, max_request_bytes=64 << 20) as (url, _app):
+    with running_app(tiny_qwen2, max_weight_request_bytes=64 << 20) as (url, _app):
         greedy_ids(url, [5, 6, 7], 4)  # warm
         baseline, loaded, started = [], [], threading.Event()
         _deliveries(url, STREAM_TOKENS, baseline, threading.Event())

@@ -124,14 +124,14 @@ def test_replicas_run_pinned_to_their_cores(tiny_qwen2, tmp_path):
     """Two real servers, each on its own core; both serve, and a dead one is restarted."""
     import httpx
 
-    from gleanrl.demo import _wait_healthy
+    from gleanrl.demo_rl import wait_healthy
 
     groups = core_groups(sorted(os.sched_getaffinity(0))[:2], 2)
     servers = Replicas(str(tiny_qwen2), groups, {"sd": "off"}, log_path=tmp_path / "server.log")
     try:
         servers.start()
         for s in servers.servers:
-            _wait_healthy(s)
+            wait_healthy(s)
         assert [os.sched_getaffinity(s.proc.pid) for s in servers.servers] == groups
         assert {p.name for p in tmp_path.iterdir()} >= {"server.0.log", "server.1.log"}
         for url in servers.urls:
@@ -144,7 +144,7 @@ def test_replicas_run_pinned_to_their_cores(tiny_qwen2, tmp_path):
         servers.servers[1].proc.kill()
         servers.servers[1].proc.wait()
         assert not servers.alive() and servers.ensure_running()
-        _wait_healthy(servers.servers[1])
+        wait_healthy(servers.servers[1])
         assert os.sched_getaffinity(servers.servers[1].proc.pid) == groups[1]
     finally:
         servers.stop()

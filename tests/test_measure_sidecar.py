@@ -1,9 +1,11 @@
-"""scripts/measure_sidecar.py (the sidecar figure): its arguments, and its summary and table over
-fake steps and fake sidecar metrics rows (the run itself takes minutes: not run here)."""
+"""scripts/measure_sidecar.py (the sidecar figure): its arguments, and its summary and table
+(scripts/sidecar_summary.py) over fake steps and fake sidecar metrics rows (the run itself takes
+minutes: not run here)."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,20 +15,27 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def ms():
-    spec = importlib.util.spec_from_file_location("measure_sidecar", ROOT / "scripts" / "measure_sidecar.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """scripts/sidecar_summary.py (the figure's arithmetic)."""
+    sys.path.insert(0, str(ROOT / "scripts"))  # the script imports its siblings, as when run
+    try:
+        return importlib.import_module("sidecar_summary")
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
 
 
-def test_args(ms):
-    args = ms.parse_args(
+def test_args():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        script = importlib.import_module("measure_sidecar")
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    args = script.parse_args(
         ["--out", "/tmp/x", "--steps", "3", "--prompts", "2", "--samples", "4", "--harvest-arg=--push-every=5"]
     )
     assert (args.steps, args.prompts, args.samples, args.harvest_arg) == (3, 2, 4, ["--push-every=5"])
-    assert ms.parse_args(["--out", "o"]).steps == 12
+    assert script.parse_args(["--out", "o"]).steps == 12
     with pytest.raises(SystemExit):
-        ms.parse_args(["--out", "o", "--samples", "0"])
+        script.parse_args(["--out", "o", "--samples", "0"])
 
 
 def meta(verify: int, accepted: int, tokens: int, dver: str = "default") -> dict:

@@ -4,21 +4,23 @@ way (json_schema without free whitespace, regex) the texts are identical and val
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
+import sys
 from pathlib import Path
 
 import pytest
 
 from gleanrl.bench.sglang_arm import sglang_missing
 
-_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "parity_sglang.py"
+_SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def _parity():
-    spec = importlib.util.spec_from_file_location("parity_sglang", _SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    sys.path.insert(0, str(_SCRIPTS))  # the script imports its sibling parity_cases, as when run
+    try:
+        return importlib.import_module("parity_sglang")
+    finally:
+        sys.path.remove(str(_SCRIPTS))
 
 
 @pytest.mark.sglang

@@ -165,16 +165,14 @@ def test_a_loop_reusing_few_prompts_holds_out_at_most_half():
 def test_held_out_samples_scored_cover_as_many_prompts_as_they_can():
     """8 samples a prompt (a GRPO group) and 16 scored: the newest 16 alone would be 2 prompts,
     fewer than a push needs; spread over the prompts they are 4 prompts x 4 samples."""
-    from types import SimpleNamespace
-
-    from gleanrl.harvest.harvester import HarvestConfig, Harvester
+    from gleanrl.harvest.config import HarvestConfig
+    from gleanrl.harvest.pushing import pick_holdout
 
     spool = Spool(None, SpoolConfig(holdout_every=1 << 62), min_holdout_prompts=4)
     for p in range(8):  # prompts 0, 2, 4, 6 are held out (every other new one until 4 are)
         for _ in range(8):
             spool.add(_sample(3, prompt=p), policy_version=0)
-    fake = SimpleNamespace(spool=spool, cfg=HarvestConfig(max_holdout=16))
-    held = Harvester._held(fake)
+    held = pick_holdout(spool, HarvestConfig(max_holdout=16))
     assert len(held) == 16 and [it.seq for it in held] == sorted(it.seq for it in held)
     by_prompt = {}
     for it in held:

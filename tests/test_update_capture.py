@@ -13,7 +13,8 @@ from gleanrl.clients.rollout import Rollout, RolloutStatus
 from gleanrl.harvest.capture import UpdateCapture, capture, decoder_layers
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.harvest.harvester import HarvestConfig, Harvester
+from gleanrl.harvest.config import HarvestConfig
+from gleanrl.harvest.harvester import Harvester
 from gleanrl.harvest.hooks import HarvestHooks
 from gleanrl.trainer.config import TrainConfig
 from gleanrl.trainer.policy import Policy

@@ -36,14 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_harvest_flags(group) -> None:
     """HarvestConfig's flags (train and harvest), absent unless given, as `_harvest:NAME`."""
-    from gleanrl.harvest.harvester import HarvestConfig
+    from gleanrl.harvest.config import HarvestConfig
 
     add_flags(group, HarvestConfig, prefix=HARVEST, suppress=True, metavars={int: "N", float: "X"})
 
 
 def harvest_given(args: argparse.Namespace) -> dict:
     """The harvest flags given, by HarvestConfig field ("spool.NAME" for the spool's)."""
-    from gleanrl.harvest.harvester import HarvestConfig
+    from gleanrl.harvest.config import HarvestConfig
 
     return given(HarvestConfig, args, HARVEST)
 
@@ -51,7 +51,7 @@ def harvest_given(args: argparse.Namespace) -> dict:
 def harvest_settings(cfg: TrainConfig, args: argparse.Namespace) -> None:
     """Write OUT/harvest/harvest_config.json: the resumed run's settings (or the defaults), then the
     flags given. Raises ValueError for flags without --drafter and for invalid values."""
-    from gleanrl.harvest.hooks import update_config
+    from gleanrl.harvest.config import update_config
     from gleanrl.trainer.checkpoint import list_checkpoints
 
     values = harvest_given(args)

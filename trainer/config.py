@@ -9,7 +9,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gleanrl.base.flags import flag
+from gleanrl.base.flags import check_fields, flag
 
 
 @dataclass(slots=True)
@@ -112,10 +112,7 @@ class TrainConfig:
             "max_attempts",
             "stream_interval",
         )
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        check_fields(self, positive)
         checks = [
             ("server_threads", isinstance(self.server_threads, int) and self.server_threads >= 0, "must be >= 0"),
             ("replicas", isinstance(self.replicas, int) and self.replicas >= 0, "must be >= 0"),
@@ -131,7 +128,6 @@ class TrainConfig:
             ("weight_decay", self.weight_decay >= 0, "must be >= 0"),
             ("request_timeout_s", self.request_timeout_s > 0, "must be > 0"),
             ("server_wait_s", self.server_wait_s > 0, "must be > 0"),
-            ("update_dtype", self.update_dtype in ("float32", "bfloat16"), "must be float32 or bfloat16"),
         ]
         for name, ok, why in checks:
             if not ok:

@@ -41,9 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def child(spec: dict) -> None:
     """The trainer under test: `train` with harvest hooks, marking its phases in OUT/phases.log."""
     from gleanrl.clients.weight_sync import DrafterPush
-    from gleanrl.harvest.harvester import HarvestConfig, Harvester
+    from gleanrl.harvest.config import HarvestConfig
+    from gleanrl.harvest.harvester import Harvester
     from gleanrl.harvest.hooks import HarvestHooks
-    from gleanrl.trainer import loop
+    from gleanrl.trainer import loop, run
     from gleanrl.trainer.config import TrainConfig
 
     out = Path(spec["out"])
@@ -62,7 +63,7 @@ def child(spec: dict) -> None:
             mark("rollouts")
             super().on_step_start(step, model)
 
-    save = loop.save_checkpoint
+    save = run.save_checkpoint
 
     def marked_save(*a, **kw):
         mark("checkpoint")
@@ -70,7 +71,7 @@ def child(spec: dict) -> None:
         mark("push")  # the loop pushes the checkpoint right after saving it
         return path
 
-    loop.save_checkpoint = marked_save
+    run.save_checkpoint = marked_save
     harvester = Harvester(
         spec["model"],
         spec["drafter"],

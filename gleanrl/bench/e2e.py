@@ -22,7 +22,7 @@ harvest alone) on one single-thread replica per core, the harvest training only 
 replicas with nothing left to run, pinned there. `a_replicas`: (a) on the drafter arms' replicas,
 what that layout costs without SD. With `--replicas 1` the drafter arms share one server over every
 core, the harvest beside it at nice 19. The drafter's warm
-start (the same-domain and off-domain arms) is 400 TTT steps on 256 prompts' generations (cached).
+start (the same-domain and off-domain arms) is the demo's (cached). The arms: `gleanrl.bench.e2e_arms`.
 `--quick`: a_no_sd, a_replicas, a_sglang, b_adaptive, c_stale, cold_adaptive. Arms run ABBA
 (`schedule`): the first half of every arm's steps in order, then the second half in reverse, each arm
 resumed from its checkpoint. Figures: `gleanrl.bench.e2e_summary`.
@@ -43,27 +43,21 @@ import time
 from pathlib import Path
 
 from gleanrl import demo, demo_setup
+from gleanrl.bench.e2e_arms import (
+    DEFAULT_ARMS,
+    OFFDOMAIN_TASK,
+    QUICK_ARMS,
+    RUNS,
+    heldout,
+    parse_arms,
+    run_arm,
+    schedule,
+    starts,
+)
 from gleanrl.bench.e2e_summary import headline, summarize
 from gleanrl.bench.sglang_arm import sglang_missing
 
-# name -> (the drafter's start: None (no SD) | "same" | "cold" | "offdomain", harvest, seed offset)
-RUNS = {
-    "a_no_sd": (None, None, 0),
-    "a_sglang": (None, None, 0),
-    "a_replicas": (None, None, 0),
-    "b_adaptive": ("same", "push", 0),
-    "c_stale": ("same", None, 0),
-    "cold_adaptive": ("cold", "push", 0),
-    "cold_stale": ("cold", None, 0),
-    "offdomain_adaptive": ("offdomain", "push", 0),
-    "offdomain_stale": ("offdomain", None, 0),
-    "a_no_sd_seed2": (None, None, 1),
-    "d_stale_harvest": ("same", "train", 0),
-}
-DEFAULT_ARMS = [name for name in RUNS if name != "d_stale_harvest"]
-QUICK_ARMS = ["a_no_sd", "a_replicas", "a_sglang", "b_adaptive", "c_stale", "cold_adaptive"]
 QUICK_STEPS, FULL_STEPS = 12, 12
-OFFDOMAIN_TASK = "running_sums"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -71,13 +65,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # the regime's step shape and the RL settings its figures were measured with (docs/e2e.md), not
     # the demo's RL recipe (docs/rl-gain.md): a speed benchmark, whose step shape sets the rollouts
     # it times; every arm's server and update in the fastest dtype here (auto): the fastest no-SD
-    # step a user can run here is the baseline
+    # step a user can run here is the baseline; the drafter's warm start is the demo's, so on a
+    # shipped policy the drafter arms start from the shipped drafter, as the demo does
     p.set_defaults(
         out="gleanrl-bench-e2e",
         regime=None,
         steps=None,
-        warm_prompts=256,
-        warm_steps=400,
         prompts_per_step=None,
         samples_per_prompt=None,
         lr=2e-4,
@@ -146,115 +139,6 @@ def parse_speedups(text: str | None) -> dict[str, float] | None:
             )
         out[bucket.strip()] = float(value)
     return out
-
-
-def parse_arms(text: str) -> list[str]:
-    arms = [a.strip() for a in text.split(",") if a.strip()]
-    unknown = [a for a in arms if a not in RUNS]
-    if unknown or not arms:
-        raise ValueError(f"unknown arm(s) {', '.join(unknown) or '(none given)'}: choose from {', '.join(RUNS)}")
-    return [name for name in RUNS if name in arms]  # the fixed order: a first, then each start
-
-
-def starts(policy: Path, args: argparse.Namespace, arms: list[str]) -> dict[str, Path]:
-    """The drafter starts the chosen arms need (warm starts are cached; the cold one is
-    written here)."""
-    from gleanrl.harvest.checkpoint import save_drafter
-    from gleanrl.harvest.cli_init import init_drafter
-
-    needed = {RUNS[name][0] for name in arms} - {None}
-    out: dict[str, Path] = {}
-    if "same" in needed:
-        out["same"] = Path(args.drafter) if args.drafter else demo_setup.warm_drafter(policy, args)
-    if "offdomain" in needed:
-        out["offdomain"] = (
-            Path(args.offdomain_drafter)
-            if args.offdomain_drafter
-            else demo_setup.warm_drafter(policy, args, task=OFFDOMAIN_TASK)
-        )
-    if "cold" in needed:
-        out["cold"] = save_drafter(init_drafter(policy, seed=args.seed), Path(args.out) / "cold_drafter0")
-    for name, path in out.items():
-        if not (path / "config.json").is_file():
-            raise ValueError(f"the {name} drafter {path} is not a drafter directory (no config.json)")
-    return out
-
-
-def sglang_args(args: argparse.Namespace) -> dict:
-    """Stock SGLang with a KV pool for every rollout of a step at its longest."""
-    tokens = args.prompts_per_step * args.samples_per_prompt * (args.max_new_tokens + 512)
-    return {"backend": "sglang", "sglang_arg": [f"--max-total-tokens={tokens}"]}
-
-
-def heldout(h, start: Path, policy: Path) -> dict:
-    """The arm's final serving drafter and its start on its newest held-out rollouts (same
-    draft length)."""
-    from gleanrl.harvest.checkpoint import load_drafter
-
-    return {"serving": h.score(h.serving) or 0.0, "start": h.score(load_drafter(start, target_config=policy)) or 0.0}
-
-
-def schedule(arms: list[str], steps: int) -> list[tuple[str, int, bool]]:
-    """ABBA: every arm's first half of the steps in order, then the second half in reverse order
-    (resumed from its checkpoint), so a drift of the machine's speed hits every arm alike.
-    (arm, last step of the leg, resume)."""
-    half = steps // 2
-    if half < 1:
-        return [(name, steps, False) for name in arms]
-    return [(name, half, False) for name in arms] + [(name, steps, True) for name in reversed(arms)]
-
-
-def run_arm(
-    name: str, upto: int, resume: bool, policy: Path, drafters: dict[str, Path], task, args: argparse.Namespace
-):
-    """One leg of arm `name`: its steps up to `upto` (resumed from its last checkpoint), on servers
-    of its own; its Harvester, if it harvests."""
-    from gleanrl.harvest.harvester import HarvestConfig, Harvester
-    from gleanrl.trainer.hooks import NoHooks
-    from gleanrl.trainer.loop import train
-
-    out = Path(args.out)
-    start, harvest, seed_offset = RUNS[name]
-    drafter0 = drafters.get(start)
-    backend = sglang_args(args) if name == "a_sglang" else None
-    replicas = 1 if name == "a_sglang" else args.replicas
-    with demo.serving(
-        policy,
-        drafter0,
-        out / f"{name}.server.log",
-        sd=args.sd,
-        dtype=args.dtype,
-        device=args.device,
-        replicas=replicas,
-        backend=backend,
-        harvests=start is not None or name == "a_replicas",
-    ) as servers:
-        hooks, h = NoHooks(), None
-        if harvest:
-            h = Harvester(
-                policy,
-                drafter0,
-                out / name / "harvest" / "spool",
-                push=None,
-                cfg=HarvestConfig(
-                    push_every=args.push_every if harvest == "push" else 0,
-                    max_holdout=16,
-                    seed=args.seed,
-                    idle_nice=19 if len(servers.servers) == 1 else 0,
-                ),
-            )
-            hooks = demo.demo_hooks(h)
-        cfg = demo.rl_config(policy, out / name, args, args.seed + seed_offset)
-        cfg.steps = upto
-        train(
-            cfg,
-            task=task,
-            hooks=hooks,
-            log=demo.table_logger(out / name / "metrics.jsonl"),
-            resume=resume,
-            replicas=servers,
-        )
-    return h
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,9 +2,12 @@
 client, in its own process, streams short greedy `/generate` requests (24 tokens) back to back and
 polls `/health`; meanwhile one hostile client in this process sends one kind of request back to
 back for `--phase-s` seconds (oversize bodies to the server and to `gleanrl proxy`, declared and
-chunked; refused tensor and disk updates; absurd `n` and batches through the proxy), kind after
-kind, then all kinds in turn (the mix). Before the first
-kind and after the mix the benign client runs alone (the baseline: the better of the two).
+chunked; refused tensor and disk updates; absurd `n` and batches through the proxy), or asks for
+what costs the engine the most a request may ask (a catastrophic stop_regex over a long output,
+top_logprobs_num at its limit over the prompt and the output, a prompt near the context length:
+these are served, and must cost the benign client no more than any other running request), kind
+after kind, then all kinds in turn (the mix). Before the first kind and after the mix the benign
+client runs alone (the baseline: the better of the two).
 
 Reported: benign p50/p99 per phase and its ratio to the baseline, the CPU seconds the server and
 the proxy spent in the phase (what refusing cost them, apart from the clients' own CPU on a shared
@@ -35,6 +38,15 @@ BENIGN = {
     "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True},
 }
 OVERSIZE = 300 << 20  # what the issue's hostile client sent: 300 MB
+# served, not refused: the most a request may make the engine do (the server's defaults)
+SERVED = frozenset(
+    {
+        "catastrophic stop_regex, 256 tokens",
+        "top_logprobs_num 64, prompt and output",
+        "top_logprobs_num 64, prompt and output, streamed",
+        "a prompt near the context",
+    }
+)
 CHUNK = b" " * (1 << 20)
 
 
@@ -91,6 +103,7 @@ def _tensor_update(model_dir: str) -> dict:
 def kinds(server: str, proxy: str, model_dir: str) -> dict:
     """name -> send(http) returning the status (0: the connection was closed on it)."""
     update = _tensor_update(model_dir)
+    context = httpx.get(f"{server}/server_info", timeout=30).json()["context_length"]
     json_headers = {"content-type": "application/json"}
 
     def post(url, **kw):
@@ -112,6 +125,51 @@ def kinds(server: str, proxy: str, model_dir: str) -> dict:
             f"{proxy}/generate", json={"text": "x", "sampling_params": {"n": 1000, "max_new_tokens": 24}}
         ),
         "5000 prompts through the proxy": post(f"{proxy}/generate", json={"text": ["x" * 100] * 5000}),
+        "catastrophic stop_regex, 256 tokens": post(
+            f"{server}/generate",
+            json={
+                "text": "x",
+                "sampling_params": {
+                    "max_new_tokens": 256,
+                    "ignore_eos": True,
+                    "stop_regex": [
+                        "(.+)+X",
+                        "(a|aa)+$",
+                        "(x+x+)+y",
+                        "(.*a){12}",
+                        "([a-z]+)*=",
+                        "(\\w+\\s?)*#",
+                        "(.|\n)*Z",
+                        "(ab|a)*c",
+                    ],
+                },
+            },
+        ),
+        "top_logprobs_num 64, prompt and output": post(
+            f"{server}/generate",
+            json={
+                "text": "word " * 200,
+                "return_logprob": True,
+                "logprob_start_len": 0,
+                "top_logprobs_num": 64,
+                "sampling_params": {"max_new_tokens": 64, "ignore_eos": True},
+            },
+        ),
+        "top_logprobs_num 64, prompt and output, streamed": post(
+            f"{server}/generate",
+            json={
+                "text": "word " * 200,
+                "stream": True,
+                "return_logprob": True,
+                "logprob_start_len": 0,
+                "top_logprobs_num": 64,
+                "sampling_params": {"max_new_tokens": 64, "ignore_eos": True},
+            },
+        ),
+        "a prompt near the context": post(
+            f"{server}/generate",
+            json={"input_ids": [5 + i % 300 for i in range(context - 40)], "sampling_params": {"max_new_tokens": 32}},
+        ),
     }
 
 
@@ -200,11 +258,14 @@ def measure(server: str, proxy: str, model_dir: str, phase_s: float, pids: tuple
         f"{k}: {status}": count
         for k, row in rows.items()
         for status, count in row["hostile_answers"].items()
-        if not (status == "0" or 400 <= int(status) < 500)
+        if not (status == "0" or 400 <= int(status) < 500 or (status == "200" and k in SERVED | {"mix"}))
     }
+    alone = min(("baseline", "baseline after"), key=lambda k: rows[k]["p99_s"] or float("inf"))
     return {
         "phase_s": phase_s,
         "baseline_p99_s": base,
+        "alone": {"p50_s": rows[alone]["p50_s"], "p99_s": rows[alone]["p99_s"]},
+        "under_mix": {"p50_s": rows["mix"]["p50_s"], "p99_s": rows["mix"]["p99_s"]},
         "phases": rows,
         "slowest_kind": slowest,
         "slowest_p99_ratio": rows[slowest]["p99_ratio"],
@@ -254,7 +315,8 @@ def run(args) -> int:
         and not summary["hostile_not_refused"]
         and summary["weights_unchanged"]
         and (summary["health_worst_s"] or 0) < 1.0
-        and (summary["phases"]["mix"]["p99_ratio"] or 0) <= args.p99_bound
+        and (summary["under_mix"]["p99_s"] or 0)
+        <= max(args.p99_bound * summary["baseline_p99_s"], summary["baseline_p99_s"] + args.p99_slack_ms / 1000)
     )
     return verdict(summary, ok, args.json)
 
@@ -285,6 +347,12 @@ def _print(s: dict) -> None:
         f"{(s['health_worst_s'] or 0) * 1000:.0f} ms; benign errors {s['benign_error_count']}; "
         f"hostile not refused {s['hostile_not_refused'] or 'none'}; weights unchanged "
         f"{s['weights_unchanged']}"
+    )
+    alone, mix = s["alone"], s["under_mix"]
+    ms = lambda v: f"{v * 1000:.0f}" if v is not None else "-"  # noqa: E731
+    print(
+        f"benign alone: p50 {ms(alone['p50_s'])} ms, p99 {ms(alone['p99_s'])} ms; under the mix: "
+        f"p50 {ms(mix['p50_s'])} ms, p99 {ms(mix['p99_s'])} ms"
     )
     if s["benign_errors"]:
         print(f"benign errors: {s['benign_errors']}", file=sys.stderr)

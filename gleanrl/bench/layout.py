@@ -106,7 +106,7 @@ def _servers(model: str, dtype: str, log_dir: Path) -> dict:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from gleanrl.demo import _wait_healthy
+    from gleanrl.demo_rl import wait_healthy
     from gleanrl.demo_setup import fastest_cpu_dtype
     from gleanrl.trainer.generate import encode_prompt
     from gleanrl.trainer.tasks import load_task
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
             s.start()
         for s in servers.values():
             for one in s.servers:
-                _wait_healthy(one)
+                wait_healthy(one)
         warm = argparse.Namespace(**{**vars(args), "max_new_tokens": 16})
         for s in servers.values():  # warm-up: first forwards, allocator, compiled kernels
             grpo_seconds(s.urls, prompts, warm, 0)

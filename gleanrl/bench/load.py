@@ -51,7 +51,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--p99-bound",
         type=float,
         default=2.0,
-        help="--hostile: the mix's benign p99 may be at most this x the baseline's",
+        help="--hostile: the mix's benign p99 may be at most this x the baseline's (or --p99-slack-ms over it)",
+    )
+    p.add_argument(
+        "--p99-slack-ms",
+        type=float,
+        default=20.0,
+        help="--hostile: the mix's benign p99 may always be this much over the baseline's",
     )
 
 

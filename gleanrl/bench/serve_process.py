@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+
+from gleanrl.trainer.server_proc import free_port
 
 
 def rss_mib(pid: int) -> float:
@@ -26,9 +27,7 @@ class ServeProcess:
     """`gleanrl serve MODEL` as a subprocess on a free loopback port; `with` waits for /health."""
 
     def __init__(self, model: str, log_path: Path, threads: int = 1, extra: list[str] | None = None):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [
             sys.executable,

@@ -63,7 +63,7 @@ def add_arguments(p) -> None:
 def write_settings(out: Path, args, resume: bool) -> None:
     """OUT/harvest_config.json as `gleanrl train` writes it: the resumed run's settings,
     then the flags."""
-    from gleanrl.harvest.hooks import update_config
+    from gleanrl.harvest.config import update_config
     from gleanrl.trainer.cli import harvest_given
 
     update_config(out, harvest_given(args), resume)

@@ -80,7 +80,9 @@ def build_app(engine: Engine, server_cfg: ServerConfig, engine_cfg: EngineConfig
     app.add_middleware(AuthMiddleware, api_key=server_cfg.api_key, admin_api_key=server_cfg.admin_api_key)
     app.add_middleware(BrowserGuard, bound_loopback=is_loopback(server_cfg.host))
     # outermost: an oversize body is refused before any layer reads it
-    app.add_middleware(BodyLimit, max_bytes=server_cfg.max_request_bytes)
+    app.add_middleware(
+        BodyLimit, max_bytes=server_cfg.max_request_bytes, max_weight_bytes=server_cfg.max_weight_request_bytes
+    )
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):

@@ -81,6 +81,9 @@ class AuthMiddleware:
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
                     (b"www-authenticate", b"Bearer"),
+                    # the body is never read: uvicorn closes the socket instead of draining it (a
+                    # weight route's limit is large, server/http/body_limit.py)
+                    (b"connection", b"close"),
                 ],
             }
         )

@@ -1,7 +1,12 @@
-"""Request bodies over the limit (`--max-request-bytes`, one name in the server and the proxy) are
-refused before they are read: a declared `Content-Length` over it gets 413 at once, without calling
-the app; a chunked body raises the same 413 from `receive` as soon as the bytes received pass it,
-so the rest is never buffered. A pure ASGI middleware, outermost, so no other layer reads first.
+"""Request bodies over their route's limit are refused before they are read. Two limits, one name each
+in the server and the proxy: `--max-weight-request-bytes` (large) for the route whose body carries
+weights by value (`/update_weights_from_tensor`, admin-only when a key is set: `AuthMiddleware`, inside
+this one, refuses an unkeyed request before reading a byte of it), `--max-request-bytes` (small) for
+every other route, generation and OpenAI included: the fewer bytes a refused body may push, the less
+the event loop that also feeds the engine spends on it (docs/reliability.md). The check: a declared
+`Content-Length` over the limit gets 413 at once, without calling the app; a chunked body raises the
+same 413 from `receive` as soon as the bytes received pass it, so the rest is never buffered. A pure
+ASGI middleware, outermost, so no other layer reads first.
 
 Every 413 says `Connection: close`: uvicorn then closes the socket instead of reading and discarding
 the rest of the body (hundreds of megabytes parsed on the event loop would stall every other
@@ -13,6 +18,20 @@ import json
 
 from gleanrl.server.http.schemas import ApiError, too_large
 
+# Invariant: a subset of auth.ADMIN_PATHS (tests/test_body_limits.py), so a large body is read only
+# from a client holding the admin key, where one is set.
+WEIGHT_BODY_PATHS = frozenset({"/update_weights_from_tensor"})
+WEIGHT_SETTING = "--max-weight-request-bytes"
+# the defaults of both, server and proxy: one full 128k-token prompt as input_ids fits the small one
+MAX_REQUEST_BYTES = 2 * 1024 * 1024
+MAX_WEIGHT_REQUEST_BYTES = 1024 * 1024 * 1024
+SETTING = "--max-request-bytes"
+
+
+def route_limit(path: str, max_bytes: int, max_weight_bytes: int) -> tuple[int, str]:
+    """(bytes, the flag that sets them) for a request to `path`."""
+    return (max_weight_bytes, WEIGHT_SETTING) if path in WEIGHT_BODY_PATHS else (max_bytes, SETTING)
+
 
 def declared_length(scope) -> int | None:
     for key, value in scope.get("headers", ()):
@@ -22,15 +41,16 @@ def declared_length(scope) -> int | None:
 
 
 class BodyLimit:
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app, max_bytes: int, max_weight_bytes: int):
+        self.app, self.max_bytes, self.max_weight_bytes = app, max_bytes, max_weight_bytes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        limit, setting = route_limit(scope["path"], self.max_bytes, self.max_weight_bytes)
         declared = declared_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            return await _answer(send, too_large(self.max_bytes, declared))
+        if declared is not None and declared > limit:
+            return await _answer(send, too_large(limit, declared, setting))
         received = 0
         started = False
 
@@ -39,8 +59,8 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise too_large(self.max_bytes)
+                if received > limit:
+                    raise too_large(limit, setting=setting)
             return message
 
         async def tracked_send(message):

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from gleanrl.base.flags import flag
 from gleanrl.server.config import is_loopback
+from gleanrl.server.http.body_limit import MAX_REQUEST_BYTES, MAX_WEIGHT_REQUEST_BYTES
 from gleanrl.server.http.reasoning import PARSERS
 from gleanrl.server.http.tool_parser import FORMATS
 
@@ -22,7 +23,14 @@ class ServerConfig:
         None, "Bearer key for weight updates, pause/continue, flush (or env GLEANRL_ADMIN_API_KEY)"
     )
     served_model_name: str | None = flag(None, "model name in /v1 (None: the directory's name)")
-    max_request_bytes: int = flag(8 * 1024 * 1024, "request bodies over this: 413")
+    # small: a refused body costs the event loop that feeds the engine the bytes it may push first
+    max_request_bytes: int = flag(
+        MAX_REQUEST_BYTES, "request bodies over this on every route but /update_weights_from_tensor: 413"
+    )
+    max_weight_request_bytes: int = flag(
+        MAX_WEIGHT_REQUEST_BYTES,
+        "request bodies over this on /update_weights_from_tensor (weights by value; admin key when one is set): 413",
+    )
     max_n: int = flag(64, "largest n (samples per prompt) a request may ask for")
     max_new_tokens_cap: int | None = flag(
         None, "largest max_new_tokens a request may ask for (default: only the context length limits it)"
@@ -78,6 +86,7 @@ class ServerConfig:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         for name in (
             "max_request_bytes",
+            "max_weight_request_bytes",
             "max_n",
             "max_new_tokens_cap",
             "max_batch",

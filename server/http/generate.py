@@ -33,6 +33,7 @@ from gleanrl.server.http.schemas import (
     ApiError,
     GenerateIn,
     SamplingIn,
+    off_loop,
     parse,
     refuse_unsupported,
 )
@@ -41,6 +42,9 @@ from gleanrl.server.sampling.stopping import check_stops, compile_stop_regex
 
 router = APIRouter()
 SSE_DONE = b"data: [DONE]\n\n"
+# what rendering a cumulative /generate stream may cost per generated token (`generate`'s chunks):
+# with logprobs of a long prompt, the whole answer's cost or less
+STREAM_BYTES_PER_TOKEN = 16 * 1024
 
 
 # json leaves these raw with ensure_ascii=False, and clients that split lines like str.splitlines
@@ -231,6 +235,21 @@ def meta_info(track: Track, tok=None, text_in_logprobs: bool = False) -> dict:
     return info
 
 
+def answer_bytes(tracks: list[Track], planned: bool = False) -> int:
+    """About how many bytes of JSON the logprob fields of `tracks` make (an [lp, id, null] triple
+    is ~30 bytes), with the tokens generated so far or, `planned`, with max_new_tokens: what
+    decides whether the answer (a stream's chunks: each holds all so far) is rendered off the
+    event loop."""
+    triples = 0
+    for t in tracks:
+        req = t.req
+        if req.return_logprob:
+            out = req.params.max_new_tokens if planned else len(t.ids)
+            scored = out + (len(req.input_ids) if req.logprob_start_len >= 0 else 0)
+            triples += scored * (1 + req.top_logprobs_num + len(req.token_ids_logprob or ()))
+    return 30 * triples
+
+
 def render(state, track: Track, sp: SamplingIn, text_in_logprobs: bool = False) -> dict:
     text = output_text(state.tokenizer, track, sp.skip_special_tokens, sp.no_stop_trim)
     return {
@@ -320,15 +339,25 @@ async def generate(request: Request):
         tracks = await collect(run, request)
         if tracks is None:
             return Response(status_code=499)
-        outs = [render(state, t, sp, text_lp) for t, sp in zip(tracks, per_req_sp)]
-        return JSONResponse(outs[0] if single else outs)
+
+        def answer() -> JSONResponse:
+            outs = [render(state, t, sp, text_lp) for t, sp in zip(tracks, per_req_sp)]
+            return JSONResponse(outs[0] if single else outs)
+
+        # logprob options can make the answer megabytes of JSON: built on the event loop, it would
+        # stall every other client's stream (and /health) for as long
+        return await off_loop(answer, answer_bytes(tracks))
     sent = [0] * len(reqs)
 
     def chunks(i: int) -> list[dict]:
         """Chunks are cumulative, so `stream_interval` (SGLang's field) bounds the O(n^2) bytes of a
-        long stream: a chunk every `stream_interval` tokens, and always the final one."""
+        long stream: a chunk every `stream_interval` tokens, and always the final one. With
+        logprobs a chunk may be megabytes (the prompt's, top_logprobs_num per position): a chunk
+        then waits for enough new tokens that rendering costs at most STREAM_BYTES_PER_TOKEN per
+        token generated (cumulative chunks lose nothing by coming less often)."""
         track, sp = run.tracks[i], per_req_sp[i]
-        if not track.finished and len(track.ids) - sent[i] < (sp.stream_interval or 1):
+        every = max(sp.stream_interval or 1, -(-answer_bytes([track]) // STREAM_BYTES_PER_TOKEN))
+        if not track.finished and len(track.ids) - sent[i] < every:
             return []
         sent[i] = len(track.ids)
         return [render(state, track, sp, text_lp) | ({} if single else {"index": i})]
@@ -351,14 +380,21 @@ async def stream(run: Fanin, request: Request, chunks, tail=lambda: []) -> Respo
         run.close()
         raise
 
+    # chunks with many logprobs render in a worker thread, as a whole answer does (`generate`);
+    # safe: the tracks change only in `events`, which waits meanwhile
+    size = answer_bytes(run.tracks, planned=True)
+
+    def encoded(i: int) -> list[bytes]:
+        return [sse(obj) for obj in chunks(i)]
+
     async def body():
         # also while no chunk is due (paused)
         gone = asyncio.ensure_future(wait_disconnect(request))
         try:
             i = first
             while True:
-                for obj in chunks(i):
-                    yield sse(obj)
+                for data in await off_loop(encoded, size, i):
+                    yield data
                 nxt = asyncio.ensure_future(anext(events))
                 await asyncio.wait({nxt, gone}, return_when=asyncio.FIRST_COMPLETED)
                 if not nxt.done():

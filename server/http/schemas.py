@@ -292,27 +292,28 @@ def _no_constants(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-def too_large(max_bytes: int, declared: int | None = None) -> ApiError:
-    """The 413 of a body over `max_bytes`; `Connection: close` (server/http/body_limit.py)."""
+def too_large(max_bytes: int, declared: int | None = None, setting: str = "--max-request-bytes") -> ApiError:
+    """The 413 of a body over `max_bytes` (set by the flag `setting`); `Connection: close`
+    (server/http/body_limit.py)."""
     size = f" of {declared} bytes" if declared is not None else ""
     return ApiError(
         413,
-        f"request body{size} is over the limit of {max_bytes} bytes (--max-request-bytes)",
+        f"request body{size} is over the limit of {max_bytes} bytes ({setting})",
         param="body",
         headers={"Connection": "close"},
     )
 
 
-async def read_body(request, max_bytes: int) -> bytes:
+async def read_body(request, max_bytes: int, setting: str = "--max-request-bytes") -> bytes:
     """The request body; 413 over `max_bytes` (declared or streamed; `BodyLimit` refuses first)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_bytes:
-        raise too_large(max_bytes, int(declared))
+        raise too_large(max_bytes, int(declared), setting)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > max_bytes:
-            raise too_large(max_bytes)
+            raise too_large(max_bytes, setting=setting)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -352,8 +353,8 @@ def _validate(model: type[M], data: dict) -> M:
         raise validation_error(exc) from None
 
 
-async def parse(request, model: type[M], max_bytes: int) -> M:
-    raw = await read_body(request, max_bytes)
+async def parse(request, model: type[M], max_bytes: int, setting: str = "--max-request-bytes") -> M:
+    raw = await read_body(request, max_bytes, setting)
     data = await _json(request, raw)
     if not isinstance(data, dict):
         raise ApiError(400, "the JSON body must be an object", param="body")

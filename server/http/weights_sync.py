@@ -52,7 +52,7 @@ async def begin_weight_update(request: Request):
 @router.post("/update_weights_from_tensor")
 async def update_weights_from_tensor(request: Request):
     state = request.app.state
-    body = await parse(request, TensorUpdateIn, state.server_cfg.max_request_bytes)
+    body = await parse(request, TensorUpdateIn, state.server_cfg.max_weight_request_bytes, "--max-weight-request-bytes")
     try:
         named = await asyncio.to_thread(
             tensor_payload.decode,

@@ -13,7 +13,8 @@ there is no feed) from what it sees:
   disk ones (the sidecar follows `model_path`), tensor and process-group ones (listed, so the
   sidecar can refuse them by name: it cannot read those weights).
 
-Bounds: request bodies over `max_request_bytes` get 413 before they are read
+Bounds: request bodies over `max_request_bytes` (`max_weight_request_bytes` on
+`/update_weights_from_tensor`, whose upstream checks the admin key) get 413 before they are read
 (`server/http/body_limit.py`), a large body is parsed off the event loop, a /generate asking for
 more than `max_outputs` outputs (prompts x n) gets 400, a browser page's requests get 403
 (`server/http/origin.py`).
@@ -32,7 +33,7 @@ from starlette.datastructures import Headers
 from gleanrl.server.config import is_loopback
 from gleanrl.server.http import feed as http_feed
 from gleanrl.server.http.auth import allowed, unauthorized_body
-from gleanrl.server.http.body_limit import BodyLimit
+from gleanrl.server.http.body_limit import MAX_REQUEST_BYTES, MAX_WEIGHT_REQUEST_BYTES, BodyLimit, route_limit
 from gleanrl.server.http.harvest_feed import FeedConfig, HarvestFeed
 from gleanrl.server.http.origin import BrowserGuard
 from gleanrl.server.http.schemas import ApiError, off_loop, read_body
@@ -59,7 +60,8 @@ def build_proxy(
     admin_api_key: str | None = None,
     feed_cfg: FeedConfig | None = None,
     timeout_s: float = 3600.0,
-    max_request_bytes: int = 8 * 1024 * 1024,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
+    max_weight_request_bytes: int = MAX_WEIGHT_REQUEST_BYTES,
     max_outputs: int = MAX_OUTPUTS,
     host: str = "127.0.0.1",
 ) -> FastAPI:
@@ -84,13 +86,13 @@ def build_proxy(
     app.include_router(http_feed.router)
     app.add_middleware(BrowserGuard, bound_loopback=is_loopback(host))
     # outermost: an oversize body is refused before any layer reads it
-    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes, max_weight_bytes=max_weight_request_bytes)
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])
     async def forward(request: Request, path: str):
         route = "/" + path
         try:
-            body = await read_body(request, max_request_bytes)
+            body = await read_body(request, *route_limit(route, max_request_bytes, max_weight_request_bytes))
             recorder = await off_loop(Recorder.for_request, len(body), route, request.method, body, feed, max_outputs)
         except ApiError as exc:
             return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
@@ -224,7 +226,18 @@ def add_arguments(p) -> None:
         default=4096,
         help="finished requests the feed holds; the oldest are dropped (and counted) beyond it",
     )
-    p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="request bodies over this: 413")
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=MAX_REQUEST_BYTES,
+        help="request bodies over this on every route but /update_weights_from_tensor: 413",
+    )
+    p.add_argument(
+        "--max-weight-request-bytes",
+        type=int,
+        default=MAX_WEIGHT_REQUEST_BYTES,
+        help="request bodies over this on /update_weights_from_tensor (relayed; the upstream checks its key): 413",
+    )
     p.add_argument(
         "--max-batch",
         type=int,
@@ -248,12 +261,16 @@ def run(args) -> int:
             args.admin_api_key,
             FeedConfig(max_records=args.harvest_feed_records),
             max_request_bytes=args.max_request_bytes,
+            max_weight_request_bytes=args.max_weight_request_bytes,
             max_outputs=args.max_batch,
             host=args.host,
         )
     except ValueError as exc:
         print(f"gleanrl proxy: error: {exc}", file=sys.stderr)
         return 2
+    from gleanrl.base.heap import freeze_heap
+
+    freeze_heap()  # as the server: a full collection would stall every relayed stream
     feed = "harvest feed at /harvest_feed" if args.admin_api_key else "no harvest feed: it needs --admin-api-key"
     print(f"gleanrl proxy: http://{args.host}:{args.port} -> {args.upstream} ({feed})", file=sys.stderr)
     try:

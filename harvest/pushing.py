@@ -1,0 +1,219 @@
+"""The Harvester's score-and-push half: when a trained drafter replaces the serving one, and how.
+
+`push(path, version)` sends a drafter checkpoint to the rollout server(s) and raises when it is
+refused or cannot be sent (`gleanrl.clients.weight_sync.DrafterPush`, or any callable; None keeps
+checkpoints only). Nothing in `harvest` knows a server: the trainer or the caller hands the function
+in. A push that raises leaves the serving version as it was; inside training it is recorded in
+`history` and training goes on (RL must not stop for it).
+
+A candidate is pushed only if its expected acceptance length on held-out prompts of the newest
+policy versions (prompts never trained on: the spool holds out by prompt; `pick_holdout` spreads
+them over as many prompts as it can) beats the serving drafter's on the same samples significantly:
+a paired test clustered by prompt whose lower bound clears `min_gain` (`harvest.push_rule`), with at
+least `min_holdout_prompts` prompts and `min_holdout_samples` samples. At most one push a step: a
+candidate that wins inside the step's idle window waits for the step boundary (`new_step()`, or a
+`maybe_push()` between steps), unless its lower bound clears `mid_step_gain`, a margin that pays for
+a swap while rollouts run. Versions increase by one per push. Pushed drafters go to
+`versions_dir/v000007` (EAGLE-3 format, atomic; a refused one is removed; the newest
+`keep_versions` kept).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from gleanrl.harvest.acceptance import acceptance_sums
+from gleanrl.harvest.checkpoint import drafter_dir, drafter_versions, save_drafter
+from gleanrl.harvest.config import HarvestConfig
+from gleanrl.harvest.push_rule import Gate, Verdict, paired_verdict, status_line
+from gleanrl.harvest.spool import Spool
+
+PushFn = Callable[[str, int], None]
+
+
+def pick_holdout(spool: Spool, cfg: HarvestConfig, policy_version: int | None = None) -> list:
+    """At most `max_holdout` held-out samples, spread over as many prompts as they can cover
+    (each prompt's newest first, newest prompts first), in spool order: the newest samples
+    alone would all be one GRPO group's, and the gate needs `min_holdout_prompts` prompts."""
+    by_prompt: dict[int, list] = {}
+    for it in reversed(spool.holdout(policy_version, cfg.holdout_versions)):
+        by_prompt.setdefault(it.prompt, []).append(it)
+    picked, depth = [], 0
+    while len(picked) < cfg.max_holdout and any(len(g) > depth for g in by_prompt.values()):
+        picked += [g[depth] for g in by_prompt.values() if len(g) > depth]
+        depth += 1
+    return sorted(picked[: cfg.max_holdout], key=lambda it: it.seq)
+
+
+def holdout_sums(
+    drafter: torch.nn.Module,
+    held: list,
+    cfg: HarvestConfig,
+    cache: dict[int, tuple[float, int]],
+    stop: Callable[[], bool] | None = None,
+) -> list[tuple[float, int]] | None:
+    """Per held-out sample (sum of accept lengths, slots), filling `cache` (by spool seq); None if
+    there are none, or if `stop()` turned true (checked every 4 samples)."""
+    if not held:
+        return None
+    todo = [it for it in held if it.seq not in cache]
+    for lo in range(0, len(todo), 4):
+        if stop is not None and stop():
+            return None
+        chunk = todo[lo : lo + 4]
+        sums = acceptance_sums(
+            drafter, [it.window(cfg.max_tokens) for it in chunk], k=cfg.ttt_length, mode=cfg.accept_mode
+        )
+        cache.update({it.seq: s for it, s in zip(chunk, sums)})
+    return [cache[it.seq] for it in held]
+
+
+def few_prompts_note(spool: Spool, cfg: HarvestConfig, verdict: Verdict | None) -> str:
+    """Why held-out prompts may be few: how many the spool holds out of those it has seen."""
+    if verdict is not None and verdict.prompts >= cfg.min_holdout_prompts:
+        return ""
+    seen, held = spool.prompt_counts()
+    return (
+        f" ({held} of the {seen} prompts seen so far are held out: the first new ones, "
+        f"then 1 in {cfg.spool.holdout_every}, never more than half: a loop that "
+        "reuses a few prompts has few to hold out)"
+    )
+
+
+class DrafterPushing:
+    """Mixed into `Harvester`, which sets these in its constructor."""
+
+    cfg: HarvestConfig
+    spool: Spool
+    drafter: torch.nn.Module  # in training: the candidate
+    serving: torch.nn.Module  # a copy of the version the servers have
+    version: int
+    versions_dir: Path
+    push: PushFn | None
+    history: list[dict]  # one row per push attempt: version, the verdict's figures, when, pushed
+    _lock: threading.RLock  # drafter, optimizer and serving copy
+    _serving_scores: dict[int, tuple[float, int]]  # spool seq -> the serving drafter's score
+    _pending: tuple[dict, Verdict, str] | None  # a candidate that won inside a step (weights, verdict, why)
+    _pushed_this_step: bool
+    _since_push: int
+
+    @property
+    def gate(self) -> Gate:
+        cfg = self.cfg
+        return Gate(cfg.min_holdout_prompts, cfg.min_holdout_samples, cfg.min_gain, cfg.mid_step_gain)
+
+    # -- score and push --------------------------------------------------------------------------
+    def score(
+        self,
+        drafter: torch.nn.Module | None = None,
+        policy_version: int | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> float | None:
+        """Expected acceptance length (`accept_mode`) on the fixed windows of held-out samples of
+        `policy_version` (default: the newest `holdout_versions` versions, at most `max_holdout`
+        newest samples); None if there are none, or if `stop()` turned true (checked every 4
+        samples). The serving drafter's per-sample scores are cached until a push."""
+        with self._lock:
+            drafter = drafter or self.drafter
+            cache = self._serving_scores if drafter is self.serving else {}
+            sums = holdout_sums(drafter, pick_holdout(self.spool, self.cfg, policy_version), self.cfg, cache, stop)
+        if sums is None:
+            return None
+        return sum(s for s, _ in sums) / max(sum(c for _, c in sums), 1)
+
+    def maybe_push(self, stop: Callable[[], bool] | None = None, boundary: bool = True) -> int | None:
+        """Score the trained drafter against the serving one on the same held-out samples and push
+        it if it wins significantly (`harvest.push_rule`); the new version or None. `boundary`:
+        called between steps (a caller's loop; it starts a new step's push budget), else inside a
+        step (the idle window): one push a step, and a winner below `mid_step_gain` waits for
+        `new_step()`. `stop()` turning true before the push starts abandons the attempt."""
+        with self._lock:
+            if boundary:
+                self._pushed_this_step, self._pending = False, None
+            elif self._pushed_this_step:
+                return None
+            # both on the same samples, whatever is harvested meanwhile
+            held = pick_holdout(self.spool, self.cfg)
+            candidate = holdout_sums(self.drafter, held, self.cfg, {}, stop)
+            serving = holdout_sums(self.serving, held, self.cfg, self._serving_scores, stop)
+            if stop is not None and stop() or candidate is None or serving is None:
+                return None
+            verdict = paired_verdict(candidate, serving, [it.prompt for it in held], self.cfg.confidence_z)
+            action, why = self.gate.decide(verdict, boundary)
+            row = {
+                "version": self.version,
+                "when": "boundary" if boundary else "mid_step",
+                **(verdict.row() if verdict else {}),
+                "why": why + few_prompts_note(self.spool, self.cfg, verdict),
+            }
+            if action == "hold":
+                self.history.append(row | {"pushed": False})
+                return None
+            if action == "pending":
+                if self._pending is None or verdict.lower > self._pending[1].lower:
+                    self._pending = (copy.deepcopy(self.drafter.state_dict()), verdict, why)
+                self.history.append(row | {"pushed": False, "pending": True})
+                return None
+            return self._push(self.drafter, row)
+
+    def push_status(self, attempt: dict | None = None) -> str:
+        """The gate's last word in a line: `attempt`'s outcome (a `history` row), else how far the
+        next attempt is."""
+        return status_line(attempt, self._since_push, self.cfg.push_every)
+
+    def push_failed(self, exc: Exception) -> None:
+        """Record a push that raised (whatever the push function raises): the server keeps the old
+        drafter, and RL goes on."""
+        self.history.append({"version": self.version, "pushed": False, "error": f"{type(exc).__name__}: {exc}"})
+
+    def new_step(self) -> int | None:
+        """The step boundary: push the best candidate that won inside the last step (no rescoring;
+        it won on held-out data already); the new version or None. Starts the step's push
+        budget."""
+        with self._lock:
+            pending, self._pending, self._pushed_this_step = self._pending, None, False
+            if pending is None:
+                return None
+            drafter = copy.deepcopy(self.serving)
+            drafter.load_state_dict(pending[0])
+            return self._push(
+                drafter,
+                {"version": self.version, "when": "boundary", **pending[1].row(), "why": f"won mid-step: {pending[2]}"},
+            )
+
+    def _push(self, drafter: torch.nn.Module, row: dict) -> int:
+        version = self.version + 1
+        path = save_drafter(drafter, drafter_dir(self.versions_dir, version))
+        try:
+            self.push_checkpoint(str(path), version)
+        except BaseException:
+            # version and serving copy stay; no unpushed version is left to resume from
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        self.version, self.serving = version, copy.deepcopy(drafter)
+        # a candidate waiting for the boundary won against the drafter this push replaced: dropped
+        self._serving_scores, self._pushed_this_step, self._pending = {}, True, None
+        self.history.append(row | {"version": version, "pushed": True})
+        self._prune()
+        return version
+
+    def push_checkpoint(self, path: str, version: int) -> None:
+        """Call `push` (if any) on a saved drafter checkpoint; raises what it raises."""
+        if self.push is None:
+            return
+        result = self.push(path, version)
+        if inspect.isawaitable(result):
+            # the idle-window thread cannot await the caller's event loop
+            result.close()
+            raise TypeError("push returned an awaitable: pass a blocking fn(path, version) such as DrafterPush")
+
+    def _prune(self) -> None:
+        for _, path in drafter_versions(self.versions_dir)[: -self.cfg.keep_versions]:
+            shutil.rmtree(path, ignore_errors=True)
