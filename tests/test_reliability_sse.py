@@ -8,9 +8,10 @@ import asyncio
 import json
 
 import httpx
+import pytest
 
 from gleanrl.clients.transport import sse_lines
-from gleanrl.server.http.generate import sse
+from gleanrl.server.http.render import json_bytes, sse
 
 ODD = "a\u2028b\u2029c\x85d\x0be\x0cf\x1cg\x1dh\x1ei\rj\nk"
 
@@ -33,3 +34,16 @@ def test_client_splits_sse_at_newlines_only():
 
     got = [line for line in asyncio.run(lines()) if line]
     assert len(got) == 2 and json.loads(got[0][6:]) == {"text": ODD} and got[1] == "data: [DONE]"
+
+
+def test_answers_are_strict_json_as_sglangs():
+    # json.dumps writes -Infinity (a masked token's logprob), which strict parsers refuse; SGLang's
+    # orjson answers write null, and allow the integer keys of a token-id map
+    raw = json_bytes({"logprob": float("-inf"), "nan": float("nan"), 7: "x", "text": ODD})
+    assert json.loads(raw, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}")) == {
+        "logprob": None,
+        "nan": None,
+        "7": "x",
+        "text": ODD,
+    }
+    assert b"\xe2\x80\xa8" not in raw

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import uuid
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from gleanrl.server.http.detok import output_text
 from gleanrl.server.http.fanin import Disconnected, Fanin, Track, collect, unless_disconnected, wait_disconnect
@@ -27,6 +26,7 @@ from gleanrl.server.http.limits import (
     encode,
 )
 from gleanrl.server.http.logprobs import fill_input_logprobs, logprob_fields
+from gleanrl.server.http.render import SSE_DONE, json_response, sse
 from gleanrl.server.http.schemas import (
     UNSUPPORTED_GENERATE,
     UNSUPPORTED_SAMPLING,
@@ -41,19 +41,9 @@ from gleanrl.server.protocol import GenerateRequest, SamplingParams
 from gleanrl.server.sampling.stopping import check_stops, compile_stop_regex
 
 router = APIRouter()
-SSE_DONE = b"data: [DONE]\n\n"
 # what rendering a cumulative /generate stream may cost per generated token (`generate`'s chunks):
 # with logprobs of a long prompt, the whole answer's cost or less
 STREAM_BYTES_PER_TOKEN = 16 * 1024
-
-
-# json leaves these raw with ensure_ascii=False, and clients that split lines like str.splitlines
-# (httpx's aiter_lines) would cut a data line in two (a tiny random model emits them): escape them.
-_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
-
-
-def sse(obj) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False).translate(_LINE_BREAKS).encode() + b"\n\n"
 
 
 def check_prompt(state, ids: list[int], field: str) -> list[int]:
@@ -340,9 +330,9 @@ async def generate(request: Request):
         if tracks is None:
             return Response(status_code=499)
 
-        def answer() -> JSONResponse:
+        def answer() -> Response:
             outs = [render(state, t, sp, text_lp) for t, sp in zip(tracks, per_req_sp)]
-            return JSONResponse(outs[0] if single else outs)
+            return json_response(outs[0] if single else outs)
 
         # logprob options can make the answer megabytes of JSON: built on the event loop, it would
         # stall every other client's stream (and /health) for as long

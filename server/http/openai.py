@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from gleanrl.server.http.detok import Delta, output_text
 from gleanrl.server.http.fanin import Track, collect
 from gleanrl.server.http.generate import (
+    answer_bytes,
     check_length,
     check_prompt,
     expand,
@@ -27,6 +28,7 @@ from gleanrl.server.http.grammar import grammar_source, response_format_source
 from gleanrl.server.http.limits import check_batch, check_serving, check_top_logprobs, encode
 from gleanrl.server.http.openai_logprobs import chat_logprobs, completion_logprobs
 from gleanrl.server.http.reasoning import THINK, ReasoningParser, check_parser
+from gleanrl.server.http.render import json_response
 from gleanrl.server.http.schemas import (
     TOOL_FIELDS,
     UNSUPPORTED_OPENAI,
@@ -36,6 +38,7 @@ from gleanrl.server.http.schemas import (
     CompletionIn,
     OpenAISampling,
     SeparateReasoningIn,
+    off_loop,
     parse,
     refuse_unsupported,
 )
@@ -154,12 +157,18 @@ async def _serve(
         tracks = await collect(run, request)
         if tracks is None:
             return None
-        return {
-            **head,
-            "object": "chat.completion" if kind == "chat" else "text_completion",
-            "choices": [render(i, t, None) for i, t in enumerate(tracks)],
-            "usage": _usage(tracks, params.n),
-        }
+
+        def answer():
+            return json_response(
+                {
+                    **head,
+                    "object": "chat.completion" if kind == "chat" else "text_completion",
+                    "choices": [render(i, t, None) for i, t in enumerate(tracks)],
+                    "usage": _usage(tracks, params.n),
+                }
+            )
+
+        return await off_loop(answer, answer_bytes(tracks))  # logprobs: megabytes, as /generate's
     deltas = [Delta(params.stop) for _ in reqs]
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
     started: set[int] = set()
