@@ -43,6 +43,15 @@ COMMANDS: dict = {
 }
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default once: none for None, none after a help that names its own."""
+
+    def _get_help_string(self, action):
+        if action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _add(sub, name: str, spec) -> None:
     if isinstance(spec, dict):
         group = sub.add_parser(name, help=f"{name} subcommands")
@@ -54,9 +63,7 @@ def _add(sub, name: str, spec) -> None:
     if kind == [ARGV]:  # listed here; `main` hands it its argv before this parser runs
         sub.add_parser(name, help=help_text)
         return
-    parser = sub.add_parser(
-        name, help=help_text, description=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    parser = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_Help)
     parser.set_defaults(_module=module)
     importlib.import_module(module).add_arguments(parser)
 

@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         + ", ".join(f"{k}: {v.regime}" for k, v in SHIPPED.items())
         + ")",
     )
-    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--steps", type=int, default=12, help="RL steps")
     p.add_argument(
         "--prompts-per-step",
         type=int,
@@ -129,7 +129,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "when the harvest runs, else one; 1: one server on every core, the "
         "harvest beside it at low priority)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of sampling, data order and the harvest")
 
 
 def closing_questions(task, seed: int, lengths=((1, 2), (3, 6), (7, 12))) -> list[dict]:

@@ -221,7 +221,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="directory to write the drafter to (atomically)")
     parser.add_argument("--init", default=None, help="start from this drafter instead of a random one")
     parser.add_argument("--layer-ids", default=None, help="aux layer ids a,b,c for a new drafter")
-    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--num-prompts", type=int, default=64, help="prompts whose rollouts train the drafter")
     parser.add_argument("--log", default=None, help="append per-step metrics here as JSONL")
     parser.add_argument(
         "--device", choices=["cpu", "cuda"], default="cpu", help="where generation, capture and training run"

@@ -102,10 +102,10 @@ def make_tiny_model(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="directory to write the model to")
-    parser.add_argument("--arch", choices=["qwen2", "qwen3", "llama"], default="qwen2")
-    parser.add_argument("--hidden-size", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arch", choices=["qwen2", "qwen3", "llama"], default="qwen2", help="model family")
+    parser.add_argument("--hidden-size", type=int, default=64, help="width")
+    parser.add_argument("--layers", type=int, default=4, help="decoder layers")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -69,7 +69,7 @@ def init_drafter(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="target model directory (Hugging Face, safetensors)")
     parser.add_argument("--out", required=True, help="directory to write the drafter to")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the fresh weights")
     parser.add_argument(
         "--layer-ids",
         default=None,

@@ -50,9 +50,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="embedded PyTorch engine, or stock SGLang (GPU)",
     )
     g = p.add_argument_group("--backend sglang only")
-    g.add_argument("--speculative-num-steps", type=int, default=None)
-    g.add_argument("--speculative-eagle-topk", type=int, default=None)
-    g.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    g.add_argument("--speculative-num-steps", type=int, default=None, help="SGLang's: draft steps (default: SGLang's)")
+    g.add_argument(
+        "--speculative-eagle-topk",
+        type=int,
+        default=None,
+        help="SGLang's: top-k draft tokens per step (default: SGLang's)",
+    )
+    g.add_argument(
+        "--speculative-num-draft-tokens",
+        type=int,
+        default=None,
+        help="SGLang's: tokens verified per pass (default: SGLang's)",
+    )
     g.add_argument(
         "--sglang-arg",
         action="append",
@@ -60,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="ARG",
         help="extra argument passed to sglang.launch_server (repeatable)",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
 
 
 def _fail(message: str) -> int:

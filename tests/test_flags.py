@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 
 import pytest
 
+from gleanrl import cli
 from gleanrl.base.flags import add_flags, config_from_args, flag, flag_dests, given
 
 
@@ -152,3 +154,23 @@ def test_train_and_harvest_flags_are_the_configs_fields():
     fields = _check(HarvestConfig, dests, HARVEST, HARVEST_NO_FLAG)
     own = {"server", "admin_api_key", "api_key", "out", "drafter", "cold", "resume", "idle_running", "threads"}
     assert dests - fields == own | {"save_every_s", "poll_s"}
+
+
+def _command_parsers(spec=cli.COMMANDS):
+    for child in spec.values():
+        if isinstance(child, dict):
+            yield from _command_parsers(child)
+        elif child[2:] != (cli.ARGV,):  # an ARGV command parses its own argv
+            parser = argparse.ArgumentParser(prog=child[0], formatter_class=cli._Help)
+            importlib.import_module(child[0]).add_arguments(parser)
+            yield parser
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    parsers = list(_command_parsers())
+    assert len(parsers) >= 15
+    for parser in parsers:
+        undocumented = [a.option_strings for a in parser._actions if a.option_strings and not a.help]
+        assert not undocumented, (parser.prog, undocumented)
+        text = parser.format_help()
+        assert "(default: None)" not in text, parser.prog

@@ -186,8 +186,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", default=None, help="model directory (default: a cache dir under $GLEANRL_CACHE or ~/.cache/gleanrl)"
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
+    parser.add_argument("--size", choices=sorted(SIZES), default="small", help="policy shape")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the policy trains")
 
 

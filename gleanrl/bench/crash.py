@@ -34,7 +34,7 @@ DELAY_S = {"rollouts": 0.02, "drafter": 0.3, "checkpoint": 0.005, "push": 0.03}
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=10, help="kill-and-resume runs (phases cycle)")
     p.add_argument("--steps", type=int, default=3, help="RL steps per run")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the kill points")
     p.add_argument("--json", default=None, help="write the per-run results here")
 
 

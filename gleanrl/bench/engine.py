@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=512, help="GRPO step: the longest response")
     parser.add_argument("--buckets", default=",".join(map(str, BUCKETS)), help="running requests per bucket")
     parser.add_argument("--bucket-tokens", type=int, default=64, help="L: output tokens per bucket request")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--json", default=None, help="write the results here")
 
 

@@ -28,13 +28,15 @@ def _samples(rng: random.Random, prompts: int, n: int, length: int, vocab: int, 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--length", type=int, default=2048)
-    parser.add_argument("--vocab", type=int, default=2000)
-    parser.add_argument("--mutate", type=float, default=0.1)
-    parser.add_argument("--max-len", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=8, help="P: groups")
+    parser.add_argument("--n", type=int, default=8, help="samples per group")
+    parser.add_argument("--length", type=int, default=2048, help="L: tokens per sample")
+    parser.add_argument("--vocab", type=int, default=2000, help="vocabulary size")
+    parser.add_argument(
+        "--mutate", type=float, default=0.1, help="share of a sample's tokens that differ from its group's reference"
+    )
+    parser.add_argument("--max-len", type=int, default=32, help="longest draft proposed")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per timing (the best counts)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the task's length distribution (trainer.tasks.presets; default: the built-in task's)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--json", default=None, help="write the results here")
 
 

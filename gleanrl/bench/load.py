@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64, help="longest request")
     p.add_argument("--rss-bound-mib", type=float, default=64.0, help="allowed RSS growth after warm-up")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the started server")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the clients' requests")
     p.add_argument("--json", default=None, help="write the summary here")
     p.add_argument(
         "--hostile",

@@ -44,13 +44,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=8, help="P: prompts per step")
     parser.add_argument("--n", type=int, default=8, help="samples per prompt")
     parser.add_argument("--steps", type=int, default=2, help="consecutive steps over the same prompts")
-    parser.add_argument("--max-new-tokens", type=int, default=512)
-    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="the longest response")
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated draft sources")
     parser.add_argument("--sd-max-batch", type=int, default=None, help="serve's --sd-max-batch (default: its)")
     parser.add_argument("--group-max-batch", type=int, default=None, help="serve's --group-max-batch (default: its)")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads of the server (default: 1) and of this process (default: torch's)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="weights' dtype (auto: bfloat16 where the CPU multiplies it natively)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--json", default=None, help="write the results here")
 
 

@@ -36,13 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--task", default=None, help="task whose test prompts are used (default: the built-in task)")
     parser.add_argument("--prompts", default=None, help='JSONL file of {"prompt": text} instead of --task')
-    parser.add_argument("--batches", default="1,4,16")
-    parser.add_argument("--temperatures", default="0,1")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--sd", choices=["on", "adaptive"], default="adaptive")
-    parser.add_argument("--sd-max-batch", type=int, default=8)
+    parser.add_argument("--batches", default="1,4,16", help="running requests per cell, comma-separated")
+    parser.add_argument("--temperatures", default="0,1", help="sampling temperatures, comma-separated")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="tokens per request")
+    parser.add_argument(
+        "--sd", choices=["on", "adaptive"], default="adaptive", help="on: SD at every batch; adaptive: as serve's --sd"
+    )
+    parser.add_argument("--sd-max-batch", type=int, default=8, help="serve's --sd-max-batch")
     parser.add_argument("--num-draft-tokens", type=int, default=None, help="fixed draft length (default: chosen)")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the engine runs")
     parser.add_argument(
         "--dtype",
@@ -52,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "that multiply bf16 natively, AVX-512 BF16 or AMX, as the other "
         "benches; else float32)",
     )
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per cell (the best counts)")
     parser.add_argument(
         "--json-schema",
         default=None,

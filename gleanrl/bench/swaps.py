@@ -39,8 +39,8 @@ PROMPTS = [
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--swaps", type=int, default=100, help="weight updates, alternating target and draft")
     p.add_argument("--clients", type=int, default=8, help="concurrent streaming clients")
-    p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=16, help="tokens per request")
+    p.add_argument("--seed", type=int, default=0, help="seed of the requests and weights")
     p.add_argument("--json", default=None, help="write the summary here")
 
 

@@ -244,7 +244,9 @@ def add_arguments(p) -> None:
         default=MAX_OUTPUTS,
         help="most outputs (prompts x n) one /generate may ask for; more: 400",
     )
-    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level", default="warning", choices=["debug", "info", "warning", "error"], help="log verbosity"
+    )
 
 
 def run(args) -> int:
