@@ -71,6 +71,11 @@ class EngineConfig(ControllerConfig):
     )
     max_running_requests: int = flag(32, "requests decoding at once; the rest queue")
     context_length: int | None = flag(None, "None: the model's max_position_embeddings")
+    chunked_prefill_size: int = flag(
+        1024,
+        "prompt tokens prefilled per iteration, over all requests: smaller is fairer to the running requests (a long "
+        "prompt slows each of their iterations less), larger prefills a long prompt in fewer, longer iterations",
+    )
     seed: int = 0
     num_threads: int | None = flag(
         None, "torch intra-op threads for the engine (None: torch's default)", name="threads"
@@ -106,7 +111,7 @@ class EngineConfig(ControllerConfig):
             from gleanrl.harvest.checkpoint import check_drafter_dir
 
             check_drafter_dir(self.drafter)
-        for name in ("group_max_tokens", "group_keep_versions"):
+        for name in ("chunked_prefill_size", "group_max_tokens", "group_keep_versions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if not self.swap_timeout_s > 0:

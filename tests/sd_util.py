@@ -1,5 +1,6 @@
 """Helpers for the SD engine tests: drafters for the tiny target (random, and quickly trained on the
-target's own greedy continuations of the test prompts, so that drafts are often accepted)."""
+target's own greedy continuations of the test prompts, so that drafts are often accepted); seeded
+requests and the sampling tests' decoder."""
 
 from __future__ import annotations
 
@@ -10,9 +11,15 @@ from transformers import AutoModelForCausalLM
 
 from engine_util import PROMPTS
 from gleanrl.harvest.capture import capture
-from gleanrl.harvest.checkpoint import save_drafter
+from gleanrl.harvest.checkpoint import load_drafter, save_drafter
 from gleanrl.harvest.cli_init import init_drafter
 from gleanrl.harvest.train_step import make_optimizer, train_step
+from gleanrl.server.config import ControllerConfig
+from gleanrl.server.decode.sd_decoder import SDDecoder
+from gleanrl.server.protocol import GenerateRequest, SamplingParams
+from gleanrl.server.sampling.sequence import Sequence
+from gleanrl.server.sampling.stopping import StopChecker
+from gleanrl.server.sd.controller import Controller
 
 
 def random_drafter(model_path: Path, out: Path, seed: int = 0) -> Path:
@@ -37,3 +44,39 @@ def trained_drafter(model_path: Path, tokenizer, out: Path, new_tokens: int = 48
     for _ in range(steps):
         train_step(drafter, optimizer, [s.tensors() for s in samples], length=4)
     return save_drafter(drafter, out)
+
+
+def seeded(prompt: list[int], params: SamplingParams, ids: range) -> list[Sequence]:
+    """Requests r{i} of `prompt` for i in `ids`, each with its own generator seeded i."""
+    return [
+        Sequence(
+            GenerateRequest(f"r{i}", prompt, params),
+            lambda out: None,
+            StopChecker(params, set(), 1024),
+            torch.Generator().manual_seed(i),
+        )
+        for i in ids
+    ]
+
+
+def sd_on(runner, drafter: Path) -> SDDecoder:
+    """SD on, EAGLE-3 chains of 3 from `drafter`."""
+    spec = SDDecoder(Controller(ControllerConfig(sd="on", num_draft_tokens=3)))
+    spec.set_drafter(load_drafter(drafter, embed_tokens=runner.embed.weight), "d")
+    return spec
+
+
+def run_seeded(sched, spec, prompt: list[int], params: SamplingParams, n: int, on_done=None) -> list[list[int]]:
+    """n seeded requests through `sched` (a Scheduler), as many at once as it runs; their outputs.
+    on_done(seqs): called with each step's finished sequences."""
+    outputs = []
+    for lo in range(0, n, sched.max_running):
+        sched.state.waiting.extend(seeded(prompt, params, range(lo, lo + sched.max_running)))
+        sched.admit()
+        while sched.state.running:
+            done = sched.step(spec)
+            outputs += [s.output_ids for s in done]
+            if on_done is not None:
+                on_done(done)
+            sched.reap(done)
+    return outputs

@@ -16,7 +16,7 @@ from engine_util import PROMPTS
 from gleanrl.bench.e2e_summary import summarize
 from gleanrl.clients.rollout import Rollout
 from gleanrl.demo_report import totals
-from gleanrl.server.sd.controller import K_GRID
+from gleanrl.server.sd.plan import K_GRID
 from gleanrl.trainer.metrics import rollout_metrics
 from sd_util import trained_drafter
 from serving import running_app

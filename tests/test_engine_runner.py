@@ -54,9 +54,9 @@ def test_ragged_forward_and_capture_match_transformers(arch, request):
 
 
 def test_chunked_prefill_equals_transformers(tiny_llama):
-    eng = Engine(EngineConfig(model_path=str(tiny_llama)))
     # prompts of ~40 tokens prefill over several iterations, beside decodes
-    eng.scheduler.prefill_chunk = 7
+    eng = Engine(EngineConfig(model_path=str(tiny_llama), chunked_prefill_size=7))
+    assert eng.decoder.chunked_prefill_size == 7
     eng.start()
     try:
         prompts = [eng.tokenizer("The quick brown fox jumps over the lazy dog. " * k)["input_ids"] for k in (1, 3, 4)]
@@ -64,6 +64,7 @@ def test_chunked_prefill_equals_transformers(tiny_llama):
         model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
         for p, r in zip(prompts, res):
             assert len(p) > 7 and r["ids"] == hf_greedy(model, p, 10)
+        assert eng.decoder.counters.iterations >= sum(map(len, prompts)) / 7  # 7 prompt tokens an iteration
     finally:
         eng.shutdown()
 

@@ -15,17 +15,13 @@ from transformers import AutoModelForCausalLM
 
 from engine_util import PROMPTS, run_all
 from gleanrl.server.config import EngineConfig
-from gleanrl.server.decode.decoder import SDDecoder
 from gleanrl.server.engine import Engine
 from gleanrl.server.engine.scheduler import Scheduler
 from gleanrl.server.engine.state import EngineState
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
 from gleanrl.server.sampling.sampler import processed_probs
-from gleanrl.server.sampling.sequence import Sequence
-from gleanrl.server.sampling.stopping import StopChecker
-from gleanrl.server.sd.controller import Controller, ControllerConfig
-from sd_util import trained_drafter
+from sd_util import run_seeded, sd_on, trained_drafter
 from test_parity_sampling import reference_penalties
 from test_sd_engine_sampling import _chi2
 
@@ -160,30 +156,10 @@ def _marginals(model, prompt: list[int]) -> tuple[dict[int, float], dict[int, fl
 
 
 def test_sampled_penalised_sd_follows_the_penalised_target(tiny_qwen2, tiny_tokenizer, drafter):
-    from gleanrl.harvest.checkpoint import load_drafter
-
     runner = ModelRunner.load(str(tiny_qwen2))
-    state = EngineState()
-    sched = Scheduler(state, runner, BATCH)
-    spec = SDDecoder(Controller(ControllerConfig(sd="on", num_draft_tokens=3)))
-    spec.set_drafter(load_drafter(drafter, embed_tokens=runner.embed.weight), "d")
+    spec = sd_on(runner, drafter)
     prompt = tiny_tokenizer("The quick brown fox")["input_ids"]
-    outputs = []
-    for lo in range(0, N, BATCH):
-        for i in range(lo, lo + BATCH):
-            state.waiting.append(
-                Sequence(
-                    GenerateRequest(f"r{i}", prompt, SAMPLED),
-                    lambda out: None,
-                    StopChecker(SAMPLED, set(), 1024),
-                    torch.Generator().manual_seed(i),
-                )
-            )
-        sched.admit()
-        while state.running:
-            done = sched.step(spec)
-            outputs += [s.output_ids for s in done]
-            sched.reap(done)
+    outputs = run_seeded(Scheduler(EngineState(), runner, BATCH), spec, prompt, SAMPLED, N)
     assert len(outputs) == N and spec.counters.verify_ct > 0
     assert 1.2 < spec.stats()["avg_spec_accept_length"] < 3.8  # both accepts and rejections happen
     m2, m3 = _marginals(AutoModelForCausalLM.from_pretrained(tiny_qwen2).eval(), prompt)

@@ -10,18 +10,12 @@ import random
 import numpy as np
 import pytest
 
-from gleanrl.server.sd import cells as cells_mod
+from gleanrl.server.config import ControllerConfig
 from gleanrl.server.sd import controller as ctl_mod
-from gleanrl.server.sd.controller import Controller, ControllerConfig, CostModel, expected_accepted
-
-EXPLORE, MIN_SAMPLES, PROBE, REPROBE, T_GRID = (
-    ctl_mod.EXPLORE,
-    ctl_mod.MIN_SAMPLES,
-    ctl_mod.PROBE,
-    ctl_mod.REPROBE,
-    ctl_mod.T_GRID,
-)
-BUDGET, QUIET_MAX = cells_mod.BUDGET, ctl_mod.QUIET_MAX
+from gleanrl.server.sd.acceptance import expected_accepted
+from gleanrl.server.sd.cells import BUDGET, MIN_SAMPLES, PAY, REPROBE
+from gleanrl.server.sd.controller import EXPLORE, PROBE, QUIET_MAX, Controller
+from gleanrl.server.sd.cost_model import T_GRID, CostModel
 
 ALL = ("eagle", "group", "fused")
 EVERY = ControllerConfig(sd_sources=ALL, sd_max_batch=64)  # every source, at any batch up to 64
@@ -232,8 +226,8 @@ def test_a_quiet_bucket_plays_plain_without_planning(monkeypatch):
     ctl = Controller(ControllerConfig(sd_max_batch=64))
     _costs(ctl, (1,), per_token=0.02)
     searches, plain = [], ctl.cost.target[1][1]
-    best = ctl._best
-    monkeypatch.setattr(ctl, "_best", lambda *a, **k: searches.append(1) or best(*a, **k))
+    best = ctl_mod.best_plan
+    monkeypatch.setattr(ctl_mod, "best_plan", lambda *a, **k: searches.append(1) or best(*a, **k))
     drafted = 0
     for _ in range(1000):
         plan = ctl.plan([20], [[]], [True])
@@ -269,7 +263,7 @@ def test_a_collapsed_drafter_is_dropped_for_its_bucket_until_re_measured():
     # cell's realised speed (an EMA of whole iterations) still says it pays
     for _ in range(6):
         ctl.record_iteration(1, plan, 1, 1.2 / plan.plain_rate, 1, 0)
-    assert 1 in ctl.cells.dropped and ctl.cells.cells[key][1] > cells_mod.PAY
+    assert 1 in ctl.cells.dropped and ctl.cells.cells[key][1] > PAY
     assert not ctl.cells.pays(key)
     drafted, plain = 0, ctl.cost.target[1][1]
     for _ in range(500):

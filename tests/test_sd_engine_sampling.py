@@ -20,16 +20,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gleanrl.server.decode.decoder import SDDecoder
 from gleanrl.server.engine.scheduler import Scheduler
 from gleanrl.server.engine.state import EngineState
 from gleanrl.server.model.runner import ModelRunner
-from gleanrl.server.protocol import GenerateRequest, SamplingParams
+from gleanrl.server.protocol import SamplingParams
 from gleanrl.server.sampling.sampler import processed_probs
-from gleanrl.server.sampling.sequence import Sequence
-from gleanrl.server.sampling.stopping import StopChecker
-from gleanrl.server.sd.controller import Controller, ControllerConfig
-from sd_util import trained_drafter
+from sd_util import run_seeded, sd_on, trained_drafter
 
 N, BATCH, TOP_K = 4000, 100, 8
 
@@ -76,31 +72,11 @@ def drafter(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
 
 
 def test_sampled_sd_step_follows_the_target(tiny_qwen2, tiny_tokenizer, drafter):
-    from gleanrl.harvest.checkpoint import load_drafter
-
     runner = ModelRunner.load(str(tiny_qwen2))
-    state = EngineState()
-    sched = Scheduler(state, runner, BATCH)
-    spec = SDDecoder(Controller(ControllerConfig(sd="on", num_draft_tokens=3)))
-    spec.set_drafter(load_drafter(drafter, embed_tokens=runner.embed.weight), "d")
+    spec = sd_on(runner, drafter)
     prompt = tiny_tokenizer("The quick brown fox")["input_ids"]
     params = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=TOP_K, ignore_eos=True)
-    outputs = []
-    for lo in range(0, N, BATCH):
-        for i in range(lo, lo + BATCH):
-            state.waiting.append(
-                Sequence(
-                    GenerateRequest(f"r{i}", prompt, params),
-                    lambda out: None,
-                    StopChecker(params, set(), 1024),
-                    torch.Generator().manual_seed(i),
-                )
-            )
-        sched.admit()
-        while state.running:
-            done = sched.step(spec)
-            outputs += [s.output_ids for s in done]
-            sched.reap(done)
+    outputs = run_seeded(Scheduler(EngineState(), runner, BATCH), spec, prompt, params, N)
     assert len(outputs) == N and all(len(o) == 4 for o in outputs)
     accept = spec.stats()["avg_spec_accept_length"]
     assert spec.counters.verify_ct > 0 and 1.2 < accept < 3.8  # both accepts and rejections happen

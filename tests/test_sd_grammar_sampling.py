@@ -12,17 +12,13 @@ import torch
 import xgrammar as xgr
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from gleanrl.server.decode.decoder import SDDecoder
 from gleanrl.server.engine.scheduler import Scheduler
 from gleanrl.server.engine.state import EngineState
 from gleanrl.server.model.runner import ModelRunner
-from gleanrl.server.protocol import GenerateRequest, SamplingParams
+from gleanrl.server.protocol import SamplingParams
 from gleanrl.server.sampling.grammar import _unpack
 from gleanrl.server.sampling.sampler import processed_probs
-from gleanrl.server.sampling.sequence import Sequence
-from gleanrl.server.sampling.stopping import StopChecker
-from gleanrl.server.sd.controller import Controller, ControllerConfig
-from sd_util import trained_drafter
+from sd_util import run_seeded, sd_on, trained_drafter
 from test_sd_engine_sampling import _chi2
 
 N, BATCH, TOP_K = 3000, 100, 8
@@ -60,37 +56,22 @@ def _marginals(model, compiled, prompt: list[int], vocab: int):
 
 
 def test_sampled_sd_with_a_grammar_follows_plain_with_the_mask(tiny_qwen2, tiny_tokenizer, tmp_path):
-    from gleanrl.harvest.checkpoint import load_drafter
-
     runner = ModelRunner.load(str(tiny_qwen2))
     vocab = runner.config.vocab_size
     tok = AutoTokenizer.from_pretrained(tiny_qwen2)
     compiled = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab)).compile_regex(REGEX)
     drafter = trained_drafter(tiny_qwen2, tiny_tokenizer, tmp_path / "drafter")
-    state = EngineState()
-    sched = Scheduler(state, runner, BATCH)
-    spec = SDDecoder(Controller(ControllerConfig(sd="on", num_draft_tokens=3)))
-    spec.set_drafter(load_drafter(drafter, embed_tokens=runner.embed.weight), "d")
+    spec = sd_on(runner, drafter)
     prompt = tiny_tokenizer("The quick brown fox")["input_ids"]
     params = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=TOP_K, ignore_eos=True, grammar=compiled)
-    outputs, proposed, accepted = [], 0, 0
-    for lo in range(0, N, BATCH):
-        for i in range(lo, lo + BATCH):
-            state.waiting.append(
-                Sequence(
-                    GenerateRequest(f"r{i}", prompt, params),
-                    lambda out: None,
-                    StopChecker(params, set(), 1024),
-                    torch.Generator().manual_seed(i),
-                )
-            )
-        sched.admit()
-        while state.running:
-            done = sched.step(spec)
-            outputs += [s.output_ids for s in done]
-            proposed += sum(s.spec_draft_token_num for s in done)
-            accepted += sum(s.spec_accept_token_num for s in done)
-            sched.reap(done)
+    counts = [0, 0]  # draft tokens proposed, accepted
+
+    def count(done) -> None:
+        counts[0] += sum(s.spec_draft_token_num for s in done)
+        counts[1] += sum(s.spec_accept_token_num for s in done)
+
+    outputs = run_seeded(Scheduler(EngineState(), runner, BATCH), spec, prompt, params, N, count)
+    proposed, accepted = counts
     assert len(outputs) == N and all(len(o) == 4 for o in outputs)
     assert spec.counters.verify_ct > 0 and 0 < accepted < proposed  # accepts and rejections
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2).eval()

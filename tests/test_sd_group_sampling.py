@@ -12,18 +12,16 @@ rejection rule (a rejected draft token stays in the residual) and the same stati
 from __future__ import annotations
 
 import pytest
-import torch
 from transformers import AutoModelForCausalLM
 
-from gleanrl.server.decode.decoder import SDDecoder
+from gleanrl.server.config import ControllerConfig
+from gleanrl.server.decode.sd_decoder import SDDecoder
 from gleanrl.server.model.runner import ModelRunner
-from gleanrl.server.protocol import GenerateRequest, SamplingParams
-from gleanrl.server.sampling.sequence import Sequence
-from gleanrl.server.sampling.stopping import StopChecker
+from gleanrl.server.protocol import SamplingParams
 from gleanrl.server.sd import branch_verify
-from gleanrl.server.sd.controller import Controller, ControllerConfig
+from gleanrl.server.sd.controller import Controller
 from gleanrl.server.sd.group_drafts import GroupDrafts
-from sd_util import trained_drafter
+from sd_util import seeded, trained_drafter
 from test_sd_engine_sampling import TOP_K, _chi2, _marginals
 
 BATCH, NEW = 100, 4
@@ -58,15 +56,7 @@ def _sample(runner, dec: SDDecoder, prompt: list[int], n: int) -> list[list[int]
     params = SamplingParams(max_new_tokens=NEW, temperature=1.0, top_k=TOP_K, ignore_eos=True)
     outputs = []
     for lo in range(0, n, BATCH):
-        seqs = [
-            Sequence(
-                GenerateRequest(f"r{i}", prompt, params),
-                lambda out: None,
-                StopChecker(params, set(), 1024),
-                torch.Generator().manual_seed(i),
-            )
-            for i in range(lo, lo + BATCH)
-        ]
+        seqs = seeded(prompt, params, range(lo, lo + BATCH))
         for s in seqs:
             s.cache = runner.new_cache()
         while seqs:

@@ -40,12 +40,17 @@ def test_flags_and_config_file_reach_the_dataclasses(tmp_path):
         "10.0.0.1",
         "--max-n",
         "7",
+        "--chunked-prefill-size",
+        "64",
     )
     engine, server = config_from_args(EngineConfig, args), config_from_args(ServerConfig, args)
     assert (engine.num_threads, engine.swap_timeout_s, engine.sd_sources) == (3, 5.0, ("eagle", "group"))
+    assert engine.chunked_prefill_size == 64
     assert (server.dist_allow, server.max_n) == (("10.0.0.1",), 7)
     path = tmp_path / "serve.json"
     path.write_text(json.dumps({"model": "m", "sd_sources": ["eagle", "fused"]}))
     assert config_from_args(EngineConfig, _parse("--config", str(path))).sd_sources == ("eagle", "fused")
     with pytest.raises(ValueError, match="sd_sources"):
         config_from_args(EngineConfig, _parse("--model", "m", "--sd-sources", "eagle,nope"))
+    with pytest.raises(ValueError, match="chunked_prefill_size"):
+        config_from_args(EngineConfig, _parse("--model", "m", "--chunked-prefill-size", "0"))

@@ -1,28 +1,22 @@
 """`gleanrl bench load --hostile`: what hostile and careless clients cost an honest one. A benign
 client, in its own process, streams short greedy `/generate` requests (24 tokens) back to back and
-polls `/health`; meanwhile one hostile client in this process sends one kind of request back to
-back for `--phase-s` seconds (oversize bodies to the server and to `gleanrl proxy`, declared and
-chunked; refused tensor and disk updates; absurd `n` and batches through the proxy), or asks for
-what costs the engine the most a request may ask (a catastrophic stop_regex over a long output,
-top_logprobs_num at its limit over the prompt and the output, a prompt near the context length:
-these are served, and must cost the benign client no more than any other running request), kind
-after kind, then all kinds in turn (the mix). Before the first kind and after the mix the benign
-client runs alone (the baseline: the better of the two).
+polls `/health`; meanwhile one hostile client in this process sends one kind of request
+(`hostile_kinds.py`: refused ones, and served ones that must cost the benign client no more than any
+other running request) back to back for `--phase-s` seconds, kind after kind, then all kinds in turn
+(the mix). Before the first kind and after the mix the benign client runs alone (the baseline: the
+better of the two).
 
 Reported: benign p50/p99 per phase and its ratio to the baseline, the CPU seconds the server and
 the proxy spent in the phase (what refusing cost them, apart from the clients' own CPU on a shared
-machine), the slowest kind and its cost,
-the worst `/health`, benign errors, hostile requests answered otherwise than refused, and whether
-the same weights serve after. Exit 1 on a benign error, a hostile request not refused, changed
-weights, a `/health` over 1 s, or the mix's p99 over `--p99-bound` x the baseline's."""
+machine), the slowest kind and its cost, the worst `/health`, benign errors, hostile requests
+answered otherwise than refused, and whether the same weights serve after. Exit 1 on a benign error,
+a hostile request not refused, changed weights, a `/health` over 1 s, or the mix's p99 over
+`--p99-bound` x the baseline's."""
 
 from __future__ import annotations
 
-import base64
 import multiprocessing
 import os
-import pickle
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,22 +26,14 @@ from pathlib import Path
 
 import httpx
 
+from gleanrl.bench.hostile_kinds import SERVED, kinds
+from gleanrl.trainer.server_proc import free_port
+
 BENIGN = {
     "text": "The quick brown fox",
     "stream": True,
     "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True},
 }
-OVERSIZE = 300 << 20  # what the issue's hostile client sent: 300 MB
-# served, not refused: the most a request may make the engine do (the server's defaults)
-SERVED = frozenset(
-    {
-        "catastrophic stop_regex, 256 tokens",
-        "top_logprobs_num 64, prompt and output",
-        "top_logprobs_num 64, prompt and output, streamed",
-        "a prompt near the context",
-    }
-)
-CHUNK = b" " * (1 << 20)
 
 
 def _benign(url: str, stop, out) -> None:
@@ -79,98 +65,6 @@ def _benign(url: str, stop, out) -> None:
     done.set()
     poller.join()
     out.put((requests, health))
-
-
-def _body(total: int):
-    sent = 0
-    while sent < total:
-        sent += len(CHUNK)
-        yield CHUNK
-
-
-def _tensor_update(model_dir: str) -> dict:
-    """The whole model's tensors, one of them NaN at the very end: decoded in full, then refused."""
-    from safetensors.torch import load_file
-
-    named = sorted((k, v) for f in sorted(Path(model_dir).glob("*.safetensors")) for k, v in load_file(f).items())
-    name, t = named[-1]
-    bad = t.clone().float()
-    bad.view(-1)[-1] = float("nan")
-    data = pickle.dumps(named[:-1] + [(name, bad)], protocol=4)
-    return {"serialized_named_tensors": [base64.b64encode(data).decode()]}
-
-
-def kinds(server: str, proxy: str, model_dir: str) -> dict:
-    """name -> send(http) returning the status (0: the connection was closed on it)."""
-    update = _tensor_update(model_dir)
-    context = httpx.get(f"{server}/server_info", timeout=30).json()["context_length"]
-    json_headers = {"content-type": "application/json"}
-
-    def post(url, **kw):
-        return lambda http: http.post(url, **kw).status_code
-
-    def oversize(url, declared):
-        headers = json_headers | ({"content-length": str(OVERSIZE)} if declared else {})
-        return lambda http: http.post(url, content=_body(OVERSIZE), headers=headers).status_code
-
-    return {
-        "oversize body to the server": oversize(f"{server}/generate", True),
-        "oversize chunked body to the server": oversize(f"{server}/generate", False),
-        "oversize body to the proxy": oversize(f"{proxy}/generate", True),
-        "oversize chunked body to the proxy": oversize(f"{proxy}/generate", False),
-        "refused tensor update (NaN, whole model)": post(f"{server}/update_weights_from_tensor", json=update),
-        "refused disk update": post(f"{server}/update_weights_from_disk", json={"model_path": "/nonexistent/model"}),
-        "n 10^9 through the proxy": post(f"{proxy}/generate", json={"text": "x", "sampling_params": {"n": 10**9}}),
-        "n 1000 through the proxy": post(
-            f"{proxy}/generate", json={"text": "x", "sampling_params": {"n": 1000, "max_new_tokens": 24}}
-        ),
-        "5000 prompts through the proxy": post(f"{proxy}/generate", json={"text": ["x" * 100] * 5000}),
-        "catastrophic stop_regex, 256 tokens": post(
-            f"{server}/generate",
-            json={
-                "text": "x",
-                "sampling_params": {
-                    "max_new_tokens": 256,
-                    "ignore_eos": True,
-                    "stop_regex": [
-                        "(.+)+X",
-                        "(a|aa)+$",
-                        "(x+x+)+y",
-                        "(.*a){12}",
-                        "([a-z]+)*=",
-                        "(\\w+\\s?)*#",
-                        "(.|\n)*Z",
-                        "(ab|a)*c",
-                    ],
-                },
-            },
-        ),
-        "top_logprobs_num 64, prompt and output": post(
-            f"{server}/generate",
-            json={
-                "text": "word " * 200,
-                "return_logprob": True,
-                "logprob_start_len": 0,
-                "top_logprobs_num": 64,
-                "sampling_params": {"max_new_tokens": 64, "ignore_eos": True},
-            },
-        ),
-        "top_logprobs_num 64, prompt and output, streamed": post(
-            f"{server}/generate",
-            json={
-                "text": "word " * 200,
-                "stream": True,
-                "return_logprob": True,
-                "logprob_start_len": 0,
-                "top_logprobs_num": 64,
-                "sampling_params": {"max_new_tokens": 64, "ignore_eos": True},
-            },
-        ),
-        "a prompt near the context": post(
-            f"{server}/generate",
-            json={"input_ids": [5 + i % 300 for i in range(context - 40)], "sampling_params": {"max_new_tokens": 32}},
-        ),
-    }
 
 
 def _hostile(sends: list, until: float, tally: dict) -> None:
@@ -220,19 +114,11 @@ def measure(server: str, proxy: str, model_dir: str, phase_s: float, pids: tuple
     phases, tallies = [], {}
     for name in ["baseline", *hostile, "mix", "baseline after"]:
         t0, cpu0 = time.monotonic(), sum(map(cpu_s, pids))
-        if name == "mix":
-            sends = list(hostile.values())
-        else:
-            sends = [hostile[name]] if name in hostile else []
+        sends = list(hostile.values()) if name == "mix" else [hostile[name]] if name in hostile else []
         tally: dict = {}
-        threads = [
-            threading.Thread(target=_hostile, args=(sends, t0 + phase_s, tally)) for _ in sends[:1]
-        ]  # one hostile client, none in the baselines
-        for t in threads:
-            t.start()
+        if sends:  # one hostile client, none in the baselines
+            _hostile(sends, t0 + phase_s, tally)
         time.sleep(max(0.0, t0 + phase_s - time.monotonic()))
-        for t in threads:
-            t.join()
         phases.append((name, t0, time.monotonic(), sum(map(cpu_s, pids)) - cpu0))
         tallies[name] = tally
     stop.set()
@@ -278,12 +164,6 @@ def measure(server: str, proxy: str, model_dir: str, phase_s: float, pids: tuple
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(args) -> int:
     from gleanrl.bench.serve_process import ServeProcess, verdict
 
@@ -294,7 +174,7 @@ def run(args) -> int:
 
             model = str(make_tiny_model(Path(tmp) / "tiny"))
         with ServeProcess(model, Path(tmp) / "server.log", threads=args.threads) as server:
-            port = _free_port()
+            port = free_port()
             proxy = subprocess.Popen(
                 [sys.executable, "-m", "gleanrl", "proxy", "--upstream", server.url, "--port", str(port)],
                 stdout=subprocess.DEVNULL,

@@ -1,1 +1,1 @@
-"""The decode step: one iteration over the running sequences, plain or SD (`decoder.py`)."""
+"""The decode step: one iteration over the running sequences, plain or SD (`sd_decoder.py`)."""

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 import torch
 
 from gleanrl.server.config import EngineConfig
-from gleanrl.server.decode.decoder import build_decoder
+from gleanrl.server.decode.sd_decoder import build_decoder
 from gleanrl.server.engine.bridge import Outbox
 from gleanrl.server.engine.loop import DecodeLoop
 from gleanrl.server.engine.memory import MemoryOccupation

@@ -1,7 +1,7 @@
 """Lossless speculative decoding (SD) in the embedded engine, with the EAGLE-3 drafter
 harvested during RL.
 
-The pieces of the one decoder (`server/decode/decoder.py`, `SDDecoder`): plain decoding is an
+The pieces of the one decoder (`server/decode/sd_decoder.py`, `SDDecoder`): plain decoding is an
 empty draft, a chain is a one-branch tree. Per iteration the controller (`controller.py`: a cost
 model of target passes and drafter steps, and acceptance estimates per source and depth) picks per
 sequence what to verify; `tree.py` + `tree_pass.py` verify every sequence's tree (root + branches)

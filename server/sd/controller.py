@@ -1,18 +1,6 @@
-"""Which drafts to verify this iteration: the cost-model controller.
-
-Rule. With B decode-ready sequences, a plan verifies for each sequence s its own draft tree
-(nothing, the group draft's first tokens, an EAGLE-3 chain of up to k tokens, or both as two
-branches) of l_s draft tokens, in one target pass of N = B + sum_s l_s rows, after one drafter call
-of k steps when any sequence takes a chain. Its expected rate is
-
-    rate = (B + sum_s E[accepted_s]) / (target(B, N / B) + [any chain] * drafter(B_e, k)),
-
-where E[accepted] of a chain with conditional acceptances a_1.. a_l is sum_j prod_{i<=j} a_i and of
-a two-branch tree (group first, then EAGLE-3 on the residual) E_group + (1 - a_group,1) * E_eagle.
-For each k in `K_GRID` (and 0: group drafts only) the per-sequence lengths come from Dinkelbach's
-iteration on that ratio: each sequence takes the l_s maximising E[accepted_s(l)] - rate * (target
-seconds per row) * l, so a sequence whose drafts do not pay for their rows takes none, one that is
-accepted often takes a long one. Plain decoding is N = B (rate B / target(B, 1)).
+"""Which drafts to verify this iteration: the cost-model controller. The plan each estimate makes
+best, and the rate rule it maximises, are `plan.py`'s (`best_plan`); when a plan plays is this
+file's.
 
 Adaptive mode plays SD only where it measured to pay (`plan`; what real iterations measured is
 `cells.py`'s): the best plan by pessimistic estimates plays when it beats plain and its cell (running
@@ -50,48 +38,19 @@ depend on timing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from gleanrl.server.config import ControllerConfig
 from gleanrl.server.sampling.sequence import Sequence
-from gleanrl.server.sd.acceptance import MAX_DEPTH, Acceptance, expected_accepted
-from gleanrl.server.sd.cells import MIN_SAMPLES, REPROBE, Cells
-from gleanrl.server.sd.cost_model import GRID, T_GRID, CostModel, b_bucket
+from gleanrl.server.sd.acceptance import MAX_DEPTH, Acceptance
+from gleanrl.server.sd.cells import Cells
+from gleanrl.server.sd.cost_model import CostModel, b_bucket
+from gleanrl.server.sd.plan import Plan, best_plan
 
-__all__ = [
-    "MAX_DEPTH",
-    "MIN_SAMPLES",
-    "REPROBE",
-    "T_GRID",
-    "Cells",
-    "Controller",
-    "ControllerConfig",
-    "CostModel",
-    "Plan",
-    "b_bucket",
-    "expected_accepted",
-]
-
-K_GRID = (1, 2, 3, 4, 5, 6, 8)  # EAGLE-3 chain lengths
 # adaptive: how often the side not played is measured
 PROBE, CLOSE = 16, 0.8
 # plain plans between looks (the span doubles while they find nothing)
 EXPLORE, QUIET_MAX = 8, 64
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    group_lens: list[int]  # per sequence: group draft tokens to verify (0: none)
-    # per sequence: EAGLE-3 chain tokens to draft and verify (0: none)
-    eagle_lens: list[int]
-    expected_rate: float  # tokens per second the plan expects
-    plain_rate: float  # and plain decoding
-
-    @property
-    def drafts(self) -> bool:
-        return any(self.group_lens) or any(self.eagle_lens)
 
 
 class Controller:
@@ -166,6 +125,9 @@ class Controller:
         if not np.isfinite(secs).all():
             return none
         args = (
+            cfg,
+            self.accept,
+            self.cost,
             np.minimum(np.array(caps), MAX_DEPTH),
             group_probs if group_on else None,
             np.array(eagle_ok) & eagle_on,
@@ -174,9 +136,9 @@ class Controller:
             plain_rate,
         )
         if on:  # draft wherever a draft exists
-            return self._best(*args, explore=True, force=True) or none
+            return best_plan(*args, explore=True, force=True) or none
         bucket = b_bucket(b)
-        best = self._best(*args, explore=False)
+        best = best_plan(*args, explore=False)
         plays = best is not None and best.expected_rate > plain_rate and self.cells.allowed(b, self.cells.key(b, best))
         self._quiet[bucket] = None if plays else self.accept.version
         if plays:
@@ -200,103 +162,13 @@ class Controller:
     def _explore(self, b: int, args: tuple, look: bool, plain_rate: float) -> Plan | None:
         """The best plan by exploring estimates, when its cell pays, or on a look when its cell
         has not measured to lose and a probe is affordable (None: plain)."""
-        opt = self._best(*args, explore=True)
+        opt = best_plan(*args, explore=True)
         if opt is None or opt.expected_rate < CLOSE * plain_rate:
             return None
         key = self.cells.key(b, opt)
         if opt.expected_rate > plain_rate and self.cells.pays(key):
             return opt
         return opt if look and not self.cells.loses(key) and self.cells.can_probe(b) else None
-
-    def _best(
-        self,
-        caps: np.ndarray,
-        group_probs: list[list[float]] | None,
-        elig: np.ndarray,
-        keys: list[Sequence] | None,
-        secs: np.ndarray,
-        plain_rate: float,
-        explore: bool,
-        force: bool = False,
-    ) -> Plan | None:
-        """The plan of highest expected rate that drafts (None: none does), each sequence its own
-        tree and length: for each chain length k, Dinkelbach's iteration on the rate
-        (B + sum_s V_s(l_s)) / (target(B + sum_s l_s rows) + drafter(k)): each sequence takes the
-        l_s maximising V_s(l) - rate * (seconds per row) * l, so a sequence whose drafts do not pay
-        for their rows takes none. `force` (mode on): every sequence that can takes its most
-        valuable tree within k, whatever its rows cost."""
-        cfg, b = self.config, len(caps)
-        rows = np.arange(b)
-        k = cfg.num_draft_tokens
-        ks = ([k] if k else list(K_GRID)) if elig.any() and "eagle" in cfg.sd_sources else []
-        if not force:  # no deeper than one past what is measured
-            deepest = self.accept.measured_depths() + 1
-            ks = [k for k in ks if k <= deepest]
-        if group_probs is not None:
-            glen = np.minimum(np.array([len(p) for p in group_probs]), caps)
-            g_exp, g_first = self.accept.group_expected(group_probs, glen)  # [B, 33], [B]
-        else:
-            glen, g_exp, g_first = np.zeros(b, dtype=int), np.zeros((b, MAX_DEPTH + 1)), np.zeros(b)
-        # l = 0 .. longest usable tree (L + 1 <= 33 columns)
-        ls = np.arange(1 + min(int(caps.max()), (max(ks) if ks else 0) + int(glen.max())))[None]
-        fits = ls <= caps[:, None]  # [B, L + 1]
-        g_use = np.minimum(ls, glen[:, None])  # [B, L + 1]
-        g_val = g_exp[rows[:, None], g_use]
-        keys = keys if keys is not None else []
-        e_exp = expected_accepted(
-            self.accept.seq_eagle_rates(keys, explore) if keys else self.accept.eagle_rates(explore)[None].repeat(b, 0)
-        )
-        # every chain length at once: [K, B, L + 1] over (k, sequence, draft tokens l)
-        kk = np.array([0] + ks)[:, None, None]  # [K, 1, 1]
-        r3, on3 = rows[None, :, None], elig[None, :, None] & (kk > 0)
-        e_use = np.minimum(ls[None], kk)  # [K, 1, L + 1]
-        e_val = np.where(on3, e_exp[r3, e_use], 0.0)  # [K, B, L + 1]
-        val = np.maximum(g_val[None], e_val)
-        use = np.where(e_val > g_val[None], e_use, g_use[None])
-        kind = (e_val > g_val[None]).astype(int)  # 0 group, 1 chain
-        if "fused" in cfg.sd_sources and group_probs is not None and ks:
-            f_g = np.minimum(np.maximum(ls[None] - kk, 0), glen[None, :, None])  # [K, B, L+1]
-            f_val = np.where(
-                on3 & (f_g > 0),
-                g_exp[r3, f_g] + (1 - g_first[None, :, None]) * e_exp[rows[None], kk[:, :, 0]][:, :, None],
-                0.0,
-            )
-            better = f_val > val
-            val, use, kind = np.where(better, f_val, val), np.where(better, kk + f_g, use), np.where(better, 2, kind)
-        val, use = np.where(fits[None], val, 0.0), np.where(fits[None], use, 0)
-        if force:
-            val = np.where(use > 0, val, -np.inf)
-        step = self.cost.draft_seconds(int(elig.sum()), 0) if ks else 0.0
-        draft_s = step * (kk[:, 0, 0] + 1) * (kk[:, 0, 0] > 0)  # [K]
-        # target seconds of a pass of b + j rows, j = 0 .. 33 b
-        cost = np.interp((b + np.arange(33 * b + 1)) / b, GRID, secs)
-        rate, n = np.full(len(kk), plain_rate), np.zeros(len(kk), dtype=int)  # n: draft rows
-        k_idx = np.arange(len(kk))[:, None]
-        kind = np.broadcast_to(kind, val.shape)
-        best, best_rate = None, -1.0
-        for _ in range(3):  # Dinkelbach's iteration, every k at once
-            price = rate * (cost[np.minimum(n + b, 33 * b)] - cost[n]) / b  # [K] per row
-            if force:  # mode on: each its most valuable tree
-                price[:] = 0.0
-            pick = (val - price[:, None, None] * use).argmax(2)  # [K, B]
-            at = (k_idx, rows[None], pick)
-            v, u, kd = val[at], use[at], kind[at]  # [K, B] each
-            n = u.sum(1)
-            chain = ((kd > 0) & (u > 0)).any(1)
-            new = np.where(
-                u.any(1),
-                (b + np.where(np.isfinite(v), v, 0).sum(1))
-                / (cost[np.minimum(n, 33 * b)] + np.where(chain, draft_s, 0.0)),
-                -1.0,
-            )
-            i = int(new.argmax())
-            if new[i] > best_rate:
-                k = int(kk[i, 0, 0])
-                eagle_lens = np.where(kd[i] == 1, u[i], np.where(kd[i] == 2, k, 0))
-                best_rate = float(new[i])
-                best = Plan((u[i] - eagle_lens).tolist(), eagle_lens.tolist(), best_rate, plain_rate)
-            rate = np.where(new > 0, new, rate)
-        return best
 
     def drafter_swapped(self) -> None:
         self.accept.drafter_swapped()

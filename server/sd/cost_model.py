@@ -28,6 +28,7 @@ class CostModel:
         self.target: dict[int, dict[int, float]] = {}  # B bucket -> T cell -> seconds
         self.step: dict[int, float] = {}  # B bucket -> drafter seconds per step
         self._calibrated: set[tuple[int, int]] = set()  # cells holding a bare forward's time
+        self._drafter_shape: tuple = ()  # of the drafter `step` was timed for
 
     def record_pass(self, b: int, t: float, seconds: float, calibrating: bool = False) -> None:
         """A decode iteration of b sequences x t tokens (rows per sequence) took `seconds`; a t
@@ -116,11 +117,14 @@ class CostModel:
 
     @torch.inference_mode()
     def calibrate_drafter(self, drafter, batches: tuple[int, ...] = (1, 8, 32), repeats: int = 2) -> None:
-        """Time one drafter step (forward + logits) for B sequences; replaces the step estimates."""
+        """Time one drafter step (forward + logits) for B sequences; replaces the step estimates, but
+        those of a drafter of the same shape (what a step costs depends on), kept across swaps."""
         from gleanrl.server.sd.drafter_forward import drafter_forward, new_draft_cache
 
-        w = drafter.fc.weight
-        self.step = {}
+        shape = tuple((n, tuple(p.shape), p.dtype) for n, p in drafter.named_parameters())
+        if self.step and shape == self._drafter_shape:
+            return
+        w, self.step, self._drafter_shape = drafter.fc.weight, {}, shape
         for b in batches:
             best = float("inf")
             for _ in range(repeats + 1):

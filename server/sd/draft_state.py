@@ -1,6 +1,6 @@
 """Per sequence: the drafter's own KV cache and the target hidden states it has not consumed yet.
 
-Invariant (kept by `decode/decoder.py`): the target cache ends one token short of the sequence's
+Invariant (kept by `decode/sd_decoder.py`, with `sync_states`): the target cache ends one token short of the sequence's
 prefix, and the state holds target aux hidden states for exactly the positions [next_pos,
 cache.length) of the target cache (EAGLE-3 pairs h_i with token i+1 at position i). It also keeps
 the last `keep` to 2 * `keep` states the drafter has consumed (`seen`, the positions just before
@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gleanrl.harvest.drafter import Eagle3Drafter
 from gleanrl.server.model.kv import SeqKVCache
+from gleanrl.server.sampling.sequence import Sequence
+from gleanrl.server.sd.drafter_forward import new_draft_cache
 
 
 @dataclass(eq=False)
@@ -61,3 +64,30 @@ class DraftState:
             new.start -= kept.shape[0]
             new.add(kept)
         return new
+
+
+def sync_states(
+    states: dict[Sequence, DraftState], seqs: list[Sequence], drafter: Eagle3Drafter, window: int
+) -> dict[Sequence, DraftState]:
+    """The states of `seqs`, each keeping the invariant: a broken one (or none) restarts `window` tokens
+    back, where the target cache is truncated to re-feed them; a long stretch without SD keeps a window."""
+    kept = {}
+    for s in seqs:
+        st, length = states.get(s), s.cache.length
+        if st is None or st.covered != length:
+            s.cache.truncate(max(length - window, 0))
+            st = DraftState(new_draft_cache(drafter), s.cache.length, keep=window)
+        elif st.pending > window + 64:
+            old, st = st, DraftState(new_draft_cache(drafter), st.covered - window, keep=window)
+            st.add(old.take()[-window:])
+        kept[s] = st
+    return kept
+
+
+def same_inputs(a: Eagle3Drafter, b: Eagle3Drafter) -> bool:
+    """Two drafters read the same target hidden states (a swap keeps the states, `rebased`)."""
+    return (
+        list(a.config.aux_layer_ids) == list(b.config.aux_layer_ids)
+        and a.fc.weight.shape[1] == b.fc.weight.shape[1]
+        and a.fc.weight.dtype == b.fc.weight.dtype
+    )
