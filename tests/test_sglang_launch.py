@@ -82,6 +82,7 @@ def test_command_for_gpu_with_drafter_and_passthrough():
             context_length=2048,
             tool_call_parser="qwen25",
             reasoning_parser="qwen3",
+            chunked_prefill_size=512,
             sglang_arg=["--mem-fraction-static", "0.7", "--tp-size=2"],
         ),
         python="py",
@@ -97,6 +98,8 @@ def test_command_for_gpu_with_drafter_and_passthrough():
     ) == ("3", "1", "4")
     assert pairs["--api-key"] == "k1" and pairs["--admin-api-key"] == "k2" and pairs["--context-length"] == "2048"
     assert pairs["--tool-call-parser"] == "qwen25" and pairs["--reasoning-parser"] == "qwen3"
+    assert pairs["--chunked-prefill-size"] == "512"
+    assert "--chunked-prefill-size" not in build_command(_args(chunked_prefill_size=1024))  # SGLang's own default
     assert cmd[-3:] == ["--mem-fraction-static", "0.7", "--tp-size=2"]
     assert "--max-total-tokens" not in cmd and "--skip-server-warmup" not in cmd
     shown = redact(cmd)

@@ -13,12 +13,14 @@ they are redacted in everything gleanrl prints.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import signal
 import sys
 from pathlib import Path
 
+from gleanrl.server.config import EngineConfig
 from gleanrl.server.sglang.process import SGLangLaunchError, SGLangProcess
 
 __all__ = ["SGLangLaunchError", "SGLangProcess", "build_command", "launch", "redact", "start"]
@@ -62,6 +64,14 @@ def sglang_python() -> tuple[str, dict[str, str]]:
     return python, env
 
 
+def _unless_default(args: argparse.Namespace, name: str):
+    """An embedded-engine setting SGLang also has, passed on only when set to other than gleanrl's
+    default: SGLang picks its own from the GPU (e.g. its chunked prefill size by memory)."""
+    default = next(f.default for f in dataclasses.fields(EngineConfig) if f.name == name)
+    value = getattr(args, name, None)
+    return None if value == default else value
+
+
 def build_command(args: argparse.Namespace, python: str = "python") -> list[str]:
     """SGLang's launch command for gleanrl serve's flags (pure: no checks of the machine)."""
     extra = list(getattr(args, "sglang_arg", None) or [])
@@ -90,6 +100,7 @@ def build_command(args: argparse.Namespace, python: str = "python") -> list[str]
         ("--admin-api-key", args.admin_api_key),
         ("--reasoning-parser", getattr(args, "reasoning_parser", None)),
         ("--tool-call-parser", getattr(args, "tool_call_parser", None)),
+        ("--chunked-prefill-size", _unless_default(args, "chunked_prefill_size")),
     ]
     if args.drafter:
         optional += [
