@@ -39,7 +39,10 @@ TOOLS = [
     {"type": "function", "function": {"name": "add", "description": "add", "parameters": SUM}},
 ]
 STRICT = [{"type": "function", "function": {**t["function"], "strict": True}} for t in TOOLS]
-THINK_RE = r"[a-z ]{1,16}</think>(yes|no)\."
+ANSWER_RE = r"(yes|no)\."  # held after the reasoning (both servers: the token after </think>)
+THINK_END_ID = 385  # `</think>` in the model's vocabulary (parity_sglang.make_model checks it)
+
+
 PROMPT = "Question: what is 12 + 30? Answer:"
 MSGS = [{"role": "user", "content": "What is the weather in Paris?"}]
 
@@ -81,11 +84,11 @@ def _valid_tool(out: dict) -> tuple[bool, str]:
     return ok, "" if ok else f"arguments {args!r}"
 
 
-def _valid_reasoning(forced: bool):
+def _valid_reasoning(answered: bool):
     def check(out: dict) -> tuple[bool, str]:
         r, c = out.get("reasoning_content"), out.get("content")
-        if forced:  # the regex put a </think> in: reasoning before it, the answer after it
-            ok = bool(r) and re.fullmatch(r"[a-z ]{1,16}", r or "") is not None and c in ("yes.", "no.")
+        if answered:  # free reasoning, then </think> (biased) and the answer as ANSWER_RE says
+            ok = bool(r) and re.fullmatch(ANSWER_RE, c or "") is not None
             return ok, "" if ok else f"split {r!r} / {c!r}"
         ok = isinstance(r, str) and bool(r) and not c  # no </think>: all of it is reasoning
         return ok, "" if ok else f"split {r!r} / {c!r}"
@@ -93,9 +96,16 @@ def _valid_reasoning(forced: bool):
     return check
 
 
+def _valid_after_think(out: dict) -> tuple[bool, str]:
+    """/generate with require_reasoning: free text, </think>, then the answer as ANSWER_RE says."""
+    reasoning, sep, answer = (out.get("text") or "").partition("</think>")
+    ok = bool(reasoning) and bool(sep) and re.fullmatch(ANSWER_RE, answer) is not None
+    return ok, "" if ok else f"split {reasoning!r} / {answer!r}"
+
+
 # ---------------------------------------------------------------- requests
-def _generate(url: str, body_params: dict, max_new: int) -> dict:
-    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": max_new, "temperature": 0, **body_params}}
+def _generate(url: str, body_params: dict, max_new: int, **top) -> dict:
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": max_new, "temperature": 0, **body_params}, **top}
     r = httpx.post(f"{url}/generate", json=body, timeout=300)
     if r.status_code != 200:
         return {"error": f"{r.status_code} {r.text[:300]}"}
@@ -143,6 +153,12 @@ def _named_tool(url: str, tools: list) -> dict:
     )
 
 
+def _end_think(bias: float) -> dict:
+    """A logit bias on </think>, which a random model never writes by itself: chosen per prompt
+    so that it ends the reasoning after some tokens, within the length limit."""
+    return {str(THINK_END_ID): bias}
+
+
 def text_of(out: dict) -> str:
     return out.get("text", out.get("content"))
 
@@ -178,8 +194,13 @@ CASES: dict[str, tuple] = {
     "reasoning_plain": ("reasoning", lambda u: _chat(u, messages=MSGS, max_tokens=16), _valid_reasoning(False)),
     "reasoning_regex": (
         "reasoning",
-        lambda u: _chat(u, messages=MSGS, max_tokens=32, extra_body={"regex": THINK_RE}),
+        lambda u: _chat(u, messages=MSGS, max_tokens=40, logit_bias=_end_think(2.0), extra_body={"regex": ANSWER_RE}),
         _valid_reasoning(True),
+    ),
+    "reasoning_generate": (
+        "reasoning",
+        lambda u: _generate(u, {"regex": ANSWER_RE, "logit_bias": _end_think(2.5)}, 40, require_reasoning=True),
+        _valid_after_think,
     ),
 }
 # the same flags on both servers; JSON whitespace: both default to any whitespace (xgrammar's
@@ -206,10 +227,10 @@ NOTES = {  # why outputs differ (or fail) where they do, found in the measured r
     "tool_named_strict_any_ws": "both fill the arguments' whitespace until the limit (same "
     "tokens); at the cut gleanrl returns the unfinished call, SGLang "
     "no call and empty content",
-    "reasoning_regex": "with a reasoning parser SGLang applies a request's grammar only after "
-    "`</think>` (ReasonerGrammarObject); gleanrl from the first token, so only "
-    "its output reaches the answer; the random model never writes `</think>` "
-    "itself",
+    "reasoning_regex": "both hold the regex only after `</think>` (a logit bias on it ends the random "
+    "model's reasoning)",
+    "reasoning_generate": "`require_reasoning: true` on /generate: the reasoning forced from the first "
+    "token, the regex after `</think>`",
 }
 
 

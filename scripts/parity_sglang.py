@@ -22,8 +22,9 @@ on both servers only where both grammars allow the same tokens.
 Three pairs of servers are started one after the other (`PAIRS`), each pair with the same flags:
 the tool-call parser with the default JSON whitespace rule, the same with
 `--constrained-json-disable-any-whitespace` (the structured-output and tool cases), and the reasoning
-parser (SGLang applies a request's grammar only after the reasoning end when a reasoning parser is on,
-so those cases are kept apart). Findings and the measured table: docs/parity.md.
+parser (both apply a chat request's grammar, and /generate's with `require_reasoning`, only after the
+reasoning end when a reasoning parser is on, so those cases are kept apart). Findings and the measured
+table: docs/parity.md.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from parity_cases import CASES, PAIRS, compare, text_of
+from parity_cases import CASES, PAIRS, THINK_END_ID, compare, text_of
 
 from gleanrl.bench.serve_process import ServeProcess
 from gleanrl.bench.sglang_arm import sglang_missing
@@ -72,7 +73,9 @@ def make_model(out: Path) -> Path:
     # Qwen checkpoints.
     from transformers import AutoTokenizer
 
-    AutoTokenizer.from_pretrained(model).save_pretrained(model)
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.save_pretrained(model)
+    assert tok.convert_tokens_to_ids("</think>") == THINK_END_ID, "parity_cases.THINK_END_ID is stale"
     return model
 
 

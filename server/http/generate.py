@@ -15,7 +15,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from gleanrl.server.http.detok import output_text
 from gleanrl.server.http.fanin import Disconnected, Fanin, Track, collect, unless_disconnected, wait_disconnect
-from gleanrl.server.http.grammar import compile_grammar, grammar_source
+from gleanrl.server.http.grammar import after_reasoning, compile_grammar, grammar_source, required_reasoning
 from gleanrl.server.http.limits import (
     check_batch,
     check_logprob_volume,
@@ -304,6 +304,7 @@ async def generate(request: Request):
     dumps = [sp.model_dump(exclude_unset=True) for sp in sps]
     params = [sampling(state, d, name) for d, name in zip(dumps, names)]
     specs = [grammar_source(d, f"{name}.") for d, name in zip(dumps, names)]
+    reasoning = required_reasoning(state.server_cfg.reasoning_parser, body.require_reasoning, specs)
     check_batch(state, sum(p.n for p in params), field)
     options = _options(state, body, count)
     prompts, batch = await _prompts(state, body)
@@ -313,7 +314,7 @@ async def generate(request: Request):
         if "max_new_tokens" in d:
             # SGLang checks an explicit one; the default is clamped by the context
             check_length(state, ids, p, _name(field, i, batch))
-    params = [await with_grammar(state, p, spec) for p, spec in zip(params, specs)]
+    params = [await with_grammar(state, p, await after_reasoning(state, s, reasoning)) for p, s in zip(params, specs)]
     reqs, groups = expand(
         prompts,
         params,

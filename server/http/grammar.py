@@ -5,7 +5,10 @@ the engine masks with (`server.sampling.grammar`).
 Bounded before any work: one grammar per request, its source at most `MAX_GRAMMAR_BYTES`; compiles run
 one at a time on their own thread (never on the event loop or the decode thread), each within
 `COMPILE_TIMEOUT_S` (else a 400; the compile finishes in the background and is cached), and the
-compiled grammar at most `MAX_COMPILED_BYTES`. Every failure is a 400 naming the field."""
+compiled grammar at most `MAX_COMPILED_BYTES`. Every failure is a 400 naming the field.
+
+With a reasoning model a grammar may hold only the answer (`after_reasoning`, as SGLang's
+`ReasonerGrammarObject`): a structural tag whose reasoning is free up to `</think>`."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import asyncio
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+from gleanrl.server.http.reasoning import END, THINK, ReasoningParser
 from gleanrl.server.http.schemas import ApiError
 
 MAX_GRAMMAR_BYTES = 64 * 1024  # a schema, regex or EBNF grammar
@@ -50,22 +54,23 @@ def _compiler(state):
     return state.grammar_compiler
 
 
-def _compile(compiler, kind: str, source: str, cfg):
+def _grammar(xgr, kind: str, source: str, cfg):
+    """xgrammar's Grammar of a request's json_schema / regex / ebnf, with SGLang's JSON options."""
     if kind == "json_schema":
-        return (
-            compiler.compile_builtin_json_grammar()
-            if source == "$$ANY$$"
-            else compiler.compile_json_schema(
-                source,
-                any_whitespace=not cfg.constrained_json_disable_any_whitespace,
-                max_whitespace_cnt=cfg.constrained_json_max_whitespace_cnt,
-            )
+        if source == "$$ANY$$":
+            return xgr.Grammar.builtin_json_grammar()
+        return xgr.Grammar.from_json_schema(
+            source,
+            any_whitespace=not cfg.constrained_json_disable_any_whitespace,
+            max_whitespace_cnt=cfg.constrained_json_max_whitespace_cnt,
         )
-    if kind == "regex":
-        return compiler.compile_regex(source)
-    if kind == "structural_tag":  # tool_choice required / named (http.tools)
+    return xgr.Grammar.from_regex(source) if kind == "regex" else xgr.Grammar.from_ebnf(source)
+
+
+def _compile(compiler, kind: str, source: str, cfg):
+    if kind == "structural_tag":  # tool_choice required / named (http.tools), after_reasoning
         return compiler.compile_structural_tag(source)
-    return compiler.compile_grammar(source)
+    return compiler.compile_grammar(_grammar(xgrammar(), kind, source, cfg))
 
 
 def grammar_source(values: dict, prefix: str = "") -> tuple[str, str, str] | None:
@@ -113,22 +118,27 @@ def response_format_source(fmt) -> tuple[str, str, str] | None:
     raise ApiError(400, "response_format.type must be text, json_object or json_schema", param="response_format.type")
 
 
-async def compile_grammar(state, spec: tuple[str, str, str] | None):
-    """The CompiledGrammar of `spec` (grammar_source's), or None; a 400 naming the field when the
-    source is invalid, the compile too slow or its result too large."""
-    if spec is None:
-        return None
-    kind, source, field = spec
-    compiler = _compiler(state)
-    future = asyncio.get_running_loop().run_in_executor(_POOL, _compile, compiler, kind, source, state.server_cfg)
+async def _on_pool(field: str, kind: str, fn, *args):
+    """fn(*args) on the compile thread within COMPILE_TIMEOUT_S; xgrammar's errors a 400 naming the
+    field."""
+    future = asyncio.get_running_loop().run_in_executor(_POOL, fn, *args)
     try:
-        compiled = await asyncio.wait_for(asyncio.shield(future), COMPILE_TIMEOUT_S)
+        return await asyncio.wait_for(asyncio.shield(future), COMPILE_TIMEOUT_S)
     except TimeoutError:
         raise ApiError(
             400, f"{field}: the grammar took longer than {COMPILE_TIMEOUT_S:g} s to compile", param=field
         ) from None
     except Exception as exc:  # xgrammar's parse errors (RuntimeError, ValueError, ...)
         raise ApiError(400, f"{field}: invalid {kind}: {str(exc)[:300]}", param=field) from None
+
+
+async def compile_grammar(state, spec: tuple[str, str, str] | None):
+    """The CompiledGrammar of `spec` (grammar_source's), or None; a 400 naming the field when the
+    source is invalid, the compile too slow or its result too large."""
+    if spec is None:
+        return None
+    kind, source, field = spec
+    compiled = await _on_pool(field, kind, _compile, _compiler(state), kind, source, state.server_cfg)
     if compiled.memory_size_bytes > MAX_COMPILED_BYTES:
         raise ApiError(
             400,
@@ -137,3 +147,62 @@ async def compile_grammar(state, spec: tuple[str, str, str] | None):
             param=field,
         )
     return compiled
+
+
+def reasoning_mode(parser: str | None, opened: bool) -> str | None:
+    """Where a reasoning model's output starts (`--reasoning-parser`; `opened`: the chat template
+    ended the prompt with <think>): "forced" inside the reasoning, "optional" where it may open
+    with a <think> block; None without a parser."""
+    if parser is None:
+        return None
+    return "forced" if ReasoningParser(parser, opened).in_reasoning else "optional"
+
+
+def required_reasoning(parser: str | None, required: bool, specs: list) -> str | None:
+    """/generate's `require_reasoning` -> the reasoning its grammars wait for: "forced" (SGLang's
+    ReasonerGrammarObject then starts inside the reasoning, whatever the parser), None when unset.
+    SGLang without a reasoning parser ignores the field; here a 400 when it would hold a grammar."""
+    if required and parser is None and any(specs):
+        raise ApiError(
+            400,
+            "require_reasoning: holding the grammar after the reasoning needs the server started "
+            "with --reasoning-parser",
+            param="require_reasoning",
+        )
+    return "forced" if required else None
+
+
+def after_think(fmt: dict, reasoning: str, gap: str | None = None) -> dict:
+    """The structural-tag format `fmt` after the reasoning: free text up to </think> (opened by
+    <think> unless `reasoning` is "forced"; "optional": `fmt` alone also), then `fmt` from the next
+    character on (`gap`: a regex allowed between them)."""
+    think = {
+        "type": "tag",
+        "begin": "" if reasoning == "forced" else THINK,
+        "content": {"type": "any_text"},
+        "end": END,
+    }
+    then = {"type": "sequence", "elements": [think, *([{"type": "regex", "pattern": gap}] if gap else []), fmt]}
+    return then if reasoning == "forced" else {"type": "or", "elements": [then, fmt]}
+
+
+def _answer_tag(xgr, kind: str, source: str, reasoning: str, cfg) -> str:
+    """The structural tag of a request grammar held after the reasoning: its content is the same
+    grammar as without reasoning, as EBNF (a structural tag's own json_schema has no
+    any_whitespace switch)."""
+    answer = {"type": "grammar", "grammar": str(_grammar(xgr, kind, source, cfg))}
+    return json.dumps({"type": "structural_tag", "format": after_think(answer, reasoning)})
+
+
+async def after_reasoning(state, spec: tuple[str, str, str] | None, reasoning: str | None):
+    """`spec` (grammar_source's) held only after the reasoning (`reasoning_mode`'s), as SGLang's
+    ReasonerGrammarObject with a reasoning parser: the reasoning free, the grammar from the token
+    after </think>. Unchanged when there is no grammar or no reasoning."""
+    if spec is None or reasoning is None:
+        return spec
+    kind, source, field = spec
+    return (
+        "structural_tag",
+        await _on_pool(field, kind, _answer_tag, xgrammar(), kind, source, reasoning, state.server_cfg),
+        field,
+    )

@@ -24,7 +24,7 @@ from gleanrl.server.http.generate import (
     stream,
     with_grammar,
 )
-from gleanrl.server.http.grammar import grammar_source, response_format_source
+from gleanrl.server.http.grammar import after_reasoning, grammar_source, reasoning_mode, response_format_source
 from gleanrl.server.http.limits import check_batch, check_serving, check_top_logprobs, encode
 from gleanrl.server.http.openai_logprobs import chat_logprobs, completion_logprobs
 from gleanrl.server.http.reasoning import THINK, ReasoningParser, check_parser
@@ -324,12 +324,12 @@ async def chat_completions(request: Request):
         limit = state.context_length - len(prompt) if cap is None else min(state.context_length - len(prompt), cap)
     params, spec = _params(state, body, limit)
     opened = text.rstrip().endswith(THINK)  # the template opened the block (SGLang's force)
-    if tools.forced:  # a reasoning model reasons first, then the grammar holds the calls
-        thinker = state.server_cfg.reasoning_parser
-        reasoning = (
-            None if thinker is None else ("forced" if ReasoningParser(thinker, opened).in_reasoning else "optional")
-        )
+    # a reasoning model reasons first, then the grammar holds the answer or the calls (SGLang)
+    reasoning = reasoning_mode(state.server_cfg.reasoning_parser, opened)
+    if tools.forced:
         spec = forcing_grammar(tools, state.server_cfg, reasoning)
+    else:
+        spec = await after_reasoning(state, spec, reasoning)
     tok = state.tokenizer
     # tool-call markup may be special tokens: kept for the parser (SGLang)
     skip_special = body.skip_special_tokens and tools.parser is None

@@ -52,7 +52,6 @@ UNSUPPORTED_GENERATE = (
     "positional_embed_overrides",
     "watermark",
     "return_bytes",
-    "require_reasoning",
 )
 
 
@@ -100,6 +99,7 @@ class GenerateIn(BaseModel):
     return_text_in_logprobs: StrictBool = False
     rid: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
+    require_reasoning: StrictBool = False  # the grammar held after </think> (grammar.after_reasoning)
 
 
 def refuse_unsupported(values: dict, names: tuple[str, ...], prefix: str = "") -> None:

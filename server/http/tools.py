@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from gleanrl.server.http.grammar import MAX_GRAMMAR_BYTES, xgrammar
+from gleanrl.server.http.grammar import MAX_GRAMMAR_BYTES, after_think, xgrammar
 from gleanrl.server.http.schemas import ApiError
 from gleanrl.server.http.tool_parser import FORMATS
 
@@ -105,9 +105,8 @@ def plan_tools(body, parser: str | None, constrained: bool, cfg) -> ToolPlan:
 def forcing_grammar(plan: ToolPlan, cfg, reasoning: str | None = None) -> tuple[str, str, str]:
     """xgrammar's structural tag for a forced choice: one or more calls in the parser's format
     (one only without parallel_tool_calls), each with arguments valid for its function's schema.
-    `reasoning` (a reasoning model, `--reasoning-parser`): "forced" when the output starts inside
-    the reasoning (it ends at </think>), "optional" when it may open with a <think> block; the
-    calls follow it (SGLang applies the grammar after the reasoning likewise)."""
+    `reasoning` (`grammar.reasoning_mode`'s, with a reasoning model): the calls follow the reasoning
+    (SGLang applies the grammar after the reasoning likewise)."""
     fmt, tools, max_calls = FORMATS[plan.parser], plan.template_tools, plan.max_calls
     spaces = cfg.constrained_json_max_whitespace_cnt or (1 if cfg.constrained_json_disable_any_whitespace else None)
     tags = []
@@ -127,14 +126,7 @@ def forcing_grammar(plan: ToolPlan, cfg, reasoning: str | None = None) -> tuple[
         "stop_after_first": max_calls == 1,
     }
     if reasoning is not None:
-        think = {
-            "type": "tag",
-            "begin": "" if reasoning == "forced" else "<think>",
-            "content": {"type": "any_text"},
-            "end": "</think>",
-        }
-        then = {"type": "sequence", "elements": [think, {"type": "regex", "pattern": r"\s*"}, calls]}
-        calls = then if reasoning == "forced" else {"type": "or", "elements": [then, calls]}
+        calls = after_think(calls, reasoning, gap=r"\s*")
     tag = {"type": "structural_tag", "format": calls}
     source = json.dumps(tag)
     if len(source) > 4 * MAX_GRAMMAR_BYTES:
