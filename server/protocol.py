@@ -1,5 +1,5 @@
 """Messages between the HTTP edge and the engine. The engine is token-in, token-out; the tokenizer,
-pydantic and JSON live at the edge (`server/http_*.py`). Configs validate at construction and raise
+pydantic and JSON live at the edge (`server/http/`). Configs validate at construction and raise
 `ValueError` naming the field, which the edge turns into a 400."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import itertools
 
 import torch
 
-from gleanrl.server.http.fanin import Track
+from gleanrl.server.http.generate.fanin import Track
 from gleanrl.server.protocol import GenerateOutput, GenerateRequest, SamplingParams
 
 _rids = itertools.count()

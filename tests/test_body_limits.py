@@ -14,8 +14,8 @@ import httpx
 import pytest
 from safetensors.torch import load_file
 
-from gleanrl.server.http.auth import ADMIN_PATHS
-from gleanrl.server.http.body_limit import WEIGHT_BODY_PATHS
+from gleanrl.server.http.edge.auth import ADMIN_PATHS
+from gleanrl.server.http.edge.body_limit import WEIGHT_BODY_PATHS
 from proxy_util import running_proxy
 from serving import greedy_ids, running_app
 

@@ -9,7 +9,7 @@ import pytest
 from engine_util import collect, finished_track, req, run_all
 from gleanrl.server.config import EngineConfig
 from gleanrl.server.engine import Engine
-from gleanrl.server.http.detok import output_text
+from gleanrl.server.http.generate.detok import output_text
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gleanrl.server.http.harvest_feed import FeedConfig, FeedUpdatesMiddleware, HarvestFeed, group_key
+from gleanrl.server.http.native.harvest_feed import FeedConfig, FeedUpdatesMiddleware, HarvestFeed, group_key
 from tests.serving import running_server
 
 

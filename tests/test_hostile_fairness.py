@@ -12,7 +12,7 @@ import threading
 import httpx
 import pytest
 
-import gleanrl.server.http.generate as generate
+import gleanrl.server.http.generate.route as generate
 from serving import greedy_ids, running_app
 
 HEAVY = {

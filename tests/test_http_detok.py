@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine_util import finished_track
-from gleanrl.server.http.detok import Delta, Detokenizer, output_text
+from gleanrl.server.http.generate.detok import Delta, Detokenizer, output_text
 
 
 def test_incremental_decode_never_shows_half_characters_and_ends_exact(tiny_tokenizer):

@@ -112,6 +112,10 @@ SERVER_LAYERS = (
     "sglang",
     "cli",
 )
+# Inside `http/` likewise: what every request passes (edge/) < the generation core and /generate
+# < the OpenAI routes < SGLang's other native routes < the app's own modules.
+HTTP_LAYERS = ("edge", "generate", "openai", "native", "metrics", "config", "state", "openapi", "app")
+LAYERS = {"server": SERVER_LAYERS, "server.http": HTTP_LAYERS}
 # The engine's package is its door (`Engine`, `PAUSE_MODES`); its other modules are its parts.
 ENGINE = "server.engine"
 OUTSIDE_ENGINE = ("server", "gleanrl", "examples", "scripts", "tests")
@@ -161,19 +165,20 @@ def import_graph(root: Path, folders: tuple[str, ...]) -> dict[str, set[str]]:
     return graph
 
 
-def _layer(mod: str) -> str | None:
-    parts = mod.split(".")
-    return parts[1] if parts[0] == "server" and len(parts) > 1 else None
+def _layer(mod: str, package: str = "server") -> str | None:
+    """The package or module right below `package` that `mod` is in (None: not below it)."""
+    return mod[len(package) + 1 :].split(".")[0] if mod.startswith(package + ".") else None
 
 
 def layer_violations(graph: dict[str, set[str]]) -> list[str]:
-    rank = {name: i for i, name in enumerate(SERVER_LAYERS)}
     bad = []
     for mod, targets in sorted(graph.items()):
         for t in sorted(targets):
-            a, b = _layer(mod), _layer(t)
-            if a and b and a != b and not (a in rank and b in rank and rank[b] < rank[a]):
-                bad.append(f"{mod} imports {t} ({a} -> {b} runs up the layers)")
+            for package, order in LAYERS.items():
+                rank = {name: i for i, name in enumerate(order)}
+                a, b = _layer(mod, package), _layer(t, package)
+                if a and b and a != b and not (a in rank and b in rank and rank[b] < rank[a]):
+                    bad.append(f"{mod} imports {t} ({a} -> {b} runs up the layers)")
     return bad
 
 
@@ -215,7 +220,8 @@ def test_server_layers_import_down_and_without_cycles():
     assert len(graph) > 50 and sum(map(len, graph.values())) > 100  # the graph was read
     assert layer_violations(graph) == []
     assert cycles(graph) == []
-    assert {_layer(m) for m in graph} - {None} == set(SERVER_LAYERS)  # every package has a place
+    for package, order in LAYERS.items():  # every package has a place
+        assert {_layer(m, package) for m in graph} - {None} == set(order)
 
 
 def test_no_import_cycle_anywhere():
@@ -242,7 +248,13 @@ def test_layer_checks_catch_planted_imports(tmp_path):
         "server/model/a.py": "from . import b\n",
         "server/model/b.py": "import gleanrl.server.model.a\n",
         "server/http/app.py": "from gleanrl.server.engine import Engine\n",
-        "server/http/native.py": "from gleanrl.server.engine.state import EngineState\n",
+        "server/http/native/control.py": "from gleanrl.server.engine.state import EngineState\n",
+        "server/http/edge/limits.py": "from gleanrl.server.http.generate.fanin import Track\n",
+        "server/http/generate/fanin.py": "from gleanrl.server.http.edge import limits\n",
+        "server/http/generate/params.py": "def f():\n    from gleanrl.server.http.openai.tools import plan_tools\n",
+        "server/http/openai/chat.py": "from gleanrl.server.http.state import AppState\n",
+        "server/http/openai/tools.py": "",
+        "server/http/state.py": "",
         "gleanrl/bench.py": "from gleanrl.server.engine import scheduler\n",
         "tests/helper.py": "from gleanrl.server.engine.engine import Engine\n",
         "tests/test_x.py": "from gleanrl.server.engine.state import EngineState\n",
@@ -252,15 +264,19 @@ def test_layer_checks_catch_planted_imports(tmp_path):
         (tmp_path / name).write_text(text)
     graph = import_graph(tmp_path, ("server",))
     assert layer_violations(graph) == [
-        "server.sampling.sequence imports server.engine.state (sampling -> engine runs up the layers)"
+        "server.http.edge.limits imports server.http.generate.fanin (edge -> generate runs up the layers)",
+        "server.http.generate.params imports server.http.openai.tools (generate -> openai runs up the layers)",
+        "server.http.openai.chat imports server.http.state (openai -> state runs up the layers)",
+        "server.sampling.sequence imports server.engine.state (sampling -> engine runs up the layers)",
     ]
     assert sorted(map(tuple, cycles(graph))) == [
         ("server.engine.state", "server.sampling.sequence", "server.engine.state"),
+        ("server.http.edge.limits", "server.http.generate.fanin", "server.http.edge.limits"),
         ("server.model.a", "server.model.b", "server.model.a"),
     ]
     assert engine_part_imports(import_graph(tmp_path, ("server", "gleanrl", "tests"))) == [
         "gleanrl.bench imports server.engine.scheduler",
-        "server.http.native imports server.engine.state",
+        "server.http.native.control imports server.engine.state",
         "server.sampling.sequence imports server.engine.state",
         "tests.helper imports server.engine.engine",
     ]

@@ -116,7 +116,7 @@ def test_answer_tag_accepts_reasoning_then_the_grammar(kind, tiny_tokenizer):
     import xgrammar as xgr
 
     from gleanrl.server.http.config import ServerConfig
-    from gleanrl.server.http.grammar import _answer_tag
+    from gleanrl.server.http.generate.grammar import _answer_tag
     from test_tool_parser import _acceptor
 
     source, answer = {

@@ -1,4 +1,4 @@
-"""The reasoning parsers (`server.http.reasoning`) against SGLang 0.5.23's detectors' documented
+"""The reasoning parsers (`server.http.generate.reasoning`) against SGLang 0.5.23's detectors' documented
 behaviour, and streaming equal to one-shot parsing for every way of cutting the text into deltas
 (a tag split across deltas never leaks)."""
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from gleanrl.server.http.reasoning import ReasoningParser
+from gleanrl.server.http.generate.reasoning import ReasoningParser
 
 CASES = [  # (parser, template opened <think>, text, reasoning, content)
     ("deepseek-r1", False, "I think.</think>The answer is 42.", "I think.", "The answer is 42."),

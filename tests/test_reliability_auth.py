@@ -11,7 +11,7 @@ import logging
 import httpx
 import pytest
 
-from gleanrl.server.http.auth import ADMIN_PATHS
+from gleanrl.server.http.edge.auth import ADMIN_PATHS
 from serving import running_app
 
 USER, ADMIN = "sk-user-7f3a9c", "sk-admin-1b2e4d"

@@ -1,4 +1,4 @@
-"""The tool-call parsers (`server.http.tool_parser`): each format, one-shot and streamed, the
+"""The tool-call parsers (`server.http.openai.tool_parser`): each format, one-shot and streamed, the
 streamed result equal to the one-shot one at every cut point (two cuts anywhere, and character by
 character), calls to unknown functions dropped, `max_calls`, and the grammar that forces the calls
 accepts what the parser reads."""
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from gleanrl.server.http.tool_parser import FORMATS, ToolCallParser, json_end, parse_calls
+from gleanrl.server.http.openai.tool_parser import FORMATS, ToolCallParser, json_end, parse_calls
 
 NAMES = ["get_weather", "add"]
 CASES = {
@@ -100,7 +100,7 @@ def test_forcing_grammar_accepts_what_the_parser_reads(parser, tiny_tokenizer):
     """The structural tag `tools.forcing_grammar` builds for tool_choice required accepts two calls
     in the parser's format (and nothing before them), and the parser reads them back."""
     from gleanrl.server.http.config import ServerConfig
-    from gleanrl.server.http.tools import ToolPlan, forcing_grammar
+    from gleanrl.server.http.openai.tools import ToolPlan, forcing_grammar
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     tools = [{"type": "function", "function": {"name": "add", "parameters": schema}}]

@@ -18,13 +18,24 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from gleanrl.server.config import EngineConfig, is_loopback
-from gleanrl.server.http import feed, native, openai, tokenize
-from gleanrl.server.http.auth import AuthMiddleware
-from gleanrl.server.http.body_limit import BodyLimit
 from gleanrl.server.http.config import ServerConfig
-from gleanrl.server.http.harvest_feed import FeedConfig, FeedUpdatesMiddleware, HarvestFeed
-from gleanrl.server.http.origin import BrowserGuard
-from gleanrl.server.http.schemas import ApiError, describe_bodies, validation_error
+from gleanrl.server.http.edge.auth import AuthMiddleware
+from gleanrl.server.http.edge.body_limit import BodyLimit
+from gleanrl.server.http.edge.errors import ApiError, validation_error
+from gleanrl.server.http.edge.origin import BrowserGuard
+from gleanrl.server.http.generate import route
+from gleanrl.server.http.native import (
+    control,
+    discovery,
+    feed,
+    separate_reasoning,
+    tokenize,
+    weights_group,
+    weights_sync,
+)
+from gleanrl.server.http.native.harvest_feed import FeedConfig, FeedUpdatesMiddleware, HarvestFeed
+from gleanrl.server.http.openai import chat, completions, models
+from gleanrl.server.http.openapi import describe_bodies
 from gleanrl.server.http.state import AppState
 
 if TYPE_CHECKING:
@@ -32,6 +43,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 SECRET_FIELDS = ("api_key", "admin_api_key")
+# the OpenAPI document lists their paths in this order
+ROUTERS = (
+    route,
+    discovery,
+    weights_sync,
+    weights_group,
+    control,
+    models,
+    completions,
+    separate_reasoning,
+    chat,
+    feed,
+    tokenize,
+)
 
 
 def _version() -> str:
@@ -69,10 +94,8 @@ def build_app(engine: Engine, server_cfg: ServerConfig, engine_cfg: EngineConfig
         server_args=server_args,
         served_model_name=server_cfg.served_model_name or Path(str(info.get("model_path", "model"))).name,
     )
-    app.include_router(native.router)
-    app.include_router(openai.router)
-    app.include_router(feed.router)
-    app.include_router(tokenize.router)
+    for module in ROUTERS:
+        app.include_router(module.router)
     base_openapi = app.openapi
     app.openapi = lambda: app.openapi_schema or describe_bodies(base_openapi())  # type: ignore[method-assign]
     if app.state.feed is not None:  # inside auth: only authorised updates reach it

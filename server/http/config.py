@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from gleanrl.base.flags import flag
 from gleanrl.server.config import is_loopback
-from gleanrl.server.http.body_limit import MAX_REQUEST_BYTES, MAX_WEIGHT_REQUEST_BYTES
-from gleanrl.server.http.reasoning import PARSERS
-from gleanrl.server.http.tool_parser import FORMATS
+from gleanrl.server.http.edge.body_limit import MAX_REQUEST_BYTES, MAX_WEIGHT_REQUEST_BYTES
+from gleanrl.server.http.generate.reasoning import PARSERS
+from gleanrl.server.http.openai.tool_parser import FORMATS
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,7 @@ class ServerConfig:
         False,
         "gleanrl extension: keep a bounded feed of finished requests at GET /harvest_feed (admin key) for "
         "`gleanrl harvest` beside a trainer that is not gleanrl's",
-    )  # http/harvest_feed.py
+    )  # native/harvest_feed.py
     harvest_feed_records: int = flag(
         4096, "finished requests the feed holds; the oldest are dropped (and counted) beyond it"
     )

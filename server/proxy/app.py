@@ -15,9 +15,9 @@ there is no feed) from what it sees:
 
 Bounds: request bodies over `max_request_bytes` (`max_weight_request_bytes` on
 `/update_weights_from_tensor`, whose upstream checks the admin key) get 413 before they are read
-(`server/http/body_limit.py`), a large body is parsed off the event loop, a /generate asking for
+(`server/http/edge/body_limit.py`), a large body is parsed off the event loop, a /generate asking for
 more than `max_outputs` outputs (prompts x n) gets 400, a browser page's requests get 403
-(`server/http/origin.py`).
+(`server/http/edge/origin.py`).
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 
 from gleanrl.server.config import is_loopback
-from gleanrl.server.http import feed as http_feed
-from gleanrl.server.http.auth import allowed, unauthorized_body
-from gleanrl.server.http.body_limit import MAX_REQUEST_BYTES, MAX_WEIGHT_REQUEST_BYTES, BodyLimit, route_limit
-from gleanrl.server.http.harvest_feed import FeedConfig, HarvestFeed
-from gleanrl.server.http.origin import BrowserGuard
-from gleanrl.server.http.schemas import ApiError, off_loop, read_body
-from gleanrl.server.http.state import FeedState
+from gleanrl.server.http.edge.auth import allowed, unauthorized
+from gleanrl.server.http.edge.body import off_loop, read_body
+from gleanrl.server.http.edge.body_limit import MAX_REQUEST_BYTES, MAX_WEIGHT_REQUEST_BYTES, BodyLimit, route_limit
+from gleanrl.server.http.edge.errors import ApiError
+from gleanrl.server.http.edge.origin import BrowserGuard
+from gleanrl.server.http.native import feed as http_feed
+from gleanrl.server.http.native.harvest_feed import FeedConfig, HarvestFeed
 from gleanrl.server.proxy.parse import MAX_OUTPUTS, Recorder, TooMany
 
 HOP_HEADERS = frozenset(
@@ -76,7 +76,7 @@ def build_proxy(
     load = {"num_running_reqs": 0, "num_queue_reqs": None, "paused": False}
     # it holds every prompt and completion: keyed only
     feed = HarvestFeed(feed_cfg) if admin_api_key else None
-    app.state = FeedState(feed, lambda: dict(load))  # type: ignore[assignment]
+    app.state = http_feed.FeedState(feed, lambda: dict(load))  # type: ignore[assignment]
     http = httpx.AsyncClient(
         timeout=httpx.Timeout(timeout_s, connect=30.0),
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
@@ -181,7 +181,7 @@ class FeedGuard:
             )
         elif not allowed(Headers(scope=scope).get("authorization"), None, self.admin_api_key, True):
             response = Response(
-                unauthorized_body(),
+                unauthorized().encoded(),
                 status_code=401,
                 media_type="application/json",
                 headers={"www-authenticate": "Bearer"},

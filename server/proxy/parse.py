@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from gleanrl.server.http.harvest_feed import HarvestFeed
+from gleanrl.server.http.native.harvest_feed import HarvestFeed
 from gleanrl.server.protocol import FEED_META
 
 GENERATE_PATHS = frozenset({"/generate"})

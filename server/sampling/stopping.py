@@ -3,7 +3,7 @@
 A stop string or stop regex is checked on the decoded tail after every token, so it is honoured
 exactly even when several tokens arrive in one step (speculative decoding): the caller appends
 tokens one at a time. Output ids keep the token that completed the stop string; the text excludes
-the stop string (SGLang), trimmed at the edge by `server.http.detok.output_text`.
+the stop string (SGLang), trimmed at the edge by `server.http.generate.detok.output_text`.
 
 Cost per token is constant (a request must not stall the engine thread): stop strings are at most
 MAX_STOP_LEN characters, so the tail decoded for them is at most 4 * MAX_STOP_LEN + 2 tokens;

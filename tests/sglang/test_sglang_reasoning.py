@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from gleanrl.server.http.reasoning import ReasoningParser
+from gleanrl.server.http.generate.reasoning import ReasoningParser
 from sglang_util import run_in_sglang
 
 TEXTS = [

@@ -1,7 +1,7 @@
 """The tool-call parsers against stock SGLang 0.5.23's own (`sglang.srt.function_call`), one-shot
 and streamed character by character, on the same outputs (issue 32: parity where SGLang runs here).
 Compared: the calls (names, arguments as JSON values) and the text around them, stripped. Where the
-two differ on purpose (`server.http.tool_parser`'s docstring): SGLang's one-shot path keeps only the
+two differ on purpose (`server.http.openai.tool_parser`'s docstring): SGLang's one-shot path keeps only the
 text before the first call, its streamed path leaves a `</tool_call>` separator newline in the
 content, and it streams the rest of a call to an unknown function as content (gleanrl drops the
 call on both paths); those outputs are left out here."""
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from gleanrl.server.http.tool_parser import ToolCallParser, parse_calls
+from gleanrl.server.http.openai.tool_parser import ToolCallParser, parse_calls
 from sglang_util import run_in_sglang
 
 NAMES = ["get_weather", "add"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from gleanrl.server.http.fanin import Track
+from gleanrl.server.http.generate.fanin import Track
 
 
 @lru_cache(maxsize=1)

@@ -12,22 +12,53 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Literal
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
 from gleanrl.server.config import is_loopback
-from gleanrl.server.http.schemas import DestroyGroupIn, DistributedUpdateIn, InitGroupIn, parse
-from gleanrl.server.http.weights_sync import answer, stage_or_apply
+from gleanrl.server.http.edge.body import parse
+from gleanrl.server.http.native.weights_sync import answer, stage_or_apply
 from gleanrl.server.weights import process_group
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 
 
+class InitGroupIn(BaseModel):
+    """SGLang's InitWeightsUpdateGroupReqInput."""
+
+    master_address: StrictStr
+    master_port: StrictInt
+    rank_offset: StrictInt
+    world_size: StrictInt = Field(ge=2)
+    group_name: StrictStr = "weight_update_group"
+    backend: Literal["gloo", "nccl"] = "nccl"
+
+
+class DistributedUpdateIn(BaseModel):
+    """SGLang's UpdateWeightsFromDistributedReqInput."""
+
+    names: list[StrictStr] = Field(min_length=1)
+    dtypes: list[StrictStr]
+    shapes: list[list[StrictInt]]
+    group_name: StrictStr = "weight_update_group"
+    flush_cache: StrictBool = True
+    abort_all_requests: StrictBool = False
+    weight_version: StrictStr | None = None
+    load_format: StrictStr | None = None
+    selector: Literal["target", "draft"] = "target"
+
+
+class DestroyGroupIn(BaseModel):
+    group_name: StrictStr = "weight_update_group"
+
+
 @router.post("/init_weights_update_group")
 async def init_weights_update_group(request: Request):
     state = request.app.state
-    body = await parse(request, InitGroupIn, state.server_cfg.max_request_bytes)
+    body = await parse(request, InitGroupIn)
     groups = state.weight_groups
     if body.group_name in groups:
         return answer(False, f"group {body.group_name!r} already exists; destroy it first")
@@ -65,7 +96,7 @@ async def init_weights_update_group(request: Request):
 @router.post("/update_weights_from_distributed")
 async def update_weights_from_distributed(request: Request):
     state = request.app.state
-    body = await parse(request, DistributedUpdateIn, state.server_cfg.max_request_bytes)
+    body = await parse(request, DistributedUpdateIn)
     pg = state.weight_groups.get(body.group_name)
     if pg is None:
         return answer(
@@ -95,7 +126,7 @@ async def update_weights_from_distributed(request: Request):
 @router.post("/destroy_weights_update_group")
 async def destroy_weights_update_group(request: Request):
     state = request.app.state
-    body = await parse(request, DestroyGroupIn, state.server_cfg.max_request_bytes)
+    body = await parse(request, DestroyGroupIn)
     pg = state.weight_groups.pop(body.group_name, None)
     if pg is None:
         return answer(False, f"group {body.group_name!r} does not exist")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gleanrl.server.http.fanin import Track
+from gleanrl.server.http.generate.fanin import Track
 
 
 def _triples(pairs, tok, text: bool) -> list[list]:

@@ -8,15 +8,26 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 
-from gleanrl.server.http.schemas import ApiError
-from gleanrl.server.http.state import FeedState
+from gleanrl.server.http.edge.errors import ApiError, bad_field
+from gleanrl.server.http.native.harvest_feed import HarvestFeed
 
 router = APIRouter()
 MAX_WAIT_S = 30.0
 POLL_S = 0.05
+
+
+@dataclass(slots=True)
+class FeedState:
+    """What the route reads of `app.state`: the server's (`state.AppState` extends it) or the
+    proxy's."""
+
+    feed: HarvestFeed | None  # GET /harvest_feed (None: off)
+    feed_load: Callable[[], dict]  # running, queued, paused
 
 
 def _int(request: Request, name: str, default: int | None, low: int) -> int | None:
@@ -44,7 +55,7 @@ async def harvest_feed(request: Request):
         )
     unknown = sorted(set(request.query_params) - {"cursor", "limit", "wait_s"})
     if unknown:
-        raise ApiError(400, f"{unknown[0]}: not a parameter of /harvest_feed (cursor, limit, wait_s)", param=unknown[0])
+        raise bad_field(unknown[0], "not a parameter of /harvest_feed (cursor, limit, wait_s)")
     cursor, limit = _int(request, "cursor", 0, 0), _int(request, "limit", None, 1)
     try:
         wait_s = min(max(float(request.query_params.get("wait_s", 0)), 0.0), MAX_WAIT_S)

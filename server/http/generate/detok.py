@@ -1,10 +1,10 @@
 """Text at the edge: incremental detokenization as SGLang's detokenizer does it (so streamed and
 non-streamed text agree and each update costs a few tokens of decoding, not the whole output), stop
-trimming, and the held-back deltas of OpenAI streams."""
+trimming, and the held-back deltas of OpenAI streams and of the streaming parsers."""
 
 from __future__ import annotations
 
-from gleanrl.server.http.fanin import Track
+from gleanrl.server.http.generate.fanin import Track
 
 REPLACEMENT = "\ufffd"  # what a decode of an incomplete UTF-8 sequence ends with
 
@@ -40,6 +40,15 @@ def output_text(tokenizer, track: Track, skip_special_tokens: bool = True, no_st
         pos = text.find(matched)
         text = text[:pos] if pos >= 0 else text
     return text
+
+
+def tag_start(text: str, tag: str) -> int:
+    """Length of the longest tail of `text` that is a strict prefix of `tag`: what a streaming
+    parser holds back, since the tag may be starting."""
+    for i in range(min(len(text), len(tag) - 1), 0, -1):
+        if tag.startswith(text[-i:]):
+            return i
+    return 0
 
 
 class Delta:

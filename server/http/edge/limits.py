@@ -1,12 +1,12 @@
 """What one request may cost, checked at the edge before any work (docs/reliability.md lists each
-limit): sequences per request, the waiting queue, logprob options, and tokenizing off
-the event loop."""
+limit): sequences per request, the waiting queue, ids inside the vocabulary, logprob options,
+and tokenizing off the event loop."""
 
 from __future__ import annotations
 
 import asyncio
 
-from gleanrl.server.http.schemas import ApiError
+from gleanrl.server.http.edge.errors import ApiError, bad_field
 
 RETRY_AFTER_S = 1
 
@@ -15,10 +15,8 @@ def check_batch(state, count: int, field: str) -> None:
     """One HTTP request may start at most `max_batch` engine requests (prompts x n):
     bounds memory."""
     if count > state.server_cfg.max_batch:
-        raise ApiError(
-            400,
-            f"{field}: {count} sequences (prompts x n) in one request; the limit is {state.server_cfg.max_batch}",
-            param=field,
+        raise bad_field(
+            field, f"{count} sequences (prompts x n) in one request; the limit is {state.server_cfg.max_batch}"
         )
 
 
@@ -51,10 +49,15 @@ def check_token_ids(state, ids: list[int] | None, field: str) -> None:
         return
     limit = state.server_cfg.max_token_ids_logprob
     if len(ids) > limit:
-        raise ApiError(400, f"{field}: {len(ids)} ids, over the limit of {limit}", param=field)
+        raise bad_field(field, f"{len(ids)} ids, over the limit of {limit}")
+    check_vocab(state, ids, field)
+
+
+def check_vocab(state, ids: list[int], field: str) -> None:
+    """Every id inside the vocabulary; a 400 naming the first that is not."""
     bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
     if bad is not None:
-        raise ApiError(400, f"{field}: token id {bad} is outside the vocabulary [0, {state.vocab_size})", param=field)
+        raise bad_field(field, f"token id {bad} is outside the vocabulary [0, {state.vocab_size})")
 
 
 def check_top_logprobs(state, k: int, field: str) -> None:

@@ -10,15 +10,36 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field, StrictBool, StrictStr
 
-from gleanrl.server.http.schemas import BeginWeightUpdateIn, MemoryTagsIn, TensorUpdateIn, parse
+from gleanrl.server.http.edge.body import parse
 from gleanrl.server.weights import tensor_payload
 
 log = logging.getLogger(__name__)
 router = APIRouter()
+
+
+class TensorUpdateIn(BaseModel):
+    """SGLang's UpdateWeightsFromTensorReqInput (one payload per TP rank)."""
+
+    serialized_named_tensors: list[StrictStr] = Field(min_length=1)
+    load_format: StrictStr | None = None
+    flush_cache: StrictBool = True
+    abort_all_requests: StrictBool = False
+    weight_version: StrictStr | None = None
+    selector: Literal["target", "draft"] = "target"
+
+
+class BeginWeightUpdateIn(BaseModel):
+    selector: Literal["target", "draft"] = "target"
+
+
+class MemoryTagsIn(BaseModel):
+    tags: list[StrictStr] | None = None
 
 
 @dataclass
@@ -35,14 +56,10 @@ def answer(ok: bool, message: str) -> JSONResponse:
     return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
 
 
-def apply(engine, selector: str, named: list, version: str | None, flush_cache: bool, abort: bool) -> None:
-    engine.update_weights(named, version, selector, flush_cache, abort)
-
-
 @router.post("/begin_weight_update")
 async def begin_weight_update(request: Request):
     state = request.app.state
-    body = await parse(request, BeginWeightUpdateIn, state.server_cfg.max_request_bytes)
+    body = await parse(request, BeginWeightUpdateIn)
     if state.weight_session is not None:
         return answer(False, "a weight-update session is already open; send /end_weight_update first")
     state.weight_session = Session(body.selector)
@@ -52,7 +69,7 @@ async def begin_weight_update(request: Request):
 @router.post("/update_weights_from_tensor")
 async def update_weights_from_tensor(request: Request):
     state = request.app.state
-    body = await parse(request, TensorUpdateIn, state.server_cfg.max_weight_request_bytes, "--max-weight-request-bytes")
+    body = await parse(request, TensorUpdateIn)
     try:
         named = await asyncio.to_thread(
             tensor_payload.decode,
@@ -84,7 +101,12 @@ async def stage_or_apply(state, named: list, body) -> JSONResponse:
         return answer(True, f"Staged {len(named)} tensors; /end_weight_update applies them.")
     async with state.weights_lock:
         await asyncio.to_thread(
-            apply, state.engine, body.selector, named, body.weight_version, body.flush_cache, body.abort_all_requests
+            state.engine.update_weights,
+            named,
+            body.weight_version,
+            body.selector,
+            body.flush_cache,
+            body.abort_all_requests,
         )
     return answer(True, "Succeeded to update model weights.")
 
@@ -101,11 +123,10 @@ async def end_weight_update(request: Request):
     try:
         async with state.weights_lock:
             await asyncio.to_thread(
-                apply,
-                state.engine,
-                session.selector,
+                state.engine.update_weights,
                 list(session.named.items()),
                 session.version,
+                session.selector,
                 session.flush_cache,
                 session.abort,
             )
@@ -117,7 +138,7 @@ async def end_weight_update(request: Request):
 
 async def _memory_call(request: Request, action: str, done: str):
     state = request.app.state
-    body = await parse(request, MemoryTagsIn, state.server_cfg.max_request_bytes)
+    body = await parse(request, MemoryTagsIn)
     try:
         await asyncio.to_thread(getattr(state.engine, action), body.tags)
     except ValueError as exc:

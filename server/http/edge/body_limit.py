@@ -14,9 +14,7 @@ client), and the client sees the answer as soon as its next write fails."""
 
 from __future__ import annotations
 
-import json
-
-from gleanrl.server.http.schemas import ApiError, too_large
+from gleanrl.server.http.edge.errors import ApiError, send_error, too_large
 
 # Invariant: a subset of auth.ADMIN_PATHS (tests/test_body_limits.py), so a large body is read only
 # from a client holding the admin key, where one is set.
@@ -50,7 +48,7 @@ class BodyLimit:
         limit, setting = route_limit(scope["path"], self.max_bytes, self.max_weight_bytes)
         declared = declared_length(scope)
         if declared is not None and declared > limit:
-            return await _answer(send, too_large(limit, declared, setting))
+            return await send_error(send, too_large(limit, declared, setting))
         received = 0
         started = False
 
@@ -73,12 +71,4 @@ class BodyLimit:
         except ApiError as exc:  # the 413 from receive, where no layer inside answered it
             if exc.status != 413 or started:
                 raise
-            await _answer(send, exc)
-
-
-async def _answer(send, exc: ApiError) -> None:
-    body = json.dumps(exc.body()).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.lower().encode(), v.encode()) for k, v in (exc.headers or {}).items()]
-    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+            await send_error(send, exc)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from gleanrl.server.http.grammar import MAX_GRAMMAR_BYTES, after_think, xgrammar
-from gleanrl.server.http.schemas import ApiError
-from gleanrl.server.http.tool_parser import FORMATS
+from gleanrl.server.http.edge.errors import bad_field
+from gleanrl.server.http.generate.grammar import MAX_GRAMMAR_BYTES, after_think, xgrammar
+from gleanrl.server.http.openai.tool_parser import FORMATS
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,33 +30,31 @@ class ToolPlan:
     max_calls: int | None  # 1 when parallel_tool_calls is false
 
 
-def _bad(field: str, why: str) -> ApiError:
-    return ApiError(400, f"{field}: {why}", param=field)
-
-
 def _check_tools(tools) -> list[dict]:
     if tools is None:
         return []
     if not isinstance(tools, list):
-        raise _bad("tools", "must be a list of tools")
+        raise bad_field("tools", "must be a list of tools")
     xgr = xgrammar()
     for k, tool in enumerate(tools):
         field = f"tools.{k}"
         if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-            raise _bad(f"{field}.type", "only function tools are supported")
+            raise bad_field(f"{field}.type", "only function tools are supported")
         fn = tool.get("function")
         if not isinstance(fn, dict):
-            raise _bad(f"{field}.function", "an object with a name is required")
+            raise bad_field(f"{field}.function", "an object with a name is required")
         if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise _bad(f"{field}.function.name", "a non-empty string is required")
+            raise bad_field(f"{field}.function.name", "a non-empty string is required")
         params = fn.get("parameters")
         if params is not None:
             if not isinstance(params, dict):
-                raise _bad(f"{field}.function.parameters", "must be a JSON schema object")
+                raise bad_field(f"{field}.function.parameters", "must be a JSON schema object")
             try:  # converts the schema to a grammar (no token masks): cheap, and strict
                 xgr.Grammar.from_json_schema(json.dumps(params))
             except Exception as exc:
-                raise _bad(f"{field}.function.parameters", f"invalid JSON schema: {str(exc).strip()[-200:]}") from None
+                raise bad_field(
+                    f"{field}.function.parameters", f"invalid JSON schema: {str(exc).strip()[-200:]}"
+                ) from None
     return tools
 
 
@@ -66,13 +64,15 @@ def _check_choice(choice, names: list[str]) -> str | None:
         return "auto" if names else "none"
     if choice in ("auto", "none", "required"):
         if choice == "required" and not names:
-            raise _bad("tool_choice", "Tools cannot be empty if tool choice is set to required.")
+            raise bad_field("tool_choice", "Tools cannot be empty if tool choice is set to required.")
         return choice
     fn = choice.get("function") if isinstance(choice, dict) else None
     if not isinstance(fn, dict) or choice.get("type", "function") != "function":
-        raise _bad("tool_choice", 'must be auto, none, required or {"type": "function", "function": {"name": ...}}')
+        raise bad_field(
+            "tool_choice", 'must be auto, none, required or {"type": "function", "function": {"name": ...}}'
+        )
     if fn.get("name") not in names:
-        raise _bad("tool_choice.function.name", f"Tool {fn.get('name')!r} not found in tools list.")
+        raise bad_field("tool_choice.function.name", f"Tool {fn.get('name')!r} not found in tools list.")
     return fn["name"]
 
 
@@ -85,14 +85,14 @@ def plan_tools(body, parser: str | None, constrained: bool, cfg) -> ToolPlan:
     choice = _check_choice(extra.get("tool_choice"), names)
     parallel = extra.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
-        raise _bad("parallel_tool_calls", "must be a boolean")
+        raise bad_field("parallel_tool_calls", "must be a boolean")
     if choice == "none" or not tools:
         return ToolPlan(None, [], None, False, None)
     forced = choice not in ("auto", "none")
     if forced and parser is None:
-        raise _bad("tool_choice", "required or a named tool needs the server started with --tool-call-parser")
+        raise bad_field("tool_choice", "required or a named tool needs the server started with --tool-call-parser")
     if forced and constrained:
-        raise _bad(
+        raise bad_field(
             "tool_choice",
             "tool_choice 'required' or a named tool cannot be combined with response_format, regex, or ebnf",
         )
@@ -130,7 +130,9 @@ def forcing_grammar(plan: ToolPlan, cfg, reasoning: str | None = None) -> tuple[
     tag = {"type": "structural_tag", "format": calls}
     source = json.dumps(tag)
     if len(source) > 4 * MAX_GRAMMAR_BYTES:
-        raise _bad("tools", f"the tools' grammar holds {len(source)} bytes, over the limit of {4 * MAX_GRAMMAR_BYTES}")
+        raise bad_field(
+            "tools", f"the tools' grammar holds {len(source)} bytes, over the limit of {4 * MAX_GRAMMAR_BYTES}"
+        )
     return "structural_tag", source, "tools"
 
 
@@ -143,7 +145,7 @@ def history(messages: list[dict]) -> list[dict]:
             field = f"messages.{k}.tool_calls.{j}.function"
             fn = call.get("function") if isinstance(call, dict) else None
             if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                raise _bad(field, "an object with a name is required")
+                raise bad_field(field, "an object with a name is required")
             args = fn.get("arguments")
             if isinstance(args, str):
                 try:
@@ -151,6 +153,6 @@ def history(messages: list[dict]) -> list[dict]:
                 except ValueError:
                     args = None
             if not isinstance(args, dict):
-                raise _bad(f"{field}.arguments", "must be a JSON object (as a string)")
+                raise bad_field(f"{field}.arguments", "must be a JSON object (as a string)")
             call["function"] = {**fn, "arguments": args}
     return messages

@@ -8,10 +8,10 @@ A pure ASGI middleware, outermost, so it runs before auth and before any body is
 
 from __future__ import annotations
 
-import json
 from urllib.parse import urlsplit
 
 from gleanrl.server.config import is_loopback
+from gleanrl.server.http.edge.errors import ApiError, send_error
 
 
 def _hostname(authority: str) -> str:
@@ -47,12 +47,4 @@ class BrowserGuard:
         why = refusal(headers, scope.get("server"), self.bound_loopback)
         if why is None:
             return await self.app(scope, receive, send)
-        body = json.dumps({"error": {"message": why, "type": "permission_error", "param": None, "code": 403}}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 403,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, ApiError(403, why, kind="permission_error"))

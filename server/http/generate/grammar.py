@@ -16,8 +16,8 @@ import asyncio
 import json
 from concurrent.futures import ThreadPoolExecutor
 
-from gleanrl.server.http.reasoning import END, THINK, ReasoningParser
-from gleanrl.server.http.schemas import ApiError
+from gleanrl.server.http.edge.errors import ApiError, bad_field
+from gleanrl.server.http.generate.reasoning import END, THINK, ReasoningParser
 
 MAX_GRAMMAR_BYTES = 64 * 1024  # a schema, regex or EBNF grammar
 MAX_COMPILED_BYTES = 64 << 20  # the compiled grammar (xgrammar's token masks)
@@ -68,7 +68,7 @@ def _grammar(xgr, kind: str, source: str, cfg):
 
 
 def _compile(compiler, kind: str, source: str, cfg):
-    if kind == "structural_tag":  # tool_choice required / named (http.tools), after_reasoning
+    if kind == "structural_tag":  # tool_choice required / named (openai/tools.py), after_reasoning
         return compiler.compile_structural_tag(source)
     return compiler.compile_grammar(_grammar(xgrammar(), kind, source, cfg))
 
@@ -90,9 +90,7 @@ def grammar_source(values: dict, prefix: str = "") -> tuple[str, str, str] | Non
     if not isinstance(source, str):
         raise ApiError(400, f"{field} must be a string", param=field)
     if len(source.encode()) > MAX_GRAMMAR_BYTES:
-        raise ApiError(
-            400, f"{field}: {len(source.encode())} bytes, over the limit of {MAX_GRAMMAR_BYTES}", param=field
-        )
+        raise bad_field(field, f"{len(source.encode())} bytes, over the limit of {MAX_GRAMMAR_BYTES}")
     return kind, source, field
 
 
@@ -125,11 +123,9 @@ async def _on_pool(field: str, kind: str, fn, *args):
     try:
         return await asyncio.wait_for(asyncio.shield(future), COMPILE_TIMEOUT_S)
     except TimeoutError:
-        raise ApiError(
-            400, f"{field}: the grammar took longer than {COMPILE_TIMEOUT_S:g} s to compile", param=field
-        ) from None
+        raise bad_field(field, f"the grammar took longer than {COMPILE_TIMEOUT_S:g} s to compile") from None
     except Exception as exc:  # xgrammar's parse errors (RuntimeError, ValueError, ...)
-        raise ApiError(400, f"{field}: invalid {kind}: {str(exc)[:300]}", param=field) from None
+        raise bad_field(field, f"invalid {kind}: {str(exc)[:300]}") from None
 
 
 async def compile_grammar(state, spec: tuple[str, str, str] | None):
@@ -140,11 +136,9 @@ async def compile_grammar(state, spec: tuple[str, str, str] | None):
     kind, source, field = spec
     compiled = await _on_pool(field, kind, _compile, _compiler(state), kind, source, state.server_cfg)
     if compiled.memory_size_bytes > MAX_COMPILED_BYTES:
-        raise ApiError(
-            400,
-            f"{field}: the compiled grammar holds {compiled.memory_size_bytes} "
-            f"bytes, over the limit of {MAX_COMPILED_BYTES}",
-            param=field,
+        raise bad_field(
+            field,
+            f"the compiled grammar holds {compiled.memory_size_bytes} bytes, over the limit of {MAX_COMPILED_BYTES}",
         )
     return compiled
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gleanrl.server.http.edge.errors import bad_field
+from gleanrl.server.http.generate.detok import tag_start
+
 THINK, END = "<think>", "</think>"
 
 
@@ -39,20 +42,8 @@ PARSERS = {
 def check_parser(name: str, field: str = "reasoning_parser") -> Style:
     style = PARSERS.get(name.lower()) if isinstance(name, str) else None
     if style is None:
-        from gleanrl.server.http.schemas import ApiError
-
-        raise ApiError(
-            400, f"{field}: unsupported reasoning parser {name!r}; supported: {', '.join(PARSERS)}", param=field
-        )
+        raise bad_field(field, f"unsupported reasoning parser {name!r}; supported: {', '.join(PARSERS)}")
     return style
-
-
-def _partial(text: str, tag: str) -> int:
-    """Length of the longest tail of `text` that is a strict prefix of `tag`."""
-    for i in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-i:]):
-            return i
-    return 0
 
 
 class ReasoningParser:
@@ -101,7 +92,7 @@ class ReasoningParser:
         if tool >= 0:
             self.buffer, self.in_reasoning = "", False
             return text[:tool], text[tool:]
-        hold = max(_partial(text, t) for t in tags)
+        hold = max(tag_start(text, t) for t in tags)
         self.buffer = text[len(text) - hold :] if hold else ""
         return text[: len(text) - hold], ""
 

@@ -1,36 +1,47 @@
-"""SGLang's native control API: weight updates, model/server info, health, cache flush,
-pause/continue, abort and Prometheus metrics (plus /generate from `generate`). Paths and response
-shapes follow SGLang's `entrypoints/http_server.py`; `selector` on weight updates is
-gleanrl's extension."""
+"""SGLang's native control API: disk weight updates, health, cache flush, pause/continue, abort and
+Prometheus metrics. Paths and response shapes follow SGLang's `entrypoints/http_server.py`;
+`selector` on weight updates is gleanrl's extension."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from typing import Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, StrictBool, StrictStr
 
 from gleanrl.server.engine import PAUSE_MODES
-from gleanrl.server.http import discovery, generate, weights_group, weights_sync
-from gleanrl.server.http.auth import check_admin
-from gleanrl.server.http.schemas import AbortIn, ApiError, UpdateWeightsIn, parse, read_json
+from gleanrl.server.http.edge.auth import check_admin
+from gleanrl.server.http.edge.body import parse, read_json
+from gleanrl.server.http.edge.errors import ApiError
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 router = APIRouter()
-router.include_router(generate.router)
-router.include_router(discovery.router)
-router.include_router(weights_sync.router)
-router.include_router(weights_group.router)
 HEALTH_TIMEOUT_S = 20.0
+
+
+class UpdateWeightsIn(BaseModel):
+    model_path: StrictStr
+    load_format: StrictStr | None = None
+    weight_version: StrictStr | None = None
+    flush_cache: StrictBool = True
+    abort_all_requests: StrictBool = False
+    selector: Literal["target", "draft"] = "target"
+
+
+class AbortIn(BaseModel):
+    rid: StrictStr = ""
+    abort_all: StrictBool = False
 
 
 @router.post("/update_weights_from_disk")
 async def update_weights_from_disk(request: Request):
     state = request.app.state
-    body = await parse(request, UpdateWeightsIn, state.server_cfg.max_request_bytes)
+    body = await parse(request, UpdateWeightsIn)
     async with state.weights_lock:
         try:
             await asyncio.to_thread(
@@ -97,7 +108,7 @@ async def flush_cache(request: Request):
 async def pause_generation(request: Request):
     """SGLang's `PauseGenerationReqInput`: {"mode": "abort" (default) | "retract" | "in_place"}."""
     state = request.app.state
-    body = await read_json(request, state.server_cfg.max_request_bytes)
+    body = await read_json(request)
     mode = body.get("mode", "abort") if isinstance(body, dict) else None
     if mode not in PAUSE_MODES:
         raise ApiError(400, f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}", param="mode")
@@ -116,7 +127,7 @@ async def abort_request(request: Request):
     """{"rid": ..., "abort_all": false}; abort_all needs the admin key. An n > 1 rid
     aborts all n."""
     state = request.app.state
-    body = await parse(request, AbortIn, state.server_cfg.max_request_bytes)
+    body = await parse(request, AbortIn)
     if body.abort_all:
         if not check_admin(request):
             raise ApiError(401, "Unauthorized: abort_all needs the admin API key", kind="authentication_error")

@@ -20,6 +20,8 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from gleanrl.server.http.generate.detok import tag_start
+
 # name first, then the arguments (the streamed path); any other order is read when the call ends
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 
@@ -107,14 +109,6 @@ class _Call:
     searched: int = 0  # the body searched for the end tag up to here
 
 
-def _partial(text: str, tag: str) -> int:
-    """Length of the longest tail of `text` that is a strict prefix of `tag`."""
-    for i in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-i:]):
-            return i
-    return 0
-
-
 class ToolCallParser:
     def __init__(self, name: str, tools: list[str], max_calls: int | None = None):
         """`tools`: the function names that may be called; `max_calls`: 1 without
@@ -168,7 +162,7 @@ class ToolCallParser:
                 content += self._text(text[:pos])
                 self._open(text[pos + len(fmt.start) :])
                 continue
-            hold = _partial(text, fmt.start)
+            hold = tag_start(text, fmt.start)
             content += self._text(text[: len(text) - hold])
             self.buffer = text[len(text) - hold :] if hold else ""
             return content, out
@@ -190,7 +184,7 @@ class ToolCallParser:
         if call.index is not None:  # stream the arguments' text as it comes
             stop = call.args(body)
             if stop is None:
-                stop = close if close is not None else len(body) - (_partial(body, fmt.end) if fmt.end else 0)
+                stop = close if close is not None else len(body) - (tag_start(body, fmt.end) if fmt.end else 0)
             piece = body[call.args_at + call.sent : stop]
             if piece:
                 call.sent += len(piece)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gleanrl.server.http.schemas import ApiError
+from gleanrl.server.http.edge.errors import ApiError
 from gleanrl.server.weights import checkpoint
 
 router = APIRouter()

@@ -4,14 +4,37 @@ SGLang 0.5.23's request and response shapes (`serving_tokenize.py`)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, StrictBool, StrictInt, StrictStr
 
-from gleanrl.server.http.limits import encode
-from gleanrl.server.http.openai import chat_text
-from gleanrl.server.http.schemas import ApiError, DetokenizeIn, TokenizeIn, parse
+from gleanrl.server.http.edge.body import parse
+from gleanrl.server.http.edge.errors import ApiError
+from gleanrl.server.http.edge.limits import check_vocab, encode
+from gleanrl.server.http.openai.bodies import ChatMessage
+from gleanrl.server.http.openai.template import chat_text
 
 router = APIRouter()
+
+
+class TokenizeIn(BaseModel):
+    """SGLang's TokenizeRequest: exactly one of `prompt` and `messages`."""
+
+    model: StrictStr | None = None
+    prompt: StrictStr | list[StrictStr] | None = None
+    messages: list[ChatMessage] | None = None
+    chat_template_kwargs: dict[StrictStr, Any] | None = None
+    add_special_tokens: StrictBool = True
+    add_generation_prompt: StrictBool | None = None
+
+
+class DetokenizeIn(BaseModel):
+    """SGLang's DetokenizeRequest."""
+
+    model: StrictStr | None = None
+    tokens: list[StrictInt] | list[list[StrictInt]]
+    skip_special_tokens: StrictBool = True
 
 
 def _max_model_len(state) -> int:
@@ -25,7 +48,7 @@ def _max_model_len(state) -> int:
 @router.post("/v1/tokenize")
 async def tokenize(request: Request):
     state = request.app.state
-    body = await parse(request, TokenizeIn, state.server_cfg.max_request_bytes)
+    body = await parse(request, TokenizeIn)
     if (body.prompt is None) == (body.messages is None):
         raise ApiError(400, "Exactly one of 'prompt' or 'messages' must be provided.", param="prompt")
     if body.messages is not None:
@@ -56,16 +79,11 @@ async def tokenize(request: Request):
 @router.post("/v1/detokenize")
 async def detokenize(request: Request):
     state = request.app.state
-    body = await parse(request, DetokenizeIn, state.server_cfg.max_request_bytes)
+    body = await parse(request, DetokenizeIn)
     nested = bool(body.tokens) and isinstance(body.tokens[0], list)
     lists = body.tokens if nested else [body.tokens]
     for i, ids in enumerate(lists):
-        bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
-        if bad is not None:
-            field = f"tokens.{i}" if nested else "tokens"
-            raise ApiError(
-                400, f"{field}: token id {bad} is outside the vocabulary [0, {state.vocab_size})", param=field
-            )
+        check_vocab(state, ids, f"tokens.{i}" if nested else "tokens")
     tok = state.tokenizer
     texts = await asyncio.to_thread(
         lambda: [tok.decode(ids, skip_special_tokens=body.skip_special_tokens) for ids in lists]

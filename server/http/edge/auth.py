@@ -6,8 +6,9 @@ time and never echoed."""
 
 from __future__ import annotations
 
-import json
 import secrets
+
+from gleanrl.server.http.edge.errors import ApiError, send_error
 
 ADMIN_PATHS = frozenset(
     {
@@ -46,17 +47,15 @@ def allowed(authorization: str | None, api_key: str | None, admin_api_key: str |
     return token is not None and secrets.compare_digest(token.encode(), expected.encode())
 
 
-def unauthorized_body() -> bytes:
-    return json.dumps(
-        {
-            "error": {
-                "message": "Unauthorized: missing or wrong API key (Authorization: Bearer <key>)",
-                "type": "authentication_error",
-                "param": None,
-                "code": 401,
-            }
-        }
-    ).encode()
+def unauthorized() -> ApiError:
+    # the body is never read: uvicorn closes the socket instead of draining it (a weight route's
+    # limit is large, body_limit.py)
+    return ApiError(
+        401,
+        "Unauthorized: missing or wrong API key (Authorization: Bearer <key>)",
+        kind="authentication_error",
+        headers={"WWW-Authenticate": "Bearer", "Connection": "close"},
+    )
 
 
 class AuthMiddleware:
@@ -72,22 +71,7 @@ class AuthMiddleware:
             path in EITHER_KEY_PATHS and allowed(auth, self.api_key, self.admin_api_key, True)
         ):
             return await self.app(scope, receive, send)
-        body = unauthorized_body()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b"Bearer"),
-                    # the body is never read: uvicorn closes the socket instead of draining it (a
-                    # weight route's limit is large, server/http/body_limit.py)
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, unauthorized())
 
 
 def check_admin(request) -> bool:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gleanrl.server.http.schemas import ApiError
+from gleanrl.server.http.edge.errors import ApiError
 from gleanrl.server.protocol import FEED_META, GenerateOutput, GenerateRequest
 
 

@@ -1,0 +1,98 @@
+"""The edge's one error shape: `ApiError`, a status and OpenAI's error body, its message naming the
+field; pydantic's validation errors in it; the 400 of an SGLang field the engine does not implement;
+the 413 of a body over its limit; and the answer a pure ASGI middleware sends with one."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+
+class ApiError(Exception):
+    """An error the edge answers with `status` and OpenAI's error shape; the message
+    names the field."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        code: int | str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.status if self.code is None else self.code,
+            }
+        }
+
+    def encoded(self) -> bytes:
+        return json.dumps(self.body()).encode()
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _loc(loc: tuple) -> str:
+    """('sampling_params', 'SamplingIn', 'temperature') -> 'sampling_params.temperature' (drops
+    union tags)."""
+    keep = [str(p) for p in loc if isinstance(p, int) or (p.isidentifier() and p.islower() and p not in _TYPE_TAGS)]
+    return ".".join(keep) or "body"
+
+
+def validation_error(exc: ValidationError) -> ApiError:
+    seen: dict[str, str] = {}
+    for err in exc.errors():
+        seen.setdefault(_loc(err["loc"]), err["msg"])
+    # a union reports every branch; keep the deepest paths (the field that is actually wrong)
+    seen = {k: v for k, v in seen.items() if not any(o.startswith(k + ".") for o in seen)}
+    param = next(iter(seen))
+    return ApiError(400, "; ".join(f"{k}: {v}" for k, v in list(seen.items())[:3]), param=param)
+
+
+def bad_field(field: str, why: str) -> ApiError:
+    """The 400 of a wrong field: the message `field: why`, the field named in `param`."""
+    return ApiError(400, f"{field}: {why}", param=field)
+
+
+def refuse_unsupported(values: dict, names: tuple[str, ...], prefix: str = "") -> None:
+    """A 400 naming the first field of `names` that is set in `values` (unset: None, "",
+    False, [], {}): an SGLang field the embedded engine does not implement is never accepted
+    and ignored."""
+    for name in names:
+        if values.get(name) not in (None, "", False, [], {}):
+            field = f"{prefix}{name}"
+            raise ApiError(400, f"{field} is not supported by the embedded engine", param=field)
+
+
+def too_large(max_bytes: int, declared: int | None = None, setting: str = "--max-request-bytes") -> ApiError:
+    """The 413 of a body over `max_bytes` (set by the flag `setting`); `Connection: close`
+    (body_limit.py)."""
+    size = f" of {declared} bytes" if declared is not None else ""
+    return ApiError(
+        413,
+        f"request body{size} is over the limit of {max_bytes} bytes ({setting})",
+        param="body",
+        headers={"Connection": "close"},
+    )
+
+
+async def send_error(send, exc: ApiError) -> None:
+    """Answer with `exc` from a pure ASGI middleware, before any route (origin, auth, body limit)."""
+    body = exc.encoded()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in (exc.headers or {}).items()]
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

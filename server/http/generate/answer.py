@@ -1,0 +1,120 @@
+"""The generation routes' answers: SGLang's `/generate` shape (`text`, `output_ids`, `meta_info`,
+with gleanrl's `draft_weight_version` and `spec_accept_length`), its size in bytes (what decides
+rendering off the event loop), and the SSE stream every generation route sends."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from gleanrl.server.http.edge.body import off_loop
+from gleanrl.server.http.edge.errors import ApiError
+from gleanrl.server.http.edge.render import SSE_DONE, json_response, sse
+from gleanrl.server.http.generate.bodies import SamplingIn
+from gleanrl.server.http.generate.detok import output_text
+from gleanrl.server.http.generate.fanin import Disconnected, Fanin, Track, collect, unless_disconnected, wait_disconnect
+from gleanrl.server.http.generate.logprobs import logprob_fields
+
+
+def meta_info(track: Track, tok=None, text_in_logprobs: bool = False) -> dict:
+    last, req = track.last, track.req
+    info = {
+        "id": req.rid,
+        "finish_reason": track.finish_reason,
+        "prompt_tokens": (last.prompt_tokens if last else 0) or len(req.input_ids),
+        "completion_tokens": len(track.ids),
+        "cached_tokens": 0,
+        **(last.meta_info() if last else {"weight_version": None, "draft_weight_version": None}),
+    }
+    if req.return_logprob:
+        info.update(logprob_fields(track, tok, text_in_logprobs))
+    if track.finished:
+        info["e2e_latency"] = track.finished_at - track.created
+    return info
+
+
+def answer_bytes(tracks: list[Track], planned: bool = False) -> int:
+    """About how many bytes of JSON the logprob fields of `tracks` make (an [lp, id, null] triple
+    is ~30 bytes), with the tokens generated so far or, `planned`, with max_new_tokens: what
+    decides whether the answer (a stream's chunks: each holds all so far) is rendered off the
+    event loop."""
+    triples = 0
+    for t in tracks:
+        req = t.req
+        if req.return_logprob:
+            out = req.params.max_new_tokens if planned else len(t.ids)
+            scored = out + (len(req.input_ids) if req.logprob_start_len >= 0 else 0)
+            triples += scored * (1 + req.top_logprobs_num + len(req.token_ids_logprob or ()))
+    return 30 * triples
+
+
+def render(state, track: Track, sp: SamplingIn, text_in_logprobs: bool = False) -> dict:
+    text = output_text(state.tokenizer, track, sp.skip_special_tokens, sp.no_stop_trim)
+    return {
+        "text": text,
+        "output_ids": list(track.ids),
+        "meta_info": meta_info(track, state.tokenizer, text_in_logprobs),
+    }
+
+
+async def whole(run: Fanin, request: Request, shape) -> Response | None:
+    """The answer once every track has finished, `shape(tracks)` as JSON; None when the client went
+    first (the run is aborted). Logprob options can make it megabytes of JSON: built on the event
+    loop, it would stall every other client's stream (and /health) for as long, so a large one is
+    built in a worker thread."""
+    tracks = await collect(run, request)
+    if tracks is None:
+        return None
+    return await off_loop(lambda: json_response(shape(tracks)), answer_bytes(tracks))
+
+
+async def stream(run: Fanin, request: Request, chunks, tail=lambda: []) -> Response:
+    """SSE: `chunks(i)` gives the objects to send after track i was updated, `tail()` those before
+    [DONE]. 400 if the engine refuses before the first update. A client that goes away (noticed here
+    even while no chunk is due, e.g. paused) ends the body, whose `finally` aborts the
+    engine requests."""
+    events = run.events()
+    try:  # waiting for the first update (queued, paused) also ends when the client goes
+        first = await unless_disconnected(anext(events), request)
+    except Disconnected:
+        run.close()
+        return Response(status_code=499)
+    except BaseException:
+        run.close()
+        raise
+
+    # chunks with many logprobs render in a worker thread, as a whole answer does (`whole`);
+    # safe: the tracks change only in `events`, which waits meanwhile
+    size = answer_bytes(run.tracks, planned=True)
+
+    def encoded(i: int) -> list[bytes]:
+        return [sse(obj) for obj in chunks(i)]
+
+    async def body():
+        # also while no chunk is due (paused)
+        gone = asyncio.ensure_future(wait_disconnect(request))
+        try:
+            i = first
+            while True:
+                for data in await off_loop(encoded, size, i):
+                    yield data
+                nxt = asyncio.ensure_future(anext(events))
+                await asyncio.wait({nxt, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not nxt.done():
+                    nxt.cancel()
+                    return
+                i = nxt.result()
+        except StopAsyncIteration:
+            for obj in tail():
+                yield sse(obj)
+            yield SSE_DONE
+        except ApiError as exc:
+            yield sse(exc.body())
+            yield SSE_DONE
+        finally:
+            gone.cancel()
+            run.close()
+
+    return StreamingResponse(body(), media_type="text/event-stream")

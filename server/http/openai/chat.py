@@ -1,0 +1,135 @@
+"""`/v1/chat/completions`: the prompt through the tokenizer's chat template (with the request's tools,
+`tools.py`); the reply's text split into reasoning (`generate/reasoning.py`, `--reasoning-parser`),
+content and tool calls (`tool_parser.py`, `--tool-call-parser`), in the reply and in streamed
+deltas; OpenAI's chat logprobs."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+
+from gleanrl.server.http.edge.body import parse
+from gleanrl.server.http.edge.errors import ApiError
+from gleanrl.server.http.edge.limits import encode
+from gleanrl.server.http.generate.detok import Delta, output_text
+from gleanrl.server.http.generate.fanin import Track
+from gleanrl.server.http.generate.grammar import after_reasoning, grammar_source, reasoning_mode, response_format_source
+from gleanrl.server.http.generate.params import check_prompt
+from gleanrl.server.http.generate.reasoning import THINK, ReasoningParser
+from gleanrl.server.http.openai.bodies import ChatIn
+from gleanrl.server.http.openai.logprobs import chat_logprobs
+from gleanrl.server.http.openai.serve import finish_of, serve, to_sampling
+from gleanrl.server.http.openai.template import chat_text
+from gleanrl.server.http.openai.tool_parser import ToolCallParser, parse_calls
+from gleanrl.server.http.openai.tools import ToolPlan, forcing_grammar, plan_tools
+
+router = APIRouter()
+
+
+async def _chat_prompt(state, body: ChatIn, tools: ToolPlan) -> tuple[list[int], str]:
+    text = await chat_text(state, body.messages, body.chat_template_kwargs, tools=tools.template_tools)
+    (ids,) = await encode(state, [text], add_special_tokens=False)
+    return check_prompt(state, ids, "messages"), text
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    state = request.app.state
+    body = await parse(request, ChatIn)
+    extra = body.model_extra or {}
+    constrained = bool(grammar_source(extra) or response_format_source(extra.get("response_format")))
+    # the tools' schemas are checked by xgrammar: off the event loop
+    tools = await asyncio.to_thread(plan_tools, body, state.server_cfg.tool_call_parser, constrained, state.server_cfg)
+    prompt, text = await _chat_prompt(state, body, tools)
+    limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    if limit is None:
+        cap = state.server_cfg.max_new_tokens_cap
+        limit = state.context_length - len(prompt) if cap is None else min(state.context_length - len(prompt), cap)
+    params, spec = to_sampling(state, body, limit)
+    opened = text.rstrip().endswith(THINK)  # the template opened the block (SGLang's force)
+    # a reasoning model reasons first, then the grammar holds the answer or the calls (SGLang)
+    reasoning = reasoning_mode(state.server_cfg.reasoning_parser, opened)
+    if tools.forced:
+        spec = forcing_grammar(tools, state.server_cfg, reasoning)
+    else:
+        spec = await after_reasoning(state, spec, reasoning)
+    tok = state.tokenizer
+    # tool-call markup may be special tokens: kept for the parser (SGLang)
+    skip_special = body.skip_special_tokens and tools.parser is None
+    callers = (
+        [ToolCallParser(tools.parser, tools.names, tools.max_calls) for _ in range(params.n)] if tools.parser else None
+    )
+    called = [False] * params.n
+    k = (body.top_logprobs or 0) if body.logprobs else 0
+    reported = [0] * params.n
+    name = state.server_cfg.reasoning_parser if body.separate_reasoning else None
+    parsers = [ReasoningParser(name, opened) for _ in range(params.n)] if name else None
+    held = [""] * params.n  # stream_reasoning off: reasoning held to its end
+
+    def split(i: int, text: str, finished: bool) -> tuple[str, str]:
+        """A streamed delta -> (reasoning, content) to send now."""
+        if parsers is None:
+            return "", text
+        reasoning, content = parsers[i].feed(text)
+        if finished:
+            rest = parsers[i].finish()
+            reasoning, content = reasoning + rest[0], content + rest[1]
+        if not body.stream_reasoning:
+            held[i] += reasoning
+            reasoning = ""
+            if finished or not parsers[i].in_reasoning:
+                reasoning, held[i] = held[i], ""
+        return reasoning, content
+
+    def calls(i: int, text: str, finished: bool) -> tuple[str, list[dict]]:
+        """Streamed content -> (content, tool_calls deltas) to send now."""
+        if callers is None:
+            return text, []
+        text, deltas = callers[i].feed(text)
+        if finished:
+            rest, more = callers[i].finish()
+            text, deltas = text + rest, deltas + more
+        called[i] = called[i] or bool(deltas)
+        return text, [d.as_dict() for d in deltas]
+
+    def finish(reason, matched, made_calls: bool):
+        """A natural stop after tool calls is finish_reason tool_calls (SGLang)."""
+        return ("tool_calls", None) if made_calls and reason == "stop" else (reason, matched)
+
+    def render(i: int, track: Track, delta: Delta | None) -> dict | None:
+        text = output_text(tok, track, skip_special, body.no_stop_trim)
+        reason, matched = finish_of(track)
+        if delta is None:
+            reasoning, text = parsers[i].split(text) if parsers else ("", text)
+            text, tool_calls = parse_calls(callers[i], text) if callers else (text, [])
+            reason, matched = finish(reason, matched, bool(tool_calls))
+            logprobs = chat_logprobs(tok, track, k) if body.logprobs else None
+            message = {
+                "role": "assistant",
+                "content": text or (None if tool_calls else ""),
+                "reasoning_content": reasoning or None,
+                "tool_calls": tool_calls or None,
+            }
+            return {
+                "index": i,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": reason,
+                "matched_stop": matched,
+            }
+        reasoning, text = split(i, delta(text, track.finished), track.finished)
+        text, tool_calls = calls(i, text, track.finished)
+        if not text and not reasoning and not tool_calls and reason is None:
+            return None
+        reason, matched = finish(reason, matched, called[i])
+        logprobs = chat_logprobs(tok, track, k, start=reported[i]) if body.logprobs else None
+        reported[i] = len(track.ids)
+        out = {"reasoning_content": reasoning} if reasoning else {}
+        out.update({"content": text} if text else {})
+        out.update({"tool_calls": tool_calls} if tool_calls else {})
+        return {"index": i, "delta": out, "logprobs": logprobs, "finish_reason": reason, "matched_stop": matched}
+
+    if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
+        raise ApiError(400, f"top_logprobs must be in [0, 20], got {body.top_logprobs}", param="top_logprobs")
+    return await serve(request, body, [prompt], params, spec, body.logprobs, "chat", render, {"top_logprobs_num": k})
