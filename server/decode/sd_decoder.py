@@ -1,22 +1,18 @@
 """The one decoder, `SDDecoder`: a decode iteration, SD or not (plain decoding is an empty draft);
 `build_decoder` the one an engine starts with.
 
-Per iteration: the group index is synced with the running set (`sd/group_drafts.py`), each
-decode-ready sequence (one token pending) gets its group proposal (adaptive length,
-`sd/group_index.py`), and the controller (`sd/controller.py`) picks per sequence what to verify:
-nothing, a group draft prefix, an EAGLE-3 chain, or both as two branches (group first: the fixed
-verification order). Then one drafter call drafts the chains (`sd/draft.py`) and one target pass
-verifies every tree (`sd/tree_pass.py`; a sequence without a draft rides in it as a bare root). When
-nothing is worth drafting, or no source is served, the iteration is the plain step (`forward_fed` +
-`sampler.sample_next`), which with a drafter also captures hidden states, so switching SD on costs
-nothing; prefilling sequences always take it. Every iteration is timed into the controller's cost
-model (all of it: sync, plan, pass, verify, bookkeeping; the drafter call apart) and every verified
-branch into its acceptance estimates.
+Per iteration: the group index is synced with the running set (`sd/group_drafts.py`), each ready
+sequence gets its group proposal (`sd/group_index.py`), the controller (`sd/controller.py`) picks
+per sequence what to verify (nothing, a group draft prefix, an EAGLE-3 chain, or both as two
+branches, group first), one drafter call drafts the chains (`sd/draft.py`) and one target pass
+verifies every tree (`sd/tree_pass.py`; a sequence without a draft rides as a bare root). Else the
+iteration is the plain step, which with a drafter also captures hidden states, so switching SD on
+costs nothing; prefilling sequences always take it. Every iteration is timed into the cost model
+(all but the drafter call) and every verified branch into the acceptance estimates.
 
-Draft states (`sd/draft_state.py`): a state that breaks its invariant (flushed or retracted cache, a
-drafter that reads other target layers) is rebuilt by re-feeding the target the last `window`
-tokens; a new drafter that reads the same layers keeps the target's states and rebuilds its own
-cache from them at its next catch-up.
+Two lanes: a batch with a grammar-constrained sequence is planned, measured and credited by a
+controller of its own (`self.constrained`, sharing the cost model): under a grammar a drafter
+trained on free text is accepted far less, and free requests must not inherit that, nor it theirs.
 """
 
 from __future__ import annotations
@@ -51,10 +47,9 @@ def build_decoder(
     cfg: EngineConfig, runner: ModelRunner, target_config: dict, target_version: Callable[[], str] = lambda: "default"
 ) -> SDDecoder:
     """`sd="off"`: plain decoding only (a drafter is refused); otherwise the controller chooses
-    among the sources of `sd_sources` (eagle: the EAGLE-3 chain, from when a drafter is served;
-    group: group drafts from the start, `target_version` ages their samples; fused: both as two
-    branches). The target pass cost is calibrated here when a source can draft (else before the
-    first iteration with a drafter), the drafter's when one is loaded."""
+    among `sd_sources` (eagle: the EAGLE-3 chain, once a drafter is served; group: group drafts,
+    `target_version` ages their samples; fused: both as two branches). Costs are calibrated when a
+    source can draft (else before the first iteration with a drafter)."""
     ctl = Controller(cfg) if cfg.sd != "off" else None  # its settings: EngineConfig's ControllerConfig part
     groups = (
         GroupDrafts(GroupIndexConfig(max_tokens=cfg.group_max_tokens, keep_versions=cfg.group_keep_versions))
@@ -81,6 +76,7 @@ class SDDecoder:
         """controller None: plain decoding only (sd off; no drafter is accepted). chunked_prefill_size:
         prompt tokens fed per iteration (`EngineConfig`'s, validated there)."""
         self.controller, self.groups, self.target_version = controller, groups, target_version
+        self.constrained = Controller(controller.config, controller.cost) if controller is not None else None
         self.window, self.chunked_prefill_size = window, chunked_prefill_size
         self.drafter, self.draft_path = None, None
         self.states: dict[Sequence, DraftState] = {}
@@ -105,14 +101,14 @@ class SDDecoder:
             "avg_spec_accept_length_by_source": by_source,
             "group_index": self.groups.stats() if self.groups else None,
             "sd_controller": self.controller.summary() if self.controller else None,
+            "sd_controller_constrained": self.constrained.summary() if self.constrained else None,
         }
 
     def set_drafter(self, drafter, path: str | None) -> None:
-        """Between iterations: serve `drafter`. What stays valid is kept: the target's caches and
-        the aux hidden states the drafter reads (same aux layers), from which each sequence's new
-        drafter cache is rebuilt at its next catch-up, with no target forward; the drafter step
-        costs when the new drafter has the old one's shape; the EAGLE-3 acceptance estimates as
-        a prior that counts less. Otherwise states are rebuilt by re-feeding the target."""
+        """Between iterations: serve `drafter`. A drafter reading the same target layers keeps the
+        target's states (each drafter cache rebuilt from them at its next catch-up, no target
+        forward); otherwise states are rebuilt by re-feeding the target the last `window` tokens
+        (`sd/draft_state.py`). Acceptance estimates stay as a prior that counts less."""
         if self.controller is None:
             raise ValueError("plain decoding (sd off) serves no drafter")
         old, self.drafter, self.draft_path = self.drafter, drafter, path
@@ -121,6 +117,7 @@ class SDDecoder:
         else:
             self.states.clear()
         self.controller.drafter_swapped()
+        self.constrained.drafter_swapped()
         if drafter is not None:
             self.controller.cost.calibrate_drafter(drafter)
 
@@ -144,22 +141,23 @@ class SDDecoder:
         if self.drafter is not None:
             self.states = sync_states(self.states, seqs, self.drafter, self.window)
         ready = [s for s in seqs if s.total_len - s.cache.length == 1]
-        plan, proposals = self._plan(ready) if ready and self.controller is not None else (None, [])
+        ctl = self._lane(seqs)
+        plan, proposals = self._plan(ctl, ready) if ready and ctl is not None else (None, [])
         if plan is None or not plan.drafts:
             out = self._feed(runner, seqs)
-            if self.controller is not None and len(ready) == len(seqs):
-                self.controller.record_plain(len(seqs), time.perf_counter() - t0)
+            if ctl is not None and len(ready) == len(seqs):
+                ctl.record_plain(len(seqs), time.perf_counter() - t0)
             self._count_pass(ready, len(ready))
             return [out.get(s, ([], [])) for s in seqs]
         waiting = set(seqs) - set(ready)
         out = self._feed(runner, [s for s in seqs if s in waiting]) if waiting else {}
-        spec, rows, draft_s, chains = self._speculate(runner, ready, plan, proposals)
+        spec, rows, draft_s, chains = self._speculate(ctl, runner, ready, plan, proposals)
         tokens = sum(len(ids) for ids, _ in spec.values())
         if not waiting:
             seconds = time.perf_counter() - t0
-            self.controller.cost.record_pass(len(seqs), rows / len(seqs), seconds - draft_s)
+            ctl.cost.record_pass(len(seqs), rows / len(seqs), seconds - draft_s)
             if not self._rebuilt:  # a swap's one-off rebuild is no cell's cost
-                self.controller.record_iteration(len(seqs), plan, tokens, seconds, *chains)
+                ctl.record_iteration(len(seqs), plan, tokens, seconds, *chains)
         self._count_pass(ready, tokens)
         out.update(spec)
         return [out.get(s, ([], [])) for s in seqs]
@@ -170,30 +168,35 @@ class SDDecoder:
             self.counters.decode_rows += len(ready)
             self.counters.decode_tokens += tokens
 
-    def _plan(self, seqs: list[Sequence]) -> tuple[Plan, list[GroupDraft | None]]:
-        cfg = self.controller.config
+    def _lane(self, seqs: list[Sequence]) -> Controller | None:
+        """The controller of this batch: the constrained lane's when any sequence has a grammar."""
+        if self.controller is not None and any(s.req.params.grammar is not None for s in seqs):
+            return self.constrained
+        return self.controller
+
+    def _plan(self, ctl: Controller, seqs: list[Sequence]) -> tuple[Plan, list[GroupDraft | None]]:
+        cfg = ctl.config
         propose = (
             self.groups is not None
             and "group" in cfg.sd_sources
             and (cfg.sd == "on" or len(seqs) <= cfg.group_max_batch)
             and self._probe(len(seqs))
         )
-        if not propose and cfg.sd != "on" and self.controller.still_quiet(len(seqs)):
+        if not propose and cfg.sd != "on" and ctl.still_quiet(len(seqs)):
             return Plan([0] * len(seqs), [0] * len(seqs), 0.0, 0.0), []  # nothing to plan
         caps = [self._cap(s) for s in seqs]
         proposals = [self.groups.propose(s, c) if propose and c > 0 else None for s, c in zip(seqs, caps)]
         eagle_ok = [self.drafter is not None and c > 0 and self.states[s].pending > 0 for s, c in zip(seqs, caps)]
-        self.controller.accept.keep_only(seqs)
-        plan = self.controller.plan(caps, [d.probs if d is not None else [] for d in proposals], eagle_ok, seqs)
+        ctl.accept.keep_only(seqs)
+        plan = ctl.plan(caps, [d.probs if d is not None else [] for d in proposals], eagle_ok, seqs)
         if propose:
             bucket = b_bucket(len(seqs))
             self._group_idle[bucket] = 0 if any(plan.group_lens) else self._group_idle.get(bucket, 0) + 1
         return plan, proposals
 
     def _probe(self, b: int) -> bool:
-        """Propose group drafts this iteration? Proposing costs Python time in every iteration, so
-        in a bucket where the last IDLE_PROBE plans used none, only every IDLE_PROBE-th
-        iteration proposes."""
+        """Propose group drafts now? Proposing costs Python time: in a bucket whose last IDLE_PROBE
+        plans used none, only every IDLE_PROBE-th iteration proposes."""
         self._iteration += 1
         return self._group_idle.get(b_bucket(b), 0) < IDLE_PROBE or self._iteration % IDLE_PROBE == 0
 
@@ -204,8 +207,7 @@ class SDDecoder:
         return max(0, min(MAX_DEPTH, left - 1, s.stopper.context_length - s.total_len - 1))
 
     def _feed(self, runner: ModelRunner, seqs: list[Sequence]) -> Out:
-        """The plain step (prefill chunks or one token); with a drafter it captures the
-        hidden states too."""
+        """The plain step (prefill chunks or one token), capturing hidden states for a drafter."""
         fed = [(s, c) for s, c in zip(seqs, feed_counts(seqs, self.chunked_prefill_size)) if c > 0]
         if not fed:
             return {}
@@ -219,7 +221,7 @@ class SDDecoder:
         return dict(zip(done, sample_next(logits[rows], done)))
 
     def _speculate(
-        self, runner: ModelRunner, seqs: list[Sequence], plan: Plan, proposals: list[GroupDraft | None]
+        self, ctl: Controller, runner: ModelRunner, seqs: list[Sequence], plan: Plan, proposals: list[GroupDraft | None]
     ) -> tuple[Out, int, float, tuple[int, int]]:
         """Drafts and verifies; returns (outputs, the rows verified, seconds spent drafting,
         (EAGLE-3 chains tested, their tokens accepted))."""
@@ -243,7 +245,7 @@ class SDDecoder:
             self.counters.drafter_s += draft_s
             # a long catch-up (after plain steps) is no step cost
             if catch_up <= 8:
-                self.controller.cost.record_draft(len(sub), max(ks), draft_s)
+                ctl.cost.record_draft(len(sub), max(ks), draft_s)
             for j, b in enumerate(idx):
                 eagle[b], qs[b] = d[j], q[j]
         group = [p.tokens[:n] if p is not None else [] for p, n in zip(proposals, plan.group_lens)]
@@ -261,7 +263,7 @@ class SDDecoder:
                     st.cache.truncate(starts[b] - st.start)
                 st.add(aux[r.rows])
             if branches[b]:
-                self._count(s, srcs[b], branches[b], proposals[b], r)
+                self._count(ctl, s, srcs[b], branches[b], proposals[b], r)
             if eagle[b] and (r.branch < 0 or srcs[b].index("eagle") <= r.branch):
                 chains[0] += 1  # the chain was tested
                 chains[1] += r.accepted if srcs[b][max(r.branch, 0)] == "eagle" else 0
@@ -269,11 +271,16 @@ class SDDecoder:
         return out, sum(1 + sum(map(len, br)) for br in branches), draft_s, tuple(chains)
 
     def _count(
-        self, s: Sequence, srcs: list[str], branches: list[list[int]], proposal: GroupDraft | None, r: TreeResult
+        self,
+        ctl: Controller,
+        s: Sequence,
+        srcs: list[str],
+        branches: list[list[int]],
+        proposal: GroupDraft | None,
+        r: TreeResult,
     ) -> None:
-        """Statistics and the controller's acceptance estimates: a branch the walk tested (the
-        first, and the next ones while the earlier were rejected at the root) counts its
-        accepted prefix."""
+        """Statistics and acceptance estimates: a branch the walk tested (the first, and the next
+        ones while the earlier were rejected at the root) counts its accepted prefix."""
         s.spec_verify_ct += 1
         s.spec_accept_token_num += r.accepted
         s.spec_draft_token_num += sum(map(len, branches))
@@ -281,7 +288,7 @@ class SDDecoder:
             self.passes_by_source[name] += 1
             if r.branch < 0 or m <= r.branch:
                 accepted = r.accepted if m == r.branch else 0
-                self.controller.accept.record(
+                ctl.accept.record(
                     name, len(br), accepted, proposal.probs if name == "group" and proposal else None, key=s
                 )
         if r.branch >= 0:

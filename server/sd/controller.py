@@ -54,9 +54,10 @@ EXPLORE, QUIET_MAX = 8, 64
 
 
 class Controller:
-    def __init__(self, config: ControllerConfig | None = None):
+    def __init__(self, config: ControllerConfig | None = None, cost: CostModel | None = None):
+        """`cost`: a cost model shared with another controller (a lane of the same decoder)."""
         self.config = config or ControllerConfig()
-        self.cost, self.accept, self.cells = CostModel(), Acceptance(), Cells()
+        self.cost, self.accept, self.cells = cost or CostModel(), Acceptance(), Cells()
         # B bucket -> (plans drafted, iterations in a row)
         self._streak: dict[int, tuple[bool, int]] = {}
         # B bucket -> the evidence version its last plan played plain on
