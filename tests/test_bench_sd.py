@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import gleanrl.cli
 from engine_util import PROMPTS
 from sd_util import random_drafter
@@ -111,3 +113,21 @@ def test_bench_sd_with_a_json_schema(tiny_qwen2, tmp_path, capsys):
         )
         == 2
     )
+
+
+def test_bench_sd_with_a_regex(tiny_qwen2, tmp_path):
+    """`--regex`: the cells also run under the regex's grammar (SD greedy identical to plain), recorded in the JSON;
+    one grammar option at a time."""
+    drafter = random_drafter(tiny_qwen2, tmp_path / "drafter")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    out, args = tmp_path / "bench.json", ["--batches", "2", "--temperatures", "0", "--max-new-tokens", "10"]
+    base = ["bench", "sd", "--model", str(tiny_qwen2), "--drafter", str(drafter), "--prompts", str(prompts)]
+    rc = gleanrl.cli.main(base + args + ["--repeats", "1", "--sd", "on", "--json", str(out), "--regex", "[a-z ]{3,40}"])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["regex"] == "[a-z ]{3,40}" and report["json_schema"] is None
+    g = report["results"][0]["grammar"]
+    assert g["sd_tok_s"] > 0 and g["identical_outputs"] == "2/2" and g["ms_per_token"] > 0
+    with pytest.raises(SystemExit):  # one grammar at a time
+        gleanrl.cli.main(base + ["--regex", "a", "--json-schema", "any"])

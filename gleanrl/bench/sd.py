@@ -1,24 +1,19 @@
 """`gleanrl bench sd`: output tokens/s with speculative decoding against without, in one engine.
 
-Two engines, each as `gleanrl serve` builds it: one with the drafter (`--sd` mode, default adaptive:
-the cost-model controller, as served), one with `--sd off`; model, prompts, threads and batching are
-identical, and the runs alternate. Prompts come from a task (default the built-in one; the task is
-imported lazily, as `gleanrl draft train` does) or a JSONL file. For each batch size and
-temperature: one warm-up run per side (the controller measures its costs), then `--repeats`
-alternating runs of which the best counts (the CPU may be shared). Requests stop at EOS as in RL
-rollouts; tokens/s counts the tokens actually produced. accept_length is the mean tokens emitted per
-verify pass (bonus token included, as SGLang's) over the SD runs; 0 means SD never ran. At
-temperature 0 it also counts the requests whose SD output equals the plain output token for token.
-`per_iteration` splits each arm's decode iteration (ms, over the measured runs) into target
-forwards, drafter calls and the overhead outside them (planning, bookkeeping, verification,
-sampling), from the engines' own counters (`Engine.sd_counters`). `draft_cost_ratio` (`_draft_cost`):
-the drafter's ms per draft token over plain decoding's ms per iteration, at 1 running.
+Two engines as `gleanrl serve` builds them, one with the drafter (`--sd`, default adaptive, as
+served), one with `--sd off`; same model, prompts (a task's, or a JSONL file), threads and batching.
+Per batch size and temperature: one warm-up run per side (the controller measures its costs), then
+`--repeats` alternating runs, the best counting (the CPU may be shared). Requests stop at EOS;
+tokens/s counts the tokens produced. accept_length: mean tokens per verify pass (bonus included, as
+SGLang's; 0: SD never ran). At temperature 0 the SD and plain outputs are compared token for token.
+`per_iteration` splits each arm's decode iteration (ms) into target forwards, drafter calls and the
+rest, from `Engine.sd_counters`. `draft_cost_ratio`: the drafter's ms per draft token over plain
+decoding's ms per iteration, at 1 running.
 
-With `--json-schema` each cell also runs both sides with that schema's xgrammar mask (as a
-`json_schema` request gets it) and reports, under `grammar`: tokens/s SD against plain, both masked,
-the greedy outputs compared, and the grammar's cost per output token in ms: `ms_per_token`, the
-matcher's own work (the next-token mask and the accept) replayed over the plain outputs, and
-`overhead_ms_per_token`, plain decoding's time per token with the mask minus without.
+With `--json-schema` (or `--regex`) each cell also runs both sides under that grammar's xgrammar
+mask and reports, under `grammar`, the same figures masked and the grammar's cost per output token:
+`ms_per_token` (the matcher's mask and accept, replayed over the plain outputs) and
+`overhead_ms_per_token` (plain decoding's time per token with the mask minus without).
 """
 
 from __future__ import annotations
@@ -55,12 +50,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "benches; else float32)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs per cell (the best counts)")
-    parser.add_argument(
+    grammar = parser.add_mutually_exclusive_group()
+    grammar.add_argument(
         "--json-schema",
         default=None,
         help="also run every cell under this JSON schema's grammar (a schema as "
         "JSON text, a file holding one, or 'any' for any JSON)",
     )
+    grammar.add_argument(
+        "--regex",
+        default=None,
+        help="also run every cell under this regular expression's grammar (e.g. the task's own answer format, "
+        "so that the constrained text is the text the policy writes)",
+    )
+
+
+ARGS_RECORDED = ("model", "drafter", "sd", "threads", "device", "dtype", "max_new_tokens", "json_schema", "regex")
 
 
 def _prompts(args: argparse.Namespace, n: int) -> list[str]:
@@ -76,29 +81,38 @@ def _prompts(args: argparse.Namespace, n: int) -> list[str]:
     return [texts[i % len(texts)] for i in range(n)]
 
 
-def _compile_schema(engine, schema: str):
-    """The CompiledGrammar of `schema` over the engine's tokenizer, as the server compiles it."""
+def _compile_grammar(engine, schema: str | None, regex: str | None):
+    """The CompiledGrammar of `schema` (or `regex`; None: neither) over the engine's tokenizer, as
+    the server compiles it."""
     import os
+
+    if schema is None and regex is None:
+        return None
 
     try:
         import xgrammar as xgr
     except ImportError:
         raise ImportError(
-            "--json-schema needs xgrammar: pip install 'gleanrl[grammar]' (or scripts/setup.sh)"
+            "--json-schema and --regex need xgrammar: pip install 'gleanrl[grammar]' (or scripts/setup.sh)"
         ) from None
+    if schema is None:
+        return _compiler(xgr, engine).compile_regex(regex)
     if schema != "any" and os.path.isfile(schema):
         with open(schema) as f:
             schema = f.read()
-    info = xgr.TokenizerInfo.from_huggingface(
-        engine.tokenizer, vocab_size=engine.info()["vocab_size"], stop_token_ids=sorted(engine.eos_ids) or None
-    )
-    compiler = xgr.GrammarCompiler(info, max_threads=1)
+    compiler = _compiler(xgr, engine)
     return compiler.compile_builtin_json_grammar() if schema == "any" else compiler.compile_json_schema(schema)
 
 
+def _compiler(xgr, engine):
+    info = xgr.TokenizerInfo.from_huggingface(
+        engine.tokenizer, vocab_size=engine.info()["vocab_size"], stop_token_ids=sorted(engine.eos_ids) or None
+    )
+    return xgr.GrammarCompiler(info, max_threads=1)
+
+
 def _matcher_ms_per_token(grammar, outputs: list[list[int]], vocab: int) -> float:
-    """The grammar's own work per output token: the next-token mask, then the accept."""
-    from gleanrl.server.sampling.grammar import GrammarState
+    from gleanrl.server.sampling.grammar import GrammarState  # its own work: the next-token mask, the accept
 
     tokens, start = 0, time.perf_counter()
     for out in outputs:
@@ -169,11 +183,9 @@ def _cell(sd, off, prompts, temp: float, args, grammar=None) -> dict:
 
 
 def _draft_cost(sd, off, prompt: list[list[int]], results: list[dict], args) -> dict:
-    """`draft_cost_ratio`: the drafter's ms per draft token (its controller's step estimate at 1
-    running: timed at load, then an EMA of real drafter calls) over plain decoding's ms per
-    iteration at 1 running (the batch-1 cells' plain arm, else one greedy request on the plain
-    engine), at the bench's thread count. Above ~1 / (1 + accepted tokens per chain) a chain
-    cannot pay."""
+    """`draft_cost_ratio`: the drafter's ms per draft token (the controller's EMA at 1 running) over
+    plain decoding's ms per iteration at 1 running (the batch-1 cells', else one greedy request's).
+    Above ~1 / (1 + accepted tokens per chain) a chain cannot pay."""
     steps = (sd.stats().get("sd_controller") or {}).get("drafter_step_ms") or {}
     drafter_ms = steps.get(1, steps[min(steps)] if steps else float("nan"))
     plain = [r["per_iteration"]["plain"]["iteration_ms"] for r in results if r["batch"] == 1]
@@ -229,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         plain_engine = Engine(EngineConfig(**common, sd="off"))
-        grammar = _compile_schema(plain_engine, args.json_schema) if args.json_schema else None
+        grammar = _compile_grammar(plain_engine, args.json_schema, args.regex)
     except (OSError, ValueError, KeyError, ImportError, CheckpointError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -278,14 +290,7 @@ def run(args: argparse.Namespace) -> int:
         with atomic_file(args.json, "w") as f:
             json.dump(
                 {
-                    "model": args.model,
-                    "drafter": args.drafter,
-                    "sd": args.sd,
-                    "threads": args.threads,
-                    "device": args.device,
-                    "dtype": args.dtype,
-                    "max_new_tokens": args.max_new_tokens,
-                    "json_schema": args.json_schema,
+                    **{k: getattr(args, k) for k in ARGS_RECORDED},
                     **draft_cost,
                     "results": results,
                 },
