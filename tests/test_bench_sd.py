@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
 import gleanrl.cli
-from engine_util import PROMPTS
+from engine_util import PROMPTS, hf_greedy
 from sd_util import random_drafter
 
 
@@ -131,3 +133,27 @@ def test_bench_sd_with_a_regex(tiny_qwen2, tmp_path):
     assert g["sd_tok_s"] > 0 and g["identical_outputs"] == "2/2" and g["ms_per_token"] > 0
     with pytest.raises(SystemExit):  # one grammar at a time
         gleanrl.cli.main(base + ["--regex", "a", "--json-schema", "any"])
+
+
+def test_divergence_names_the_first_differing_token_and_its_log_prob_gap(tiny_qwen2, tiny_tokenizer):
+    """`sd_checks.divergence`: for an output that leaves plain greedy at position 3, the position, both
+    tokens, and the plain engine's gap log p(plain's) - log p(other), positive for the greedy choice and
+    equal to the gap the model itself gives."""
+    from gleanrl.bench.sd_checks import divergence
+    from gleanrl.server.config import EngineConfig
+    from gleanrl.server.engine import Engine
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2).eval()
+    prompt = tiny_tokenizer(PROMPTS[0])["input_ids"]
+    plain = hf_greedy(model, prompt, 6)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([prompt + plain[:3]])).logits[0, -1].float(), -1)
+    other = int(logp.argsort(descending=True)[1])  # the runner-up at position 3
+    engine = Engine(EngineConfig(model_path=str(tiny_qwen2), sd="off", dtype="float32"))
+    try:
+        d = divergence(engine, prompt, plain, plain[:3] + [other, plain[4]])
+        assert divergence(engine, prompt, plain, plain[:4]) == {"at": 4, "plain": plain[4], "sd": None}
+    finally:
+        engine.shutdown()
+    assert (d["at"], d["plain"], d["sd"]) == (3, plain[3], other)
+    assert d["logprob_gap"] > 0 and abs(d["logprob_gap"] - float(logp[plain[3]] - logp[other])) < 1e-3

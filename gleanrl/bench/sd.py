@@ -5,7 +5,9 @@ served), one with `--sd off`; same model, prompts (a task's, or a JSONL file), t
 Per batch size and temperature: one warm-up run per side (the controller measures its costs), then
 `--repeats` alternating runs, the best counting (the CPU may be shared). Requests stop at EOS;
 tokens/s counts the tokens produced. accept_length: mean tokens per verify pass (bonus included, as
-SGLang's; 0: SD never ran). At temperature 0 the SD and plain outputs are compared token for token.
+SGLang's; 0: SD never ran). At temperature 0 the SD and plain outputs are compared token for token;
+`diverged` says where one left the other, with the plain engine's log-probability gap of the two
+tokens there (`sd_checks.divergence`: a gap within bf16's rounding is a near-tie, not a bug).
 `per_iteration` splits each arm's decode iteration (ms) into target forwards, drafter calls and the
 rest, from `Engine.sd_counters`. `draft_cost_ratio`: the drafter's ms per draft token over plain
 decoding's ms per iteration, at 1 running.
@@ -23,6 +25,8 @@ import asyncio
 import json
 import sys
 import time
+
+from gleanrl.bench.sd_checks import compile_grammar, divergence, matcher_ms_per_token
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,49 +85,6 @@ def _prompts(args: argparse.Namespace, n: int) -> list[str]:
     return [texts[i % len(texts)] for i in range(n)]
 
 
-def _compile_grammar(engine, schema: str | None, regex: str | None):
-    """The CompiledGrammar of `schema` (or `regex`; None: neither) over the engine's tokenizer, as
-    the server compiles it."""
-    import os
-
-    if schema is None and regex is None:
-        return None
-
-    try:
-        import xgrammar as xgr
-    except ImportError:
-        raise ImportError(
-            "--json-schema and --regex need xgrammar: pip install 'gleanrl[grammar]' (or scripts/setup.sh)"
-        ) from None
-    if schema is None:
-        return _compiler(xgr, engine).compile_regex(regex)
-    if schema != "any" and os.path.isfile(schema):
-        with open(schema) as f:
-            schema = f.read()
-    compiler = _compiler(xgr, engine)
-    return compiler.compile_builtin_json_grammar() if schema == "any" else compiler.compile_json_schema(schema)
-
-
-def _compiler(xgr, engine):
-    info = xgr.TokenizerInfo.from_huggingface(
-        engine.tokenizer, vocab_size=engine.info()["vocab_size"], stop_token_ids=sorted(engine.eos_ids) or None
-    )
-    return xgr.GrammarCompiler(info, max_threads=1)
-
-
-def _matcher_ms_per_token(grammar, outputs: list[list[int]], vocab: int) -> float:
-    from gleanrl.server.sampling.grammar import GrammarState  # its own work: the next-token mask, the accept
-
-    tokens, start = 0, time.perf_counter()
-    for out in outputs:
-        state = GrammarState(grammar)
-        for j in range(len(out)):
-            state.window_masks([], vocab)
-            state.sync(out[: j + 1])
-        tokens += len(out)
-    return 1000 * (time.perf_counter() - start) / max(tokens, 1)
-
-
 def _run(
     engine, prompts: list[list[int]], temperature: float, max_new: int, seed: int, grammar=None
 ) -> tuple[float, list[list[int]]]:
@@ -158,12 +119,15 @@ def _cell(sd, off, prompts, temp: float, args, grammar=None) -> dict:
     _run(off, prompts, temp, args.max_new_tokens, 0, grammar)
     before, plain_before = sd.sd_counters(), off.sd_counters()
     sd_tok_s = plain_tok_s = 0.0
-    identical, plain_outputs = 0, []
+    identical, plain_outputs, diverged = 0, [], []
     for r in range(args.repeats):
         sd_rate, sd_out = _run(sd, prompts, temp, args.max_new_tokens, 1000 * r, grammar)
         plain_rate, plain_out = _run(off, prompts, temp, args.max_new_tokens, 1000 * r, grammar)
         sd_tok_s, plain_tok_s = max(sd_tok_s, sd_rate), max(plain_tok_s, plain_rate)
-        identical += sum(a == b for a, b in zip(sd_out, plain_out))
+        same = [a == b for a, b in zip(sd_out, plain_out)]
+        identical += sum(same)
+        if temp == 0:
+            diverged += [divergence(off, p, b, a) for p, a, b, ok in zip(prompts, sd_out, plain_out, same) if not ok]
         plain_outputs += plain_out
     after = sd.sd_counters()
     ct, toks = (after[k] - before[k] for k in ("verify_ct", "verify_tokens"))
@@ -176,9 +140,10 @@ def _cell(sd, off, prompts, temp: float, args, grammar=None) -> dict:
     }
     if temp == 0:  # lossless: greedy outputs with and without SD are the same tokens
         out["identical_outputs"] = f"{identical}/{len(prompts) * args.repeats}"
+        out["diverged"] = diverged  # each: where, the two tokens, their plain log-probability gap
     if grammar is not None:
         vocab = off.info()["vocab_size"]
-        out["ms_per_token"] = round(_matcher_ms_per_token(grammar, plain_outputs, vocab), 4)
+        out["ms_per_token"] = round(matcher_ms_per_token(grammar, plain_outputs, vocab), 4)
     return out
 
 
@@ -206,6 +171,11 @@ def _line(r: dict) -> str:
         f"SD {r['sd_tok_s']:>8.1f} tok/s  plain {r['plain_tok_s']:>8.1f} tok/s  "
         f"{r['speedup']:.2f}x  accept {r['accept_length']:.2f}"
         + (f"  identical {r['identical_outputs']}" if "identical_outputs" in r else "")
+        + (
+            f" (log-prob gaps where they diverge {[d.get('logprob_gap') for d in r['diverged']]})"
+            if r.get("diverged")
+            else ""
+        )
     )
 
 
@@ -241,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         plain_engine = Engine(EngineConfig(**common, sd="off"))
-        grammar = _compile_grammar(plain_engine, args.json_schema, args.regex)
+        grammar = compile_grammar(plain_engine, args.json_schema, args.regex)
     except (OSError, ValueError, KeyError, ImportError, CheckpointError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
