@@ -1,6 +1,5 @@
 """The FastAPI app: native SGLang routes, OpenAI routes, auth, metrics and error shapes around one
-engine. The lifespan starts the engine's decode thread and shuts it down (aborting what
-still runs)."""
+engine; the lifespan starts the engine's decode thread and shuts it down (aborting what still runs)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from gleanrl.server.config import EngineConfig, is_loopback
@@ -43,8 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 SECRET_FIELDS = ("api_key", "admin_api_key")
-# the OpenAPI document lists their paths in this order
-ROUTERS = (
+ROUTERS = (  # the OpenAPI document lists their paths in this order
     route,
     discovery,
     weights_sync,
@@ -109,23 +106,20 @@ def build_app(engine: Engine, server_cfg: ServerConfig, engine_cfg: EngineConfig
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def request_validation(request: Request, exc: RequestValidationError):
-        err = validation_error(exc)
-        return JSONResponse(err.body(), status_code=400)
+        return validation_error(exc).response()
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(ApiError(exc.status_code, str(exc.detail), kind=kind).body(), status_code=exc.status_code)
+        return ApiError(exc.status_code, str(exc.detail), kind=kind).response()
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception):
         log.exception("internal error on %s", request.url.path)
-        return JSONResponse(
-            ApiError(500, f"internal server error: {type(exc).__name__}", kind="server_error").body(), status_code=500
-        )
+        return ApiError(500, f"internal server error: {type(exc).__name__}", kind="server_error").response()
 
     return app

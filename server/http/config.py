@@ -1,5 +1,4 @@
-"""The HTTP server's configuration: a small dataclass validated at construction, `gleanrl serve`'s
-flags (`base.flags`)."""
+"""The HTTP server's configuration, validated at construction; `gleanrl serve`'s flags (`base.flags`)."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ class ServerConfig:
     max_queued_requests: int = flag(
         8192, "requests waiting for a slot; beyond it /generate and /v1 answer 503 with Retry-After"
     )
-    # and OpenAI's logprobs / top_logprobs
-    max_top_logprobs_num: int = flag(64, "largest top_logprobs_num a request may ask")
+    max_top_logprobs_num: int = flag(64, "largest top_logprobs_num a request may ask")  # and /v1/completions logprobs
     max_token_ids_logprob: int = flag(1024, "most ids in token_ids_logprob")
     max_logprob_pairs: int = flag(
         1 << 22, "(logprob, id) pairs the logprob options of one request may hold (positions x options)"
@@ -105,9 +103,8 @@ class ServerConfig:
             raise ValueError(f"tool_call_parser must be one of {', '.join(FORMATS)}, got {self.tool_call_parser!r}")
         if not is_loopback(self.host) and not self.admin_api_key:
             raise ValueError(
-                f"binding {self.host} (not a loopback address) needs "
-                "--admin-api-key: without one, anyone who reaches the port can "
-                "replace the weights"
+                f"binding {self.host} (not a loopback address) needs --admin-api-key: without one, anyone who "
+                "reaches the port can replace the weights"
             )
         if self.harvest_feed and not (self.admin_api_key or self.api_key):
             raise ValueError(

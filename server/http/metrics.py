@@ -4,6 +4,8 @@ registry per app, so several servers can live in one process (tests)."""
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
@@ -14,43 +16,35 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.num_running_reqs = Gauge("gleanrl:num_running_reqs", "Requests decoding now", registry=r)
-        self.num_queue_reqs = Gauge("gleanrl:num_queue_reqs", "Requests waiting for a slot", registry=r)
-        self.spec_accept_length = Gauge(
-            "gleanrl:spec_accept_length", "Tokens per SD verify pass, over verify passes only (<= k + 1)", registry=r
+        gauge, counter = functools.partial(Gauge, registry=r), functools.partial(Counter, registry=r)
+        latency = functools.partial(Histogram, buckets=_LATENCY_BUCKETS, registry=r)
+        self.num_running_reqs = gauge("gleanrl:num_running_reqs", "Requests decoding now")
+        self.num_queue_reqs = gauge("gleanrl:num_queue_reqs", "Requests waiting for a slot")
+        self.spec_accept_length = gauge(
+            "gleanrl:spec_accept_length", "Tokens per SD verify pass, over verify passes only (<= k + 1)"
         )
-        self.tokens_per_target_pass = Gauge(
+        self.tokens_per_target_pass = gauge(
             "gleanrl:tokens_per_target_pass",
             "Output tokens per target pass, plain decode passes included (1 without SD)",
-            registry=r,
         )
-        self.spec_verify_passes = Gauge(
-            "gleanrl:spec_verify_passes",
-            "SD verify passes by tokens emitted (the acceptance histogram)",
-            ["tokens"],
-            registry=r,
+        self.spec_verify_passes = gauge(
+            "gleanrl:spec_verify_passes", "SD verify passes by tokens emitted (the acceptance histogram)", ["tokens"]
         )
-        self.spec_accept_token_num = Gauge(
+        self.spec_accept_token_num = gauge(
             "gleanrl:spec_accept_token_num",
             "Draft tokens accepted, by draft source (group: the prompt's other samples; eagle: the EAGLE-3 drafter)",
             ["source"],
-            registry=r,
         )
-        self.spec_accept_length_by_source = Gauge(
+        self.spec_accept_length_by_source = gauge(
             "gleanrl:spec_accept_length_by_source",
             "Accepted draft tokens per verify pass that offered the source",
             ["source"],
-            registry=r,
         )
-        self.prompt_tokens = Counter("gleanrl:prompt_tokens", "Prompt tokens of finished requests", registry=r)
-        self.generation_tokens = Counter("gleanrl:generation_tokens", "Generated tokens", registry=r)
-        self.num_requests = Counter("gleanrl:num_requests", "Finished requests", ["finish_reason"], registry=r)
-        self.ttft = Histogram(
-            "gleanrl:time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r
-        )
-        self.e2e = Histogram(
-            "gleanrl:e2e_request_latency_seconds", "End-to-end request latency", buckets=_LATENCY_BUCKETS, registry=r
-        )
+        self.prompt_tokens = counter("gleanrl:prompt_tokens", "Prompt tokens of finished requests")
+        self.generation_tokens = counter("gleanrl:generation_tokens", "Generated tokens")
+        self.num_requests = counter("gleanrl:num_requests", "Finished requests", ["finish_reason"])
+        self.ttft = latency("gleanrl:time_to_first_token_seconds", "Time to first token")
+        self.e2e = latency("gleanrl:e2e_request_latency_seconds", "End-to-end request latency")
 
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)

@@ -37,8 +37,6 @@ def describe_bodies(schema: dict) -> dict:
         components[model.__name__] = body
         for method, op in schema.get("paths", {}).get(path, {}).items():
             if method in ("post", "put"):
-                op["requestBody"] = {
-                    "required": True,
-                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
-                }
+                ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+                op["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref}}}
     return schema

@@ -1,57 +1,39 @@
-"""`gleanrl proxy --upstream URL --port P`: in front of any SGLang-API server (stock SGLang on GPUs,
-or gleanrl's), forwards every request and response unchanged (body bytes, status, headers, SSE
-streams as they come; API keys pass through to the upstream, which checks them), and provides the
-harvest feed (`GET /harvest_feed`, guarded by the proxy's own `--admin-api-key`; without that key
-there is no feed) from what it sees:
-
-- each finished `/generate` (plain or streaming, single, batch, n > 1) with `input_ids`; a text
-  prompt is recorded as `prompt_text` (the upstream never returns its token ids; the sidecar
-  tokenizes it); the OpenAI routes pass through unrecorded;
-- the load: `/generate` requests in flight, and paused between `/pause_generation` and
-  `/continue_generation`;
-- policy weight updates it relays (`selector` absent or "target"; drafter pushes are not listed):
-  disk ones (the sidecar follows `model_path`), tensor and process-group ones (listed, so the
-  sidecar can refuse them by name: it cannot read those weights).
-
-Bounds: request bodies over `max_request_bytes` (`max_weight_request_bytes` on
-`/update_weights_from_tensor`, whose upstream checks the admin key) get 413 before they are read
-(`server/http/edge/body_limit.py`), a large body is parsed off the event loop, a /generate asking for
-more than `max_outputs` outputs (prompts x n) gets 400, a browser page's requests get 403
-(`server/http/edge/origin.py`).
-"""
+"""`gleanrl proxy --upstream URL --port P`: in front of any SGLang-API server, forwards every request
+and response unchanged (bytes, status, headers, SSE as it comes; API keys pass through to the upstream),
+and serves the harvest feed (`GET /harvest_feed`, only with the proxy's own `--admin-api-key`) from
+what it sees: each finished `/generate` (a text prompt as `prompt_text`: the upstream never returns
+its ids; the OpenAI routes pass unrecorded); the load (`/generate`s in flight, paused between
+`/pause_generation` and `/continue_generation`); relayed policy weight updates (disk ones the sidecar
+follows, tensor and process-group ones listed so it can refuse them by name). Bounds as the server's:
+413 over the body limits before reading, large bodies parsed off the event loop, a /generate over
+`max_outputs` (prompts x n) 400, a browser page's requests 403."""
 
 from __future__ import annotations
 
+import os
+import sys
 import weakref
 from contextlib import asynccontextmanager
 
 import httpx
+import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.datastructures import Headers
 
+from gleanrl.base.heap import freeze_heap
 from gleanrl.server.config import is_loopback
 from gleanrl.server.http.edge.auth import allowed, unauthorized
 from gleanrl.server.http.edge.body import off_loop, read_body
 from gleanrl.server.http.edge.body_limit import MAX_REQUEST_BYTES, MAX_WEIGHT_REQUEST_BYTES, BodyLimit, route_limit
-from gleanrl.server.http.edge.errors import ApiError
+from gleanrl.server.http.edge.errors import ApiError, send_error
 from gleanrl.server.http.edge.origin import BrowserGuard
 from gleanrl.server.http.native import feed as http_feed
 from gleanrl.server.http.native.harvest_feed import FeedConfig, HarvestFeed
 from gleanrl.server.proxy.parse import MAX_OUTPUTS, Recorder, TooMany
 
 HOP_HEADERS = frozenset(
-    {
-        "host",
-        "content-length",
-        "connection",
-        "keep-alive",
-        "transfer-encoding",
-        "te",
-        "upgrade",
-        "proxy-connection",
-        "trailer",
-    }
+    "host content-length connection keep-alive transfer-encoding te upgrade proxy-connection trailer".split()
 )
 
 
@@ -74,8 +56,7 @@ def build_proxy(
 
     app = FastAPI(title="gleanrl proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     load = {"num_running_reqs": 0, "num_queue_reqs": None, "paused": False}
-    # it holds every prompt and completion: keyed only
-    feed = HarvestFeed(feed_cfg) if admin_api_key else None
+    feed = HarvestFeed(feed_cfg) if admin_api_key else None  # it holds every prompt and completion: keyed only
     app.state = http_feed.FeedState(feed, lambda: dict(load))  # type: ignore[assignment]
     http = httpx.AsyncClient(
         timeout=httpx.Timeout(timeout_s, connect=30.0),
@@ -95,9 +76,9 @@ def build_proxy(
             body = await read_body(request, *route_limit(route, max_request_bytes, max_weight_request_bytes))
             recorder = await off_loop(Recorder.for_request, len(body), route, request.method, body, feed, max_outputs)
         except ApiError as exc:
-            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+            return exc.response()
         except TooMany as exc:
-            return JSONResponse(ApiError(400, str(exc), param="sampling_params.n").body(), status_code=400)
+            return ApiError(400, str(exc), param="sampling_params.n").response()
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_HEADERS]
         url = httpx.URL(upstream + route, query=request.url.query.encode())
         # from now: a non-streamed reply has no headers before it ends
@@ -106,20 +87,11 @@ def build_proxy(
             resp = await http.send(http.build_request(request.method, url, headers=headers, content=body), stream=True)
         except httpx.HTTPError as exc:
             load["num_running_reqs"] -= recorder is not None
-            return JSONResponse(
-                {
-                    "error": {
-                        "message": f"gleanrl proxy: upstream {upstream} unreachable: {exc}",
-                        "type": "server_error",
-                        "param": None,
-                        "code": 502,
-                    }
-                },
-                status_code=502,
-            )
-        out_headers = [
+            return ApiError(
+                502, f"gleanrl proxy: upstream {upstream} unreachable: {exc}", kind="server_error"
+            ).response()
+        out_headers = [  # repeated ones (set-cookie) kept
             (k.encode("latin-1"), v.encode("latin-1"))
-            # repeated ones (set-cookie) kept
             for k, v in resp.headers.multi_items()
             if k.lower() not in HOP_HEADERS - {"content-length"}
         ]
@@ -159,8 +131,7 @@ def build_proxy(
 
 class FeedGuard:
     """`/harvest_feed`: 404 when the feed is off, 401 without the admin key. Pure ASGI (a
-    BaseHTTPMiddleware would wrap `receive` in a task group, and an error raised from it, such as
-    a body over the limit, would reach the route as an exception group)."""
+    BaseHTTPMiddleware would hand the route a body-limit error as an exception group)."""
 
     def __init__(self, app, feed_on: bool, admin_api_key: str | None):
         self.app, self.feed_on, self.admin_api_key = app, feed_on, admin_api_key
@@ -169,31 +140,20 @@ class FeedGuard:
         if scope["type"] != "http" or scope["path"] != "/harvest_feed":
             return await self.app(scope, receive, send)
         if not self.feed_on:
-            response = JSONResponse(
-                ApiError(
-                    404,
-                    "the proxy's harvest feed is off: it needs "
-                    "--admin-api-key (the feed holds every prompt "
-                    "and completion)",
-                    kind="not_found_error",
-                ).body(),
-                status_code=404,
+            message = (
+                "the proxy's harvest feed is off: it needs --admin-api-key (the feed holds every prompt and completion)"
             )
-        elif not allowed(Headers(scope=scope).get("authorization"), None, self.admin_api_key, True):
-            response = Response(
-                unauthorized().encoded(),
-                status_code=401,
-                media_type="application/json",
-                headers={"www-authenticate": "Bearer"},
+            return await ApiError(404, message, kind="not_found_error").response()(scope, receive, send)
+        if not allowed(Headers(scope=scope).get("authorization"), None, self.admin_api_key, True):
+            no = unauthorized()  # without `Connection: close`: a GET has no body to drain
+            return await send_error(
+                send, ApiError(401, no.message, kind=no.kind, headers={"WWW-Authenticate": "Bearer"})
             )
-        else:
-            return await self.app(scope, receive, send)
-        await response(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 def _with_headers(response: Response, headers: list[tuple[bytes, bytes]]) -> Response:
-    # exactly the upstream's (Starlette would add its own content-type)
-    response.raw_headers = headers
+    response.raw_headers = headers  # exactly the upstream's (Starlette would add its own content-type)
     return response
 
 
@@ -208,52 +168,40 @@ def _note_control(route: str, body: bytes, reply: bytes, load: dict, feed: Harve
 
 
 def add_arguments(p) -> None:
-    import os
-
     p.add_argument("--upstream", required=True, help="the rollout server to forward to, e.g. http://127.0.0.1:30000")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=30001, help="port to listen on")
     p.add_argument(
         "--admin-api-key",
         default=os.environ.get("GLEANRL_ADMIN_API_KEY"),
-        help="Bearer key for the proxy's /harvest_feed (or env "
-        "GLEANRL_ADMIN_API_KEY); every other path passes its keys through to the "
-        "upstream, which checks them",
+        help="Bearer key for the proxy's /harvest_feed (or env GLEANRL_ADMIN_API_KEY); every other path passes its "
+        "keys through to the upstream, which checks them",
     )
-    p.add_argument(
-        "--harvest-feed-records",
-        type=int,
-        default=4096,
-        help="finished requests the feed holds; the oldest are dropped (and counted) beyond it",
-    )
-    p.add_argument(
-        "--max-request-bytes",
-        type=int,
-        default=MAX_REQUEST_BYTES,
-        help="request bodies over this on every route but /update_weights_from_tensor: 413",
-    )
-    p.add_argument(
-        "--max-weight-request-bytes",
-        type=int,
-        default=MAX_WEIGHT_REQUEST_BYTES,
-        help="request bodies over this on /update_weights_from_tensor (relayed; the upstream checks its key): 413",
-    )
-    p.add_argument(
-        "--max-batch",
-        type=int,
-        default=MAX_OUTPUTS,
-        help="most outputs (prompts x n) one /generate may ask for; more: 400",
-    )
+    for name, default, help in (
+        (
+            "--harvest-feed-records",
+            4096,
+            "finished requests the feed holds; the oldest are dropped (and counted) beyond it",
+        ),
+        (
+            "--max-request-bytes",
+            MAX_REQUEST_BYTES,
+            "request bodies over this on every route but /update_weights_from_tensor: 413",
+        ),
+        (
+            "--max-weight-request-bytes",
+            MAX_WEIGHT_REQUEST_BYTES,
+            "request bodies over this on /update_weights_from_tensor (relayed; the upstream checks its key): 413",
+        ),
+        ("--max-batch", MAX_OUTPUTS, "most outputs (prompts x n) one /generate may ask for; more: 400"),
+    ):
+        p.add_argument(name, type=int, default=default, help=help)
     p.add_argument(
         "--log-level", default="warning", choices=["debug", "info", "warning", "error"], help="log verbosity"
     )
 
 
 def run(args) -> int:
-    import sys
-
-    import uvicorn
-
     if not args.upstream.startswith(("http://", "https://")):
         print(f"gleanrl proxy: error: --upstream must be an http(s) URL, got {args.upstream!r}", file=sys.stderr)
         return 2
@@ -270,18 +218,15 @@ def run(args) -> int:
     except ValueError as exc:
         print(f"gleanrl proxy: error: {exc}", file=sys.stderr)
         return 2
-    from gleanrl.base.heap import freeze_heap
-
     freeze_heap()  # as the server: a full collection would stall every relayed stream
     feed = "harvest feed at /harvest_feed" if args.admin_api_key else "no harvest feed: it needs --admin-api-key"
     print(f"gleanrl proxy: http://{args.host}:{args.port} -> {args.upstream} ({feed})", file=sys.stderr)
-    try:
+    try:  # no server or date header: the upstream's are relayed
         uvicorn.run(
             app,
             host=args.host,
             port=args.port,
             log_level=args.log_level,
-            # the upstream's are relayed
             timeout_graceful_shutdown=10,
             server_header=False,
             date_header=False,

@@ -1,8 +1,6 @@
-"""What the proxy records from one relayed `/generate`: the request's prompts expanded to one per
-output (prompt-major, n per prompt, as SGLang orders a batch), and the outputs read from the relayed
-bytes (one JSON body, or SSE chunks with `index`; `output_ids` cumulative or incremental, both
-handled). Parsing never touches what is relayed: a body it cannot read is forwarded and simply
-not recorded."""
+"""What the proxy records from one relayed `/generate`: its prompts, one per output (prompt-major, as
+SGLang orders a batch), and the outputs read from the relayed bytes (one JSON body, or SSE chunks;
+`output_ids` cumulative or incremental). What it cannot read is relayed all the same, not recorded."""
 
 from __future__ import annotations
 
@@ -105,12 +103,6 @@ class Recorder:
         for i, meta in sorted(self._meta.items()):
             if i < len(self.prompts) and meta.get("finish_reason") is not None:
                 ids, text = self.prompts[i]
-                self.feed.record(
-                    str(meta.get("id")),
-                    ids,
-                    self._ids[i],
-                    meta.get("weight_version"),
-                    meta["finish_reason"],
-                    prompt_text=text,
-                    meta={k: meta.get(k) for k in FEED_META},
-                )
+                extra = {k: meta.get(k) for k in FEED_META}
+                version, reason = meta.get("weight_version"), meta["finish_reason"]
+                self.feed.record(str(meta.get("id")), ids, self._ids[i], version, reason, prompt_text=text, meta=extra)

@@ -1,8 +1,6 @@
-"""Bearer-token auth with SGLang's semantics. `--api-key` guards every path but `/health*`; admin
-paths (weight updates, pause/continue, flush, abort-all, the harvest feed) take `--admin-api-key`
-when it is set, else `--api-key`, else nothing (SGLang's ADMIN_OPTIONAL level). A pure ASGI
-middleware, so client disconnects still reach the streaming routes. Keys are compared in constant
-time and never echoed."""
+"""Bearer-token auth with SGLang's semantics: `--api-key` guards every path but `/health*`; admin paths
+take `--admin-api-key` when set, else `--api-key`, else nothing (SGLang's ADMIN_OPTIONAL). Pure ASGI,
+so client disconnects still reach the streaming routes. Keys are compared in constant time, never echoed."""
 
 from __future__ import annotations
 
@@ -28,28 +26,19 @@ ADMIN_PATHS = frozenset(
     }
 )
 OPEN_PREFIXES = ("/health",)
-# the route itself asks for the admin key when abort_all
-EITHER_KEY_PATHS = frozenset({"/abort_request"})
-
-
-def _bearer(header: str | None) -> str | None:
-    if not header:
-        return None
-    scheme, _, token = header.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else None
+EITHER_KEY_PATHS = frozenset({"/abort_request"})  # the route itself asks for the admin key when abort_all
 
 
 def allowed(authorization: str | None, api_key: str | None, admin_api_key: str | None, admin: bool) -> bool:
     expected = (admin_api_key or api_key) if admin else api_key
     if not expected:
         return True
-    token = _bearer(authorization)
-    return token is not None and secrets.compare_digest(token.encode(), expected.encode())
+    scheme, _, token = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), expected.encode())
 
 
 def unauthorized() -> ApiError:
-    # the body is never read: uvicorn closes the socket instead of draining it (a weight route's
-    # limit is large, body_limit.py)
+    # `Connection: close`: uvicorn closes the socket instead of draining an unread (maybe large) body
     return ApiError(
         401,
         "Unauthorized: missing or wrong API key (Authorization: Bearer <key>)",
@@ -76,5 +65,5 @@ class AuthMiddleware:
 
 def check_admin(request) -> bool:
     """For routes whose admin level depends on the body (abort_all)."""
-    state = request.app.state
-    return allowed(request.headers.get("authorization"), state.server_cfg.api_key, state.server_cfg.admin_api_key, True)
+    cfg = request.app.state.server_cfg
+    return allowed(request.headers.get("authorization"), cfg.api_key, cfg.admin_api_key, True)

@@ -1,16 +1,11 @@
-"""Request bodies over their route's limit are refused before they are read. Two limits, one name each
-in the server and the proxy: `--max-weight-request-bytes` (large) for the route whose body carries
-weights by value (`/update_weights_from_tensor`, admin-only when a key is set: `AuthMiddleware`, inside
-this one, refuses an unkeyed request before reading a byte of it), `--max-request-bytes` (small) for
-every other route, generation and OpenAI included: the fewer bytes a refused body may push, the less
-the event loop that also feeds the engine spends on it (docs/reliability.md). The check: a declared
-`Content-Length` over the limit gets 413 at once, without calling the app; a chunked body raises the
-same 413 from `receive` as soon as the bytes received pass it, so the rest is never buffered. A pure
-ASGI middleware, outermost, so no other layer reads first.
-
-Every 413 says `Connection: close`: uvicorn then closes the socket instead of reading and discarding
-the rest of the body (hundreds of megabytes parsed on the event loop would stall every other
-client), and the client sees the answer as soon as its next write fails."""
+"""Request bodies over their route's limit are refused (413) before they are read. Two limits, one name
+each in the server and the proxy: `--max-weight-request-bytes` (large) for the route that carries
+weights by value (admin-only when a key is set: `AuthMiddleware`, inside this one, refuses an unkeyed
+request before reading a byte), `--max-request-bytes` (small) for every other route: the fewer bytes a
+refused body may push, the less the event loop that feeds the engine spends on it. A declared
+`Content-Length` over the limit is refused at once; a chunked body as soon as the bytes passed it.
+Pure ASGI, outermost. Every 413 says `Connection: close`, so uvicorn closes the socket instead of
+reading and discarding the rest (hundreds of megabytes on the event loop would stall every client)."""
 
 from __future__ import annotations
 
@@ -31,13 +26,6 @@ def route_limit(path: str, max_bytes: int, max_weight_bytes: int) -> tuple[int, 
     return (max_weight_bytes, WEIGHT_SETTING) if path in WEIGHT_BODY_PATHS else (max_bytes, SETTING)
 
 
-def declared_length(scope) -> int | None:
-    for key, value in scope.get("headers", ()):
-        if key.lower() == b"content-length":
-            return int(value) if value.isdigit() else None
-    return None
-
-
 class BodyLimit:
     def __init__(self, app, max_bytes: int, max_weight_bytes: int):
         self.app, self.max_bytes, self.max_weight_bytes = app, max_bytes, max_weight_bytes
@@ -46,11 +34,11 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         limit, setting = route_limit(scope["path"], self.max_bytes, self.max_weight_bytes)
-        declared = declared_length(scope)
+        declared = next((v for k, v in scope.get("headers", ()) if k.lower() == b"content-length"), b"")
+        declared = int(declared) if declared.isdigit() else None
         if declared is not None and declared > limit:
             return await send_error(send, too_large(limit, declared, setting))
-        received = 0
-        started = False
+        received, started = 0, False
 
         async def limited_receive():
             nonlocal received

@@ -1,20 +1,19 @@
-"""The edge's one error shape: `ApiError`, a status and OpenAI's error body, its message naming the
-field; pydantic's validation errors in it; the 400 of an SGLang field the engine does not implement;
-the 413 of a body over its limit; and the answer a pure ASGI middleware sends with one."""
+"""The edge's one error shape, `ApiError` (a status and OpenAI's error body naming the field), and its
+usual cases: pydantic's validation errors, a field the engine does not implement, a body over its
+limit; the answer a pure ASGI middleware sends with one."""
 
 from __future__ import annotations
 
 import json
 from typing import TYPE_CHECKING
 
+from fastapi.responses import JSONResponse
+
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
 
 class ApiError(Exception):
-    """An error the edge answers with `status` and OpenAI's error shape; the message
-    names the field."""
-
     def __init__(
         self,
         status: int,
@@ -29,14 +28,11 @@ class ApiError(Exception):
         self.headers = headers
 
     def body(self) -> dict:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.status if self.code is None else self.code,
-            }
-        }
+        code = self.status if self.code is None else self.code
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
     def encoded(self) -> bytes:
         return json.dumps(self.body()).encode()
@@ -58,39 +54,30 @@ def validation_error(exc: ValidationError) -> ApiError:
         seen.setdefault(_loc(err["loc"]), err["msg"])
     # a union reports every branch; keep the deepest paths (the field that is actually wrong)
     seen = {k: v for k, v in seen.items() if not any(o.startswith(k + ".") for o in seen)}
-    param = next(iter(seen))
-    return ApiError(400, "; ".join(f"{k}: {v}" for k, v in list(seen.items())[:3]), param=param)
+    return ApiError(400, "; ".join(f"{k}: {v}" for k, v in list(seen.items())[:3]), param=next(iter(seen)))
 
 
 def bad_field(field: str, why: str) -> ApiError:
-    """The 400 of a wrong field: the message `field: why`, the field named in `param`."""
     return ApiError(400, f"{field}: {why}", param=field)
 
 
 def refuse_unsupported(values: dict, names: tuple[str, ...], prefix: str = "") -> None:
-    """A 400 naming the first field of `names` that is set in `values` (unset: None, "",
-    False, [], {}): an SGLang field the embedded engine does not implement is never accepted
-    and ignored."""
+    """A 400 naming the first of `names` set in `values` (unset: None, "", False, [], {}): an SGLang
+    field the embedded engine does not implement is never accepted and ignored."""
     for name in names:
         if values.get(name) not in (None, "", False, [], {}):
-            field = f"{prefix}{name}"
-            raise ApiError(400, f"{field} is not supported by the embedded engine", param=field)
+            raise ApiError(400, f"{prefix}{name} is not supported by the embedded engine", param=f"{prefix}{name}")
 
 
 def too_large(max_bytes: int, declared: int | None = None, setting: str = "--max-request-bytes") -> ApiError:
-    """The 413 of a body over `max_bytes` (set by the flag `setting`); `Connection: close`
-    (body_limit.py)."""
+    """The 413 of a body over `max_bytes` (set by the flag `setting`); `Connection: close`."""
     size = f" of {declared} bytes" if declared is not None else ""
-    return ApiError(
-        413,
-        f"request body{size} is over the limit of {max_bytes} bytes ({setting})",
-        param="body",
-        headers={"Connection": "close"},
-    )
+    message = f"request body{size} is over the limit of {max_bytes} bytes ({setting})"
+    return ApiError(413, message, param="body", headers={"Connection": "close"})
 
 
 async def send_error(send, exc: ApiError) -> None:
-    """Answer with `exc` from a pure ASGI middleware, before any route (origin, auth, body limit)."""
+    """Answer with `exc` from a pure ASGI middleware, before any route."""
     body = exc.encoded()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in (exc.headers or {}).items()]

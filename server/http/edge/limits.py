@@ -1,6 +1,5 @@
-"""What one request may cost, checked at the edge before any work (docs/reliability.md lists each
-limit): sequences per request, the waiting queue, ids inside the vocabulary, logprob options,
-and tokenizing off the event loop."""
+"""What one request may cost, checked before any work (docs/reliability.md lists each limit); tokenizing
+off the event loop."""
 
 from __future__ import annotations
 
@@ -12,26 +11,22 @@ RETRY_AFTER_S = 1
 
 
 def check_batch(state, count: int, field: str) -> None:
-    """One HTTP request may start at most `max_batch` engine requests (prompts x n):
-    bounds memory."""
-    if count > state.server_cfg.max_batch:
-        raise bad_field(
-            field, f"{count} sequences (prompts x n) in one request; the limit is {state.server_cfg.max_batch}"
-        )
+    """One HTTP request may start at most `max_batch` engine requests (prompts x n)."""
+    limit = state.server_cfg.max_batch
+    if count > limit:
+        raise bad_field(field, f"{count} sequences (prompts x n) in one request; the limit is {limit}")
 
 
 def check_serving(state) -> None:
     """For the generation routes: a 400 while any memory is released."""
-    released = state.engine.released_memory()
-    if released:
+    if released := state.engine.released_memory():
         raise ApiError(
             400, f"memory is released (tags {sorted(released)}); call /resume_memory_occupation before generating"
         )
 
 
 def check_queue(state, count: int) -> None:
-    """503 with Retry-After when `count` more requests would overfill the waiting queue (SGLang's
-    answer to `--max-queued-requests`)."""
+    """503 with Retry-After when `count` more requests would overfill the queue (SGLang's answer)."""
     limit = state.server_cfg.max_queued_requests
     queued = state.engine.stats().get("num_queue_reqs") or 0
     if queued + count > limit:
@@ -54,7 +49,6 @@ def check_token_ids(state, ids: list[int] | None, field: str) -> None:
 
 
 def check_vocab(state, ids: list[int], field: str) -> None:
-    """Every id inside the vocabulary; a 400 naming the first that is not."""
     bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
     if bad is not None:
         raise bad_field(field, f"token id {bad} is outside the vocabulary [0, {state.vocab_size})")
@@ -67,28 +61,23 @@ def check_top_logprobs(state, k: int, field: str) -> None:
 
 
 def check_logprob_volume(state, reqs) -> None:
-    """The (logprob, id) pairs the engine requests of one HTTP request would hold: per position of
-    the prompt they score and of their output, top_logprobs_num + len(token_ids_logprob)."""
-    total = 0
-    for r in reqs:
-        if not r.return_logprob:
-            continue
-        per_position = r.top_logprobs_num + len(r.token_ids_logprob or ())
-        scored = (len(r.input_ids) - r.logprob_start_len if r.logprob_start_len >= 0 else 0) + r.params.max_new_tokens
-        total += per_position * scored
+    """The (logprob, id) pairs one HTTP request's logprob options would hold."""
+    total = sum(
+        (r.top_logprobs_num + len(r.token_ids_logprob or ()))
+        * ((len(r.input_ids) - r.logprob_start_len if r.logprob_start_len >= 0 else 0) + r.params.max_new_tokens)
+        for r in reqs
+        if r.return_logprob
+    )
     limit = state.server_cfg.max_logprob_pairs
     if total > limit:
-        raise ApiError(
-            400,
-            f"top_logprobs_num: the logprobs asked for would hold {total} "
-            "(logprob, id) pairs (positions x (top_logprobs_num + "
+        raise bad_field(
+            "top_logprobs_num",
+            f"the logprobs asked for would hold {total} (logprob, id) pairs (positions x (top_logprobs_num + "
             f"len(token_ids_logprob))), over the limit of {limit}",
-            param="top_logprobs_num",
         )
 
 
 async def encode(state, texts: list[str], **kwargs) -> list[list[int]]:
-    """Token ids of each text, tokenized in a worker thread (a large body must not block the
-    event loop)."""
+    """Token ids of each text, in a worker thread (a large body must not block the event loop)."""
     tok = state.tokenizer
     return await asyncio.to_thread(lambda: [tok.encode(t, **kwargs) for t in texts])

@@ -1,10 +1,7 @@
 """Requests a web page in the user's browser could make are refused (403), so a page cannot drive a
-server on 127.0.0.1, admin routes included, when no key is set:
-- DNS rebinding: on a loopback-bound server the Host header must name a loopback address
-  (127.0.0.1:port, localhost:port, [::1]:port) or the address the server is bound to;
-- cross-site requests: an `Origin` header (browsers send one on every cross-origin POST; other
-  clients do not) must be a loopback origin or the server's own.
-A pure ASGI middleware, outermost, so it runs before auth and before any body is read."""
+keyless server on 127.0.0.1: against DNS rebinding, a loopback-bound server's Host header must name a
+loopback address or the bound one; a cross-site `Origin` (browsers send one on every cross-origin
+POST) must be a loopback origin or the server's own. Pure ASGI, before auth and any body read."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The generation routes' answers: SGLang's `/generate` shape (`text`, `output_ids`, `meta_info`,
-with gleanrl's `draft_weight_version` and `spec_accept_length`), its size in bytes (what decides
-rendering off the event loop), and the SSE stream every generation route sends."""
+"""The generation routes' answers: SGLang's `/generate` shape (gleanrl adds `draft_weight_version` and
+`spec_accept_length`), its size in bytes, and the SSE stream every generation route sends."""
 
 from __future__ import annotations
 
@@ -36,10 +35,8 @@ def meta_info(track: Track, tok=None, text_in_logprobs: bool = False) -> dict:
 
 
 def answer_bytes(tracks: list[Track], planned: bool = False) -> int:
-    """About how many bytes of JSON the logprob fields of `tracks` make (an [lp, id, null] triple
-    is ~30 bytes), with the tokens generated so far or, `planned`, with max_new_tokens: what
-    decides whether the answer (a stream's chunks: each holds all so far) is rendered off the
-    event loop."""
+    """About how many bytes of JSON the logprob fields of `tracks` make (~30 a triple), with the tokens
+    so far or, `planned`, max_new_tokens: what decides rendering off the event loop."""
     triples = 0
     for t in tracks:
         req = t.req
@@ -51,19 +48,14 @@ def answer_bytes(tracks: list[Track], planned: bool = False) -> int:
 
 
 def render(state, track: Track, sp: SamplingIn, text_in_logprobs: bool = False) -> dict:
-    text = output_text(state.tokenizer, track, sp.skip_special_tokens, sp.no_stop_trim)
-    return {
-        "text": text,
-        "output_ids": list(track.ids),
-        "meta_info": meta_info(track, state.tokenizer, text_in_logprobs),
-    }
+    tok = state.tokenizer
+    text = output_text(tok, track, sp.skip_special_tokens, sp.no_stop_trim)
+    return {"text": text, "output_ids": list(track.ids), "meta_info": meta_info(track, tok, text_in_logprobs)}
 
 
 async def whole(run: Fanin, request: Request, shape) -> Response | None:
-    """The answer once every track has finished, `shape(tracks)` as JSON; None when the client went
-    first (the run is aborted). Logprob options can make it megabytes of JSON: built on the event
-    loop, it would stall every other client's stream (and /health) for as long, so a large one is
-    built in a worker thread."""
+    """`shape(tracks)` as JSON once every track has finished; None when the client went first (the run
+    is aborted). A large answer (megabytes with logprobs) is built in a worker thread."""
     tracks = await collect(run, request)
     if tracks is None:
         return None
@@ -72,9 +64,8 @@ async def whole(run: Fanin, request: Request, shape) -> Response | None:
 
 async def stream(run: Fanin, request: Request, chunks, tail=lambda: []) -> Response:
     """SSE: `chunks(i)` gives the objects to send after track i was updated, `tail()` those before
-    [DONE]. 400 if the engine refuses before the first update. A client that goes away (noticed here
-    even while no chunk is due, e.g. paused) ends the body, whose `finally` aborts the
-    engine requests."""
+    [DONE]; 400 if the engine refuses before the first update. A client that goes away (even while no
+    chunk is due, e.g. paused) ends the body, whose `finally` aborts the engine requests."""
     events = run.events()
     try:  # waiting for the first update (queued, paused) also ends when the client goes
         first = await unless_disconnected(anext(events), request)
@@ -85,20 +76,15 @@ async def stream(run: Fanin, request: Request, chunks, tail=lambda: []) -> Respo
         run.close()
         raise
 
-    # chunks with many logprobs render in a worker thread, as a whole answer does (`whole`);
-    # safe: the tracks change only in `events`, which waits meanwhile
+    # large chunks render in a worker thread; safe: the tracks change only in `events`, which waits
     size = answer_bytes(run.tracks, planned=True)
 
-    def encoded(i: int) -> list[bytes]:
-        return [sse(obj) for obj in chunks(i)]
-
     async def body():
-        # also while no chunk is due (paused)
         gone = asyncio.ensure_future(wait_disconnect(request))
         try:
             i = first
             while True:
-                for data in await off_loop(encoded, size, i):
+                for data in await off_loop(lambda j: [sse(obj) for obj in chunks(j)], size, i):
                     yield data
                 nxt = asyncio.ensure_future(anext(events))
                 await asyncio.wait({nxt, gone}, return_when=asyncio.FIRST_COMPLETED)

@@ -1,6 +1,5 @@
-"""`/generate`'s request bodies, as SGLang's `GenerateReqInput` and its sampling params
-(`managers/io_struct.py`, `sampling/sampling_params.py`). Types are checked here; value ranges by
-`server.protocol.SamplingParams`."""
+"""`/generate`'s request bodies, as SGLang's `GenerateReqInput` and sampling params. Types are checked
+here; value ranges by `server.protocol.SamplingParams`."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, 
 Number = StrictFloat
 Stop = StrictStr | list[StrictStr] | None
 
-# SGLang fields the embedded engine does not implement: accepted only unset (None, "", False, [],
-# {}), otherwise a 400 naming the field (never accepted and ignored).
+# SGLang fields the embedded engine does not implement: a 400 naming the field unless unset
 UNSUPPORTED_SAMPLING = ("structural_tag",)
 UNSUPPORTED_GENERATE = (
     "input_embeds",
@@ -67,13 +65,11 @@ class SamplingIn(BaseModel):
     structural_tag: Any = None
     logit_bias: dict[StrictStr, Number] | None = None
     stop_regex: Stop = None
-    # accepted; no custom logit processor reads it
-    custom_params: dict[StrictStr, Any] | None = None
+    custom_params: dict[StrictStr, Any] | None = None  # accepted; no custom logit processor reads it
 
 
 class GenerateIn(BaseModel):
-    # extras: checked against UNSUPPORTED_GENERATE, others ignored
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow")  # extras: checked against UNSUPPORTED_GENERATE, others ignored
     text: StrictStr | list[StrictStr] | None = None
     input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
     sampling_params: SamplingIn | list[SamplingIn] | None = None

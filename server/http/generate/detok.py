@@ -1,6 +1,5 @@
-"""Text at the edge: incremental detokenization as SGLang's detokenizer does it (so streamed and
-non-streamed text agree and each update costs a few tokens of decoding, not the whole output), stop
-trimming, and the held-back deltas of OpenAI streams and of the streaming parsers."""
+"""Text at the edge: incremental detokenization as SGLang's (streamed and whole text agree; an update
+decodes a few tokens, not the whole output), stop trimming, held-back stream deltas."""
 
 from __future__ import annotations
 
@@ -28,8 +27,8 @@ class Detokenizer:
 
 
 def output_text(tokenizer, track: Track, skip_special_tokens: bool = True, no_stop_trim: bool = False) -> str:
-    """Decoded output as SGLang returns it: a matched stop token or stop string is cut from the text
-    (not from `output_ids`) unless `no_stop_trim`."""
+    """Decoded output as SGLang's: a matched stop token or string is cut from the text (not from
+    `output_ids`) unless `no_stop_trim`."""
     if track.detok is None:
         track.detok = Detokenizer(tokenizer, skip_special_tokens)
     ids, matched = track.ids, (track.finish_reason or {}).get("matched")
@@ -43,8 +42,7 @@ def output_text(tokenizer, track: Track, skip_special_tokens: bool = True, no_st
 
 
 def tag_start(text: str, tag: str) -> int:
-    """Length of the longest tail of `text` that is a strict prefix of `tag`: what a streaming
-    parser holds back, since the tag may be starting."""
+    """Length of the longest tail of `text` that is a strict prefix of `tag` (a streaming parser holds it)."""
     for i in range(min(len(text), len(tag) - 1), 0, -1):
         if tag.startswith(text[-i:]):
             return i
@@ -52,8 +50,8 @@ def tag_start(text: str, tag: str) -> int:
 
 
 class Delta:
-    """Incremental text for OpenAI streams: while running, holds back the last len(longest stop) - 1
-    characters, so that a stop string trimmed at the end is never half-sent."""
+    """Incremental text for OpenAI streams: holds back len(longest stop) - 1 characters while running, so
+    a stop string trimmed at the end is never half-sent."""
 
     def __init__(self, stop: list[str]):
         self.hold, self.sent = max((len(s) for s in stop), default=1) - 1, ""

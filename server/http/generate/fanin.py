@@ -1,6 +1,5 @@
-"""Run the engine requests of one HTTP request (a batch, or n samples per prompt) and merge their
-output streams. Keeps each request's cumulative state, feeds the edge metrics, and aborts whatever
-is still running when the HTTP side goes away (disconnect, error, cancellation)."""
+"""The engine requests of one HTTP request (a batch, n samples per prompt) run and their streams merged
+into cumulative tracks, feeding the metrics; aborted when the HTTP side goes away."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gleanrl.server.http.edge.errors import ApiError
+from gleanrl.server.http.edge.errors import ApiError, bad_field
 from gleanrl.server.protocol import FEED_META, GenerateOutput, GenerateRequest
 
 
@@ -48,17 +47,14 @@ class Fanin:
         groups: dict[str, list[str]] | None = None,
         feed=None,
     ):
-        """`active` maps every running rid (and each user rid of an n > 1 group) to its engine rids;
-        /abort_request reads it. `feed` (`harvest_feed.HarvestFeed`, or None) records each
-        finished one."""
+        """`active`: every running rid (and user rid of an n > 1 group) -> its engine rids (for
+        /abort_request); `feed` (`harvest_feed.HarvestFeed` or None) records each finished one."""
         self.engine, self.metrics, self.active, self.feed = engine, metrics, active, feed
         self.tracks = [Track(r) for r in reqs]
         names = {r.rid: [r.rid] for r in reqs} | (groups or {})
         busy = [k for k in names if k in active]
         if busy or len(names) < len(reqs):
-            raise ApiError(
-                400, f"rid: a request with id {(busy or ['(duplicate)'])[0]!r} is already running", param="rid"
-            )
+            raise bad_field("rid", f"a request with id {(busy or ['(duplicate)'])[0]!r} is already running")
         active.update(names)
         self.keys = list(names)
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -86,12 +82,9 @@ class Fanin:
                 raise out
             now = time.perf_counter()
             if out is None:  # the engine's stream ended without a final update
+                reason = {"type": "abort", "message": "engine stream ended"}
                 out = GenerateOutput(
-                    rid=track.req.rid,
-                    new_ids=[],
-                    new_logprobs=[],
-                    finished=True,
-                    finish_reason={"type": "abort", "message": "engine stream ended"},
+                    rid=track.req.rid, new_ids=[], new_logprobs=[], finished=True, finish_reason=reason
                 )
             track.ids += out.new_ids
             track.logprobs += out.new_logprobs
@@ -106,20 +99,13 @@ class Fanin:
             if out.finished:
                 track.finished_at = now
                 pending -= 1
-                self.metrics.finished(
-                    out.prompt_tokens or len(track.req.input_ids),
-                    (out.finish_reason or {}).get("type", "abort"),
-                    now - track.created,
-                )
+                kind = (out.finish_reason or {}).get("type", "abort")
+                self.metrics.finished(out.prompt_tokens or len(track.req.input_ids), kind, now - track.created)
                 if self.feed is not None:
-                    info = out.meta_info()
+                    info, req = out.meta_info(), track.req
+                    meta = {k: info[k] for k in FEED_META}
                     self.feed.record(
-                        track.req.rid,
-                        track.req.input_ids,
-                        track.ids,
-                        out.weight_version,
-                        out.finish_reason,
-                        meta={k: info[k] for k in FEED_META},
+                        req.rid, req.input_ids, track.ids, out.weight_version, out.finish_reason, meta=meta
                     )
             yield i
 
@@ -140,7 +126,7 @@ class Fanin:
 
 
 class Disconnected(Exception):
-    """The client went away before the answer was ready."""
+    pass
 
 
 async def wait_disconnect(request) -> None:
@@ -150,8 +136,7 @@ async def wait_disconnect(request) -> None:
 
 
 async def unless_disconnected(awaitable, request):
-    """The result of `awaitable`, or `Disconnected` if the client goes first (the awaitable
-    is cancelled)."""
+    """The result of `awaitable`, or `Disconnected` (and it cancelled) if the client goes first."""
     work = asyncio.ensure_future(awaitable)
     gone = asyncio.ensure_future(wait_disconnect(request))
     try:
@@ -165,7 +150,7 @@ async def unless_disconnected(awaitable, request):
 
 
 async def collect(run: Fanin, request) -> list[Track] | None:
-    """Drain `run` unless the client disconnects first (then abort it and return None)."""
+    """The drained tracks, or None (the run aborted) if the client disconnects first."""
     try:
         return await unless_disconnected(run.drain(), request)
     except Disconnected:

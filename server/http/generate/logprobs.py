@@ -1,8 +1,6 @@
-"""SGLang's logprob fields of `meta_info` (`tokenizer_manager.add_logprob_to_meta_info`): each entry
-a triple [logprob, token_id, text], the text only with `return_text_in_logprobs` (else null);
-`input_token_logprobs` / `output_token_logprobs` with `return_logprob`; `input_top_logprobs` /
-`output_top_logprobs` (one list of triples per position, best first) with `top_logprobs_num` > 0;
-`input_token_ids_logprobs` / `output_token_ids_logprobs` with `token_ids_logprob`."""
+"""SGLang's logprob fields of `meta_info`: triples [logprob, token_id, text] (text only with
+`return_text_in_logprobs`), per position a list of them (best first) for top_logprobs_num and
+token_ids_logprob."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ def logprob_fields(track: Track, tok, text: bool) -> dict:
     req = track.req
     inp = track.input_logprobs or {"token": [], "top": [], "ids": []}
     tops, picked = track.top_logprobs, track.token_ids_logprobs
-    if req.params.max_new_tokens == 0 and "next_top" in inp:
-        # SGLang scores the position after the prompt
+    if req.params.max_new_tokens == 0 and "next_top" in inp:  # SGLang scores the position after the prompt
         tops, picked = [inp["next_top"]], [inp["next_ids"]]
     out = {
         "input_token_logprobs": _triples(inp["token"], tok, text),
@@ -42,8 +39,7 @@ def logprob_fields(track: Track, tok, text: bool) -> dict:
 
 
 async def fill_input_logprobs(engine, tracks: list[Track]) -> None:
-    """Computes the prompt logprobs of every track that asks (`logprob_start_len` >= 0), once per
-    distinct (prompt, options): the n samples of one prompt share them."""
+    """The prompt logprobs of every track that asks, once per distinct (prompt, options)."""
     done: dict[tuple, dict] = {}
     for t in tracks:
         req = t.req
@@ -51,11 +47,6 @@ async def fill_input_logprobs(engine, tracks: list[Track]) -> None:
             continue
         key = (tuple(req.input_ids), req.logprob_start_len, req.top_logprobs_num, tuple(req.token_ids_logprob or ()))
         if key not in done:
-            done[key] = await asyncio.to_thread(
-                engine.prompt_logprobs,
-                req.input_ids,
-                req.logprob_start_len,
-                req.top_logprobs_num,
-                req.token_ids_logprob,
-            )
+            args = (req.input_ids, req.logprob_start_len, req.top_logprobs_num, req.token_ids_logprob)
+            done[key] = await asyncio.to_thread(engine.prompt_logprobs, *args)
         t.input_logprobs = done[key]

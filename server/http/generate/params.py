@@ -1,6 +1,5 @@
-"""What the generation routes (`/generate` and the OpenAI routes) hand the engine: a checked prompt,
-`SamplingParams` from SGLang-named fields (value errors name the field), the compiled grammar, n
-samples as n engine requests, and the run that starts them (`Fanin`)."""
+"""What the generation routes hand the engine: checked prompts, `SamplingParams` from SGLang-named fields
+(value errors name the field), the compiled grammar, n samples as n engine requests, the run (`Fanin`)."""
 
 from __future__ import annotations
 
@@ -34,7 +33,6 @@ def sampling(state, sp: dict, field: str = "sampling_params") -> SamplingParams:
     cfg = state.server_cfg
     refuse_unsupported(sp, UNSUPPORTED_SAMPLING, f"{field}.")
     cap = cfg.max_new_tokens_cap
-    # default fits
     n, max_new = sp.get("n", 1), sp.get("max_new_tokens", 128 if cap is None else min(128, cap))
     if n > cfg.max_n:
         raise ApiError(400, f"{field}.n must be <= {cfg.max_n}, got {n}", param=f"{field}.n")
@@ -43,10 +41,6 @@ def sampling(state, sp: dict, field: str = "sampling_params") -> SamplingParams:
     seed = sp.get("sampling_seed") if sp.get("sampling_seed") is not None else sp.get("seed")
     if seed is not None and not 0 <= seed < 2**63 - cfg.max_n:
         raise ApiError(400, f"{field}.sampling_seed must be in [0, 2^63), got {seed}", param=f"{field}.sampling_seed")
-    stop = sp.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else [s for s in stop if s]
-    stop_regex = sp.get("stop_regex") or []
-    stop_regex = [stop_regex] if isinstance(stop_regex, str) else [s for s in stop_regex if s]
     top_k = sp.get("top_k", -1)
     top_k = -1 if top_k >= state.vocab_size else top_k  # keeping the whole vocabulary is no top-k
     try:
@@ -56,7 +50,7 @@ def sampling(state, sp: dict, field: str = "sampling_params") -> SamplingParams:
             top_p=float(sp.get("top_p", 1.0)),
             top_k=top_k,
             min_p=float(sp.get("min_p", 0.0)),
-            stop=stop,
+            stop=_strings(sp.get("stop")),
             stop_token_ids=list(sp.get("stop_token_ids") or []),
             ignore_eos=sp.get("ignore_eos", False),
             n=n,
@@ -66,7 +60,7 @@ def sampling(state, sp: dict, field: str = "sampling_params") -> SamplingParams:
             repetition_penalty=float(sp.get("repetition_penalty", 1.0)),
             min_new_tokens=sp.get("min_new_tokens", 0),
             logit_bias=_logit_bias(state, sp.get("logit_bias"), field),
-            stop_regex=stop_regex,
+            stop_regex=_strings(sp.get("stop_regex")),
         )
         check_stops(params.stop)
         compile_stop_regex(params.stop_regex)
@@ -74,6 +68,11 @@ def sampling(state, sp: dict, field: str = "sampling_params") -> SamplingParams:
     except ValueError as exc:
         msg = str(exc).replace("sampling_params.", f"{field}.", 1)
         raise ApiError(400, msg, param=msg.split(" ", 1)[0]) from None
+
+
+def _strings(value) -> list[str]:
+    value = value or []
+    return [value] if isinstance(value, str) else [s for s in value if s]
 
 
 async def with_grammar(state, params: SamplingParams, spec) -> SamplingParams:
@@ -98,17 +97,14 @@ def _logit_bias(state, bias: dict | None, field: str) -> dict[int, float]:
 
 
 def check_length(state, ids: list[int], params: SamplingParams, field: str) -> None:
-    """An explicit max_new_tokens that does not fit the context after the prompt: SGLang's 400
-    (not clamped)."""
-    total = len(ids) + params.max_new_tokens
-    if total > state.context_length:
+    """An explicit max_new_tokens that does not fit the context after the prompt: SGLang's 400."""
+    total, limit = len(ids) + params.max_new_tokens, state.context_length
+    if total > limit:
         raise ApiError(
             400,
-            f"Requested token count exceeds the model's maximum context length of "
-            f"{state.context_length} tokens. You requested a total of {total} "
-            f"tokens: {len(ids)} tokens from the input messages "
-            f"and {params.max_new_tokens} tokens for the completion. Please reduce "
-            "the number of tokens in the input messages or the completion to fit "
+            f"Requested token count exceeds the model's maximum context length of {limit} tokens. You requested a "
+            f"total of {total} tokens: {len(ids)} tokens from the input messages and {params.max_new_tokens} tokens "
+            "for the completion. Please reduce the number of tokens in the input messages or the completion to fit "
             "within the limit.",
             param=field,
         )
@@ -121,22 +117,18 @@ def expand(
     logprob: list[bool],
     options: list[dict] | None = None,
 ) -> tuple[list[GenerateRequest], dict[str, list[str]]]:
-    """n > 1 becomes n engine requests per prompt, prompt-major, with seed + j; returns the requests
-    and the user rid -> engine rids groups. `options`: per prompt, GenerateRequest's
-    logprob fields."""
+    """n > 1 becomes n engine requests per prompt (prompt-major, seed + j); returns them and the user
+    rid -> engine rids groups. `options`: per prompt, GenerateRequest's logprob fields."""
     reqs, groups = [], {}
     for i, (ids, p, rid, lp) in enumerate(zip(prompts, params, rids, logprob)):
+        extra = options[i] if options else {}
         base = rid or uuid.uuid4().hex
         names = [base] if p.n == 1 else [f"{base}-{j}" for j in range(p.n)]
         groups[base] = names
         for j, name in enumerate(names):
             one = dataclasses.replace(p, n=1, seed=None if p.seed is None else p.seed + j)
             try:
-                reqs.append(
-                    GenerateRequest(
-                        rid=name, input_ids=ids, params=one, return_logprob=lp, **(options[i] if options else {})
-                    )
-                )
+                reqs.append(GenerateRequest(rid=name, input_ids=ids, params=one, return_logprob=lp, **extra))
             except ValueError as exc:
                 field = str(exc).split("=", 1)[0].split(" ", 1)[0]
                 raise ApiError(400, str(exc), param=field) from None
@@ -144,8 +136,7 @@ def expand(
 
 
 async def start_run(state, reqs: list[GenerateRequest], groups) -> Fanin:
-    """Submit the requests and fill the prompt logprobs they asked for; nothing is left
-    running on error."""
+    """Submit the requests and fill the prompt logprobs they ask for; nothing is left running on error."""
     check_logprob_volume(state, reqs)
     check_queue(state, len(reqs))
     run = Fanin(state.engine, reqs, state.metrics, state.active, groups, feed=state.feed)

@@ -1,11 +1,8 @@
-"""Reasoning parsers: a reasoning model's `<think>…</think>` apart from its answer, as SGLang 0.5.23's
-`parser/reasoning_parser.py` (`BaseReasoningFormatDetector`) separates them, one-shot and streamed.
-
-Names as SGLang's `--reasoning-parser`: `deepseek-r1` (reasoning until `</think>`, the opening tag
-optional: R1 starts inside it), `qwen3` (reasoning only inside `<think>`, or from the start when the
-chat template opened the tag itself; a `<tool_call>` closes it), `qwen3-thinking` (always reasoning
-first), and SGLang's other names for the same two detectors. Streaming holds back a trailing piece
-that may be the start of a tag, so a tag split across deltas never leaks into either field."""
+"""Reasoning parsers: `<think>…</think>` apart from the answer, one-shot and streamed, as SGLang 0.5.23's
+`BaseReasoningFormatDetector`. Names as its `--reasoning-parser`: `deepseek-r1` (reasoning until
+`</think>`, the opening tag optional), `qwen3` (only inside `<think>`, or from the start when the template
+opened it; `<tool_call>` closes it), `qwen3-thinking` (always reasoning first), and SGLang's aliases.
+Streaming holds back a tail that may start a tag, so a split tag never leaks into either field."""
 
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ class Style:
 
 
 R1, QWEN3, QWEN3_THINKING = Style(True, None), Style(False, "<tool_call>"), Style(True, "<tool_call>")
-# SGLang's names for these two detectors (its DetectorMap)
-PARSERS = {
+PARSERS = {  # SGLang's names for these two detectors (its DetectorMap)
     "deepseek-r1": R1,
     "step3": R1,
     "step3p5": R1,
@@ -48,14 +44,18 @@ def check_parser(name: str, field: str = "reasoning_parser") -> Style:
 
 class ReasoningParser:
     def __init__(self, name: str, template_opened: bool = False):
-        """`template_opened`: the chat template ended the prompt with `<think>` (the model starts
-        inside the block, as SGLang's `force_reasoning` from its template detection)."""
+        """`template_opened`: the chat template ended the prompt with `<think>` (SGLang's `force_reasoning`)."""
         self.style = check_parser(name)
         self.in_reasoning = self.style.force or template_opened
         self.buffer, self.stripped = "", False
 
-    def _tool_at(self, text: str) -> int:
-        return text.find(self.style.tool_start) if self.style.tool_start else -1
+    def _cut(self, text: str) -> tuple[str, str] | None:
+        """(reasoning, content) if the reasoning ends in `text` (</think>, or a tool call's tag)."""
+        if END in text:
+            reasoning, _, content = text.partition(END)
+            return reasoning, content
+        tool = text.find(self.style.tool_start) if self.style.tool_start else -1
+        return (text[:tool], text[tool:]) if tool >= 0 else None
 
     def split(self, text: str) -> tuple[str, str]:
         """The whole output -> (reasoning, content), as SGLang's `detect_and_parse`."""
@@ -63,17 +63,10 @@ class ReasoningParser:
             return "", text
         while text.startswith(THINK):
             text = text[len(THINK) :]
-        if END in text:
-            reasoning, _, content = text.partition(END)
-            return reasoning, content
-        tool = self._tool_at(text)
-        if tool >= 0:
-            return text[:tool], text[tool:]
-        return text, ""  # cut off before </think>
+        return self._cut(text) or (text, "")  # or cut off before </think>
 
     def feed(self, delta: str) -> tuple[str, str]:
-        """A streamed delta -> (reasoning, content) to send now (SGLang's
-        `parse_streaming_increment` with stream_reasoning on)."""
+        """A streamed delta -> (reasoning, content) to send now (SGLang's `parse_streaming_increment`)."""
         text = self.buffer + delta
         tags = [THINK, END] + ([self.style.tool_start] if self.style.tool_start else [])
         if any(t.startswith(text) and t != text for t in tags):
@@ -84,14 +77,9 @@ class ReasoningParser:
         if not self.in_reasoning:
             self.buffer = ""
             return "", text
-        if END in text:
+        if cut := self._cut(text):
             self.buffer, self.in_reasoning = "", False
-            reasoning, _, content = text.partition(END)
-            return reasoning, content
-        tool = self._tool_at(text)
-        if tool >= 0:
-            self.buffer, self.in_reasoning = "", False
-            return text[:tool], text[tool:]
+            return cut
         hold = max(tag_start(text, t) for t in tags)
         self.buffer = text[len(text) - hold :] if hold else ""
         return text[: len(text) - hold], ""

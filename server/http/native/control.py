@@ -1,6 +1,5 @@
-"""SGLang's native control API: disk weight updates, health, cache flush, pause/continue, abort and
-Prometheus metrics. Paths and response shapes follow SGLang's `entrypoints/http_server.py`;
-`selector` on weight updates is gleanrl's extension."""
+"""SGLang's native control API (its paths and answers): disk weight updates (gleanrl's `selector`),
+health, cache flush, pause/continue, abort, Prometheus metrics."""
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ from gleanrl.server.engine import PAUSE_MODES
 from gleanrl.server.http.edge.auth import check_admin
 from gleanrl.server.http.edge.body import parse, read_json
 from gleanrl.server.http.edge.errors import ApiError
+from gleanrl.server.http.native.weights_sync import apply
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -42,21 +42,14 @@ class AbortIn(BaseModel):
 async def update_weights_from_disk(request: Request):
     state = request.app.state
     body = await parse(request, UpdateWeightsIn)
-    async with state.weights_lock:
-        try:
-            await asyncio.to_thread(
-                state.engine.update_weights,
-                body.model_path,
-                weight_version=body.weight_version,
-                selector=body.selector,
-                flush_cache=body.flush_cache,
-                abort_all_requests=body.abort_all_requests,
-            )
-        except Exception as exc:
-            # CheckpointError, or anything a bad checkpoint raises: refuse, keep serving
-            log.warning("weight update from %s refused: %s", body.model_path, exc)
-            message = str(exc) or type(exc).__name__
-            return JSONResponse({"success": False, "message": message, "num_paused_requests": 0}, status_code=400)
+    try:
+        await apply(
+            state, body.model_path, body.weight_version, body.selector, body.flush_cache, body.abort_all_requests
+        )
+    except Exception as exc:  # CheckpointError, or anything a bad checkpoint raises: refuse, keep serving
+        log.warning("weight update from %s refused: %s", body.model_path, exc)
+        message = str(exc) or type(exc).__name__
+        return JSONResponse({"success": False, "message": message, "num_paused_requests": 0}, status_code=400)
     message = "Succeeded to update model weights."
     if body.weight_version is not None:
         message += f" Weight version updated to {body.weight_version}."

@@ -1,8 +1,5 @@
-"""SGLang's discovery routes: /model_info (/get_model_info), /server_info (/get_server_info),
-/get_load and /v1/loads, shaped as SGLang 0.5.23 answers them (`entrypoints/http_server.py`,
-`entrypoints/v1_loads.py`, `managers/load_snapshot.py`). One process serves one model replica: tp,
-pp, dp and ep sizes are 1 (sglang-router's --dp-aware and slime's external-engine attach read them);
-a memory saver is not used."""
+"""SGLang 0.5.23's discovery routes and answers: /model_info, /server_info, /get_load, /v1/loads. One
+process serves one replica: tp, pp, dp and ep sizes are 1 (sglang-router's --dp-aware and slime read them)."""
 
 from __future__ import annotations
 
@@ -16,16 +13,8 @@ from gleanrl.server.http.edge.errors import ApiError
 from gleanrl.server.weights import checkpoint
 
 router = APIRouter()
-PARALLEL = {
-    "tp_size": 1,
-    "pp_size": 1,
-    "dp_size": 1,
-    "ep_size": 1,
-    "nnodes": 1,
-    "node_rank": 0,
-    "enable_dp_attention": False,
-    "enable_memory_saver": False,
-}
+PARALLEL = {"tp_size": 1, "pp_size": 1, "dp_size": 1, "ep_size": 1, "nnodes": 1, "node_rank": 0}
+PARALLEL |= {"enable_dp_attention": False, "enable_memory_saver": False}
 LOAD_SECTIONS = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
 
 
@@ -69,10 +58,9 @@ async def server_info(request: Request):
     state = request.app.state
     stats = state.engine.stats()
     running, tokens = _capacity(state)
-    # secret keys were dropped when the app was built
-    args = {**state.engine_args, **state.server_args}
     return {
-        **args,
+        **state.engine_args,
+        **state.server_args,  # without the keys
         **PARALLEL,
         "max_running_requests": running,
         "max_total_tokens": tokens,
@@ -118,14 +106,9 @@ async def get_load(request: Request):
     """The per-DP-rank load list of SGLang before 0.5.23 (which answers 404 here; older
     sglang-router load-aware policies poll it)."""
     load = _load(request.app.state)
-    return [
-        {
-            "dp_rank": 0,
-            "num_reqs": load["num_running_reqs"] + load["num_waiting_reqs"],
-            "num_waiting_reqs": load["num_waiting_reqs"],
-            "num_tokens": load["num_used_tokens"],
-        }
-    ]
+    waiting = load["num_waiting_reqs"]
+    row = {"dp_rank": 0, "num_reqs": load["num_running_reqs"] + waiting, "num_waiting_reqs": waiting}
+    return [row | {"num_tokens": load["num_used_tokens"]}]
 
 
 @router.get("/v1/loads")
@@ -147,8 +130,7 @@ async def loads(request: Request, dp_rank: int | None = None, include: str | Non
             "graph_gb": 0.0,
             "token_capacity": load["max_total_num_tokens"],
         }
-    if state.engine.info().get("draft_model_path") and (every or "spec" in sections):
-        # SGLang: only with SD
+    if state.engine.info().get("draft_model_path") and (every or "spec" in sections):  # SGLang: only with SD
         stats = state.engine.stats()
         load["speculative"] = {
             "accept_length": float(stats.get("avg_spec_accept_length", 0.0)),

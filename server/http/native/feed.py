@@ -1,8 +1,6 @@
-"""`GET /harvest_feed?cursor=N&limit=M&wait_s=S`: finished requests from the harvest feed (gleanrl
-extension, `gleanrl serve --harvest-feed` or `gleanrl proxy`; admin key). Long-polls up to `wait_s`
-for a record past the cursor. Also reports the server's load (`running`, `queued`, `paused`), which
-the sidecar reads to train only in the server's idle windows. With the feed off: 404 saying how
-to turn it on."""
+"""`GET /harvest_feed?cursor=N&limit=M&wait_s=S` (admin key): finished requests from the harvest feed,
+long-polling up to `wait_s` for one past the cursor, and the server's load (the sidecar trains only in
+its idle windows). With the feed off: 404 saying how to turn it on."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ POLL_S = 0.05
 
 @dataclass(slots=True)
 class FeedState:
-    """What the route reads of `app.state`: the server's (`state.AppState` extends it) or the
-    proxy's."""
+    """What the route reads of `app.state`: the server's (`state.AppState` extends it) or the proxy's."""
 
     feed: HarvestFeed | None  # GET /harvest_feed (None: off)
     feed_load: Callable[[], dict]  # running, queued, paused
@@ -47,12 +44,8 @@ def _int(request: Request, name: str, default: int | None, low: int) -> int | No
 async def harvest_feed(request: Request):
     state: FeedState = request.app.state
     if (feed := state.feed) is None:
-        raise ApiError(
-            404,
-            "the harvest feed is off: start the server with `gleanrl serve "
-            "--harvest-feed` (or put `gleanrl proxy` in front of it)",
-            kind="not_found_error",
-        )
+        why = "start the server with `gleanrl serve --harvest-feed` (or put `gleanrl proxy` in front of it)"
+        raise ApiError(404, f"the harvest feed is off: {why}", kind="not_found_error")
     unknown = sorted(set(request.query_params) - {"cursor", "limit", "wait_s"})
     if unknown:
         raise bad_field(unknown[0], "not a parameter of /harvest_feed (cursor, limit, wait_s)")
@@ -62,7 +55,6 @@ async def harvest_feed(request: Request):
     except ValueError:
         raise ApiError(400, "wait_s must be a number of seconds", param="wait_s") from None
     deadline = time.monotonic() + wait_s
-    while feed.next_seq <= cursor and time.monotonic() < deadline:
-        # recording stays a plain append: readers poll, writers never wait
+    while feed.next_seq <= cursor and time.monotonic() < deadline:  # readers poll: writers never wait
         await asyncio.sleep(POLL_S)
     return {**feed.read(cursor, limit), "load": state.feed_load()}

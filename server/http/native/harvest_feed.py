@@ -1,15 +1,10 @@
-"""The harvest feed (gleanrl extension, off by default): a bounded buffer of finished requests that
-a harvest sidecar (`gleanrl harvest`) reads with a cursor, so a trainer that is not gleanrl's needs
-no code for harvest. `gleanrl serve --harvest-feed` fills it from the HTTP edge; `gleanrl proxy`
-from what it sees.
-
-Recording never blocks generation: an append under a lock held for O(1) work. The buffer is bounded
-in records and in tokens; what overflows is the oldest, dropped and counted, never queued without
-bound. Each record gets a sequence number (`seq`, monotonic); a reader asks for `seq >= cursor` and
-learns how many it missed (`missed`) when the buffer moved past its cursor; `feed_id` changes with
-the buffer (a restarted server). Weight updates the feed cannot be followed through (tensor, process
-group: seen by the proxy) are listed in `weight_updates`, so the sidecar can refuse them by name.
-"""
+"""The harvest feed (gleanrl extension, off by default): a bounded buffer of finished requests that a
+harvest sidecar (`gleanrl harvest`) reads with a cursor, filled by `gleanrl serve --harvest-feed` or
+`gleanrl proxy`. Recording is an O(1) append under a lock, never blocking generation; bounded in
+records and tokens, the oldest dropped and counted. Records carry a monotonic `seq`; a reader asks for
+`seq >= cursor` and learns how many it `missed`; `feed_id` changes with the buffer (a restarted
+server). Policy weight updates are listed in `weight_updates` (the sidecar refuses those it cannot
+follow, tensor and process-group ones, by name)."""
 
 from __future__ import annotations
 
@@ -31,9 +26,8 @@ UPDATE_KINDS = {
 
 
 def group_key(prompt_ids: list[int]) -> str:
-    """The group (GRPO siblings, earlier steps' samples) of a prompt: a hash of its exact token ids,
-    the bytes the group-drafts index hashes (`prompt_key` on branch groupdraft: blake2b-128 of int64
-    ids), in hex."""
+    """The group (GRPO siblings, earlier steps' samples) of a prompt: blake2b-128 of its int64 token ids
+    in hex, the group-drafts index's `prompt_key`."""
     return hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=16).hexdigest()
 
 
@@ -42,8 +36,7 @@ class FeedConfig:
     max_records: int = 4096
     max_tokens: int = 4_000_000  # prompt + output tokens held
     max_read: int = 512  # records per read
-    # tokens per read (at least one record): bounds one response
-    max_read_tokens: int = 1_000_000
+    max_read_tokens: int = 1_000_000  # tokens per read (at least one record)
 
     def __post_init__(self) -> None:
         for name in ("max_records", "max_tokens", "max_read", "max_read_tokens"):
@@ -51,16 +44,17 @@ class FeedConfig:
                 raise ValueError(f"harvest feed: {name} must be >= 1, got {getattr(self, name)}")
 
 
+def _tokens(rec: dict) -> int:
+    return len(rec["prompt_ids"] or ()) + len(rec["output_ids"])
+
+
 class HarvestFeed:
     def __init__(self, cfg: FeedConfig | None = None):
         self.cfg = cfg or FeedConfig()
         self._records: collections.deque[dict] = collections.deque()
         self._lock = threading.Lock()
-        self._tokens = 0
-        self.next_seq = 0
-        self.dropped = 0
+        self._tokens = self.next_seq = self.dropped = 0
         self._updates: collections.deque[dict] = collections.deque(maxlen=64)
-        # a new buffer (restarted server): a reader's old cursor means nothing
         self.feed_id = uuid.uuid4().hex
 
     def record(
@@ -73,8 +67,7 @@ class HarvestFeed:
         prompt_text: str | None = None,
         meta: dict | None = None,
     ) -> None:
-        """One finished request. `prompt_text` stands in for ids a proxy never saw
-        (text prompts)."""
+        """One finished request; `prompt_text` stands in for ids a proxy never saw."""
         rec = {
             "rid": rid,
             "prompt_ids": list(prompt_ids) if prompt_ids is not None else None,
@@ -86,7 +79,7 @@ class HarvestFeed:
             "finished_at": time.time(),
             **(meta or {}),
         }
-        size = len(rec["prompt_ids"] or ()) + len(rec["output_ids"])
+        size = _tokens(rec)
         with self._lock:
             rec["seq"] = self.next_seq
             self.next_seq += 1
@@ -95,25 +88,19 @@ class HarvestFeed:
             while len(self._records) > self.cfg.max_records or (
                 self._tokens > self.cfg.max_tokens and len(self._records) > 1
             ):
-                old = self._records.popleft()
-                self._tokens -= len(old["prompt_ids"] or ()) + len(old["output_ids"])
+                self._tokens -= _tokens(self._records.popleft())
                 self.dropped += 1
 
     def note_weight_update(self, kind: str, weight_version, model_path: str | None = None) -> None:
+        version = None if weight_version is None else str(weight_version)
         with self._lock:
             self._updates.append(
-                {
-                    "kind": kind,
-                    "weight_version": None if weight_version is None else str(weight_version),
-                    "model_path": model_path,
-                    "after_seq": self.next_seq,
-                }
+                {"kind": kind, "weight_version": version, "model_path": model_path, "after_seq": self.next_seq}
             )
 
     def note_relayed_update(self, route: str, body: bytes, reply: bytes) -> None:
-        """A weight-update call that succeeded (HTTP 200): listed if it changed the policy
-        (`selector` absent or "target"; drafter pushes leave the policy) and the reply does not say
-        `success: false`."""
+        """A weight-update call answered 200: listed if it changed the policy (`selector` not "draft")
+        and the reply does not say `success: false`."""
         try:
             req, answer = json.loads(body or b"{}"), json.loads(reply or b"{}")
         except ValueError:
@@ -132,7 +119,7 @@ class HarvestFeed:
             start = max(cursor, oldest) - oldest
             out, size = [], 0
             for rec in itertools.islice(self._records, start, start + limit):
-                size += len(rec["prompt_ids"] or ()) + len(rec["output_ids"])
+                size += _tokens(rec)
                 if out and size > self.cfg.max_read_tokens:
                     break
                 out.append(rec)
@@ -151,9 +138,8 @@ class HarvestFeed:
 
 
 class FeedUpdatesMiddleware:
-    """ASGI: lists the app's successful policy weight updates in `feed`, whichever route module
-    serves them (pure ASGI: the request body is passed on as it comes, the reply is copied on
-    its way out)."""
+    """Lists the app's successful policy weight updates in `feed` (pure ASGI: the request body and the
+    reply are copied as they pass)."""
 
     def __init__(self, app, feed: HarvestFeed):
         self.app, self.feed = app, feed

@@ -38,8 +38,7 @@ class DetokenizeIn(BaseModel):
 
 
 def _max_model_len(state) -> int:
-    """The tokenizer's model_max_length when it is a 64-bit integer (as SGLang), else the
-    context length."""
+    """The tokenizer's model_max_length when a 64-bit integer (as SGLang), else the context length."""
     n = getattr(state.tokenizer, "model_max_length", -1)
     return n if isinstance(n, int) and -(2**63) <= n < 2**64 else state.context_length
 
@@ -51,27 +50,16 @@ async def tokenize(request: Request):
     body = await parse(request, TokenizeIn)
     if (body.prompt is None) == (body.messages is None):
         raise ApiError(400, "Exactly one of 'prompt' or 'messages' must be provided.", param="prompt")
+    special = body.add_special_tokens
     if body.messages is not None:
-        text = await chat_text(
-            state,
-            body.messages,
-            body.chat_template_kwargs,
-            add_generation_prompt=body.add_generation_prompt is not False,
-        )
+        opened = body.add_generation_prompt is not False
+        prompt = await chat_text(state, body.messages, body.chat_template_kwargs, add_generation_prompt=opened)
         # as SGLang: a template's text is encoded without special tokens unless both asked
-        special = (
-            body.add_generation_prompt is not None
-            and body.add_special_tokens
-            and "add_special_tokens" in body.model_fields_set
-        )
-        (tokens,) = await encode(state, [text], add_special_tokens=special)
-        count = len(tokens)
-    elif isinstance(body.prompt, str):
-        (tokens,) = await encode(state, [body.prompt], add_special_tokens=body.add_special_tokens)
-        count = len(tokens)
+        special = special and body.add_generation_prompt is not None and "add_special_tokens" in body.model_fields_set
     else:
-        tokens = await encode(state, body.prompt, add_special_tokens=body.add_special_tokens)
-        count = [len(t) for t in tokens]
+        prompt = body.prompt
+    tokens = await encode(state, [prompt] if isinstance(prompt, str) else prompt, add_special_tokens=special)
+    tokens, count = (tokens[0], len(tokens[0])) if isinstance(prompt, str) else (tokens, [len(t) for t in tokens])
     return {"tokens": tokens, "count": count, "max_model_len": _max_model_len(state)}
 
 

@@ -1,12 +1,9 @@
-"""SGLang's process-group weight push on the embedded server: /init_weights_update_group joins the
-trainer's group (`server/weights/process_group.py`), /update_weights_from_distributed receives the
-broadcast tensors and applies them like a tensor update (validated, atomic, staged inside a
-/begin_weight_update session; `selector` target or draft), /destroy_weights_update_group leaves it.
-Receiving always runs to the end once it starts, so the trainer's broadcasts complete even when the
-tensors are then refused; but a group joins only loopback addresses and the `--dist-allow` hosts,
-and an update that lists unknown dtypes, or more tensors or elements than the served model holds, is
-refused before any buffer is allocated (names and shapes are checked once received, as SGLang does,
-so a careless push keeps the stream aligned)."""
+"""SGLang's process-group weight push: /init_weights_update_group joins the trainer's group (loopback
+and `--dist-allow` hosts only), /update_weights_from_distributed receives the broadcast and applies it
+like a tensor update (`weights_sync.stage_or_apply`), /destroy_weights_update_group leaves it. Unknown
+dtypes, or more tensors or elements than the model holds, are refused before any buffer is allocated;
+once receiving starts it runs to the end (names and shapes are checked after, as SGLang), so the
+trainer's broadcasts complete and the stream stays aligned even when the tensors are refused."""
 
 from __future__ import annotations
 
@@ -26,9 +23,7 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 
-class InitGroupIn(BaseModel):
-    """SGLang's InitWeightsUpdateGroupReqInput."""
-
+class InitGroupIn(BaseModel):  # SGLang's InitWeightsUpdateGroupReqInput
     master_address: StrictStr
     master_port: StrictInt
     rank_offset: StrictInt
@@ -37,9 +32,7 @@ class InitGroupIn(BaseModel):
     backend: Literal["gloo", "nccl"] = "nccl"
 
 
-class DistributedUpdateIn(BaseModel):
-    """SGLang's UpdateWeightsFromDistributedReqInput."""
-
+class DistributedUpdateIn(BaseModel):  # SGLang's UpdateWeightsFromDistributedReqInput
     names: list[StrictStr] = Field(min_length=1)
     dtypes: list[StrictStr]
     shapes: list[list[StrictInt]]
@@ -65,18 +58,13 @@ async def init_weights_update_group(request: Request):
     if not 1 <= body.rank_offset < body.world_size:
         return answer(False, f"rank_offset must be in [1, world_size): the trainer is rank 0, got {body.rank_offset}")
     if not (is_loopback(body.master_address) or body.master_address in state.server_cfg.dist_allow):
-        return answer(
-            False,
-            f"master_address {body.master_address!r} is not allowed: only "
-            "loopback addresses and the hosts given with "
-            "--dist-allow may be joined",
-        )
+        why = "only loopback addresses and the hosts given with --dist-allow may be joined"
+        return answer(False, f"master_address {body.master_address!r} is not allowed: {why}")
     if not 0 < body.master_port < 65536:
         return answer(False, f"master_port must be in [1, 65535], got {body.master_port}")
     if body.backend == "nccl" and state.engine.cfg.device != "cuda":
         return answer(False, "backend 'nccl' needs a CUDA server; this one runs on the CPU: use 'gloo'")
-    if state.group_joining.locked():
-        # a rendezvous holds a worker thread until it times out: one at a time
+    if state.group_joining.locked():  # a rendezvous holds a worker thread until it times out: one at a time
         return answer(False, "another /init_weights_update_group is waiting for its rendezvous; retry after it")
     try:
         async with state.group_joining:
@@ -99,11 +87,8 @@ async def update_weights_from_distributed(request: Request):
     body = await parse(request, DistributedUpdateIn)
     pg = state.weight_groups.get(body.group_name)
     if pg is None:
-        return answer(
-            False,
-            f"Group {body.group_name} not in {list(state.weight_groups)}. "
-            "Please call `init_weights_update_group` first.",
-        )
+        groups = list(state.weight_groups)
+        return answer(False, f"Group {body.group_name} not in {groups}. Please call `init_weights_update_group` first.")
     if not len(body.names) == len(body.dtypes) == len(body.shapes):
         return answer(False, "names, dtypes and shapes must have the same length")
     try:

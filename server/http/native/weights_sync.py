@@ -1,9 +1,7 @@
-"""SGLang's in-memory weight sync on the embedded engine: /update_weights_from_tensor (by-value
-pickles, same-host ForkingPickler handles, `load_format: "flattened_bucket"`;
-`server/weights/tensor_payload.py`), inside an optional /begin_weight_update ... /end_weight_update
-session that stages the calls and applies them as one atomic swap
-(`server/weights/tensor_update.py`); the process-group pushes (`weights_group.py`) stage into
-the same session; memory release/resume (`server/engine/memory.py`)."""
+"""SGLang's in-memory weight sync: /update_weights_from_tensor (`server/weights/tensor_payload.py`),
+optionally inside a /begin_weight_update ... /end_weight_update session that stages the calls (the
+process-group pushes of `weights_group.py` too) and applies them as one atomic swap; memory
+release/resume."""
 
 from __future__ import annotations
 
@@ -45,8 +43,7 @@ class MemoryTagsIn(BaseModel):
 @dataclass
 class Session:
     selector: str
-    # by name: a tensor sent twice is staged once (bounded by the model)
-    named: dict = field(default_factory=dict)
+    named: dict = field(default_factory=dict)  # by name: a tensor sent twice is staged once
     version: str | None = None
     flush_cache: bool = True
     abort: bool = False
@@ -54,6 +51,12 @@ class Session:
 
 def answer(ok: bool, message: str) -> JSONResponse:
     return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
+
+
+async def apply(state, *args) -> None:
+    """`engine.update_weights(*args)` under the weights lock, off the event loop."""
+    async with state.weights_lock:
+        await asyncio.to_thread(state.engine.update_weights, *args)
 
 
 @router.post("/begin_weight_update")
@@ -71,23 +74,17 @@ async def update_weights_from_tensor(request: Request):
     state = request.app.state
     body = await parse(request, TensorUpdateIn)
     try:
-        named = await asyncio.to_thread(
-            tensor_payload.decode,
-            body.serialized_named_tensors,
-            body.load_format,
-            state.server_cfg.local_tensor_handles,
-        )
+        handles = state.server_cfg.local_tensor_handles
+        named = await asyncio.to_thread(tensor_payload.decode, body.serialized_named_tensors, body.load_format, handles)
         return await stage_or_apply(state, named, body)
-    except ValueError as exc:
-        # CheckpointError is a ValueError: refused, the old weights keep serving
+    except ValueError as exc:  # CheckpointError too: refused, the old weights keep serving
         log.warning("tensor weight update refused: %s", exc)
         return answer(False, str(exc))
 
 
 async def stage_or_apply(state, named: list, body) -> JSONResponse:
-    """Check `named` completely; then, inside a session, stage it, else apply it now. `body`
-    carries selector, weight_version, flush_cache and abort_all_requests. ValueError
-    (CheckpointError) when refused."""
+    """Check `named` completely; then stage it inside a session, else apply it now. `body`: selector,
+    weight_version, flush_cache, abort_all_requests. ValueError (CheckpointError) when refused."""
     session: Session | None = state.weight_session
     if session is not None and body.selector != session.selector:
         return answer(False, f"selector {body.selector!r} differs from the open session's {session.selector!r}")
@@ -99,15 +96,7 @@ async def stage_or_apply(state, named: list, body) -> JSONResponse:
         session.version = body.weight_version if body.weight_version is not None else session.version
         session.flush_cache, session.abort = body.flush_cache, session.abort or body.abort_all_requests
         return answer(True, f"Staged {len(named)} tensors; /end_weight_update applies them.")
-    async with state.weights_lock:
-        await asyncio.to_thread(
-            state.engine.update_weights,
-            named,
-            body.weight_version,
-            body.selector,
-            body.flush_cache,
-            body.abort_all_requests,
-        )
+    await apply(state, named, body.weight_version, body.selector, body.flush_cache, body.abort_all_requests)
     return answer(True, "Succeeded to update model weights.")
 
 
@@ -121,15 +110,9 @@ async def end_weight_update(request: Request):
     if not session.named:
         return answer(True, "Weight update session closed; nothing was staged.")
     try:
-        async with state.weights_lock:
-            await asyncio.to_thread(
-                state.engine.update_weights,
-                list(session.named.items()),
-                session.version,
-                session.selector,
-                session.flush_cache,
-                session.abort,
-            )
+        await apply(
+            state, list(session.named.items()), session.version, session.selector, session.flush_cache, session.abort
+        )
     except ValueError as exc:
         log.warning("staged tensor weight update refused: %s", exc)
         return answer(False, str(exc))

@@ -1,6 +1,5 @@
-"""The OpenAI routes' request bodies: OpenAI's fields plus SGLang's extras (its
-`entrypoints/openai/protocol.py`). Types are checked here; value ranges by
-`server.protocol.SamplingParams`."""
+"""The OpenAI routes' request bodies: OpenAI's fields plus SGLang's extras. Types are checked here; value
+ranges by `server.protocol.SamplingParams`."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from gleanrl.server.http.generate.bodies import Number, Stop
 
-# SGLang fields the embedded engine does not implement: accepted only unset, otherwise a 400 naming
-# the field (`edge.errors.refuse_unsupported`)
+# SGLang fields the embedded engine does not implement (`edge.errors.refuse_unsupported`)
 UNSUPPORTED_OPENAI = (
     "functions",
     "function_call",
@@ -33,8 +31,7 @@ class OpenAISampling(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's, plus
     SGLang's extras)."""
 
-    # extras: checked against UNSUPPORTED_OPENAI, others ignored
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow")  # extras: checked against UNSUPPORTED_OPENAI, others ignored
     model: StrictStr | None = None  # any name: the served model, echoed (SGLang)
     max_tokens: StrictInt | None = None
     temperature: Number | None = None

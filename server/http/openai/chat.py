@@ -1,7 +1,6 @@
-"""`/v1/chat/completions`: the prompt through the tokenizer's chat template (with the request's tools,
-`tools.py`); the reply's text split into reasoning (`generate/reasoning.py`, `--reasoning-parser`),
-content and tool calls (`tool_parser.py`, `--tool-call-parser`), in the reply and in streamed
-deltas; OpenAI's chat logprobs."""
+"""`/v1/chat/completions`: the prompt through the chat template (with the request's tools); the reply
+split into reasoning (`--reasoning-parser`), content and tool calls (`--tool-call-parser`), whole and
+streamed; OpenAI's chat logprobs."""
 
 from __future__ import annotations
 
@@ -22,15 +21,9 @@ from gleanrl.server.http.openai.logprobs import chat_logprobs
 from gleanrl.server.http.openai.serve import finish_of, serve, to_sampling
 from gleanrl.server.http.openai.template import chat_text
 from gleanrl.server.http.openai.tool_parser import ToolCallParser, parse_calls
-from gleanrl.server.http.openai.tools import ToolPlan, forcing_grammar, plan_tools
+from gleanrl.server.http.openai.tools import forcing_grammar, plan_tools
 
 router = APIRouter()
-
-
-async def _chat_prompt(state, body: ChatIn, tools: ToolPlan) -> tuple[list[int], str]:
-    text = await chat_text(state, body.messages, body.chat_template_kwargs, tools=tools.template_tools)
-    (ids,) = await encode(state, [text], add_special_tokens=False)
-    return check_prompt(state, ids, "messages"), text
 
 
 @router.post("/v1/chat/completions")
@@ -40,8 +33,10 @@ async def chat_completions(request: Request):
     extra = body.model_extra or {}
     constrained = bool(grammar_source(extra) or response_format_source(extra.get("response_format")))
     # the tools' schemas are checked by xgrammar: off the event loop
-    tools = await asyncio.to_thread(plan_tools, body, state.server_cfg.tool_call_parser, constrained, state.server_cfg)
-    prompt, text = await _chat_prompt(state, body, tools)
+    tools = await asyncio.to_thread(plan_tools, body, state.server_cfg.tool_call_parser, constrained)
+    text = await chat_text(state, body.messages, body.chat_template_kwargs, tools=tools.template_tools)
+    (prompt,) = await encode(state, [text], add_special_tokens=False)
+    check_prompt(state, prompt, "messages")
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if limit is None:
         cap = state.server_cfg.max_new_tokens_cap
@@ -105,19 +100,10 @@ async def chat_completions(request: Request):
             text, tool_calls = parse_calls(callers[i], text) if callers else (text, [])
             reason, matched = finish(reason, matched, bool(tool_calls))
             logprobs = chat_logprobs(tok, track, k) if body.logprobs else None
-            message = {
-                "role": "assistant",
-                "content": text or (None if tool_calls else ""),
-                "reasoning_content": reasoning or None,
-                "tool_calls": tool_calls or None,
-            }
-            return {
-                "index": i,
-                "message": message,
-                "logprobs": logprobs,
-                "finish_reason": reason,
-                "matched_stop": matched,
-            }
+            message = {"role": "assistant", "content": text or (None if tool_calls else "")}
+            message |= {"reasoning_content": reasoning or None, "tool_calls": tool_calls or None}
+            choice = {"index": i, "message": message, "logprobs": logprobs}
+            return choice | {"finish_reason": reason, "matched_stop": matched}
         reasoning, text = split(i, delta(text, track.finished), track.finished)
         text, tool_calls = calls(i, text, track.finished)
         if not text and not reasoning and not tool_calls and reason is None:
@@ -125,9 +111,7 @@ async def chat_completions(request: Request):
         reason, matched = finish(reason, matched, called[i])
         logprobs = chat_logprobs(tok, track, k, start=reported[i]) if body.logprobs else None
         reported[i] = len(track.ids)
-        out = {"reasoning_content": reasoning} if reasoning else {}
-        out.update({"content": text} if text else {})
-        out.update({"tool_calls": tool_calls} if tool_calls else {})
+        out = {k: v for k, v in (("reasoning_content", reasoning), ("content", text), ("tool_calls", tool_calls)) if v}
         return {"index": i, "delta": out, "logprobs": logprobs, "finish_reason": reason, "matched_stop": matched}
 
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:

@@ -1,12 +1,11 @@
-"""`/v1/completions`: prompts as text or token ids, `echo`, `logprobs=k` (OpenAI's completion
-logprobs), streaming and not."""
+"""`/v1/completions`: prompts as text or token ids, `echo`, `logprobs=k`, streaming and not."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
 from gleanrl.server.http.edge.body import parse
-from gleanrl.server.http.edge.errors import ApiError, refuse_unsupported
+from gleanrl.server.http.edge.errors import bad_field, refuse_unsupported
 from gleanrl.server.http.edge.limits import check_batch, check_top_logprobs, encode
 from gleanrl.server.http.generate.detok import Delta, output_text
 from gleanrl.server.http.generate.fanin import Track
@@ -29,16 +28,14 @@ async def completions(request: Request):
     if isinstance(raw, str) or (raw and isinstance(raw[0], int)):
         raw = [raw]
     if not raw:
-        raise ApiError(400, "prompt: must not be empty", param="prompt")
-    # OpenAI's default
-    params, spec = to_sampling(state, body, 16 if body.max_tokens is None else body.max_tokens)
+        raise bad_field("prompt", "must not be empty")
+    params, spec = to_sampling(state, body, 16 if body.max_tokens is None else body.max_tokens)  # OpenAI's default
     check_batch(state, len(raw) * params.n, "prompt")
     texts = iter(await encode(state, [p for p in raw if isinstance(p, str)]))
     prompts = [check_prompt(state, next(texts) if isinstance(p, str) else p, "prompt") for p in raw]
     tok = state.tokenizer
     k = body.logprobs or 0
-    # output tokens whose logprobs a stream chunk carried
-    reported = [0] * (len(prompts) * params.n)
+    reported = [0] * (len(prompts) * params.n)  # output tokens whose logprobs a stream chunk carried
     echoed: set[int] = set()
 
     def render(i: int, track: Track, delta: Delta | None) -> dict | None:

@@ -1,7 +1,5 @@
-"""OpenAI-shaped logprobs from a track (SGLang's `to_openai_style_logprobs` and its chat
-counterpart): completions `logprobs=k` (top_logprobs: one {token: logprob} dict of the k best per
-position; with `echo` the prompt's tokens first, the first of them null) and chat `logprobs` /
-`top_logprobs=k`. `start` skips the output tokens an earlier stream chunk already reported."""
+"""OpenAI-shaped logprobs from a track, as SGLang's: completions `logprobs=k` (with `echo` the prompt's
+first) and chat `logprobs` / `top_logprobs=k`. `start` skips the output tokens a stream already sent."""
 
 from __future__ import annotations
 

@@ -10,15 +10,8 @@ router = APIRouter()
 
 
 def _card(state) -> dict:
-    name = state.served_model_name
-    return {
-        "id": name,
-        "object": "model",
-        "created": 0,
-        "owned_by": "gleanrl",
-        "root": name,
-        "max_model_len": state.context_length,
-    }
+    name, length = state.served_model_name, state.context_length
+    return {"id": name, "object": "model", "created": 0, "owned_by": "gleanrl", "root": name, "max_model_len": length}
 
 
 @router.get("/v1/models")

@@ -1,6 +1,6 @@
 """What /v1/completions and /v1/chat/completions share: sampling params from OpenAI's fields (errors
-named as OpenAI names them), the run on the generation core of `generate/`, and the answer as one
-JSON object (usage; finish_reason plus SGLang's `matched_stop`) or as an SSE stream of chunks."""
+naming them), the run, and the answer as one JSON object (usage; finish_reason and SGLang's
+`matched_stop`) or an SSE stream of chunks."""
 
 from __future__ import annotations
 
@@ -18,26 +18,15 @@ from gleanrl.server.http.generate.grammar import grammar_source, response_format
 from gleanrl.server.http.generate.params import check_length, expand, sampling, start_run, with_grammar
 from gleanrl.server.http.openai.bodies import UNSUPPORTED_OPENAI, ChatIn, OpenAISampling
 
+# OpenAI's sampling fields that SGLang names alike
+SAME_NAMES = ("n", "stop", "top_k", "min_p", "ignore_eos", "stop_token_ids", "seed", "logit_bias", "stop_regex")
+PENALTIES = ("frequency_penalty", "presence_penalty", "repetition_penalty")
+
 
 def to_sampling(state, body: OpenAISampling, max_tokens: int | None):
-    sp = {
-        "max_new_tokens": max_tokens,
-        "n": body.n,
-        "stop": [body.stop] if isinstance(body.stop, str) else body.stop,
-        "temperature": 1.0 if body.temperature is None else body.temperature,
-        "top_p": 1.0 if body.top_p is None else body.top_p,
-        "top_k": body.top_k,
-        "min_p": body.min_p,
-        "ignore_eos": body.ignore_eos,
-        "stop_token_ids": body.stop_token_ids,
-        "seed": body.seed,
-        "frequency_penalty": body.frequency_penalty,
-        "presence_penalty": body.presence_penalty,
-        "repetition_penalty": body.repetition_penalty,
-        "min_new_tokens": body.min_tokens,
-        "logit_bias": body.logit_bias,
-        "stop_regex": body.stop_regex,
-    }
+    sp = {k: getattr(body, k) for k in SAME_NAMES + PENALTIES}
+    sp |= {k: 1.0 if getattr(body, k) is None else getattr(body, k) for k in ("temperature", "top_p")}
+    sp |= {"max_new_tokens": max_tokens, "min_new_tokens": body.min_tokens}
     extra = body.model_extra or {}
     refuse_unsupported(extra, UNSUPPORTED_OPENAI)
     spec = grammar_source(extra)
@@ -75,16 +64,14 @@ async def serve(
     render,
     options: dict | None = None,
 ):
-    """Shared by both endpoints: run, then answer as one JSON object or as an SSE stream of chunks.
-    `options`: GenerateRequest's logprob fields (top_logprobs_num, logprob_start_len)."""
+    """Run, then answer as one JSON object or an SSE stream. `options`: GenerateRequest's logprob fields."""
     state = request.app.state
     check_serving(state)
     params = await with_grammar(state, params, spec)
     if not isinstance(body, ChatIn) or body.max_tokens is not None or body.max_completion_tokens is not None:
         for ids in prompts:  # an explicit limit that does not fit: SGLang's 400
             check_length(state, ids, params, "prompt" if kind != "chat" else "messages")
-    # SGLang's rid extension: one prompt only
-    rids = [body.rid] if len(prompts) == 1 else [None] * len(prompts)
+    rids = [body.rid] if len(prompts) == 1 else [None] * len(prompts)  # SGLang's rid extension: one prompt only
     reqs, groups = expand(
         prompts, [params] * len(prompts), rids, [logprob] * len(prompts), [options or {}] * len(prompts)
     )
@@ -97,12 +84,9 @@ async def serve(
     if not body.stream:
 
         def shape(tracks: list[Track]) -> dict:
-            return {
-                **head,
-                "object": "chat.completion" if kind == "chat" else "text_completion",
-                "choices": [render(i, t, None) for i, t in enumerate(tracks)],
-                "usage": _usage(tracks, params.n),
-            }
+            obj = "chat.completion" if kind == "chat" else "text_completion"
+            choices = [render(i, t, None) for i, t in enumerate(tracks)]
+            return {**head, "object": obj, "choices": choices, "usage": _usage(tracks, params.n)}
 
         return await whole(run, request, shape)
     deltas = [Delta(params.stop) for _ in reqs]
@@ -113,20 +97,8 @@ async def serve(
         track, out = run.tracks[i], []
         if kind == "chat" and i not in started:
             started.add(i)
-            out.append(
-                {
-                    **head,
-                    "object": obj,
-                    "choices": [
-                        {
-                            "index": i,
-                            "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }
-                    ],
-                }
-            )
+            role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            out.append({**head, "object": obj, "choices": [role]})
         choice = render(i, track, deltas[i])
         if choice is not None:
             out.append({**head, "object": obj, "choices": [choice]})

@@ -1,5 +1,4 @@
-"""The chat template: request messages (text parts joined; tool calls and tool answers kept) and tools
-to the prompt's text, in a worker thread. Shared by /v1/chat/completions and /tokenize."""
+"""The chat template over request messages and tools, in a worker thread (chat and /tokenize)."""
 
 from __future__ import annotations
 
@@ -11,15 +10,13 @@ from gleanrl.server.http.openai.tools import history
 
 
 def _messages(raw: list[ChatMessage]) -> list[dict]:
-    """Pydantic chat messages -> the template's dicts (text parts joined; tool calls and tool
-    answers kept)."""
+    """Pydantic chat messages -> the template's dicts (text parts joined; tool calls and answers kept)."""
     messages = []
     for k, m in enumerate(raw):
         content = m.content
         if isinstance(content, list):
             if any(part.get("type") != "text" for part in content):
-                field = f"messages.{k}.content"
-                raise bad_field(field, "only text parts are supported")
+                raise bad_field(f"messages.{k}.content", "only text parts are supported")
             content = "".join(str(part.get("text", "")) for part in content)
         extra = {key: v for key in ("tool_calls", "tool_call_id", "name") if (v := getattr(m, key)) is not None}
         messages.append({"role": m.role, "content": content or "", **extra})
@@ -33,8 +30,7 @@ async def chat_text(
     add_generation_prompt: bool = True,
     tools: list[dict] | None = None,
 ) -> str:
-    """The chat template over the messages and tools (in a worker thread: a large body must not
-    block the event loop); 400 when there is no template or it rejects the messages."""
+    """The prompt's text; a 400 when there is no template or it rejects the messages."""
     messages = _messages(raw)
     kwargs = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
     try:

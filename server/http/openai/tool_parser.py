@@ -1,17 +1,10 @@
-"""Tool-call parsers: a model's tool calls apart from its text, for the formats SGLang 0.5.23's
-`--tool-call-parser` names (`function_call/*_detector.py`), one-shot and streamed.
-
-- `qwen25` (alias `qwen`) and `hermes`: each call is `<tool_call>{"name": …, "arguments": …}
-  </tool_call>` (Qwen 2.5 / 3 put newlines inside the tags; either way is read).
-- `llama3`: `<|python_tag|>{"name": …, "parameters": …}` (or `"arguments"`), or a bare JSON object
-  that opens the output; several calls are separated by `;`.
-
-One parser for both paths: the reply is the streamed deltas merged (`parse_calls`), so a streamed
-reply and a whole one are the same whatever the chunking. Differences from SGLang, on purpose:
-`arguments` is the JSON text the model wrote (valid JSON; SGLang re-serialises it), streamed as it
-arrives; text outside the calls is `content` in both paths (SGLang's whole-reply path keeps only the
-text before the first call); whitespace between or after calls is dropped. As SGLang: a call to a
-function not in `tools` is dropped; a call cut off by the length limit keeps what was written."""
+"""Tool-call parsers for SGLang 0.5.23's `--tool-call-parser` formats, one-shot and streamed: `qwen25`
+(`qwen`) and `hermes`, `<tool_call>{"name": …, "arguments": …}</tool_call>` (newlines inside or not);
+`llama3`, `<|python_tag|>{"name": …, "parameters": …}` or a bare JSON object opening the output, `;`
+between calls. A whole reply is the streamed deltas merged (`parse_calls`), so both agree whatever the
+chunking. Unlike SGLang, on purpose: `arguments` is the JSON text the model wrote, streamed as it
+arrives; text outside the calls is `content` in both paths; whitespace between or after calls is
+dropped. As SGLang: a call to a function not in `tools` is dropped; one cut off keeps what was written."""
 
 from __future__ import annotations
 
@@ -62,8 +55,7 @@ class CallDelta:
 
 
 class JsonEnd:
-    """Where the JSON object or array starting at `start` (after whitespace) ends, read as the
-    text grows: each character is scanned once, so a long streamed call costs linear time."""
+    """Where the JSON object or array at `start` ends, read as the text grows (each character once)."""
 
     def __init__(self, start: int = 0):
         self.i, self.depth, self.in_str, self.esc = start, 0, False, False
@@ -111,8 +103,7 @@ class _Call:
 
 class ToolCallParser:
     def __init__(self, name: str, tools: list[str], max_calls: int | None = None):
-        """`tools`: the function names that may be called; `max_calls`: 1 without
-        parallel_tool_calls (later calls are dropped)."""
+        """`tools`: the function names that may be called; `max_calls`: 1 without parallel_tool_calls."""
         self.fmt, self.tools, self.max_calls = FORMATS[name], set(tools), max_calls
         self.buffer = ""  # unread text outside a call, or the open call's body
         self.calls, self.held = 0, ""
@@ -124,8 +115,7 @@ class ToolCallParser:
         self.call, self.buffer, self.started, self.held = _Call(JsonEnd()), body, True, ""
 
     def _text(self, text: str) -> str:
-        """Text outside calls; once a call was made, trailing whitespace is held until more
-        text follows (dropped before a call and at the end)."""
+        """Text outside calls; after a call, trailing whitespace is held until more text follows."""
         text, self.held = self.held + text, ""
         if self.calls:
             body = text.rstrip()
@@ -217,8 +207,7 @@ class ToolCallParser:
         out.append(CallDelta(self.calls - 1, _call_id(), obj["name"], json.dumps(args, ensure_ascii=False)))
 
     def finish(self) -> tuple[str, list[CallDelta]]:
-        """The output ended: a call still open keeps the arguments written so far (if it was
-        name-first); text held back as a possible tag start is content."""
+        """The output ended: an open name-first call keeps its arguments so far; held text is content."""
         out: list[CallDelta] = []
         if self.call is not None:
             call, body = self.call, self.buffer
@@ -244,14 +233,8 @@ def parse_calls(parser: ToolCallParser, text: str) -> tuple[str, list[dict]]:
     calls: list[dict] = []
     for d in deltas + more:
         if d.id:
-            calls.append(
-                {
-                    "id": d.id,
-                    "type": "function",
-                    "index": d.index,
-                    "function": {"name": d.name, "arguments": d.arguments},
-                }
-            )
+            fn = {"name": d.name, "arguments": d.arguments}
+            calls.append({"id": d.id, "type": "function", "index": d.index, "function": fn})
         else:
             calls[d.index]["function"]["arguments"] += d.arguments
     return content + rest, calls

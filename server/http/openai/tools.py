@@ -1,15 +1,10 @@
-"""Tool calls on the chat route, the request side: `tools`, `tool_choice`, `parallel_tool_calls`
-checked (a 400 naming the field), what the chat template gets, and the grammar that enforces
-`tool_choice` required / named.
-
-As SGLang 0.5.23's serving_chat: the template gets the tools unless tool_choice is none (a named
-choice: that function only); the output is parsed by `--tool-call-parser` unless tool_choice is none
-or another grammar (response_format, regex, ebnf) holds the output; required / named is a grammar
-in the parser's own format (SGLang's structural tag from the detector's `structure_info`) with at
-least one call, after the reasoning of a reasoning model. Unlike SGLang: the arguments follow the
-function's `parameters` schema (SGLang only with `strict`; vLLM always), and the output is the calls
-alone (SGLang lets text follow them). Legacy `functions` / `function_call` are refused by name (as
-SGLang, which has no such fields either)."""
+"""Tool calls on the chat route, the request side: `tools`, `tool_choice`, `parallel_tool_calls` checked,
+what the chat template gets, and the grammar that enforces `tool_choice` required / named. As SGLang
+0.5.23: the template gets the tools unless tool_choice is none (a named one: that function only); the
+output is parsed by `--tool-call-parser` unless tool_choice is none or another grammar holds it;
+required / named is a structural tag in the parser's format with at least one call, after the
+reasoning. Unlike SGLang: the arguments follow the function's `parameters` schema (SGLang only with
+`strict`; vLLM always), and the output is the calls alone (SGLang lets text follow them)."""
 
 from __future__ import annotations
 
@@ -76,9 +71,8 @@ def _check_choice(choice, names: list[str]) -> str | None:
     return fn["name"]
 
 
-def plan_tools(body, parser: str | None, constrained: bool, cfg) -> ToolPlan:
-    """The request's tool fields -> what the template, the parser and the engine get.
-    `constrained`: another grammar already holds the output."""
+def plan_tools(body, parser: str | None, constrained: bool) -> ToolPlan:
+    """Tool fields -> what template, parser and engine get (`constrained`: another grammar holds the output)."""
     extra = body.model_extra or {}
     tools = _check_tools(extra.get("tools"))
     names = [t["function"]["name"] for t in tools]
@@ -103,10 +97,8 @@ def plan_tools(body, parser: str | None, constrained: bool, cfg) -> ToolPlan:
 
 
 def forcing_grammar(plan: ToolPlan, cfg, reasoning: str | None = None) -> tuple[str, str, str]:
-    """xgrammar's structural tag for a forced choice: one or more calls in the parser's format
-    (one only without parallel_tool_calls), each with arguments valid for its function's schema.
-    `reasoning` (`grammar.reasoning_mode`'s, with a reasoning model): the calls follow the reasoning
-    (SGLang applies the grammar after the reasoning likewise)."""
+    """xgrammar's structural tag for a forced choice: calls in the parser's format (one only without
+    parallel_tool_calls) with arguments valid for their schema, after the reasoning (`reasoning_mode`'s)."""
     fmt, tools, max_calls = FORMATS[plan.parser], plan.template_tools, plan.max_calls
     spaces = cfg.constrained_json_max_whitespace_cnt or (1 if cfg.constrained_json_disable_any_whitespace else None)
     tags = []
@@ -127,8 +119,7 @@ def forcing_grammar(plan: ToolPlan, cfg, reasoning: str | None = None) -> tuple[
     }
     if reasoning is not None:
         calls = after_think(calls, reasoning, gap=r"\s*")
-    tag = {"type": "structural_tag", "format": calls}
-    source = json.dumps(tag)
+    source = json.dumps({"type": "structural_tag", "format": calls})
     if len(source) > 4 * MAX_GRAMMAR_BYTES:
         raise bad_field(
             "tools", f"the tools' grammar holds {len(source)} bytes, over the limit of {4 * MAX_GRAMMAR_BYTES}"
@@ -137,9 +128,7 @@ def forcing_grammar(plan: ToolPlan, cfg, reasoning: str | None = None) -> tuple[
 
 
 def history(messages: list[dict]) -> list[dict]:
-    """Assistant `tool_calls` in the request history with their `arguments` as objects, as the
-    templates read them (SGLang's normalize_assistant_tool_call_arguments); 400 naming the field
-    when they are not a JSON object."""
+    """History `tool_calls` with `arguments` as objects (SGLang's normalize_assistant_tool_call_arguments)."""
     for k, m in enumerate(messages):
         for j, call in enumerate(m.get("tool_calls") or []):
             field = f"messages.{k}.tool_calls.{j}.function"
