@@ -1,12 +1,9 @@
-"""Request bodies, each built in one place, in the shapes of SGLang 0.5.23's `io_struct` types
-(`GenerateReqInput`, `UpdateWeightFromDiskReqInput`, `BeginWeightUpdateReqInput`,
-`UpdateWeightsFromTensorReqInput`). The client sends exactly these;
-tests/sglang/test_push_requests.py parses them with SGLang's own types, so no field of ours is one
-SGLang silently drops.
+"""Request bodies, each built in one place, in the shapes of SGLang 0.5.23's `io_struct` types (`GenerateReqInput`,
+`UpdateWeightFromDiskReqInput`, `BeginWeightUpdateReqInput`, `UpdateWeightsFromTensorReqInput`);
+tests/sglang/test_push_requests.py parses them with SGLang's own types, so SGLang drops no field of ours.
 
-Hazard: stock SGLang has no `selector` on `/update_weights_from_disk` (an unknown field is ignored
-and the load reaches every runner), so `disk_body` leaves it out unless asked: only gleanrl's
-embedded server is ever sent `selector: "draft"` that way.
+Hazard: stock SGLang has no `selector` on `/update_weights_from_disk` (ignored: the load reaches every runner), so
+`disk_body` leaves it out unless asked: only gleanrl's embedded server is sent `selector: "draft"` that way.
 """
 
 from __future__ import annotations
@@ -62,8 +59,8 @@ def tensor_body(
     flush_cache: bool = False,
     tp_size: int = 1,
 ) -> dict:
-    """Tensors by value, one (identical) payload per TP rank. A draft update never carries a
-    `weight_version`: SGLang keeps one version for all runners, and the policy's must stay."""
+    """Tensors by value, one identical payload per TP rank. A draft update never carries a `weight_version`:
+    SGLang keeps one for all runners, and the policy's must stay."""
     if tp_size < 1:
         raise ValueError(f"tp_size must be >= 1, got {tp_size}")
     if selector == "draft" and weight_version is not None:
@@ -80,10 +77,9 @@ def tensor_body(
 
 
 def encode_named_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> str:
-    """Base64 of a plain pickle of [(name, cpu tensor)]: tensors travel by value (SGLang's
-    SafeUnpickler rebuilds them with `torch.load(weights_only=True)`), so the trainer may be another
-    process or host. (SGLang's in-process Engine uses ForkingPickler handles instead; those only
-    work on the same host.)"""
+    """Base64 of a plain pickle of [(name, cpu tensor)]: by value (SGLang's SafeUnpickler rebuilds them with
+    `torch.load(weights_only=True)`), so the trainer may be on another host (unlike SGLang's in-process
+    Engine's ForkingPickler handles)."""
     payload = [(name, t.detach().to("cpu").contiguous().clone()) for name, t in named]
     return base64.b64encode(pickle.dumps(payload, protocol=4)).decode("ascii")
 

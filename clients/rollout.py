@@ -1,6 +1,7 @@
-"""The one record for a rollout, filled by the client from SGLang's /generate response
-(`run_rollout`); it flows on to the rewards, the loss and the harvester (a `FinishedRollout`,
-what the harvest reads of it and the sidecar builds from a feed record)."""
+"""The one record for a rollout, filled by the client from SGLang's /generate response (`run_rollout`); it
+flows on to the rewards, the loss and the harvester (as a `FinishedRollout`, which the sidecar builds from a
+feed record).
+"""
 
 from __future__ import annotations
 
@@ -16,8 +17,7 @@ from gleanrl.clients.transport import RolloutServerError
 
 @dataclass(slots=True)
 class FinishedRollout:
-    """What the harvest takes of a finished rollout: `clients.rollout.Rollout` is one, the sidecar
-    reads one from each feed record."""
+    """What the harvest takes of a finished rollout."""
 
     prompt_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
@@ -25,8 +25,7 @@ class FinishedRollout:
     draft_weight_version: str | None = None
     spec_verify_ct: int = 0  # SD verify passes
     spec_accept_token_num: int = 0  # draft tokens those passes accepted
-    # gleanrl: accepted drafts per source
-    spec_accept_token_num_by_source: dict[str, int] = field(default_factory=dict)
+    spec_accept_token_num_by_source: dict[str, int] = field(default_factory=dict)  # gleanrl's
 
     @property
     def sd_tokens(self) -> int:
@@ -64,8 +63,7 @@ class Rollout(FinishedRollout):
     rid: str = ""
     seed: int | None = None  # sampling seed sent to the server
     status: RolloutStatus = RolloutStatus.PENDING
-    # server's log p of each output token
-    rollout_logprobs: list[float] = field(default_factory=list)
+    rollout_logprobs: list[float] = field(default_factory=list)  # server's log p of each output token
     finish_reason: dict | None = None
     response: str = ""
     reward: float | None = None
@@ -101,26 +99,20 @@ class Rollout(FinishedRollout):
         self.response = body.get("text", "")
         self.finish_reason = meta.get("finish_reason")
         self.read_meta(meta)
-        kind = (self.finish_reason or {}).get("type")
-        if kind == "stop":
-            self.status = RolloutStatus.FINISHED
-        elif kind == "length":
-            self.status = RolloutStatus.TRUNCATED
-        else:
-            self.status = RolloutStatus.ABORTED
+        ends = {"stop": RolloutStatus.FINISHED, "length": RolloutStatus.TRUNCATED}
+        self.status = ends.get((self.finish_reason or {}).get("type"), RolloutStatus.ABORTED)
+        if self.status is RolloutStatus.ABORTED:
             self.error = str((self.finish_reason or {}).get("message", "no finish reason"))
         if self.done and len(self.rollout_logprobs) != len(self.output_ids):
-            self.status, self.error = (
-                RolloutStatus.FAILED,
-                (f"{len(self.rollout_logprobs)} logprobs for {len(self.output_ids)} output tokens"),
-            )
+            self.status = RolloutStatus.FAILED
+            self.error = f"{len(self.rollout_logprobs)} logprobs for {len(self.output_ids)} output tokens"
 
 
 async def run_rollout(
     client: RolloutClient, r: Rollout, params: dict, stream: bool, stream_interval: int = 8, url: str | None = None
 ) -> Rollout:
-    """Submit one rollout (to `url`, else where the client picks) and fill it in. A lost connection
-    marks it aborted (to be re-submitted), a refused request failed."""
+    """Submit one rollout (to `url`, else the client's pick) and fill it in. A lost connection marks it aborted
+    (to be re-submitted), a refused request failed."""
     r.attempts += 1
     r.submitted_at = time.monotonic()
     sp = dict(params, sampling_seed=r.seed) if r.seed is not None else params  # SGLang's field name
@@ -150,8 +142,8 @@ async def _stream(client: RolloutClient, r: Rollout, sp: dict, rid: str, url: st
         n = meta.get("completion_tokens", 0)
         if r.first_token_at is None and n > 0:
             r.first_token_at = time.monotonic()
-        # cumulative chunks (SGLang's default) hold everything so far; incremental ones
-        # (--incremental-streaming-output) must be concatenated: tell them apart per field
+        # cumulative chunks (SGLang's default) hold all so far, incremental ones (--incremental-streaming-output)
+        # must be concatenated: tell them apart per field
         new_ids, new_lps = chunk.get("output_ids") or [], meta.get("output_token_logprobs") or []
         ids = new_ids if len(new_ids) == n else ids + new_ids
         lps = new_lps if len(new_lps) == n else lps + new_lps

@@ -1,12 +1,9 @@
-"""Typed async client for a rollout server speaking SGLang's native API (the embedded server or
-stock SGLang): one method per endpoint over the transport's one request helper
-(`clients.transport`), bodies from `clients.payloads`; errors are `RolloutServerError` with the
-server's status and message.
+"""Typed async client for a rollout server speaking SGLang's native API (embedded or stock SGLang): one method per
+endpoint over the transport's request helper, bodies from `clients.payloads`, errors `RolloutServerError`.
 
-Several URLs: generation goes to the URL with the fewest requests in flight, weight updates and
-cache flushes go to all of them. With a `router` (sglang-router / SGLang Model Gateway, which
-forwards `/generate` only), generation goes through the router and weight updates and control to
-every worker URL. How a policy or a drafter reaches a server of each kind is `clients.weight_sync`.
+Several URLs: generation goes to the one with the fewest requests in flight, weight updates and flushes to all.
+With a `router` (sglang-router / SGLang Model Gateway, which forwards `/generate` only), generation goes through
+it, weight updates and control to every worker. Routes per server kind: `clients.weight_sync`.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ from gleanrl.clients.transport import RolloutServerError, Transport
 
 
 class RolloutClient(Transport):
-    # --- generation -----------------------------------------------------------------------------
     async def generate(
         self,
         input_ids: list[int],
@@ -51,9 +47,8 @@ class RolloutClient(Transport):
         url = url or self.pick_url()
         self._inflight[url] += 1
         try:
-            async for chunk in self.stream(
-                "/generate", url, generate_body(input_ids, sampling_params, return_logprob, rid, True)
-            ):
+            body = generate_body(input_ids, sampling_params, return_logprob, rid, True)
+            async for chunk in self.stream("/generate", url, body):
                 yield chunk
         finally:
             self._inflight[url] -= 1
@@ -61,7 +56,7 @@ class RolloutClient(Transport):
     async def abort_request(self, rid: str = "", abort_all: bool = False) -> list:
         return await self.request_all("POST", "/abort_request", {"rid": rid, "abort_all": abort_all}, admin=abort_all)
 
-    # --- weights (admin; to every worker URL, or the given subset) --------------------------------
+    # weights and control: admin, to every worker URL (or the given subset)
     async def update_weights_from_disk(
         self,
         model_path: str,
@@ -78,14 +73,12 @@ class RolloutClient(Transport):
         return await self.request("POST", "/begin_weight_update", url, begin_body(selector), admin=True)
 
     async def update_weights_from_tensor(self, body: dict, url: str) -> dict:
-        """`body` from `payloads.tensor_body`; SGLang accepts it only inside a
-        weight-update session."""
+        """`body` from `payloads.tensor_body`; SGLang accepts it only inside a weight-update session."""
         return await self.request("POST", "/update_weights_from_tensor", url, body, admin=True)
 
     async def end_weight_update(self, url: str) -> dict:
         return await self.request("POST", "/end_weight_update", url, {}, admin=True)
 
-    # --- control (admin; to every worker URL) -----------------------------------------------------
     async def flush_cache(self) -> list:
         return await self.request_all("POST", "/flush_cache", admin=True)
 
@@ -95,7 +88,6 @@ class RolloutClient(Transport):
     async def continue_generation(self) -> list:
         return await self.request_all("POST", "/continue_generation", {}, admin=True)
 
-    # --- status ----------------------------------------------------------------------------------
     async def model_info(self, url: str | None = None) -> dict:
         return await self.request("GET", "/model_info", url)
 
@@ -113,8 +105,8 @@ class RolloutClient(Transport):
     async def wait_healthy(
         self, timeout_s: float, poll_s: float = 0.25, alive: Callable[[], bool] | None = None
     ) -> None:
-        """Wait until every server (and the router) is healthy; raise a clear error after
-        `timeout_s`, or as soon as `alive()` (e.g. "the server process still runs") turns False."""
+        """Wait until every server (and the router) is healthy; raise after `timeout_s`, or once `alive()` (e.g.
+        "the server process still runs") turns False."""
         deadline = time.monotonic() + timeout_s
         for url in self.urls + ([self.router] if self.router else []):
             while not await self.health(url):

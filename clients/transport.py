@@ -20,9 +20,8 @@ T = TypeVar("T")
 
 
 class RolloutServerError(RuntimeError):
-    """The server answered with an error (`status` is its HTTP status, `message` its words), or
-    nothing was answered (`status` 0): it could not be reached, or the client refused to send
-    the request."""
+    """The server answered with an error (`status`: its HTTP status, `message`: its words), or, `status` 0,
+    it could not be reached or the client refused to send."""
 
     def __init__(self, url: str, status: int, message: str):
         self.url, self.status, self.message = url, status, message
@@ -30,8 +29,8 @@ class RolloutServerError(RuntimeError):
 
 
 async def sse_lines(resp: httpx.Response) -> AsyncIterator[str]:
-    """SSE lines end at LF (CR LF): not at U+2028 and the other breaks that httpx's aiter_lines also
-    splits on, which a JSON string may hold raw (stock SGLang sends them unescaped)."""
+    """SSE lines end at LF (CR LF), not at U+2028 and the other breaks httpx's aiter_lines splits on, which a
+    JSON string may hold raw (stock SGLang sends them unescaped)."""
     buf = ""
     async for text in resp.aiter_text():
         *lines, buf = (buf + text).split("\n")
@@ -42,9 +41,8 @@ async def sse_lines(resp: httpx.Response) -> AsyncIterator[str]:
 
 
 def run_blocking(make: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine to completion from synchronous code (e.g. the harvester's idle-window
-    thread). Hazard: a sync callback inside a running event loop cannot start another loop in its
-    thread, so there the coroutine runs in a helper thread while this one blocks."""
+    """Run a coroutine from synchronous code (e.g. the idle-window thread). Inside a running event loop another
+    loop cannot start in this thread, so there it runs in a helper thread while this one blocks."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -97,8 +95,7 @@ class Transport:
         await self.aclose()
 
     def headers(self, admin: bool) -> dict[str, str]:
-        # SGLang: admin falls back
-        key = (self.admin_api_key or self.api_key) if admin else self.api_key
+        key = (self.admin_api_key or self.api_key) if admin else self.api_key  # SGLang: admin falls back
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def pick_url(self) -> str:
@@ -150,9 +147,8 @@ class Transport:
 
     async def _backoff(self, url: str, attempt: int, exc: Exception) -> None:
         if attempt == self.retries:
-            raise RolloutServerError(
-                url, 0, f"cannot reach the rollout server after {self.retries + 1} attempts ({type(exc).__name__})"
-            ) from None
+            why = f"cannot reach the rollout server after {self.retries + 1} attempts ({type(exc).__name__})"
+            raise RolloutServerError(url, 0, why) from None
         await asyncio.sleep(self.backoff_s * 2**attempt)
 
 
@@ -168,8 +164,8 @@ def _message(body: Any) -> str:
 
 
 def _decode(url: str, resp: httpx.Response) -> Any:
-    """The body; an HTTP error, or SGLang's `{"success": false}` answer whatever its status (a
-    refused update must never read as done), raises with the server's own message."""
+    """The body; an HTTP error or SGLang's `{"success": false}` whatever the status (a refused update must never
+    read as done) raises with the server's own message."""
     try:
         body = resp.json()
     except ValueError:

@@ -1,6 +1,5 @@
-"""The weight-sync protocol, held once: probe each server's kind, choose the route a policy or a
-drafter takes to it, refuse what must not be sent, then send (pause-free: SD is lossless, so a
-mid-rollout drafter swap changes speed only).
+"""The weight-sync protocol, held once: probe each server's kind, choose the route a policy or a drafter takes,
+refuse what must not be sent, then send (pause-free: SD is lossless, a mid-rollout drafter swap changes speed only).
 
 | to                             | policy                             | drafter                              |
 | ------------------------------ | ---------------------------------- | ------------------------------------ |
@@ -8,21 +7,14 @@ mid-rollout drafter swap changes speed only).
 | stock SGLang with EAGLE        | tensor session, selector `target`  | tensor session, selector `draft`     |
 | stock SGLang without a drafter | `/update_weights_from_disk`        | refused before sending               |
 
-Hazards of stock SGLang (0.5.23) behind that table:
-- `/update_weights_from_disk` has no `selector`: the load reaches every runner, so a drafter sent
-  that way lands IN THE TARGET; and with SD on, a new policy sent that way also reaches the draft
-  runner, whose `LlamaForCausalLMEagle3.load_weights` overwrites part of the drafter and then fails
-  on a shape (tests/sglang/test_eagle3_load.py). Hence the sessions: begin(selector) ->
-  tensors -> end.
-- On a server without a drafter, `selector: "draft"` loads nothing and answers
-  success: refused here.
-- One `weight_version` for all runners: a draft push never sends one; the caller
-  tracks the drafter's.
-- `flush_cache` is off for draft pushes: a flush fails while requests run, and a mid-rollout swap
-  must not wait for them.
-SGLang applies what it is given: callers check checkpoints first (`harvest.checkpoint_check`).
-Process-group (NCCL) pushes are not offered: gleanrl's trainer syncs from the checkpoint
-it writes anyway.
+Hazards of stock SGLang (0.5.23): `/update_weights_from_disk` has no `selector` and reaches every runner, so a
+drafter lands IN THE TARGET, and with SD on a policy also reaches the draft runner, whose `load_weights`
+overwrites part of the drafter and fails on a shape (tests/sglang/test_eagle3_load.py): hence sessions,
+begin(selector) -> tensors -> end. Without a drafter, `selector: "draft"` loads nothing and answers success:
+refused here. One `weight_version` for all runners: a draft push sends none; the caller tracks the drafter's.
+No `flush_cache` for draft pushes: it fails while requests run, and a swap must not wait. SGLang applies what it
+gets: callers check checkpoints first (`harvest.checkpoint_check`). No NCCL pushes: the trainer syncs from the
+checkpoint it writes anyway.
 """
 
 from __future__ import annotations
@@ -46,18 +38,15 @@ DRAFT_ALGORITHMS = ("EAGLE", "EAGLE3")
 class Route(str, enum.Enum):
     DISK = "update_weights_from_disk"  # the policy, no selector
     TARGET_SESSION = "target_session"  # the policy, tensor session with selector "target"
-    # the drafter, `selector: "draft"` (embedded server only)
-    DRAFT_DISK = "draft_update_weights_from_disk"
+    DRAFT_DISK = "draft_update_weights_from_disk"  # the drafter, `selector: "draft"` (embedded server only)
     DRAFT_SESSION = "draft_session"  # the drafter, tensor session with selector "draft"
 
 
 @dataclass(frozen=True, slots=True)
 class ServerKind:
     url: str
-    # gleanrl's server: it reports `draft_model_path` in /model_info, SGLang does not
-    embedded: bool
-    # stock SGLang started with an EAGLE drafter (not probed for the embedded one)
-    drafter: bool
+    embedded: bool  # gleanrl's server: it reports `draft_model_path` in /model_info, SGLang does not
+    drafter: bool  # stock SGLang started with an EAGLE drafter (not probed for the embedded one)
     model_path: str | None  # the serving policy, as /model_info reports it
 
 
@@ -80,13 +69,9 @@ def drafter_route(kind: ServerKind) -> Route:
     if kind.embedded:
         return Route.DRAFT_DISK
     if not kind.drafter:
+        why = "serves no EAGLE drafter (started without --speculative-algorithm)"
         raise RolloutServerError(
-            kind.url,
-            0,
-            "refusing the drafter push: the server serves no "
-            "EAGLE drafter (started without "
-            "--speculative-algorithm); SGLang would answer success and "
-            "load nothing",
+            kind.url, 0, f"refusing the drafter push: the server {why}; SGLang would answer success and load nothing"
         )
     return Route.DRAFT_SESSION
 
@@ -115,13 +100,13 @@ async def push_policy(
 
 
 async def push_drafter(client: RolloutClient, path: str, version: int | str) -> dict[str, Route]:
-    """The drafter checkpoint at `path` to every worker; the route per URL. Every server is probed
-    and every refusal raised before anything is sent."""
+    """The drafter checkpoint at `path` to every worker; the route per URL. All refusals come before any send."""
     routes = {k.url: drafter_route(k) for k in await probe_all(client)}
     disk = [url for url, route in routes.items() if route is Route.DRAFT_DISK]
     if disk:
+        version_s = str(version)
         await client.update_weights_from_disk(
-            path, weight_version=str(version), flush_cache=False, selector="draft", urls=disk
+            path, weight_version=version_s, flush_cache=False, selector="draft", urls=disk
         )
     sessions = [url for url, route in routes.items() if route is Route.DRAFT_SESSION]
     if sessions:
@@ -132,9 +117,8 @@ async def push_drafter(client: RolloutClient, path: str, version: int | str) -> 
 
 
 async def tensor_session(client: RolloutClient, url: str, selector: str, body: dict) -> list[dict]:
-    """begin -> update (`payloads.tensor_body`) -> end, the answers in order; `end_weight_update` is
-    sent even when the update fails (SGLang holds the session otherwise). No check of the server's
-    kind: that is `push_policy` / `push_drafter`."""
+    """begin -> update (`payloads.tensor_body`) -> end, the answers in order; `end_weight_update` is sent even
+    when the update fails (SGLang holds the session otherwise). The server's kind is the caller's to check."""
     answers = [await client.begin_weight_update(selector, url)]
     try:
         answers.append(await client.update_weights_from_tensor(body, url))
@@ -145,10 +129,9 @@ async def tensor_session(client: RolloutClient, url: str, selector: str, body: d
 
 @dataclass(frozen=True, slots=True)
 class DrafterPush:
-    """`fn(path, version)` for the Harvester: pushes a drafter to `urls`, raising on failure.
-    Blocking; it runs in the idle-window thread on a client of its own (an httpx client belongs to
-    one event loop, and the trainer's loop joins that thread when the window closes: waiting on it
-    could deadlock)."""
+    """`fn(path, version)` for the Harvester: pushes a drafter to `urls`, raising on failure. Blocking, in the
+    idle-window thread, on a client of its own (an httpx client belongs to one event loop, and the trainer's
+    loop joins that thread when the window closes: sharing could deadlock)."""
 
     urls: tuple[str, ...]
     api_key: str | None = None

@@ -1,8 +1,6 @@
-"""gleanrl: faster RL training of reasoning LLMs. An EAGLE-3 drafter is trained in the long tail of
-each step on harvested hidden states and hot-swapped into the rollout server, so rollouts decode
-faster with lossless speculative decoding; the same server then serves the final policy and drafter.
-
-The public API is imported lazily, so `import gleanrl.clients` does not load torch:
+"""gleanrl: faster RL training of reasoning LLMs: an EAGLE-3 drafter trained in each step's long tail is
+hot-swapped into the rollout server (lossless speculative decoding). The public API is imported lazily,
+so `import gleanrl.clients` does not load torch:
 
     from gleanrl import Harvester, RolloutClient, Rollout, load_task, train
 """
@@ -13,22 +11,21 @@ import importlib
 
 __version__ = "0.1.0"
 
-_API = {
-    "Harvester": "gleanrl.harvest.harvester",
-    "HarvestConfig": "gleanrl.harvest.config",
-    "HarvestHooks": "gleanrl.harvest.hooks",
-    "RolloutClient": "gleanrl.clients.rollout_client",
-    "RolloutServerError": "gleanrl.clients.transport",
-    "Rollout": "gleanrl.clients.rollout",
-    "RolloutStatus": "gleanrl.clients.rollout",
-    "DrafterPush": "gleanrl.clients.weight_sync",
-    "load_task": "gleanrl.trainer.tasks",
-    "Task": "gleanrl.trainer.tasks.base",
-    "train": "gleanrl.trainer.loop",
-    "RolloutHooks": "gleanrl.trainer.hooks",
-    "NoHooks": "gleanrl.trainer.hooks",
-    "TrainConfig": "gleanrl.trainer.config",
+_MODULES = {  # module -> the public names it defines
+    "gleanrl.harvest.harvester": "Harvester",
+    "gleanrl.harvest.config": "HarvestConfig",
+    "gleanrl.harvest.hooks": "HarvestHooks",
+    "gleanrl.clients.rollout_client": "RolloutClient",
+    "gleanrl.clients.transport": "RolloutServerError",
+    "gleanrl.clients.rollout": "Rollout RolloutStatus",
+    "gleanrl.clients.weight_sync": "DrafterPush",
+    "gleanrl.trainer.tasks": "load_task",
+    "gleanrl.trainer.tasks.base": "Task",
+    "gleanrl.trainer.loop": "train",
+    "gleanrl.trainer.hooks": "RolloutHooks NoHooks",
+    "gleanrl.trainer.config": "TrainConfig",
 }
+_API = {name: module for module, names in _MODULES.items() for name in names.split()}
 __all__ = sorted(_API)
 
 

@@ -1,6 +1,5 @@
-"""The `gleanrl` command: a thin dispatcher. Each subcommand is a module exposing
-`add_arguments(parser)` and `run(args) -> int`; modules are imported only to build their parser.
-A module that parses its own argv instead (`main(argv) -> int`) is named with `ARGV` and gets the
+"""The `gleanrl` command: a thin dispatcher. Each subcommand is a module exposing `add_arguments(parser)`
+and `run(args) -> int`; one that parses its own argv (`main(argv) -> int`) is marked `ARGV` and gets the
 rest of the command line, `--help` included."""
 
 from __future__ import annotations
@@ -27,11 +26,7 @@ COMMANDS: dict = {
     },
     "bench": {
         "engine": ("gleanrl.bench.engine", "gleanrl serve vs stock SGLang CPU over HTTP; ms per decode iteration"),
-        "layout": (
-            "gleanrl.bench.layout",
-            "plain decode per running count at 1 and N threads; a GRPO step per layout of "
-            "the rollout servers on the cores (one server, replicas)",
-        ),
+        "layout": ("gleanrl.bench.layout", "plain decode per running count at 1 and N threads; a GRPO step per layout"),
         "sd": ("gleanrl.bench.sd", "speculative decoding vs plain decoding in the embedded engine"),
         "rollout": ("gleanrl.bench.rollout", "GRPO rollouts: plain / EAGLE-3 / group drafts / fused, side by side"),
         "e2e": ("gleanrl.bench.e2e", "end-to-end RL steps: no SD vs adaptive, stale, cold and off-domain drafters"),
@@ -83,10 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="gleanrl",
         epilog="Each command has --help. Docs: README.md and docs/ in the repository.",
-        description="gleanrl: faster RL training of reasoning LLMs. A drafter harvested from "
-        "finished rollouts is hot-swapped into the rollout server, so the long tail "
-        "decodes faster with lossless speculative decoding; the same server then "
-        "serves the final policy and drafter.",
+        description="gleanrl: faster RL training of reasoning LLMs. A drafter harvested from finished rollouts is "
+        "hot-swapped into the rollout server, so the long tail decodes faster with lossless speculative decoding; "
+        "the same server then serves the final policy and drafter.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, spec in COMMANDS.items():

@@ -1,14 +1,20 @@
-"""The demo's `report.md` and its PNG plots, from the metrics rows and the response lengths.
-
-Per step: where the time went (rollouts' share of the step, the tail's share of the rollouts, the
-share of the idle window the drafter used) and what SD did (served acceptance: tokens per verify
-pass, over verify passes only, <= k + 1; and output tokens per target pass, plain passes included:
-the step's decode-pass speedup, an upper bound on its wall-clock one; trainer.metrics.acceptance
-defines both; the demo runs no no-SD arm to time against, `gleanrl bench e2e` does)."""
+"""The demo's `report.md` and its PNG plots, from the metrics rows and the response lengths: per step,
+where the time went and what SD did (served tokens per verify pass, and output tokens per target pass:
+the decode-pass speedup, an upper bound on the wall-clock one; trainer.metrics.acceptance)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+# the table's columns after the step: metrics key and format ("held": the held-out accuracy)
+TABLE = [
+    c.split(":", 1)
+    for c in (
+        "reward_mean:.3f accuracy:.2f held: response_len_p50:.0f response_len_p99:.0f rollout_s:.2f rollout_share:.0% "
+        "tail_s:.2f tail_share:.0% idle_used_s:.2f idle_used_share:.0% spec_accept_length:.2f heldout_accept_len:.2f "
+        "tokens_per_pass:.2f drafter_version: sd_token_share:.0%"
+    ).split()
+]
 
 
 def _plot(path: Path, draw) -> str:
@@ -33,8 +39,7 @@ def eval_rows(rows: list[dict], prefix: str = "eval") -> list[dict]:
 
 
 def eval_summary(rows: list[dict]) -> str:
-    """One sentence: held-out accuracy first -> last eval with standard errors, and the
-    paired gain."""
+    """One sentence: held-out accuracy first -> last eval with standard errors, and the paired gain."""
     evals = eval_rows(rows)
     if not evals:
         return "No held-out evaluation (eval_every 0)."
@@ -47,18 +52,14 @@ def eval_summary(rows: list[dict]) -> str:
     if last is not first and last.get("eval_gain") is not None:
         z = last["eval_gain"] / last["eval_gain_se"] if last.get("eval_gain_se") else float("inf")
         text += f"; paired gain {last['eval_gain']:+.3f} ± {last['eval_gain_se']:.3f} (z = {z:.1f})"
-    greedy = eval_rows(rows, "eval_greedy")
-    if greedy:
-        text += (
-            f"; greedy {greedy[0]['eval_greedy_accuracy']:.3f} -> {greedy[-1]['eval_greedy_accuracy']:.3f} "
-            f"± {greedy[-1].get('eval_greedy_se', 0):.3f}"
-        )
+    if greedy := eval_rows(rows, "eval_greedy"):
+        g0, g1 = greedy[0]["eval_greedy_accuracy"], greedy[-1]["eval_greedy_accuracy"]
+        text += f"; greedy {g0:.3f} -> {g1:.3f} ± {greedy[-1].get('eval_greedy_se', 0):.3f}"
     return text + "."
 
 
 def totals(rows: list[dict]) -> dict:
-    """The run's shares and SD figures, pooled over its steps (time- and pass-weighted, not
-    step means)."""
+    """The run's shares and SD figures, pooled over its steps (time- and pass-weighted, not step means)."""
     add = lambda key: sum(float(r.get(key) or 0.0) for r in rows)  # noqa: E731
     ratio = lambda x, y: x / y if y > 0 else 0.0  # noqa: E731
     return {
@@ -93,12 +94,12 @@ def reference_summary(reference: dict | None) -> str:
     """The held-out gain measured without sampling (gleanrl.demo.reference_gain)."""
     if not reference:
         return ""
-    z = reference["gain"] / reference["gain_se"] if reference["gain_se"] > 0 else float("nan")
+    r = reference
+    z = r["gain"] / r["gain_se"] if r["gain_se"] > 0 else float("nan")
     return (
-        f"Held-out accuracy from the reference solutions' probabilities (the same {reference['n']} prompts; "
-        f"the expectation of T = 1 accuracy, no sampling noise): {reference['initial']:.3f} -> "
-        f"{reference['final']:.3f}, paired gain {reference['gain']:+.3f} ± {reference['gain_se']:.3f} "
-        f"(z = {z:.1f})."
+        f"Held-out accuracy from the reference solutions' probabilities (the same {r['n']} prompts; the expectation "
+        f"of T = 1 accuracy, no sampling noise): {r['initial']:.3f} -> {r['final']:.3f}, paired gain {r['gain']:+.3f} "
+        f"± {r['gain_se']:.3f} (z = {z:.1f})."
     )
 
 
@@ -130,14 +131,9 @@ def write_report(
                 label += f" ({pts[-1].get(f'{prefix}_prompts')} prompts" + (
                     f"; paired gain {gain:+.3f} ± {pts[-1][f'{prefix}_gain_se']:.3f})" if gain is not None else ")"
                 )
-                ax.errorbar(
-                    [r["step"] for r in pts],
-                    [r[f"{prefix}_accuracy"] for r in pts],
-                    yerr=[r.get(f"{prefix}_se", 0) for r in pts],
-                    marker="o",
-                    capsize=3,
-                    label=label,
-                )
+                xs, ys = [r["step"] for r in pts], [r[f"{prefix}_accuracy"] for r in pts]
+                se = [r.get(f"{prefix}_se", 0) for r in pts]
+                ax.errorbar(xs, ys, yerr=se, marker="o", capsize=3, label=label)
         ax.plot(steps, col("accuracy"), ".:", color="gray", label="training batch")
         ax.set_xlabel("step"), ax.set_ylabel("accuracy"), ax.legend(fontsize=7)
         ax.set_title("held-out accuracy (± 1 se over prompts)")
@@ -149,19 +145,14 @@ def write_report(
         ax.set_xlabel("step"), ax.set_ylabel("tokens per pass"), ax.legend(), ax.set_title("acceptance length")
 
     def hist(ax):
-        flat = [n for step in lengths for n in step]
-        ax.hist(flat, bins=40, color="tab:blue")
+        ax.hist([n for step in lengths for n in step], bins=40, color="tab:blue")
         ax.set_yscale("log"), ax.set_xlabel("response tokens"), ax.set_ylabel("rollouts")
         ax.set_title("response lengths (all steps): the long tail")
 
     def breakdown(ax):
         tail, rollout = col("tail_s"), col("rollout_s")
-        parts = {
-            "rollouts (before tail)": [r - t for r, t in zip(rollout, tail)],
-            "long tail": tail,
-            "policy update": col("train_s"),
-            "weight push": col("push_s"),
-        }
+        parts = {"rollouts (before tail)": [r - t for r, t in zip(rollout, tail)], "long tail": tail}
+        parts |= {"policy update": col("train_s"), "weight push": col("push_s")}
         bottom = [0.0] * len(steps)
         for name, values in parts.items():
             ax.bar(steps, values, bottom=bottom, label=name)
@@ -169,14 +160,8 @@ def write_report(
         ax.plot(steps, col("idle_used_s"), "k.--", label="drafter training (in idle time)")
         ax.set_xlabel("step"), ax.set_ylabel("seconds"), ax.legend(fontsize=7), ax.set_title("step time")
 
-    plots = [
-        ("accuracy", accuracy),
-        ("reward", reward),
-        ("accept_length", accept),
-        ("lengths", hist),
-        ("step_time", breakdown),
-    ]
-    pngs = [_plot(out / f"{name}.png", fn) for name, fn in plots]
+    plots = {"accuracy": accuracy, "reward": reward, "accept_length": accept, "lengths": hist, "step_time": breakdown}
+    pngs = [_plot(out / f"{name}.png", fn) for name, fn in plots.items()]
     last = rows[-1] if rows else {}
     total = sum(col("rollout_s")) + sum(col("train_s")) + sum(col("push_s"))
     shares = totals(rows)
@@ -207,36 +192,13 @@ def write_report(
     if 0 in held_out:
         lines.append(f"| 0 | | | {held_out[0]} |" + " |" * 13)
     for r in rows:
-        lines.append(
-            f"| {r['step']} | {r.get('reward_mean', 0):.3f} "
-            f"| {r.get('accuracy', 0):.2f} | {held_out.get(r['step'], '')} | "
-            f"{r.get('response_len_p50', 0):.0f} | {r.get('response_len_p99', 0):.0f} | "
-            f"{r.get('rollout_s', 0):.2f} | {r.get('rollout_share', 0):.0%} "
-            f"| {r.get('tail_s', 0):.2f} | {r.get('tail_share', 0):.0%} "
-            f"| {r.get('idle_used_s', 0):.2f} | {r.get('idle_used_share', 0):.0%} | "
-            f"{r.get('spec_accept_length', 0):.2f} "
-            f"| {r.get('heldout_accept_len') or 0:.2f} "
-            f"| {r.get('tokens_per_pass', 0):.2f} | {r.get('drafter_version', 0)} "
-            f"| {r.get('sd_token_share', 0):.0%} |"
-        )
-    lines += [
-        "",
-        *[f"![{p[:-4]}]({p})" for p in pngs],
-        "",
-        "## Held-out questions, through the OpenAI API (greedy)",
-        "",
-        f"{sum(c['correct'] for c in closing)} of {len(closing)} right.",
-        "",
-    ]
+        cells = [held_out.get(r["step"], "") if k == "held" else format(r.get(k) or 0, f) for k, f in TABLE]
+        lines.append(f"| {r['step']} | {' | '.join(cells)} |")
+    lines += ["", *[f"![{p[:-4]}]({p})" for p in pngs], "", "## Held-out questions, through the OpenAI API (greedy)"]
+    lines += ["", f"{sum(c['correct'] for c in closing)} of {len(closing)} right.", ""]
     for c in closing:
-        lines += [
-            f"Q: `{c['question']}` (expected `{c['expected']}`: {'right' if c['correct'] else 'wrong'})",
-            "",
-            "```",
-            c["answer"],
-            "```",
-            "",
-        ]
+        verdict = "right" if c["correct"] else "wrong"
+        lines += [f"Q: `{c['question']}` (expected `{c['expected']}`: {verdict})", "", "```", c["answer"], "```", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path

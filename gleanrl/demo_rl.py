@@ -1,7 +1,5 @@
-"""What `gleanrl demo` and `gleanrl bench e2e` run RL with: the embedded servers laid out on the
-cores (`serving`), the demo's GRPO settings (`rl_config`), harvest hooks that keep each step's
-response lengths (`demo_hooks`) and the trainer's `log` that prints each metrics row as a table line
-(`table_logger`)."""
+"""What `gleanrl demo` and `gleanrl bench e2e` run RL with: the embedded servers laid out on the cores,
+the demo's GRPO settings, harvest hooks that keep response lengths and a log printing a table line a step."""
 
 from __future__ import annotations
 
@@ -52,8 +50,7 @@ def demo_hooks(harvester):
 
 
 def table_logger(metrics_path: Path):
-    """The trainer's `log`: its warnings pass, and each new metrics row prints as the
-    demo's table line."""
+    """The trainer's `log`: its warnings pass, and each new metrics row prints as the demo's table line."""
     # rows already there (a resumed run's) were printed by an earlier logger
     seen, header = [len(metrics_path.read_text().splitlines()) if metrics_path.exists() else 0], [True]
 
@@ -84,18 +81,14 @@ def serving(
     backend: dict | None = None,
     harvests: bool = True,
 ):
-    """The embedded rollout servers laid out by `replicas` (`trainer.layout.layout_groups`; 0: one
-    per core on CPU when `harvests`, else one), started and healthy; a single one takes every
-    core. `backend` replaces the SD settings (e.g. {"backend": "sglang"})."""
+    """The embedded rollout servers laid out by `replicas` (`trainer.layout.layout_groups`), started and
+    healthy; `backend` replaces the SD settings (e.g. {"backend": "sglang"})."""
     from gleanrl.trainer.layout import Replicas, layout_groups
     from gleanrl.trainer.phases import all_cores
 
-    extra = (
-        backend
-        if backend is not None
-        else ({"drafter": str(drafter)} if drafter else {}) | {"sd": sd if drafter else "off"}
-    )
-    extra = {**extra, "dtype": dtype, "device": device}
+    if backend is None:
+        backend = ({"drafter": str(drafter)} if drafter else {}) | {"sd": sd if drafter else "off"}
+    extra = {**backend, "dtype": dtype, "device": device}
     groups = layout_groups(replicas, extra, harvests) if replicas != 1 else [all_cores()]
     servers = Replicas(str(policy), groups, extra, log_path=log_path)
     try:
@@ -108,34 +101,14 @@ def serving(
 
 
 def rl_config(policy: Path, out: Path, args: argparse.Namespace, seed: int, evaluate: bool = False):
-    """The demo's GRPO settings (its servers are handed to `train` apart); `evaluate`: held-out
-    accuracy at T = 1 on fixed prompts (the demo's evidence that RL helps; the e2e bench leaves it
-    off to time steps alone)."""
+    """The demo's GRPO settings (its servers are handed to `train` apart); `evaluate`: held-out accuracy
+    at T = 1 on fixed prompts (the demo's evidence that RL helps; the e2e bench times steps alone)."""
     from gleanrl.trainer.config import TrainConfig
 
-    evals = (
-        dict(
-            eval_every=args.eval_every,
-            eval_prompts=args.eval_prompts,
-            eval_samples=args.eval_samples,
-            eval_temperature=1.0,
-        )
-        if evaluate
-        else {}
-    )
-    return TrainConfig(
-        model=str(policy),
-        out=str(out),
-        steps=args.steps,
-        prompts_per_step=args.prompts_per_step,
-        samples_per_prompt=args.samples_per_prompt,
-        max_new_tokens=args.max_new_tokens,
-        lr=args.lr,
-        negative_weight=args.negative_weight,
-        seed=seed,
-        update_dtype=args.update_dtype,
-        **evals,
-    )
+    names = ["steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "lr", "negative_weight"]
+    names += ["update_dtype"] + (["eval_every", "eval_prompts", "eval_samples"] if evaluate else [])
+    evals = {"eval_temperature": 1.0} if evaluate else {}
+    return TrainConfig(model=str(policy), out=str(out), seed=seed, **{k: getattr(args, k) for k in names}, **evals)
 
 
 def wait_healthy(server, timeout_s: float = 180.0) -> None:

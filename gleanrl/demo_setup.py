@@ -1,7 +1,5 @@
-"""What the demo and the benches start from: the regime's step shape (`apply_regime`), the policy
-(`policy_of`: --model, the shipped one, or a bootstrap), its warm-start drafter (`warm_drafter`,
-cached; the shipped one where the settings match), the fastest CPU dtype (`fastest_cpu_dtype`) and
-an output folder made ready (`fresh_out`)."""
+"""What the demo and the benches start from: the regime's step shape, the policy, its warm-start drafter
+(cached; the shipped one where the settings match), the fastest CPU dtype and a fresh output folder."""
 
 from __future__ import annotations
 
@@ -13,15 +11,13 @@ from pathlib import Path
 
 
 def apply_regime(args: argparse.Namespace):
-    """Fill the step's shape from `args.regime` where no flag gave it (the regime: the size's
-    unless given); -> the regime's task."""
+    """Fill the step's shape from `args.regime` (default: the size's) where no flag gave it; -> its task."""
     from gleanrl.shipped import SHIPPED
     from gleanrl.trainer.tasks import load_task
     from gleanrl.trainer.tasks.presets import DEMO_REGIME, regime
 
-    entry = SHIPPED.get(args.size)
     if args.regime is None:
-        args.regime = entry.regime if entry else DEMO_REGIME
+        args.regime = entry.regime if (entry := SHIPPED.get(args.size)) else DEMO_REGIME
     r = regime(args.regime)
     for name in ("max_new_tokens", "prompts_per_step", "samples_per_prompt"):
         if getattr(args, name, None) is None:
@@ -33,13 +29,8 @@ def warm_settings(args: argparse.Namespace, task: str | None = None) -> dict:
     """What a warm start depends on besides the policy (the shipped drafter records it)."""
     from gleanrl.trainer.tasks.presets import regime
 
-    return {
-        "task": task or regime(args.regime).task,
-        "prompts": args.warm_prompts,
-        "steps": args.warm_steps,
-        "max_new_tokens": args.max_new_tokens,
-        "seed": args.seed,
-    }
+    settings = {"task": task or regime(args.regime).task, "prompts": args.warm_prompts, "steps": args.warm_steps}
+    return settings | {"max_new_tokens": args.max_new_tokens, "seed": args.seed}
 
 
 def policy_of(args: argparse.Namespace) -> Path:
@@ -53,17 +44,14 @@ def policy_of(args: argparse.Namespace) -> Path:
     if args.from_scratch:
         return bootstrap_policy(size=args.size, seed=args.seed, task=entry.task if entry else None)
     if entry is None:
-        raise ValueError(
-            f"no policy of size {args.size!r} is shipped (shipped: {sorted(SHIPPED)}): "
-            "add --from-scratch to bootstrap it"
-        )
+        shipped = f"shipped: {sorted(SHIPPED)}"
+        raise ValueError(f"no policy of size {args.size!r} is shipped ({shipped}): add --from-scratch to bootstrap it")
     return shipped_policy(size=args.size)
 
 
 def warm_drafter(policy: Path, args: argparse.Namespace, task: str | None = None) -> Path:
-    """A drafter warm-started on the policy's own generations for `task`'s prompts (default: the
-    regime's task), cached by policy, task and settings; the shipped one for the shipped policy
-    and the settings it was made with."""
+    """A drafter warm-started on the policy's own generations for `task`'s prompts (default: the regime's),
+    cached by policy, task and settings; the shipped one for the shipped policy and its settings."""
     from gleanrl.draft_train import WarmStartConfig, warm_start
     from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.shipped import shipped_drafter, shipped_for
@@ -85,10 +73,8 @@ def warm_drafter(policy: Path, args: argparse.Namespace, task: str | None = None
         prompts = [s["prompt"] for s in load_task(task).prompts("warm", args.warm_prompts, args.seed)]
         drafter, history = warm_start(policy, prompts, cfg)
         save_drafter(drafter, out)
-        print(
-            f"warm-started drafter ({task}): held-out "
-            f"acceptance {history[0]['accept_length']:.2f} -> {history[-1]['accept_length']:.2f}"
-        )
+        accept = f"{history[0]['accept_length']:.2f} -> {history[-1]['accept_length']:.2f}"
+        print(f"warm-started drafter ({task}): held-out acceptance {accept}")
     return out
 
 
@@ -104,8 +90,7 @@ def fresh_out(out: Path, marker: str, args: argparse.Namespace, subs: tuple[str,
 
 
 def fastest_cpu_dtype(dtype: str) -> str:
-    """The demo's and the benches' `auto`: bfloat16 where the CPU multiplies bf16 natively
-    (`harvest.train_step.bf16_fast`), else float32."""
+    """The demo's and the benches' `auto`: bfloat16 where the CPU multiplies bf16 natively, else float32."""
     from gleanrl.harvest.train_step import bf16_fast
 
     if dtype != "auto":

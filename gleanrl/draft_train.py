@@ -1,13 +1,11 @@
-"""`gleanrl draft train`: warm-start an EAGLE-3 drafter offline from the target's own generations.
-
-Generate with the target (transformers `generate`, batched, sampled), capture aux hidden states and
-soft labels on prompt + response, train with TTT (response tokens only), report held-out acceptance
-length along the way, and save the drafter atomically. `warm_start()` is the same as a library call.
-"""
+"""`gleanrl draft train` (and `warm_start()`): warm-start an EAGLE-3 drafter offline from the target's own
+generations: sample with the embedded engine, capture aux hidden states and soft labels on prompt +
+response, train with TTT on response tokens, report held-out acceptance length, save atomically."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from dataclasses import dataclass
@@ -16,7 +14,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from gleanrl.base.flags import check_fields
+from gleanrl.base.flags import add_flags, check_fields, config_from_args, flag
 from gleanrl.harvest.acceptance import acceptance_length
 from gleanrl.harvest.capture import Sample, capture
 from gleanrl.harvest.checkpoint import load_drafter, save_drafter
@@ -27,20 +25,21 @@ from gleanrl.harvest.train_step import bf16_fast, length_batches, make_optimizer
 
 @dataclass
 class WarmStartConfig:
-    max_new_tokens: int = 128
-    temperature: float = 1.0  # 0 = greedy
-    gen_batch: int = 16
-    steps: int = 200
-    batch_size: int = 16  # most sequences per step
-    batch_tokens: int = 2048  # most padded tokens per step (a longer sequence goes alone)
-    lr: float = 1e-3  # decays linearly to lr / 10
-    precision: str = "auto"  # bf16 autocast (auto: where it is fast) | fp32
-    ttt_length: int = 4
-    topk: int = 64
-    heldout: float = 0.1
-    eval_every: int = 50
-    accept_k: int = 4
-    seed: int = 0
+    max_new_tokens: int = flag(128, "response tokens generated per prompt")
+    temperature: float = flag(1.0, "sampling temperature (0 = greedy)")
+    gen_batch: int = flag(16, "requests generated concurrently / sequences per capture batch")
+    steps: int = flag(200, "optimizer steps")
+    batch_size: int = flag(16, "most sequences per step")
+    # a longer sequence goes alone
+    batch_tokens: int = flag(2048, "most padded tokens per step (similar lengths are batched together)")
+    lr: float = flag(1e-3, "AdamW learning rate (decays linearly to a tenth)")
+    precision: str = flag("auto", "auto (bf16 autocast where the CPU/GPU has fast bf16), bf16 or fp32")
+    ttt_length: int = flag(4, "unrolled draft steps (TTT)")
+    topk: int = flag(64, "soft-label top-k of the target distribution")
+    heldout: float = flag(0.1, "fraction of generations held out")
+    eval_every: int = flag(50, "steps between held-out acceptance evaluations")
+    accept_k: int = flag(4, "draft length for acceptance")
+    seed: int = flag(0, "seed for prompts, sampling and init")
 
     def __post_init__(self) -> None:
         if self.precision not in ("auto", "bf16", "fp32"):
@@ -51,24 +50,6 @@ class WarmStartConfig:
             raise ValueError("need 0 < heldout < 1, temperature >= 0, lr > 0")
 
 
-HELP = {
-    "max_new_tokens": "response tokens generated per prompt",
-    "temperature": "sampling temperature (0 = greedy)",
-    "gen_batch": "requests generated concurrently / sequences per capture batch",
-    "steps": "optimizer steps",
-    "batch_size": "most sequences per step",
-    "batch_tokens": "most padded tokens per step (similar lengths are batched together)",
-    "lr": "AdamW learning rate (decays linearly to a tenth)",
-    "precision": "auto (bf16 autocast where the CPU/GPU has fast bf16), bf16 or fp32",
-    "ttt_length": "unrolled draft steps (TTT)",
-    "topk": "soft-label top-k of the target distribution",
-    "heldout": "fraction of generations held out",
-    "eval_every": "steps between held-out acceptance evaluations",
-    "accept_k": "draft length for acceptance",
-    "seed": "seed for prompts, sampling and init",
-}
-
-
 def use_bf16(cfg: WarmStartConfig, device: str = "cpu") -> bool:
     return cfg.precision == "bf16" or (cfg.precision == "auto" and bf16_fast(device))
 
@@ -76,31 +57,23 @@ def use_bf16(cfg: WarmStartConfig, device: str = "cpu") -> bool:
 def generate(
     model_dir: str | Path, tokenizer, prompts: list[str], cfg: WarmStartConfig, device: str = "cpu"
 ) -> list[tuple[list[int], int]]:
-    """(prompt + response token ids, prompt length) per prompt, sampled by the embedded engine
-    (continuous batching: long-tailed responses do not hold a padded batch; bf16 where fast, as it
-    would serve)."""
+    """(prompt + response token ids, prompt length) per prompt, sampled by the embedded engine (continuous
+    batching: long-tailed responses hold no padded batch; bf16 where fast, as it would serve)."""
     import asyncio
 
     from gleanrl.server.config import EngineConfig
     from gleanrl.server.engine import Engine
     from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
-    engine = Engine(
-        EngineConfig(
-            model_path=str(model_dir),
-            device=device,
-            max_running_requests=cfg.gen_batch,
-            dtype="bfloat16" if use_bf16(cfg, device) else "float32",
-            seed=cfg.seed,
-        )
-    )
+    dtype = "bfloat16" if use_bf16(cfg, device) else "float32"
+    config = dict(model_path=str(model_dir), device=device, max_running_requests=cfg.gen_batch, dtype=dtype)
+    engine = Engine(EngineConfig(**config, seed=cfg.seed))
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     bar = tqdm(total=len(prompts), desc="generate", unit="seq")
 
     async def one(i: int) -> list[int]:
-        params = SamplingParams(
-            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed * 100003 + i
-        )
+        seed = cfg.seed * 100003 + i
+        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=seed)
         ids, reason = [], None
         async for out in engine.generate(GenerateRequest(rid=f"warm-{i}", input_ids=encoded[i], params=params)):
             ids += out.new_ids
@@ -133,28 +106,23 @@ def warm_start(
     checkpoint: str | Path | None = None,
     device: str = "cpu",
 ) -> tuple[Eagle3Drafter, list[dict]]:
-    """Train a drafter for the target in `model_dir` on its generations for `prompts`, on `device`
-    (generation, capture and training). -> (drafter, history). With `checkpoint`, the drafter is
-    also saved there (atomically) at every evaluation, so an interrupted run keeps its last
-    evaluated drafter."""
+    """Train a drafter for the target in `model_dir` on its generations for `prompts` -> (drafter, history);
+    with `checkpoint`, also saved there (atomically) at every evaluation, so an interrupted run keeps it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
-    drafter = (
-        load_drafter(init, target_config=model.config) if init else init_drafter(model_dir, cfg.seed, layer_ids)
-    ).to(device)
+    drafter = load_drafter(init, target_config=model.config) if init else init_drafter(model_dir, cfg.seed, layer_ids)
+    drafter = drafter.to(device)
     bf16 = use_bf16(cfg, device)
     seqs = generate(model_dir, tokenizer, prompts, cfg, device)
     captured: list[Sample] = []
     # similar lengths per capture batch: little padding
     seqs = sorted(seqs, key=lambda s: len(s[0]))
     for lo in tqdm(range(0, len(seqs), cfg.gen_batch), desc="capture", unit="batch"):
-        part = seqs[lo : lo + cfg.gen_batch]
-        captured += capture(
-            model, [s for s, _ in part], drafter.config.aux_layer_ids, cfg.topk, [p for _, p in part], bf16=bf16
-        )
+        ids, prompt_lens = zip(*seqs[lo : lo + cfg.gen_batch])
+        captured += capture(model, list(ids), drafter.config.aux_layer_ids, cfg.topk, list(prompt_lens), bf16=bf16)
     samples = [s.tensors() for s in captured if s.loss_mask.sum() >= 2]  # >= 2 tokens to draft
     n_held = max(1, round(cfg.heldout * len(samples)))
     if len(samples) < n_held + 1:
@@ -184,9 +152,8 @@ def warm_start(
             history.append(evaluate(row))
             if checkpoint is not None and step < cfg.steps:
                 save_drafter(drafter, checkpoint)
-        bar.set_postfix(
-            loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.2f}", accept=f"{history[-1]['accept_length']:.2f}"
-        )
+        accept = f"{history[-1]['accept_length']:.2f}"
+        bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.2f}", accept=accept)
         if log is not None:
             log.write(json.dumps(row) + "\n")
             log.flush()
@@ -223,43 +190,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layer-ids", default=None, help="aux layer ids a,b,c for a new drafter")
     parser.add_argument("--num-prompts", type=int, default=64, help="prompts whose rollouts train the drafter")
     parser.add_argument("--log", default=None, help="append per-step metrics here as JSONL")
-    parser.add_argument(
-        "--device", choices=["cpu", "cuda"], default="cpu", help="where generation, capture and training run"
-    )
-    for name, default in vars(WarmStartConfig()).items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default, help=HELP[name])
+    devices = ["cpu", "cuda"]
+    parser.add_argument("--device", choices=devices, default="cpu", help="where generation, capture and training run")
+    add_flags(parser, WarmStartConfig)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        cfg = WarmStartConfig(**{k: getattr(args, k) for k in vars(WarmStartConfig())})
+        cfg = config_from_args(WarmStartConfig, args)
         prompts = read_prompts(args)
         if not prompts:
             raise ValueError("no prompts")
-        log = open(args.log, "a") if args.log else None
-        try:
+        with open(args.log, "a") if args.log else contextlib.nullcontext() as log:
+            layer_ids = parse_layer_ids(args.layer_ids)
             drafter, history = warm_start(
-                args.model,
-                prompts,
-                cfg,
-                args.init,
-                parse_layer_ids(args.layer_ids),
-                log,
-                checkpoint=args.out,
-                device=args.device,
+                args.model, prompts, cfg, args.init, layer_ids, log, checkpoint=args.out, device=args.device
             )
-        finally:
-            if log is not None:
-                log.close()
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     save_drafter(drafter, args.out)
     first, last = history[0], history[-1]
     print(
-        f"wrote drafter to {args.out}: held-out acceptance "
-        f"length {first['accept_length']:.2f} -> {last['accept_length']:.2f} greedy "
-        f"chain, {first['accept_length_sampled']:.2f} -> {last['accept_length_sampled']:.2f} "
-        f"expected when sampling (k={cfg.accept_k}, {len(prompts)} prompts, {cfg.steps} steps)"
+        f"wrote drafter to {args.out}: held-out acceptance length {first['accept_length']:.2f} -> "
+        f"{last['accept_length']:.2f} greedy chain, {first['accept_length_sampled']:.2f} -> "
+        f"{last['accept_length_sampled']:.2f} expected when sampling (k={cfg.accept_k}, {len(prompts)} prompts, "
+        f"{cfg.steps} steps)"
     )
     return 0

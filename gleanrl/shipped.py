@@ -1,19 +1,8 @@
-"""The policies and their warm-start drafters shipped with the project (`gleanrl/shipped/`), so a
-newcomer's demo and every bench use the same model on every machine and day, without the ~10-70
-minutes of CPU a bootstrap takes.
-
-Each is `gleanrl bootstrap --task TASK --size SIZE --seed 0` (the recipe in `trainer.bootstrap.SIZES`,
-its key in `bootstrap.json` beside the weights) and the demo's warm start on it
-(`gleanrl.demo_setup.warm_drafter`, its settings in `warm_start.json`), written by scripts/ship_policy.py:
-- `deep` (the default): 32 layers of 256 on `doubling_checks` (self-checks: a per-sample tail), the
-  shape of the LLMs SD serves (a drafter step ~0.06 of a target step), stored in bf16 and cast at
-  load to the dtype asked for (a float32 push updates it: floats are cast, `base.dtypes.fits`);
-- `small`: 6 layers of 512 on `doubling`, stored in float32 (made before a push could cast), where
-  a drafter step costs ~0.25 of a target step (SD pays little on it: docs/sd.md).
-Both are checked before use: the weights' sha256 against `shipped/SHA256SUMS`, the config against the
-recipe's shape, and (policy) a quick held-out figure: the reference-solution accuracy on 32 test
-prompts must clear a floor far below what the shipped weights score, so a corrupt or foreign file
-fails loudly instead of training. `gleanrl demo --from-scratch` (or `gleanrl bootstrap`) rebuilds.
+"""The policies and warm-start drafters shipped in `gleanrl/shipped/` (written by scripts/ship_policy.py),
+so the demo and the benches use the same model everywhere without a bootstrap: `deep` (the default; 32
+layers of 256 on `doubling_checks`, stored in bf16, cast at load) and `small` (6 layers of 512 on
+`doubling`, float32). Checked before use: sha256 (`shipped/SHA256SUMS`), the recipe's shape and (policy)
+a held-out reference accuracy floor, so a corrupt or foreign file fails loudly.
 """
 
 from __future__ import annotations
@@ -55,11 +44,8 @@ class ShippedError(RuntimeError):
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def sums_file() -> Path:
@@ -69,26 +55,23 @@ def sums_file() -> Path:
 def check_hash(directory: Path) -> None:
     weights, sums = directory / "model.safetensors", sums_file()
     name = f"{directory.name}/{weights.name}"
-    expected = (
-        dict(line.split()[::-1] for line in sums.read_text().splitlines() if line.strip()) if sums.is_file() else {}
-    )
+    lines = sums.read_text().splitlines() if sums.is_file() else []
+    expected = dict(line.split()[::-1] for line in lines if line.strip())
     if not weights.is_file() or name not in expected:
         raise ShippedError(
-            f"{weights} or its hash in {sums} is missing (a checkout without the "
-            "shipped weights? `gleanrl demo --from-scratch` rebuilds the policy)"
+            f"{weights} or its hash in {sums} is missing (a checkout without the shipped weights? "
+            "`gleanrl demo --from-scratch` rebuilds the policy)"
         )
     if (got := sha256(weights)) != expected[name]:
         raise ShippedError(f"{weights}: sha256 {got[:16]}... is not the shipped {expected[name][:16]}...")
 
 
 def shipped_policy(sanity: bool = True, size: str = DEFAULT) -> Path:
-    """The shipped policy's directory, checked: hash, shape against the recipe, and (`sanity`) the
-    quick held-out figure."""
+    """The shipped policy's directory, checked: hash, shape against the recipe, (`sanity`) held-out figure."""
     from gleanrl.trainer.bootstrap import SIZES, cache_key
 
     entry = SHIPPED[size]
-    policy = entry.policy
-    check_hash(policy)
+    check_hash(policy := entry.policy)
     config = json.loads((policy / "config.json").read_text())
     recipe = SIZES[size]
     shape = (config.get("hidden_size"), config.get("num_hidden_layers"))
@@ -96,21 +79,16 @@ def shipped_policy(sanity: bool = True, size: str = DEFAULT) -> Path:
         raise ShippedError(f"{policy}: shape {shape} is not the {size} recipe's {(recipe.hidden, recipe.layers)}")
     recorded = json.loads((policy / "bootstrap.json").read_text()).get("key")
     if recorded != (expected := cache_key(entry.task, 0, size)[1]):
-        raise ShippedError(
-            f"{policy}: bootstrap key {recorded} is not today's recipe's "
-            f"{expected} (the recipe changed: re-ship with scripts/ship_policy.py)"
-        )
+        why = "the recipe changed: re-ship with scripts/ship_policy.py"
+        raise ShippedError(f"{policy}: bootstrap key {recorded} is not today's recipe's {expected} ({why})")
     if sanity and (accuracy := quick_heldout(policy, task=entry.task)) < SANITY_FLOOR:
-        raise ShippedError(
-            f"{policy}: held-out reference accuracy {accuracy:.3f} on "
-            f"{SANITY_PROMPTS} prompts is under the floor {SANITY_FLOOR}"
-        )
+        floor = f"on {SANITY_PROMPTS} prompts is under the floor {SANITY_FLOOR}"
+        raise ShippedError(f"{policy}: held-out reference accuracy {accuracy:.3f} {floor}")
     return policy
 
 
 def policy_or_shipped(model: str | None) -> str:
-    """`model`, else the default shipped policy (the benches' default); ValueError if it is not a
-    Hugging Face model directory."""
+    """`model`, else the default shipped policy; ValueError if it is not a Hugging Face model directory."""
     model = model or str(shipped_policy())
     if not Path(model, "config.json").exists():
         raise ValueError(f"{model} is not a Hugging Face model directory (no config.json)")
@@ -118,8 +96,7 @@ def policy_or_shipped(model: str | None) -> str:
 
 
 def shipped_drafter(size: str = DEFAULT) -> Path:
-    drafter = SHIPPED[size].drafter
-    check_hash(drafter)
+    check_hash(drafter := SHIPPED[size].drafter)
     return drafter
 
 
@@ -129,8 +106,7 @@ def shipped_for(policy: Path) -> Shipped | None:
 
 
 def quick_heldout(policy: Path, n: int = SANITY_PROMPTS, task: str = "doubling") -> float:
-    """Expected T = 1 accuracy from the reference solutions' probabilities on `n` test prompts
-    (trainer.tasks.sft.reference_accuracy: one forward each, no sampling)."""
+    """Expected T = 1 accuracy from the reference solutions' probabilities on `n` test prompts (no sampling)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -1,7 +1,5 @@
-"""Tiny Hugging Face models made locally: a byte-level BPE tokenizer trained on a built-in corpus
-and a randomly initialised Qwen2 / Qwen3 / Llama causal LM, saved with `save_pretrained`
-(safetensors, chat template included). Tests, examples and `gleanrl make-tiny-model` use them; no
-network needed."""
+"""Tiny Hugging Face models made locally, no network needed: a byte-level BPE tokenizer trained on a
+built-in corpus and a random Qwen2 / Qwen3 / Llama causal LM, saved with `save_pretrained`."""
 
 from __future__ import annotations
 
@@ -32,20 +30,13 @@ def build_tokenizer(corpus: list[str] | None = None, vocab_size: int = 384, chat
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=alphabet, show_progress=False
     )
     tok.train_from_iterator((corpus or _CORPUS) * 4, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token=None,
-        chat_template=chat_template,
-    )
+    special = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None}
+    return PreTrainedTokenizerFast(tokenizer_object=tok, chat_template=chat_template, **special)
 
 
 def make_tiny_model(
@@ -68,25 +59,15 @@ def make_tiny_model(
     tokenizer = tokenizer or build_tokenizer()
     config_cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}[arch]
     extra = {"head_dim": hidden_size // num_heads} if arch == "qwen3" else {}
-    config = config_cls(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-        **extra,
-    )
+    ids = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id, "bos_token_id": None}
+    shape = dict(hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads)
+    shape |= dict(num_key_value_heads=num_kv_heads, intermediate_size=intermediate_size)
+    shape |= dict(max_position_embeddings=max_position_embeddings, tie_word_embeddings=tie_word_embeddings)
+    config = config_cls(vocab_size=len(tokenizer), **shape, **ids, **extra)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if tie_word_embeddings:
-        # explicit: transformers' init-time tying is a process-global switch that
-        # concurrent loads in threads can leave off
+        # explicit: transformers' init-time tying is a process-global switch threaded loads can leave off
         model.lm_head.weight = model.get_input_embeddings().weight
     with torch.no_grad():  # a larger init than the default gives peaked, varied greedy outputs
         for name, param in model.named_parameters():
@@ -109,8 +90,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = make_tiny_model(
-        args.out, arch=args.arch, hidden_size=args.hidden_size, num_layers=args.layers, seed=args.seed
-    )
+    path = make_tiny_model(args.out, args.arch, args.hidden_size, args.layers, seed=args.seed)
     print(f"wrote a tiny {args.arch} model to {path}")
     return 0

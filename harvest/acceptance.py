@@ -1,17 +1,11 @@
 """Expected acceptance length of a drafter on held-out captured samples.
 
-From every start slot i whose next token i+2 is learnable, simulate a k-step greedy draft chain and
-accept drafted tokens while they equal the target's own tokens in the sample (token i+2, i+3, ...).
-Until the first mismatch the drafted tokens *are* the sample's tokens, so feeding the sample's
-tokens in the TTT unroll gives the same chain for all starts in one pass. Accept length counts the
-bonus token, as SGLang's `spec_accept_length` does: 1 + accepted drafts, in [1, k+1]. For greedy
-samples this is exactly the acceptance of greedy SD; for sampled ones it is the greedy-chain proxy.
-
-`mode="sampled"`: the expected accept length of speculative sampling at temperature 1 with the
-drafter's softmax q against the target's soft labels p (renormalised over the captured top-k): step
-s is accepted with probability sum_x min(p, q) = 1 - TV(p, q), so length = 1 + sum_s prod_{j<=s}
-alpha_j, along the sample's own context. Smoother than the greedy chain, so better for
-comparing two drafters.
+From every start slot i whose token i+2 is learnable, a k-step greedy draft chain is accepted while it equals the
+sample's tokens; until the first mismatch the drafts *are* those tokens, so one TTT unroll on the sample gives
+every chain. Accept length counts the bonus token, as SGLang's `spec_accept_length`: 1 + accepted, in [1, k+1];
+exact for greedy samples, a proxy otherwise. `mode="sampled"`: speculative sampling at T = 1, drafter softmax q
+against the soft labels p (top-k, renormalised): step s is accepted with probability sum_x min(p, q) =
+1 - TV(p, q), so length = 1 + sum_s prod_{j<=s} alpha_j. Smoother: better to compare drafters.
 """
 
 from __future__ import annotations
@@ -26,15 +20,13 @@ from gleanrl.harvest.train_step import Tensors, collate, ttt_unroll
 def accept_lengths(
     logits: list[torch.Tensor], ids: torch.Tensor, starts: torch.Tensor, draft_to_target: torch.Tensor
 ) -> torch.Tensor:
-    """logits: k steps [B,T,Vd]; ids [B,T] with 0-padding; starts [B,T] bool.
-    -> accept lengths [n_starts] (1 + leading run of drafted == actual)."""
+    """logits: k steps [B,T,Vd]; ids [B,T]; starts [B,T] bool -> [n_starts] 1 + leading run of drafted == actual."""
     run = torch.ones_like(ids, dtype=torch.bool)
     length = torch.ones_like(ids, dtype=torch.float32)
     for s, lg in enumerate(logits):
         drafted = draft_to_target[lg.argmax(-1)]  # [B,T] target ids
-        # token i+s+2, -1 past the end
         actual = F.pad(ids[:, s + 2 :], (0, s + 2), value=-1)
-        run = run & (drafted == actual)
+        run = run & (drafted == actual)  # actual: token i+s+2, -1 past the end
         length = length + run.float()
     return length[starts]
 
@@ -55,8 +47,7 @@ def expected_accept_lengths(logits: list[torch.Tensor], labels: torch.Tensor, st
 def acceptance_sums(
     drafter: Eagle3Drafter, samples: list[Tensors], k: int = 4, batch_size: int = 8, mode: str = "greedy"
 ) -> list[tuple[float, int]]:
-    """Per sample: (sum of accept lengths over its start slots, number of start slots), so that
-    scores of a fixed drafter can be cached per sample and pooled with others."""
+    """Per sample: (sum of accept lengths over its start slots, their number): cacheable, poolable."""
     if mode not in ("greedy", "sampled"):
         raise ValueError(f"mode must be 'greedy' or 'sampled', got {mode!r}")
     was_training = drafter.training
@@ -67,12 +58,10 @@ def acceptance_sums(
         logits = ttt_unroll(drafter, b["ids"], b["aux"], b["valid"], k)
         ids = b["ids"].masked_fill(~b["valid"], -2)
         starts = F.pad((b["valid"] & b["loss_mask"])[:, 2:], (0, 2))
-        lengths = (
-            accept_lengths(logits, ids, starts, drafter.draft_to_target())
-            if mode == "greedy"
-            else expected_accept_lengths(logits, b["labels"], starts)
-        )
-        # [n_starts] sample of each
+        if mode == "greedy":
+            lengths = accept_lengths(logits, ids, starts, drafter.draft_to_target())
+        else:
+            lengths = expected_accept_lengths(logits, b["labels"], starts)
         rows = torch.arange(ids.shape[0]).unsqueeze(1).expand_as(ids)[starts.cpu()]
         sums = torch.zeros(ids.shape[0]).index_add_(0, rows, lengths.float().cpu())
         counts = torch.bincount(rows, minlength=ids.shape[0])
@@ -84,9 +73,7 @@ def acceptance_sums(
 def acceptance_length(
     drafter: Eagle3Drafter, samples: list[Tensors], k: int = 4, batch_size: int = 8, mode: str = "greedy"
 ) -> float:
-    """Mean accept length (1 + accepted drafts of a k-step chain) over all start slots of `samples`;
-    mode "greedy" (chain along the sample's tokens) or "sampled" (expected,
-    speculative sampling)."""
+    """Mean accept length over all start slots of `samples` (mode "greedy" or "sampled", as above)."""
     if not samples:
         raise ValueError("acceptance_length needs at least one held-out sample")
     sums = acceptance_sums(drafter, samples, k, batch_size, mode)

@@ -1,11 +1,9 @@
-"""Capture a target's aux hidden states and next-token distributions, in the drafter's
-training layout.
+"""Capture a target's aux hidden states and next-token distributions, in the drafter's training layout.
 
-Forward pre-hooks on the target's decoder layers a+1, b+1, c+1 record the residual stream entering
-them (SGLang's capture for `eagle_aux_hidden_state_layer_ids` = [a, b, c], transformers'
-`output_hidden_states[a+1]`...), concatenated in ascending layer order -> `aux_hidden` [T, n*H].
-Soft labels: the target's softmax at temperature 1, top-k (ids sorted by probability, probs not
-renormalised; row j predicts token j+1).
+Forward pre-hooks on decoder layers a+1, b+1, c+1 record the residual stream entering them (SGLang's capture
+for `eagle_aux_hidden_state_layer_ids` = [a, b, c]; transformers' `output_hidden_states[a+1]`), concatenated
+in ascending order -> `aux_hidden` [T, n*H]. Soft labels: softmax at T = 1, top-k (ids by probability, probs
+not renormalised; row j predicts token j+1).
 """
 
 from __future__ import annotations
@@ -44,9 +42,8 @@ class Sample:
 
 @dataclass
 class UpdateCapture:
-    """The harvester's request to a policy update that runs the policy over rollouts anyway: capture
-    the rollouts it `wants` from that forward (`aux_hooks` + `samples_from`) and `put`
-    each Sample."""
+    """The harvester's request to a policy update: capture the rollouts it `wants` from the update's forward
+    (`aux_hooks` + `samples_from`) and `put` each Sample."""
 
     layer_ids: list[int]
     topk: int | None
@@ -118,13 +115,11 @@ def samples_from(
     policy_version: int | None,
     aux_dtype: torch.dtype | None = None,
 ) -> list[Sample]:
-    """Samples of batch rows `rows` (right-padded, `lens[i]` tokens each) from one forward's aux
-    hidden states [B, L, H] per layer and logits [B, L, V]. Row by row: at most one row's soft
-    labels at a time."""
+    """Samples of batch rows `rows` (right-padded, `lens[i]` tokens) from one forward's aux states [B, L, H] per
+    layer and logits [B, L, V], row by row (one row's soft labels at a time)."""
     out = []
     for i, (b, n) in enumerate(zip(rows, lens)):
-        # [T, n*H], a copy
-        aux = torch.cat([grabbed[a][b, :n] for a in sorted(grabbed)], dim=-1).cpu()
+        aux = torch.cat([grabbed[a][b, :n] for a in sorted(grabbed)], dim=-1).cpu()  # [T, n*H], a copy
         aux = aux.to(aux_dtype) if aux_dtype is not None else aux
         probs = torch.softmax(logits[b, :n].detach().float(), dim=-1).cpu()  # [T, V]
         top_p, top_i = probs.topk(probs.shape[-1] if topk is None else min(topk, probs.shape[-1]), dim=-1)
@@ -146,15 +141,12 @@ def capture(
     aux_dtype: torch.dtype | None = None,
     bf16: bool = False,
 ) -> list[Sample]:
-    """input_ids: [B, T] or a list of 1-D sequences (right-padded here). `prompt_lens[b]`: tokens of
-    sequence b not to learn (loss_mask False). topk None: the whole distribution. `bf16`: the
-    forward under bf16 autocast (hidden states as a bf16 server computes them). -> one
-    Sample each."""
+    """input_ids: [B, T] or 1-D sequences (right-padded here); `prompt_lens[b]`: tokens not to learn; topk None:
+    the whole distribution; `bf16`: autocast (states as a bf16 server computes them). -> one Sample each."""
     device = next(model.parameters()).device
     ids, mask, lens = _pad(input_ids, 0)
     with aux_hooks(model, layer_ids) as grabbed:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
-    return samples_from(
-        grabbed, logits, ids, list(range(len(lens))), lens, prompt_lens, topk, policy_version, aux_dtype
-    )
+    rows = list(range(len(lens)))
+    return samples_from(grabbed, logits, ids, rows, lens, prompt_lens, topk, policy_version, aux_dtype)

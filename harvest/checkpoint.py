@@ -1,11 +1,9 @@
-"""Drafter checkpoints in SGLang's EAGLE-3 format: `config.json` + `model.safetensors`,
-written atomically.
+"""Drafter checkpoints in SGLang's EAGLE-3 format: `config.json` + `model.safetensors`, written atomically.
 
-Keys (no `model.` prefix; SGLang's `LlamaForCausalLMEagle3.load_weights` adds it, fuses q/k/v and
-gate/up, reads `d2t` as draft->target id offsets and skips `t2d`): `fc.weight`, `midlayer.*`,
-`norm.weight`, `lm_head.weight`, `d2t`, `t2d`, and `embed_tokens.weight` (a frozen copy of the
-target's embedding; SGLang replaces it with the target's own, SpecForge omits it, so it is
-optional on load).
+Keys (no `model.` prefix; SGLang's `LlamaForCausalLMEagle3.load_weights` adds it, fuses q/k/v and gate/up, reads
+`d2t` as draft->target id offsets, skips `t2d`): `fc.weight`, `midlayer.*`, `norm.weight`, `lm_head.weight`,
+`d2t`, `t2d`, and `embed_tokens.weight` (a frozen copy of the target's; SGLang uses the target's own, SpecForge
+omits it, so it is optional on load).
 """
 
 from __future__ import annotations
@@ -58,16 +56,14 @@ def save_drafter(drafter: Eagle3Drafter, out: str | Path) -> Path:
     with atomic_dir(out) as tmp:
         (tmp / "config.json").write_text(json.dumps(drafter.config.to_json(), indent=2) + "\n")
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        for f in tmp.iterdir():
-            # mkdtemp makes the directory private; a server may run as another user
+        for f in tmp.iterdir():  # mkdtemp makes it private; a server may run as another user
             f.chmod(0o644)
         tmp.chmod(0o755)
     return Path(out)
 
 
 def check_fit(c: DrafterConfig, target: Any) -> None:
-    """Raise DrafterCheckpointError unless a drafter with config `c` fits `target` (an HF config, a
-    dict, or a model directory with config.json)."""
+    """Raise DrafterCheckpointError unless config `c` fits `target` (HF config, dict or model directory)."""
     if isinstance(target, (str, Path)):
         target = json.loads((Path(target) / "config.json").read_text())
     want = {
@@ -85,8 +81,7 @@ def check_fit(c: DrafterConfig, target: Any) -> None:
 
 
 def check_drafter_dir(path: str | Path) -> None:
-    """The one check of a `drafter` setting (serve, train, benches): an EAGLE-3 drafter checkpoint's
-    directory with a valid config.json, or ValueError."""
+    """The one check of a `drafter` setting (serve, train, benches): an EAGLE-3 drafter directory, or ValueError."""
     try:
         _read_config(Path(path))
     except DrafterCheckpointError as exc:
@@ -110,8 +105,7 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
             return {k: f.get_tensor(k) for k in f.keys()}
     except FileNotFoundError:
         raise DrafterCheckpointError(f"{path} has no {WEIGHTS}") from None
-    except Exception as exc:
-        # safetensors raises its own error types for truncated or garbled files
+    except Exception as exc:  # safetensors' own error types for truncated or garbled files
         raise DrafterCheckpointError(f"{path}/{WEIGHTS} is corrupt: {exc}") from None
 
 
@@ -131,9 +125,8 @@ def load_drafter(
     target_config: Any = None,
     embed_tokens: torch.Tensor | None = None,
 ) -> Eagle3Drafter:
-    """Load a drafter (eval mode). With `target_config`, refuse one that does not fit that target.
-    `embed_tokens`: the target's embedding, shared (not copied) in place of the checkpoint's copy,
-    as SGLang does; required for checkpoints without a copy (SpecForge's)."""
+    """Load a drafter (eval mode), refusing one that does not fit `target_config`. `embed_tokens`: the target's
+    embedding, shared in place of the checkpoint's copy (as SGLang); required where it has none (SpecForge)."""
     path = Path(path)
     c = _read_config(path)
     if target_config is not None:
@@ -142,8 +135,7 @@ def load_drafter(
     if "embed_tokens.weight" not in state:
         if embed_tokens is None:
             raise DrafterCheckpointError(f"{path} has no embed_tokens.weight; pass the target's embedding")
-        # replaced by the shared one
-        state["embed_tokens.weight"] = torch.zeros(shapes["embed_tokens.weight"])
+        state["embed_tokens.weight"] = torch.zeros(shapes["embed_tokens.weight"])  # replaced by the shared one
     missing, extra = sorted(set(shapes) - set(state)), sorted(set(state) - set(shapes))
     if missing or extra:
         raise DrafterCheckpointError(f"{path}: missing weights {missing}, unexpected weights {extra}")
@@ -153,8 +145,7 @@ def load_drafter(
         if state[name].is_floating_point() and not torch.isfinite(state[name]).all():
             raise DrafterCheckpointError(f"{path}: {name} contains NaN or inf")
     drafter = Eagle3Drafter(c)
-    for name, want in drafter.state_dict().items():
-        # float widths are cast (bf16 files are common); kinds are not
+    for name, want in drafter.state_dict().items():  # float widths are cast (bf16 files are common); kinds not
         if state[name].is_floating_point() != want.is_floating_point():
             raise DrafterCheckpointError(f"{path}: {name} is {state[name].dtype}, expected a {want.dtype}-like tensor")
     _check_vocab(c, state["d2t"], state["t2d"])

@@ -1,13 +1,11 @@
 """Header-level checks of a checkpoint directory before it is pushed to a rollout server.
 
-Stock SGLang (0.5.23) applies whatever `/update_weights_from_disk` is given: a truncated safetensors
-file kills the whole server, another architecture's weights are loaded and reported as success, and
-unknown fields such as `selector` are ignored. So gleanrl checks the candidate against the directory
-the server is serving before any push: every safetensors header complete and consistent with its
-file size, the same tensor names and shapes, the same dtypes where they are not floating point (a
-float tensor is cast to the serving dtype at load, by SGLang as by gleanrl: a float32 checkpoint
-updates a model shipped in bf16), the same `architectures` and `model_type`. Pure Python (no torch,
-no model load): it reads the JSON headers and file sizes only.
+Stock SGLang (0.5.23) applies whatever `/update_weights_from_disk` gets: a truncated safetensors file kills the
+server, another architecture's weights load and report success, unknown fields such as `selector` are ignored.
+So a candidate is checked against the directory being served: every safetensors header complete and consistent
+with its file size, the same tensor names and shapes, the same non-float dtypes (floats are cast to the serving
+dtype at load, by SGLang as by gleanrl: float32 updates a bf16 model), the same `architectures` and
+`model_type`. Pure Python: JSON headers and file sizes only, no torch, no model load.
 """
 
 from __future__ import annotations
@@ -21,21 +19,10 @@ from pathlib import Path
 from gleanrl.base.dtypes import fits
 
 _DTYPE_BYTES = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "U16": 2,
-    "I16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "U32": 4,
-    "I32": 4,
-    "F32": 4,
-    "U64": 8,
-    "I64": 8,
-    "F64": 8,
+    **dict.fromkeys(("BOOL", "U8", "I8", "F8_E4M3", "F8_E5M2"), 1),
+    **dict.fromkeys(("U16", "I16", "F16", "BF16"), 2),
+    **dict.fromkeys(("U32", "I32", "F32"), 4),
+    **dict.fromkeys(("U64", "I64", "F64"), 8),
 }
 _MAX_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit
 _INDEX = "model.safetensors.index.json"
@@ -156,8 +143,7 @@ def _compare_layout(candidate: dict[str, TensorSpec], reference: dict[str, Tenso
 def _check_fit(
     candidate: str | Path, serving: str | Path, new_cfg: dict, ref_cfg: dict, keys: tuple[str, ...], serving_name: str
 ) -> dict[str, TensorSpec]:
-    """Refuse `candidate` unless its config agrees with `serving`'s on `keys` and its tensors are
-    laid out alike."""
+    """Refuse `candidate` unless its config agrees with `serving`'s on `keys` and its tensors are laid out alike."""
     for key in keys:
         if new_cfg.get(key) != ref_cfg.get(key):
             raise CheckpointMismatch(
@@ -169,8 +155,7 @@ def _check_fit(
 
 
 def check_policy_checkpoint(candidate: str | Path, serving: str | Path) -> dict[str, TensorSpec]:
-    """Refuse (CheckpointMismatch) a policy checkpoint that does not fit the serving
-    model directory."""
+    """Refuse (CheckpointMismatch) a policy checkpoint that does not fit the serving model directory."""
     new_cfg, ref_cfg = read_config(candidate), read_config(serving)
     if any(a in EAGLE3_ARCHS for a in new_cfg.get("architectures") or []):
         raise CheckpointMismatch(f"{candidate}: is an EAGLE-3 drafter; a policy push would load it into the target")

@@ -1,9 +1,8 @@
 """`gleanrl draft init`: a randomly initialised EAGLE-3 drafter for a target model.
 
-The drafter gets a frozen copy of the target's embedding (as SGLang shares it) and starts its
-`lm_head` and final `norm` from the target's, so its initial logits live in the target's output
-space; `fc` and the decoder layer are random (seeded). Reads only those tensors from the
-target's safetensors.
+It gets a frozen copy of the target's embedding (as SGLang shares it) and starts `lm_head` and the final `norm`
+from the target's, so its initial logits live in the target's output space; `fc` and the decoder layer are
+random (seeded). Only those tensors are read from the target's safetensors.
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ from gleanrl.harvest.drafter_config import DrafterConfig
 
 
 def read_target_tensors(model_dir: str | Path, suffixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """The target's tensors whose names end with one of `suffixes`, from (possibly sharded)
-    safetensors."""
+    """The target's tensors whose names end with one of `suffixes`, from (possibly sharded) safetensors."""
     found: dict[str, torch.Tensor] = {}
     for file in sorted(Path(model_dir).glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as f:
@@ -40,8 +38,8 @@ def init_drafter(
     aux_layer_ids: list[int] | None = None,
     draft_token_ids: torch.Tensor | None = None,
 ) -> Eagle3Drafter:
-    """A new drafter for the target in `model_dir`. `draft_token_ids`: target ids of a reduced draft
-    vocabulary (default: the whole target vocabulary)."""
+    """A new drafter for the target in `model_dir`. `draft_token_ids`: target ids of a reduced draft vocabulary
+    (default: the whole target vocabulary)."""
     model_dir = Path(model_dir)
     try:
         target = json.loads((model_dir / "config.json").read_text())
@@ -94,8 +92,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     save_drafter(drafter, args.out)
     c = drafter.config
-    print(
-        f"wrote a random EAGLE-3 drafter to {args.out} (hidden {c.hidden_size}, draft vocab "
-        f"{c.draft_vocab_size}, aux layer ids {c.aux_layer_ids})"
-    )
+    shape = f"hidden {c.hidden_size}, draft vocab {c.draft_vocab_size}, aux layer ids {c.aux_layer_ids}"
+    print(f"wrote a random EAGLE-3 drafter to {args.out} ({shape})")
     return 0

@@ -1,6 +1,6 @@
-"""The harvest's settings (`HarvestConfig`, flags generated from its fields) and where a run keeps
-them: `harvest_config.json` in the run's harvest root, next to spool/ and drafter_versions/, read
-back by `--resume` and the harvest sidecar."""
+"""The harvest's settings (`HarvestConfig`, flags generated from its fields) and where a run keeps them:
+`harvest_config.json` in its harvest root, beside spool/ and drafter_versions/, read by `--resume` and the sidecar.
+"""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ CONFIG_FILE = "harvest_config.json"
 class HarvestConfig:
     topk: int = flag(32, "soft-label width kept per harvested token", name="drafter_topk")
     batch_size: int = flag(4, "harvested samples per drafter micro-step", name="drafter_batch_size")
-    # continual from the serving weights: 1e-3 first dips below a good warm start
-    lr: float = flag(
+    lr: float = flag(  # continual from the serving weights: 1e-3 first dips below a good warm start
         3e-4, "drafter AdamW learning rate (training continues from the serving weights)", name="drafter_lr"
     )
     ttt_length: int = 4  # unrolled draft steps, in training and in scoring
@@ -32,18 +31,15 @@ class HarvestConfig:
     )
     accept_mode: str = flag(
         "sampled",
-        "held-out score: expected acceptance of speculative "
-        "sampling ('sampled', rollouts at T=1) or the greedy chain "
+        "held-out score: expected acceptance of speculative sampling ('sampled', rollouts at T=1) or the greedy chain "
         "('greedy')",
         choices=["sampled", "greedy"],
     )
-    # bf16 autocast in capture and training (None: where it pays)
-    bf16: bool | None = None
+    bf16: bool | None = None  # bf16 autocast in capture and training (None: where it pays)
     idle_nice: int = flag(
         0,
-        "CPU priority (nice 0-19) of the drafter's idle-window thread; "
-        "19: it uses only compute nobody else wants, and starves on a "
-        "busy machine",
+        "CPU priority (nice 0-19) of the drafter's idle-window thread; 19: it uses only compute nobody else wants, "
+        "and starves on a busy machine",
     )
     push_every: int = flag(25, "drafter micro-steps between score-and-push attempts (0: never push)")
     min_gain: float = flag(
@@ -57,8 +53,7 @@ class HarvestConfig:
     holdout_versions: int = flag(4, "...from this many newest policy versions (1: the current one only)")
     keep_versions: int = flag(3, "pushed drafter versions kept on disk")
     aux_dtype: str = flag("float32", "spool storage of hidden states", choices=["float32", "bfloat16", "float16"])
-    # capture early finishers in the idle window (else: from the update)
-    mid_step_capture: bool = False
+    mid_step_capture: bool = False  # capture early finishers in the idle window (else: from the update)
     seed: int = 0
     versions_dir: str | None = None  # default: <spool_dir>/../drafter_versions
     spool: SpoolConfig = field(default_factory=SpoolConfig)
@@ -71,9 +66,8 @@ class HarvestConfig:
         if self.mid_step_gain < self.min_gain:
             raise ValueError(f"mid_step_gain must be >= min_gain ({self.min_gain}), got {self.mid_step_gain}")
         if self.min_holdout_prompts < 2:
-            raise ValueError(
-                f"min_holdout_prompts must be >= 2 (a standard error needs two), got {self.min_holdout_prompts}"
-            )
+            n = self.min_holdout_prompts
+            raise ValueError(f"min_holdout_prompts must be >= 2 (a standard error needs two), got {n}")
         if not 0 <= self.idle_nice <= 19:
             raise ValueError(f"idle_nice must be in [0, 19], got {self.idle_nice}")
         if self.max_tokens < 0 or self.max_tokens in (1, 2):
@@ -104,8 +98,7 @@ def read_config(root: Path) -> HarvestConfig:
 
 
 def update_config(root: Path, given: dict, resume: bool) -> Path:
-    """Store the resumed run's settings (else the defaults) with `given` over them (by field name;
-    "spool.NAME" for the spool's)."""
+    """Store the resumed run's settings (else defaults) with `given` over them (by field; "spool.NAME")."""
     values = dataclasses.asdict(read_config(root) if resume else HarvestConfig())
     for key, value in given.items():
         table, name = (values["spool"], key[6:]) if key.startswith("spool.") else (values, key)

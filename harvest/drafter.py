@@ -1,5 +1,4 @@
-"""The EAGLE-3 drafter: computes what SGLang's `LlamaForCausalLMEagle3`
-(models/llama_eagle3.py) computes.
+"""The EAGLE-3 drafter: computes what SGLang's `LlamaForCausalLMEagle3` (models/llama_eagle3.py) computes.
 
     r   = fc(concat(aux_a, aux_b, aux_c))          fc only when the hidden input is n*Ht wide (n aux layers)
     x   = concat(input_layernorm(embed(tok)), hidden_norm(r))                          [N, 2H]
@@ -7,11 +6,9 @@
     h   = mlp(post_attention_layernorm(r1)) + r1    -> returned, pre-norm ("aux" in SGLang)
     logits = lm_head(norm(h))                       over the draft vocab; target id = draft id + d2t[id]
 
-Alignment (as SGLang and SpecForge): drafter position i pairs the target's hidden state h_i (the
-state that predicted token i+1) with embed(token_{i+1}) and predicts token i+2, at rope position i.
-The next draft step feeds the drafter's own pre-norm output `h` for that position, paired with the
-drafted token, at position i+1. The embedding is the target's (SGLang shares it; we also store
-a frozen copy).
+Alignment (as SGLang and SpecForge): position i pairs the target's h_i (which predicted token i+1) with
+embed(token_{i+1}) and predicts token i+2, at rope position i. The next draft step feeds the drafter's own `h`
+with the drafted token at i+1. The embedding is the target's (SGLang shares it; we also store a frozen copy).
 """
 
 from __future__ import annotations
@@ -39,9 +36,7 @@ class RMSNorm(nn.Module):
 
 
 def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One weight (and bias) for linears sharing their input: fewer kernel calls. The modules'
-    parameters become views into the fused tensors, so memory is not doubled and they
-    stay usable."""
+    """One weight (and bias) for linears sharing their input; their parameters become views into it."""
     weight = torch.cat([lin.weight.data for lin in linears])
     bias = None
     if any(lin.bias is not None for lin in linears):
@@ -65,8 +60,7 @@ def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
 def apply_rope(
     x: torch.Tensor, positions: torch.Tensor, theta: float, inv_freq: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x: [..., n_heads, d]; positions: [...] (broadcast over heads). Neox-style
-    halves, as Llama."""
+    """x: [..., n_heads, d]; positions: [...] (broadcast over heads). Neox-style halves, as Llama."""
     d = x.shape[-1]
     inv_freq = rope_inv_freq(d, theta).to(x.device) if inv_freq is None else inv_freq
     ang = positions.float()[..., None, None] * inv_freq  # [..., 1, d/2]
@@ -122,16 +116,13 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool))
         self.register_buffer("inv_freq", rope_inv_freq(c.head_dim, c.rope_theta), persistent=False)
-        # (qkv, gate_up) weights when serving
-        self.fused: tuple[torch.Tensor, torch.Tensor] | None = None
-        # the serving matmuls (fuse_for_inference)
+        self.fused: tuple[torch.Tensor, torch.Tensor] | None = None  # (qkv, gate_up) weights when serving
         self.serving: dict[str, Linear] | None = None
 
     def fuse_for_inference(self, make_linear: Callable[[torch.Tensor], Linear] | None = None) -> Eagle3Drafter:
-        """Serve with one q/k/v and one gate/up matmul (call after the last `.to()`; training
-        unaffected). `make_linear(weight)` builds each serving matmul x -> x @ weight.T (default:
-        `F.linear` over the weight itself; the server passes oneDNN-packed ones, copies that
-        in-place updates do not reach)."""
+        """Serve with one q/k/v and one gate/up matmul (after the last `.to()`; training unaffected).
+        `make_linear(weight)` builds each x -> x @ weight.T (default `F.linear`; the server passes oneDNN-packed
+        copies, which in-place updates do not reach)."""
         make = make_linear or (lambda w: lambda x: F.linear(x, w))
         layer = self.midlayer
         self.fused = (
@@ -149,14 +140,12 @@ class Eagle3Drafter(nn.Module):
         return self
 
     def share_embedding(self, weight: torch.Tensor) -> None:
-        """Use the target's embedding itself, not a copy, as SGLang does (`set_embed`): in-place
-        policy updates of `weight` then reach the drafter. [V, H]."""
+        """Use the target's embedding [V, H] itself, as SGLang does (`set_embed`): in-place updates reach it."""
         if tuple(weight.shape) != tuple(self.embed_tokens.weight.shape):
             raise ValueError(
                 f"embedding of shape {tuple(weight.shape)}, the drafter needs {tuple(self.embed_tokens.weight.shape)}"
             )
-        # detach shares storage
-        self.embed_tokens.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        self.embed_tokens.weight = nn.Parameter(weight.detach(), requires_grad=False)  # shares storage
 
     def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
         """target_ids [V_draft]: the target ids of the draft vocabulary, strictly increasing."""
@@ -166,15 +155,13 @@ class Eagle3Drafter(nn.Module):
         self.t2d[ids] = True
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., n*Ht] target aux states -> fc -> [..., H]; a [..., H] drafter state
-        passes through."""
+        """[..., n*Ht] target aux states -> fc -> [..., H]; a [..., H] drafter state passes through."""
         if hidden.shape[-1] == self.config.hidden_size:
             return hidden
         return self.serving["fc"](hidden) if self.serving else self.fc(hidden)
 
     def qkv(self, input_ids: torch.Tensor, r: torch.Tensor, positions: torch.Tensor):
-        """input_ids [...]; r [..., H]; positions [...] -> q [..., nh, d], k, v [...,
-        nkv, d] (roped)."""
+        """input_ids [...]; r [..., H]; positions [...] -> q [..., nh, d], k, v [..., nkv, d] (roped)."""
         c, layer = self.config, self.midlayer
         x = torch.cat([layer.input_layernorm(self.embed_tokens(input_ids)), layer.hidden_norm(r)], dim=-1)
         nq, nkv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
@@ -183,13 +170,8 @@ class Eagle3Drafter(nn.Module):
         else:
             qk = torch.cat([layer.self_attn.q_proj(x), layer.self_attn.k_proj(x)], dim=-1)
             v = layer.self_attn.v_proj(x)
-        qk = apply_rope(
-            qk.unflatten(-1, (c.num_attention_heads + c.num_key_value_heads, c.head_dim)),
-            # q and k roped in one go
-            positions,
-            c.rope_theta,
-            self.inv_freq,
-        )
+        qk = qk.unflatten(-1, (c.num_attention_heads + c.num_key_value_heads, c.head_dim))
+        qk = apply_rope(qk, positions, c.rope_theta, self.inv_freq)  # q and k in one go
         q, k = qk.split([c.num_attention_heads, c.num_key_value_heads], dim=-2)
         return q, k, v.unflatten(-1, (c.num_key_value_heads, c.head_dim))
 
@@ -214,8 +196,7 @@ class Eagle3Drafter(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [N, H] -> [N, V_target]; target ids outside the draft vocabulary get -inf."""
         dl = self.draft_logits(h)
-        if self.config.draft_vocab_size == self.config.vocab_size:
-            # d2t is then all zeros (checked on load)
+        if self.config.draft_vocab_size == self.config.vocab_size:  # d2t all zeros (checked on load)
             return dl
         out = dl.new_full((*dl.shape[:-1], self.config.vocab_size), float("-inf"))
         out[..., self.draft_to_target()] = dl

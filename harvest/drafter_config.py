@@ -1,13 +1,11 @@
 """The EAGLE-3 drafter's config and its `config.json` in SGLang's format (`LlamaForCausalLMEagle3`).
 
-Aux layer ids follow SGLang (`models/qwen2.py`, `models/llama.py` `set_eagle3_layers_to_capture`):
-id `a` captures the residual stream *entering* target layer `a + 1`, i.e. transformers'
-`output_hidden_states[a + 1]`. SGLang's default (no ids) captures entering layers 2, L//2, L-3,
-which is ids [1, L//2 - 1, L - 4] (SpecForge's default too). SGLang concatenates the captures in
-ascending layer order and collapses duplicates, so ids must be strictly increasing; we always write
-them explicitly. EAGLE-3 uses three; SGLang 0.5.23 sizes `fc` from the number of ids, which lets 2-
-and 3-layer targets have two (one would make SGLang skip `fc`: it applies fc only when the input is
-wider than the drafter).
+Aux layer ids follow SGLang (`set_eagle3_layers_to_capture` in `models/qwen2.py`, `models/llama.py`): id `a`
+captures the residual stream *entering* target layer `a + 1` (transformers' `output_hidden_states[a + 1]`).
+SGLang's default captures entering layers 2, L//2, L-3, i.e. ids [1, L//2 - 1, L - 4] (SpecForge's too), in
+ascending order with duplicates collapsed, so ids must be strictly increasing; we always write them. EAGLE-3
+uses three; SGLang 0.5.23 sizes `fc` from the count, so 2- and 3-layer targets may have two (one would make
+SGLang skip `fc`, applied only to inputs wider than the drafter).
 """
 
 from __future__ import annotations
@@ -17,8 +15,7 @@ from typing import Any
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """SGLang/SpecForge's default ids; for shallow targets, where those collide, spread
-    distinct ids."""
+    """SGLang/SpecForge's default ids; for shallow targets, where those collide, spread distinct ids."""
     if num_layers < 2:
         raise ValueError(f"an EAGLE-3 drafter needs a target with at least 2 layers, got {num_layers}")
     ids = [1, num_layers // 2 - 1, num_layers - 4]
@@ -61,11 +58,7 @@ class DrafterConfig:
             raise ValueError(f"aux_layer_ids must be 2 or more (EAGLE-3: 3) strictly increasing ids, got {ids}")
         n = self.target_num_hidden_layers
         if ids[0] < -1 or (n is not None and ids[-1] > n - 2):
-            raise ValueError(
-                f"aux_layer_ids {ids} out of range for a target with "
-                f"{self.target_num_hidden_layers} layers (allowed "
-                f"-1..{self.target_num_hidden_layers - 2})"
-            )
+            raise ValueError(f"aux_layer_ids {ids} out of range for a target with {n} layers (allowed -1..{n - 2})")
         if self.hidden_size != self.target_hidden_size:
             raise ValueError("the drafter shares the target's embedding, so hidden_size must equal target_hidden_size")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -99,8 +92,7 @@ class DrafterConfig:
         )
 
     def to_json(self) -> dict:
-        """SGLang's EAGLE-3 config.json (what SpecForge writes), ids explicit under
-        `eagle_config`."""
+        """SGLang's EAGLE-3 config.json (what SpecForge writes), ids explicit under `eagle_config`."""
         d = asdict(self)
         ids = d.pop("aux_layer_ids")
         return {

@@ -1,19 +1,16 @@
-"""The drop-in Harvester: hand it finished rollouts and the current policy, let it train the drafter
-while you wait on the rest, let it push a better drafter to the rollout server.
+"""The drop-in Harvester: hand it finished rollouts and the current policy, let it train the drafter while you
+wait on the rest, let it push a better drafter to the rollout server.
 
     h = Harvester(policy_dir, drafter_dir, spool_dir, push=DrafterPush(["http://127.0.0.1:30000"]))
     h.add_rollout(prompt_ids, output_ids, policy_model, policy_version)   # per finished rollout
     h.train_while(lambda: rollouts_in_flight)                              # idle window, preemptible
     h.maybe_push()                                                         # new version or None
 
-Scoring and pushing (when a candidate replaces the serving drafter, versions on disk, the push
-function) are `harvest.pushing`'s. Samples are trained on and scored in windows of `max_tokens`:
-attention cost grows with the square of the length, and a long-tail rollout in a batch would
-otherwise make one micro-step take seconds, leaving the idle window almost no steps. A new Harvester
-over the same directories serves the newest pushed drafter and trains on the spool on disk.
-`state_dict()` / `load_state_dict()` carry the drafter in training (which continues
-from the serving weights, never from scratch), its optimizer, counters and sampling RNG; gleanrl's
-trainer saves them in every step checkpoint, so `--resume` continues where that checkpoint left off.
+Scoring and pushing: `harvest.pushing`. Samples are trained and scored in windows of `max_tokens` (attention
+grows with the square of the length: one long rollout would make a micro-step take seconds). A new Harvester over
+the same directories serves the newest pushed drafter and trains on the spool on disk. `state_dict()` holds the
+drafter in training (continued from the serving weights), its optimizer, counters and RNG; the trainer saves it
+in every step checkpoint, so `--resume` continues from there.
 """
 
 from __future__ import annotations
@@ -45,19 +42,17 @@ class Harvester(DrafterPushing):
         cfg: HarvestConfig | None = None,
     ):
         if push is not None and not callable(push):
-            raise TypeError(
-                f"push must be fn(path, version) or None, got {push!r}; for "
-                "server URLs pass gleanrl.clients.weight_sync.DrafterPush(urls)"
-            )
+            hint = "for server URLs pass gleanrl.clients.weight_sync.DrafterPush(urls)"
+            raise TypeError(f"push must be fn(path, version) or None, got {push!r}; {hint}")
         self.cfg = cfg or HarvestConfig()
-        # a model, or its directory (loaded on first use: the trainer passes its own)
-        self._target = target
+        self._target = target  # a model, or its directory (loaded on first use)
         if not isinstance(target, torch.nn.Module) and not (Path(target) / "config.json").is_file():
             raise ValueError(f"{target} is not a model directory (no config.json)")
         self.spool = Spool(spool_dir, self.cfg.spool, self.cfg.min_holdout_prompts)
         base = Path(spool_dir).parent if spool_dir is not None else Path(drafter_dir).parent
         self.versions_dir = Path(self.cfg.versions_dir or base / "drafter_versions")
-        self.version, start = self._latest_pushed() or (0, Path(drafter_dir))
+        pushed = drafter_versions(self.versions_dir)
+        self.version, start = pushed[-1] if pushed else (0, Path(drafter_dir))
         fit = target.config if isinstance(target, torch.nn.Module) else Path(target)
         self.drafter = load_drafter(start, target_config=fit)
         self.serving = copy.deepcopy(self.drafter)
@@ -69,8 +64,7 @@ class Harvester(DrafterPushing):
         self._lock = threading.RLock()
         self._gen = torch.Generator().manual_seed(self.cfg.seed)
         self.steps, self.last_metrics, self.idle = 0, {}, IdleReport()
-        # set while an idle window is closing
-        self._since_push, self._closing = 0, threading.Event()
+        self._since_push, self._closing = 0, threading.Event()  # set while an idle window closes
         self.history: list[dict] = []
         self._pending: tuple[dict, Verdict, str] | None = None
         self._pushed_this_step = False
@@ -83,11 +77,6 @@ class Harvester(DrafterPushing):
             self._target = AutoModelForCausalLM.from_pretrained(self._target, dtype=torch.float32).eval()
         return self._target
 
-    def _latest_pushed(self) -> tuple[int, Path] | None:
-        found = drafter_versions(self.versions_dir)
-        return found[-1] if found else None
-
-    # -- harvest ---------------------------------------------------------------------------------
     def add_rollout(
         self,
         prompt_ids: list[int],
@@ -95,8 +84,8 @@ class Harvester(DrafterPushing):
         policy_model: torch.nn.Module | None = None,
         policy_version: int = 0,
     ) -> None:
-        """Capture one finished rollout with `policy_model` (default: the target) and spool it.
-        Only the output tokens are learned; the prompt gives context."""
+        """Capture one finished rollout with `policy_model` (default: the target) and spool it; only the output
+        tokens are learned."""
         if not output_ids:
             return
         model = policy_model if policy_model is not None else self.target
@@ -116,50 +105,42 @@ class Harvester(DrafterPushing):
         """Spool a sample captured elsewhere (e.g. from the policy update's forward)."""
         width = sample.aux_hidden.shape[-1]
         if width != len(self.layer_ids) * self.drafter.config.target_hidden_size:
+            hidden = self.drafter.config.target_hidden_size
             raise ValueError(
-                f"aux_hidden has width {width}; the drafter "
-                f"takes {len(self.layer_ids)} layers "
-                f"of {self.drafter.config.target_hidden_size}"
+                f"aux_hidden has width {width}; the drafter takes {len(self.layer_ids)} layers of {hidden}"
             )
         self.spool.add(sample.tensors(), int(policy_version))
 
-    # -- train -----------------------------------------------------------------------------------
     def train_micro_step(self) -> dict | None:
-        """One optimizer step on a recency-weighted batch from the spool; None if the
-        spool is empty."""
+        """One optimizer step on a recency-weighted batch from the spool; None if it is empty."""
         batch = self.spool.sample(self.cfg.batch_size, self._gen)
         if not batch:
             return None
         with self._lock:
             windows = [it.window(self.cfg.max_tokens, self._gen) for it in batch]
-            self.last_metrics = train_step(
-                self.drafter, self.optimizer, windows, length=self.cfg.ttt_length, bf16=self._bf16
-            )
+            length = self.cfg.ttt_length
+            self.last_metrics = train_step(self.drafter, self.optimizer, windows, length=length, bf16=self._bf16)
             self.steps += 1
         self._since_push += 1
         if self.cfg.push_every and self._since_push >= self.cfg.push_every and not self._closing.is_set():
-            # a push is not started once the window is closing: it waits for the next
-            self._since_push = 0
+            self._since_push = 0  # (no push starts once the window is closing)
             try:
                 if self.maybe_push(stop=self._closing.is_set, boundary=False) is None and self._closing.is_set():
-                    # abandoned as the window closed: retry in the next
-                    self._since_push = self.cfg.push_every
+                    self._since_push = self.cfg.push_every  # abandoned as the window closed: retry next
             except Exception as exc:
                 self.push_failed(exc)
         return self.last_metrics
 
     def train_while(self, waiting: Waiting, max_steps: int | None = None) -> IdleReport:
-        """Train in this thread while `waiting` is open (a callable returning True, or
-        a set Event)."""
+        """Train in this thread while `waiting` is open (a callable returning True, or a set Event)."""
         self._closing.clear()
         report = run_window(self._idle_step, waiting, max_steps)
         self.idle = self.idle.merge(report)
         return report
 
     def idle_window(self, extra: Callable[[], bool] | None = None, cores: CoreGate | None = None) -> IdleWindow:
-        """A background-thread window (`with h.idle_window(): ...`). `extra()` runs first in each
-        micro-step; returning True means it did the micro-step's work (e.g. a pending capture).
-        `cores`: only on the cores it says are free (`harvest.idle`)."""
+        """A background-thread window (`with h.idle_window(): ...`). `extra()` runs first in each micro-step;
+        True means it did its work (e.g. a capture). `cores`: only on free cores (`harvest.idle`)."""
 
         def step() -> bool:
             return True if extra is not None and extra() else self._idle_step()
@@ -172,10 +153,8 @@ class Harvester(DrafterPushing):
             return False
         return True
 
-    # -- resume ----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """What a resume needs beyond the spool and the pushed versions on disk (call
-        between windows)."""
+        """What a resume needs beyond the spool and pushed versions on disk (call between windows)."""
         with self._lock:
             return {
                 "drafter": {k: v.detach().clone() for k, v in self.drafter.state_dict().items()},
@@ -187,9 +166,8 @@ class Harvester(DrafterPushing):
             }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from `state_dict()`. The serving drafter stays the newest pushed version on
-        disk, which may be newer than `state` (pushed after it was saved): version numbers
-        never repeat."""
+        """Continue from `state_dict()`. The serving drafter stays the newest pushed on disk, which may be newer
+        than `state`: version numbers never repeat."""
         with self._lock:
             self.drafter.load_state_dict(state["drafter"])
             self.optimizer.load_state_dict(state["optimizer"])

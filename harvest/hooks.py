@@ -1,42 +1,23 @@
-"""The Harvester behind gleanrl's trainer hooks: every hook of `trainer.hooks.RolloutHooks`,
-implemented structurally (nothing in `harvest` imports `trainer`; `tests/test_harvester_hooks.py`
-checks the match).
+"""The Harvester behind the trainer's hooks: every hook of `trainer.hooks.RolloutHooks`, structurally
+(`harvest` never imports `trainer`; `tests/test_harvester_hooks.py` checks the match).
 
-- `on_step_start(step, model)`: the trainer's current policy captures this step's rollouts.
-- `on_rollout_finished(rollout)`: runs in the trainer's event loop, so it only records the rollout.
-- `update_capture()`: around the policy update, which runs the policy over every rollout it trains
-  on anyway: the update's forward hands over their aux hidden states and soft labels
-  (`UpdateCapture`), by the very policy version that sampled them, at no extra forward. They are
-  spooled in the next window.
-- `bind_cores(cores)`: where the trainer lays its rollouts out on replicas, each pinned to its own
-  cores, `cores()` says which are free now (their replica has nothing left to run while another
-  still decodes): the idle window then runs only there, pinned, instead of beside a busy server.
-- `idle_window()`: a background thread that, while rollouts are in flight, first spools what the
-  update captured and captures queued rollouts, then trains the drafter, one micro-step at a time,
-  pushing a better drafter every `push_every` steps; once the spool holds a batch, capture forwards
-  and training steps alternate (a slow, niced window once spent itself on capture alone). Leaving
-  the window stops it within one micro-step.
+- `on_rollout_finished` runs in the trainer's event loop, so it only records the rollout.
+- `update_capture()`: the update's (float32) forward hands over aux states and soft labels of the rollouts it
+  trains on, by the version that sampled them, at no extra forward; spooled next window. Those it skips
+  (zero-advantage groups) join the idle queue (bounded by `max_queue`, oldest dropped and counted), captured if
+  time allows by the policy then current (the one the drafter serves next; tokens one version older, as EAGLE's
+  data is never on-policy), bf16 autocast where it pays.
+- `bind_cores(cores)`: with pinned replicas, the idle window runs only on cores `cores()` names free.
+- `idle_window()`: a thread that spools update captures, captures queued rollouts and trains the drafter one
+  micro-step at a time (alternating once the spool is warm), pushing every `push_every` steps; leaving it stops
+  it within one micro-step.
+Mid-step capture of early finishers (learning this step's outputs within its own tail) is `mid_step_capture`,
+on anyway while the spool holds < `batch_size` samples and until a first `update_capture()` (e.g. the sidecar).
 
-Which rollouts are captured where: this step's finishers wait for the update's forward; those the
-update skips (zero-advantage groups) join the queue that the idle window captures only if it has
-time (bounded, `max_queue`, oldest dropped and counted), by the policy then current, recorded with
-its version (hidden states from the policy the drafter must serve next; the tokens one version
-older, as EAGLE's own training data is never on-policy). Mid-step harvest of early finishers (so the
-drafter can learn this step's outputs within its own tail) is `HarvestConfig.mid_step_capture`, and
-is on anyway while the spool holds fewer than `batch_size` samples (a cold spool has nothing else to
-train on) and until a first `update_capture()` (a caller without one, such as the harvest sidecar,
-captures mid-step). Hazard: the update's forward is float32, the idle window's capture uses bf16
-autocast where it pays.
-
-Resume: `state_dict()` (the Harvester's, plus the queue and the not yet spooled captures as tokens)
-is saved with every trainer checkpoint; after `load_state_dict()` the serving drafter version is
-pushed again to the trainer's servers (`bind_push`), so a server that never got it (a crash between
-writing it and pushing it) serves what the run resumes with.
-
-Cores on one CPU machine: give the server and the trainer their own cores, as a GPU cluster gives
-them their own devices, so that drafter training really uses idle trainer compute, e.g. on 2 cores
-`taskset -c 0 gleanrl serve --threads 1 ...` and `taskset -c 1 gleanrl train --trainer-threads 1
-...` (`gleanrl demo` and `bench e2e` do this with CPU affinity).
+Resume: `state_dict()` (the Harvester's, the queue, unspooled captures as tokens) is in every trainer checkpoint;
+after `load_state_dict()` the serving drafter is pushed again (`bind_push`): a crash may fall between writing and
+pushing it. On one CPU machine give server and trainer their own cores (`taskset -c 0 gleanrl serve --threads 1`,
+`taskset -c 1 gleanrl train --trainer-threads 1`), as `gleanrl demo` and `bench e2e` do.
 """
 
 from __future__ import annotations
@@ -59,50 +40,36 @@ from gleanrl.harvest.idle import CoreGate, IdleWindow, busy_step
 
 
 class HarvestHooks:
-    # the trainer lays its embedded servers out for a harvest (trainer.layout), and shows harvest columns
-    harvests = True
+    harvests = True  # the trainer lays its servers out for a harvest (trainer.layout), shows harvest columns
 
     def __init__(self, harvester: Harvester, max_queue: int = 512):
         self.h, self.max_queue = harvester, max_queue
-        # the idle window alternates capture and training
-        self._turn = False
-        # (prompt_ids, output_ids) for the idle window
-        self._queue: collections.deque = collections.deque()
-        # this step's finishers not captured yet, by id (insertion order)
-        self._fresh: dict[int, FinishedRollout] = {}
-        # (Sample, version) from the update: to spool
-        self._ready: collections.deque = collections.deque()
+        self._turn = False  # the idle window alternates capture and training
+        self._queue: collections.deque = collections.deque()  # (prompt_ids, output_ids) for the idle window
+        self._fresh: dict[int, FinishedRollout] = {}  # this step's uncaptured finishers, by id (insertion order)
+        self._ready: collections.deque = collections.deque()  # (Sample, version) from the update: to spool
         self._lock = threading.Lock()  # _fresh: the event loop adds, the idle thread may take
-        self.update_captured = 0
-        # set by the first update_capture(): the update takes the fresh
-        self._updates_capture = False
+        self._updates_capture = False  # set by the first update_capture(): the update takes the fresh
         self._model: torch.nn.Module | None = None
-        self._version = 0
         self._windows: list[IdleWindow] = []
-        self._tokens = [0, 0]
-        # counters at the step's start (on_step_start)
-        self._start = (0, 0, harvester.version, 0, 0, 0)
-        self.captured = self.dropped = self.errors = 0
-        # idle time spent capturing (the rest of the used idle time trains the drafter)
-        self.capture_s = 0.0
-        self._capture_s0 = 0.0
-        self._repush = False
         self._cores: CoreGate | None = None
+        self._version, self._tokens, self._repush = 0, [0, 0], False
+        self._start = (0, 0, harvester.version, 0, 0, 0)  # counters at the step's start
+        self.captured = self.dropped = self.errors = self.update_captured = 0
+        self.capture_s = self._capture_s0 = 0.0  # idle time spent capturing (the rest of the used idle time trains)
 
     @classmethod
     def for_run(cls, model: str, drafter: str, root: Path, resume: bool) -> tuple[HarvestHooks, Path]:
-        """Hooks over `root` (spool, drafter versions: kept by a resumed run) and the drafter to
-        serve: the newest pushed version, else `drafter`. Drafters go to the loop's servers
-        (`bind_push`). Settings: `root/harvest_config.json` (`harvest.config.write_config`; `gleanrl train` writes
-        it from its flags)."""
+        """Hooks over `root` (spool, drafter versions; settings in `root/harvest_config.json`) and the drafter to
+        serve: the newest pushed version, else `drafter`."""
         if not resume and any((root / "drafter_versions").glob("v*")):
             raise ValueError(f"{root} holds drafter versions of an earlier run: pass --resume, or use another --out")
         h = Harvester(model, drafter, root / "spool", cfg=read_config(root))
         return cls(h), (drafter_dir(h.versions_dir, h.version) if h.version else Path(drafter))
 
     def bind_push(self, push: Callable[[str, int], None]) -> None:
-        """Push drafters with the trainer's `push(path, version)` (to its servers) unless the
-        Harvester already has one; after a resume, push the serving version again."""
+        """Push drafters with the trainer's `push(path, version)` unless the Harvester has one; after a
+        resume, push the serving version again."""
         if self.h.push is None:
             self.h.push = push
         path = drafter_dir(self.h.versions_dir, self.h.version)
@@ -110,7 +77,7 @@ class HarvestHooks:
             try:
                 self.h.push_checkpoint(str(path), self.h.version)
             except Exception as exc:
-                # whatever the push raises: the next push replaces it; RL must not stop
+                # the next push replaces it; RL must not stop
                 print(f"warning: re-pushing drafter v{self.h.version} after resume failed: {exc}", file=sys.stderr)
         self._repush = False
 
@@ -140,14 +107,8 @@ class HarvestHooks:
         self._carry_fresh()  # a loop without update_capture(): the idle window captures them
         self._windows = []
         self._tokens = [0, 0]  # this step's output tokens: all, from SD
-        self._start = (
-            self.captured,
-            self.h.steps,
-            self.h.version,
-            len(self.h.history),
-            self.dropped,
-            self.update_captured,
-        )
+        h = self.h
+        self._start = (self.captured, h.steps, h.version, len(h.history), self.dropped, self.update_captured)
         self._capture_s0 = self.capture_s
         # the boundary (counted in this step): no rollout runs, so a swap costs nothing
         try:
@@ -157,7 +118,6 @@ class HarvestHooks:
 
     def on_rollout_finished(self, rollout: FinishedRollout) -> None:
         with self._lock:
-            # the object is kept: its id stays unique while it waits
             self._fresh[id(rollout)] = rollout
             overflow = self._fresh.pop(next(iter(self._fresh))) if len(self._fresh) > self.max_queue else None
         if overflow is not None:
@@ -169,8 +129,7 @@ class HarvestHooks:
 
     @contextlib.contextmanager
     def update_capture(self) -> Iterator[UpdateCapture]:
-        """Open around the policy update; on leaving, what it did not capture joins
-        the idle queue."""
+        """Open around the policy update; on leaving, what it did not capture joins the idle queue."""
 
         def wants(rollout: FinishedRollout) -> bool:
             with self._lock:
@@ -201,9 +160,7 @@ class HarvestHooks:
             self.dropped += 1
 
     def _mid_step(self) -> bool:
-        """Capture this step's finishers in the idle window: asked for, or no update will take them
-        (none has so far: e.g. the harvest sidecar, or step 1), or the spool is too cold
-        to train on."""
+        """Capture this step's finishers in the idle window: asked for, no update takes them (yet), or a cold spool."""
         cfg = self.h.cfg
         return cfg.mid_step_capture or not self._updates_capture or len(self.h.spool) < cfg.batch_size
 
@@ -215,7 +172,6 @@ class HarvestHooks:
         return self._queue.popleft() if self._queue else None
 
     def _capture_one(self) -> bool:
-        # from the update: only the spool write is left
         ready = self._ready.popleft() if self._ready else None
         self._turn ^= True
         if ready is None and self._turn and len(self.h.spool) >= self.h.cfg.batch_size:
@@ -261,8 +217,7 @@ class HarvestHooks:
             "drafter_steps": self.h.steps - steps0,
             "harvested": self.captured - captured0,
             "update_captured": self.update_captured - update0,
-            # carried: queued for the idle window; pending: captured by the update, spooled
-            # in the next window
+            # carried: queued for the idle window; pending: captured by the update, spooled next window
             "harvest_carried": len(self._queue),
             "harvest_pending": len(self._ready),
             "harvest_dropped": self.dropped - dropped0,

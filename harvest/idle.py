@@ -1,30 +1,16 @@
-"""Idle-window runner: micro-steps of drafter training that run only while the RL step
-waits on rollouts.
+"""Idle-window runner: micro-steps of drafter training that run only while the RL step waits on rollouts.
 
-`waiting` says whether the window is still open: a callable returning True while rollouts are in
-flight, or a `threading.Event` that is set while they are. It is checked before every micro-step, so
-once it closes at most the micro-step already running finishes: preemption within one micro-step.
-The policy update never waits on more than that. Two ways to run a window:
+`waiting` (a callable, or a `threading.Event`, true while rollouts are in flight) is checked before each
+micro-step: once closed, at most the running one finishes, all the update ever waits. `run_window` runs in the
+caller's thread, `with IdleWindow(step):` in a background one (torch releases the GIL, rollout I/O goes on).
+`cores` (a `CoreGate`) runs only on compute the rollouts left: before each micro-step it asks which cores are
+free (e.g. a replica's with nothing left while another decodes its tail: the CPU analog of idle GPUs), pins the
+thread there and waits while none is; a replica that gets work waits at most one micro-step.
 
-- `run_window(step, waiting)`: in the caller's thread (a loop that polls between rollouts).
-- `IdleWindow(step)`: a background thread, `with IdleWindow(step) as w: ...wait on rollouts...`;
-  leaving the block closes the window and joins within one micro-step. Torch ops release the GIL, so
-  the caller's rollout I/O keeps going while the drafter trains.
-
-`cores` (a `CoreGate`) runs the window only on compute the rollouts left: before every micro-step it
-asks which cores are free (e.g. those of a rollout replica with nothing left to run while another
-still decodes its tail: the CPU analog of a GPU cluster's idle rollout devices), pins the thread to
-them, and waits while none is. A micro-step already running finishes on its core: a replica that
-gets work again waits at most one micro-step.
-
-`nice` (Linux: per thread) lowers the background thread's CPU priority, so that it uses only compute
-nobody else wants. Where cores are shared (other jobs, the trainer's own event loop), a drafter
-thread at normal priority can push them onto the rollout server's core and slow the rollouts it
-waits on; at nice 19 it also starves whenever another job wants its core. Nice cannot help with what
-cores share in hardware: on this 2-vCPU machine, drafter training on the other core still slows the
-server's memory-bound decoding (measured: 32 rollouts 4.5-5.3 s alone, 6.6-7.7 s with drafter
-training beside them at nice 19, as a thread or as a separate process; 7-8 s -> 12 s before at
-normal priority, on a busier machine).
+`nice` (per thread on Linux) lets the thread use only compute nobody wants: at normal priority it can push onto
+the server's core; at 19 it starves when another job wants its core. Nice cannot help with shared hardware: on
+2 vCPUs, training on the other core still slows memory-bound decoding (32 rollouts 4.5-5.3 s alone, 6.6-7.7 s
+beside training at nice 19, thread or process; 7-8 -> 12 s at normal priority).
 """
 
 from __future__ import annotations
@@ -65,10 +51,8 @@ def _is_open(waiting: Waiting) -> bool:
 def run_window(
     step: Callable[[], object], waiting: Waiting, max_steps: int | None = None, cores: CoreGate | None = None
 ) -> IdleReport:
-    """Call `step()` while `waiting` stays open (and until `max_steps` steps did work), with `cores`
-    only on a free core, pinned to it (the calling thread's affinity is restored on return). A step
-    that returns False had nothing to do (e.g. an empty spool): it counts neither as a step nor
-    as busy time."""
+    """Call `step()` while `waiting` is open (up to `max_steps` that did work); with `cores`, pinned to a free
+    core (affinity restored on return). A step returning False had nothing to do: not counted, not busy."""
     report, start = IdleReport(), time.perf_counter()
     pin = Pin() if cores is not None else None
     try:
@@ -97,8 +81,8 @@ def run_window(
 
 
 class Pin:
-    """The calling thread's CPU affinity (Linux: `sched_setaffinity(0)` is per thread), changed only
-    when the cores differ, restored by `restore()`. No-op where the OS has no affinity."""
+    """The calling thread's CPU affinity (`sched_setaffinity(0)` is per thread on Linux), changed only when the
+    cores differ, restored by `restore()`; a no-op without OS support."""
 
     def __init__(self):
         self._can = hasattr(os, "sched_setaffinity")
@@ -173,8 +157,7 @@ class IdleWindow:
 
 
 def busy_step(size: int = 384, chain: int = 8) -> Callable[[], bool]:
-    """A micro-step of the drafter's kind of compute (dense float32 matmuls on the process's torch
-    threads) for `IdleWindow`: what a scheduling check runs beside the rollouts."""
+    """A micro-step of the drafter's kind of compute (dense float32 matmuls) for a scheduling check."""
     import torch
 
     gen = torch.Generator().manual_seed(0)

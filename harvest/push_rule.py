@@ -1,18 +1,12 @@
 """When a trained drafter replaces the serving one: a paired test on held-out prompts.
 
-Both drafters are scored on the same held-out samples (never trained on, whole prompts: the spool
-holds out by prompt), each sample giving (sum of accept lengths, start slots). Samples of one prompt
-are not independent (GRPO siblings, the same prompt in later steps), so the test clusters by prompt:
-with D_c the candidate's minus the serving drafter's summed accept lengths over prompt c and N_c its
-slots, the gain in tokens per verify pass is the ratio estimate G = sum D_c / sum N_c, and its
-standard error the cluster-robust (linearised) one,
-
-    se^2 = C / (C - 1) * sum_c (D_c - G N_c)^2 / (sum_c N_c)^2          (C prompts).
-
-A push needs at least `min_prompts` prompts and `min_samples` samples, and the one-sided lower
-bound G - t se above `min_gain` (t: Student's quantile for C - 1 degrees of freedom at the confidence
-of z, so few prompts ask for more evidence); inside a step, above `mid_step_gain` (else it waits for
-the step boundary). `Gate.decide` says which, and why in words (the logs show it).
+Both drafters are scored on the same held-out samples, each giving (sum of accept lengths, start slots). One
+prompt's samples are not independent (GRPO siblings, later steps), so the test clusters by prompt: with D_c the
+candidate's minus the serving drafter's summed accept lengths over prompt c and N_c its slots, the gain in tokens
+per verify pass is G = sum D_c / sum N_c, its cluster-robust se^2 = C/(C-1) sum_c (D_c - G N_c)^2 / (sum_c N_c)^2
+(C prompts). A push needs `min_prompts` prompts, `min_samples` samples and the lower bound G - t se above
+`min_gain` (t: Student's quantile at z's confidence, C - 1 degrees of freedom: few prompts need more evidence);
+inside a step above `mid_step_gain` (else it waits for the boundary). `Gate.decide` says which, and why in words.
 """
 
 from __future__ import annotations
@@ -98,8 +92,7 @@ class Gate:
 
 
 def status_line(attempt: dict | None, since_push: int, push_every: int) -> str:
-    """A push attempt's outcome in a line (`attempt`: a `Harvester.history` row), else how far the
-    next attempt is."""
+    """A push attempt's outcome (`attempt`: a `Harvester.history` row), else how far the next attempt is."""
     if attempt is None:
         if not push_every:
             return "pushes off"

@@ -1,21 +1,15 @@
 """The Harvester's score-and-push half: when a trained drafter replaces the serving one, and how.
 
-`push(path, version)` sends a drafter checkpoint to the rollout server(s) and raises when it is
-refused or cannot be sent (`gleanrl.clients.weight_sync.DrafterPush`, or any callable; None keeps
-checkpoints only). Nothing in `harvest` knows a server: the trainer or the caller hands the function
-in. A push that raises leaves the serving version as it was; inside training it is recorded in
-`history` and training goes on (RL must not stop for it).
+`push(path, version)` (handed in: `clients.weight_sync.DrafterPush` or any callable; None: checkpoints only) sends
+a drafter to the server(s), raising when refused; `harvest` knows no server. A push that raises keeps the serving
+version; in training it goes into `history` and training goes on (RL must not stop).
 
-A candidate is pushed only if its expected acceptance length on held-out prompts of the newest
-policy versions (prompts never trained on: the spool holds out by prompt; `pick_holdout` spreads
-them over as many prompts as it can) beats the serving drafter's on the same samples significantly:
-a paired test clustered by prompt whose lower bound clears `min_gain` (`harvest.push_rule`), with at
-least `min_holdout_prompts` prompts and `min_holdout_samples` samples. At most one push a step: a
-candidate that wins inside the step's idle window waits for the step boundary (`new_step()`, or a
-`maybe_push()` between steps), unless its lower bound clears `mid_step_gain`, a margin that pays for
-a swap while rollouts run. Versions increase by one per push. Pushed drafters go to
-`versions_dir/v000007` (EAGLE-3 format, atomic; a refused one is removed; the newest
-`keep_versions` kept).
+A candidate is pushed only if its expected acceptance length on held-out prompts of the newest policy versions
+(never trained on; `pick_holdout` spreads over prompts) beats the serving drafter's on the same samples: a paired
+test clustered by prompt, lower bound above `min_gain` (`harvest.push_rule`), with at least `min_holdout_prompts`
+prompts and `min_holdout_samples` samples. One push a step at most: a winner in the idle window waits for the
+boundary (`new_step()`, or `maybe_push()` between steps) unless its lower bound clears `mid_step_gain`. Versions go
+up by one per push, to `versions_dir/v000007` (EAGLE-3, atomic; a refused one removed; newest `keep_versions` kept).
 """
 
 from __future__ import annotations
@@ -39,9 +33,8 @@ PushFn = Callable[[str, int], None]
 
 
 def pick_holdout(spool: Spool, cfg: HarvestConfig, policy_version: int | None = None) -> list:
-    """At most `max_holdout` held-out samples, spread over as many prompts as they can cover
-    (each prompt's newest first, newest prompts first), in spool order: the newest samples
-    alone would all be one GRPO group's, and the gate needs `min_holdout_prompts` prompts."""
+    """At most `max_holdout` held-out samples over as many prompts as possible (newest first), in spool
+    order: the newest alone would be one GRPO group's, and the gate needs `min_holdout_prompts` prompts."""
     by_prompt: dict[int, list] = {}
     for it in reversed(spool.holdout(policy_version, cfg.holdout_versions)):
         by_prompt.setdefault(it.prompt, []).append(it)
@@ -59,8 +52,8 @@ def holdout_sums(
     cache: dict[int, tuple[float, int]],
     stop: Callable[[], bool] | None = None,
 ) -> list[tuple[float, int]] | None:
-    """Per held-out sample (sum of accept lengths, slots), filling `cache` (by spool seq); None if
-    there are none, or if `stop()` turned true (checked every 4 samples)."""
+    """Per held-out sample (sum of accept lengths, slots), filling `cache` (by spool seq); None if there are
+    none, or `stop()` turned true (checked every 4 samples)."""
     if not held:
         return None
     todo = [it for it in held if it.seq not in cache]
@@ -80,11 +73,9 @@ def few_prompts_note(spool: Spool, cfg: HarvestConfig, verdict: Verdict | None) 
     if verdict is not None and verdict.prompts >= cfg.min_holdout_prompts:
         return ""
     seen, held = spool.prompt_counts()
-    return (
-        f" ({held} of the {seen} prompts seen so far are held out: the first new ones, "
-        f"then 1 in {cfg.spool.holdout_every}, never more than half: a loop that "
-        "reuses a few prompts has few to hold out)"
-    )
+    rule = f"the first new ones, then 1 in {cfg.spool.holdout_every}, never more than half"
+    why = "a loop that reuses a few prompts has few to hold out"
+    return f" ({held} of the {seen} prompts seen so far are held out: {rule}: {why})"
 
 
 class DrafterPushing:
@@ -109,17 +100,14 @@ class DrafterPushing:
         cfg = self.cfg
         return Gate(cfg.min_holdout_prompts, cfg.min_holdout_samples, cfg.min_gain, cfg.mid_step_gain)
 
-    # -- score and push --------------------------------------------------------------------------
     def score(
         self,
         drafter: torch.nn.Module | None = None,
         policy_version: int | None = None,
         stop: Callable[[], bool] | None = None,
     ) -> float | None:
-        """Expected acceptance length (`accept_mode`) on the fixed windows of held-out samples of
-        `policy_version` (default: the newest `holdout_versions` versions, at most `max_holdout`
-        newest samples); None if there are none, or if `stop()` turned true (checked every 4
-        samples). The serving drafter's per-sample scores are cached until a push."""
+        """Expected acceptance length (`accept_mode`) on held-out windows of `policy_version` (default: the
+        newest `holdout_versions`; `pick_holdout`); None as `holdout_sums`. Serving scores cached until a push."""
         with self._lock:
             drafter = drafter or self.drafter
             cache = self._serving_scores if drafter is self.serving else {}
@@ -129,11 +117,9 @@ class DrafterPushing:
         return sum(s for s, _ in sums) / max(sum(c for _, c in sums), 1)
 
     def maybe_push(self, stop: Callable[[], bool] | None = None, boundary: bool = True) -> int | None:
-        """Score the trained drafter against the serving one on the same held-out samples and push
-        it if it wins significantly (`harvest.push_rule`); the new version or None. `boundary`:
-        called between steps (a caller's loop; it starts a new step's push budget), else inside a
-        step (the idle window): one push a step, and a winner below `mid_step_gain` waits for
-        `new_step()`. `stop()` turning true before the push starts abandons the attempt."""
+        """Push the trained drafter if it beats the serving one on the same held-out samples; the new version
+        or None. `boundary`: between steps (starts a step's push budget), else inside one (the idle window: one
+        push a step, a winner below `mid_step_gain` waits for `new_step()`). `stop()` abandons the attempt."""
         with self._lock:
             if boundary:
                 self._pushed_this_step, self._pending = False, None
@@ -164,19 +150,16 @@ class DrafterPushing:
             return self._push(self.drafter, row)
 
     def push_status(self, attempt: dict | None = None) -> str:
-        """The gate's last word in a line: `attempt`'s outcome (a `history` row), else how far the
-        next attempt is."""
+        """The gate's last word: `attempt`'s outcome (a `history` row), else how far the next attempt is."""
         return status_line(attempt, self._since_push, self.cfg.push_every)
 
     def push_failed(self, exc: Exception) -> None:
-        """Record a push that raised (whatever the push function raises): the server keeps the old
-        drafter, and RL goes on."""
+        """Record a push that raised: the server keeps the old drafter, and RL goes on."""
         self.history.append({"version": self.version, "pushed": False, "error": f"{type(exc).__name__}: {exc}"})
 
     def new_step(self) -> int | None:
-        """The step boundary: push the best candidate that won inside the last step (no rescoring;
-        it won on held-out data already); the new version or None. Starts the step's push
-        budget."""
+        """The step boundary: push the best mid-step winner (no rescoring); the new version or None. Starts
+        the step's push budget."""
         with self._lock:
             pending, self._pending, self._pushed_this_step = self._pending, None, False
             if pending is None:

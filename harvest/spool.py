@@ -1,21 +1,16 @@
 """Bounded, versioned spool of harvested drafter-training samples.
 
-A sample is one finished rollout's capture: a dict of tensors whose first dimension is the token
-axis (`input_ids` [T], `aux_hidden` [T, 3H], soft labels [T, k], ...) and the policy version that
-produced it. Each sample is its own safetensors shard, written atomically, so eviction and
-`--resume` work per sample. Memory holds the newest samples within its token/byte limits; disk holds
-the newest within its own; the oldest go first. Samples are held out for scoring drafters, never
-trained on, by prompt: one prompt in `holdout_every` (by a hash of its token ids) is held out with
-every sample of it, now and in later steps; so are the first new prompts while fewer than
-`min_holdout_prompts` are held out, and never more than half of the prompts seen (a push can be
-scored from the first steps, a loop that reuses a few prompts holds some out, and the drafter always
-has prompts to train on). A prompt
-keeps its side for good: the spool remembers the prompts it has seen (one int each; rebuilt from the
-shards on disk at a resume, so a prompt whose shards were all evicted counts as new). Held out by
-arrival, a GRPO sibling of a trained sample (on a deterministic task often the very same text) would
-be scored, and a drafter that memorised the training samples would win. `SpoolItem.prompt` is that
-hash: the cluster a paired test of two drafters groups by. Training draws weight a sample by
-`version_decay ** (newest_version - its_version)`.
+A sample is one rollout's capture (token axis first: `input_ids` [T], `aux_hidden` [T, 3H], soft labels [T, k],
+...) and the policy version that produced it, each its own atomically written safetensors shard, so eviction and
+`--resume` work per sample. Memory and disk each keep the newest within their token/byte limits. Training draws
+weight a sample by `version_decay ** (newest - its version)`.
+
+Held out (for scoring, never trained on) by prompt: one in `holdout_every` (by a hash of its token ids), with all
+its samples, now and later; also the first new prompts while fewer than `min_holdout_prompts` are, never more than
+half of those seen (a push can be scored early, a loop reusing few prompts holds some out, the drafter keeps
+prompts to train on). A prompt keeps its side (rebuilt from the shards at a resume: a fully evicted one counts as
+new). Held out by arrival, a GRPO sibling of a trained sample (often the same text) would be scored, and a
+memorising drafter would win. `SpoolItem.prompt` is that hash, the paired test's cluster.
 """
 
 from __future__ import annotations
@@ -68,11 +63,9 @@ class SpoolItem:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
     def window(self, max_tokens: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-        """At most `max_tokens` consecutive tokens of every tensor (all of them if 0 or the sample
-        fits), from a random start, or a fixed one per sample (seeded by `seq`) without `generator`.
-        The start leaves at least half a window of response (loss_mask) tokens when the response is
-        that long. Training cost grows with the square of the length: long-tail rollouts are
-        learned in windows."""
+        """At most `max_tokens` consecutive tokens of every tensor (all if 0 or it fits), from a random start
+        (fixed per `seq` without `generator`) leaving at least half a window of response tokens where there are
+        that many. Cost grows with the square of the length: long rollouts are learned in windows."""
         T = self.tokens
         if not max_tokens or T <= max_tokens:
             return self.tensors
@@ -85,8 +78,7 @@ class SpoolItem:
 
 
 def prompt_key(tensors: dict[str, torch.Tensor]) -> int:
-    """A stable 63-bit hash of the sample's prompt tokens (those outside `loss_mask`; all of them
-    without one): the same prompt gives the same key in every step and process."""
+    """A stable 63-bit hash of the prompt tokens (outside `loss_mask`; all without one), the same in every process."""
     ids, mask = tensors["input_ids"], tensors.get("loss_mask")
     prompt = ids[~mask.bool()] if mask is not None else ids
     digest = hashlib.blake2b(prompt.to(torch.int64).numpy().tobytes(), digest_size=8).digest()
@@ -104,16 +96,13 @@ class Spool:
         self.dir = Path(directory) if directory is not None else None
         self._lock = threading.Lock()
         self._mem: OrderedDict[int, SpoolItem] = OrderedDict()
-        # seq -> (path, tokens, bytes)
-        self._disk: OrderedDict[int, tuple[Path, int, int]] = OrderedDict()
+        self._disk: OrderedDict[int, tuple[Path, int, int]] = OrderedDict()  # seq -> (path, tokens, bytes)
         self._next_seq = 0
-        # running totals
         self._mem_tokens = self._mem_bytes = self._disk_tokens = self._disk_bytes = 0
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._reload()
 
-    # -- writing ---------------------------------------------------------------------------------
     def add(self, tensors: dict[str, torch.Tensor], policy_version: int) -> SpoolItem:
         if "input_ids" not in tensors:
             raise ValueError("a spool sample needs 'input_ids'")
@@ -172,13 +161,13 @@ class Spool:
         self._disk_tokens, self._disk_bytes = self._disk_tokens + tokens, self._disk_bytes + size
 
     def _reload(self) -> None:
-        """Resume: index every shard on disk, keep the newest within the disk limits, load the
-        newest into memory."""
+        """Resume: index the shards on disk, keep the newest within the disk limits, load the newest."""
         remove_stale_temporaries(self.dir)  # shards a killed process was writing
+        metas: dict[int, dict] = {}
         for path in sorted(self.dir.glob("[0-9]*.safetensors")):  # zero-padded names sort by seq
             with safe_open(path, "pt") as f:
                 tokens = int(f.get_slice("input_ids").get_shape()[0])
-                meta = f.metadata() or {}
+                meta = metas[int(path.stem)] = f.metadata() or {}
             if "prompt" in meta:  # each prompt's side, as it was decided
                 self._seen.add(int(meta["prompt"]))
                 if meta.get("holdout") == "1":
@@ -188,9 +177,7 @@ class Spool:
         self._evict_disk()
         budget_tokens, budget_bytes, newest = 0, 0, []
         for seq, (path, tokens, _) in reversed(self._disk.items()):
-            with safe_open(path, "pt") as f:
-                meta = f.metadata() or {}
-            tensors = load_file(path)
+            meta, tensors = metas[seq], load_file(path)
             key = int(meta["prompt"]) if "prompt" in meta else prompt_key(tensors)
             item = SpoolItem(seq, int(meta.get("policy_version", 0)), meta.get("holdout") == "1", tensors, key)
             budget_tokens, budget_bytes = budget_tokens + tokens, budget_bytes + item.nbytes
@@ -200,15 +187,13 @@ class Spool:
         self._mem = OrderedDict((it.seq, it) for it in reversed(newest))
         self._mem_tokens, self._mem_bytes = sum(it.tokens for it in newest), sum(it.nbytes for it in newest)
 
-    # -- reading ---------------------------------------------------------------------------------
     def prompt_counts(self) -> tuple[int, int]:
         """(prompts seen, prompts held out)."""
         with self._lock:
             return len(self._seen), len(self._held)
 
     def sample(self, n: int, generator: torch.Generator | None = None) -> list[SpoolItem]:
-        """`n` training samples drawn with replacement, favouring recent policy
-        versions; [] if none."""
+        """`n` training samples drawn with replacement, favouring recent versions; [] if none."""
         with self._lock:
             items = [it for it in self._mem.values() if not it.holdout]
         if not items or n < 1:
@@ -219,8 +204,7 @@ class Spool:
         return [items[i] for i in picks.tolist()]
 
     def holdout(self, policy_version: int | None = None, versions: int = 1) -> list[SpoolItem]:
-        """Held-out samples of `policy_version`, or else of the `versions` newest versions
-        that have any."""
+        """Held-out samples of `policy_version`, else of the `versions` newest versions having any."""
         with self._lock:
             held = [it for it in self._mem.values() if it.holdout]
         if policy_version is not None:

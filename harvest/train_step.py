@@ -1,18 +1,12 @@
-"""EAGLE-3 training-time test (TTT): the drafter is unrolled `length` steps on its own outputs and
-every step is scored against the target's soft labels, step s weighted by decay**s (SpecForge: 0.8).
+"""EAGLE-3 training-time test (TTT): the drafter unrolled `length` steps on its own outputs, step s scored against
+the target's soft labels with weight decay**s (SpecForge: 0.8).
 
-Unroll, for every start position i of a sequence at once (alignment as in `harvest.drafter`): step s
-feeds token_{i+s+1} with the previous step's pre-norm output (step 0: fc(aux_i)) at rope position
-i+s, and predicts token_{i+s+2}; its label is the target's next-token distribution at position
-i+s+1. Attention at step s sees the true slots 0..i (step-0 keys, causal) plus its own chain's keys
-of steps 1..s at position i — exactly what the drafter sees when SGLang or our engine drafts s+1
-tokens after slot i (tested against the cached chain). SpecForge's unroll shifts rope the same way
-but its mask update also hides step-0 keys i-s+1..i from step s; we follow inference so training
-and serving agree.
-
-A batch is a list of samples (dicts of tensors, as the spool stores them): `input_ids` [T],
-`aux_hidden` [T, n*Ht], soft labels `topk_ids`/`topk_probs` [T, k] or `target_probs` [T, V],
-optional `loss_mask` [T] (True where token j is to be learned, e.g. response tokens).
+For every start i at once (alignment as in `harvest.drafter`), step s feeds token_{i+s+1} with the previous
+step's pre-norm output (step 0: fc(aux_i)) at rope position i+s and predicts token_{i+s+2}, labelled by the
+target's distribution at i+s+1. It attends to true slots 0..i (causal step-0 keys) plus its chain's keys of steps
+1..s at i: what drafting s+1 tokens after slot i sees (tested against the cached chain). SpecForge's mask also
+hides step-0 keys i-s+1..i from step s; we follow inference. A batch is a list of spool samples: `input_ids` [T],
+`aux_hidden` [T, n*Ht], `topk_ids`/`topk_probs` [T, k] or `target_probs` [T, V], optional `loss_mask` [T].
 """
 
 from __future__ import annotations
@@ -26,16 +20,14 @@ Tensors = dict[str, torch.Tensor]  # one sample, as the spool stores it (`Sample
 
 
 def draft_labels(sample: Tensors, drafter: Eagle3Drafter) -> torch.Tensor:
-    """Soft labels over the draft vocabulary [T, V_draft], renormalised (rows with no
-    mass are zero)."""
+    """Soft labels over the draft vocabulary [T, V_draft], renormalised (rows with no mass are zero)."""
     d2t = drafter.draft_to_target().cpu()
     dense = sample.get("target_probs")
     if dense is None:
         ids, probs = sample["topk_ids"].long(), sample["topk_probs"].float()
         t2d = torch.full((drafter.config.vocab_size,), -1, dtype=torch.long)
         t2d[d2t] = torch.arange(d2t.shape[0])
-        # [T, k], -1 outside draft vocab
-        slot = t2d[ids]
+        slot = t2d[ids]  # [T, k], -1 outside draft vocab
         out = torch.zeros(ids.shape[0], d2t.shape[0] + 1)
         out.scatter_add_(1, torch.where(slot < 0, d2t.shape[0], slot), probs)
         p = out[:, :-1]
@@ -45,8 +37,7 @@ def draft_labels(sample: Tensors, drafter: Eagle3Drafter) -> torch.Tensor:
 
 
 def collate(batch: list[Tensors], drafter: Eagle3Drafter) -> dict[str, torch.Tensor]:
-    """Right-pad a list of samples: ids [B,T], aux [B,T,n*Ht], labels [B,T,Vd],
-    valid/loss_mask [B,T]."""
+    """Right-pad samples: ids [B,T], aux [B,T,n*Ht], labels [B,T,Vd], valid/loss_mask [B,T]."""
     device, dtype = drafter.fc.weight.device, drafter.fc.weight.dtype
     B, T = len(batch), max(int(s["input_ids"].shape[0]) for s in batch)
     out = {
@@ -96,8 +87,7 @@ def chain_attention(
 def ttt_unroll(
     drafter: Eagle3Drafter, ids: torch.Tensor, aux: torch.Tensor, valid: torch.Tensor, length: int
 ) -> list[torch.Tensor]:
-    """ids [B,T]; aux [B,T,n*Ht]; valid [B,T] -> `length` draft logits [B,T,Vd]; step s at position
-    i predicts token i+s+2."""
+    """ids [B,T]; aux [B,T,n*Ht]; valid [B,T] -> `length` draft logits [B,T,Vd]; step s at i predicts i+s+2."""
     B, T = ids.shape
     r = drafter.project(aux)
     pos = torch.arange(T, device=ids.device).expand(B, T)
@@ -119,8 +109,7 @@ def ttt_loss(
     logits: list[torch.Tensor], labels: torch.Tensor, valid: torch.Tensor, loss_mask: torch.Tensor, decay: float = 0.8
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """logits: per step [B,T,Vd]; labels [B,T,Vd] (row j: target distribution at j, predicting j+1).
-    Step s at i is scored iff token i+s+2 exists and is in the loss mask. Returns
-    (loss, metrics)."""
+    Step s at i is scored iff token i+s+2 exists and is in the loss mask. -> (loss, metrics)."""
     learn = valid & loss_mask
     denom = learn[:, 2:].sum().clamp_min(1)
     total, metrics = logits[0].new_zeros(()), {}
@@ -139,10 +128,8 @@ def ttt_loss(
 
 
 def bf16_fast(device: str | torch.device = "cpu") -> bool:
-    """Whether bf16 pays on `device`: CUDA, or a CPU that multiplies bf16 natively (AVX-512 BF16 or
-    AMX). Elsewhere (AVX2 hosts) a bf16 matmul of many rows is emulated: on an AVX2 EPYC the small
-    policy's forward of 64 rows took 160 ms in bf16 against 42 in float32 (one row: 6 against 13,
-    memory-bound), and the SFT recipe's first step 62 s."""
+    """Whether bf16 pays on `device`: CUDA, or a CPU with native bf16 (AVX-512 BF16 or AMX). On AVX2 it is
+    emulated: an EPYC's 64-row policy forward took 160 ms in bf16 vs 42 in float32 (one row: 6 vs 13)."""
     if torch.device(device).type != "cpu":
         return True
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
@@ -150,9 +137,8 @@ def bf16_fast(device: str | torch.device = "cpu") -> bool:
 
 
 def length_batches(lengths: list[int], max_tokens: int, max_seqs: int, generator: torch.Generator) -> list[list[int]]:
-    """Indices grouped into batches of similar length, each at most `max_tokens` padded tokens (one
-    longer sequence goes alone) and `max_seqs` sequences, in random order: long-tailed lengths waste
-    little padding."""
+    """Indices in batches of similar length (at most `max_tokens` padded tokens, a longer sequence alone, and
+    `max_seqs` sequences), in random order: long-tailed lengths waste little padding."""
     order = sorted(
         range(len(lengths)), key=lambda i: (lengths[i], int(torch.randint(1 << 30, (1,), generator=generator)))
     )
@@ -179,9 +165,8 @@ def train_step(
     max_grad_norm: float = 1.0,
     bf16: bool = False,
 ) -> dict[str, float]:
-    """One optimizer step of TTT on a list of samples. Returns loss, per-step loss_s/acc_s, tokens.
-    `bf16`: autocast the matmuls to bfloat16 (master weights and the loss stay float32; ~2.5x faster
-    on CPUs with AVX-512 BF16, see `bf16_fast()`)."""
+    """One optimizer step of TTT; -> loss, per-step loss_s/acc_s, tokens. `bf16`: autocast matmuls (master
+    weights and loss stay float32; see `bf16_fast()`)."""
     drafter.train()
     b = collate(batch, drafter)
     with torch.autocast(b["ids"].device.type, dtype=torch.bfloat16, enabled=bf16):

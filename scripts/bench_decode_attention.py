@@ -41,15 +41,8 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
-    cfg = LlamaConfig(
-        vocab_size=512,
-        hidden_size=512,
-        num_hidden_layers=6,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-        intermediate_size=1536,
-        max_position_embeddings=4 * a.context,
-    )
+    shape = dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=8)
+    cfg = LlamaConfig(vocab_size=512, intermediate_size=1536, max_position_embeddings=4 * a.context, **shape)
     runner = ModelRunner(LlamaForCausalLM(cfg).to(dtype).eval())
     pool = kv_pool.KVPool.for_runner(runner, slots=a.running, capacity=2 * a.context)
     caches = [pool.acquire() for _ in range(a.running)]
@@ -57,9 +50,8 @@ def main() -> None:
         runner.forward(torch.randint(0, 512, (a.context,)), torch.arange(a.context), [c], [a.context])
 
     def step():  # one decode token for every sequence, then back to the same context
-        runner.forward(
-            torch.randint(0, 512, (a.running,)), torch.tensor([c.length for c in caches]), caches, [1] * a.running
-        )
+        positions = torch.tensor([c.length for c in caches])
+        runner.forward(torch.randint(0, 512, (a.running,)), positions, caches, [1] * a.running)
         for c in caches:
             c.truncate(a.context)
 
@@ -79,10 +71,8 @@ def main() -> None:
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
     for what in ("attention, one layer", "forward"):
         b, f = med[(what, "before")], med[(what, "after")]
-        print(
-            f"{a.threads} thread(s) {a.dtype} {a.running} running x {a.context + 1} context, "
-            f"{what}: before {b:.2f} ms, after {f:.2f} ms, {b / f:.2f}x"
-        )
+        shape = f"{a.threads} thread(s) {a.dtype} {a.running} running x {a.context + 1} context"
+        print(f"{shape}, {what}: before {b:.2f} ms, after {f:.2f} ms, {b / f:.2f}x")
 
 
 if __name__ == "__main__":

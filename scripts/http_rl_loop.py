@@ -1,8 +1,6 @@
-"""An RL loop that is not gleanrl's, for scripts/measure_sidecar.py: it speaks only HTTP to its
-rollout server, as slime does (`POST /generate` with `input_ids`, T=1, `return_logprob`, one request
-per sample), takes a REINFORCE step of its own on its own copy of the policy (group-mean baseline,
-token-mean log-probability), saves it atomically with `save_pretrained` and pushes it as pause ->
-flush -> `POST /update_weights_from_disk` with a `weight_version` -> continue."""
+"""An RL loop that is not gleanrl's, for scripts/measure_sidecar.py: only HTTP to its rollout server, as
+slime does (`POST /generate` per sample), a REINFORCE step on its own copy of the policy, saved atomically
+and pushed as pause -> flush -> `POST /update_weights_from_disk` with a `weight_version` -> continue."""
 
 from __future__ import annotations
 
@@ -53,9 +51,8 @@ class HttpLoop:
 
     def generate(self, ids: list[int]) -> dict:
         sampling = {"max_new_tokens": self.max_new_tokens, "temperature": 1.0, "top_p": 1.0}
-        resp = self.client.post(
-            f"{self.url}/generate", json={"input_ids": ids, "return_logprob": True, "sampling_params": sampling}
-        )
+        body = {"input_ids": ids, "return_logprob": True, "sampling_params": sampling}
+        resp = self.client.post(f"{self.url}/generate", json=body)
         resp.raise_for_status()
         return resp.json()
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -20,36 +20,24 @@ from pathlib import Path
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from gleanrl.trainer.server_proc import free_port
 
 
 def start(args: list[str], python: str = sys.executable) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen(
-        [python, "-m", "gleanrl", *args, "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        cwd="/",
-    )
+    cmd, env = [python, "-m", "gleanrl", *args, "--port", str(port)], {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd="/")
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
-        try:
+        with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return proc, url
-        except httpx.HTTPError:
-            pass
         time.sleep(0.2)
     raise RuntimeError(f"{args[0]} did not start")
 
 
 def cpu_s(proc: subprocess.Popen) -> float:
-    """User + system CPU seconds of a process (Linux): robust to a shared machine,
-    unlike wall time."""
+    """User + system CPU seconds of a process (Linux): robust to a shared machine, unlike wall time."""
     fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -62,10 +50,8 @@ def latency(http: httpx.Client, url: str, path: str, body: dict | None) -> float
 
 
 async def throughput(url: str, n: int = 16, tokens: int = 64) -> float:
-    body = {
-        "input_ids": [5, 6, 7],
-        "sampling_params": {"max_new_tokens": tokens, "temperature": 0.0, "ignore_eos": True},
-    }
+    sp = {"max_new_tokens": tokens, "temperature": 0.0, "ignore_eos": True}
+    body = {"input_ids": [5, 6, 7], "sampling_params": sp}
     async with httpx.AsyncClient(timeout=300) as http:
         t0 = time.perf_counter()
         await asyncio.gather(*[http.post(f"{url}/generate", json=body) for _ in range(n)])
@@ -76,11 +62,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--requests", type=int, default=60)
     p.add_argument("--rounds", type=int, default=6)
-    p.add_argument(
-        "--baseline-python",
-        default=None,
-        help="also a server from another install (e.g. /work/main/.venv/bin/python: code without the feed)",
-    )
+    baseline = "also a server from another install (e.g. /work/main/.venv/bin/python: code without the feed)"
+    p.add_argument("--baseline-python", default=None, help=baseline)
     a = p.parse_args()
     from gleanrl.tiny import make_tiny_model
 
@@ -89,8 +72,7 @@ def main() -> None:
     procs = []
     try:
         off, url_off = start(serve)
-        # the feed needs a key
-        on, url_on = start(serve + ["--harvest-feed", "--admin-api-key", "measure"])
+        on, url_on = start(serve + ["--harvest-feed", "--admin-api-key", "measure"])  # the feed needs a key
         proxy, url_px = start(["proxy", "--upstream", url_off, "--admin-api-key", "measure"])
         procs += [off, on, proxy]
         arms = {"feed off": (off, url_off), "feed on": (on, url_on)}
@@ -109,12 +91,11 @@ def main() -> None:
                     direct.append(latency(http, url_off, path, body))
                     relayed.append(latency(http, url_px, path, body))
                 added = [r - d for r, d in zip(relayed, direct)]
+                med = statistics.median
                 print(
-                    f"{name:20s} direct p50 {statistics.median(direct):7.2f} ms  via proxy p50 "
-                    f"{statistics.median(relayed):7.2f} ms  added "
-                    f"p50 {statistics.median(added):6.2f} ms (mean {statistics.mean(added):6.2f} "
-                    f"ms, n={a.requests}); proxy "
-                    f"CPU {(cpu_s(proxy) - c0) / a.requests * 1000:.2f} ms/request"
+                    f"{name:20s} direct p50 {med(direct):7.2f} ms  via proxy p50 {med(relayed):7.2f} ms  added p50 "
+                    f"{med(added):6.2f} ms (mean {statistics.mean(added):6.2f} ms, n={a.requests}); proxy CPU "
+                    f"{(cpu_s(proxy) - c0) / a.requests * 1000:.2f} ms/request"
                 )
         speeds: dict[str, list[float]] = {k: [] for k in arms}
         cpu = {k: 0.0 for k in arms}
@@ -123,14 +104,9 @@ def main() -> None:
                 c0 = cpu_s(proc)
                 speeds[name].append(asyncio.run(throughput(url)))
                 cpu[name] += cpu_s(proc) - c0
-        ref = statistics.median(speeds["feed off"])
-        print(
-            f"throughput 16x64 tokens (median of {a.rounds} alternating rounds): "
-            + ", ".join(
-                f"{k} {statistics.median(v):.0f} tok/s ({statistics.median(v) / ref:.3f}x feed off)"
-                for k, v in speeds.items()
-            )
-        )
+        med = {k: statistics.median(v) for k, v in speeds.items()}
+        speed = ", ".join(f"{k} {v:.0f} tok/s ({v / med['feed off']:.3f}x feed off)" for k, v in med.items())
+        print(f"throughput 16x64 tokens (median of {a.rounds} alternating rounds): {speed}")
         tokens = a.rounds * 16 * 64
         print("server CPU per generated token: " + ", ".join(f"{k} {cpu[k] / tokens * 1000:.3f} ms" for k in arms))
     finally:

@@ -1,36 +1,16 @@
 """The sidecar figure (issue 37): `gleanrl harvest` beside an RL loop that is not gleanrl's.
 
-The loop speaks only HTTP to its rollout server, as slime does: `POST /generate` with `input_ids`,
-`sampling_params` (T=1) and `return_logprob`, one request per sample; then a REINFORCE step of its
-own on its own copy of the policy (group-mean baseline, token-mean log-probability), saved atomically
-with `save_pretrained` and pushed as pause -> flush -> `POST /update_weights_from_disk` with a
-`weight_version` -> continue (`scripts/http_rl_loop.py`). Each step draws NEW prompts of the built-in task
-(`load_task(None).prompts("train", P, seed=step)`) x S samples. Beside it:
-
-    taskset -c 0 gleanrl serve --model POLICY --drafter DRAFTER_INIT --sd adaptive --harvest-feed \\
-        --admin-api-key K --threads 1
-    taskset -c 1 gleanrl harvest --server URL --admin-api-key K --out OUT/side --drafter DRAFTER_INIT
-
-with DRAFTER_INIT a random drafter from `gleanrl draft init`. The loop runs on the server's core
-(its update runs while the server waits, as a colocated trainer's would).
-
-Per step it records the served acceptance from the responses' SGLang `meta_info` (tokens per verify
-pass over the SD passes: (spec_accept_token_num + spec_verify_ct) / spec_verify_ct; also SGLang's
-completion_tokens / spec_verify_ct and the share of tokens SD decoded), the same split by the
-`draft_weight_version` each response reports, `/server_info`'s cumulative `avg_spec_accept_length`,
-`/model_info`'s `draft_weight_version` before and after the step, and the sidecar's log lines about
-the push gate (its progress line's last field: why it pushed or held). At the end, the sidecar's
-per-policy-version metrics rows (OUT/side/metrics.jsonl) give each push's measured paired gain.
+The loop (`scripts/http_rl_loop.py`) speaks only HTTP to `gleanrl serve --harvest-feed`, as slime does;
+the sidecar runs pinned to its own core from a random drafter. Per step: the served acceptance from the
+responses' `meta_info` (`scripts/sidecar_summary.py`), the drafter versions and the push gate's lines.
 
     python scripts/measure_sidecar.py --out /tmp/sidecar_fig [--steps 12 --prompts 8 --samples 6]
-
-Writes OUT/summary.json and prints a table (`scripts/sidecar_summary.py`).
-`--harvest-arg=--push-every=10` etc. pass settings on.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -66,17 +46,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--harvest-core", default="1", help="taskset CPU list for `gleanrl harvest`")
     ap.add_argument("--serve-arg", action="append", default=[], help="extra `gleanrl serve` flag")
     ap.add_argument("--harvest-arg", action="append", default=[], help="extra `gleanrl harvest` flag")
-    ap.add_argument(
-        "--tail-s", type=float, default=15.0, help="after the last update: wait this long for the sidecar's last row"
-    )
+    tail = "after the last update: wait this long for the sidecar's last row"
+    ap.add_argument("--tail-s", type=float, default=15.0, help=tail)
     args = ap.parse_args(argv)
     for name in ("steps", "prompts", "samples", "max_new_tokens"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
-
-
-# ---- the run --------------------------------------------------------------------------------
 
 
 def pinned(cores: str, cmd: list[str]) -> list[str]:
@@ -92,11 +68,9 @@ def wait_for(pred, timeout_s: float, what: str, proc: subprocess.Popen | None = 
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{what}: the process exited ({proc.returncode})")
-        try:
+        with contextlib.suppress(Exception):  # not up yet
             if pred():
                 return
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
         time.sleep(0.5)
     raise TimeoutError(f"{what}: not ready after {timeout_s:.0f} s")
 
@@ -136,62 +110,22 @@ def run(args: argparse.Namespace) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     key = args.admin_api_key
     drafter = out / "drafter_init"
-    subprocess.run(
-        gleanrl_cmd("draft", "init", "--model", args.policy, "--out", str(drafter), "--seed", str(args.seed)),
-        check=True,
-        env=env,
-    )
+    init = ["--model", args.policy, "--out", str(drafter), "--seed", str(args.seed)]
+    subprocess.run(gleanrl_cmd("draft", "init", *init), check=True, env=env)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    serve_cmd = pinned(
-        args.server_core,
-        gleanrl_cmd(
-            "serve",
-            "--model",
-            args.policy,
-            "--drafter",
-            str(drafter),
-            "--sd",
-            "adaptive",
-            "--harvest-feed",
-            "--admin-api-key",
-            key,
-            "--threads",
-            "1",
-            "--port",
-            str(port),
-            *args.serve_arg,
-        ),
-    )
+    serve = ["--model", args.policy, "--drafter", str(drafter), "--sd", "adaptive", "--harvest-feed"]
+    serve += ["--admin-api-key", key, "--threads", "1", "--port", str(port), *args.serve_arg]
+    serve_cmd = pinned(args.server_core, gleanrl_cmd("serve", *serve))
     side = out / "side"
-    harvest_cmd = pinned(
-        args.harvest_core,
-        gleanrl_cmd(
-            "harvest",
-            "--server",
-            url,
-            "--admin-api-key",
-            key,
-            "--out",
-            str(side),
-            "--drafter",
-            str(drafter),
-            *args.harvest_arg,
-        ),
-    )
-    meta = {
-        "args": vars(args),
-        "serve_cmd": serve_cmd,
-        "harvest_cmd": harvest_cmd,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
-    print(
-        "serve:  ",
-        " ".join(serve_cmd).replace(key, "K"),
-        "\nharvest:",
-        " ".join(harvest_cmd).replace(key, "K"),
-        flush=True,
-    )
+    metrics = side / "metrics.jsonl"
+    rows = lambda: metrics.read_text().splitlines() if metrics.exists() else []  # noqa: E731
+    harvest = ["--server", url, "--admin-api-key", key, "--out", str(side), "--drafter", str(drafter)]
+    harvest_cmd = pinned(args.harvest_core, gleanrl_cmd("harvest", *harvest, *args.harvest_arg))
+    meta = {"args": vars(args), "serve_cmd": serve_cmd, "harvest_cmd": harvest_cmd}
+    meta["started"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    shown = [" ".join(cmd).replace(key, "K") for cmd in (serve_cmd, harvest_cmd)]
+    print("serve:  ", shown[0], "\nharvest:", shown[1], flush=True)
     procs: list[subprocess.Popen] = []
     steps: list[dict] = []
     try:
@@ -219,45 +153,35 @@ def run(args: argparse.Namespace) -> dict:
                 update_s = time.monotonic() - t1
                 info = loop.get("/server_info")
                 lines = tail.read()
-                row = {
-                    "step": step + 1,
-                    "reward": sum(rewards) / len(rewards),
-                    "loss": loss,
-                    "rollout_s": rollout_s,
+                state = info["internal_states"][0]
+                row = {"step": step + 1, "reward": sum(rewards) / len(rewards), "loss": loss, "rollout_s": rollout_s}
+                row |= {
                     "update_s": update_s,
                     "max_completion_tokens": max(m.get("completion_tokens", 0) for m in metas),
-                    "served": served_acceptance(metas),
-                    "by_drafter": acceptance_by_drafter(metas),
-                    "server_avg_spec_accept_length": info["internal_states"][0].get("avg_spec_accept_length"),
-                    # the adaptive SD controller's view: whether it drafts at all
-                    "sd_controller": {
-                        k: (info["internal_states"][0].get("sd_controller") or {}).get(k)
-                        for k in ("eagle_accept", "cells")
-                    },
-                    "draft_version_before": before,
-                    "draft_version_after": loop.get("/model_info").get("draft_weight_version"),
-                    "gate": gate_statuses(lines),
-                    "sidecar_lines": [ln for ln in lines if GATE_TAG not in ln][-20:],
                 }
+                row |= {"served": served_acceptance(metas), "by_drafter": acceptance_by_drafter(metas)}
+                row["server_avg_spec_accept_length"] = state.get("avg_spec_accept_length")
+                # the adaptive SD controller's view: whether it drafts at all
+                controller = state.get("sd_controller") or {}
+                row["sd_controller"] = {k: controller.get(k) for k in ("eagle_accept", "cells")}
+                after = loop.get("/model_info").get("draft_weight_version")
+                row |= {"draft_version_before": before, "draft_version_after": after, "gate": gate_statuses(lines)}
+                row["sidecar_lines"] = [ln for ln in lines if GATE_TAG not in ln][-20:]
                 steps.append(row)
+                served, gate = row["served"], row["gate"][-1] if row["gate"] else "(no progress line yet)"
+                accept = f"{fmt(served['accept_len'])} (SD {fmt(served['sd_token_share'], '{:.0%}')})"
                 print(
-                    f"step {row['step']}: reward {row['reward']:.2f}, "
-                    f"{row['served']['completion_tokens']} tokens in {rollout_s:.1f} s, "
-                    f"accept {fmt(row['served']['accept_len'])} "
-                    f"(SD {fmt(row['served']['sd_token_share'], '{:.0%}')}), drafter "
-                    f"{before}->{row['draft_version_after']} | gate: "
-                    f"{row['gate'][-1] if row['gate'] else '(no progress line yet)'}",
+                    f"step {row['step']}: reward {row['reward']:.2f}, {served['completion_tokens']} tokens in "
+                    f"{rollout_s:.1f} s, accept {accept}, drafter {before}->{row['draft_version_after']} | gate: "
+                    f"{gate}",
                     flush=True,
                 )
                 with open(out / "steps.jsonl", "a") as f:
                     f.write(json.dumps(row) + "\n")
         # the sidecar logs a policy version's row when the next one arrives: one row per step
         # (the last step's rows come with the last update)
-        metrics = side / "metrics.jsonl"
         deadline = time.monotonic() + args.tail_s
-        while time.monotonic() < deadline and (
-            not metrics.exists() or len(metrics.read_text().splitlines()) < args.steps
-        ):
+        while time.monotonic() < deadline and len(rows()) < args.steps:
             time.sleep(1.0)
         if steps:
             steps[-1]["gate"] += [g for g in gate_statuses(tail.read()) if g not in steps[-1]["gate"]]
@@ -270,12 +194,7 @@ def run(args: argparse.Namespace) -> dict:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-    rows = (
-        [json.loads(ln) for ln in (side / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-        if (side / "metrics.jsonl").exists()
-        else []
-    )
-    summary = summarize(steps, rows, meta)
+    summary = summarize(steps, [json.loads(ln) for ln in rows() if ln.strip()], meta)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 

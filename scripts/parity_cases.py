@@ -9,31 +9,18 @@ import re
 
 import httpx
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "city": {"enum": ["Paris", "Rome"]},
-        "n": {"type": "integer", "minimum": 0, "maximum": 9},
-        "ok": {"type": "boolean"},
-    },
-    "required": ["city", "n", "ok"],
-    "additionalProperties": False,
-}
+
+def _object(**properties) -> dict:
+    """A JSON schema: an object of exactly these properties, all required."""
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+
+
+DIGIT = {"type": "integer", "minimum": 0, "maximum": 9}
+PERSON = _object(city={"enum": ["Paris", "Rome"]}, n=DIGIT, ok={"type": "boolean"})
 REGEX = r"(yes|no), [0-9]{1,3} (apples|pears)\."
 EBNF = 'root ::= num (op num)? (op num)? "."\nop ::= " + " | " * "\nnum ::= [1-9] [0-9]?'
 EBNF_RE = r"[1-9][0-9]?(( \+ | \* )[1-9][0-9]?){0,2}\."
-CITY = {
-    "type": "object",
-    "properties": {"city": {"enum": ["Paris", "Rome"]}},
-    "required": ["city"],
-    "additionalProperties": False,
-}
-SUM = {
-    "type": "object",
-    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
-    "required": ["a"],
-    "additionalProperties": False,
-}
+CITY, SUM = _object(city={"enum": ["Paris", "Rome"]}), _object(a=DIGIT)
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": CITY}},
     {"type": "function", "function": {"name": "add", "description": "add", "parameters": SUM}},
@@ -45,9 +32,10 @@ THINK_END_ID = 385  # `</think>` in the model's vocabulary (parity_sglang.make_m
 
 PROMPT = "Question: what is 12 + 30? Answer:"
 MSGS = [{"role": "user", "content": "What is the weather in Paris?"}]
+ASK_JSON = [{"role": "user", "content": "Give me a city as JSON."}]
+FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
 
 
-# ---------------------------------------------------------------- validity checks
 def _valid_person(text: str) -> tuple[bool, str]:
     try:
         v = json.loads(text)
@@ -89,8 +77,8 @@ def _valid_reasoning(answered: bool):
         r, c = out.get("reasoning_content"), out.get("content")
         if answered:  # free reasoning, then </think> (biased) and the answer as ANSWER_RE says
             ok = bool(r) and re.fullmatch(ANSWER_RE, c or "") is not None
-            return ok, "" if ok else f"split {r!r} / {c!r}"
-        ok = isinstance(r, str) and bool(r) and not c  # no </think>: all of it is reasoning
+        else:  # no </think>: all of it is reasoning
+            ok = isinstance(r, str) and bool(r) and not c
         return ok, "" if ok else f"split {r!r} / {c!r}"
 
     return check
@@ -103,18 +91,14 @@ def _valid_after_think(out: dict) -> tuple[bool, str]:
     return ok, "" if ok else f"split {reasoning!r} / {answer!r}"
 
 
-# ---------------------------------------------------------------- requests
 def _generate(url: str, body_params: dict, max_new: int, **top) -> dict:
     body = {"text": PROMPT, "sampling_params": {"max_new_tokens": max_new, "temperature": 0, **body_params}, **top}
     r = httpx.post(f"{url}/generate", json=body, timeout=300)
     if r.status_code != 200:
         return {"error": f"{r.status_code} {r.text[:300]}"}
     j = r.json()
-    return {
-        "text": j["text"],
-        "finish_reason": (j["meta_info"].get("finish_reason") or {}).get("type"),
-        "tokens": j["meta_info"].get("completion_tokens"),
-    }
+    finish = (j["meta_info"].get("finish_reason") or {}).get("type")
+    return {"text": j["text"], "finish_reason": finish, "tokens": j["meta_info"].get("completion_tokens")}
 
 
 def _chat(url: str, **kw) -> dict:
@@ -127,30 +111,21 @@ def _chat(url: str, **kw) -> dict:
         return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     msg = ch.message
     calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in (msg.tool_calls or [])]
-    out = {
-        "content": msg.content,
-        "finish_reason": ch.finish_reason,
-        # the raw output (markup included), from the tokens' logprob entries
-        "raw": "".join(t.token for t in ch.logprobs.content) if ch.logprobs else None,
-    }
+    # the raw output (markup included), from the tokens' logprob entries
+    raw = "".join(t.token for t in ch.logprobs.content) if ch.logprobs else None
+    out = {"content": msg.content, "finish_reason": ch.finish_reason, "raw": raw}
     if calls:
         out["tool_calls"] = calls
     rc = getattr(msg, "reasoning_content", None) or (msg.model_extra or {}).get("reasoning_content")
-    if rc is not None or "reasoning" in kw.get("_tag", ""):
+    if rc is not None:
         out["reasoning_content"] = rc
     return out
 
 
 def _named_tool(url: str, tools: list) -> dict:
     """A forced call of get_weather (the parser's markup, the arguments by the function's schema)."""
-    return _chat(
-        url,
-        messages=MSGS,
-        tools=tools,
-        parallel_tool_calls=False,
-        max_tokens=160,
-        tool_choice={"type": "function", "function": {"name": "get_weather"}},
-    )
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    return _chat(url, messages=MSGS, tools=tools, parallel_tool_calls=False, max_tokens=160, tool_choice=choice)
 
 
 def _end_think(bias: float) -> dict:
@@ -163,28 +138,19 @@ def text_of(out: dict) -> str:
     return out.get("text", out.get("content"))
 
 
+def _person(out: dict) -> tuple[bool, str]:
+    return _valid_person(text_of(out))
+
+
 # name -> (server pair, request function (url) -> output dict, validity check (output) -> (ok, why))
 CASES: dict[str, tuple] = {
     "plain_generate": ("defaults", lambda u: _generate(u, {}, 12), lambda o: (True, "")),
-    "json_native_any_ws": (
-        "defaults",
-        lambda u: _generate(u, {"json_schema": json.dumps(PERSON)}, 48),
-        lambda o: _valid_person(text_of(o)),
-    ),
-    "json_native": (
-        "tools",
-        lambda u: _generate(u, {"json_schema": json.dumps(PERSON)}, 48),
-        lambda o: _valid_person(text_of(o)),
-    ),
+    "json_native_any_ws": ("defaults", lambda u: _generate(u, {"json_schema": json.dumps(PERSON)}, 48), _person),
+    "json_native": ("tools", lambda u: _generate(u, {"json_schema": json.dumps(PERSON)}, 48), _person),
     "json_response_format": (
         "tools",
-        lambda u: _chat(
-            u,
-            messages=[{"role": "user", "content": "Give me a city as JSON."}],
-            max_tokens=48,
-            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
-        ),
-        lambda o: _valid_person(text_of(o)),
+        lambda u: _chat(u, messages=ASK_JSON, max_tokens=48, response_format=FORMAT),
+        _person,
     ),
     "regex": ("tools", lambda u: _generate(u, {"regex": REGEX}, 24), lambda o: _valid_regex(REGEX)(text_of(o))),
     "ebnf": ("tools", lambda u: _generate(u, {"ebnf": EBNF}, 24), lambda o: _valid_regex(EBNF_RE)(text_of(o))),
@@ -213,24 +179,21 @@ PAIRS = {
 }
 
 
-# ---------------------------------------------------------------- comparison
 NOTES = {  # why outputs differ (or fail) where they do, found in the measured run (docs/parity.md)
     "plain_generate": "baseline: same tokens, logprobs equal to 4 decimals (both float32)",
-    "json_native_any_ws": "both default to any whitespace (xgrammar `any_whitespace`); the random "
-    "model fills it until the length limit on both, token for token",
-    "tool_named": "SGLang constrains a named call's arguments only with `strict`: here any JSON "
-    "value (a number that never ends), cut at the limit, no call parsed; gleanrl "
-    "holds them to `parameters` (tools.py)",
+    "json_native_any_ws": "both default to any whitespace (xgrammar `any_whitespace`); the random model fills it "
+    "until the length limit on both, token for token",
+    "tool_named": "SGLang constrains a named call's arguments only with `strict`: here any JSON value (a number that "
+    "never ends), cut at the limit, no call parsed; gleanrl holds them to `parameters` (tools.py)",
     "tool_named_strict": "same call markup on both; SGLang's structural tag ignores "
-    "`--constrained-json-disable-any-whitespace` (any whitespace: `\\t` "
-    "until the limit), gleanrl's allows at most one whitespace character there",
-    "tool_named_strict_any_ws": "both fill the arguments' whitespace until the limit (same "
-    "tokens); at the cut gleanrl returns the unfinished call, SGLang "
-    "no call and empty content",
-    "reasoning_regex": "both hold the regex only after `</think>` (a logit bias on it ends the random "
-    "model's reasoning)",
-    "reasoning_generate": "`require_reasoning: true` on /generate: the reasoning forced from the first "
-    "token, the regex after `</think>`",
+    "`--constrained-json-disable-any-whitespace` (any whitespace: `\\t` until the limit), gleanrl's allows at most "
+    "one whitespace character there",
+    "tool_named_strict_any_ws": "both fill the arguments' whitespace until the limit (same tokens); at the cut "
+    "gleanrl returns the unfinished call, SGLang no call and empty content",
+    "reasoning_regex": "both hold the regex only after `</think>` (a logit bias on it ends the random model's "
+    "reasoning)",
+    "reasoning_generate": "`require_reasoning: true` on /generate: the reasoning forced from the first token, the "
+    "regex after `</think>`",
 }
 
 
@@ -240,15 +203,6 @@ def compare(name: str, ours: dict, theirs: dict, check) -> dict:
     strip = {"finish_reason", "tokens", "raw"}
     same = {k: v for k, v in ours.items() if k not in strip} == {k: v for k, v in theirs.items() if k not in strip}
     raw = ours.get("raw"), theirs.get("raw")  # chat: the output before the parsers
-    return {
-        "case": name,
-        "identical": same,
-        "raw_identical": None if raw[0] is None or raw[1] is None else raw[0] == raw[1],
-        "gleanrl_valid": ok_g,
-        "sglang_valid": ok_s,
-        "gleanrl": ours,
-        "sglang": theirs,
-        "gleanrl_why": why_g,
-        "sglang_why": why_s,
-        "note": NOTES.get(name, ""),
-    }
+    record = {"case": name, "identical": same, "raw_identical": None if None in raw else raw[0] == raw[1]}
+    record |= {"gleanrl_valid": ok_g, "sglang_valid": ok_s, "gleanrl": ours, "sglang": theirs}
+    return record | {"gleanrl_why": why_g, "sglang_why": why_s, "note": NOTES.get(name, "")}

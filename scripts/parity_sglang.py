@@ -1,30 +1,10 @@
 """Structured-output parity with stock SGLang, HTTP against HTTP (issue 39, item 4).
 
-Starts `gleanrl serve` (embedded engine) and stock SGLang 0.5.23 CPU (`.venv-sglang`, made by
-scripts/install_sglang_cpu.sh; launched through `gleanrl.server.sglang.launch.start`, as the
-SGLang tests and the bench's SGLang arm do) on the same tiny model, each on a loopback port, sends
-both the same greedy requests and compares: json_schema (native `sampling_params` and the chat
-route's `response_format`), regex, ebnf, a named `tool_choice` (`--tool-call-parser qwen25` on
-both) and a reasoning parser (`--reasoning-parser deepseek-r1` on both: the `reasoning_content`
-split); the cases and how each is judged: scripts/parity_cases.py. For each case it records both
-outputs, whether they are identical and whether each is valid, and prints a markdown table
-(`--json F` also writes the records).
-
-The model: a random tiny Qwen2 from `gleanrl.tiny` (4 layers, 64 wide, a 384-token byte-level BPE
-vocabulary plus `<think>` / `</think>`), with a chat template in Qwen 2.5's tool layout. SGLang loads
-it on CPU in float32 like the embedded engine, so unconstrained greedy decoding is token-identical
-(tests/sglang/test_sglang_parity.py); a random model's greedy text is arbitrary, which makes it a
-strict test of the constraints: whatever the grammar leaves open, the model fills in, the same way
-on both servers only where both grammars allow the same tokens.
+`gleanrl serve` and stock SGLang 0.5.23 CPU on the same random tiny Qwen2 (float32: unconstrained greedy
+decoding is token-identical), sent the same greedy requests (scripts/parity_cases.py): both outputs,
+whether they are identical and whether each is valid, as a markdown table. Findings: docs/parity.md.
 
     .venv/bin/python scripts/parity_sglang.py [--json parity.json] [--cases json_native,regex]
-
-Three pairs of servers are started one after the other (`PAIRS`), each pair with the same flags:
-the tool-call parser with the default JSON whitespace rule, the same with
-`--constrained-json-disable-any-whitespace` (the structured-output and tool cases), and the reasoning
-parser (both apply a chat request's grammar, and /generate's with `require_reasoning`, only after the
-reasoning end when a reasoning parser is on, so those cases are kept apart). Findings and the measured
-table: docs/parity.md.
 """
 
 from __future__ import annotations
@@ -44,8 +24,7 @@ from gleanrl.bench.serve_process import ServeProcess
 from gleanrl.bench.sglang_arm import sglang_missing
 from gleanrl.trainer.server_proc import free_port
 
-# Qwen 2.5's tool layout, shortened (as tests/test_openai_tools.py): tools in a system turn,
-# calls as <tool_call> JSON
+# Qwen 2.5's tool layout, shortened (as tests/test_openai_tools.py): tools in a system turn, calls as <tool_call> JSON
 TEMPLATE = (
     "{% if tools %}<|im_start|>system\nTools:\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
     "<|im_end|>\n{% endif %}{% for m in messages %}"
@@ -59,18 +38,15 @@ TEMPLATE = (
 )
 
 
-# ---------------------------------------------------------------- servers
 def make_model(out: Path) -> Path:
     from gleanrl.tiny import build_tokenizer, make_tiny_model
 
     tok = build_tokenizer(chat_template=TEMPLATE)
     tok.add_tokens(["<think>", "</think>"])  # as in Qwen3 / DeepSeek-R1: one token each
     model = make_tiny_model(out, tokenizer=tok)
-    # Re-saved as transformers loads it: its AutoTokenizer gives a qwen2 model Qwen2's
-    # pre-tokenizer (digits one by one), while SGLang's get_tokenizer keeps the file's
-    # (ByteLevel's GPT-2 split), so the first save tokenizes the same text differently on the
-    # two servers (17 vs 20 tokens for PROMPT); after this both read Qwen2's, as for real
-    # Qwen checkpoints.
+    # Re-saved as transformers loads it: its AutoTokenizer gives a qwen2 model Qwen2's pre-tokenizer (digits
+    # one by one), while SGLang's get_tokenizer keeps the file's (ByteLevel's GPT-2 split), so the first save
+    # tokenizes the same text differently on the two servers; after this both read Qwen2's, as for real Qwen.
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
@@ -93,22 +69,11 @@ def _as_sglang_args(flags: list[str]) -> list[str]:
 def start_sglang(model: Path, flags: list[str], timeout_s: float = 600):
     from gleanrl.server.sglang.launch import start
 
-    args = argparse.Namespace(
-        model=str(model),
-        drafter=None,
-        host="127.0.0.1",
-        port=free_port(),
-        api_key=None,
-        admin_api_key=None,
-        device="cpu",
-        dtype="auto",
-        context_length=None,
-        max_running_requests=4,
-        speculative_num_steps=None,
-        speculative_eagle_topk=None,
-        speculative_num_draft_tokens=None,
-        sglang_arg=_as_sglang_args(flags) + ["--max-total-tokens=4096"],
-    )
+    unset = ["drafter", "api_key", "admin_api_key", "context_length", "speculative_num_steps"]
+    unset += ["speculative_eagle_topk", "speculative_num_draft_tokens"]
+    given = dict(model=str(model), host="127.0.0.1", port=free_port(), device="cpu", dtype="auto")
+    given |= {"max_running_requests": 4, "sglang_arg": _as_sglang_args(flags) + ["--max-total-tokens=4096"]}
+    args = argparse.Namespace(**dict.fromkeys(unset), **given)
     return start(args, echo=False, timeout_s=timeout_s)
 
 
@@ -123,17 +88,13 @@ def run_cases(model: Path, names: list[str], log=print) -> list[dict]:
         with ServeProcess(str(model), log_path, extra=["--sd", "off", *flags]) as ours:
             s_proc, s_url = start_sglang(model, flags)
             try:
-                log(
-                    f"[{pair}] both servers up after {time.monotonic() - t0:.0f}s "
-                    f"(gleanrl {ours.url}, sglang {s_url}, {' '.join(flags)})"
-                )
+                up = f"both servers up after {time.monotonic() - t0:.0f}s"
+                log(f"[{pair}] {up} (gleanrl {ours.url}, sglang {s_url}, {' '.join(flags)})")
                 for n in todo:
                     _, request, check = CASES[n]
                     rows.append(compare(n, request(ours.url), request(s_url), check))
-                    log(
-                        f"  {n}: identical={rows[-1]['identical']} "
-                        f"valid={rows[-1]['gleanrl_valid']}/{rows[-1]['sglang_valid']}"
-                    )
+                    r = rows[-1]
+                    log(f"  {n}: identical={r['identical']} valid={r['gleanrl_valid']}/{r['sglang_valid']}")
             finally:
                 s_proc.stop()
     return rows
@@ -160,15 +121,13 @@ def table(rows: list[dict]) -> str:
         "| case | gleanrl serve | stock SGLang 0.5.23 | identical | valid (gleanrl / SGLang) | notes |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
+    yn = lambda b: "yes" if b else "**no**"  # noqa: E731
     for r in rows:
-        yn = lambda b: "yes" if b else "**no**"  # noqa: E731
-        same = yn(r["identical"]) + (
-            "" if r["raw_identical"] in (None, r["identical"]) else f" (raw output: {yn(r['raw_identical'])})"
-        )
+        raw = "" if r["raw_identical"] in (None, r["identical"]) else f" (raw output: {yn(r['raw_identical'])})"
+        same = yn(r["identical"]) + raw
+        valid = f"{yn(r['gleanrl_valid'])} / {yn(r['sglang_valid'])}"
         lines.append(
-            f"| {r['case']} | `{_show(r['gleanrl'])}` | `{_show(r['sglang'])}` | "
-            f"{same} | {yn(r['gleanrl_valid'])} / {yn(r['sglang_valid'])} | "
-            f"{r['note']} |"
+            f"| {r['case']} | `{_show(r['gleanrl'])}` | `{_show(r['sglang'])}` | {same} | {valid} | {r['note']} |"
         )
     return "\n".join(lines)
 

@@ -3,17 +3,8 @@
     python scripts/rl_gain.py POLICY RUN_DIR [RUN_DIR ...]                   # dev set and batch reward
     python scripts/rl_gain.py POLICY RUN_DIR ... --heldout [--blind --json F]  # and the held-out figures
 
-Per run (its seed from RUN_DIR/config.resolved.json, its last checkpoint weight_vN, against POLICY,
-the run's initial policy):
-- dev: the reference paired gain (trainer.tasks.sft.reference_accuracy: teacher-forced P(reference
-  solution) at T = 1) on `--dev-prompts` problems of the task's `train` split (seed `--dev-seed`, a
-  stream the RL steps do not draw: they use seed * 100_003 + step), prompt by prompt, and by number
-  of doublings k. What recipes are chosen on: never the `test` split.
-- batch: the mean training-batch reward over the run's steps, and over its second half.
-- with --heldout: the sampled held-out paired gain of the run's own eval (metrics.jsonl: eval_gain
-  at the last eval, its test prompts at T = 1) and the reference paired gain on the same test
-  prompts (seed * 100_003, as `gleanrl demo` computes it). `--blind` writes them to --json but
-  prints only the dev figures: choose a recipe first, then look.
+Per run, its last checkpoint against POLICY: the reference paired gain on dev (`train`) problems the RL
+steps never drew, the batch reward, and with --heldout the test figures (`--blind`: to --json only).
 """
 
 from __future__ import annotations
@@ -32,16 +23,10 @@ def paired(a: list[float], b: list[float]) -> dict:
 
     n = len(a)
     if n < 2:
-        return {"n": n, "initial": math.nan, "final": math.nan, "gain": math.nan, "se": math.nan, "z": math.nan}
+        return {"n": n} | dict.fromkeys(("initial", "final", "gain", "se", "z"), math.nan)
     gain, se = mean_se([y - x for x, y in zip(a, b)])
-    return {
-        "n": n,
-        "initial": sum(a) / n,
-        "final": sum(b) / n,
-        "gain": gain,
-        "se": se,
-        "z": gain / se if se else math.nan,
-    }
+    z = gain / se if se else math.nan
+    return {"n": n, "initial": sum(a) / n, "final": sum(b) / n, "gain": gain, "se": se, "z": z}
 
 
 def by_k(a: list[float], b: list[float], samples: list[dict], lo: int, hi: int):
@@ -51,10 +36,8 @@ def by_k(a: list[float], b: list[float], samples: list[dict], lo: int, hi: int):
 
 
 def show(name: str, g: dict, digits: int = 4) -> str:
-    return (
-        f"{name} {g['initial']:.3f} -> {g['final']:.3f}, gain {g['gain']:+.{digits}f} ± {g['se']:.{digits}f} "
-        f"(z {g['z']:+.1f})"
-    )
+    gain = f"gain {g['gain']:+.{digits}f} ± {g['se']:.{digits}f} (z {g['z']:+.1f})"
+    return f"{name} {g['initial']:.3f} -> {g['final']:.3f}, {gain}"
 
 
 def main() -> None:
@@ -107,13 +90,8 @@ def main() -> None:
         half = rewards[len(rewards) // 2 :]
         a = probs(args.policy, dev, ["dev", args.dev_seed])
         b = probs(str(final), dev, ["dev", args.dev_seed])
-        out = {
-            "run": str(run),
-            "seed": cfg["seed"],
-            "step": step,
-            "lr": cfg["lr"],
-            "negative_weight": cfg["negative_weight"],
-            "kl_coef": cfg["kl_coef"],
+        out = {"run": str(run), "seed": cfg["seed"], "step": step}
+        out |= {k: cfg[k] for k in ("lr", "negative_weight", "kl_coef")} | {
             "shape": f"{cfg['prompts_per_step']}x{cfg['samples_per_prompt']}",
             "batch_reward": sum(rewards) / max(1, len(rewards)),
             "batch_reward_2nd_half": sum(half) / max(1, len(half)),
@@ -130,19 +108,12 @@ def main() -> None:
             evals = [r for r in rows if "eval_accuracy" in r]
             n = evals[0]["eval_prompts"]
             tests = task.prompts("test", n, cfg["seed"] * 100_003)
-            reference = paired(
-                probs(args.policy, tests, ["test", cfg["seed"]]), probs(str(final), tests, ["test", cfg["seed"]])
-            )
+            key = ["test", cfg["seed"]]
+            reference = paired(probs(args.policy, tests, key), probs(str(final), tests, key))
             last = [r for r in evals if "eval_gain" in r][-1]
-            se = last["eval_gain_se"]
-            sampled = {
-                "n": n,
-                "initial": evals[0]["eval_accuracy"],
-                "final": last["eval_accuracy"],
-                "gain": last["eval_gain"],
-                "se": se,
-                "z": last["eval_gain"] / se if se else math.nan,
-            }
+            gain, se = last["eval_gain"], last["eval_gain_se"]
+            sampled = {"n": n, "initial": evals[0]["eval_accuracy"], "final": last["eval_accuracy"], "gain": gain}
+            sampled |= {"se": se, "z": gain / se if se else math.nan}
             out |= {"heldout_sampled": sampled, "heldout_reference": reference}
             if not args.blind:
                 line += f"\n    {show('held-out sampled', sampled, 3)} | {show('held-out reference', reference)}"

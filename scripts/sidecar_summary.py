@@ -14,13 +14,10 @@ def served_acceptance(metas: list[dict]) -> dict:
     verify = sum(m.get("spec_verify_ct") or 0 for m in metas)
     accepted = sum(m.get("spec_accept_token_num") or 0 for m in metas)
     tokens = sum(m.get("completion_tokens") or 0 for m in metas)
-    return {
-        "accept_len": (verify + accepted) / verify if verify else None,
-        "sglang_accept_len": tokens / verify if verify else None,
-        "sd_token_share": (verify + accepted) / tokens if tokens else None,
-        "verify_passes": verify,
-        "completion_tokens": tokens,
-    }
+    accept, sglang = ((verify + accepted) / verify, tokens / verify) if verify else (None, None)
+    share = (verify + accepted) / tokens if tokens else None
+    out = {"accept_len": accept, "sglang_accept_len": sglang, "sd_token_share": share}
+    return out | {"verify_passes": verify, "completion_tokens": tokens}
 
 
 def acceptance_by_drafter(metas: list[dict]) -> dict[str, dict]:
@@ -32,8 +29,7 @@ def acceptance_by_drafter(metas: list[dict]) -> dict[str, dict]:
 
 
 def gate_statuses(lines: list[str]) -> list[str]:
-    """The distinct gate words (the progress line's last field) in the order first seen, and every
-    refused push."""
+    """The distinct gate words (the progress line's last field) in order first seen, and every refused push."""
     seen: list[str] = []
     for line in lines:
         if GATE_TAG in line and " | " in line:
@@ -56,44 +52,22 @@ def pushes_from_metrics(rows: list[dict]) -> list[dict]:
         end = row.get("drafter_version")
         first = (end - len(gains) + 1) if isinstance(end, int) else None
         for i, (gain, lower) in enumerate(gains):
-            out.append(
-                {
-                    "sidecar_step": row.get("step"),
-                    "weight_version": row.get("weight_version"),
-                    "drafter_version": first + i if first is not None else None,
-                    "gain": gain,
-                    "gain_lower": lower,
-                }
-            )
+            push = {"sidecar_step": row.get("step"), "weight_version": row.get("weight_version")}
+            push["drafter_version"] = first + i if first is not None else None
+            out.append(push | {"gain": gain, "gain_lower": lower})
     return out
 
 
 def mean_accept(steps: list[dict]) -> float | None:
     """Pooled tokens per verify pass over several steps."""
-    verify = sum(s["served"]["verify_passes"] for s in steps)
-    if not verify:
-        return None
-    return (
-        sum(s["served"]["accept_len"] * s["served"]["verify_passes"] for s in steps if s["served"]["verify_passes"])
-        / verify
-    )
+    served = [s["served"] for s in steps if s["served"]["verify_passes"]]
+    verify = sum(s["verify_passes"] for s in served)
+    return sum(s["accept_len"] * s["verify_passes"] for s in served) / verify if verify else None
 
 
-SIDECAR_KEYS = (
-    "weight_version",
-    "harvested",
-    "drafter_steps",
-    "drafter_version",
-    "drafter_pushes",
-    "drafter_push_attempts",
-    "push_why",
-    "push_gains",
-    "heldout_accept_len",
-    "candidate_accept_len",
-    "served_accept_len",
-    "idle_used_s",
-    "cpu_share",
-)
+SIDECAR_KEYS = ("weight_version", "harvested", "drafter_steps", "drafter_version", "drafter_pushes")
+SIDECAR_KEYS += ("drafter_push_attempts", "push_why", "push_gains", "heldout_accept_len", "candidate_accept_len")
+SIDECAR_KEYS += ("served_accept_len", "idle_used_s", "cpu_share")
 
 
 def sidecar_row_for(step: int, rows: list[dict]) -> dict | None:
@@ -112,20 +86,10 @@ def summarize(steps: list[dict], sidecar_rows: list[dict], meta: dict) -> dict:
         s["sidecar"] = {k: row.get(k) for k in SIDECAR_KEYS} if row else None
     k = 2 if len(steps) >= 4 else 1
     first, last = mean_accept(steps[:k]), mean_accept(steps[-k:])
-    return {
-        **meta,
-        "steps": steps,
-        "sidecar_rows": sidecar_rows,
-        "pushes": pushes,
-        "n_pushes": len(pushes),
-        "served_accept": {
-            "first": first,
-            "last": last,
-            "over_steps": k,
-            "ratio": last / first if first and last else None,
-        },
-        "draft_weight_version_final": steps[-1]["draft_version_after"] if steps else None,
-    }
+    accept = {"first": first, "last": last, "over_steps": k, "ratio": last / first if first and last else None}
+    summary = {**meta, "steps": steps, "sidecar_rows": sidecar_rows, "pushes": pushes, "n_pushes": len(pushes)}
+    final = steps[-1]["draft_version_after"] if steps else None
+    return summary | {"served_accept": accept, "draft_weight_version_final": final}
 
 
 def fmt(x, spec: str = "{:.2f}") -> str:
@@ -133,30 +97,23 @@ def fmt(x, spec: str = "{:.2f}") -> str:
 
 
 def table(summary: dict) -> str:
-    lines = [
-        f"{'step':>4} {'reward':>6} {'tokens':>6} {'roll_s':>6} {'accept':>6} {'sgl_acc':>7} "
-        f"{'sd%':>4} {'dver':>9}  gate"
-    ]
+    head = f"{'step':>4} {'reward':>6} {'tokens':>6} {'roll_s':>6} {'accept':>6} {'sgl_acc':>7} {'sd%':>4}"
+    lines = [f"{head} {'dver':>9}  gate"]
     for s in summary["steps"]:
         sv = s["served"]
         dver = f"{s['draft_version_before']}->{s['draft_version_after']}"
         gate = s["gate"][-1] if s["gate"] else (s.get("sidecar") or {}).get("push_why") or ""
-        lines.append(
-            f"{s['step']:>4} {s['reward']:>6.2f} {sv['completion_tokens']:>6d} "
-            f"{s['rollout_s']:>6.1f} {fmt(sv['accept_len']):>6} "
-            f"{fmt(sv['sglang_accept_len']):>7} {fmt(sv['sd_token_share'], '{:.0%}'):>4} "
-            f"{dver:>9}  {gate}"
-        )
+        row = f"{s['step']:>4} {s['reward']:>6.2f} {sv['completion_tokens']:>6d} {s['rollout_s']:>6.1f}"
+        share = fmt(sv["sd_token_share"], "{:.0%}")
+        lines.append(f"{row} {fmt(sv['accept_len']):>6} {fmt(sv['sglang_accept_len']):>7} {share:>4} {dver:>9}  {gate}")
     acc = summary["served_accept"]
-    lines.append(
-        f"pushes: {summary['n_pushes']} "
-        + ", ".join(
-            f"v{p['drafter_version']} (gain {p['gain']:+.3f}, lower {p['gain_lower']:+.3f})" for p in summary["pushes"]
-        )
+    pushes = ", ".join(
+        f"v{p['drafter_version']} (gain {p['gain']:+.3f}, lower {p['gain_lower']:+.3f})" for p in summary["pushes"]
     )
+    lines.append(f"pushes: {summary['n_pushes']} {pushes}")
+    k = acc["over_steps"]
     lines.append(
-        f"served accept (tokens/verify pass), first {acc['over_steps']} steps "
-        f"{fmt(acc['first'])} -> last {acc['over_steps']} {fmt(acc['last'])}: "
+        f"served accept (tokens/verify pass), first {k} steps {fmt(acc['first'])} -> last {k} {fmt(acc['last'])}: "
         f"x{fmt(acc['ratio'], '{:.3f}')}"
     )
     return "\n".join(lines)

@@ -1,14 +1,12 @@
-"""`gleanrl bootstrap`: train the built-in task's small policy from scratch, by supervised
-fine-tuning on the task's reference solutions, and save it as a normal Hugging Face model directory
-(Llama architecture, safetensors, character-level tokenizer with a ChatML chat template,
-eos = <|im_end|>).
+"""`gleanrl bootstrap`: train the built-in task's small policy from scratch by SFT on the task's reference solutions,
+saved as a normal Hugging Face model directory (Llama, safetensors, character-level tokenizer with a ChatML
+template, eos = <|im_end|>).
 
-Deterministic for a seed (on a given machine and thread count) and cached: the output directory
-carries `bootstrap.json` with a key over every argument, and a second call with the same key returns
-at once. Sizes: "small" is the demo/benchmark policy, "deep" its 32-layer peer (the shape of
-the LLMs SD serves), "tiny" builds in seconds for tests, "gpu" is
-sized for a GPU (`--device cuda`; scripts/gpu_check.sh). The device is not in the key, as the
-machine is not."""
+Deterministic for a seed (on a given machine and thread count) and cached: `bootstrap.json` in the output holds
+a key over every argument, and a call with the same key returns at once. Sizes: "small" is the demo/benchmark
+policy, "deep" its 32-layer peer (shaped like the LLMs SD serves), "tiny" builds in seconds for tests, "gpu" is
+for `--device cuda` (scripts/gpu_check.sh). The device is not in the key, as the machine is not.
+"""
 
 from __future__ import annotations
 
@@ -40,8 +38,7 @@ class PolicySize:
     lr: float = 1e-3
     context: int = 2048
     bf16: bool = True  # bf16 autocast: ~2.5x faster on AVX-512 CPUs; off for tiny (no gain)
-    # loss weight of the tokens the task's solution_focus names (trainer.tasks.sft)
-    focus_weight: float = 1.0
+    focus_weight: float = 1.0  # loss weight of the tokens the task's solution_focus names (trainer.tasks.sft)
     warmup: float = 0.05  # share of the steps with a linear lr warmup
     final_lr: float = 0.1  # the cosine schedule's last lr, a fraction of lr
     polish_steps: int = 0  # a last phase at the final lr with the focus tokens weighted
@@ -59,53 +56,13 @@ class PolicySize:
 SIZES = {
     # the polish phase: held-out reference accuracy 0.577 -> 0.696 (T = 1), greedy 0.688 -> 0.828
     # (docs/task-and-bootstrap.md, issue 30)
-    "small": PolicySize(
-        hidden=512,
-        layers=6,
-        heads=8,
-        kv_heads=8,
-        intermediate=1536,
-        train_tokens=1_500_000,
-        batch_tokens=2048,
-        lr=1.5e-3,
-        polish_steps=100,
-        polish_focus_weight=10.0,
-    ),
+    # (hidden, layers, heads, kv_heads, intermediate, train_tokens, batch_tokens, lr, ...)
+    "small": PolicySize(512, 6, 8, 8, 1536, 1_500_000, 2048, 1.5e-3, polish_steps=100, polish_focus_weight=10.0),
     # shaped like the LLMs SD serves (issue 38): small's parameters over 32 layers, so one EAGLE-3
     # drafter step (a layer of this width, its fc and head) costs <= ~0.1 of a target step
-    "deep": PolicySize(
-        hidden=256,
-        layers=32,
-        heads=4,
-        kv_heads=4,
-        intermediate=512,
-        train_tokens=2_000_000,
-        batch_tokens=2048,
-        lr=1e-3,
-        polish_steps=100,
-        polish_focus_weight=10.0,
-    ),
-    "gpu": PolicySize(
-        hidden=1024,
-        layers=12,
-        heads=16,
-        kv_heads=8,
-        intermediate=2816,
-        train_tokens=3_000_000,
-        batch_tokens=4096,
-        lr=1e-3,
-    ),
-    "tiny": PolicySize(
-        hidden=128,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        intermediate=256,
-        train_tokens=400_000,
-        batch_tokens=1024,
-        lr=3e-3,
-        bf16=False,
-    ),
+    "deep": PolicySize(256, 32, 4, 4, 512, 2_000_000, 2048, 1e-3, polish_steps=100, polish_focus_weight=10.0),
+    "gpu": PolicySize(1024, 12, 16, 8, 2816, 3_000_000, 4096, 1e-3),
+    "tiny": PolicySize(128, 2, 4, 2, 256, 400_000, 1024, 3e-3, bf16=False),
 }
 
 
@@ -163,14 +120,9 @@ def bootstrap_policy(
         start, cpu = time.time(), resource.getrusage(resource.RUSAGE_SELF)
         with atomic_dir(out) as tmp:
             stats = train_policy(tmp, load_task(task), SIZES[size], seed=seed, progress=progress, device=device)
-            # CPU time: wall time on a busy machine misleads
-            used = resource.getrusage(resource.RUSAGE_SELF)
-            stats.update(
-                key=key,
-                params=params,
-                seconds=round(time.time() - start, 1),
-                cpu_seconds=round(used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime, 1),
-            )
+            used = resource.getrusage(resource.RUSAGE_SELF)  # CPU time: wall time on a busy machine misleads
+            cpu_s = round(used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime, 1)
+            stats.update(key=key, params=params, seconds=round(time.time() - start, 1), cpu_seconds=cpu_s)
             (tmp / "bootstrap.json").write_text(json.dumps(stats, indent=1))
     return out
 
@@ -203,9 +155,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"policy: {path} ({stats['parameters'] / 1e6:.1f}M parameters, trained in {stats['seconds']} s)")
     if "heldout_reference_accuracy" in stats:
         acc = stats["heldout_reference_accuracy"]
-        print(
-            f"held-out accuracy ({acc['n']} test prompts, from the reference solutions' "
-            f"probabilities): T = 1 {acc['expected']:.3f} ± {acc['expected_se']:.3f}, "
-            f"greedy {acc['greedy']:.3f}"
-        )
+        t1 = f"T = 1 {acc['expected']:.3f} ± {acc['expected_se']:.3f}, greedy {acc['greedy']:.3f}"
+        print(f"held-out accuracy ({acc['n']} test prompts, from the reference solutions' probabilities): {t1}")
     return 0

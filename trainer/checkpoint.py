@@ -1,9 +1,9 @@
-"""Atomic step checkpoints. Step N lives in `OUT/weight_v{N}/`: a Hugging Face directory
-(safetensors, config, tokenizer) that the rollout server loads with `update_weights_from_disk`, plus
-`trainer_state.pt` (optimizer, step, RNG states), `train_config.json` and, when the loop's hooks
-keep state (the Harvester: the drafter in training, its optimizer, its version), `hooks_state.pt`.
-The whole directory appears by one rename, so a directory that exists is complete and its policy and
-drafter states belong together; `--resume` takes the highest N."""
+"""Atomic step checkpoints. Step N lives in `OUT/weight_v{N}/`: a Hugging Face directory (safetensors, config,
+tokenizer) the rollout server loads with `update_weights_from_disk`, plus `trainer_state.pt` (optimizer, step,
+RNG states), `train_config.json` and, when the hooks keep state (the Harvester's drafter in training, optimizer,
+version), `hooks_state.pt`. It appears by one rename, so an existing directory is complete and its policy and
+drafter states belong together; `--resume` takes the highest N.
+"""
 
 from __future__ import annotations
 
@@ -62,8 +62,7 @@ def save_checkpoint(
     keep_last: int,
     hooks_state: dict | None = None,
 ) -> Path:
-    """Write step `step` (with `hooks_state`, if any) atomically, then delete all but the newest
-    `keep_last` step checkpoints."""
+    """Write step `step` (with `hooks_state`) atomically, then delete all but the newest `keep_last` steps."""
     target = checkpoint_path(out, step)
     with atomic_dir(target) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)

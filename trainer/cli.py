@@ -1,13 +1,12 @@
-"""`gleanrl train`: GRPO against an embedded rollout server (default) or running ones (`--server`,
-and `--router` for generation through sglang-router), with harvest on when given `--drafter`.
+"""`gleanrl train`: GRPO against an embedded rollout server (default) or running ones (`--server`, `--router` for
+generation through sglang-router), with harvest on when given `--drafter`.
 
-Cores (`trainer.layout`): `--replicas` embedded servers (default one per core on CPU), each pinned to
-its share with one torch thread per core (`--server-threads`); with harvest the drafter trains on the
-cores of replicas that have nothing left to run, with `--trainer-threads` (default 1); the policy
-update takes every core (`--update-threads`).
-
-Harvest settings (`HarvestConfig`, flags of the "harvest" group) are stored in
-OUT/harvest/harvest_config.json, so `--resume` keeps them unless flags change them."""
+Cores (`trainer.layout`): `--replicas` embedded servers (default one per core on CPU), each pinned to its share
+with one torch thread per core (`--server-threads`); with harvest the drafter trains on the cores of replicas
+with nothing left to run, with `--trainer-threads` (default 1); the update takes every core (`--update-threads`).
+Harvest settings (`HarvestConfig`, the "harvest" flag group) are stored in OUT/harvest/harvest_config.json, so
+`--resume` keeps them unless flags change them.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ HARVEST = "_harvest:"  # the dest prefix of the harvest settings' flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """TrainConfig's flags (`base.flags`), absent unless given so that the config file's values stand,
-    and the harvest's."""
+    """TrainConfig's and the harvest's flags, absent unless given so that the config file's values stand."""
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -49,8 +47,8 @@ def harvest_given(args: argparse.Namespace) -> dict:
 
 
 def harvest_settings(cfg: TrainConfig, args: argparse.Namespace) -> None:
-    """Write OUT/harvest/harvest_config.json: the resumed run's settings (or the defaults), then the
-    flags given. Raises ValueError for flags without --drafter and for invalid values."""
+    """Write OUT/harvest/harvest_config.json: the resumed run's settings (or defaults), then the flags given.
+    ValueError for flags without --drafter and for invalid values."""
     from gleanrl.harvest.config import update_config
     from gleanrl.trainer.checkpoint import list_checkpoints
 
@@ -86,8 +84,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"gleanrl train: {exc}", file=sys.stderr)
         return 2
     if row:
-        print(
-            f"done: step {row['step']}, reward {row['reward_mean']:.3f}, "
-            f"accuracy {row['accuracy']:.3f}; checkpoints and metrics.jsonl in {cfg.out}"
-        )
+        stats = f"step {row['step']}, reward {row['reward_mean']:.3f}, accuracy {row['accuracy']:.3f}"
+        print(f"done: {stats}; checkpoints and metrics.jsonl in {cfg.out}")
     return 0

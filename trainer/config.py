@@ -67,52 +67,36 @@ class TrainConfig:
     update_threads: int = flag(
         0, "torch threads of the policy update, which runs while the servers wait (0: one per core)"
     )
-    # CPU affinity of the update (empty: unchanged)
-    update_cores: list[int] = field(default_factory=list)
+    update_cores: list[int] = field(default_factory=list)  # CPU affinity of the update (empty: unchanged)
     update_dtype: str = flag(
         "float32",
-        "the policy update's compute dtype: float32, or bfloat16 "
-        "autocast (fp32 master weights, optimizer and logits; 3-4x faster "
-        "on CPUs with AVX-512 BF16)",
+        "the policy update's compute dtype: float32, or bfloat16 autocast (fp32 master weights, optimizer and "
+        "logits; 3-4x faster on CPUs with AVX-512 BF16)",
         choices=["float32", "bfloat16"],
     )
     replicas: int = flag(
         0,
-        "embedded rollout servers, each pinned to its share of the cores "
-        "(0: with --drafter on CPU one per core, the harvest training on the "
-        "cores of replicas that finished; else one server on every core; 1: "
-        "one server, on half the cores with --drafter)",
+        "embedded rollout servers, each pinned to its share of the cores (0: with --drafter on CPU one per core, the "
+        "harvest training on the cores of replicas that finished; else one server on every core; 1: one server, on "
+        "half the cores with --drafter)",
     )
     server_threads: int = flag(0, "torch threads of each embedded server (0: one per core of its share)")
-    # the embedded server's `gleanrl serve` settings by name (e.g. {"dtype": "bfloat16"}; its --config)
-    serve: dict = field(default_factory=dict)
+    serve: dict = field(default_factory=dict)  # embedded server's `gleanrl serve` settings by name (its --config)
     api_key: str | None = flag(None, "the rollout server's API key")
     admin_api_key: str | None = flag(None, "the rollout server's admin API key (weight updates)")
     request_timeout_s: float = 600.0
     server_wait_s: float = flag(120.0, "how long to wait for a dead or restarting server")
     max_attempts: int = 3  # submissions per rollout before it counts as failed
     stream: bool = True  # stream /generate to time the first token
-    # tokens per streamed chunk (first-token time is that coarse)
-    stream_interval: int = 8
+    stream_interval: int = 8  # tokens per streamed chunk (first-token time is that coarse)
 
     def __post_init__(self) -> None:
         if isinstance(self.servers, str):
             self.servers = [self.servers]
         self.betas = tuple(self.betas)
-        positive = (
-            "steps",
-            "prompts_per_step",
-            "samples_per_prompt",
-            "max_new_tokens",
-            "micro_batch_size",
-            "keep_last",
-            "eval_prompts",
-            "eval_samples",
-            "trainer_threads",
-            "max_attempts",
-            "stream_interval",
-        )
-        check_fields(self, positive)
+        counts = "steps prompts_per_step samples_per_prompt max_new_tokens micro_batch_size keep_last eval_prompts"
+        counts += " eval_samples trainer_threads max_attempts stream_interval"
+        check_fields(self, tuple(counts.split()))
         checks = [
             ("server_threads", isinstance(self.server_threads, int) and self.server_threads >= 0, "must be >= 0"),
             ("replicas", isinstance(self.replicas, int) and self.replicas >= 0, "must be >= 0"),
@@ -146,19 +130,15 @@ class TrainConfig:
 
             check_drafter_dir(self.drafter)
         if self.router is not None and not self.servers:
-            raise ValueError(
-                "router needs the worker URLs too (--server URL per worker): "
-                "weight updates go to every worker, the router only "
-                "forwards generation"
-            )
+            why = "weight updates go to every worker, the router only forwards generation"
+            raise ValueError(f"router needs the worker URLs too (--server URL per worker): {why}")
         if not isinstance(self.serve, dict):
             raise ValueError(f"serve must be a table of `gleanrl serve` settings, got {self.serve!r}")
         if self.task and self.data:
             raise ValueError("give either task or data, not both")
 
     def to_dict(self) -> dict:
-        """The fields as written to config.resolved.json and every checkpoint: keys are
-        never written."""
+        """The fields as written to config.resolved.json and every checkpoint: keys are never written."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return out | {k: "<redacted>" for k in ("api_key", "admin_api_key") if out[k]}
 

@@ -1,6 +1,7 @@
-"""One step's rollouts: submit all concurrently, consume each as it finishes, survive a server that
-dies or restarts mid-step (re-sync the weights, re-submit what was lost), and keep rollouts of any
-other weight_version out of training."""
+"""One step's rollouts: submit all concurrently, consume each as it finishes, survive a server that dies or restarts
+mid-step (re-sync the weights, re-submit what was lost), and keep rollouts of any other weight_version out of
+training.
+"""
 
 from __future__ import annotations
 
@@ -31,21 +32,18 @@ async def run_step(
     log=print,
     desc: str = "rollouts",
 ) -> None:
-    """Run every rollout to completion (finished or truncated, sampled by `expected_version`).
-    `resync()` waits for the server and re-pushes the current weights; it runs before
-    re-submitting."""
+    """Run every rollout to completion (finished or truncated, sampled by `expected_version`). `resync()`, run
+    before re-submitting, waits for the server and re-pushes the current weights."""
     pending = list(rollouts)
     bar = tqdm(total=len(rollouts), desc=desc, unit="req", leave=False, dynamic_ncols=True)
     try:
         while pending:
             with hooks.idle_window():
                 urls = spread(client, pending)
-                tasks = [
-                    asyncio.create_task(
-                        run_rollout(client, r, params, stream, stream_interval, url=urls.get(r.group_id))
-                    )
-                    for r in pending
+                go = [
+                    run_rollout(client, r, params, stream, stream_interval, url=urls.get(r.group_id)) for r in pending
                 ]
+                tasks = [asyncio.create_task(run) for run in go]
                 for fut in asyncio.as_completed(tasks):
                     r = await fut
                     if r.done and r.weight_version in (expected_version, None):
@@ -61,20 +59,12 @@ async def run_step(
                 raise RolloutServerError(client.urls[0], 400, f"rollout {bad[0].rid} failed: {bad[0].error}")
             stale = [r for r in redo if r.done]
             if stale:
-                log(
-                    f"warning: {len(stale)} rollout(s) sampled by "
-                    f"weight_version {stale[0].weight_version}, expected {expected_version}: "
-                    "discarded and re-submitted"
-                )
+                got = f"weight_version {stale[0].weight_version}, expected {expected_version}"
+                log(f"warning: {len(stale)} rollout(s) sampled by {got}: discarded and re-submitted")
             exhausted = [r for r in redo if r.attempts >= max_attempts]
             if exhausted:
-                raise RolloutServerError(
-                    client.urls[0],
-                    0,
-                    f"{len(exhausted)} rollout(s) still unfinished after "
-                    f"{max_attempts} attempts "
-                    f"(last: {exhausted[0].error})",
-                )
+                why = f"{len(exhausted)} rollout(s) still unfinished after {max_attempts} attempts"
+                raise RolloutServerError(client.urls[0], 0, f"{why} (last: {exhausted[0].error})")
             log(f"warning: {len(redo)} rollout(s) lost ({redo[0].error}); re-syncing the server and re-submitting")
             await resync()
             for r in redo:
@@ -85,9 +75,8 @@ async def run_step(
 
 
 def spread(client: RolloutClient, rollouts: list[Rollout]) -> dict[int, str]:
-    """Each group's server when there are several and no router: a prompt's samples to one server,
-    the groups dealt out in turn (so each replica's group drafts see a prompt's siblings, and the
-    replicas get equal shares); {} lets the client pick."""
+    """Each group's server when there are several and no router: a prompt's samples to one server, groups dealt
+    out in turn (group drafts see a prompt's siblings; equal shares); {} lets the client pick."""
     if client.router or len(client.urls) < 2:
         return {}
     groups = dict.fromkeys(r.group_id for r in rollouts)
@@ -107,8 +96,8 @@ def make_rollouts(
     n: int | None = None,
     samples: int | None = None,
 ) -> list[Rollout]:
-    """`samples_per_prompt` pending rollouts for each of the step's prompts; seeds make the step
-    reproducible (the server samples each seeded request from its own generator)."""
+    """`samples_per_prompt` pending rollouts per prompt of the step; seeds make it reproducible (the server samples
+    each seeded request from its own generator)."""
     prompts = task.prompts(split, n or cfg.prompts_per_step, seed=cfg.seed * 100_003 + step)
     out = []
     for g, sample in enumerate(prompts):
@@ -121,8 +110,7 @@ def make_rollouts(
 
 
 def encode_prompt(tokenizer, sample: dict) -> list[int]:
-    """The task's "prompt" is the exact text to send (chat template already applied); encode it the
-    way the server encodes `text` (`tokenizer.encode`), or take the task's "prompt_ids"."""
+    """The task's "prompt_ids", else its "prompt" (chat template applied) encoded as the server encodes `text`."""
     if "prompt_ids" in sample:
         return list(sample["prompt_ids"])
     return list(tokenizer.encode(sample["prompt"]))

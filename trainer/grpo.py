@@ -8,10 +8,9 @@ import torch
 def group_advantages(
     rewards: torch.Tensor, group_ids: torch.Tensor, scale: bool = True, eps: float = 1e-6, negative_weight: float = 1.0
 ) -> torch.Tensor:
-    """A_i = (r_i - mean_g) / (std_g + eps) over the rollouts of the same group (population std);
-    negative advantages times `negative_weight` (< 1 leans on reinforcing successes, "PSR" in Zhu et
-    al. 2025, arXiv 2506.01347: it sharpens the policy faster, at the cost of diversity).
-    rewards: [B], group_ids: [B] -> [B]. A group whose rewards are all equal gets 0."""
+    """A_i = (r_i - mean_g) / (std_g + eps) within each group (population std), negative ones times
+    `negative_weight` (< 1: "PSR", Zhu et al. 2025, arXiv 2506.01347: sharpens faster, costs diversity).
+    rewards, group_ids: [B] -> [B]. A group whose rewards are all equal gets 0."""
     _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
     rewards = rewards.float()
     sums = torch.zeros(counts.numel()).index_add_(0, inverse, rewards)
@@ -24,9 +23,8 @@ def group_advantages(
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log p(target) under the logprob convention of SGLang 0.5.23 (see server/sampling/sampler.py):
-    log_softmax(logits / temperature), before top-k / top-p / min-p; raw logits for greedy (T = 0).
-    logits: [B, T, V], targets: [B, T] -> [B, T]."""
+    """log p(target) as SGLang 0.5.23 reports it (server/sampling/sampler.py): log_softmax(logits / temperature)
+    before top-k / top-p / min-p; raw logits for greedy (T = 0). logits [B, T, V], targets [B, T] -> [B, T]."""
     logits = logits.float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
@@ -34,8 +32,7 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Schulman's k3 estimator of KL(pi || ref) per token: exp(r) - r - 1, r = ref - logp. [B,
-    T] -> [B, T]."""
+    """Schulman's k3 estimator of KL(pi || ref) per token: exp(r) - r - 1, r = ref - logp. [B, T] -> [B, T]."""
     r = ref_logp - logp
     return torch.exp(r) - r - 1
 
@@ -51,11 +48,9 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict]:
-    """PPO-clipped policy gradient with importance ratio pi/pi_old (pi_old = the rollout logprobs),
-    token-level normalisation: the sum over valid tokens divided by `num_tokens`, the valid-token
-    count of the whole step (so micro-batches can be summed). logp, old_logp, mask: [B, T],
-    advantages: [B]. Returns (loss, stats) with stats as python floats summed over this
-    micro-batch's tokens."""
+    """PPO-clipped policy gradient, ratio pi/pi_old (pi_old: the rollout logprobs), token-level normalised: the
+    sum over valid tokens / `num_tokens`, the whole step's count (micro-batches sum). logp, old_logp, mask
+    [B, T], advantages [B]. -> (loss, stats: floats summed over this micro-batch's tokens)."""
     mask = mask.float()
     adv = advantages.unsqueeze(-1)  # [B, 1]
     ratio = torch.exp(logp - old_logp)  # [B, T]
@@ -78,7 +73,7 @@ def policy_loss(
 
 
 def logprob_mismatch(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> dict:
-    """Training vs inference logprobs of the same tokens. [B, T] each -> sums/max over valid tokens.
-    Non-zero beyond float noise means the server and the trainer compute different distributions."""
+    """Training vs inference logprobs of the same tokens, [B, T] each -> sum/max over valid tokens. Beyond float
+    noise, the server and the trainer compute different distributions."""
     diff = (train_logp.detach() - rollout_logp).abs() * mask.float()
     return {"mismatch_sum": float(diff.sum()), "mismatch_max": float(diff.max()) if diff.numel() else 0.0}

@@ -1,28 +1,16 @@
 """The seam between the RL loop and the harvester: every hook the loop calls, in one typed protocol.
 
-`harvest.hooks.HarvestHooks` implements it (structurally: nothing in `harvest` imports `trainer`);
-`NoHooks` implements every hook as a no-op, so hooks that need only a few subclass it. The loop
-calls each hook unconditionally (no `hasattr`); `train()` refuses an object that lacks one.
-
-In the order the loop calls them:
-- `harvests`: True when the hooks train a drafter beside the rollouts (on CPU the embedded servers are
-  then one replica per core and the drafter trains on the cores of those that finished:
-  trainer.layout), and the metrics table shows the harvest columns.
-- `load_state_dict(state)`: on resume, the `state_dict()` saved with the checkpoint resumed from.
-- `bind_push(push)`: once the servers serve the loop's weights; `push(path, version)` sends a
-  drafter to the loop's servers.
-- `bind_cores(cores)`: once, where the loop runs its own replicas pinned to their cores: `cores()`
-  names the cores whose replica has nothing left to run while another still does (None: no layout).
-- `scheduling_probe()`: with `harvests`, once at the start: a context in which the harvester's kind
-  of compute runs at its priority, so the loop can time the server with and without it
-  (`trainer.sched_check`).
-- `on_step_start(step, model)`: before the step's rollouts; `model` is the policy that samples them.
-- `idle_window()`: entered while rollouts are in flight, left before the policy update.
-- `on_rollout_finished(rollout)`: in the event loop as each rollout finishes (keep it short).
-- `update_capture()`: around the policy update; yields what `Policy.train_step(capture=...)` takes
-  (`harvest.capture.UpdateCapture`, or None: nothing captured).
-- `state_dict()`: saved with every step checkpoint (None: nothing to save).
-- `step_metrics()`: merged into the step's metrics row.
+`harvest.hooks.HarvestHooks` implements it structurally (`harvest` never imports `trainer`); `NoHooks` makes each
+a no-op, a base for hooks needing few. The loop calls each unconditionally; `train()` refuses an object lacking
+one. In call order:
+- `harvests`: a drafter trains beside the rollouts (on CPU: one replica per core, trainer.layout; harvest columns).
+- `load_state_dict(state)` on resume; `bind_push(push)` once the servers serve the loop's weights.
+- `bind_cores(cores)` once, with pinned replicas: `cores()` names those of replicas done while another runs.
+- `scheduling_probe()` once with `harvests`: the harvester's compute at its priority (`trainer.sched_check`).
+- `on_step_start(step, model)`, `model` sampling the step; `idle_window()` while rollouts are in flight.
+- `on_rollout_finished(rollout)` in the event loop (keep it short).
+- `update_capture()` around the update: what `Policy.train_step(capture=...)` takes, or None.
+- `state_dict()` with every checkpoint (None: nothing); `step_metrics()`, merged into the row.
 """
 
 from __future__ import annotations
@@ -89,8 +77,7 @@ class NoHooks:
 
 
 def missing_hooks(candidate: object) -> list[str]:
-    """The protocol's members that `candidate` lacks (empty: it implements every hook). `train()`
-    checks once, at its start; the loop then calls every hook unconditionally."""
+    """The protocol's members that `candidate` lacks (empty: it implements every hook)."""
     return [n for n in HOOKS if not hasattr(candidate, n)]
 
 

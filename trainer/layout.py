@@ -1,13 +1,9 @@
-"""The rollouts laid out on the cores as this hardware pays: one embedded server (replica) per group of
-cores, each pinned to its group with one torch thread per core, behind the client's spread (a
-prompt's samples to one replica, so its group drafts see its siblings).
-
-Why replicas on CPU: when one replica has nothing left to run and another still decodes its tail,
-that replica's cores are the harvest's (`IdleCores`): the CPU analog of a GPU cluster's rollout
-devices whose rollouts finished, never a busy core shared at low priority. What it costs: on the
-2-core AMX host a GRPO step's rollouts ran at 0.75x the tokens per second of one two-thread server
-(a prompt group's tail stays on one single-thread replica), so the default (`layout_groups`) takes
-replicas only when a harvest needs the cores. The policy update (no rollout runs) takes every core;
+"""The rollouts laid out on the cores as this hardware pays: one embedded server (replica) per core group, pinned
+there with one torch thread per core, behind the client's spread (a prompt's samples to one replica, so its
+group drafts see its siblings). When one replica is done while another decodes its tail, its cores are the
+harvest's (`IdleCores`): the CPU analog of finished GPU rollout devices, never a busy core at low priority. Cost:
+on the 2-core AMX host rollouts ran at 0.75x the tokens/s of one two-thread server (a group's tail stays on one
+single-thread replica), so `layout_groups` takes replicas only for a harvest. The update takes every core;
 weight updates go to every replica.
 """
 
@@ -35,8 +31,7 @@ def core_groups(cores: Sequence[int], replicas: int) -> list[set[int]]:
 
 
 class Replicas:
-    """Embedded servers, one per core group, each pinned there (`EmbeddedServer(cores=...)`);
-    started, checked, restarted and stopped together."""
+    """Embedded servers, one per core group, pinned there; started, checked, restarted and stopped together."""
 
     def __init__(
         self,
@@ -49,19 +44,10 @@ class Replicas:
         sd: ServeSD | None = None,
         threads: int | None = None,
     ):
-        many = len(groups) > 1
+        logs = [_numbered(log_path, i) if len(groups) > 1 else log_path for i in range(len(groups))]
         self.servers = [
-            EmbeddedServer(
-                model,
-                threads or len(cores),
-                settings,
-                api_key,
-                admin_api_key,
-                _numbered(log_path, i) if many else log_path,
-                sd,
-                cores=cores,
-            )
-            for i, cores in enumerate(groups)
+            EmbeddedServer(model, threads or len(cores), settings, api_key, admin_api_key, log, sd, cores=cores)
+            for cores, log in zip(groups, logs)
         ]
 
     @property
@@ -102,11 +88,8 @@ def _numbered(path: str | Path | None, i: int) -> Path | None:
 
 
 class IdleCores:
-    """The cores of the replicas with nothing in flight while another still has work: a `CoreGate`
-        for the harvest's idle window (`harvest.idle`). A replica counts as idle once it has had
-        nothing in flight for `settle_s` while another had work (a step's requests reach the replicas a
-    few event-loop ticks apart).
-        `in_flight(url)` is the client's count of requests in flight to `url`."""
+    """A `CoreGate` (`harvest.idle`): the cores of replicas with nothing in flight (`in_flight(url)`, the
+    client's count) for `settle_s` while another has work (requests reach replicas a few ticks apart)."""
 
     def __init__(
         self,
@@ -133,12 +116,9 @@ class IdleCores:
 
 
 def layout_groups(replicas: int, serve: dict, harvests: bool) -> list[set[int]]:
-    """The embedded servers' core groups: `replicas` of them. 0: as measured to pay (docs/e2e.md,
-    "Layout"): with a harvest on CPU, one per core (the harvest then gets the cores of replicas that
-    finished); without one, one server over every core (its rollouts ran 1.34x the replicas' tokens
-    per second on the AMX host, 2026-12-04); on CUDA or with stock SGLang, whose own scheduler uses
-    the device, one. A single server beside a harvester takes the first half of the cores and leaves
-    it the rest."""
+    """`replicas` core groups. 0: as measured to pay (docs/e2e.md, "Layout"): with a harvest on CPU, one per core;
+    without, one server over every core (1.34x the replicas' tokens/s on the AMX host); on CUDA or stock
+    SGLang, one. A single server beside a harvester takes the first half of the cores."""
     from gleanrl.trainer.phases import all_cores
 
     cores = sorted(all_cores())

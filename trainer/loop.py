@@ -1,40 +1,23 @@
-"""The RL loop: GRPO against a long-lived rollout server over SGLang's native HTTP API.
-
-    for step in steps:
-        prompts  = task.prompts("train", n, seed=step)
-        rollouts = generate n samples per prompt concurrently (consumed as each finishes: harvest hook)
-        rewards  = task.reward(...) ; advantages = group-normalised (GRPO)
-        policy   = one AdamW step on the PPO-clipped loss with ratio vs the rollout logprobs (+ k3 KL)
-        save weight_v{step} atomically ; push it with update_weights_from_disk(weight_version=step)
-
-Simplified relative to the literature (DeepSeekMath GRPO, DAPO, slime) and why:
-- One policy update per step (no PPO epochs over minibatches): the rollouts are exactly on-policy,
-  so the importance ratio only absorbs the numerical mismatch between the server and the trainer
-  (which we report as `logprob_mismatch`); clipping stays as the safety net it is in slime.
-- The old-policy logprobs are the server's rollout logprobs, not a trainer recomputation: saves a
-  forward pass and makes engine bugs visible in the mismatch metric instead of hiding them.
-- Token-level normalisation (DAPO) over the step's informative groups: a group whose rewards are all
-  equal has advantage 0, so without KL it is left out of the update (DAPO's dynamic-sampling filter,
-  without its re-sampling); it would only cost a forward/backward and dilute the normalisation. A
-  step with no informative group runs the optimizer on zero gradients (AdamW's momentum moves the
-  weights exactly as an update on all-zero advantages would) without any forward or backward. No
-  length penalty; KL to the initial policy off by default (rule-based rewards need no
-  reward-model guard).
-- `negative_weight` < 1 scales down negative advantages (PSR); the demo keeps it at 1, plain GRPO.
-  Over a group the advantages then sum to zero, so the tokens its successes and failures share
-  cancel and the update is their difference; at < 1 every success's tokens are pushed up on top of
-  it. On the demo's small SFT policy what decides first is the step size: at lr 2e-4 (Adam moves
-  every weight by about lr a step, whatever the gradient's noise) 12 steps made it worse in 4 of 5
-  runs; at lr 1e-4 with 16 prompts x 4 samples a step, plain GRPO raised held-out T=1 accuracy on
-  each of 5 seeds (docs/rl-gain.md, issue 23).
-- Synchronous: step N+1's rollouts start after the push of step N's weights, so every rollout is
-  sampled by exactly the version the trainer holds; the long tail is what the harvester gleans. The
-  phases never overlap, so the update may take every core while the server waits (`update_threads`,
-  `update_cores`: `trainer.phases`), and its forward hands the harvester the hidden states of the
-  rollouts it trains on (`hooks.update_capture()`), instead of a second pass in the idle window.
-- Weight sync from the checkpoint written each step (`trainer.policy_push`, `clients.weight_sync`):
-  checked against the serving model first, then `update_weights_from_disk`, or a
-  `selector: "target"` tensor session for stock SGLang running EAGLE-3; no NCCL broadcast.
+"""The RL loop: GRPO against a long-lived rollout server over SGLang's native HTTP API. Per step: n samples per
+prompt of `task.prompts("train", n, seed=step)`, concurrently (harvest hook); rewards and group-normalised
+advantages; one AdamW step on the PPO-clipped loss (+ k3 KL); weight_v{step} saved atomically and pushed with
+update_weights_from_disk(weight_version=step). Simplified relative to DeepSeekMath GRPO, DAPO and slime:
+- One update per step (no PPO epochs): rollouts are on-policy, so the ratio only absorbs the server/trainer
+  mismatch (`logprob_mismatch`); clipping stays as slime's safety net. Old logprobs are the server's: a forward
+  saved, and engine bugs show in the mismatch.
+- Token-level normalisation (DAPO) over informative groups: without KL an all-equal-reward group (advantage 0)
+  is left out (DAPO's filter, no re-sampling); a step with none runs the optimizer on zero gradients (AdamW's
+  momentum moves as for all-zero advantages), no forward or backward. No length penalty; KL off by default
+  (rule-based rewards need no reward-model guard).
+- `negative_weight` < 1 scales down negative advantages (PSR); the demo keeps plain GRPO (1), where shared
+  tokens cancel. On the demo's small policy the step size decides first: lr 2e-4 made it worse in 4 of 5 runs of
+  12 steps; lr 1e-4, 16 prompts x 4 raised held-out T=1 accuracy on each of 5 seeds (docs/rl-gain.md, issue 23).
+- Synchronous: step N+1's rollouts start after step N's push, so every rollout is sampled by the trainer's
+  version; the long tail is what the harvester gleans. The update may take every core (`trainer.phases`), and its
+  forward hands the harvester the rollouts' hidden states (`hooks.update_capture()`), saving an idle-window pass.
+- Weight sync from each step's checkpoint (`trainer.policy_push`, `clients.weight_sync`): checked against the
+  serving model, then `update_weights_from_disk`, or a `selector: "target"` tensor session for stock SGLang
+  with EAGLE-3; no NCCL broadcast.
 """
 
 from __future__ import annotations
@@ -67,11 +50,9 @@ def train(
     log=print,
     replicas: Replicas | None = None,
 ) -> dict:
-    """Run `cfg.steps` GRPO steps (continuing from the last checkpoint with `resume`). Returns the
-    last step's metrics row. `hooks` default: a Harvester's (`harvest.hooks.HarvestHooks`) with
-    `cfg.drafter`, else none. Rollout servers: `cfg.servers`, else `replicas` (started and stopped
-    by the caller, e.g. the demo, which serves from them afterwards), else embedded replicas laid
-    out by `cfg.replicas` (`trainer.layout`), started here."""
+    """Run `cfg.steps` GRPO steps (from the last checkpoint with `resume`); returns the last metrics row.
+    `hooks` default: `HarvestHooks` with `cfg.drafter`, else none. Servers: `cfg.servers`, else `replicas`
+    (the caller's, e.g. the demo's), else embedded replicas laid out by `cfg.replicas`, started here."""
     if hooks is not None and (missing := missing_hooks(hooks)):
         raise TypeError(f"hooks lack {', '.join(missing)} (trainer.hooks.RolloutHooks; subclass NoHooks)")
     torch.set_num_threads(cfg.trainer_threads)
@@ -98,20 +79,11 @@ def train(
     weights = (str(resumed.path) if resumed else cfg.model, str(resumed.step if resumed else 0))
     if cfg.servers and replicas:
         raise ValueError("give either cfg.servers or replicas, not both")
-    own = (
-        None
-        if cfg.servers or replicas
-        else Replicas(
-            cfg.model,
-            layout_groups(cfg.replicas, cfg.serve, hooks.harvests),
-            cfg.serve,
-            cfg.api_key,
-            cfg.admin_api_key,
-            f"{cfg.out}/server.log",
-            sd=sd,
-            threads=cfg.server_threads or None,
-        )
-    )
+    own = None
+    if not (cfg.servers or replicas):
+        groups = layout_groups(cfg.replicas, cfg.serve, hooks.harvests)
+        log_path, threads = f"{cfg.out}/server.log", cfg.server_threads or None
+        own = Replicas(cfg.model, groups, cfg.serve, cfg.api_key, cfg.admin_api_key, log_path, sd=sd, threads=threads)
     try:
         if own:
             own.start()

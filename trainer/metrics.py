@@ -54,8 +54,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def tail_seconds(finish_times: list[float]) -> float:
-    """Time while at most a quarter of the step's requests still run: from the finish that leaves
-    <= N/4 running to the last finish. [t_finish] (any order) -> seconds."""
+    """Seconds while at most a quarter of the requests still run: from the finish leaving <= N/4 to the last."""
     if not finish_times:
         return 0.0
     ordered = sorted(finish_times)
@@ -69,9 +68,8 @@ RUNNING_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def running_seconds(intervals: list[tuple[float, float]]) -> dict[str, float]:
-    """Time-weighted histogram of how many requests ran at once: seconds spent with 1, 2, 3-4, 5-8
-    ... running, from each request's (submitted, finished) times. Keys are the buckets' upper
-    bounds ("1", "2", "4", ..., "inf")."""
+    """Seconds spent with 1, 2, 3-4, 5-8 ... requests running, from (submitted, finished) times; keys are the
+    buckets' upper bounds ("1", "2", "4", ..., "inf")."""
     events = sorted([(t0, 1) for t0, _ in intervals] + [(t1, -1) for _, t1 in intervals])
     out = {str(b): 0.0 for b in (*RUNNING_BUCKETS, "inf")}
     running, last = 0, None
@@ -99,11 +97,7 @@ def rollout_metrics(rollouts: list[Rollout], t_start: float, t_end: float, accur
         "rollout_s": rollout_s,
         "tail_s": tail_seconds(finished),
         "running_s": running_seconds(
-            [
-                (r.submitted_at, r.finished_at)
-                for r in rollouts
-                if r.submitted_at is not None and r.finished_at is not None
-            ]
+            [(r.submitted_at, r.finished_at) for r in rollouts if None not in (r.submitted_at, r.finished_at)]
         ),
         "ttft_p50_s": percentile(ttft, 50),
         "tokens_per_s": sum(lens) / rollout_s if rollout_s > 0 else 0.0,
@@ -112,9 +106,8 @@ def rollout_metrics(rollouts: list[Rollout], t_start: float, t_end: float, accur
 
 
 def sd_stats(rollouts: list[Rollout]) -> dict:
-    """The step's speculative decoding, pooled over its rollouts from SGLang's per-request counts
-    (`spec_verify_ct` verify passes, `spec_accept_token_num` drafts they accepted); see
-    acceptance(). `spec_tokens`: output tokens that came from verify passes."""
+    """The step's SD, pooled from SGLang's per-request counts (`spec_verify_ct` verify passes,
+    `spec_accept_token_num` drafts accepted); `spec_tokens`: output tokens from verify passes."""
     verify_ct = sum(r.spec_verify_ct for r in rollouts)
     accepted = sum(r.spec_accept_token_num for r in rollouts)
     tokens = sum(len(r.output_ids) for r in rollouts)
@@ -134,13 +127,11 @@ def sd_stats(rollouts: list[Rollout]) -> dict:
 
 
 def acceptance(spec_verify_ct: int, spec_accept_token_num: int, output_tokens: int) -> dict:
-    """gleanrl's two SD figures from SGLang's counts. `spec_accept_length`: tokens per verify pass,
-    over verify passes only, (accepted + passes) / passes, in [1, k + 1]. `tokens_per_pass`: output
-    tokens per target pass, plain decode passes (and the prefill's) included: every pass emits one
-    token beyond the drafts it accepted, so passes = tokens - accepted; 1.0 without SD, the
-    decode-pass speedup (an upper bound on the wall-clock one). Not SGLang's per-request
-    `spec_accept_length` (completion tokens / verify passes): with adaptive SD most tokens come from
-    plain passes, and that ratio can exceed k + 1."""
+    """gleanrl's two SD figures. `spec_accept_length`: (accepted + passes) / passes over verify passes, in
+    [1, k + 1]. `tokens_per_pass`: output tokens per target pass, plain and prefill passes included (each emits
+    one token beyond its accepted drafts: passes = tokens - accepted); 1.0 without SD, an upper bound on the
+    speedup. Not SGLang's per-request `spec_accept_length` (tokens / verify passes), which with adaptive SD can
+    exceed k + 1."""
     passes = output_tokens - spec_accept_token_num
     return {
         "spec_accept_length": (spec_verify_ct + spec_accept_token_num) / spec_verify_ct if spec_verify_ct else 0.0,
@@ -149,9 +140,8 @@ def acceptance(spec_verify_ct: int, spec_accept_token_num: int, output_tokens: i
 
 
 def step_shares(row: dict) -> dict:
-    """Where a step's time went: its rollouts' share of the step (rollout + update + push), the
-    tail's share of the rollouts, and the share of the idle window the drafter used
-    (with harvest)."""
+    """Where a step's time went: rollouts' share of rollout + update + push, the tail's share of the rollouts,
+    and (with harvest) the share of the idle window the drafter used."""
     step_s = row["rollout_s"] + row["train_s"] + row["push_s"]
     out = {
         "step_s": step_s,
@@ -164,11 +154,9 @@ def step_shares(row: dict) -> dict:
 
 
 def eval_metrics(rollouts: list[Rollout], correct_of, baseline: list[float] | None = None) -> dict:
-    """Held-out accuracy with its standard error over prompts (samples of one prompt are not
-    independent: se = std of the per-prompt means / sqrt(prompts)). `eval_scores` are the per-prompt
-    means in prompt order; with the `baseline` scores of an earlier eval on the same prompts and
-    seeds, the paired gain and its se (`eval_gain`, `eval_gain_se`): far tighter than comparing
-    two accuracies."""
+    """Held-out accuracy, se over prompts (one prompt's samples are not independent). `eval_scores`: per-prompt
+    means in prompt order; with `baseline` scores of an earlier eval on the same prompts and seeds, the paired
+    gain and its se (`eval_gain`, `eval_gain_se`): far tighter than comparing two accuracies."""
     groups: dict[int, list[float]] = {}
     for r in rollouts:
         groups.setdefault(r.group_id, []).append(correct_of(r))
@@ -201,8 +189,7 @@ def _mean(values: list[float]) -> float:
 
 
 class MetricsLog:
-    """Appends rows to `OUT/metrics.jsonl` (each row flushed and fsynced) and prints
-    a table line."""
+    """Appends rows to `OUT/metrics.jsonl` (each flushed and fsynced) and prints a table line."""
 
     def __init__(self, out: str | Path, resume_step: int | None = None, harvest: bool = False):
         self.path = Path(out) / "metrics.jsonl"

@@ -1,11 +1,9 @@
-"""Thread settings per phase of a synchronous RL step: the phases never overlap, so each may use the
-whole machine. The policy update runs while the rollout server waits: it can take every core (the
-demo pins the server to half of them and the trainer to the other half;
-`phase_threads(n, all_cores())` lifts the trainer's pin for the update alone), then the rollout
-phase gets its settings back.
-
-Hazard: OpenMP worker threads started inside a phase keep that phase's affinity; after it they only
-sleep (torch runs the restored number of threads), so they take no compute from the server."""
+"""Thread settings per phase of a synchronous RL step: phases never overlap, so each may use the whole machine.
+The update runs while the server waits and can take every core (the demo pins server and trainer to halves;
+`phase_threads(n, all_cores())` lifts the trainer's pin for the update alone), then the rollout phase gets its
+settings back. Hazard: OpenMP workers started in a phase keep its affinity, but after it they only sleep (torch
+runs the restored thread count), taking no compute from the server.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +20,7 @@ def all_cores() -> set[int]:
         return set(range(os.cpu_count() or 1))
     saved = os.sched_getaffinity(0)
     try:
-        # the kernel narrows a wider request to the cpuset:
-        # ask for everything, read what was granted
+        # the kernel narrows a wider request to the cpuset: ask for everything, read what was granted
         os.sched_setaffinity(0, range(os.cpu_count() or 1))
         return set(os.sched_getaffinity(0))
     finally:
@@ -32,8 +29,7 @@ def all_cores() -> set[int]:
 
 @contextlib.contextmanager
 def phase_threads(threads: int, cores: Collection[int] = ()) -> Iterator[None]:
-    """torch's thread count (and, given `cores`, the calling thread's CPU affinity) for one phase;
-    both restored on leaving, also on an error."""
+    """torch's thread count (and, given `cores`, the calling thread's affinity) for one phase; both restored."""
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     pin = bool(cores) and hasattr(os, "sched_setaffinity")

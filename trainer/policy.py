@@ -1,13 +1,11 @@
 """The trainer's copy of the policy: micro-batched logprobs and one GRPO update per RL step.
 
-The update's forward runs the policy over every rollout it trains on; given an `UpdateCapture` it
-also hands the harvester those rollouts' aux hidden states (forward pre-hooks on the drafter's 3
-layers only, detached, copied out row by row before the backward frees the graph) and soft labels:
-no second pass.
-
-`update_dtype = "bfloat16"` runs the decoder layers of every forward in bf16 autocast (mixed
-precision, as RL frameworks train on GPUs) while the master weights, AdamW's state, the lm_head and
-the logits stay float32, so the logprobs of the PPO ratio keep full precision."""
+Given an `UpdateCapture`, the update's forward also hands the harvester the aux hidden states of the rollouts it
+trains on (pre-hooks on the drafter's 3 layers only, detached, copied out row by row before the backward frees
+the graph) and soft labels: no second pass. `update_dtype = "bfloat16"` runs the decoder layers in bf16
+autocast (mixed precision, as on GPUs); master weights, AdamW state, lm_head and logits stay float32, so the
+PPO ratio's logprobs keep full precision.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +13,7 @@ import contextlib
 import time
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from gleanrl.clients.rollout import Rollout
 from gleanrl.harvest.capture import UpdateCapture, aux_hooks, samples_from
@@ -44,27 +43,19 @@ class Policy:
     def _batch(self, rollouts: list[Rollout]) -> dict[str, torch.Tensor]:
         """Right-padded [B, L] inputs; the response occupies positions P .. P+O-1 of each row."""
         pad = self.tokenizer.pad_token_id or 0
-        seqs = [r.prompt_ids + r.output_ids for r in rollouts]
-        length = max(len(s) for s in seqs)
-        resp_len = max(len(r.output_ids) for r in rollouts)
-        ids = torch.full((len(seqs), length), pad, dtype=torch.long)
-        attn = torch.zeros(len(seqs), length, dtype=torch.long)
-        targets = torch.full((len(seqs), resp_len), pad, dtype=torch.long)
-        mask = torch.zeros(len(seqs), resp_len)
-        old = torch.zeros(len(seqs), resp_len)
+
+        def padded(rows: list[list], value: float, dtype: torch.dtype = torch.long) -> torch.Tensor:
+            return pad_sequence([torch.tensor(r, dtype=dtype) for r in rows], batch_first=True, padding_value=value)
+
+        seqs, outs = [r.prompt_ids + r.output_ids for r in rollouts], [r.output_ids for r in rollouts]
+        ids, attn, targets = padded(seqs, pad), padded([[1] * len(s) for s in seqs], 0), padded(outs, pad)
+        mask = padded([[1.0] * len(o) for o in outs], 0.0, torch.float32)
+        old = padded([r.rollout_logprobs for r in rollouts], 0.0, torch.float32)
         starts = torch.tensor([len(r.prompt_ids) for r in rollouts])
-        for i, (seq, r) in enumerate(zip(seqs, rollouts)):
-            ids[i, : len(seq)] = torch.tensor(seq)
-            attn[i, : len(seq)] = 1
-            n = len(r.output_ids)
-            targets[i, :n] = torch.tensor(r.output_ids)
-            mask[i, :n] = 1
-            old[i, :n] = torch.tensor(r.rollout_logprobs)
         return {"ids": ids, "attn": attn, "targets": targets, "mask": mask, "old": old, "starts": starts}
 
     def _logits(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
-        """[B, L, V] float32 logits; with bf16 the layers run in autocast, the
-        lm_head in float32."""
+        """[B, L, V] float32 logits; with bf16 the layers run in autocast, the lm_head in float32."""
         if not self.bf16:
             return model(input_ids=b["ids"], attention_mask=b["attn"]).logits
         with torch.autocast(model.device.type, dtype=torch.bfloat16):
@@ -86,8 +77,7 @@ class Policy:
     def _captured_forward(
         self, b: dict[str, torch.Tensor], rows: list[Rollout], capture: UpdateCapture | None
     ) -> tuple[torch.Tensor, float]:
-        """The policy's logits [B, L, V], and the seconds spent capturing the rollouts `capture`
-        wants from this forward."""
+        """The policy's logits [B, L, V], and the seconds spent capturing the rollouts `capture` wants."""
         want = [j for j, r in enumerate(rows) if capture is not None and capture.wants(r)]
         hooks = aux_hooks(self.model, capture.layer_ids) if want else contextlib.nullcontext({})
         with hooks as grabbed:
@@ -95,17 +85,11 @@ class Policy:
         if not want:
             return logits, 0.0
         t0 = time.perf_counter()
-        lens = [len(rows[j].prompt_ids) + len(rows[j].output_ids) for j in want]
+        prompt_lens = [len(rows[j].prompt_ids) for j in want]
+        lens = [n + len(rows[j].output_ids) for n, j in zip(prompt_lens, want)]
+        c = capture
         samples = samples_from(
-            grabbed,
-            logits,
-            b["ids"],
-            want,
-            lens,
-            [len(rows[j].prompt_ids) for j in want],
-            capture.topk,
-            capture.policy_version,
-            capture.aux_dtype,
+            grabbed, logits, b["ids"], want, lens, prompt_lens, c.topk, c.policy_version, c.aux_dtype
         )
         grabbed.clear()  # the graph holds its own references until backward; ours go now
         for j, sample in zip(want, samples):
@@ -113,9 +97,8 @@ class Policy:
         return logits, time.perf_counter() - t0
 
     def train_step(self, rollouts: list[Rollout], capture: UpdateCapture | None = None) -> dict:
-        """One AdamW step on the step's rollouts, micro-batched; token-level normalisation. With
-        `capture`, the harvester gets the hidden states of the rollouts it wants from this
-        very forward."""
+        """One AdamW step on the rollouts, micro-batched, token-level normalisation; with `capture`, the
+        harvester gets the hidden states of the rollouts it wants from this very forward."""
         cfg = self.cfg
         if not any(r.output_ids for r in rollouts):
             return self._zero_step()
@@ -164,21 +147,11 @@ class Policy:
         }
 
     def _zero_step(self) -> dict:
-        """The optimizer step of an update whose every advantage is 0 (its gradient is exactly
-        zero), with no forward or backward: AdamW's momentum and weight decay still move the weights
-        as they would."""
+        """The optimizer step of an update whose every advantage is 0, with no forward or backward: AdamW's
+        momentum and weight decay still move the weights as they would."""
         for p in self.model.parameters():
             p.grad = torch.zeros_like(p)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        keys = (
-            "loss",
-            "grad_norm",
-            "adv_abs_mean",
-            "clip_frac",
-            "kl",
-            "logprob_mismatch",
-            "logprob_mismatch_max",
-            "update_capture_s",
-        )
+        keys = "loss grad_norm adv_abs_mean clip_frac kl logprob_mismatch logprob_mismatch_max update_capture_s".split()
         return {k: 0.0 for k in keys} | {"train_tokens": 0}

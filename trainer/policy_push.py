@@ -1,10 +1,7 @@
-"""Policy pushes from the trainer to every rollout server: each checkpoint checked against each
-server's serving model before anything is sent, then sent by the route that is safe for the server's
-kind (`clients.weight_sync`).
-
-The reference for the check is the serving model's directory (`/model_info` `model_path`) when it is
-readable here, else the trainer's initial `--model`. Stock SGLang applies what it is given: a
-truncated file kills the whole server, another architecture's weights load and answer success.
+"""Policy pushes to every rollout server: each checkpoint checked against each server's serving model before
+anything is sent, then sent by the route safe for the server's kind (`clients.weight_sync`). The reference is the
+serving model's directory (`/model_info` `model_path`) where readable here, else the trainer's initial `--model`.
+Stock SGLang applies what it is given: a truncated file kills it, another architecture's weights load as success.
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ from gleanrl.harvest.checkpoint_check import CheckpointMismatch, check_policy_ch
 
 
 def serving_reference(model_path: str | None, fallback: str | Path) -> Path:
-    """The serving model's directory if readable here (same host or shared volume),
-    else `fallback`."""
+    """The serving model's directory if readable here (same host or shared volume), else `fallback`."""
     if model_path and (Path(model_path) / "config.json").is_file():
         return Path(model_path)
     return Path(fallback)
@@ -27,8 +23,7 @@ def serving_reference(model_path: str | None, fallback: str | Path) -> Path:
 class PolicyPusher:
     def __init__(self, client: RolloutClient, initial_model: str | Path):
         self.client, self.initial_model = client, Path(initial_model)
-        # the last push's route per worker URL (for logs and tests)
-        self.routes: dict[str, Route] = {}
+        self.routes: dict[str, Route] = {}  # the last push's route per worker URL (for logs and tests)
 
     async def push(self, path: str, version: str) -> None:
         """Raises CheckpointMismatch (nothing sent) or RolloutServerError."""

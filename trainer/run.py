@@ -1,6 +1,6 @@
-"""What one `train()` holds (`Run`): the servers' client (and the embedded replicas, if any), the
-policy, the weights the servers must serve, the metrics log; its methods are the RL loop's steps
-(`trainer.loop._loop`): resync, generate, update, checkpoint, push, evaluate. `score` rewards rollouts."""
+"""What one `train()` holds (`Run`): the servers' client (and embedded replicas, if any), the policy, the weights the
+servers must serve, the metrics log; its methods are the RL loop's steps. `score` rewards rollouts.
+"""
 
 from __future__ import annotations
 
@@ -22,9 +22,7 @@ from gleanrl.trainer.tasks.base import Task
 
 
 class Run:
-    """What one `train()` holds: the servers' client (and the embedded replicas, if any), the policy
-    and the weights the servers must serve (`path`, `version`), the metrics log. Its methods are
-    the loop's steps."""
+    """What one `train()` holds (the module's docstring); `path`, `version`: the weights the servers must serve."""
 
     def __init__(
         self,
@@ -38,17 +36,15 @@ class Run:
     ):
         self.cfg, self.task, self.policy, self.hooks = cfg, task, policy, hooks
         self.servers, self.log = servers, log
-        self.client = RolloutClient(
-            cfg.servers or servers.urls, cfg.api_key, cfg.admin_api_key, cfg.request_timeout_s, router=cfg.router
-        )
+        urls = cfg.servers or servers.urls
+        self.client = RolloutClient(urls, cfg.api_key, cfg.admin_api_key, cfg.request_timeout_s, router=cfg.router)
         self.pusher = PolicyPusher(self.client, cfg.model)
         start = int(weights[1])
         self.metrics = MetricsLog(cfg.out, resume_step=start or None, harvest=hooks.harvests)
         self.path, self.version = weights
 
     async def resync(self, attempts: int = 3) -> None:
-        """Wait for the server(s) (restarting embedded ones that died), then make them serve
-        our weights."""
+        """Wait for the server(s) (restarting embedded ones that died), then make them serve our weights."""
         server = self.servers
         for attempt in range(attempts):
             if server:  # a kill may land between this check and the health poll: hence the attempts
@@ -97,8 +93,7 @@ class Run:
         )
 
     def update(self, batch: list[Rollout]) -> dict:
-        """One policy update; micro-batches of similar lengths pad far less (the loss does not
-        depend on the order)."""
+        """One policy update; sorted, micro-batches of similar lengths pad far less (the loss ignores order)."""
         cfg = self.cfg
         ordered = sorted(batch, key=lambda r: len(r.prompt_ids) + len(r.output_ids))
         with (
@@ -110,16 +105,9 @@ class Run:
     def checkpoint(self, step: int) -> None:
         """Save step `step` atomically; from now on it is what the servers must serve."""
         cfg, policy = self.cfg, self.policy
-        path = save_checkpoint(
-            cfg.out,
-            step,
-            policy.model,
-            policy.tokenizer,
-            policy.optimizer,
-            cfg.to_dict(),
-            cfg.keep_last,
-            hooks_state=self.hooks.state_dict(),
-        )
+        state = self.hooks.state_dict()
+        args = (cfg.out, step, policy.model, policy.tokenizer, policy.optimizer, cfg.to_dict(), cfg.keep_last)
+        path = save_checkpoint(*args, hooks_state=state)
         self.path, self.version = str(path), str(step)
 
     async def push(self) -> None:
@@ -139,9 +127,8 @@ class Run:
         if cfg.eval_greedy and cfg.eval_temperature > 0:
             passes.append(("eval_greedy", 0.0, 1))
         for prefix, temperature, samples in passes:
-            rollouts = make_rollouts(
-                cfg, self.task, self.policy.tokenizer, 0, split="test", n=cfg.eval_prompts, samples=samples
-            )
+            tok = self.policy.tokenizer
+            rollouts = make_rollouts(cfg, self.task, tok, 0, split="test", n=cfg.eval_prompts, samples=samples)
             params = dict(sampling_params(cfg), temperature=temperature)
             await self.generate(rollouts, params, NoHooks(), stream=False, desc=prefix)
             score(self.task, self.policy.tokenizer, rollouts)

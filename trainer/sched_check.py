@@ -1,14 +1,12 @@
-"""The start-up check that the harvest costs the rollouts nothing: the rollout server's decode time
-with and without the harvester's kind of compute running beside it (`hooks.scheduling_probe()`: a
-busy thread at the idle window's priority), said in the log and returned for the metrics.
+"""The start-up check that the harvest costs the rollouts nothing: the server's decode time with and without the
+harvester's kind of compute beside it (`hooks.scheduling_probe()`: a busy thread at the idle window's
+priority), logged and returned for the metrics.
 
-Why it is needed on a CPU machine: an OpenMP team (the server's forward) waits at every kernel's
-barrier for its slowest worker, so a harvester thread that takes one of its cores for a slice slows
-the whole forward, and `nice` ranks threads only inside one scheduling group: under autogroup
-scheduling (`/proc/sys/kernel/sched_autogroup_enabled`) every session is a group of equal weight,
-so a nice-19 harvester in another session than the server's competes with it at full weight
-(measured on 2 cores: a forward at 8 running 15 -> 130 ms). So the trainer starts its embedded
-server in the trainer's own session (`trainer.server_proc`); a server started elsewhere may not be.
+Why on CPU: an OpenMP team (the server's forward) waits at each kernel's barrier for its slowest worker, so a
+harvester thread taking one of its cores slows the whole forward; and `nice` ranks threads only within one
+scheduling group: under autogroup (`/proc/sys/kernel/sched_autogroup_enabled`) every session is a group of equal
+weight, so a nice-19 harvester in another session competes at full weight (2 cores: a forward at 8 running
+15 -> 130 ms). Hence the trainer starts its server in its own session (`trainer.server_proc`); others may not.
 """
 
 from __future__ import annotations
@@ -49,25 +47,20 @@ async def check_scheduling(
         beside = min([await _decode_s(client, prompt_ids, running, tokens) for _ in range(repeats)])
     ratio = beside / alone
     verdict = "ok" if ratio <= SLOWDOWN_WARN else "WARNING: the harvester slows the rollouts"
-    log(
-        f"scheduling check: {running} x {tokens} tokens decode in {alone * 1e3:.0f} ms alone, "
-        f"{beside * 1e3:.0f} ms beside the harvester's compute ({ratio:.2f}x): {verdict}"
-        + (
-            ""
-            if ratio <= SLOWDOWN_WARN
-            else f" (autogroup {_autogroup()}: a server in another session competes at full weight, "
-            "start it in this one; one in this session still shares cores and memory bandwidth, "
-            "give the harvester cores of its own)"
+    if ratio > SLOWDOWN_WARN:
+        verdict += (
+            f" (autogroup {_autogroup()}: a server in another session competes at full weight, start it in this one;"
+            " one in this session still shares cores and memory bandwidth, give the harvester cores of its own)"
         )
-    )
+    timing = f"{alone * 1e3:.0f} ms alone, {beside * 1e3:.0f} ms beside the harvester's compute ({ratio:.2f}x)"
+    log(f"scheduling check: {running} x {tokens} tokens decode in {timing}: {verdict}")
     return {"sched_alone_s": alone, "sched_beside_s": beside, "sched_slowdown": ratio}
 
 
 def _autogroup(
     enabled_file: str = "/proc/sys/kernel/sched_autogroup_enabled", group_file: str = "/proc/self/autogroup"
 ) -> str:
-    """'on, this process in /autogroup-N', 'off' or 'unknown' (a container may hide or blank
-    either file)."""
+    """'on, this process in /autogroup-N', 'off' or 'unknown' (a container may hide or blank either file)."""
     try:
         enabled = Path(enabled_file).read_text().strip()
         group = Path(group_file).read_text().split()

@@ -1,7 +1,7 @@
-"""One embedded rollout server, as the trainer starts it when no `--server` is given: `gleanrl serve`
-as a subprocess on a free loopback port, pinned to `cores` if given, restarted if it dies, in the
-trainer's session (so that nice ranks the harvester below it). `trainer.layout.Replicas` runs one
-per core group."""
+"""One embedded rollout server, as the trainer starts it without `--server`: `gleanrl serve` as a subprocess on a
+free loopback port, pinned to `cores` if given, restarted if it dies, in the trainer's session (so that nice
+ranks the harvester below it). `trainer.layout.Replicas` runs one per core group.
+"""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ SD_MODES = ("off", "on", "adaptive")  # `gleanrl serve --sd`
 
 
 def _child_setup(cores: frozenset[int] | None) -> Callable[[], None]:
-    """Runs in the child before exec: pinned to `cores` (inherited by every thread it starts), and
-    (Linux) SIGTERMed when the trainer dies, even by kill -9 (no orphaned servers)."""
+    """Runs in the child before exec: pin to `cores` (inherited by its threads); (Linux) SIGTERM it when the
+    trainer dies, even by kill -9."""
 
     def setup() -> None:
         if cores and hasattr(os, "sched_setaffinity"):
@@ -56,9 +56,8 @@ class ServeSD:
 
 
 class EmbeddedServer:
-    """`settings`: `gleanrl serve` settings by its flags' names (`dtype`, `sd_sources`, ...), over
-    those of `sd`; handed to it as a JSON file (`gleanrl serve --config`), not as flags. `cores`:
-    the CPU cores it runs on (None: the trainer's)."""
+    """`settings`: `gleanrl serve` settings by flag name (`dtype`, `sd_sources`, ...), over those of `sd`, handed
+    over as a JSON file (`--config`). `cores`: the CPU cores it runs on (None: the trainer's)."""
 
     def __init__(
         self,
@@ -84,12 +83,13 @@ class EmbeddedServer:
 
     def settings(self) -> dict:
         """What the server is started with; keys go by environment (start), never in the file."""
+        sd = self.sd.settings() if self.sd else {}
         return {
             "model": self.model,
             "host": "127.0.0.1",
             "port": self.port,
             "threads": self.threads,
-            **(self.sd.settings() if self.sd else {}),
+            **sd,
             **self.extra,
         }
 
@@ -104,21 +104,14 @@ class EmbeddedServer:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
         keys = {"GLEANRL_API_KEY": self.api_key, "GLEANRL_ADMIN_API_KEY": self.admin_api_key}
-        for name, key in keys.items():
-            # exactly the trainer's keys, not ones inherited from the shell
+        for name, key in keys.items():  # exactly the trainer's keys, not the shell's
             env.pop(name, None) if key is None else env.__setitem__(name, key)
-        # its own process group (a terminal's Ctrl-C reaches the trainer, which stops it), but
-        # the trainer's session: with autogroup scheduling (Linux's default on desktops and
-        # these VMs) a new session is a new scheduling group, where `nice` of the harvester's
-        # thread no longer ranks it below the server's threads (docs/e2e.md, "Scheduling")
-        self.proc = subprocess.Popen(
-            self.command(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            process_group=0,
-            preexec_fn=_child_setup(self.cores),
-        )
+        # its own process group (Ctrl-C reaches the trainer, which stops it), but the trainer's session: under
+        # autogroup scheduling (Linux's default) a new session is a new group, where the harvester's `nice`
+        # no longer ranks it below the server (docs/e2e.md, "Scheduling")
+        setup = _child_setup(self.cores)
+        out = {"stdout": log, "stderr": subprocess.STDOUT}
+        self.proc = subprocess.Popen(self.command(), **out, env=env, process_group=0, preexec_fn=setup)
         if log is not subprocess.DEVNULL:
             log.close()
 

@@ -1,15 +1,8 @@
-"""`gleanrl bench crash`: kill -9 the trainer (GRPO with harvest) at chosen points, resume, and
-check that nothing was lost or half-written.
-
-One rollout server (`gleanrl serve` with a drafter) outlives all runs. Run i starts a fresh trainer
-in its own process, waits until it reaches phase PHASES[i % 4] of a random step (rollouts in flight,
-drafter training in the idle window, writing the step checkpoint, pushing the new policy), kills it
-with SIGKILL after a short random delay, then checks: every checkpoint directory, spool shard and
-drafter version on disk is complete (loads), the last checkpoint is at most the step in flight minus
-one (at most that step is lost), and the server is not paused and holds no request of the dead
-trainer. Then `--resume` must finish all steps with one metrics row per step. Exit 1 on any failure.
-The trainer process marks its phases in OUT/phases.log (this module's `child`), so kills land where
-they are meant to."""
+"""`gleanrl bench crash`: kill -9 the trainer (GRPO with harvest) at chosen points, resume, and check that
+nothing was lost or half-written. Run i starts a trainer process (`child`, which marks its phases in
+OUT/phases.log) against one long-lived server, SIGKILLs it in phase PHASES[i % 4] of a random step, checks
+every checkpoint, spool shard and drafter loads, at most the step in flight is lost and the server is left
+idle, then `--resume` must finish with one metrics row per step. Exit 1 on any failure."""
 
 from __future__ import annotations
 
@@ -27,7 +20,6 @@ from pathlib import Path
 import httpx
 
 PHASES = ("rollouts", "drafter", "checkpoint", "push")
-# random kill delay, upper bound
 DELAY_S = {"rollouts": 0.02, "drafter": 0.3, "checkpoint": 0.005, "push": 0.03}
 
 
@@ -72,13 +64,8 @@ def child(spec: dict) -> None:
         return path
 
     run.save_checkpoint = marked_save
-    harvester = Harvester(
-        spec["model"],
-        spec["drafter"],
-        out / "harvest" / "spool",
-        push=DrafterPush([spec["url"]]),
-        cfg=HarvestConfig(push_every=3, batch_size=2, seed=spec["seed"]),
-    )
+    cfg = HarvestConfig(push_every=3, batch_size=2, seed=spec["seed"])
+    harvester = Harvester(spec["model"], spec["drafter"], out / "harvest" / "spool", DrafterPush([spec["url"]]), cfg)
     train_micro_step = harvester.train_micro_step
 
     def marked_micro_step():
@@ -87,28 +74,18 @@ def child(spec: dict) -> None:
         return train_micro_step()
 
     harvester.train_micro_step = marked_micro_step
+    rl = dict(prompts_per_step=2, samples_per_prompt=3, max_new_tokens=48, lr=1e-3, keep_last=2, server_wait_s=60)
     cfg = TrainConfig(
-        model=spec["model"],
-        out=str(out),
-        servers=[spec["url"]],
-        steps=spec["steps"],
-        prompts_per_step=2,
-        samples_per_prompt=3,
-        max_new_tokens=48,
-        lr=1e-3,
-        seed=spec["seed"],
-        keep_last=2,
-        server_wait_s=60,
+        model=spec["model"], out=str(out), servers=[spec["url"]], steps=spec["steps"], seed=spec["seed"], **rl
     )
     loop.train(cfg, hooks=Hooks(harvester), resume=spec["resume"])
 
 
 def _launch(spec: dict, log: Path) -> subprocess.Popen:
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    cmd = [sys.executable, "-m", "gleanrl.bench.crash", json.dumps(spec)]
     with open(log, "ab") as f:
-        return subprocess.Popen(
-            [sys.executable, "-m", "gleanrl.bench.crash", json.dumps(spec)], stdout=f, stderr=subprocess.STDOUT, env=env
-        )
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
 
 
 def _phases(out: Path) -> list[tuple[int, str]]:
@@ -117,10 +94,16 @@ def _phases(out: Path) -> list[tuple[int, str]]:
     return [(int(s), p) for s, p in (line.split() for line in lines if len(line.split()) == 2)]
 
 
-def check_disk(out: Path) -> list[str]:
-    """Problems with what a killed trainer left: any checkpoint, spool shard or drafter that
-    does not load."""
+def _read_all(path: Path) -> None:
     from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as fh:
+        [fh.get_tensor(k) for k in fh.keys()]
+
+
+def check_disk(out: Path) -> list[str]:
+    """Problems with what a killed trainer left: any checkpoint, spool shard or drafter that does not load."""
+    import torch
 
     from gleanrl.harvest.checkpoint import load_drafter
     from gleanrl.trainer.checkpoint import STATE_FILE, list_checkpoints
@@ -130,24 +113,17 @@ def check_disk(out: Path) -> list[str]:
         try:
             json.loads((path / "config.json").read_text())
             for f in path.glob("*.safetensors"):
-                with safe_open(str(f), "pt") as fh:
-                    [fh.get_tensor(k) for k in fh.keys()]
-            import torch
-
+                _read_all(f)
             assert torch.load(path / STATE_FILE, weights_only=False)["step"] == step
         except Exception as exc:  # noqa: BLE001
             problems.append(f"checkpoint {path.name}: {type(exc).__name__}: {exc}")
-    for f in sorted((out / "harvest" / "spool").glob("[0-9]*.safetensors")):
+    shards = [("spool", _read_all, f) for f in sorted((out / "harvest" / "spool").glob("[0-9]*.safetensors"))]
+    drafters = [("drafter", load_drafter, d) for d in sorted((out / "harvest" / "drafter_versions").glob("v*"))]
+    for what, load, path in shards + drafters:
         try:
-            with safe_open(str(f), "pt") as fh:
-                [fh.get_tensor(k) for k in fh.keys()]
+            load(path)
         except Exception as exc:  # noqa: BLE001
-            problems.append(f"spool {f.name}: {exc}")
-    for d in sorted((out / "harvest" / "drafter_versions").glob("v*")):
-        try:
-            load_drafter(d)
-        except Exception as exc:  # noqa: BLE001
-            problems.append(f"drafter {d.name}: {exc}")
+            problems.append(f"{what} {path.name}: {exc}")
     return problems
 
 
@@ -170,6 +146,7 @@ def crash_run(
     spec = {"out": str(out), "model": model, "drafter": drafter, "url": url, "steps": steps, "seed": i, "resume": False}
     at_step, proc = rng.randint(1, steps), _launch(spec, log)
     rec: dict = {"run": i, "target": f"{phase}@{at_step}", "problems": []}
+    problems = rec["problems"]
     deadline = time.monotonic() + 600
     while proc.poll() is None and time.monotonic() < deadline:
         seen = _phases(out)
@@ -178,25 +155,22 @@ def crash_run(
             break
         time.sleep(0.005)
     if proc.poll() is not None:
-        rec["problems"].append(f"the trainer ended (rc {proc.returncode}) before the kill point; see {log}")
+        problems.append(f"the trainer ended (rc {proc.returncode}) before the kill point; see {log}")
         return rec
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     seen = _phases(out)
     killed_step, phase_killed = seen[-1] if seen else (0, "startup")
     rec["killed_in"] = f"{phase_killed}@{killed_step}"
-    done = [s for s, _ in list_checkpoints(out)]
-    rec["last_checkpoint"] = max(done, default=0)
-    if rec["last_checkpoint"] < killed_step - 1:
-        rec["problems"].append(
-            f"lost more than the step in flight: last checkpoint {rec['last_checkpoint']}, killed in step {killed_step}"
-        )
-    rec["problems"] += check_disk(out)
+    last = rec["last_checkpoint"] = max((s for s, _ in list_checkpoints(out)), default=0)
+    if last < killed_step - 1:
+        problems.append(f"lost more than the step in flight: last checkpoint {last}, killed in step {killed_step}")
+    problems += check_disk(out)
     # a temporary sibling of a write the kill interrupted: invisible to readers, removed by nobody
     rec["leftover_tmp"] = sorted(p.name for p in out.rglob(".*tmp-*"))
     st = _server_idle(url)
     if st["paused"] or st["num_running_reqs"] or st["num_queue_reqs"]:
-        rec["problems"].append(
+        problems.append(
             f"server left paused={st['paused']} running={st['num_running_reqs']} queued={st['num_queue_reqs']}"
         )
     resumed = _launch({**spec, "resume": True}, log)
@@ -213,11 +187,10 @@ def crash_run(
     # by the resume's resync), but its metrics row, written after the push, is gone with the process
     pushed_lost = [s for s in want if s != killed_step] if rec["killed_in"].startswith("push") else want
     if rc != 0 or rec["metrics_steps"] not in (want, pushed_lost):
-        rec["problems"].append(f"resume: rc {rc}, metrics steps {rec['metrics_steps']}; see {log}")
-    rec["problems"] += check_disk(out)
-    left = sorted(p.name for p in out.rglob(".*tmp-*"))
-    if left:
-        rec["problems"].append(f"temporaries of interrupted writes still there after the resume: {left}")
+        problems.append(f"resume: rc {rc}, metrics steps {rec['metrics_steps']}; see {log}")
+    problems += check_disk(out)
+    if left := sorted(p.name for p in out.rglob(".*tmp-*")):
+        problems.append(f"temporaries of interrupted writes still there after the resume: {left}")
     return rec
 
 
@@ -240,19 +213,17 @@ def run(args: argparse.Namespace) -> int:
             for i in range(args.runs):
                 rec = crash_run(i, PHASES[i % len(PHASES)], root, server.url, str(model), str(drafter), args.steps, rng)
                 records.append(rec)
+                problems = "; ".join(rec["problems"])
                 print(
-                    f"run {i}: target {rec['target']}, killed in {rec.get('killed_in')}, "
-                    f"last checkpoint {rec.get('last_checkpoint')}, resumed metrics "
-                    f"steps {rec.get('metrics_steps')}, leftover "
-                    f"temporaries {rec.get('leftover_tmp')}: "
-                    f"{'ok' if not rec['problems'] else 'FAIL ' + '; '.join(rec['problems'])}",
+                    f"run {i}: target {rec['target']}, killed in {rec.get('killed_in')}, last checkpoint "
+                    f"{rec.get('last_checkpoint')}, resumed metrics steps {rec.get('metrics_steps')}, leftover "
+                    f"temporaries {rec.get('leftover_tmp')}: {'FAIL ' + problems if problems else 'ok'}",
                     flush=True,
                 )
     bad = [r for r in records if r["problems"]]
     print(
-        f"crash: {len(records)} kill -9 runs, {len(records) - len(bad)} resumed with at most the "
-        "step in flight lost, no half-written checkpoint/spool/drafter, server never left "
-        f"paused; {len(bad)} failed"
+        f"crash: {len(records)} kill -9 runs, {len(records) - len(bad)} resumed with at most the step in flight lost, "
+        f"no half-written checkpoint/spool/drafter, server never left paused; {len(bad)} failed"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=2))

@@ -36,8 +36,7 @@ def parse_arms(text: str) -> list[str]:
 
 
 def starts(policy: Path, args: argparse.Namespace, arms: list[str]) -> dict[str, Path]:
-    """The drafter starts the chosen arms need (warm starts are cached; the cold one is
-    written here)."""
+    """The drafter starts the chosen arms need (warm starts are cached; the cold one is written here)."""
     from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.harvest.cli_init import init_drafter
 
@@ -46,11 +45,8 @@ def starts(policy: Path, args: argparse.Namespace, arms: list[str]) -> dict[str,
     if "same" in needed:
         out["same"] = Path(args.drafter) if args.drafter else demo_setup.warm_drafter(policy, args)
     if "offdomain" in needed:
-        out["offdomain"] = (
-            Path(args.offdomain_drafter)
-            if args.offdomain_drafter
-            else demo_setup.warm_drafter(policy, args, task=OFFDOMAIN_TASK)
-        )
+        given = args.offdomain_drafter
+        out["offdomain"] = Path(given) if given else demo_setup.warm_drafter(policy, args, task=OFFDOMAIN_TASK)
     if "cold" in needed:
         out["cold"] = save_drafter(init_drafter(policy, seed=args.seed), Path(args.out) / "cold_drafter0")
     for name, path in out.items():
@@ -66,17 +62,15 @@ def sglang_args(args: argparse.Namespace) -> dict:
 
 
 def heldout(h, start: Path, policy: Path) -> dict:
-    """The arm's final serving drafter and its start on its newest held-out rollouts (same
-    draft length)."""
+    """The arm's final serving drafter and its start on its newest held-out rollouts (same draft length)."""
     from gleanrl.harvest.checkpoint import load_drafter
 
     return {"serving": h.score(h.serving) or 0.0, "start": h.score(load_drafter(start, target_config=policy)) or 0.0}
 
 
 def schedule(arms: list[str], steps: int) -> list[tuple[str, int, bool]]:
-    """ABBA: every arm's first half of the steps in order, then the second half in reverse order
-    (resumed from its checkpoint), so a drift of the machine's speed hits every arm alike.
-    (arm, last step of the leg, resume)."""
+    """ABBA: every arm's first half of the steps in order, then the second half in reverse (resumed), so
+    a drift of the machine's speed hits every arm alike. -> (arm, last step of the leg, resume)."""
     half = steps // 2
     if half < 1:
         return [(name, steps, False) for name in arms]
@@ -86,8 +80,7 @@ def schedule(arms: list[str], steps: int) -> list[tuple[str, int, bool]]:
 def run_arm(
     name: str, upto: int, resume: bool, policy: Path, drafters: dict[str, Path], task, args: argparse.Namespace
 ):
-    """One leg of arm `name`: its steps up to `upto` (resumed from its last checkpoint), on servers
-    of its own; its Harvester, if it harvests."""
+    """One leg of arm `name`: its steps up to `upto` (resumed), on servers of its own; its Harvester, if any."""
     from gleanrl.harvest.config import HarvestConfig
     from gleanrl.harvest.harvester import Harvester
     from gleanrl.trainer.hooks import NoHooks
@@ -96,42 +89,20 @@ def run_arm(
     out = Path(args.out)
     start, harvest, seed_offset = RUNS[name]
     drafter0 = drafters.get(start)
-    backend = sglang_args(args) if name == "a_sglang" else None
-    replicas = 1 if name == "a_sglang" else args.replicas
-    with demo_rl.serving(
-        policy,
-        drafter0,
-        out / f"{name}.server.log",
-        sd=args.sd,
-        dtype=args.dtype,
-        device=args.device,
-        replicas=replicas,
-        backend=backend,
-        harvests=start is not None or name == "a_replicas",
-    ) as servers:
+    sglang = name == "a_sglang"
+    layout = {"replicas": 1 if sglang else args.replicas, "backend": sglang_args(args) if sglang else None}
+    layout |= {"harvests": start is not None or name == "a_replicas", "sd": args.sd, "device": args.device}
+    with demo_rl.serving(policy, drafter0, out / f"{name}.server.log", dtype=args.dtype, **layout) as servers:
         hooks, h = NoHooks(), None
         if harvest:
-            h = Harvester(
-                policy,
-                drafter0,
-                out / name / "harvest" / "spool",
-                push=None,
-                cfg=HarvestConfig(
-                    push_every=args.push_every if harvest == "push" else 0,
-                    max_holdout=16,
-                    seed=args.seed,
-                    idle_nice=19 if len(servers.servers) == 1 else 0,
-                ),
+            push = args.push_every if harvest == "push" else 0
+            cfg = HarvestConfig(
+                push_every=push, max_holdout=16, seed=args.seed, idle_nice=19 if len(servers.servers) == 1 else 0
             )
+            h = Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None, cfg=cfg)
             hooks = demo_rl.demo_hooks(h)
         cfg = demo_rl.rl_config(policy, out / name, args, args.seed + seed_offset)
         cfg.steps = upto
-        train(
-            cfg,
-            task=task,
-            hooks=hooks,
-            log=demo_rl.table_logger(out / name / "metrics.jsonl"),
-            resume=resume,
-            replicas=servers,
-        )
+        log = demo_rl.table_logger(out / name / "metrics.jsonl")
+        train(cfg, task=task, hooks=hooks, log=log, resume=resume, replicas=servers)
     return h

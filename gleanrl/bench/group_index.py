@@ -1,12 +1,7 @@
-"""`gleanrl bench group-index`: micro-benchmark of the group index, the per-call cost of
-`propose` and of `extend` with one token, as the engine calls them every decode iteration.
-
-Synthetic GRPO groups: P prompts x n samples of L tokens over a small vocabulary; each sample copies
-a shared per-prompt "reference" continuation with a mutation rate, so siblings agree in stretches
-and diverge elsewhere, like real siblings. Timings are per call, best of --repeats (the CPU may be
-shared); mean_draft_len is the mean length of the adaptive drafts proposed
-(`GroupIndexConfig.min_prob`).
-"""
+"""`gleanrl bench group-index`: the group index's cost per `propose` and per one-token `extend` call, as
+the engine makes them every decode iteration, on synthetic GRPO groups (P prompts x n samples of L
+tokens, each a copy of its prompt's reference continuation with a mutation rate, so siblings agree in
+stretches). Per call, best of --repeats; mean_draft_len: the mean length of the drafts proposed."""
 
 from __future__ import annotations
 
@@ -32,9 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=int, default=8, help="samples per group")
     parser.add_argument("--length", type=int, default=2048, help="L: tokens per sample")
     parser.add_argument("--vocab", type=int, default=2000, help="vocabulary size")
-    parser.add_argument(
-        "--mutate", type=float, default=0.1, help="share of a sample's tokens that differ from its group's reference"
-    )
+    parser.add_argument("--mutate", type=float, default=0.1, help="share of a sample's tokens unlike the reference")
     parser.add_argument("--max-len", type=int, default=32, help="longest draft proposed")
     parser.add_argument("--repeats", type=int, default=3, help="runs per timing (the best counts)")
 
@@ -43,7 +36,6 @@ def run(args: argparse.Namespace) -> int:
     rng = random.Random(0)
     groups = _samples(rng, args.prompts, args.n, args.length, args.vocab, args.mutate)
     best_extend = best_propose = float("inf")
-    hits = calls = drafted = 0
     for _ in range(args.repeats):
         index = GroupIndex(GroupIndexConfig())
         handles = [[index.start(prompt, "v0") for _ in outs] for prompt, outs in groups]
@@ -64,26 +56,7 @@ def run(args: argparse.Namespace) -> int:
                     hits += draft is not None
                     drafted += len(draft.tokens) if draft is not None else 0
         best_extend, best_propose = min(best_extend, t_extend / calls), min(best_propose, t_propose / calls)
-    print(
-        json.dumps(
-            {
-                "propose_us": round(best_propose * 1e6, 2),
-                "extend_us": round(best_extend * 1e6, 2),
-                "hit_rate": round(hits / calls, 3),
-                "mean_draft_len": round(drafted / max(hits, 1), 2),
-                "calls": calls,
-                "indexed_tokens": index.tokens,
-            }
-        )
-    )
+    result = {"propose_us": round(best_propose * 1e6, 2), "extend_us": round(best_extend * 1e6, 2)}
+    result |= {"hit_rate": round(hits / calls, 3), "mean_draft_len": round(drafted / max(hits, 1), 2)}
+    print(json.dumps(result | {"calls": calls, "indexed_tokens": index.tokens}))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

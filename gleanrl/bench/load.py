@@ -1,11 +1,10 @@
-"""`gleanrl bench load`: many concurrent clients against a real server for a while, with mixed
-lengths, native and OpenAI routes, streaming and not, and some clients that disconnect mid-stream.
+"""`gleanrl bench load`: many concurrent clients against a real server for a while: mixed lengths,
+native and OpenAI routes, streaming and not, some clients disconnecting mid-stream.
 
-Pass criteria (exit 1 otherwise): 0 errors (every request answered in full, or aborted on purpose by
-its client), no leaked slots (`/server_info` back to 0 running and 0 queued), and the server's
-resident memory after warm-up (the first 30% of the run) growing by at most `--rss-bound-mib`.
-Without `--url` it starts `gleanrl serve` on `--model` (default: a tiny random model) as a
-subprocess on a loopback port, and measures that process's RSS from /proc."""
+Pass (exit 0): no errors (every request answered in full, or aborted on purpose by its client), no
+leaked slots (`/server_info` back to 0 running and 0 queued), and the server's RSS growing by at most
+`--rss-bound-mib` after warm-up (the first 30% of the run). Without `--url` it starts `gleanrl serve` on
+`--model` (default: a tiny random model) and reads that process's RSS from /proc."""
 
 from __future__ import annotations
 
@@ -37,28 +36,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads of the started server")
     p.add_argument("--seed", type=int, default=0, help="seed of the clients' requests")
     p.add_argument("--json", default=None, help="write the summary here")
+    hostile = "one benign client's latency under hostile and careless requests to the server and a proxy"
     p.add_argument(
-        "--hostile",
-        action="store_true",
-        help="instead: one benign client's latency under hostile and careless "
-        "requests to the server and a proxy, kind by kind "
-        "(gleanrl/bench/hostile.py)",
+        "--hostile", action="store_true", help=f"instead: {hostile}, kind by kind (gleanrl/bench/hostile.py)"
     )
-    p.add_argument(
-        "--phase-s", type=float, default=10.0, help="--hostile: seconds per phase (baseline, each kind, the mix)"
-    )
-    p.add_argument(
-        "--p99-bound",
-        type=float,
-        default=2.0,
-        help="--hostile: the mix's benign p99 may be at most this x the baseline's (or --p99-slack-ms over it)",
-    )
-    p.add_argument(
-        "--p99-slack-ms",
-        type=float,
-        default=20.0,
-        help="--hostile: the mix's benign p99 may always be this much over the baseline's",
-    )
+    phase = "--hostile: seconds per phase (baseline, each kind, the mix)"
+    p.add_argument("--phase-s", type=float, default=10.0, help=phase)
+    bound = "--hostile: the mix's benign p99 may be at most this x the baseline's (or --p99-slack-ms over it)"
+    p.add_argument("--p99-bound", type=float, default=2.0, help=bound)
+    slack = "--hostile: the mix's benign p99 may always be this much over the baseline's"
+    p.add_argument("--p99-slack-ms", type=float, default=20.0, help=slack)
 
 
 async def _one(client: httpx.AsyncClient, kind: str, rng: random.Random, max_new: int, model: str) -> str:
@@ -73,30 +60,15 @@ async def _one(client: httpx.AsyncClient, kind: str, rng: random.Random, max_new
         assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == n, meta
         return "ok"
     if kind == "completions":
-        r = await client.post(
-            "/v1/completions",
-            json={
-                "model": model,
-                "prompt": text,
-                "max_tokens": n,
-                "ignore_eos": True,
-                "temperature": sp["temperature"],
-            },
-        )
+        body = {"model": model, "prompt": text, "max_tokens": n, "ignore_eos": True, "temperature": sp["temperature"]}
+        r = await client.post("/v1/completions", json=body)
         r.raise_for_status()
         assert r.json()["usage"]["completion_tokens"] == n, r.json()
         return "ok"
     if kind == "chat_stream":
-        path, body = (
-            "/v1/chat/completions",
-            {
-                "model": model,
-                "messages": [{"role": "user", "content": text}],
-                "max_tokens": n,
-                "ignore_eos": True,
-                "stream": True,
-            },
-        )
+        messages = [{"role": "user", "content": text}]
+        path = "/v1/chat/completions"
+        body = {"model": model, "messages": messages, "max_tokens": n, "ignore_eos": True, "stream": True}
     else:
         path, body = "/generate", {"text": text, "sampling_params": {**sp, "max_new_tokens": max_new}, "stream": True}
     leave_after = rng.randint(1, 3) if kind == "disconnect" else None
@@ -127,9 +99,8 @@ async def load(
     samples: list[tuple[float, float]] = []
     t0 = time.monotonic()
     end = t0 + duration
-    async with httpx.AsyncClient(
-        base_url=url, headers=headers, timeout=600, limits=httpx.Limits(max_connections=clients * 2)
-    ) as client:
+    limits = httpx.Limits(max_connections=clients * 2)
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600, limits=limits) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
         bar = tqdm(total=None, desc="requests", unit="req", disable=None)
 
@@ -158,36 +129,21 @@ async def load(
             if st["num_running_reqs"] == 0 and st["num_queue_reqs"] == 0:
                 break
             await asyncio.sleep(0.2)
-    summary = {
-        "clients": clients,
-        "duration_s": duration,
-        "requests": sum(counts.values()),
-        **counts,
-        "by_kind": by_kind,
-        "error_samples": errors[:5],
-        "leaked_running": st["num_running_reqs"],
-        "leaked_queued": st["num_queue_reqs"],
-        "req_per_s": sum(counts.values()) / duration,
-    }
+    summary = {"clients": clients, "duration_s": duration, "requests": sum(counts.values()), **counts}
+    summary |= {"by_kind": by_kind, "error_samples": errors[:5], "leaked_running": st["num_running_reqs"]}
+    summary |= {"leaked_queued": st["num_queue_reqs"], "req_per_s": sum(counts.values()) / duration}
     if samples:
         warm = [m for t, m in samples if t >= 0.3 * duration] or [samples[-1][1]]
-        summary.update(
-            rss_warm_mib=warm[0],
-            rss_max_after_warm_mib=max(warm),
-            rss_end_mib=rss(),
-            rss_growth_mib=max(warm) - warm[0],
-        )
+        summary.update(rss_warm_mib=warm[0], rss_max_after_warm_mib=max(warm), rss_end_mib=rss())
+        summary["rss_growth_mib"] = max(warm) - warm[0]
     return summary
 
 
 def run(args: argparse.Namespace) -> int:
     if args.hostile:
         if args.url or args.phase_s <= 0:
-            print(
-                "gleanrl bench load: --hostile starts its own server and proxy (no --url) "
-                "and needs a positive --phase-s",
-                file=sys.stderr,
-            )
+            why = "--hostile starts its own server and proxy (no --url) and needs a positive --phase-s"
+            print(f"gleanrl bench load: {why}", file=sys.stderr)
             return 2
         from gleanrl.bench import hostile
 
@@ -195,41 +151,29 @@ def run(args: argparse.Namespace) -> int:
     if args.clients < 1 or args.duration <= 0 or args.max_new_tokens < 1:
         print("gleanrl bench load: --clients, --duration and --max-new-tokens must be positive", file=sys.stderr)
         return 2
+    shape = (args.clients, args.duration, args.max_new_tokens, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         if args.url:
-            summary = asyncio.run(load(args.url, args.clients, args.duration, args.max_new_tokens, args.seed))
+            summary = asyncio.run(load(args.url, *shape))
         else:
-            model = args.model
-            if model is None:
+            if (model := args.model) is None:
                 from gleanrl.tiny import make_tiny_model
 
                 model = str(make_tiny_model(Path(tmp) / "tiny"))
-            with ServeProcess(
-                model, Path(tmp) / "server.log", threads=args.threads, extra=["--max-running-requests", "32"]
-            ) as server:
-                summary = asyncio.run(
-                    load(
-                        server.url,
-                        args.clients,
-                        args.duration,
-                        args.max_new_tokens,
-                        args.seed,
-                        rss=lambda: rss_mib(server.pid),
-                    )
-                )
-    bound_ok = summary.get("rss_growth_mib", 0.0) <= args.rss_bound_mib
-    ok = summary["errors"] == 0 and summary["leaked_running"] == 0 and summary["leaked_queued"] == 0 and bound_ok
+            extra = ["--max-running-requests", "32"]
+            with ServeProcess(model, Path(tmp) / "server.log", threads=args.threads, extra=extra) as server:
+                summary = asyncio.run(load(server.url, *shape, rss=lambda: rss_mib(server.pid)))
+    s = summary
+    ok = s["errors"] == 0 and s["leaked_running"] == 0 and s["leaked_queued"] == 0
+    ok = ok and s.get("rss_growth_mib", 0.0) <= args.rss_bound_mib
     print(
-        f"load: {summary['clients']} clients x {summary['duration_s']:.0f} "
-        f"s: {summary['requests']} requests ({summary['req_per_s']:.1f}/s), {summary['ok']} "
-        f"answered, {summary['aborted']} aborted by their client, {summary['errors']} errors; "
-        f"after: {summary['leaked_running']} running, {summary['leaked_queued']} queued"
+        f"load: {s['clients']} clients x {s['duration_s']:.0f} s: {s['requests']} requests ({s['req_per_s']:.1f}/s), "
+        f"{s['ok']} answered, {s['aborted']} aborted by their client, {s['errors']} errors; "
+        f"after: {s['leaked_running']} running, {s['leaked_queued']} queued"
     )
-    if "rss_growth_mib" in summary:
+    if "rss_growth_mib" in s:
         print(
-            f"server RSS: {summary['rss_warm_mib']:.0f} MiB after warm-up, "
-            f"max {summary['rss_max_after_warm_mib']:.0f}"
-            f" MiB (growth {summary['rss_growth_mib']:.1f} MiB, "
-            f"bound {args.rss_bound_mib:.0f} MiB)"
+            f"server RSS: {s['rss_warm_mib']:.0f} MiB after warm-up, max {s['rss_max_after_warm_mib']:.0f} MiB "
+            f"(growth {s['rss_growth_mib']:.1f} MiB, bound {args.rss_bound_mib:.0f} MiB)"
         )
     return verdict(summary, ok, args.json)

@@ -1,67 +1,45 @@
-"""`gleanrl bench rollout`: GRPO steps' rollouts as the trainer sends them, in four SD
-arms side by side.
-
-P prompts x n samples, all submitted at once (T = 1, seeded per step as the trainer does), for
-`--steps` consecutive steps with the same policy and the same prompts (an epoch revisiting them), so
-the earlier-sample index fills. Each arm is its own engine, configured (SERVE) as `gleanrl serve`
-is with the arm's flags (`serve_flags` in the JSON), nothing swapped inside: `plain` (`--sd off`),
-`eagle` (`--drafter D`), `group` (`--sd-sources group`), `fused` (`--drafter D --sd-sources
-eagle,group,fused`), the last three with the serve defaults otherwise (`--sd adaptive`: the
-cost-model controller); and `sglang`: stock SGLang CPU (`gleanrl serve --backend sglang`, skipped
-with the reason where `.venv-sglang` is missing) sent the same steps' requests over HTTP (the other
-arms run in-process: no HTTP), rollouts only. `controller` is the arm's measured target pass ms per
-(running bucket, tokens per sequence), drafter step ms and EAGLE-3 acceptance by depth. rollout_s is
-the wall time of all its steps, tok_s the tokens produced over it, accept_length the tokens emitted
-per verify pass (bonus included, as SGLang's), target_passes the decoding target passes,
-tokens_per_pass the tokens a decoding sequence gets per pass (plain: 1.0; machine-independent). Then
-one greedy step (T = 0) per arm on the same engine: `identical_greedy` counts SD outputs equal token
-for token to the plain ones (lossless). The CPU may be shared: read the ratios, not the seconds.
+"""`gleanrl bench rollout`: GRPO steps' rollouts as the trainer sends them (P prompts x n samples at
+once, T = 1, `--steps` over the same prompts), in SD arms side by side: each an in-process engine with
+the arm's `gleanrl serve` flags (SERVE; `serve_flags` in the JSON), and `sglang`, stock SGLang CPU over
+HTTP (skipped with the reason where `.venv-sglang` is missing). accept_length: tokens per verify pass
+(bonus included, as SGLang's); tokens_per_pass: tokens a decoding sequence gets per target pass. A
+greedy step per arm checks SD is lossless (`identical_greedy`). Read the ratios, not the seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 ARMS = ("plain", "eagle", "group", "fused", "sglang")
-SERVE = {
-    "plain": {"sd": "off"},
-    "eagle": {"drafter": "D"},
-    "group": {"sd_sources": ("group",)},
-    "fused": {"drafter": "D", "sd_sources": ("eagle", "group", "fused")},
-}
+SHAPE = ("task", "prompts", "n", "steps", "max_new_tokens")  # the summary's record of the run's shape
+SERVE = {"plain": {"sd": "off"}, "eagle": {"drafter": "D"}, "group": {"sd_sources": ("group",)}}
+SERVE["fused"] = {"drafter": "D", "sd_sources": ("eagle", "group", "fused")}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="policy directory (default: the task's bootstrap policy)")
-    parser.add_argument("--drafter", default=None, help="EAGLE-3 drafter (default: the cached warm start)")
-    parser.add_argument("--warm-prompts", type=int, default=256, help="without --drafter: prompts of the warm start")
-    parser.add_argument("--warm-steps", type=int, default=400, help="without --drafter: TTT steps of the warm start")
-    parser.add_argument("--task", default=None, help="task spec (default: the built-in task)")
-    parser.add_argument("--prompts", type=int, default=8, help="P: prompts per step")
-    parser.add_argument("--n", type=int, default=8, help="samples per prompt")
-    parser.add_argument("--steps", type=int, default=2, help="consecutive steps over the same prompts")
-    parser.add_argument("--max-new-tokens", type=int, default=512, help="the longest response")
-    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated draft sources")
-    parser.add_argument("--sd-max-batch", type=int, default=None, help="serve's --sd-max-batch (default: its)")
-    parser.add_argument("--group-max-batch", type=int, default=None, help="serve's --group-max-batch (default: its)")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch threads of the server (default: 1) and of this process (default: torch's)",
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=["auto", "float32", "bfloat16"],
-        default="auto",
-        help="weights' dtype (auto: bfloat16 where the CPU multiplies it natively)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
-    parser.add_argument("--json", default=None, help="write the results here")
+    add = parser.add_argument
+    add("--model", default=None, help="policy directory (default: the task's bootstrap policy)")
+    add("--drafter", default=None, help="EAGLE-3 drafter (default: the cached warm start)")
+    add("--warm-prompts", type=int, default=256, help="without --drafter: prompts of the warm start")
+    add("--warm-steps", type=int, default=400, help="without --drafter: TTT steps of the warm start")
+    add("--task", default=None, help="task spec (default: the built-in task)")
+    add("--prompts", type=int, default=8, help="P: prompts per step")
+    add("--n", type=int, default=8, help="samples per prompt")
+    add("--steps", type=int, default=2, help="consecutive steps over the same prompts")
+    add("--max-new-tokens", type=int, default=512, help="the longest response")
+    add("--arms", default=",".join(ARMS), help="comma-separated draft sources")
+    add("--sd-max-batch", type=int, default=None, help="serve's --sd-max-batch (default: its)")
+    add("--group-max-batch", type=int, default=None, help="serve's --group-max-batch (default: its)")
+    add("--threads", type=int, help="torch threads of the server (default: 1) and of this process (default: torch's)")
+    dtype = "weights' dtype (auto: bfloat16 where the CPU multiplies it natively)"
+    add("--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help=dtype)
+    add("--seed", type=int, default=0, help="sampling seed")
+    add("--json", default=None, help="write the results here")
 
 
 def _step(engine, prompts: list[list[int]], n: int, temperature: float, max_new: int, seed: int) -> list[list[int]]:
@@ -84,23 +62,14 @@ def _arm_config(arm: str, model: str, drafter: str, args: argparse.Namespace):
 
     settings = {k: drafter if v == "D" else v for k, v in SERVE[arm].items()}
     if arm != "plain":
-        settings |= {
-            k: v
-            for k, v in (("sd_max_batch", args.sd_max_batch), ("group_max_batch", args.group_max_batch))
-            if v is not None
-        }
+        settings |= {k: getattr(args, k) for k in ("sd_max_batch", "group_max_batch") if getattr(args, k) is not None}
     settings |= {"dtype": args.dtype, "max_running_requests": args.prompts * args.n}
-    flags = [
-        x
-        for k, v in settings.items()
-        for x in (f"--{k.replace('_', '-')}", ",".join(v) if isinstance(v, tuple) else str(v))
-    ]
+    pairs = [(f"--{k.replace('_', '-')}", ",".join(v) if isinstance(v, tuple) else str(v)) for k, v in settings.items()]
+    flags = [x for pair in pairs for x in pair]
     return EngineConfig(model_path=model, **settings), flags
 
 
 def _default_paths(args: argparse.Namespace) -> tuple[str, str]:
-    from pathlib import Path
-
     from gleanrl import demo_setup
     from gleanrl.shipped import DEFAULT, SHIPPED, shipped_policy
     from gleanrl.trainer.bootstrap import bootstrap_policy
@@ -108,18 +77,13 @@ def _default_paths(args: argparse.Namespace) -> tuple[str, str]:
     task = args.task or SHIPPED[DEFAULT].task
     # the shipped policy answers every task in the doubling format (gleanrl.shipped)
     shipped = task.startswith("doubling")
-    policy = (
-        Path(args.model)
-        if args.model
-        else shipped_policy()
-        if shipped
-        else bootstrap_policy(task=args.task, seed=args.seed)
-    )
+    if args.model:
+        policy = Path(args.model)
+    else:
+        policy = shipped_policy() if shipped else bootstrap_policy(task=args.task, seed=args.seed)
     if args.drafter:
         return str(policy), args.drafter
-    warm = argparse.Namespace(
-        max_new_tokens=args.max_new_tokens, warm_steps=args.warm_steps, warm_prompts=args.warm_prompts, seed=args.seed
-    )
+    warm = argparse.Namespace(**{k: getattr(args, k) for k in ("max_new_tokens", "warm_steps", "warm_prompts", "seed")})
     return str(policy), str(demo_setup.warm_drafter(policy, warm, task=task))
 
 
@@ -132,60 +96,41 @@ def _arm(engine, prompts: list[list[int]], args: argparse.Namespace) -> tuple[di
     seconds = time.perf_counter() - t0
     stats, dec = engine.stats(), engine.sd_counters()
     ct = dec["verify_ct"]
-    r = {
-        "rollout_s": round(seconds, 3),
-        "tok_s": round(tokens / seconds, 1),
-        "tokens": tokens,
-        "accept_length": round(dec["verify_tokens"] / ct, 2) if ct else 0.0,
-        "verify_passes": ct,
-        "target_passes": dec["decode_passes"],
-        "tokens_per_pass": round(dec["decode_tokens"] / dec["decode_rows"], 3) if dec["decode_rows"] else 0.0,
-        "spec_accept_token_num_by_source": dec["spec_accept_token_num_by_source"],
-        "controller": stats["sd_controller"],
-    }
+    r = {"rollout_s": round(seconds, 3), "tok_s": round(tokens / seconds, 1), "tokens": tokens}
+    r["accept_length"] = round(dec["verify_tokens"] / ct, 2) if ct else 0.0
+    r |= {"verify_passes": ct, "target_passes": dec["decode_passes"]}
+    r["tokens_per_pass"] = round(dec["decode_tokens"] / dec["decode_rows"], 3) if dec["decode_rows"] else 0.0
+    r["spec_accept_token_num_by_source"] = dec["spec_accept_token_num_by_source"]
+    r["controller"] = stats["sd_controller"]
     return r, _step(engine, prompts, args.n, 0.0, args.max_new_tokens, 0)
 
 
 def _sglang_arm(model: str, prompts: list[list[int]], args: argparse.Namespace) -> dict:
     """Stock SGLang over HTTP: the same steps (T = 1, the same seeds), timed as the other arms."""
-    import tempfile
-    from pathlib import Path
-
-    from gleanrl.bench.engine import timed_requests
+    from gleanrl.bench.engine import grpo_params, timed_requests
     from gleanrl.bench.serve_process import ServeProcess
     from gleanrl.bench.sglang_arm import sglang_serve_args
 
     count = len(prompts) * args.n
-    flags = [
-        *sglang_serve_args(count, max(map(len, prompts)) + args.max_new_tokens + 8),
-        "--dtype",
-        args.dtype,
-        "--max-running-requests",
-        str(count),
-    ]
+    flags = sglang_serve_args(count, max(map(len, prompts)) + args.max_new_tokens + 8)
+    flags += ["--dtype", args.dtype, "--max-running-requests", str(count)]
     log = Path(tempfile.mkdtemp(prefix="gleanrl-bench-rollout-sglang-")) / "server.log"
     seconds = tokens = 0
     with ServeProcess(model, log, threads=args.threads or 1, extra=flags) as srv:
         timed_requests(srv.url, prompts[:1], [{"max_new_tokens": 8, "temperature": 0.0}])  # warm-up
         for step in range(args.steps):
             ids = [p for p in prompts for _ in range(args.n)]
-            sp = [
-                {"max_new_tokens": args.max_new_tokens, "temperature": 1.0, "sampling_seed": 10_007 * step + i}
-                for i in range(count)
-            ]
-            t, n = timed_requests(srv.url, ids, sp)
+            t, n = timed_requests(srv.url, ids, grpo_params(args, count, step))
             seconds, tokens = seconds + t, tokens + n
-    return {
-        "rollout_s": round(seconds, 3),
-        "tok_s": round(tokens / seconds, 1),
-        "tokens": tokens,
-        "serve_flags": " ".join(flags),
-    }
+    timing = {"rollout_s": round(seconds, 3), "tok_s": round(tokens / seconds, 1), "tokens": tokens}
+    return timing | {"serve_flags": " ".join(flags)}
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from gleanrl.bench.engine import write_json
+    from gleanrl.bench.sglang_arm import sglang_missing
     from gleanrl.server.engine import Engine
     from gleanrl.server.protocol import CheckpointError
     from gleanrl.trainer.generate import encode_prompt
@@ -204,11 +149,8 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, KeyError, ImportError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from gleanrl.bench.sglang_arm import sglang_missing
-
-    why = sglang_missing() if "sglang" in arms else None
-    skipped = {"sglang": why} if why else {}
-    if why:
+    skipped = {"sglang": why} if "sglang" in arms and (why := sglang_missing()) else {}
+    for why in skipped.values():
         print(f"skipping arm sglang: {why}", file=sys.stderr)
     results, greedy, prompts = {}, {}, None
     for arm in [a for a in arms if a != "sglang"]:
@@ -224,49 +166,25 @@ def run(args: argparse.Namespace) -> int:
             results[arm], greedy[arm] = _arm(engine, prompts, args)
         finally:
             engine.shutdown()
-        results[arm]["serve_flags"] = " ".join(configs[arm][1])
         r = results[arm]
-        print(
-            f"{arm:>6}  rollout {r['rollout_s']:>8.2f} s  {r['tok_s']:>8.1f} tok/s  "
-            f"accept {r['accept_length']:.2f}  passes {r['verify_passes']}",
-            flush=True,
-        )
+        r["serve_flags"] = " ".join(configs[arm][1])
+        accept = f"accept {r['accept_length']:.2f}  passes {r['verify_passes']}"
+        print(f"{arm:>6}  rollout {r['rollout_s']:>8.2f} s  {r['tok_s']:>8.1f} tok/s  {accept}", flush=True)
     if "sglang" in arms and not skipped:
-        results["sglang"] = _sglang_arm(model, prompts, args)
-        print(
-            f"sglang  rollout {results['sglang']['rollout_s']:>8.2f} "
-            f"s  {results['sglang']['tok_s']:>8.1f} tok/s (over HTTP)",
-            flush=True,
-        )
+        r = results["sglang"] = _sglang_arm(model, prompts, args)
+        print(f"sglang  rollout {r['rollout_s']:>8.2f} s  {r['tok_s']:>8.1f} tok/s (over HTTP)", flush=True)
     sd_arms = [a for a in arms if a not in ("plain", "sglang")]
     same = sum(x == y for a in sd_arms for x, y in zip(greedy[a], greedy["plain"]))
-    summary = {
-        "arms": results,
-        "identical_greedy": f"{same}/{len(sd_arms) * len(greedy['plain'])}",
-        "model": model,
-        "drafter": drafter,
-        "task": args.task,
-        "prompts": args.prompts,
-        "n": args.n,
-        "steps": args.steps,
-        "max_new_tokens": args.max_new_tokens,
-        "threads": torch.get_num_threads(),
-    }
-    for a in sd_arms:
-        summary[f"speedup_{a}"] = round(results["plain"]["rollout_s"] / results[a]["rollout_s"], 2)
+    identical = f"{same}/{len(sd_arms) * len(greedy['plain'])}"
+    summary = {"arms": results, "identical_greedy": identical, "model": model, "drafter": drafter}
+    summary |= {k: getattr(args, k) for k in SHAPE} | {"threads": torch.get_num_threads()}
+    summary |= {f"speedup_{a}": round(results["plain"]["rollout_s"] / results[a]["rollout_s"], 2) for a in sd_arms}
     summary["skipped"] = skipped
     if "sglang" in results:
-        summary["over_sglang"] = {
-            a: round(results["sglang"]["rollout_s"] / results[a]["rollout_s"], 2) for a in results if a != "sglang"
-        }
+        sglang_s = results["sglang"]["rollout_s"]
+        summary["over_sglang"] = {a: round(sglang_s / results[a]["rollout_s"], 2) for a in results if a != "sglang"}
         print("over stock SGLang: " + "  ".join(f"{a} {x:.2f}x" for a, x in summary["over_sglang"].items()))
-    print(
-        "  ".join(f"speedup_{a} {summary[f'speedup_{a}']:.2f}x" for a in sd_arms)
-        + f"  identical greedy {summary['identical_greedy']}"
-    )
-    if args.json:
-        from gleanrl.base.atomic import atomic_file
-
-        with atomic_file(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
+    speedups = "  ".join(f"speedup_{a} {summary[f'speedup_{a}']:.2f}x" for a in sd_arms)
+    print(f"{speedups}  identical greedy {identical}")
+    write_json(args.json, summary)
     return 0

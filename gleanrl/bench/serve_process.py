@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -29,21 +30,8 @@ class ServeProcess:
     def __init__(self, model: str, log_path: Path, threads: int = 1, extra: list[str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.cmd = [
-            sys.executable,
-            "-m",
-            "gleanrl",
-            "serve",
-            "--model",
-            str(model),
-            "--port",
-            str(self.port),
-            "--threads",
-            str(threads),
-            "--log-level",
-            "warning",
-            *(extra or []),
-        ]
+        self.cmd = [sys.executable, "-m", "gleanrl", "serve", "--model", str(model), "--port", str(self.port)]
+        self.cmd += ["--threads", str(threads), "--log-level", "warning", *(extra or [])]
         self.log_path = log_path
 
     def __enter__(self) -> ServeProcess:
@@ -53,11 +41,9 @@ class ServeProcess:
         self.pid = self.proc.pid
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return self
-            except httpx.HTTPError:
-                pass
             time.sleep(0.3)
         self.__exit__()
         raise RuntimeError(f"server did not start; see {self.log_path}")
@@ -73,8 +59,7 @@ class ServeProcess:
 
 
 def verdict(summary: dict, ok: bool, json_path: str | None) -> int:
-    """The end of a bench: its error samples on stderr, the summary to `json_path`,
-    PASS/FAIL, exit code."""
+    """The end of a bench: its error samples on stderr, the summary to `json_path`, PASS/FAIL, exit code."""
     for e in summary["error_samples"]:
         print(f"  error: {e}", file=sys.stderr)
     if json_path:

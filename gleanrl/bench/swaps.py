@@ -1,14 +1,8 @@
 """`gleanrl bench swaps`: alternating target and draft weight swaps while greedy requests stream.
-
-Two targets A and B (same shapes, other weights) and two drafters; the server runs SD. Reference
-outputs of every prompt under A and under B are taken first, with nothing else running. Then clients
-stream greedy requests while a swapper pushes `--swaps` updates (target, draft, target, ...; each
-with a fresh version). Every response must carry one `weight_version` and one `draft_weight_version`
-that were pushed, and equal the reference of its target version. SD is lossless, so draft swaps
-mid-request change nothing; a target swap waits for the running requests (SGLang's update lock), so
-a response whose streamed versions change (a "straddler", expected 0) can only come from an update
-under a pause: its tokens streamed under the old version must equal the old reference's prefix. Any
-non-200 or mismatch is an error (exit 1)."""
+Each prompt's reference output under targets A and B is taken alone first; then clients stream while
+`--swaps` updates are pushed. Every response must carry pushed versions and equal its target version's
+reference (SD is lossless); a response whose target version changes mid-stream (a "straddler", expected
+0: an update waits for running requests) must match the old reference before it. Exit 1 on any error."""
 
 from __future__ import annotations
 
@@ -24,16 +18,8 @@ import httpx
 
 from gleanrl.bench.serve_process import ServeProcess, verdict
 
-PROMPTS = [
-    "The quick brown fox",
-    "Once upon a time",
-    "1 + 1 =",
-    "In the beginning",
-    "alpha beta gamma",
-    "Weights and measures",
-    "Rollouts finish at",
-    "Speculative decoding",
-]
+PROMPTS = ["The quick brown fox", "Once upon a time", "1 + 1 =", "In the beginning", "alpha beta gamma"]
+PROMPTS += ["Weights and measures", "Rollouts finish at", "Speculative decoding"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,21 +36,14 @@ def make_models(root: Path) -> dict[str, Path]:
     from gleanrl.tiny import build_tokenizer, make_tiny_model
 
     tok = build_tokenizer()
-    a = make_tiny_model(root / "A", tokenizer=tok, seed=0)
-    return {
-        "A": a,
-        "B": make_tiny_model(root / "B", tokenizer=tok, seed=1),
-        "D1": save_drafter(init_drafter(a, seed=0), root / "D1"),
-        "D2": save_drafter(init_drafter(a, seed=1), root / "D2"),
-    }
+    a, b = (make_tiny_model(root / name, tokenizer=tok, seed=seed) for name, seed in (("A", 0), ("B", 1)))
+    drafters = {f"D{seed + 1}": save_drafter(init_drafter(a, seed=seed), root / f"D{seed + 1}") for seed in (0, 1)}
+    return {"A": a, "B": b, **drafters}
 
 
 async def _stream(client: httpx.AsyncClient, prompt: str, max_new: int) -> list[tuple[list[int], str, str]]:
-    body = {
-        "text": prompt,
-        "stream": True,
-        "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True, "stream_interval": 1},
-    }
+    sp = {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True, "stream_interval": 1}
+    body = {"text": prompt, "stream": True, "sampling_params": sp}
     chunks = []
     async with client.stream("POST", "/generate", json=body) as r:
         if r.status_code != 200:
@@ -80,9 +59,8 @@ async def _stream(client: httpx.AsyncClient, prompt: str, max_new: int) -> list[
 
 
 async def _push(client: httpx.AsyncClient, path: Path, selector: str, version: str) -> None:
-    r = await client.post(
-        "/update_weights_from_disk", json={"model_path": str(path), "selector": selector, "weight_version": version}
-    )
+    body = {"model_path": str(path), "selector": selector, "weight_version": version}
+    r = await client.post("/update_weights_from_disk", json=body)
     if r.status_code != 200:
         raise RuntimeError(f"{selector} swap to {version}: {r.status_code} {r.text[:200]}")
 
@@ -98,14 +76,8 @@ async def swaps_under_load(
             refs[name] = {p: (await _stream(client, p, max_new))[-1][0] for p in PROMPTS}
         assert refs["A"] != refs["B"], "the two targets must differ"
         target_of, drafts = {"refA": "A"}, {"default"}
-        s = {
-            "swaps": 0,
-            "responses": 0,
-            "straddlers": 0,
-            "draft_changes_mid_request": 0,
-            "draft_only_mid_request": 0,
-            "errors": 0,
-        }
+        counts = ("swaps", "responses", "straddlers", "draft_changes_mid_request", "draft_only_mid_request", "errors")
+        s = dict.fromkeys(counts, 0)
         errors: list[str] = []
         done = asyncio.Event()
 
@@ -168,16 +140,13 @@ def run(args: argparse.Namespace) -> int:
         models = make_models(Path(tmp))
         extra = ["--drafter", str(models["D1"]), "--sd", "on", "--num-draft-tokens", "3"]
         with ServeProcess(str(models["A"]), Path(tmp) / "server.log", extra=extra) as server:
-            s = asyncio.run(
-                swaps_under_load(server.url, models, args.swaps, args.clients, args.max_new_tokens, args.seed)
-            )
+            load = swaps_under_load(server.url, models, args.swaps, args.clients, args.max_new_tokens, args.seed)
+            s = asyncio.run(load)
     print(
-        f"swaps: {s['swaps']} of {args.swaps} (alternating target/draft) under {args.clients} "
-        f"streaming clients: {s['responses']} greedy "
-        f"responses, {s['responses'] - s['straddlers']} equal to their version's reference token "
-        f"for token, {s['straddlers']} straddled a target swap (old-version prefix "
-        f"checked); {s['draft_changes_mid_request']} saw a draft swap mid-request "
-        f"({s['draft_only_mid_request']} of them no target swap, checked token for token); "
-        f"{s['errors']} errors"
+        f"swaps: {s['swaps']} of {args.swaps} (alternating target/draft) under {args.clients} streaming clients: "
+        f"{s['responses']} greedy responses, {s['responses'] - s['straddlers']} equal to their version's reference "
+        f"token for token, {s['straddlers']} straddled a target swap (old-version prefix checked); "
+        f"{s['draft_changes_mid_request']} saw a draft swap mid-request ({s['draft_only_mid_request']} of them no "
+        f"target swap, checked token for token); {s['errors']} errors"
     )
     return verdict(s, s["errors"] == 0 and s["swaps"] == args.swaps, args.json)

@@ -1,20 +1,9 @@
-"""`gleanrl harvest`: the harvest beside an RL trainer that is not gleanrl's, with no
-code in its loop.
-
-It reads the rollout server's feed of finished requests (`gleanrl serve --harvest-feed`, or `gleanrl
-proxy` in front of stock SGLang), follows the server's policy (`server_view`), and runs the same
-harvester as `gleanrl train --drafter` (`harvest.hooks.HarvestHooks` over
-`harvest.harvester.Harvester`): each finished rollout is captured by its own copy of the policy into
-the spool; the drafter trains in the server's idle windows (at most `--idle-running` requests
-running, or paused while the trainer updates), a better drafter is pushed with `selector: "draft"`;
-spool, versions and settings live under OUT as under `gleanrl train`'s OUT/harvest, and `--resume`
-continues them. A "step" here is one policy version.
-
-State (`OUT/sidecar_state.pt`: the harvester's, the feed cursor, the policy versions seen) is
-written atomically at each policy version, every `--save-every-s` and on SIGINT/SIGTERM, between
-idle windows. After a kill -9, `--resume` re-reads the feed from the saved cursor: rollouts captured
-after that save may be captured twice (the spool is bounded; a duplicate sample only weighs
-a little more).
+"""`gleanrl harvest`: the harvest beside an RL trainer that is not gleanrl's, with no code in its loop.
+It reads the server's feed of finished requests (`gleanrl serve --harvest-feed` or `gleanrl proxy`),
+follows the policy it serves and runs `gleanrl train --drafter`'s harvester: capture with its own copy
+of the policy, train in the server's idle windows, push a better drafter. A "step" is one policy version.
+State (`OUT/sidecar_state.pt`) is saved atomically at each version, every `--save-every-s` and on
+SIGINT/SIGTERM; after a kill -9, `--resume` re-reads the feed from the saved cursor.
 """
 
 from __future__ import annotations
@@ -33,27 +22,17 @@ def add_arguments(p) -> None:
     from gleanrl.trainer.cli import add_harvest_flags
 
     p.add_argument("--server", required=True, help="the rollout server (or `gleanrl proxy`) with its harvest feed")
-    p.add_argument(
-        "--admin-api-key",
-        default=os.environ.get("GLEANRL_ADMIN_API_KEY"),
-        help="the server's admin key: reads the feed, pushes drafters (or env GLEANRL_ADMIN_API_KEY)",
-    )
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get("GLEANRL_API_KEY"),
-        help="the server's API key, where it has one (or env GLEANRL_API_KEY)",
-    )
+    admin = "the server's admin key: reads the feed, pushes drafters (or env GLEANRL_ADMIN_API_KEY)"
+    p.add_argument("--admin-api-key", default=os.environ.get("GLEANRL_ADMIN_API_KEY"), help=admin)
+    key = "the server's API key, where it has one (or env GLEANRL_API_KEY)"
+    p.add_argument("--api-key", default=os.environ.get("GLEANRL_API_KEY"), help=key)
     p.add_argument("--out", required=True, help="spool, drafter versions, settings, metrics.jsonl, state")
     init = p.add_mutually_exclusive_group(required=True)
     init.add_argument("--drafter", metavar="INIT", help="EAGLE-3 drafter to start from (the one the server serves)")
     init.add_argument("--cold", action="store_true", help="start from a random drafter (written to OUT/drafter_init)")
     p.add_argument("--resume", action="store_true", help="continue OUT's spool, drafter versions and feed cursor")
-    p.add_argument(
-        "--idle-running",
-        type=int,
-        default=4,
-        help="train while at most this many requests run on the server (or it is paused)",
-    )
+    idle = "train while at most this many requests run on the server (or it is paused)"
+    p.add_argument("--idle-running", type=int, default=4, help=idle)
     p.add_argument("--threads", type=int, default=1, help="torch threads for capture and drafter training")
     p.add_argument("--save-every-s", type=float, default=60.0, help="state saved at least this often")
     p.add_argument("--poll-s", type=float, default=0.5, help="long-poll of the feed while nothing happens")
@@ -61,8 +40,7 @@ def add_arguments(p) -> None:
 
 
 def write_settings(out: Path, args, resume: bool) -> None:
-    """OUT/harvest_config.json as `gleanrl train` writes it: the resumed run's settings,
-    then the flags."""
+    """OUT/harvest_config.json as `gleanrl train` writes it: the resumed run's settings, then the flags."""
     from gleanrl.harvest.config import update_config
     from gleanrl.trainer.cli import harvest_given
 
@@ -72,7 +50,7 @@ def write_settings(out: Path, args, resume: bool) -> None:
 def run(args) -> int:
     import httpx
 
-    from gleanrl.sidecar.loop import STATE_FILE
+    from gleanrl.sidecar.loop import STATE_FILE, Sidecar
     from gleanrl.sidecar.server_view import FollowError, ServerView
 
     out = Path(args.out)
@@ -88,11 +66,8 @@ def run(args) -> int:
     view = ServerView(args.server, admin_api_key=args.admin_api_key, api_key=args.api_key)
     try:
         write_settings(out, args, args.resume)
-        from gleanrl.sidecar.loop import Sidecar
-
-        sidecar = Sidecar(
-            view, out, args.drafter, args.cold, args.resume, args.idle_running, args.save_every_s, args.poll_s
-        )
+        pacing = (args.idle_running, args.save_every_s, args.poll_s)
+        sidecar = Sidecar(view, out, args.drafter, args.cold, args.resume, *pacing)
     except (ValueError, FollowError, OSError, httpx.HTTPError) as exc:
         return _fail(f"{type(exc).__name__}: {exc}" if isinstance(exc, httpx.HTTPError) else str(exc))
     try:

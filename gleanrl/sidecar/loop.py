@@ -20,7 +20,7 @@ from gleanrl.sidecar.server_view import Policy, ServerView
 from gleanrl.trainer.metrics import MetricsLog
 
 STATE_FILE = "sidecar_state.pt"
-COLUMNS = [
+COLUMNS = [  # (key, header, width, format), as trainer.metrics.COLUMNS
     ("step", "pver", 4, "{:d}"),
     ("weight_version", "wver", 6, "{}"),
     ("harvested", "caught", 6, "{:d}"),
@@ -70,16 +70,9 @@ class Sidecar:
         poll_s: float,
         echo=print,
     ):
-        self.view, self.out, self.idle_running, self.save_every_s, self.poll_s = (
-            view,
-            out,
-            idle_running,
-            save_every_s,
-            poll_s,
-        )
-        self.echo = echo
-        if resume:
-            # what a kill -9 left half-written: the state file's, a drafter version's temporaries
+        self.view, self.out, self.idle_running, self.echo = view, out, idle_running, echo
+        self.save_every_s, self.poll_s = save_every_s, poll_s
+        if resume:  # what a kill -9 left half-written: the state file's, a drafter version's temporaries
             for directory in (out, out / "drafter_versions"):
                 if directory.is_dir():
                     remove_stale_temporaries(directory)
@@ -97,43 +90,31 @@ class Sidecar:
         self.hooks, serving = HarvestHooks.for_run(self.policy.model_path, drafter, out, resume)
         if state is not None:
             self.hooks.load_state_dict(state["hooks"])
-        # drafters go to the server (or proxy) read from; after a resume the serving version
-        # is pushed again
+        # drafters go to the server (or proxy) read from; after a resume the serving version is pushed again
         self.hooks.bind_push(DrafterPush([view.url], api_key=view.api_key, admin_api_key=view.admin_api_key))
         self.metrics = MetricsLog(out, resume_step=self.policy.version - 1 if state else None)
         self.metrics.columns = COLUMNS
         self.window = None
         self._errors_seen = len(self.hooks.h.history)
-        echo(
-            f"gleanrl harvest: {view.url}, policy {self.policy.model_path} (weight_version "
-            f"{self.policy.weight_version}), drafter {serving}{' (resumed)' if state else ''}",
-            file=sys.stderr,
-        )
+        policy = f"policy {self.policy.model_path} (weight_version {self.policy.weight_version})"
+        resumed = " (resumed)" if state else ""
+        echo(f"gleanrl harvest: {view.url}, {policy}, drafter {serving}{resumed}", file=sys.stderr)
         self._start_step(self.policy)
 
     def _start_step(self, policy: Policy) -> None:
         self.policy = policy
         self.model, self.tokenizer = load_policy(policy.model_path)
-        # the hooks' policy version is step - 1
-        self.hooks.on_step_start(policy.version + 1, self.model)
-        # tokens from verify passes, verify passes
-        self._served = [0, 0]
+        self.hooks.on_step_start(policy.version + 1, self.model)  # the hooks' policy version is step - 1
+        self._served = [0, 0]  # tokens from verify passes, verify passes
         self._t0, self._cpu0, self._missed0 = time.monotonic(), cpu_seconds(), self.view.missed
 
     def _end_step(self, partial: bool = False) -> None:
         wall, cpu = time.monotonic() - self._t0, cpu_seconds() - self._cpu0
-        row = {
-            "step": self.policy.version,
-            "weight_version": self.policy.weight_version,
-            **self.hooks.step_metrics(),
-            "served_accept_len": self._served[0] / self._served[1] if self._served[1] else None,
-            "feed_missed": self.view.missed - self._missed0,
-            "wall_s": wall,
-            "cpu_share": cpu / max(wall, 1e-9),
-        }
-        self.metrics.log(
-            row | ({"partial": True} if partial else {}), echo=lambda line: self.echo(line, file=sys.stderr)
-        )
+        row = {"step": self.policy.version, "weight_version": self.policy.weight_version, **self.hooks.step_metrics()}
+        row["served_accept_len"] = self._served[0] / self._served[1] if self._served[1] else None
+        row |= {"feed_missed": self.view.missed - self._missed0, "wall_s": wall, "cpu_share": cpu / max(wall, 1e-9)}
+        row |= {"partial": True} if partial else {}
+        self.metrics.log(row, echo=lambda line: self.echo(line, file=sys.stderr))
 
     def _close_window(self) -> None:
         if self.window is not None:
@@ -154,8 +135,7 @@ class Sidecar:
             try:
                 page = self.view.read(wait_s=0.0 if self.window else self.poll_s)
                 policy = self.view.policy()
-            except httpx.TransportError as exc:
-                # a restarting server: wait for it, training stops meanwhile
+            except httpx.TransportError as exc:  # a restarting server: wait for it, training stops meanwhile
                 self._close_window()
                 self.echo(f"gleanrl harvest: warning: {self.view.url} unreachable ({exc}); retrying", file=sys.stderr)
                 stop.wait(UNREACHABLE_WAIT_S)
@@ -187,27 +167,21 @@ class Sidecar:
                 stop.wait(TRAIN_POLL_S)
 
     def _warn_push_errors(self) -> None:
-        """A refused push leaves the server on its drafter and training goes on (as in
-        `gleanrl train`)."""
+        """A refused push leaves the server on its drafter and training goes on (as in `gleanrl train`)."""
         for entry in self.hooks.h.history[self._errors_seen :]:
             if entry.get("error"):
                 self.echo(f"gleanrl harvest: warning: push refused: {entry['error']}", file=sys.stderr)
         self._errors_seen = len(self.hooks.h.history)
 
     def _progress(self, page: dict) -> None:
-        h = self.hooks.h
-        self.echo(
-            f"[harvest] policy v{self.policy.version} | feed {page['next_cursor']} read, "
-            f"{self.view.missed} missed | captured {self.hooks.captured} | drafter "
-            f"steps {h.steps}, v{h.version} "
-            f"| {'training' if self.window else 'waiting (server busy)'} "
-            f"| {h.push_status(h.history[-1] if h.history else None)}",
-            file=sys.stderr,
-        )
+        h, status = self.hooks.h, "training" if self.window else "waiting (server busy)"
+        feed = f"feed {page['next_cursor']} read, {self.view.missed} missed | captured {self.hooks.captured}"
+        push = h.push_status(h.history[-1] if h.history else None)
+        line = f"[harvest] policy v{self.policy.version} | {feed} | drafter steps {h.steps}, v{h.version} | {status}"
+        self.echo(f"{line} | {push}", file=sys.stderr)
 
     def shutdown(self) -> None:
-        """Close the window (within one micro-step), log the step so far, save: nothing
-        half-written."""
+        """Close the window (within one micro-step), log the step so far, save: nothing half-written."""
         self._close_window()
         self._end_step(partial=True)
         self.save()

@@ -1,11 +1,11 @@
 """Tasks and rewards: the plug-in interface the RL loop trains on.
 
-A task subclasses `gleanrl.trainer.tasks.base.Task` (here as `Task`): `prompts(split, n, seed) -> list[dict]`
-(each dict holds "prompt", the exact text sent to `/generate`, and whatever its reward needs) and
-`reward(sample, response) -> float` (1.0 = correct); `correct`, `solution`, `solution_focus` have
-defaults. `load_task(spec)` returns the default built-in task for None, a built-in by name, a JSONL
-dataset (`jsonl:PATH`, `jsonl:train=PATH,test=PATH` or a `*.jsonl` path), or a user task by dotted
-path (`my_pkg.my_module:my_task`; a class or factory there is called without arguments)."""
+A task subclasses `base.Task` (here as `Task`): `prompts(split, n, seed) -> list[dict]` (each holding "prompt",
+the exact text sent to `/generate`, and what its reward needs) and `reward(sample, response) -> float` (1.0 =
+correct); `correct`, `solution`, `solution_focus` have defaults. `load_task(spec)`: the default built-in for None,
+a built-in by name, a JSONL dataset (`jsonl:PATH`, `jsonl:train=PATH,test=PATH`, `*.jsonl`), or a user task by
+dotted path (`my_pkg.my_module:my_task`; a class or factory there is called without arguments).
+"""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ from gleanrl.trainer.tasks.jsonl import JsonlTask, TaskError
 from gleanrl.trainer.tasks.running_sums import RunningSums
 
 DEFAULT_TASK = "doubling"
-# the long tail: trainer.tasks.presets
-BUILTIN = {
+BUILTIN = {  # the long tail: trainer.tasks.presets
     "doubling": Doubling,
     "running_sums": RunningSums,
     "doubling_long_tail": functools.partial(Doubling, tail_share=0.125, tail_min=80, name="doubling_long_tail"),
@@ -61,10 +60,8 @@ def load_task(spec: str | Task | None = None) -> Task:
 
 def _checked(task, spec: str) -> Task:
     if not isinstance(task, Task):
-        raise TaskError(
-            f"{spec} is not a task: subclass gleanrl.trainer.tasks.base.Task (prompts(split, n, "
-            "seed) and reward(sample, response))"
-        )
+        how = "subclass gleanrl.trainer.tasks.base.Task (prompts(split, n, seed) and reward(sample, response))"
+        raise TaskError(f"{spec} is not a task: {how}")
     return task
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 
 class Task:
-    """The plug-in the RL loop trains on (`trainer.tasks.load_task`): subclass it and define
-    `prompts` (records holding "prompt", the text sent to /generate, and what `reward` needs) and
-    `reward` (1.0 = correct); the other methods have defaults."""
+    """The plug-in the RL loop trains on (`trainer.tasks.load_task`): define `prompts` (records holding "prompt",
+    the text sent to /generate, and what `reward` needs) and `reward` (1.0 = correct); the rest have defaults."""
 
     def prompts(self, split: str, n: int, seed: int) -> list[dict]:
         raise NotImplementedError
@@ -24,6 +23,4 @@ class Task:
         return []  # character spans of `solution(sample)` that SFT weighs by `focus_weight`
 
     def solution_choices(self, sample: dict) -> list[tuple[int, int]]:
-        # character spans of `solution(sample)` that are free choices the reward ignores (doubling's self-checks): the
-        # held-out reference accuracy does not score them
-        return []
+        return []  # spans of `solution(sample)` that are free choices the reward ignores: not scored

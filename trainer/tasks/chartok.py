@@ -1,6 +1,7 @@
-"""A character-level tokenizer for the built-in tasks: one token per printable ASCII character (plus
-newline) and ChatML's special tokens, saved as a standard `tokenizer.json` that transformers, SGLang
-and the embedded server load. A small vocabulary keeps the policy's embedding and lm_head cheap."""
+"""A character-level tokenizer for the built-in tasks: one token per printable ASCII character (plus newline) and
+ChatML's special tokens, saved as a standard `tokenizer.json` that transformers, SGLang and the embedded server
+load. A small vocabulary keeps the policy's embedding and lm_head cheap.
+"""
 
 from __future__ import annotations
 
@@ -20,8 +21,7 @@ def chatml(user: str) -> str:
 
 
 def build_char_tokenizer():
-    """PreTrainedTokenizerFast: specials first (ids 0..3), then one id per character; eos
-    = <|im_end|>."""
+    """PreTrainedTokenizerFast: specials first (ids 0..3), then one id per character; eos = <|im_end|>."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -29,8 +29,7 @@ def build_char_tokenizer():
     for ch in CHARS:
         vocab[ch] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
-    # every char alone
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"(?m)."), behavior="isolated")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"(?m)."), behavior="isolated")  # every char alone
     tok.decoder = decoders.Fuse()  # join pieces without spaces
     tok.add_special_tokens(SPECIAL_TOKENS)
     return PreTrainedTokenizerFast(

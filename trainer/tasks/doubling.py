@@ -1,5 +1,4 @@
-"""The default built-in task: double a number k times, keeping the last three digits
-(2^k * x mod 1000).
+"""The default built-in task: double a number k times, keeping the last three digits (2^k * x mod 1000).
 
     prompt (user turn):  double 4 times, keep 3 digits: 347
     solution:            347
@@ -9,33 +8,19 @@
                          01:552
                          \\boxed{552}
 
-Each line is `remaining:value`, fixed width, so every step is a local rule (decrement a counter,
-double a 3-digit number: digit j of the result is 2*d_j mod 10 plus a carry when d_(j+1) >= 5) that
-a small model learns by SFT in minutes. The number of doublings k is drawn from a truncated power
-law (P(k) ~ (k+1)^-alpha, 0 <= k <= max_steps; k = 0 is a plain copy), so most solutions are short
-and a few are very long, like chains of thought in RL rollouts; every step is a chance to err, so
-longer problems are harder. `tail_share` > 0 (the long-tail preset, `trainer.tasks.presets`) draws
-that share of each batch of problems from the tail, k uniform in [tail_min, max_steps] (stochastic
-rounding of the count, so a batch of 8 at 1/8 holds one on average and exactly one most of the
-time): reasoning-length responses in most steps, as in reasoning RL; the format is unchanged, so the
-same policy answers it. The reward is exact: the last \\boxed{} must equal the result (leading
-zeros allowed).
+Each `remaining:value` line is a local rule (decrement; digit j of the double is 2*d_j mod 10 plus a carry when
+d_(j+1) >= 5) a small model learns by SFT in minutes. k follows a truncated power law (P(k) ~ (k+1)^-alpha,
+0 <= k <= max_steps; 0 is a copy): mostly short, a few very long, like chains of thought, and longer is harder.
+`tail_share` > 0 (long-tail presets) draws that share of each batch from k in [tail_min, max_steps] (count
+stochastically rounded: a batch of 8 at 1/8 holds one on average). Reward: the last \\boxed{} equals the result
+(leading zeros allowed).
 
-Self-checks (`checks` > 0, the `doubling_checks` task): after each derivation the solution may check
-itself by deriving again, `check` and the same lines, with probability `checks` each time
-(geometric, at most `max_checks` and `max_chars` characters), then boxes the result:
-
-    347
-    01:694
-    check
-    347
-    01:694
-    \\boxed{694}
-
-The policy learns the choice (at T = 1 it checks as often as its data did; greedy never does for
-`checks` < 0.5) and the reward ignores it, so a response's length varies per sample, within a
-group, multiplicatively and heavy-tailed: a few samples run several times past their siblings, as
-chains of thought do in reasoning RL."""
+Self-checks (`checks` > 0, task `doubling_checks`): after each derivation the solution may derive again after a
+`check` line, with probability `checks` (geometric, at most `max_checks` and `max_chars`), then box the result
+(lines `347`, `01:694`, `check`, `347`, `01:694`, `\\boxed{694}`). The policy learns the choice (T = 1 checks as
+often as its data; greedy never for `checks` < 0.5), the reward ignores it: lengths vary within a group,
+multiplicatively and heavy-tailed, as chains of thought do.
+"""
 
 from __future__ import annotations
 
@@ -72,13 +57,11 @@ class Doubling(Task):
 
     def sample(self, rng: random.Random, tail: bool = False) -> dict:
         ks = range(self.max_steps + 1)
-        k = (
-            rng.randint(self.tail_min, self.max_steps)
-            if tail
-            else rng.choices(ks, weights=[(i + 1) ** -self.alpha for i in ks])[0]
-        )
+        if tail:
+            k = rng.randint(self.tail_min, self.max_steps)
+        else:
+            k = rng.choices(ks, weights=[(i + 1) ** -self.alpha for i in ks])[0]
         start = rng.randint(0, 999)
-        # the start last: a fixed-offset copy
         question = f"double {k} times, keep 3 digits: {start:03d}"
         sample = {
             "prompt": chatml(question),
@@ -86,9 +69,8 @@ class Doubling(Task):
             "start": start,
             "steps": k,
             "answer": str(start * 2**k % 1000),
-        }
-        if self.checks > 0:  # no draw otherwise: the default task's problems stay what they were
-            # the SFT data's number of self-checks (the policy samples its own)
+        }  # the start last in the question: a fixed-offset copy
+        if self.checks > 0:  # the SFT data's number of self-checks; no draw otherwise (problems stay as they were)
             fits = (self.max_chars - 12) // (len(self._derivation(start, k)) + 6) - 1
             n = 0
             while n < min(self.max_checks, fits) and rng.random() < self.checks:
@@ -97,12 +79,10 @@ class Doubling(Task):
         return sample
 
     def prompts(self, split: str, n: int, seed: int) -> list[dict]:
-        """`n` problems, the same for the same (split, seed); splits draw from
-        independent streams."""
+        """`n` problems, the same for the same (split, seed); splits draw from independent streams."""
         rng = random.Random(f"{self.name}/{split}/{seed}")
         tail: set[int] = set()
-        if self.tail_share > 0:
-            # no draw otherwise: the default task's problems stay what they were
+        if self.tail_share > 0:  # no draw otherwise: the default task's problems stay what they were
             whole, frac = divmod(n * self.tail_share, 1)
             tail = set(rng.sample(range(n), min(n, int(whole) + (rng.random() < frac))))
         return [self.sample(rng, i in tail) for i in range(n)]
@@ -128,9 +108,8 @@ class Doubling(Task):
         return [(step + i * (step + 6), step + i * (step + 6) + 1) for i in range(sample.get("checks", 0) + 1)]
 
     def solution_focus(self, sample: dict) -> list[tuple[int, int]]:
-        """The characters of `solution(sample)` that carry the hard step, for the bootstrap's SFT
-        (`trainer.tasks.sft`): the first line's counter, k copied from the prompt (k = 0: the choice
-        to box the start at once). Everything after it is a local rule at a fixed offset."""
+        """The characters carrying the hard step (for `trainer.tasks.sft`): the first line's counter, k copied
+        from the prompt (k = 0: the choice to box at once); the rest is a local rule at a fixed offset."""
         return [(4, 6)] if sample["steps"] else [(4, 5)]
 
     def reward(self, sample: dict, response: str) -> float:

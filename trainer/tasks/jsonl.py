@@ -1,6 +1,7 @@
-"""Tasks from JSONL files of `{"prompt": ..., "answer": ...}` records (GSM8K/MATH-style), scored
-with the math-answer reward. `prompt` is sent to `/generate` verbatim, so write it already formatted
-with your model's chat template. A bad line is reported with its line number and skipped."""
+"""Tasks from JSONL files of `{"prompt": ..., "answer": ...}` records (GSM8K/MATH-style), scored with the
+math-answer reward. `prompt` goes to `/generate` verbatim (apply your model's chat template). A bad line is
+reported with its line number and skipped.
+"""
 
 from __future__ import annotations
 
@@ -46,8 +47,7 @@ def read_records(path: str | Path) -> tuple[list[dict], list[str]]:
 
 @dataclass
 class JsonlTask(Task):
-    """`splits` maps a split name to its file; a split without its own file uses the
-    "train" file."""
+    """`splits` maps a split name to its file; a split without one uses the "train" file."""
 
     splits: dict[str, str]
     name: str = "jsonl"
@@ -83,8 +83,7 @@ class JsonlTask(Task):
 
 
 def parse_jsonl_spec(spec: str) -> JsonlTask:
-    """`jsonl:PATH` (one file for every split) or `jsonl:train=PATH,test=PATH`; a bare
-    `*.jsonl` path too."""
+    """`jsonl:PATH` (one file for every split) or `jsonl:train=PATH,test=PATH`; a bare `*.jsonl` path too."""
     body = spec.removeprefix("jsonl:")
     if "=" not in body:
         return JsonlTask({"train": body})

@@ -1,6 +1,6 @@
-"""Math-answer reward for GSM8K/MATH-style data: take the last `\\boxed{...}` in the response (or,
-when there is none, the last number), normalise it and compare it with the reference answer; numbers
-and simple fractions compare by value."""
+"""Math-answer reward for GSM8K/MATH-style data: the last `\\boxed{...}` in the response (else the last number),
+normalised, against the reference answer; numbers and simple fractions compare by value.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ _FRAC = re.compile(r"^(-?)\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}$")
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (or \\fbox{...}), braces balanced; None if absent
-    or unclosed."""
+    """Content of the last \\boxed{...} (or \\fbox{...}), braces balanced; None if absent or unclosed."""
     start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
     if start < 0:
         return None
@@ -35,8 +34,7 @@ def extract_answer(response: str) -> str | None:
 
 
 def normalize(answer: str) -> str:
-    """Canonical text: no spaces, $, \\left/\\right, \\text{}, trailing period or
-    thousands separators."""
+    """Canonical text: no spaces, $, \\left/\\right, \\text{}, trailing period or thousands separators."""
     s = answer.strip()
     if "####" in s:  # GSM8K reference solutions end with "#### 72"
         s = s.rsplit("####", 1)[1]

@@ -43,9 +43,8 @@ def sample_responses(
     progress: bool = True,
     expected_lengths: list[int] | None = None,
 ) -> list[tuple[str, int]]:
-    """(response text, response tokens incl. the end-of-turn token) per prompt, in the prompts'
-    order. Batches group prompts of similar `expected_lengths` (default: prompt length) to waste
-    less padding."""
+    """(response text, response tokens incl. the end-of-turn token) per prompt, in order. Batches group prompts
+    of similar `expected_lengths` (default: prompt length) to waste less padding."""
     from tqdm import tqdm
 
     torch.manual_seed(seed)
@@ -57,16 +56,8 @@ def sample_responses(
     for start in tqdm(range(0, len(order), batch_size), desc="sampling", disable=not progress):
         idx = order[start : start + batch_size]
         enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)
-        gen = model.generate(
-            **enc,
-            do_sample=True,
-            temperature=temperature,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=eos,
-            pad_token_id=tokenizer.pad_token_id,
-        )
+        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens)
+        gen = model.generate(**enc, **sampling, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
         for row, i in enumerate(idx):
             ids = gen[row, enc.input_ids.shape[1] :].tolist()
             n = ids.index(eos) + 1 if eos in ids else len(ids)
@@ -94,16 +85,9 @@ def measure_policy(
     samples = task.prompts("test", n, seed)
     solutions = [task.solution(s) for s in samples]
     expected = None if None in solutions else [len(x) for x in solutions]
+    prompts = [s["prompt"] for s in samples]
     results = sample_responses(
-        model,
-        tokenizer,
-        [s["prompt"] for s in samples],
-        temperature,
-        max_new_tokens,
-        batch_size,
-        seed,
-        progress,
-        expected,
+        model, tokenizer, prompts, temperature, max_new_tokens, batch_size, seed, progress, expected
     )
     rewards = [task.reward(s, text) for s, (text, _) in zip(samples, results)]
     lengths = [length for _, length in results]
@@ -125,8 +109,7 @@ def measure_policy(
 
 
 def reference_report(model_dir: str, task=None, n: int = 192, seed: int = 0) -> dict:
-    """`trainer.tasks.sft.reference_accuracy` on `n` test prompts (seed 0, n 192: the demo's
-    held-out set)."""
+    """`trainer.tasks.sft.reference_accuracy` on `n` test prompts (seed 0, n 192: the demo's held-out set)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gleanrl.trainer.tasks import load_task

@@ -1,27 +1,16 @@
-"""Named regimes for the built-in task: its length distribution and the step's shape (what
-`gleanrl demo` and `gleanrl bench e2e` run with `--regime`).
+"""Named regimes for the built-in task (`--regime` of `gleanrl demo` and `bench e2e`): length distribution, step shape.
 
-- `long_tail` (the default of `gleanrl bench e2e`): one prompt in eight (on average) is a
-  80-99-doubling problem, a 560-700 token response, the rest follow the usual power law. Most of a
-  step's rollouts finish early, a few decode one token at a time for the rest of the rollout phase,
-  while the policy update's cost grows with the step's total tokens (and a long group whose samples
-  all fail has no advantage and is left out): the aim is rollouts taking most of a no-SD step, as in
-  reasoning RL (TLT reports ~85 %, FastGRPO 91-98 %), with nothing slowed down to get there. Not yet
-  measured on the demo policy. The format is the default task's (k <= 99, which the default
-  bootstrap is trained on), so the default bootstrap policy answers it without a new bootstrap.
-- `reasoning_tail`: the tail of reasoning RL, where a few single responses run far past the rest
-  (TLT's premise), so that for most of the tail 1-2 sequences decode: the regime where SD pays on
-  this CPU (its ridge is ~15 rows a forward; 1-2 running here behave like a GPU's tens). One prompt
-  in 32 (on average) is an 80-99-doubling problem, and groups are pairs: the built-in task's
-  response length is set by its prompt, so siblings run in lockstep, and per-sample variation
-  within a group is modelled by small groups. 32 prompts x 2 samples.
-- `self_checks` (the default of the `deep` policy, `gleanrl.shipped`): the `doubling_checks` task,
-  whose responses check themselves a sampled number of times (geometric, `trainer.tasks.doubling`),
-  so lengths vary per sample within each group, heavy-tailed: the longest of a step's 64 runs alone
-  through a share of its rollouts (in a simulation of the SFT data's lengths ~30 % of the decode
-  iterations at 16 x 4 with <= 2 running, ~25 % at 8 x 8), as reasoning chains do.
-- `short` (the default of `gleanrl demo`, whose wall time is measured in this regime; long_tail is
-  opt-in there until its demo time is measured): power law alone, 512-token cap, where rollouts were
+- `long_tail` (default of `bench e2e`): one prompt in 8 on average is 80-99 doublings (560-700 tokens), the rest
+  the power law: a few rollouts decode alone for the rest of the phase, while the update's cost grows with total
+  tokens. Aim: rollouts taking most of a no-SD step, as in reasoning RL (TLT ~85 %, FastGRPO 91-98 %), nothing
+  slowed to get there; not yet measured on the demo policy, which answers it (k <= 99, the default format).
+- `reasoning_tail`: a few single responses far past the rest (TLT's premise), so 1-2 sequences decode for most of
+  the tail, where SD pays on this CPU (ridge ~15 rows a forward). One prompt in 32 is 80-99 doublings; pairs of
+  samples (siblings run in lockstep, so small groups model per-sample variation). 32 x 2.
+- `self_checks` (the `deep` policy's default, `gleanrl.shipped`): `doubling_checks`, heavy-tailed lengths per
+  sample: the longest of 64 runs alone through a share of the rollouts (simulated: ~30 % of decode iterations at
+  16 x 4 with <= 2 running, ~25 % at 8 x 8).
+- `short` (default of `gleanrl demo`, whose wall time is measured here): power law alone, 512-token cap, rollouts
   ~52 % of a no-SD step.
 """
 

@@ -4,10 +4,10 @@
     solution:            a3=3 b5=8 c2=10 d8=18
                          \\boxed{18}
 
-The list length is drawn from a truncated power law (P(n) ~ n^-alpha, 1 <= n <= max_items), so most
-solutions are short and a few are very long, like chains of thought in RL rollouts. Each step needs
-a lookup (the next label's digit in the prompt) and a carry, so longer lists are harder. The reward
-is exact: the last \\boxed{} must equal the total."""
+The list length is drawn from a truncated power law (P(n) ~ n^-alpha, 1 <= n <= max_items): mostly short, a few
+very long, like chains of thought. Each step needs a lookup (the next label's digit) and a carry, so longer is
+harder. The reward is exact: the last \\boxed{} must equal the total.
+"""
 
 from __future__ import annotations
 
@@ -47,14 +47,12 @@ class RunningSums(Task):
         }
 
     def prompts(self, split: str, n: int, seed: int) -> list[dict]:
-        """`n` problems, the same for the same (split, seed); splits draw from
-        independent streams."""
+        """`n` problems, the same for the same (split, seed); splits draw from independent streams."""
         rng = random.Random(f"{self.name}/{split}/{seed}")
         return [self.sample(rng) for _ in range(n)]
 
     def solution(self, sample: dict) -> str:
-        """The reference response (without the end-of-turn token): every partial sum,
-        then the total."""
+        """The reference response (without the end-of-turn token): every partial sum, then the total."""
         steps, total = [], 0
         for i, d in enumerate(sample["items"]):
             total += d

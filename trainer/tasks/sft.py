@@ -1,20 +1,15 @@
-"""Supervised fine-tuning from scratch on a task's reference solutions (the bootstrap's
-training loop).
+"""Supervised fine-tuning from scratch on a task's reference solutions (the bootstrap's training loop).
 
-Examples are bucketed by length into batches of about `batch_tokens` (padding included), so the
-heavy tail of long solutions does not pad every batch (padding is ~0.1 % of the slots: packing would
-buy nothing). Loss is on the response and its end-of-turn token only. bf16 autocast (on CPUs with
-native bf16 about 2.5x faster than float32; on CUDA too; off where bf16 is emulated: `harvest.train_step.bf16_fast`);
-master weights stay float32.
+Examples are bucketed by length into batches of about `batch_tokens` (padding ~0.1 % of slots: packing would buy
+nothing). Loss on the response and its end-of-turn token only. bf16 autocast where native (`bf16_fast`: ~2.5x
+on such CPUs), float32 master weights.
 
-Focus: a task may name the characters of a solution that carry the problem's hard step
-(`solution_focus(sample) -> [(start, end), ...]`, character spans of `solution(sample)`; the
-bootstrap's tokenizer is one token per character). Their tokens weigh `size.focus_weight` in the
-loss instead of 1 (the loss is the weighted mean over the batch's labelled tokens). For `doubling`
-that is the first line's counter, a copy of k from the prompt: it is 2 tokens of a response that
-averages ~40, so an unweighted loss hardly sees it, and it was every error of the old recipe's
-policy we looked at (greedy, 4 <= k <= 25: 31 wrong of 48, all 31 on that line;
-docs/task-and-bootstrap.md)."""
+Focus: `task.solution_focus(sample)` may name character spans of the solution carrying the hard step (the
+tokenizer is one token per character); their tokens weigh `size.focus_weight` (loss: weighted mean over labelled
+tokens). For `doubling`, the first line's counter (a copy of k): 2 tokens of ~40, hardly seen unweighted, and
+every error of the old recipe's policy we looked at (greedy, 4 <= k <= 25: 31 of 48 wrong, all on that line;
+docs/task-and-bootstrap.md).
+"""
 
 from __future__ import annotations
 
@@ -25,12 +20,12 @@ from pathlib import Path
 import torch
 
 from gleanrl.harvest.train_step import bf16_fast
+from gleanrl.trainer.metrics import mean_se
 from gleanrl.trainer.tasks.base import Task
 
 
 def make_batches(task: Task, tokenizer, size, seed: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """[(input_ids [B, T], labels [B, T], loss weights [B, T])] covering about `size.train_tokens`,
-    in a seeded order."""
+    """[(input_ids [B, T], labels [B, T], weights [B, T])] over about `size.train_tokens`, seeded order."""
     examples, total, chunk = [], 0, 0
     while total < size.train_tokens:
         for sample in task.prompts("train", 1000, seed * 1000 + chunk):
@@ -82,8 +77,7 @@ def _collate(
 
 
 def weighted_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy, weighted per label and averaged over the weights (labels
-    -100 weigh 0)."""
+    """Next-token cross-entropy, weighted per label, averaged over the weights (labels -100 weigh 0)."""
     logits, labels, weights = logits[:, :-1].float(), labels[:, 1:], weights[:, 1:]
     nll = torch.nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none"
@@ -96,14 +90,10 @@ def weighted_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Ten
 def reference_accuracy(
     model, tokenizer, task, samples: list[dict], batch_tokens: int = 4096, per_prompt: bool = False
 ) -> dict:
-    """Accuracy without sampling, from one teacher-forced forward over each reference solution:
-    `expected` = the mean probability of sampling the reference at T = 1 (exp of minus its summed
-    NLL), `greedy` = the share whose every reference token is the argmax (greedy decoding reproduces
-    it). The task's free choices (`solution_choices`: doubling's self-checks) are not scored. Where
-    the reference is the only correct response (doubling: up to leading zeros in the box, and its
-    checks) `expected` is the T = 1 accuracy's expectation, with no sampling noise; elsewhere it is
-    a lower bound. `per_prompt` adds each prompt's probability and greedy hit (`probs`, `greedy_hits`, in
-    the samples' order)."""
+    """Accuracy from one teacher-forced forward per reference: `expected` = mean probability of sampling it at
+    T = 1, `greedy` = share whose every token is the argmax. Free choices (`solution_choices`) are not scored.
+    Where the reference is the only correct response (doubling) `expected` is the T = 1 accuracy without
+    sampling noise; else a lower bound. `per_prompt` adds `probs`, `greedy_hits` (samples' order)."""
     was_training = model.training
     model.eval()
     examples = [
@@ -137,22 +127,15 @@ def reference_accuracy(
             greedy[i] = float(hit[row].all().item())
         start = end
     model.train(was_training)
-    n = max(1, len(samples))
-    mean = sum(probs) / n
-    se = math.sqrt(sum((x - mean) ** 2 for x in probs) / max(1, n - 1) / n)
-    out = {
-        "expected": round(mean, 4),
-        "expected_se": round(se, 4),
-        "greedy": round(sum(greedy) / n, 4),
-        "n": len(samples),
-    }
+    mean, se = mean_se(probs)
+    greedy_share = sum(greedy) / max(1, len(samples))
+    out = {"expected": round(mean, 4), "expected_se": round(se, 4), "greedy": round(greedy_share, 4), "n": len(samples)}
     return out | ({"probs": probs, "greedy_hits": greedy} if per_prompt else {})
 
 
 def lr_factor(step: int, total: int, warmup: float = 0.05, final: float = 0.1) -> float:
-    """Linear warmup over the first `warmup` of the steps, under a cosine from 1 at step 0 to
-    `final` at step `total` (warmup 0.05 and final 0.1: the version-1 recipe's
-    schedule, exactly)."""
+    """Linear warmup over the first `warmup` of the steps, under a cosine from 1 to `final` at `total`
+    (defaults: the version-1 recipe's schedule)."""
     n_warm = max(1, int(total * warmup))
     return min((step + 1) / n_warm, final + (1 - final) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total))))
 
@@ -160,9 +143,8 @@ def lr_factor(step: int, total: int, warmup: float = 0.05, final: float = 0.1) -
 def build_model(tokenizer, size, seed: int):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    # Llama, not Qwen2: transformers 5 loads any qwen2 model's tokenizer as Qwen2Tokenizer
-    # (byte-level BPE), which would silently re-tokenize this character-level vocabulary; llama
-    # honours tokenizer.json.
+    # Llama, not Qwen2: transformers 5 loads a qwen2 model's tokenizer as byte-level BPE, silently
+    # re-tokenizing this character vocabulary; llama honours tokenizer.json.
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=size.hidden,
@@ -181,8 +163,7 @@ def build_model(tokenizer, size, seed: int):
 
 
 def train_policy(out: Path, task: Task, size, seed: int = 0, progress: bool = True, device: str = "cpu") -> dict:
-    """Train a policy for `task` on `device` and save model + tokenizer to `out`; returns
-    training stats."""
+    """Train a policy for `task` on `device`, save model + tokenizer to `out`; returns training stats."""
     from gleanrl.trainer.tasks.chartok import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
@@ -238,13 +219,10 @@ def _fit(model, opt, sched, batches, size, device: str, desc: str, progress: boo
 
 
 def polish_policy(model, task: Task, tokenizer, size, seed: int, device: str = "cpu", progress: bool = True):
-    """The recipe's last phase: `size.polish_steps` more steps on fresh problems at the schedule's
-    final lr, with the task's focus tokens weighted `size.polish_focus_weight`. The main phase's
-    loss is dominated by the local doubling rule, so its last errors sit on the 2 tokens the loss
-    hardly sees (doubling: the first line's counter, a copy of k from the prompt); weighting them
-    in a short low-lr phase, after the rule is learned, targets those errors without the unstable
-    start a weighted loss from scratch had (`small_fast`, docs/task-and-bootstrap.md).
-    -> (the model, [[step, ema], ...])."""
+    """The recipe's last phase: `size.polish_steps` steps on fresh problems at the final lr, focus tokens weighted
+    `size.polish_focus_weight`. The last errors sit on the focus tokens the main loss hardly sees; weighting them
+    after the rule is learned avoids the unstable start a weighted loss from scratch had (`small_fast`,
+    docs/task-and-bootstrap.md). -> (the model, [[step, ema], ...])."""
     import dataclasses
 
     polish = dataclasses.replace(
@@ -255,14 +233,6 @@ def polish_policy(model, task: Task, tokenizer, size, seed: int, device: str = "
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
     model.train()
-    _, curve = _fit(
-        model,
-        opt,
-        sched,
-        batches,
-        polish,
-        device,
-        desc=f"polish (focus x{size.polish_focus_weight:g})",
-        progress=progress,
-    )
+    desc = f"polish (focus x{size.polish_focus_weight:g})"
+    _, curve = _fit(model, opt, sched, batches, polish, device, desc=desc, progress=progress)
     return model, curve
