@@ -91,13 +91,16 @@ def reference_gain(initial: Path, final: Path, task, prompts: list[dict]) -> dic
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gleanrl.trainer.metrics import mean_se
+    from gleanrl.trainer.phases import all_cores, phase_threads
     from gleanrl.trainer.tasks.sft import reference_accuracy
 
     tokenizer = AutoTokenizer.from_pretrained(initial)
     probs = []
-    for path in (initial, final):
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        probs.append(reference_accuracy(model, tokenizer, task, prompts, per_prompt=True)["probs"])
+    # the servers are gone by now: every core (the trainer left torch at its one thread)
+    with phase_threads(len(all_cores())):
+        for path in (initial, final):
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+            probs.append(reference_accuracy(model, tokenizer, task, prompts, per_prompt=True)["probs"])
     n = len(prompts)
     gain, se = mean_se([b - a for a, b in zip(*probs)])
     return {"n": n, "initial": sum(probs[0]) / n, "final": sum(probs[1]) / n, "gain": gain, "gain_se": se}
