@@ -26,6 +26,7 @@ import json
 import sys
 import time
 
+from gleanrl.bench.engine import write_json
 from gleanrl.bench.sd_checks import compile_grammar, divergence, matcher_ms_per_token
 
 
@@ -38,35 +39,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batches", default="1,4,16", help="running requests per cell, comma-separated")
     parser.add_argument("--temperatures", default="0,1", help="sampling temperatures, comma-separated")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="tokens per request")
-    parser.add_argument(
-        "--sd", choices=["on", "adaptive"], default="adaptive", help="on: SD at every batch; adaptive: as serve's --sd"
-    )
+    sd = "on: SD at every batch; adaptive: as serve's --sd"
+    parser.add_argument("--sd", choices=["on", "adaptive"], default="adaptive", help=sd)
     parser.add_argument("--sd-max-batch", type=int, default=8, help="serve's --sd-max-batch")
     parser.add_argument("--num-draft-tokens", type=int, default=None, help="fixed draft length (default: chosen)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the engine runs")
-    parser.add_argument(
-        "--dtype",
-        choices=["auto", "float32", "bfloat16"],
-        default="auto",
-        help="weights of target and drafter (auto: bfloat16 on CUDA and on CPUs "
-        "that multiply bf16 natively, AVX-512 BF16 or AMX, as the other "
-        "benches; else float32)",
-    )
+    dtype = "weights of target and drafter (auto: bfloat16 on CUDA and on CPUs that multiply bf16 natively, AVX-512"
+    dtype += " BF16 or AMX, as the other benches; else float32)"
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help=dtype)
     parser.add_argument("--repeats", type=int, default=3, help="runs per cell (the best counts)")
     grammar = parser.add_mutually_exclusive_group()
-    grammar.add_argument(
-        "--json-schema",
-        default=None,
-        help="also run every cell under this JSON schema's grammar (a schema as "
-        "JSON text, a file holding one, or 'any' for any JSON)",
-    )
-    grammar.add_argument(
-        "--regex",
-        default=None,
-        help="also run every cell under this regular expression's grammar (e.g. the task's own answer format, "
-        "so that the constrained text is the text the policy writes)",
-    )
+    schema = "also run every cell under this JSON schema's grammar (a schema as JSON text, a file holding one, or"
+    grammar.add_argument("--json-schema", default=None, help=f"{schema} 'any' for any JSON)")
+    regex = "also run every cell under this regular expression's grammar (e.g. the task's own answer format, so that"
+    grammar.add_argument("--regex", default=None, help=f"{regex} the constrained text is the text the policy writes)")
 
 
 ARGS_RECORDED = ("model", "drafter", "sd", "threads", "device", "dtype", "max_new_tokens", "json_schema", "regex")
@@ -85,21 +72,18 @@ def _prompts(args: argparse.Namespace, n: int) -> list[str]:
     return [texts[i % len(texts)] for i in range(n)]
 
 
-def _run(
-    engine, prompts: list[list[int]], temperature: float, max_new: int, seed: int, grammar=None
-) -> tuple[float, list[list[int]]]:
+def _run(engine, prompts: list[list[int]], temp: float, max_new: int, seed: int, grammar=None) -> tuple[float, list]:
     from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
     async def one(i: int) -> list[int]:
-        params = SamplingParams(max_new_tokens=max_new, temperature=temperature, seed=seed + i, grammar=grammar)
+        params = SamplingParams(max_new_tokens=max_new, temperature=temp, seed=seed + i, grammar=grammar)
         req = GenerateRequest(rid=f"bench-sd-{time.monotonic_ns()}-{i}", input_ids=prompts[i], params=params)
         return [t async for out in engine.generate(req) for t in out.new_ids]
 
     async def main() -> list[list[int]]:
         return await asyncio.gather(*[one(i) for i in range(len(prompts))])
 
-    start = time.perf_counter()
-    outputs = asyncio.run(main())
+    start, outputs = time.perf_counter(), asyncio.run(main())
     return sum(map(len, outputs)) / (time.perf_counter() - start), outputs
 
 
@@ -159,24 +143,16 @@ def _draft_cost(sd, off, prompt: list[list[int]], results: list[dict], args) -> 
         _run(off, prompt, 0.0, args.max_new_tokens, 0)
         plain = [_breakdown(before, off.sd_counters())["iteration_ms"]]
     plain_ms = min(plain)
-    return {
-        "draft_cost_ratio": round(drafter_ms / plain_ms, 3) if plain_ms > 0 else None,
-        "drafter_ms_per_token": drafter_ms,
-        "plain_iteration_ms": plain_ms,
-    }
+    ratio = round(drafter_ms / plain_ms, 3) if plain_ms > 0 else None
+    return {"draft_cost_ratio": ratio, "drafter_ms_per_token": drafter_ms, "plain_iteration_ms": plain_ms}
 
 
 def _line(r: dict) -> str:
-    return (
-        f"SD {r['sd_tok_s']:>8.1f} tok/s  plain {r['plain_tok_s']:>8.1f} tok/s  "
-        f"{r['speedup']:.2f}x  accept {r['accept_length']:.2f}"
-        + (f"  identical {r['identical_outputs']}" if "identical_outputs" in r else "")
-        + (
-            f" (log-prob gaps where they diverge {[d.get('logprob_gap') for d in r['diverged']]})"
-            if r.get("diverged")
-            else ""
-        )
-    )
+    line = f"SD {r['sd_tok_s']:>8.1f} tok/s  plain {r['plain_tok_s']:>8.1f} tok/s  "
+    line += f"{r['speedup']:.2f}x  accept {r['accept_length']:.2f}"
+    line += f"  identical {r['identical_outputs']}" if "identical_outputs" in r else ""
+    gaps = [d.get("logprob_gap") for d in r.get("diverged") or []]
+    return line + (f" (log-prob gaps where they diverge {gaps})" if gaps else "")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -201,15 +177,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         prompts_text = _prompts(args, max(batches))
         common = dict(model_path=args.model, max_running_requests=64, device=args.device, dtype=args.dtype)
-        engine = Engine(
-            EngineConfig(
-                **common,
-                drafter=args.drafter,
-                sd=args.sd,
-                sd_max_batch=args.sd_max_batch,
-                num_draft_tokens=args.num_draft_tokens,
-            )
-        )
+        sd_flags = dict(sd=args.sd, sd_max_batch=args.sd_max_batch, num_draft_tokens=args.num_draft_tokens)
+        engine = Engine(EngineConfig(**common, drafter=args.drafter, **sd_flags))
         plain_engine = Engine(EngineConfig(**common, sd="off"))
         grammar = compile_grammar(plain_engine, args.json_schema, args.regex)
     except (OSError, ValueError, KeyError, ImportError, CheckpointError, RuntimeError) as exc:
@@ -226,15 +195,12 @@ def run(args: argparse.Namespace) -> int:
             for temp in temps:
                 r = {"batch": batch, "temperature": temp, **_cell(sd, off, prompts[:batch], temp, args)}
                 print(f"batch {batch:>3} T={temp:<4} {_line(r)}", flush=True)
-                print(
-                    "    ms per iteration (forward / drafter / overhead): "
-                    + "  ".join(
-                        f"{arm} {x['iteration_ms']:.2f} ({x['forward_ms']:.2f} / {x['drafter_ms']:.2f} "
-                        f"/ {x['overhead_ms']:.2f})"
-                        for arm, x in r["per_iteration"].items()
-                    ),
-                    flush=True,
+                split = "  ".join(
+                    f"{arm} {x['iteration_ms']:.2f} ({x['forward_ms']:.2f} / {x['drafter_ms']:.2f} / "
+                    f"{x['overhead_ms']:.2f})"
+                    for arm, x in r["per_iteration"].items()
                 )
+                print(f"    ms per iteration (forward / drafter / overhead): {split}", flush=True)
                 if grammar is not None:
                     g = r["grammar"] = _cell(sd, off, prompts[:batch], temp, args, grammar)
                     g["overhead_ms_per_token"] = round(1000 / g["plain_tok_s"] - 1000 / r["plain_tok_s"], 4)
@@ -254,17 +220,5 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.shutdown()
         plain_engine.shutdown()
-    if args.json:
-        from gleanrl.base.atomic import atomic_file
-
-        with atomic_file(args.json, "w") as f:
-            json.dump(
-                {
-                    **{k: getattr(args, k) for k in ARGS_RECORDED},
-                    **draft_cost,
-                    "results": results,
-                },
-                f,
-                indent=2,
-            )
+    write_json(args.json, {**{k: getattr(args, k) for k in ARGS_RECORDED}, **draft_cost, "results": results})
     return 0
