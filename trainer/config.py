@@ -48,7 +48,10 @@ class TrainConfig:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
-    micro_batch_size: int = flag(8, "sequences per forward/backward")
+    micro_batch_size: int = flag(8, "sequences per forward/backward at most")
+    micro_batch_tokens: int = flag(
+        4096, "padded tokens per forward/backward at most (rows sorted by length; a longer one alone; 0: no limit)"
+    )
     clip_low: float = 0.2
     clip_high: float = 0.2
     kl_coef: float = flag(0.0, "k3 KL to the initial policy (0: off; > 0 keeps a frozen reference copy of it)")
@@ -99,6 +102,7 @@ class TrainConfig:
         check_fields(self, tuple(counts.split()))
         checks = [
             ("server_threads", isinstance(self.server_threads, int) and self.server_threads >= 0, "must be >= 0"),
+            ("micro_batch_tokens", self.micro_batch_tokens >= 0, "must be >= 0"),
             ("replicas", isinstance(self.replicas, int) and self.replicas >= 0, "must be >= 0"),
             ("temperature", self.temperature > 0, "must be > 0 (GRPO needs sampled rollouts)"),
             ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
