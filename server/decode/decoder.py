@@ -1,14 +1,11 @@
-"""What the engine's scheduler sees of a decoder, and the feed every iteration shares. `Decoder` is
-what the scheduler calls (`decode`) and reads back (`counters`, `stats`, `draft_path`); the one
-decoder is `sd_decoder.SDDecoder` (plain decoding is an empty draft), `sd_decoder.build_decoder` the
-one an engine starts with.
+"""What the engine's scheduler sees of a decoder, and the feed every iteration shares. `Decoder` is what the scheduler
+calls (`decode`) and reads back (`counters`, `stats`, `draft_path`); the one decoder is `sd_decoder.SDDecoder` (plain
+decoding is an empty draft), `sd_decoder.build_decoder` the one an engine starts with.
 
-Every running sequence feeds the tokens its KV cache lacks (`feed_counts`): a new request its
-prompt (in chunks, at most `chunked_prefill_size` prompt tokens per iteration over all sequences), a
-decoding one its last sampled token, a flushed or retracted one its whole prefix again. So prefill
-and decode share one forward (`forward_fed`). The scheduler appends the emitted tokens one at a time
-and stops at EOS, a stop string or `max_new_tokens` exactly.
-"""
+Every running sequence feeds the tokens its KV cache lacks (`feed_counts`): a new request its prompt (in chunks, at most
+`chunked_prefill_size` prompt tokens per iteration over all sequences), a decoding one its last sampled token, a flushed
+or retracted one its whole prefix again. So prefill and decode share one forward (`forward_fed`). The scheduler appends
+the emitted tokens one at a time and stops at EOS, a stop string or `max_new_tokens` exactly."""
 
 from __future__ import annotations
 
@@ -51,8 +48,8 @@ class Decoder(Protocol):
 
 
 def feed_counts(seqs: list[Sequence], budget: int) -> list[int]:
-    """Tokens each sequence feeds this iteration: one to decode, or a prefill chunk while `budget`
-    (prompt tokens per iteration, shared in order) lasts."""
+    """Tokens each sequence feeds this iteration: one to decode, or a prefill chunk while `budget` (prompt tokens per
+    iteration, shared in order) lasts."""
     counts = []
     for s in seqs:
         pending = s.total_len - s.cache.length
@@ -63,14 +60,13 @@ def feed_counts(seqs: list[Sequence], budget: int) -> list[int]:
 
 
 def forward_fed(runner: ModelRunner, fed: list[tuple[Sequence, int]], capture_layers: list[int] | None = None):
-    """One ragged forward over (sequence, count) pairs from their cache lengths on; returns the last
-    row's logits [B, V] and, with `capture_layers`, aux hidden states [N, 3*H]."""
+    """One ragged forward over (sequence, count) pairs from their cache lengths on; returns the last row's logits [B, V]
+    and, with `capture_layers`, aux hidden states [N, 3*H]."""
     tokens = [t for s, c in fed for t in s.tokens(s.cache.length, s.cache.length + c)]
     positions = [p for s, c in fed for p in range(s.cache.length, s.cache.length + c)]
-    device = runner.device
     return runner.forward(
-        torch.tensor(tokens, device=device),
-        torch.tensor(positions, device=device),
+        torch.tensor(tokens, device=runner.device),
+        torch.tensor(positions, device=runner.device),
         [s.cache for s, _ in fed],
         [c for _, c in fed],
         capture_layers=capture_layers,

@@ -1,19 +1,17 @@
-"""The one decoder, `SDDecoder`: a decode iteration, SD or not (plain decoding is an empty draft);
-`build_decoder` the one an engine starts with.
+"""The one decoder, `SDDecoder`: a decode iteration, SD or not (plain decoding is an empty draft); `build_decoder` the
+one an engine starts with.
 
-Per iteration: the group index is synced with the running set (`sd/group_drafts.py`), each ready
-sequence gets its group proposal (`sd/group_index.py`), the controller (`sd/controller.py`) picks
-per sequence what to verify (nothing, a group draft prefix, an EAGLE-3 chain, or both as two
-branches, group first), one drafter call drafts the chains (`sd/draft.py`) and one target pass
-verifies every tree (`sd/tree_pass.py`; a sequence without a draft rides as a bare root). Else the
-iteration is the plain step, which with a drafter also captures hidden states, so switching SD on
-costs nothing; prefilling sequences always take it. Every iteration is timed into the cost model
-(all but the drafter call) and every verified branch into the acceptance estimates.
+Per iteration: the group index is synced with the running set (`sd/group_drafts.py`), each ready sequence gets its group
+proposal (`sd/group_index.py`), the controller (`sd/controller.py`) picks per sequence what to verify (nothing, a group
+draft prefix, an EAGLE-3 chain, or both as two branches, group first), one drafter call drafts the chains
+(`sd/draft.py`) and one target pass verifies every tree (`sd/tree_pass.py`; a sequence without a draft rides as a bare
+root). Else the iteration is the plain step, which with a drafter also captures hidden states, so switching SD on costs
+nothing; prefilling sequences always take it. Every iteration is timed into the cost model (all but the drafter call)
+and every verified branch into the acceptance estimates.
 
-Two lanes: a batch with a grammar-constrained sequence is planned, measured and credited by a
-controller of its own (`self.constrained`, sharing the cost model): under a grammar a drafter
-trained on free text is accepted far less, and free requests must not inherit that, nor it theirs.
-"""
+Two lanes: a batch with a grammar-constrained sequence is planned, measured and credited by a controller of its own
+(`self.constrained`, sharing the cost model): under a grammar a drafter trained on free text is accepted far less, and
+free requests must not inherit that, nor it theirs."""
 
 from __future__ import annotations
 
@@ -46,10 +44,9 @@ IDLE_PROBE = 16
 def build_decoder(
     cfg: EngineConfig, runner: ModelRunner, target_config: dict, target_version: Callable[[], str] = lambda: "default"
 ) -> SDDecoder:
-    """`sd="off"`: plain decoding only (a drafter is refused); otherwise the controller chooses
-    among `sd_sources` (eagle: the EAGLE-3 chain, once a drafter is served; group: group drafts,
-    `target_version` ages their samples; fused: both as two branches). Costs are calibrated when a
-    source can draft (else before the first iteration with a drafter)."""
+    """`sd="off"`: plain decoding only (a drafter is refused); else the controller chooses among `sd_sources` (eagle:
+    the EAGLE-3 chain, once a drafter is served; group: group drafts, `target_version` ages their samples; fused: both
+    as two branches). Costs are calibrated when a source can draft, else before the first iteration with a drafter."""
     ctl = Controller(cfg) if cfg.sd != "off" else None  # its settings: EngineConfig's ControllerConfig part
     groups = (
         GroupDrafts(GroupIndexConfig(max_tokens=cfg.group_max_tokens, keep_versions=cfg.group_keep_versions))
@@ -73,19 +70,17 @@ class SDDecoder:
         window: int = 256,
         chunked_prefill_size: int = 1024,
     ):
-        """controller None: plain decoding only (sd off; no drafter is accepted). chunked_prefill_size:
-        prompt tokens fed per iteration (`EngineConfig`'s, validated there)."""
+        """controller None: plain decoding only (sd off; no drafter is accepted). chunked_prefill_size: prompt tokens
+        fed per iteration (`EngineConfig`'s, validated there)."""
         self.controller, self.groups, self.target_version = controller, groups, target_version
         self.constrained = Controller(controller.config, controller.cost) if controller is not None else None
         self.window, self.chunked_prefill_size = window, chunked_prefill_size
         self.drafter, self.draft_path = None, None
         self.states: dict[Sequence, DraftState] = {}
         self.counters = DecodeCounters()
-        # accept_hist[t]: verify passes that emitted t tokens
-        self.accept_hist = [0] * (MAX_DEPTH + 2)
+        self.accept_hist = [0] * (MAX_DEPTH + 2)  # accept_hist[t]: verify passes that emitted t tokens
         self.passes_by_source = {"group": 0, "eagle": 0}  # verify passes that offered the source
-        # B bucket -> plans in a row that used no group draft
-        self._group_idle: dict[int, int] = {}
+        self._group_idle: dict[int, int] = {}  # B bucket -> plans in a row that used no group draft
         self._iteration = 0
         self._rebuilt = False  # this iteration rebuilt a drafter cache
 
@@ -105,10 +100,10 @@ class SDDecoder:
         }
 
     def set_drafter(self, drafter, path: str | None) -> None:
-        """Between iterations: serve `drafter`. A drafter reading the same target layers keeps the
-        target's states (each drafter cache rebuilt from them at its next catch-up, no target
-        forward); otherwise states are rebuilt by re-feeding the target the last `window` tokens
-        (`sd/draft_state.py`). Acceptance estimates stay as a prior that counts less."""
+        """Between iterations: serve `drafter`. A drafter reading the same target layers keeps the target's states (each
+        drafter cache rebuilt from them at its next catch-up, no target forward); otherwise states are rebuilt by
+        re-feeding the target the last `window` tokens (`sd/draft_state.py`). Acceptance estimates stay as a prior that
+        counts less."""
         if self.controller is None:
             raise ValueError("plain decoding (sd off) serves no drafter")
         old, self.drafter, self.draft_path = self.drafter, drafter, path
@@ -133,8 +128,7 @@ class SDDecoder:
     @torch.inference_mode()
     def _decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
         if self.drafter is not None and not self.controller.cost.target:
-            # a first drafter hot-swapped in
-            self.controller.cost.calibrate(runner)
+            self.controller.cost.calibrate(runner)  # a first drafter hot-swapped in
         t0 = time.perf_counter()  # the whole iteration is the plan's cost
         if self.groups is not None:
             self.groups.sync(seqs, self.target_version())
@@ -195,8 +189,8 @@ class SDDecoder:
         return plan, proposals
 
     def _probe(self, b: int) -> bool:
-        """Propose group drafts now? Proposing costs Python time: in a bucket whose last IDLE_PROBE
-        plans used none, only every IDLE_PROBE-th iteration proposes."""
+        """Propose group drafts now? Proposing costs Python time: in a bucket whose last IDLE_PROBE plans used none,
+        only every IDLE_PROBE-th iteration proposes."""
         self._iteration += 1
         return self._group_idle.get(b_bucket(b), 0) < IDLE_PROBE or self._iteration % IDLE_PROBE == 0
 
@@ -223,8 +217,7 @@ class SDDecoder:
     def _speculate(
         self, ctl: Controller, runner: ModelRunner, seqs: list[Sequence], plan: Plan, proposals: list[GroupDraft | None]
     ) -> tuple[Out, int, float, tuple[int, int]]:
-        """Drafts and verifies; returns (outputs, the rows verified, seconds spent drafting,
-        (EAGLE-3 chains tested, their tokens accepted))."""
+        """Drafts, verifies; returns (outputs, pass rows, draft seconds, (EAGLE-3 chains tested, accepted tokens))."""
         prm = params_tensors([s.req.params for s in seqs], runner.device)  # on the target's device
         draft_s, self._rebuilt = 0.0, False
         eagle: list[list[int]] = [[] for _ in seqs]
@@ -243,8 +236,7 @@ class SDDecoder:
             )
             draft_s = time.perf_counter() - t0
             self.counters.drafter_s += draft_s
-            # a long catch-up (after plain steps) is no step cost
-            if catch_up <= 8:
+            if catch_up <= 8:  # a long catch-up (after plain steps) is no step cost
                 ctl.cost.record_draft(len(sub), max(ks), draft_s)
             for j, b in enumerate(idx):
                 eagle[b], qs[b] = d[j], q[j]
@@ -259,8 +251,7 @@ class SDDecoder:
             if self.drafter is not None:
                 st = self.states[s]
                 if eagle[b]:
-                    # drop the drafter's own states
-                    st.cache.truncate(starts[b] - st.start)
+                    st.cache.truncate(starts[b] - st.start)  # drop the drafter's own states
                 st.add(aux[r.rows])
             if branches[b]:
                 self._count(ctl, s, srcs[b], branches[b], proposals[b], r)
@@ -279,8 +270,8 @@ class SDDecoder:
         proposal: GroupDraft | None,
         r: TreeResult,
     ) -> None:
-        """Statistics and acceptance estimates: a branch the walk tested (the first, and the next
-        ones while the earlier were rejected at the root) counts its accepted prefix."""
+        """Statistics and acceptance estimates: a branch the walk tested (the first, and the next ones while the earlier
+        were rejected at the root) counts its accepted prefix."""
         s.spec_verify_ct += 1
         s.spec_accept_token_num += r.accepted
         s.spec_draft_token_num += sum(map(len, branches))

@@ -1,15 +1,13 @@
-"""Structured output inside the engine: a sequence's grammar state (an xgrammar `GrammarMatcher` over
-the `CompiledGrammar` the edge compiled) and the token masks it puts on the logits.
+"""Structured output inside the engine: a sequence's grammar state (an xgrammar `GrammarMatcher` over the
+`CompiledGrammar` the edge compiled) and the token masks it puts on the logits.
 
-The mask is one more logits transform, applied where the penalties are (`sampler.penalised`), so
-every decode path sees it: the plain step's row, and every node of an SD verify pass with the
-grammar state after exactly the tokens before that node (`window_masks`, as `window_counts` for the
-penalties). The masked target gives a forbidden draft probability 0, so the acceptance rule never
-takes it (greedy: never the argmax), and SD with the mask stays distributed exactly as plain decoding
-with the mask. The window's drafts are accepted into the matcher to read their masks and rolled back
-at once; the tokens actually emitted are accepted by `sync`, like the penalty counts. A token the
-grammar refuses there (it cannot be sampled under the mask, so a bug or a grammar error) raises, and
-the decode loop aborts that request alone."""
+The mask is one more logits transform, applied where the penalties are (`sampler.penalised`), so every decode path sees
+it: the plain step's row, and every node of an SD verify pass with the grammar state after exactly the tokens before
+that node (`window_masks`, as `window_counts` for the penalties). The masked target gives a forbidden draft probability
+0, so the acceptance rule never takes it (greedy: never the argmax), and SD with the mask stays distributed exactly as
+plain decoding with the mask. The window's drafts are accepted into the matcher to read their masks and rolled back at
+once; the tokens actually emitted are accepted by `sync`, like the penalty counts. A token the grammar refuses there (it
+cannot be sampled under the mask, so a bug or a grammar error) raises, and the decode loop aborts that request alone."""
 
 from __future__ import annotations
 
@@ -29,17 +27,17 @@ class GrammarState:
         self.seen = 0
 
     def sync(self, output_ids: list[int]) -> None:
-        """Accept the output tokens not yet accepted. Once terminated (a stop token matched) the
-        grammar holds nothing more: later tokens (ignore_eos) are not checked."""
+        """Accept the output tokens not yet accepted. Once terminated (a stop token matched) the grammar holds nothing
+        more: later tokens (ignore_eos) are not checked."""
         for t in output_ids[self.seen :]:
             if not self.matcher.is_terminated() and not self.matcher.accept_token(t):
                 raise GrammarError(f"the grammar refused output token {t} at position {self.seen}")
             self.seen += 1
 
     def window_masks(self, drafts: list[int], vocab_size: int) -> torch.Tensor:
-        """[len(drafts) + 1, V] bool, True where allowed: row j after drafts[:j]. Rows after a draft
-        the grammar refuses are never reached by verification (that draft has probability 0):
-        they repeat the last mask. The matcher is left as it was."""
+        """[len(drafts) + 1, V] bool, True where allowed: row j after drafts[:j]. Rows after a draft the grammar refuses
+        are never reached by verification (that draft has probability 0): they repeat the last mask. The matcher is left
+        as it was."""
         xgr, m = self.xgr, self.matcher
         bits = xgr.allocate_token_bitmask(len(drafts) + 1, vocab_size)
         accepted = 0
@@ -67,8 +65,8 @@ def _unpack(bits: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 def mask_rows(logits: torch.Tensor, seqs: list, drafts: list[list[int]]) -> torch.Tensor:
-    """logits [N, V] (one window of len(d) + 1 rows per sequence, as `sampler.penalised`) with each
-    grammar's forbidden tokens at -inf; rows of sequences without a grammar unchanged."""
+    """logits [N, V] (one window of len(d) + 1 rows per sequence, as `sampler.penalised`) with each grammar's forbidden
+    tokens at -inf; rows of sequences without a grammar unchanged."""
     if not any(s.req.params.grammar is not None for s in seqs):
         return logits
     vocab, start = logits.shape[-1], 0

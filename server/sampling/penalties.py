@@ -1,16 +1,14 @@
-"""Logits processing that depends on the request and its output so far, as pure tensor functions:
-SGLang's penaltylib (frequency, presence, repetition penalties; min_new_tokens) and `logit_bias`.
+"""Logits processing that depends on the request and its output so far, as pure tensor functions: SGLang's penaltylib
+(frequency, presence, repetition penalties; min_new_tokens) and `logit_bias`.
 
-Order (SGLang 0.5.23's overlap path,
-`sampling_batch_info._apply_pre/post_grammar_logits_transforms`): additive terms (frequency,
-presence, min_new_tokens' -inf on EOS and stop ids), then the repetition scaling, then `logit_bias`;
-temperature and the top-k/top-p/min-p filters come after (`sampler`). The counts are over output
-tokens only, never the prompt, as SGLang's `cumulate_output_tokens`.
+Order (SGLang 0.5.23's overlap path, `sampling_batch_info._apply_pre/post_grammar_logits_transforms`): additive terms
+(frequency, presence, min_new_tokens' -inf on EOS and stop ids), then the repetition scaling, then `logit_bias`;
+temperature and the top-k/top-p/min-p filters come after (`sampler`). The counts are over output tokens only, never the
+prompt, as SGLang's `cumulate_output_tokens`.
 
-Speculative decoding verifies k drafts in one pass: position j of the window is processed with the
-counts of the output plus drafts d_1..d_j (`window_counts`), i.e. exactly what plain decoding would
-have used had it emitted those tokens, so verification is against the penalised target (lossless).
-"""
+Speculative decoding verifies k drafts in one pass: position j of the window is processed with the counts of the output
+plus drafts d_1..d_j (`window_counts`), i.e. exactly what plain decoding would have used had it emitted those tokens, so
+verification is against the penalised target (lossless)."""
 
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ from gleanrl.server.protocol import SamplingParams
 
 
 class OutputCounts:
-    """Per-sequence token counts of the output so far, [V], grown incrementally (output
-    ids only grow)."""
+    """Per-sequence token counts of the output so far, [V], grown incrementally (output ids only grow)."""
 
     def __init__(self, vocab_size: int, device: torch.device | str = "cpu"):
         self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
@@ -57,9 +54,8 @@ def penalise(
     stop_mask: torch.Tensor,
     bias: torch.Tensor,
 ) -> torch.Tensor:
-    """logits, counts [N, V]; out_len (output tokens before the row), min_new [N] long; freq,
-    presence, repetition [N]; stop_mask [N, V] bool (EOS and stop ids); bias [N, V]. Returns new
-    logits [N, V]."""
+    """logits, counts [N, V]; out_len (output tokens before the row), min_new [N] long; freq, presence, repetition [N];
+    stop_mask [N, V] bool (EOS and stop ids); bias [N, V]. Returns new logits [N, V]."""
     x = logits.float() - freq[:, None] * counts - presence[:, None] * (counts > 0)
     x = x.masked_fill(stop_mask & (out_len < min_new)[:, None], float("-inf"))
     scale = torch.where(counts > 0, repetition[:, None], torch.ones_like(x))
@@ -89,8 +85,7 @@ def penalise_rows(
     out_lens: list[int],
     stop_ids: list[set[int]],
 ) -> torch.Tensor:
-    """Row-wise `penalise` from per-row params, counts [V], output lengths and
-    min_new_tokens stop ids."""
+    """Row-wise `penalise` from per-row params, counts [V], output lengths and min_new_tokens stop ids."""
     vocab, dev = logits.shape[-1], logits.device
     f32 = dict(dtype=torch.float32, device=dev)
     return penalise(

@@ -1,15 +1,12 @@
-"""Sampling as pure tensor functions: processed probabilities, sampling with per-request generators,
-and the logprobs returned to clients.
+"""Sampling as pure tensor functions: processed probabilities, sampling with per-request generators, returned logprobs.
 
 Logprob convention (SGLang 0.5.23's default sampler, `SGLANG_RETURN_ORIGINAL_LOGPROB` unset, read in
 `python/sglang/srt/layers/sampler.py` of the installed 0.5.23): the returned logprob of a token is
-`log_softmax(logits / temperature)` of the target's logits, with temperature 0 (greedy) read as 1,
-taken BEFORE top-k, top-p and min-p (those shape the sampling distribution, not the returned
-logprob). Older SGLang renormalised over the top-p nucleus; 0.5.23 does not. The trainer must
-compute the same. The logits are those after the request's penalties and `logit_bias`
-(`penalties.py`), as SGLang applies them to the logits before its sampler. `output_top_logprobs`
-and `output_token_ids_logprobs` come from the same distribution.
-"""
+`log_softmax(logits / temperature)` of the target's logits, with temperature 0 (greedy) read as 1, taken BEFORE top-k,
+top-p and min-p (those shape the sampling distribution, not the returned logprob). Older SGLang renormalised over the
+top-p nucleus; 0.5.23 does not. The trainer must compute the same. The logits are those after the request's penalties
+and `logit_bias` (`penalties.py`), as SGLang applies them to the logits before its sampler. `output_top_logprobs` and
+`output_token_ids_logprobs` come from the same distribution."""
 
 from __future__ import annotations
 
@@ -35,20 +32,17 @@ def params_tensors(params: list[SamplingParams], device: torch.device | str = "c
 def processed_probs(
     logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
 ) -> torch.Tensor:
-    """logits [B, V]; parameters [B]. Returns the distribution actually sampled from, [B, V]:
-    softmax(logits / T) restricted to top-k, then the top-p nucleus, then min-p (relative to the
-    max), renormalised. Rows with T == 0 are one-hot on the argmax (greedy), so SD can
-    treat both alike."""
+    """logits [B, V]; parameters [B]. Returns the distribution actually sampled from, [B, V]: softmax(logits / T)
+    restricted to top-k, then the top-p nucleus, then min-p (relative to the max), renormalised. Rows with T == 0 are
+    one-hot on the argmax (greedy), so SD can treat both alike."""
     greedy = temperature <= 0
     t = torch.where(greedy, torch.ones_like(temperature), temperature)
     probs = torch.softmax(logits.float() / t[:, None], dim=-1)
-    if bool(((top_k > 0) | (top_p < 1) | (min_p > 0)).any()):
-        # else no filter: skip the sort over V
+    if bool(((top_k > 0) | (top_p < 1) | (min_p > 0)).any()):  # else no filter: skip the sort over V
         sorted_p, order = probs.sort(dim=-1, descending=True)  # [B, V]
         rank = torch.arange(probs.shape[-1], device=probs.device)[None]
         drop = (top_k[:, None] > 0) & (rank >= top_k[:, None])
-        # the top token always stays
-        drop |= (sorted_p.cumsum(-1) - sorted_p) > top_p[:, None]
+        drop |= (sorted_p.cumsum(-1) - sorted_p) > top_p[:, None]  # the top token always stays
         drop |= sorted_p < (min_p * sorted_p[:, 0])[:, None]
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
@@ -60,30 +54,26 @@ def processed_probs(
 
 
 def sample(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """probs [B, V] -> token ids [B] (on probs' device). Each row draws from its own CPU generator
-    (None: torch's global RNG), so a seeded request samples the same tokens whatever else is in the
-    batch, on any device."""
+    """probs [B, V] -> token ids [B] (on probs' device). Each row draws from its own CPU generator (None: torch's global
+    RNG), so a seeded request samples the same tokens whatever else is in the batch, on any device."""
     device, probs = probs.device, probs.cpu()
     top, out = probs.max(-1)
-    for i in (top < 1.0).nonzero()[:, 0].tolist():
-        # one-hot rows (greedy, a collapsed nucleus): no draw
+    for i in (top < 1.0).nonzero()[:, 0].tolist():  # one-hot rows (greedy, a collapsed nucleus): no draw
         out[i] = torch.multinomial(probs[i], 1, generator=generators[i])[0]
     return out.to(device)
 
 
 def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    """logits [B, V], ids [B] -> log p(ids) [B] with SGLang's convention (module docstring: taken
-    before top-k, top-p and min-p)."""
+    """logits [B, V], ids [B] -> log p(ids) [B], SGLang's convention (module docstring: before top-k, top-p, min-p)."""
     t = torch.where(temperature <= 0, torch.ones_like(temperature), temperature)
     logprobs = torch.log_softmax(logits.float() / t[:, None], dim=-1).gather(-1, ids[:, None])[:, 0]
     return logprobs.clamp(min=torch.finfo(logprobs.dtype).min)
 
 
 def penalised(logits: torch.Tensor, seqs: list, drafts: list[list[int]] | None = None) -> torch.Tensor:
-    """logits [N, V] of `seqs` (one row each, or with `drafts` one window of len(d) + 1 rows each)
-    after each sequence's penalties and logit_bias; unchanged when no sequence has any. Rows of a
-    window count the drafts before them (`penalties.window_counts`). Then each grammar's
-    mask, row j of a window after its drafts[:j] (`grammar.mask_rows`)."""
+    """logits [N, V] of `seqs` (one row each, or with `drafts` one window of len(d) + 1 rows each) after each sequence's
+    penalties and logit_bias; unchanged when no sequence has any. Rows of a window count the drafts before them
+    (`penalties.window_counts`); then each grammar's mask, row j after drafts[:j] (`grammar.mask_rows`)."""
     drafts = drafts if drafts is not None else [[] for _ in seqs]
     if not any(s.req.params.penalised for s in seqs):
         return mask_rows(logits, seqs, drafts)
@@ -100,8 +90,7 @@ def penalised(logits: torch.Tensor, seqs: list, drafts: list[list[int]] | None =
 
 
 def logprob_extras(logprobs: torch.Tensor, top_k: int, token_ids: list[int] | None) -> list[tuple[Pairs, Pairs]]:
-    """logprobs [N, V] -> per row (the top_k (logprob, id) pairs, best first; the pairs of
-    `token_ids`)."""
+    """logprobs [N, V] -> per row (the top_k (logprob, id) pairs, best first; the pairs of `token_ids`)."""
     top: list[Pairs] = [[] for _ in range(logprobs.shape[0])]
     if top_k > 0:
         vals, idx = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)
@@ -114,10 +103,9 @@ def logprob_extras(logprobs: torch.Tensor, top_k: int, token_ids: list[int] | No
 
 
 def record_extras(logits: torch.Tensor, seqs: list, temperature: torch.Tensor) -> None:
-    """Row r of `logits` [R, V] (penalised) is the distribution of the next emitted token of
-    `seqs[r]` (a sequence repeats for the several tokens a verify pass emits, in order); appends the
-    top / token-id logprobs of the sequences that asked to `seq.token_extras`, aligned with
-    output positions."""
+    """Row r of `logits` [R, V] (penalised) is the distribution of the next emitted token of `seqs[r]` (a sequence
+    repeats for the several tokens a verify pass emits, in order); appends the top / token-id logprobs of the sequences
+    that asked to `seq.token_extras`, aligned with output positions."""
     for b, s in enumerate(seqs):
         req = s.req
         if req.return_logprob and (req.top_logprobs_num > 0 or req.token_ids_logprob):
@@ -127,8 +115,8 @@ def record_extras(logits: torch.Tensor, seqs: list, temperature: torch.Tensor) -
 
 
 def sample_next(logits: torch.Tensor, seqs: list) -> list[tuple[list[int], list[float]]]:
-    """logits [B, V] for B sequences -> one (token, logprob) each; the logprobs are 0.0 unless some
-    sequence in the batch asked for them (`return_logprob`)."""
+    """logits [B, V] for B sequences -> one (token, logprob) each; the logprobs are 0.0 unless some sequence in the
+    batch asked for them (`return_logprob`)."""
     if not seqs:
         return []
     logits = penalised(logits, seqs)

@@ -1,10 +1,8 @@
-"""One request inside the engine: its prompt, the tokens sampled so far, its KV cache
-and its counters.
+"""One request inside the engine: its prompt, the tokens sampled so far, its KV cache and its counters.
 
 The target KV cache covers a prefix of `prompt + output_ids`; the decoders feed whatever it lacks
-(`total_len - cache.length` tokens), so a new request, a request whose cache was flushed by a weight
-update and a retracted request are all rebuilt the same way.
-"""
+(`total_len - cache.length` tokens), so a new request, a request whose cache was flushed by a weight update and a
+retracted request are all rebuilt the same way."""
 
 from __future__ import annotations
 
@@ -46,18 +44,14 @@ class Sequence:
     finish_reason: dict | None = None
     abort_message: str | None = None  # set by another thread: drop at the next chance
     spec_verify_ct: int = 0  # SD verify passes
-    # draft tokens those passes accepted (the bonus token not counted)
-    spec_accept_token_num: int = 0
+    spec_accept_token_num: int = 0  # draft tokens those passes accepted (the bonus token not counted)
     spec_draft_token_num: int = 0  # draft tokens those passes verified
     retractions: int = 0  # times put back in the queue by a retract pause
-    # accepted drafts: group / eagle
-    spec_accept_token_num_by_source: dict[str, int] = field(default_factory=dict)
-    # (old version, outputs under it)
-    version_events: list[tuple[str, int]] = field(default_factory=list)
+    spec_accept_token_num_by_source: dict[str, int] = field(default_factory=dict)  # accepted drafts: group / eagle
+    version_events: list[tuple[str, int]] = field(default_factory=list)  # (old version, outputs under it)
     counts: OutputCounts | None = None  # for penalised requests
     grammar: GrammarState | None = None  # for constrained requests
-    # per output position: (top, token-id) logprobs, if asked
-    token_extras: list = field(default_factory=list)
+    token_extras: list = field(default_factory=list)  # per output position: (top, token-id) logprobs, if asked
 
     @property
     def total_len(self) -> int:
@@ -65,14 +59,11 @@ class Sequence:
 
     def tokens(self, start: int, end: int) -> list[int]:
         prompt = self.req.input_ids
-        return (prompt[start:end] if start < len(prompt) else []) + self.output_ids[
-            max(start - len(prompt), 0) : max(end - len(prompt), 0)
-        ]
+        return prompt[start:end] + self.output_ids[max(start - len(prompt), 0) : max(end - len(prompt), 0)]
 
     def weight_versions(self, current: str) -> list[dict]:
-        """SGLang 0.5.23's per-segment versions (`compute_weight_version_spans`): which weight
-        version produced output tokens [start, end); one span unless a target update landed
-        mid-request."""
+        """SGLang 0.5.23's per-segment versions (`compute_weight_version_spans`): which weight version produced output
+        tokens [start, end); one span unless a target update landed mid-request."""
         n, spans = len(self.output_ids), []
         for version, end in [*self.version_events, (current, n)]:
             end = min(end, n)

@@ -1,17 +1,15 @@
 """When a sequence stops, in SGLang's `finish_reason` shape.
 
-A stop string or stop regex is checked on the decoded tail after every token, so it is honoured
-exactly even when several tokens arrive in one step (speculative decoding): the caller appends
-tokens one at a time. Output ids keep the token that completed the stop string; the text excludes
-the stop string (SGLang), trimmed at the edge by `server.http.generate.detok.output_text`.
+A stop string or stop regex is checked on the decoded tail after every token, so it is honoured exactly even when
+several tokens arrive in one step (speculative decoding): the caller appends tokens one at a time. Output ids keep the
+token that completed the stop string; the text excludes the stop string (SGLang), trimmed at the edge by
+`server.http.generate.detok.output_text`.
 
-Cost per token is constant (a request must not stall the engine thread): stop strings are at most
-MAX_STOP_LEN characters, so the tail decoded for them is at most 4 * MAX_STOP_LEN + 2 tokens;
-regexes run on RE2 (linear time, no backtracking) over the last `bound + 1` tokens, where `bound` is
-the pattern's longest match in characters, capped at MAX_REGEX_WINDOW tokens. SGLang 0.5.23
-(`Req.tail_str`) searches an unbounded pattern over the whole output; here a match must lie within
-the last MAX_REGEX_WINDOW tokens.
-"""
+Cost per token is constant (a request must not stall the engine thread): stop strings are at most MAX_STOP_LEN
+characters, so the tail decoded for them is at most 4 * MAX_STOP_LEN + 2 tokens; regexes run on RE2 (linear time, no
+backtracking) over the last `bound + 1` tokens, where `bound` is the pattern's longest match in characters, capped at
+MAX_REGEX_WINDOW tokens. SGLang 0.5.23 (`Req.tail_str`) searches an unbounded pattern over the whole output; here a
+match must lie within the last MAX_REGEX_WINDOW tokens."""
 
 from __future__ import annotations
 
@@ -33,13 +31,12 @@ MAX_STOP_REGEX_LEN = 256  # bytes of one pattern (SGLang's limit)
 MAX_REGEX_WINDOW = 512  # tokens a stop regex is searched over
 UNBOUNDED = 1 << 30
 _RE2_OPTIONS = re2.Options()
-# a refused pattern is the client's 400, not a line on the server's stderr
-_RE2_OPTIONS.log_errors = False
+_RE2_OPTIONS.log_errors = False  # a refused pattern is the client's 400, not a line on the server's stderr
 
 
 def regex_max_len(pattern: str) -> int:
-    """An upper bound on the characters a match of `pattern` spans (UNBOUNDED when it has none, or
-    when Python's parser does not read an RE2-only pattern)."""
+    """An upper bound on the characters a match of `pattern` spans (UNBOUNDED when it has none, or when Python's parser
+    does not read an RE2-only pattern)."""
     try:
         return min(_max_len(sre_parse.parse(pattern)), UNBOUNDED)
     except (re.error, RecursionError, OverflowError):
@@ -76,8 +73,7 @@ def check_stops(stops: list[str]) -> None:
 
 
 def compile_stop_regex(patterns: list[str]) -> list:
-    """Compiled RE2 patterns; ValueError naming the field for a bad one (RE2 has no backreferences
-    and no lookaround)."""
+    """Compiled RE2 patterns; ValueError naming the field for a bad one (RE2 has no backreferences, no lookaround)."""
     if len(patterns) > MAX_STOP_REGEX:
         raise ValueError(f"sampling_params.stop_regex has {len(patterns)} patterns, over the limit of {MAX_STOP_REGEX}")
     out = []
@@ -95,14 +91,13 @@ def compile_stop_regex(patterns: list[str]) -> list:
 
 
 class StopChecker:
-    """Per-request stop rules. `check(output_ids, total_len)` after each appended token returns None
-    or a finish_reason dict."""
+    """Per-request stop rules. `check(output_ids, total_len)` after each appended token returns None or a finish_reason
+    dict."""
 
     def __init__(self, params: SamplingParams, eos_ids: set[int], context_length: int, tokenizer=None):
         self.params = params
         self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else eos_ids)
-        # masked before min_new_tokens (SGLang)
-        self.min_new_stop_ids = set(params.stop_token_ids) | eos_ids
+        self.min_new_stop_ids = set(params.stop_token_ids) | eos_ids  # masked before min_new_tokens (SGLang)
         self.stops = [s for s in params.stop if s]
         check_stops(self.stops)
         self.patterns = list(params.stop_regex)

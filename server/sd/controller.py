@@ -1,40 +1,28 @@
-"""Which drafts to verify this iteration: the cost-model controller. The plan each estimate makes
-best, and the rate rule it maximises, are `plan.py`'s (`best_plan`); when a plan plays is this
-file's.
+"""Which drafts to verify this iteration: the cost-model controller. The plan each estimate makes best, and the rate
+rule it maximises, are `plan.py`'s (`best_plan`); when a plan plays is this file's.
 
-Adaptive mode plays SD only where it measured to pay (`plan`; what real iterations measured is
-`cells.py`'s): the best plan by pessimistic estimates plays when it beats plain and its cell (running
-bucket, source, depth bucket) measured to pay, in realised tokens per second of whole iterations
-(drafter call and catch-up included) against plain's; every PROBE-th such plan in a row is plain
-instead, so plain stays measured. A plan whose cell has not measured to pay is a probe, paid from
-the bucket's probe credit (a small share of its time, less what probes lost): unmeasured cells
-first, a losing one every REPROBE-th refusal, and on a look (every EXPLORE-th plain plan in a row,
-the span doubling while looks find nothing) the best plan by exploring estimates when it comes
-within CLOSE of plain (a chain at most one depth past the measured ones). A drafter whose realised
-acceptance falls below the break-even floor is dropped for the bucket until a probe re-measures it.
-While no cell of a bucket pays and no probe is due or affordable, plain plays without planning.
+Adaptive mode plays SD only where it measured to pay (`plan`; what real iterations measured is `cells.py`'s): the best
+plan by pessimistic estimates plays when it beats plain and its cell (running bucket, source, depth bucket) measured to
+pay, in realised tokens per second of whole iterations (drafter call and catch-up included) against plain's; every
+PROBE-th such plan in a row is plain instead, so plain stays measured. A plan whose cell has not measured to pay is a
+probe, paid from the bucket's probe credit (a small share of its time, less what probes lost): unmeasured cells first, a
+losing one every REPROBE-th refusal, and on a look (every EXPLORE-th plain plan in a row, the span doubling while looks
+find nothing) the best plan by exploring estimates when it comes within CLOSE of plain (a chain at most one depth past
+the measured ones). A drafter whose realised acceptance falls below the break-even floor is dropped for the bucket until
+a probe re-measures it. While no cell of a bucket pays and no probe is due or affordable, plain plays without planning.
 
-Estimates (`CostModel`, `Acceptance`):
-- target(B, t): seconds of a decode iteration but its drafter call (sync, plan, pass, verify,
-  bookkeeping) per (B bucket, rows per sequence t in `T_GRID`), an EMA of every iteration (a t
-  between cells recorded at the nearest, scaled along the curve); unmeasured cells interpolate
-  linearly in t within their B bucket and, outside its measured range, follow the nearest bucket's
-  curve anchored at its own cells; `calibrate` times bare forwards on a small grid (B 1, 8, 32 x T
-  1, 4, 16, 33) at start, so every bucket has a curve to follow; real iterations replace (and
-  rescale) them, and the realised cells, not the model, decide where SD plays.
-- drafter(B, k): seconds per drafter step (catch-up counted as one) per B bucket, an EMA, timed at
-  the first drafter load (`calibrate_drafter`; kept across swaps of a drafter of the same shape);
-  an unmeasured bucket takes the nearest measured one's.
-- acceptance: decayed counts (tries, accepted) per draft depth, EAGLE-3 pooled and per sequence
-  (shrunk to the pooled rate), group drafts per (depth bin, bin of the index's own estimate) with
-  the index's estimate as prior. EAGLE-3 has no optimistic prior: an unmeasured first depth counts
-  as rejected, a deeper one starts from DEEPER x the depth before it. A drafter swap halves the
-  EAGLE-3 counts and re-opens its cells: kept as a prior, soon dominated by new measurements.
-`mode="on"` plays the best plan with a draft wherever one exists, at any batch size (tests); with a
-fixed k, every sequence that can takes the EAGLE-3 chain of k (min(k, cap)) and, fused or without a
-chain, its group draft up to k as a branch of its own, so the uniforms a seeded request draws do not
-depend on timing.
-"""
+Estimates (`CostModel`, `Acceptance`; the details in their docstrings):
+- target(B, t): seconds of a decode iteration but its drafter call (sync, plan, pass, verify, bookkeeping) per
+  (B bucket, rows per sequence t in `T_GRID`), an EMA of every iteration over bare forwards timed at start
+  (`calibrate`), so every bucket has a curve to follow; the realised cells, not the model, decide where SD plays.
+- drafter(B, k): seconds per drafter step (catch-up counted as one) per B bucket, an EMA, timed at the first drafter
+  load (`calibrate_drafter`); an unmeasured bucket takes the nearest measured one's.
+- acceptance: decayed counts per draft depth, EAGLE-3 pooled and per sequence, group drafts per (depth bin, estimate
+  bin) with the index's estimate as prior; EAGLE-3 has no optimistic prior. A drafter swap halves the EAGLE-3 counts
+  and re-opens its cells: kept as a prior, soon dominated by new measurements.
+`mode="on"` plays the best plan with a draft wherever one exists, at any batch size (tests); with a fixed k, every
+sequence that can takes the EAGLE-3 chain of k (min(k, cap)) and, fused or without a chain, its group draft up to k as a
+branch of its own, so the uniforms a seeded request draws do not depend on timing."""
 
 from __future__ import annotations
 
@@ -47,10 +35,8 @@ from gleanrl.server.sd.cells import Cells
 from gleanrl.server.sd.cost_model import CostModel, b_bucket
 from gleanrl.server.sd.plan import Plan, best_plan
 
-# adaptive: how often the side not played is measured
-PROBE, CLOSE = 16, 0.8
-# plain plans between looks (the span doubles while they find nothing)
-EXPLORE, QUIET_MAX = 8, 64
+PROBE, CLOSE = 16, 0.8  # adaptive: how often the side not played is measured
+EXPLORE, QUIET_MAX = 8, 64  # plain plans between looks (the span doubles while they find nothing)
 
 
 class Controller:
@@ -58,12 +44,9 @@ class Controller:
         """`cost`: a cost model shared with another controller (a lane of the same decoder)."""
         self.config = config or ControllerConfig()
         self.cost, self.accept, self.cells = cost or CostModel(), Acceptance(), Cells()
-        # B bucket -> (plans drafted, iterations in a row)
-        self._streak: dict[int, tuple[bool, int]] = {}
-        # B bucket -> the evidence version its last plan played plain on
-        self._quiet: dict[int, int | None] = {}
-        # B bucket -> plain plans between looks (EXPLORE .. QUIET_MAX)
-        self._span: dict[int, int] = {}
+        self._streak: dict[int, tuple[bool, int]] = {}  # B bucket -> (plans drafted, iterations in a row)
+        self._quiet: dict[int, int | None] = {}  # B bucket -> the evidence version its last plan played plain on
+        self._span: dict[int, int] = {}  # B bucket -> plain plans between looks (EXPLORE .. QUIET_MAX)
 
     def _in_a_row(self, b: int, drafts: bool) -> int:
         """Counts this bucket's plans in a row on one side; returns the count."""
@@ -72,15 +55,11 @@ class Controller:
         self._streak[b_bucket(b)] = (drafts, n)
         return n
 
-    def _reset(self, b: int) -> None:
-        self._streak[b_bucket(b)] = (False, 0)
-
     def still_quiet(self, b: int) -> bool:
-        """Plain without planning (counted as a plain plan; the decoder asks before it gathers a
-        plan's inputs) while no cell of the bucket pays, the last plan played plain and either no
-        probe is affordable (every drafting plan there would be one) or the acceptance evidence
-        has not moved and no look is due. Looks come every EXPLORE-th plain plan, the span
-        doubling up to QUIET_MAX while they find nothing to play."""
+        """Plain without planning (counted as a plain plan; the decoder asks before it gathers a plan's inputs) while no
+        cell of the bucket pays, the last plan played plain and either no probe is affordable (every drafting plan there
+        would be one) or the acceptance evidence has not moved and no look is due. Looks come every EXPLORE-th plain
+        plan, the span doubling up to QUIET_MAX while they find nothing to play."""
         bucket = b_bucket(b)
         side, n = self._streak.get(bucket, (True, 0))
         if side or bucket not in self._quiet or self.cells.any_pays(bucket):
@@ -95,22 +74,14 @@ class Controller:
     def plan(
         self, caps: list[int], group_probs: list[list[float]], eagle_ok: list[bool], keys: list[Sequence] | None = None
     ) -> Plan:
-        """caps[s]: most draft tokens s may verify (max_new_tokens, context); group_probs[s]: the
-        estimates of s's group draft (empty: none); eagle_ok[s]: s can take an EAGLE-3 chain;
-        keys[s]: s itself, for its own acceptance estimates (None: pooled only).
-
-        Adaptive: the best plan by pessimistic estimates plays when it beats plain and its cell has
-        not measured to lose (every PROBE-th in a row plain instead, to keep plain measured);
-        otherwise the best plan by exploring estimates plays when its cell measured to pay, or,
-        every EXPLORE-th plain plan in a row, when it comes within CLOSE of plain (cheap
-        exploration)."""
+        """caps[s]: most draft tokens s may verify (max_new_tokens, context); group_probs[s]: the estimates of s's group
+        draft (empty: none); eagle_ok[s]: s can take an EAGLE-3 chain; keys[s]: s itself, for its own acceptance
+        estimates (None: pooled only). Adaptive mode plays by the module docstring's rule."""
         cfg, b = self.config, len(caps)
         on, srcs = cfg.sd == "on", cfg.sd_sources
         group_on = "group" in srcs and (on or b <= cfg.group_max_batch) and any(group_probs)
         eagle_on = "eagle" in srcs and (on or b <= cfg.sd_max_batch) and any(eagle_ok)
-        if b == 0 or not (group_on or eagle_on):
-            return Plan([0] * b, [0] * b, 0.0, 0.0)
-        if not on and not group_on and self.still_quiet(b):
+        if b == 0 or not (group_on or eagle_on) or (not on and not group_on and self.still_quiet(b)):
             return Plan([0] * b, [0] * b, 0.0, 0.0)  # no estimates needed
         secs = self.cost.pass_seconds(b)  # [len(T_GRID)]
         plain_rate = b / secs[0] if np.isfinite(secs[0]) and secs[0] > 0 else 0.0
@@ -125,17 +96,8 @@ class Controller:
             return Plan(group_lens, eagle_lens, plain_rate, plain_rate)
         if not np.isfinite(secs).all():
             return none
-        args = (
-            cfg,
-            self.accept,
-            self.cost,
-            np.minimum(np.array(caps), MAX_DEPTH),
-            group_probs if group_on else None,
-            np.array(eagle_ok) & eagle_on,
-            keys,
-            secs,
-            plain_rate,
-        )
+        caps_a, elig = np.minimum(np.array(caps), MAX_DEPTH), np.array(eagle_ok) & eagle_on
+        args = (cfg, self.accept, self.cost, caps_a, group_probs if group_on else None, elig, keys, secs, plain_rate)
         if on:  # draft wherever a draft exists
             return best_plan(*args, explore=True, force=True) or none
         bucket = b_bucket(b)
@@ -146,13 +108,13 @@ class Controller:
             self._span[bucket] = EXPLORE
             if self._in_a_row(b, True) < PROBE:
                 return best
-            self._reset(b)
+            self._streak[bucket] = (False, 0)
             return none  # the plain probe
         n = self._in_a_row(b, False)
         if n < EXPLORE and not self.cells.any_pays(bucket):
             return none
         if n >= EXPLORE:
-            self._reset(b)  # the next look a span of plans on
+            self._streak[bucket] = (False, 0)  # the next look a span of plans on
         opt = self._explore(b, args, n >= EXPLORE, plain_rate)
         if opt is not None:
             self._quiet[bucket], self._span[bucket] = None, EXPLORE
@@ -161,8 +123,8 @@ class Controller:
         return opt or none
 
     def _explore(self, b: int, args: tuple, look: bool, plain_rate: float) -> Plan | None:
-        """The best plan by exploring estimates, when its cell pays, or on a look when its cell
-        has not measured to lose and a probe is affordable (None: plain)."""
+        """The best plan by exploring estimates, when its cell pays, or on a look when its cell has not measured to lose
+        and a probe is affordable (None: plain)."""
         opt = best_plan(*args, explore=True)
         if opt is None or opt.expected_rate < CLOSE * plain_rate:
             return None
@@ -178,29 +140,27 @@ class Controller:
     def record_iteration(
         self, b: int, plan: Plan, tokens: int, seconds: float, chains: int = 0, accepted: int = 0
     ) -> None:
-        """A whole SD iteration of b ready sequences (drafter call included) emitted `tokens`;
-        `chains` EAGLE-3 chains were tested, `accepted` of their tokens accepted."""
+        """A whole SD iteration of b ready sequences (drafter call included) emitted `tokens`; `chains` EAGLE-3 chains
+        were tested, `accepted` of their tokens accepted."""
         self.cells.record(b, plan, tokens, seconds)
         self.cells.record_acceptance(b, chains, accepted, self.accept_floor(b))
 
     def record_plain(self, b: int, seconds: float) -> None:
-        """A whole plain iteration of b decoding sequences: the cost model's T = 1 cell, and the
-        bucket's probe credit."""
+        """A whole plain iteration of b decoding sequences: the cost model's T = 1 cell, the bucket's probe credit."""
         self.cost.record_pass(b, 1, seconds)
         self.cells.feed(b_bucket(b), seconds, seconds)
 
     def accept_floor(self, b: int) -> float:
-        """EAGLE-3 tokens accepted per chain at which the cheapest chain (one token) only breaks
-        even at batch b: (b + b a) / (target(b, 2) + drafter(b, 1)) = b / target(b, 1). Any
-        longer chain costs more, so below it no chain pays (0: costs unknown)."""
+        """EAGLE-3 tokens accepted per chain at which the cheapest chain (one token) only breaks even at batch b:
+        (b + b a) / (target(b, 2) + drafter(b, 1)) = b / target(b, 1). Any longer chain costs more, so below it no
+        chain pays (0: costs unknown)."""
         secs = self.cost.pass_seconds(b)
         if not np.isfinite(secs[:2]).all() or secs[0] <= 0:
             return 0.0
         return max(0.0, (secs[1] + self.cost.draft_seconds(b, 1)) / secs[0] - 1)
 
     def summary(self) -> dict:
-        """Measured target pass seconds per (B bucket, T) and drafter seconds per step, in ms;
-        EAGLE-3's acceptance by depth."""
+        """Measured target pass ms per (B bucket, T) and drafter ms per step; EAGLE-3's acceptance by depth."""
         return {
             "target_ms": {
                 b: {t: round(1e3 * s, 2) for t, s in sorted(c.items())} for b, c in sorted(self.cost.target.items())

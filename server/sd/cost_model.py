@@ -1,7 +1,5 @@
-"""The SD controller's cost model (`controller.py`): seconds of a target pass per (running bucket,
-rows per sequence) and of a drafter step per running bucket, from real iterations (EMAs) over a
-small calibration at start.
-"""
+"""The SD controller's cost model (`controller.py`): seconds of a target pass per (running bucket, rows per sequence)
+and of a drafter step per running bucket, from real iterations (EMAs) over a small calibration at start."""
 
 from __future__ import annotations
 
@@ -31,11 +29,10 @@ class CostModel:
         self._drafter_shape: tuple = ()  # of the drafter `step` was timed for
 
     def record_pass(self, b: int, t: float, seconds: float, calibrating: bool = False) -> None:
-        """A decode iteration of b sequences x t tokens (rows per sequence) took `seconds`; a t
-        between cells is recorded at the nearest, scaled along the current curve. A calibrated
-        cell (a bare forward) is replaced by its first real iteration; a bucket's first real plain
-        iteration rescales its other calibrated cells by the same ratio (overheads beyond the
-        forward: pessimistic for SD)."""
+        """A decode iteration of b sequences x t tokens (rows per sequence) took `seconds`; a t between cells is
+        recorded at the nearest, scaled along the current curve. A calibrated cell (a bare forward) is replaced by its
+        first real iteration; a bucket's first real plain iteration rescales its other calibrated cells by the same
+        ratio (overheads beyond the forward: pessimistic for SD)."""
         bucket = b_bucket(b)
         i = min(bisect.bisect_left(T_GRID, t), len(T_GRID) - 1)
         if i and t - T_GRID[i - 1] < T_GRID[i] - t:
@@ -65,10 +62,9 @@ class CostModel:
         self.step[b_bucket(b)] = ema(self.step.get(b_bucket(b)), seconds / (steps + 1))
 
     def pass_seconds(self, b: int) -> np.ndarray:
-        """[len(T_GRID)] estimated target seconds for T in T_GRID at batch b (nan: nothing known):
-        b's bucket's cells, interpolated; outside their range the nearest other bucket's curve
-        (`calibrate` measured a few) anchored at the nearest own cell; without one,
-        proportional to T above."""
+        """[len(T_GRID)] estimated target seconds for T in T_GRID at batch b (nan: nothing known): b's bucket's cells,
+        interpolated; outside their range the nearest other bucket's curve (`calibrate` measured a few) anchored at the
+        nearest own cell; without one, proportional to T above."""
         own = self.target.get(b_bucket(b), {})
         others = [x for x in self.target if x != b_bucket(b) and len(self.target[x]) > 1]
         ref = _curve(self.target[min(others, key=lambda x: abs(np.log2(x / b_bucket(b))))]) if others else None
@@ -117,8 +113,8 @@ class CostModel:
 
     @torch.inference_mode()
     def calibrate_drafter(self, drafter, batches: tuple[int, ...] = (1, 8, 32), repeats: int = 2) -> None:
-        """Time one drafter step (forward + logits) for B sequences; replaces the step estimates, but
-        those of a drafter of the same shape (what a step costs depends on), kept across swaps."""
+        """Time one drafter step (forward + logits) for B sequences; replaces the step estimates, but those of a drafter
+        of the same shape (what a step costs depends on), kept across swaps."""
         from gleanrl.server.sd.drafter_forward import drafter_forward, new_draft_cache
 
         shape = tuple((n, tuple(p.shape), p.dtype) for n, p in drafter.named_parameters())
@@ -141,8 +137,8 @@ GRID = np.array(T_GRID, dtype=float)
 
 
 def _curve(cells: dict[int, float]) -> np.ndarray:
-    """[len(T_GRID)] one bucket's measured cells interpolated linearly in T, constant below the
-    first, proportional to T above the last (pessimistic for SD)."""
+    """[len(T_GRID)] one bucket's measured cells interpolated linearly in T, constant below the first, proportional to T
+    above the last (pessimistic for SD)."""
     ts = np.array(sorted(cells), dtype=float)
     secs = np.array([cells[t] for t in sorted(cells)])
     est = np.interp(GRID, ts, secs)

@@ -1,12 +1,10 @@
-"""Drafting for one SD iteration: the EAGLE-3 drafter proposes up to k tokens per
-sequence (a chain).
+"""Drafting for one SD iteration: the EAGLE-3 drafter proposes up to k tokens per sequence (a chain).
 
-The first drafter forward is a ragged catch-up over the target hidden states each sequence has not
-fed yet (pairs (h_i, token_{i+1}) at rope position i); its last row predicts draft token 1. Each
-further step feeds the drafter's own pre-norm output with the token just drafted, one position on.
-Sampled requests draw drafts from q = the drafter's distribution processed exactly like the target's
-(temperature, top-k, top-p, min-p), with the request's own generator; greedy ones take the argmax.
-"""
+The first drafter forward is a ragged catch-up over the target hidden states each sequence has not fed yet (pairs (h_i,
+token_{i+1}) at rope position i); its last row predicts draft token 1. Each further step feeds the drafter's own
+pre-norm output with the token just drafted, one position on. Sampled requests draw drafts from q = the drafter's
+distribution processed exactly like the target's (temperature, top-k, top-p, min-p), with the request's own generator;
+greedy ones take the argmax."""
 
 from __future__ import annotations
 
@@ -30,9 +28,8 @@ def _draw(
 def draft_tokens(
     drafter, seqs: list, states: list, ks: list[int], prm: dict[str, torch.Tensor]
 ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
-    """Returns per sequence the k_b drafted ids and their draft distributions q [k_b, V] (None if
-    greedy). Consumes every state's pending hidden states; the drafter caches grow by up to k_b - 1
-    own entries."""
+    """Returns per sequence the k_b drafted ids and their draft distributions q [k_b, V] (None if greedy). Consumes
+    every state's pending hidden states; the drafter caches grow by up to k_b - 1 own entries."""
     ids, pos, lens = [], [], []
     for s, st in zip(seqs, states):
         n, p0 = st.pending, st.next_pos
@@ -41,21 +38,14 @@ def draft_tokens(
         lens.append(n)
     hidden = torch.cat([st.take() for st in states])  # [N, 3*Ht]
     device = hidden.device
-    h = drafter_forward(
-        drafter,
-        torch.tensor(ids, device=device),
-        hidden,
-        torch.tensor(pos, device=device),
-        [st.cache for st in states],
-        lens,
-    )  # [N, H]
+    ids_t, pos_t = torch.tensor(ids, device=device), torch.tensor(pos, device=device)
+    h = drafter_forward(drafter, ids_t, hidden, pos_t, [st.cache for st in states], lens)  # [N, H]
     g = h[torch.tensor(lens, device=device).cumsum(0) - 1]  # [B, H]
     drafts: list[list[int]] = [[] for _ in seqs]
     qs: list[list[torch.Tensor]] = [[] for _ in seqs]
     rows = list(range(len(seqs)))
     for step in range(max(ks)):
-        # no indexing (batch 1: always)
-        every = len(rows) == len(seqs) and all(k > step for k in ks)
+        every = len(rows) == len(seqs) and all(k > step for k in ks)  # no indexing (batch 1: always)
         rows = rows if every else [b for b in rows if ks[b] > step]
         tok, q = _draw(
             drafter.logits(g if every else g[rows]),

@@ -1,11 +1,10 @@
 """Per sequence: the drafter's own KV cache and the target hidden states it has not consumed yet.
 
 Invariant (kept by `decode/sd_decoder.py`, with `sync_states`): the target cache ends one token short of the sequence's
-prefix, and the state holds target aux hidden states for exactly the positions [next_pos,
-cache.length) of the target cache (EAGLE-3 pairs h_i with token i+1 at position i). It also keeps
-the last `keep` to 2 * `keep` states the drafter has consumed (`seen`, the positions just before
-next_pos), so that a new drafter's cache is rebuilt from them (`rebased`) without a target forward.
-"""
+prefix, and the state holds target aux hidden states for exactly the positions [next_pos, cache.length) of the target
+cache (EAGLE-3 pairs h_i with token i+1 at position i). It also keeps the last `keep` to 2 * `keep` states the drafter
+has consumed (`seen`, the positions just before next_pos), so that a new drafter's cache is rebuilt from them
+(`rebased`) without a target forward."""
 
 from __future__ import annotations
 
@@ -23,9 +22,8 @@ from gleanrl.server.sd.drafter_forward import new_draft_cache
 class DraftState:
     cache: SeqKVCache  # the drafter's KV for positions [start, next_pos)
     start: int
-    chunks: list[torch.Tensor] = field(default_factory=list)  # target aux states [*, 3*Ht] for
-    # positions [next_pos, next_pos + pending), not yet fed to the drafter
-    pending: int = 0
+    chunks: list[torch.Tensor] = field(default_factory=list)  # target aux states [*, 3*Ht] not yet fed to the drafter
+    pending: int = 0  # their rows: positions [next_pos, next_pos + pending)
     keep: int = 256  # consumed states kept for a drafter swap
     seen: list[torch.Tensor] = field(default_factory=list)  # consumed states [*, 3*Ht] for
     seen_rows: int = 0  # positions [next_pos - seen_rows, next_pos)
@@ -54,9 +52,9 @@ class DraftState:
         return rows
 
     def rebased(self, cache: SeqKVCache) -> DraftState:
-        """The same target states for a new drafter with an empty `cache`: the kept consumed states
-        and the pending ones, at most `keep` of them, all pending (the next catch-up feeds them).
-        Valid only while `seen` ends at next_pos (between iterations)."""
+        """The same target states for a new drafter with an empty `cache`: the kept consumed states and the pending
+        ones, at most `keep` of them, all pending (the next catch-up feeds them). Valid only while `seen` ends at
+        next_pos (between iterations)."""
         rows = self.seen + self.chunks
         new = DraftState(cache, self.covered, keep=self.keep, rebuilt=True)
         if rows:
@@ -69,8 +67,8 @@ class DraftState:
 def sync_states(
     states: dict[Sequence, DraftState], seqs: list[Sequence], drafter: Eagle3Drafter, window: int
 ) -> dict[Sequence, DraftState]:
-    """The states of `seqs`, each keeping the invariant: a broken one (or none) restarts `window` tokens
-    back, where the target cache is truncated to re-feed them; a long stretch without SD keeps a window."""
+    """The states of `seqs`, each keeping the invariant: a broken one (or none) restarts `window` tokens back, where the
+    target cache is truncated to re-feed them; a long stretch without SD keeps a window."""
     kept = {}
     for s in seqs:
         st, length = states.get(s), s.cache.length

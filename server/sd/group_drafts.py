@@ -1,12 +1,9 @@
-"""The engine's side of the group index: keeps it in step with the running sequences and
-proposes drafts.
+"""The engine's side of the group index: keeps it in step with the running sequences and proposes drafts.
 
-`sync` runs at the start of every decode iteration: a new sequence starts a sample of its prompt,
-every sequence's output tokens emitted since the last iteration are indexed, and a sequence that
-left the running set (finished, aborted) finishes its sample, whose tokens stay for its siblings and
-later steps. A retracted or flushed sequence keeps its output ids, so its sample
-continues unchanged.
-"""
+`sync` runs at the start of every decode iteration: a new sequence starts a sample of its prompt, every sequence's
+output tokens emitted since the last iteration are indexed, and a sequence that left the running set (finished, aborted)
+finishes its sample, whose tokens stay for its siblings and later steps. A retracted or flushed sequence keeps its
+output ids, so its sample continues unchanged."""
 
 from __future__ import annotations
 
@@ -31,8 +28,7 @@ class GroupDrafts:
     def sync(self, seqs: list[Sequence], version: str) -> None:
         live = set(seqs)
         for s in [s for s in self._entries if s not in live]:
-            # its last tokens, then it finishes
-            self._extend(s, self._entries[s])
+            self._extend(s, self._entries[s])  # its last tokens, then it finishes
             self.index.finish(self._entries.pop(s).sample)
         self.index.set_version(version)
         for s in seqs:
@@ -47,13 +43,11 @@ class GroupDrafts:
             e.indexed = len(s.output_ids)
 
     def propose(self, s: Sequence, max_len: int) -> GroupDraft | None:
-        """The continuation of s's last tokens (its prompt's tail included) by its group,
-        up to max_len."""
+        """The continuation of s's last tokens (its prompt's tail included) by its group, up to max_len."""
         e = self._entries.get(s)
         if e is None or max_len < 1:
             return None
-        n = self.index.config.max_n
-        return self.index.propose(e.key, s.tokens(max(s.total_len - n, 0), s.total_len), max_len)
+        return self.index.propose(e.key, s.tokens(max(s.total_len - self.index.config.max_n, 0), s.total_len), max_len)
 
     def stats(self) -> dict[str, int]:
         return self.index.stats()

@@ -1,33 +1,26 @@
-"""Group drafts: the output tokens of a prompt's other samples propose continuations
-at no model cost.
+"""Group drafts: the output tokens of a prompt's other samples propose continuations at no model cost.
 
-GRPO runs each prompt n times at once and again in later steps, so the siblings that are ahead, and
-earlier steps' samples, have often already written what a sequence is about to write. Per prompt
-(keyed by a hash of its exact token ids, so every client gets it without an API change) an n-gram
-table maps the hash of each n-gram (min_n..max_n tokens) of a sample to the positions that follow
-it, one int each (a hash collision only costs a rejected draft). `propose` matches a sequence's last
-tokens, longest n first, and walks the continuations of the matching samples by majority vote, as
-suffix decoding does (Oliaro et al., arXiv 2411.04975; ArcticInference, vLLM's `suffix` method):
-each drafted token carries a probability estimate from the match counts, and the draft is extended
-while the estimate stays at or above `min_prob`, up to `max_draft` tokens, per sequence (the
-controller then picks how much of it to verify, `server/sd/controller.py`). The estimate: at depth
-j, of the v candidates that agree with the draft so far and reach depth j, c vote for the majority
-token; its conditional estimate is the rule of succession (c + 1) / (v + 2) (one lone sibling: 2/3 a
-token, all of 7: 8/9), the draft's the product. Simplified relative to suffix decoding: a
-bounded-order n-gram table (matches of min_n..max_n tokens) instead of a suffix tree over whole
-samples, so a long match counts as long as a max_n one; in Python a tree costs a node per token and
-depth, the table one int per token and n.
+GRPO runs each prompt n times at once and again in later steps, so the siblings that are ahead, and earlier steps'
+samples, have often already written what a sequence is about to write. Per prompt (keyed by a hash of its exact token
+ids, so every client gets it without an API change) an n-gram table maps the hash of each n-gram (min_n..max_n tokens)
+of a sample to the positions that follow it, one int each (a hash collision only costs a rejected draft). `propose`
+matches a sequence's last tokens, longest n first, and walks the continuations of the matching samples by majority vote,
+as suffix decoding does (Oliaro et al., arXiv 2411.04975; ArcticInference, vLLM's `suffix` method): each drafted token
+carries a probability estimate from the match counts, and the draft is extended while the estimate stays at or above
+`min_prob`, up to `max_draft` tokens, per sequence (the controller then picks how much of it to verify,
+`server/sd/controller.py`). The estimate: at depth j, of the v candidates that agree with the draft so far and reach
+depth j, c vote for the majority token; its conditional estimate is the rule of succession (c + 1) / (v + 2) (one lone
+sibling: 2/3 a token, all of 7: 8/9), the draft's the product. Simplified relative to suffix decoding: a bounded-order
+n-gram table (matches of min_n..max_n tokens) instead of a suffix tree over whole samples, so a long match counts as
+long as a max_n one; in Python a tree costs a node per token and depth, the table one int per token and n.
 
-Bounds (all in `GroupIndexConfig`): the samples of the last `keep_versions` policy versions are
-kept; older finished ones are dropped when a new version is set (running ones when they finish). All
-samples together hold at most `max_tokens` output tokens (oldest finished samples go first, then the
-oldest running ones, which then stop being indexed); each n-gram keeps its `max_hits` most recent
-positions. A dropped sample's table entries are skipped at lookup and purged by rebuilding its group
-once they outnumber the live ones (amortised O(1) per token), so the table holds at most about 2 x
-(max_n - min_n + 1) entries per live token. Measured with tracemalloc (defaults): about 170 bytes
-per token on sibling-like samples, 340 on unrelated random ones, so the default bound (2^19
-tokens) is 90-180 MB.
-"""
+Bounds (all in `GroupIndexConfig`): the samples of the last `keep_versions` policy versions are kept; older finished
+ones are dropped when a new version is set (running ones when they finish). All samples together hold at most
+`max_tokens` output tokens (oldest finished samples go first, then the oldest running ones, which then stop being
+indexed); each n-gram keeps its `max_hits` most recent positions. A dropped sample's table entries are skipped at lookup
+and purged by rebuilding its group once they outnumber the live ones (amortised O(1) per token), so the table holds at
+most about 2 x (max_n - min_n + 1) entries per live token. Measured with tracemalloc (defaults): about 170 bytes per
+token on sibling-like samples, 340 on unrelated random ones, so the default bound (2^19 tokens) is 90-180 MB."""
 
 from __future__ import annotations
 
@@ -37,8 +30,7 @@ from array import array
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
-# a table entry is (sample uid << _POS_BITS) | position: one int
-_POS_BITS = 32
+_POS_BITS = 32  # a table entry is (sample uid << _POS_BITS) | position: one int
 
 
 def prompt_key(prompt_ids: list[int]) -> bytes:
@@ -49,31 +41,27 @@ def prompt_key(prompt_ids: list[int]) -> bytes:
 @dataclass(frozen=True, slots=True)
 class GroupIndexConfig:
     max_tokens: int = 1 << 19  # output tokens held over all prompts and versions
-    # policy versions whose samples are kept (the current one included)
-    keep_versions: int = 2
+    keep_versions: int = 2  # policy versions whose samples are kept (the current one included)
     min_n: int = 2  # shortest n-gram that may propose
     max_n: int = 4
     # most recent positions kept per n-gram (siblings in lockstep add entries with nothing after them yet: room for
     # older samples too)
     max_hits: int = 64
-    # continuations a proposal votes over (the most recent useful ones)
-    max_candidates: int = 16
+    max_candidates: int = 16  # continuations a proposal votes over (the most recent useful ones)
     max_draft: int = 32  # longest draft
     min_prob: float = 0.1  # the draft stops before its estimate falls below this
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError("group index max_tokens must be >= 1")
-        if self.keep_versions < 1:
-            raise ValueError("group index keep_versions must be >= 1")
-        if not 1 <= self.min_n <= self.max_n <= 16:
-            raise ValueError("group index n-gram sizes must satisfy 1 <= min_n <= max_n <= 16")
-        if self.max_hits < 1 or self.max_candidates < 1:
-            raise ValueError("group index max_hits and max_candidates must be >= 1")
-        if not 1 <= self.max_draft <= 32:
-            raise ValueError("group index max_draft must be in [1, 32]")
-        if not 0.0 <= self.min_prob < 1.0:
-            raise ValueError("group index min_prob must be in [0, 1)")
+        for ok, rule in (
+            (self.max_tokens >= 1, "max_tokens must be >= 1"),
+            (self.keep_versions >= 1, "keep_versions must be >= 1"),
+            (1 <= self.min_n <= self.max_n <= 16, "n-gram sizes must satisfy 1 <= min_n <= max_n <= 16"),
+            (self.max_hits >= 1 and self.max_candidates >= 1, "max_hits and max_candidates must be >= 1"),
+            (1 <= self.max_draft <= 32, "max_draft must be in [1, 32]"),
+            (0.0 <= self.min_prob < 1.0, "min_prob must be in [0, 1)"),
+        ):
+            if not ok:
+                raise ValueError(f"group index {rule}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +70,7 @@ class GroupDraft:
     match_len: int  # n of the matched n-gram
     candidates: int  # samples whose continuation matched
     support: list[int]  # support[j]: samples that agree with tokens[:j + 1]
-    # probs[j]: conditional estimate that tokens[j] follows tokens[:j]
-    probs: list[float]
+    probs: list[float]  # probs[j]: conditional estimate that tokens[j] follows tokens[:j]
 
 
 @dataclass(eq=False, slots=True)
@@ -106,8 +93,7 @@ class Sample:
 
 @dataclass(eq=False, slots=True)
 class _Group:
-    # hash(n-gram) -> entry or entries
-    table: dict[int, int | list[int]] = field(default_factory=dict)
+    table: dict[int, int | list[int]] = field(default_factory=dict)  # hash(n-gram) -> entry or entries
     samples: list[Sample] = field(default_factory=list)
     live: int = 0  # table entries of live samples
     dead: int = 0  # table entries of dropped samples
@@ -126,9 +112,8 @@ class GroupIndex:
         self._uids = itertools.count()
 
     def set_version(self, version: str) -> None:
-        """A new policy version serves from now on; finished samples older than the last
-        keep_versions go (running ones, which continue under the new version, go when
-        they finish)."""
+        """A new policy version serves from now on; finished samples older than the last keep_versions go (running ones,
+        which continue under the new version, go when they finish)."""
         if version in self._versions:
             return
         self._versions = (self._versions + [version])[-self.config.keep_versions :]
@@ -166,9 +151,8 @@ class GroupIndex:
                 self._drop(s)
 
     def propose(self, key: bytes, recent: list[int], max_len: int | None = None) -> GroupDraft | None:
-        """recent: the sequence's last tokens (prompt included). The majority continuation after the
-        longest matching n-gram while its estimate stays >= min_prob, at most max_len (default
-        max_draft) tokens, or None."""
+        """recent: the sequence's last tokens (prompt included). The majority continuation after the longest matching
+        n-gram while its estimate stays >= min_prob, at most max_len (default max_draft) tokens, or None."""
         group, cfg = self.groups.get(key), self.config
         max_len = cfg.max_draft if max_len is None else min(max_len, cfg.max_draft)
         if group is None or max_len < 1:
@@ -183,8 +167,7 @@ class GroupIndex:
                 uid, pos = e >> _POS_BITS, e & mask
                 s = self._live.get(uid)
                 if s is not None and pos < len(s.tokens) and uid not in seen:
-                    # one position per sample
-                    seen.add(uid)
+                    seen.add(uid)  # one position per sample
                     conts.append(s.tokens[pos : pos + max_len])
                     if len(conts) == cfg.max_candidates:
                         break
@@ -196,8 +179,7 @@ class GroupIndex:
         return {"prompts": len(self.groups), "samples": len(self._finished) + len(self._running), "tokens": self.tokens}
 
     def _index(self, group: _Group, s: Sample, first_end: int) -> None:
-        """Index the n-grams ending at first_end.. (none ending inside the prompt context: those
-        would propose prompt tokens)."""
+        """Index the n-grams ending at first_end.. (none in the prompt context: they would propose prompt tokens)."""
         cfg, toks, table = self.config, s.tokens, group.table
         for end in range(max(first_end, s.context - 1), len(toks)):
             entry = (s.uid << _POS_BITS) | (end + 1)
@@ -232,9 +214,9 @@ class GroupIndex:
 
 
 def _majority(conts: list[list[int]], n: int, max_len: int, min_prob: float) -> GroupDraft | None:
-    """conts: candidate continuations (most recent first). Walk the most common token at each depth
-    (ties: the most recent sample), keeping only the candidates that agree so far, while the product
-    of the conditional estimates (c + 1) / (v + 2) stays >= min_prob."""
+    """conts: candidate continuations (most recent first). Walk the most common token at each depth (ties: the most
+    recent sample), keeping only the candidates that agree so far, while the product of the conditional estimates
+    (c + 1) / (v + 2) stays >= min_prob."""
     candidates, tokens, support, probs, joint = len(conts), [], [], [], 1.0
     for j in range(max_len):
         voters = [c for c in conts if len(c) > j]

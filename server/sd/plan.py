@@ -1,20 +1,17 @@
-"""The plan of highest expected rate: which drafts to verify this iteration, by the estimates
-(`CostModel`, `Acceptance`); whether it plays is the controller's (`controller.py`).
+"""The plan of highest expected rate: which drafts to verify this iteration, by the estimates (`CostModel`,
+`Acceptance`); whether it plays is the controller's (`controller.py`).
 
-Rule. With B decode-ready sequences, a plan verifies for each sequence s its own draft tree
-(nothing, the group draft's first tokens, an EAGLE-3 chain of up to k tokens, or both as two
-branches) of l_s draft tokens, in one target pass of N = B + sum_s l_s rows, after one drafter call
-of k steps when any sequence takes a chain. Its expected rate is
+Rule. With B decode-ready sequences, a plan verifies for each sequence s its own draft tree (nothing, the group draft's
+first tokens, an EAGLE-3 chain of up to k tokens, or both as two branches) of l_s draft tokens, in one target pass of
+N = B + sum_s l_s rows, after one drafter call of k steps when any sequence takes a chain. Its expected rate is
 
     rate = (B + sum_s E[accepted_s]) / (target(B, N / B) + [any chain] * drafter(B_e, k)),
 
-where E[accepted] of a chain with conditional acceptances a_1.. a_l is sum_j prod_{i<=j} a_i and of
-a two-branch tree (group first, then EAGLE-3 on the residual) E_group + (1 - a_group,1) * E_eagle.
-For each k in `K_GRID` (and 0: group drafts only) the per-sequence lengths come from Dinkelbach's
-iteration on that ratio: each sequence takes the l_s maximising E[accepted_s(l)] - rate * (target
-seconds per row) * l, so a sequence whose drafts do not pay for their rows takes none, one that is
-accepted often takes a long one. Plain decoding is N = B (rate B / target(B, 1)).
-"""
+where E[accepted] of a chain with conditional acceptances a_1.. a_l is sum_j prod_{i<=j} a_i and of a two-branch tree
+(group first, then EAGLE-3 on the residual) E_group + (1 - a_group,1) * E_eagle. For each k in `K_GRID` (and 0: group
+drafts only) the per-sequence lengths come from Dinkelbach's iteration on that ratio: each sequence takes the l_s
+maximising E[accepted_s(l)] - rate * (target seconds per row) * l, so a sequence whose drafts do not pay for their rows
+takes none, one that is accepted often takes a long one. Plain decoding is N = B (rate B / target(B, 1))."""
 
 from __future__ import annotations
 
@@ -33,8 +30,7 @@ K_GRID = (1, 2, 3, 4, 5, 6, 8)  # EAGLE-3 chain lengths
 @dataclass(frozen=True, slots=True)
 class Plan:
     group_lens: list[int]  # per sequence: group draft tokens to verify (0: none)
-    # per sequence: EAGLE-3 chain tokens to draft and verify (0: none)
-    eagle_lens: list[int]
+    eagle_lens: list[int]  # per sequence: EAGLE-3 chain tokens to draft and verify (0: none)
     expected_rate: float  # tokens per second the plan expects
     plain_rate: float  # and plain decoding
 
@@ -56,11 +52,10 @@ def best_plan(
     explore: bool,
     force: bool = False,
 ) -> Plan | None:
-    """The plan of highest expected rate that drafts (None: none does), by the rule above. `force`
-    (mode on): every sequence that can takes its most valuable tree within k, whatever its rows cost."""
-    cfg, b = config, len(caps)
+    """The plan of highest expected rate that drafts (None: none does), by the rule above. `force` (mode on): every
+    sequence that can takes its most valuable tree within k, whatever its rows cost."""
+    cfg, b, k = config, len(caps), config.num_draft_tokens
     rows = np.arange(b)
-    k = cfg.num_draft_tokens
     ks = ([k] if k else list(K_GRID)) if elig.any() and "eagle" in cfg.sd_sources else []
     if not force:  # no deeper than one past what is measured
         deepest = accept.measured_depths() + 1
@@ -75,7 +70,6 @@ def best_plan(
     fits = ls <= caps[:, None]  # [B, L + 1]
     g_use = np.minimum(ls, glen[:, None])  # [B, L + 1]
     g_val = g_exp[rows[:, None], g_use]
-    keys = keys if keys is not None else []
     e_exp = expected_accepted(
         accept.seq_eagle_rates(keys, explore) if keys else accept.eagle_rates(explore)[None].repeat(b, 0)
     )

@@ -1,12 +1,9 @@
-"""The draft tree of one sequence in the target pass: the root (its last committed token)
-and M branches.
+"""The draft tree of one sequence in the target pass: the root (its last committed token) and M branches.
 
-Layout of the t = 1 + sum(len_m) new tokens: [root, branch 0 tokens, branch 1 tokens, ...]. Branch
-m's token j sits at position root_pos + 1 + j and attends to the cache, the root and branch m's
-tokens 0..j only. After verification the accepted path (root, then the first n tokens of one branch)
-is moved to the front of the new rows (`keep_path`), so the cache again holds one
-contiguous sequence.
-"""
+Layout of the t = 1 + sum(len_m) new tokens: [root, branch 0 tokens, branch 1 tokens, ...]. Branch m's token j sits at
+position root_pos + 1 + j and attends to the cache, the root and branch m's tokens 0..j only. After verification the
+accepted path (root, then the first n tokens of one branch) is moved to the front of the new rows (`keep_path`), so the
+cache again holds one contiguous sequence."""
 
 from __future__ import annotations
 
@@ -37,13 +34,11 @@ class DraftTree:
         return m
 
     def rows(self, branch: int, n: int) -> list[int]:
-        """Rows of the accepted path: the root, then branch `branch`'s first n tokens (branch
-        -1: root only)."""
+        """Rows of the accepted path: the root, then branch `branch`'s first n tokens (branch -1: root only)."""
         return [0] + (list(range(self.offsets[branch], self.offsets[branch] + n)) if branch >= 0 else [])
 
     def branch_rows(self, m: int) -> list[int]:
-        """Rows whose target distribution follows branch m's tokens 0..len-1 (the
-        root's row first)."""
+        """Rows whose target distribution follows branch m's tokens 0..len-1 (the root's row first)."""
         return [0] + list(range(self.offsets[m], self.offsets[m] + self.lens[m]))
 
 
@@ -58,8 +53,8 @@ def build_tree(root: int, root_pos: int, branches: list[list[int]]) -> DraftTree
 
 @torch.inference_mode()
 def keep_path(cache: SeqKVCache, start: int, rows: list[int]) -> None:
-    """The tree's new K/V begin at cache position `start`; keep exactly the given rows (ascending,
-    rows[0] == 0) as positions start, start + 1, ... and drop the rest."""
+    """The tree's new K/V begin at cache position `start`; keep exactly the given rows (ascending, rows[0] == 0) as
+    positions start, start + 1, ... and drop the rest."""
     if rows != list(range(len(rows))):
         src = torch.tensor(rows, device=cache.k[0].device) + start
         for buf in (cache.k, cache.v):

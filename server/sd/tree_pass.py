@@ -1,20 +1,16 @@
-"""One target pass over every sequence's draft tree (root + up to M branches), verified in
-one batched call.
+"""One target pass over every sequence's draft tree (root + up to M branches), verified in one batched call.
 
-Each sequence's tree (`tree.py`) is fed from its cache length on (the root, its last token, is the
-one token its cache lacks); the pass scores every node, `branch_verify` picks per sequence one
-branch and its accepted prefix, and `keep_path` compacts the cache to exactly that path. A sequence
-without branches is a bare root: a plain decode step; one branch is a chain. Rows whose target
-distribution is needed are gathered into [B, M, k, V] (padding repeats the root row; its lens entry
-is 0, so it is never read as a draft).
+Each sequence's tree (`tree.py`) is fed from its cache length on (the root, its last token, is the one token its cache
+lacks); the pass scores every node, `branch_verify` picks per sequence one branch and its accepted prefix, and
+`keep_path` compacts the cache to exactly that path. A sequence without branches is a bare root: a plain decode step;
+one branch is a chain. Rows whose target distribution is needed are gathered into [B, M, k, V] (padding repeats the root
+row; its lens entry is 0, so it is never read as a draft).
 
-Penalties, min_new_tokens and logit_bias apply at every node with the counts of the output plus the
-branch tokens before it (`sampler.penalised`, one window per branch): each draft is verified against
-exactly the distribution plain decoding would use there, so SD stays lossless; the drafter's q stays
-unpenalised, which costs acceptance only. Returned, top and token-id logprobs of each emitted token
-come from its node's penalised row, as plain decoding's from its step's. A grammar's mask is applied
-the same way (`sampling.grammar`): a draft it forbids has probability 0 at its node, never accepted.
-"""
+Penalties, min_new_tokens and logit_bias apply at every node with the counts of the output plus the branch tokens before
+it (`sampler.penalised`, one window per branch): each draft is verified against exactly the distribution plain decoding
+would use there, so SD stays lossless; the drafter's q stays unpenalised, which costs acceptance only. Returned, top and
+token-id logprobs of each emitted token come from its node's penalised row, as plain decoding's from its step's. A
+grammar's mask is applied the same way (`sampling.grammar`): a draft it forbids has probability 0 at its node."""
 
 from __future__ import annotations
 
@@ -46,12 +42,10 @@ def tree_pass(
     prm: dict[str, torch.Tensor],
     capture_layers: list[int] | None = None,
 ) -> tuple[list[TreeResult], torch.Tensor | None]:
-    """branches[b][m]: branch m's tokens for seqs[b] (m fixes the verification order); qs[b][m]: its
-    draft distributions [len, V] (EAGLE, sampled requests) or None (a point-mass draft). prm:
-    params_tensors of seqs. Returns per sequence a TreeResult, and the aux hidden states [N, 3*H]
-    of the pass."""
-    # M >= 1: lens 0 = a bare root
-    device, m_max = runner.device, max([len(b) for b in branches] + [1])
+    """branches[b][m]: branch m's tokens for seqs[b] (m fixes the verification order); qs[b][m]: its draft distributions
+    [len, V] (EAGLE, sampled requests) or None (a point-mass draft). prm: params_tensors of seqs. Returns per sequence a
+    TreeResult, and the aux hidden states [N, 3*H] of the pass."""
+    device, m_max = runner.device, max([len(b) for b in branches] + [1])  # M >= 1: lens 0 = a bare root
     k = max([len(x) for b in branches for x in b] + [1])
     starts = [s.cache.length for s in seqs]
     trees = [build_tree(s.tokens(p0, p0 + 1)[0], p0, b) for s, p0, b in zip(seqs, starts, branches)]
@@ -67,11 +61,9 @@ def tree_pass(
     )
     base = torch.tensor([t.size for t in trees]).cumsum(0) - torch.tensor([t.size for t in trees])
     logits = _penalised_tree(logits, seqs, trees, branches, base.tolist())
-    bsz = len(seqs)
-    drafts = torch.zeros(bsz, m_max, k, dtype=torch.long)
-    lens = torch.zeros(bsz, m_max, dtype=torch.long)
-    # [B, M, k+1] root row
-    rows = base[:, None, None].repeat(1, m_max, k + 1)
+    drafts = torch.zeros(len(seqs), m_max, k, dtype=torch.long)
+    lens = torch.zeros(len(seqs), m_max, dtype=torch.long)
+    rows = base[:, None, None].repeat(1, m_max, k + 1)  # [B, M, k+1] root row
     for b, (t, br) in enumerate(zip(trees, branches)):
         for m, x in enumerate(br):
             drafts[b, m, : len(x)], lens[b, m] = torch.tensor(x, dtype=torch.long), len(x)
@@ -88,17 +80,13 @@ def tree_pass(
         if s.req.return_logprob and (s.req.top_logprobs_num > 0 or s.req.token_ids_logprob)
     ]
     if asking:
-        rows_e = [r for b in asking for r in glob[b]]
+        each = [b for b in asking for _ in glob[b]]  # a sequence per emitted token
         sampler.record_extras(
-            logits[rows_e],
-            [seqs[b] for b in asking for _ in glob[b]],
-            prm["temperature"][[b for b in asking for _ in glob[b]]],
+            logits[[r for b in asking for r in glob[b]]], [seqs[b] for b in each], prm["temperature"][each]
         )
-    results = []
-    for b, (s, path) in enumerate(zip(seqs, paths)):
-        keep_path(s.cache, starts[b], path)
-        results.append(TreeResult(int(branch[b]), len(path) - 1, ids[b].tolist(), lps[b], glob[b]))
-    return results, aux
+    for s, start, path in zip(seqs, starts, paths):
+        keep_path(s.cache, start, path)
+    return [TreeResult(int(branch[b]), len(p) - 1, ids[b].tolist(), lps[b], glob[b]) for b, p in enumerate(paths)], aux
 
 
 def _penalised_tree(
@@ -115,16 +103,14 @@ def _penalised_tree(
             wdrafts.append(d)
     idx = torch.tensor(rows, device=logits.device)
     out = logits.clone()
-    out[idx] = sampler.penalised(logits[idx], wseqs, wdrafts)  # a root row repeats per
-    # branch, identically
+    out[idx] = sampler.penalised(logits[idx], wseqs, wdrafts)  # a root row repeats per branch, identically
     return out
 
 
 def _logprobs(
     logits: torch.Tensor, seqs: list, glob: list[list[int]], ids: list[torch.Tensor], temperature: torch.Tensor
 ) -> list[list[float]]:
-    """SGLang's logprob of every emitted token (0.0 for sequences that did not ask, as the
-    plain step)."""
+    """SGLang's logprob of every emitted token (0.0 for sequences that did not ask, as the plain step)."""
     want = [b for b, s in enumerate(seqs) if s.req.return_logprob]
     lps = [[0.0] * len(g) for g in glob]
     if want:
@@ -138,16 +124,15 @@ def _logprobs(
 
 
 def _verify(logits, rows, drafts, lens, seqs, qs, prm, m_max: int, k: int):
-    """Greedy rows by argmax; sampled rows by the point-mass / speculative-sampling rule. Same
-    returns as verify_branches for all B rows."""
-    greedy = [s.req.params.temperature <= 0 for s in seqs]
-    # [B, M, k+1]
-    ids = logits.argmax(-1)[rows]
+    """Greedy rows by argmax; sampled rows by the point-mass / speculative-sampling rule. Same returns as
+    verify_branches for all B rows."""
+    ids = logits.argmax(-1)[rows]  # [B, M, k+1]
     branch, n_acc, out = verify_branches_greedy(drafts, lens, ids[:, 0, 0], ids[:, :, 1:])
-    sampled = [b for b, g in enumerate(greedy) if not g]
+    sampled = [b for b, s in enumerate(seqs) if s.req.params.temperature > 0]
     if not sampled:
         return branch, n_acc, out
-    idx = torch.tensor(sampled, device=drafts.device)
+    dev = drafts.device
+    idx = torch.tensor(sampled, device=dev)
     pick = {key: v[sampled].repeat_interleave(m_max * (k + 1)).to(logits.device) for key, v in prm.items()}
     p = sampler.processed_probs(
         logits[rows[idx].reshape(-1)], pick["temperature"], pick["top_k"], pick["top_p"], pick["min_p"]
@@ -156,20 +141,13 @@ def _verify(logits, rows, drafts, lens, seqs, qs, prm, m_max: int, k: int):
     point = torch.tensor([[qs[b][m] is None if m < len(qs[b]) else True for m in range(m_max)] for b in sampled])
     draft_q = None
     if not bool(point.all()):
-        # [S, M, k, V]
-        draft_q = p.new_zeros(len(sampled), m_max, k, p.shape[-1])
+        draft_q = p.new_zeros(len(sampled), m_max, k, p.shape[-1])  # [S, M, k, V]
         for j, b in enumerate(sampled):
             for m, q in enumerate(qs[b]):
                 if q is not None:
                     draft_q[j, m, : q.shape[0]] = q
     b_s, n_s, out_s = verify_branches(
-        drafts[idx],
-        lens[idx],
-        p[:, 0, 0],
-        p[:, :, 1:],
-        [seqs[b].generator for b in sampled],
-        draft_q,
-        point.to(drafts.device),
+        drafts[idx], lens[idx], p[:, 0, 0], p[:, :, 1:], [seqs[b].generator for b in sampled], draft_q, point.to(dev)
     )
     branch, n_acc, out = branch.clone(), n_acc.clone(), out.clone()
     branch[idx], n_acc[idx], out[idx] = b_s, n_s, out_s
