@@ -24,8 +24,7 @@ def _fsync_dir(path: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary directory; on success it replaces `target` atomically; on error
-    it is removed."""
+    """Yield a temporary directory; on success it replaces `target` atomically; on error it is removed."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -70,10 +69,9 @@ def atomic_file(target: str | os.PathLike, mode: str = "wb") -> Iterator:
 
 
 def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
-    """Delete the `.NAME.tmp-*` that writes into `directory` left when their process was killed:
-    readers never see them, but each can be a whole checkpoint. Call only while no writer runs
-    there. (`.old-*` stays: a kill between atomic_dir's two renames leaves the only complete
-    copy there.)"""
+    """Delete the `.NAME.tmp-*` that writes into `directory` left when their process was killed: readers never see them,
+    but each can be a whole checkpoint. Call only while no writer runs there. (`.old-*` stays: a kill between
+    atomic_dir's two renames leaves the only complete copy there.)"""
     removed = []
     for path in Path(directory).glob(".*.tmp-*"):
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)

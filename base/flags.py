@@ -103,9 +103,8 @@ def flag_dests(cls, prefix: str = "") -> dict[str, str]:
 
 
 def given(cls, args: argparse.Namespace, prefix: str = "") -> dict:
-    """The values of `cls`'s flags in `args` by field path (nested: "FIELD.NAME"), those absent left
-    out; a list from a config file or a `sep`-joined string is made the field's list or tuple type,
-    empty items dropped."""
+    """The values of `cls`'s flags in `args` by field path (nested: "FIELD.NAME"), those absent left out; a list from a
+    config file or a `sep`-joined string is made the field's list or tuple type, empty items dropped."""
     out = {}
     for path, f, hint in _walk(cls):
         dest = prefix + _names(f)[0]

@@ -1,15 +1,14 @@
 """A minimal custom RL loop (not gleanrl's trainer) that uses the Harvester as a drop-in.
 
-Each step: sample a group of rollouts from an embedded rollout server concurrently; as each one
-finishes, hand it to the Harvester; while the others are still running, let the Harvester train the
-drafter (it pushes a better one to the server mid-step with `selector: "draft"`); then one REINFORCE
-update of the policy (reward: share of digits in the answer, baseline: the step's mean reward),
-saved atomically and pushed to the server as the next weight version.
+Each step: sample a group of rollouts from an embedded rollout server concurrently; as each one finishes, hand it to the
+Harvester; while the others are still running, let the Harvester train the drafter (it pushes a better one to the server
+mid-step with `selector: "draft"`); then one REINFORCE update of the policy (reward: share of digits in the answer,
+baseline: the step's mean reward), saved atomically and pushed to the server as the next weight version.
 
     python examples/custom_loop.py --out /tmp/custom_loop [--model DIR] [--steps 3]
 
-With no `--model`, a tiny random model is made. The server (`gleanrl serve`, a subprocess) and this
-loop each use one torch thread. Only the installed `gleanrl` is needed.
+With no `--model`, a tiny random model is made. The server (`gleanrl serve`, a subprocess) and this loop each use one
+torch thread. Only the installed `gleanrl` is needed.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """One step's rollouts: submit all concurrently, consume each as it finishes, survive a server that dies or restarts
-mid-step (re-sync the weights, re-submit what was lost), and keep rollouts of any other weight_version out of
-training.
+mid-step (re-sync the weights, re-submit what was lost), and keep rollouts of any other weight_version out of training.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-"""The rollouts laid out on the cores as this hardware pays: one embedded server (replica) per core group, pinned
-there with one torch thread per core, behind the client's spread (a prompt's samples to one replica, so its
-group drafts see its siblings). When one replica is done while another decodes its tail, its cores are the
-harvest's (`IdleCores`): the CPU analog of finished GPU rollout devices, never a busy core at low priority. Cost:
-on the 2-core AMX host rollouts ran at 0.75x the tokens/s of one two-thread server (a group's tail stays on one
-single-thread replica), so `layout_groups` takes replicas only for a harvest. The update takes every core;
-weight updates go to every replica.
+"""The rollouts laid out on the cores as this hardware pays: one embedded server (replica) per core group, pinned there
+with one torch thread per core, behind the client's spread (a prompt's samples to one replica, so its group drafts see
+its siblings). When one replica is done while another decodes its tail, its cores are the harvest's (`IdleCores`): the
+CPU analog of finished GPU rollout devices, never a busy core at low priority. Cost: on the 2-core AMX host rollouts ran
+at 0.75x the tokens/s of one two-thread server (a group's tail stays on one single-thread replica), so `layout_groups`
+takes replicas only for a harvest. The update takes every core; weight updates go to every replica.
 """
 
 from __future__ import annotations

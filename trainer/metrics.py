@@ -127,11 +127,10 @@ def sd_stats(rollouts: list[Rollout]) -> dict:
 
 
 def acceptance(spec_verify_ct: int, spec_accept_token_num: int, output_tokens: int) -> dict:
-    """gleanrl's two SD figures. `spec_accept_length`: (accepted + passes) / passes over verify passes, in
-    [1, k + 1]. `tokens_per_pass`: output tokens per target pass, plain and prefill passes included (each emits
-    one token beyond its accepted drafts: passes = tokens - accepted); 1.0 without SD, an upper bound on the
-    speedup. Not SGLang's per-request `spec_accept_length` (tokens / verify passes), which with adaptive SD can
-    exceed k + 1."""
+    """gleanrl's two SD figures. `spec_accept_length`: (accepted + passes) / passes over verify passes, in [1, k + 1].
+    `tokens_per_pass`: output tokens per target pass, plain and prefill passes included (each emits one token beyond its
+    accepted drafts: passes = tokens - accepted); 1.0 without SD, an upper bound on the speedup. Not SGLang's
+    per-request `spec_accept_length` (tokens / verify passes), which with adaptive SD can exceed k + 1."""
     passes = output_tokens - spec_accept_token_num
     return {
         "spec_accept_length": (spec_verify_ct + spec_accept_token_num) / spec_verify_ct if spec_verify_ct else 0.0,

@@ -1,6 +1,5 @@
-"""The JSON request bodies in FastAPI's OpenAPI document: the routes parse their bodies themselves
-(`edge/body.py`, for 413 and field-naming 400s), so FastAPI does not see them; clients and fuzzers
-read them here."""
+"""The JSON request bodies in FastAPI's OpenAPI document: the routes parse their bodies themselves (`edge/body.py`, for
+413 and field-naming 400s), so FastAPI does not see them; clients and fuzzers read them here."""
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
-"""`gleanrl proxy --upstream URL --port P`: in front of any SGLang-API server, forwards every request
-and response unchanged (bytes, status, headers, SSE as it comes; API keys pass through to the upstream),
-and serves the harvest feed (`GET /harvest_feed`, only with the proxy's own `--admin-api-key`) from
-what it sees: each finished `/generate` (a text prompt as `prompt_text`: the upstream never returns
-its ids; the OpenAI routes pass unrecorded); the load (`/generate`s in flight, paused between
-`/pause_generation` and `/continue_generation`); relayed policy weight updates (disk ones the sidecar
-follows, tensor and process-group ones listed so it can refuse them by name). Bounds as the server's:
-413 over the body limits before reading, large bodies parsed off the event loop, a /generate over
-`max_outputs` (prompts x n) 400, a browser page's requests 403."""
+"""`gleanrl proxy --upstream URL --port P`: in front of any SGLang-API server, forwards every request and response
+unchanged (bytes, status, headers, SSE as it comes; API keys pass through to the upstream), and serves the harvest feed
+(`GET /harvest_feed`, only with the proxy's own `--admin-api-key`) from what it sees: each finished `/generate` (a text
+prompt as `prompt_text`: the upstream never returns its ids; the OpenAI routes pass unrecorded); the load (`/generate`s
+in flight, paused between `/pause_generation` and `/continue_generation`); relayed policy weight updates (disk ones the
+sidecar follows, tensor and process-group ones listed so it can refuse them by name). Bounds as the server's: 413 over
+the body limits before reading, large bodies parsed off the event loop, a /generate over `max_outputs` (prompts x n)
+400, a browser page's requests 403."""
 
 from __future__ import annotations
 

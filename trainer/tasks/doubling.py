@@ -8,18 +8,17 @@
                          01:552
                          \\boxed{552}
 
-Each `remaining:value` line is a local rule (decrement; digit j of the double is 2*d_j mod 10 plus a carry when
-d_(j+1) >= 5) a small model learns by SFT in minutes. k follows a truncated power law (P(k) ~ (k+1)^-alpha,
-0 <= k <= max_steps; 0 is a copy): mostly short, a few very long, like chains of thought, and longer is harder.
-`tail_share` > 0 (long-tail presets) draws that share of each batch from k in [tail_min, max_steps] (count
-stochastically rounded: a batch of 8 at 1/8 holds one on average). Reward: the last \\boxed{} equals the result
-(leading zeros allowed).
+Each `remaining:value` line is a local rule (decrement; digit j of the double is 2*d_j mod 10 plus a carry when d_(j+1)
+>= 5) a small model learns by SFT in minutes. k follows a truncated power law (P(k) ~ (k+1)^-alpha, 0 <= k <= max_steps;
+0 is a copy): mostly short, a few very long, like chains of thought, and longer is harder. `tail_share` > 0 (long-tail
+presets) draws that share of each batch from k in [tail_min, max_steps] (count stochastically rounded: a batch of 8 at
+1/8 holds one on average). Reward: the last \\boxed{} equals the result (leading zeros allowed).
 
-Self-checks (`checks` > 0, task `doubling_checks`): after each derivation the solution may derive again after a
-`check` line, with probability `checks` (geometric, at most `max_checks` and `max_chars`), then box the result
-(lines `347`, `01:694`, `check`, `347`, `01:694`, `\\boxed{694}`). The policy learns the choice (T = 1 checks as
-often as its data; greedy never for `checks` < 0.5), the reward ignores it: lengths vary within a group,
-multiplicatively and heavy-tailed, as chains of thought do.
+Self-checks (`checks` > 0, task `doubling_checks`): after each derivation the solution may derive again after a `check`
+line, with probability `checks` (geometric, at most `max_checks` and `max_chars`), then box the result (lines `347`,
+`01:694`, `check`, `347`, `01:694`, `\\boxed{694}`). The policy learns the choice (T = 1 checks as often as its data;
+greedy never for `checks` < 0.5), the reward ignores it: lengths vary within a group, multiplicatively and heavy-tailed,
+as chains of thought do.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """Supervised fine-tuning from scratch on a task's reference solutions (the bootstrap's training loop).
 
 Examples are bucketed by length into batches of about `batch_tokens` (padding ~0.1 % of slots: packing would buy
-nothing). Loss on the response and its end-of-turn token only. bf16 autocast where native (`bf16_fast`: ~2.5x
-on such CPUs), float32 master weights.
+nothing). Loss on the response and its end-of-turn token only. bf16 autocast where native (`bf16_fast`: ~2.5x on such
+CPUs), float32 master weights.
 
-Focus: `task.solution_focus(sample)` may name character spans of the solution carrying the hard step (the
-tokenizer is one token per character); their tokens weigh `size.focus_weight` (loss: weighted mean over labelled
-tokens). For `doubling`, the first line's counter (a copy of k): 2 tokens of ~40, hardly seen unweighted, and
-every error of the old recipe's policy we looked at (greedy, 4 <= k <= 25: 31 of 48 wrong, all on that line;
-docs/task-and-bootstrap.md).
+Focus: `task.solution_focus(sample)` may name character spans of the solution carrying the hard step (the tokenizer is
+one token per character); their tokens weigh `size.focus_weight` (loss: weighted mean over labelled tokens). For
+`doubling`, the first line's counter (a copy of k): 2 tokens of ~40, hardly seen unweighted, and every error of the old
+recipe's policy we looked at (greedy, 4 <= k <= 25: 31 of 48 wrong, all on that line; docs/task-and-bootstrap.md).
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
-"""Request bodies over their route's limit are refused (413) before they are read. Two limits, one name
-each in the server and the proxy: `--max-weight-request-bytes` (large) for the route that carries
-weights by value (admin-only when a key is set: `AuthMiddleware`, inside this one, refuses an unkeyed
-request before reading a byte), `--max-request-bytes` (small) for every other route: the fewer bytes a
-refused body may push, the less the event loop that feeds the engine spends on it. A declared
-`Content-Length` over the limit is refused at once; a chunked body as soon as the bytes passed it.
-Pure ASGI, outermost. Every 413 says `Connection: close`, so uvicorn closes the socket instead of
-reading and discarding the rest (hundreds of megabytes on the event loop would stall every client)."""
+"""Request bodies over their route's limit are refused (413) before they are read. Two limits, one name each in the
+server and the proxy: `--max-weight-request-bytes` (large) for the route that carries weights by value (admin-only when
+a key is set: `AuthMiddleware`, inside this one, refuses an unkeyed request before reading a byte),
+`--max-request-bytes` (small) for every other route: the fewer bytes a refused body may push, the less the event loop
+that feeds the engine spends on it. A declared `Content-Length` over the limit is refused at once; a chunked body as
+soon as the bytes passed it. Pure ASGI, outermost. Every 413 says `Connection: close`, so uvicorn closes the socket
+instead of reading and discarding the rest (hundreds of megabytes on the event loop would stall every client)."""
 
 from __future__ import annotations
 

@@ -42,8 +42,7 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
 def _loc(loc: tuple) -> str:
-    """('sampling_params', 'SamplingIn', 'temperature') -> 'sampling_params.temperature' (drops
-    union tags)."""
+    """('sampling_params', 'SamplingIn', 'temperature') -> 'sampling_params.temperature' (drops union tags)."""
     keep = [str(p) for p in loc if isinstance(p, int) or (p.isidentifier() and p.islower() and p not in _TYPE_TAGS)]
     return ".".join(keep) or "body"
 

@@ -1,6 +1,5 @@
-"""SGLang's logprob fields of `meta_info`: triples [logprob, token_id, text] (text only with
-`return_text_in_logprobs`), per position a list of them (best first) for top_logprobs_num and
-token_ids_logprob."""
+"""SGLang's logprob fields of `meta_info`: triples [logprob, token_id, text] (text only with `return_text_in_logprobs`),
+per position a list of them (best first) for top_logprobs_num and token_ids_logprob."""
 
 from __future__ import annotations
 

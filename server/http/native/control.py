@@ -63,8 +63,7 @@ async def health(request: Request):
 
 @router.get("/health_generate")
 async def health_generate(request: Request):
-    """Generates one token unless requests are already running (then they prove the
-    engine is alive)."""
+    """Generates one token unless requests are already running (then they prove the engine is alive)."""
     state = request.app.state
     if state.closing:
         return Response(status_code=503)
@@ -117,8 +116,7 @@ async def continue_generation(request: Request):
 
 @router.post("/abort_request")
 async def abort_request(request: Request):
-    """{"rid": ..., "abort_all": false}; abort_all needs the admin key. An n > 1 rid
-    aborts all n."""
+    """{"rid": ..., "abort_all": false}; abort_all needs the admin key. An n > 1 rid aborts all n."""
     state = request.app.state
     body = await parse(request, AbortIn)
     if body.abort_all:

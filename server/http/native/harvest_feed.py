@@ -1,10 +1,9 @@
-"""The harvest feed (gleanrl extension, off by default): a bounded buffer of finished requests that a
-harvest sidecar (`gleanrl harvest`) reads with a cursor, filled by `gleanrl serve --harvest-feed` or
-`gleanrl proxy`. Recording is an O(1) append under a lock, never blocking generation; bounded in
-records and tokens, the oldest dropped and counted. Records carry a monotonic `seq`; a reader asks for
-`seq >= cursor` and learns how many it `missed`; `feed_id` changes with the buffer (a restarted
-server). Policy weight updates are listed in `weight_updates` (the sidecar refuses those it cannot
-follow, tensor and process-group ones, by name)."""
+"""The harvest feed (gleanrl extension, off by default): a bounded buffer of finished requests that a harvest sidecar
+(`gleanrl harvest`) reads with a cursor, filled by `gleanrl serve --harvest-feed` or `gleanrl proxy`. Recording is an
+O(1) append under a lock, never blocking generation; bounded in records and tokens, the oldest dropped and counted.
+Records carry a monotonic `seq`; a reader asks for `seq >= cursor` and learns how many it `missed`; `feed_id` changes
+with the buffer (a restarted server). Policy weight updates are listed in `weight_updates` (the sidecar refuses those it
+cannot follow, tensor and process-group ones, by name)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""SGLang's in-memory weight sync: /update_weights_from_tensor (`server/weights/tensor_payload.py`),
-optionally inside a /begin_weight_update ... /end_weight_update session that stages the calls (the
-process-group pushes of `weights_group.py` too) and applies them as one atomic swap; memory
-release/resume."""
+"""SGLang's in-memory weight sync: /update_weights_from_tensor (`server/weights/tensor_payload.py`), optionally inside a
+/begin_weight_update ... /end_weight_update session that stages the calls (the process-group pushes of
+`weights_group.py` too) and applies them as one atomic swap; memory release/resume."""
 
 from __future__ import annotations
 

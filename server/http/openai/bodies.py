@@ -28,8 +28,7 @@ class StreamOptions(BaseModel):
 
 
 class OpenAISampling(BaseModel):
-    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's, plus
-    SGLang's extras)."""
+    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's, plus SGLang's extras)."""
 
     model_config = ConfigDict(extra="allow")  # extras: checked against UNSUPPORTED_OPENAI, others ignored
     model: StrictStr | None = None  # any name: the served model, echoed (SGLang)

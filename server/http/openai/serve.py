@@ -1,6 +1,5 @@
-"""What /v1/completions and /v1/chat/completions share: sampling params from OpenAI's fields (errors
-naming them), the run, and the answer as one JSON object (usage; finish_reason and SGLang's
-`matched_stop`) or an SSE stream of chunks."""
+"""What /v1/completions and /v1/chat/completions share: sampling params from OpenAI's fields (errors naming them), the
+run, and the answer as one JSON object (usage; finish_reason and SGLang's `matched_stop`) or an SSE stream of chunks."""
 
 from __future__ import annotations
 

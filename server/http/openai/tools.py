@@ -1,10 +1,9 @@
-"""Tool calls on the chat route, the request side: `tools`, `tool_choice`, `parallel_tool_calls` checked,
-what the chat template gets, and the grammar that enforces `tool_choice` required / named. As SGLang
-0.5.23: the template gets the tools unless tool_choice is none (a named one: that function only); the
-output is parsed by `--tool-call-parser` unless tool_choice is none or another grammar holds it;
-required / named is a structural tag in the parser's format with at least one call, after the
-reasoning. Unlike SGLang: the arguments follow the function's `parameters` schema (SGLang only with
-`strict`; vLLM always), and the output is the calls alone (SGLang lets text follow them)."""
+"""Tool calls on the chat route, the request side: `tools`, `tool_choice`, `parallel_tool_calls` checked, what the chat
+template gets, and the grammar that enforces `tool_choice` required / named. As SGLang 0.5.23: the template gets the
+tools unless tool_choice is none (a named one: that function only); the output is parsed by `--tool-call-parser` unless
+tool_choice is none or another grammar holds it; required / named is a structural tag in the parser's format with at
+least one call, after the reasoning. Unlike SGLang: the arguments follow the function's `parameters` schema (SGLang only
+with `strict`; vLLM always), and the output is the calls alone (SGLang lets text follow them)."""
 
 from __future__ import annotations
 
