@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from gleanrl.base.batches import length_batches
 from gleanrl.trainer.config import TrainConfig
-from gleanrl.trainer.policy import Policy, micro_batches
+from gleanrl.trainer.policy import Policy
 from test_update_capture import _rollouts
 
 
@@ -19,10 +20,10 @@ def _policy(model, tmp_path, micro: int, tokens: int = 4096) -> Policy:
 
 def test_micro_batches_sorted_and_bounded_by_rows_and_tokens():
     lengths = [300, 0, 20, 1400, 25, 30, 280, 22, 0, 900]
-    assert micro_batches(lengths, 3, 0) == [[2, 7, 4], [5, 6, 0], [9, 3]]  # empty rows left out
+    assert length_batches(lengths, 3, 0) == [[2, 7, 4], [5, 6, 0], [9, 3]]  # empty rows left out
     # at most 3 rows and 1000 padded tokens: 3 x 300 fits, 2 x 900 does not, 1400 goes alone
-    assert micro_batches(lengths, 3, 1000) == [[2, 7, 4], [5, 6, 0], [9], [3]]
-    assert micro_batches([0, 0], 8, 4096) == []
+    assert length_batches(lengths, 3, 1000) == [[2, 7, 4], [5, 6, 0], [9], [3]]
+    assert length_batches([0, 0], 8, 4096) == []
 
 
 def test_micro_batches_group_like_lengths(tiny_qwen2, tmp_path):

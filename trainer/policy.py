@@ -14,6 +14,7 @@ import time
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from gleanrl.base.batches import length_batches
 from gleanrl.clients.rollout import Rollout
 from gleanrl.harvest.capture import UpdateCapture, aux_hooks, samples_from
 from gleanrl.trainer.config import TrainConfig
@@ -108,8 +109,10 @@ class Policy:
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
         loss_total = capture_s = 0.0
+        # micro-batches of like lengths: on doubling_checks group order padded ~1.9x the real tokens, sorted
+        # micro-batches of 8 ~1.3x, with 4096 tokens ~1.1x; the step is the same sum, in another float order
         lengths = [len(r.prompt_ids) + len(r.output_ids) if r.output_ids else 0 for r in rollouts]
-        for rows in micro_batches(lengths, cfg.micro_batch_size, cfg.micro_batch_tokens):
+        for rows in length_batches(lengths, cfg.micro_batch_size, cfg.micro_batch_tokens):
             b = self._batch([rollouts[i] for i in rows])
             chunk_adv = adv[rows]
             logits, spent = self._captured_forward(b, [rollouts[i] for i in rows], capture)
@@ -152,18 +155,3 @@ class Policy:
         self.optimizer.zero_grad(set_to_none=True)
         keys = "loss grad_norm adv_abs_mean clip_frac kl logprob_mismatch logprob_mismatch_max update_capture_s".split()
         return {k: 0.0 for k in keys} | {"train_tokens": 0}
-
-
-def micro_batches(lengths: list[int], size: int, tokens: int) -> list[list[int]]:
-    """The indices of the non-empty rows (length > 0) in micro-batches of like lengths: sorted, at most `size`
-    rows and `tokens` padded tokens each (0: no limit; a longer row alone). A row is right-padded to its
-    micro-batch's longest, and in reasoning RL siblings differ 10-30x in length: on doubling_checks group order
-    padded ~1.9x the real tokens, sorted micro-batches of 8 ~1.3x, with 4096 tokens ~1.1x. The step is the same:
-    a sum over micro-batches, only its float summation order changes."""
-    batches: list[list[int]] = [[]]
-    for i in sorted((i for i, n in enumerate(lengths) if n), key=lengths.__getitem__):
-        batch = batches[-1]
-        if batch and (len(batch) == size or (tokens and (len(batch) + 1) * lengths[i] > tokens)):
-            batches.append(batch := [])
-        batch.append(i)
-    return [b for b in batches if b]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from gleanrl.base.batches import length_batches
 from gleanrl.harvest.train_step import bf16_fast
 from gleanrl.trainer.metrics import mean_se
 from gleanrl.trainer.tasks.base import Task
@@ -38,14 +39,8 @@ def make_batches(task: Task, tokenizer, size, seed: int) -> list[tuple[torch.Ten
             examples.append((ids, len(prompt), _focus(task, sample, len(response))))
             total += len(ids)
         chunk += 1
-    examples.sort(key=lambda e: len(e[0]))
-    batches, start = [], 0
-    while start < len(examples):
-        end = start + 1
-        while end < len(examples) and (end + 1 - start) * len(examples[end][0]) <= size.batch_tokens:
-            end += 1
-        batches.append(_collate(examples[start:end], tokenizer.pad_token_id, size.focus_weight))
-        start = end
+    rows = length_batches([len(e[0]) for e in examples], max_tokens=size.batch_tokens)
+    batches = [_collate([examples[i] for i in r], tokenizer.pad_token_id, size.focus_weight) for r in rows]
     random.Random(seed).shuffle(batches)
     return batches
 
@@ -103,15 +98,10 @@ def reference_accuracy(
         )
         for s in samples
     ]
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]) + len(examples[i][1]))
     probs, greedy = [0.0] * len(examples), [0.0] * len(examples)
     device = next(model.parameters()).device
-    start = 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order) and (end + 1 - start) * sum(map(len, examples[order[end]][:2])) <= batch_tokens:
-            end += 1
-        batch = [(p + r, len(p), c) for p, r, c in (examples[i] for i in order[start:end])]
+    for rows in length_batches([len(p) + len(r) for p, r, _ in examples], max_tokens=batch_tokens):
+        batch = [(p + r, len(p), c) for p, r, c in (examples[i] for i in rows)]
         # right padding: never attended; the task's free choices weigh 0 (not scored)
         input_ids, labels, weights = _collate(batch, tokenizer.pad_token_id or 0, focus_weight=0.0)
         logits = model(input_ids=input_ids.to(device)).logits[:, :-1].float()
@@ -121,10 +111,9 @@ def reference_accuracy(
             * weights
         )
         hit = (logits.argmax(-1) == labels) | (weights == 0)
-        for row, i in enumerate(order[start:end]):
+        for row, i in enumerate(rows):
             probs[i] = math.exp(-nll[row].sum().item())
             greedy[i] = float(hit[row].all().item())
-        start = end
     model.train(was_training)
     mean, se = mean_se(probs)
     greedy_share = sum(greedy) / max(1, len(samples))

@@ -1,0 +1,17 @@
+"""Batches of like lengths: right padding to a batch's longest row is wasted compute, and lengths can differ
+10-30x (reasoning RL's siblings, a task's short and long problems)."""
+
+from __future__ import annotations
+
+
+def length_batches(lengths: list[int], max_rows: int = 0, max_tokens: int = 0) -> list[list[int]]:
+    """The indices of the rows of length > 0, sorted by length (stable), in batches of at most `max_rows` rows and
+    `max_tokens` padded tokens (rows x the batch's longest; a longer row alone); 0: no limit."""
+    batches: list[list[int]] = [[]]
+    for i in sorted((i for i, n in enumerate(lengths) if n > 0), key=lengths.__getitem__):
+        batch = batches[-1]
+        full = len(batch) == max_rows or (max_tokens and (len(batch) + 1) * lengths[i] > max_tokens)
+        if batch and full:
+            batches.append(batch := [])
+        batch.append(i)
+    return [b for b in batches if b]
