@@ -1,6 +1,5 @@
-"""`gleanrl serve`: the embedded engine behind SGLang's native API and the OpenAI API, or stock
-SGLang (`--backend sglang`, GPU). User mistakes end in a one-line error and exit status 2, never
-a traceback."""
+"""`gleanrl serve`: the embedded engine behind SGLang's native API and the OpenAI API, or stock SGLang (`--backend
+sglang`, GPU). User mistakes end in a one-line error and exit status 2, never a traceback."""
 
 from __future__ import annotations
 
@@ -50,19 +49,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="embedded PyTorch engine, or stock SGLang (GPU)",
     )
     g = p.add_argument_group("--backend sglang only")
-    g.add_argument("--speculative-num-steps", type=int, default=None, help="SGLang's: draft steps (default: SGLang's)")
-    g.add_argument(
-        "--speculative-eagle-topk",
-        type=int,
-        default=None,
-        help="SGLang's: top-k draft tokens per step (default: SGLang's)",
-    )
-    g.add_argument(
-        "--speculative-num-draft-tokens",
-        type=int,
-        default=None,
-        help="SGLang's: tokens verified per pass (default: SGLang's)",
-    )
+    for name, what in (
+        ("num-steps", "draft steps"),
+        ("eagle-topk", "top-k draft tokens per step"),
+        ("num-draft-tokens", "tokens verified per pass"),
+    ):
+        g.add_argument(f"--speculative-{name}", type=int, default=None, help=f"SGLang's: {what} (default: SGLang's)")
     g.add_argument(
         "--sglang-arg",
         action="append",
@@ -88,16 +80,12 @@ def run(args: argparse.Namespace) -> int:
                 "`gleanrl proxy --upstream URL --port P`, which provides the same feed"
             )
         try:
-            # lazy: needs the optional sglang install
-            from gleanrl.server.sglang.launch import launch
+            from gleanrl.server.sglang.launch import launch  # lazy: needs the optional sglang install
         except ImportError as exc:
             return _fail(f"--backend sglang is not available here ({exc})")
         return int(launch(args) or 0)
-    sglang_only = [
-        f
-        for f in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
-        if getattr(args, f) is not None
-    ] + (["sglang_arg"] if args.sglang_arg else [])
+    names = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+    sglang_only = [f for f in names if getattr(args, f) is not None] + (["sglang_arg"] if args.sglang_arg else [])
     if sglang_only:  # refused, not ignored: the embedded engine's SD is --sd/--num-draft-tokens
         return _fail(
             ", ".join("--" + f.replace("_", "-") for f in sglang_only) + ": --backend "
@@ -124,11 +112,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"cannot load the model from {model}: {type(exc).__name__}: {exc}".splitlines()[0])
     import uvicorn
 
+    from gleanrl.base.heap import freeze_heap
     from gleanrl.server.http.app import build_app
 
     app = build_app(engine, server_cfg, engine_cfg)
-    from gleanrl.base.heap import freeze_heap
-
     freeze_heap()
     logging.info(
         "serving %s on http://%s:%d (auth: %s)", model, args.host, args.port, "api key" if args.api_key else "none"

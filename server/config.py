@@ -101,8 +101,9 @@ class EngineConfig(ControllerConfig):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.max_running_requests < 1:
-            raise ValueError("max_running_requests must be >= 1")
+        for name in ("max_running_requests", "chunked_prefill_size", "group_max_tokens", "group_keep_versions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
         if self.context_length is not None and self.context_length < 2:
             raise ValueError("context_length must be >= 2")
         if self.sd == "off" and self.drafter:
@@ -111,8 +112,5 @@ class EngineConfig(ControllerConfig):
             from gleanrl.harvest.checkpoint import check_drafter_dir
 
             check_drafter_dir(self.drafter)
-        for name in ("chunked_prefill_size", "group_max_tokens", "group_keep_versions"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
         if not self.swap_timeout_s > 0:
             raise ValueError("swap_timeout_s must be > 0")

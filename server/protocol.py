@@ -31,10 +31,8 @@ class SamplingParams:
     # logits processing before temperature (SGLang's penaltylib): counts are over output tokens only
     frequency_penalty: float = 0.0  # in [-2, 2]: logit -= penalty * count(token)
     presence_penalty: float = 0.0  # in [-2, 2]: logit -= penalty if the token occurred
-    # in (0, 2]: an occurred token's logit / penalty (x penalty if < 0)
-    repetition_penalty: float = 1.0
-    # EOS and stop token ids are masked until this many tokens exist
-    min_new_tokens: int = 0
+    repetition_penalty: float = 1.0  # in (0, 2]: an occurred token's logit / penalty (x penalty if < 0)
+    min_new_tokens: int = 0  # EOS and stop token ids are masked until this many tokens exist
     logit_bias: dict[int, float] = field(default_factory=dict)
     stop_regex: list[str] = field(default_factory=list)
     # json_schema, regex, ebnf: compiled at the edge; masks the logits (sampling/grammar)
@@ -43,13 +41,8 @@ class SamplingParams:
     @property
     def penalised(self) -> bool:
         """Whether the logits depend on the output so far (penalties, min_new_tokens) or a bias."""
-        return bool(
-            self.frequency_penalty
-            or self.presence_penalty
-            or self.repetition_penalty != 1.0
-            or self.min_new_tokens
-            or self.logit_bias
-        )
+        penalties = self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0
+        return bool(penalties or self.min_new_tokens or self.logit_bias)
 
     @property
     def logits_processed(self) -> bool:
@@ -80,11 +73,7 @@ class SamplingParams:
             ),
             ("temperature", 0 <= self.temperature <= MAX_TEMPERATURE, f"must be in [0, {MAX_TEMPERATURE:g}]"),
             ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
-            (
-                "top_k",
-                isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 0),
-                "must be -1 (off) or >= 0",
-            ),
+            ("top_k", isinstance(self.top_k, int) and self.top_k >= -1, "must be -1 (off) or >= 0"),
             ("min_p", 0 <= self.min_p <= 1, "must be in [0, 1]"),
             ("n", isinstance(self.n, int) and self.n >= 1, "must be an integer >= 1"),
             ("frequency_penalty", -2 <= self.frequency_penalty <= 2, "must be in [-2, 2]"),
@@ -120,9 +109,8 @@ class GenerateRequest:
             raise ValueError(f"logprob_start_len must be >= -1, got {self.logprob_start_len}")
         if self.logprob_start_len > len(self.input_ids):
             raise ValueError(
-                f"logprob_start_len={self.logprob_start_len} is higher than the "
-                f"number of input tokens {len(self.input_ids)}. Please use a smaller "
-                "logprob_start_len."
+                f"logprob_start_len={self.logprob_start_len} is higher than the number of input tokens "
+                f"{len(self.input_ids)}. Please use a smaller logprob_start_len."
             )
         if self.top_logprobs_num < 0:
             raise ValueError(f"top_logprobs_num must be >= 0, got {self.top_logprobs_num}")
@@ -130,23 +118,20 @@ class GenerateRequest:
 
 @dataclass(slots=True)
 class GenerateOutput:
-    """One update for a request. The engine emits deltas (`new_ids`, `new_logprobs` since the
-    previous update); the last update has `finished=True` and `finish_reason` set (SGLang's shape:
-    {"type": "stop", "matched": token_id | "string"} | {"type": "length", "length": n} | {"type":
-    "abort", "message": ...})."""
+    """One update for a request. The engine emits deltas (`new_ids`, `new_logprobs` since the previous update); the last
+    update has `finished=True` and `finish_reason` set (SGLang's shape: {"type": "stop", "matched": token_id |
+    "string"} | {"type": "length", "length": n} | {"type": "abort", "message": ...})."""
 
     rid: str
     new_ids: list[int]
-    # log p of each new token under the target's distribution (see engine)
-    new_logprobs: list[float]
+    new_logprobs: list[float]  # log p of each new token under the target's distribution (see engine)
     finished: bool = False
     finish_reason: dict | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0  # total so far
     weight_version: str = "default"
     draft_weight_version: str | None = None
-    # final update: [{"version", "start", "end"}] over output tokens
-    weight_versions: list[dict] | None = None
+    weight_versions: list[dict] | None = None  # final update: [{"version", "start", "end"}] over output tokens
     spec_verify_ct: int = 0  # target verify passes (0 without SD)
     spec_accept_token_num: int = 0  # draft tokens accepted by them (no bonus token)
     spec_draft_token_num: int = 0  # draft tokens they verified
@@ -154,19 +139,17 @@ class GenerateOutput:
     # per new token, when asked (top_logprobs_num, token_ids_logprob): [(logprob, token_id), ...]
     new_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     new_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
-    # gleanrl: accepted drafts by source
-    spec_accept_token_num_by_source: dict[str, int] | None = None
+    spec_accept_token_num_by_source: dict[str, int] | None = None  # gleanrl: accepted drafts by source
 
     @property
     def spec_accept_length(self) -> float:
         return self.completion_tokens / self.spec_verify_ct if self.spec_verify_ct else 0.0
 
     def meta_info(self) -> dict:
-        """The engine's part of SGLang's `meta_info` (versions and SD stats, SGLang's names). As
-        SGLang 0.5.23's tokenizer manager: `spec_accept_length` = completion tokens / verify passes
-        (the prefill's token included), `spec_accept_rate` = accepted / verified draft tokens;
-        slime's `Sample.SpecInfo` reads `spec_accept_token_num` and `spec_draft_token_num` (SGLang
-        <= 0.5.9's names of 0.5.23's `spec_num_correct_drafts` and `spec_num_proposed_drafts`)."""
+        """The engine's part of SGLang's `meta_info` (versions and SD stats, SGLang's names). As SGLang 0.5.23's
+        tokenizer manager: `spec_accept_length` = completion tokens / verify passes (the prefill's token included),
+        `spec_accept_rate` = accepted / verified draft tokens; slime's `Sample.SpecInfo` reads `spec_accept_token_num`
+        and `spec_draft_token_num` (SGLang <= 0.5.9's names of `spec_num_correct_drafts`/`spec_num_proposed_drafts`)."""
         ct, drafts = self.spec_verify_ct, self.spec_draft_token_num
         info = {
             "weight_version": self.weight_version,
@@ -188,8 +171,7 @@ class GenerateOutput:
 
 
 class CheckpointError(ValueError):
-    """A weight update was refused; the message says why. The engine keeps serving
-    what it served."""
+    """A weight update was refused; the message says why. The engine keeps serving what it served."""
 
 
 # what a harvest feed record carries of a /generate answer's meta_info, besides the weight version

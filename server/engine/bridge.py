@@ -1,10 +1,8 @@
 """Thread-to-asyncio delivery of engine outputs.
 
-The decode thread appends outputs for any number of event loops; `flush` hands them over with one
-`call_soon_threadsafe` per loop. Each hand-over wakes the loop's thread, a GIL hand-off that costs
-about as much as a small model's decode step, so the engine flushes once per
-interval, not per token.
-"""
+The decode thread appends outputs for any number of event loops; `flush` hands them over with one `call_soon_threadsafe`
+per loop. Each hand-over wakes the loop's thread, a GIL hand-off that costs about as much as a small model's decode
+step, so the engine flushes once per interval, not per token."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ def _deliver(items: list[tuple[asyncio.Queue, GenerateOutput]]) -> None:
 class Outbox:
     def __init__(self) -> None:
         self._items: deque = deque()  # (loop, queue, output); append/popleft are thread-safe
-        # one flusher at a time keeps each request's outputs in order
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one flusher at a time keeps each request's outputs in order
 
     def put(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, out: GenerateOutput) -> None:
         self._items.append((loop, queue, out))

@@ -1,22 +1,19 @@
-"""The embedded engine: token ids in, token ids out (`generate` yields deltas), built by
-composition. Its public methods are the only door: the HTTP app, the benches and the tests' servers
-use nothing else (`scheduler`, `swapper`, `decoder`, `loop` and `state` are its parts, and no
-module outside `server/engine/` imports their modules: `tests/test_layers.py`).
+"""The embedded engine: token ids in, token ids out (`generate` yields deltas), built by composition. Its public methods
+are the only door: the HTTP app, the benches and the tests' servers use nothing else (`scheduler`, `swapper`, `decoder`,
+`loop` and `state` are its parts, and no module outside `server/engine/` imports their modules: `tests/test_layers.py`).
 
-One `EngineState` (request sets, flags, versions, one lock) is shared by the `Scheduler` (admission,
-KV slots, request lifecycle), the decoder (`server/decode/`), the `WeightSwapper`
-(the only code that installs new weights) and the `DecodeLoop` (the background thread);
-outputs reach asyncio through the `Outbox`. The tokenizer is loaded here only for stop strings
-and the HTTP edge.
-Pause modes follow SGLang's `/pause_generation`: `abort` (in-flight requests return at once,
-aborted, with their partial output), `retract` (back to the queue without their KV; rebuilt after
-`resume`), `in_place` (held as they are). Requests that arrive while paused wait in the queue.
-"""
+One `EngineState` (request sets, flags, versions, one lock) is shared by the `Scheduler` (admission, KV slots, request
+lifecycle), the decoder (`server/decode/`), the `WeightSwapper` (the only code that installs new weights) and the
+`DecodeLoop` (the background thread); outputs reach asyncio through the `Outbox`. The tokenizer is loaded here only for
+stop strings and the HTTP edge. Pause modes follow SGLang's `/pause_generation`: `abort` (in-flight requests return at
+once, aborted, with their partial output), `retract` (back to the queue without their KV; rebuilt after `resume`),
+`in_place` (held as they are). Requests that arrive while paused wait in the queue."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections.abc import AsyncIterator
 
 import torch
@@ -44,21 +41,18 @@ class Engine:
 
         caller_threads = torch.get_num_threads()
         threads = cfg.num_threads or caller_threads
-        # load single-threaded: the decode thread alone runs with `threads` (`loop.py`)
-        torch.set_num_threads(1)
+        torch.set_num_threads(1)  # load single-threaded: the decode thread alone runs with `threads` (`loop.py`)
         self.cfg = cfg
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
         runner = ModelRunner.load(cfg.model_path, device=cfg.device, dtype=cfg.dtype)
         self.context_length = cfg.context_length or int(getattr(runner.config, "max_position_embeddings", 4096))
         self.eos_ids = self._eos_ids(runner)
-        self.state = EngineState()
+        self.state = EngineState(draft_weight_version="default" if cfg.drafter else None)
         self.scheduler = Scheduler(self.state, runner, cfg.max_running_requests, context_length=self.context_length)
         config = checkpoint.read_config(cfg.model_path)
         self.decoder = build_decoder(cfg, runner, config, lambda: self.state.weight_version)
         self.swapper = WeightSwapper(cfg, config, self.state, self.scheduler, self.decoder)
         self._memory = MemoryOccupation(self.state, self.scheduler, cfg.device)
-        if cfg.drafter:
-            self.state.draft_weight_version = "default"
         self._rng = torch.Generator().manual_seed(cfg.seed)  # for requests without a seed
         self._outbox = Outbox()
         self.loop = DecodeLoop(self.state, self.scheduler, self.decoder, self.swapper, self._outbox.flush, threads)
@@ -78,8 +72,7 @@ class Engine:
         self.loop.stop()
         with self.state.cv:
             if self.state.swap is not None:
-                # an update racing the shutdown: finish it so its caller returns
-                self.swapper.apply()
+                self.swapper.apply()  # an update racing the shutdown: finish it so its caller returns
         self.abort(None, "Server shutdown")
 
     # ---- requests -----------------------------------------------------------------------------
@@ -98,12 +91,8 @@ class Engine:
     async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateOutput]:
         self._validate(req)
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-
-        def emit(out: GenerateOutput) -> None:
-            self._outbox.put(loop, queue, out)
-
-        seed = req.params.seed
-        gen = torch.Generator().manual_seed(seed) if seed is not None else self._rng
+        emit = functools.partial(self._outbox.put, loop, queue)
+        gen = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else self._rng
         seq = Sequence(req, emit, StopChecker(req.params, self.eos_ids, self.context_length, self.tokenizer), gen)
         st = self.state
         with st.cv:
@@ -131,8 +120,7 @@ class Engine:
                 self.abort(req.rid)
 
     def abort(self, rid: str | None = None, message: str = "Abort requested") -> int:
-        """Abort one request (or all): queued ones at once, running ones at the next
-        iteration boundary."""
+        """Abort one request (or all): queued ones at once, running ones at the next iteration boundary."""
         st = self.state
         with st.cv:
             queued = [s for q in (st.waiting, st.held) for s in q if rid is None or s.req.rid == rid]
@@ -157,21 +145,17 @@ class Engine:
         flush_cache: bool = True,
         abort_all_requests: bool = False,
     ) -> None:
-        """The one entrance for weight updates. `source`: a checkpoint directory (a disk update) or
-        named tensors (a tensor or process-group update: names it leaves out keep their values;
-        `server/weights/tensor_update.py`). Load and check in this thread, then swap between
-        iterations (`server/engine/swap.py`); a target swap waits for running requests unless
-        generation is paused or they are aborted. CheckpointError when refused: the old weights keep
-        serving."""
+        """The one entrance for weight updates. `source`: a checkpoint directory (a disk update) or named tensors (a
+        tensor or process-group update: names it leaves out keep their values; `server/weights/tensor_update.py`). Load
+        and check in this thread, then swap between iterations (`server/engine/swap.py`); a target swap waits for
+        running requests unless paused or they are aborted. CheckpointError when refused: old weights keep serving."""
         sw = self.swapper
         if selector not in ("target", "draft"):
             raise CheckpointError(f"selector must be 'target' or 'draft', got {selector!r}")
-        if isinstance(source, str):
-            swap = (
-                sw.load_draft(source, weight_version)
-                if selector == "draft"
-                else sw.load_target(source, weight_version, flush_cache)
-            )
+        if isinstance(source, str) and selector == "draft":
+            swap = sw.load_draft(source, weight_version)
+        elif isinstance(source, str):
+            swap = sw.load_target(source, weight_version, flush_cache)
         else:
             swap = sw.load_tensors(selector, source, weight_version, flush_cache)
         if abort_all_requests:
@@ -184,16 +168,14 @@ class Engine:
         tensor_update.check_volume(self.swapper.expected(selector), selector, names, shapes)
 
     def check_tensors(self, selector: str, named: NamedTensors) -> None:
-        """CheckpointError unless each tensor is a distinct tensor of `selector`'s model with its
-        shape and dtype kind (and, for the target, finite): what every tensor update is checked
-        with when it arrives, before it waits for or touches the engine."""
+        """CheckpointError unless each tensor is a distinct tensor of `selector`'s model with its shape and dtype kind
+        (and, for the target, finite): each tensor update's check on arrival, before it waits for the engine."""
         tensor_update.check_named(self.swapper.expected(selector), selector, named)
         if selector == "target":
             tensor_update.check_target(named, self.scheduler.runner.dtype)
 
     def release_memory(self, tags: list[str] | None) -> None:
-        """SGLang's /release_memory_occupation (`server/engine/memory.py`);
-        ValueError if refused."""
+        """SGLang's /release_memory_occupation (`server/engine/memory.py`); ValueError if refused."""
         self._memory.release(tags)
 
     def resume_memory(self, tags: list[str] | None) -> None:
@@ -228,9 +210,8 @@ class Engine:
             self.state.cv.notify_all()
 
     def flush_cache(self) -> bool:
-        """As SGLang: succeeds only when no request is running, nor waiting unless generation is
-        paused (retracted requests rebuild their KV anyway; there is no prefix cache
-        here to drop)."""
+        """As SGLang: succeeds only when no request is running, nor waiting unless generation is paused (retracted
+        requests rebuild their KV anyway; there is no prefix cache here to drop)."""
         st = self.state
         with st.cv:
             return not st.running and (st.paused is not None or not st.waiting)
@@ -256,18 +237,16 @@ class Engine:
         return sum(s.total_len for s in list(self.state.running))
 
     def sd_counters(self) -> dict:
-        """The decoder's cumulative counts since start: `verify_ct` verify passes emitting
-        `verify_tokens`, `decode_passes` target passes over `decode_rows` decoding rows emitting
-        `decode_tokens`, `spec_accept_token_num_by_source` (accepted draft tokens by draft source), and
-        `iterations` decode iterations taking `iteration_s` seconds, of which `forward_s` in
-        target forwards and `drafter_s` in drafter calls."""
+        """The decoder's cumulative counts since start: `verify_ct` verify passes emitting `verify_tokens`,
+        `decode_passes` target passes over `decode_rows` decoding rows emitting `decode_tokens`,
+        `spec_accept_token_num_by_source` (accepted draft tokens by draft source), and `iterations` decode iterations
+        taking `iteration_s` seconds, of which `forward_s` in target forwards and `drafter_s` in drafter calls."""
         return dataclasses.asdict(self.decoder.counters)
 
     def stats(self) -> dict:
-        """`avg_spec_accept_length`: tokens per verify pass over verify passes only (as SGLang's
-        scheduler: accepted drafts + passes over passes); `avg_tokens_per_target_pass`: every output
-        token over every target pass, plain and prefill passes included (each pass emits one token
-        beyond the drafts it accepted)."""
+        """`avg_spec_accept_length`: tokens per verify pass over verify passes only (as SGLang's scheduler: accepted
+        drafts + passes over passes); `avg_tokens_per_target_pass`: every output token over every target pass, plain and
+        prefill passes included (each pass emits one token beyond the drafts it accepted)."""
         st = self.state
         with st.cv:
             tokens = st.generation_tokens_total

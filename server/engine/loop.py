@@ -1,17 +1,13 @@
-"""The engine's decode thread: apply a due weight swap, admit waiting requests, run one iteration,
-retire the finished and aborted ones, deliver outputs. Everything but the forward runs under the
-state's lock; the forward runs with `state.in_step` set, so callers that change the running
-set wait for it.
+"""The engine's decode thread: apply a due weight swap, admit waiting requests, run one iteration, retire the finished
+and aborted ones, deliver outputs. Everything but the forward runs under the state's lock; the forward runs with
+`state.in_step` set, so callers that change the running set wait for it.
 
-Hazard: libgomp (torch's OpenMP) throttles its workers' spinning to almost nothing once the process
-has more OpenMP threads than CPUs, e.g. a second thread team after the model was loaded on another
-thread, or a weight update loaded on an HTTP worker thread; every small kernel of a decode step then
-waits for a futex wake-up (on 2 cores the server's forward took 1.7x its time alone, and 270 tok/s
-fell to 131-186 after a weight update). So this thread alone runs with the engine's intra-op
-threads: it pins its own count when it starts (torch reads the process-wide count into a thread's
-OpenMP settings on the thread's first use), then every other thread of the process runs torch
-single-threaded (no second team).
-"""
+Hazard: libgomp (torch's OpenMP) all but stops its workers' spinning once the process has more OpenMP threads than
+CPUs, e.g. a second thread team after the model was loaded on another thread, or a weight update loaded on an HTTP
+worker thread; every small kernel of a decode step then waits for a futex wake-up (on 2 cores the server's forward took
+1.7x its time alone, and 270 tok/s fell to 131-186 after a weight update). So this thread alone runs with the engine's
+intra-op threads: it pins its own count when it starts (torch reads the process-wide count into a thread's OpenMP
+settings on its first use), then every other thread of the process runs torch single-threaded (no second team)."""
 
 from __future__ import annotations
 
@@ -29,8 +25,7 @@ from gleanrl.server.engine.swap import WeightSwapper
 from gleanrl.server.sampling.sequence import Sequence
 
 log = logging.getLogger(__name__)
-# streamed updates reach the event loop at most this late (first/last: at once)
-FLUSH_INTERVAL_S = 0.02
+FLUSH_INTERVAL_S = 0.02  # streamed updates reach the event loop at most this late (first/last: at once)
 
 
 class DecodeLoop:
@@ -54,8 +49,7 @@ class DecodeLoop:
             self.thread.start()
             pinned.wait()
             self.caller_threads = torch.get_num_threads()
-            # every later thread starts single-threaded; this one keeps its count
-            torch.set_num_threads(1)
+            torch.set_num_threads(1)  # every later thread starts single-threaded; this one keeps its count
 
     def stop(self) -> None:
         with self.state.cv:
@@ -64,12 +58,7 @@ class DecodeLoop:
         if self.thread is not None:
             self.thread.join()
             self.thread = None
-            # the process's count as it was before `start`
-            torch.set_num_threads(self.caller_threads)
-
-    def _has_work(self) -> bool:
-        st = self.state
-        return st.paused is None and bool(st.running or st.waiting)
+            torch.set_num_threads(self.caller_threads)  # the process's count as it was before `start`
 
     def _run(self, pinned: threading.Event) -> None:
         torch.set_num_threads(self.threads)
@@ -78,7 +67,7 @@ class DecodeLoop:
         st, last_flush = self.state, 0.0
         while True:
             with st.cv:
-                while not (st.stopping or self.swapper.ready() or self._has_work()):
+                while not (st.stopping or self.swapper.ready() or (st.paused is None and (st.running or st.waiting))):
                     self.flush()
                     st.cv.wait()
                 if st.stopping:
@@ -100,8 +89,7 @@ class DecodeLoop:
                     st.in_step = False
                     self.scheduler.reap(finished)
                     st.cv.notify_all()
-                # coalesce updates (server/engine/bridge.py), but deliver first tokens
-                # and ends at once
+                # coalesce updates (server/engine/bridge.py), but deliver first tokens and ends at once
                 if finished or st.urgent or time.monotonic() - last_flush >= FLUSH_INTERVAL_S:
                     st.urgent = False
                     self.flush()

@@ -1,15 +1,12 @@
-"""SGLang's /release_memory_occupation and /resume_memory_occupation (`tags`: kv_cache, weights,
-cuda_graph; none means all), for co-located RL where the trainer needs the accelerator
-between rollouts.
+"""SGLang's /release_memory_occupation and /resume_memory_occupation (`tags`: kv_cache, weights, cuda_graph; none means
+all), for co-located RL where the trainer needs the accelerator between rollouts.
 
-As SGLang, a release is refused unless the server is idle, and generation needs everything resumed
-(here a clear 400 instead of SGLang's undefined behaviour). kv_cache: the slot pool is dropped (and
-the CUDA cache emptied), then rebuilt on resume. weights: on the CPU there is no accelerator memory
-to give back, so the weights stay in place and only the semantics hold; on CUDA moving them off the
-device is not implemented and the tag is refused by name. cuda_graph: the embedded engine captures
-none. The drafter is never touched, so it survives a release/resume cycle (stock SGLang loses it,
-SGLang #31674). Weight updates stay allowed while released (release, train, push, resume).
-"""
+As SGLang, a release is refused unless the server is idle, and generation needs everything resumed (here a clear 400
+instead of SGLang's undefined behaviour). kv_cache: the slot pool is dropped (and the CUDA cache emptied), then rebuilt
+on resume. weights: on the CPU there is no accelerator memory to give back, so the weights stay in place and only the
+semantics hold; on CUDA moving them off the device is not implemented and the tag is refused by name. cuda_graph: the
+embedded engine captures none. The drafter is never touched, so it survives a release/resume cycle (stock SGLang loses
+it, SGLang #31674). Weight updates stay allowed while released (release, train, push, resume)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""Continuous batching over the engine state: requests join and leave the running set
-between iterations.
+"""Continuous batching over the engine state: requests join and leave the running set between iterations.
 
-The scheduler owns the KV slots and the request lifecycle (admit, step, retract, finish); the
-decoder it is handed does the forward. Every method but `step`'s decoder call runs under
-the state's lock.
-"""
+The scheduler owns the KV slots and the request lifecycle (admit, step, retract, finish); the decoder it is handed does
+the forward. Every method but `step`'s decoder call runs under the state's lock."""
 
 from __future__ import annotations
 
@@ -42,14 +39,10 @@ class Scheduler:
             st.running.append(seq)
 
     def new_cache(self, seq: Sequence) -> SeqKVCache:
-        """A slot of the pool when the sequence's longest possible length fits, else
-        its own cache."""
+        """A slot of the pool when the sequence's longest possible length fits, else its own cache."""
         longest = min(len(seq.req.input_ids) + seq.req.params.max_new_tokens, seq.stopper.context_length)
-        if self.pool is not None and longest + SD_MARGIN <= self.pool.capacity:
-            cache = self.pool.acquire()
-            if cache is not None:
-                return cache
-        return self.runner.new_cache(capacity=min(seq.total_len + 64, 4096))
+        cache = self.pool.acquire() if self.pool is not None and longest + SD_MARGIN <= self.pool.capacity else None
+        return cache if cache is not None else self.runner.new_cache(capacity=min(seq.total_len + 64, 4096))
 
     def free_cache(self, seq: Sequence) -> None:
         if seq.cache is not None and self.pool is not None:
@@ -57,8 +50,7 @@ class Scheduler:
         seq.cache = None
 
     def rebuild_caches(self) -> None:
-        """Drop the running requests' KV; the next iteration re-feeds their prefixes
-        (new weights)."""
+        """Drop the running requests' KV; the next iteration re-feeds their prefixes (new weights)."""
         for s in self.state.running:
             self.free_cache(s)
             s.cache = self.new_cache(s)
@@ -76,10 +68,9 @@ class Scheduler:
         return len(back)
 
     def step(self, decoder: Decoder, seqs: list[Sequence] | None = None) -> list[Sequence]:
-        """One decoder iteration over the running set (or `seqs` of it), outside the lock
-        (`in_step`: nothing else changes the set meanwhile). Emits deltas of the unfinished
-        sequences and returns the finished ones, which `reap` then retires (a finished request's
-        slot is free before its consumer hears of it)."""
+        """One decoder iteration over the running set (or `seqs` of it), outside the lock (`in_step`: nothing else
+        changes the set meanwhile). Emits deltas of the unfinished sequences and returns the finished ones, which `reap`
+        then retires (a finished request's slot is free before its consumer hears of it)."""
         seqs = [s for s in (self.state.running if seqs is None else seqs) if s.abort_message is None]
         finished = []
         for seq, (ids, lps) in zip(seqs, decoder.decode(self.runner, seqs)):

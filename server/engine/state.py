@@ -1,11 +1,9 @@
-"""The engine's one shared state: the request sets, the control flags and the versions; the swap
-records handed to the decode thread through it (`swap.py` makes and applies them).
+"""The engine's one shared state: the request sets, the control flags and the versions; the swap records handed to the
+decode thread through it (`swap.py` makes and applies them).
 
-Invariant: every field is read and written under `cv` (one lock for the decode thread and all
-callers); only the forward itself runs outside it, with `in_step` set. A sequence is in exactly one
-of `held`, `waiting`, `running`, or none once finished (its `status` says which); `rids` names those
-of all three.
-"""
+Invariant: every field is read and written under `cv` (one lock for the decode thread and all callers); only the forward
+itself runs outside it, with `in_step` set. A sequence is in exactly one of `held`, `waiting`, `running`, or none once
+finished (its `status` says which); `rids` names those of all three."""
 
 from __future__ import annotations
 

@@ -1,18 +1,14 @@
-"""Weight swaps, applied by the engine alone: `weights/` loads and checks a new target or drafter
-in the caller's thread (the serving model keeps decoding meanwhile); the swapper wraps it in a
-typed record (`state.TargetSwap` / `DraftSwap`) and hands it over in `state.swap`; the decode
-thread applies it between two iterations (`apply`, under the lock) and sets `done`. A target swap
-made while generation is not paused drains first, as SGLang's update lock: the admitted requests
-finish, later ones are held, so no response mixes versions. Under a pause (SGLang applies at once)
-the swap lands under the paused requests: with `flush_cache` their KV is rebuilt from their
-prefixes under the new weights, and each records where its version changed
-(`Sequence.version_events` -> `weight_versions`). A drafter swap never waits: SD is lossless, so
-it changes speed only.
+"""Weight swaps, applied by the engine alone: `weights/` loads and checks a new target or drafter in the caller's thread
+(the old one decodes on); the swapper wraps it in a record (`state.TargetSwap` / `DraftSwap`) and hands it over in
+`state.swap`; the decode thread applies it between two iterations (`apply`, under the lock) and sets `done`. Unless
+generation is paused, a target swap drains first (SGLang's update lock): the admitted requests finish, later ones are
+held, so no response mixes versions. Under a pause (SGLang applies at once) it lands under the paused requests: with
+`flush_cache` their KV is rebuilt from their prefixes by the new weights, and each records where its version changed
+(`Sequence.version_events` -> `weight_versions`). A drafter swap never waits (SD is lossless: it changes speed only).
 
-A swap that fails while applied (e.g. the cache rebuild runs out of memory) is undone: the old
-weights keep serving, the decode thread lives on, and the caller gets the error. A drain waits at
-most `cfg.swap_timeout_s`; then the swap is withdrawn and refused, and the held requests run.
-"""
+A swap that fails while applied (e.g. the cache rebuild runs out of memory) is undone: the old weights keep serving, the
+decode thread lives on, and the caller gets the error. A drain waits at most `cfg.swap_timeout_s`; then the swap is
+withdrawn and refused, and the held requests run."""
 
 from __future__ import annotations
 
@@ -24,11 +20,6 @@ from gleanrl.server.protocol import CheckpointError
 from gleanrl.server.sampling.sequence import SequenceStatus
 from gleanrl.server.weights import checkpoint, tensor_update
 from gleanrl.server.weights.drafter import load_for_target
-
-NO_DRAFTER = (
-    "selector=draft: no drafter is served, so there is no drafter config to update; "
-    "load one with /update_weights_from_disk selector=draft first"
-)
 
 
 class WeightSwapper:
@@ -58,34 +49,28 @@ class WeightSwapper:
         if selector == "target":
             return self.signature
         if not self.decoder.draft_path:
-            raise CheckpointError(NO_DRAFTER)
+            raise CheckpointError(
+                "selector=draft: no drafter is served, so there is no drafter config to update; "
+                "load one with /update_weights_from_disk selector=draft first"
+            )
         return checkpoint.checkpoint_signature(self.decoder.draft_path)
 
     def load_tensors(
         self, selector: str, named: tensor_update.NamedTensors, version: str | None, flush_cache: bool
     ) -> TargetSwap | DraftSwap:
-        """Named tensors as a swap of `selector` (`weights/tensor_update.py`): names, shapes and
-        dtypes first, before anything reads the data or copies a model."""
+        """Named tensors as a swap of `selector` (`weights/tensor_update.py`): names, shapes and dtypes first, before
+        anything reads the data or copies a model."""
         tensor_update.check_named(self.expected(selector), selector, named)
         runner = self.scheduler.runner
         if selector == "draft":
             path = self.decoder.draft_path
-            drafter = tensor_update.overlay_drafter(path, named, runner, self.config)
-            return DraftSwap(drafter, path, version)
-        staged = tensor_update.check_target(named, runner.dtype)
-        return TargetSwap(
-            tensor_update.target_runner(runner, staged),
-            self.config,
-            self.signature,
-            self.model_path,
-            version,
-            flush_cache,
-        )
+            return DraftSwap(tensor_update.overlay_drafter(path, named, runner, self.config), path, version)
+        new_runner = tensor_update.target_runner(runner, tensor_update.check_target(named, runner.dtype))
+        return TargetSwap(new_runner, self.config, self.signature, self.model_path, version, flush_cache)
 
     def submit(self, swap: TargetSwap | DraftSwap, apply_now: bool) -> None:
-        """Hand `swap` to the decode thread (or apply it here when there is none) and wait until
-        applied; CheckpointError when it failed or its drain timed out (the old weights keep serving
-        either way)."""
+        """Hand `swap` to the decode thread (or apply it here when there is none) and wait until applied;
+        CheckpointError when it failed or its drain timed out (the old weights keep serving either way)."""
         st = self.state
         with st.cv:
             if st.swap is not None:
@@ -103,33 +88,28 @@ class WeightSwapper:
                     self._release_held()
                     st.cv.notify_all()
                     raise CheckpointError(
-                        f"the weight update waited {self.cfg.swap_timeout_s:g} "
-                        "s for running requests to finish and was withdrawn; "
-                        "pause generation or pass abort_all_requests"
+                        f"the weight update waited {self.cfg.swap_timeout_s:g} s for running requests to finish and "
+                        "was withdrawn; pause generation or pass abort_all_requests"
                     )
             swap.done.wait()
         if swap.error is not None:
             raise CheckpointError(
-                "the weight update failed while being applied and was undone "
-                "(the old weights keep "
-                f"serving): {type(swap.error).__name__}: {swap.error}"
+                "the weight update failed while being applied and was undone (the old weights keep serving): "
+                f"{type(swap.error).__name__}: {swap.error}"
             )
 
     def draining(self) -> bool:
-        """Under the lock: a target swap waits for the admitted requests (new ones are
-        held meanwhile)."""
+        """Under the lock: a target swap waits for the admitted requests (new ones are held meanwhile)."""
         return isinstance(self.state.swap, TargetSwap) and self.state.swap.drain
 
     def ready(self) -> bool:
-        """Under the lock: the pending swap may be applied now. A draining one once nothing admitted
-        is left, or once generation was paused after all (it then lands under the
-        paused requests)."""
+        """Under the lock: the pending swap may be applied now. A draining one once nothing admitted is left, or once
+        generation was paused after all (it then lands under the paused requests)."""
         st = self.state
         return st.swap is not None and (not self.draining() or st.paused is not None or not (st.running or st.waiting))
 
     def apply(self) -> None:
-        """Under the lock, between iterations. Never raises: a failure is undone and left in
-        `swap.error`."""
+        """Under the lock, between iterations. Never raises: a failure is undone and left in `swap.error`."""
         st = self.state
         swap, st.swap = st.swap, None
         try:
@@ -171,8 +151,7 @@ class WeightSwapper:
         self.model_path, self.config, self.signature = swap.path, swap.config, swap.signature
 
     def _rebuild_or_abort(self) -> None:
-        """After a failed rebuild: give the running requests fresh caches, or abort them if
-        even that fails."""
+        """After a failed rebuild: give the running requests fresh caches, or abort them if even that fails."""
         try:
             self.scheduler.rebuild_caches()
         except Exception as exc:

@@ -1,22 +1,17 @@
-"""A slot pool for the running sequences' KV caches: per layer one buffer [slots,
-n_kv, capacity, d].
+"""A slot pool for the running sequences' KV caches: per layer one buffer [slots, n_kv, capacity, d].
 
-Each pooled `SeqKVCache` holds views of its slot, so everything written for `SeqKVCache` (ragged
-prefill, SD verify and rollback by `truncate`) works unchanged. What the pool adds is the fast path
-of a pure decode batch: all new K/V go in with one indexed write per layer and the keys are read
-with one gather, instead of a Python loop over sequences. The gathered keys and values include
-positions past a sequence's length (masked out); they must be finite, so a slot is zeroed on first
-use (stale values of an earlier occupant are finite and harmless). A cache that outgrows its slot
-(SeqKVCache reallocates on growth) silently leaves the pool; `decode_plan` notices and takes the
-ragged path for that batch.
+Each pooled `SeqKVCache` holds views of its slot, so everything written for `SeqKVCache` (ragged prefill, SD verify and
+rollback by `truncate`) works unchanged. What the pool adds is the fast path of a pure decode batch: all new K/V go in
+with one indexed write per layer and the keys are read with one gather, instead of a Python loop over sequences. The
+gathered keys and values include positions past a sequence's length (masked out); they must be finite, so a slot is
+zeroed on first use (stale values of an earlier occupant are finite and harmless). A cache that outgrows its slot
+(SeqKVCache reallocates on growth) silently leaves the pool; `decode_plan` notices and takes the ragged path.
 
-The occupied slots are kept compact, 0..n-1: a new sequence takes the lowest free slot, and a
-released slot below the highest occupied one takes that one's cache (a copy of its valid K/V, once
-per finished sequence). A decode batch of every pooled sequence then attends over a view of the
-buffers' first n slots, with no gather of the keys and values at all. The caches' views are
-retargeted on a move, so nothing may hold a cache's `k`/`v` lists across iterations; moves happen
-between iterations (under the state's lock).
-"""
+The occupied slots are kept compact, 0..n-1: a new sequence takes the lowest free slot, and a released slot below the
+highest occupied one takes that one's cache (a copy of its valid K/V, once per finished sequence). A decode batch of
+every pooled sequence then attends over a view of the buffers' first n slots, with no gather of the keys and values at
+all. The caches' views are retargeted on a move, so nothing may hold a cache's `k`/`v` lists across iterations; moves
+happen between iterations (under the state's lock)."""
 
 from __future__ import annotations
 
@@ -24,54 +19,40 @@ import heapq
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
-from gleanrl.server.model.kv import SeqKVCache, sdpa
+from gleanrl.server.model.kv import SeqKVCache, decode_sdpa, length_mask
 
 POOL_BYTES = 1 << 30  # allocated lazily by the OS; a slot is touched (zeroed) when first used
 
 
 class KVPool:
-    def __init__(
-        self,
-        num_layers: int,
-        n_kv: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        slots: int,
-        capacity: int,
-    ):
-        shape = (slots, n_kv, capacity, head_dim)
-        self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        # a heap: the lowest free slot first
-        self.capacity, self.free = capacity, list(range(slots))
+    def __init__(self, runner, slots: int, capacity: int):
+        """`slots` sequences of `capacity` tokens of `runner`'s shape (not kept: it would pin swapped-out weights)."""
+        self.dims = (runner.num_layers, runner.num_kv_heads, runner.head_dim, runner.dtype)  # for SeqKVCache
+        shape = (slots, runner.num_kv_heads, capacity, runner.head_dim)
+        self.k = [torch.empty(shape, dtype=runner.dtype, device=runner.device) for _ in range(runner.num_layers)]
+        self.v = [torch.empty(shape, dtype=runner.dtype, device=runner.device) for _ in range(runner.num_layers)]
+        self.capacity, self.free = capacity, list(range(slots))  # free: a heap, the lowest slot first
         self.owner: dict[int, SeqKVCache] = {}
         self.zeroed: set[int] = set()
-        self.dims = (num_layers, n_kv, head_dim, dtype)
 
     @classmethod
     def for_runner(cls, runner, slots: int, capacity: int) -> KVPool | None:
         """A pool sized for `slots` sequences of up to `capacity` tokens, capped at POOL_BYTES."""
         per_token = 2 * runner.num_layers * runner.num_kv_heads * runner.head_dim * runner.dtype.itemsize
         capacity = min(capacity, POOL_BYTES // (slots * per_token))
-        if capacity < 64:
-            return None
-        return cls(
-            runner.num_layers, runner.num_kv_heads, runner.head_dim, runner.dtype, runner.device, slots, capacity
-        )
+        return cls(runner, slots, capacity) if capacity >= 64 else None
 
     def acquire(self) -> SeqKVCache | None:
         if not self.free:
             return None
         slot = heapq.heappop(self.free)
         if slot not in self.zeroed:
-            # masked positions are read too (0 * NaN is NaN): no garbage allowed
-            for buf in self.k + self.v:
+            for buf in self.k + self.v:  # masked positions are read too (0 * NaN is NaN): no garbage allowed
                 buf[slot].zero_()
             self.zeroed.add(slot)
-        num_layers, n_kv, head_dim, dtype = self.dims
-        cache = SeqKVCache(num_layers, n_kv, head_dim, dtype, self.k[0].device, capacity=1)
+        cache = SeqKVCache(*self.dims, self.k[0].device, capacity=1)
         self._place(cache, slot)
         return cache
 
@@ -103,21 +84,17 @@ class KVPool:
 @dataclass
 class DecodePlan:
     pool: KVPool
-    slots: torch.Tensor  # [B]
-    positions: torch.Tensor  # [B] where each new token's K/V go
-    # [B, 1, 1, L_max] (in slot order when `base` is set) or None: lengths equal
-    mask: torch.Tensor | None
+    slots: Tensor  # [B]
+    positions: Tensor  # [B] where each new token's K/V go
+    mask: Tensor | None  # [B, 1, 1, L_max] (in slot order when `base` is set) or None: lengths equal
     max_len: int
-    # the slots are base..base+B-1: attend over a view of the buffers, no gather
-    base: int | None
-    # [B] the batch row of slot base + j (None: the batch is in slot order)
-    order: torch.Tensor | None
-    back: torch.Tensor | None  # [B] the slot-order position of batch row i
+    base: int | None  # the slots are base..base+B-1: attend over a view of the buffers, no gather
+    order: Tensor | None  # [B] the batch row of slot base + j (None: the batch is in slot order)
+    back: Tensor | None  # [B] the slot-order position of batch row i
 
 
 def pooled(caches: list[SeqKVCache], seq_lens: list[int]) -> KVPool | None:
-    """The pool all of `caches` live in, with room for their `seq_lens` new tokens; None
-    if any is not."""
+    """The pool all of `caches` live in, with room for their `seq_lens` new tokens; None if any is not."""
     pool = caches[0].pool if caches else None
     if pool is None or any(
         c.pool is not pool or c.k[0].shape[1] != pool.capacity or c.length + t > pool.capacity
@@ -133,11 +110,8 @@ def contiguous_base(slots: list[int]) -> int | None:
 
 
 def decode_plan(caches: list[SeqKVCache], seq_lens: list[int]) -> DecodePlan | None:
-    """The pooled fast path applies to a batch of sequences with one new token each, all
-    in one pool."""
-    if not caches or len(seq_lens) != len(caches) or any(t != 1 for t in seq_lens):
-        return None
-    pool = pooled(caches, seq_lens)
+    """The pooled fast path applies to a batch of sequences with one new token each, all in one pool."""
+    pool = pooled(caches, seq_lens) if len(seq_lens) == len(caches) and all(t == 1 for t in seq_lens) else None
     if pool is None:
         return None
     slots = [c.slot for c in caches]
@@ -150,29 +124,16 @@ def decode_plan(caches: list[SeqKVCache], seq_lens: list[int]) -> DecodePlan | N
         lens = [lens[i] for i in row_of]
         order = torch.tensor(row_of, device=device)
         back = torch.tensor([s - base for s in slots], device=device)
-    mask = None
-    if min(lens) != max(lens):
-        mask = torch.arange(max(lens), device=device)[None] < torch.tensor(lens, device=device)[:, None]
-        mask = mask[:, None, None, :]
+    positions = torch.tensor([c.length for c in caches], device=device)
     return DecodePlan(
-        pool,
-        torch.tensor(slots, device=device),
-        torch.tensor([c.length for c in caches], device=device),
-        mask,
-        max(lens),
-        base,
-        order,
-        back,
+        pool, torch.tensor(slots, device=device), positions, length_mask(lens, device), max(lens), base, order, back
     )
 
 
-def pooled_decode_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DecodePlan, layer: int
-) -> torch.Tensor:
+def pooled_decode_attention(q: Tensor, k: Tensor, v: Tensor, plan: DecodePlan, layer: int) -> Tensor:
     """q: [B, n_heads, d]; k, v: [B, n_kv, d]. Writes k, v into the slots; returns [B, n_heads, d].
     The caller advances each cache's `length` once after the last layer."""
-    b, n_heads, d = q.shape
-    n_kv = k.shape[1]
+    b = q.shape[0]
     kbuf, vbuf = plan.pool.k[layer], plan.pool.v[layer]
     kbuf[plan.slots, :, plan.positions] = k
     vbuf[plan.slots, :, plan.positions] = v
@@ -183,7 +144,5 @@ def pooled_decode_attention(
     else:
         keys = kbuf[:, :, : plan.max_len].index_select(0, plan.slots)
         values = vbuf[:, :, : plan.max_len].index_select(0, plan.slots)
-    # query heads sharing a KV head: head h uses h // group
-    qg = q.view(b, n_kv, n_heads // n_kv, d)
-    o = sdpa(qg, keys, values, attn_mask=plan.mask).reshape(b, n_heads, d)
+    o = decode_sdpa(q, keys, values, plan.mask)
     return o if plan.back is None else o.index_select(0, plan.back)

@@ -1,40 +1,32 @@
-"""Linears fused (`fuse_linears`) and `F.linear` with the weight pre-packed by oneDNN, where that
-gives the same bits faster.
+"""Linears fused (`fuse_linears`) and `F.linear` with its weight pre-packed by oneDNN where as exact and faster.
 
-On a CPU with AVX-512 BF16 / AMX, torch's bf16 `linear` re-lays the weight out for oneDNN on every
-call; pre-packed (as inductor's freezing pass does) a decode step's small-batch matmuls take about
-half the time (measured on this project's 2-core machine: 27 vs 64 us for 512 -> 1536 at batch 1, 46
-vs 77 us at 32). The results are bit-identical to `F.linear` (checked once per process on a probe;
-packing is skipped if not), so greedy outputs and logprobs do not change. fp32 is left to MKL:
-packing it is neither faster at batch 1 nor bit-identical. The packed copy doubles the weights'
-memory, hence the size cap.
-"""
+On a CPU with AVX-512 BF16 / AMX, torch's bf16 `linear` re-lays the weight out for oneDNN on every call; pre-packed (as
+inductor's freezing pass does) a decode step's small-batch matmuls take about half the time (on this project's 2-core
+machine: 27 vs 64 us for 512 -> 1536 at batch 1, 46 vs 77 us at 32). The results are bit-identical to `F.linear`
+(checked once per process on a probe; else no packing), so greedy outputs and logprobs do not change. fp32 is left to
+MKL: packing it is neither faster at batch 1 nor bit-identical. The packed copy doubles the weights' memory: a cap."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 PACK_MAX_BYTES = 2 << 30  # weights of all packed linears together; beyond, plain F.linear
-_identical: bool | None = None
 
 
+@functools.cache
 def _packing_is_identical() -> bool:
-    global _identical
-    if _identical is None:
-        try:
-            g = torch.Generator().manual_seed(0)
-            w = torch.randn(96, 64, generator=g).bfloat16()
-            x = torch.randn(3, 64, generator=g).bfloat16()
-            packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-            _identical = torch.equal(
-                torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), F.linear(x, w)
-            )
-        except (AttributeError, RuntimeError):
-            _identical = False
-    return _identical
+    try:
+        g = torch.Generator().manual_seed(0)
+        w = torch.randn(96, 64, generator=g).bfloat16()
+        x = torch.randn(3, 64, generator=g).bfloat16()
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+        return torch.equal(torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), F.linear(x, w))
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def can_pack(weights: list[torch.Tensor]) -> bool:
@@ -62,9 +54,7 @@ def fuse_linears(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Te
     weight = torch.cat([lin.weight.data for lin in linears])
     bias = None
     if any(lin.bias is not None for lin in linears):
-        bias = torch.cat(
-            [lin.bias.data if lin.bias is not None else weight.new_zeros(lin.out_features) for lin in linears]
-        )
+        bias = torch.cat([weight.new_zeros(lin.out_features) if lin.bias is None else lin.bias.data for lin in linears])
     start = 0
     for lin in linears:
         lin.weight.data = weight[start : start + lin.out_features]

@@ -1,10 +1,8 @@
-"""The target model's forward over a ragged batch (no padding), reusing a transformers
-model's weights.
+"""The target model's forward over a ragged batch (no padding), reusing a transformers model's weights.
 
-Works for the Llama family as transformers writes it (Llama, Qwen2, Qwen3: q/k/v projections with
-optional bias, optional per-head q_norm/k_norm, rotary embeddings, grouped-query attention, gated
-MLP). Sliding-window attention is not implemented (none of these models use it by default).
-"""
+Works for the Llama family as transformers writes it (Llama, Qwen2, Qwen3: q/k/v projections with optional bias,
+optional per-head q_norm/k_norm, rotary embeddings, grouped-query attention, gated MLP). Sliding-window attention is not
+implemented (none of these models use it by default)."""
 
 from __future__ import annotations
 
@@ -14,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gleanrl.server.model.attention import Plan, advance_caches, attention, plan_attention
-from gleanrl.server.model.kv import SeqKVCache
+from gleanrl.server.model.attention import advance_caches, attention, plan_attention
+from gleanrl.server.model.kv import Masks, SeqKVCache
 from gleanrl.server.model.packed_linear import can_pack, fuse_linears, linear
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -35,9 +33,8 @@ def rotary_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """x: [N, heads, d]; tables from `rotary_tables`. transformers'
-    `x * cos + rotate_half(x) * sin`, the same products and sum (bit for bit), in four kernels
-    instead of eight."""
+    """x: [N, heads, d]; tables from `rotary_tables`. transformers' `x * cos + rotate_half(x) * sin`, the same products
+    and sum (bit for bit), in four kernels instead of eight."""
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
@@ -53,12 +50,8 @@ def check_supported(model: nn.Module) -> None:
     name = (getattr(cfg, "architectures", None) or [type(model).__name__])[0]
     parts = ("embed_tokens", "layers", "norm", "rotary_emb")
     projections = ("q_proj", "k_proj", "v_proj", "o_proj")
-    if (
-        inner is None
-        or not all(hasattr(inner, p) for p in parts)
-        or not hasattr(model, "lm_head")
-        or not all(hasattr(layer.self_attn, p) for layer in inner.layers for p in projections)
-    ):
+    llama = inner is not None and all(hasattr(inner, p) for p in parts) and hasattr(model, "lm_head")
+    if not llama or not all(hasattr(layer.self_attn, p) for layer in inner.layers for p in projections):
         raise ValueError(f"{name} is not supported by the embedded engine (Llama, Qwen2 and Qwen3-style models are)")
     if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
         raise ValueError(f"{name} with sliding-window attention is not supported by the embedded engine")
@@ -81,8 +74,7 @@ class ModelRunner:
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
-        self.hidden_size = cfg.hidden_size
-        self.vocab_size = cfg.vocab_size
+        self.hidden_size, self.vocab_size = cfg.hidden_size, cfg.vocab_size
         attns, mlps = [la.self_attn for la in self.layers], [la.mlp for la in self.layers]
         qkv = [fuse_linears([a.q_proj, a.k_proj, a.v_proj]) for a in attns]
         gate_up = [fuse_linears([m.gate_proj, m.up_proj]) if hasattr(m, "gate_proj") else None for m in mlps]
@@ -92,10 +84,7 @@ class ModelRunner:
         self.qkv = [linear(w, b, pack) for w, b in qkv]
         self.o_proj = [linear(a.o_proj.weight, a.o_proj.bias, pack) for a in attns]
         self.gate_up = [linear(*gu, pack) if gu is not None else None for gu in gate_up]
-        self.down = [
-            linear(m.down_proj.weight, m.down_proj.bias, pack) if gu is not None else None
-            for m, gu in zip(mlps, gate_up)
-        ]
+        self.down = [linear(m.down_proj.weight, m.down_proj.bias, pack) if gu else None for m, gu in zip(mlps, gate_up)]
         self.logits = linear(self.lm_head.weight, self.lm_head.bias, pack)
         self.silu = getattr(cfg, "hidden_act", None) == "silu"
         self.forward_seconds = 0.0  # wall time inside `forward`, cumulative (a bench reads it)
@@ -104,8 +93,7 @@ class ModelRunner:
     def load(cls, model_path: str, device: str = "cpu", dtype: str = "auto") -> ModelRunner:
         from transformers import AutoModelForCausalLM
 
-        torch_dtype = resolve_dtype(dtype, device)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(device)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=resolve_dtype(dtype, device)).to(device)
         return cls(model, device)
 
     def new_cache(self, capacity: int = 64) -> SeqKVCache:
@@ -120,38 +108,40 @@ class ModelRunner:
         seq_lens: list[int],
         capture_layers: list[int] | None = None,
         last_only: bool = True,
-        tree_masks: list[torch.Tensor | None] | None = None,
+        tree_masks: Masks = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """token_ids, positions: [N] (the new tokens of all sequences, concatenated);
-        returns logits [B, V] for each sequence's last new token (or [N, V] if not `last_only`) and,
-        with `capture_layers=[a, b, c]`, aux hidden [N, 3*H]: the residual stream entering layers
-        a+1, b+1, c+1 (= transformers' `output_hidden_states[a+1]`, ...) concatenated. `tree_masks`:
-        per sequence None or a mask [t, t] among its new tokens (a draft tree,
-        `gleanrl.server.sd.tree`)."""
+        """token_ids, positions: [N] (the new tokens of all sequences, concatenated); returns logits [B, V] for each
+        sequence's last new token (or [N, V] if not `last_only`) and, with `capture_layers=[a, b, c]`, aux hidden [N,
+        3*H]: the residual stream entering layers a+1, b+1, c+1 (= transformers' `output_hidden_states[a+1]`, ...)
+        concatenated. `tree_masks`: `kv.Masks` (draft trees, `gleanrl.server.sd.tree`)."""
         t0 = time.perf_counter()
         n = token_ids.shape[0]
         x = self.embed(token_ids)  # [N, H]
         cos, sin = self.rotary(x, positions[None])  # [1, N, d]
         rot = rotary_tables(cos[0], sin[0])  # [N, 1, d] each
         plan = plan_attention(caches, seq_lens, tree_masks, self.num_heads // self.num_kv_heads, x.device)
-        capture = {i + 1: None for i in capture_layers or []}
+        capture = {i + 1: None for i in capture_layers or []}  # streams entering a layer; -1: the embedding
         if any(not 0 <= i < self.num_layers for i in capture):
-            # streams entering a layer; -1: the embedding
             raise ValueError(f"capture_layers must be in [-1, {self.num_layers - 2}], got {capture_layers}")
+        nh, nkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         for i, layer in enumerate(self.layers):
             if i in capture:
                 capture[i] = x
-            x = x + self._attention(
-                i, layer, rms_norm(layer.input_layernorm, x), rot, caches, seq_lens, n, plan, tree_masks
-            )
+            attn, qkv = layer.self_attn, self.qkv[i](rms_norm(layer.input_layernorm, x))  # [N, (nh + 2 nkv) d]
+            v = qkv[:, (nh + nkv) * d :].view(n, nkv, d)  # [N, nkv, d]
+            if getattr(attn, "q_norm", None) is not None:  # Qwen3: per-head norms first
+                q = apply_rotary(rms_norm(attn.q_norm, qkv[:, : nh * d].view(n, nh, d)), *rot)
+                k = apply_rotary(rms_norm(attn.k_norm, qkv[:, nh * d : (nh + nkv) * d].view(n, nkv, d)), *rot)
+            else:  # q and k rotated in one go
+                q, k = apply_rotary(qkv[:, : (nh + nkv) * d].view(n, nh + nkv, d), *rot).split([nh, nkv], dim=1)
+            o = attention(q, k, v, caches, i, seq_lens, plan, tree_masks)  # [N, nh, d]
+            x = x + self.o_proj[i](o.reshape(n, nh * d))
             x = x + self._mlp(i, layer, rms_norm(layer.post_attention_layernorm, x))
         advance_caches(plan, caches, seq_lens)
         if last_only and n != len(seq_lens):
-            ends = torch.tensor(seq_lens, device=x.device).cumsum(0) - 1
-            x = x[ends]
-        logits = self.logits(rms_norm(self.norm, x))
+            x = x[torch.tensor(seq_lens, device=x.device).cumsum(0) - 1]  # each sequence's last new token
+        logits = self.logits(rms_norm(self.norm, x)).float()
         aux = torch.cat([capture[i + 1] for i in capture_layers], dim=-1) if capture_layers else None
-        logits = logits.float()
         self.forward_seconds += time.perf_counter() - t0
         return logits, aux
 
@@ -160,29 +150,3 @@ class ModelRunner:
             return layer.mlp(h)
         gate, up = self.gate_up[index](h).chunk(2, dim=-1)
         return self.down[index]((F.silu(gate) if self.silu else layer.mlp.act_fn(gate)) * up)
-
-    def _attention(
-        self,
-        index: int,
-        layer: nn.Module,
-        h: torch.Tensor,
-        rot: tuple[torch.Tensor, torch.Tensor],
-        caches: list[SeqKVCache],
-        seq_lens: list[int],
-        n: int,
-        plan: Plan,
-        tree_masks: list[torch.Tensor | None] | None = None,
-    ) -> torch.Tensor:
-        attn = layer.self_attn
-        nh, nkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv[index](h)  # [N, (nh + 2 nkv) d]
-        v = qkv[:, (nh + nkv) * d :].view(n, nkv, d)  # [N, nkv, d]
-        if getattr(attn, "q_norm", None) is not None:
-            # Qwen3: per-head norms first
-            q = apply_rotary(rms_norm(attn.q_norm, qkv[:, : nh * d].view(n, nh, d)), *rot)
-            k = apply_rotary(rms_norm(attn.k_norm, qkv[:, nh * d : (nh + nkv) * d].view(n, nkv, d)), *rot)
-        else:
-            # q and k rotated in one go
-            q, k = apply_rotary(qkv[:, : (nh + nkv) * d].view(n, nh + nkv, d), *rot).split([nh, nkv], dim=1)
-        o = attention(q, k, v, caches, index, seq_lens, plan, tree_masks)  # [N, nh, d]
-        return self.o_proj[index](o.reshape(n, nh * d))

@@ -1,15 +1,12 @@
-"""Batched attention for verify passes: every sequence feeds a few tokens (a draft chain or tree),
-all sequences in one kernel call per layer instead of `ragged_attention`'s Python loop
-over sequences.
+"""Batched attention for verify passes: every sequence feeds a few tokens (a draft chain or tree), all sequences in one
+kernel call per layer instead of `ragged_attention`'s Python loop over sequences.
 
-The plan is built once per forward (`verify_plan`): queries are padded to [B, T] (T = the most new
-tokens of a sequence), keys to [B, L_max] (each cache plus its new tokens), and one boolean mask [B,
-1, group * T, L_max] says what each query sees: the whole cache before it, then among the new tokens
-the causal order or the sequence's tree mask. Padded query rows see key 0 only (finite, dropped).
-When every cache lives in the slot pool in slots base..base+B-1 (`server/model/kv_pool.py` keeps
-them compact), the new K/V are written in place with one indexed write per layer and the keys are a
-view of the pool: no per-sequence append and no padded copy of every cache.
-"""
+The plan is built once per forward (`verify_plan`): queries are padded to [B, T] (T = the most new tokens of a
+sequence), keys to [B, L_max] (each cache plus its new tokens), and one boolean mask [B, 1, group * T, L_max] says what
+each query sees: the whole cache before it, then among the new tokens the causal order or the sequence's tree mask.
+Padded query rows see key 0 only (finite, dropped). When every cache lives in the slot pool in slots base..base+B-1
+(`server/model/kv_pool.py` keeps them compact), the new K/V are written in place with one indexed write per layer and
+the keys are a view of the pool: no per-sequence append and no padded copy of every cache."""
 
 from __future__ import annotations
 
@@ -17,34 +14,28 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.utils.rnn import pad_sequence
+from torch import Tensor
 
-from gleanrl.server.model.kv import SeqKVCache
+from gleanrl.server.model.kv import Masks, SeqKVCache, append_padded
 from gleanrl.server.model.kv_pool import KVPool, contiguous_base, pooled
 
-# a batch whose sequences all feed at most this many tokens takes the batched path
-MAX_VERIFY_TOKENS = 40
+MAX_VERIFY_TOKENS = 40  # a batch whose sequences all feed at most this many tokens takes the batched path
 
 
 @dataclass(frozen=True, slots=True)
 class VerifyPlan:
-    rows: torch.Tensor  # [N] batch row of each new token (slot - base on the pooled path)
-    cols: torch.Tensor  # [N] its index among its sequence's new tokens
-    mask: torch.Tensor  # [B, 1, group * T, L_max], rows as `rows`
+    rows: Tensor  # [N] batch row of each new token (slot - base on the pooled path)
+    cols: Tensor  # [N] its index among its sequence's new tokens
+    mask: Tensor  # [B, 1, group * T, L_max], rows as `rows`
     t_max: int
-    # every cache in this pool, slots base..base+B-1: write in place, attend over a view
-    pool: KVPool | None = None
+    pool: KVPool | None = None  # every cache in this pool, slots base..base+B-1: write in place, attend over a view
     base: int = 0
-    slots: torch.Tensor | None = None  # [N] the slot of each new token (pooled path)
-    positions: torch.Tensor | None = None  # [N] its position there
+    slots: Tensor | None = None  # [N] the slot of each new token (pooled path)
+    positions: Tensor | None = None  # [N] its position there
 
 
 def verify_plan(
-    caches: list[SeqKVCache],
-    seq_lens: list[int],
-    masks: list[torch.Tensor | None] | None,
-    group: int,
-    device: torch.device,
+    caches: list[SeqKVCache], seq_lens: list[int], masks: Masks, group: int, device: torch.device
 ) -> VerifyPlan | None:
     if len(caches) < 2 or max(seq_lens) > MAX_VERIFY_TOKENS or max(seq_lens) < 2:
         return None
@@ -67,27 +58,13 @@ def verify_plan(
     if pool is None:
         return plan
     slots = torch.repeat_interleave(torch.tensor([c.slot for c in caches]), lens).to(device)
-    return VerifyPlan(
-        rows,
-        cols,
-        plan.mask,
-        t_max,
-        pool,
-        base,
-        slots,
-        (torch.repeat_interleave(torch.tensor(pasts), lens) + cols.cpu()).to(device),
-    )
+    positions = (torch.repeat_interleave(torch.tensor(pasts), lens) + cols.cpu()).to(device)
+    return VerifyPlan(rows, cols, plan.mask, t_max, pool, base, slots, positions)
 
 
 def verify_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    caches: list[SeqKVCache],
-    layer: int,
-    seq_lens: list[int],
-    plan: VerifyPlan,
-) -> torch.Tensor:
+    q: Tensor, k: Tensor, v: Tensor, caches: list[SeqKVCache], layer: int, seq_lens: list[int], plan: VerifyPlan
+) -> Tensor:
     """q: [N, n_heads, d]; k, v: [N, n_kv, d]. Appends k, v to the caches (on the pooled path the
     caller advances their lengths after the last layer); returns [N, n_heads, d]."""
     n_heads, n_kv, d = q.shape[1], k.shape[1], q.shape[2]
@@ -96,18 +73,10 @@ def verify_attention(
         kbuf, vbuf = plan.pool.k[layer], plan.pool.v[layer]
         kbuf[plan.slots, :, plan.positions] = k
         vbuf[plan.slots, :, plan.positions] = v
-        # [B, n_kv, L_max, d], a view
-        kp = kbuf[plan.base : plan.base + b, :, :l_max]
+        kp = kbuf[plan.base : plan.base + b, :, :l_max]  # [B, n_kv, L_max, d], a view
         vp = vbuf[plan.base : plan.base + b, :, :l_max]
     else:
-        keys, values, start = [], [], 0
-        for cache, t in zip(caches, seq_lens):
-            ks, vs = cache.append(layer, k[start : start + t].transpose(0, 1), v[start : start + t].transpose(0, 1))
-            keys.append(ks.transpose(0, 1))  # [L_i, n_kv, d]
-            values.append(vs.transpose(0, 1))
-            start += t
-        kp = pad_sequence(keys, batch_first=True).transpose(1, 2)  # [B, n_kv, L_max, d]
-        vp = pad_sequence(values, batch_first=True).transpose(1, 2)
+        kp, vp = append_padded(caches, layer, k, v, seq_lens)  # [B, n_kv, L_max, d]
     qp = q.new_zeros(b, plan.t_max, n_heads, d)
     qp[plan.rows, plan.cols] = q  # [B, T, nh, d]
     # head h uses KV head h // group: [B, n_kv, group * T, d], matching the mask's row order

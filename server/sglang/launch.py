@@ -1,14 +1,11 @@
-"""`gleanrl serve --backend sglang`: build and run stock SGLang's launch command from
-gleanrl's flags.
+"""`gleanrl serve --backend sglang`: build and run stock SGLang's launch command from gleanrl's flags.
 
-The SGLang interpreter is `$GLEANRL_SGLANG_PYTHON`, else `.venv-sglang/bin/python` beside this
-checkout (the CPU test install, `scripts/install_sglang_cpu.sh`), else the current interpreter if it
-can import sglang. On CPU, SGLang's KV pool is capped (`--max-total-tokens 8192`, else it takes ~20
-GB) and its warmup is skipped unless the pass-through arguments say otherwise; SD is refused on CPU
-because SGLang 0.5.23's EAGLE-3 worker needs a GPU. API keys travel as SGLang's own flags (SGLang
-reads no environment variable for them), so they are visible in the process list of the machine;
-they are redacted in everything gleanrl prints.
-"""
+The SGLang interpreter is `$GLEANRL_SGLANG_PYTHON`, else `.venv-sglang/bin/python` beside this checkout (the CPU test
+install, `scripts/install_sglang_cpu.sh`), else the current interpreter if it can import sglang. On CPU, SGLang's KV
+pool is capped (`--max-total-tokens 8192`, else it takes ~20 GB) and its warmup is skipped unless the pass-through
+arguments say otherwise; SD is refused on CPU because SGLang 0.5.23's EAGLE-3 worker needs a GPU. API keys travel as
+SGLang's own flags (SGLang reads no environment variable for them), so they are visible in the process list of the
+machine; they are redacted in everything gleanrl prints."""
 
 from __future__ import annotations
 
@@ -49,19 +46,14 @@ def sglang_python() -> tuple[str, dict[str, str]]:
         python = sys.executable
     else:
         raise SGLangLaunchError(
-            "SGLang is not installed: `pip install 'sglang[all]>=0.5.23'` on a "
-            "GPU machine, or `bash scripts/install_sglang_cpu.sh .venv-sglang` "
-            "for the CPU test engine (or point GLEANRL_SGLANG_PYTHON at an "
+            "SGLang is not installed: `pip install 'sglang[all]>=0.5.23'` on a GPU machine, or `bash "
+            "scripts/install_sglang_cpu.sh .venv-sglang` for the CPU test engine (or point GLEANRL_SGLANG_PYTHON at an "
             "interpreter that has it)"
         )
-    # the CPU install's vllm stub (see install_sglang_cpu.sh)
-    shim = Path(python).parent.parent / "shim"
-    env = (
-        {"PYTHONPATH": os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")]))}
-        if shim.is_dir()
-        else {}
-    )
-    return python, env
+    shim = Path(python).parent.parent / "shim"  # the CPU install's vllm stub (see install_sglang_cpu.sh)
+    if not shim.is_dir():
+        return python, {}
+    return python, {"PYTHONPATH": os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")]))}
 
 
 def _unless_default(args: argparse.Namespace, name: str):
@@ -78,21 +70,8 @@ def build_command(args: argparse.Namespace, python: str = "python") -> list[str]
     given = {a.split("=", 1)[0] for a in extra if a.startswith("--")}
     device = args.device
     dtype = {"auto": "float32" if device == "cpu" else "auto"}.get(args.dtype, args.dtype)
-    cmd = [
-        python,
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        str(args.model),
-        "--host",
-        args.host,
-        "--port",
-        str(args.port),
-        "--device",
-        device,
-        "--dtype",
-        dtype,
-    ]
+    cmd = [python, "-m", "sglang.launch_server", "--model-path", str(args.model)]
+    cmd += ["--host", args.host, "--port", str(args.port), "--device", device, "--dtype", dtype]
     optional = [
         ("--context-length", args.context_length),
         ("--max-running-requests", args.max_running_requests),
@@ -127,9 +106,8 @@ def redact(cmd: list[str]) -> str:
 def check_args(args: argparse.Namespace) -> None:
     if args.drafter and args.device == "cpu":
         raise SGLangLaunchError(
-            "speculative decoding with stock SGLang needs a GPU (SGLang "
-            "0.5.23's EAGLE-3 worker does not run on CPU): drop --drafter, use "
-            "--device cuda, or use --backend embedded, which runs SD on CPU"
+            "speculative decoding with stock SGLang needs a GPU (SGLang 0.5.23's EAGLE-3 worker does not run on CPU): "
+            "drop --drafter, use --device cuda, or use --backend embedded, which runs SD on CPU"
         )
     if not Path(args.model).is_dir():
         raise SGLangLaunchError(f"model directory {args.model} does not exist")
@@ -156,13 +134,11 @@ def start(args: argparse.Namespace, echo: bool = True, timeout_s: float = 600.0)
 
 
 def _exit_on_sigterm(signum, frame) -> None:
-    # runs the `finally` below, so SGLang's process group is stopped too
-    raise SystemExit(128 + signum)
+    raise SystemExit(128 + signum)  # runs the `finally` below, so SGLang's process group is stopped too
 
 
 def launch(args: argparse.Namespace) -> int:
-    """Run SGLang in the foreground until it exits or gleanrl is interrupted; returns
-    an exit code."""
+    """Run SGLang in the foreground until it exits or gleanrl is interrupted; returns an exit code."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         proc, _ = start(args)

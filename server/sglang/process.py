@@ -1,5 +1,5 @@
-"""A running stock SGLang server process: its own process group (scheduler and detokenizer
-included), the tail of its output kept so a failed start can show SGLang's own error."""
+"""A running stock SGLang server process: its own process group (in the caller's session, so that a harvester's nice
+ranks below it under autogroup scheduling), the tail of its output kept so a failed start can show SGLang's error."""
 
 from __future__ import annotations
 
@@ -19,10 +19,6 @@ class SGLangLaunchError(RuntimeError):
 
 
 class SGLangProcess:
-    """A running SGLang server: its own process group (in the caller's session, so that a
-    harvester's nice ranks below it under autogroup scheduling), the tail of its output kept for
-    errors."""
-
     def __init__(self, cmd: list[str], env: dict[str, str], echo: bool = True, tail_lines: int = 60):
         self.cmd, self.tail = cmd, collections.deque(maxlen=tail_lines)
         self.proc = subprocess.Popen(
@@ -48,8 +44,7 @@ class SGLangProcess:
         return "\n".join(self.tail)
 
     def wait_healthy(self, url: str, timeout_s: float) -> float:
-        """Seconds until /health answered 200; raises SGLangLaunchError with SGLang's
-        output otherwise."""
+        """Seconds until /health answered 200; raises SGLangLaunchError with SGLang's output otherwise."""
         start = time.monotonic()
         while time.monotonic() - start < timeout_s:
             if self.proc.poll() is not None:

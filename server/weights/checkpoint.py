@@ -1,12 +1,10 @@
 """Loading and validating target checkpoints (Hugging Face directories with safetensors).
 
-A weight update is checked fully before anything is swapped: the directory and `config.json` exist,
-the architecture and model_type equal the serving model's, every safetensors file opens (a truncated
-or corrupt file fails its header check), the tensor names and shapes equal the serving checkpoint's
-and so do the dtypes but floating point ones (cast to the serving dtype at load: a float32 update of
-a model shipped in bf16), and the loaded weights are finite (corrupt data behind an intact header). Any failure
-raises `CheckpointError` with the reason; the caller keeps its old weights.
-"""
+A weight update is checked fully before anything is swapped: the directory and `config.json` exist, the architecture and
+model_type equal the serving model's, every safetensors file opens (a truncated or corrupt file fails its header check),
+the tensor names and shapes equal the serving checkpoint's and so do the dtypes but floating point ones (cast to the
+serving dtype at load: a float32 update of a model shipped in bf16), and the loaded weights are finite (corrupt data
+behind an intact header). Any failure raises `CheckpointError` with the reason; the caller keeps its old weights."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ def read_config(model_dir: str | Path) -> dict:
 
 
 def checkpoint_signature(model_dir: str | Path) -> Signature:
-    """Names, shapes and dtypes of all tensors in the directory's safetensors files
-    (headers only)."""
+    """Names, shapes and dtypes of all tensors in the directory's safetensors files (headers only)."""
     from safetensors import safe_open
 
     files = sorted(Path(model_dir).glob("*.safetensors"))
@@ -55,8 +52,7 @@ def checkpoint_signature(model_dir: str | Path) -> Signature:
                 for name in fh.keys():
                     sl = fh.get_slice(name)
                     sig[name] = (tuple(sl.get_shape()), str(sl.get_dtype()))
-        except Exception as exc:
-            # safetensors raises its own error type for truncated/corrupt files
+        except Exception as exc:  # safetensors raises its own error type for truncated/corrupt files
             raise CheckpointError(f"{f}: corrupt or truncated safetensors file ({exc})") from None
     return sig
 
@@ -79,12 +75,10 @@ def compare(model_dir: str, config: dict, sig: Signature, ref_config: dict, ref_
 
 
 def load_checked(model_dir: str, ref_config: dict, ref_sig: Signature, device: str, dtype: str):
-    """Validate `model_dir` against the serving checkpoint, then load it; returns (runner,
-    config, sig)."""
+    """Validate `model_dir` against the serving checkpoint, then load it; returns (runner, config, sig)."""
     from gleanrl.server.model.runner import ModelRunner
 
-    config = read_config(model_dir)
-    sig = checkpoint_signature(model_dir)
+    config, sig = read_config(model_dir), checkpoint_signature(model_dir)
     compare(model_dir, config, sig, ref_config, ref_sig)
     try:
         runner = ModelRunner.load(model_dir, device=device, dtype=dtype)

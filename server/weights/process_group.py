@@ -1,11 +1,8 @@
-"""Weight pushes over a torch process group (SGLang's /init_weights_update_group,
-/update_weights_from_distributed, /destroy_weights_update_group): the trainer is rank 0 and
-broadcasts each tensor; this server joins as rank `rank_offset` (one TP rank) and receives them by
-the names, dtypes and shapes the update call lists. The group is made as SGLang's
-`init_custom_process_group` makes it (a TCP rendezvous at master_address:master_port, a store
-prefixed with the group name, no default group), so a trainer that talks to stock SGLang joins it
-unchanged. gloo on CPU; NCCL where the server runs on CUDA.
-"""
+"""Weight pushes over a torch process group (SGLang's /init_weights_update_group, /update_weights_from_distributed,
+/destroy_weights_update_group): the trainer is rank 0 and broadcasts each tensor; this server joins as rank
+`rank_offset` (one TP rank) and receives them by the names, dtypes and shapes the update call lists. The group is made
+as SGLang's `init_custom_process_group` makes it (a TCP rendezvous at master_address:master_port, a store prefixed with
+the group name, no default group), so a trainer made for stock SGLang joins it unchanged. gloo on CPU; NCCL on CUDA."""
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
-"""SGLang's `serialized_named_tensors` (POST /update_weights_from_tensor): per TP rank, base64 of a
-pickle of [(name, tensor)] (or, with `load_format: "flattened_bucket"`, of {"flattened_tensor",
-"metadata"}). Tensors travel by value (a plain pickle); ForkingPickler fd / shared-memory handles (a
-trainer on the same host) only with `local_handles` (`gleanrl serve --local-tensor-handles`): a
-handle makes the server connect to, or map, what the sender names. Unpickled with an allowlist, as
-SGLang 0.5.23's `SafeUnpickler`: torch's tensor and storage rebuilders, torch dtypes and Size, basic
-containers; anything else is refused (a pickle can otherwise run code). Storages may not declare
-more bytes than the payload carries and may not be compressed, so a small payload cannot inflate.
-Anything odd is a ValueError (400). One server process is TP rank 0: it reads the first payload."""
+"""SGLang's `serialized_named_tensors` (POST /update_weights_from_tensor): per TP rank, base64 of a pickle of [(name,
+tensor)] (or, with `load_format: "flattened_bucket"`, of {"flattened_tensor", "metadata"}). Tensors travel by value (a
+plain pickle); ForkingPickler fd / shared-memory handles (a trainer on the same host) only with `local_handles`
+(`gleanrl serve --local-tensor-handles`): a handle makes the server connect to, or map, what the sender names. Unpickled
+with an allowlist, as SGLang 0.5.23's `SafeUnpickler`: torch's tensor and storage rebuilders, torch dtypes and Size,
+basic containers; anything else is refused (a pickle can otherwise run code). Storages may not declare more bytes than
+the payload carries and may not be compressed, so a small payload cannot inflate. Anything odd is a ValueError (400).
+One server process is TP rank 0: it reads the first payload."""
 
 from __future__ import annotations
 
@@ -18,47 +17,28 @@ from dataclasses import dataclass
 
 import torch
 
-ALLOWED = {
-    ("builtins", n)
-    for n in ("bool", "dict", "float", "int", "list", "set", "slice", "str", "tuple", "frozenset", "complex")
-} | {
-    ("collections", "OrderedDict"),
-    ("copyreg", "__newobj__"),
-    ("copyreg", "_reconstructor"),
-    ("torch", "Size"),
-    ("torch._utils", "_rebuild_tensor_v2"),
-    ("torch._utils", "_rebuild_tensor"),
-    ("torch._utils", "_rebuild_parameter"),
-    ("torch._tensor", "_rebuild_from_type_v2"),
-    ("torch", "Tensor"),
-    ("torch.nn.parameter", "Parameter"),
-    ("torch.storage", "TypedStorage"),
-    ("torch.storage", "UntypedStorage"),
-    ("torch", "UntypedStorage"),
-}
+BUILTINS = ("bool", "dict", "float", "int", "list", "set", "slice", "str", "tuple", "frozenset", "complex")
+ALLOWED = (
+    {("builtins", n) for n in BUILTINS}
+    | {("torch", n) for n in ("Size", "Tensor", "UntypedStorage")}
+    | {("torch._utils", n) for n in ("_rebuild_tensor_v2", "_rebuild_tensor", "_rebuild_parameter")}
+    | {("torch.storage", n) for n in ("TypedStorage", "UntypedStorage")}
+    | {("copyreg", "__newobj__"), ("copyreg", "_reconstructor"), ("collections", "OrderedDict")}
+    | {("torch._tensor", "_rebuild_from_type_v2"), ("torch.nn.parameter", "Parameter")}
+)
 HANDLES = {
     ("torch.multiprocessing.reductions", n)
     for n in ("rebuild_tensor", "rebuild_storage_fd", "rebuild_storage_filename", "rebuild_typed_storage")
 } | {("multiprocessing.resource_sharer", "DupFd")}
 STORAGES = {
-    "BFloat16Storage",
-    "BoolStorage",
-    "ByteStorage",
-    "CharStorage",
-    "DoubleStorage",
-    "FloatStorage",
-    "HalfStorage",
-    "IntStorage",
-    "LongStorage",
-    "ShortStorage",
+    f"{k}Storage" for k in ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "Long", "Short")
 }
 BUCKET_META = ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata")
 
 
 @dataclass
 class BucketEntry:
-    """Stands in for SGLang's `FlattenedTensorMetadata` (name, shape, dtype, start_idx,
-    end_idx, numel)."""
+    """Stands in for SGLang's `FlattenedTensorMetadata` (name, shape, dtype, start_idx, end_idx, numel)."""
 
     name: str = ""
     shape: tuple = ()
@@ -79,22 +59,18 @@ def _from_value(kind: type):
     return build
 
 
-def _check_storage_bytes(data: bytes) -> None:
-    """A storage may not declare more bytes than `data` carries, nor be compressed."""
+def _load_storage(data: bytes):
+    """A storage, unless it declares more bytes than `data` carries or is compressed."""
     if data[:4] == b"PK\x03\x04":
         with zipfile.ZipFile(io.BytesIO(data)) as z:
             if any(i.compress_type != zipfile.ZIP_STORED for i in z.infolist()):
                 raise ValueError("compressed storages are not allowed in serialized_named_tensors")
-        return
-    f, sizes = io.BytesIO(data), {}
-    for _ in range(4):  # magic number, protocol version, system info, the object
-        _Header(f, sizes).load()
-    if sum(sizes.values()) > len(data):
-        raise ValueError(f"a storage declares {sum(sizes.values())} bytes but its record holds {len(data)}")
-
-
-def _load_storage(data: bytes):
-    _check_storage_bytes(data)
+    else:
+        f, sizes = io.BytesIO(data), {}
+        for _ in range(4):  # magic number, protocol version, system info, the object
+            _Header(f, sizes).load()
+        if sum(sizes.values()) > len(data):
+            raise ValueError(f"a storage declares {sum(sizes.values())} bytes but its record holds {len(data)}")
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
@@ -118,16 +94,14 @@ class _Unpickler(pickle.Unpickler):
             if self.local_handles:
                 return super().find_class(module, name)
             raise pickle.UnpicklingError(
-                f"{module}.{name} is a same-host handle; this server "
-                "takes tensors by value only (start it with "
+                f"{module}.{name} is a same-host handle; this server takes tensors by value only (start it with "
                 "--local-tensor-handles for a local trainer)"
             )
         raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in serialized_named_tensors")
 
 
 class _Header(_Unpickler):
-    """Reads a legacy torch.save stream's pickles without building storages: records their
-    declared sizes."""
+    """Reads a legacy torch.save stream's pickles without building storages: records their declared sizes."""
 
     def __init__(self, f, sizes: dict):
         super().__init__(f)
@@ -136,8 +110,7 @@ class _Header(_Unpickler):
     def persistent_load(self, pid):
         if not isinstance(pid, tuple) or len(pid) < 5 or pid[0] != "storage" or not isinstance(pid[4], int):
             raise pickle.UnpicklingError("a storage record of an unknown shape")
-        # a legacy typed storage class, or untyped
-        dtype = getattr(pid[1], "_dtype", None) or torch.uint8
+        dtype = getattr(pid[1], "_dtype", None) or torch.uint8  # a legacy typed storage class, or untyped
         self.sizes[pid[2]] = pid[4] * torch.empty((), dtype=dtype).element_size()
         return None
 

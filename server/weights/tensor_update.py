@@ -1,20 +1,15 @@
-"""Weight updates from named tensors (SGLang's /update_weights_from_tensor), atomic and validated
-like disk updates, for the target or the drafter (`selector`): the checks, and the runner or drafter
-they become (the engine swaps it in, `server/engine/swap.py`).
+"""Weight updates from named tensors (SGLang's /update_weights_from_tensor), atomic and validated like disk updates, for
+the target or the drafter (`selector`): the checks, and the runner or drafter they become (`server/engine/swap.py`).
 
-Target: every tensor must name a tensor of the serving checkpoint with its shape and finite values;
-it is cast to the serving dtype. A copy of the serving model takes the tensors and becomes a new
-runner, which the engine swaps in like a disk update (same drain / pause semantics,
-`weight_version`, `flush_cache`): a refused update changes nothing. Names the update does not carry
-keep their current values, so a bucketed push may send a subset per call; inside a
-`/begin_weight_update` ... `/end_weight_update` session the calls are staged and applied together at
-the end (one swap, one copy of the model).
+Target: every tensor must name a tensor of the serving checkpoint with its shape and finite values; it is cast to the
+serving dtype. A copy of the serving model with the tensors becomes a new runner, swapped in like a disk update (same
+drain / pause semantics, `weight_version`, `flush_cache`): a refused update changes nothing. Names the update does not
+carry keep their current values, so a bucketed push may send a subset per call; inside a `/begin_weight_update` ...
+`/end_weight_update` session the calls are staged and applied together at its end (one swap, one copy of the model).
 
-Draft: the tensors overlay the served drafter's checkpoint (its config and files give the rest); the
-result is written to a temporary directory and loaded with the same checks as a disk drafter update.
-The reported `draft_model_path` stays that checkpoint's, as SGLang keeps `model_path` on
-tensor updates.
-"""
+Draft: the tensors overlay the served drafter's checkpoint (its config and files give the rest); the result is written
+to a temporary directory and loaded with the same checks as a disk drafter update. The reported `draft_model_path` stays
+that checkpoint's, as SGLang keeps `model_path` on tensor updates."""
 
 from __future__ import annotations
 
@@ -34,15 +29,10 @@ from gleanrl.server.weights.drafter import load_for_target
 NamedTensors = list[tuple[str, torch.Tensor]]
 
 
-def _floating(safetensors_dtype: str) -> bool:
-    return safetensors_dtype.startswith(("F", "BF"))  # F16, F32, F64, BF16, F8_*
-
-
 def check_named(want: Signature, selector: str, named: NamedTensors) -> None:
-    """CheckpointError unless each name is a distinct tensor of `want` (the signature of
-    `selector`'s model) with its shape and dtype kind (floating or not: an integer tensor is never
-    cast into a float weight, nor the reverse). Metadata only: the cheap checks, run before anything
-    reads the data."""
+    """CheckpointError unless each name is a distinct tensor of `want` (the signature of `selector`'s model) with its
+    shape and dtype kind (floating or not: an integer tensor is never cast into a float weight, nor the reverse).
+    Metadata only: the cheap checks, run before anything reads the data."""
     if len({n for n, _ in named}) != len(named):
         raise CheckpointError("names: a tensor is listed twice")
     for name, t in named:
@@ -51,7 +41,8 @@ def check_named(want: Signature, selector: str, named: NamedTensors) -> None:
         shape, dtype = want[name]
         if tuple(t.shape) != shape:
             raise CheckpointError(f"tensor {name} is {list(t.shape)}, expected {list(shape)}")
-        if t.dtype.is_floating_point != _floating(dtype) or t.dtype.is_complex:
+        # safetensors' floating dtypes: F16, F32, F64, BF16, F8_*
+        if t.dtype.is_floating_point != dtype.startswith(("F", "BF")) or t.dtype.is_complex:
             raise CheckpointError(f"tensor {name} is {str(t.dtype).removeprefix('torch.')}, expected {dtype}")
 
 
@@ -68,8 +59,7 @@ def check_volume(want: Signature, selector: str, names: list[str], shapes: list)
 
 
 def check_target(named: NamedTensors, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Tensors that passed `check_named`, by name, in the serving `dtype`; CheckpointError naming
-    the first that holds NaN or infinite values."""
+    """Tensors that passed `check_named`, by name, in the serving `dtype`; CheckpointError on the first not finite."""
     out = {}
     for name, t in named:
         if t.is_floating_point() and not bool(t.isfinite().all()):
@@ -92,8 +82,7 @@ def target_runner(runner: ModelRunner, staged: dict[str, torch.Tensor]) -> Model
 
 
 def overlay_drafter(path: str, named: NamedTensors, runner: ModelRunner, target_config: dict):
-    """The drafter at `path` with the `named` tensors (checked by `check_named`), loaded for the
-    serving target."""
+    """The drafter at `path` with the `named` tensors (checked by `check_named`), loaded for the serving target."""
     from safetensors.torch import load_file, save_file
 
     src = Path(path)
