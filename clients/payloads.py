@@ -22,12 +22,7 @@ SELECTORS = ("target", "draft")
 def generate_body(
     input_ids: list[int], sampling_params: dict, return_logprob: bool, rid: str | None, stream: bool
 ) -> dict:
-    body = {
-        "input_ids": input_ids,
-        "sampling_params": sampling_params,
-        "return_logprob": return_logprob,
-        "stream": stream,
-    }
+    body = dict(input_ids=input_ids, sampling_params=sampling_params, return_logprob=return_logprob, stream=stream)
     if rid is not None:
         body["rid"] = rid
     return body

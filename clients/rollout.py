@@ -1,6 +1,5 @@
-"""The one record for a rollout, filled by the client from SGLang's /generate response (`run_rollout`); it
-flows on to the rewards, the loss and the harvester (as a `FinishedRollout`, which the sidecar builds from a
-feed record).
+"""The one record for a rollout, filled by the client from SGLang's /generate response (`run_rollout`); it flows on to
+the rewards, the loss and the harvester (as a `FinishedRollout`, which the sidecar builds from a feed record).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The weight-sync protocol, held once: probe each server's kind, choose the route a policy or a drafter takes,
-refuse what must not be sent, then send (pause-free: SD is lossless, a mid-rollout drafter swap changes speed only).
+"""The weight-sync protocol, held once: probe each server's kind, choose the route a policy or a drafter takes, refuse
+what must not be sent, then send (pause-free: SD is lossless, a mid-rollout drafter swap changes speed only).
 
 | to                             | policy                             | drafter                              |
 | ------------------------------ | ---------------------------------- | ------------------------------------ |
@@ -7,14 +7,13 @@ refuse what must not be sent, then send (pause-free: SD is lossless, a mid-rollo
 | stock SGLang with EAGLE        | tensor session, selector `target`  | tensor session, selector `draft`     |
 | stock SGLang without a drafter | `/update_weights_from_disk`        | refused before sending               |
 
-Hazards of stock SGLang (0.5.23): `/update_weights_from_disk` has no `selector` and reaches every runner, so a
-drafter lands IN THE TARGET, and with SD on a policy also reaches the draft runner, whose `load_weights`
-overwrites part of the drafter and fails on a shape (tests/sglang/test_eagle3_load.py): hence sessions,
-begin(selector) -> tensors -> end. Without a drafter, `selector: "draft"` loads nothing and answers success:
-refused here. One `weight_version` for all runners: a draft push sends none; the caller tracks the drafter's.
-No `flush_cache` for draft pushes: it fails while requests run, and a swap must not wait. SGLang applies what it
-gets: callers check checkpoints first (`harvest.checkpoint_check`). No NCCL pushes: the trainer syncs from the
-checkpoint it writes anyway.
+Hazards of stock SGLang (0.5.23): `/update_weights_from_disk` has no `selector` and reaches every runner, so a drafter
+lands IN THE TARGET, and with SD on a policy also reaches the draft runner, whose `load_weights` overwrites part of the
+drafter and fails on a shape (tests/sglang/test_eagle3_load.py): hence sessions, begin(selector) -> tensors -> end.
+Without a drafter, `selector: "draft"` loads nothing and answers success: refused here. One `weight_version` for all
+runners: a draft push sends none; the caller tracks the drafter's. No `flush_cache` for draft pushes: it fails while
+requests run, and a swap must not wait. SGLang applies what it gets: callers check checkpoints first
+(`harvest.checkpoint_check`). No NCCL pushes: the trainer syncs from the checkpoint it writes anyway.
 """
 
 from __future__ import annotations
@@ -69,10 +68,8 @@ def drafter_route(kind: ServerKind) -> Route:
     if kind.embedded:
         return Route.DRAFT_DISK
     if not kind.drafter:
-        why = "serves no EAGLE drafter (started without --speculative-algorithm)"
-        raise RolloutServerError(
-            kind.url, 0, f"refusing the drafter push: the server {why}; SGLang would answer success and load nothing"
-        )
+        why = "refusing the drafter push: the server serves no EAGLE drafter (started without --speculative-algorithm)"
+        raise RolloutServerError(kind.url, 0, f"{why}; SGLang would answer success and load nothing")
     return Route.DRAFT_SESSION
 
 
@@ -88,11 +85,9 @@ async def push_policy(
 ) -> dict[str, Route]:
     """The policy checkpoint at `path` to every worker as `version`; the route taken per URL."""
     routes = {k.url: policy_route(k) for k in kinds or await probe_all(client)}
-    disk = [url for url, route in routes.items() if route is Route.DISK]
-    if disk:
+    if disk := [url for url, route in routes.items() if route is Route.DISK]:
         await client.update_weights_from_disk(path, weight_version=version, urls=disk)
-    sessions = [url for url, route in routes.items() if route is Route.TARGET_SESSION]
-    if sessions:
+    if sessions := [url for url, route in routes.items() if route is Route.TARGET_SESSION]:
         body = await asyncio.to_thread(lambda: tensor_body(checkpoint_tensors(path), "target", version, True))
         for url in sessions:
             await tensor_session(client, url, "target", body)
@@ -102,14 +97,9 @@ async def push_policy(
 async def push_drafter(client: RolloutClient, path: str, version: int | str) -> dict[str, Route]:
     """The drafter checkpoint at `path` to every worker; the route per URL. All refusals come before any send."""
     routes = {k.url: drafter_route(k) for k in await probe_all(client)}
-    disk = [url for url, route in routes.items() if route is Route.DRAFT_DISK]
-    if disk:
-        version_s = str(version)
-        await client.update_weights_from_disk(
-            path, weight_version=version_s, flush_cache=False, selector="draft", urls=disk
-        )
-    sessions = [url for url, route in routes.items() if route is Route.DRAFT_SESSION]
-    if sessions:
+    if disk := [url for url, route in routes.items() if route is Route.DRAFT_DISK]:
+        await client.update_weights_from_disk(path, str(version), flush_cache=False, selector="draft", urls=disk)
+    if sessions := [url for url, route in routes.items() if route is Route.DRAFT_SESSION]:
         body = await asyncio.to_thread(lambda: tensor_body(checkpoint_tensors(path), "draft"))
         for url in sessions:
             await tensor_session(client, url, "draft", body)

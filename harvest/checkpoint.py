@@ -1,9 +1,8 @@
 """Drafter checkpoints in SGLang's EAGLE-3 format: `config.json` + `model.safetensors`, written atomically.
 
-Keys (no `model.` prefix; SGLang's `LlamaForCausalLMEagle3.load_weights` adds it, fuses q/k/v and gate/up, reads
-`d2t` as draft->target id offsets, skips `t2d`): `fc.weight`, `midlayer.*`, `norm.weight`, `lm_head.weight`,
-`d2t`, `t2d`, and `embed_tokens.weight` (a frozen copy of the target's; SGLang uses the target's own, SpecForge
-omits it, so it is optional on load).
+Keys (no `model.` prefix; SGLang's `LlamaForCausalLMEagle3.load_weights` adds it, fuses q/k/v and gate/up, reads `d2t`
+as draft->target id offsets, skips `t2d`): `fc.weight`, `midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`, and
+`embed_tokens.weight` (optional on load: a frozen copy of the target's, which SGLang uses instead and SpecForge omits).
 """
 
 from __future__ import annotations

@@ -88,12 +88,10 @@ def read_tensor_specs(model_dir: str | Path) -> dict[str, TensorSpec]:
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise CheckpointMismatch(f"{index}: unreadable index ({exc})") from None
         files = sorted({model_dir / f for f in weight_map.values()})
-        missing = [f.name for f in files if not f.exists()]
-        if missing:
+        if missing := [f.name for f in files if not f.exists()]:
             raise CheckpointMismatch(f"{model_dir}: shards named in the index are missing: {missing[:5]}")
     else:
-        files = sorted(model_dir.glob("*.safetensors"))
-        weight_map = None
+        files, weight_map = sorted(model_dir.glob("*.safetensors")), None
     if not files:
         raise CheckpointMismatch(f"{model_dir}: no safetensors files")
     specs: dict[str, TensorSpec] = {}
@@ -124,39 +122,29 @@ def read_config(model_dir: str | Path) -> dict:
     return config
 
 
-def _compare_layout(candidate: dict[str, TensorSpec], reference: dict[str, TensorSpec], what: str) -> None:
-    missing, unexpected = sorted(set(reference) - set(candidate)), sorted(set(candidate) - set(reference))
+def check_policy_checkpoint(candidate: str | Path, serving: str | Path) -> dict[str, TensorSpec]:
+    """Refuse (CheckpointMismatch) a policy checkpoint that does not fit the serving model directory: its config
+    must agree on `architectures` and `model_type`, its tensors be laid out alike."""
+    new_cfg, ref_cfg = read_config(candidate), read_config(serving)
+    if any(a in EAGLE3_ARCHS for a in new_cfg.get("architectures") or []):
+        raise CheckpointMismatch(f"{candidate}: is an EAGLE-3 drafter; a policy push would load it into the target")
+    for key in ("architectures", "model_type"):
+        if new_cfg.get(key) != ref_cfg.get(key):
+            raise CheckpointMismatch(
+                f"{candidate}: {key} is {new_cfg.get(key)!r}, the serving model has {ref_cfg.get(key)!r}"
+            )
+    specs, reference = read_tensor_specs(candidate), read_tensor_specs(serving)
+    missing, unexpected = sorted(set(reference) - set(specs)), sorted(set(specs) - set(reference))
     if missing or unexpected:
         raise CheckpointMismatch(
-            f"{what}: tensor names differ from the serving model "
+            f"{candidate}: tensor names differ from the serving model "
             f"(missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
             f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''})"
         )
     for name, spec in reference.items():
-        if not fits(candidate[name].shape, candidate[name].dtype, spec.shape, spec.dtype):
+        if not fits(specs[name].shape, specs[name].dtype, spec.shape, spec.dtype):
             raise CheckpointMismatch(
-                f"{what}: tensor {name!r} is {candidate[name].dtype}{list(candidate[name].shape)}, "
+                f"{candidate}: tensor {name!r} is {specs[name].dtype}{list(specs[name].shape)}, "
                 f"the serving model has {spec.dtype}{list(spec.shape)}"
             )
-
-
-def _check_fit(
-    candidate: str | Path, serving: str | Path, new_cfg: dict, ref_cfg: dict, keys: tuple[str, ...], serving_name: str
-) -> dict[str, TensorSpec]:
-    """Refuse `candidate` unless its config agrees with `serving`'s on `keys` and its tensors are laid out alike."""
-    for key in keys:
-        if new_cfg.get(key) != ref_cfg.get(key):
-            raise CheckpointMismatch(
-                f"{candidate}: {key} is {new_cfg.get(key)!r}, {serving_name} has {ref_cfg.get(key)!r}"
-            )
-    specs = read_tensor_specs(candidate)
-    _compare_layout(specs, read_tensor_specs(serving), str(candidate))
     return specs
-
-
-def check_policy_checkpoint(candidate: str | Path, serving: str | Path) -> dict[str, TensorSpec]:
-    """Refuse (CheckpointMismatch) a policy checkpoint that does not fit the serving model directory."""
-    new_cfg, ref_cfg = read_config(candidate), read_config(serving)
-    if any(a in EAGLE3_ARCHS for a in new_cfg.get("architectures") or []):
-        raise CheckpointMismatch(f"{candidate}: is an EAGLE-3 drafter; a policy push would load it into the target")
-    return _check_fit(candidate, serving, new_cfg, ref_cfg, ("architectures", "model_type"), "the serving model")

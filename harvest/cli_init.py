@@ -68,11 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="target model directory (Hugging Face, safetensors)")
     parser.add_argument("--out", required=True, help="directory to write the drafter to")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fresh weights")
-    parser.add_argument(
-        "--layer-ids",
-        default=None,
-        help="aux layer ids a,b,c (SGLang's eagle_aux_hidden_state_layer_ids); default as SGLang",
-    )
+    layer_ids = "aux layer ids a,b,c (SGLang's eagle_aux_hidden_state_layer_ids); default as SGLang"
+    parser.add_argument("--layer-ids", default=None, help=layer_ids)
 
 
 def parse_layer_ids(text: str | None) -> list[int] | None:

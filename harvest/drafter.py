@@ -141,10 +141,9 @@ class Eagle3Drafter(nn.Module):
 
     def share_embedding(self, weight: torch.Tensor) -> None:
         """Use the target's embedding [V, H] itself, as SGLang does (`set_embed`): in-place updates reach it."""
-        if tuple(weight.shape) != tuple(self.embed_tokens.weight.shape):
-            raise ValueError(
-                f"embedding of shape {tuple(weight.shape)}, the drafter needs {tuple(self.embed_tokens.weight.shape)}"
-            )
+        have, need = tuple(weight.shape), tuple(self.embed_tokens.weight.shape)
+        if have != need:
+            raise ValueError(f"embedding of shape {have}, the drafter needs {need}")
         self.embed_tokens.weight = nn.Parameter(weight.detach(), requires_grad=False)  # shares storage
 
     def set_draft_vocab(self, target_ids: torch.Tensor) -> None:

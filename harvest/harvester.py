@@ -84,37 +84,25 @@ class Harvester(DrafterPushing):
         policy_model: torch.nn.Module | None = None,
         policy_version: int = 0,
     ) -> None:
-        """Capture one finished rollout with `policy_model` (default: the target) and spool it; only the output
-        tokens are learned."""
+        """Capture one finished rollout with `policy_model` (default: the target), spool it; its output is learned."""
         if not output_ids:
             return
         model = policy_model if policy_model is not None else self.target
-        [sample] = capture(
-            model,
-            [list(prompt_ids) + list(output_ids)],
-            self.layer_ids,
-            self.cfg.topk,
-            prompt_lens=[len(prompt_ids)],
-            policy_version=int(policy_version),
-            aux_dtype=getattr(torch, self.cfg.aux_dtype),
-            bf16=self._bf16,
-        )
-        self.spool.add(sample.tensors(), int(policy_version))
+        ids, prompt_lens, version = [list(prompt_ids) + list(output_ids)], [len(prompt_ids)], int(policy_version)
+        aux_dtype = getattr(torch, self.cfg.aux_dtype)
+        [sample] = capture(model, ids, self.layer_ids, self.cfg.topk, prompt_lens, version, aux_dtype, self._bf16)
+        self.spool.add(sample.tensors(), version)
 
     def add_sample(self, sample: Sample, policy_version: int) -> None:
         """Spool a sample captured elsewhere (e.g. from the policy update's forward)."""
-        width = sample.aux_hidden.shape[-1]
-        if width != len(self.layer_ids) * self.drafter.config.target_hidden_size:
-            hidden = self.drafter.config.target_hidden_size
-            raise ValueError(
-                f"aux_hidden has width {width}; the drafter takes {len(self.layer_ids)} layers of {hidden}"
-            )
+        width, hidden, n = sample.aux_hidden.shape[-1], self.drafter.config.target_hidden_size, len(self.layer_ids)
+        if width != n * hidden:
+            raise ValueError(f"aux_hidden has width {width}; the drafter takes {n} layers of {hidden}")
         self.spool.add(sample.tensors(), int(policy_version))
 
     def train_micro_step(self) -> dict | None:
         """One optimizer step on a recency-weighted batch from the spool; None if it is empty."""
-        batch = self.spool.sample(self.cfg.batch_size, self._gen)
-        if not batch:
+        if not (batch := self.spool.sample(self.cfg.batch_size, self._gen)):
             return None
         with self._lock:
             windows = [it.window(self.cfg.max_tokens, self._gen) for it in batch]

@@ -68,8 +68,7 @@ class HarvestHooks:
         return cls(h), (drafter_dir(h.versions_dir, h.version) if h.version else Path(drafter))
 
     def bind_push(self, push: Callable[[str, int], None]) -> None:
-        """Push drafters with the trainer's `push(path, version)` unless the Harvester has one; after a
-        resume, push the serving version again."""
+        """Use the trainer's `push(path, version)` if the Harvester has none; on resume, push the serving one again."""
         if self.h.push is None:
             self.h.push = push
         path = drafter_dir(self.h.versions_dir, self.h.version)

@@ -59,8 +59,7 @@ def run_window(
         while (max_steps is None or report.steps < max_steps) and _is_open(waiting):
             t0 = time.perf_counter()
             if pin is not None:
-                free = cores()
-                if not free:
+                if not (free := cores()):
                     time.sleep(GATE_POLL_S)  # every core is decoding: the rollouts keep them
                     continue
                 pin.to(free)
@@ -115,7 +114,7 @@ class IdleWindow:
         self._open = threading.Event()
         self._open.set()
         self._step, self._max_steps = step, max_steps
-        self._report = IdleReport()
+        self.report = IdleReport()  # complete once closed
         self._error: BaseException | None = None
         self._closed_at = 0.0
         self._nice, self._cores = nice, cores
@@ -128,7 +127,7 @@ class IdleWindow:
             except OSError:
                 pass
         try:
-            self._report = run_window(self._step, self._open, self._max_steps, self._cores)
+            self.report = run_window(self._step, self._open, self._max_steps, self._cores)
         except BaseException as exc:  # surfaced by close(), never lost in the thread
             self._error = exc
 
@@ -140,14 +139,10 @@ class IdleWindow:
         self._closed_at = time.perf_counter()
         self._open.clear()
         self._thread.join()
-        self._report.overrun_s = max(0.0, time.perf_counter() - self._closed_at)
+        self.report.overrun_s = max(0.0, time.perf_counter() - self._closed_at)
         if self._error is not None:
             raise RuntimeError(f"drafter training failed in the idle window: {self._error}") from self._error
-        return self._report
-
-    @property
-    def report(self) -> IdleReport:
-        return self._report
+        return self.report
 
     def __enter__(self) -> IdleWindow:
         return self.open()

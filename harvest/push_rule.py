@@ -26,15 +26,8 @@ class Verdict:
     serving: float
 
     def row(self) -> dict:
-        return {
-            "candidate": self.candidate,
-            "serving": self.serving,
-            "gain": self.gain,
-            "gain_se": self.se,
-            "gain_lower": self.lower,
-            "prompts": self.prompts,
-            "samples": self.samples,
-        }
+        row = {"candidate": self.candidate, "serving": self.serving, "gain": self.gain, "gain_se": self.se}
+        return row | {"gain_lower": self.lower, "prompts": self.prompts, "samples": self.samples}
 
 
 def t_quantile(z: float, df: int) -> float:

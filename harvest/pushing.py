@@ -61,9 +61,8 @@ def holdout_sums(
         if stop is not None and stop():
             return None
         chunk = todo[lo : lo + 4]
-        sums = acceptance_sums(
-            drafter, [it.window(cfg.max_tokens) for it in chunk], k=cfg.ttt_length, mode=cfg.accept_mode
-        )
+        windows = [it.window(cfg.max_tokens) for it in chunk]
+        sums = acceptance_sums(drafter, windows, k=cfg.ttt_length, mode=cfg.accept_mode)
         cache.update({it.seq: s for it, s in zip(chunk, sums)})
     return [cache[it.seq] for it in held]
 
@@ -158,18 +157,15 @@ class DrafterPushing:
         self.history.append({"version": self.version, "pushed": False, "error": f"{type(exc).__name__}: {exc}"})
 
     def new_step(self) -> int | None:
-        """The step boundary: push the best mid-step winner (no rescoring); the new version or None. Starts
-        the step's push budget."""
+        """The step boundary (starts its push budget): push the best mid-step winner (no rescoring); version or None."""
         with self._lock:
             pending, self._pending, self._pushed_this_step = self._pending, None, False
             if pending is None:
                 return None
             drafter = copy.deepcopy(self.serving)
             drafter.load_state_dict(pending[0])
-            return self._push(
-                drafter,
-                {"version": self.version, "when": "boundary", **pending[1].row(), "why": f"won mid-step: {pending[2]}"},
-            )
+            why = f"won mid-step: {pending[2]}"
+            return self._push(drafter, {"version": self.version, "when": "boundary", **pending[1].row(), "why": why})
 
     def _push(self, drafter: torch.nn.Module, row: dict) -> int:
         version = self.version + 1

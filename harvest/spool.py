@@ -98,7 +98,7 @@ class Spool:
         self._mem: OrderedDict[int, SpoolItem] = OrderedDict()
         self._disk: OrderedDict[int, tuple[Path, int, int]] = OrderedDict()  # seq -> (path, tokens, bytes)
         self._next_seq = 0
-        self._mem_tokens = self._mem_bytes = self._disk_tokens = self._disk_bytes = 0
+        self.mem_tokens = self.mem_bytes = self.disk_tokens = self.disk_bytes = 0  # what the spool holds now
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._reload()
@@ -125,7 +125,7 @@ class Spool:
                 self._index_disk(seq, path, item.tokens)
                 self._evict_disk()
             self._mem[seq] = item
-            self._mem_tokens, self._mem_bytes = self._mem_tokens + item.tokens, self._mem_bytes + item.nbytes
+            self.mem_tokens, self.mem_bytes = self.mem_tokens + item.tokens, self.mem_bytes + item.nbytes
             self._evict_mem()
             return item
 
@@ -141,24 +141,22 @@ class Spool:
         return key in self._held
 
     def _evict_mem(self) -> None:
-        while len(self._mem) > 1 and (
-            self.mem_tokens > self.cfg.max_mem_tokens or self.mem_bytes > self.cfg.max_mem_bytes
-        ):
+        cfg = self.cfg
+        while len(self._mem) > 1 and (self.mem_tokens > cfg.max_mem_tokens or self.mem_bytes > cfg.max_mem_bytes):
             _, item = self._mem.popitem(last=False)
-            self._mem_tokens, self._mem_bytes = self._mem_tokens - item.tokens, self._mem_bytes - item.nbytes
+            self.mem_tokens, self.mem_bytes = self.mem_tokens - item.tokens, self.mem_bytes - item.nbytes
 
     def _evict_disk(self) -> None:
-        while len(self._disk) > 1 and (
-            self.disk_tokens > self.cfg.max_disk_tokens or self.disk_bytes > self.cfg.max_disk_bytes
-        ):
+        cfg = self.cfg
+        while len(self._disk) > 1 and (self.disk_tokens > cfg.max_disk_tokens or self.disk_bytes > cfg.max_disk_bytes):
             _, (path, tokens, size) = self._disk.popitem(last=False)
-            self._disk_tokens, self._disk_bytes = self._disk_tokens - tokens, self._disk_bytes - size
+            self.disk_tokens, self.disk_bytes = self.disk_tokens - tokens, self.disk_bytes - size
             path.unlink(missing_ok=True)
 
     def _index_disk(self, seq: int, path: Path, tokens: int) -> None:
         size = path.stat().st_size
         self._disk[seq] = (path, tokens, size)
-        self._disk_tokens, self._disk_bytes = self._disk_tokens + tokens, self._disk_bytes + size
+        self.disk_tokens, self.disk_bytes = self.disk_tokens + tokens, self.disk_bytes + size
 
     def _reload(self) -> None:
         """Resume: index the shards on disk, keep the newest within the disk limits, load the newest."""
@@ -185,7 +183,7 @@ class Spool:
                 break
             newest.append(item)
         self._mem = OrderedDict((it.seq, it) for it in reversed(newest))
-        self._mem_tokens, self._mem_bytes = sum(it.tokens for it in newest), sum(it.nbytes for it in newest)
+        self.mem_tokens, self.mem_bytes = sum(it.tokens for it in newest), sum(it.nbytes for it in newest)
 
     def prompt_counts(self) -> tuple[int, int]:
         """(prompts seen, prompts held out)."""
@@ -219,19 +217,3 @@ class Spool:
 
     def __len__(self) -> int:
         return len(self._mem)
-
-    @property
-    def mem_tokens(self) -> int:
-        return self._mem_tokens
-
-    @property
-    def mem_bytes(self) -> int:
-        return self._mem_bytes
-
-    @property
-    def disk_tokens(self) -> int:
-        return self._disk_tokens
-
-    @property
-    def disk_bytes(self) -> int:
-        return self._disk_bytes

@@ -1,9 +1,8 @@
-"""`gleanrl bench e2e`: end-to-end RL steps, same task, seeds and steps, arms side by side (`--arms`;
-`e2e_arms.RUNS`): no SD on one server, on replicas or on stock SGLang (`a_*`; the fastest is the
-`baseline` every speedup is against), harvest with hot-swap (`*_adaptive`) or a frozen drafter
-(`*_stale`) from the demo's warm start, a random one (`cold_*`) or one warm-started off-domain
-(`offdomain_*`), `a_no_sd_seed2` (seed noise: SD is lossless, so (a) and (b)'s rewards agree within it)
-and, not by default, `d_stale_harvest` (what harvesting costs). Layouts as `gleanrl train`'s; arms run
+"""`gleanrl bench e2e`: end-to-end RL steps, same task, seeds and steps, arms side by side (`--arms`; `e2e_arms.RUNS`):
+no SD on one server, on replicas or on stock SGLang (`a_*`; the fastest is the `baseline` every speedup is against),
+harvest with hot-swap (`*_adaptive`) or a frozen drafter (`*_stale`) from the demo's warm start, a random one (`cold_*`)
+or one warm-started off-domain (`offdomain_*`), `a_no_sd_seed2` (seed noise: SD is lossless, so (a) and (b)'s rewards
+agree within it) and, not by default, `d_stale_harvest` (what harvesting costs). Layouts as `gleanrl train`'s; arms run
 ABBA (`e2e_arms.schedule`); the figures: `e2e_summary`. docs/e2e.md has the measured runs.
 """
 
@@ -38,12 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add("--sd", default="adaptive", choices=["adaptive", "on"], help=f"the drafter arms' SD mode: {sd}")
     add("--push-every", type=int, default=10, help="adaptive arms: drafter micro-steps between pushes")
     add("--json", help="write the summary here as JSON")
-    add(
-        "--sd-speedups",
-        metavar="R:X,...",
-        help="measured SD speedup per running-count bucket (e.g. '1:2.1,2:1.7,4:1.1', from `gleanrl bench sd "
-        "--batches 1,2,4`) for the modelled ceiling (default: served tokens per verify pass at <= 2 running)",
-    )
+    speedups = "measured SD speedup per running-count bucket (e.g. '1:2.1,2:1.7,4:1.1', from `gleanrl bench sd "
+    speedups += "--batches 1,2,4`) for the modelled ceiling (default: served tokens per verify pass at <= 2 running)"
+    add("--sd-speedups", metavar="R:X,...", help=speedups)
     add("--device", choices=["cpu", "cuda"], default="cpu", help="where the rollout server runs (the trainer: on CPU)")
     quick = f"arms {','.join(QUICK_ARMS)} for {QUICK_STEPS} steps (unless --arms / --steps say otherwise)"
     add("--quick", action="store_true", help=quick)

@@ -96,9 +96,8 @@ def run_arm(
         hooks, h = NoHooks(), None
         if harvest:
             push = args.push_every if harvest == "push" else 0
-            cfg = HarvestConfig(
-                push_every=push, max_holdout=16, seed=args.seed, idle_nice=19 if len(servers.servers) == 1 else 0
-            )
+            nice = 19 if len(servers.servers) == 1 else 0
+            cfg = HarvestConfig(push_every=push, max_holdout=16, seed=args.seed, idle_nice=nice)
             h = Harvester(policy, drafter0, out / name / "harvest" / "spool", push=None, cfg=cfg)
             hooks = demo_rl.demo_hooks(h)
         cfg = demo_rl.rl_config(policy, out / name, args, args.seed + seed_offset)

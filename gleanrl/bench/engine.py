@@ -78,10 +78,8 @@ def iteration_ms(url: str, prompts: list[list[int]], b: int, tokens: int, digits
 
 def grpo_params(args: argparse.Namespace, count: int, step: int) -> list[dict]:
     """A GRPO step's sampling params (T = 1, seeded per step and sample)."""
-    return [
-        {"max_new_tokens": args.max_new_tokens, "temperature": 1.0, "sampling_seed": 10_007 * step + i}
-        for i in range(count)
-    ]
+    params = {"max_new_tokens": args.max_new_tokens, "temperature": 1.0}
+    return [params | {"sampling_seed": 10_007 * step + i} for i in range(count)]
 
 
 def measure_arm(url: str, args: argparse.Namespace, prompts: list[list[int]], buckets: list[int]) -> dict:

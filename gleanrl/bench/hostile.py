@@ -1,17 +1,14 @@
-"""`gleanrl bench load --hostile`: what hostile and careless clients cost an honest one. A benign
-client, in its own process, streams short greedy `/generate` requests (24 tokens) back to back and
-polls `/health`; meanwhile one hostile client in this process sends one kind of request
-(`hostile_kinds.py`: refused ones, and served ones that must cost the benign client no more than any
-other running request) back to back for `--phase-s` seconds, kind after kind, then all kinds in turn
-(the mix). Before the first kind and after the mix the benign client runs alone (the baseline: the
-better of the two).
+"""`gleanrl bench load --hostile`: what hostile and careless clients cost an honest one. A benign client (own process)
+streams short greedy `/generate` requests (24 tokens) back to back and polls `/health`; meanwhile a hostile client here
+sends one kind of request (`hostile_kinds.py`: refused ones, and served ones that must cost the benign one no more than
+any other running request) back to back for `--phase-s` seconds, kind after kind, then all kinds in turn (the mix).
+Before the first kind and after the mix the benign client runs alone (the baseline: the better of the two).
 
-Reported: benign p50/p99 per phase and its ratio to the baseline, the CPU seconds the server and
-the proxy spent in the phase (what refusing cost them, apart from the clients' own CPU on a shared
-machine), the slowest kind and its cost, the worst `/health`, benign errors, hostile requests
-answered otherwise than refused, and whether the same weights serve after. Exit 1 on a benign error,
-a hostile request not refused, changed weights, a `/health` over 1 s, or the mix's p99 over
-`--p99-bound` x the baseline's."""
+Reported: benign p50/p99 per phase and its ratio to the baseline, the CPU seconds the server and the proxy spent in the
+phase (what refusing cost them, apart from the clients' own CPU on a shared machine), the slowest kind and its cost, the
+worst `/health`, benign errors, hostile requests answered otherwise than refused, and whether the same weights serve
+after. Exit 1 on a benign error, a hostile request not refused, changed weights, a `/health` over 1 s, or the mix's p99
+over `--p99-bound` x the baseline's."""
 
 from __future__ import annotations
 
@@ -37,8 +34,7 @@ BENIGN = {
 
 
 def _benign(url: str, stop, out) -> None:
-    """The honest client (own process): (start, latency, error) per request, and (time, /health
-    latency) every 50 ms."""
+    """The honest client (own process): (start, latency, error) per request, and (time, /health latency) every 50 ms."""
     requests, health, done = [], [], threading.Event()
 
     def poll() -> None:
@@ -85,14 +81,8 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def _greedy(url: str) -> tuple[list[int], str]:
-    r = httpx.post(
-        f"{url}/generate",
-        timeout=120,
-        json={
-            "text": "Once upon a time",
-            "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
-        },
-    ).json()
+    body = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}}
+    r = httpx.post(f"{url}/generate", timeout=120, json=body).json()
     return r["output_ids"], r["meta_info"]["weight_version"]
 
 
@@ -175,11 +165,8 @@ def run(args) -> int:
             model = str(make_tiny_model(Path(tmp) / "tiny"))
         with ServeProcess(model, Path(tmp) / "server.log", threads=args.threads) as server:
             port = free_port()
-            proxy = subprocess.Popen(
-                [sys.executable, "-m", "gleanrl", "proxy", "--upstream", server.url, "--port", str(port)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            cmd = [sys.executable, "-m", "gleanrl", "proxy", "--upstream", server.url, "--port", str(port)]
+            proxy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 url = f"http://127.0.0.1:{port}"
                 deadline = time.monotonic() + 60
@@ -218,15 +205,13 @@ def _print(s: dict) -> None:
         ratio = f"{row['p99_ratio']:7.2f}" if row["p99_ratio"] else "      -"
         print(
             f"{name:42} {row['requests']:6d} {ms(row['p50_s'])} {ms(row['p99_s'])} {ratio} "
-            f"{ms(row['health_worst_s'])}   {row['server_proxy_cpu_s']:6.2f}  "
-            f"{row['hostile_answers']}"
+            f"{ms(row['health_worst_s'])}   {row['server_proxy_cpu_s']:6.2f}  {row['hostile_answers']}"
         )
     print(
-        f"slowest hostile kind: {s['slowest_kind']} (benign p99 x{s['slowest_p99_ratio']:.2f} "
-        f"of the baseline's {s['baseline_p99_s'] * 1000:.0f} ms); worst /health "
-        f"{(s['health_worst_s'] or 0) * 1000:.0f} ms; benign errors {s['benign_error_count']}; "
-        f"hostile not refused {s['hostile_not_refused'] or 'none'}; weights unchanged "
-        f"{s['weights_unchanged']}"
+        f"slowest hostile kind: {s['slowest_kind']} (benign p99 x{s['slowest_p99_ratio']:.2f} of the baseline's "
+        f"{s['baseline_p99_s'] * 1000:.0f} ms); worst /health {(s['health_worst_s'] or 0) * 1000:.0f} ms; benign "
+        f"errors {s['benign_error_count']}; hostile not refused {s['hostile_not_refused'] or 'none'}; weights "
+        f"unchanged {s['weights_unchanged']}"
     )
     alone, mix = s["alone"], s["under_mix"]
     ms = lambda v: f"{v * 1000:.0f}" if v is not None else "-"  # noqa: E731

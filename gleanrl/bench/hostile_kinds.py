@@ -49,13 +49,11 @@ def kinds(server: str, proxy: str, model_dir: str) -> dict:
     update = _tensor_update(model_dir)
     context = httpx.get(f"{server}/server_info", timeout=30).json()["context_length"]
     json_headers = {"content-type": "application/json"}
-    logprobs = {
-        "text": "word " * 200,
-        "return_logprob": True,
-        "logprob_start_len": 0,
-        "top_logprobs_num": 64,
-        "sampling_params": {"max_new_tokens": 64, "ignore_eos": True},
-    }
+    logprobs = {"text": "word " * 200, "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 64}
+    logprobs |= {"sampling_params": {"max_new_tokens": 64, "ignore_eos": True}}
+    regexes = ["(.+)+X", "(a|aa)+$", "(x+x+)+y", "(.*a){12}", "([a-z]+)*=", "(\\w+\\s?)*#", "(.|\n)*Z", "(ab|a)*c"]
+    catastrophic = {"text": "x", "sampling_params": {"max_new_tokens": 256, "ignore_eos": True, "stop_regex": regexes}}
+    near = {"input_ids": [5 + i % 300 for i in range(context - 40)], "sampling_params": {"max_new_tokens": 32}}
 
     def post(url, **kw):
         return lambda http: http.post(url, **kw).status_code
@@ -76,32 +74,10 @@ def kinds(server: str, proxy: str, model_dir: str) -> dict:
             f"{proxy}/generate", json={"text": "x", "sampling_params": {"n": 1000, "max_new_tokens": 24}}
         ),
         "5000 prompts through the proxy": post(f"{proxy}/generate", json={"text": ["x" * 100] * 5000}),
-        "catastrophic stop_regex, 256 tokens": post(
-            f"{server}/generate",
-            json={
-                "text": "x",
-                "sampling_params": {
-                    "max_new_tokens": 256,
-                    "ignore_eos": True,
-                    "stop_regex": [
-                        "(.+)+X",
-                        "(a|aa)+$",
-                        "(x+x+)+y",
-                        "(.*a){12}",
-                        "([a-z]+)*=",
-                        "(\\w+\\s?)*#",
-                        "(.|\n)*Z",
-                        "(ab|a)*c",
-                    ],
-                },
-            },
-        ),
+        "catastrophic stop_regex, 256 tokens": post(f"{server}/generate", json=catastrophic),
         "top_logprobs_num 64, prompt and output": post(f"{server}/generate", json=logprobs),
         "top_logprobs_num 64, prompt and output, streamed": post(
             f"{server}/generate", json=logprobs | {"stream": True}
         ),
-        "a prompt near the context": post(
-            f"{server}/generate",
-            json={"input_ids": [5 + i % 300 for i in range(context - 40)], "sampling_params": {"max_new_tokens": 32}},
-        ),
+        "a prompt near the context": post(f"{server}/generate", json=near),
     }

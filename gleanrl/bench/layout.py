@@ -111,9 +111,7 @@ def summarize(iters: dict[str, dict[int, list[float]]], grpo: dict[str, list[flo
         b: spread([t2 / t1 for t1, t2 in zip(iters["single_t1"][b], iters["single"][b]) if t1 > 0])
         for b in iters["single"]
     }
-    speedup = {
-        name: spread([s / x for s, x in zip(grpo["single"], xs)]) for name, xs in grpo.items() if name != "single"
-    }
+    speedup = {n: spread([s / x for s, x in zip(grpo["single"], xs)]) for n, xs in grpo.items() if n != "single"}
     return {
         "iteration_ms": iters,
         "grpo_s": grpo,

@@ -36,10 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads of the started server")
     p.add_argument("--seed", type=int, default=0, help="seed of the clients' requests")
     p.add_argument("--json", default=None, help="write the summary here")
-    hostile = "one benign client's latency under hostile and careless requests to the server and a proxy"
-    p.add_argument(
-        "--hostile", action="store_true", help=f"instead: {hostile}, kind by kind (gleanrl/bench/hostile.py)"
-    )
+    hostile = "instead: one benign client's latency under hostile and careless requests to the server and a proxy"
+    p.add_argument("--hostile", action="store_true", help=f"{hostile}, kind by kind (gleanrl/bench/hostile.py)")
     phase = "--hostile: seconds per phase (baseline, each kind, the mix)"
     p.add_argument("--phase-s", type=float, default=10.0, help=phase)
     bound = "--hostile: the mix's benign p99 may be at most this x the baseline's (or --p99-slack-ms over it)"
@@ -66,8 +64,7 @@ async def _one(client: httpx.AsyncClient, kind: str, rng: random.Random, max_new
         assert r.json()["usage"]["completion_tokens"] == n, r.json()
         return "ok"
     if kind == "chat_stream":
-        messages = [{"role": "user", "content": text}]
-        path = "/v1/chat/completions"
+        path, messages = "/v1/chat/completions", [{"role": "user", "content": text}]
         body = {"model": model, "messages": messages, "max_tokens": n, "ignore_eos": True, "stream": True}
     else:
         path, body = "/generate", {"text": text, "sampling_params": {**sp, "max_new_tokens": max_new}, "stream": True}

@@ -9,7 +9,6 @@ greedy step per arm checks SD is lossless (`identical_greedy`). Read the ratios,
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import tempfile
 import time
@@ -43,17 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _step(engine, prompts: list[list[int]], n: int, temperature: float, max_new: int, seed: int) -> list[list[int]]:
-    from gleanrl.server.protocol import GenerateRequest, SamplingParams
+    from gleanrl.bench.sd import timed_generate
 
-    async def one(i: int) -> list[int]:
-        params = SamplingParams(max_new_tokens=max_new, temperature=temperature, seed=seed + i)
-        req = GenerateRequest(rid=f"bench-rollout-{time.monotonic_ns()}-{i}", input_ids=prompts[i // n], params=params)
-        return [t async for out in engine.generate(req) for t in out.new_ids]
-
-    async def main() -> list[list[int]]:
-        return await asyncio.gather(*[one(i) for i in range(len(prompts) * n)])
-
-    return asyncio.run(main())
+    requests = [p for p in prompts for _ in range(n)]
+    return timed_generate(engine, requests, temperature, max_new, seed, rid="bench-rollout")[1]
 
 
 def _arm_config(arm: str, model: str, drafter: str, args: argparse.Namespace):

@@ -1,21 +1,18 @@
 """`gleanrl bench sd`: output tokens/s with speculative decoding against without, in one engine.
 
-Two engines as `gleanrl serve` builds them, one with the drafter (`--sd`, default adaptive, as
-served), one with `--sd off`; same model, prompts (a task's, or a JSONL file), threads and batching.
-Per batch size and temperature: one warm-up run per side (the controller measures its costs), then
-`--repeats` alternating runs, the best counting (the CPU may be shared). Requests stop at EOS;
-tokens/s counts the tokens produced. accept_length: mean tokens per verify pass (bonus included, as
-SGLang's; 0: SD never ran). At temperature 0 the SD and plain outputs are compared token for token;
-`diverged` says where one left the other, with the plain engine's log-probability gap of the two
-tokens there (`sd_checks.divergence`: a gap within bf16's rounding is a near-tie, not a bug).
-`per_iteration` splits each arm's decode iteration (ms) into target forwards, drafter calls and the
-rest, from `Engine.sd_counters`. `draft_cost_ratio`: the drafter's ms per draft token over plain
-decoding's ms per iteration, at 1 running.
+Two engines as `gleanrl serve` builds them, one with the drafter (`--sd`, default adaptive), one `--sd off`; same model,
+prompts (a task's, or a JSONL file), threads and batching. Per batch size and temperature: one warm-up run per side (the
+controller measures its costs), then `--repeats` alternating runs, the best counting (the CPU may be shared). Requests
+stop at EOS; tokens/s counts the tokens produced. accept_length: mean tokens per verify pass (bonus included, as
+SGLang's; 0: SD never ran). At temperature 0 the SD and plain outputs are compared token for token; `diverged` says
+where one left the other, with the plain engine's log-probability gap of the two tokens there (`sd_checks.divergence`: a
+gap within bf16's rounding is a near-tie, not a bug). `per_iteration` splits each arm's decode iteration (ms) into
+target forwards, drafter calls and the rest, from `Engine.sd_counters`. `draft_cost_ratio`: the drafter's ms per draft
+token over plain decoding's ms per iteration, at 1 running.
 
-With `--json-schema` (or `--regex`) each cell also runs both sides under that grammar's xgrammar
-mask and reports, under `grammar`, the same figures masked and the grammar's cost per output token:
-`ms_per_token` (the matcher's mask and accept, replayed over the plain outputs) and
-`overhead_ms_per_token` (plain decoding's time per token with the mask minus without).
+With `--json-schema` (or `--regex`) each cell also runs both sides under its xgrammar mask and reports, under `grammar`,
+the same figures masked and the grammar's cost per output token: `ms_per_token` (the matcher's mask and accept, replayed
+over the plain outputs) and `overhead_ms_per_token` (plain decoding's time per token masked minus unmasked).
 """
 
 from __future__ import annotations
@@ -72,12 +69,14 @@ def _prompts(args: argparse.Namespace, n: int) -> list[str]:
     return [texts[i % len(texts)] for i in range(n)]
 
 
-def _run(engine, prompts: list[list[int]], temp: float, max_new: int, seed: int, grammar=None) -> tuple[float, list]:
+def timed_generate(
+    engine, prompts: list[list[int]], temp: float, max_new: int, seed: int, grammar=None, rid: str = "bench-sd"
+) -> tuple[float, list]:
     from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
     async def one(i: int) -> list[int]:
         params = SamplingParams(max_new_tokens=max_new, temperature=temp, seed=seed + i, grammar=grammar)
-        req = GenerateRequest(rid=f"bench-sd-{time.monotonic_ns()}-{i}", input_ids=prompts[i], params=params)
+        req = GenerateRequest(rid=f"{rid}-{time.monotonic_ns()}-{i}", input_ids=prompts[i], params=params)
         return [t async for out in engine.generate(req) for t in out.new_ids]
 
     async def main() -> list[list[int]]:
@@ -88,9 +87,8 @@ def _run(engine, prompts: list[list[int]], temp: float, max_new: int, seed: int,
 
 
 def _breakdown(before: dict, after: dict) -> dict[str, float]:
-    """ms per decode iteration between two `Engine.sd_counters()`: the whole iteration, its target
-    forwards, its drafter calls, and the overhead outside them (planning, drafting bookkeeping,
-    verification, sampling, state updates)."""
+    """ms per decode iteration between two `Engine.sd_counters()`: the whole iteration, its target forwards, its drafter
+    calls, and the overhead outside them (planning, drafting bookkeeping, verification, sampling, state updates)."""
     n = max(after["iterations"] - before["iterations"], 1)
     ms = {k: 1e3 * (after[f"{k}_s"] - before[f"{k}_s"]) / n for k in ("iteration", "forward", "drafter")}
     ms["overhead"] = ms["iteration"] - ms["forward"] - ms["drafter"]
@@ -99,14 +97,14 @@ def _breakdown(before: dict, after: dict) -> dict[str, float]:
 
 def _cell(sd, off, prompts, temp: float, args, grammar=None) -> dict:
     """One batch and temperature: warm-up, then alternating runs (the best counts)."""
-    _run(sd, prompts, temp, args.max_new_tokens, 0, grammar)  # the controller measures
-    _run(off, prompts, temp, args.max_new_tokens, 0, grammar)
+    timed_generate(sd, prompts, temp, args.max_new_tokens, 0, grammar)  # the controller measures
+    timed_generate(off, prompts, temp, args.max_new_tokens, 0, grammar)
     before, plain_before = sd.sd_counters(), off.sd_counters()
     sd_tok_s = plain_tok_s = 0.0
     identical, plain_outputs, diverged = 0, [], []
     for r in range(args.repeats):
-        sd_rate, sd_out = _run(sd, prompts, temp, args.max_new_tokens, 1000 * r, grammar)
-        plain_rate, plain_out = _run(off, prompts, temp, args.max_new_tokens, 1000 * r, grammar)
+        sd_rate, sd_out = timed_generate(sd, prompts, temp, args.max_new_tokens, 1000 * r, grammar)
+        plain_rate, plain_out = timed_generate(off, prompts, temp, args.max_new_tokens, 1000 * r, grammar)
         sd_tok_s, plain_tok_s = max(sd_tok_s, sd_rate), max(plain_tok_s, plain_rate)
         same = [a == b for a, b in zip(sd_out, plain_out)]
         identical += sum(same)
@@ -140,7 +138,7 @@ def _draft_cost(sd, off, prompt: list[list[int]], results: list[dict], args) -> 
     plain = [r["per_iteration"]["plain"]["iteration_ms"] for r in results if r["batch"] == 1]
     if not plain:
         before = off.sd_counters()
-        _run(off, prompt, 0.0, args.max_new_tokens, 0)
+        timed_generate(off, prompt, 0.0, args.max_new_tokens, 0)
         plain = [_breakdown(before, off.sd_counters())["iteration_ms"]]
     plain_ms = min(plain)
     ratio = round(drafter_ms / plain_ms, 3) if plain_ms > 0 else None
@@ -178,17 +176,15 @@ def run(args: argparse.Namespace) -> int:
         prompts_text = _prompts(args, max(batches))
         common = dict(model_path=args.model, max_running_requests=64, device=args.device, dtype=args.dtype)
         sd_flags = dict(sd=args.sd, sd_max_batch=args.sd_max_batch, num_draft_tokens=args.num_draft_tokens)
-        engine = Engine(EngineConfig(**common, drafter=args.drafter, **sd_flags))
-        plain_engine = Engine(EngineConfig(**common, sd="off"))
-        grammar = compile_grammar(plain_engine, args.json_schema, args.regex)
+        sd = Engine(EngineConfig(**common, drafter=args.drafter, **sd_flags))
+        off = Engine(EngineConfig(**common, sd="off"))
+        grammar = compile_grammar(off, args.json_schema, args.regex)
     except (OSError, ValueError, KeyError, ImportError, CheckpointError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    engine.start()
-    plain_engine.start()
-    tok = engine.tokenizer
-    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts_text]
-    sd, off = engine, plain_engine
+    sd.start()
+    off.start()
+    prompts = [sd.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts_text]
     results = []
     try:
         for batch in batches:
@@ -218,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
     finally:
-        engine.shutdown()
-        plain_engine.shutdown()
+        sd.shutdown()
+        off.shutdown()
     write_json(args.json, {**{k: getattr(args, k) for k in ARGS_RECORDED}, **draft_cost, "results": results})
     return 0

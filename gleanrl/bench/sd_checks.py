@@ -1,7 +1,6 @@
-"""`gleanrl bench sd`'s grammar and greedy-identity helpers: the grammar of `--json-schema` /
-`--regex` compiled as the server compiles it, the matcher's own cost per token, and where a greedy SD
-output left the plain one, with the plain engine's log-probability gap there (a near-tie, within
-bf16's rounding of the logits, or not)."""
+"""`gleanrl bench sd`'s grammar and greedy-identity helpers: the grammar of `--json-schema` / `--regex` compiled as the
+server compiles it, the matcher's own cost per token, and where a greedy SD output left the plain one, with the plain
+engine's log-probability gap there (a near-tie, within bf16's rounding of the logits, or not)."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ import time
 
 
 def compile_grammar(engine, schema: str | None, regex: str | None):
-    """The CompiledGrammar of `schema` (JSON text, a file, or 'any') or `regex` over the engine's
-    tokenizer (None: neither)."""
+    """The CompiledGrammar of `schema` (JSON text, a file, or 'any') or `regex` over the engine's tokenizer, or None."""
     if schema is None and regex is None:
         return None
     try:

@@ -39,19 +39,13 @@ def add_arguments(p) -> None:
     add_harvest_flags(p.add_argument_group("harvest (kept by --resume)"))
 
 
-def write_settings(out: Path, args, resume: bool) -> None:
-    """OUT/harvest_config.json as `gleanrl train` writes it: the resumed run's settings, then the flags."""
-    from gleanrl.harvest.config import update_config
-    from gleanrl.trainer.cli import harvest_given
-
-    update_config(out, harvest_given(args), resume)
-
-
 def run(args) -> int:
     import httpx
 
+    from gleanrl.harvest.config import update_config
     from gleanrl.sidecar.loop import STATE_FILE, Sidecar
     from gleanrl.sidecar.server_view import FollowError, ServerView
+    from gleanrl.trainer.cli import harvest_given
 
     out = Path(args.out)
     if args.idle_running < 0 or args.threads < 1 or args.save_every_s <= 0 or args.poll_s < 0:
@@ -65,7 +59,8 @@ def run(args) -> int:
     torch.set_num_threads(args.threads)
     view = ServerView(args.server, admin_api_key=args.admin_api_key, api_key=args.api_key)
     try:
-        write_settings(out, args, args.resume)
+        # OUT/harvest_config.json as `gleanrl train` writes it: the resumed run's settings, then the flags
+        update_config(out, harvest_given(args), args.resume)
         pacing = (args.idle_running, args.save_every_s, args.poll_s)
         sidecar = Sidecar(view, out, args.drafter, args.cold, args.resume, *pacing)
     except (ValueError, FollowError, OSError, httpx.HTTPError) as exc:

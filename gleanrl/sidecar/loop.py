@@ -3,7 +3,6 @@ while the server is idle and close it when it gets busy; one metrics row per pol
 
 from __future__ import annotations
 
-import resource
 import sys
 import time
 from pathlib import Path
@@ -38,23 +37,12 @@ TRAIN_POLL_S = 0.2  # feed and load polled this often while the drafter trains
 UNREACHABLE_WAIT_S = 2.0
 
 
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def rollout(rec: dict, tokenizer) -> FinishedRollout | None:
     """A feed record as the hooks take it; None for aborted or empty ones."""
     if (rec.get("finish_reason") or {}).get("type") == "abort" or not rec.get("output_ids"):
         return None
     prompt = rec["prompt_ids"] if rec.get("prompt_ids") is not None else tokenizer.encode(rec["prompt_text"])
     return FinishedRollout(prompt, rec["output_ids"]).read_meta(rec)
-
-
-def load_policy(path: str):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path)
 
 
 class Sidecar:
@@ -102,14 +90,17 @@ class Sidecar:
         self._start_step(self.policy)
 
     def _start_step(self, policy: Policy) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
         self.policy = policy
-        self.model, self.tokenizer = load_policy(policy.model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(policy.model_path, dtype=torch.float32).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(policy.model_path)
         self.hooks.on_step_start(policy.version + 1, self.model)  # the hooks' policy version is step - 1
         self._served = [0, 0]  # tokens from verify passes, verify passes
-        self._t0, self._cpu0, self._missed0 = time.monotonic(), cpu_seconds(), self.view.missed
+        self._t0, self._cpu0, self._missed0 = time.monotonic(), time.process_time(), self.view.missed
 
     def _end_step(self, partial: bool = False) -> None:
-        wall, cpu = time.monotonic() - self._t0, cpu_seconds() - self._cpu0
+        wall, cpu = time.monotonic() - self._t0, time.process_time() - self._cpu0
         row = {"step": self.policy.version, "weight_version": self.policy.weight_version, **self.hooks.step_metrics()}
         row["served_accept_len"] = self._served[0] / self._served[1] if self._served[1] else None
         row |= {"feed_missed": self.view.missed - self._missed0, "wall_s": wall, "cpu_share": cpu / max(wall, 1e-9)}
