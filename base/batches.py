@@ -7,11 +7,10 @@ from __future__ import annotations
 def length_batches(lengths: list[int], max_rows: int = 0, max_tokens: int = 0) -> list[list[int]]:
     """The indices of the rows of length > 0, sorted by length (stable), in batches of at most `max_rows` rows and
     `max_tokens` padded tokens (rows x the batch's longest; a longer row alone); 0: no limit."""
-    batches: list[list[int]] = [[]]
+    batches: list[list[int]] = []
     for i in sorted((i for i, n in enumerate(lengths) if n > 0), key=lengths.__getitem__):
-        batch = batches[-1]
-        full = len(batch) == max_rows or (max_tokens and (len(batch) + 1) * lengths[i] > max_tokens)
-        if batch and full:
-            batches.append(batch := [])
-        batch.append(i)
-    return [b for b in batches if b]
+        last = batches[-1] if batches else []
+        if not last or len(last) == max_rows or (max_tokens and (len(last) + 1) * lengths[i] > max_tokens):
+            batches.append(last := [])
+        last.append(i)
+    return batches

@@ -98,7 +98,9 @@ async def push_drafter(client: RolloutClient, path: str, version: int | str) -> 
     """The drafter checkpoint at `path` to every worker; the route per URL. All refusals come before any send."""
     routes = {k.url: drafter_route(k) for k in await probe_all(client)}
     if disk := [url for url, route in routes.items() if route is Route.DRAFT_DISK]:
-        await client.update_weights_from_disk(path, str(version), flush_cache=False, selector="draft", urls=disk)
+        await client.update_weights_from_disk(
+            path, weight_version=str(version), flush_cache=False, selector="draft", urls=disk
+        )
     if sessions := [url for url, route in routes.items() if route is Route.DRAFT_SESSION]:
         body = await asyncio.to_thread(lambda: tensor_body(checkpoint_tensors(path), "draft"))
         for url in sessions:

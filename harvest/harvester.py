@@ -88,9 +88,17 @@ class Harvester(DrafterPushing):
         if not output_ids:
             return
         model = policy_model if policy_model is not None else self.target
-        ids, prompt_lens, version = [list(prompt_ids) + list(output_ids)], [len(prompt_ids)], int(policy_version)
-        aux_dtype = getattr(torch, self.cfg.aux_dtype)
-        [sample] = capture(model, ids, self.layer_ids, self.cfg.topk, prompt_lens, version, aux_dtype, self._bf16)
+        version = int(policy_version)
+        [sample] = capture(
+            model,
+            [list(prompt_ids) + list(output_ids)],
+            self.layer_ids,
+            self.cfg.topk,
+            prompt_lens=[len(prompt_ids)],
+            policy_version=version,
+            aux_dtype=getattr(torch, self.cfg.aux_dtype),
+            bf16=self._bf16,
+        )
         self.spool.add(sample.tensors(), version)
 
     def add_sample(self, sample: Sample, policy_version: int) -> None:
