@@ -107,10 +107,11 @@ def summarize(iters: dict[str, dict[int, list[float]]], grpo: dict[str, list[flo
     def spread(xs: list[float]) -> list[float]:
         return [round(min(xs), 3), round(_median(xs), 3), round(max(xs), 3)]
 
-    t1_over_t2 = {
-        b: spread([t2 / t1 for t1, t2 in zip(iters["single_t1"][b], iters["single"][b]) if t1 > 0])
-        for b in iters["single"]
+    # a bucket whose 1-thread iteration timed 0 in every round (clamped noise on a tiny model) has no ratio
+    ratios = {
+        b: [t2 / t1 for t1, t2 in zip(iters["single_t1"][b], iters["single"][b]) if t1 > 0] for b in iters["single"]
     }
+    t1_over_t2 = {b: spread(xs) for b, xs in ratios.items() if xs}
     speedup = {n: spread([s / x for s, x in zip(grpo["single"], xs)]) for n, xs in grpo.items() if n != "single"}
     return {
         "iteration_ms": iters,
