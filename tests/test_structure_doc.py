@@ -11,13 +11,14 @@ from pathlib import Path
 from gleanrl.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("gleanrl", "server", "harvest", "trainer", "clients", "base")
+PACKAGES = ("gleanrl", "server", "harvest", "trainer", "clients", "base")
+FOLDERS = (*PACKAGES, "scripts", "examples")  # the module map lists the scripts too; they are not commands
 SKIP = ("__init__.py",)
 
 
-def _modules() -> list[str]:
+def _modules(folders=FOLDERS) -> list[str]:
     return sorted(
-        p.relative_to(ROOT).as_posix() for f in FOLDERS for p in (ROOT / f).rglob("*.py") if p.name not in SKIP
+        p.relative_to(ROOT).as_posix() for f in folders for p in (ROOT / f).rglob("*.py") if p.name not in SKIP
     )
 
 
@@ -45,7 +46,7 @@ def _commands(spec=COMMANDS) -> set[str]:
 
 def test_every_entry_point_is_in_the_dispatcher():
     commands = _commands()
-    for rel in _modules():
+    for rel in _modules(PACKAGES):
         tree = ast.parse((ROOT / rel).read_text())
         has_main = any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body)
         defs = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
