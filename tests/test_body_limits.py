@@ -15,7 +15,7 @@ import pytest
 from safetensors.torch import load_file
 
 from gleanrl.server.http.edge.auth import ADMIN_PATHS
-from gleanrl.server.http.edge.body_limit import WEIGHT_BODY_PATHS
+from gleanrl.server.http.edge.body import WEIGHT_BODY_PATHS
 from proxy_util import running_proxy
 from serving import greedy_ids, running_app
 

@@ -114,7 +114,7 @@ SERVER_LAYERS = (
 )
 # Inside `http/` likewise: what every request passes (edge/) < the generation core and /generate
 # < the OpenAI routes < SGLang's other native routes < the app's own modules.
-HTTP_LAYERS = ("edge", "generate", "openai", "native", "metrics", "config", "state", "openapi", "app")
+HTTP_LAYERS = ("edge", "generate", "openai", "native", "metrics", "config", "app")
 LAYERS = {"server": SERVER_LAYERS, "server.http": HTTP_LAYERS}
 # The engine's package is its door (`Engine`, `PAUSE_MODES`); its other modules are its parts.
 ENGINE = "server.engine"

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from gleanrl.clients.transport import sse_lines
-from gleanrl.server.http.edge.render import json_bytes, sse
+from gleanrl.server.http.edge.errors import json_bytes, sse
 
 ODD = "a\u2028b\u2029c\x85d\x0be\x0cf\x1cg\x1dh\x1ei\rj\nk"
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from gleanrl.base.flags import flag
 from gleanrl.server.config import is_loopback
-from gleanrl.server.http.edge.body_limit import MAX_REQUEST_BYTES, MAX_WEIGHT_REQUEST_BYTES
+from gleanrl.server.http.edge.body import MAX_REQUEST_BYTES, MAX_WEIGHT_REQUEST_BYTES
 from gleanrl.server.http.generate.reasoning import PARSERS
 from gleanrl.server.http.openai.tool_parser import FORMATS
 
@@ -82,17 +82,9 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        for name in (
-            "max_request_bytes",
-            "max_weight_request_bytes",
-            "max_n",
-            "max_new_tokens_cap",
-            "max_batch",
-            "harvest_feed_records",
-            "max_queued_requests",
-            "max_token_ids_logprob",
-            "max_logprob_pairs",
-        ):
+        positive = """max_request_bytes max_weight_request_bytes max_n max_new_tokens_cap max_batch harvest_feed_records
+        max_queued_requests max_token_ids_logprob max_logprob_pairs"""
+        for name in positive.split():
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.max_top_logprobs_num < 0:

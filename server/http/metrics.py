@@ -46,9 +46,6 @@ class Metrics:
         self.ttft = latency("gleanrl:time_to_first_token_seconds", "Time to first token")
         self.e2e = latency("gleanrl:e2e_request_latency_seconds", "End-to-end request latency")
 
-    def first_token(self, seconds: float) -> None:
-        self.ttft.observe(seconds)
-
     def finished(self, prompt_tokens: int, finish_type: str, seconds: float) -> None:
         self.prompt_tokens.inc(prompt_tokens)
         self.num_requests.labels(finish_reason=finish_type).inc()

@@ -1,11 +1,9 @@
-"""`gleanrl proxy --upstream URL --port P`: in front of any SGLang-API server, forwards every request and response
-unchanged (bytes, status, headers, SSE as it comes; API keys pass through to the upstream), and serves the harvest feed
-(`GET /harvest_feed`, only with the proxy's own `--admin-api-key`) from what it sees: each finished `/generate` (a text
-prompt as `prompt_text`: the upstream never returns its ids; the OpenAI routes pass unrecorded); the load (`/generate`s
-in flight, paused between `/pause_generation` and `/continue_generation`); relayed policy weight updates (disk ones the
-sidecar follows, tensor and process-group ones listed so it can refuse them by name). Bounds as the server's: 413 over
-the body limits before reading, large bodies parsed off the event loop, a /generate over `max_outputs` (prompts x n)
-400, a browser page's requests 403."""
+"""`gleanrl proxy --upstream URL --port P`: relays every request and response to any SGLang-API server unchanged
+(bytes, status, headers, SSE as it comes; API keys pass through) and serves the harvest feed (`GET /harvest_feed`,
+only with its own `--admin-api-key`) from what it sees: each finished `/generate` (a text prompt as `prompt_text`; the
+OpenAI routes pass unrecorded), the load (`/generate`s in flight, paused between `/pause_generation` and
+`/continue_generation`), relayed policy weight updates. Bounds as the server's: 413 over the body limits before
+reading, large bodies parsed off the event loop, a /generate over `max_outputs` (prompts x n) 400, browser pages 403."""
 
 from __future__ import annotations
 
@@ -22,13 +20,18 @@ from starlette.datastructures import Headers
 
 from gleanrl.base.heap import freeze_heap
 from gleanrl.server.config import is_loopback
-from gleanrl.server.http.edge.auth import allowed, unauthorized
-from gleanrl.server.http.edge.body import off_loop, read_body
-from gleanrl.server.http.edge.body_limit import MAX_REQUEST_BYTES, MAX_WEIGHT_REQUEST_BYTES, BodyLimit, route_limit
+from gleanrl.server.http.edge.auth import BrowserGuard, allowed, unauthorized
+from gleanrl.server.http.edge.body import (
+    MAX_REQUEST_BYTES,
+    MAX_WEIGHT_REQUEST_BYTES,
+    BodyLimit,
+    off_loop,
+    read_body,
+    route_limit,
+)
 from gleanrl.server.http.edge.errors import ApiError, send_error
-from gleanrl.server.http.edge.origin import BrowserGuard
-from gleanrl.server.http.native import feed as http_feed
-from gleanrl.server.http.native.harvest_feed import FeedConfig, HarvestFeed
+from gleanrl.server.http.native.harvest_feed import FeedConfig, FeedState, HarvestFeed
+from gleanrl.server.http.native.harvest_feed import router as feed_router
 from gleanrl.server.proxy.parse import MAX_OUTPUTS, Recorder, TooMany
 
 HOP_HEADERS = frozenset(
@@ -56,14 +59,14 @@ def build_proxy(
     app = FastAPI(title="gleanrl proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     load = {"num_running_reqs": 0, "num_queue_reqs": None, "paused": False}
     feed = HarvestFeed(feed_cfg) if admin_api_key else None  # it holds every prompt and completion: keyed only
-    app.state = http_feed.FeedState(feed, lambda: dict(load))  # type: ignore[assignment]
+    app.state = FeedState(feed, lambda: dict(load))  # type: ignore[assignment]
     http = httpx.AsyncClient(
         timeout=httpx.Timeout(timeout_s, connect=30.0),
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
     )
 
     app.add_middleware(FeedGuard, feed_on=feed is not None, admin_api_key=admin_api_key)
-    app.include_router(http_feed.router)
+    app.include_router(feed_router)
     app.add_middleware(BrowserGuard, bound_loopback=is_loopback(host))
     # outermost: an oversize body is refused before any layer reads it
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes, max_weight_bytes=max_weight_request_bytes)

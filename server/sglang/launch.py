@@ -1,28 +1,98 @@
-"""`gleanrl serve --backend sglang`: build and run stock SGLang's launch command from gleanrl's flags.
+"""`gleanrl serve --backend sglang`: stock SGLang's launch command from gleanrl's flags, run in its own process group
+(in the caller's session: a harvester's nice ranks below it under autogroup), its output's tail kept for a failed start.
 
-The SGLang interpreter is `$GLEANRL_SGLANG_PYTHON`, else `.venv-sglang/bin/python` beside this checkout (the CPU test
-install, `scripts/install_sglang_cpu.sh`), else the current interpreter if it can import sglang. On CPU, SGLang's KV
-pool is capped (`--max-total-tokens 8192`, else it takes ~20 GB) and its warmup is skipped unless the pass-through
-arguments say otherwise; SD is refused on CPU because SGLang 0.5.23's EAGLE-3 worker needs a GPU. API keys travel as
-SGLang's own flags (SGLang reads no environment variable for them), so they are visible in the process list of the
-machine; they are redacted in everything gleanrl prints."""
+The interpreter: `$GLEANRL_SGLANG_PYTHON`, else `.venv-sglang/bin/python` beside this checkout (the CPU test install,
+`scripts/install_sglang_cpu.sh`), else this one if it imports sglang. On CPU, SGLang's KV pool is capped
+(`--max-total-tokens 8192`, else ~20 GB) and its warmup skipped unless the pass-through arguments say otherwise; SD is
+refused on CPU (SGLang 0.5.23's EAGLE-3 worker needs a GPU). API keys travel as SGLang's own flags (it reads no
+environment variable for them), so the process list shows them; everything gleanrl prints redacts them."""
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import importlib.util
 import os
 import signal
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
-from gleanrl.server.config import EngineConfig
-from gleanrl.server.sglang.process import SGLangLaunchError, SGLangProcess
+import httpx
 
-__all__ = ["SGLangLaunchError", "SGLangProcess", "build_command", "launch", "redact", "start"]
+from gleanrl.server.config import EngineConfig
+
 _REPO = Path(__file__).resolve().parents[2]  # server/sglang/launch.py -> the checkout
 _SECRET_FLAGS = ("--api-key", "--admin-api-key")
+
+
+class SGLangLaunchError(RuntimeError):
+    """SGLang could not be started; the message holds SGLang's own last output."""
+
+
+class SGLangProcess:
+    def __init__(self, cmd: list[str], env: dict[str, str], echo: bool = True, tail_lines: int = 60):
+        self.cmd, self.tail = cmd, collections.deque(maxlen=tail_lines)
+        self.proc = subprocess.Popen(
+            cmd,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            process_group=0,
+            text=True,
+            errors="replace",
+        )
+        self._reader = threading.Thread(target=self._pump, args=(echo,), daemon=True)
+        self._reader.start()
+
+    def _pump(self, echo: bool) -> None:
+        for line in self.proc.stdout:
+            self.tail.append(line.rstrip("\n"))
+            if echo:
+                sys.stderr.write(line)
+
+    def output(self) -> str:
+        return "\n".join(self.tail)
+
+    def wait_healthy(self, url: str, timeout_s: float) -> float:
+        """Seconds until /health answered 200; raises SGLangLaunchError with SGLang's output otherwise."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout_s:
+            if self.proc.poll() is not None:
+                self._reader.join(timeout=5)
+                raise SGLangLaunchError(
+                    f"SGLang exited with code {self.proc.returncode} while starting; its last output:\n{self.output()}"
+                )
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    return time.monotonic() - start
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise SGLangLaunchError(
+            f"SGLang did not become healthy within {timeout_s:.0f}s; its last output:\n{self.output()}"
+        )
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """Terminate the whole process group SGLang started (scheduler and detokenizer included)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=grace_s)
+            except ProcessLookupError:
+                pass
+        try:  # children outlive a leader that died first (e.g. after a crash)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _importable(module: str) -> bool:

@@ -1,6 +1,7 @@
-"""Reading a request body: within its route's limit (413), JSON by content type (415), parsed (400) and
-validated into the route's pydantic model (a 400 naming the field); a large body off the event loop.
-Models check types; value ranges are checked by `server.protocol.SamplingParams`."""
+"""Request bodies within their route's limit: `BodyLimit` refuses one over it (413) before it is read;
+`parse` reads JSON (415 for another content type, 400 malformed, parsed off the event loop when large) and
+validates it into the route's pydantic model (a 400 naming the field). Value ranges are checked by
+`server.protocol.SamplingParams`."""
 
 from __future__ import annotations
 
@@ -11,11 +12,62 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from gleanrl.server.http.edge.body_limit import route_limit
-from gleanrl.server.http.edge.errors import ApiError, too_large, validation_error
+from gleanrl.server.http.edge.errors import ApiError, send_error, too_large, validation_error
 
 M = TypeVar("M", bound=BaseModel)
 OFF_LOOP_BYTES = 64 * 1024  # bodies larger than this are parsed in a worker thread
+# Invariant: a subset of auth.ADMIN_PATHS (tests/test_body_limits.py), so a large body is read only
+# from a client holding the admin key, where one is set.
+WEIGHT_BODY_PATHS = frozenset({"/update_weights_from_tensor"})
+WEIGHT_SETTING, SETTING = "--max-weight-request-bytes", "--max-request-bytes"
+# the defaults of both, server and proxy: one full 128k-token prompt as input_ids fits the small one
+MAX_REQUEST_BYTES = 2 * 1024 * 1024
+MAX_WEIGHT_REQUEST_BYTES = 1024 * 1024 * 1024
+
+
+def route_limit(path: str, max_bytes: int, max_weight_bytes: int) -> tuple[int, str]:
+    """(bytes, the flag that sets them) for a request to `path`."""
+    return (max_weight_bytes, WEIGHT_SETTING) if path in WEIGHT_BODY_PATHS else (max_bytes, SETTING)
+
+
+class BodyLimit:
+    """Pure ASGI, outermost: a declared `Content-Length` over the route's limit is refused at once, a chunked
+    body as soon as the bytes pass it. The small limit keeps what a refused body may push off the event loop
+    that feeds the engine; every 413 says `Connection: close`, so uvicorn closes the socket instead of reading
+    and discarding the rest (hundreds of megabytes on the event loop would stall every client)."""
+
+    def __init__(self, app, max_bytes: int, max_weight_bytes: int):
+        self.app, self.max_bytes, self.max_weight_bytes = app, max_bytes, max_weight_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit, setting = route_limit(scope["path"], self.max_bytes, self.max_weight_bytes)
+        declared = next((v for k, v in scope.get("headers", ()) if k.lower() == b"content-length"), b"")
+        if declared.isdigit() and int(declared) > limit:
+            return await send_error(send, too_large(limit, int(declared), setting))
+        received, started = 0, False
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise too_large(limit, setting=setting)
+            return message
+
+        async def tracked_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracked_send)
+        except ApiError as exc:  # the 413 from receive, where no layer inside answered it
+            if exc.status != 413 or started:
+                raise
+            await send_error(send, exc)
 
 
 def _is_json(content_type: str) -> bool:
@@ -27,7 +79,7 @@ def _no_constants(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-async def read_body(request, max_bytes: int, setting: str = "--max-request-bytes") -> bytes:
+async def read_body(request, max_bytes: int, setting: str = SETTING) -> bytes:
     """The request body; 413 over `max_bytes` (declared or streamed; `BodyLimit` refuses first)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_bytes:

@@ -1,5 +1,6 @@
 """The generation routes' answers: SGLang's `/generate` shape (gleanrl adds `draft_weight_version` and
-`spec_accept_length`), its size in bytes, and the SSE stream every generation route sends."""
+`spec_accept_length`) with its logprob fields, the answer's size in bytes, and the SSE stream every
+generation route sends."""
 
 from __future__ import annotations
 
@@ -9,12 +10,55 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from gleanrl.server.http.edge.body import off_loop
-from gleanrl.server.http.edge.errors import ApiError
-from gleanrl.server.http.edge.render import SSE_DONE, json_response, sse
-from gleanrl.server.http.generate.bodies import SamplingIn
+from gleanrl.server.http.edge.errors import SSE_DONE, ApiError, json_response, sse
 from gleanrl.server.http.generate.detok import output_text
 from gleanrl.server.http.generate.fanin import Disconnected, Fanin, Track, collect, unless_disconnected, wait_disconnect
-from gleanrl.server.http.generate.logprobs import logprob_fields
+
+
+def _triples(pairs, tok, text: bool) -> list[list]:
+    """[logprob, token_id, text] (text only with `return_text_in_logprobs`)."""
+    pieces = [tok.decode([t]) for _, t in pairs] if text else [None] * len(pairs)
+    return [[lp, t, x] for (lp, t), x in zip(pairs, pieces)]
+
+
+def _rows(rows, tok, text: bool) -> list:
+    return [_triples(r, tok, text) if r else None for r in rows]
+
+
+def logprob_fields(track: Track, tok, text: bool) -> dict:
+    """SGLang's logprob fields of `meta_info`; per position a list of triples (best first) for
+    top_logprobs_num and token_ids_logprob."""
+    req = track.req
+    inp = track.input_logprobs or {"token": [], "top": [], "ids": []}
+    tops, picked = track.top_logprobs, track.token_ids_logprobs
+    if req.params.max_new_tokens == 0 and "next_top" in inp:  # SGLang scores the position after the prompt
+        tops, picked = [inp["next_top"]], [inp["next_ids"]]
+    out = {
+        "input_token_logprobs": _triples(inp["token"], tok, text),
+        "output_token_logprobs": _triples(list(zip(track.logprobs, track.ids)), tok, text),
+        "output_token_logprobs_length": len(track.ids),
+    }
+    if req.top_logprobs_num > 0:
+        out["input_top_logprobs"] = _rows(inp["top"], tok, text)
+        out["output_top_logprobs"] = _rows(tops, tok, text)
+    if req.token_ids_logprob is not None:
+        out["input_token_ids_logprobs"] = _rows(inp["ids"], tok, text)
+        out["output_token_ids_logprobs"] = _rows(picked, tok, text)
+    return out
+
+
+async def fill_input_logprobs(engine, tracks: list[Track]) -> None:
+    """The prompt logprobs of every track that asks, once per distinct (prompt, options)."""
+    done: dict[tuple, dict] = {}
+    for t in tracks:
+        req = t.req
+        if not req.return_logprob or req.logprob_start_len < 0:
+            continue
+        key = (tuple(req.input_ids), req.logprob_start_len, req.top_logprobs_num, tuple(req.token_ids_logprob or ()))
+        if key not in done:
+            args = (req.input_ids, req.logprob_start_len, req.top_logprobs_num, req.token_ids_logprob)
+            done[key] = await asyncio.to_thread(engine.prompt_logprobs, *args)
+        t.input_logprobs = done[key]
 
 
 def meta_info(track: Track, tok=None, text_in_logprobs: bool = False) -> dict:
@@ -47,7 +91,8 @@ def answer_bytes(tracks: list[Track], planned: bool = False) -> int:
     return 30 * triples
 
 
-def render(state, track: Track, sp: SamplingIn, text_in_logprobs: bool = False) -> dict:
+def render(state, track: Track, sp, text_in_logprobs: bool = False) -> dict:
+    """One /generate answer; `sp`: its `SamplingIn`."""
     tok = state.tokenizer
     text = output_text(tok, track, sp.skip_special_tokens, sp.no_stop_trim)
     return {"text": text, "output_ids": list(track.ids), "meta_info": meta_info(track, tok, text_in_logprobs)}

@@ -83,9 +83,7 @@ class Fanin:
             now = time.perf_counter()
             if out is None:  # the engine's stream ended without a final update
                 reason = {"type": "abort", "message": "engine stream ended"}
-                out = GenerateOutput(
-                    rid=track.req.rid, new_ids=[], new_logprobs=[], finished=True, finish_reason=reason
-                )
+                out = GenerateOutput(track.req.rid, [], [], finished=True, finish_reason=reason)
             track.ids += out.new_ids
             track.logprobs += out.new_logprobs
             track.top_logprobs += out.new_top_logprobs
@@ -95,7 +93,7 @@ class Fanin:
                 self.metrics.generation_tokens.inc(len(out.new_ids))
                 if track.first_token_at is None:
                     track.first_token_at = now
-                    self.metrics.first_token(now - track.created)
+                    self.metrics.ttft.observe(now - track.created)
             if out.finished:
                 track.finished_at = now
                 pending -= 1

@@ -1,9 +1,8 @@
-"""Structured output: SGLang's `json_schema` / `regex` / `ebnf` and OpenAI's `response_format` compiled
-by xgrammar (as SGLang) into the grammar the engine masks with (`server.sampling.grammar`). Bounded: one
-grammar per request, its source <= `MAX_GRAMMAR_BYTES`, compiled one at a time on its own thread within
-`COMPILE_TIMEOUT_S` (else a 400; it finishes in the background and is cached), <= `MAX_COMPILED_BYTES`.
-Every failure is a 400 naming the field. With a reasoning model a grammar may hold only the answer
-(`after_reasoning`, as SGLang's `ReasonerGrammarObject`): the reasoning is free up to `</think>`."""
+"""Structured output: SGLang's `json_schema` / `regex` / `ebnf` and OpenAI's `response_format` compiled by xgrammar
+(as SGLang) for the engine's masks (`server.sampling.grammar`). Bounded: one grammar per request, its source <=
+`MAX_GRAMMAR_BYTES`, compiled one at a time on its own thread within `COMPILE_TIMEOUT_S` (else a 400; it finishes in
+the background, cached), <= `MAX_COMPILED_BYTES`; every failure a 400 naming the field. With a reasoning model a
+grammar may hold only the answer (`after_reasoning`, as SGLang's `ReasonerGrammarObject`)."""
 
 from __future__ import annotations
 

@@ -8,12 +8,13 @@ import uuid
 
 from gleanrl.server.http.edge.errors import ApiError, bad_field, refuse_unsupported
 from gleanrl.server.http.edge.limits import check_logprob_volume, check_queue, check_vocab
-from gleanrl.server.http.generate.bodies import UNSUPPORTED_SAMPLING
+from gleanrl.server.http.generate.answer import fill_input_logprobs
 from gleanrl.server.http.generate.fanin import Fanin
 from gleanrl.server.http.generate.grammar import compile_grammar
-from gleanrl.server.http.generate.logprobs import fill_input_logprobs
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
 from gleanrl.server.sampling.stopping import check_stops, compile_stop_regex
+
+UNSUPPORTED_SAMPLING = ("structural_tag",)  # a 400 naming the field unless unset
 
 
 def check_prompt(state, ids: list[int], field: str) -> list[int]:

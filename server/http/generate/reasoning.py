@@ -22,16 +22,9 @@ class Style:
 
 R1, QWEN3, QWEN3_THINKING = Style(True, None), Style(False, "<tool_call>"), Style(True, "<tool_call>")
 PARSERS = {  # SGLang's names for these two detectors (its DetectorMap)
-    "deepseek-r1": R1,
-    "step3": R1,
-    "step3p5": R1,
-    "gigachat35": R1,
-    "qwen3": QWEN3,
-    "dots": QWEN3,
-    "nanbeige": QWEN3,
-    "interns1": QWEN3,
-    "qwen3-thinking": QWEN3_THINKING,
-    "minimax": QWEN3_THINKING,
+    **dict.fromkeys(("deepseek-r1", "step3", "step3p5", "gigachat35"), R1),
+    **dict.fromkeys(("qwen3", "dots", "nanbeige", "interns1"), QWEN3),
+    **dict.fromkeys(("qwen3-thinking", "minimax"), QWEN3_THINKING),
 }
 
 

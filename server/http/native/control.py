@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -16,7 +15,7 @@ from gleanrl.server.engine import PAUSE_MODES
 from gleanrl.server.http.edge.auth import check_admin
 from gleanrl.server.http.edge.body import parse, read_json
 from gleanrl.server.http.edge.errors import ApiError
-from gleanrl.server.http.native.weights_sync import apply
+from gleanrl.server.http.native.weights_sync import UpdateIn, apply
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -24,13 +23,8 @@ router = APIRouter()
 HEALTH_TIMEOUT_S = 20.0
 
 
-class UpdateWeightsIn(BaseModel):
+class UpdateWeightsIn(UpdateIn):
     model_path: StrictStr
-    load_format: StrictStr | None = None
-    weight_version: StrictStr | None = None
-    flush_cache: StrictBool = True
-    abort_all_requests: StrictBool = False
-    selector: Literal["target", "draft"] = "target"
 
 
 class AbortIn(BaseModel):

@@ -124,12 +124,8 @@ async def loads(request: Request, dp_rank: int | None = None, include: str | Non
     load = _load(state)
     every = sections is None or "all" in sections
     if every or "memory" in sections:
-        load["memory"] = {
-            "weight_gb": 0.0,
-            "kv_cache_gb": 0.0,
-            "graph_gb": 0.0,
-            "token_capacity": load["max_total_num_tokens"],
-        }
+        zero = dict.fromkeys(("weight_gb", "kv_cache_gb", "graph_gb"), 0.0)
+        load["memory"] = {**zero, "token_capacity": load["max_total_num_tokens"]}
     if state.engine.info().get("draft_model_path") and (every or "spec" in sections):  # SGLang: only with SD
         stats = state.engine.stats()
         load["speculative"] = {
@@ -137,24 +133,15 @@ async def loads(request: Request, dp_rank: int | None = None, include: str | Non
             "accept_rate": float(stats.get("avg_spec_accept_rate", 0.0)),
         }
     if every or "disagg" in sections:
+        queues = ("prefill_bootstrap", "prefill_inflight", "decode_prealloc", "decode_transfer", "decode_retracted")
         load["disaggregation"] = {
             "mode": "null",
-            "prefill_bootstrap_queue_reqs": 0,
-            "prefill_inflight_queue_reqs": 0,
-            "decode_prealloc_queue_reqs": 0,
-            "decode_transfer_queue_reqs": 0,
-            "decode_retracted_queue_reqs": 0,
-            "kv_transfer_speed_gb_s": 0.0,
-            "kv_transfer_latency_ms": 0.0,
+            **{f"{q}_queue_reqs": 0 for q in queues},
+            **dict.fromkeys(("kv_transfer_speed_gb_s", "kv_transfer_latency_ms"), 0.0),
         }
     if every or "queues" in sections:
-        load["queues"] = {
-            "waiting": load["num_waiting_reqs"],
-            "grammar": 0,
-            "paused": 0,
-            "retracted": 0,
-            "prealloc_ready": 0,
-        }
+        idle = dict.fromkeys(("grammar", "paused", "retracted", "prealloc_ready"), 0)
+        load["queues"] = {"waiting": load["num_waiting_reqs"], **idle}
     rows = [load] if dp_rank in (None, 0) else []
     if format == "prometheus":
         lines = []

@@ -2,11 +2,13 @@
 (`gleanrl harvest`) reads with a cursor, filled by `gleanrl serve --harvest-feed` or `gleanrl proxy`. Recording is an
 O(1) append under a lock, never blocking generation; bounded in records and tokens, the oldest dropped and counted.
 Records carry a monotonic `seq`; a reader asks for `seq >= cursor` and learns how many it `missed`; `feed_id` changes
-with the buffer (a restarted server). Policy weight updates are listed in `weight_updates` (the sidecar refuses those it
-cannot follow, tensor and process-group ones, by name)."""
+with the buffer (a restarted server). Policy weight updates are listed in `weight_updates` (the sidecar refuses by name
+those it cannot follow). `GET /harvest_feed?cursor=N&limit=M&wait_s=S` (admin key) long-polls up to `wait_s` and adds
+the server's load (the sidecar trains only in its idle windows)."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import hashlib
 import itertools
@@ -15,7 +17,16 @@ import threading
 import time
 import uuid
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from fastapi import APIRouter, Request
+
+from gleanrl.server.http.edge.errors import ApiError, bad_field
+
+router = APIRouter()
+MAX_WAIT_S = 30.0
+POLL_S = 0.05
 
 UPDATE_KINDS = {
     "/update_weights_from_disk": "disk",
@@ -164,3 +175,44 @@ class FeedUpdatesMiddleware:
         await self.app(scope, receive_copy, send_copy)
         if status[0] == 200:
             self.feed.note_relayed_update(scope["path"], bytes(body), bytes(reply))
+
+
+@dataclass(slots=True)
+class FeedState:
+    """What the route reads of `app.state`: the server's (`app.AppState` extends it) or the proxy's."""
+
+    feed: HarvestFeed | None  # GET /harvest_feed (None: off)
+    feed_load: Callable[[], dict]  # running, queued, paused
+
+
+def _int(request: Request, name: str, default: int | None, low: int) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, f"{name} must be an integer, got {raw!r}", param=name) from None
+    if value < low:
+        raise ApiError(400, f"{name} must be >= {low}, got {value}", param=name)
+    return value
+
+
+@router.get("/harvest_feed")
+async def harvest_feed(request: Request):
+    state: FeedState = request.app.state
+    if (feed := state.feed) is None:
+        why = "start the server with `gleanrl serve --harvest-feed` (or put `gleanrl proxy` in front of it)"
+        raise ApiError(404, f"the harvest feed is off: {why}", kind="not_found_error")
+    unknown = sorted(set(request.query_params) - {"cursor", "limit", "wait_s"})
+    if unknown:
+        raise bad_field(unknown[0], "not a parameter of /harvest_feed (cursor, limit, wait_s)")
+    cursor, limit = _int(request, "cursor", 0, 0), _int(request, "limit", None, 1)
+    try:
+        wait_s = min(max(float(request.query_params.get("wait_s", 0)), 0.0), MAX_WAIT_S)
+    except ValueError:
+        raise ApiError(400, "wait_s must be a number of seconds", param="wait_s") from None
+    deadline = time.monotonic() + wait_s
+    while feed.next_seq <= cursor and time.monotonic() < deadline:  # readers poll: writers never wait
+        await asyncio.sleep(POLL_S)
+    return {**feed.read(cursor, limit), "load": state.feed_load()}

@@ -1,5 +1,6 @@
-"""SGLang's /tokenize and /detokenize (also under /v1/): the server's tokenizer and chat template,
-SGLang 0.5.23's request and response shapes (`serving_tokenize.py`)."""
+"""SGLang's text routes: /tokenize and /detokenize (also under /v1/; the server's tokenizer and chat template,
+SGLang 0.5.23's shapes, `serving_tokenize.py`) and /separate_reasoning (a text split by the reasoning parser
+the body names, `generate/reasoning.py`)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pydantic import BaseModel, StrictBool, StrictInt, StrictStr
 from gleanrl.server.http.edge.body import parse
 from gleanrl.server.http.edge.errors import ApiError
 from gleanrl.server.http.edge.limits import check_vocab, encode
-from gleanrl.server.http.openai.bodies import ChatMessage
-from gleanrl.server.http.openai.template import chat_text
+from gleanrl.server.http.generate.reasoning import ReasoningParser, check_parser
+from gleanrl.server.http.openai.chat import chat_text
+from gleanrl.server.http.openai.serve import ChatMessage
 
 router = APIRouter()
 
@@ -35,6 +37,14 @@ class DetokenizeIn(BaseModel):
     model: StrictStr | None = None
     tokens: list[StrictInt] | list[list[StrictInt]]
     skip_special_tokens: StrictBool = True
+
+
+class SeparateReasoningIn(BaseModel):
+    """SGLang's SeparateReasoningReqInput."""
+
+    text: StrictStr
+    reasoning_parser: StrictStr
+    return_blocks: StrictBool = False
 
 
 def _max_model_len(state) -> int:
@@ -77,3 +87,15 @@ async def detokenize(request: Request):
         lambda: [tok.decode(ids, skip_special_tokens=body.skip_special_tokens) for ids in lists]
     )
     return {"text": texts if nested else texts[0]}
+
+
+@router.post("/separate_reasoning")
+async def separate_reasoning(request: Request):
+    body = await parse(request, SeparateReasoningIn)
+    check_parser(body.reasoning_parser)
+    reasoning, text = ReasoningParser(body.reasoning_parser).split(body.text)
+    out = {"reasoning_text": reasoning, "text": text}
+    if body.return_blocks:
+        blocks = ([{"type": "reasoning", "text": reasoning}] if reasoning else []) + [{"type": "text", "text": text}]
+        out.update(reasoning_blocks=[reasoning] if reasoning else [], text_blocks=[text], blocks=blocks)
+    return out

@@ -1,6 +1,6 @@
-"""`/v1/chat/completions`: the prompt through the chat template (with the request's tools); the reply
-split into reasoning (`--reasoning-parser`), content and tool calls (`--tool-call-parser`), whole and
-streamed; OpenAI's chat logprobs."""
+"""`/v1/chat/completions`: the prompt through the chat template (with the request's tools; `/tokenize` uses it
+too); the reply split into reasoning (`--reasoning-parser`), content and tool calls (`--tool-call-parser`),
+whole and streamed; OpenAI's chat logprobs."""
 
 from __future__ import annotations
 
@@ -9,21 +9,54 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from gleanrl.server.http.edge.body import parse
-from gleanrl.server.http.edge.errors import ApiError
+from gleanrl.server.http.edge.errors import ApiError, bad_field
 from gleanrl.server.http.edge.limits import encode
 from gleanrl.server.http.generate.detok import Delta, output_text
 from gleanrl.server.http.generate.fanin import Track
 from gleanrl.server.http.generate.grammar import after_reasoning, grammar_source, reasoning_mode, response_format_source
 from gleanrl.server.http.generate.params import check_prompt
 from gleanrl.server.http.generate.reasoning import THINK, ReasoningParser
-from gleanrl.server.http.openai.bodies import ChatIn
-from gleanrl.server.http.openai.logprobs import chat_logprobs
-from gleanrl.server.http.openai.serve import finish_of, serve, to_sampling
-from gleanrl.server.http.openai.template import chat_text
+from gleanrl.server.http.openai.serve import ChatIn, ChatMessage, chat_logprobs, finish_of, serve, to_sampling
 from gleanrl.server.http.openai.tool_parser import ToolCallParser, parse_calls
-from gleanrl.server.http.openai.tools import forcing_grammar, plan_tools
+from gleanrl.server.http.openai.tools import forcing_grammar, history, plan_tools
 
 router = APIRouter()
+
+
+def _messages(raw: list[ChatMessage]) -> list[dict]:
+    """Pydantic chat messages -> the template's dicts (text parts joined; tool calls and answers kept)."""
+    messages = []
+    for k, m in enumerate(raw):
+        content = m.content
+        if isinstance(content, list):
+            if any(part.get("type") != "text" for part in content):
+                raise bad_field(f"messages.{k}.content", "only text parts are supported")
+            content = "".join(str(part.get("text", "")) for part in content)
+        extra = {key: v for key in ("tool_calls", "tool_call_id", "name") if (v := getattr(m, key)) is not None}
+        messages.append({"role": m.role, "content": content or "", **extra})
+    return history(messages)
+
+
+async def chat_text(
+    state,
+    raw: list[ChatMessage],
+    template_kwargs: dict | None = None,
+    add_generation_prompt: bool = True,
+    tools: list[dict] | None = None,
+) -> str:
+    """The prompt's text; a 400 when there is no template or it rejects the messages."""
+    messages = _messages(raw)
+    kwargs = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
+    try:
+        return await asyncio.to_thread(
+            state.tokenizer.apply_chat_template,
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **kwargs,
+        )
+    except Exception as exc:  # no template, or the template rejects these messages
+        raise ApiError(400, f"messages: the chat template failed: {exc}", param="messages") from None
 
 
 @router.post("/v1/chat/completions")

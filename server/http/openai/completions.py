@@ -10,9 +10,14 @@ from gleanrl.server.http.edge.limits import check_batch, check_top_logprobs, enc
 from gleanrl.server.http.generate.detok import Delta, output_text
 from gleanrl.server.http.generate.fanin import Track
 from gleanrl.server.http.generate.params import check_prompt
-from gleanrl.server.http.openai.bodies import TOOL_FIELDS, CompletionIn
-from gleanrl.server.http.openai.logprobs import completion_logprobs
-from gleanrl.server.http.openai.serve import finish_of, serve, to_sampling
+from gleanrl.server.http.openai.serve import (
+    TOOL_FIELDS,
+    CompletionIn,
+    completion_logprobs,
+    finish_of,
+    serve,
+    to_sampling,
+)
 
 router = APIRouter()
 
