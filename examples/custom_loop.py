@@ -31,32 +31,24 @@ from gleanrl.trainer.server_proc import EmbeddedServer
 
 
 def generate(url: str, prompt_ids: list[int], seed: int, max_new_tokens: int) -> dict:
-    body = {
-        "input_ids": prompt_ids,
-        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 1.0, "sampling_seed": seed},
-    }
-    resp = httpx.post(f"{url}/generate", json=body, timeout=300)
+    sampling = {"max_new_tokens": max_new_tokens, "temperature": 1.0, "sampling_seed": seed}
+    resp = httpx.post(f"{url}/generate", json={"input_ids": prompt_ids, "sampling_params": sampling}, timeout=300)
     resp.raise_for_status()
     return resp.json()
 
 
-def wait_healthy(server: EmbeddedServer, timeout_s: float = 180.0) -> None:
-    async def go() -> None:
-        async with RolloutClient([server.url]) as client:
-            await client.wait_healthy(timeout_s, alive=server.alive)
-
-    asyncio.run(go())
+async def wait_healthy(server: EmbeddedServer) -> None:
+    async with RolloutClient([server.url]) as client:
+        await client.wait_healthy(180, alive=server.alive)
 
 
 def reinforce_step(policy, optimizer, batch: list[tuple[list[int], list[int], float]]) -> None:
-    """One policy-gradient step: log p(response | prompt) weighted by reward minus the
-    mean reward."""
+    """One policy-gradient step: log p(response | prompt) weighted by reward minus the mean reward."""
     baseline = sum(r for _, _, r in batch) / len(batch)
     optimizer.zero_grad()
     for prompt, output, reward in batch:
         ids = torch.tensor([prompt + output])
-        # [L-1, V]
-        logp = torch.log_softmax(policy(input_ids=ids).logits[0, :-1].float(), -1)
+        logp = torch.log_softmax(policy(input_ids=ids).logits[0, :-1].float(), -1)  # [L-1, V]
         token_logp = logp[len(prompt) - 1 :].gather(1, ids[0, len(prompt) :, None]).sum()
         (-(reward - baseline) * token_logp / len(batch)).backward()
     optimizer.step()
@@ -85,26 +77,15 @@ def main(argv: list[str] | None = None) -> dict:
     save_drafter(init_drafter(args.model, seed=0), out / "drafter_init")
 
     summary: dict = {"steps": []}
-    server = EmbeddedServer(
-        args.model, threads=1, settings={"drafter": str(out / "drafter_init"), "sd": "on"}, log_path=out / "server.log"
-    )
-    with server:
-        wait_healthy(server)
+    settings = {"drafter": str(out / "drafter_init"), "sd": "on"}
+    with EmbeddedServer(args.model, threads=1, settings=settings, log_path=out / "server.log") as server:
+        asyncio.run(wait_healthy(server))
         url = server.url
-        harvester = Harvester(
-            policy,
-            out / "drafter_init",
-            out / "spool",
-            push=DrafterPush([url]),
-            cfg=HarvestConfig(push_every=10, spool=SpoolConfig(holdout_every=4)),
-        )
+        cfg = HarvestConfig(push_every=10, spool=SpoolConfig(holdout_every=4))
+        harvester = Harvester(policy, out / "drafter_init", out / "spool", push=DrafterPush([url]), cfg=cfg)
         for step in range(args.steps):
-            texts = [
-                tokenizer.apply_chat_template(
-                    [{"role": "user", "content": f"what is {i} + {step}?"}], add_generation_prompt=True, tokenize=False
-                )
-                for i in range(args.rollouts)
-            ]
+            chats = [[{"role": "user", "content": f"what is {i} + {step}?"}] for i in range(args.rollouts)]
+            texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
             prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
             batch, accept = [], []
             policy.eval()
@@ -120,13 +101,10 @@ def main(argv: list[str] | None = None) -> dict:
                         text = tokenizer.decode(res["output_ids"], skip_special_tokens=True)
                         batch.append((prompt, res["output_ids"], sum(c.isdigit() for c in text) / max(len(text), 1)))
                         # tokens from verify passes, verify passes (SGLang's counts)
-                        meta = res["meta_info"]
-                        accept.append(
-                            (
-                                meta.get("spec_verify_ct", 0) + meta.get("spec_accept_token_num", 0),
-                                meta.get("spec_verify_ct", 0),
-                            )
+                        verify, accepted = (
+                            res["meta_info"].get(k, 0) for k in ("spec_verify_ct", "spec_accept_token_num")
                         )
+                        accept.append((verify + accepted, verify))
                     if pending:  # idle window: until the next rollout finishes
                         harvester.train_while(lambda p=pending: p and not any(f.done() for f in p))
             harvester.maybe_push()  # the tail is done: one more chance before the next step
@@ -135,11 +113,8 @@ def main(argv: list[str] | None = None) -> dict:
             with atomic_dir(out / f"policy_v{step + 1}") as tmp:
                 policy.save_pretrained(tmp)
                 tokenizer.save_pretrained(tmp)
-            httpx.post(
-                f"{url}/update_weights_from_disk",
-                json={"model_path": str(out / f"policy_v{step + 1}"), "weight_version": str(step + 1)},
-                timeout=300,
-            ).raise_for_status()
+            update = {"model_path": str(out / f"policy_v{step + 1}"), "weight_version": str(step + 1)}
+            httpx.post(f"{url}/update_weights_from_disk", json=update, timeout=300).raise_for_status()
             row = {
                 "step": step + 1,
                 "reward": sum(r for *_, r in batch) / len(batch),

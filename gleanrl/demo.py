@@ -13,8 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from gleanrl.demo_rl import demo_hooks, rl_config, serving, table_logger
-from gleanrl.demo_setup import apply_regime, fastest_cpu_dtype, fresh_out, policy_of, warm_drafter
+from gleanrl import demo_setup as setup
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -116,21 +115,22 @@ def run(args: argparse.Namespace) -> int:
     from gleanrl.trainer.loop import train
 
     out = Path(args.out)
-    task = apply_regime(args)
-    args.dtype, args.update_dtype = fastest_cpu_dtype(args.dtype), fastest_cpu_dtype(args.update_dtype)
+    task = setup.apply_regime(args)
+    args.dtype, args.update_dtype = setup.fastest_cpu_dtype(args.dtype), setup.fastest_cpu_dtype(args.update_dtype)
     try:
-        if not fresh_out(out, "demo.json", args, ("run", "harvest", "report.md")):
+        if not setup.fresh_out(out, "demo.json", args, ("run", "harvest", "report.md")):
             raise ValueError(f"{out} is not empty and not a demo output; choose another --out")
-        policy = policy_of(args)
+        policy = setup.policy_of(args)
     except ValueError as exc:
         print(f"gleanrl demo: {exc}", file=sys.stderr)
         return 2
-    drafter0 = warm_drafter(policy, args)
-    with serving(policy, drafter0, out / "server.log", dtype=args.dtype, replicas=args.replicas) as servers:
+    drafter0 = setup.warm_drafter(policy, args)
+    with setup.serving(policy, drafter0, out / "server.log", dtype=args.dtype, replicas=args.replicas) as servers:
         cfg = HarvestConfig(push_every=10, max_holdout=16, seed=args.seed, idle_nice=19 if args.replicas == 1 else 0)
-        hooks = demo_hooks(Harvester(policy, drafter0, out / "harvest" / "spool", push=None, cfg=cfg))
-        log = table_logger(out / "run" / "metrics.jsonl")
-        train(rl_config(policy, out / "run", args, args.seed, evaluate=True), task, hooks, log=log, replicas=servers)
+        hooks = setup.demo_hooks(Harvester(policy, drafter0, out / "harvest" / "spool", push=None, cfg=cfg))
+        log = setup.table_logger(out / "run" / "metrics.jsonl")
+        cfg = setup.rl_config(policy, out / "run", args, args.seed, evaluate=True)
+        train(cfg, task, hooks, log=log, replicas=servers)
         url = servers.urls[0]  # every replica serves the same final policy and drafter
         closing = []
         for q in closing_questions(task, args.seed):

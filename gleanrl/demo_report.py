@@ -4,6 +4,7 @@ the decode-pass speedup, an upper bound on the wall-clock one; trainer.metrics.a
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 # the table's columns after the step: metrics key and format ("held": the held-out accuracy)
@@ -75,11 +76,10 @@ def totals(rows: list[dict]) -> dict:
 
 def by_source(rows: list[dict]) -> dict[str, int]:
     """Accepted draft tokens per SD source over the run (empty where the server reports none)."""
-    out: dict[str, int] = {}
+    out: Counter[str] = Counter()
     for r in rows:
-        for name, n in (r.get("spec_accept_token_num_by_source") or {}).items():
-            out[name] = out.get(name, 0) + int(n)
-    return out
+        out.update({name: int(n) for name, n in (r.get("spec_accept_token_num_by_source") or {}).items()})
+    return dict(out)
 
 
 def source_text(sources: dict[str, int]) -> str:

@@ -15,12 +15,11 @@ import torch
 from tqdm import tqdm
 
 from gleanrl.base.flags import add_flags, check_fields, config_from_args, flag
-from gleanrl.harvest.acceptance import acceptance_length
 from gleanrl.harvest.capture import Sample, capture
 from gleanrl.harvest.checkpoint import load_drafter, save_drafter
 from gleanrl.harvest.cli_init import init_drafter, parse_layer_ids
 from gleanrl.harvest.drafter import Eagle3Drafter
-from gleanrl.harvest.train_step import bf16_fast, length_batches, make_optimizer, train_step
+from gleanrl.harvest.train_step import acceptance_length, bf16_fast, length_batches, make_optimizer, train_step
 
 
 @dataclass
@@ -167,17 +166,21 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
         except ImportError:
             raise ValueError("--task needs gleanrl's trainer.tasks; use --prompts FILE instead") from None
         return [p["prompt"] for p in load_task(args.task).prompts("train", args.num_prompts, args.seed)]
-    path = Path(args.prompts)
+    return prompts_file(args.prompts)[: args.num_prompts]
+
+
+def prompts_file(name: str) -> list[str]:
+    """The prompts of a JSONL file, one {"prompt": exact text} per line; ValueError naming a bad line."""
+    path, prompts = Path(name), []
     if not path.is_file():
         raise ValueError(f"prompts file {path} does not exist")
-    prompts = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip():
             try:
                 prompts.append(str(json.loads(line)["prompt"]))
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise ValueError(f'{path}:{n}: each line must be a JSON object with a "prompt"') from None
-    return prompts[: args.num_prompts]
+    return prompts
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -19,10 +19,6 @@ from gleanrl.server.model import kv, kv_pool
 from gleanrl.server.model.runner import ModelRunner
 
 
-def one_query_sdpa(q, k, v, attn_mask=None, is_causal=False):
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
-
-
 def ms(fn, n: int) -> float:
     t = time.perf_counter()
     for _ in range(n):
@@ -63,7 +59,7 @@ def main() -> None:
 
     times: dict[tuple[str, str], list[float]] = {}
     for _ in range(a.repeats):
-        for name, fn in (("before", one_query_sdpa), ("after", kv.sdpa)):
+        for name, fn in (("before", F.scaled_dot_product_attention), ("after", kv.sdpa)):
             kv_pool.sdpa = fn
             times.setdefault(("attention, one layer", name), []).append(ms(layer, 50))
             times.setdefault(("forward", name), []).append(ms(step, 10))

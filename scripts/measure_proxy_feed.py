@@ -8,38 +8,23 @@ tiny random Qwen2; requests alternate between the arms so that a busy machine sl
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
 
-from gleanrl.trainer.server_proc import free_port
+from gleanrl.bench.engine import timed_requests
+from gleanrl.bench.serve_process import GleanrlProcess, cpu_s
 
 
-def start(args: list[str], python: str = sys.executable) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd, env = [python, "-m", "gleanrl", *args, "--port", str(port)], {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd="/")
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        time.sleep(0.2)
-    raise RuntimeError(f"{args[0]} did not start")
-
-
-def cpu_s(proc: subprocess.Popen) -> float:
-    """User + system CPU seconds of a process (Linux): robust to a shared machine, unlike wall time."""
-    fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def start(stack: ExitStack, args: list[str], python: str = sys.executable) -> tuple[int, str]:
+    """`gleanrl ARGS` (of `python`'s install: run outside the checkout) at one thread; (pid, url)."""
+    proc = stack.enter_context(GleanrlProcess(args, python=python, env={"OMP_NUM_THREADS": "1"}, cwd="/"))
+    return proc.pid, proc.url
 
 
 def latency(http: httpx.Client, url: str, path: str, body: dict | None) -> float:
@@ -49,13 +34,10 @@ def latency(http: httpx.Client, url: str, path: str, body: dict | None) -> float
     return (time.perf_counter() - t0) * 1000
 
 
-async def throughput(url: str, n: int = 16, tokens: int = 64) -> float:
-    sp = {"max_new_tokens": tokens, "temperature": 0.0, "ignore_eos": True}
-    body = {"input_ids": [5, 6, 7], "sampling_params": sp}
-    async with httpx.AsyncClient(timeout=300) as http:
-        t0 = time.perf_counter()
-        await asyncio.gather(*[http.post(f"{url}/generate", json=body) for _ in range(n)])
-        return n * tokens / (time.perf_counter() - t0)
+def throughput(url: str, n: int = 16, tokens: int = 64) -> float:
+    """Output tokens/s of `n` greedy requests of `tokens` tokens sent at once."""
+    params = {"max_new_tokens": tokens, "temperature": 0.0, "ignore_eos": True}
+    return n * tokens / timed_requests(url, [[5, 6, 7]] * n, [params] * n)[0]
 
 
 def main() -> None:
@@ -69,17 +51,13 @@ def main() -> None:
 
     model = make_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
     serve = ["serve", "--model", str(model), "--threads", "1", "--sd", "off", "--log-level", "warning"]
-    procs = []
-    try:
-        off, url_off = start(serve)
-        on, url_on = start(serve + ["--harvest-feed", "--admin-api-key", "measure"])  # the feed needs a key
-        proxy, url_px = start(["proxy", "--upstream", url_off, "--admin-api-key", "measure"])
-        procs += [off, on, proxy]
+    with ExitStack() as stack:
+        off, url_off = start(stack, serve)
+        on, url_on = start(stack, serve + ["--harvest-feed", "--admin-api-key", "measure"])  # the feed needs a key
+        proxy, url_px = start(stack, ["proxy", "--upstream", url_off, "--admin-api-key", "measure"])
         arms = {"feed off": (off, url_off), "feed on": (on, url_on)}
         if a.baseline_python:
-            base, url_base = start(serve, a.baseline_python)
-            procs.append(base)
-            arms = {"baseline": (base, url_base)} | arms
+            arms = {"baseline": start(stack, serve, a.baseline_python)} | arms
         gen = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 8, "temperature": 0.0}}
         cases = {"generate (8 tokens)": ("/generate", gen), "model_info": ("/model_info", None)}
         with httpx.Client(timeout=60) as http:
@@ -102,17 +80,13 @@ def main() -> None:
         for _ in range(a.rounds):
             for name, (proc, url) in arms.items():
                 c0 = cpu_s(proc)
-                speeds[name].append(asyncio.run(throughput(url)))
+                speeds[name].append(throughput(url))
                 cpu[name] += cpu_s(proc) - c0
         med = {k: statistics.median(v) for k, v in speeds.items()}
         speed = ", ".join(f"{k} {v:.0f} tok/s ({v / med['feed off']:.3f}x feed off)" for k, v in med.items())
         print(f"throughput 16x64 tokens (median of {a.rounds} alternating rounds): {speed}")
         tokens = a.rounds * 16 * 64
         print("server CPU per generated token: " + ", ".join(f"{k} {cpu[k] / tokens * 1000:.3f} ms" for k in arms))
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=30)
 
 
 if __name__ == "__main__":

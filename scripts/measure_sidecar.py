@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from sidecar_summary import GATE_TAG, acceptance_by_drafter, fmt, gate_statuses, served_acceptance, summarize, table
 
+from gleanrl.bench.serve_process import stop
 from gleanrl.trainer.server_proc import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,13 +187,7 @@ def run(args: argparse.Namespace) -> dict:
             steps[-1]["gate"] += [g for g in gate_statuses(tail.read()) if g not in steps[-1]["gate"]]
     finally:
         for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=120)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop(proc, timeout_s=120)
     summary = summarize(steps, [json.loads(ln) for ln in rows() if ln.strip()], meta)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

@@ -36,9 +36,9 @@ ASK_JSON = [{"role": "user", "content": "Give me a city as JSON."}]
 FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
 
 
-def _valid_person(text: str) -> tuple[bool, str]:
+def _person(out: dict) -> tuple[bool, str]:
     try:
-        v = json.loads(text)
+        v = json.loads(text_of(out))
     except (json.JSONDecodeError, TypeError) as exc:
         return False, f"not JSON: {exc}"
     ok = (
@@ -53,7 +53,8 @@ def _valid_person(text: str) -> tuple[bool, str]:
 
 
 def _valid_regex(pattern: str):
-    def check(text: str) -> tuple[bool, str]:
+    def check(out: dict) -> tuple[bool, str]:
+        text = text_of(out)
         ok = text is not None and re.fullmatch(pattern, text) is not None
         return ok, "" if ok else f"{text!r} does not match {pattern!r}"
 
@@ -138,10 +139,6 @@ def text_of(out: dict) -> str:
     return out.get("text", out.get("content"))
 
 
-def _person(out: dict) -> tuple[bool, str]:
-    return _valid_person(text_of(out))
-
-
 # name -> (server pair, request function (url) -> output dict, validity check (output) -> (ok, why))
 CASES: dict[str, tuple] = {
     "plain_generate": ("defaults", lambda u: _generate(u, {}, 12), lambda o: (True, "")),
@@ -152,8 +149,8 @@ CASES: dict[str, tuple] = {
         lambda u: _chat(u, messages=ASK_JSON, max_tokens=48, response_format=FORMAT),
         _person,
     ),
-    "regex": ("tools", lambda u: _generate(u, {"regex": REGEX}, 24), lambda o: _valid_regex(REGEX)(text_of(o))),
-    "ebnf": ("tools", lambda u: _generate(u, {"ebnf": EBNF}, 24), lambda o: _valid_regex(EBNF_RE)(text_of(o))),
+    "regex": ("tools", lambda u: _generate(u, {"regex": REGEX}, 24), _valid_regex(REGEX)),
+    "ebnf": ("tools", lambda u: _generate(u, {"ebnf": EBNF}, 24), _valid_regex(EBNF_RE)),
     "tool_named": ("tools", lambda u: _named_tool(u, TOOLS), _valid_tool),
     "tool_named_strict": ("tools", lambda u: _named_tool(u, STRICT), _valid_tool),
     "tool_named_strict_any_ws": ("defaults", lambda u: _named_tool(u, STRICT), _valid_tool),

@@ -20,8 +20,7 @@ from pathlib import Path
 
 from parity_cases import CASES, PAIRS, THINK_END_ID, compare, text_of
 
-from gleanrl.bench.serve_process import ServeProcess
-from gleanrl.bench.sglang_arm import sglang_missing
+from gleanrl.bench.serve_process import ServeProcess, sglang_missing
 from gleanrl.trainer.server_proc import free_port
 
 # Qwen 2.5's tool layout, shortened (as tests/test_openai_tools.py): tools in a system turn, calls as <tool_call> JSON

@@ -30,17 +30,13 @@ def acceptance_by_drafter(metas: list[dict]) -> dict[str, dict]:
 
 def gate_statuses(lines: list[str]) -> list[str]:
     """The distinct gate words (the progress line's last field) in order first seen, and every refused push."""
-    seen: list[str] = []
+    whys = []
     for line in lines:
         if GATE_TAG in line and " | " in line:
-            why = line.rsplit(" | ", 1)[1].strip()
+            whys.append(line.rsplit(" | ", 1)[1].strip())
         elif "push refused" in line:
-            why = line.strip()
-        else:
-            continue
-        if why not in seen:
-            seen.append(why)
-    return seen
+            whys.append(line.strip())
+    return list(dict.fromkeys(whys))
 
 
 def pushes_from_metrics(rows: list[dict]) -> list[dict]:

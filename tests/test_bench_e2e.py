@@ -8,9 +8,9 @@ import json
 import pytest
 
 import gleanrl.cli
-from gleanrl.bench.e2e_arms import DEFAULT_ARMS, RUNS, parse_arms
+from gleanrl.bench.e2e import DEFAULT_ARMS, RUNS, parse_arms
 from gleanrl.bench.e2e_summary import step_times, summarize
-from gleanrl.bench.sglang_arm import sglang_missing
+from gleanrl.bench.serve_process import sglang_missing
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.cli_init import init_drafter
 
@@ -196,7 +196,7 @@ def test_bench_e2e_tiny_run(tiny_qwen2, tmp_path, monkeypatch, capsys):
 
 
 def test_arms_run_abba_each_resumed_for_its_second_half():
-    from gleanrl.bench.e2e_arms import schedule
+    from gleanrl.bench.e2e import schedule
 
     assert schedule(["a", "b", "c"], 12) == [
         ("a", 6, False),

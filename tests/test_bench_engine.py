@@ -8,7 +8,7 @@ import json
 import pytest
 
 import gleanrl.cli
-from gleanrl.bench.sglang_arm import sglang_missing
+from gleanrl.bench.serve_process import sglang_missing
 
 SMALL = [
     "--single-tokens",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import gleanrl.cli
-from gleanrl.bench.sglang_arm import sglang_missing
+from gleanrl.bench.serve_process import sglang_missing
 from sd_util import random_drafter
 
 

@@ -124,7 +124,7 @@ def test_replicas_run_pinned_to_their_cores(tiny_qwen2, tmp_path):
     """Two real servers, each on its own core; both serve, and a dead one is restarted."""
     import httpx
 
-    from gleanrl.demo_rl import wait_healthy
+    from gleanrl.demo_setup import wait_healthy
 
     groups = core_groups(sorted(os.sched_getaffinity(0))[:2], 2)
     servers = Replicas(str(tiny_qwen2), groups, {"sd": "off"}, log_path=tmp_path / "server.log")

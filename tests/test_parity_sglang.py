@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gleanrl.bench.sglang_arm import sglang_missing
+from gleanrl.bench.serve_process import sglang_missing
 
 _SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 

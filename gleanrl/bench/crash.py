@@ -75,10 +75,8 @@ def child(spec: dict) -> None:
 
     harvester.train_micro_step = marked_micro_step
     rl = dict(prompts_per_step=2, samples_per_prompt=3, max_new_tokens=48, lr=1e-3, keep_last=2, server_wait_s=60)
-    cfg = TrainConfig(
-        model=spec["model"], out=str(out), servers=[spec["url"]], steps=spec["steps"], seed=spec["seed"], **rl
-    )
-    loop.train(cfg, hooks=Hooks(harvester), resume=spec["resume"])
+    rl |= dict(model=spec["model"], out=str(out), servers=[spec["url"]], steps=spec["steps"], seed=spec["seed"])
+    loop.train(TrainConfig(**rl), hooks=Hooks(harvester), resume=spec["resume"])
 
 
 def _launch(spec: dict, log: Path) -> subprocess.Popen:
@@ -94,16 +92,10 @@ def _phases(out: Path) -> list[tuple[int, str]]:
     return [(int(s), p) for s, p in (line.split() for line in lines if len(line.split()) == 2)]
 
 
-def _read_all(path: Path) -> None:
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as fh:
-        [fh.get_tensor(k) for k in fh.keys()]
-
-
 def check_disk(out: Path) -> list[str]:
     """Problems with what a killed trainer left: any checkpoint, spool shard or drafter that does not load."""
     import torch
+    from safetensors.torch import load_file  # reads every tensor
 
     from gleanrl.harvest.checkpoint import load_drafter
     from gleanrl.trainer.checkpoint import STATE_FILE, list_checkpoints
@@ -113,11 +105,11 @@ def check_disk(out: Path) -> list[str]:
         try:
             json.loads((path / "config.json").read_text())
             for f in path.glob("*.safetensors"):
-                _read_all(f)
+                load_file(f)
             assert torch.load(path / STATE_FILE, weights_only=False)["step"] == step
         except Exception as exc:  # noqa: BLE001
             problems.append(f"checkpoint {path.name}: {type(exc).__name__}: {exc}")
-    shards = [("spool", _read_all, f) for f in sorted((out / "harvest" / "spool").glob("[0-9]*.safetensors"))]
+    shards = [("spool", load_file, f) for f in sorted((out / "harvest" / "spool").glob("[0-9]*.safetensors"))]
     drafters = [("drafter", load_drafter, d) for d in sorted((out / "harvest" / "drafter_versions").glob("v*"))]
     for what, load, path in shards + drafters:
         try:
@@ -198,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     if args.runs < 1 or args.steps < 1:
         print("gleanrl bench crash: --runs and --steps must be >= 1", file=sys.stderr)
         return 2
-    from gleanrl.bench.serve_process import ServeProcess
+    from gleanrl.bench.serve_process import ServeProcess, write_json
     from gleanrl.harvest.checkpoint import save_drafter
     from gleanrl.harvest.cli_init import init_drafter
     from gleanrl.tiny import make_tiny_model
@@ -225,10 +217,9 @@ def run(args: argparse.Namespace) -> int:
         f"crash: {len(records)} kill -9 runs, {len(records) - len(bad)} resumed with at most the step in flight lost, "
         f"no half-written checkpoint/spool/drafter, server never left paused; {len(bad)} failed"
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(records, indent=2))
-    print("PASS" if not bad else "FAIL")
-    return 0 if not bad else 1
+    write_json(args.json, records)
+    print("FAIL" if bad else "PASS")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

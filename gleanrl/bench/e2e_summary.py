@@ -91,6 +91,7 @@ def summarize(
     adaptive = [(name, rows) for name, rows in runs.items() if name.endswith("_adaptive")]
     per_arm = lambda fn: {name: fn(rows) for name, rows in runs.items()}  # noqa: E731
     hist = running_hist(a)
+    versus_a = {"e2e": b, "stale": c, "cold": cold, "offdomain": off}  # step-time speedups over the baseline
     ceiling_rollout, ceiling_e2e = ceilings(hist, _ratio(rollout(a), total(a)), accept(b), sd_speedups)
     return {
         "running_hist_s": hist,
@@ -106,8 +107,7 @@ def summarize(
         "baseline": baseline,
         "step_time_sglang": step_times(arm("a_sglang")),
         "wall_s": dict(wall_s or {}),
-        "speedup_e2e": _ratio(total(a), total(b)),
-        "speedup_stale": _ratio(total(a), total(c)),
+        **{f"speedup_{k}": _ratio(total(a), total(rows)) for k, rows in versus_a.items()},
         "speedup_e2e_ci95": ratio_ci95(step_times(a), step_times(b)),
         "speedup_stale_ci95": ratio_ci95(step_times(a), step_times(c)),
         "speedup_cold_ci95": ratio_ci95(step_times(a), step_times(cold)),
@@ -115,8 +115,6 @@ def summarize(
         "replicas_speedup_ci95": ratio_ci95(step_times(arm("a_no_sd")), step_times(arm("a_replicas"))),
         "tok_s": per_arm(lambda rows: _ratio(sum(_col(rows, "output_tokens")), sum(_col(rows, "rollout_s")))),
         "harvest_rollouts_over_stale": _ratio(rollout(c), rollout(b)),
-        "speedup_cold": _ratio(total(a), total(cold)),
-        "speedup_offdomain": _ratio(total(a), total(off)),
         "speedup_rollout": _ratio(rollout(a), rollout(b)),
         "rollout_share_a": _ratio(rollout(a), total(a)),
         "rollout_share_b": _ratio(rollout(b), total(b)),
@@ -139,16 +137,14 @@ def summarize(
         },
         "cold_stale_accept_per_step": _col(cold_stale, "spec_accept_length"),
         "harvest_cost": _ratio(total(d), total(c)) - 1 if d and c else None,
-        "rollout_time_c": _col(c, "rollout_s"),
-        "rollout_time_d": _col(d, "rollout_s"),
+        **{f"rollout_time_{k}": _col(rows, "rollout_s") for k, rows in (("c", c), ("d", d))},
         "drafter_overhead": _ratio(sum(_col(b, "idle_overrun_s")), total(b)),
         **{k: sum(_col(b, k)) for k in ("idle_window_s", "idle_used_s", "idle_free_core_s", "idle_capture_s")},
         **{k: sum(_col(b, k)) for k in ("idle_train_s", "update_capture_s")},
         **{k: int(sum(_col(b, k))) for k in ("update_captured", "drafter_steps")},
         "drafter_version": int(b[-1].get("drafter_version", 0)) if b else 0,
         **{f"reward_{k}": _col(rows, "reward_mean") for k, rows in (("a", a), ("b", b), ("a_seed2", a2))},
-        "accuracy_a": _col(a, "accuracy"),
-        "accuracy_b": _col(b, "accuracy"),
+        **{f"accuracy_{k}": _col(rows, "accuracy") for k, rows in (("a", a), ("b", b))},
         "reward_gap_ab": _gap(a, b),
         "reward_noise_seed": _gap(arm("a_no_sd"), a2),
     }

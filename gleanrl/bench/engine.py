@@ -1,48 +1,54 @@
-"""`gleanrl bench engine`: the rollout server's plain decoding against stock SGLang (`sglang`, skipped
-with the reason where `.venv-sglang` is missing) on the same CPU, both `gleanrl serve` processes sent the
-same requests over HTTP: one request (`single_tok_s`), a GRPO step (`grpo_tok_s`) and the wall time per
-decode iteration at B running (`iteration_ms[B]`: (T(L) - T(1)) / (L - 1), so prefill, HTTP and queueing
-cancel), against the decode forward alone in this process (`forward_ms[B]`, the floor). Read the ratios.
-"""
+"""`gleanrl bench engine`: the rollout server's plain decoding against stock SGLang (`sglang`, skipped with the
+reason where `.venv-sglang` is missing), both `gleanrl serve` processes sent the same requests over HTTP: one
+request (`single_tok_s`), a GRPO step (`grpo_tok_s`) and the wall time per decode iteration at B running
+(`iteration_ms[B]`: (T(L) - T(1)) / (L - 1), so prefill, HTTP and queueing cancel), against the decode forward
+alone in this process (`forward_ms[B]`, the floor). Read the ratios."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from gleanrl.bench.sglang_arm import sglang_missing, sglang_serve_args
+from gleanrl.bench.serve_process import ServeProcess, sglang_missing, sglang_serve_args, write_json
 
 BUCKETS = (1, 4, 8, 16, 32, 64)
-DTYPE_HELP = "auto: bfloat16 on CPUs with native bf16, else float32"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
+def add_shared(add, buckets: tuple[int, ...], bucket_tokens: int) -> None:
+    """The flags `bench engine` and `bench layout` share: the policy, its dtype, the iteration buckets, a GRPO step."""
     add("--model", default=None, help="policy directory (default: the shipped demo policy, gleanrl.shipped)")
-    add("--arms", default="gleanrl,sglang", help="comma-separated: gleanrl, sglang")
-    add("--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help=DTYPE_HELP)
-    add("--threads", type=int, default=2, help="torch threads of the gleanrl server and the forward")
-    add("--single-tokens", type=int, default=256, help="output tokens of the single request")
-    add("--repeats", type=int, default=3, help="single-request runs per arm (the best counts)")
+    dtype = "auto: bfloat16 on CPUs with native bf16, else float32"
+    add("--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help=dtype)
+    add("--buckets", default=",".join(map(str, buckets)), help="running requests per iteration bucket")
+    add("--bucket-tokens", type=int, default=bucket_tokens, help="L: output tokens per bucket request")
     add("--prompts", type=int, default=8, help="GRPO step: prompts")
     add("--n", type=int, default=8, help="GRPO step: samples per prompt")
-    add("--steps", type=int, default=2, help="GRPO steps")
     add("--max-new-tokens", type=int, default=512, help="GRPO step: the longest response")
-    add("--buckets", default=",".join(map(str, BUCKETS)), help="running requests per bucket")
-    add("--bucket-tokens", type=int, default=64, help="L: output tokens per bucket request")
     add("--seed", type=int, default=0, help="sampling seed")
     add("--json", default=None, help="write the results here")
 
 
-def post_all(url_of, ids: list[list[int]], params: list[dict]) -> tuple[float, int]:
-    """Send every request at once (request i to `url_of(i)`'s /generate); (wall seconds, output tokens)."""
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add_shared(add, BUCKETS, bucket_tokens=64)
+    add("--arms", default="gleanrl,sglang", help="comma-separated: gleanrl, sglang")
+    add("--threads", type=int, default=2, help="torch threads of the gleanrl server and the forward")
+    add("--single-tokens", type=int, default=256, help="output tokens of the single request")
+    add("--repeats", type=int, default=3, help="single-request runs per arm (the best counts)")
+    add("--steps", type=int, default=2, help="GRPO steps")
+
+
+def timed_requests(url, ids: list[list[int]], params: list[dict]) -> tuple[float, int]:
+    """Send every request at once to `url`'s /generate (request i to `url(i)`'s where `url` is a function);
+    (wall seconds, output tokens)."""
     import httpx
+
+    url_of = url if callable(url) else lambda i: url
 
     async def main() -> tuple[float, int]:
         async with httpx.AsyncClient(timeout=1800, limits=httpx.Limits(max_connections=len(ids) + 4)) as client:
@@ -60,11 +66,6 @@ def post_all(url_of, ids: list[list[int]], params: list[dict]) -> tuple[float, i
     return asyncio.run(main())
 
 
-def timed_requests(url: str, ids_list: list[list[int]], params: list[dict]) -> tuple[float, int]:
-    """Send all requests to `url`'s /generate at once; (wall seconds, output tokens)."""
-    return post_all(lambda i: url, ids_list, params)
-
-
 def fixed(n: int) -> dict:
     return {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}
 
@@ -76,21 +77,20 @@ def iteration_ms(url: str, prompts: list[list[int]], b: int, tokens: int, digits
     return round(max(tl - t1, 0.0) / (tokens - 1) * 1e3, digits)
 
 
-def grpo_params(args: argparse.Namespace, count: int, step: int) -> list[dict]:
-    """A GRPO step's sampling params (T = 1, seeded per step and sample)."""
+def grpo_step(url, prompts: list[list[int]], args: argparse.Namespace, step: int) -> tuple[float, int]:
+    """A GRPO step's requests (`args.n` of each of the first `args.prompts` prompts, T = 1, seeded per step and
+    sample) sent at once as `timed_requests` sends them; (wall seconds, output tokens)."""
+    ids = [p for p in prompts[: args.prompts] for _ in range(args.n)]
     params = {"max_new_tokens": args.max_new_tokens, "temperature": 1.0}
-    return [params | {"sampling_seed": 10_007 * step + i} for i in range(count)]
+    return timed_requests(url, ids, [params | {"sampling_seed": 10_007 * step + i} for i in range(len(ids))])
 
 
 def measure_arm(url: str, args: argparse.Namespace, prompts: list[list[int]], buckets: list[int]) -> dict:
     timed_requests(url, prompts[:1], [fixed(8)])  # warm-up
     runs = (timed_requests(url, prompts[:1], [fixed(args.single_tokens)]) for _ in range(args.repeats))
     single = max(n / t for t, n in runs)
-    grpo = []
-    for step in range(args.steps):
-        ids = [p for p in prompts[: args.prompts] for _ in range(args.n)]
-        t, n = timed_requests(url, ids, grpo_params(args, len(ids), step))
-        grpo.append({"tok_s": round(n / t, 1), "output_tokens": n, "wall_s": round(t, 2)})
+    steps = (grpo_step(url, prompts, args, step) for step in range(args.steps))
+    grpo = [{"tok_s": round(n / t, 1), "output_tokens": n, "wall_s": round(t, 2)} for t, n in steps]
     iteration = {b: iteration_ms(url, prompts, b, args.bucket_tokens) for b in buckets}
     return {"single_tok_s": round(single, 1), "grpo": grpo, "iteration_ms": iteration}
 
@@ -130,14 +130,6 @@ def _server_extra(arm: str, args: argparse.Namespace, max_running: int, longest_
     return ["--sd", "off", *common]
 
 
-def write_json(path: str | None, results: dict) -> None:
-    if path:
-        from gleanrl.base.atomic import atomic_file
-
-        with atomic_file(path, "w") as f:
-            json.dump(results, f, indent=2)
-
-
 def task_prompts(model: str, task: str | None, n: int, seed: int) -> list[list[int]]:
     """`n` train prompts of `task` (None: the built-in one), encoded as the trainer sends them."""
     from transformers import AutoTokenizer
@@ -150,7 +142,6 @@ def task_prompts(model: str, task: str | None, n: int, seed: int) -> list[list[i
 
 
 def run(args: argparse.Namespace) -> int:
-    from gleanrl.bench.serve_process import ServeProcess
     from gleanrl.demo_setup import fastest_cpu_dtype
     from gleanrl.shipped import policy_or_shipped
 

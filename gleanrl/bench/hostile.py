@@ -1,6 +1,6 @@
 """`gleanrl bench load --hostile`: what hostile and careless clients cost an honest one. A benign client (own process)
 streams short greedy `/generate` requests (24 tokens) back to back and polls `/health`; meanwhile a hostile client here
-sends one kind of request (`hostile_kinds.py`: refused ones, and served ones that must cost the benign one no more than
+sends one kind of request (`kinds`: refused ones, and served ones, `SERVED`, that must cost the benign one no more than
 any other running request) back to back for `--phase-s` seconds, kind after kind, then all kinds in turn (the mix).
 Before the first kind and after the mix the benign client runs alone (the baseline: the better of the two).
 
@@ -12,9 +12,10 @@ over `--p99-bound` x the baseline's."""
 
 from __future__ import annotations
 
+import base64
+import itertools
 import multiprocessing
-import os
-import subprocess
+import pickle
 import sys
 import tempfile
 import threading
@@ -23,8 +24,73 @@ from pathlib import Path
 
 import httpx
 
-from gleanrl.bench.hostile_kinds import SERVED, kinds
-from gleanrl.trainer.server_proc import free_port
+from gleanrl.bench.serve_process import GleanrlProcess, ServeProcess, cpu_s, model_or_tiny, verdict
+
+OVERSIZE = 300 << 20  # what the issue's hostile client sent: 300 MB
+# served, not refused: the most a request may make the engine do (the server's defaults)
+SERVED = frozenset(
+    {
+        "catastrophic stop_regex, 256 tokens",
+        "top_logprobs_num 64, prompt and output",
+        "top_logprobs_num 64, prompt and output, streamed",
+        "a prompt near the context",
+    }
+)
+CHUNK = b" " * (1 << 20)
+
+
+def _tensor_update(model_dir: str) -> dict:
+    """The whole model's tensors, one of them NaN at the very end: decoded in full, then refused."""
+    from safetensors.torch import load_file
+
+    named = sorted((k, v) for f in sorted(Path(model_dir).glob("*.safetensors")) for k, v in load_file(f).items())
+    name, t = named[-1]
+    bad = t.clone().float()
+    bad.view(-1)[-1] = float("nan")
+    data = pickle.dumps(named[:-1] + [(name, bad)], protocol=4)
+    return {"serialized_named_tensors": [base64.b64encode(data).decode()]}
+
+
+def kinds(server: str, proxy: str, model_dir: str) -> dict:
+    """name -> send(http) returning the status (0: the connection was closed on it)."""
+    update = _tensor_update(model_dir)
+    context = httpx.get(f"{server}/server_info", timeout=30).json()["context_length"]
+    json_headers = {"content-type": "application/json"}
+    logprobs = {"text": "word " * 200, "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 64}
+    logprobs |= {"sampling_params": {"max_new_tokens": 64, "ignore_eos": True}}
+    regexes = ["(.+)+X", "(a|aa)+$", "(x+x+)+y", "(.*a){12}", "([a-z]+)*=", "(\\w+\\s?)*#", "(.|\n)*Z", "(ab|a)*c"]
+    catastrophic = {"text": "x", "sampling_params": {"max_new_tokens": 256, "ignore_eos": True, "stop_regex": regexes}}
+    near = {"input_ids": [5 + i % 300 for i in range(context - 40)], "sampling_params": {"max_new_tokens": 32}}
+
+    def post(url, **kw):
+        return lambda http: http.post(url, **kw).status_code
+
+    def oversize(url, declared):
+        headers = json_headers | ({"content-length": str(OVERSIZE)} if declared else {})
+        return lambda http: (
+            http.post(url, content=itertools.repeat(CHUNK, OVERSIZE // len(CHUNK)), headers=headers).status_code
+        )
+
+    return {
+        "oversize body to the server": oversize(f"{server}/generate", True),
+        "oversize chunked body to the server": oversize(f"{server}/generate", False),
+        "oversize body to the proxy": oversize(f"{proxy}/generate", True),
+        "oversize chunked body to the proxy": oversize(f"{proxy}/generate", False),
+        "refused tensor update (NaN, whole model)": post(f"{server}/update_weights_from_tensor", json=update),
+        "refused disk update": post(f"{server}/update_weights_from_disk", json={"model_path": "/nonexistent/model"}),
+        "n 10^9 through the proxy": post(f"{proxy}/generate", json={"text": "x", "sampling_params": {"n": 10**9}}),
+        "n 1000 through the proxy": post(
+            f"{proxy}/generate", json={"text": "x", "sampling_params": {"n": 1000, "max_new_tokens": 24}}
+        ),
+        "5000 prompts through the proxy": post(f"{proxy}/generate", json={"text": ["x" * 100] * 5000}),
+        "catastrophic stop_regex, 256 tokens": post(f"{server}/generate", json=catastrophic),
+        "top_logprobs_num 64, prompt and output": post(f"{server}/generate", json=logprobs),
+        "top_logprobs_num 64, prompt and output, streamed": post(
+            f"{server}/generate", json=logprobs | {"stream": True}
+        ),
+        "a prompt near the context": post(f"{server}/generate", json=near),
+    }
+
 
 BENIGN = {
     "text": "The quick brown fox",
@@ -84,12 +150,6 @@ def _greedy(url: str) -> tuple[list[int], str]:
     body = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}}
     r = httpx.post(f"{url}/generate", timeout=120, json=body).json()
     return r["output_ids"], r["meta_info"]["weight_version"]
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(server: str, proxy: str, model_dir: str, phase_s: float, pids: tuple[int, ...] = ()) -> dict:
@@ -155,27 +215,11 @@ def measure(server: str, proxy: str, model_dir: str, phase_s: float, pids: tuple
 
 
 def run(args) -> int:
-    from gleanrl.bench.serve_process import ServeProcess, verdict
-
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model
-        if model is None:
-            from gleanrl.tiny import make_tiny_model
-
-            model = str(make_tiny_model(Path(tmp) / "tiny"))
+        model = model_or_tiny(args.model, tmp)
         with ServeProcess(model, Path(tmp) / "server.log", threads=args.threads) as server:
-            port = free_port()
-            cmd = [sys.executable, "-m", "gleanrl", "proxy", "--upstream", server.url, "--port", str(port)]
-            proxy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            try:
-                url = f"http://127.0.0.1:{port}"
-                deadline = time.monotonic() + 60
-                while not _up(url) and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                summary = measure(server.url, url, model, args.phase_s, (server.pid, proxy.pid))
-            finally:
-                proxy.terminate()
-                proxy.wait(timeout=30)
+            with GleanrlProcess(["proxy", "--upstream", server.url]) as proxy:
+                summary = measure(server.url, proxy.url, model, args.phase_s, (server.pid, proxy.pid))
     _print(summary)
     ok = (
         not summary["benign_error_count"]
@@ -186,13 +230,6 @@ def run(args) -> int:
         <= max(args.p99_bound * summary["baseline_p99_s"], summary["baseline_p99_s"] + args.p99_slack_ms / 1000)
     )
     return verdict(summary, ok, args.json)
-
-
-def _up(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _print(s: dict) -> None:

@@ -13,31 +13,23 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gleanrl.bench.engine import DTYPE_HELP, grpo_params, iteration_ms, post_all, task_prompts, write_json
+from gleanrl.bench.engine import add_shared, grpo_step, iteration_ms, task_prompts
+from gleanrl.bench.serve_process import write_json
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--model", default=None, help="policy directory (default: the shipped demo policy, gleanrl.shipped)")
-    add("--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help=DTYPE_HELP)
-    add("--buckets", default=",".join(map(str, BUCKETS)), help="running requests per iteration bucket")
-    add("--bucket-tokens", type=int, default=48, help="L: output tokens per bucket request")
-    add("--prompts", type=int, default=8, help="GRPO step: prompts")
-    add("--n", type=int, default=8, help="GRPO step: samples per prompt")
-    add("--max-new-tokens", type=int, default=512, help="GRPO step: the longest response")
+    add_shared(add, BUCKETS, bucket_tokens=48)
     regime = "the task's length distribution (trainer.tasks.presets; default: the built-in task's)"
     add("--regime", default=None, help=regime)
     add("--rounds", type=int, default=3, help="interleaved rounds")
-    add("--seed", type=int, default=0, help="sampling seed")
-    add("--json", default=None, help="write the results here")
 
 
 def grpo_seconds(urls: list[str], prompts: list[list[int]], args: argparse.Namespace, rnd: int) -> float:
     """One step's rollouts; with several servers a prompt's samples go to one (dealt in turn)."""
-    ids = [p for p in prompts[: args.prompts] for _ in range(args.n)]
-    return round(post_all(lambda i: urls[(i // args.n) % len(urls)], ids, grpo_params(args, len(ids), rnd))[0], 3)
+    return round(grpo_step(lambda i: urls[(i // args.n) % len(urls)], prompts, args, rnd)[0], 3)
 
 
 def _servers(model: str, dtype: str, log_dir: Path) -> dict:
@@ -51,8 +43,7 @@ def _servers(model: str, dtype: str, log_dir: Path) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gleanrl.demo_rl import wait_healthy
-    from gleanrl.demo_setup import fastest_cpu_dtype
+    from gleanrl.demo_setup import fastest_cpu_dtype, wait_healthy
     from gleanrl.shipped import policy_or_shipped
     from gleanrl.trainer.tasks.presets import regime
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
-from gleanrl.bench.serve_process import ServeProcess, rss_mib, verdict
+from gleanrl.bench.serve_process import ServeProcess, model_or_tiny, rss_mib, verdict
 
 KINDS = ("native", "native_stream", "completions", "chat_stream", "disconnect")
 LENGTHS = (1, 4, 16, 32, 64)
@@ -153,11 +153,7 @@ def run(args: argparse.Namespace) -> int:
         if args.url:
             summary = asyncio.run(load(args.url, *shape))
         else:
-            if (model := args.model) is None:
-                from gleanrl.tiny import make_tiny_model
-
-                model = str(make_tiny_model(Path(tmp) / "tiny"))
-            extra = ["--max-running-requests", "32"]
+            model, extra = model_or_tiny(args.model, tmp), ["--max-running-requests", "32"]
             with ServeProcess(model, Path(tmp) / "server.log", threads=args.threads, extra=extra) as server:
                 summary = asyncio.run(load(server.url, *shape, rss=lambda: rss_mib(server.pid)))
     s = summary

@@ -67,16 +67,18 @@ def _default_paths(args: argparse.Namespace) -> tuple[str, str]:
     from gleanrl.trainer.bootstrap import bootstrap_policy
 
     task = args.task or SHIPPED[DEFAULT].task
-    # the shipped policy answers every task in the doubling format (gleanrl.shipped)
-    shipped = task.startswith("doubling")
     if args.model:
         policy = Path(args.model)
-    else:
-        policy = shipped_policy() if shipped else bootstrap_policy(task=args.task, seed=args.seed)
+    else:  # the shipped policy answers every task in the doubling format (gleanrl.shipped)
+        policy = shipped_policy() if task.startswith("doubling") else bootstrap_policy(task=args.task, seed=args.seed)
     if args.drafter:
         return str(policy), args.drafter
     warm = argparse.Namespace(**{k: getattr(args, k) for k in ("max_new_tokens", "warm_steps", "warm_prompts", "seed")})
     return str(policy), str(demo_setup.warm_drafter(policy, warm, task=task))
+
+
+def _timing(seconds: float, tokens: int) -> dict:
+    return {"rollout_s": round(seconds, 3), "tok_s": round(tokens / seconds, 1), "tokens": tokens}
 
 
 def _arm(engine, prompts: list[list[int]], args: argparse.Namespace) -> tuple[dict, list[list[int]]]:
@@ -88,7 +90,7 @@ def _arm(engine, prompts: list[list[int]], args: argparse.Namespace) -> tuple[di
     seconds = time.perf_counter() - t0
     stats, dec = engine.stats(), engine.sd_counters()
     ct = dec["verify_ct"]
-    r = {"rollout_s": round(seconds, 3), "tok_s": round(tokens / seconds, 1), "tokens": tokens}
+    r = _timing(seconds, tokens)
     r["accept_length"] = round(dec["verify_tokens"] / ct, 2) if ct else 0.0
     r |= {"verify_passes": ct, "target_passes": dec["decode_passes"]}
     r["tokens_per_pass"] = round(dec["decode_tokens"] / dec["decode_rows"], 3) if dec["decode_rows"] else 0.0
@@ -99,30 +101,24 @@ def _arm(engine, prompts: list[list[int]], args: argparse.Namespace) -> tuple[di
 
 def _sglang_arm(model: str, prompts: list[list[int]], args: argparse.Namespace) -> dict:
     """Stock SGLang over HTTP: the same steps (T = 1, the same seeds), timed as the other arms."""
-    from gleanrl.bench.engine import grpo_params, timed_requests
-    from gleanrl.bench.serve_process import ServeProcess
-    from gleanrl.bench.sglang_arm import sglang_serve_args
+    from gleanrl.bench.engine import grpo_step, timed_requests
+    from gleanrl.bench.serve_process import ServeProcess, sglang_serve_args
 
     count = len(prompts) * args.n
     flags = sglang_serve_args(count, max(map(len, prompts)) + args.max_new_tokens + 8)
     flags += ["--dtype", args.dtype, "--max-running-requests", str(count)]
     log = Path(tempfile.mkdtemp(prefix="gleanrl-bench-rollout-sglang-")) / "server.log"
-    seconds = tokens = 0
     with ServeProcess(model, log, threads=args.threads or 1, extra=flags) as srv:
         timed_requests(srv.url, prompts[:1], [{"max_new_tokens": 8, "temperature": 0.0}])  # warm-up
-        for step in range(args.steps):
-            ids = [p for p in prompts for _ in range(args.n)]
-            t, n = timed_requests(srv.url, ids, grpo_params(args, count, step))
-            seconds, tokens = seconds + t, tokens + n
-    timing = {"rollout_s": round(seconds, 3), "tok_s": round(tokens / seconds, 1), "tokens": tokens}
-    return timing | {"serve_flags": " ".join(flags)}
+        runs = [grpo_step(srv.url, prompts, args, step) for step in range(args.steps)]
+    seconds, tokens = sum(t for t, _ in runs), sum(n for _, n in runs)
+    return _timing(seconds, tokens) | {"serve_flags": " ".join(flags)}
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from gleanrl.bench.engine import write_json
-    from gleanrl.bench.sglang_arm import sglang_missing
+    from gleanrl.bench.serve_process import sglang_missing, write_json
     from gleanrl.server.engine import Engine
     from gleanrl.server.protocol import CheckpointError
     from gleanrl.trainer.generate import encode_prompt

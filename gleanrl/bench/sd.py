@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 
-from gleanrl.bench.engine import write_json
 from gleanrl.bench.sd_checks import compile_grammar, divergence, matcher_ms_per_token
+from gleanrl.bench.serve_process import write_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,12 +56,12 @@ ARGS_RECORDED = ("model", "drafter", "sd", "threads", "device", "dtype", "max_ne
 
 
 def _prompts(args: argparse.Namespace, n: int) -> list[str]:
-    if args.prompts:
-        with open(args.prompts) as f:
-            texts = [json.loads(line)["prompt"] for line in f if line.strip()]
-    else:
-        from gleanrl.trainer.tasks import load_task
+    from gleanrl.draft_train import prompts_file
+    from gleanrl.trainer.tasks import load_task
 
+    if args.prompts:
+        texts = prompts_file(args.prompts)
+    else:
         texts = [p["prompt"] for p in load_task(args.task).prompts("test", n, 0)]
     if not texts:
         raise ValueError("no prompts")
@@ -156,20 +155,17 @@ def _line(r: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from gleanrl.demo_setup import fastest_cpu_dtype
     from gleanrl.server.config import EngineConfig
     from gleanrl.server.engine import Engine
     from gleanrl.server.protocol import CheckpointError
+    from gleanrl.shipped import shipped_drafter, shipped_policy
 
     torch.set_num_threads(args.threads)
     if args.device == "cpu":
-        from gleanrl.demo_setup import fastest_cpu_dtype
-
         args.dtype = fastest_cpu_dtype(args.dtype)
-    if args.model is None or args.drafter is None:
-        from gleanrl.shipped import shipped_drafter, shipped_policy
-
-        args.model = args.model or str(shipped_policy())
-        args.drafter = args.drafter or str(shipped_drafter())
+    args.model = args.model or str(shipped_policy())
+    args.drafter = args.drafter or str(shipped_drafter())
     batches = [int(b) for b in args.batches.split(",")]
     temps = [float(t) for t in args.temperatures.split(",")]
     try:

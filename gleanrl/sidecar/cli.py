@@ -43,8 +43,7 @@ def run(args) -> int:
     import httpx
 
     from gleanrl.harvest.config import update_config
-    from gleanrl.sidecar.loop import STATE_FILE, Sidecar
-    from gleanrl.sidecar.server_view import FollowError, ServerView
+    from gleanrl.sidecar.loop import STATE_FILE, FollowError, ServerView, Sidecar
     from gleanrl.trainer.cli import harvest_given
 
     out = Path(args.out)
@@ -61,8 +60,7 @@ def run(args) -> int:
     try:
         # OUT/harvest_config.json as `gleanrl train` writes it: the resumed run's settings, then the flags
         update_config(out, harvest_given(args), args.resume)
-        pacing = (args.idle_running, args.save_every_s, args.poll_s)
-        sidecar = Sidecar(view, out, args.drafter, args.cold, args.resume, *pacing)
+        sidecar = Sidecar(view, out, args)
     except (ValueError, FollowError, OSError, httpx.HTTPError) as exc:
         return _fail(f"{type(exc).__name__}: {exc}" if isinstance(exc, httpx.HTTPError) else str(exc))
     try:
