@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gleanrl.clients.payloads import tensor_body
-from gleanrl.clients.rollout_client import RolloutClient
+from gleanrl.clients.rollout_client import RolloutClient, tensor_body
 from gleanrl.clients.transport import RolloutServerError, run_blocking
 
 if TYPE_CHECKING:
@@ -109,7 +108,7 @@ async def push_drafter(client: RolloutClient, path: str, version: int | str) -> 
 
 
 async def tensor_session(client: RolloutClient, url: str, selector: str, body: dict) -> list[dict]:
-    """begin -> update (`payloads.tensor_body`) -> end, the answers in order; `end_weight_update` is sent even
+    """begin -> update (`rollout_client.tensor_body`) -> end, the answers in order; `end_weight_update` is sent even
     when the update fails (SGLang holds the session otherwise). The server's kind is the caller's to check."""
     answers = [await client.begin_weight_update(selector, url)]
     try:

@@ -1,9 +1,7 @@
-"""Capture a target's aux hidden states and next-token distributions, in the drafter's training layout.
-
-Forward pre-hooks on decoder layers a+1, b+1, c+1 record the residual stream entering them (SGLang's capture
-for `eagle_aux_hidden_state_layer_ids` = [a, b, c]; transformers' `output_hidden_states[a+1]`), concatenated
-in ascending order -> `aux_hidden` [T, n*H]. Soft labels: softmax at T = 1, top-k (ids by probability, probs
-not renormalised; row j predicts token j+1).
+"""Capture a target's aux hidden states and next-token distributions, in the drafter's training layout: forward
+pre-hooks on decoder layers a+1 record the residual stream entering them (SGLang's capture for aux layer id a),
+concatenated in ascending order -> `aux_hidden` [T, n*H]; soft labels: softmax at T = 1, top-k (not renormalised;
+row j predicts token j+1).
 """
 
 from __future__ import annotations
@@ -14,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Protocol
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 
 class FinishedRollout(Protocol):
@@ -65,12 +64,9 @@ def _pad(input_ids: torch.Tensor | list, pad_id: int) -> tuple[torch.Tensor, tor
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2:
         return input_ids, torch.ones_like(input_ids), [input_ids.shape[1]] * input_ids.shape[0]
     seqs = [torch.as_tensor(s, dtype=torch.long) for s in input_ids]
-    lens = [int(s.numel()) for s in seqs]
-    ids = torch.full((len(seqs), max(lens)), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, s in enumerate(seqs):
-        ids[b, : lens[b]], mask[b, : lens[b]] = s, 1
-    return ids, mask, lens
+    ids = pad_sequence(seqs, batch_first=True, padding_value=pad_id)
+    mask = pad_sequence([torch.ones_like(s) for s in seqs], batch_first=True)
+    return ids, mask, [int(s.numel()) for s in seqs]
 
 
 def check_layer_ids(model: torch.nn.Module, layer_ids: list[int]) -> torch.nn.ModuleList:

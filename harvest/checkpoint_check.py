@@ -1,11 +1,8 @@
-"""Header-level checks of a checkpoint directory before it is pushed to a rollout server.
-
-Stock SGLang (0.5.23) applies whatever `/update_weights_from_disk` gets: a truncated safetensors file kills the
-server, another architecture's weights load and report success, unknown fields such as `selector` are ignored.
-So a candidate is checked against the directory being served: every safetensors header complete and consistent
-with its file size, the same tensor names and shapes, the same non-float dtypes (floats are cast to the serving
-dtype at load, by SGLang as by gleanrl: float32 updates a bf16 model), the same `architectures` and
-`model_type`. Pure Python: JSON headers and file sizes only, no torch, no model load.
+"""Header-level checks of a checkpoint directory before it is pushed to a rollout server. Stock SGLang (0.5.23)
+applies whatever `/update_weights_from_disk` gets: a truncated safetensors file kills the server, another
+architecture's weights load and report success. So a candidate must match the served directory: complete safetensors
+headers consistent with the file sizes, the same tensor names and shapes, the same non-float dtypes (floats are cast at
+load), the same `architectures` and `model_type`. Pure Python: JSON headers and file sizes only.
 """
 
 from __future__ import annotations

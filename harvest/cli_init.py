@@ -1,8 +1,6 @@
-"""`gleanrl draft init`: a randomly initialised EAGLE-3 drafter for a target model.
-
-It gets a frozen copy of the target's embedding (as SGLang shares it) and starts `lm_head` and the final `norm`
-from the target's, so its initial logits live in the target's output space; `fc` and the decoder layer are
-random (seeded). Only those tensors are read from the target's safetensors.
+"""`gleanrl draft init`: a randomly initialised EAGLE-3 drafter for a target model: a frozen copy of the target's
+embedding (as SGLang shares it), `lm_head` and the final `norm` from the target's (initial logits in its output space),
+`fc` and the decoder layer random (seeded).
 """
 
 from __future__ import annotations

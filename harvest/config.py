@@ -43,7 +43,7 @@ class HarvestConfig:
     )
     push_every: int = flag(25, "drafter micro-steps between score-and-push attempts (0: never push)")
     min_gain: float = flag(
-        0.02, "tokens per verify pass the paired gain's lower bound must clear to push (harvest.push_rule)"
+        0.02, "tokens per verify pass the paired gain's lower bound must clear to push (harvest.pushing)"
     )
     mid_step_gain: float = flag(0.3, "...to push inside a step, while rollouts run (else at the step boundary)")
     confidence_z: float = flag(2.0, "the push test's lower bound: gain - t(z, prompts - 1) * se")

@@ -1,11 +1,9 @@
 """The EAGLE-3 drafter's config and its `config.json` in SGLang's format (`LlamaForCausalLMEagle3`).
 
-Aux layer ids follow SGLang (`set_eagle3_layers_to_capture` in `models/qwen2.py`, `models/llama.py`): id `a`
-captures the residual stream *entering* target layer `a + 1` (transformers' `output_hidden_states[a + 1]`).
-SGLang's default captures entering layers 2, L//2, L-3, i.e. ids [1, L//2 - 1, L - 4] (SpecForge's too), in
-ascending order with duplicates collapsed, so ids must be strictly increasing; we always write them. EAGLE-3
-uses three; SGLang 0.5.23 sizes `fc` from the count, so 2- and 3-layer targets may have two (one would make
-SGLang skip `fc`, applied only to inputs wider than the drafter).
+Aux layer ids follow SGLang (`set_eagle3_layers_to_capture`): id `a` captures the residual stream *entering* target
+layer `a + 1` (transformers' `output_hidden_states[a + 1]`). SGLang's default, [1, L//2 - 1, L - 4] (SpecForge's too),
+ascending with duplicates collapsed, so ids must be strictly increasing; we always write them. EAGLE-3 uses three;
+SGLang 0.5.23 sizes `fc` from the count, so 2- and 3-layer targets may have two (one would make SGLang skip `fc`).
 """
 
 from __future__ import annotations

@@ -1,16 +1,14 @@
 """The drop-in Harvester: hand it finished rollouts and the current policy, let it train the drafter while you
-wait on the rest, let it push a better drafter to the rollout server.
+wait on the rest, let it push a better drafter to the rollout server (scoring and pushing: `harvest.pushing`).
 
     h = Harvester(policy_dir, drafter_dir, spool_dir, push=DrafterPush(["http://127.0.0.1:30000"]))
     h.add_rollout(prompt_ids, output_ids, policy_model, policy_version)   # per finished rollout
     h.train_while(lambda: rollouts_in_flight)                              # idle window, preemptible
     h.maybe_push()                                                         # new version or None
 
-Scoring and pushing: `harvest.pushing`. Samples are trained and scored in windows of `max_tokens` (attention
-grows with the square of the length: one long rollout would make a micro-step take seconds). A new Harvester over
-the same directories serves the newest pushed drafter and trains on the spool on disk. `state_dict()` holds the
-drafter in training (continued from the serving weights), its optimizer, counters and RNG; the trainer saves it
-in every step checkpoint, so `--resume` continues from there.
+Samples are trained and scored in windows of `max_tokens` (attention cost grows with the square of the length). A
+new Harvester over the same directories serves the newest pushed drafter and trains on the spool on disk;
+`state_dict()` (the drafter in training, its optimizer, counters, RNG) is in every trainer checkpoint.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ from gleanrl.harvest.capture import Sample, capture
 from gleanrl.harvest.checkpoint import drafter_versions, load_drafter
 from gleanrl.harvest.config import HarvestConfig
 from gleanrl.harvest.idle import CoreGate, IdleReport, IdleWindow, Waiting, run_window
-from gleanrl.harvest.push_rule import Verdict
-from gleanrl.harvest.pushing import DrafterPushing, PushFn
+from gleanrl.harvest.pushing import DrafterPushing, PushFn, Verdict
 from gleanrl.harvest.spool import Spool
 from gleanrl.harvest.train_step import bf16_fast, make_optimizer, train_step
 

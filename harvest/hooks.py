@@ -1,23 +1,19 @@
 """The Harvester behind the trainer's hooks: every hook of `trainer.hooks.RolloutHooks`, structurally
 (`harvest` never imports `trainer`; `tests/test_harvester_hooks.py` checks the match).
 
-- `on_rollout_finished` runs in the trainer's event loop, so it only records the rollout.
-- `update_capture()`: the update's (float32) forward hands over aux states and soft labels of the rollouts it
-  trains on, by the version that sampled them, at no extra forward; spooled next window. Those it skips
-  (zero-advantage groups) join the idle queue (bounded by `max_queue`, oldest dropped and counted), captured if
-  time allows by the policy then current (the one the drafter serves next; tokens one version older, as EAGLE's
-  data is never on-policy), bf16 autocast where it pays.
-- `bind_cores(cores)`: with pinned replicas, the idle window runs only on cores `cores()` names free.
-- `idle_window()`: a thread that spools update captures, captures queued rollouts and trains the drafter one
-  micro-step at a time (alternating once the spool is warm), pushing every `push_every` steps; leaving it stops
-  it within one micro-step.
-Mid-step capture of early finishers (learning this step's outputs within its own tail) is `mid_step_capture`,
-on anyway while the spool holds < `batch_size` samples and until a first `update_capture()` (e.g. the sidecar).
+`on_rollout_finished` runs in the trainer's event loop: it only records the rollout. `update_capture()`: the
+update's forward hands over aux states and soft labels of the rollouts it trains on, by the version that sampled
+them, at no extra forward (spooled next window); those it skips (zero-advantage groups) join the idle queue (at
+most `max_queue`, oldest dropped and counted), captured if time allows by the policy then current (tokens one
+version older: EAGLE's data is never on-policy). `idle_window()`: a thread that spools update captures, captures
+queued rollouts and trains the drafter one micro-step at a time (alternating once the spool is warm), pushing
+every `push_every` steps, only on the cores `bind_cores` names free; leaving it stops it within one micro-step.
+Early finishers are captured mid-step with `mid_step_capture`, and anyway while the spool holds < `batch_size`
+samples or no `update_capture()` came yet (e.g. the sidecar).
 
 Resume: `state_dict()` (the Harvester's, the queue, unspooled captures as tokens) is in every trainer checkpoint;
 after `load_state_dict()` the serving drafter is pushed again (`bind_push`): a crash may fall between writing and
-pushing it. On one CPU machine give server and trainer their own cores (`taskset -c 0 gleanrl serve --threads 1`,
-`taskset -c 1 gleanrl train --trainer-threads 1`), as `gleanrl demo` and `bench e2e` do.
+pushing it.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """Idle-window runner: micro-steps of drafter training that run only while the RL step waits on rollouts.
 
-`waiting` (a callable, or a `threading.Event`, true while rollouts are in flight) is checked before each
-micro-step: once closed, at most the running one finishes, all the update ever waits. `run_window` runs in the
-caller's thread, `with IdleWindow(step):` in a background one (torch releases the GIL, rollout I/O goes on).
-`cores` (a `CoreGate`) runs only on compute the rollouts left: before each micro-step it asks which cores are
-free (e.g. a replica's with nothing left while another decodes its tail: the CPU analog of idle GPUs), pins the
-thread there and waits while none is; a replica that gets work waits at most one micro-step.
-
-`nice` (per thread on Linux) lets the thread use only compute nobody wants: at normal priority it can push onto
-the server's core; at 19 it starves when another job wants its core. Nice cannot help with shared hardware: on
-2 vCPUs, training on the other core still slows memory-bound decoding (32 rollouts 4.5-5.3 s alone, 6.6-7.7 s
-beside training at nice 19, thread or process; 7-8 -> 12 s at normal priority).
+`waiting` (a callable, or a `threading.Event`) is checked before each micro-step: once closed, at most the running one
+finishes, all the update ever waits. `run_window` runs in the caller's thread, `IdleWindow` in a background one (torch
+releases the GIL). `cores` (a `CoreGate`) runs only on compute the rollouts left: before each micro-step it asks which
+cores are free (e.g. a replica's with nothing left while another decodes its tail), pins the thread there and waits
+while none is. `nice` (per thread on Linux) cannot help with shared hardware: on 2 vCPUs, training on the other core
+still slows memory-bound decoding (32 rollouts 4.5-5.3 s alone, 6.6-7.7 s beside training at nice 19; 7-8 -> 12 s at
+normal priority).
 """
 
 from __future__ import annotations

@@ -1,16 +1,15 @@
 """Bounded, versioned spool of harvested drafter-training samples.
 
-A sample is one rollout's capture (token axis first: `input_ids` [T], `aux_hidden` [T, 3H], soft labels [T, k],
-...) and the policy version that produced it, each its own atomically written safetensors shard, so eviction and
-`--resume` work per sample. Memory and disk each keep the newest within their token/byte limits. Training draws
-weight a sample by `version_decay ** (newest - its version)`.
+A sample is one rollout's capture (token axis first: `input_ids` [T], `aux_hidden` [T, 3H], soft labels [T, k], ...)
+and the policy version that produced it, each its own atomically written safetensors shard, so eviction and
+`--resume` work per sample. Memory and disk each keep the newest within their limits. Training weighs a sample by
+`version_decay ** (newest - its version)`.
 
-Held out (for scoring, never trained on) by prompt: one in `holdout_every` (by a hash of its token ids), with all
-its samples, now and later; also the first new prompts while fewer than `min_holdout_prompts` are, never more than
-half of those seen (a push can be scored early, a loop reusing few prompts holds some out, the drafter keeps
-prompts to train on). A prompt keeps its side (rebuilt from the shards at a resume: a fully evicted one counts as
-new). Held out by arrival, a GRPO sibling of a trained sample (often the same text) would be scored, and a
-memorising drafter would win. `SpoolItem.prompt` is that hash, the paired test's cluster.
+Held out (for scoring, never trained on) by prompt, with all its samples: one in `holdout_every` (by a hash of its
+token ids, `SpoolItem.prompt`, the paired test's cluster), and the first new prompts while fewer than
+`min_holdout_prompts` are, never more than half of those seen. A prompt keeps its side (rebuilt from the shards at a
+resume). Held out by arrival, a GRPO sibling of a trained sample (often the same text) would be scored, and a
+memorising drafter would win.
 """
 
 from __future__ import annotations

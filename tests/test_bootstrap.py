@@ -20,7 +20,7 @@ def tiny_policy(tmp_path_factory):
 def test_tiny_bootstrap_is_a_loadable_model_directory(tiny_policy):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gleanrl.trainer.tasks.chartok import build_char_tokenizer
+    from gleanrl.trainer.tasks.builtin import build_char_tokenizer
 
     for name in ("config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja", "bootstrap.json"):
         assert (tiny_policy / name).is_file(), name

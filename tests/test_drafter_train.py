@@ -6,10 +6,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gleanrl.harvest.acceptance import accept_lengths, acceptance_length, expected_accept_lengths
 from gleanrl.harvest.capture import capture
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.harvest.train_step import collate, draft_labels, make_optimizer, train_step, ttt_loss, ttt_unroll
+from gleanrl.harvest.train_step import (
+    accept_lengths,
+    acceptance_length,
+    collate,
+    draft_labels,
+    expected_accept_lengths,
+    make_optimizer,
+    train_step,
+    ttt_loss,
+    ttt_unroll,
+)
 from gleanrl.server.sd.drafter_forward import drafter_forward, new_draft_cache
 
 

@@ -37,7 +37,7 @@ def test_online_drafter_beats_its_start_and_is_pushed(tiny_qwen2, tmp_path):
             tmp_path / "drafter0",
             tmp_path / "spool",
             push=None,
-            # held out by prompt (harvest.push_rule): half of the run's few prompts,
+            # held out by prompt (harvest.pushing): half of the run's few prompts,
             # a paired test over as few as 2 of them; a winner inside a step is pushed
             # at the next step's start, so the run has a step after the first win
             cfg=HarvestConfig(

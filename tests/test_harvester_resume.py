@@ -26,7 +26,7 @@ def _params(drafter) -> dict[str, torch.Tensor]:
 
 def _always_better(monkeypatch, h) -> None:
     """The candidate beats the serving drafter whatever it is, on enough held-out prompts for the
-    paired test (harvest.push_rule; the gate itself is tested elsewhere)."""
+    paired test (harvest.pushing; the gate itself is tested elsewhere)."""
     held = [SimpleNamespace(prompt=i % 4) for i in range(8)]
     monkeypatch.setattr(pushing, "pick_holdout", lambda spool, cfg, policy_version=None: held)
     monkeypatch.setattr(

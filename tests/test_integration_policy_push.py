@@ -16,7 +16,7 @@ import gleanrl.cli
 from gleanrl.clients.rollout_client import RolloutClient
 from gleanrl.clients.weight_sync import Route
 from gleanrl.harvest.checkpoint_check import CheckpointMismatch
-from gleanrl.trainer.policy_push import PolicyPusher, serving_reference
+from gleanrl.trainer.run import PolicyPusher, serving_reference
 from serving import running_server
 from test_integration_push import fake_sglang
 

@@ -1,4 +1,4 @@
-"""The paired, prompt-clustered test that gates drafter pushes (harvest.push_rule)."""
+"""The paired, prompt-clustered test that gates drafter pushes (harvest.pushing)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gleanrl.harvest.push_rule import paired_verdict, t_quantile
+from gleanrl.harvest.pushing import paired_verdict, t_quantile
 
 
 def test_gain_is_the_pooled_difference_and_se_is_clustered_by_prompt():
@@ -51,7 +51,7 @@ def test_noise_alone_rarely_passes():
 
 
 def test_gate_decides_and_says_why_in_words():
-    from gleanrl.harvest.push_rule import Gate, Verdict
+    from gleanrl.harvest.pushing import Gate, Verdict
 
     gate = Gate(min_prompts=4, min_samples=8, min_gain=0.02, mid_step_gain=0.3)
 

@@ -75,7 +75,7 @@ def test_busy_step_window_really_computes():
 
 
 def test_the_warning_names_the_autogroup_and_survives_a_blank_proc_file(tmp_path):
-    from gleanrl.trainer.sched_check import _autogroup
+    from gleanrl.trainer.run import _autogroup
 
     enabled, group = tmp_path / "enabled", tmp_path / "group"
     enabled.write_text("1\n")

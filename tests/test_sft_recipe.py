@@ -11,7 +11,7 @@ import torch
 from gleanrl.trainer.bootstrap import SIZES, PolicySize
 from gleanrl.trainer.tasks import load_task
 from gleanrl.trainer.tasks.base import Task
-from gleanrl.trainer.tasks.chartok import build_char_tokenizer
+from gleanrl.trainer.tasks.builtin import build_char_tokenizer
 from gleanrl.trainer.tasks.sft import _collate, lr_factor, make_batches, weighted_loss
 
 

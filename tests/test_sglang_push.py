@@ -14,8 +14,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from gleanrl.clients.payloads import disk_body, encode_named_tensors, tensor_body
-from gleanrl.clients.rollout_client import RolloutClient
+from gleanrl.clients.rollout_client import RolloutClient, disk_body, encode_named_tensors, tensor_body
 from gleanrl.clients.transport import RolloutServerError, run_blocking
 from gleanrl.clients.weight_sync import Route, ServerKind, drafter_route, policy_route, probe, push_drafter, push_policy
 

@@ -63,7 +63,7 @@ def test_an_altered_shipped_file_is_refused(tmp_path, monkeypatch):
 def test_polish_phase_weights_the_focus_and_moves_the_weights():
     from gleanrl.trainer.bootstrap import SIZES
     from gleanrl.trainer.tasks import load_task
-    from gleanrl.trainer.tasks.chartok import build_char_tokenizer
+    from gleanrl.trainer.tasks.builtin import build_char_tokenizer
     from gleanrl.trainer.tasks.sft import build_model, polish_policy
 
     size = dataclasses.replace(SIZES["tiny"], polish_steps=3, polish_focus_weight=5.0)

@@ -10,8 +10,8 @@ import textwrap
 import pytest
 
 from gleanrl.trainer.tasks import Doubling, JsonlTask, RunningSums, TaskError, accuracy, load_task
-from gleanrl.trainer.tasks.chartok import build_char_tokenizer, chatml
-from gleanrl.trainer.tasks.math_answer import extract_answer, math_reward
+from gleanrl.trainer.tasks.builtin import build_char_tokenizer, chatml
+from gleanrl.trainer.tasks.jsonl import extract_answer, math_reward
 from gleanrl.trainer.tasks.measure import length_stats
 
 

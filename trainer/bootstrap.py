@@ -1,11 +1,9 @@
 """`gleanrl bootstrap`: train the built-in task's small policy from scratch by SFT on the task's reference solutions,
-saved as a normal Hugging Face model directory (Llama, safetensors, character-level tokenizer with a ChatML
-template, eos = <|im_end|>).
+saved as a Hugging Face model directory (Llama, safetensors, character-level tokenizer, ChatML, eos = <|im_end|>).
 
-Deterministic for a seed (on a given machine and thread count) and cached: `bootstrap.json` in the output holds
-a key over every argument, and a call with the same key returns at once. Sizes: "small" is the demo/benchmark
-policy, "deep" its 32-layer peer (shaped like the LLMs SD serves), "tiny" builds in seconds for tests, "gpu" is
-for `--device cuda` (scripts/gpu_check.sh). The device is not in the key, as the machine is not.
+Deterministic for a seed (on a given machine and thread count) and cached: `bootstrap.json` holds a key over every
+argument (not the device), and a call with the same key returns at once. Sizes: "small" (the demo's), "deep" (its
+32-layer peer, shaped like the LLMs SD serves), "tiny" (seconds, for tests), "gpu" (for `--device cuda`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""Atomic step checkpoints. Step N lives in `OUT/weight_v{N}/`: a Hugging Face directory (safetensors, config,
-tokenizer) the rollout server loads with `update_weights_from_disk`, plus `trainer_state.pt` (optimizer, step,
-RNG states), `train_config.json` and, when the hooks keep state (the Harvester's drafter in training, optimizer,
-version), `hooks_state.pt`. It appears by one rename, so an existing directory is complete and its policy and
-drafter states belong together; `--resume` takes the highest N.
+"""Atomic step checkpoints. Step N lives in `OUT/weight_v{N}/`: a Hugging Face directory the rollout server loads
+with `update_weights_from_disk`, plus `trainer_state.pt` (optimizer, step, RNG states), `train_config.json` and the
+hooks' state (`hooks_state.pt`: the Harvester's drafter in training, optimizer, version). It appears by one rename, so
+an existing directory is complete and its policy and drafter states belong together; `--resume` takes the highest N.
 """
 
 from __future__ import annotations
@@ -31,25 +30,12 @@ class Resumed:
     hooks_state: dict | None = None  # the rollout hooks' `state_dict()` saved with this step
 
 
-def checkpoint_path(out: str | Path, step: int) -> Path:
-    return Path(out) / f"weight_v{step}"
-
-
 def list_checkpoints(out: str | Path) -> list[tuple[int, Path]]:
     out = Path(out)
     if not out.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in out.iterdir() if (m := _NAME.match(p.name)) and p.is_dir()]
     return sorted(found)
-
-
-def rng_state() -> dict:
-    return {"python": random.getstate(), "torch": torch.get_rng_state()}
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
 
 
 def save_checkpoint(
@@ -63,12 +49,13 @@ def save_checkpoint(
     hooks_state: dict | None = None,
 ) -> Path:
     """Write step `step` (with `hooks_state`) atomically, then delete all but the newest `keep_last` steps."""
-    target = checkpoint_path(out, step)
+    target = Path(out) / f"weight_v{step}"
     with atomic_dir(target) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state()}, tmp / STATE_FILE)
+        rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng}, tmp / STATE_FILE)
         (tmp / "train_config.json").write_text(json.dumps(config, indent=2))
         if hooks_state is not None:
             torch.save(hooks_state, tmp / HOOKS_FILE)
@@ -89,7 +76,8 @@ def load_latest(out: str | Path) -> Resumed | None:
         state = torch.load(state_file, weights_only=False)
         if state.get("step") != step:
             raise ValueError(f"{state_file}: step {state.get('step')} does not match the directory name")
-        set_rng_state(state["rng"])
+        random.setstate(state["rng"]["python"])
+        torch.set_rng_state(state["rng"]["torch"])
         hooks = torch.load(path / HOOKS_FILE, weights_only=False) if (path / HOOKS_FILE).is_file() else None
         return Resumed(step=step, path=path, optimizer_state=state["optimizer"], hooks_state=hooks)
     return None

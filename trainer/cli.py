@@ -1,11 +1,6 @@
 """`gleanrl train`: GRPO against an embedded rollout server (default) or running ones (`--server`, `--router` for
-generation through sglang-router), with harvest on when given `--drafter`.
-
-Cores (`trainer.layout`): `--replicas` embedded servers (default one per core on CPU), each pinned to its share
-with one torch thread per core (`--server-threads`); with harvest the drafter trains on the cores of replicas
-with nothing left to run, with `--trainer-threads` (default 1); the update takes every core (`--update-threads`).
-Harvest settings (`HarvestConfig`, the "harvest" flag group) are stored in OUT/harvest/harvest_config.json, so
-`--resume` keeps them unless flags change them.
+generation through sglang-router), with harvest on when given `--drafter`. Harvest settings (`HarvestConfig`, the
+"harvest" flag group) are stored in OUT/harvest/harvest_config.json, so `--resume` keeps them unless flags change them.
 """
 
 from __future__ import annotations

@@ -21,29 +21,26 @@ async def run_step(
     client: RolloutClient,
     rollouts: list[Rollout],
     params: dict,
-    *,
+    cfg: TrainConfig,
     expected_version: str,
     resync: Callable[[], Awaitable[None]],
     hooks: RolloutHooks,
-    max_attempts: int,
-    stream: bool = True,
-    stream_interval: int = 8,
+    stream: bool,
     log=print,
     desc: str = "rollouts",
 ) -> None:
-    """Run every rollout to completion (finished or truncated, sampled by `expected_version`). `resync()`, run
-    before re-submitting, waits for the server and re-pushes the current weights."""
+    """Run every rollout to completion (finished or truncated, sampled by `expected_version`), each submitted at
+    most `cfg.max_attempts` times. `resync()`, run before re-submitting, waits for the server and re-pushes the
+    current weights."""
     pending = list(rollouts)
     bar = tqdm(total=len(rollouts), desc=desc, unit="req", leave=False, dynamic_ncols=True)
     try:
         while pending:
             with hooks.idle_window():
                 urls = spread(client, pending)
-                go = [
-                    run_rollout(client, r, params, stream, stream_interval, url=urls.get(r.group_id)) for r in pending
-                ]
-                tasks = [asyncio.create_task(run) for run in go]
-                for fut in asyncio.as_completed(tasks):
+                interval = cfg.stream_interval
+                go = [run_rollout(client, r, params, stream, interval, urls.get(r.group_id)) for r in pending]
+                for fut in asyncio.as_completed([asyncio.create_task(run) for run in go]):
                     r = await fut
                     if r.done and r.weight_version in (expected_version, None):
                         bar.update(1)
@@ -60,9 +57,9 @@ async def run_step(
             if stale:
                 got = f"weight_version {stale[0].weight_version}, expected {expected_version}"
                 log(f"warning: {len(stale)} rollout(s) sampled by {got}: discarded and re-submitted")
-            exhausted = [r for r in redo if r.attempts >= max_attempts]
+            exhausted = [r for r in redo if r.attempts >= cfg.max_attempts]
             if exhausted:
-                why = f"{len(exhausted)} rollout(s) still unfinished after {max_attempts} attempts"
+                why = f"{len(exhausted)} rollout(s) still unfinished after {cfg.max_attempts} attempts"
                 raise RolloutServerError(client.urls[0], 0, f"{why} (last: {exhausted[0].error})")
             log(f"warning: {len(redo)} rollout(s) lost ({redo[0].error}); re-syncing the server and re-submitting")
             await resync()

@@ -63,13 +63,8 @@ def policy_loss(
         per_token = per_token + kl_coef * kl
     loss = (per_token * mask).sum() / num_tokens
     with torch.no_grad():
-        stats = {
-            "pg_loss_sum": float(((-torch.minimum(unclipped, clipped)) * mask).sum()),
-            "clip_frac_sum": float(((clipped < unclipped).float() * mask).sum()),  # clip active
-            "kl_sum": float((kl * mask).sum()),
-            "ratio_sum": float((ratio * mask).sum()),
-        }
-    return loss, stats
+        clip_frac = float(((clipped < unclipped).float() * mask).sum())  # clip active
+        return loss, {"clip_frac_sum": clip_frac, "kl_sum": float((kl * mask).sum())}
 
 
 def logprob_mismatch(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> dict:

@@ -1,9 +1,8 @@
-"""The rollouts laid out on the cores as this hardware pays: one embedded server (replica) per core group, pinned there
-with one torch thread per core, behind the client's spread (a prompt's samples to one replica, so its group drafts see
-its siblings). When one replica is done while another decodes its tail, its cores are the harvest's (`IdleCores`): the
-CPU analog of finished GPU rollout devices, never a busy core at low priority. Cost: on the 2-core AMX host rollouts ran
-at 0.75x the tokens/s of one two-thread server (a group's tail stays on one single-thread replica), so `layout_groups`
-takes replicas only for a harvest. The update takes every core; weight updates go to every replica.
+"""The rollouts laid out on the cores: one embedded server (replica) per core group, pinned there with one torch
+thread per core, behind the client's spread (a prompt's samples to one replica, so its group drafts see its siblings).
+When one replica is done while another decodes its tail, its cores are the harvest's (`IdleCores`): the CPU analog of
+finished GPU rollout devices, never a busy core at low priority. Cost: on the 2-core AMX host rollouts ran at 0.75x the
+tokens/s of one two-thread server, so `layout_groups` takes replicas only for a harvest.
 """
 
 from __future__ import annotations
@@ -55,10 +54,6 @@ class Replicas:
 
     def cores(self) -> dict[str, set[int]]:
         return {s.url: set(s.cores or ()) for s in self.servers}
-
-    @property
-    def log_path(self) -> Path | None:
-        return self.servers[0].log_path
 
     def start(self) -> None:
         for s in self.servers:

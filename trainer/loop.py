@@ -1,21 +1,20 @@
-"""The RL loop: GRPO against a long-lived rollout server over SGLang's native HTTP API. Per step: n samples per prompt
-of `task.prompts("train", n, seed=step)`, concurrently (harvest hook); rewards and group-normalised advantages; one
-AdamW step on the PPO-clipped loss (+ k3 KL); weight_v{step} saved atomically and pushed with
-update_weights_from_disk(weight_version=step). Simplified relative to DeepSeekMath GRPO, DAPO and slime: - One update
-per step (no PPO epochs): rollouts are on-policy, so the ratio only absorbs the server/trainer mismatch
-(`logprob_mismatch`); clipping stays as slime's safety net. Old logprobs are the server's: a forward saved, and engine
-bugs show in the mismatch. - Token-level normalisation (DAPO) over informative groups: without KL an all-equal-reward
-group (advantage 0) is left out (DAPO's filter, no re-sampling); a step with none runs the optimizer on zero gradients
-(AdamW's momentum moves as for all-zero advantages), no forward or backward. No length penalty; KL off by default
-(rule-based rewards need no reward-model guard). - `negative_weight` < 1 scales down negative advantages (PSR); the demo
-keeps plain GRPO (1), where shared tokens cancel. On the demo's small policy the step size decides first: lr 2e-4 made
-it worse in 4 of 5 runs of 12 steps; lr 1e-4, 16 prompts x 4 raised held-out T=1 accuracy on each of 5 seeds
-(docs/rl-gain.md, issue 23). - Synchronous: step N+1's rollouts start after step N's push, so every rollout is sampled
-by the trainer's version; the long tail is what the harvester gleans. The update may take every core (`trainer.phases`),
-and its forward hands the harvester the rollouts' hidden states (`hooks.update_capture()`), saving an idle-window pass.
-- Weight sync from each step's checkpoint (`trainer.policy_push`, `clients.weight_sync`): checked against the serving
-model, then `update_weights_from_disk`, or a `selector: "target"` tensor session for stock SGLang with EAGLE-3; no NCCL
-broadcast.
+"""The RL loop: GRPO against a long-lived rollout server over SGLang's native HTTP API. Per step: n samples per
+prompt, concurrently (harvest hook); rewards and group-normalised advantages; one AdamW step on the PPO-clipped
+loss (+ k3 KL); weight_v{step} saved atomically, checked against the serving model and pushed with
+`weight_version = step` (`trainer.run.PolicyPusher`: `update_weights_from_disk`, or a `selector: "target"` tensor
+session for stock SGLang with EAGLE-3; no NCCL broadcast). Simplified relative to DeepSeekMath GRPO, DAPO and slime:
+- One update per step (no PPO epochs): rollouts are on-policy, so the ratio only absorbs the server/trainer mismatch
+  (`logprob_mismatch`); clipping stays as slime's safety net. Old logprobs are the server's: a forward saved, and
+  engine bugs show in the mismatch.
+- Token-level normalisation (DAPO) over informative groups: without KL an all-equal-reward group (advantage 0) is
+  left out (DAPO's filter, no re-sampling); a step with none runs the optimizer on zero gradients, no forward or
+  backward. No length penalty; KL off by default (rule-based rewards need no reward-model guard).
+- `negative_weight` < 1 scales down negative advantages (PSR); the demo keeps plain GRPO (1). On the demo's small
+  policy the step size decides first: lr 2e-4 made it worse in 4 of 5 runs of 12 steps; lr 1e-4, 16 prompts x 4
+  raised held-out T=1 accuracy on each of 5 seeds (docs/rl-gain.md, issue 23).
+- Synchronous: step N+1's rollouts start after step N's push, so every rollout is sampled by the trainer's version;
+  the long tail is what the harvester gleans. The update may take every core (`trainer.phases`), and its forward
+  hands the harvester the rollouts' hidden states (`hooks.update_capture()`), saving an idle-window pass.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from pathlib import Path
 
 from gleanrl.clients.rollout import Rollout
@@ -58,8 +59,7 @@ def tail_seconds(finish_times: list[float]) -> float:
     if not finish_times:
         return 0.0
     ordered = sorted(finish_times)
-    n = len(ordered)
-    k = math.ceil(0.75 * n)  # after k finishes, n - k <= n/4 still run
+    k = math.ceil(0.75 * len(ordered))  # after k finishes, n - k <= n/4 still run
     return ordered[-1] - ordered[max(k, 1) - 1]
 
 
@@ -176,11 +176,8 @@ def eval_metrics(rollouts: list[Rollout], correct_of, baseline: list[float] | No
 
 def mean_se(values: list[float]) -> tuple[float, float]:
     """Mean and its standard error (sample std / sqrt(n); 0 for fewer than two values)."""
-    n = len(values)
-    mean = _mean(values)
-    if n < 2:
-        return mean, 0.0
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    return _mean(values), se
 
 
 def _mean(values: list[float]) -> float:

@@ -1,8 +1,7 @@
-"""Thread settings per phase of a synchronous RL step: phases never overlap, so each may use the whole machine.
-The update runs while the server waits and can take every core (the demo pins server and trainer to halves;
-`phase_threads(n, all_cores())` lifts the trainer's pin for the update alone), then the rollout phase gets its
-settings back. Hazard: OpenMP workers started in a phase keep its affinity, but after it they only sleep (torch
-runs the restored thread count), taking no compute from the server.
+"""Thread settings per phase of a synchronous RL step: phases never overlap, so each may use the whole machine
+(`phase_threads(n, all_cores())` lifts the trainer's pin for the update alone). Hazard: OpenMP workers started in a
+phase keep its affinity, but after it they only sleep (torch runs the restored thread count), taking no compute
+from the server.
 """
 
 from __future__ import annotations
@@ -12,6 +11,8 @@ import os
 from collections.abc import Collection, Iterator
 
 import torch
+
+from gleanrl.harvest.idle import Pin
 
 
 def all_cores() -> set[int]:
@@ -32,14 +33,12 @@ def phase_threads(threads: int, cores: Collection[int] = ()) -> Iterator[None]:
     """torch's thread count (and, given `cores`, the calling thread's affinity) for one phase; both restored."""
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    pin = bool(cores) and hasattr(os, "sched_setaffinity")
-    saved_threads, saved_cores = torch.get_num_threads(), os.sched_getaffinity(0) if pin else None
+    pin, saved_threads = Pin(), torch.get_num_threads()
     try:
-        if pin:
-            os.sched_setaffinity(0, set(cores))
+        if cores:
+            pin.to(cores)
         torch.set_num_threads(threads)
         yield
     finally:
         torch.set_num_threads(saved_threads)
-        if saved_cores is not None:
-            os.sched_setaffinity(0, saved_cores)
+        pin.restore()

@@ -1,9 +1,9 @@
 """The trainer's copy of the policy: micro-batched logprobs and one GRPO update per RL step.
 
-Given an `UpdateCapture`, the update's forward also hands the harvester the aux hidden states of the rollouts it trains
-on (pre-hooks on the drafter's 3 layers only, detached, copied out row by row before the backward frees the graph) and
-soft labels: no second pass. `update_dtype = "bfloat16"` runs the decoder layers in bf16 autocast (mixed precision, as
-on GPUs); master weights, AdamW state, lm_head and logits stay float32, so the PPO ratio's logprobs keep full precision.
+Given an `UpdateCapture`, the update's forward also hands the harvester the aux hidden states (detached, copied out
+row by row before the backward frees the graph) and soft labels of the rollouts it trains on: no second pass.
+`update_dtype = "bfloat16"` runs the decoder layers in bf16 autocast; master weights, AdamW state, lm_head and logits
+stay float32, so the PPO ratio's logprobs keep full precision.
 """
 
 from __future__ import annotations

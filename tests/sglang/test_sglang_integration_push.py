@@ -16,7 +16,7 @@ from gleanrl.clients.weight_sync import DrafterPush, Route
 from gleanrl.harvest.checkpoint import save_drafter
 from gleanrl.harvest.checkpoint_check import CheckpointMismatch
 from gleanrl.harvest.cli_init import init_drafter
-from gleanrl.trainer.policy_push import PolicyPusher
+from gleanrl.trainer.run import PolicyPusher
 
 pytestmark = pytest.mark.sglang
 

@@ -13,8 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gleanrl.clients.payloads import tensor_body
-from gleanrl.clients.rollout_client import RolloutClient
+from gleanrl.clients.rollout_client import RolloutClient, tensor_body
 from gleanrl.clients.transport import RolloutServerError
 from gleanrl.clients.weight_sync import probe, push_drafter, tensor_session
 from gleanrl.harvest.checkpoint_check import CheckpointMismatch, check_policy_checkpoint

@@ -1,10 +1,8 @@
-"""Tasks and rewards: the plug-in interface the RL loop trains on.
+"""Tasks and rewards: the plug-in interface the RL loop trains on (`base.Task`, here as `Task`).
 
-A task subclasses `base.Task` (here as `Task`): `prompts(split, n, seed) -> list[dict]` (each holding "prompt",
-the exact text sent to `/generate`, and what its reward needs) and `reward(sample, response) -> float` (1.0 =
-correct); `correct`, `solution`, `solution_focus` have defaults. `load_task(spec)`: the default built-in for None,
-a built-in by name, a JSONL dataset (`jsonl:PATH`, `jsonl:train=PATH,test=PATH`, `*.jsonl`), or a user task by
-dotted path (`my_pkg.my_module:my_task`; a class or factory there is called without arguments).
+`load_task(spec)`: the default built-in for None, a built-in by name, a JSONL dataset (`jsonl:PATH`,
+`jsonl:train=PATH,test=PATH`, `*.jsonl`), or a user task by dotted path (`my_pkg.my_module:my_task`; a class or
+factory there is called without arguments).
 """
 
 from __future__ import annotations
@@ -13,9 +11,8 @@ import functools
 import importlib
 
 from gleanrl.trainer.tasks.base import Task
-from gleanrl.trainer.tasks.doubling import Doubling
+from gleanrl.trainer.tasks.builtin import Doubling, RunningSums
 from gleanrl.trainer.tasks.jsonl import JsonlTask, TaskError
-from gleanrl.trainer.tasks.running_sums import RunningSums
 
 DEFAULT_TASK = "doubling"
 BUILTIN = {  # the long tail: trainer.tasks.presets

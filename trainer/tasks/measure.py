@@ -75,13 +75,7 @@ def measure_policy(
     batch_size: int = 64,
     progress: bool = True,
 ) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from gleanrl.trainer.tasks import load_task
-
-    task = load_task(task)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    task, tokenizer, model = _load(model_dir, task)
     samples = task.prompts("test", n, seed)
     solutions = [task.solution(s) for s in samples]
     expected = None if None in solutions else [len(x) for x in solutions]
@@ -110,15 +104,20 @@ def measure_policy(
 
 def reference_report(model_dir: str, task=None, n: int = 192, seed: int = 0) -> dict:
     """`trainer.tasks.sft.reference_accuracy` on `n` test prompts (seed 0, n 192: the demo's held-out set)."""
+    from gleanrl.trainer.tasks.sft import reference_accuracy
+
+    task, tokenizer, model = _load(model_dir, task)
+    return reference_accuracy(model, tokenizer, task, task.prompts("test", n, seed))
+
+
+def _load(model_dir: str, task):
+    """(the task, the policy's tokenizer, the policy in eval mode)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gleanrl.trainer.tasks import load_task
-    from gleanrl.trainer.tasks.sft import reference_accuracy
 
-    task = load_task(task)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    return reference_accuracy(model, tokenizer, task, task.prompts("test", n, seed))
+    return load_task(task), AutoTokenizer.from_pretrained(model_dir), model
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,12 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--json", default=None, help="also write the report here")
-    parser.add_argument(
-        "--reference",
-        action="store_true",
-        help="accuracy from the reference solutions' "
-        "probabilities (one forward each, no sampling; the task needs solution())",
-    )
+    reference = "accuracy from the reference solutions' probabilities (one forward each, no sampling; the task needs "
+    reference += "solution())"
+    parser.add_argument("--reference", action="store_true", help=reference)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -1,17 +1,13 @@
 """Named regimes for the built-in task (`--regime` of `gleanrl demo` and `bench e2e`): length distribution, step shape.
 
-- `long_tail` (default of `bench e2e`): one prompt in 8 on average is 80-99 doublings (560-700 tokens), the rest
-  the power law: a few rollouts decode alone for the rest of the phase, while the update's cost grows with total
-  tokens. Aim: rollouts taking most of a no-SD step, as in reasoning RL (TLT ~85 %, FastGRPO 91-98 %), nothing
-  slowed to get there; not yet measured on the demo policy, which answers it (k <= 99, the default format).
-- `reasoning_tail`: a few single responses far past the rest (TLT's premise), so 1-2 sequences decode for most of
-  the tail, where SD pays on this CPU (ridge ~15 rows a forward). One prompt in 32 is 80-99 doublings; pairs of
-  samples (siblings run in lockstep, so small groups model per-sample variation). 32 x 2.
-- `self_checks` (the `deep` policy's default, `gleanrl.shipped`): `doubling_checks`, heavy-tailed lengths per
-  sample: the longest of 64 runs alone through a share of the rollouts (simulated: ~30 % of decode iterations at
-  16 x 4 with <= 2 running, ~25 % at 8 x 8).
-- `short` (default of `gleanrl demo`, whose wall time is measured here): power law alone, 512-token cap, rollouts
-  ~52 % of a no-SD step.
+- `long_tail` (default of `bench e2e`): one prompt in 8 on average is 80-99 doublings (560-700 tokens), the rest the
+  power law: a few rollouts decode alone for the rest of the phase. Aim: rollouts taking most of a no-SD step, as in
+  reasoning RL (TLT ~85 %, FastGRPO 91-98 %), nothing slowed to get there.
+- `reasoning_tail`: a few single responses far past the rest (TLT's premise), so 1-2 sequences decode for most of the
+  tail, where SD pays on this CPU (ridge ~15 rows a forward). One prompt in 32 is 80-99 doublings; 32 x 2 samples.
+- `self_checks` (the `deep` policy's default): heavy-tailed lengths per sample: the longest of 64 runs alone through
+  a share of the rollouts (simulated: ~30 % of decode iterations at 16 x 4 with <= 2 running, ~25 % at 8 x 8).
+- `short` (default of `gleanrl demo`): power law alone, 512-token cap, rollouts ~52 % of a no-SD step.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Supervised fine-tuning from scratch on a task's reference solutions (the bootstrap's training loop).
 
-Examples are bucketed by length into batches of about `batch_tokens` (padding ~0.1 % of slots: packing would buy
-nothing). Loss on the response and its end-of-turn token only. bf16 autocast where native (`bf16_fast`: ~2.5x on such
-CPUs), float32 master weights.
-
-Focus: `task.solution_focus(sample)` may name character spans of the solution carrying the hard step (the tokenizer is
-one token per character); their tokens weigh `size.focus_weight` (loss: weighted mean over labelled tokens). For
-`doubling`, the first line's counter (a copy of k): 2 tokens of ~40, hardly seen unweighted, and every error of the old
-recipe's policy we looked at (greedy, 4 <= k <= 25: 31 of 48 wrong, all on that line; docs/task-and-bootstrap.md).
+Examples are bucketed by length into batches of about `batch_tokens` (padding ~0.1 %: packing would buy nothing).
+Loss on the response and its end-of-turn token only; bf16 autocast where native (`bf16_fast`), float32 master weights.
+`task.solution_focus(sample)` may name character spans carrying the hard step (one token per character); their tokens
+weigh `size.focus_weight`. For `doubling`, the first line's counter: 2 tokens of ~40, hardly seen unweighted, and every
+error of the old recipe's policy we looked at (docs/task-and-bootstrap.md).
 """
 
 from __future__ import annotations
@@ -70,14 +67,17 @@ def _collate(
     return input_ids, labels, weights
 
 
+def _nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """logits [B, T, V], labels [B, T] -> [B, T - 1] next-token cross-entropy (0 where the label is -100)."""
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].float().transpose(1, 2), labels[:, 1:], ignore_index=-100, reduction="none"
+    )
+
+
 def weighted_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy, weighted per label, averaged over the weights (labels -100 weigh 0)."""
-    logits, labels, weights = logits[:, :-1].float(), labels[:, 1:], weights[:, 1:]
-    nll = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none"
-    )
-    weights = weights.reshape(-1) * (labels.reshape(-1) != -100)
-    return (nll * weights).sum() / weights.sum().clamp_min(1e-9)
+    weights = weights[:, 1:] * (labels[:, 1:] != -100)
+    return (_nll(logits, labels) * weights).sum() / weights.sum().clamp_min(1e-9)
 
 
 @torch.no_grad()
@@ -104,13 +104,10 @@ def reference_accuracy(
         batch = [(p + r, len(p), c) for p, r, c in (examples[i] for i in rows)]
         # right padding: never attended; the task's free choices weigh 0 (not scored)
         input_ids, labels, weights = _collate(batch, tokenizer.pad_token_id or 0, focus_weight=0.0)
-        logits = model(input_ids=input_ids.to(device)).logits[:, :-1].float()
-        labels, weights = labels[:, 1:].to(device), weights[:, 1:].to(device)
-        nll = (
-            torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
-            * weights
-        )
-        hit = (logits.argmax(-1) == labels) | (weights == 0)
+        labels, weights = labels.to(device), weights[:, 1:].to(device)
+        logits = model(input_ids=input_ids.to(device)).logits
+        nll = _nll(logits, labels) * weights
+        hit = (logits[:, :-1].argmax(-1) == labels[:, 1:]) | (weights == 0)
         for row, i in enumerate(rows):
             probs[i] = math.exp(-nll[row].sum().item())
             greedy[i] = float(hit[row].all().item())
@@ -152,7 +149,7 @@ def build_model(tokenizer, size, seed: int):
 
 def train_policy(out: Path, task: Task, size, seed: int = 0, progress: bool = True, device: str = "cpu") -> dict:
     """Train a policy for `task` on `device`, save model + tokenizer to `out`; returns training stats."""
-    from gleanrl.trainer.tasks.chartok import build_char_tokenizer
+    from gleanrl.trainer.tasks.builtin import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     batches = make_batches(task, tokenizer, size, seed)
