@@ -17,8 +17,7 @@ from gleanrl.harvest.train_step import make_optimizer, train_step
 from gleanrl.server.config import ControllerConfig
 from gleanrl.server.decode.sd_decoder import SDDecoder
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
-from gleanrl.server.sampling.sequence import Sequence
-from gleanrl.server.sampling.stopping import StopChecker
+from gleanrl.server.sampling.sequence import Sequence, StopChecker
 from gleanrl.server.sd.controller import Controller
 
 

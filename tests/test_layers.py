@@ -228,7 +228,7 @@ def test_no_import_cycle_anywhere():
     """Lazy imports inside functions count: a circle is a circle even when Python tolerates it
     (bench load <-> bench hostile was one)."""
     graph = import_graph(ROOT, ("gleanrl", *COMPONENTS))
-    assert len(graph) > 150 and cycles(graph) == []
+    assert len(graph) > 100 and cycles(graph) == []  # the graph was read
 
 
 def test_nothing_outside_the_engine_imports_its_parts():

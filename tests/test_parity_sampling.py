@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gleanrl.server.protocol import SamplingParams
-from gleanrl.server.sampling.penalties import penalise_rows, window_counts
+from gleanrl.server.sampling.sampler import penalise_rows, window_counts
 from serving import running_app
 
 

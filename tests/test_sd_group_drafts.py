@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from gleanrl.server.sd.group_drafts import GroupDrafts
-from gleanrl.server.sd.group_index import GroupIndexConfig
+from gleanrl.server.sd.group_index import GroupDrafts, GroupIndexConfig
 
 
 @dataclass(eq=False)
@@ -42,7 +41,7 @@ def test_siblings_draft_for_each_other_and_finished_samples_stay():
     assert g.propose(b, 3).tokens == [12, 13, 14]
     later = _Seq([1, 2, 3])  # the same prompt, a later step
     g.sync([later], "v0")
-    assert g.propose(later, 2).tokens == [10, 11] and g.stats()["samples"] == 4
+    assert g.propose(later, 2).tokens == [10, 11] and g.index.stats()["samples"] == 4
     # a new policy version: v0's samples age out
     g.sync([later], "v1")
-    assert g.propose(later, 2) is None and g.stats()["samples"] == 1
+    assert g.propose(later, 2) is None and g.index.stats()["samples"] == 1

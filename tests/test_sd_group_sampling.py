@@ -20,7 +20,7 @@ from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import SamplingParams
 from gleanrl.server.sd import branch_verify
 from gleanrl.server.sd.controller import Controller
-from gleanrl.server.sd.group_drafts import GroupDrafts
+from gleanrl.server.sd.group_index import GroupDrafts
 from sd_util import seeded, trained_drafter
 from test_sd_engine_sampling import TOP_K, _chi2, _marginals
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gleanrl.server.model.runner import ModelRunner
-from gleanrl.server.sd.tree import build_tree, keep_path
+from gleanrl.server.sd.tree_pass import build_tree, keep_path
 
 
 def _prefill(runner: ModelRunner, prompt: list[int], pooled=None):

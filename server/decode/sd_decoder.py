@@ -1,44 +1,55 @@
-"""The one decoder, `SDDecoder`: a decode iteration, SD or not (plain decoding is an empty draft); `build_decoder` the
-one an engine starts with.
+"""The one decoder, `SDDecoder`: a decode iteration, SD or not (plain decoding is an empty draft); `build_decoder`.
 
-Per iteration: the group index is synced with the running set (`sd/group_drafts.py`), each ready sequence gets its group
-proposal (`sd/group_index.py`), the controller (`sd/controller.py`) picks per sequence what to verify (nothing, a group
-draft prefix, an EAGLE-3 chain, or both as two branches, group first), one drafter call drafts the chains
-(`sd/draft.py`) and one target pass verifies every tree (`sd/tree_pass.py`; a sequence without a draft rides as a bare
-root). Else the iteration is the plain step, which with a drafter also captures hidden states, so switching SD on costs
-nothing; prefilling sequences always take it. Every iteration is timed into the cost model (all but the drafter call)
-and every verified branch into the acceptance estimates.
-
-Two lanes: a batch with a grammar-constrained sequence is planned, measured and credited by a controller of its own
-(`self.constrained`, sharing the cost model): under a grammar a drafter trained on free text is accepted far less, and
-free requests must not inherit that, nor it theirs."""
+Per iteration the controller (`sd/controller.py`) picks per sequence what to verify (nothing, a prefix of its group
+draft from `sd/group_index.py`, an EAGLE-3 chain from `sd/draft.py`, or both as two branches, group first) and one
+target pass verifies every tree (`sd/tree_pass.py`; a sequence without a draft rides as a bare root). Else the iteration
+is the plain step, which with a drafter also captures hidden states, so switching SD on costs nothing; prefilling
+sequences always take it. Every iteration is timed into the cost model (all but the drafter call), every verified branch
+into the acceptance estimates. Two lanes: a batch with a grammar-constrained sequence is planned, measured and credited
+by a controller of its own (`self.constrained`, sharing the cost model): under a grammar a drafter trained on free text
+is accepted far less, and free requests must not inherit that, nor it theirs."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from gleanrl.server.config import EngineConfig
-from gleanrl.server.decode.decoder import DecodeCounters, feed_counts, forward_fed
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.sampling.sampler import params_tensors, sample_next
-from gleanrl.server.sampling.sequence import Emitted, Sequence
+from gleanrl.server.sampling.sequence import Emitted, Sequence, feed_counts, forward_fed
 from gleanrl.server.sd.acceptance import MAX_DEPTH
 from gleanrl.server.sd.controller import Controller
 from gleanrl.server.sd.cost_model import b_bucket
-from gleanrl.server.sd.draft import draft_tokens
-from gleanrl.server.sd.draft_state import DraftState, same_inputs, sync_states
+from gleanrl.server.sd.draft import DraftState, draft_tokens, same_inputs, sync_states
 from gleanrl.server.sd.drafter_forward import new_draft_cache
-from gleanrl.server.sd.group_drafts import GroupDrafts
-from gleanrl.server.sd.group_index import GroupDraft, GroupIndexConfig
+from gleanrl.server.sd.group_index import GroupDraft, GroupDrafts, GroupIndexConfig
 from gleanrl.server.sd.plan import Plan
 from gleanrl.server.sd.tree_pass import TreeResult, tree_pass
-from gleanrl.server.weights.drafter import load_for_target
+from gleanrl.server.weights.checkpoint import load_for_target
 
 Out = dict[Sequence, tuple[list[int], list[float]]]
 IDLE_PROBE = 16
+
+
+@dataclass
+class DecodeCounters:
+    """Cumulative since start (`Engine.sd_counters`)."""
+
+    verify_ct: int = 0  # verify passes
+    verify_tokens: int = 0  # tokens they emitted
+    decode_passes: int = 0  # target passes over decoding sequences,
+    decode_rows: int = 0  # those sequences summed over the passes,
+    decode_tokens: int = 0  # the tokens they emitted
+    iterations: int = 0  # decode calls, and their wall time: whole,
+    iteration_s: float = 0.0
+    forward_s: float = 0.0  # in target forwards,
+    drafter_s: float = 0.0  # in drafter calls
+    # accepted draft tokens by source (the bonus token not counted)
+    spec_accept_token_num_by_source: dict[str, int] = field(default_factory=lambda: {"group": 0, "eagle": 0})
 
 
 def build_decoder(
@@ -85,16 +96,14 @@ class SDDecoder:
         self._rebuilt = False  # this iteration rebuilt a drafter cache
 
     def stats(self) -> dict:
-        c = self.counters
-        by_source = {
-            src: (c.spec_accept_token_num_by_source[src] / n if n else 0.0) for src, n in self.passes_by_source.items()
-        }
+        c, accepted = self.counters, self.counters.spec_accept_token_num_by_source
+        by_source = {src: accepted[src] / n if n else 0.0 for src, n in self.passes_by_source.items()}
         return {
             "avg_spec_accept_length": c.verify_tokens / c.verify_ct if c.verify_ct else 0.0,
             "spec_accept_histogram": list(self.accept_hist),
-            "spec_accept_token_num_by_source": dict(c.spec_accept_token_num_by_source),
+            "spec_accept_token_num_by_source": dict(accepted),
             "avg_spec_accept_length_by_source": by_source,
-            "group_index": self.groups.stats() if self.groups else None,
+            "group_index": self.groups.index.stats() if self.groups else None,
             "sd_controller": self.controller.summary() if self.controller else None,
             "sd_controller_constrained": self.constrained.summary() if self.constrained else None,
         }
@@ -102,8 +111,7 @@ class SDDecoder:
     def set_drafter(self, drafter, path: str | None) -> None:
         """Between iterations: serve `drafter`. A drafter reading the same target layers keeps the target's states (each
         drafter cache rebuilt from them at its next catch-up, no target forward); otherwise states are rebuilt by
-        re-feeding the target the last `window` tokens (`sd/draft_state.py`). Acceptance estimates stay as a prior that
-        counts less."""
+        re-feeding the target the last `window` tokens (`sd/draft.py`). Acceptance estimates stay, as a prior."""
         if self.controller is None:
             raise ValueError("plain decoding (sd off) serves no drafter")
         old, self.drafter, self.draft_path = self.drafter, drafter, path

@@ -1,13 +1,10 @@
-"""The embedded engine: token ids in, token ids out (`generate` yields deltas), built by composition. Its public methods
-are the only door: the HTTP app, the benches and the tests' servers use nothing else (`scheduler`, `swapper`, `decoder`,
-`loop` and `state` are its parts, and no module outside `server/engine/` imports their modules: `tests/test_layers.py`).
-
-One `EngineState` (request sets, flags, versions, one lock) is shared by the `Scheduler` (admission, KV slots, request
-lifecycle), the decoder (`server/decode/`), the `WeightSwapper` (the only code that installs new weights) and the
-`DecodeLoop` (the background thread); outputs reach asyncio through the `Outbox`. The tokenizer is loaded here only for
-stop strings and the HTTP edge. Pause modes follow SGLang's `/pause_generation`: `abort` (in-flight requests return at
-once, aborted, with their partial output), `retract` (back to the queue without their KV; rebuilt after `resume`),
-`in_place` (held as they are). Requests that arrive while paused wait in the queue."""
+"""The embedded engine: token ids in, token ids out (`generate` yields deltas). Its public methods are the only door
+(`tests/test_layers.py`): one `EngineState` (request sets, flags, versions, one lock) is shared by its parts, the
+`Scheduler` (admission, KV slots, request lifecycle), the decoder (`server/decode/`), the `WeightSwapper` (the only code
+that installs new weights) and the `DecodeLoop` (the background thread, delivering through the `Outbox`). The tokenizer
+is loaded here only for stop strings and the HTTP edge. Pause modes follow SGLang's `/pause_generation`: `abort`
+(in-flight requests return at once, aborted, with their partial output), `retract` (back to the queue without their KV;
+rebuilt after `resume`), `in_place` (held as they are). Requests that arrive while paused wait in the queue."""
 
 from __future__ import annotations
 
@@ -20,19 +17,26 @@ import torch
 
 from gleanrl.server.config import EngineConfig
 from gleanrl.server.decode.sd_decoder import build_decoder
-from gleanrl.server.engine.bridge import Outbox
-from gleanrl.server.engine.loop import DecodeLoop
-from gleanrl.server.engine.memory import MemoryOccupation
+from gleanrl.server.engine.loop import DecodeLoop, Outbox
 from gleanrl.server.engine.scheduler import Scheduler
 from gleanrl.server.engine.state import PAUSE_MODES, EngineState, PauseMode
 from gleanrl.server.engine.swap import WeightSwapper
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import CheckpointError, GenerateOutput, GenerateRequest
-from gleanrl.server.sampling.input_logprobs import input_logprobs
-from gleanrl.server.sampling.sequence import Sequence, SequenceStatus
-from gleanrl.server.sampling.stopping import StopChecker
-from gleanrl.server.weights import checkpoint, tensor_update
-from gleanrl.server.weights.tensor_update import NamedTensors
+from gleanrl.server.sampling.sampler import input_logprobs
+from gleanrl.server.sampling.sequence import Sequence, SequenceStatus, StopChecker
+from gleanrl.server.weights import checkpoint
+from gleanrl.server.weights.checkpoint import NamedTensors
+
+MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")
+
+
+def _memory_tags(tags: list[str] | None) -> list[str]:
+    tags = list(tags or MEMORY_TAGS)
+    bad = [t for t in tags if t not in MEMORY_TAGS]
+    if bad:
+        raise ValueError(f"tags: {bad[0]!r} is not one of {list(MEMORY_TAGS)}")
+    return tags
 
 
 class Engine:
@@ -52,7 +56,7 @@ class Engine:
         config = checkpoint.read_config(cfg.model_path)
         self.decoder = build_decoder(cfg, runner, config, lambda: self.state.weight_version)
         self.swapper = WeightSwapper(cfg, config, self.state, self.scheduler, self.decoder)
-        self._memory = MemoryOccupation(self.state, self.scheduler, cfg.device)
+        self._released: set[str] = set()  # memory tags released and not resumed
         self._rng = torch.Generator().manual_seed(cfg.seed)  # for requests without a seed
         self._outbox = Outbox()
         self.loop = DecodeLoop(self.state, self.scheduler, self.decoder, self.swapper, self._outbox.flush, threads)
@@ -146,7 +150,7 @@ class Engine:
         abort_all_requests: bool = False,
     ) -> None:
         """The one entrance for weight updates. `source`: a checkpoint directory (a disk update) or named tensors (a
-        tensor or process-group update: names it leaves out keep their values; `server/weights/tensor_update.py`). Load
+        tensor or process-group update: names it leaves out keep their values; `server/weights/checkpoint.py`). Load
         and check in this thread, then swap between iterations (`server/engine/swap.py`); a target swap waits for
         running requests unless paused or they are aborted. CheckpointError when refused: old weights keep serving."""
         sw = self.swapper
@@ -165,30 +169,52 @@ class Engine:
     def check_tensor_list(self, selector: str, names: list[str], shapes: list) -> None:
         """Before buffers are allocated: CheckpointError unless the listed tensors could be an
         update of `selector`'s model (no more tensors nor elements than it holds)."""
-        tensor_update.check_volume(self.swapper.expected(selector), selector, names, shapes)
+        checkpoint.check_volume(self.swapper.expected(selector), selector, names, shapes)
 
     def check_tensors(self, selector: str, named: NamedTensors) -> None:
         """CheckpointError unless each tensor is a distinct tensor of `selector`'s model with its shape and dtype kind
         (and, for the target, finite): each tensor update's check on arrival, before it waits for the engine."""
-        tensor_update.check_named(self.swapper.expected(selector), selector, named)
+        checkpoint.check_named(self.swapper.expected(selector), selector, named)
         if selector == "target":
-            tensor_update.check_target(named, self.scheduler.runner.dtype)
+            checkpoint.check_target(named, self.scheduler.runner.dtype)
 
     def release_memory(self, tags: list[str] | None) -> None:
-        """SGLang's /release_memory_occupation (`server/engine/memory.py`); ValueError if refused."""
-        self._memory.release(tags)
+        """SGLang's /release_memory_occupation (`tags`: kv_cache, weights, cuda_graph; none means all), for co-located
+        RL; ValueError if refused. As SGLang, refused unless the server is idle, and generation needs everything resumed
+        (a clear 400 instead of SGLang's undefined behaviour). kv_cache: the slot pool is dropped (and the CUDA cache
+        emptied), rebuilt on resume. weights: on the CPU only the semantics hold (no accelerator memory to give back);
+        on CUDA refused by name (not implemented). cuda_graph: none is captured. The drafter is never touched, so it
+        survives a release/resume cycle (stock SGLang loses it, SGLang #31674); weight updates stay allowed."""
+        tags = _memory_tags(tags)
+        if "weights" in tags and self.cfg.device == "cuda":
+            raise ValueError(
+                "tags: releasing 'weights' on CUDA is not implemented by the embedded backend; release 'kv_cache' only"
+            )
+        st = self.state
+        with st.cv:
+            if st.running or st.waiting or st.held:
+                raise ValueError("release_memory_occupation should be called only when server is idle.")
+            if "kv_cache" in tags:
+                self.scheduler.pool = None  # its memory goes back; new requests get caches of their own
+            self._released |= set(tags)
+        if "kv_cache" in tags and self.cfg.device == "cuda":
+            torch.cuda.empty_cache()
 
     def resume_memory(self, tags: list[str] | None) -> None:
-        self._memory.resume(tags)
+        tags = _memory_tags(tags)
+        with self.state.cv:
+            if "kv_cache" in tags and "kv_cache" in self._released:
+                self.scheduler.restore_pool()
+            self._released -= set(tags)
 
     def released_memory(self) -> set[str]:
         """The tags released and not resumed yet (generation is refused while any is)."""
-        return set(self._memory.released)
+        return set(self._released)
 
     def prompt_logprobs(
         self, ids: list[int], start: int, top_k: int = 0, token_ids: list[int] | None = None
     ) -> dict[str, list]:
-        """Logprobs of the prompt's own tokens (`server/sampling/input_logprobs.py`), by the serving
+        """Logprobs of the prompt's own tokens (`server/sampling/sampler.py`), by the serving
         weights; runs in the caller's thread with a cache of its own."""
         return input_logprobs(self.scheduler.runner, ids, start, top_k, token_ids)
 
@@ -237,10 +263,7 @@ class Engine:
         return sum(s.total_len for s in list(self.state.running))
 
     def sd_counters(self) -> dict:
-        """The decoder's cumulative counts since start: `verify_ct` verify passes emitting `verify_tokens`,
-        `decode_passes` target passes over `decode_rows` decoding rows emitting `decode_tokens`,
-        `spec_accept_token_num_by_source` (accepted draft tokens by draft source), and `iterations` decode iterations
-        taking `iteration_s` seconds, of which `forward_s` in target forwards and `drafter_s` in drafter calls."""
+        """The decoder's cumulative counts since start (`decode/sd_decoder.py`'s `DecodeCounters`)."""
         return dataclasses.asdict(self.decoder.counters)
 
     def stats(self) -> dict:

@@ -7,25 +7,60 @@ CPUs, e.g. a second thread team after the model was loaded on another thread, or
 worker thread; every small kernel of a decode step then waits for a futex wake-up (on 2 cores the server's forward took
 1.7x its time alone, and 270 tok/s fell to 131-186 after a weight update). So this thread alone runs with the engine's
 intra-op threads: it pins its own count when it starts (torch reads the process-wide count into a thread's OpenMP
-settings on its first use), then every other thread of the process runs torch single-threaded (no second team)."""
+settings on its first use), then every other thread of the process runs torch single-threaded (no second team).
+
+Outputs reach asyncio through the `Outbox`: the decode thread appends them for any number of event loops; `flush` hands
+them over with one `call_soon_threadsafe` per loop. Each hand-over wakes the loop's thread, a GIL hand-off that costs
+about as much as a small model's decode step, so the loop flushes once per FLUSH_INTERVAL_S, not per token."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 import torch
 
-from gleanrl.server.decode.decoder import Decoder
+from gleanrl.server.decode.sd_decoder import SDDecoder
 from gleanrl.server.engine.scheduler import Scheduler
 from gleanrl.server.engine.state import EngineState
 from gleanrl.server.engine.swap import WeightSwapper
+from gleanrl.server.protocol import GenerateOutput
 from gleanrl.server.sampling.sequence import Sequence
 
 log = logging.getLogger(__name__)
 FLUSH_INTERVAL_S = 0.02  # streamed updates reach the event loop at most this late (first/last: at once)
+
+
+def _deliver(items: list[tuple[asyncio.Queue, GenerateOutput]]) -> None:
+    for queue, out in items:
+        queue.put_nowait(out)
+
+
+class Outbox:
+    """Thread-to-asyncio delivery of engine outputs (module docstring)."""
+
+    def __init__(self) -> None:
+        self._items: deque = deque()  # (loop, queue, output); append/popleft are thread-safe
+        self._lock = threading.Lock()  # one flusher at a time keeps each request's outputs in order
+
+    def put(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, out: GenerateOutput) -> None:
+        self._items.append((loop, queue, out))
+
+    def flush(self) -> None:
+        with self._lock:
+            by_loop: dict = {}
+            while self._items:
+                loop, queue, out = self._items.popleft()
+                by_loop.setdefault(loop, []).append((queue, out))
+            for loop, items in by_loop.items():
+                try:
+                    loop.call_soon_threadsafe(_deliver, items)
+                except RuntimeError:  # the consumer's loop is closed: nobody listens any more
+                    pass
 
 
 class DecodeLoop:
@@ -33,7 +68,7 @@ class DecodeLoop:
         self,
         state: EngineState,
         scheduler: Scheduler,
-        decoder: Decoder,
+        decoder: SDDecoder,
         swapper: WeightSwapper,
         flush: Callable[[], None],
         threads: int = 1,
@@ -89,7 +124,7 @@ class DecodeLoop:
                     st.in_step = False
                     self.scheduler.reap(finished)
                     st.cv.notify_all()
-                # coalesce updates (server/engine/bridge.py), but deliver first tokens and ends at once
+                # coalesce updates (`Outbox`), but deliver first tokens and ends at once
                 if finished or st.urgent or time.monotonic() - last_flush >= FLUSH_INTERVAL_S:
                     st.urgent = False
                     self.flush()

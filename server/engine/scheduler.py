@@ -5,7 +5,7 @@ the forward. Every method but `step`'s decoder call runs under the state's lock.
 
 from __future__ import annotations
 
-from gleanrl.server.decode.decoder import Decoder
+from gleanrl.server.decode.sd_decoder import SDDecoder
 from gleanrl.server.engine.state import EngineState
 from gleanrl.server.model.kv import SeqKVCache
 from gleanrl.server.model.kv_pool import KVPool
@@ -22,10 +22,6 @@ class Scheduler:
         self.pool_length = context_length + SD_MARGIN if context_length else None
         self.pool: KVPool | None = None
         self.restore_pool()
-
-    def release_pool(self) -> None:
-        """Drop the slot pool (its memory goes back); new requests get caches of their own."""
-        self.pool = None
 
     def restore_pool(self) -> None:
         if self.pool_length:
@@ -67,7 +63,7 @@ class Scheduler:
         st.waiting.extendleft(reversed(back))
         return len(back)
 
-    def step(self, decoder: Decoder, seqs: list[Sequence] | None = None) -> list[Sequence]:
+    def step(self, decoder: SDDecoder, seqs: list[Sequence] | None = None) -> list[Sequence]:
         """One decoder iteration over the running set (or `seqs` of it), outside the lock (`in_step`: nothing else
         changes the set meanwhile). Emits deltas of the unfinished sequences and returns the finished ones, which `reap`
         then retires (a finished request's slot is free before its consumer hears of it)."""

@@ -13,19 +13,18 @@ withdrawn and refused, and the held requests run."""
 from __future__ import annotations
 
 from gleanrl.server.config import EngineConfig
-from gleanrl.server.decode.decoder import Decoder
+from gleanrl.server.decode.sd_decoder import SDDecoder
 from gleanrl.server.engine.scheduler import Scheduler
 from gleanrl.server.engine.state import DraftSwap, EngineState, TargetSwap
 from gleanrl.server.protocol import CheckpointError
 from gleanrl.server.sampling.sequence import SequenceStatus
-from gleanrl.server.weights import checkpoint, tensor_update
-from gleanrl.server.weights.drafter import load_for_target
+from gleanrl.server.weights import checkpoint
 
 
 class WeightSwapper:
     """Owns the serving target checkpoint's identity (path, config, tensor signature)."""
 
-    def __init__(self, cfg: EngineConfig, config: dict, state: EngineState, scheduler: Scheduler, decoder: Decoder):
+    def __init__(self, cfg: EngineConfig, config: dict, state: EngineState, scheduler: Scheduler, decoder: SDDecoder):
         self.cfg, self.state, self.scheduler, self.decoder = cfg, state, scheduler, decoder
         self.model_path, self.config = cfg.model_path, config
         self.signature = checkpoint.checkpoint_signature(cfg.model_path)
@@ -42,7 +41,7 @@ class WeightSwapper:
                 "this server runs with speculative decoding off (sd 'off'), "
                 "so it serves no drafter; start it with --sd on or --sd adaptive"
             )
-        return DraftSwap(load_for_target(path, self.scheduler.runner, self.config), path, version)
+        return DraftSwap(checkpoint.load_for_target(path, self.scheduler.runner, self.config), path, version)
 
     def expected(self, selector: str) -> checkpoint.Signature:
         """The tensors an update of `selector` may carry (read from the headers, not loaded)."""
@@ -56,16 +55,16 @@ class WeightSwapper:
         return checkpoint.checkpoint_signature(self.decoder.draft_path)
 
     def load_tensors(
-        self, selector: str, named: tensor_update.NamedTensors, version: str | None, flush_cache: bool
+        self, selector: str, named: checkpoint.NamedTensors, version: str | None, flush_cache: bool
     ) -> TargetSwap | DraftSwap:
-        """Named tensors as a swap of `selector` (`weights/tensor_update.py`): names, shapes and dtypes first, before
+        """Named tensors as a swap of `selector` (`weights/checkpoint.py`): names, shapes and dtypes first, before
         anything reads the data or copies a model."""
-        tensor_update.check_named(self.expected(selector), selector, named)
+        checkpoint.check_named(self.expected(selector), selector, named)
         runner = self.scheduler.runner
         if selector == "draft":
             path = self.decoder.draft_path
-            return DraftSwap(tensor_update.overlay_drafter(path, named, runner, self.config), path, version)
-        new_runner = tensor_update.target_runner(runner, tensor_update.check_target(named, runner.dtype))
+            return DraftSwap(checkpoint.overlay_drafter(path, named, runner, self.config), path, version)
+        new_runner = checkpoint.target_runner(runner, checkpoint.check_target(named, runner.dtype))
         return TargetSwap(new_runner, self.config, self.signature, self.model_path, version, flush_cache)
 
     def submit(self, swap: TargetSwap | DraftSwap, apply_now: bool) -> None:

@@ -4,12 +4,9 @@ layer, `advance_caches` after the last layer; the runner names no kernel.
 Kernels: the slot pool's decode batch (`kv_pool.pooled_decode_attention`, K/V written in place), verify passes of a few
 tokens per sequence (`verify_attention`), a padded decode batch for caches outside the pool (`decode_attention`, below),
 and anything else, one sequence at a time (`kv.ragged_attention`: prefill chunks, mixed batches, trees of one sequence).
-
-Padded decode attention: one new token per sequence, all sequences in one kernel call.
-
-`server/model/kv.py`'s `ragged_attention` loops over sequences in Python, which dominates a decode step of a small model
-at large batch. Here the new K/V are appended to each sequence's cache as before, then the caches are padded into one
-[B, L_max] batch (a copy, done in C++) and attended with a length mask."""
+`ragged_attention`'s Python loop over sequences dominates a decode step of a small model at large batch, hence the
+padded kernel: the new K/V appended to each cache, then the caches padded into one [B, L_max] batch (a copy, done in
+C++) and attended with a length mask."""
 
 from __future__ import annotations
 

@@ -96,9 +96,6 @@ class SeqKVCache:
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
 
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.k + self.v)
-
 
 def ragged_attention(
     q: Tensor, k: Tensor, v: Tensor, caches: list[SeqKVCache], layer: int, seq_lens: list[int], masks: Masks = None

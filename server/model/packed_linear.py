@@ -1,4 +1,4 @@
-"""Linears fused (`fuse_linears`) and `F.linear` with its weight pre-packed by oneDNN where as exact and faster.
+"""`F.linear` with its weight pre-packed by oneDNN where as exact and faster.
 
 On a CPU with AVX-512 BF16 / AMX, torch's bf16 `linear` re-lays the weight out for oneDNN on every call; pre-packed (as
 inductor's freezing pass does) a decode step's small-batch matmuls take about half the time (on this project's 2-core
@@ -45,20 +45,3 @@ def linear(weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> Calla
         return lambda x: F.linear(x, weight, bias)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
     return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-
-def fuse_linears(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One weight (and bias) for linears sharing their input: fewer kernel calls. The modules'
-    parameters become views into the fused tensors, so memory is not doubled and they stay usable.
-    (`harvest/drafter.py` has its own: harvest imports nothing of the server.)"""
-    weight = torch.cat([lin.weight.data for lin in linears])
-    bias = None
-    if any(lin.bias is not None for lin in linears):
-        bias = torch.cat([weight.new_zeros(lin.out_features) if lin.bias is None else lin.bias.data for lin in linears])
-    start = 0
-    for lin in linears:
-        lin.weight.data = weight[start : start + lin.out_features]
-        if lin.bias is not None:
-            lin.bias.data = bias[start : start + lin.out_features]
-        start += lin.out_features
-    return weight, bias

@@ -12,17 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gleanrl.harvest.drafter import fuse_linears
 from gleanrl.server.model.attention import advance_caches, attention, plan_attention
 from gleanrl.server.model.kv import Masks, SeqKVCache
-from gleanrl.server.model.packed_linear import can_pack, fuse_linears, linear
+from gleanrl.server.model.packed_linear import can_pack, linear
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    if dtype == "auto":
-        return torch.float32 if device == "cpu" else torch.bfloat16
-    return DTYPES[dtype]
 
 
 def rotary_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,8 +88,9 @@ class ModelRunner:
     def load(cls, model_path: str, device: str = "cpu", dtype: str = "auto") -> ModelRunner:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=resolve_dtype(dtype, device)).to(device)
-        return cls(model, device)
+        auto = torch.float32 if device == "cpu" else torch.bfloat16
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=auto if dtype == "auto" else DTYPES[dtype])
+        return cls(model.to(device), device)
 
     def new_cache(self, capacity: int = 64) -> SeqKVCache:
         return SeqKVCache(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype, self.device, capacity)
@@ -113,7 +109,7 @@ class ModelRunner:
         """token_ids, positions: [N] (the new tokens of all sequences, concatenated); returns logits [B, V] for each
         sequence's last new token (or [N, V] if not `last_only`) and, with `capture_layers=[a, b, c]`, aux hidden [N,
         3*H]: the residual stream entering layers a+1, b+1, c+1 (= transformers' `output_hidden_states[a+1]`, ...)
-        concatenated. `tree_masks`: `kv.Masks` (draft trees, `gleanrl.server.sd.tree`)."""
+        concatenated. `tree_masks`: `kv.Masks` (draft trees, `gleanrl.server.sd.tree_pass`)."""
         t0 = time.perf_counter()
         n = token_ids.shape[0]
         x = self.embed(token_ids)  # [N, H]

@@ -1,12 +1,31 @@
 """Sampling as pure tensor functions: processed probabilities, sampling with per-request generators, returned logprobs.
 
 Logprob convention (SGLang 0.5.23's default sampler, `SGLANG_RETURN_ORIGINAL_LOGPROB` unset, read in
-`python/sglang/srt/layers/sampler.py` of the installed 0.5.23): the returned logprob of a token is
-`log_softmax(logits / temperature)` of the target's logits, with temperature 0 (greedy) read as 1, taken BEFORE top-k,
-top-p and min-p (those shape the sampling distribution, not the returned logprob). Older SGLang renormalised over the
-top-p nucleus; 0.5.23 does not. The trainer must compute the same. The logits are those after the request's penalties
-and `logit_bias` (`penalties.py`), as SGLang applies them to the logits before its sampler. `output_top_logprobs` and
-`output_token_ids_logprobs` come from the same distribution."""
+`python/sglang/srt/layers/sampler.py` of the installed 0.5.23): the returned logprob of a token is `log_softmax(logits /
+temperature)` of the target's logits, with temperature 0 (greedy) read as 1, taken BEFORE top-k, top-p and min-p (those
+shape the sampling distribution, not the returned logprob). Older SGLang renormalised over the top-p nucleus; 0.5.23
+does not. The trainer must compute the same. The logits are those after the request's penalties and `logit_bias`
+(below), as SGLang applies them to the logits before its sampler. `output_top_logprobs` and `output_token_ids_logprobs`
+come from the same distribution.
+
+`input_logprobs`: logprobs of the prompt's own tokens (SGLang's `input_token_logprobs`, `input_top_logprobs`,
+`input_token_ids_logprobs` for `logprob_start_len` >= 0), e.g. for slime's on-policy distillation (`max_new_tokens: 0`),
+in SGLang's shape (`scheduler_components/logprob_result_processor.py`): entries for prompt positions [start, L); entry 0
+is None, entry j >= 1 is log p(ids[start + j] | ids[:start + j]) under the raw logits (no temperature, no penalties),
+the top / token-id lists aligned alike. With `max_new_tokens` 0 SGLang still scores the position after the prompt: its
+`output_top_logprobs` (and `output_token_ids_logprobs`) hold that one row (`next_top`, `next_ids` here);
+`output_token_logprobs` stays empty. Computed by a separate forward over the prompt with its own cache, chunked; each
+chunk's [chunk, V] log-softmax is reduced to its pairs before the next, so memory stays bounded by the chunk. It reads
+the runner once, so it sees one set of weights even across a concurrent update.
+
+Penalties: logits processing that depends on the request and its output so far, as pure tensor functions: SGLang's
+penaltylib (frequency, presence, repetition penalties; min_new_tokens) and `logit_bias`, in SGLang's order (SGLang
+0.5.23's overlap path, `sampling_batch_info._apply_pre/post_grammar_logits_transforms`): additive terms (frequency,
+presence, min_new_tokens' -inf on EOS and stop ids), then the repetition scaling, then `logit_bias`; temperature and the
+top-k/top-p/min-p filters come after. The counts are over output tokens only, never the prompt, as SGLang's
+`cumulate_output_tokens`. Speculative decoding verifies k drafts in one pass: position j of the window is processed with
+the counts of the output plus drafts d_1..d_j (`window_counts`), i.e. exactly what plain decoding would have used had it
+emitted those tokens, so verification is against the penalised target (lossless)."""
 
 from __future__ import annotations
 
@@ -14,9 +33,93 @@ import torch
 
 from gleanrl.server.protocol import SamplingParams
 from gleanrl.server.sampling.grammar import mask_rows
-from gleanrl.server.sampling.penalties import OutputCounts, penalise_rows, window_counts
 
 Pairs = list[tuple[float, int]]  # (logprob, token id), as SGLang's logprob triples without the text
+CHUNK = 512  # prompt tokens per forward of `input_logprobs`
+
+
+class OutputCounts:
+    """Per-sequence token counts of the output so far, [V], grown incrementally (output ids only grow)."""
+
+    def __init__(self, vocab_size: int, device: torch.device | str = "cpu"):
+        self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+        self.seen = 0
+
+    def update(self, output_ids: list[int]) -> torch.Tensor:
+        new = output_ids[self.seen :]
+        if new:
+            idx = torch.tensor(new, dtype=torch.long, device=self.counts.device)
+            self.counts.index_add_(0, idx, torch.ones_like(idx, dtype=torch.float32))
+            self.seen = len(output_ids)
+        return self.counts
+
+
+def window_counts(counts: torch.Tensor, drafts: list[int]) -> torch.Tensor:
+    """counts [V], k drafts -> [k+1, V]: row j counts the output plus drafts[:j]."""
+    rows = counts[None].repeat(len(drafts) + 1, 1)
+    if drafts:
+        hot = torch.zeros(len(drafts), counts.shape[0], device=counts.device)
+        hot[torch.arange(len(drafts)), torch.tensor(drafts, device=counts.device)] = 1.0
+        rows[1:] += hot.cumsum(0)
+    return rows
+
+
+def penalise(
+    logits: torch.Tensor,
+    counts: torch.Tensor,
+    out_len: torch.Tensor,
+    freq: torch.Tensor,
+    presence: torch.Tensor,
+    repetition: torch.Tensor,
+    min_new: torch.Tensor,
+    stop_mask: torch.Tensor,
+    bias: torch.Tensor,
+) -> torch.Tensor:
+    """logits, counts [N, V]; out_len (output tokens before the row), min_new [N] long; freq, presence, repetition [N];
+    stop_mask [N, V] bool (EOS and stop ids); bias [N, V]. Returns new logits [N, V]."""
+    x = logits.float() - freq[:, None] * counts - presence[:, None] * (counts > 0)
+    x = x.masked_fill(stop_mask & (out_len < min_new)[:, None], float("-inf"))
+    scale = torch.where(counts > 0, repetition[:, None], torch.ones_like(x))
+    x = torch.where(x < 0, x * scale, x / scale)
+    return x + bias
+
+
+def stop_mask_row(stop_ids: set[int], vocab_size: int, device) -> torch.Tensor:
+    mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+    ids = [t for t in stop_ids if 0 <= t < vocab_size]
+    if ids:
+        mask[torch.tensor(ids, device=device)] = True
+    return mask
+
+
+def bias_row(bias: dict[int, float], vocab_size: int, device) -> torch.Tensor:
+    row = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+    if bias:
+        row[torch.tensor(list(bias), device=device)] = torch.tensor(list(bias.values()), device=device)
+    return row
+
+
+def penalise_rows(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    counts: list[torch.Tensor],
+    out_lens: list[int],
+    stop_ids: list[set[int]],
+) -> torch.Tensor:
+    """Row-wise `penalise` from per-row params, counts [V], output lengths and min_new_tokens stop ids."""
+    vocab, dev = logits.shape[-1], logits.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    return penalise(
+        logits,
+        torch.stack(counts).to(dev),
+        torch.tensor(out_lens, device=dev),
+        torch.tensor([p.frequency_penalty for p in params], **f32),
+        torch.tensor([p.presence_penalty for p in params], **f32),
+        torch.tensor([p.repetition_penalty for p in params], **f32),
+        torch.tensor([p.min_new_tokens for p in params], device=dev),
+        torch.stack([stop_mask_row(s, vocab, dev) for s in stop_ids]),
+        torch.stack([bias_row(p.logit_bias, vocab, dev) for p in params]),
+    )
 
 
 def params_tensors(params: list[SamplingParams], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
@@ -73,7 +176,7 @@ def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: torch.T
 def penalised(logits: torch.Tensor, seqs: list, drafts: list[list[int]] | None = None) -> torch.Tensor:
     """logits [N, V] of `seqs` (one row each, or with `drafts` one window of len(d) + 1 rows each) after each sequence's
     penalties and logit_bias; unchanged when no sequence has any. Rows of a window count the drafts before them
-    (`penalties.window_counts`); then each grammar's mask, row j after drafts[:j] (`grammar.mask_rows`)."""
+    (`window_counts`); then each grammar's mask, row j after drafts[:j] (`grammar.mask_rows`)."""
     drafts = drafts if drafts is not None else [[] for _ in seqs]
     if not any(s.req.params.penalised for s in seqs):
         return mask_rows(logits, seqs, drafts)
@@ -130,3 +233,39 @@ def sample_next(logits: torch.Tensor, seqs: list) -> list[tuple[list[int], list[
     lps = token_logprobs(logits, ids, p["temperature"]).tolist() if want_logprobs else [0.0] * len(seqs)
     record_extras(logits, seqs, p["temperature"])
     return [([t], [lp]) for t, lp in zip(ids.tolist(), lps)]
+
+
+@torch.inference_mode()
+def input_logprobs(
+    runner, ids: list[int], start: int, top_k: int = 0, token_ids: list[int] | None = None
+) -> dict[str, list]:
+    """Returns {"token": [(lp | None, id)], "top": [pairs | None], "ids": [pairs | None]} for [start, L), and
+    "next_top", "next_ids": the pairs at the position after the prompt."""
+    length, start = len(ids), min(start, len(ids))
+    first = min(start, length - 1)  # the last position is always scored ("next_*")
+    cache = runner.new_cache(capacity=length + 1)
+    values: list[float] = []  # log p(ids[p + 1]) for p in [first, L - 1)
+    extras: list = []  # (top, token-id) pairs for p in [first, L)
+    for lo in range(0, length, CHUNK):
+        hi = min(lo + CHUNK, length)
+        logits, _ = runner.forward(
+            torch.tensor(ids[lo:hi], device=runner.device),
+            torch.arange(lo, hi, device=runner.device),
+            [cache],
+            [hi - lo],
+            last_only=False,
+        )
+        if hi <= first:
+            continue
+        at = max(first, lo)
+        lp = torch.log_softmax(logits[at - lo :].float(), dim=-1)  # [hi - at, V]
+        nxt = torch.tensor(ids[at + 1 : hi + 1], dtype=torch.long, device=lp.device)  # one short on the last chunk
+        values += lp[: len(nxt)].gather(-1, nxt[:, None])[:, 0].tolist()
+        extras += logprob_extras(lp, top_k, token_ids)
+    top, picked = [t for t, _ in extras], [i for _, i in extras]
+    out = {"token": [], "top": [], "ids": [], "next_top": top[-1], "next_ids": picked[-1]}
+    if start < length:
+        out["token"] = [(None, ids[start])] + list(zip(values, ids[start + 1 :]))
+        out["top"] = [None] + top[:-1] if top_k > 0 else []
+        out["ids"] = [None] + picked[:-1] if token_ids else []
+    return out

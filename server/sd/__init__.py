@@ -1,14 +1,9 @@
 """Lossless speculative decoding (SD) in the embedded engine, with the EAGLE-3 drafter harvested during RL.
 
-The pieces of the one decoder (`server/decode/sd_decoder.py`, `SDDecoder`): plain decoding is an empty draft, a chain is
-a one-branch tree. Per iteration the controller (`controller.py`: a cost model of target passes and drafter steps, and
-acceptance estimates per source and depth) picks per sequence what to verify; `tree.py` + `tree_pass.py` verify every
-sequence's tree (root + branches) in one target pass with one verifier (`branch_verify.py`: the point-mass /
-speculative-sampling rule branch by branch; the argument in its docstring) and compact the caches to the accepted path.
-Sources: `draft.py` (the EAGLE-3 drafter's chain; `drafter_forward.py`, `draft_state.py`; loaded by
-`server/weights/drafter.py`) and group drafts (`group_index.py`: per prompt, the running and earlier samples' outputs,
-adaptive-length drafts from match counts; `group_drafts.py` keeps it in step with the running set).
-`server/model/verify_attention.py`: the batched attention of verify passes, one kernel per layer.
+The pieces of the one decoder (`server/decode/sd_decoder.py`, `SDDecoder`; plain decoding is an empty draft, a chain is
+a one-branch tree): the controller (`controller.py`) picks per sequence what to verify, `tree_pass.py` verifies every
+tree in one target pass by one rule (`branch_verify.py`, the argument in its docstring); the drafts come from the
+EAGLE-3 drafter (`draft.py`) and the prompt's other samples (`group_index.py`).
 
 Simplified relative to TLT (arXiv 2511.16665, code mit-han-lab/fastrl), and why:
 - Chain drafts, no top-k token tree (a tree has at most two branches: group and EAGLE-3). A chain needs no multi-path

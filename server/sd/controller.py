@@ -11,15 +11,10 @@ find nothing) the best plan by exploring estimates when it comes within CLOSE of
 the measured ones). A drafter whose realised acceptance falls below the break-even floor is dropped for the bucket until
 a probe re-measures it. While no cell of a bucket pays and no probe is due or affordable, plain plays without planning.
 
-Estimates (`CostModel`, `Acceptance`; the details in their docstrings):
-- target(B, t): seconds of a decode iteration but its drafter call (sync, plan, pass, verify, bookkeeping) per
-  (B bucket, rows per sequence t in `T_GRID`), an EMA of every iteration over bare forwards timed at start
-  (`calibrate`), so every bucket has a curve to follow; the realised cells, not the model, decide where SD plays.
-- drafter(B, k): seconds per drafter step (catch-up counted as one) per B bucket, an EMA, timed at the first drafter
-  load (`calibrate_drafter`); an unmeasured bucket takes the nearest measured one's.
-- acceptance: decayed counts per draft depth, EAGLE-3 pooled and per sequence, group drafts per (depth bin, estimate
-  bin) with the index's estimate as prior; EAGLE-3 has no optimistic prior. A drafter swap halves the EAGLE-3 counts
-  and re-opens its cells: kept as a prior, soon dominated by new measurements.
+Estimates (`cost_model.py`, `acceptance.py`; the details in their docstrings): target seconds per (B bucket, rows per
+sequence) and drafter seconds per step, EMAs of real iterations over a calibration at start, so every bucket has a curve
+to follow (the realised cells, not the model, decide where SD plays); acceptance per draft depth from decayed counts,
+with no optimistic prior for EAGLE-3. A drafter swap halves the EAGLE-3 counts and re-opens its cells.
 `mode="on"` plays the best plan with a draft wherever one exists, at any batch size (tests); with a fixed k, every
 sequence that can takes the EAGLE-3 chain of k (min(k, cap)) and, fused or without a chain, its group draft up to k as a
 branch of its own, so the uniforms a seeded request draws do not depend on timing."""

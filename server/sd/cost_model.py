@@ -79,6 +79,7 @@ class CostModel:
         return est
 
     def draft_seconds(self, b: int, k: int) -> float:
+        """A k-step drafter call at batch b (catch-up counted as one step); an unmeasured bucket takes the nearest's."""
         if self.step:
             near = min(self.step, key=lambda x: abs(np.log2(x) - np.log2(b_bucket(b))))
             return self.step[near] * (k + 1)

@@ -20,7 +20,12 @@ ones are dropped when a new version is set (running ones when they finish). All 
 indexed); each n-gram keeps its `max_hits` most recent positions. A dropped sample's table entries are skipped at lookup
 and purged by rebuilding its group once they outnumber the live ones (amortised O(1) per token), so the table holds at
 most about 2 x (max_n - min_n + 1) entries per live token. Measured with tracemalloc (defaults): about 170 bytes per
-token on sibling-like samples, 340 on unrelated random ones, so the default bound (2^19 tokens) is 90-180 MB."""
+token on sibling-like samples, 340 on unrelated random ones, so the default bound (2^19 tokens) is 90-180 MB.
+
+`GroupDrafts` keeps the index in step with the running sequences (`sync`, at the start of every decode iteration): a new
+sequence starts a sample of its prompt, every sequence's output tokens emitted since the last iteration are indexed, and
+a sequence that left the running set (finished, aborted) finishes its sample, whose tokens stay for its siblings and
+later steps. A retracted or flushed sequence keeps its output ids, so its sample continues unchanged."""
 
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ import itertools
 from array import array
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
+
+from gleanrl.server.sampling.sequence import Sequence
 
 _POS_BITS = 32  # a table entry is (sample uid << _POS_BITS) | position: one int
 
@@ -236,3 +243,42 @@ def _majority(conts: list[list[int]], n: int, max_len: int, min_prob: float) -> 
         probs.append(p)
         conts = [c for c in voters if c[j] == tok]
     return GroupDraft(tokens, n, candidates, support, probs) if tokens else None
+
+
+@dataclass(eq=False, slots=True)
+class _Entry:
+    sample: Sample
+    key: bytes
+    indexed: int = 0  # output tokens already indexed
+
+
+class GroupDrafts:
+    """The engine's side of the group index: synced with the running set, proposes drafts."""
+
+    def __init__(self, config: GroupIndexConfig | None = None):
+        self.index = GroupIndex(config)
+        self._entries: dict[Sequence, _Entry] = {}  # Sequence hashes by identity
+
+    def sync(self, seqs: list[Sequence], version: str) -> None:
+        live = set(seqs)
+        for s in [s for s in self._entries if s not in live]:
+            self._extend(s, self._entries[s])  # its last tokens, then it finishes
+            self.index.finish(self._entries.pop(s).sample)
+        self.index.set_version(version)
+        for s in seqs:
+            e = self._entries.get(s)
+            if e is None:
+                e = self._entries[s] = _Entry(self.index.start(s.req.input_ids, version), prompt_key(s.req.input_ids))
+            self._extend(s, e)
+
+    def _extend(self, s: Sequence, e: _Entry) -> None:
+        if len(s.output_ids) > e.indexed:
+            self.index.extend(e.sample, s.output_ids[e.indexed :])
+            e.indexed = len(s.output_ids)
+
+    def propose(self, s: Sequence, max_len: int) -> GroupDraft | None:
+        """The continuation of s's last tokens (its prompt's tail included) by its group, up to max_len."""
+        e = self._entries.get(s)
+        if e is None or max_len < 1:
+            return None
+        return self.index.propose(e.key, s.tokens(max(s.total_len - self.index.config.max_n, 0), s.total_len), max_len)

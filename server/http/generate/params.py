@@ -12,7 +12,7 @@ from gleanrl.server.http.generate.answer import fill_input_logprobs
 from gleanrl.server.http.generate.fanin import Fanin
 from gleanrl.server.http.generate.grammar import compile_grammar
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
-from gleanrl.server.sampling.stopping import check_stops, compile_stop_regex
+from gleanrl.server.sampling.sequence import check_stops, compile_stop_regex
 
 UNSUPPORTED_SAMPLING = ("structural_tag",)  # a 400 naming the field unless unset
 
