@@ -85,11 +85,40 @@ def other_arch_model(sglang_model, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
+class _Shared:
+    """One SGLang server for this folder's tests, started on first use and stopped when the run leaves the folder:
+    SGLang's CPU scheduler polls, about half a core while idle, which the rest of the suite (and a 2-core machine
+    shared with another job) would otherwise pay until the session ends."""
+
+    server: SGLangServer | None = None
+
+    @classmethod
+    def get(cls, model: Path) -> SGLangServer:
+        if cls.server is None or not cls.server.alive():
+            cls.stop()
+            cls.server = SGLangServer(model)
+        return cls.server
+
+    @classmethod
+    def stop(cls) -> None:
+        if cls.server is not None:
+            cls.server.stop()
+            cls.server = None
+
+
+@pytest.fixture
 def sglang_server(sglang_model):
-    server = SGLangServer(sglang_model)
-    yield server
-    server.stop()
+    return _Shared.get(sglang_model)
+
+
+def pytest_runtest_teardown(item, nextitem):
+    # called for this folder's tests only (a conftest's hooks apply below it)
+    if nextitem is None or Path(__file__).parent not in Path(nextitem.path).parents:
+        _Shared.stop()
+
+
+def pytest_sessionfinish(session):
+    _Shared.stop()
 
 
 @pytest.fixture
