@@ -4,9 +4,11 @@ sglang`, GPU). User mistakes end in a one-line error and exit status 2, never a 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -105,9 +107,12 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     try:
-        from gleanrl.server.engine import Engine
+        from gleanrl.server.engine import Engine, EngineGone, EngineProcess
 
-        engine = Engine(engine_cfg)
+        stop = functools.partial(os.kill, os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown
+        engine = EngineProcess(engine_cfg, on_exit=stop) if server_cfg.engine_process else Engine(engine_cfg)
+    except EngineGone as exc:  # the engine process's one line
+        return _fail(f"cannot load the model from {model}: {exc}")
     except Exception as exc:  # unloadable model: one line, no traceback
         return _fail(f"cannot load the model from {model}: {type(exc).__name__}: {exc}".splitlines()[0])
     import uvicorn

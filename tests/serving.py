@@ -5,7 +5,8 @@ uvicorn in a background thread of the test process.
         httpx.post(f"{url}/generate", ...)
 
 Keyword arguments go to `ServerConfig` when it has the field, else to `EngineConfig`. The yielded
-URL also carries `.app` (the FastAPI app, whose `state.engine` is the engine) via `running_app`."""
+URL also carries `.app` (the FastAPI app, whose `state.engine` is the engine) via `running_app`. The engine runs in
+the test process (`engine_process=False`, so tests may look inside it) unless `engine_process=True` is given."""
 
 from __future__ import annotations
 
@@ -28,12 +29,12 @@ _SERVER_FIELDS = {f.name for f in dataclasses.fields(ServerConfig)}
 @contextmanager
 def running_app(model_dir, *, engine=None, startup_timeout: float = 120.0, **kw):
     """Yields (url, app)."""
-    from gleanrl.server.engine import Engine
+    from gleanrl.server.engine import Engine, EngineProcess
 
-    server_kw = {k: v for k, v in kw.items() if k in _SERVER_FIELDS}
+    server_kw = {"engine_process": False, **{k: v for k, v in kw.items() if k in _SERVER_FIELDS}}
     engine_kw = {k: v for k, v in kw.items() if k not in _SERVER_FIELDS}
     engine_cfg = EngineConfig(model_path=str(model_dir), **{"num_threads": 1, **engine_kw})
-    engine = engine or Engine(engine_cfg)
+    engine = engine or (EngineProcess if server_kw["engine_process"] else Engine)(engine_cfg)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

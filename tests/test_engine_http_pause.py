@@ -17,9 +17,9 @@ PROMPT = "The quick brown fox"
 LONG = 400
 
 
-@pytest.fixture(scope="module")
-def url(tiny_qwen2):
-    with running_app(tiny_qwen2) as (url, _):
+@pytest.fixture(scope="module", params=[False, True], ids=["embedded", "engine_process"])
+def url(tiny_qwen2, request):
+    with running_app(tiny_qwen2, engine_process=request.param) as (url, _):
         yield url
 
 

@@ -105,8 +105,9 @@ def _hostile_round(url: str, reference: list[int], vocab: int) -> tuple[float, f
     return p99(benign.latencies), health.worst, wrong
 
 
-def test_hostile_requests_do_not_stop_stall_or_poison_the_server(tiny_qwen2):
-    with running_app(tiny_qwen2, **LIMITS) as (url, app):
+@pytest.mark.parametrize("engine_process", [False, True], ids=["embedded", "engine_process"])
+def test_hostile_requests_do_not_stop_stall_or_poison_the_server(tiny_qwen2, engine_process):
+    with running_app(tiny_qwen2, engine_process=engine_process, **LIMITS) as (url, app):
         vocab = app.state.vocab_size
         prompt = app.state.tokenizer.encode("Once upon a time")
         before = greedy_ids(url, prompt, 12)

@@ -104,8 +104,9 @@ def _refused_updates(model_dir) -> list[tuple[str, dict, str]]:
     ]
 
 
-def test_update_validation_failures_are_4xx_and_change_nothing(tiny_qwen2):
-    with running_app(tiny_qwen2) as (url, _app):
+@pytest.mark.parametrize("engine_process", [False, True], ids=["embedded", "engine_process"])
+def test_update_validation_failures_are_4xx_and_change_nothing(tiny_qwen2, engine_process):
+    with running_app(tiny_qwen2, engine_process=engine_process) as (url, _app):
         before = greedy_ids(url, [5, 6, 7], 8)
         for what, body, word in _refused_updates(tiny_qwen2):
             r = httpx.post(f"{url}/update_weights_from_tensor", json=body, timeout=120)
@@ -147,9 +148,10 @@ def _stalls(gaps: list[float]) -> int:
     return sum(g > 5 * median for g in gaps)
 
 
-def test_a_refused_tensor_update_does_not_stall_a_running_stream(tiny_qwen2):
+@pytest.mark.parametrize("engine_process", [False, True], ids=["embedded", "engine_process"])
+def test_a_refused_tensor_update_does_not_stall_a_running_stream(tiny_qwen2, engine_process):
     refusals = _refused_updates(tiny_qwen2)[:4] * 3  # 12 refused updates, each fully decoded
-    with running_app(tiny_qwen2, max_weight_request_bytes=64 << 20) as (url, _app):
+    with running_app(tiny_qwen2, max_weight_request_bytes=64 << 20, engine_process=engine_process) as (url, _app):
         greedy_ids(url, [5, 6, 7], 4)  # warm
         baseline, loaded, started = [], [], threading.Event()
         _deliveries(url, STREAM_TOKENS, baseline, threading.Event())

@@ -48,7 +48,9 @@ def urls(tiny_qwen2, tiny_tokenizer, tmp_path_factory):
     with ExitStack() as stack:
         yield {
             "plain": stack.enter_context(running_server(tiny_qwen2, sd="off", **common)),
-            "eagle": stack.enter_context(running_server(tiny_qwen2, drafter=str(drafter), sd="on", **common)),
+            "eagle": stack.enter_context(  # through the engine process: grammars cross it as xgrammar's JSON
+                running_server(tiny_qwen2, drafter=str(drafter), sd="on", engine_process=True, **common)
+            ),
             "group": stack.enter_context(running_server(tiny_qwen2, sd="on", sd_sources=("group",), **common)),
         }
 

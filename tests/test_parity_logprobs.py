@@ -11,9 +11,9 @@ import torch
 from serving import running_app
 
 
-@pytest.fixture(scope="module")
-def url(tiny_qwen2):
-    with running_app(tiny_qwen2, max_running_requests=4) as (u, _app):
+@pytest.fixture(scope="module", params=[False, True], ids=["embedded", "engine_process"])
+def url(tiny_qwen2, request):
+    with running_app(tiny_qwen2, max_running_requests=4, engine_process=request.param) as (u, _app):
         yield u
 
 

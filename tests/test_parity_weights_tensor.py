@@ -65,12 +65,15 @@ def hf_b(tiny_qwen2_b):
     return AutoModelForCausalLM.from_pretrained(tiny_qwen2_b, dtype=torch.float32).eval()
 
 
-def test_target_push_by_value_flattened_and_in_a_session(tiny_qwen2, tiny_qwen2_b, hf, hf_b, tok, monkeypatch):
+@pytest.mark.parametrize("engine_process", [False, True], ids=["embedded", "engine_process"])
+def test_target_push_by_value_flattened_and_in_a_session(
+    tiny_qwen2, tiny_qwen2_b, hf, hf_b, tok, monkeypatch, engine_process
+):
     ids = tok.encode(PROMPT)
     want_a, want_b = hf_greedy(hf, ids, 10), hf_greedy(hf_b, ids, 10)
     assert want_a != want_b
     named = tensors(tiny_qwen2_b)
-    with running_server(tiny_qwen2) as url:
+    with running_server(tiny_qwen2, engine_process=engine_process) as url:
         r = post(
             url, "/update_weights_from_tensor", {"serialized_named_tensors": [by_value(named)], "weight_version": "v1"}
         )
@@ -111,8 +114,9 @@ class Evil:
         return (os.system, ("true",))
 
 
-def test_refusals_keep_the_old_weights(tiny_qwen2, tok):
-    with running_server(tiny_qwen2) as url:
+@pytest.mark.parametrize("engine_process", [False, True], ids=["embedded", "engine_process"])
+def test_refusals_keep_the_old_weights(tiny_qwen2, tok, engine_process):
+    with running_server(tiny_qwen2, engine_process=engine_process) as url:
         before = greedy_ids(url, tok.encode(PROMPT))["output_ids"]
         name, t = tensors(tiny_qwen2)[0]
         cases = [

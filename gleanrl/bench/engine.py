@@ -19,6 +19,9 @@ from gleanrl.bench.serve_process import ServeProcess, sglang_missing, sglang_ser
 BUCKETS = (1, 4, 8, 16, 32, 64)
 
 
+ARMS = ("gleanrl", "gleanrl_embedded", "sglang")
+
+
 def add_shared(add, buckets: tuple[int, ...], bucket_tokens: int) -> None:
     """The flags `bench engine` and `bench layout` share: the policy, its dtype, the iteration buckets, a GRPO step."""
     add("--model", default=None, help="policy directory (default: the shipped demo policy, gleanrl.shipped)")
@@ -36,7 +39,10 @@ def add_shared(add, buckets: tuple[int, ...], bucket_tokens: int) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add_shared(add, BUCKETS, bucket_tokens=64)
-    add("--arms", default="gleanrl,sglang", help="comma-separated: gleanrl, sglang")
+    arms = (
+        "comma-separated, repeats allowed (run in that order): gleanrl, gleanrl_embedded (--no-engine-process), sglang"
+    )
+    add("--arms", default="gleanrl,sglang", help=arms)
     add("--threads", type=int, default=2, help="torch threads of the gleanrl server and the forward")
     add("--single-tokens", type=int, default=256, help="output tokens of the single request")
     add("--repeats", type=int, default=3, help="single-request runs per arm (the best counts)")
@@ -127,7 +133,7 @@ def _server_extra(arm: str, args: argparse.Namespace, max_running: int, longest_
     if arm == "sglang":
         longest = longest_prompt + max(args.max_new_tokens, args.single_tokens, args.bucket_tokens) + 8
         return [*sglang_serve_args(max_running, longest), *common]
-    return ["--sd", "off", *common]
+    return ["--sd", "off", *(["--no-engine-process"] if arm == "gleanrl_embedded" else []), *common]
 
 
 def task_prompts(model: str, task: str | None, n: int, seed: int) -> list[list[int]]:
@@ -148,8 +154,8 @@ def run(args: argparse.Namespace) -> int:
     args.dtype = fastest_cpu_dtype(args.dtype)
     arms = [a for a in args.arms.split(",") if a]
     try:
-        if unknown := [a for a in arms if a not in ("gleanrl", "sglang")]:
-            raise ValueError(f"unknown arm(s) {', '.join(unknown)} (gleanrl, sglang)")
+        if unknown := [a for a in arms if a not in ARMS]:
+            raise ValueError(f"unknown arm(s) {', '.join(unknown)} ({', '.join(ARMS)})")
         model = policy_or_shipped(args.model)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -157,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
     prompts = task_prompts(model, None, max(args.prompts, 8), args.seed)
     buckets = [int(b) for b in args.buckets.split(",") if b]
     results: dict = {"model": model, "dtype": args.dtype, "threads": args.threads, "arms": {}, "skipped": {}}
-    for arm in arms:
+    for i, arm in enumerate(arms):
+        name = arm if arm not in arms[:i] else f"{arm}#{arms[:i].count(arm) + 1}"  # a repeat: the noise floor
         if arm == "sglang" and (why := sglang_missing()):
             results["skipped"][arm] = why
             print(f"skipping arm sglang: {why}", file=sys.stderr)
@@ -167,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         max_running = max(buckets + [args.prompts * args.n])
         extra = _server_extra(arm, args, max_running, max(map(len, prompts)))
         with ServeProcess(model, log, threads=args.threads, extra=extra) as srv:
-            results["arms"][arm] = measure_arm(srv.url, args, prompts, buckets)
+            results["arms"][name] = measure_arm(srv.url, args, prompts, buckets)
     floor = forward_ms(model, args.dtype, args.threads, prompts, buckets, args.bucket_tokens // 2)
     results["forward_ms"] = floor
     for r in results["arms"].values():

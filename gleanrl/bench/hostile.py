@@ -217,7 +217,7 @@ def measure(server: str, proxy: str, model_dir: str, phase_s: float, pids: tuple
 def run(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model = model_or_tiny(args.model, tmp)
-        with ServeProcess(model, Path(tmp) / "server.log", threads=args.threads) as server:
+        with ServeProcess(model, Path(tmp) / "server.log", threads=args.threads, extra=args.serve_arg) as server:
             with GleanrlProcess(["proxy", "--upstream", server.url]) as proxy:
                 summary = measure(server.url, proxy.url, model, args.phase_s, (server.pid, proxy.pid))
     _print(summary)

@@ -35,6 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rss-bound-mib", type=float, default=64.0, help="allowed RSS growth after warm-up")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the started server")
     p.add_argument("--seed", type=int, default=0, help="seed of the clients' requests")
+    p.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="a further flag of the started `gleanrl serve` (repeatable; e.g. --serve-arg=--no-engine-process)",
+    )
     p.add_argument("--json", default=None, help="write the summary here")
     hostile = "instead: one benign client's latency under hostile and careless requests to the server and a proxy"
     p.add_argument("--hostile", action="store_true", help=f"{hostile}, kind by kind (gleanrl/bench/hostile.py)")
@@ -153,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         if args.url:
             summary = asyncio.run(load(args.url, *shape))
         else:
-            model, extra = model_or_tiny(args.model, tmp), ["--max-running-requests", "32"]
+            model, extra = model_or_tiny(args.model, tmp), ["--max-running-requests", "32", *args.serve_arg]
             with ServeProcess(model, Path(tmp) / "server.log", threads=args.threads, extra=extra) as server:
                 summary = asyncio.run(load(server.url, *shape, rss=lambda: rss_mib(server.pid)))
     s = summary

@@ -15,18 +15,31 @@ import httpx
 from gleanrl.trainer.server_proc import free_port
 
 
+def _tree(pid: int) -> list[int]:
+    """`pid` and its live descendants (`gleanrl serve`'s engine process), from Linux /proc."""
+    kids = [int(k) for t in Path(f"/proc/{pid}/task").glob("*/children") for k in t.read_text().split()]
+    return [pid, *(p for k in kids for p in _tree(k))]
+
+
 def rss_mib(pid: int) -> float:
-    """Resident memory of process `pid` in MiB (Linux /proc)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    """Resident memory of process `pid` and its live descendants in MiB (Linux /proc)."""
+    total = 0
+    for p in _tree(pid):
+        rss = [line for line in Path(f"/proc/{p}/status").read_text().splitlines() if line.startswith("VmRSS:")]
+        if not rss:
+            raise RuntimeError(f"no VmRSS for pid {p}")
+        total += int(rss[0].split()[1])
+    return total / 1024
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` (Linux /proc): robust to a shared machine, unlike wall time."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of process `pid` and its live descendants (Linux /proc): robust to a shared machine,
+    unlike wall time."""
+    total = 0
+    for p in _tree(pid):
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def healthy(url: str) -> bool:

@@ -40,7 +40,9 @@ def _memory_tags(tags: list[str] | None) -> list[str]:
 
 
 class Engine:
-    def __init__(self, cfg: EngineConfig):
+    def __init__(self, cfg: EngineConfig, outbox: Outbox | None = None):
+        """`outbox`: where outputs go (`Outbox.put(key, out)`, `flush()`); the asyncio one by default, the engine
+        process's pipe in `remote.py`."""
         from transformers import AutoTokenizer
 
         caller_threads = torch.get_num_threads()
@@ -58,7 +60,7 @@ class Engine:
         self.swapper = WeightSwapper(cfg, config, self.state, self.scheduler, self.decoder)
         self._released: set[str] = set()  # memory tags released and not resumed
         self._rng = torch.Generator().manual_seed(cfg.seed)  # for requests without a seed
-        self._outbox = Outbox()
+        self._outbox = outbox or Outbox()
         self.loop = DecodeLoop(self.state, self.scheduler, self.decoder, self.swapper, self._outbox.flush, threads)
         torch.set_num_threads(caller_threads)
 
@@ -71,6 +73,10 @@ class Engine:
 
     def start(self) -> None:
         self.loop.start()
+
+    def alive(self) -> bool:
+        """False once the decode thread has died (it never should: a failing step is isolated, `loop.py`)."""
+        return self.loop.thread is None or self.loop.thread.is_alive()
 
     def shutdown(self) -> None:
         self.loop.stop()
@@ -92,10 +98,10 @@ class Engine:
                 f"context length ({self.context_length} tokens)."
             )
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateOutput]:
+    def submit(self, req: GenerateRequest, key) -> None:
+        """Queue `req` (ValueError if refused); its outputs go to `outbox.put(key, out)` from the decode thread."""
         self._validate(req)
-        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-        emit = functools.partial(self._outbox.put, loop, queue)
+        emit = functools.partial(self._outbox.put, key)
         gen = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else self._rng
         seq = Sequence(req, emit, StopChecker(req.params, self.eos_ids, self.context_length, self.tokenizer), gen)
         st = self.state
@@ -113,6 +119,10 @@ class Engine:
                 (st.held if seq.status is SequenceStatus.HELD else st.waiting).append(seq)
                 st.cv.notify_all()
         self._outbox.flush()
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateOutput]:
+        queue: asyncio.Queue = asyncio.Queue()
+        self.submit(req, (asyncio.get_running_loop(), queue))
         finished = False
         try:
             while not finished:
@@ -166,17 +176,18 @@ class Engine:
             self.abort(None, "Abort all requests for a weight update")
         sw.submit(swap, apply_now=self.loop.thread is None)
 
+    def tensor_signature(self, selector: str) -> checkpoint.Signature:
+        """The tensors an update of `selector` may carry (CheckpointError when there is nothing to update)."""
+        return self.swapper.expected(selector)
+
     def check_tensor_list(self, selector: str, names: list[str], shapes: list) -> None:
         """Before buffers are allocated: CheckpointError unless the listed tensors could be an
         update of `selector`'s model (no more tensors nor elements than it holds)."""
-        checkpoint.check_volume(self.swapper.expected(selector), selector, names, shapes)
+        checkpoint.check_volume(self.tensor_signature(selector), selector, names, shapes)
 
     def check_tensors(self, selector: str, named: NamedTensors) -> None:
-        """CheckpointError unless each tensor is a distinct tensor of `selector`'s model with its shape and dtype kind
-        (and, for the target, finite): each tensor update's check on arrival, before it waits for the engine."""
-        checkpoint.check_named(self.swapper.expected(selector), selector, named)
-        if selector == "target":
-            checkpoint.check_target(named, self.scheduler.runner.dtype)
+        """Each tensor update's check on arrival, before it waits for the engine (`checkpoint.check_update`)."""
+        checkpoint.check_update(self.tensor_signature(selector), selector, named)
 
     def release_memory(self, tags: list[str] | None) -> None:
         """SGLang's /release_memory_occupation (`tags`: kv_cache, weights, cuda_graph; none means all), for co-located

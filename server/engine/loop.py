@@ -44,17 +44,18 @@ class Outbox:
     """Thread-to-asyncio delivery of engine outputs (module docstring)."""
 
     def __init__(self) -> None:
-        self._items: deque = deque()  # (loop, queue, output); append/popleft are thread-safe
+        self._items: deque = deque()  # ((loop, queue), output); append/popleft are thread-safe
         self._lock = threading.Lock()  # one flusher at a time keeps each request's outputs in order
 
-    def put(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, out: GenerateOutput) -> None:
-        self._items.append((loop, queue, out))
+    def put(self, key: tuple[asyncio.AbstractEventLoop, asyncio.Queue], out: GenerateOutput) -> None:
+        """`key`: where `out` goes (the consumer's loop and queue; `Engine.submit`)."""
+        self._items.append((key, out))
 
     def flush(self) -> None:
         with self._lock:
             by_loop: dict = {}
             while self._items:
-                loop, queue, out = self._items.popleft()
+                (loop, queue), out = self._items.popleft()
                 by_loop.setdefault(loop, []).append((queue, out))
             for loop, items in by_loop.items():
                 try:

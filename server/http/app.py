@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from gleanrl.server.config import EngineConfig, is_loopback
+from gleanrl.server.engine import EngineGone
 from gleanrl.server.http.config import ServerConfig
 from gleanrl.server.http.edge.auth import AuthMiddleware, BrowserGuard
 from gleanrl.server.http.edge.body import BodyLimit
@@ -151,6 +152,10 @@ def build_app(engine: Engine, server_cfg: ServerConfig, engine_cfg: EngineConfig
     async def http_error(request: Request, exc: HTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return ApiError(exc.status_code, str(exc.detail), kind=kind).response()
+
+    @app.exception_handler(EngineGone)
+    async def engine_gone(request: Request, exc: EngineGone):
+        return ApiError(503, str(exc), kind="server_error").response()
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception):

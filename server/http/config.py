@@ -61,6 +61,11 @@ class ServerConfig:
         "/update_weights_from_tensor may carry fd / shared-memory handles (a trainer on this host, as SGLang's "
         "same-host path); off: tensors by value only",
     )
+    engine_process: bool = flag(
+        True,
+        "run the engine in a process of its own, so that reading and checking what clients send never takes the "
+        "decode thread's GIL (off: one process, as before)",
+    )
     reasoning_parser: str | None = flag(
         None,
         "separate <think>...</think> into reasoning_content on the chat route (SGLang's names)",

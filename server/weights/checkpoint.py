@@ -168,12 +168,25 @@ def check_volume(want: Signature, selector: str, names: list[str], shapes: list)
         raise CheckpointError(f"shapes: {listed} elements listed; the served {selector} model has {held}")
 
 
+def _check_finite(name: str, t: torch.Tensor) -> None:
+    if t.is_floating_point() and not bool(t.isfinite().all()):
+        raise CheckpointError(f"tensor {name} holds NaN or infinite values")
+
+
+def check_update(want: Signature, selector: str, named: NamedTensors) -> None:
+    """CheckpointError unless each tensor is a distinct tensor of `want` (`selector`'s signature) with its shape and
+    dtype kind, and, for the target, finite."""
+    check_named(want, selector, named)
+    if selector == "target":
+        for name, t in named:
+            _check_finite(name, t)
+
+
 def check_target(named: NamedTensors, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Tensors that passed `check_named`, by name, in the serving `dtype`; CheckpointError on the first not finite."""
     out = {}
     for name, t in named:
-        if t.is_floating_point() and not bool(t.isfinite().all()):
-            raise CheckpointError(f"tensor {name} holds NaN or infinite values")
+        _check_finite(name, t)
         out[name] = t.to(dtype)
     return out
 

@@ -52,7 +52,8 @@ async def update_weights_from_disk(request: Request):
 
 @router.get("/health")
 async def health(request: Request):
-    return Response(status_code=503 if request.app.state.closing else 200)
+    state = request.app.state
+    return Response(status_code=503 if state.closing or not state.engine.alive() else 200)
 
 
 @router.get("/health_generate")
