@@ -1,5 +1,6 @@
 """The engine in a process of its own (`gleanrl serve`'s default; `--no-engine-process` embeds it). `EngineProcess` has
-`Engine`'s public methods and forwards each over a socket pair to a child process that holds the one `Engine`.
+`Engine`'s public methods and forwards each over a socket pair to a child process that holds the one `Engine`
+(`child.py`).
 
 Why: the HTTP process parses, checks and refuses what clients send (JSON, base64 tensors, chunked bodies). In one
 process that work holds the GIL the decode thread needs between its ops, so one hostile client slowed every benign one
@@ -25,14 +26,12 @@ import itertools
 import logging
 import os
 import pickle
-import signal
 import socket
 import subprocess
 import sys
 import threading
-from collections import deque
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 
 from gleanrl.server.config import EngineConfig
@@ -60,7 +59,7 @@ class EngineGone(RuntimeError):
     """The engine process has exited: nothing can be served."""
 
 
-class _Wire:
+class Wire:
     """One end of the socket pair: whole messages; several threads may send."""
 
     def __init__(self, fd: int):
@@ -88,10 +87,10 @@ class EngineProcess:
         from transformers import AutoTokenizer
 
         ours, theirs = socket.socketpair()
-        code = f"from gleanrl.server.engine.remote import child_main; child_main({theirs.fileno()})"
+        code = f"from gleanrl.server.engine.child import child_main; child_main({theirs.fileno()})"
         self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),))
         theirs.close()
-        self._wire = _Wire(ours.detach())
+        self._wire = Wire(ours.detach())
         self.cfg = cfg
         try:
             self._wire.send((cfg, logging.getLogger().level))
@@ -261,105 +260,3 @@ def _outgoing(req: GenerateRequest) -> tuple[GenerateRequest, str | None]:
     if grammar is None:
         return req, None
     return dataclasses.replace(req, params=dataclasses.replace(req.params, grammar=None)), grammar.serialize_json()
-
-
-# ---- the child --------------------------------------------------------------------------------
-class _PipeOutbox:
-    """The child's `Outbox`: outputs keyed by the parent's stream id, one message per flush."""
-
-    def __init__(self, wire: _Wire):
-        self._wire = wire
-        self._items: deque = deque()
-        self._lock = threading.Lock()  # one flusher at a time keeps each stream's outputs in order
-
-    def put(self, cid: int, out: GenerateOutput) -> None:
-        self._items.append((cid, out))
-
-    def flush(self) -> None:
-        with self._lock:
-            items = [self._items.popleft() for _ in range(len(self._items))]
-            try:
-                if items:
-                    self._wire.send(("out", items))
-            except OSError:  # the parent has gone: nobody to deliver to (the reader stops the child)
-                pass
-
-
-def _portable(exc: BaseException) -> BaseException:
-    """`exc` if it survives pickling, else a RuntimeError with its type and message."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-
-
-def _answer(wire: _Wire, cid: int, fn, args, kwargs) -> None:
-    try:
-        reply = ("done", cid, fn(*args, **kwargs))
-    except Exception as exc:
-        reply = ("error", cid, _portable(exc))
-    try:
-        wire.send(reply)
-    except OSError:  # the parent has gone
-        pass
-
-
-class _Grammars:
-    """Compiled grammars back from xgrammar's JSON, with the edge's tokenizer info (`http/generate/grammar.py`)."""
-
-    def __init__(self, engine):
-        self.engine, self.info = engine, None
-
-    def load(self, text: str):
-        import xgrammar as xgr
-
-        if self.info is None:
-            e = self.engine
-            vocab = int(e.info().get("vocab_size") or len(e.tokenizer))
-            self.info = xgr.TokenizerInfo.from_huggingface(
-                e.tokenizer, vocab_size=vocab, stop_token_ids=sorted(e.eos_ids) or None
-            )
-        return xgr.CompiledGrammar.deserialize_json(text, self.info)
-
-
-def child_main(fd: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops this process
-    wire = _Wire(fd)
-    cfg, level = wire.recv()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s (engine): %(message)s")
-    from gleanrl.server.engine.engine import Engine
-
-    try:
-        engine = Engine(cfg, outbox=_PipeOutbox(wire))
-    except Exception as exc:
-        wire.send(("failed", f"{type(exc).__name__}: {exc}".splitlines()[0]))
-        os._exit(1)
-    from gleanrl.base.heap import freeze_heap
-
-    freeze_heap()  # a server process of its own: its collections must not walk torch's and the model's objects
-    wire.send(("ready", {"context_length": engine.context_length, "eos_ids": sorted(engine.eos_ids)}))
-    pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gleanrl-engine-call")
-    grammars = _Grammars(engine)
-    while True:
-        try:
-            msg = wire.recv()
-        except (EOFError, OSError):  # the parent has gone (or closed the socket after shutdown)
-            break
-        kind = msg[0]
-        if kind == "submit":
-            _, cid, req, grammar = msg
-            try:
-                if grammar is not None:
-                    req.params.grammar = grammars.load(grammar)
-                engine.submit(req, cid)
-            except Exception as exc:
-                wire.send(("error", cid, _portable(exc)))
-        elif kind == "abort":
-            engine.abort(msg[1], msg[2])
-        elif kind == "call":
-            _, cid, name, args, kwargs = msg
-            job = (wire, cid, getattr(engine, name), args, kwargs)  # the parent calls only QUICK and SLOW names
-            _answer(*job) if name in QUICK else pool.submit(_answer, *job)
-    engine.shutdown()
-    os._exit(0)  # the pool's threads may still wait on a drain that will never come
