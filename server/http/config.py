@@ -64,7 +64,7 @@ class ServerConfig:
     engine_process: bool = flag(
         True,
         "run the engine in a process of its own, so that reading and checking what clients send never takes the "
-        "decode thread's GIL (off: one process, as before)",
+        "decode thread's GIL (off: one process, the engine's thread beside the HTTP edge)",
     )
     reasoning_parser: str | None = flag(
         None,
