@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from torch import Tensor
     from xgrammar import CompiledGrammar
 
 MIN_TEMPERATURE = 1e-6  # below it (and above 0) SGLang samples greedily (`_SAMPLING_EPS`)
@@ -117,6 +118,32 @@ class GenerateRequest:
 
 
 @dataclass(slots=True)
+class PromptLogprobs:
+    """A prompt's own logprobs as the engine scored them (`server/sampling/prompt_scores.py`), tensors: cheap to send
+    between processes. Rows are positions [first, L), first = min(start, L - 1): `token` [n - 1] log p(ids[p + 1]),
+    `top_values` / `top_ids` [n, k], `picked` [n, m] (the request's `token_ids_logprob`)."""
+
+    start: int
+    token: Tensor
+    top_values: Tensor
+    top_ids: Tensor
+    picked: Tensor
+
+    def as_lists(self, ids: list[int], token_ids: list[int] | None) -> dict[str, list]:
+        """SGLang's shape: {"token": [(lp | None, id)], "top": [pairs | None], "ids": [pairs | None]} for positions
+        [start, L) (entry 0 is None: nothing predicts it), and "next_top", "next_ids": the pairs at the position after
+        the prompt."""
+        top = [list(zip(v, i)) for v, i in zip(self.top_values.tolist(), self.top_ids.tolist())]
+        picked = [list(zip(v, token_ids or [])) for v in self.picked.tolist()]
+        out = {"token": [], "top": [], "ids": [], "next_top": top[-1], "next_ids": picked[-1]}
+        if self.start < len(ids):
+            out["token"] = [(None, ids[self.start])] + list(zip(self.token.tolist(), ids[self.start + 1 :]))
+            out["top"] = [None] + top[:-1] if self.top_values.shape[-1] else []
+            out["ids"] = [None] + picked[:-1] if token_ids else []
+        return out
+
+
+@dataclass(slots=True)
 class GenerateOutput:
     """One update for a request. The engine emits deltas (`new_ids`, `new_logprobs` since the previous update); the last
     update has `finished=True` and `finish_reason` set (SGLang's shape: {"type": "stop", "matched": token_id |
@@ -139,6 +166,7 @@ class GenerateOutput:
     # per new token, when asked (top_logprobs_num, token_ids_logprob): [(logprob, token_id), ...]
     new_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     new_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    prompt_logprobs: PromptLogprobs | None = None  # once, in the first update after the prefill, when asked
     spec_accept_token_num_by_source: dict[str, int] | None = None  # gleanrl: accepted drafts by source
 
     @property

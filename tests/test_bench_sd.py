@@ -150,6 +150,7 @@ def test_divergence_names_the_first_differing_token_and_its_log_prob_gap(tiny_qw
         logp = torch.log_softmax(model(torch.tensor([prompt + plain[:3]])).logits[0, -1].float(), -1)
     other = int(logp.argsort(descending=True)[1])  # the runner-up at position 3
     engine = Engine(EngineConfig(model_path=str(tiny_qwen2), sd="off", dtype="float32"))
+    engine.start()  # the gap is a scoring request through the running engine
     try:
         d = divergence(engine, prompt, plain, plain[:3] + [other, plain[4]])
         assert divergence(engine, prompt, plain, plain[:4]) == {"at": 4, "plain": plain[4], "sd": None}

@@ -50,7 +50,21 @@ def divergence(plain_engine, prompt: list[int], plain: list[int], sd: list[int])
     at = next((i for i, (a, b) in enumerate(zip(plain, sd)) if a != b), min(len(plain), len(sd)))
     out = {"at": at, "plain": plain[at] if at < len(plain) else None, "sd": sd[at] if at < len(sd) else None}
     if out["plain"] is not None and out["sd"] is not None:
-        ids = prompt + plain[:at]
-        pairs = plain_engine.prompt_logprobs(ids, len(ids), token_ids=[out["plain"], out["sd"]])["next_ids"]
-        out["logprob_gap"] = round(pairs[0][0] - pairs[1][0], 4)
+        picked = next_logprobs(plain_engine, prompt + plain[:at], [out["plain"], out["sd"]])
+        out["logprob_gap"] = round(picked[0] - picked[1], 4)
     return out
+
+
+def next_logprobs(engine, ids: list[int], token_ids: list[int]) -> list[float]:
+    """log p(t | ids) for t in `token_ids`: a scoring request (`max_new_tokens` 0) through the engine."""
+    import asyncio
+
+    from gleanrl.server.protocol import GenerateRequest, SamplingParams
+
+    req = GenerateRequest(f"bench-sd-score-{time.monotonic_ns()}", ids, SamplingParams(max_new_tokens=0), True)
+    req.logprob_start_len, req.token_ids_logprob = len(ids), token_ids
+
+    async def score():
+        return [out async for out in engine.generate(req)][-1].prompt_logprobs
+
+    return asyncio.run(score()).picked[-1].tolist()

@@ -142,7 +142,7 @@ class SDDecoder:
             self.groups.sync(seqs, self.target_version())
         if self.drafter is not None:
             self.states = sync_states(self.states, seqs, self.drafter, self.window)
-        ready = [s for s in seqs if s.total_len - s.cache.length == 1]
+        ready = [s for s in seqs if s.total_len - s.cache.length == 1 and not s.scoring]
         ctl = self._lane(seqs)
         plan, proposals = self._plan(ctl, ready) if ready and ctl is not None else (None, [])
         if plan is None or not plan.drafts:
@@ -218,7 +218,8 @@ class SDDecoder:
         if aux is not None:
             for (s, _), rows in zip(fed, aux.split([c for _, c in fed])):
                 self.states[s].add(rows)
-        rows = [i for i, (s, _) in enumerate(fed) if s.cache.length == s.total_len]
+        # a prompt scored with max_new_tokens 0 samples nothing (the scheduler finishes it)
+        rows = [i for i, (s, _) in enumerate(fed) if s.cache.length == s.total_len and s.req.params.max_new_tokens]
         done = [fed[i][0] for i in rows]
         return dict(zip(done, sample_next(logits[rows], done)))
 

@@ -23,7 +23,6 @@ from gleanrl.server.engine.state import PAUSE_MODES, EngineState, PauseMode
 from gleanrl.server.engine.swap import WeightSwapper
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import CheckpointError, GenerateOutput, GenerateRequest
-from gleanrl.server.sampling.sampler import input_logprobs
 from gleanrl.server.sampling.sequence import Sequence, SequenceStatus, StopChecker
 from gleanrl.server.weights import checkpoint
 from gleanrl.server.weights.checkpoint import NamedTensors
@@ -110,7 +109,7 @@ class Engine:
                 raise ValueError(f"rid {req.rid!r} is already running")
             if st.stopping:
                 self.scheduler.emit(seq, "Server shutdown")
-            elif req.params.max_new_tokens == 0:
+            elif req.params.max_new_tokens == 0 and seq.prompt_scores is None:  # nothing to compute
                 seq.finish_reason = {"type": "length", "length": 0}
                 self.scheduler.emit(seq)
             else:
@@ -221,13 +220,6 @@ class Engine:
     def released_memory(self) -> set[str]:
         """The tags released and not resumed yet (generation is refused while any is)."""
         return set(self._released)
-
-    def prompt_logprobs(
-        self, ids: list[int], start: int, top_k: int = 0, token_ids: list[int] | None = None
-    ) -> dict[str, list]:
-        """Logprobs of the prompt's own tokens (`server/sampling/sampler.py`), by the serving
-        weights; runs in the caller's thread with a cache of its own."""
-        return input_logprobs(self.scheduler.runner, ids, start, top_k, token_ids)
 
     def pause(self, mode: PauseMode = "abort") -> int:
         """Stop scheduling iterations (SGLang's modes, module docstring); returns once the iteration

@@ -47,7 +47,6 @@ QUICK = ("start", "stats", "info", "used_tokens", "released_memory", "flush_cach
 SLOW = (
     "update_weights",
     "tensor_signature",
-    "prompt_logprobs",
     "pause",
     "release_memory",
     "resume_memory",

@@ -70,6 +70,8 @@ class Scheduler:
         seqs = [s for s in (self.state.running if seqs is None else seqs) if s.abort_message is None]
         finished = []
         for seq, (ids, lps) in zip(seqs, decoder.decode(self.runner, seqs)):
+            if seq.req.params.max_new_tokens == 0 and seq.cache.length == seq.total_len:  # a prompt scored, no more
+                seq.finish_reason = {"type": "length", "length": 0}
             for tok, lp in zip(ids, lps):
                 seq.output_ids.append(tok)
                 seq.output_logprobs.append(lp)
@@ -122,6 +124,7 @@ class Scheduler:
                 num_retractions=seq.retractions,
                 new_top_logprobs=[top for top, _ in seq.token_extras[seq.sent : len(seq.output_ids)]],
                 new_token_ids_logprobs=[ids for _, ids in seq.token_extras[seq.sent : len(seq.output_ids)]],
+                prompt_logprobs=seq.prompt_scores.take() if seq.prompt_scores is not None else None,
                 spec_accept_token_num_by_source=dict(seq.spec_accept_token_num_by_source) or None,
             )
         )

@@ -105,11 +105,13 @@ class ModelRunner:
         capture_layers: list[int] | None = None,
         last_only: bool = True,
         tree_masks: Masks = None,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """token_ids, positions: [N] (the new tokens of all sequences, concatenated); returns logits [B, V] for each
-        sequence's last new token (or [N, V] if not `last_only`) and, with `capture_layers=[a, b, c]`, aux hidden [N,
-        3*H]: the residual stream entering layers a+1, b+1, c+1 (= transformers' `output_hidden_states[a+1]`, ...)
-        concatenated. `tree_masks`: `kv.Masks` (draft trees, `gleanrl.server.sd.tree_pass`)."""
+        sequence's last new token (or [N, V] if not `last_only`, or [R, V] of the new tokens' `rows` [R]) and, with
+        `capture_layers=[a, b, c]`, aux hidden [N, 3*H]: the residual stream entering layers a+1, b+1, c+1 (=
+        transformers' `output_hidden_states[a+1]`, ...) concatenated. `tree_masks`: `kv.Masks` (draft trees,
+        `gleanrl.server.sd.tree_pass`)."""
         t0 = time.perf_counter()
         n = token_ids.shape[0]
         x = self.embed(token_ids)  # [N, H]
@@ -134,7 +136,9 @@ class ModelRunner:
             x = x + self.o_proj[i](o.reshape(n, nh * d))
             x = x + self._mlp(i, layer, rms_norm(layer.post_attention_layernorm, x))
         advance_caches(plan, caches, seq_lens)
-        if last_only and n != len(seq_lens):
+        if rows is not None:
+            x = x[rows]
+        elif last_only and n != len(seq_lens):
             x = x[torch.tensor(seq_lens, device=x.device).cumsum(0) - 1]  # each sequence's last new token
         logits = self.logits(rms_norm(self.norm, x)).float()
         aux = torch.cat([capture[i + 1] for i in capture_layers], dim=-1) if capture_layers else None

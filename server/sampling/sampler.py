@@ -8,15 +8,7 @@ does not. The trainer must compute the same. The logits are those after the requ
 (below), as SGLang applies them to the logits before its sampler. `output_top_logprobs` and `output_token_ids_logprobs`
 come from the same distribution.
 
-`input_logprobs`: logprobs of the prompt's own tokens (SGLang's `input_token_logprobs`, `input_top_logprobs`,
-`input_token_ids_logprobs` for `logprob_start_len` >= 0), e.g. for slime's on-policy distillation (`max_new_tokens: 0`),
-in SGLang's shape (`scheduler_components/logprob_result_processor.py`): entries for prompt positions [start, L); entry 0
-is None, entry j >= 1 is log p(ids[start + j] | ids[:start + j]) under the raw logits (no temperature, no penalties),
-the top / token-id lists aligned alike. With `max_new_tokens` 0 SGLang still scores the position after the prompt: its
-`output_top_logprobs` (and `output_token_ids_logprobs`) hold that one row (`next_top`, `next_ids` here);
-`output_token_logprobs` stays empty. Computed by a separate forward over the prompt with its own cache, chunked; each
-chunk's [chunk, V] log-softmax is reduced to its pairs before the next, so memory stays bounded by the chunk. It reads
-the runner once, so it sees one set of weights even across a concurrent update.
+Prompt logprobs (`input_token_logprobs` ...) are scored during the prefill: `prompt_scores.py`.
 
 Penalties: logits processing that depends on the request and its output so far, as pure tensor functions: SGLang's
 penaltylib (frequency, presence, repetition penalties; min_new_tokens) and `logit_bias`, in SGLang's order (SGLang
@@ -35,7 +27,6 @@ from gleanrl.server.protocol import SamplingParams
 from gleanrl.server.sampling.grammar import mask_rows
 
 Pairs = list[tuple[float, int]]  # (logprob, token id), as SGLang's logprob triples without the text
-CHUNK = 512  # prompt tokens per forward of `input_logprobs`
 
 
 class OutputCounts:
@@ -233,39 +224,3 @@ def sample_next(logits: torch.Tensor, seqs: list) -> list[tuple[list[int], list[
     lps = token_logprobs(logits, ids, p["temperature"]).tolist() if want_logprobs else [0.0] * len(seqs)
     record_extras(logits, seqs, p["temperature"])
     return [([t], [lp]) for t, lp in zip(ids.tolist(), lps)]
-
-
-@torch.inference_mode()
-def input_logprobs(
-    runner, ids: list[int], start: int, top_k: int = 0, token_ids: list[int] | None = None
-) -> dict[str, list]:
-    """Returns {"token": [(lp | None, id)], "top": [pairs | None], "ids": [pairs | None]} for [start, L), and
-    "next_top", "next_ids": the pairs at the position after the prompt."""
-    length, start = len(ids), min(start, len(ids))
-    first = min(start, length - 1)  # the last position is always scored ("next_*")
-    cache = runner.new_cache(capacity=length + 1)
-    values: list[float] = []  # log p(ids[p + 1]) for p in [first, L - 1)
-    extras: list = []  # (top, token-id) pairs for p in [first, L)
-    for lo in range(0, length, CHUNK):
-        hi = min(lo + CHUNK, length)
-        logits, _ = runner.forward(
-            torch.tensor(ids[lo:hi], device=runner.device),
-            torch.arange(lo, hi, device=runner.device),
-            [cache],
-            [hi - lo],
-            last_only=False,
-        )
-        if hi <= first:
-            continue
-        at = max(first, lo)
-        lp = torch.log_softmax(logits[at - lo :].float(), dim=-1)  # [hi - at, V]
-        nxt = torch.tensor(ids[at + 1 : hi + 1], dtype=torch.long, device=lp.device)  # one short on the last chunk
-        values += lp[: len(nxt)].gather(-1, nxt[:, None])[:, 0].tolist()
-        extras += logprob_extras(lp, top_k, token_ids)
-    top, picked = [t for t, _ in extras], [i for _, i in extras]
-    out = {"token": [], "top": [], "ids": [], "next_top": top[-1], "next_ids": picked[-1]}
-    if start < length:
-        out["token"] = [(None, ids[start])] + list(zip(values, ids[start + 1 :]))
-        out["top"] = [None] + top[:-1] if top_k > 0 else []
-        out["ids"] = [None] + picked[:-1] if token_ids else []
-    return out

@@ -20,6 +20,7 @@ last MAX_REGEX_WINDOW tokens."""
 from __future__ import annotations
 
 import enum
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from gleanrl.server.model.kv import SeqKVCache
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import GenerateOutput, GenerateRequest, SamplingParams
 from gleanrl.server.sampling.grammar import GrammarState
+from gleanrl.server.sampling.prompt_scores import SCORE_CHUNK, PromptScores
 from gleanrl.server.sampling.sampler import OutputCounts
 
 MAX_STOPS = 32  # stop strings per request
@@ -180,6 +182,15 @@ class Sequence:
     counts: OutputCounts | None = None  # for penalised requests
     grammar: GrammarState | None = None  # for constrained requests
     token_extras: list = field(default_factory=list)  # per output position: (top, token-id) logprobs, if asked
+    prompt_scores: PromptScores | None = None  # the prompt's own logprobs, if asked (scored during the prefill)
+
+    def __post_init__(self) -> None:
+        self.prompt_scores = PromptScores.of(self.req)
+
+    @property
+    def scoring(self) -> bool:
+        """Its prompt is being scored: it prefills (`feed_counts`), never drafts, until that is done."""
+        return self.prompt_scores is not None and not self.prompt_scores.done
 
     @property
     def total_len(self) -> int:
@@ -206,11 +217,11 @@ class Sequence:
 
 def feed_counts(seqs: list[Sequence], budget: int) -> list[int]:
     """Tokens each sequence feeds this iteration: one to decode, or a prefill chunk while `budget` (prompt tokens per
-    iteration, shared in order) lasts."""
+    iteration, shared in order) lasts; a prompt being scored at most SCORE_CHUNK."""
     counts = []
     for s in seqs:
         pending = s.total_len - s.cache.length
-        count = pending if pending <= 1 else min(pending, max(budget, 0))
+        count = pending if pending <= 1 else min(pending, max(budget, 0), SCORE_CHUNK if s.scoring else pending)
         budget -= count
         counts.append(count)
     return counts
@@ -218,13 +229,23 @@ def feed_counts(seqs: list[Sequence], budget: int) -> list[int]:
 
 def forward_fed(runner: ModelRunner, fed: list[tuple[Sequence, int]], capture_layers: list[int] | None = None):
     """One ragged forward over (sequence, count) pairs from their cache lengths on; returns the last row's logits [B, V]
-    and, with `capture_layers`, aux hidden states [N, 3*H]."""
+    and, with `capture_layers`, aux hidden states [N, 3*H]. The prompts being scored get their fed rows' scores."""
     tokens = [t for s, c in fed for t in s.tokens(s.cache.length, s.cache.length + c)]
     positions = [p for s, c in fed for p in range(s.cache.length, s.cache.length + c)]
-    return runner.forward(
+    ends = list(itertools.accumulate(c for _, c in fed))
+    scored = [(s, s.prompt_scores.positions(s.cache.length, c), end - c) for (s, c), end in zip(fed, ends) if s.scoring]
+    rows = [end - 1 for end in ends] + [at + p - s.cache.length for s, span, at in scored for p in span]
+    logits, aux = runner.forward(
         torch.tensor(tokens, device=runner.device),
         torch.tensor(positions, device=runner.device),
         [s.cache for s, _ in fed],
         [c for _, c in fed],
         capture_layers=capture_layers,
+        rows=torch.tensor(rows, device=runner.device) if scored else None,
     )
+    at = len(fed)
+    for s, span, _ in scored:
+        if span:
+            s.prompt_scores.add(logits[at : at + len(span)], span)
+            at += len(span)
+    return logits[: len(fed)], aux

@@ -47,20 +47,6 @@ def logprob_fields(track: Track, tok, text: bool) -> dict:
     return out
 
 
-async def fill_input_logprobs(engine, tracks: list[Track]) -> None:
-    """The prompt logprobs of every track that asks, once per distinct (prompt, options)."""
-    done: dict[tuple, dict] = {}
-    for t in tracks:
-        req = t.req
-        if not req.return_logprob or req.logprob_start_len < 0:
-            continue
-        key = (tuple(req.input_ids), req.logprob_start_len, req.top_logprobs_num, tuple(req.token_ids_logprob or ()))
-        if key not in done:
-            args = (req.input_ids, req.logprob_start_len, req.top_logprobs_num, req.token_ids_logprob)
-            done[key] = await asyncio.to_thread(engine.prompt_logprobs, *args)
-        t.input_logprobs = done[key]
-
-
 def meta_info(track: Track, tok=None, text_in_logprobs: bool = False) -> dict:
     last, req = track.last, track.req
     info = {

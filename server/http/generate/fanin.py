@@ -22,7 +22,7 @@ class Track:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list = field(default_factory=list)  # per output token, when asked
     token_ids_logprobs: list = field(default_factory=list)  # per output token, when asked
-    input_logprobs: dict | None = None  # server.input_logprobs, when asked
+    input_logprobs: dict | None = None  # `PromptLogprobs.as_lists`, when asked (with the first update)
     last: GenerateOutput | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -88,6 +88,8 @@ class Fanin:
             track.logprobs += out.new_logprobs
             track.top_logprobs += out.new_top_logprobs
             track.token_ids_logprobs += out.new_token_ids_logprobs
+            if out.prompt_logprobs is not None:
+                track.input_logprobs = out.prompt_logprobs.as_lists(track.req.input_ids, track.req.token_ids_logprob)
             track.last = out
             if out.new_ids:
                 self.metrics.generation_tokens.inc(len(out.new_ids))

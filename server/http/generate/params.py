@@ -8,7 +8,6 @@ import uuid
 
 from gleanrl.server.http.edge.errors import ApiError, bad_field, refuse_unsupported
 from gleanrl.server.http.edge.limits import check_logprob_volume, check_queue, check_vocab
-from gleanrl.server.http.generate.answer import fill_input_logprobs
 from gleanrl.server.http.generate.fanin import Fanin
 from gleanrl.server.http.generate.grammar import compile_grammar
 from gleanrl.server.protocol import GenerateRequest, SamplingParams
@@ -136,14 +135,8 @@ def expand(
     return reqs, groups
 
 
-async def start_run(state, reqs: list[GenerateRequest], groups) -> Fanin:
-    """Submit the requests and fill the prompt logprobs they ask for; nothing is left running on error."""
+def start_run(state, reqs: list[GenerateRequest], groups) -> Fanin:
+    """Submit the requests (their prompt logprobs, when asked, come with their first update)."""
     check_logprob_volume(state, reqs)
     check_queue(state, len(reqs))
-    run = Fanin(state.engine, reqs, state.metrics, state.active, groups, feed=state.feed)
-    try:
-        await fill_input_logprobs(state.engine, run.tracks)
-    except BaseException:
-        run.close()
-        raise
-    return run
+    return Fanin(state.engine, reqs, state.metrics, state.active, groups, feed=state.feed)

@@ -151,7 +151,7 @@ async def generate(request: Request):
     per_req_sp = [sp for sp, p in zip(sps, params) for _ in range(p.n)]
     single = not batch and params[0].n == 1
     text_lp = body.return_text_in_logprobs
-    run = await start_run(state, reqs, groups)
+    run = start_run(state, reqs, groups)
     if not body.stream:
 
         def shape(tracks) -> dict | list:

@@ -145,7 +145,7 @@ async def serve(
     reqs, groups = expand(
         prompts, [params] * len(prompts), rids, [logprob] * len(prompts), [options or {}] * len(prompts)
     )
-    run = await start_run(state, reqs, groups)
+    run = start_run(state, reqs, groups)
     head = {
         "id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
         "created": int(time.time()),
