@@ -76,6 +76,12 @@ class EngineConfig(ControllerConfig):
         "prompt tokens prefilled per iteration, over all requests: smaller is fairer to the running requests (a long "
         "prompt slows each of their iterations less), larger prefills a long prompt in fewer, longer iterations",
     )
+    prefill_share: float = flag(
+        0.33,
+        "the most of the engine's time prompt prefill may take while requests decode, in chunks of at most 4 decode "
+        "iterations' time (server/decode/iteration.py): a running request's iterations stretch by at most that, "
+        "whatever other clients send; 1: unpaced (every iteration prefills up to --chunked-prefill-size)",
+    )
     seed: int = 0
     num_threads: int | None = flag(
         None, "torch intra-op threads for the engine (None: torch's default)", name="threads"
@@ -104,6 +110,8 @@ class EngineConfig(ControllerConfig):
         for name in ("max_running_requests", "chunked_prefill_size", "group_max_tokens", "group_keep_versions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if not 0 < self.prefill_share <= 1:
+            raise ValueError(f"prefill_share must be in (0, 1], got {self.prefill_share}")
         if self.context_length is not None and self.context_length < 2:
             raise ValueError("context_length must be >= 2")
         if self.sd == "off" and self.drafter:

@@ -56,7 +56,7 @@ def test_ragged_forward_and_capture_match_transformers(arch, request):
 def test_chunked_prefill_equals_transformers(tiny_llama):
     # prompts of ~40 tokens prefill over several iterations, beside decodes
     eng = Engine(EngineConfig(model_path=str(tiny_llama), chunked_prefill_size=7))
-    assert eng.decoder.chunked_prefill_size == 7
+    assert eng.decoder.pacer.chunk == 7
     eng.start()
     try:
         prompts = [eng.tokenizer("The quick brown fox jumps over the lazy dog. " * k)["input_ids"] for k in (1, 3, 4)]

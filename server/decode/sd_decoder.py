@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
 from gleanrl.server.config import EngineConfig
+from gleanrl.server.decode.iteration import DecodeCounters, PrefillPacer
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.sampling.sampler import params_tensors, sample_next
 from gleanrl.server.sampling.sequence import Emitted, Sequence, feed_counts, forward_fed
@@ -35,23 +35,6 @@ Out = dict[Sequence, tuple[list[int], list[float]]]
 IDLE_PROBE = 16
 
 
-@dataclass
-class DecodeCounters:
-    """Cumulative since start (`Engine.sd_counters`)."""
-
-    verify_ct: int = 0  # verify passes
-    verify_tokens: int = 0  # tokens they emitted
-    decode_passes: int = 0  # target passes over decoding sequences,
-    decode_rows: int = 0  # those sequences summed over the passes,
-    decode_tokens: int = 0  # the tokens they emitted
-    iterations: int = 0  # decode calls, and their wall time: whole,
-    iteration_s: float = 0.0
-    forward_s: float = 0.0  # in target forwards,
-    drafter_s: float = 0.0  # in drafter calls
-    # accepted draft tokens by source (the bonus token not counted)
-    spec_accept_token_num_by_source: dict[str, int] = field(default_factory=lambda: {"group": 0, "eagle": 0})
-
-
 def build_decoder(
     cfg: EngineConfig, runner: ModelRunner, target_config: dict, target_version: Callable[[], str] = lambda: "default"
 ) -> SDDecoder:
@@ -64,7 +47,7 @@ def build_decoder(
         if ctl is not None and "group" in cfg.sd_sources
         else None
     )
-    dec = SDDecoder(ctl, groups, target_version, chunked_prefill_size=cfg.chunked_prefill_size)
+    dec = SDDecoder(ctl, groups, target_version, pacer=PrefillPacer(cfg.prefill_share, cfg.chunked_prefill_size))
     if groups is not None or cfg.drafter:  # (EngineConfig refuses a drafter with sd off)
         ctl.cost.calibrate(runner)
     if cfg.drafter:
@@ -79,13 +62,13 @@ class SDDecoder:
         groups: GroupDrafts | None = None,
         target_version: Callable[[], str] = lambda: "default",
         window: int = 256,
-        chunked_prefill_size: int = 1024,
+        pacer: PrefillPacer | None = None,
     ):
-        """controller None: plain decoding only (sd off; no drafter is accepted). chunked_prefill_size: prompt tokens
-        fed per iteration (`EngineConfig`'s, validated there)."""
+        """controller None: plain decoding only (sd off; no drafter is accepted). pacer: the prompt tokens fed per
+        iteration (default: 1024, unpaced)."""
         self.controller, self.groups, self.target_version = controller, groups, target_version
         self.constrained = Controller(controller.config, controller.cost) if controller is not None else None
-        self.window, self.chunked_prefill_size = window, chunked_prefill_size
+        self.window, self.pacer = window, pacer or PrefillPacer(1.0, 1024)
         self.drafter, self.draft_path = None, None
         self.states: dict[Sequence, DraftState] = {}
         self.counters = DecodeCounters()
@@ -94,6 +77,7 @@ class SDDecoder:
         self._group_idle: dict[int, int] = {}  # B bucket -> plans in a row that used no group draft
         self._iteration = 0
         self._rebuilt = False  # this iteration rebuilt a drafter cache
+        self._decoding, self._prefilled = False, 0  # this iteration: requests decode in it; prompt tokens fed
 
     def stats(self) -> dict:
         c, accepted = self.counters, self.counters.spec_accept_token_num_by_source
@@ -126,12 +110,15 @@ class SDDecoder:
 
     def decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
         t0, f0 = time.perf_counter(), runner.forward_seconds
+        self._prefilled = 0  # prompt tokens fed (`_feed`)
         try:
             return self._decode(runner, seqs)
         finally:
+            seconds = time.perf_counter() - t0
             self.counters.iterations += 1
-            self.counters.iteration_s += time.perf_counter() - t0
+            self.counters.iteration_s += seconds
             self.counters.forward_s += runner.forward_seconds - f0
+            self.pacer.record(self._decoding, self._prefilled, seconds)
 
     @torch.inference_mode()
     def _decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
@@ -143,6 +130,7 @@ class SDDecoder:
         if self.drafter is not None:
             self.states = sync_states(self.states, seqs, self.drafter, self.window)
         ready = [s for s in seqs if s.total_len - s.cache.length == 1 and not s.scoring]
+        self._decoding = bool(ready)
         ctl = self._lane(seqs)
         plan, proposals = self._plan(ctl, ready) if ready and ctl is not None else (None, [])
         if plan is None or not plan.drafts:
@@ -210,9 +198,10 @@ class SDDecoder:
 
     def _feed(self, runner: ModelRunner, seqs: list[Sequence]) -> Out:
         """The plain step (prefill chunks or one token), capturing hidden states for a drafter."""
-        fed = [(s, c) for s, c in zip(seqs, feed_counts(seqs, self.chunked_prefill_size)) if c > 0]
+        fed = [(s, c) for s, c in zip(seqs, feed_counts(seqs, self.pacer.budget(self._decoding))) if c > 0]
         if not fed:
             return {}
+        self._prefilled = sum(c for s, c in fed if s.total_len - s.cache.length > 1 or s.scoring)
         capture = self.drafter.config.aux_layer_ids if self.drafter is not None else None
         logits, aux = forward_fed(runner, fed, capture_layers=capture)
         if aux is not None:

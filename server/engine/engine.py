@@ -266,7 +266,7 @@ class Engine:
         return sum(s.total_len for s in list(self.state.running))
 
     def sd_counters(self) -> dict:
-        """The decoder's cumulative counts since start (`decode/sd_decoder.py`'s `DecodeCounters`)."""
+        """The decoder's cumulative counts since start (`decode/iteration.py`'s `DecodeCounters`)."""
         return dataclasses.asdict(self.decoder.counters)
 
     def stats(self) -> dict:
