@@ -18,13 +18,15 @@ from gleanrl.server.engine import Engine
 
 def test_unpaced_while_nothing_decodes_and_measured_before_paced():
     p = PrefillPacer(share=0.33, chunk=1024)
-    assert p.budget(decoding=False) == 1024 and p.budget(decoding=True) == 0  # a decode-only iteration measures first
+    assert p.budget(decoding=False) == (1024, 0)
+    assert p.budget(decoding=True) == (0, 0)  # a decode-only iteration measures first
     p.record(decoding=True, prefilled=0, seconds=0.001)  # 1 ms
-    assert p.budget(decoding=True) == PROBE  # then a small chunk measures prefill
+    assert p.budget(decoding=True) == (PROBE, 0)  # then a small chunk measures prefill
     p.record(decoding=False, prefilled=1000, seconds=0.1)  # a prefill-only iteration: 0.1 ms a token
-    assert p.budget(decoding=False) == 1024
-    assert p.budget(decoding=True) == pytest.approx(STALL * 0.001 / 0.0001, abs=1)  # STALL decode iterations' time
-    assert PrefillPacer(share=1.0, chunk=1024).budget(decoding=True) == 1024
+    assert p.budget(decoding=False) == (1024, 0)
+    paced = round(STALL * 0.001 / 0.0001)  # STALL decode iterations' time
+    assert p.budget(decoding=True) == (paced, paced)
+    assert PrefillPacer(share=1.0, chunk=1024).budget(decoding=True) == (1024, 0)
 
 
 def test_an_overdrawn_prefill_waits_for_decode_only_iterations():
@@ -33,10 +35,10 @@ def test_an_overdrawn_prefill_waits_for_decode_only_iterations():
     p.record(True, 0, 0.001)
     p.record(True, 40, 0.005)  # a paced chunk: 4 ms of prefill beside the 1 ms decode, which earns 0.5 ms back
     waits = 0
-    while p.budget(decoding=True) == 0:
+    while p.budget(decoding=True)[0] == 0:
         p.record(True, 0, 0.001)  # decoding earns share / (1 - share) of its time: 0.5 ms an iteration
         waits += 1
-    assert waits == 7  # 3.5 ms overdrawn
+    assert waits == 7  # 3.5 ms overdrawn; meanwhile a prompt that fits in one paced chunk is fed whole
 
 
 def test_prefill_takes_its_share_of_the_time_while_requests_decode():
@@ -45,7 +47,7 @@ def test_prefill_takes_its_share_of_the_time_while_requests_decode():
         p, prefill_s, total_s = PrefillPacer(share=share, chunk=1024), 0.0, 0.0
         p.record(False, 1024, 1024 * 5e-5)
         for _ in range(2000):
-            tokens = p.budget(decoding=True)
+            tokens = p.budget(decoding=True)[0]
             seconds = 0.002 + tokens * 5e-5
             p.record(True, tokens, seconds)
             prefill_s, total_s = prefill_s + tokens * 5e-5, total_s + seconds
@@ -80,3 +82,18 @@ def test_a_long_prompt_arriving_while_a_request_decodes(tiny_qwen2, monkeypatch,
         assert len(mixed) >= 3 and max(mixed) < 900 and during.count(1) > len(mixed)
     else:  # one chunk of it all
         assert 901 in during
+
+
+def test_short_prompts_are_fed_whole_while_a_long_one_repays():
+    from types import SimpleNamespace
+
+    from gleanrl.server.sampling.sequence import feed_counts
+
+    def seq(pending: int):
+        return SimpleNamespace(total_len=1000, cache=SimpleNamespace(length=1000 - pending), scoring=False)
+
+    long_, short, decoding = seq(900), seq(5), seq(1)
+    assert feed_counts([long_, short, decoding], 0, 100) == [0, 5, 1]  # overdrawn: the long prompt waits
+    assert feed_counts([long_, short, decoding], 50, 100) == [50, 5, 1]
+    assert feed_counts([seq(60), seq(60), long_], 0, 100) == [60, 0, 0]  # short ones share one paced chunk
+    assert feed_counts([long_, short], 1024) == [900, 5]  # unpaced

@@ -49,15 +49,16 @@ class PrefillPacer:
     token_s: float = 0.0  # prefill, per token
     balance: float = 0.0  # prefill seconds earned (> 0) or overdrawn (< 0)
 
-    def budget(self, decoding: bool) -> int:
-        """Prompt tokens this iteration may prefill."""
+    def budget(self, decoding: bool) -> tuple[int, int]:
+        """Prompt tokens this iteration may prefill: (for any prompt, for short prompts fed whole). A prompt that fits
+        in one paced chunk is not held back while long ones repay (a short request must not wait behind a long one),
+        and those take at most one paced chunk together."""
         if not decoding or self.share >= 1:
-            return self.chunk
-        if not self.decode_s or self.balance < 0:  # a decode-only iteration first: to measure it, or to repay
-            return 0
-        if not self.token_s:
-            return min(self.chunk, PROBE)
-        return max(1, min(self.chunk, int(STALL * self.decode_s / self.token_s)))
+            return self.chunk, 0
+        if not self.decode_s or not self.token_s:  # measure: a decode-only iteration, then a small chunk
+            return (min(self.chunk, PROBE) if self.decode_s else 0), 0
+        paced = max(1, min(self.chunk, int(STALL * self.decode_s / self.token_s)))
+        return (0 if self.balance < 0 else paced), paced
 
     def record(self, decoding: bool, prefilled: int, seconds: float) -> None:
         """An iteration: whether requests decoded in it, the prompt tokens it prefilled, its wall time."""

@@ -198,7 +198,7 @@ class SDDecoder:
 
     def _feed(self, runner: ModelRunner, seqs: list[Sequence]) -> Out:
         """The plain step (prefill chunks or one token), capturing hidden states for a drafter."""
-        fed = [(s, c) for s, c in zip(seqs, feed_counts(seqs, self.pacer.budget(self._decoding))) if c > 0]
+        fed = [(s, c) for s, c in zip(seqs, feed_counts(seqs, *self.pacer.budget(self._decoding))) if c > 0]
         if not fed:
             return {}
         self._prefilled = sum(c for s, c in fed if s.total_len - s.cache.length > 1 or s.scoring)

@@ -215,14 +215,18 @@ class Sequence:
         return spans
 
 
-def feed_counts(seqs: list[Sequence], budget: int) -> list[int]:
+def feed_counts(seqs: list[Sequence], budget: int, whole: int = 0) -> list[int]:
     """Tokens each sequence feeds this iteration: one to decode, or a prefill chunk while `budget` (prompt tokens per
-    iteration, shared in order) lasts; a prompt being scored at most SCORE_CHUNK."""
+    iteration, shared in order) lasts, a prompt being scored at most SCORE_CHUNK; a prompt that fits in what is left
+    of `whole` is fed whole from it (`decode/iteration.py`: short prompts beside paced long ones)."""
     counts = []
     for s in seqs:
         pending = s.total_len - s.cache.length
-        count = pending if pending <= 1 else min(pending, max(budget, 0), SCORE_CHUNK if s.scoring else pending)
-        budget -= count
+        if 1 < pending <= whole and not s.scoring:
+            count, whole = pending, whole - pending
+        else:
+            count = pending if pending <= 1 else min(pending, max(budget, 0), SCORE_CHUNK if s.scoring else pending)
+            budget -= count
         counts.append(count)
     return counts
 
