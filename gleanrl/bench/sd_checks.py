@@ -61,8 +61,10 @@ def next_logprobs(engine, ids: list[int], token_ids: list[int]) -> list[float]:
 
     from gleanrl.server.protocol import GenerateRequest, SamplingParams
 
-    req = GenerateRequest(f"bench-sd-score-{time.monotonic_ns()}", ids, SamplingParams(max_new_tokens=0), True)
-    req.logprob_start_len, req.token_ids_logprob = len(ids), token_ids
+    rid, params = f"bench-sd-score-{time.monotonic_ns()}", SamplingParams(max_new_tokens=0)
+    req = GenerateRequest(
+        rid, ids, params, return_logprob=True, logprob_start_len=len(ids), token_ids_logprob=token_ids
+    )
 
     async def score():
         return [out async for out in engine.generate(req)][-1].prompt_logprobs

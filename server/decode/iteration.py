@@ -62,15 +62,15 @@ class PrefillPacer:
 
     def record(self, decoding: bool, prefilled: int, seconds: float) -> None:
         """An iteration: whether requests decoded in it, the prompt tokens it prefilled, its wall time."""
+        if prefilled:
+            spent = max(seconds - self.decode_s, 0.0)  # the prefill's part
+            self.token_s = _ema(self.token_s, spent / prefilled)
+        else:
+            spent = 0.0
+            if decoding:
+                self.decode_s = _ema(self.decode_s, seconds)
         if not decoding:
-            if prefilled:
-                self.token_s = _ema(self.token_s, max(seconds - self.decode_s, 0.0) / prefilled)
             self.balance = 0.0
             return
-        if not prefilled:
-            self.decode_s = _ema(self.decode_s, seconds)
-        spent = max(seconds - self.decode_s, 0.0) if prefilled else 0.0  # the prefill's part
-        if prefilled:
-            self.token_s = _ema(self.token_s, spent / prefilled)
         earned = (seconds - spent) * self.share / max(1 - self.share, 1e-9)  # by the decoding part
         self.balance = min(self.balance + earned - spent, STALL * self.decode_s)  # no credit past one paced chunk

@@ -24,12 +24,8 @@ SCORE_CHUNK = 512  # prompt tokens a scored prompt feeds per iteration
 class PromptScores:
     """The scores of one request's prompt, filled chunk by chunk during its prefill."""
 
-    ids: list[int]
-    start: int  # the request's logprob_start_len, at most L
-    first: int
-    top_k: int
-    token_ids: list[int] | None
-    scored: int = 0  # positions [first, scored) are done
+    req: GenerateRequest
+    scored: int  # positions [first, scored) are done
     parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     sent: bool = False
 
@@ -37,13 +33,20 @@ class PromptScores:
     def of(cls, req: GenerateRequest) -> PromptScores | None:
         if not req.return_logprob or req.logprob_start_len < 0:
             return None
-        start = min(req.logprob_start_len, len(req.input_ids))
-        first = min(start, len(req.input_ids) - 1)
-        return cls(req.input_ids, start, first, req.top_logprobs_num, req.token_ids_logprob, scored=first)
+        return cls(req, scored=min(req.logprob_start_len, len(req.input_ids) - 1))
+
+    @property
+    def start(self) -> int:
+        """The request's logprob_start_len, at most L."""
+        return min(self.req.logprob_start_len, len(self.req.input_ids))
+
+    @property
+    def first(self) -> int:
+        return min(self.start, len(self.req.input_ids) - 1)
 
     @property
     def done(self) -> bool:
-        return self.scored == len(self.ids)
+        return self.scored == len(self.req.input_ids)
 
     def positions(self, start: int, count: int) -> range:
         """The positions to score among the fed ones, [start, start + count)."""
@@ -51,16 +54,19 @@ class PromptScores:
             return range(0)
         if start < self.scored and self.scored > self.first:  # fed again from the start: new weights, or retracted
             self.scored, self.parts = self.first, []
-        lo, hi = max(start, self.scored), min(start + count, len(self.ids))
+        lo, hi = max(start, self.scored), min(start + count, len(self.req.input_ids))
         return range(lo, hi) if lo == self.scored and lo < hi else range(0)
 
     def add(self, logits: torch.Tensor, positions: range) -> None:
         """logits [len(positions), V] of those positions."""
         lp = torch.log_softmax(logits.float(), dim=-1)
-        nxt = torch.tensor(self.ids[positions.start + 1 : positions.stop + 1], dtype=torch.long, device=lp.device)
+        req = self.req
+        nxt = torch.tensor(req.input_ids[positions.start + 1 : positions.stop + 1], dtype=torch.long, device=lp.device)
         token = lp[: len(nxt)].gather(-1, nxt[:, None])[:, 0]  # one short on the prompt's last position
-        top = lp.topk(min(self.top_k, lp.shape[-1]), dim=-1) if self.top_k > 0 else (lp[:, :0], lp[:, :0].long())
-        picked = lp[:, torch.tensor(self.token_ids, device=lp.device)] if self.token_ids else lp[:, :0]
+        k = min(req.top_logprobs_num, lp.shape[-1])
+        top = lp.topk(k, dim=-1) if k > 0 else (lp[:, :0], lp[:, :0].long())
+        ids = req.token_ids_logprob
+        picked = lp[:, torch.tensor(ids, device=lp.device)] if ids else lp[:, :0]
         self.parts.append((token.cpu(), top[0].cpu(), top[1].cpu(), picked.cpu()))
         self.scored = positions.stop
 

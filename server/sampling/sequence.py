@@ -182,7 +182,7 @@ class Sequence:
     counts: OutputCounts | None = None  # for penalised requests
     grammar: GrammarState | None = None  # for constrained requests
     token_extras: list = field(default_factory=list)  # per output position: (top, token-id) logprobs, if asked
-    prompt_scores: PromptScores | None = None  # the prompt's own logprobs, if asked (scored during the prefill)
+    prompt_scores: PromptScores | None = field(init=False)  # the prompt's own logprobs, if asked (in the prefill)
 
     def __post_init__(self) -> None:
         self.prompt_scores = PromptScores.of(self.req)
