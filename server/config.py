@@ -77,10 +77,10 @@ class EngineConfig(ControllerConfig):
         "prompt slows each of their iterations less), larger prefills a long prompt in fewer, longer iterations",
     )
     prefill_share: float = flag(
-        0.33,
+        1.0,
         "the most of the engine's time prompt prefill may take while requests decode, in chunks of at most 4 decode "
-        "iterations' time (server/decode/iteration.py): a running request's iterations stretch by at most that, "
-        "whatever other clients send; 1: unpaced (every iteration prefills up to --chunked-prefill-size)",
+        "iterations' time (server/decode/iteration.py; e.g. 0.33 before untrusted clients). 1: unpaced. Off by "
+        "default: pacing staggers the start of a batch that arrives over a few iterations (docs/reliability.md)",
     )
     seed: int = 0
     num_threads: int | None = flag(

@@ -19,7 +19,7 @@ from gleanrl.bench.serve_process import ServeProcess, sglang_missing, sglang_ser
 BUCKETS = (1, 4, 8, 16, 32, 64)
 
 
-ARMS = ("gleanrl", "gleanrl_embedded", "gleanrl_unpaced", "sglang")
+ARMS = ("gleanrl", "gleanrl_embedded", "gleanrl_paced", "sglang")
 
 
 def add_shared(add, buckets: tuple[int, ...], bucket_tokens: int) -> None:
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shared(add, BUCKETS, bucket_tokens=64)
     arms = (
         "comma-separated, repeats allowed (run in that order): gleanrl, gleanrl_embedded (--no-engine-process), "
-        "gleanrl_unpaced (--prefill-share 1), sglang"
+        "gleanrl_paced (--prefill-share 0.33), sglang"
     )
     add("--arms", default="gleanrl,sglang", help=arms)
     add("--threads", type=int, default=2, help="torch threads of the gleanrl server and the forward")
@@ -134,7 +134,7 @@ def _server_extra(arm: str, args: argparse.Namespace, max_running: int, longest_
     if arm == "sglang":
         longest = longest_prompt + max(args.max_new_tokens, args.single_tokens, args.bucket_tokens) + 8
         return [*sglang_serve_args(max_running, longest), *common]
-    own = {"gleanrl_embedded": ["--no-engine-process"], "gleanrl_unpaced": ["--prefill-share", "1"]}.get(arm, [])
+    own = {"gleanrl_embedded": ["--no-engine-process"], "gleanrl_paced": ["--prefill-share", "0.33"]}.get(arm, [])
     return ["--sd", "off", *own, *common]
 
 
