@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         if not setup.fresh_out(out, "demo.json", args, ("run", "harvest", "report.md")):
             raise ValueError(f"{out} is not empty and not a demo output; choose another --out")
         policy = setup.policy_of(args)
+        rl = setup.rl_config(policy, out / "run", args, args.seed, evaluate=True)  # refused before servers start
     except ValueError as exc:
         print(f"gleanrl demo: {exc}", file=sys.stderr)
         return 2
@@ -129,8 +130,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = HarvestConfig(push_every=10, max_holdout=16, seed=args.seed, idle_nice=19 if args.replicas == 1 else 0)
         hooks = setup.demo_hooks(Harvester(policy, drafter0, out / "harvest" / "spool", push=None, cfg=cfg))
         log = setup.table_logger(out / "run" / "metrics.jsonl")
-        cfg = setup.rl_config(policy, out / "run", args, args.seed, evaluate=True)
-        train(cfg, task, hooks, log=log, replicas=servers)
+        train(rl, task, hooks, log=log, replicas=servers)
         url = servers.urls[0]  # every replica serves the same final policy and drafter
         closing = []
         for q in closing_questions(task, args.seed):

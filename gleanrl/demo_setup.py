@@ -199,8 +199,12 @@ def rl_config(policy: Path, out: Path, args: argparse.Namespace, seed: int, eval
     from gleanrl.trainer.config import TrainConfig
 
     names = ["steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "lr", "negative_weight"]
-    names += ["update_dtype"] + (["eval_every", "eval_prompts", "eval_samples"] if evaluate else [])
+    names += ["update_dtype"] + (["eval_every", "eval_samples"] if evaluate else [])
     evals = {"eval_temperature": 1.0} if evaluate else {}
+    if evaluate and args.eval_every and not args.eval_prompts:
+        raise ValueError("--eval-every needs held-out prompts: --eval-prompts must be >= 1")
+    if evaluate and args.eval_prompts:  # 0: no held-out figure at all (the sampled one is off too)
+        evals["eval_prompts"] = args.eval_prompts
     return TrainConfig(model=str(policy), out=str(out), seed=seed, **{k: getattr(args, k) for k in names}, **evals)
 
 

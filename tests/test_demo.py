@@ -10,6 +10,7 @@ import json
 import pytest
 
 import gleanrl.cli
+from gleanrl import demo_setup
 from gleanrl.demo_setup import warm_drafter
 from gleanrl.trainer.tasks.presets import regime
 
@@ -102,3 +103,34 @@ def test_from_scratch_bootstraps_and_the_default_is_the_shipped_policy(monkeypat
         size="deep", regime="short", max_new_tokens=None, prompts_per_step=None, samples_per_prompt=None
     )
     assert demo_setup.apply_regime(ns).name == "doubling" and ns.regime == "short"
+
+
+def test_eval_prompts_zero_turns_the_held_out_figures_off_and_a_sampled_eval_without_prompts_is_refused(
+    tiny_qwen2, tmp_path, capsys
+):
+    import gleanrl.demo
+
+    p = argparse.ArgumentParser()
+    gleanrl.demo.add_arguments(p)
+    args = p.parse_args(["--model", str(tiny_qwen2), "--eval-prompts", "0"])
+    demo_setup.apply_regime(args)  # as the demo does: the regime fills the step's shape
+    cfg = demo_setup.rl_config(tiny_qwen2, tmp_path / "run", args, 0, evaluate=True)
+    assert cfg.eval_every == 0  # and the TrainConfig's own held-out count is left at its default
+    args = p.parse_args(["--model", str(tiny_qwen2), "--eval-prompts", "0", "--eval-every", "2"])
+    demo_setup.apply_regime(args)
+    with pytest.raises(ValueError, match="--eval-prompts must be >= 1"):
+        demo_setup.rl_config(tiny_qwen2, tmp_path / "run", args, 0, evaluate=True)
+    # the CLI refuses it before any server starts: exit 2, nothing written
+    argv = [
+        "demo",
+        "--out",
+        str(tmp_path / "d"),
+        "--model",
+        str(tiny_qwen2),
+        "--eval-prompts",
+        "0",
+        "--eval-every",
+        "2",
+    ]
+    assert gleanrl.cli.main(argv) == 2
+    assert "--eval-prompts must be >= 1" in capsys.readouterr().err and not (tmp_path / "d" / "server.log").exists()

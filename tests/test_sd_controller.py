@@ -16,6 +16,7 @@ from gleanrl.server.sd.acceptance import expected_accepted
 from gleanrl.server.sd.cells import BUDGET, MIN_SAMPLES, PAY, REPROBE
 from gleanrl.server.sd.controller import EXPLORE, PROBE, QUIET_MAX, Controller
 from gleanrl.server.sd.cost_model import T_GRID, CostModel
+from gleanrl.server.sd.plan import EXPLORE_DEPTHS
 
 ALL = ("eagle", "group", "fused")
 EVERY = ControllerConfig(sd_sources=ALL, sd_max_batch=64)  # every source, at any batch up to 64
@@ -220,6 +221,21 @@ def test_one_unlucky_first_probe_does_not_shut_a_paying_bucket_off():
     assert ctl.accept.eagle.tries[0] >= 2 and drafted >= 30 and ratio > 1.2
 
 
+def test_a_look_tries_a_chain_several_depths_past_the_measured_ones_a_measured_plan_one():
+    """Where each verify row costs a good share of a plain pass (the 32-layer policy at 1 running: 2 rows ~1.4x one),
+    a one-token chain barely pays, so a first probe of one token taught little and one rejection kept buckets 1-2
+    plain for whole `bench sd` runs (2026-12-07). A look may try up to EXPLORE_DEPTHS unmeasured depths at once; plans
+    by the measured estimates still grow one depth at a time."""
+    ctl = Controller(ControllerConfig())
+    _costs(ctl, (1,), per_token=0.1)
+    plans = [ctl.plan([20], [[]], [True]) for _ in range(EXPLORE)]
+    assert not any(p.drafts for p in plans[:-1]) and 1 < max(plans[-1].eagle_lens) <= EXPLORE_DEPTHS
+    for _ in range(40):
+        ctl.accept.record("eagle", 1, 1)  # depth 1 measured and always accepted, nothing deeper
+    plan = ctl.plan([20], [[]], [True])
+    assert plan.drafts and max(plan.eagle_lens) == 2  # one past the measured depth
+
+
 def test_a_quiet_bucket_plays_plain_without_planning(monkeypatch):
     """Where SD measured to lose and no probe is affordable, plain plays without the planning work
     (no plan search), and looks stay at most one per EXPLORE plans, sparser as they find nothing."""
@@ -329,3 +345,18 @@ def test_a_side_not_played_is_probed_so_its_estimates_do_not_freeze():
     for _ in range(MIN_SAMPLES):  # which measures SD to lose
         ctl.record_iteration(1, explored, 1, 1.1 / explored.plain_rate)
     assert sum(ctl.plan([30], [[]], [True]).drafts for _ in range(8 * PROBE)) <= 2
+
+
+def test_calibration_times_only_the_batches_a_source_may_draft_at(monkeypatch):
+    """Bare passes are timed up to the first calibration batch at or above the largest batch any source drafts at:
+    EAGLE-3 alone (sd_max_batch 8) needs no 32-batch cells (12 of a deep replica's 16 s of calibration)."""
+    timed = []
+    monkeypatch.setattr(CostModel, "calibrate", lambda self, runner, batches: timed.append(batches))
+    for cfg in (
+        ControllerConfig(),
+        ControllerConfig(sd_max_batch=12),
+        ControllerConfig(sd_sources=("eagle", "group")),
+        ControllerConfig(sd="on"),
+    ):
+        Controller(cfg).calibrate(runner=None)
+    assert timed == [(1, 8), (1, 8, 32), (1, 8, 32), (1, 8, 32)]

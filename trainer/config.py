@@ -49,8 +49,10 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
     micro_batch_size: int = flag(8, "sequences per forward/backward at most")
+    # on CPU a micro-batch's activations should stay near the cache: the deep policy's update ran 1.6x faster at
+    # 1024 than at 4096 (2-core AVX2 EPYC, 2026-12-07: 1.8 against 2.9 ms per token; 512-2048 within 10 % of 1024)
     micro_batch_tokens: int = flag(
-        4096, "padded tokens per forward/backward at most (rows sorted by length; a longer one alone; 0: no limit)"
+        1024, "padded tokens per forward/backward at most (rows sorted by length; a longer one alone; 0: no limit)"
     )
     clip_low: float = 0.2
     clip_high: float = 0.2

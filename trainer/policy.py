@@ -110,7 +110,7 @@ class Policy:
         self.optimizer.zero_grad(set_to_none=True)
         loss_total = capture_s = 0.0
         # micro-batches of like lengths: on doubling_checks group order padded ~1.9x the real tokens, sorted
-        # micro-batches of 8 ~1.3x, with 4096 tokens ~1.1x; the step is the same sum, in another float order
+        # micro-batches of 8 ~1.3x, with a token cap ~1.1x; the step is the same sum, in another float order
         lengths = [len(r.prompt_ids) + len(r.output_ids) if r.output_ids else 0 for r in rollouts]
         for rows in length_batches(lengths, cfg.micro_batch_size, cfg.micro_batch_tokens):
             b = self._batch([rollouts[i] for i in rows])

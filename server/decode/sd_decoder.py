@@ -49,7 +49,7 @@ def build_decoder(
     )
     dec = SDDecoder(ctl, groups, target_version, pacer=PrefillPacer(cfg.prefill_share, cfg.chunked_prefill_size))
     if groups is not None or cfg.drafter:  # (EngineConfig refuses a drafter with sd off)
-        ctl.cost.calibrate(runner)
+        ctl.calibrate(runner)
     if cfg.drafter:
         dec.set_drafter(load_for_target(cfg.drafter, runner, target_config), cfg.drafter)
     return dec
@@ -123,7 +123,7 @@ class SDDecoder:
     @torch.inference_mode()
     def _decode(self, runner: ModelRunner, seqs: list[Sequence]) -> Emitted:
         if self.drafter is not None and not self.controller.cost.target:
-            self.controller.cost.calibrate(runner)  # a first drafter hot-swapped in
+            self.controller.calibrate(runner)  # a first drafter hot-swapped in
         t0 = time.perf_counter()  # the whole iteration is the plan's cost
         if self.groups is not None:
             self.groups.sync(seqs, self.target_version())

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 T_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 33)  # tokens per sequence in a pass (1: plain)
+CALIBRATION_BATCHES = (1, 8, 32)
 
 
 def b_bucket(b: int) -> int:
@@ -90,7 +91,7 @@ class CostModel:
     def calibrate(
         self,
         runner,
-        batches: tuple[int, ...] = (1, 8, 32),
+        batches: tuple[int, ...] = CALIBRATION_BATCHES,
         tokens: tuple[int, ...] = (1, 4, 16, 33),
         context: int = 32,
         repeats: int = 2,

@@ -25,6 +25,7 @@ from gleanrl.server.sd.acceptance import MAX_DEPTH, Acceptance, expected_accepte
 from gleanrl.server.sd.cost_model import GRID, CostModel
 
 K_GRID = (1, 2, 3, 4, 5, 6, 8)  # EAGLE-3 chain lengths
+EXPLORE_DEPTHS = 4  # a look's chain: at most this many depths past the measured ones (a plan by estimates: 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +58,8 @@ def best_plan(
     cfg, b, k = config, len(caps), config.num_draft_tokens
     rows = np.arange(b)
     ks = ([k] if k else list(K_GRID)) if elig.any() and "eagle" in cfg.sd_sources else []
-    if not force:  # no deeper than one past what is measured
-        deepest = accept.measured_depths() + 1
+    if not force:  # no deeper than one past what is measured (exploring: EXPLORE_DEPTHS past)
+        deepest = accept.measured_depths() + (EXPLORE_DEPTHS if explore else 1)
         ks = [k for k in ks if k <= deepest]
     if group_probs is not None:
         glen = np.minimum(np.array([len(p) for p in group_probs]), caps)
