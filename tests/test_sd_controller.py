@@ -349,14 +349,15 @@ def test_a_side_not_played_is_probed_so_its_estimates_do_not_freeze():
 
 def test_calibration_times_only_the_batches_a_source_may_draft_at(monkeypatch):
     """Bare passes are timed up to the first calibration batch at or above the largest batch any source drafts at:
-    EAGLE-3 alone (sd_max_batch 8) needs no 32-batch cells (12 of a deep replica's 16 s of calibration)."""
+    EAGLE-3 alone (sd_max_batch 16) needs no 32-batch cells (12 of a deep replica's 16 s of calibration)."""
     timed = []
     monkeypatch.setattr(CostModel, "calibrate", lambda self, runner, batches: timed.append(batches))
     for cfg in (
         ControllerConfig(),
+        ControllerConfig(sd_max_batch=8),
         ControllerConfig(sd_max_batch=12),
         ControllerConfig(sd_sources=("eagle", "group")),
         ControllerConfig(sd="on"),
     ):
         Controller(cfg).calibrate(runner=None)
-    assert timed == [(1, 8), (1, 8, 32), (1, 8, 32), (1, 8, 32)]
+    assert timed == [(1, 8, 16), (1, 8), (1, 8, 16), (1, 8, 16, 32), (1, 8, 16, 32)]

@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256, help="tokens per request")
     sd = "on: SD at every batch; adaptive: as serve's --sd"
     parser.add_argument("--sd", choices=["on", "adaptive"], default="adaptive", help=sd)
-    parser.add_argument("--sd-max-batch", type=int, default=8, help="serve's --sd-max-batch")
+    parser.add_argument("--sd-max-batch", type=int, default=None, help="serve's --sd-max-batch (default: its)")
     parser.add_argument("--num-draft-tokens", type=int, default=None, help="fixed draft length (default: chosen)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the engine runs")
@@ -171,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         prompts_text = _prompts(args, max(batches))
         common = dict(model_path=args.model, max_running_requests=64, device=args.device, dtype=args.dtype)
-        sd_flags = dict(sd=args.sd, sd_max_batch=args.sd_max_batch, num_draft_tokens=args.num_draft_tokens)
+        sd_flags = dict(sd=args.sd, num_draft_tokens=args.num_draft_tokens)
+        sd_flags |= {"sd_max_batch": args.sd_max_batch} if args.sd_max_batch is not None else {}
         sd = Engine(EngineConfig(**common, drafter=args.drafter, **sd_flags))
         off = Engine(EngineConfig(**common, sd="off"))
         grammar = compile_grammar(off, args.json_schema, args.regex)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 T_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 33)  # tokens per sequence in a pass (1: plain)
-CALIBRATION_BATCHES = (1, 8, 32)
+CALIBRATION_BATCHES = (1, 8, 16, 32)
 
 
 def b_bucket(b: int) -> int:
