@@ -115,7 +115,7 @@ def test_eval_prompts_zero_turns_the_held_out_figures_off_and_a_sampled_eval_wit
     args = p.parse_args(["--model", str(tiny_qwen2), "--eval-prompts", "0"])
     demo_setup.apply_regime(args)  # as the demo does: the regime fills the step's shape
     cfg = demo_setup.rl_config(tiny_qwen2, tmp_path / "run", args, 0, evaluate=True)
-    assert cfg.eval_every == 0  # and the TrainConfig's own held-out count is left at its default
+    assert cfg.eval_every == 0  # 0 prompts reached no TrainConfig check: no held-out evaluation at all
     args = p.parse_args(["--model", str(tiny_qwen2), "--eval-prompts", "0", "--eval-every", "2"])
     demo_setup.apply_regime(args)
     with pytest.raises(ValueError, match="--eval-prompts must be >= 1"):
