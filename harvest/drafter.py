@@ -35,9 +35,12 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
 
 
-def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One weight (and bias) for linears sharing their input; their parameters become views into it."""
+def fuse_linears(linears: list[nn.Linear], transposed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for linears sharing their input; their parameters become views into it. `transposed`: the
+    weight [out, in] is held as [in, out] in memory (a transposed view: the same values, another layout; see
+    `gleanrl.server.model.packed_linear.transposed_layout`)."""
     weight = torch.cat([lin.weight.data for lin in linears])
+    weight = weight.t().contiguous().t() if transposed else weight
     bias = None
     if any(lin.bias is not None for lin in linears):
         bias = torch.cat(
@@ -119,15 +122,17 @@ class Eagle3Drafter(nn.Module):
         self.fused: tuple[torch.Tensor, torch.Tensor] | None = None  # (qkv, gate_up) weights when serving
         self.serving: dict[str, Linear] | None = None
 
-    def fuse_for_inference(self, make_linear: Callable[[torch.Tensor], Linear] | None = None) -> Eagle3Drafter:
+    def fuse_for_inference(
+        self, make_linear: Callable[[torch.Tensor], Linear] | None = None, transposed: bool = False
+    ) -> Eagle3Drafter:
         """Serve with one q/k/v and one gate/up matmul (after the last `.to()`; training unaffected).
         `make_linear(weight)` builds each x -> x @ weight.T (default `F.linear`; the server passes oneDNN-packed
-        copies, which in-place updates do not reach)."""
+        copies, which in-place updates do not reach); `transposed`: the fused weights' layout (`fuse_linears`)."""
         make = make_linear or (lambda w: lambda x: F.linear(x, w))
         layer = self.midlayer
         self.fused = (
-            fuse_linears([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])[0],
-            fuse_linears([layer.mlp.gate_proj, layer.mlp.up_proj])[0],
+            fuse_linears([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], transposed)[0],
+            fuse_linears([layer.mlp.gate_proj, layer.mlp.up_proj], transposed)[0],
         )
         self.serving = {
             "fc": make(self.fc.weight),

@@ -11,9 +11,11 @@ from gleanrl.harvest.cli_init import init_drafter
 from gleanrl.server.sd.drafter_forward import drafter_forward, new_draft_cache
 
 
-def test_fused_forward_equals_unfused(tiny_qwen2):
+@pytest.mark.parametrize("transposed", [False, True])
+def test_fused_forward_equals_unfused(tiny_qwen2, transposed):
     plain = init_drafter(tiny_qwen2, seed=5).eval()
-    fused = copy.deepcopy(plain).fuse_for_inference()
+    fused = copy.deepcopy(plain).fuse_for_inference(transposed=transposed)
+    assert (fused.fused[0].stride()[0] == 1) == transposed  # held [in, out]
     H3 = plain.fc.in_features
     gen = torch.Generator().manual_seed(0)
     ids, aux = torch.randint(0, plain.config.vocab_size, (7,), generator=gen), torch.randn(7, H3, generator=gen)

@@ -15,7 +15,7 @@ from torch import nn
 from gleanrl.harvest.drafter import fuse_linears
 from gleanrl.server.model.attention import advance_caches, attention, plan_attention
 from gleanrl.server.model.kv import Masks, SeqKVCache
-from gleanrl.server.model.packed_linear import can_pack, linear
+from gleanrl.server.model.packed_linear import can_pack, linear, transposed_layout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -35,7 +35,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -
 
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """transformers' Llama/Qwen RMSNorm (normalise in float32, round to the input's dtype, then
-    scale) with one fused kernel for the normalisation."""
+    scale) with one fused kernel for the normalisation; in float32 the scale too (no rounding between: the same
+    products, bit for bit, one op fewer)."""
+    if x.dtype == norm.weight.dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], norm.weight, norm.variance_epsilon)
     return F.rms_norm(x.float(), x.shape[-1:], eps=norm.variance_epsilon).to(x.dtype) * norm.weight
 
 
@@ -71,8 +74,11 @@ class ModelRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.hidden_size, self.vocab_size = cfg.hidden_size, cfg.vocab_size
         attns, mlps = [la.self_attn for la in self.layers], [la.mlp for la in self.layers]
-        qkv = [fuse_linears([a.q_proj, a.k_proj, a.v_proj]) for a in attns]
-        gate_up = [fuse_linears([m.gate_proj, m.up_proj]) if hasattr(m, "gate_proj") else None for m in mlps]
+        transposed = transposed_layout(self.dtype, self.device)
+        qkv = [fuse_linears([a.q_proj, a.k_proj, a.v_proj], transposed) for a in attns]
+        gate_up = [
+            fuse_linears([m.gate_proj, m.up_proj], transposed) if hasattr(m, "gate_proj") else None for m in mlps
+        ]
         plain = [(a.o_proj.weight, a.o_proj.bias) for a in attns] + [(self.lm_head.weight, self.lm_head.bias)]
         plain += [(m.down_proj.weight, m.down_proj.bias) for m, gu in zip(mlps, gate_up) if gu is not None]
         pack = can_pack([w for w, _ in qkv + plain + [gu for gu in gate_up if gu is not None]])

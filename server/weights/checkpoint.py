@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from gleanrl.base.dtypes import fits
-from gleanrl.server.model.packed_linear import can_pack, linear
+from gleanrl.server.model.packed_linear import can_pack, linear, transposed_layout
 from gleanrl.server.model.runner import ModelRunner
 from gleanrl.server.protocol import CheckpointError
 
@@ -136,7 +136,8 @@ def load_for_target(path: str, runner: ModelRunner, target_config: dict):
         )
     drafter = drafter.to(dtype=runner.dtype)
     pack = can_pack([p for name, p in drafter.named_parameters() if p.dim() == 2 and "embed" not in name])
-    return drafter.fuse_for_inference(lambda w: linear(w, None, pack))  # oneDNN-packed where bit-identical
+    # oneDNN-packed where bit-identical (bf16), fused weights held transposed where that is faster (float32)
+    return drafter.fuse_for_inference(lambda w: linear(w, None, pack), transposed_layout(runner.dtype, runner.device))
 
 
 def check_named(want: Signature, selector: str, named: NamedTensors) -> None:
