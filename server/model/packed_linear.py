@@ -11,7 +11,7 @@ step's matmul of a few rows against a weight held [out, in] runs MKL's transpose
 [in, out] the plain one, which streams the weight faster. The fused q/k/v and gate/up weights (out 3-4x in) are held
 transposed in float32 (`transposed_layout`; the same values, a transposed view, so in-place updates still reach them).
 On the AVX2-only host, 1 thread, a [768, 256] weight: 58 against 97 us at 1 row, 111 against 164 at 5, 136 against 161
-at 8 (slower at 16: 244 against 207, faster again at 64); [1024, 256] 1.3-1.8x faster at 1-64 rows; for weights no
+at 8 (slower at 16: 244 against 207, faster again at 64); [1024, 256] 1.2-1.8x faster at 1-64 rows; for weights no
 wider out than in (o_proj, down) it is slower at 1 row, so those stay. The sums run in another order: outputs move by
 ~1e-5 (float32 rounding), as they do between batch sizes anyway. docs/engine.md has the measurements."""
 
