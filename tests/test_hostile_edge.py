@@ -194,3 +194,7 @@ def test_bench_load_hostile_smoke(tiny_qwen2, tmp_path):
     assert not s["hostile_not_refused"] and s["weights_unchanged"]
     assert s["phases"]["baseline"]["requests"] > 0 and s["slowest_kind"] in s["phases"]
     assert all(row["hostile_answers"] for name, row in s["phases"].items() if not name.startswith("baseline"))
+    slowest = s["mix_slowest"]  # the mix's slowest benign requests, each with the kinds sent while it ran
+    assert slowest and any(r["overlap_s"] for r in slowest), slowest  # spans recorded (one may end in a gap)
+    assert {k for r in slowest for k in r["overlap_s"]} <= set(s["phases"])
+    assert slowest[0]["latency_s"] >= slowest[-1]["latency_s"]

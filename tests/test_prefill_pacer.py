@@ -16,16 +16,18 @@ from gleanrl.server.decode.iteration import PROBE, STALL, PrefillPacer
 from gleanrl.server.engine import Engine
 
 
-def test_unpaced_while_nothing_decodes_and_measured_before_paced():
+def test_paced_chunks_while_nothing_decodes_and_measured_before_paced():
     p = PrefillPacer(share=0.33, chunk=1024)
-    assert p.budget(decoding=False) == (1024, 0)
+    assert p.budget(decoding=False) == (1024, 0)  # nothing measured yet: whole chunks
     assert p.budget(decoding=True) == (0, 0)  # a decode-only iteration measures first
     p.record(decoding=True, prefilled=0, seconds=0.001)  # 1 ms
     assert p.budget(decoding=True) == (PROBE, 0)  # then a small chunk measures prefill
     p.record(decoding=False, prefilled=1000, seconds=0.1)  # a prefill-only iteration: 0.1 ms a token
-    assert p.budget(decoding=False) == (1024, 0)
     paced = round(STALL * 0.001 / 0.0001)  # STALL decode iterations' time
     assert p.budget(decoding=True) == (paced, paced)
+    p.record(decoding=True, prefilled=paced, seconds=0.005)  # overdrawn: paced while requests decode...
+    assert p.budget(decoding=True) == (0, paced)
+    assert p.budget(decoding=False) == (paced, paced)  # ...every iteration when none does, in paced chunks
     assert PrefillPacer(share=1.0, chunk=1024).budget(decoding=True) == (1024, 0)
 
 

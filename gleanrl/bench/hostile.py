@@ -6,9 +6,10 @@ Before the first kind and after the mix the benign client runs alone (the baseli
 
 Reported: benign p50/p99 per phase and its ratio to the baseline, the CPU seconds the server and the proxy spent in the
 phase (what refusing cost them, apart from the clients' own CPU on a shared machine), the slowest kind and its cost, the
-worst `/health`, benign errors, hostile requests answered otherwise than refused, and whether the same weights serve
-after. Exit 1 on a benign error, a hostile request not refused, changed weights, a `/health` over 1 s, or the mix's p99
-over `--p99-bound` x the baseline's."""
+worst `/health`, benign errors, hostile requests answered otherwise than refused, whether the same weights serve
+after, and the mix's three slowest benign requests with the hostile kinds in flight while each ran. Exit 1 on a benign
+error, a hostile request not refused, changed weights, a `/health` over 1 s, or the mix's p99 over `--p99-bound` x the
+baseline's."""
 
 from __future__ import annotations
 
@@ -129,16 +130,33 @@ def _benign(url: str, stop, out) -> None:
     out.put((requests, health))
 
 
-def _hostile(sends: list, until: float, tally: dict) -> None:
-    """One hostile client: its requests back to back (the mix: each kind in turn)."""
+def _hostile(sends: dict, until: float, tally: dict, spans: list) -> None:
+    """One hostile client: its requests (kind -> send) back to back (the mix: each kind in turn); each one's
+    (kind, start, end) into `spans`."""
     with httpx.Client(timeout=120) as http:
         while time.monotonic() < until:
-            for send in sends:
+            for kind, send in sends.items():
+                t0 = time.monotonic()
                 try:
                     status = send(http)
                 except httpx.HTTPError:
                     status = 0  # closed on us: refused before the body was read
+                spans.append((kind, t0, time.monotonic()))
                 tally[status] = tally.get(status, 0) + 1
+
+
+def _overlapping(requests: list, spans: list, t0: float, t1: float, top: int = 3) -> list[dict]:
+    """The phase's `top` slowest benign requests, each with the hostile kinds in flight while it ran (longest
+    overlap first): what the p99 is made of."""
+    slow = sorted(((lat, s) for s, lat, err in requests if t0 <= s < t1 and err is None), reverse=True)[:top]
+    rows = []
+    for lat, start in slow:
+        overlap: dict[str, float] = {}
+        for kind, a, b in spans:
+            if (shared := min(b, start + lat) - max(a, start)) > 0:
+                overlap[kind] = overlap.get(kind, 0.0) + shared
+        rows.append({"latency_s": lat, "overlap_s": dict(sorted(overlap.items(), key=lambda kv: -kv[1]))})
+    return rows
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -161,13 +179,13 @@ def measure(server: str, proxy: str, model_dir: str, phase_s: float, pids: tuple
     benign = ctx.Process(target=_benign, args=(server, stop, out), daemon=True)
     benign.start()
     time.sleep(1.0)  # the benign process imports and warms up
-    phases, tallies = [], {}
+    phases, tallies, spans = [], {}, []
     for name in ["baseline", *hostile, "mix", "baseline after"]:
         t0, cpu0 = time.monotonic(), sum(map(cpu_s, pids))
-        sends = list(hostile.values()) if name == "mix" else [hostile[name]] if name in hostile else []
+        sends = hostile if name == "mix" else {name: hostile[name]} if name in hostile else {}
         tally: dict = {}
         if sends:  # one hostile client, none in the baselines
-            _hostile(sends, t0 + phase_s, tally)
+            _hostile(sends, t0 + phase_s, tally, spans)
         time.sleep(max(0.0, t0 + phase_s - time.monotonic()))
         phases.append((name, t0, time.monotonic(), sum(map(cpu_s, pids)) - cpu0))
         tallies[name] = tally
@@ -197,11 +215,13 @@ def measure(server: str, proxy: str, model_dir: str, phase_s: float, pids: tuple
         if not (status == "0" or 400 <= int(status) < 500 or (status == "200" and k in SERVED | {"mix"}))
     }
     alone = min(("baseline", "baseline after"), key=lambda k: rows[k]["p99_s"] or float("inf"))
+    mix_t0, mix_t1 = next((t0, t1) for name, t0, t1, _ in phases if name == "mix")
     return {
         "phase_s": phase_s,
         "baseline_p99_s": base,
         "alone": {"p50_s": rows[alone]["p50_s"], "p99_s": rows[alone]["p99_s"]},
         "under_mix": {"p50_s": rows["mix"]["p50_s"], "p99_s": rows["mix"]["p99_s"]},
+        "mix_slowest": _overlapping(requests, spans, mix_t0, mix_t1),
         "phases": rows,
         "slowest_kind": slowest,
         "slowest_p99_ratio": rows[slowest]["p99_ratio"],
@@ -256,5 +276,8 @@ def _print(s: dict) -> None:
         f"benign alone: p50 {ms(alone['p50_s'])} ms, p99 {ms(alone['p99_s'])} ms; under the mix: "
         f"p50 {ms(mix['p50_s'])} ms, p99 {ms(mix['p99_s'])} ms"
     )
+    for row in s["mix_slowest"]:
+        during = ", ".join(f"{kind} {sec * 1000:.0f} ms" for kind, sec in row["overlap_s"].items()) or "nothing"
+        print(f"  a slowest benign request under the mix, {row['latency_s'] * 1000:.0f} ms, overlapped: {during}")
     if s["benign_errors"]:
         print(f"benign errors: {s['benign_errors']}", file=sys.stderr)

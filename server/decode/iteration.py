@@ -8,8 +8,11 @@ prompt is chunked (`gleanrl bench load --hostile`, a prompt near the context: be
 --chunked-prefill-size 256). While any request decodes, the pacer lets prefill take at most `share` of the engine's
 time, in chunks of at most STALL decode iterations' time: a running request's iteration stretches by at most that
 stall, its run by about 1 / (1 - share). With nothing decoding (a batch of new requests, a GRPO step's start) prefill
-is not paced. Both costs are measured, not modelled: a decode-only iteration's seconds and prefill's seconds per token
-(the prefill's part of an iteration is its time less a decode-only iteration's), as moving averages."""
+takes every iteration, still in chunks of that size: a whole unpaced chunk there (a 984-token prompt on the tiny model,
+41-60 ms) was what a request arriving in the gap between another client's requests waited for, the benign client's
+slowest requests under `bench load --hostile` (2026-12-07). Both costs are measured, not modelled: a decode-only
+iteration's seconds and prefill's seconds per token (the prefill's part of an iteration is its time less a decode-only
+iteration's), as moving averages."""
 
 from __future__ import annotations
 
@@ -53,11 +56,13 @@ class PrefillPacer:
         """Prompt tokens this iteration may prefill: (for any prompt, for short prompts fed whole). A prompt that fits
         in one paced chunk is not held back while long ones repay (a short request must not wait behind a long one),
         and those take at most one paced chunk together."""
-        if not decoding or self.share >= 1:
+        if self.share >= 1:
             return self.chunk, 0
         if not self.decode_s or not self.token_s:  # measure: a decode-only iteration, then a small chunk
-            return (min(self.chunk, PROBE) if self.decode_s else 0), 0
+            return (self.chunk if not decoding else min(self.chunk, PROBE) if self.decode_s else 0), 0
         paced = max(1, min(self.chunk, int(STALL * self.decode_s / self.token_s)))
+        if not decoding:  # unpaced, but in paced chunks: a request arriving now waits for one, not a whole chunk
+            return paced, paced
         return (0 if self.balance < 0 else paced), paced
 
     def record(self, decoding: bool, prefilled: int, seconds: float) -> None:

@@ -4,12 +4,13 @@ into cumulative tracks, feeding the metrics; aborted when the HTTP side goes awa
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gleanrl.server.http.edge.errors import ApiError, bad_field
-from gleanrl.server.protocol import FEED_META, GenerateOutput, GenerateRequest
+from gleanrl.server.protocol import FEED_META, GenerateOutput, GenerateRequest, PromptLogprobs
 
 
 @dataclass
@@ -22,11 +23,20 @@ class Track:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list = field(default_factory=list)  # per output token, when asked
     token_ids_logprobs: list = field(default_factory=list)  # per output token, when asked
-    input_logprobs: dict | None = None  # `PromptLogprobs.as_lists`, when asked (with the first update)
+    prompt_logprobs: PromptLogprobs | None = None  # tensors, when asked (with the first update)
     last: GenerateOutput | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
     detok: Callable[[list[int], bool], str] | None = None  # the edge's detok.Detokenizer
+
+    @functools.cached_property
+    def input_logprobs(self) -> dict | None:
+        """`PromptLogprobs.as_lists`: built where the answer is rendered, in a worker thread for a large one (~40k
+        pairs for top_logprobs_num 64 over 600 tokens hold the GIL 10-25 ms: on the event loop they stalled every
+        other client's stream)."""
+        if self.prompt_logprobs is None:
+            return None
+        return self.prompt_logprobs.as_lists(self.req.input_ids, self.req.token_ids_logprob)
 
     @property
     def finished(self) -> bool:
@@ -89,7 +99,7 @@ class Fanin:
             track.top_logprobs += out.new_top_logprobs
             track.token_ids_logprobs += out.new_token_ids_logprobs
             if out.prompt_logprobs is not None:
-                track.input_logprobs = out.prompt_logprobs.as_lists(track.req.input_ids, track.req.token_ids_logprob)
+                track.prompt_logprobs = out.prompt_logprobs
             track.last = out
             if out.new_ids:
                 self.metrics.generation_tokens.inc(len(out.new_ids))
