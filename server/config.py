@@ -80,8 +80,9 @@ class EngineConfig(ControllerConfig):
     prefill_share: float = flag(
         1.0,
         "the most of the engine's time prompt prefill may take while requests decode, in chunks of at most 4 decode "
-        "iterations' time (server/decode/iteration.py; e.g. 0.33 before untrusted clients). 1: unpaced. Off by "
-        "default: pacing staggers the start of a batch that arrives over a few iterations (docs/reliability.md)",
+        "iterations' time, also while none decodes (server/decode/iteration.py; e.g. 0.33 before untrusted clients: "
+        "`bench load --hostile`'s mix then read <= 2x alone in 4 runs of 4). 1: unpaced. Off by default: pacing "
+        "staggers the start of a batch that arrives over a few iterations (docs/reliability.md)",
     )
     seed: int = 0
     num_threads: int | None = flag(
