@@ -82,7 +82,8 @@ class EngineConfig(ControllerConfig):
         "the most of the engine's time prompt prefill may take while requests decode, in chunks of at most 4 decode "
         "iterations' time, also while none decodes (server/decode/iteration.py; e.g. 0.33 before untrusted clients: "
         "`bench load --hostile`'s mix then read <= 2x alone in 4 runs of 4). 1: unpaced. Off by default: pacing "
-        "staggers the start of a batch that arrives over a few iterations, 8-15 % of a GRPO step (docs/reliability.md)",
+        "staggers the start of a batch that arrives over a few iterations and costs a GRPO step 8-15 percent "
+        "(docs/reliability.md)",
     )
     seed: int = 0
     num_threads: int | None = flag(
