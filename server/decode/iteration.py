@@ -59,7 +59,9 @@ class PrefillPacer:
         if self.share >= 1:
             return self.chunk, 0
         if not self.decode_s or not self.token_s:  # measure: a decode-only iteration, then a small chunk
-            return (self.chunk if not decoding else min(self.chunk, PROBE) if self.decode_s else 0), 0
+            if not decoding:
+                return self.chunk, 0
+            return (min(self.chunk, PROBE) if self.decode_s else 0), 0
         paced = max(1, min(self.chunk, int(STALL * self.decode_s / self.token_s)))
         if not decoding:  # unpaced, but in paced chunks: a request arriving now waits for one, not a whole chunk
             return paced, paced
